@@ -1,1 +1,72 @@
-//! placeholder
+//! Command-line entry: argument parsing (clap derive), logging set-up, and dispatch to one
+//! module per subcommand. Subcommands return an [`ExitCode`]: 0 success, 1 the input is invalid
+//! (or the checked condition does not hold), 2 usage or I/O errors.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+pub mod check;
+
+/// talboot: from power-on to a running Talos Linux cluster.
+#[derive(Debug, Parser)]
+#[command(name = "talboot", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log output format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in RUST_LOG syntax (e.g. `info`, `talboot=debug,tower_http=warn`).
+    #[arg(long = "log", global = true, env = "RUST_LOG", default_value = "info")]
+    pub log_filter: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How log lines are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate an inventory (talboot.yaml or talhelper talconfig.yaml) and print a summary.
+    Check(check::Args),
+}
+
+/// Exit code for invalid input.
+pub const EXIT_INVALID: u8 = 1;
+/// Exit code for usage and I/O errors.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Parse arguments, set up logging and run the subcommand.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log_format, &cli.log_filter) {
+        eprintln!("talboot: invalid --log filter `{}`: {e}", cli.log_filter);
+        return ExitCode::from(EXIT_USAGE);
+    }
+    match cli.command {
+        Command::Check(args) => check::run(&args),
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) -> Result<(), String> {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    result.map_err(|e| e.to_string())
+}

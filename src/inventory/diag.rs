@@ -202,7 +202,12 @@ impl Diagnostics {
 pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
-        .map(|c| (strsim::jaro_winkler(&word.to_ascii_lowercase(), &c.to_ascii_lowercase()), *c))
+        .map(|c| {
+            (
+                strsim::jaro_winkler(&word.to_ascii_lowercase(), &c.to_ascii_lowercase()),
+                *c,
+            )
+        })
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
@@ -214,7 +219,14 @@ mod tests {
 
     #[test]
     fn suggestions_pick_the_close_field() {
-        let fields = ["name", "macs", "role", "address", "installDisk", "diskSelector"];
+        let fields = [
+            "name",
+            "macs",
+            "role",
+            "address",
+            "installDisk",
+            "diskSelector",
+        ];
         assert_eq!(did_you_mean("adress", &fields), Some("address"));
         assert_eq!(did_you_mean("instalDisk", &fields), Some("installDisk"));
         assert_eq!(did_you_mean("zzz", &fields), None);

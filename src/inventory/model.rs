@@ -276,7 +276,11 @@ impl Endpoint {
         let host = match host.parse::<Ipv4Addr>() {
             Ok(ip) => EndpointHost::Ip(ip),
             Err(_) if is_dns_name(host) => EndpointHost::Name(host.to_string()),
-            Err(_) => return Err(format!("`{host}` is neither an IPv4 address nor a DNS name")),
+            Err(_) => {
+                return Err(format!(
+                    "`{host}` is neither an IPv4 address nor a DNS name"
+                ));
+            }
         };
         Ok(Self { host, port })
     }
@@ -421,8 +425,6 @@ pub struct DiskSelector {
     pub wwid: Option<String>,
     /// Kernel bus path, e.g. `/pci0000:00/0000:00:1f.2/ata1/*` — stable across NVMe renumbering.
     pub bus_path: Option<String>,
-    /// Disk name as the kernel reports it (e.g. `nvme0n1`).
-    pub name: Option<String>,
 }
 
 impl DiskSelector {
@@ -435,14 +437,13 @@ impl DiskSelector {
 impl fmt::Display for DiskSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
-        let fields: [(&str, Option<String>); 7] = [
+        let fields: [(&str, Option<String>); 6] = [
             ("model", self.model.clone()),
             ("serial", self.serial.clone()),
             ("size", self.size.clone()),
             ("type", self.disk_type.map(|t| t.to_string())),
             ("wwid", self.wwid.clone()),
             ("busPath", self.bus_path.clone()),
-            ("name", self.name.clone()),
         ];
         for (k, v) in fields {
             if let Some(v) = v {
@@ -828,7 +829,12 @@ mod tests {
         let m: Mac = "BC:24:11:0A:0b:0C".parse().unwrap();
         assert_eq!(m.to_string(), "bc:24:11:0a:0b:0c");
         assert_eq!("bc-24-11-0a-0b-0c".parse::<Mac>().unwrap(), m);
-        for bad in ["bc:24:11:0a:0b", "bc:24:11:0a:0b:0c:0d", "zz:24:11:0a:0b:0c", "b:24:11:0a:0b:0c0"] {
+        for bad in [
+            "bc:24:11:0a:0b",
+            "bc:24:11:0a:0b:0c:0d",
+            "zz:24:11:0a:0b:0c",
+            "b:24:11:0a:0b:0c0",
+        ] {
             assert!(bad.parse::<Mac>().is_err(), "{bad}");
         }
     }

@@ -253,7 +253,10 @@ impl<'a> MapReader<'a> {
                 continue;
             }
             let hint = match did_you_mean(&key.name, known) {
-                Some(s) => format!("did you mean `{s}`? valid fields here: {}", known.join(", ")),
+                Some(s) => format!(
+                    "did you mean `{s}`? valid fields here: {}",
+                    known.join(", ")
+                ),
                 None => format!("valid fields here: {}", known.join(", ")),
             };
             diags.error_hint(

@@ -1,0 +1,211 @@
+//! `talboot check`: load and validate an inventory, then print every problem or a summary of
+//! the nodes by role.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::inventory::{self, Inventory, LoadError, NetworkMode, Severity};
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Arguments of `talboot check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    match inventory::load(&args.config) {
+        Ok(loaded) => {
+            for w in loaded.warnings.sorted() {
+                eprintln!("{w}");
+            }
+            print!("{}", summary(&loaded.inventory));
+            let warnings = loaded.warnings.len();
+            println!(
+                "valid: {} node{} in {} role{}, {warnings} warning{}",
+                loaded.inventory.nodes.len(),
+                if loaded.inventory.nodes.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                roles_in_use(&loaded.inventory).len(),
+                if roles_in_use(&loaded.inventory).len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                if warnings == 1 { "" } else { "s" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(LoadError::Invalid { path, diagnostics }) => {
+            for diag in diagnostics.sorted() {
+                eprintln!("{diag}");
+            }
+            let errors = diagnostics.error_count();
+            let warnings = diagnostics
+                .iter()
+                .filter(|d| d.severity == Severity::Warning)
+                .count();
+            eprintln!(
+                "{}: invalid: {errors} error{}, {warnings} warning{}",
+                path.display(),
+                if errors == 1 { "" } else { "s" },
+                if warnings == 1 { "" } else { "s" }
+            );
+            ExitCode::from(EXIT_INVALID)
+        }
+        Err(e @ LoadError::Io { .. }) => {
+            eprintln!("talboot: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn roles_in_use(inv: &Inventory) -> Vec<&str> {
+    let mut roles: Vec<&str> = Vec::new();
+    for n in &inv.nodes {
+        if !roles.contains(&n.role.as_str()) {
+            roles.push(n.role.as_str());
+        }
+    }
+    roles
+}
+
+/// The human summary printed for a valid inventory.
+pub fn summary(inv: &Inventory) -> String {
+    let c = &inv.cluster;
+    let n = &inv.network;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cluster {} (Talos {}, Kubernetes {}) endpoint {}{}",
+        c.name.as_str(),
+        c.talos_version.value,
+        c.kubernetes_version.value,
+        c.endpoint.value,
+        c.vip
+            .as_ref()
+            .map(|v| format!(", VIP {}", v.value))
+            .unwrap_or_default()
+    );
+    let ifaces = if n.interfaces.is_empty() {
+        "(interface not set)".to_string()
+    } else {
+        n.interfaces.join(",")
+    };
+    let _ = writeln!(
+        out,
+        "network {} DHCP on {ifaces}, subnet {}{}{}{}",
+        match n.mode {
+            NetworkMode::Authoritative => "authoritative",
+            NetworkMode::Proxy => "proxy",
+        },
+        n.subnet.value,
+        n.gateway
+            .as_ref()
+            .map(|g| format!(", gateway {}", g.value))
+            .unwrap_or_default(),
+        n.pool
+            .as_ref()
+            .map(|p| format!(", pool {}", p.value))
+            .unwrap_or_default(),
+        if n.relays.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", relayed {}",
+                n.relays
+                    .iter()
+                    .map(|r| r.subnet.value.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    let _ = writeln!(
+        out,
+        "boot {} delivery, unknown machines: {}, schematic {}",
+        inv.boot.delivery,
+        inv.boot.unknown_machines,
+        c.installer.schematic_id()
+    );
+    for role in roles_in_use(inv) {
+        let r = &inv.roles[role];
+        let members: Vec<_> = inv
+            .nodes
+            .iter()
+            .filter(|n| n.role.as_str() == role)
+            .collect();
+        let chain = if r.chain.len() > 1 {
+            format!(", extends {}", r.chain[..r.chain.len() - 1].join(" <- "))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "\nrole {role} (type {}{chain}, {} node{})",
+            r.machine_type,
+            members.len(),
+            if members.len() == 1 { "" } else { "s" }
+        );
+        let rows: Vec<[String; 5]> = members
+            .iter()
+            .map(|node| {
+                let macs = node
+                    .macs
+                    .iter()
+                    .map(|m| m.value.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let boot = format!(
+                    "{}/{}",
+                    node.firmware.map(|f| f.as_str()).unwrap_or("auto"),
+                    inv.arch_of(node)
+                );
+                [
+                    node.name.value.clone(),
+                    macs,
+                    node.address.value.to_string(),
+                    node.install.to_string(),
+                    boot,
+                ]
+            })
+            .collect();
+        let header = ["NAME", "MAC", "ADDRESS", "INSTALL DISK", "BOOT"];
+        let mut widths = header.map(str::len);
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let line = |cells: [&str; 5]| {
+            let mut s = String::from("  ");
+            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+                if i == 4 {
+                    s.push_str(cell);
+                } else {
+                    let _ = write!(s, "{cell:<w$}  ");
+                }
+            }
+            s
+        };
+        let _ = writeln!(out, "{}", line(header));
+        for row in &rows {
+            let _ = writeln!(out, "{}", line(row.each_ref().map(String::as_str)));
+        }
+    }
+    out.push('\n');
+    out
+}
