@@ -16,3 +16,6 @@ pub mod yaml;
 pub use diag::{Diagnostic, Diagnostics, Loc, Severity};
 pub use load::{LoadError, Loaded, load, load_with_env};
 pub use model::*;
+
+#[cfg(test)]
+mod tests;

@@ -97,19 +97,15 @@ impl Env for ChainEnv<'_> {
 /// is a literal `$`.
 fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
     match &mut node.value {
-        Value::Str(s) => {
-            if s.contains('$') {
-                match expand(s, env) {
-                    Ok(v) => *s = v,
-                    Err(name) => d.error_hint(
-                        &node.loc,
-                        path,
-                        format!("environment variable `{name}` is unset or empty"),
-                        format!("export {name}=..., or set it in talenv.yaml next to the config"),
-                    ),
-                }
-            }
-        }
+        Value::Str(s) if s.contains('$') => match expand(s, env) {
+            Ok(v) => *s = v,
+            Err(name) => d.error_hint(
+                &node.loc,
+                path,
+                format!("environment variable `{name}` is unset or empty"),
+                format!("export {name}=..., or set it in talenv.yaml next to the config"),
+            ),
+        },
         Value::Seq(items) => {
             for (i, item) in items.iter_mut().enumerate() {
                 substitute(item, &index(path, i), env, d);
@@ -956,7 +952,7 @@ fn nic(n: &Y, path: &str, d: &mut Diagnostics) -> Option<Nic> {
                 out.gateway = out.gateway.or(gw);
             } else {
                 d.warning(
-                    route.loc_ref(),
+                    &route.loc,
                     rp.clone(),
                     "only default routes carry over; other routes are ignored",
                     Some("add them with a node patch".into()),
@@ -981,11 +977,9 @@ fn nic(n: &Y, path: &str, d: &mut Diagnostics) -> Option<Nic> {
         })
         .map(|s| s.value);
     }
-    for (k, supported) in [("interface", true), ("dhcp", true)] {
-        if supported {
-            r.get(k);
-        }
-    }
+    // The NIC name and DHCP switch are superseded by talboot's static boot-NIC config.
+    r.get("interface");
+    r.get("dhcp");
     if let Value::Map(es) = &n.value {
         for (k, _) in es {
             if ![
@@ -1015,20 +1009,8 @@ fn nic(n: &Y, path: &str, d: &mut Diagnostics) -> Option<Nic> {
     Some(out)
 }
 
-trait LocRef {
-    fn loc_ref(&self) -> &Loc;
-}
-impl LocRef for Y {
-    fn loc_ref(&self) -> &Loc {
-        &self.loc
-    }
-}
-
 fn tal_disk_selector(n: &Y, path: &str, d: &mut Diagnostics) -> Option<DiskSelector> {
     // talhelper's selector has two more fields than ours; warn about them and read the rest.
-    let Value::Map(entries) = &n.value else {
-        return read::disk_selector(n, path, d);
-    };
     let mut kept = n.clone();
     if let Value::Map(es) = &mut kept.value {
         es.retain(|(k, _)| {
@@ -1047,7 +1029,6 @@ fn tal_disk_selector(n: &Y, path: &str, d: &mut Diagnostics) -> Option<DiskSelec
             !drop
         });
     }
-    let _ = entries;
     read::disk_selector(&kept, path, d)
 }
 

@@ -222,7 +222,7 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
             "no control-plane node: a cluster needs at least one",
             "give one or three nodes a role whose type is controlplane",
         );
-    } else if !cps.is_empty() && cps.len() % 2 == 0 {
+    } else if !cps.is_empty() && cps.len().is_multiple_of(2) {
         d.warning(
             &nodes_loc,
             "nodes",

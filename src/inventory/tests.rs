@@ -1,0 +1,688 @@
+//! Rule-by-rule tests of inventory loading: each rule's exact message and location, the three
+//! shipped examples, and the talhelper mapping.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+const BASE: &str = "\
+cluster:
+  name: t
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://10.0.40.100:6443
+  vip: 10.0.40.100
+network:
+  interfaces: [eth0]
+  subnet: 10.0.40.0/24
+  gateway: 10.0.40.1
+  pool: {start: 10.0.40.200, end: 10.0.40.250}
+nodes:
+  - name: cp-1
+    mac: aa:00:00:00:00:01
+    role: controlplane
+    address: 10.0.40.11/24
+    installDisk: /dev/sda
+  - name: cp-2
+    mac: aa:00:00:00:00:02
+    role: controlplane
+    address: 10.0.40.12/24
+    installDisk: /dev/sda
+  - name: cp-3
+    mac: aa:00:00:00:00:03
+    role: controlplane
+    address: 10.0.40.13/24
+    installDisk: /dev/sda
+  - name: wk-1
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+";
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn load(&self, text: &str) -> Result<Loaded, LoadError> {
+        let p = self.file("talboot.yaml", text);
+        load_with_env(&p, &BTreeMap::new())
+    }
+}
+
+/// Load `text` and return every diagnostic as `line:col: path: message`.
+fn diags(text: &str) -> Vec<String> {
+    let case = Case::new();
+    let list = match case.load(text) {
+        Ok(l) => l.warnings,
+        Err(LoadError::Invalid { diagnostics, .. }) => diagnostics,
+        Err(e) => panic!("{e}"),
+    };
+    list.sorted()
+        .iter()
+        .map(|d| {
+            format!(
+                "{}:{}: {}{}: {}",
+                d.loc.line,
+                d.loc.column,
+                if d.severity == Severity::Warning {
+                    "warning: "
+                } else {
+                    ""
+                },
+                d.path,
+                d.message
+            )
+        })
+        .collect()
+}
+
+fn with(from: &str, to: &str) -> String {
+    assert!(BASE.contains(from), "BASE lacks {from:?}");
+    BASE.replacen(from, to, 1)
+}
+
+#[test]
+fn base_is_valid() {
+    let case = Case::new();
+    let loaded = case.load(BASE).unwrap();
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let inv = loaded.inventory;
+    assert_eq!(inv.nodes.len(), 4);
+    assert_eq!(inv.control_planes().count(), 3);
+    assert_eq!(
+        inv.node_by_mac("aa:00:00:00:00:04".parse().unwrap())
+            .unwrap()
+            .name
+            .as_str(),
+        "wk-1"
+    );
+    assert_eq!(inv.cluster.pod_subnets[0].to_string(), "10.244.0.0/16");
+    assert_eq!(inv.network.lease_time.as_secs(), 3600);
+}
+
+#[test]
+fn unknown_field_with_suggestion() {
+    let d = diags(&with(
+        "    address: 10.0.40.21/24",
+        "    address: 10.0.40.21/24\n    instalDisk: /dev/sdb",
+    ));
+    assert_eq!(d, ["32:5: nodes[3].instalDisk: unknown field `instalDisk`"]);
+    let case = Case::new();
+    let Err(LoadError::Invalid { diagnostics, .. }) = case.load(&with(
+        "  gateway: 10.0.40.1\n",
+        "  gateway: 10.0.40.1\n  gatway: 10.0.40.1\n",
+    )) else {
+        panic!()
+    };
+    let hint = diagnostics.iter().next().unwrap().hint.clone().unwrap();
+    assert!(hint.starts_with("did you mean `gateway`?"), "{hint}");
+}
+
+#[test]
+fn duplicate_mac() {
+    let d = diags(&with("aa:00:00:00:00:04", "aa:00:00:00:00:01"));
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].starts_with(
+        "29:10: nodes[3].macs[0]: duplicate MAC aa:00:00:00:00:01 (also nodes[0].macs[0] at "
+    ));
+    assert!(d[0].ends_with("talboot.yaml:14:10)"));
+}
+
+#[test]
+fn duplicate_hostname_and_address() {
+    let text = with("name: wk-1", "name: cp-1").replacen("10.0.40.21/24", "10.0.40.11/24", 1);
+    let d = diags(&text);
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert!(
+        d[0].starts_with("28:11: nodes[3].name: duplicate hostname `cp-1` (also nodes[0] at "),
+        "{d:?}"
+    );
+    assert!(
+        d[1].starts_with(
+            "31:14: nodes[3].address: duplicate address 10.0.40.11 (also nodes[0].address at "
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn address_outside_subnet_and_inside_pool() {
+    let d = diags(&with("10.0.40.21/24", "10.0.50.21/24"));
+    assert_eq!(
+        d,
+        ["31:14: nodes[3].address: address 10.0.50.21 is outside the subnet 10.0.40.0/24"]
+    );
+    let d = diags(&with("10.0.40.21/24", "10.0.40.210/24"));
+    assert_eq!(d.len(), 1);
+    assert!(d[0].starts_with("31:14: nodes[3].address: address 10.0.40.210 is inside the dynamic pool 10.0.40.200-10.0.40.250 (at "), "{d:?}");
+}
+
+#[test]
+fn gateway_outside_subnet() {
+    let d = diags(&with("  gateway: 10.0.40.1", "  gateway: 10.0.41.1"));
+    assert_eq!(
+        d,
+        ["10:12: network.gateway: gateway 10.0.41.1 is outside the subnet 10.0.40.0/24"]
+    );
+    let d = diags(&with(
+        "    address: 10.0.40.21/24",
+        "    address: 10.0.40.21/24\n    gateway: 192.168.1.1",
+    ));
+    assert_eq!(
+        d,
+        ["32:14: nodes[3].gateway: gateway 192.168.1.1 is outside the node's subnet 10.0.40.0/24"]
+    );
+}
+
+#[test]
+fn vip_rules() {
+    let text = with("  vip: 10.0.40.100", "  vip: 10.0.41.100")
+        .replace("https://10.0.40.100", "https://10.0.40.11");
+    assert_eq!(
+        diags(&text),
+        ["6:8: cluster.vip: VIP 10.0.41.100 is not in the subnet 10.0.40.0/24"]
+    );
+    let text = with("  vip: 10.0.40.100", "  vip: 10.0.40.21")
+        .replace("https://10.0.40.100", "https://10.0.40.21");
+    let d = diags(&text);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(
+        d[0].starts_with(
+            "6:8: cluster.vip: VIP 10.0.40.21 is also the address of nodes[3].address (at "
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn endpoint_must_be_vip_or_control_plane() {
+    let d = diags(&with("https://10.0.40.100:6443", "https://10.0.40.21:6443"));
+    assert_eq!(
+        d,
+        [
+            "5:13: cluster.endpoint: endpoint host 10.0.40.21 is neither the VIP nor a control-plane address"
+        ]
+    );
+    // A DNS name cannot be checked offline and is accepted.
+    assert!(
+        diags(&with(
+            "https://10.0.40.100:6443",
+            "https://k8s.example.com:6443"
+        ))
+        .is_empty()
+    );
+}
+
+#[test]
+fn control_plane_counts() {
+    let text = BASE.replace("role: controlplane", "role: worker");
+    assert_eq!(
+        diags(&text),
+        ["13:3: nodes: no control-plane node: a cluster needs at least one"]
+    );
+    let text = with("    role: worker", "    role: controlplane");
+    assert_eq!(
+        diags(&text),
+        [
+            "13:3: warning: nodes: 4 control-plane nodes: an even number adds no etcd fault tolerance over 3"
+        ]
+    );
+}
+
+#[test]
+fn unknown_role_and_extends_cycle() {
+    let d = diags(&with("role: worker", "role: wroker"));
+    assert_eq!(d, ["30:11: nodes[3].role: unknown role `wroker`"]);
+    let text = format!("{BASE}roles:\n  a:\n    extends: b\n  b:\n    extends: a\n")
+        .replace("role: worker", "role: a");
+    let d = diags(&text);
+    assert!(
+        d.iter()
+            .any(|m| m
+                == "37:14: roles.b.extends: role `a` is part of an extends cycle: a -> b -> a"),
+        "{d:?}"
+    );
+    let text = format!("{BASE}roles:\n  big:\n    extends: nothere\n")
+        .replace("role: worker", "role: big");
+    assert_eq!(
+        diags(&text),
+        ["35:14: roles.big.extends: unknown role `nothere`"]
+    );
+}
+
+#[test]
+fn role_chains_compose() {
+    let case = Case::new();
+    case.file("p/worker.yaml", "machine:\n  sysctls:\n    a: \"1\"\n");
+    case.file("p/mon.yaml", "machine:\n  sysctls:\n    b: \"2\"\n");
+    let text = format!(
+        "{BASE}roles:\n  worker:\n    type: worker\n    patches: [p/worker.yaml]\n    labels: {{tier: general}}\n  monitoring:\n    extends: worker\n    patches: [p/mon.yaml]\n    labels: {{pool: monitoring}}\n    taints: [dedicated=monitoring:NoSchedule]\n"
+    )
+    .replace("role: worker", "role: monitoring");
+    let inv = case.load(&text).unwrap().inventory;
+    let r = &inv.roles["monitoring"];
+    assert_eq!(r.machine_type, MachineType::Worker);
+    assert_eq!(r.chain, ["worker", "monitoring"]);
+    assert_eq!(r.labels.get("tier").map(String::as_str), Some("general"));
+    assert_eq!(r.labels.get("pool").map(String::as_str), Some("monitoring"));
+    assert_eq!(r.taints[0].to_string(), "dedicated=monitoring:NoSchedule");
+    let files: Vec<String> = r
+        .patches
+        .iter()
+        .map(|p| match &p.origin {
+            PatchOrigin::File(f) => f.file_name().unwrap().to_string_lossy().into_owned(),
+            PatchOrigin::Inline(_) => "inline".into(),
+        })
+        .collect();
+    assert_eq!(files, ["worker.yaml", "mon.yaml"]);
+}
+
+#[test]
+fn install_disk_choice() {
+    let d = diags(&with(
+        "    address: 10.0.40.21/24\n    installDisk: /dev/sda",
+        "    address: 10.0.40.21/24\n    installDisk: /dev/sda\n    diskSelector: {model: X}",
+    ));
+    assert_eq!(
+        d,
+        ["33:19: nodes[3].diskSelector: both installDisk and diskSelector are set"]
+    );
+    let d = diags(&with(
+        "    address: 10.0.40.21/24\n    installDisk: /dev/sda",
+        "    address: 10.0.40.21/24",
+    ));
+    assert_eq!(
+        d,
+        ["28:5: nodes[3]: no install disk: set installDisk or diskSelector"]
+    );
+    let d = diags(&with(
+        "    address: 10.0.40.21/24\n    installDisk: /dev/sda",
+        "    address: 10.0.40.21/24\n    diskSelector: {name: nvme0n1}",
+    ));
+    assert!(
+        d.iter()
+            .any(|m| m.contains("Talos rejects install disk selectors on `name`")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn patch_files_and_shapes() {
+    let d = diags(&with(
+        "  vip: 10.0.40.100\n",
+        "  vip: 10.0.40.100\n  patches: [missing.yaml]\n",
+    ));
+    assert_eq!(d.len(), 1);
+    assert!(
+        d[0].starts_with("7:13: cluster.patches[0]: cannot read patch file "),
+        "{d:?}"
+    );
+
+    let case = Case::new();
+    case.file("scalar.yaml", "just a string\n");
+    case.file(
+        "ops.yaml",
+        "- op: add\n  path: /machine/install/wipe\n  value: true\n",
+    );
+    case.file(
+        "multi.yaml",
+        "machine: {}\n---\napiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\n",
+    );
+    case.file("badop.yaml", "- op: ad\n  path: machine\n");
+    let text = with(
+        "  vip: 10.0.40.100\n",
+        "  vip: 10.0.40.100\n  patches: [scalar.yaml, ops.yaml, multi.yaml, badop.yaml, {machine: {install: {wipe: true}}}]\n",
+    );
+    let Err(LoadError::Invalid { diagnostics, .. }) = case.load(&text) else {
+        panic!("expected errors")
+    };
+    let msgs: Vec<String> = diagnostics
+        .sorted()
+        .iter()
+        .map(|d| {
+            format!(
+                "{}:{}: {}: {}",
+                d.loc.file.file_name().unwrap().to_string_lossy(),
+                d.loc.line,
+                d.path,
+                d.message
+            )
+        })
+        .collect();
+    assert_eq!(
+        msgs,
+        [
+            "badop.yaml:1: cluster.patches[3][0].op: `ad` is not a valid value",
+            "badop.yaml:2: cluster.patches[3][0].path: JSON pointer `machine` must start with /",
+            "scalar.yaml:1: cluster.patches[0]: patch is neither a YAML mapping (strategic merge) nor a JSON-patch list",
+        ]
+    );
+}
+
+#[test]
+fn patch_kinds_are_classified() {
+    let case = Case::new();
+    case.file(
+        "ops.yaml",
+        "- op: add\n  path: /machine/install/wipe\n  value: true\n",
+    );
+    case.file(
+        "multi.yaml",
+        "machine: {}\n---\napiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\n",
+    );
+    let text = with(
+        "  vip: 10.0.40.100\n",
+        "  vip: 10.0.40.100\n  patches:\n    - \"@ops.yaml\"\n    - multi.yaml\n    - {machine: {install: {wipe: true}}}\n    - |\n      cluster:\n        proxy:\n          disabled: true\n",
+    );
+    let inv = case.load(&text).unwrap().inventory;
+    let kinds: Vec<(bool, usize)> = inv
+        .cluster
+        .patches
+        .iter()
+        .map(|p| match &p.body {
+            PatchBody::Json(ops) => (true, ops.len()),
+            PatchBody::Merge(docs) => (false, docs.len()),
+        })
+        .collect();
+    assert_eq!(kinds, [(true, 1), (false, 2), (false, 1), (false, 1)]);
+}
+
+#[test]
+fn invalid_strings() {
+    let text = BASE
+        .replacen("aa:00:00:00:00:04", "aa:00:00:00:04", 1)
+        .replacen("10.0.40.0/24", "10.0.40.0/33", 1)
+        .replacen("v1.13.9", "v1.13", 1);
+    let d = diags(&text);
+    assert_eq!(
+        d,
+        [
+            "3:17: cluster.talosVersion: `v1.13` is not a version (unexpected end of input while parsing minor version number)",
+            "9:11: network.subnet: `10.0.40.0/33` is not an IPv4 address with prefix length (invalid IP address syntax)",
+            "29:10: nodes[3].mac: `aa:00:00:00:04` is not a MAC address (`aa:00:00:00:04` is not a MAC address)",
+        ]
+    );
+    let d = diags(&with("  subnet: 10.0.40.0/24", "  subnet: 10.0.40.5/24"));
+    assert_eq!(
+        d,
+        ["9:11: network.subnet: `10.0.40.5/24` has host bits set"]
+    );
+}
+
+#[test]
+fn discover_needs_a_pool() {
+    let text = with("  pool: {start: 10.0.40.200, end: 10.0.40.250}\n", "")
+        + "boot:\n  unknownMachines: discover\n";
+    assert_eq!(
+        diags(&text),
+        [
+            "9:11: network.pool: boot.unknownMachines is `discover` but there is no dynamic pool to give unknown machines an address"
+        ]
+    );
+}
+
+#[test]
+fn pool_rules() {
+    let d = diags(&with(
+        "start: 10.0.40.200, end: 10.0.40.250",
+        "start: 10.0.40.250, end: 10.0.40.200",
+    ));
+    assert_eq!(
+        d,
+        ["11:9: network.pool: pool start 10.0.40.250 is after its end 10.0.40.200"]
+    );
+    let d = diags(&with("end: 10.0.40.250", "end: 10.0.41.250"));
+    assert_eq!(
+        d,
+        ["11:9: network.pool: pool 10.0.40.200-10.0.41.250 is not inside the subnet 10.0.40.0/24"]
+    );
+}
+
+#[test]
+fn relayed_nodes_are_in_a_served_subnet() {
+    let text = with(
+        "  pool:",
+        "  relays:\n    - subnet: 10.0.50.0/24\n      gateway: 10.0.50.1\n  pool:",
+    )
+    .replacen("10.0.40.21/24", "10.0.50.21/24", 1);
+    assert!(diags(&text).is_empty());
+    let text = with(
+        "  pool:",
+        "  relays:\n    - subnet: 10.0.40.128/25\n  pool:",
+    );
+    let d = diags(&text);
+    assert!(
+        d.iter()
+            .any(|m| m.contains("relayed subnet 10.0.40.128/25 overlaps 10.0.40.0/24")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn syntax_errors_are_located() {
+    let d = diags("cluster:\n  name: [unclosed\n");
+    assert_eq!(d.len(), 1);
+    assert!(d[0].contains(": invalid YAML: "), "{d:?}");
+    let d = diags("a: 1\na: 2\n");
+    assert!(d[0].starts_with("2:"), "{d:?}");
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config")
+        .join(name)
+}
+
+#[test]
+fn example_rack_has_13_nodes_in_4_roles() {
+    let loaded = load_with_env(&example("rack.yaml"), &BTreeMap::new()).unwrap();
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let inv = loaded.inventory;
+    assert_eq!(inv.nodes.len(), 13);
+    let mut by_role: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in &inv.nodes {
+        *by_role.entry(n.role.as_str()).or_default() += 1;
+    }
+    assert_eq!(
+        by_role.into_iter().collect::<Vec<_>>(),
+        [
+            ("controlplane", 3),
+            ("monitoring", 3),
+            ("storage", 3),
+            ("worker", 4)
+        ]
+    );
+    let mon = inv.node("rack1-mon-01").unwrap();
+    let role = inv.role_of(mon);
+    assert_eq!(role.labels["pool"], "monitoring");
+    assert_eq!(
+        role.taints[0].to_string(),
+        "dedicated=monitoring:NoSchedule"
+    );
+    assert_eq!(
+        inv.node("rack1-wk-02").unwrap().install,
+        InstallTarget::Disk("/dev/sda".into())
+    );
+    assert!(matches!(
+        inv.node("rack1-wk-03").unwrap().install,
+        InstallTarget::Selector(_)
+    ));
+    let storage = inv.role_of(inv.node("rack1-st-01").unwrap());
+    let PatchBody::Merge(docs) = &storage.patches[0].body else {
+        panic!()
+    };
+    let kinds: Vec<&str> = docs
+        .iter()
+        .filter_map(|d| d.get("kind").and_then(|k| k.as_str()))
+        .collect();
+    assert_eq!(kinds, ["VolumeConfig", "UserVolumeConfig"]);
+}
+
+#[test]
+fn example_lab_and_talconfig_agree() {
+    let lab = load_with_env(&example("lab.yaml"), &BTreeMap::new())
+        .unwrap()
+        .inventory;
+    let tal = load_with_env(&example("talconfig.yaml"), &BTreeMap::new()).unwrap();
+    assert_eq!(
+        tal.warnings.len(),
+        1,
+        "only the derived-network note: {:?}",
+        tal.warnings
+    );
+    let tal = tal.inventory;
+    assert_eq!(tal.format, SourceFormat::Talhelper);
+    assert_eq!(lab.nodes.len(), tal.nodes.len());
+    for (a, b) in lab.nodes.iter().zip(&tal.nodes) {
+        assert_eq!(a.name.value, b.name.value);
+        assert_eq!(a.macs[0].value, b.macs[0].value);
+        assert_eq!(a.address.value, b.address.value);
+        assert_eq!(a.install, b.install);
+        assert_eq!(a.interfaces[0].mac.value, b.interfaces[0].mac.value);
+        assert_eq!(a.interfaces[0].mtu, b.interfaces[0].mtu);
+        assert_eq!(lab.role_of(a).machine_type, tal.role_of(b).machine_type);
+    }
+    assert_eq!(
+        lab.cluster.vip.as_ref().unwrap().value,
+        tal.cluster.vip.as_ref().unwrap().value
+    );
+    assert_eq!(
+        lab.cluster.installer.schematic_id(),
+        tal.cluster.installer.schematic_id()
+    );
+    assert_eq!(
+        tal.network.gateway.as_ref().unwrap().value.to_string(),
+        "10.0.40.1"
+    );
+}
+
+const TAL: &str = "\
+clusterName: tal
+talosVersion: v1.13.9
+kubernetesVersion: v1.36.3
+endpoint: https://${VIP}:6443
+additionalApiServerCertSans: [api.example.com]
+worker:
+  nodeLabels:
+    pool: general
+  nodeTaints:
+    dedicated: monitoring:NoSchedule
+  patches:
+    - |-
+      machine:
+        install:
+          wipe: true
+nodes:
+  - hostname: cp-1
+    ipAddress: 10.0.40.11
+    controlPlane: true
+    installDiskSelector:
+      model: \"WD*\"
+      modalias: x
+    networkInterfaces:
+      - deviceSelector: {hardwareAddr: aa:00:00:00:00:01}
+        addresses: [10.0.40.11/24]
+        vip: {ip: 10.0.40.100}
+  - hostname: wk-1
+    ipAddress: 10.0.40.21
+    installDisk: /dev/sdb
+    kernelModules: [{name: br_netfilter}]
+    networkInterfaces:
+      - deviceSelector: {hardwareAddr: aa:00:00:00:00:02}
+        addresses: [10.0.40.21/24]
+";
+
+#[test]
+fn talhelper_mapping() {
+    let case = Case::new();
+    let p = case.file("talconfig.yaml", TAL);
+    let env: BTreeMap<String, String> = [("VIP".to_string(), "10.0.40.100".to_string())].into();
+    let loaded = load_with_env(&p, &env).unwrap();
+    let inv = &loaded.inventory;
+    assert_eq!(
+        inv.cluster.endpoint.value.to_string(),
+        "https://10.0.40.100:6443"
+    );
+    let cp = inv.node("cp-1").unwrap();
+    assert_eq!(inv.role_of(cp).machine_type, MachineType::ControlPlane);
+    let InstallTarget::Selector(sel) = &cp.install else {
+        panic!()
+    };
+    assert_eq!(sel.model.as_deref(), Some("WD*"));
+    let wk = inv.node("wk-1").unwrap();
+    let role = inv.role_of(wk);
+    assert_eq!(role.labels["pool"], "general");
+    assert_eq!(
+        role.taints[0].to_string(),
+        "dedicated=monitoring:NoSchedule"
+    );
+    assert_eq!(role.patches.len(), 1);
+    let warned: Vec<String> = loaded.warnings.iter().map(|d| d.path.clone()).collect();
+    for field in [
+        "additionalApiServerCertSans",
+        "nodes[0].installDiskSelector.modalias",
+        "nodes[1].kernelModules",
+    ] {
+        assert!(
+            warned.iter().any(|w| w == field),
+            "{field} not warned: {warned:?}"
+        );
+    }
+}
+
+#[test]
+fn talhelper_unset_variable() {
+    let case = Case::new();
+    let p = case.file("talconfig.yaml", TAL);
+    let Err(LoadError::Invalid { diagnostics, .. }) = load_with_env(&p, &BTreeMap::new()) else {
+        panic!()
+    };
+    let all: Vec<String> = diagnostics.iter().map(|d| d.to_string()).collect();
+    assert!(
+        all.iter().any(|m| m.contains(
+            "talconfig.yaml:4:11: error: endpoint: environment variable `VIP` is unset or empty"
+        )),
+        "{all:?}"
+    );
+}
+
+#[test]
+fn talhelper_talenv_file() {
+    let case = Case::new();
+    case.file("talenv.yaml", "VIP: 10.0.40.100\n");
+    let p = case.file("talconfig.yaml", TAL);
+    assert!(load_with_env(&p, &BTreeMap::new()).is_ok());
+}
+
+#[test]
+fn talhelper_node_without_mac() {
+    let case = Case::new();
+    let text = TAL.replace("      - deviceSelector: {hardwareAddr: aa:00:00:00:00:02}\n        addresses: [10.0.40.21/24]\n", "      - interface: eth0\n        addresses: [10.0.40.21/24]\n");
+    let p = case.file("talconfig.yaml", &text);
+    let env: BTreeMap<String, String> = [("VIP".to_string(), "10.0.40.100".to_string())].into();
+    let Err(LoadError::Invalid { diagnostics, .. }) = load_with_env(&p, &env) else {
+        panic!()
+    };
+    let msgs: Vec<String> = diagnostics.iter().map(|d| d.message.clone()).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m == "interface has no deviceSelector.hardwareAddr"),
+        "{msgs:?}"
+    );
+}
