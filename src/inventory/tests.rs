@@ -686,3 +686,21 @@ fn talhelper_node_without_mac() {
         "{msgs:?}"
     );
 }
+
+#[test]
+fn worker_labels_respect_node_restriction() {
+    let text = format!(
+        "{BASE}roles:\n  worker:\n    type: worker\n    labels: {{node-role.kubernetes.io/storage: \"\"}}\n"
+    );
+    let d = diags(&text);
+    assert_eq!(
+        d,
+        [
+            "30:11: nodes[3].labels: label `node-role.kubernetes.io/storage` on worker `wk-1` would be refused by Kubernetes' NodeRestriction admission"
+        ]
+    );
+    let text = format!(
+        "{BASE}roles:\n  worker:\n    type: worker\n    labels: {{node.kubernetes.io/pool: storage}}\n"
+    );
+    assert!(diags(&text).is_empty());
+}

@@ -188,6 +188,14 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
     }
     let all_nodes_read = parts.nodes_written == nodes.len();
 
+    for (i, n) in nodes.iter().enumerate() {
+        if let Some(role) = roles.get(n.role.as_str())
+            && role.machine_type == MachineType::Worker
+        {
+            restricted_labels(i, n, role, d);
+        }
+    }
+
     unique_names(nodes, d);
     unique_macs(nodes, d);
     unique_addresses(nodes, parts.cluster.as_ref(), d);
@@ -480,7 +488,14 @@ fn node_address_rules(i: usize, n: &Node, net: &Network, d: &mut Diagnostics) {
         d.error_hint(
             &n.address.loc,
             format!("nodes[{i}].address"),
-            format!("address {ip} is outside the subnet {}", subnet_list(net)),
+            if net.relays.is_empty() {
+                format!("address {ip} is outside the subnet {}", net.subnet.value)
+            } else {
+                format!(
+                    "address {ip} is outside every served subnet ({})",
+                    subnet_list(net)
+                )
+            },
             "use an address in the provisioning subnet, or add its subnet under network.relays",
         );
         return;
@@ -606,6 +621,46 @@ fn cluster_rules(
                 "cluster.endpoint",
                 format!("endpoint host {host} is neither the VIP nor a control-plane address"),
                 hint,
+            );
+        }
+    }
+}
+
+/// Kubernetes' NodeRestriction admission lets a kubelet set labels under `kubernetes.io` and
+/// `k8s.io` only for a few well-known keys, and Talos applies worker labels with the kubelet's
+/// credentials: anything else is refused at run time, so it is refused here first.
+fn restricted_labels(i: usize, n: &Node, role: &ResolvedRole, d: &mut Diagnostics) {
+    const ALLOWED_PREFIXES: &[&str] = &["kubelet.kubernetes.io/", "node.kubernetes.io/"];
+    const ALLOWED_KEYS: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
+    let keys = role.labels.keys().chain(n.labels.keys());
+    for key in keys {
+        let Some((prefix, _)) = key.rsplit_once('/') else {
+            continue;
+        };
+        let reserved = ["kubernetes.io", "k8s.io"]
+            .iter()
+            .any(|r| prefix == *r || prefix.ends_with(&format!(".{r}")));
+        let allowed = ALLOWED_KEYS.contains(&key.as_str())
+            || ALLOWED_PREFIXES.iter().any(|p| key.starts_with(p));
+        if reserved && !allowed {
+            d.error_hint(
+                &n.role.loc,
+                format!("nodes[{i}].labels"),
+                format!(
+                    "label `{key}` on worker `{}` would be refused by Kubernetes' NodeRestriction admission",
+                    n.name.as_str()
+                ),
+                "use a label outside kubernetes.io/k8s.io (e.g. talboot.dev/role: storage), or node.kubernetes.io/...",
             );
         }
     }
