@@ -483,10 +483,11 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
             allow_scheduling_on_control_planes: allow,
             secrets: Secrets {
                 file: [
-                    "talsecret.sops.yaml",
+                    // talhelper's search order; its loop keeps the last file that exists.
                     "talsecret.yaml",
-                    "talsecret.sops.yml",
+                    "talsecret.sops.yaml",
                     "talsecret.yml",
+                    "talsecret.sops.yml",
                 ]
                 .iter()
                 .map(|f| base.join(f))
