@@ -1,0 +1,218 @@
+//! Fetching boot sets from the Talos Image Factory (or a mirror with the same URL shape):
+//! `<base>/image/<schematic>/<version>/{kernel-<arch>, initramfs-<arch>.xz, cmdline-metal-<arch>}`.
+//!
+//! Downloads go to `<file>.part` and resume with an HTTP Range request when a partial file is
+//! there; a finished file is hashed, renamed into place, and recorded in the catalog only after
+//! all three files of the set are complete, so the catalog never names a half-pulled set.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::io::AsyncWriteExt;
+
+use super::{ArtifactError, Catalog, Entry, FileRecord, Kind, SetId, hash_file};
+
+/// The factory-side file name of `kind` for `arch`.
+pub fn remote_name(kind: Kind, arch: &str) -> String {
+    match kind {
+        Kind::Kernel => format!("kernel-{arch}"),
+        Kind::Initramfs => format!("initramfs-{arch}.xz"),
+        Kind::Cmdline => format!("cmdline-metal-{arch}"),
+    }
+}
+
+/// The URL of `kind` of set `id` under `base` (e.g. `https://factory.talos.dev`).
+pub fn url(base: &str, id: &SetId, kind: Kind) -> String {
+    format!(
+        "{}/image/{}/{}/{}",
+        base.trim_end_matches('/'),
+        id.schematic,
+        id.talos,
+        remote_name(kind, &id.arch)
+    )
+}
+
+/// What to pull and where.
+#[derive(Debug, Clone)]
+pub struct PullRequest {
+    /// Image Factory base URL.
+    pub base_url: String,
+    /// The set.
+    pub id: SetId,
+    /// The images directory.
+    pub dir: PathBuf,
+    /// Show progress bars (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Build the HTTP client: rustls with the ring provider and the system's root certificates.
+pub fn client() -> Result<reqwest::Client, ArtifactError> {
+    // Installing fails harmlessly when a provider is already installed (tests, other modules).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(20))
+        .read_timeout(Duration::from_secs(60))
+        .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ArtifactError::Download {
+            url: String::new(),
+            cause: e.to_string(),
+        })
+}
+
+/// Pull every file of a set, resuming partial downloads, then record it in the catalog.
+pub async fn pull(
+    client: &reqwest::Client,
+    req: &PullRequest,
+    now_unix: u64,
+) -> Result<Entry, ArtifactError> {
+    let set_dir = req.dir.join(req.id.rel_dir());
+    tokio::fs::create_dir_all(&set_dir)
+        .await
+        .map_err(|source| ArtifactError::Io {
+            path: set_dir.clone(),
+            source,
+        })?;
+    let mut files = std::collections::BTreeMap::new();
+    for kind in Kind::ALL {
+        let target = set_dir.join(kind.file_name());
+        let u = url(&req.base_url, &req.id, kind);
+        download(client, &u, &target, req.progress).await?;
+        let (size, sha256) = hash_file(&target).map_err(|source| ArtifactError::Io {
+            path: target.clone(),
+            source,
+        })?;
+        tracing::info!(url = %u, size, sha256 = %sha256, "pulled");
+        files.insert(kind, FileRecord { size, sha256 });
+    }
+    let entry = Entry {
+        id: req.id.clone(),
+        source: req.base_url.clone(),
+        pulled_at: now_unix,
+        files,
+    };
+    let mut catalog = Catalog::load(&req.dir)?;
+    catalog.upsert(entry.clone());
+    catalog.save(&req.dir)?;
+    Ok(entry)
+}
+
+fn part_path(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_os_string();
+    name.push(".part");
+    target.with_file_name(name)
+}
+
+async fn download(
+    client: &reqwest::Client,
+    url: &str,
+    target: &Path,
+    progress: bool,
+) -> Result<(), ArtifactError> {
+    let fail = |cause: String| ArtifactError::Download {
+        url: url.to_string(),
+        cause,
+    };
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ArtifactError::Io { path, source }
+    };
+    let part = part_path(target);
+    let have = tokio::fs::metadata(&part)
+        .await
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let mut request = client.get(url);
+    if have > 0 {
+        request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
+    }
+    let resp = request.send().await.map_err(|e| fail(e.to_string()))?;
+    let status = resp.status();
+    let (mut file, start) = match status {
+        reqwest::StatusCode::PARTIAL_CONTENT if have > 0 => {
+            let f = tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(&part)
+                .await
+                .map_err(io(&part))?;
+            (f, have)
+        }
+        reqwest::StatusCode::RANGE_NOT_SATISFIABLE if have > 0 => {
+            // The partial file is already complete.
+            tokio::fs::rename(&part, target).await.map_err(io(target))?;
+            return Ok(());
+        }
+        s if s.is_success() => {
+            // A server that ignores Range sends the whole file again: start over.
+            let f = tokio::fs::File::create(&part).await.map_err(io(&part))?;
+            (f, 0)
+        }
+        s => return Err(fail(format!("HTTP {s}"))),
+    };
+    let total = resp.content_length().map(|len| len + start);
+    let bar = if progress {
+        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:30} {bytes:>10}/{total_bytes:10} {bar:30} {bytes_per_sec}",
+            )
+            .expect("static template"),
+        );
+        bar.set_message(
+            target
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+        bar.set_position(start);
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| fail(format!("{e}; run the same command again to resume")))?;
+        file.write_all(&chunk).await.map_err(io(&part))?;
+        bar.inc(chunk.len() as u64);
+    }
+    file.flush().await.map_err(io(&part))?;
+    file.sync_all().await.map_err(io(&part))?;
+    drop(file);
+    bar.finish_and_clear();
+    if let Some(total) = total {
+        let got = tokio::fs::metadata(&part).await.map_err(io(&part))?.len();
+        if got != total {
+            return Err(fail(format!(
+                "got {got} of {total} bytes; run the same command again to resume"
+            )));
+        }
+    }
+    tokio::fs::rename(&part, target).await.map_err(io(target))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_have_the_factory_shape() {
+        let id = SetId {
+            talos: "v1.13.9".into(),
+            schematic: "abc".into(),
+            arch: "arm64".into(),
+        };
+        assert_eq!(
+            url("https://factory.talos.dev/", &id, Kind::Initramfs),
+            "https://factory.talos.dev/image/abc/v1.13.9/initramfs-arm64.xz"
+        );
+        assert_eq!(
+            url("http://mirror:8080", &id, Kind::Cmdline),
+            "http://mirror:8080/image/abc/v1.13.9/cmdline-metal-arm64"
+        );
+    }
+}
