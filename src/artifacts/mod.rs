@@ -131,17 +131,15 @@ pub enum ArtifactError {
         cause: String,
     },
     /// A set the inventory needs was never pulled.
-    #[error("{id} is not in {}; run: {command}", dir.display())]
+    #[error("{id} is not in {}; run: {}", dir.display(), pull_command(id))]
     Missing {
         /// The set.
         id: SetId,
         /// The images directory.
         dir: PathBuf,
-        /// The exact pull command.
-        command: String,
     },
     /// A file is missing, has the wrong size, or the wrong digest.
-    #[error("{} of {id} is damaged ({problem}); pull it again: {command}", path.display())]
+    #[error("{} of {id} is damaged ({problem}); pull it again: {}", path.display(), pull_command(id))]
     Damaged {
         /// The set.
         id: SetId,
@@ -149,8 +147,6 @@ pub enum ArtifactError {
         path: PathBuf,
         /// What is wrong.
         problem: String,
-        /// The exact pull command.
-        command: String,
     },
     /// I/O error.
     #[error("{}: {source}", path.display())]
@@ -224,7 +220,6 @@ pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactE
     let entry = catalog.find(id).ok_or_else(|| ArtifactError::Missing {
         id: id.clone(),
         dir: dir.to_path_buf(),
-        command: pull_command(id),
     })?;
     for kind in Kind::ALL {
         let path = dir.join(id.rel_dir()).join(kind.file_name());
@@ -232,7 +227,6 @@ pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactE
             id: id.clone(),
             path: path.clone(),
             problem,
-            command: pull_command(id),
         };
         let Some(rec) = entry.files.get(&kind) else {
             return Err(damaged("not recorded in the catalog".into()));
