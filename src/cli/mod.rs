@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
+pub mod images;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -39,6 +40,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Validate an inventory (talboot.yaml or talhelper talconfig.yaml) and print a summary.
     Check(check::Args),
+    /// Manage the boot artifact cache (Talos kernels and initramfs images).
+    Images(images::Args),
 }
 
 /// Exit code for invalid input.
@@ -55,6 +58,7 @@ pub fn run() -> ExitCode {
     }
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Images(args) => images::run(&args),
     }
 }
 

@@ -136,7 +136,10 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(header::CONTENT_LENGTH, hv(&len.to_string()));
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(asset.content_type),
+    );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(header::ETAG, hv(&etag));
     if status == StatusCode::PARTIAL_CONTENT {

@@ -1,0 +1,219 @@
+//! `talboot images`: pull boot sets from the Image Factory into the artifact cache, list them,
+//! and verify their digests.
+
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::artifacts::{self, Catalog, SetId, factory};
+use crate::inventory::{self, Arch, Version};
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Arguments of `talboot images`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The artifact cache.
+    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images", global = true)]
+    pub dir: PathBuf,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ImagesCommand,
+}
+
+/// `images` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ImagesCommand {
+    /// Fetch kernel, initramfs and kernel command line for a Talos version, schematic and
+    /// architectures (defaults from the inventory given with -c).
+    Pull(PullArgs),
+    /// List the boot sets in the cache.
+    List,
+    /// Check every cached file against its recorded size and SHA-256.
+    Verify,
+}
+
+/// Arguments of `images pull`.
+#[derive(Debug, clap::Args)]
+pub struct PullArgs {
+    /// Take version, schematic, architectures and factory URL from this inventory.
+    #[arg(short = 'c', long = "config")]
+    pub config: Option<PathBuf>,
+    /// Talos version, e.g. v1.13.9.
+    #[arg(long)]
+    pub talos: Option<String>,
+    /// Image Factory schematic ID (default: the inventory's, else vanilla).
+    #[arg(long)]
+    pub schematic: Option<String>,
+    /// Architectures, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub arch: Vec<String>,
+    /// Image Factory base URL (a mirror for air-gapped sites).
+    #[arg(long)]
+    pub factory: Option<String>,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    match &args.command {
+        ImagesCommand::Pull(p) => pull(&args.dir, p),
+        ImagesCommand::List => list(&args.dir),
+        ImagesCommand::Verify => verify(&args.dir),
+    }
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("talboot images: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Work out which sets to pull from the flags and the optional inventory.
+fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), String> {
+    let inv = match &p.config {
+        Some(path) => match inventory::load(path) {
+            Ok(l) => Some(l.inventory),
+            Err(e) => return Err(format!("{e}; run `talboot check -c {}`", path.display())),
+        },
+        None => None,
+    };
+    let talos: Version = match (&p.talos, &inv) {
+        (Some(t), _) => t.parse().map_err(|e| format!("--talos {t}: {e}"))?,
+        (None, Some(inv)) => inv.cluster.talos_version.value.clone(),
+        (None, None) => return Err("give --talos vX.Y.Z or -c INVENTORY".into()),
+    };
+    let schematic = match (&p.schematic, &inv) {
+        (Some(s), _) => {
+            if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("--schematic {s}: expected 64 hex digits"));
+            }
+            s.to_ascii_lowercase()
+        }
+        (None, Some(inv)) => inv.cluster.installer.schematic_id().to_string(),
+        (None, None) => inventory::VANILLA_SCHEMATIC.to_string(),
+    };
+    let mut arches: BTreeSet<Arch> = BTreeSet::new();
+    for a in &p.arch {
+        arches.insert(Arch::parse(a).ok_or_else(|| format!("--arch {a}: use amd64 or arm64"))?);
+    }
+    if arches.is_empty() {
+        match &inv {
+            Some(inv) => arches.extend(inv.nodes.iter().map(|n| inv.arch_of(n))),
+            None => {
+                arches.insert(Arch::Amd64);
+            }
+        }
+    }
+    let factory_url = p
+        .factory
+        .clone()
+        .or_else(|| {
+            inv.as_ref()
+                .map(|i| i.cluster.installer.factory_url.clone())
+        })
+        .unwrap_or_else(|| inventory::load::DEFAULT_FACTORY_URL.to_string());
+    let sets = arches
+        .into_iter()
+        .map(|a| SetId::new(&talos, &schematic, a))
+        .collect();
+    Ok((sets, factory_url))
+}
+
+fn pull(dir: &std::path::Path, p: &PullArgs) -> ExitCode {
+    let (sets, factory_url) = match requested_sets(p) {
+        Ok(v) => v,
+        Err(e) => return usage(e),
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return usage(format!("cannot start the runtime: {e}")),
+    };
+    let client = match factory::client() {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let progress = std::io::stderr().is_terminal();
+    for id in sets {
+        println!("pulling {id} from {factory_url}");
+        let req = factory::PullRequest {
+            base_url: factory_url.clone(),
+            id: id.clone(),
+            dir: dir.to_path_buf(),
+            progress,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        match rt.block_on(factory::pull(&client, &req, now)) {
+            Ok(entry) => {
+                for (kind, rec) in &entry.files {
+                    println!(
+                        "  {:<12} {:>11} bytes  sha256 {}",
+                        kind_name(*kind),
+                        rec.size,
+                        rec.sha256
+                    );
+                }
+            }
+            Err(e) => {
+                eprintln!("talboot images pull: {e}");
+                return ExitCode::from(EXIT_INVALID);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn kind_name(k: artifacts::Kind) -> &'static str {
+    k.file_name()
+}
+
+fn list(dir: &std::path::Path) -> ExitCode {
+    let catalog = match Catalog::load(dir) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    if catalog.entries.is_empty() {
+        println!("no boot sets in {}", dir.display());
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<9} {:<6} {:<64} {:>12}  SOURCE",
+        "TALOS", "ARCH", "SCHEMATIC", "BYTES"
+    );
+    for e in &catalog.entries {
+        let bytes: u64 = e.files.values().map(|f| f.size).sum();
+        println!(
+            "{:<9} {:<6} {:<64} {:>12}  {}",
+            e.id.talos, e.id.arch, e.id.schematic, bytes, e.source
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn verify(dir: &std::path::Path) -> ExitCode {
+    let catalog = match Catalog::load(dir) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let mut bad = 0;
+    for e in &catalog.entries {
+        match artifacts::verify(dir, &catalog, &e.id) {
+            Ok(()) => println!("ok       {}", e.id),
+            Err(err) => {
+                bad += 1;
+                println!("DAMAGED  {err}");
+            }
+        }
+    }
+    if bad > 0 {
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
