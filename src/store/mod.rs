@@ -1,1 +1,221 @@
-//! placeholder
+//! The state store: everything talboot must remember across restarts.
+//!
+//! Leases, node records, each node's append-only event timeline and a small key/value space for
+//! cluster progress live behind the [`Store`] trait. The default backend, [`RedbStore`], keeps
+//! them in one redb file, `talboot.redb`, under the state directory.
+//!
+//! Guarantees every backend gives:
+//! - every mutating call is one transaction, durable when the call returns, so a caller may
+//!   acknowledge the side effect it records right after;
+//! - the store never resets or overwrites a file it cannot read: a newer schema, a foreign or
+//!   damaged file, or a file locked by another process are refused with an error that names the
+//!   file and says what to do;
+//! - timestamps are arguments; the store never reads a clock.
+//!
+//! The trait is synchronous (redb is); async callers wrap calls in `spawn_blocking`.
+
+mod records;
+mod redb;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
+pub use self::redb::RedbStore;
+use crate::inventory::Mac;
+
+/// Default state directory (`--state-dir`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/talboot";
+
+/// File name of the redb database inside the state directory.
+pub const STORE_FILE_NAME: &str = "talboot.redb";
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The state directory could not be created or inspected.
+    #[error(
+        "cannot create state directory {}: {source}; create it (mode 0700) or pass another --state-dir",
+        dir.display()
+    )]
+    StateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+
+    /// The database file could not be opened or created.
+    #[error(
+        "cannot open state file {}: {source}; check that it is readable and writable by the user talboot runs as",
+        file.display()
+    )]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+
+    /// Another process holds the database lock.
+    #[error(
+        "state file {} is locked by another process; is another talboot running? \
+         stop it, or point this one at a different --state-dir",
+        file.display()
+    )]
+    Locked {
+        /// The file.
+        file: PathBuf,
+    },
+
+    /// The file was written by a newer talboot with a schema this build does not know.
+    #[error(
+        "state file {} has schema version {found}, but this talboot supports up to {supported}; \
+         upgrade talboot to a release that supports schema {found} (its contents were not changed)",
+        file.display()
+    )]
+    SchemaTooNew {
+        /// The file.
+        file: PathBuf,
+        /// Version stored in the file.
+        found: u64,
+        /// Highest version this build supports.
+        supported: u64,
+    },
+
+    /// The file is not a talboot state database, or it is damaged.
+    #[error(
+        "state file {} is not a valid talboot state database ({cause}); it was left untouched. \
+         Restore it from a backup, or move it aside to start with an empty state",
+        file.display()
+    )]
+    Corrupt {
+        /// The file.
+        file: PathBuf,
+        /// What was wrong.
+        cause: String,
+    },
+
+    /// A record could not be encoded for storage.
+    #[error("cannot encode {what} for the state store: {source}")]
+    Encode {
+        /// Which record.
+        what: String,
+        /// Underlying error.
+        source: serde_json::Error,
+    },
+
+    /// The address is held by another client's lease or is quarantined.
+    #[error(
+        "address {ip} is held by {holder} (lease {state} until unix time {expires_at_unix}); \
+         choose another address, or delete that lease first"
+    )]
+    AddressHeld {
+        /// The address asked for.
+        ip: Ipv4Addr,
+        /// MAC of the record holding it.
+        holder: Mac,
+        /// State of that record.
+        state: LeaseState,
+        /// When that record stops holding the address.
+        expires_at_unix: u64,
+    },
+
+    /// Any other failure of the storage engine (disk full, I/O error during a commit, ...).
+    #[error("state file {}: storage error: {source}", file.display())]
+    Backend {
+        /// The file.
+        file: PathBuf,
+        /// Underlying redb error.
+        source: Box<::redb::Error>,
+    },
+}
+
+/// Shorthand for store results.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Persistent state of a talboot instance.
+///
+/// Every mutating method runs as one transaction that is durable when it returns.
+pub trait Store: Send + Sync {
+    /// The current lease of `mac` (never a `Declined` quarantine record).
+    fn lease(&self, mac: Mac) -> Result<Option<Lease>>;
+
+    /// The record occupying `ip`, whatever its state (including `Declined` quarantine).
+    fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>>;
+
+    /// Every lease record, ordered by address.
+    fn leases(&self) -> Result<Vec<Lease>>;
+
+    /// Insert or replace a lease record.
+    ///
+    /// Fails with [`StoreError::AddressHeld`] when another MAC's record still holds `lease.ip`
+    /// at `now_unix` (see [`Lease::holds_address`]); a stale record there is replaced. For any
+    /// state but `Declined`, the record becomes the MAC's current lease and the MAC's previous
+    /// lease at another address is removed. A `Declined` record quarantines its address and
+    /// leaves the MAC's current lease alone.
+    fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()>;
+
+    /// Remove the current lease of `mac`; returns it if there was one.
+    fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>>;
+
+    /// Remove the record occupying `ip` (lifts a quarantine); returns it if there was one.
+    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>>;
+
+    /// The record of node `name`.
+    fn node(&self, name: &str) -> Result<Option<NodeRecord>>;
+
+    /// Insert or replace the record of `node.name`.
+    fn put_node(&self, node: &NodeRecord) -> Result<()>;
+
+    /// Every node record, ordered by name.
+    fn nodes(&self) -> Result<Vec<NodeRecord>>;
+
+    /// Append an event to `node`'s timeline and return its sequence number.
+    ///
+    /// The number is assigned inside the write transaction: 1 for a node's first event, then
+    /// one more than the last, so numbers are gap-free and survive restarts.
+    fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64>;
+
+    /// Up to `limit` events of `node` with `seq > since_seq`, oldest first. Pass the last seen
+    /// `seq` to poll for new events; 0 for the whole timeline.
+    fn events(&self, node: &str, since_seq: u64, limit: usize) -> Result<Vec<Event>>;
+
+    /// The newest event of `node`.
+    fn last_event(&self, node: &str) -> Result<Option<Event>>;
+
+    /// Value stored under `key` in the cluster progress space.
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Store `value` under `key`, replacing any previous value.
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<()>;
+
+    /// Atomically store `new` under `key` only if the current value equals `expected`
+    /// (`None`: only if the key is absent). This is how a non-repeatable step records its
+    /// intent exactly once.
+    fn compare_and_set_meta(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome>;
+
+    /// A consistent JSON snapshot of everything stored, for backups and debugging.
+    fn export_json(&self) -> Result<serde_json::Value>;
+}
+
+/// Path of the database file inside `state_dir`.
+pub fn store_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(STORE_FILE_NAME)
+}
+
+/// Open (or create) the default store in `state_dir`.
+///
+/// Creates the directory with mode 0700 if it is missing and initialises a new database if
+/// the file is missing or empty. Refuses, without modifying it, a file it cannot use.
+pub fn open(state_dir: &Path) -> Result<RedbStore> {
+    RedbStore::open(state_dir)
+}

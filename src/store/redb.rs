@@ -1,0 +1,1212 @@
+//! The embedded [`Store`] backend: one redb file, `talboot.redb`, in the state directory.
+//!
+//! Layout (schema version 1):
+//! - `meta`: `&str -> u64`, holds `schema_version`; written once when the file is created;
+//! - `leases`: IPv4 address (`u32`) -> JSON [`Lease`]. Keyed by address so that one address
+//!   has exactly one record and a `Declined` quarantine blocks it whoever declined it;
+//! - `lease_by_mac`: MAC -> address of that MAC's current (non-declined) lease;
+//! - `nodes`: node name -> JSON [`NodeRecord`];
+//! - `events`: `(node, seq)` -> JSON [`Event`], so one node's timeline is one key range;
+//! - `cluster_meta`: `&str -> bytes`, the small key/value space behind `get_meta`.
+//!
+//! Every mutating method is exactly one write transaction committed with
+//! [`Durability::Immediate`], so the change is on disk when the method returns.
+//!
+//! The file is opened with redb's integrity check: every page checksum is verified before the
+//! store is used, so damage done outside redb is refused as [`StoreError::Corrupt`] (the file
+//! left as it was) instead of being trusted, and an unclean shutdown is recovered by redb's
+//! normal repair. The check reads the whole file, which is cheap at the sizes talboot keeps.
+
+use std::fmt;
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use ::redb::{
+    Builder, Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable,
+    TableDefinition, TableHandle, WriteTransaction,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use tracing::{info, warn};
+
+use super::{
+    CasOutcome, Event, Lease, LeaseState, NodeRecord, Result, SCHEMA_VERSION, Store, StoreError,
+    store_path,
+};
+use crate::inventory::Mac;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LEASES: TableDefinition<u32, &[u8]> = TableDefinition::new("leases");
+const LEASE_BY_MAC: TableDefinition<[u8; 6], u32> = TableDefinition::new("lease_by_mac");
+const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
+const EVENTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("events");
+const CLUSTER_META: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster_meta");
+
+/// Key of the schema version in the `meta` table.
+const SCHEMA_KEY: &str = "schema_version";
+
+/// Every table of schema version 1; a file of that version missing one is damaged.
+const TABLE_NAMES: [&str; 6] = [
+    "meta",
+    "leases",
+    "lease_by_mac",
+    "nodes",
+    "events",
+    "cluster_meta",
+];
+
+/// Page cache limit. The state is kilobytes to a few megabytes; redb's 1 GiB default is far
+/// more than it can use.
+const CACHE_BYTES: usize = 32 * 1024 * 1024;
+
+/// [`Store`] backed by a redb database file.
+pub struct RedbStore {
+    db: Database,
+    path: PathBuf,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedbStore {
+    /// Open (or create) `talboot.redb` in `state_dir`; see [`super::open`].
+    pub fn open(state_dir: &Path) -> Result<Self> {
+        ensure_state_dir(state_dir)?;
+        let path = store_path(state_dir);
+
+        // Create the file ourselves so that it starts 0600; redb would create it with the
+        // umask default. An existing file is not touched here.
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(StoreError::Io { file: path, source }),
+        }
+
+        // `create` initialises an empty file and opens a redb file; anything else fails the
+        // magic-number check before a byte is written. The integrity check verifies every
+        // page's checksum on open, so a file damaged outside redb is reported as corrupt
+        // instead of being trusted.
+        let db = Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .set_check_integrity_on_open(true)
+            .create(&path)
+            .map_err(|e| classify(&path, e.into()))?;
+
+        let store = Self { db, path };
+        store.check_schema()?;
+        Ok(store)
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Verify the schema of an existing file, or initialise a new one.
+    fn check_schema(&self) -> Result<()> {
+        let txn = self.read_txn()?;
+        let tables: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| self.err(e))?
+            .map(|t| t.name().to_string())
+            .collect();
+
+        if tables.is_empty() {
+            drop(txn);
+            self.write(|txn| {
+                let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+                meta.insert(SCHEMA_KEY, SCHEMA_VERSION)
+                    .map_err(|e| self.err(e))?;
+                // Create every table now so that readers never meet a missing one.
+                txn.open_table(LEASES).map_err(|e| self.err(e))?;
+                txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+                txn.open_table(NODES).map_err(|e| self.err(e))?;
+                txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+                txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+                Ok(())
+            })?;
+            info!(file = %self.path.display(), schema = SCHEMA_VERSION, "created state store");
+            return Ok(());
+        }
+
+        if !tables.iter().any(|t| t == "meta") {
+            return Err(self.corrupt(format!(
+                "it has tables {tables:?} but no `meta` table, so it was not written by talboot"
+            )));
+        }
+        let found = txn
+            .open_table(META)
+            .map_err(|e| self.err(e))?
+            .get(SCHEMA_KEY)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value())
+            .ok_or_else(|| self.corrupt("the `meta` table has no schema_version".into()))?;
+
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::SchemaTooNew {
+                file: self.path.clone(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        // Version 1 is the first; when version 2 exists, its migration from 1 runs here.
+        if found < SCHEMA_VERSION {
+            return Err(self.corrupt(format!("schema version {found} does not exist")));
+        }
+        if let Some(missing) = TABLE_NAMES.iter().find(|n| !tables.iter().any(|t| t == *n)) {
+            return Err(self.corrupt(format!(
+                "schema version {found} requires table `{missing}`, which is missing"
+            )));
+        }
+        info!(file = %self.path.display(), schema = found, "opened state store");
+        Ok(())
+    }
+
+    fn read_txn(&self) -> Result<ReadTransaction> {
+        self.db.begin_read().map_err(|e| self.err(e))
+    }
+
+    /// Run `f` in one write transaction and commit it durably. An error from `f` drops the
+    /// transaction, which aborts it: nothing of a failed call is written.
+    fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        // Immediate is redb's default; set it so that the guarantee does not hinge on a default.
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| self.err(e))?;
+        let out = f(&txn)?;
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+
+    fn err(&self, e: impl Into<::redb::Error>) -> StoreError {
+        classify(&self.path, e.into())
+    }
+
+    fn corrupt(&self, cause: String) -> StoreError {
+        StoreError::Corrupt {
+            file: self.path.clone(),
+            cause,
+        }
+    }
+
+    fn encode<T: Serialize>(&self, what: impl fmt::Display, value: &T) -> Result<Vec<u8>> {
+        serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+            what: what.to_string(),
+            source,
+        })
+    }
+
+    /// Decode a stored JSON value. A record that does not parse is damage, not a bug of the
+    /// caller, so it is reported as a corrupt file naming the record.
+    fn decode<T: DeserializeOwned>(
+        &self,
+        table: &str,
+        key: impl fmt::Display,
+        bytes: &[u8],
+    ) -> Result<T> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| self.corrupt(format!("record `{key}` in table `{table}`: {e}")))
+    }
+
+    fn decode_lease(&self, ip: u32, bytes: &[u8]) -> Result<Lease> {
+        self.decode("leases", Ipv4Addr::from(ip), bytes)
+    }
+}
+
+/// Create the state directory (mode 0700) if missing; warn when an existing one is open to
+/// other users, since the state names machines, addresses and, later, tokens.
+fn ensure_state_dir(dir: &Path) -> Result<()> {
+    let state_dir_err = |source| StoreError::StateDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                warn!(
+                    dir = %dir.display(),
+                    mode = format!("{mode:o}"),
+                    "state directory is accessible to other users; chmod 700 it"
+                );
+            }
+            Ok(())
+        }
+        Ok(_) => Err(state_dir_err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "exists but is not a directory",
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(state_dir_err)?;
+            // The umask may have removed bits we need; set the mode exactly.
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(state_dir_err)?;
+            info!(dir = %dir.display(), "created state directory");
+            Ok(())
+        }
+        Err(e) => Err(state_dir_err(e)),
+    }
+}
+
+/// Turn a redb error into the operator-facing error for `file`.
+fn classify(file: &Path, e: ::redb::Error) -> StoreError {
+    use ::redb::Error as E;
+    let file = file.to_path_buf();
+    match e {
+        E::DatabaseAlreadyOpen | E::LockProtocolMismatch => StoreError::Locked { file },
+        E::Corrupted(cause) => StoreError::Corrupt { file, cause },
+        E::UpgradeRequired(v) => StoreError::Corrupt {
+            file,
+            cause: format!("it uses storage format {v}, which talboot never wrote"),
+        },
+        // redb reports a file without its magic number as InvalidData.
+        E::Io(source) if source.kind() == io::ErrorKind::InvalidData => StoreError::Corrupt {
+            file,
+            cause: source.to_string(),
+        },
+        E::Io(source) => StoreError::Io { file, source },
+        e @ (E::TableTypeMismatch { .. }
+        | E::TableIsMultimap(_)
+        | E::TableIsNotMultimap(_)
+        | E::TypeDefinitionChanged { .. }) => StoreError::Corrupt {
+            file,
+            cause: format!("its tables do not have talboot's layout: {e}"),
+        },
+        other => StoreError::Backend {
+            file,
+            source: Box::new(other),
+        },
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Store for RedbStore {
+    fn lease(&self, mac: Mac) -> Result<Option<Lease>> {
+        let txn = self.read_txn()?;
+        let by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+        let Some(ip) = by_mac
+            .get(mac.0)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value())
+        else {
+            return Ok(None);
+        };
+        let leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        let guard = leases.get(ip).map_err(|e| self.err(e))?;
+        match guard {
+            Some(g) => Ok(Some(self.decode_lease(ip, g.value())?)),
+            None => Err(self.corrupt(format!(
+                "lease index names {} for {mac}, but no lease record exists there",
+                Ipv4Addr::from(ip)
+            ))),
+        }
+    }
+
+    fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {
+        let key = u32::from(ip);
+        let txn = self.read_txn()?;
+        let leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        let guard = leases.get(key).map_err(|e| self.err(e))?;
+        guard.map(|g| self.decode_lease(key, g.value())).transpose()
+    }
+
+    fn leases(&self) -> Result<Vec<Lease>> {
+        let txn = self.read_txn()?;
+        let leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in leases.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            out.push(self.decode_lease(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()> {
+        let ip = u32::from(lease.ip);
+        let mac = lease.mac.0;
+        let bytes = self.encode(format_args!("lease for {}", lease.ip), lease)?;
+        self.write(|txn| {
+            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+
+            let existing = match leases.get(ip).map_err(|e| self.err(e))? {
+                Some(g) => Some(self.decode_lease(ip, g.value())?),
+                None => None,
+            };
+            if let Some(existing) = existing.filter(|x| x.mac != lease.mac) {
+                if existing.holds_address(now_unix) {
+                    return Err(StoreError::AddressHeld {
+                        ip: lease.ip,
+                        holder: existing.mac,
+                        state: existing.state,
+                        expires_at_unix: existing.expires_at_unix,
+                    });
+                }
+                // The other client's record is stale; it loses the address, and its index
+                // entry if that pointed here.
+                let indexed = by_mac
+                    .get(existing.mac.0)
+                    .map_err(|e| self.err(e))?
+                    .map(|g| g.value());
+                if indexed == Some(ip) {
+                    by_mac.remove(existing.mac.0).map_err(|e| self.err(e))?;
+                }
+            }
+
+            let current = by_mac.get(mac).map_err(|e| self.err(e))?.map(|g| g.value());
+            if lease.state == LeaseState::Declined {
+                // A quarantine is not the client's lease any more.
+                if current == Some(ip) {
+                    by_mac.remove(mac).map_err(|e| self.err(e))?;
+                }
+            } else {
+                // One client, one lease: moving to a new address frees the old one.
+                if let Some(prev) = current.filter(|&p| p != ip) {
+                    let prev_mac = match leases.get(prev).map_err(|e| self.err(e))? {
+                        Some(g) => Some(self.decode_lease(prev, g.value())?.mac),
+                        None => None,
+                    };
+                    if prev_mac == Some(lease.mac) {
+                        leases.remove(prev).map_err(|e| self.err(e))?;
+                    }
+                }
+                by_mac.insert(mac, ip).map_err(|e| self.err(e))?;
+            }
+            leases
+                .insert(ip, bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>> {
+        self.write(|txn| {
+            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+            let Some(ip) = by_mac
+                .remove(mac.0)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value())
+            else {
+                return Ok(None);
+            };
+            let record = match leases.get(ip).map_err(|e| self.err(e))? {
+                Some(g) => Some(self.decode_lease(ip, g.value())?),
+                None => None,
+            };
+            match record {
+                Some(lease) if lease.mac == mac => {
+                    leases.remove(ip).map_err(|e| self.err(e))?;
+                    Ok(Some(lease))
+                }
+                // A dangling index entry: dropping it is the whole repair.
+                _ => Ok(None),
+            }
+        })
+    }
+
+    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {
+        let key = u32::from(ip);
+        self.write(|txn| {
+            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+            let record = match leases.remove(key).map_err(|e| self.err(e))? {
+                Some(g) => self.decode_lease(key, g.value())?,
+                None => return Ok(None),
+            };
+            let indexed = by_mac
+                .get(record.mac.0)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value());
+            if indexed == Some(key) {
+                by_mac.remove(record.mac.0).map_err(|e| self.err(e))?;
+            }
+            Ok(Some(record))
+        })
+    }
+
+    fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        let txn = self.read_txn()?;
+        let nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+        let guard = nodes.get(name).map_err(|e| self.err(e))?;
+        guard
+            .map(|g| self.decode("nodes", name, g.value()))
+            .transpose()
+    }
+
+    fn put_node(&self, node: &NodeRecord) -> Result<()> {
+        let bytes = self.encode(format_args!("node record {}", node.name), node)?;
+        self.write(|txn| {
+            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+            nodes
+                .insert(node.name.as_str(), bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let txn = self.read_txn()?;
+        let nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in nodes.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            out.push(self.decode("nodes", k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64> {
+        self.write(|txn| {
+            let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+            // The number comes from the last stored key inside this transaction, so two
+            // appends can never get the same one and a restart continues the sequence.
+            let last = events
+                .range((node, 0u64)..=(node, u64::MAX))
+                .map_err(|e| self.err(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.err(e))?
+                .map(|(k, _)| k.value().1);
+            let seq = last.unwrap_or(0) + 1;
+            let event = Event {
+                seq,
+                at_unix_ms,
+                node: node.to_string(),
+                kind: kind.to_string(),
+                detail: detail.to_string(),
+            };
+            let bytes = self.encode(format_args!("event {seq} of node {node}"), &event)?;
+            events
+                .insert((node, seq), bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+            Ok(seq)
+        })
+    }
+
+    fn events(&self, node: &str, since_seq: u64, limit: usize) -> Result<Vec<Event>> {
+        let Some(first) = since_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let txn = self.read_txn()?;
+        let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in events
+            .range((node, first)..=(node, u64::MAX))
+            .map_err(|e| self.err(e))?
+            .take(limit)
+        {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let (n, seq) = k.value();
+            out.push(self.decode("events", format_args!("{n}#{seq}"), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn last_event(&self, node: &str) -> Result<Option<Event>> {
+        let txn = self.read_txn()?;
+        let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        let last = events
+            .range((node, 0u64)..=(node, u64::MAX))
+            .map_err(|e| self.err(e))?
+            .next_back()
+            .transpose()
+            .map_err(|e| self.err(e))?;
+        last.map(|(k, v)| {
+            let (n, seq) = k.value();
+            self.decode("events", format_args!("{n}#{seq}"), v.value())
+        })
+        .transpose()
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let txn = self.read_txn()?;
+        let table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+        let value = table
+            .get(key)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value().to_vec());
+        Ok(value)
+    }
+
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            table.insert(key, value).map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn compare_and_set_meta(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            let current = table
+                .get(key)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value().to_vec());
+            if current.as_deref() != expected {
+                // Nothing is written; committing the empty transaction is harmless.
+                return Ok(CasOutcome::Mismatch { current });
+            }
+            table.insert(key, new).map_err(|e| self.err(e))?;
+            Ok(CasOutcome::Swapped)
+        })
+    }
+
+    fn export_json(&self) -> Result<Value> {
+        // One read transaction: the export is a consistent snapshot even while writers run.
+        let txn = self.read_txn()?;
+        let schema = txn
+            .open_table(META)
+            .map_err(|e| self.err(e))?
+            .get(SCHEMA_KEY)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value());
+
+        // Stored JSON is exported as is, so fields this build does not know survive.
+        let mut leases = Vec::new();
+        let table = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            leases.push(self.decode::<Value>("leases", Ipv4Addr::from(k.value()), v.value())?);
+        }
+
+        let mut nodes = Vec::new();
+        let table = txn.open_table(NODES).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            nodes.push(self.decode::<Value>("nodes", k.value(), v.value())?);
+        }
+
+        let mut events = Vec::new();
+        let table = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let (n, seq) = k.value();
+            events.push(self.decode::<Value>("events", format_args!("{n}#{seq}"), v.value())?);
+        }
+
+        // Values are opaque bytes: text when they are UTF-8, hex otherwise, tagged so that
+        // the two cannot be confused.
+        let mut meta = Map::new();
+        let table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let bytes = v.value();
+            let encoded = match std::str::from_utf8(bytes) {
+                Ok(text) => serde_json::json!({ "text": text }),
+                Err(_) => serde_json::json!({ "hex": hex(bytes) }),
+            };
+            meta.insert(k.value().to_string(), encoded);
+        }
+
+        Ok(serde_json::json!({
+            "schema_version": schema,
+            "leases": leases,
+            "nodes": nodes,
+            "events": events,
+            "cluster_meta": meta,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread;
+
+    use super::*;
+    use crate::store::{NodePhase, open};
+
+    fn mac(last: u8) -> Mac {
+        Mac([0x52, 0x54, 0, 0, 0, last])
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, last)
+    }
+
+    fn lease(m: u8, a: u8, state: LeaseState, expires: u64) -> Lease {
+        Lease {
+            mac: mac(m),
+            ip: ip(a),
+            hostname: Some(format!("host{m}")),
+            state,
+            expires_at_unix: expires,
+            updated_at_unix: 100,
+        }
+    }
+
+    fn node(name: &str, phase: NodePhase, at: u64) -> NodeRecord {
+        NodeRecord {
+            name: name.to_string(),
+            phase,
+            phase_since_unix: at,
+            last_seen_addr: Some(ip(7)),
+            mac: Some(mac(7)),
+            talos_version: Some("v1.11.0".into()),
+            provisioning_window_open: phase != NodePhase::Ready,
+            updated_at_unix: at + 1,
+        }
+    }
+
+    /// A fresh store in a temporary state directory (kept alive by the returned guard).
+    fn fresh() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir.path().join("state")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn lease_round_trip_by_mac_and_ip() {
+        let (_d, s) = fresh();
+        let l = lease(1, 10, LeaseState::Bound, 1000);
+        s.put_lease(&l, 100).unwrap();
+        assert_eq!(s.lease(mac(1)).unwrap(), Some(l.clone()));
+        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(l.clone()));
+        assert_eq!(s.lease(mac(2)).unwrap(), None);
+        assert_eq!(s.lease_by_ip(ip(11)).unwrap(), None);
+
+        let l2 = lease(2, 3, LeaseState::Offered, 1000);
+        s.put_lease(&l2, 100).unwrap();
+        // Ordered by address.
+        assert_eq!(s.leases().unwrap(), vec![l2, l]);
+    }
+
+    #[test]
+    fn moving_a_client_frees_its_old_address() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Offered, 1000), 100)
+            .unwrap();
+        let moved = lease(1, 20, LeaseState::Bound, 2000);
+        s.put_lease(&moved, 100).unwrap();
+        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), None);
+        assert_eq!(s.lease(mac(1)).unwrap(), Some(moved.clone()));
+        assert_eq!(s.leases().unwrap(), vec![moved]);
+    }
+
+    #[test]
+    fn address_held_by_another_client_is_refused_and_nothing_is_written() {
+        let (_d, s) = fresh();
+        let holder = lease(1, 10, LeaseState::Bound, 1000);
+        s.put_lease(&holder, 100).unwrap();
+        // The second client already has a lease elsewhere; the failed call must not move it.
+        let other = lease(2, 11, LeaseState::Bound, 1000);
+        s.put_lease(&other, 100).unwrap();
+
+        let err = s
+            .put_lease(&lease(2, 10, LeaseState::Offered, 1000), 999)
+            .unwrap_err();
+        match &err {
+            StoreError::AddressHeld {
+                ip: a,
+                holder: h,
+                state,
+                expires_at_unix,
+            } => {
+                assert_eq!(
+                    (*a, *h, *state, *expires_at_unix),
+                    (ip(10), mac(1), LeaseState::Bound, 1000)
+                );
+            }
+            e => panic!("unexpected error {e:?}"),
+        }
+        assert!(
+            err.to_string()
+                .contains("10.0.0.10 is held by 52:54:00:00:00:01")
+        );
+        assert_eq!(s.lease(mac(1)).unwrap(), Some(holder));
+        assert_eq!(s.lease(mac(2)).unwrap(), Some(other));
+    }
+
+    #[test]
+    fn expired_or_released_records_give_way() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 500), 100)
+            .unwrap();
+        // At 500 the lease has expired; client 2 may take the address.
+        let taker = lease(2, 10, LeaseState::Offered, 900);
+        s.put_lease(&taker, 500).unwrap();
+        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(taker));
+        // Client 1 lost its address, and with it its current lease.
+        assert_eq!(s.lease(mac(1)).unwrap(), None);
+
+        s.put_lease(&lease(3, 30, LeaseState::Released, 9999), 100)
+            .unwrap();
+        s.put_lease(&lease(4, 30, LeaseState::Bound, 9999), 100)
+            .unwrap();
+        assert_eq!(s.lease_by_ip(ip(30)).unwrap().unwrap().mac, mac(4));
+    }
+
+    #[test]
+    fn declined_address_is_quarantined() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Offered, 200), 100)
+            .unwrap();
+        // Client 1 declines .10 (someone else answers ARP for it) and is offered .11.
+        let quarantine = lease(1, 10, LeaseState::Declined, 1000);
+        s.put_lease(&quarantine, 110).unwrap();
+        assert_eq!(s.lease(mac(1)).unwrap(), None);
+        let next = lease(1, 11, LeaseState::Offered, 300);
+        s.put_lease(&next, 120).unwrap();
+        // The new lease did not lift the quarantine.
+        assert_eq!(s.lease(mac(1)).unwrap(), Some(next));
+        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(quarantine.clone()));
+
+        // Nobody else gets .10 while quarantined.
+        let err = s
+            .put_lease(&lease(2, 10, LeaseState::Offered, 300), 130)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::AddressHeld {
+                state: LeaseState::Declined,
+                ..
+            }
+        ));
+        // Lifting it by address frees it.
+        assert_eq!(s.delete_lease_by_ip(ip(10)).unwrap(), Some(quarantine));
+        s.put_lease(&lease(2, 10, LeaseState::Offered, 300), 130)
+            .unwrap();
+    }
+
+    #[test]
+    fn delete_lease_clears_both_lookups() {
+        let (_d, s) = fresh();
+        let l = lease(1, 10, LeaseState::Bound, 1000);
+        s.put_lease(&l, 100).unwrap();
+        assert_eq!(s.delete_lease(mac(1)).unwrap(), Some(l.clone()));
+        assert_eq!(s.delete_lease(mac(1)).unwrap(), None);
+        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), None);
+
+        s.put_lease(&l, 100).unwrap();
+        assert_eq!(s.delete_lease_by_ip(ip(10)).unwrap(), Some(l));
+        assert_eq!(s.lease(mac(1)).unwrap(), None);
+        assert!(s.leases().unwrap().is_empty());
+    }
+
+    #[test]
+    fn node_records_round_trip_and_list_by_name() {
+        let (_d, s) = fresh();
+        assert_eq!(s.node("cp1").unwrap(), None);
+        let w = node("worker1", NodePhase::Booting, 10);
+        let mut cp = node("cp1", NodePhase::Installing, 20);
+        s.put_node(&w).unwrap();
+        s.put_node(&cp).unwrap();
+        assert_eq!(s.node("cp1").unwrap(), Some(cp.clone()));
+
+        cp.phase = NodePhase::Ready;
+        cp.last_seen_addr = None;
+        cp.talos_version = None;
+        cp.provisioning_window_open = false;
+        s.put_node(&cp).unwrap();
+        assert_eq!(s.nodes().unwrap(), vec![cp, w]);
+    }
+
+    #[test]
+    fn events_are_numbered_per_node_and_paged() {
+        let (_d, s) = fresh();
+        assert_eq!(s.last_event("cp1").unwrap(), None);
+        for i in 1..=5u64 {
+            assert_eq!(
+                s.append_event("cp1", "dhcp.offer", &format!("d{i}"), 1000 + i)
+                    .unwrap(),
+                i
+            );
+        }
+        // Another node (including one whose name extends the first) has its own sequence.
+        assert_eq!(s.append_event("cp10", "boot", "x", 5).unwrap(), 1);
+        assert_eq!(s.append_event("cp", "boot", "x", 5).unwrap(), 1);
+
+        let all = s.events("cp1", 0, usize::MAX).unwrap();
+        assert_eq!(
+            all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        assert!(
+            all.iter()
+                .all(|e| e.node == "cp1" && e.kind == "dhcp.offer")
+        );
+        assert_eq!(all[2].detail, "d3");
+        assert_eq!(all[2].at_unix_ms, 1003);
+
+        let page = s.events("cp1", 2, 2).unwrap();
+        assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+        assert!(s.events("cp1", 5, 10).unwrap().is_empty());
+        assert!(s.events("cp1", u64::MAX, 10).unwrap().is_empty());
+        assert!(s.events("nobody", 0, 10).unwrap().is_empty());
+        assert_eq!(s.last_event("cp1").unwrap().unwrap().detail, "d5");
+        assert_eq!(s.last_event("cp10").unwrap().unwrap().seq, 1);
+    }
+
+    #[test]
+    fn reopen_keeps_data_and_continues_event_numbering() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let l = lease(1, 10, LeaseState::Bound, 1000);
+        let n = node("cp1", NodePhase::Configuring, 10);
+        {
+            let s = open(&state).unwrap();
+            s.put_lease(&l, 100).unwrap();
+            s.put_node(&n).unwrap();
+            s.put_meta("cluster.bootstrap", b"done").unwrap();
+            assert_eq!(s.append_event("cp1", "a", "", 1).unwrap(), 1);
+            assert_eq!(s.append_event("cp1", "b", "", 2).unwrap(), 2);
+        }
+        let s = open(&state).unwrap();
+        assert_eq!(s.lease(mac(1)).unwrap(), Some(l));
+        assert_eq!(s.node("cp1").unwrap(), Some(n));
+        assert_eq!(
+            s.get_meta("cluster.bootstrap").unwrap().as_deref(),
+            Some(&b"done"[..])
+        );
+        assert_eq!(s.append_event("cp1", "c", "", 3).unwrap(), 3);
+        let kinds: Vec<_> = s
+            .events("cp1", 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn compare_and_set_semantics() {
+        let (_d, s) = fresh();
+        assert_eq!(s.get_meta("k").unwrap(), None);
+        // Absent expected, absent stored: swaps.
+        assert_eq!(
+            s.compare_and_set_meta("k", None, b"v1").unwrap(),
+            CasOutcome::Swapped
+        );
+        // Absent expected, present stored: refuses and reports the stored value.
+        assert_eq!(
+            s.compare_and_set_meta("k", None, b"v2").unwrap(),
+            CasOutcome::Mismatch {
+                current: Some(b"v1".to_vec())
+            }
+        );
+        // Wrong expected value: refuses.
+        let out = s.compare_and_set_meta("k", Some(b"v0"), b"v2").unwrap();
+        assert!(!out.is_swapped());
+        assert_eq!(s.get_meta("k").unwrap(), Some(b"v1".to_vec()));
+        // Right expected value: swaps.
+        assert!(
+            s.compare_and_set_meta("k", Some(b"v1"), b"v2")
+                .unwrap()
+                .is_swapped()
+        );
+        assert_eq!(s.get_meta("k").unwrap(), Some(b"v2".to_vec()));
+        // Expected value for an absent key: refuses, key stays absent.
+        assert_eq!(
+            s.compare_and_set_meta("other", Some(b""), b"x").unwrap(),
+            CasOutcome::Mismatch { current: None }
+        );
+        assert_eq!(s.get_meta("other").unwrap(), None);
+        // put_meta overwrites unconditionally.
+        s.put_meta("k", b"v3").unwrap();
+        assert_eq!(s.get_meta("k").unwrap(), Some(b"v3".to_vec()));
+    }
+
+    #[test]
+    fn compare_and_set_from_many_threads_swaps_once() {
+        let (_d, s) = fresh();
+        // Through the trait object, as the rest of talboot will hold it.
+        let s: Arc<dyn Store> = Arc::new(s);
+        let winners: Vec<bool> = (0..8u8)
+            .map(|i| {
+                let s = Arc::clone(&s);
+                thread::spawn(move || {
+                    s.compare_and_set_meta("bootstrap", None, &[i])
+                        .unwrap()
+                        .is_swapped()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert_eq!(winners.iter().filter(|w| **w).count(), 1);
+        let winner = winners.iter().position(|w| *w).unwrap() as u8;
+        assert_eq!(s.get_meta("bootstrap").unwrap(), Some(vec![winner]));
+    }
+
+    #[test]
+    fn schema_too_new_is_refused_and_data_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        {
+            let s = open(&state).unwrap();
+            s.put_node(&node("cp1", NodePhase::Ready, 1)).unwrap();
+        }
+        let file = store_path(&state);
+        {
+            let db = Database::create(&file).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(SCHEMA_KEY, SCHEMA_VERSION + 1)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+
+        let err = open(&state).unwrap_err();
+        match &err {
+            StoreError::SchemaTooNew {
+                file: f,
+                found,
+                supported,
+            } => {
+                assert_eq!(f, &file);
+                assert_eq!((*found, *supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            }
+            e => panic!("unexpected error {e:?}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains(&file.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("schema version 2, but this talboot supports up to 1"),
+            "{msg}"
+        );
+        assert!(msg.contains("upgrade talboot"), "{msg}");
+
+        // The refusal changed nothing: the version and the data are still there.
+        let db = Database::open(&file).unwrap();
+        let txn = db.begin_read().unwrap();
+        let version = txn
+            .open_table(META)
+            .unwrap()
+            .get(SCHEMA_KEY)
+            .unwrap()
+            .unwrap()
+            .value();
+        assert_eq!(version, SCHEMA_VERSION + 1);
+        assert!(txn.open_table(NODES).unwrap().get("cp1").unwrap().is_some());
+    }
+
+    #[test]
+    fn garbage_file_is_corrupt_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        let file = store_path(&state);
+        let garbage: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        fs::write(&file, &garbage).unwrap();
+
+        let err = open(&state).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { file: f, .. } if f == &file),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(&file.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("Restore it from a backup, or move it aside"),
+            "{msg}"
+        );
+        assert_eq!(fs::read(&file).unwrap(), garbage);
+    }
+
+    #[test]
+    fn damaged_pages_are_refused_or_harmless_never_silently_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        {
+            let s = open(&state).unwrap();
+            for i in 1..=40u64 {
+                s.append_event("cp1", "k", &"x".repeat(200), i).unwrap();
+            }
+            s.put_meta("step", b"bootstrapped").unwrap();
+        }
+        let file = store_path(&state);
+        let pristine = fs::read(&file).unwrap();
+
+        // Damage one page at a time. Each open must either refuse the file, leaving it as it
+        // was, or (damage in a free page) open with every record intact.
+        let mut refused = 0;
+        for page in (4096..pristine.len()).step_by(4096) {
+            let mut damaged = pristine.clone();
+            for b in &mut damaged[page + 100..page + 140] {
+                *b ^= 0x5a;
+            }
+            fs::write(&file, &damaged).unwrap();
+            match open(&state) {
+                Err(StoreError::Corrupt { .. }) => {
+                    refused += 1;
+                    assert_eq!(fs::read(&file).unwrap(), damaged, "page {page}");
+                }
+                Err(e) => panic!("page {page}: unexpected error {e}"),
+                Ok(s) => {
+                    assert_eq!(
+                        s.events("cp1", 0, usize::MAX).unwrap().len(),
+                        40,
+                        "page {page}"
+                    );
+                    assert_eq!(
+                        s.get_meta("step").unwrap().as_deref(),
+                        Some(&b"bootstrapped"[..])
+                    );
+                }
+            }
+        }
+        assert!(refused > 0, "no damaged page was detected");
+    }
+
+    #[test]
+    fn foreign_redb_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        let file = store_path(&state);
+        {
+            let db = Database::create(&file).unwrap();
+            let txn = db.begin_write().unwrap();
+            let def: TableDefinition<&str, &str> = TableDefinition::new("something_else");
+            txn.open_table(def).unwrap().insert("a", "b").unwrap();
+            txn.commit().unwrap();
+        }
+        let err = open(&state).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("no `meta` table"), "{err}");
+    }
+
+    #[test]
+    fn second_open_reports_lock() {
+        let (dir, _s) = fresh();
+        let err = open(&dir.path().join("state")).unwrap_err();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("talboot.redb"), "{msg}");
+        assert!(msg.contains("another talboot running"), "{msg}");
+    }
+
+    #[test]
+    fn state_dir_created_0700_and_file_0600() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a").join("state");
+        let _s = open(&state).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&store_path(&state)), 0o600);
+    }
+
+    #[test]
+    fn state_dir_that_is_a_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::write(&state, b"").unwrap();
+        let err = open(&state).unwrap_err();
+        assert!(matches!(err, StoreError::StateDir { .. }), "{err:?}");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn export_contains_every_table() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
+            .unwrap();
+        s.put_node(&node("cp1", NodePhase::Ready, 1)).unwrap();
+        s.append_event("cp1", "ready", "node is ready", 42).unwrap();
+        s.put_meta("text", b"bootstrap-done").unwrap();
+        s.put_meta("bin", &[0xff, 0x00, 0x10]).unwrap();
+
+        let v = s.export_json().unwrap();
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        assert_eq!(v["leases"][0]["mac"], "52:54:00:00:00:01");
+        assert_eq!(v["leases"][0]["state"], "bound");
+        assert_eq!(v["nodes"][0]["name"], "cp1");
+        assert_eq!(v["nodes"][0]["phase"], "ready");
+        assert_eq!(v["events"][0]["seq"], 1);
+        assert_eq!(v["events"][0]["detail"], "node is ready");
+        assert_eq!(
+            v["cluster_meta"]["text"],
+            serde_json::json!({"text": "bootstrap-done"})
+        );
+        assert_eq!(
+            v["cluster_meta"]["bin"],
+            serde_json::json!({"hex": "ff0010"})
+        );
+    }
+
+    #[test]
+    fn concurrent_readers_see_consistent_snapshots() {
+        const WRITES: u64 = 150;
+        let (_d, s) = fresh();
+        let s = Arc::new(s);
+        let done = Arc::new(AtomicBool::new(false));
+
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let s = Arc::clone(&s);
+                let done = Arc::clone(&done);
+                thread::spawn(move || {
+                    let mut last_seen = 0u64;
+                    let mut last_events = 0usize;
+                    loop {
+                        // Read `done` first: a read after it is set sees every write.
+                        let finished = done.load(Ordering::Acquire);
+                        if let Some(l) = s.lease(mac(1)).unwrap() {
+                            // Index and record come from one snapshot: the address always
+                            // matches the write that produced it.
+                            assert_eq!(l.ip, ip((l.updated_at_unix % 10) as u8 + 1));
+                            assert!(l.updated_at_unix >= last_seen, "went back in time");
+                            last_seen = l.updated_at_unix;
+                        }
+                        // A move is one transaction: never zero or two records for the MAC.
+                        let leases = s.leases().unwrap();
+                        assert!(leases.len() <= 1, "{leases:?}");
+                        let events = s.events("n", 0, usize::MAX).unwrap();
+                        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+                        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+                        assert!(events.len() >= last_events);
+                        last_events = events.len();
+                        if finished {
+                            return (last_seen, last_events);
+                        }
+                    }
+                })
+            })
+            .collect();
+
+        for i in 1..=WRITES {
+            let mut l = lease(1, (i % 10) as u8 + 1, LeaseState::Bound, 10_000);
+            l.updated_at_unix = i;
+            s.put_lease(&l, 100).unwrap();
+            assert_eq!(s.append_event("n", "tick", &i.to_string(), i).unwrap(), i);
+        }
+        done.store(true, Ordering::Release);
+
+        for r in readers {
+            assert_eq!(r.join().unwrap(), (WRITES, WRITES as usize));
+        }
+        let ips: BTreeSet<_> = s.leases().unwrap().iter().map(|l| l.ip).collect();
+        assert_eq!(ips.len(), 1);
+    }
+}
