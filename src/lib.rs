@@ -6,6 +6,7 @@
 
 pub mod artifacts;
 pub mod cli;
+pub mod events;
 pub mod http;
 pub mod inventory;
 pub mod store;

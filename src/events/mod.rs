@@ -1,0 +1,217 @@
+//! Typed provisioning events: what happened to which machine, and when.
+//!
+//! The network servers and the orchestrator publish [`NodeEvent`]s; the [`EventBus`] appends
+//! each to the node's timeline in the store and then broadcasts it to listeners (orchestrator,
+//! status views, tests). Store writes happen on a dedicated blocking task fed by a queue, so a
+//! DHCP or TFTP handler never waits for an fsync; the bus keeps the order of publication.
+//! Machines not in the inventory are recorded under `mac-<aa-bb-cc-dd-ee-ff>` so discovery has a
+//! timeline too.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{broadcast, mpsc};
+
+use crate::inventory::Mac;
+use crate::store::Store;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A DHCPOFFER was sent.
+    DhcpOffer,
+    /// A DHCPACK was sent.
+    DhcpAck,
+    /// A DHCPNAK was sent.
+    DhcpNak,
+    /// The client declined its address (conflict); the address is quarantined.
+    DhcpDecline,
+    /// The client released its address.
+    DhcpRelease,
+    /// proxyDHCP boot information was sent.
+    ProxyOffer,
+    /// A file was sent over TFTP.
+    TftpFile,
+    /// A TFTP transfer failed or was aborted.
+    TftpFailed,
+    /// An iPXE script was served.
+    Script,
+    /// The kernel was sent completely.
+    Kernel,
+    /// The initramfs was sent completely.
+    Initramfs,
+    /// A machine config was released to the node.
+    ConfigReleased,
+    /// A request for a machine config was refused.
+    ConfigRefused,
+    /// A machine not in the inventory booted (discover policy).
+    Discovered,
+    /// A provisioning phase change.
+    Phase,
+    /// A Talos API call and its outcome.
+    Talos,
+    /// A cluster step.
+    Cluster,
+}
+
+impl EventKind {
+    /// The stored, machine-readable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DhcpOffer => "dhcp.offer",
+            Self::DhcpAck => "dhcp.ack",
+            Self::DhcpNak => "dhcp.nak",
+            Self::DhcpDecline => "dhcp.decline",
+            Self::DhcpRelease => "dhcp.release",
+            Self::ProxyOffer => "dhcp.proxy",
+            Self::TftpFile => "tftp.file",
+            Self::TftpFailed => "tftp.failed",
+            Self::Script => "http.script",
+            Self::Kernel => "http.kernel",
+            Self::Initramfs => "http.initramfs",
+            Self::ConfigReleased => "config.released",
+            Self::ConfigRefused => "config.refused",
+            Self::Discovered => "node.discovered",
+            Self::Phase => "node.phase",
+            Self::Talos => "talos.call",
+            Self::Cluster => "cluster.step",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// Inventory node name, or [`unknown_node_key`] of the MAC.
+    pub node: String,
+    /// What happened.
+    pub kind: EventKind,
+    /// Human-readable detail (never secrets).
+    pub detail: String,
+    /// Milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+}
+
+/// The timeline key for a machine that is not in the inventory.
+pub fn unknown_node_key(mac: Mac) -> String {
+    format!("mac-{}", mac.to_string().replace(':', "-"))
+}
+
+/// Where time comes from; tests substitute their own.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn now_unix_ms(&self) -> u64;
+    /// Seconds since the Unix epoch.
+    fn now_unix(&self) -> u64 {
+        self.now_unix_ms() / 1000
+    }
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_unix_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// Publishes events: persisted in order by a writer task, then broadcast.
+#[derive(Clone)]
+pub struct EventBus {
+    queue: mpsc::UnboundedSender<NodeEvent>,
+    live: broadcast::Sender<NodeEvent>,
+    clock: Arc<dyn Clock>,
+}
+
+impl EventBus {
+    /// Start the bus and its writer task on the current tokio runtime. The writer ends when
+    /// every clone of the bus is dropped, after writing what was queued.
+    pub fn start(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (queue, mut rx) = mpsc::unbounded_channel::<NodeEvent>();
+        let (live, _) = broadcast::channel(4096);
+        let live_tx = live.clone();
+        let writer = tokio::task::spawn_blocking(move || {
+            while let Some(ev) = rx.blocking_recv() {
+                if let Err(e) =
+                    store.append_event(&ev.node, ev.kind.as_str(), &ev.detail, ev.at_unix_ms)
+                {
+                    tracing::error!(node = %ev.node, kind = %ev.kind, error = %e, "cannot persist event");
+                }
+                // Nobody listening is fine.
+                let _ = live_tx.send(ev);
+            }
+        });
+        (Self { queue, live, clock }, writer)
+    }
+
+    /// Publish an event now.
+    pub fn publish(&self, node: &str, kind: EventKind, detail: impl Into<String>) {
+        let ev = NodeEvent {
+            node: node.to_string(),
+            kind,
+            detail: detail.into(),
+            at_unix_ms: self.clock.now_unix_ms(),
+        };
+        tracing::info!(node = %ev.node, kind = %ev.kind, detail = %ev.detail, "event");
+        if self.queue.send(ev).is_err() {
+            tracing::error!("event writer has stopped; event dropped");
+        }
+    }
+
+    /// Receive events published after this call (after they are persisted).
+    pub fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
+        self.live.subscribe()
+    }
+
+    /// The bus's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn events_are_persisted_in_order_then_broadcast() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(crate::store::open(dir.path()).unwrap());
+        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let mut rx = bus.subscribe();
+        bus.publish("cp-1", EventKind::DhcpOffer, "offered 10.0.0.11");
+        bus.publish("cp-1", EventKind::DhcpAck, "acked 10.0.0.11");
+        let mac: Mac = "aa:bb:cc:00:00:01".parse().unwrap();
+        bus.publish(&unknown_node_key(mac), EventKind::Discovered, "booted");
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.kind, EventKind::DhcpOffer);
+        drop(bus);
+        writer.await.unwrap();
+        let evs = store.events("cp-1", 0, 10).unwrap();
+        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["dhcp.offer", "dhcp.ack"]);
+        assert_eq!(
+            store
+                .last_event("mac-aa-bb-cc-00-00-01")
+                .unwrap()
+                .unwrap()
+                .kind,
+            "node.discovered"
+        );
+    }
+}
