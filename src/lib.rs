@@ -10,3 +10,9 @@ pub mod events;
 pub mod http;
 pub mod inventory;
 pub mod store;
+
+/// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never
+/// aws-lc). Idempotent: a second call, or a provider already installed, is fine.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -49,8 +49,7 @@ pub struct PullRequest {
 
 /// Build the HTTP client: rustls with the ring provider and the system's root certificates.
 pub fn client() -> Result<reqwest::Client, ArtifactError> {
-    // Installing fails harmlessly when a provider is already installed (tests, other modules).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::install_crypto_provider();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(20))
         .read_timeout(Duration::from_secs(60))

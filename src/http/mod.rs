@@ -1,5 +1,469 @@
-//! talboot's HTTP side: iPXE scripts per machine, boot artifacts, machine configs for pull
-//! delivery, the JSON API and metrics, on one axum router.
+//! talboot's HTTP side on one axum router: iPXE scripts per machine (`/boot.ipxe`), boot
+//! artifacts (`/assets/...`), machine configs for pull delivery behind one-time tokens
+//! (`/config/<token>`), node status as JSON (`/api/nodes`) and Prometheus metrics (`/metrics`).
+//!
+//! Handlers gather inputs (inventory, store, catalog, the peer address) and hand them to pure
+//! functions ([`script::plan`], [`tokens::judge`], [`assets::plan_range`]); every boot step is a
+//! node event.
 
 pub mod assets;
 pub mod script;
+pub mod tokens;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::artifacts::{Catalog, Kind, SetId};
+use crate::events::{EventBus, EventKind, unknown_node_key};
+use crate::inventory::{Inventory, Mac};
+use crate::store::{NodePhase, NodeRecord, Store};
+
+use self::script::{BootPlan, ClientFacts, NodeState, PlanInput, Scripts};
+
+/// Where pull delivery gets a node's rendered machine config from.
+pub trait ConfigSource: Send + Sync {
+    /// The machine config for `node`, or why there is none.
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, String>;
+}
+
+/// Rendered configs in a directory, `<dir>/<node>.yaml` (as `talboot gen -o DIR` writes them).
+pub struct ConfigDir(pub PathBuf);
+
+impl ConfigSource for ConfigDir {
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, String> {
+        let p = self.0.join(format!("{node}.yaml"));
+        std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))
+    }
+}
+
+/// Everything the handlers share.
+pub struct HttpApp {
+    /// The validated inventory.
+    pub inventory: Arc<Inventory>,
+    /// The state store.
+    pub store: Arc<dyn Store>,
+    /// Event publication.
+    pub events: EventBus,
+    /// The artifact cache.
+    pub images_dir: PathBuf,
+    /// Its catalog, loaded (and verified) at start.
+    pub catalog: Catalog,
+    /// `http://<advertise>:<port>`, the base of every URL handed to machines.
+    pub base_url: String,
+    /// Script templates.
+    pub scripts: Scripts,
+    /// Rendered machine configs for pull delivery.
+    pub configs: Arc<dyn ConfigSource>,
+    /// Prometheus rendering, when metrics are installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+/// Build the router.
+pub fn router(app: Arc<HttpApp>) -> Router {
+    Router::new()
+        .route("/boot.ipxe", get(boot_script))
+        .route(
+            "/assets/{talos}/{schematic}/{arch}/{file}",
+            get(asset).head(asset),
+        )
+        .route("/config/{token}", get(config))
+        .route("/api/nodes", get(api_nodes))
+        .route("/metrics", get(metrics))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(
+                |req: &axum::http::Request<_>| {
+                    tracing::info_span!("http", method = %req.method(), path = %req.uri().path())
+                },
+            ),
+        )
+        .with_state(app)
+}
+
+/// Serve `router` on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
+}
+
+fn peer_v4(addr: &SocketAddr) -> Option<Ipv4Addr> {
+    match addr.ip() {
+        std::net::IpAddr::V4(v4) => Some(v4),
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+fn now(app: &HttpApp) -> u64 {
+    app.events.clock().now_unix()
+}
+
+#[derive(Debug, Deserialize)]
+struct BootQuery {
+    mac: Option<String>,
+    arch: Option<String>,
+    platform: Option<String>,
+}
+
+/// The node's boot state from its record: no record, or an open window, means provisioning.
+fn node_state(rec: Option<&NodeRecord>) -> NodeState {
+    match rec {
+        Some(r) if !r.provisioning_window_open && r.phase == NodePhase::Ready => {
+            NodeState::Installed
+        }
+        _ => NodeState::Provisioning,
+    }
+}
+
+async fn boot_script(
+    State(app): State<Arc<HttpApp>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(q): Query<BootQuery>,
+) -> Response {
+    let Some(mac_text) = q.mac else {
+        return text(StatusCode::OK, app.scripts.chain(&app.base_url));
+    };
+    let Ok(mac) = mac_text.parse::<Mac>() else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "#!ipxe\necho talboot: `{}` is not a MAC address\nexit\n",
+                mac_text.escape_default()
+            ),
+        );
+    };
+    let facts = ClientFacts {
+        buildarch: q.arch,
+        platform: q.platform,
+    };
+    let inv = &app.inventory;
+    let node = inv.node_by_mac(mac);
+    let peer_ip = peer_v4(&peer);
+    let record = node.and_then(|n| app.store.node(n.name.as_str()).ok().flatten());
+    let state = node_state(record.as_ref());
+
+    // The set decides the factory command line, which is stored with the artifacts.
+    let arch = node
+        .map(|n| inv.arch_of(n))
+        .or_else(|| facts.arch())
+        .unwrap_or(inv.boot.default_arch);
+    let set = SetId::new(
+        &inv.cluster.talos_version.value,
+        inv.cluster.installer.schematic_id(),
+        arch,
+    );
+    let factory_cmdline = app
+        .catalog
+        .find(&set)
+        .and_then(|_| {
+            std::fs::read_to_string(
+                app.images_dir
+                    .join(set.rel_dir())
+                    .join(Kind::Cmdline.file_name()),
+            )
+            .ok()
+        })
+        .map(|s| crate::artifacts::cmdline::parse(&s));
+
+    // Pull delivery: a token bound to the address the node holds. With a lease (authoritative
+    // mode) the script must come from that address; in proxy mode the requester's address is the
+    // best knowledge there is.
+    let mut config_url = None;
+    if let (Some(n), NodeState::Provisioning, crate::inventory::Delivery::Pull) =
+        (node, state, inv.boot.delivery)
+    {
+        let lease_ip = app.store.lease(mac).ok().flatten().map(|l| l.ip);
+        let bound = match (lease_ip, peer_ip) {
+            (Some(l), Some(p)) if l != p => {
+                app.events.publish(
+                    n.name.as_str(),
+                    EventKind::ConfigRefused,
+                    format!(
+                        "script for {mac} requested from {p}, but its lease is {l}; no token issued"
+                    ),
+                );
+                None
+            }
+            (Some(l), _) => Some(l),
+            (None, p) => p,
+        };
+        if let Some(ip) = bound {
+            match tokens::TokenStore::new(app.store.as_ref()).issue(
+                n.name.as_str(),
+                mac,
+                ip,
+                now(&app),
+            ) {
+                Ok(t) => config_url = Some(format!("{}/config/{t}", app.base_url)),
+                Err(e) => tracing::error!(error = %e, "cannot issue a config token"),
+            }
+        }
+    }
+
+    let plan = script::plan(
+        inv,
+        &PlanInput {
+            mac,
+            state,
+            facts: &facts,
+            factory_cmdline,
+            config_url,
+        },
+    );
+    let key = node
+        .map(|n| n.name.value.clone())
+        .unwrap_or_else(|| unknown_node_key(mac));
+    let detail = match &plan {
+        BootPlan::Talos { set, .. } => format!("Talos {} {} script for {mac}", set.talos, set.arch),
+        BootPlan::LocalDisk { .. } => format!("local-disk script for {mac} (installed)"),
+        BootPlan::Refuse { reason } => format!("refused {mac}: {reason}"),
+    };
+    if !(node.is_none() && matches!(plan, BootPlan::Refuse { .. })) {
+        app.events.publish(&key, EventKind::Script, detail);
+    }
+    if node.is_none() && matches!(plan, BootPlan::Talos { .. }) {
+        app.events.publish(
+            &key,
+            EventKind::Discovered,
+            format!("{mac} boots into maintenance mode"),
+        );
+    }
+    if let (Some(n), Some(ip)) = (node, peer_ip) {
+        remember_address(&app, n.name.as_str(), mac, ip, record);
+    }
+    metrics::counter!("talboot_http_scripts_total").increment(1);
+    text(StatusCode::OK, app.scripts.plan(&plan, &app.base_url))
+}
+
+/// Record where a node was last seen, creating its record on first sight.
+fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr, rec: Option<NodeRecord>) {
+    let now = now(app);
+    let rec = match rec {
+        Some(mut r) => {
+            r.last_seen_addr = Some(ip);
+            r.mac = Some(mac);
+            if r.phase == NodePhase::Unknown {
+                r.phase = NodePhase::Booting;
+                r.phase_since_unix = now;
+            }
+            r.updated_at_unix = now;
+            r
+        }
+        None => NodeRecord {
+            name: node.to_string(),
+            phase: NodePhase::Booting,
+            phase_since_unix: now,
+            last_seen_addr: Some(ip),
+            mac: Some(mac),
+            talos_version: None,
+            provisioning_window_open: true,
+            updated_at_unix: now,
+        },
+    };
+    if let Err(e) = app.store.put_node(&rec) {
+        tracing::error!(node, error = %e, "cannot record node address");
+    }
+}
+
+/// The node a request came from, by its address (lease first, then last-seen address).
+fn node_by_peer(app: &HttpApp, ip: Ipv4Addr) -> Option<String> {
+    if let Ok(Some(lease)) = app.store.lease_by_ip(ip)
+        && let Some(n) = app.inventory.node_by_mac(lease.mac)
+    {
+        return Some(n.name.value.clone());
+    }
+    app.store
+        .nodes()
+        .ok()?
+        .into_iter()
+        .find(|r| r.last_seen_addr == Some(ip))
+        .map(|r| r.name)
+}
+
+async fn asset(
+    State(app): State<Arc<HttpApp>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((talos, schematic, arch, file)): Path<(String, String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let id = SetId {
+        talos,
+        schematic,
+        arch,
+    };
+    let kind = Kind::ALL.into_iter().find(|k| k.file_name() == file);
+    let (Some(entry), Some(kind)) = (app.catalog.find(&id), kind) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("no such artifact: {id} {file}\n"),
+        );
+    };
+    let Some(rec) = entry.files.get(&kind) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("no such artifact: {id} {file}\n"),
+        );
+    };
+    let asset = assets::Asset {
+        path: app.images_dir.join(id.rel_dir()).join(kind.file_name()),
+        size: rec.size,
+        sha256: rec.sha256.clone(),
+        content_type: match kind {
+            Kind::Cmdline => "text/plain; charset=utf-8",
+            _ => "application/octet-stream",
+        },
+    };
+    let (resp, bytes) = assets::respond(&asset, &method, &headers).await;
+    metrics::counter!("talboot_http_asset_bytes_total").increment(bytes);
+    // A whole kernel or initramfs sent is a boot step of the node that fetched it.
+    if bytes == rec.size
+        && resp.status() == StatusCode::OK
+        && let Some(ip) = peer_v4(&peer)
+    {
+        let event = match kind {
+            Kind::Kernel => Some(EventKind::Kernel),
+            Kind::Initramfs => Some(EventKind::Initramfs),
+            Kind::Cmdline => None,
+        };
+        if let Some(ev) = event {
+            let who = node_by_peer(&app, ip).unwrap_or_else(|| format!("ip-{ip}"));
+            app.events
+                .publish(&who, ev, format!("{file} of {id} ({bytes} bytes) to {ip}"));
+        }
+    }
+    resp
+}
+
+async fn config(
+    State(app): State<Arc<HttpApp>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(token): Path<String>,
+) -> Response {
+    let forbidden = || text(StatusCode::FORBIDDEN, "forbidden\n".into());
+    let Some(ip) = peer_v4(&peer) else {
+        return forbidden();
+    };
+    let store = app.store.clone();
+    let window = |node: &str| {
+        store
+            .node(node)
+            .ok()
+            .flatten()
+            .is_none_or(|r| r.provisioning_window_open)
+    };
+    let outcome = tokens::TokenStore::new(app.store.as_ref()).redeem(&token, ip, now(&app), window);
+    match outcome {
+        Ok(Ok(tok)) => match app.configs.config_for(&tok.node) {
+            Ok(body) => {
+                app.events.publish(
+                    &tok.node,
+                    EventKind::ConfigReleased,
+                    format!("machine config released to {ip}"),
+                );
+                metrics::counter!("talboot_configs_released_total").increment(1);
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/yaml")],
+                    body,
+                )
+                    .into_response()
+            }
+            Err(e) => {
+                tracing::error!(node = %tok.node, error = %e, "no rendered config");
+                app.events.publish(
+                    &tok.node,
+                    EventKind::ConfigRefused,
+                    "no rendered config available; run talboot gen",
+                );
+                // 503 makes Talos retry, and the token is spent: the next boot gets a new one.
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "config not available\n".into(),
+                )
+            }
+        },
+        Ok(Err((refusal, tok))) => {
+            let who = tok.map(|t| t.node).unwrap_or_else(|| format!("ip-{ip}"));
+            app.events.publish(
+                &who,
+                EventKind::ConfigRefused,
+                format!("config request from {ip} refused: {refusal}"),
+            );
+            metrics::counter!("talboot_configs_refused_total").increment(1);
+            forbidden()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "token lookup failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n".into())
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct NodeStatus {
+    name: String,
+    role: String,
+    macs: Vec<String>,
+    address: String,
+    phase: String,
+    last_seen: Option<String>,
+    talos_version: Option<String>,
+    last_event: Option<String>,
+}
+
+async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
+    let mut out = Vec::new();
+    for n in &app.inventory.nodes {
+        let rec = app.store.node(n.name.as_str()).ok().flatten();
+        let last = app.store.last_event(n.name.as_str()).ok().flatten();
+        out.push(NodeStatus {
+            name: n.name.value.clone(),
+            role: n.role.value.clone(),
+            macs: n.macs.iter().map(|m| m.value.to_string()).collect(),
+            address: n.address.value.to_string(),
+            phase: rec
+                .as_ref()
+                .map(|r| r.phase.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+            last_seen: rec
+                .as_ref()
+                .and_then(|r| r.last_seen_addr)
+                .map(|a| a.to_string()),
+            talos_version: rec.and_then(|r| r.talos_version),
+            last_event: last.map(|e| format!("{} {}", e.kind, e.detail)),
+        });
+    }
+    Json(out).into_response()
+}
+
+async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
+    match &app.metrics {
+        Some(h) => text(StatusCode::OK, h.render()),
+        None => text(StatusCode::NOT_FOUND, "metrics are not enabled\n".into()),
+    }
+}

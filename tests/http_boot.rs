@@ -1,0 +1,343 @@
+//! The HTTP side on loopback: per-MAC scripts, artifacts with Range/HEAD/ETag, and pull-mode
+//! config release behind one-time tokens (reuse, wrong source address, unknown, closed window).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
+use talboot::events::{EventBus, SystemClock};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve};
+use talboot::inventory::{Delivery, load_with_env};
+use talboot::store::{NodePhase, NodeRecord, Store};
+use tokio_util::sync::CancellationToken;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    base: String,
+    store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+    kernel: Vec<u8>,
+    schematic: String,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start(delivery: Delivery) -> Env {
+    talboot::install_crypto_provider();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut inv = load_with_env(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &BTreeMap::new(),
+    )
+    .unwrap()
+    .inventory;
+    inv.boot.delivery = delivery;
+    let schematic = inv.cluster.installer.schematic_id().to_string();
+    let images = tmp.path().join("images");
+    let id = SetId::new(
+        &inv.cluster.talos_version.value,
+        &schematic,
+        talboot::inventory::Arch::Amd64,
+    );
+    let kernel: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let mut files = BTreeMap::new();
+    for (kind, bytes) in [
+        (Kind::Kernel, kernel.clone()),
+        (Kind::Initramfs, vec![7u8; 50_000]),
+        (
+            Kind::Cmdline,
+            b"talos.platform=metal console=tty0 slab_nomerge pti=on".to_vec(),
+        ),
+    ] {
+        let p = images.join(id.rel_dir()).join(kind.file_name());
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        let (size, sha256) = hash_file(&p).unwrap();
+        files.insert(kind, FileRecord { size, sha256 });
+    }
+    let mut catalog = Catalog::load(&images).unwrap();
+    catalog.upsert(Entry {
+        id,
+        source: "test".into(),
+        pulled_at: 0,
+        files,
+    });
+    let configs = tmp.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    for n in &inv.nodes {
+        std::fs::write(
+            configs.join(format!("{}.yaml", n.name.as_str())),
+            format!("version: v1alpha1\n# {}\n", n.name.as_str()),
+        )
+        .unwrap();
+    }
+    let store: Arc<dyn Store> = Arc::new(talboot::store::open(&tmp.path().join("state")).unwrap());
+    let (events, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = Arc::new(HttpApp {
+        inventory: Arc::new(inv),
+        store: store.clone(),
+        events,
+        images_dir: images,
+        catalog,
+        base_url: base.clone(),
+        scripts: Scripts::new(),
+        configs: Arc::new(ConfigDir(configs)),
+        metrics: None,
+    });
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(listener, router(app), shutdown.clone()));
+    Env {
+        _tmp: tmp,
+        base,
+        store,
+        shutdown,
+        kernel,
+        schematic,
+    }
+}
+
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(ip.parse::<IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn scripts_chain_then_boot_talos() {
+    let env = start(Delivery::Push).await;
+    let c = reqwest::Client::new();
+    let chain = c
+        .get(format!("{}/boot.ipxe", env.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        chain.contains("boot.ipxe?mac=${netX/mac:hexhyp}"),
+        "{chain}"
+    );
+    let s = c
+        .get(format!(
+            "{}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64&platform=efi",
+            env.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(s.contains(&format!("kernel {}/assets/v1.13.9/{}/amd64/kernel talos.platform=metal console=tty0 slab_nomerge pti=on initrd=initramfs.xz", env.base, env.schematic)), "{s}");
+    assert!(!s.contains("talos.config="), "push mode: {s}");
+    let rec = env.store.node("k8s-ctrl-01").unwrap().unwrap();
+    assert_eq!(rec.phase, NodePhase::Booting);
+    assert_eq!(rec.last_seen_addr, Some("127.0.0.1".parse().unwrap()));
+
+    // Once installed (window closed), the same machine is sent to its disk.
+    env.store
+        .put_node(&NodeRecord {
+            phase: NodePhase::Ready,
+            provisioning_window_open: false,
+            ..rec
+        })
+        .unwrap();
+    let s = c
+        .get(format!("{}/boot.ipxe?mac=bc:24:11:40:00:01", env.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        s.contains("booting from local disk") && s.contains("\nexit\n"),
+        "{s}"
+    );
+}
+
+#[tokio::test]
+async fn assets_support_range_head_and_etag() {
+    let env = start(Delivery::Push).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/assets/v1.13.9/{}/amd64/kernel", env.base, env.schematic);
+    let full = c.get(&url).send().await.unwrap();
+    assert_eq!(full.status(), 200);
+    assert_eq!(full.headers()["content-length"], "200000");
+    let etag = full.headers()["etag"].to_str().unwrap().to_string();
+    assert_eq!(full.bytes().await.unwrap().as_ref(), env.kernel.as_slice());
+
+    let part = c
+        .get(&url)
+        .header("range", "bytes=1000-1999")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 1000-1999/200000");
+    assert_eq!(
+        part.bytes().await.unwrap().as_ref(),
+        &env.kernel[1000..2000]
+    );
+
+    let head = c.head(&url).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-length"], "200000");
+
+    let cached = c
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cached.status(), 304);
+    let bad = c
+        .get(&url)
+        .header("range", "bytes=300000-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 416);
+    let missing = c
+        .get(format!(
+            "{}/assets/v1.13.9/{}/amd64/../../etc/passwd",
+            env.base, env.schematic
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+async fn script_token(env: &Env, from: &str, mac: &str) -> Option<String> {
+    let s = client_from(from)
+        .get(format!("{}/boot.ipxe?mac={mac}&arch=x86_64", env.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let i = s.find("talos.config=")?;
+    let url = s[i + "talos.config=".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap();
+    Some(url.to_string())
+}
+
+#[tokio::test]
+async fn pull_configs_are_released_once_to_the_entitled_node() {
+    let env = start(Delivery::Pull).await;
+    let url = script_token(&env, "127.0.0.11", "bc:24:11:40:00:01")
+        .await
+        .expect("pull mode puts talos.config= in the script");
+    assert!(url.starts_with(&format!("{}/config/", env.base)), "{url}");
+
+    // Wrong source address: refused, and the token stays usable by the right node.
+    let r = client_from("127.0.0.12").get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.text().await.unwrap(), "forbidden\n");
+
+    let r = client_from("127.0.0.11").get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "version: v1alpha1\n# k8s-ctrl-01\n"
+    );
+
+    // Reuse: refused.
+    let r = client_from("127.0.0.11").get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+
+    // Unknown and malformed tokens: refused.
+    for t in ["0".repeat(64), "../../etc/passwd".into(), "x".into()] {
+        let r = client_from("127.0.0.11")
+            .get(format!("{}/config/{t}", env.base))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status() == 403 || r.status() == 404,
+            "{t}: {}",
+            r.status()
+        );
+    }
+
+    // Closed window: a token issued before the node was marked installed no longer works.
+    let url2 = script_token(&env, "127.0.0.12", "bc:24:11:40:00:02")
+        .await
+        .unwrap();
+    let mut rec = env.store.node("k8s-ctrl-02").unwrap().unwrap();
+    rec.provisioning_window_open = false;
+    env.store.put_node(&rec).unwrap();
+    let r = client_from("127.0.0.12").get(&url2).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+
+    // Every refusal and release is on the node's timeline.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let kinds: Vec<String> = env
+        .store
+        .events("k8s-ctrl-01", 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{} {}", e.kind, e.detail))
+        .collect();
+    assert!(
+        kinds.iter().any(|k| k.starts_with("config.released")),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| k.starts_with("config.refused"))
+            .count(),
+        2,
+        "{kinds:?}"
+    );
+    assert!(
+        env.store
+            .events("k8s-ctrl-02", 0, 100)
+            .unwrap()
+            .iter()
+            .any(|e| e.detail.contains("window"))
+    );
+}
+
+#[tokio::test]
+async fn a_script_from_another_address_than_the_lease_gets_no_token() {
+    let env = start(Delivery::Pull).await;
+    env.store
+        .put_lease(
+            &talboot::store::Lease {
+                mac: "bc:24:11:40:00:03".parse().unwrap(),
+                ip: "127.0.0.13".parse().unwrap(),
+                hostname: None,
+                state: talboot::store::LeaseState::Bound,
+                expires_at_unix: u64::MAX / 2,
+                updated_at_unix: 0,
+            },
+            0,
+        )
+        .unwrap();
+    assert!(
+        script_token(&env, "127.0.0.14", "bc:24:11:40:00:03")
+            .await
+            .is_none()
+    );
+    assert!(
+        script_token(&env, "127.0.0.13", "bc:24:11:40:00:03")
+            .await
+            .is_some()
+    );
+}
