@@ -9,6 +9,7 @@ pub mod cli;
 pub mod events;
 pub mod http;
 pub mod inventory;
+pub mod machineconfig;
 pub mod store;
 
 /// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never
