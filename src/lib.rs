@@ -6,4 +6,5 @@
 
 pub mod cli;
 pub mod inventory;
+pub mod machineconfig;
 pub mod store;
