@@ -5,5 +5,7 @@
 //! [`store`] persists what happened, and [`cli`] wires the subcommands.
 
 pub mod cli;
+pub mod crypto;
+pub mod fsutil;
 pub mod inventory;
 pub mod store;
