@@ -6,7 +6,9 @@
 
 pub mod artifacts;
 pub mod cli;
+pub mod crypto;
 pub mod events;
+pub mod fsutil;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;

@@ -191,7 +191,10 @@ impl Catalog {
         let path = dir.join(CATALOG_FILE);
         let mut json = serde_json::to_vec_pretty(self).expect("catalog serializes");
         json.push(b'\n');
-        write_atomic(&path, &json).map_err(|source| ArtifactError::Io { path, source })
+        crate::fsutil::write_atomic(&path, &json, 0o644).map_err(|e| ArtifactError::Io {
+            path,
+            source: e.source,
+        })
     }
 
     /// The entry for `id`.
@@ -265,19 +268,6 @@ pub fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
 /// Lowercase hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Write `bytes` to `path` so that readers see the old or the new content, never a mix:
-/// temporary file in the same folder, fsync, rename, fsync the folder.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

@@ -10,14 +10,10 @@
 //! with mode 0600 atomically because both configs carry private keys.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use ring::rand::{SecureRandom, SystemRandom};
 use serde::Serialize;
 use time::OffsetDateTime;
 
@@ -268,51 +264,10 @@ pub fn kubeconfig(
 /// Writes `contents` to `path` so that the file only ever exists complete and with mode 0600:
 /// a temporary file is created 0600 in the same directory, synced, and renamed over `path`.
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), ClientConfigError> {
-    let err = |source| ClientConfigError::Write {
+    crate::fsutil::write_atomic(path, contents, 0o600).map_err(|e| ClientConfigError::Write {
         path: path.to_owned(),
-        source,
-    };
-    let name = path.file_name().ok_or_else(|| {
-        err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "path has no file name",
-        ))
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut suffix = [0u8; 8];
-    SystemRandom::new().fill(&mut suffix).map_err(|_| {
-        err(std::io::Error::other(
-            "the operating system's random number generator failed",
-        ))
-    })?;
-    let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{suffix}"));
-    let tmp = dir.join(tmp_name);
-
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        // The umask can only remove bits from 0600; set it explicitly anyway so the result does
-        // not depend on the caller's environment.
-        file.set_permissions(fs::Permissions::from_mode(0o600))?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        // Persist the rename itself.
-        fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(err)
+        source: e.source,
+    })
 }
 
 #[cfg(test)]
@@ -321,6 +276,8 @@ mod tests {
     use crate::machineconfig::testutil::{
         assert_expires_in, cert_text, have_openssl, openssl_bundle_yaml, openssl_ok, shared_bundle,
     };
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt as _;
     use yaml_serde::Value;
 
     fn get<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
