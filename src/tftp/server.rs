@@ -430,7 +430,11 @@ fn classify(bytes: &[u8], truncated: bool, peer: SocketAddr) -> Option<Request> 
         Ok(Packet::Wrq { filename, .. }) => Some(Request::Write { filename }),
         Ok(other) => {
             counter!("tftp_unexpected_packets_total").increment(1);
-            debug!(%peer, packet = ?kind(&other), "ignored a non-request packet on the TFTP listener");
+            debug!(
+                %peer,
+                packet = kind(&other),
+                "ignored a non-request packet on the TFTP listener"
+            );
             None
         }
         Err(e) => {
