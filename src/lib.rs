@@ -13,6 +13,7 @@ pub mod http;
 pub mod inventory;
 pub mod machineconfig;
 pub mod store;
+pub mod tftp;
 
 /// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never
 /// aws-lc). Idempotent: a second call, or a provider already installed, is fine.

@@ -1,0 +1,18 @@
+//! talboot's own read-only TFTP server (RFC 1350, 2347, 2348, 2349 and 7440).
+//!
+//! TFTP carries only the first boot stage (`ipxe.efi`, `undionly.kpxe`, `snponly.efi`); iPXE
+//! then moves to HTTP. The module is split the sans-I/O way:
+//! - [`packet`]: the wire codec, pure and fuzzed (`fuzz/fuzz_targets/tftp_packet.rs`);
+//! - [`transfer`]: option negotiation and the windowed sender state machine, pure;
+//! - [`server`]: the tokio adapter: listener with IP_PKTINFO, one task and socket per transfer,
+//!   safe path resolution under the TFTP root, deadlines, a concurrency cap, metrics, and a
+//!   [`TransferEvent`] per request for the per-node boot timeline.
+//!
+//! We do not use async-tftp: it ignores a client's ERROR after the OACK (the tsize probe every
+//! EDK2 firmware makes), keeps retransmitting, and blocks the same peer's real request meanwhile.
+
+pub mod packet;
+pub mod server;
+pub mod transfer;
+
+pub use server::{ServerError, TftpConfig, TftpServer, TransferEvent, TransferOutcome};
