@@ -5,5 +5,6 @@
 //! [`store`] persists what happened, and [`cli`] wires the subcommands.
 
 pub mod cli;
+pub mod dhcp;
 pub mod inventory;
 pub mod store;
