@@ -7,6 +7,7 @@
 pub mod artifacts;
 pub mod cli;
 pub mod crypto;
+pub mod dhcp;
 pub mod events;
 pub mod fsutil;
 pub mod http;

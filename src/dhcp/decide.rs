@@ -1,0 +1,480 @@
+//! The DHCP decision: one checked request in, one reply plan (or a reason for silence) out.
+//!
+//! Three ways of serving, all from the same function:
+//! - **authoritative** (UDP 67): addresses from inventory reservations, a dynamic pool for
+//!   unknown machines when the policy is `discover`, the full DORA exchange, RELEASE,
+//!   DECLINE (quarantine), INFORM, renew and rebind (RFC 2131 §4.3);
+//! - **proxy** (UDP 67): the site's DHCP server hands out addresses; talboot answers only
+//!   network-booting clients, with boot information and no `yiaddr` (PXE 2.1 §2.2.3);
+//! - **PXE boot server** (UDP 4011, either mode): a client that already has an address asks
+//!   for its boot file; the ACK goes unicast back to where the request came from.
+//!
+//! Relayed requests (giaddr set) choose their subnet by giaddr, get option 82 back verbatim and
+//! are answered to the relay. What a client boots is chosen here so that iPXE always gets the
+//! HTTP script (never another iPXE binary: no chain-load loop), PXE firmware gets the iPXE
+//! binary for its architecture over TFTP, and UEFI HTTP boot gets it as an `http://` URL.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, SystemTime};
+
+use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
+use tracing::debug;
+
+use crate::inventory::{Arch, NetworkMode, UnknownPolicy};
+
+use super::classify::{BootKind, ClientInfo, apply_node_hints, classify};
+use super::ctx::{DecideCtx, Host, Subnet};
+use super::leases::{LeaseBook, LeaseChange};
+use super::reply::{Reply, ReplyTarget, reply_target};
+use super::wire::{DropReason, Request, ServerPort};
+
+/// PXE vendor option 43: PXE_DISCOVERY_CONTROL (6) = bit 3, "boot the file named in this
+/// reply, skip boot server discovery" (PXE 2.1 §2.4.3.1).
+const PXE_DISCOVERY_CONTROL: [u8; 3] = [6, 1, 0x08];
+/// PXE vendor sub-option PXE_BOOT_ITEM, echoed on 4011 (PXE 2.1 §2.2.5).
+const PXE_BOOT_ITEM: u8 = 71;
+/// Longest boot file name that fits the 128-byte `file` field with its terminating NUL.
+const FILE_FIELD_MAX: usize = 127;
+
+/// Why a well-formed message was processed but gets no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Silence {
+    /// RELEASE: the address went back to the book.
+    Released,
+    /// DECLINE: the address is quarantined.
+    Declined,
+    /// REQUEST naming another server: our offer was withdrawn.
+    OtherServerSelected,
+}
+
+/// What to do with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Send `reply` to `to`; persist `lease_changes` first.
+    Reply {
+        /// The reply.
+        reply: Reply,
+        /// Where to send it.
+        to: ReplyTarget,
+        /// Lease records changed by this decision.
+        lease_changes: Vec<LeaseChange>,
+        /// Who the client is (for events: arch, firmware, UUID).
+        client: Box<ClientInfo>,
+    },
+    /// Processed; the protocol wants no reply. Persist `lease_changes`.
+    Silent {
+        /// Why nothing is sent.
+        reason: Silence,
+        /// Lease records changed by this decision.
+        lease_changes: Vec<LeaseChange>,
+    },
+    /// Not answered.
+    Drop {
+        /// Why.
+        reason: DropReason,
+    },
+}
+
+fn drop_(reason: DropReason) -> Decision {
+    Decision::Drop { reason }
+}
+
+/// Decide what to do with `req` at `now`, updating `book`.
+pub fn decide(ctx: &DecideCtx, book: &mut LeaseBook, req: &Request, now: SystemTime) -> Decision {
+    let msg = &req.msg;
+    if msg.opcode() != Opcode::BootRequest {
+        return drop_(DropReason::NotBootRequest);
+    }
+    let Some(kind) = msg.opts().msg_type() else {
+        return drop_(DropReason::NoMessageType);
+    };
+    let host = ctx.hosts.get(&req.mac);
+    if host.is_none() && ctx.unknown == UnknownPolicy::Ignore {
+        return drop_(DropReason::UnknownMachine);
+    }
+    let mut client = classify(req.mac, msg);
+    if let Some(h) = host {
+        client = apply_node_hints(client, h.firmware, h.arch);
+    }
+    let subnet = match select_subnet(ctx, msg) {
+        Some(s) => s,
+        None => return drop_(DropReason::UnknownSubnet),
+    };
+    let d = Decider {
+        ctx,
+        req,
+        host,
+        subnet,
+        client,
+    };
+    let decision = match (req.port, ctx.mode) {
+        (ServerPort::PxeBoot, _) => d.boot_server(kind),
+        (ServerPort::Dhcp, NetworkMode::Proxy) => d.proxy(kind),
+        (ServerPort::Dhcp, NetworkMode::Authoritative) => d.authoritative(kind, book, now),
+    };
+    match &decision {
+        Decision::Reply { reply, to, .. } => debug!(
+            mac = %req.mac,
+            request = ?kind,
+            reply = ?reply.message.opts().msg_type(),
+            yiaddr = %reply.message.yiaddr(),
+            file = ?reply.message.fname_str(),
+            to = ?to,
+            "dhcp reply"
+        ),
+        Decision::Silent { reason, .. } => {
+            debug!(mac = %req.mac, request = ?kind, ?reason, "dhcp handled")
+        }
+        Decision::Drop { reason } => {
+            debug!(mac = %req.mac, request = ?kind, %reason, "dhcp dropped")
+        }
+    }
+    decision
+}
+
+/// RFC 2131 §4.3.1: the subnet is the relay's (giaddr), else the one the client says it is in
+/// (ciaddr, for renewals unicast straight to us), else the directly attached one.
+fn select_subnet<'a>(ctx: &'a DecideCtx, msg: &Message) -> Option<&'a Subnet> {
+    if !msg.giaddr().is_unspecified() {
+        return ctx.subnet_of(msg.giaddr());
+    }
+    if !msg.ciaddr().is_unspecified() {
+        return ctx.subnet_of(msg.ciaddr());
+    }
+    ctx.subnets.first()
+}
+
+fn requested_ip(msg: &Message) -> Option<Ipv4Addr> {
+    match msg.opts().get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(ip)) if !ip.is_unspecified() => Some(*ip),
+        _ => None,
+    }
+}
+
+fn server_id(msg: &Message) -> Option<Ipv4Addr> {
+    match msg.opts().get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+        _ => None,
+    }
+}
+
+fn secs(d: Duration) -> u32 {
+    // 0xffffffff means "infinite" (RFC 2131 §3.3); a finite lease must stay below it.
+    u32::try_from(d.as_secs())
+        .unwrap_or(u32::MAX - 1)
+        .min(u32::MAX - 1)
+}
+
+/// Append `?mac=..&arch=..` (or `&...` when the URL already has a query).
+fn script_url(base: &str, client: &ClientInfo, arch: Arch) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}mac={}&arch={arch}", client.mac)
+}
+
+struct Decider<'a> {
+    ctx: &'a DecideCtx,
+    req: &'a Request,
+    host: Option<&'a Host>,
+    subnet: &'a Subnet,
+    client: ClientInfo,
+}
+
+impl Decider<'_> {
+    fn authoritative(self, kind: MessageType, book: &mut LeaseBook, now: SystemTime) -> Decision {
+        let msg = &self.req.msg;
+        let sid = server_id(msg);
+        let ours = sid.is_none_or(|s| s == self.ctx.server_ip);
+        let mac = self.req.mac;
+        match kind {
+            MessageType::Discover => {
+                if let Some(h) = self.host
+                    && !self.subnet.net.contains(&h.ip)
+                {
+                    return drop_(DropReason::ReservationOffSubnet);
+                }
+                match book.offer(
+                    mac,
+                    self.subnet.net,
+                    self.subnet.pool,
+                    requested_ip(msg),
+                    now,
+                ) {
+                    Ok((ip, changes)) => self.reply(MessageType::Offer, Some(ip), changes),
+                    Err(e) => {
+                        debug!(%mac, error = %e, "no address to offer");
+                        drop_(DropReason::NoAddress)
+                    }
+                }
+            }
+            MessageType::Request => {
+                if !ours {
+                    // SELECTING another server's offer (RFC 2131 §4.3.2): withdraw ours.
+                    return Decision::Silent {
+                        reason: Silence::OtherServerSelected,
+                        lease_changes: book.cancel_offer(mac),
+                    };
+                }
+                let ciaddr = msg.ciaddr();
+                let Some(ip) = requested_ip(msg).or((!ciaddr.is_unspecified()).then_some(ciaddr))
+                else {
+                    return drop_(DropReason::NoRecord);
+                };
+                if !self.subnet.net.contains(&ip) {
+                    // The client moved to another network: tell it to start over.
+                    return self.nak("requested address is not on this network");
+                }
+                match book.bind(mac, ip, self.subnet.lease_time, now) {
+                    Ok(changes) => self.reply(MessageType::Ack, Some(ip), changes),
+                    Err(e) => {
+                        debug!(%mac, %ip, error = %e, "request refused");
+                        self.nak(&e.to_string())
+                    }
+                }
+            }
+            MessageType::Decline => {
+                if !ours {
+                    return drop_(DropReason::OtherServer);
+                }
+                let Some(ip) = requested_ip(msg) else {
+                    return drop_(DropReason::NoRecord);
+                };
+                match book.decline(mac, ip, now) {
+                    Ok(changes) => {
+                        tracing::warn!(%mac, %ip, "address declined: another device is using it; quarantined");
+                        Decision::Silent {
+                            reason: Silence::Declined,
+                            lease_changes: changes,
+                        }
+                    }
+                    Err(_) => drop_(DropReason::NoRecord),
+                }
+            }
+            MessageType::Release => {
+                if !ours {
+                    return drop_(DropReason::OtherServer);
+                }
+                match book.release(mac, msg.ciaddr(), now) {
+                    Ok(changes) => Decision::Silent {
+                        reason: Silence::Released,
+                        lease_changes: changes,
+                    },
+                    Err(_) => drop_(DropReason::NoRecord),
+                }
+            }
+            MessageType::Inform => {
+                if msg.ciaddr().is_unspecified() {
+                    return drop_(DropReason::NoRecord);
+                }
+                self.reply(MessageType::Ack, None, Vec::new())
+            }
+            _ => drop_(DropReason::UnsupportedMessageType),
+        }
+    }
+
+    fn proxy(self, kind: MessageType) -> Decision {
+        if !self.client.boot.is_netboot() {
+            return drop_(DropReason::NotNetbootClient);
+        }
+        match kind {
+            MessageType::Discover => self.reply(MessageType::Offer, None, Vec::new()),
+            // Only a REQUEST addressed to us; the others belong to the site's DHCP server.
+            MessageType::Request if server_id(&self.req.msg) == Some(self.ctx.server_ip) => {
+                self.reply(MessageType::Ack, None, Vec::new())
+            }
+            MessageType::Request | MessageType::Decline | MessageType::Release => {
+                drop_(DropReason::OtherServer)
+            }
+            MessageType::Inform => drop_(DropReason::NotAnswered),
+            _ => drop_(DropReason::UnsupportedMessageType),
+        }
+    }
+
+    fn boot_server(self, kind: MessageType) -> Decision {
+        if !self.client.boot.is_netboot() {
+            return drop_(DropReason::NotNetbootClient);
+        }
+        match kind {
+            MessageType::Request | MessageType::Inform => {
+                self.reply(MessageType::Ack, None, Vec::new())
+            }
+            MessageType::Discover | MessageType::Decline | MessageType::Release => {
+                drop_(DropReason::NotAnswered)
+            }
+            _ => drop_(DropReason::UnsupportedMessageType),
+        }
+    }
+
+    /// The header every reply shares (RFC 2131 §4.3.1 table 3).
+    fn base(&self, kind: MessageType) -> Message {
+        let req = &self.req.msg;
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootReply)
+            .set_htype(HType::Eth)
+            .set_chaddr(req.chaddr())
+            .set_xid(req.xid())
+            .set_flags(req.flags())
+            .set_giaddr(req.giaddr());
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        m.opts_mut()
+            .insert(DhcpOption::ServerIdentifier(self.ctx.server_ip));
+        m
+    }
+
+    fn nak(&self, why: &str) -> Decision {
+        let mut m = self.base(MessageType::Nak);
+        if !self.req.msg.giaddr().is_unspecified() {
+            // §4.3.2: a NAK through a relay asks it to broadcast to the client.
+            m.set_flags(Flags::default().set_broadcast());
+        }
+        m.opts_mut()
+            .insert(DhcpOption::Message(why.chars().take(200).collect()));
+        self.finish(m, Vec::new())
+    }
+
+    /// Build an OFFER or ACK. `yiaddr` is the address leased (None for proxy, 4011 and INFORM
+    /// replies, which carry no lease).
+    fn reply(
+        &self,
+        kind: MessageType,
+        yiaddr: Option<Ipv4Addr>,
+        changes: Vec<LeaseChange>,
+    ) -> Decision {
+        let req = &self.req.msg;
+        let mut m = self.base(kind);
+        let authoritative =
+            self.req.port == ServerPort::Dhcp && self.ctx.mode == NetworkMode::Authoritative;
+        if kind == MessageType::Ack {
+            m.set_ciaddr(req.ciaddr());
+        }
+        if let Some(ip) = yiaddr {
+            m.set_yiaddr(ip);
+            let lease = secs(self.subnet.lease_time);
+            m.opts_mut().insert(DhcpOption::AddressLeaseTime(lease));
+            m.opts_mut().insert(DhcpOption::Renewal(lease / 2));
+            m.opts_mut()
+                .insert(DhcpOption::Rebinding((u64::from(lease) * 7 / 8) as u32));
+        }
+        if authoritative {
+            self.add_network_options(&mut m);
+        }
+        self.add_boot_options(&mut m);
+        self.finish(m, changes)
+    }
+
+    fn add_network_options(&self, m: &mut Message) {
+        let s = self.subnet;
+        let o = m.opts_mut();
+        o.insert(DhcpOption::SubnetMask(s.net.netmask()));
+        if let Some(r) = self.host.and_then(|h| h.gateway).or(s.router) {
+            o.insert(DhcpOption::Router(vec![r]));
+        }
+        if !s.dns.is_empty() {
+            o.insert(DhcpOption::DomainNameServer(s.dns.clone()));
+        }
+        if !s.ntp.is_empty() {
+            o.insert(DhcpOption::NtpServers(s.ntp.clone()));
+        }
+        if let Some(d) = &s.domain {
+            o.insert(DhcpOption::DomainName(d.clone()));
+        }
+        if let Some(h) = self.host {
+            o.insert(DhcpOption::Hostname(h.name.clone()));
+        }
+    }
+
+    fn add_boot_options(&self, m: &mut Message) {
+        let c = &self.client;
+        let boot = &self.ctx.boot;
+        let arch = c.arch.unwrap_or(self.ctx.default_arch);
+        let efi_file = match arch {
+            Arch::Arm64 => &boot.arm64_file,
+            Arch::Amd64 => &boot.uefi_x64_file,
+        };
+        let (file, tftp) = match c.boot {
+            BootKind::NotPxe => return,
+            BootKind::Ipxe { .. } => (script_url(&boot.ipxe_script_url, c, arch), false),
+            BootKind::UefiHttp => (
+                format!("{}/{efi_file}", boot.http_base.trim_end_matches('/')),
+                false,
+            ),
+            BootKind::BiosPxe => (boot.bios_file.clone(), true),
+            BootKind::UefiPxe => (efi_file.clone(), true),
+        };
+        if tftp {
+            m.set_siaddr(boot.tftp_server);
+            m.opts_mut().insert(DhcpOption::TFTPServerName(
+                boot.tftp_server.to_string().into_bytes(),
+            ));
+        }
+        if file.len() <= FILE_FIELD_MAX {
+            m.set_fname_str(&file);
+        }
+        m.opts_mut()
+            .insert(DhcpOption::BootfileName(file.into_bytes()));
+        if let Some(vc) = c.echo_vendor_class() {
+            m.opts_mut()
+                .insert(DhcpOption::ClassIdentifier(vc.to_vec()));
+            if vc == b"PXEClient" {
+                m.opts_mut()
+                    .insert(DhcpOption::VendorExtensions(self.pxe_vendor_options()));
+            }
+        }
+    }
+
+    /// Option 43 for PXE clients: skip discovery and boot our file; on 4011 also echo the boot
+    /// item the client asked for, which some ROMs insist on.
+    fn pxe_vendor_options(&self) -> Vec<u8> {
+        let mut v = PXE_DISCOVERY_CONTROL.to_vec();
+        if self.req.port == ServerPort::PxeBoot
+            && let Some(DhcpOption::VendorExtensions(ext)) =
+                self.req.msg.opts().get(OptionCode::VendorExtensions)
+            && let Some(item) = find_sub_option(ext, PXE_BOOT_ITEM)
+        {
+            v.extend_from_slice(&[PXE_BOOT_ITEM, item.len() as u8]);
+            v.extend_from_slice(item);
+        }
+        v.push(255);
+        v
+    }
+
+    fn finish(&self, m: Message, lease_changes: Vec<LeaseChange>) -> Decision {
+        let to = match self.req.port {
+            ServerPort::PxeBoot if !self.req.source.ip().is_unspecified() => {
+                ReplyTarget::Unicast(self.req.source)
+            }
+            ServerPort::PxeBoot if !self.req.msg.ciaddr().is_unspecified() => ReplyTarget::Unicast(
+                SocketAddrV4::new(self.req.msg.ciaddr(), self.req.source.port()),
+            ),
+            _ => reply_target(&self.req.msg, &m, self.req.mac),
+        };
+        Decision::Reply {
+            reply: Reply {
+                message: m,
+                relay_agent_info: self.req.relay_agent_info.clone(),
+            },
+            to,
+            lease_changes,
+            client: Box::new(self.client.clone()),
+        }
+    }
+}
+
+/// Find a TLV sub-option in an encapsulated option (43 or 175 style).
+fn find_sub_option(data: &[u8], code: u8) -> Option<&[u8]> {
+    let mut i = 0;
+    while i < data.len() {
+        match data[i] {
+            0 => i += 1,
+            255 => return None,
+            c => {
+                let len = usize::from(*data.get(i + 1)?);
+                let value = data.get(i + 2..i + 2 + len)?;
+                if c == code {
+                    return Some(value);
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    None
+}

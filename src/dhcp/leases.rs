@@ -1,0 +1,838 @@
+//! The lease book: which address belongs to which MAC, right now.
+//!
+//! Pure in-memory state with the clock passed in. Every mutation returns the lease records it
+//! changed ([`LeaseChange`]) so the store adapter can persist exactly those before the reply
+//! that depends on them is sent; [`LeaseBook::restore`] rebuilds the book from persisted
+//! records after a restart.
+//!
+//! Rules the book enforces (and the property tests check):
+//! - one record per address, and at most one live (offered/bound/released) record per MAC;
+//! - a reserved address is only ever leased to a MAC that reserves it; a node with several
+//!   boot NICs reserves one address for all of them, and the first NIC that holds it keeps it
+//!   until its lease ends (the others fall back to the pool), so two NICs never share it;
+//! - pool addresses that are also reserved are never handed out from the pool;
+//! - a declined address is quarantined for everyone, its reserving MAC included, until the
+//!   quarantine ends;
+//! - an address held (offered or bound, not expired) by one MAC is never given to another.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::time::{Duration, SystemTime};
+
+use crate::inventory::{Ipv4Net, Mac, Pool};
+
+/// State of one address record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseState {
+    /// Offered in a DHCPOFFER and held for the client until `expires`.
+    Offered,
+    /// Bound by a DHCPACK until `expires`.
+    Bound,
+    /// Given back (RELEASE) or lapsed; kept so the same MAC gets the same address again.
+    Released,
+    /// Declined (address conflict on the wire); nobody gets it until `expires`.
+    Quarantined,
+}
+
+impl LeaseState {
+    /// Stable lowercase name for storage and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Offered => "offered",
+            Self::Bound => "bound",
+            Self::Released => "released",
+            Self::Quarantined => "quarantined",
+        }
+    }
+}
+
+/// One address record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// The client it was (or is) leased to; for a quarantined address, the client that
+    /// declined it.
+    pub mac: Mac,
+    /// Current state.
+    pub state: LeaseState,
+    /// When the offer, binding or quarantine ends (for `Released`, when it was released).
+    pub expires: SystemTime,
+}
+
+impl Lease {
+    /// Offered or bound and not yet expired at `now`.
+    pub fn is_held(&self, now: SystemTime) -> bool {
+        matches!(self.state, LeaseState::Offered | LeaseState::Bound) && self.expires > now
+    }
+
+    /// Quarantined and the quarantine has not ended at `now`.
+    pub fn is_quarantined(&self, now: SystemTime) -> bool {
+        self.state == LeaseState::Quarantined && self.expires > now
+    }
+}
+
+/// One record change for the store to persist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseChange {
+    /// Insert or replace the record for `lease.ip`.
+    Upsert(Lease),
+    /// Delete the record for this address.
+    Remove(Ipv4Addr),
+}
+
+/// Why the book refused an operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseError {
+    /// Nothing free in the pool (or no pool for this subnet).
+    #[error(
+        "no free address: the pool is exhausted or the subnet has no pool; widen `network.pool`"
+    )]
+    NoFreeAddress,
+    /// The address is reserved for another machine in the inventory.
+    #[error("{ip} is reserved for another machine")]
+    ReservedForOther {
+        /// The address.
+        ip: Ipv4Addr,
+    },
+    /// The address is held by another MAC.
+    #[error("{ip} is leased to {holder}")]
+    InUse {
+        /// The address.
+        ip: Ipv4Addr,
+        /// Who holds it.
+        holder: Mac,
+    },
+    /// The address was declined and is quarantined.
+    #[error("{ip} is quarantined after a DHCPDECLINE (address conflict on the network)")]
+    Quarantined {
+        /// The address.
+        ip: Ipv4Addr,
+    },
+    /// The address is neither reserved for this MAC nor in a pool.
+    #[error("{ip} is not managed by talboot (not reserved for this machine, not in a pool)")]
+    NotManaged {
+        /// The address.
+        ip: Ipv4Addr,
+    },
+    /// The MAC asks for another address than its free reservation.
+    #[error("{ip} requested but this machine's reserved address is {expected}")]
+    WrongAddress {
+        /// What was asked for.
+        ip: Ipv4Addr,
+        /// The reservation.
+        expected: Ipv4Addr,
+    },
+    /// RELEASE/DECLINE for an address the MAC does not hold.
+    #[error("{ip} is not held by this client")]
+    NotHeld {
+        /// The address.
+        ip: Ipv4Addr,
+    },
+}
+
+/// Static configuration of the book.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LeaseBookConfig {
+    /// Inventory reservations: boot MAC to address.
+    pub reservations: BTreeMap<Mac, Ipv4Addr>,
+    /// Dynamic ranges, one per subnet that has one.
+    pub pools: Vec<Pool>,
+    /// How long an offered address is held for the client that was offered it.
+    pub offer_hold: Duration,
+    /// How long a declined address is kept out of use.
+    pub quarantine: Duration,
+}
+
+impl fmt::Debug for LeaseBookConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseBookConfig")
+            .field("reservations", &self.reservations.len())
+            .field("pools", &self.pools)
+            .field("offer_hold", &self.offer_hold)
+            .field("quarantine", &self.quarantine)
+            .finish()
+    }
+}
+
+/// Default time an offer is held: long enough for slow PXE ROMs to send their REQUEST.
+pub const DEFAULT_OFFER_HOLD: Duration = Duration::from_secs(60);
+/// Default quarantine after a DECLINE.
+pub const DEFAULT_QUARANTINE: Duration = Duration::from_secs(600);
+
+/// The addresses talboot hands out and who holds them.
+#[derive(Debug, Clone)]
+pub struct LeaseBook {
+    reserved_by_mac: BTreeMap<Mac, Ipv4Addr>,
+    owners_by_ip: BTreeMap<Ipv4Addr, BTreeSet<Mac>>,
+    pools: Vec<Pool>,
+    offer_hold: Duration,
+    quarantine: Duration,
+    leases: BTreeMap<Ipv4Addr, Lease>,
+    /// Each MAC's one non-quarantined record.
+    by_mac: BTreeMap<Mac, Ipv4Addr>,
+}
+
+impl LeaseBook {
+    /// An empty book.
+    pub fn new(cfg: LeaseBookConfig) -> Self {
+        let mut owners_by_ip: BTreeMap<Ipv4Addr, BTreeSet<Mac>> = BTreeMap::new();
+        for (mac, ip) in &cfg.reservations {
+            owners_by_ip.entry(*ip).or_default().insert(*mac);
+        }
+        Self {
+            reserved_by_mac: cfg.reservations,
+            owners_by_ip,
+            pools: cfg.pools,
+            offer_hold: cfg.offer_hold,
+            quarantine: cfg.quarantine,
+            leases: BTreeMap::new(),
+            by_mac: BTreeMap::new(),
+        }
+    }
+
+    /// Rebuild a book from persisted records. Records that break the rules under the current
+    /// configuration (address no longer managed or now reserved for someone else, a second
+    /// record for the same MAC) are dropped, and their removals returned for the store.
+    pub fn restore(
+        cfg: LeaseBookConfig,
+        records: impl IntoIterator<Item = Lease>,
+    ) -> (Self, Vec<LeaseChange>) {
+        let mut book = Self::new(cfg);
+        let mut records: Vec<Lease> = records.into_iter().collect();
+        // Newest first, so the MAC keeps its most recent record.
+        records.sort_by(|a, b| b.expires.cmp(&a.expires).then(a.ip.cmp(&b.ip)));
+        let mut changes = Vec::new();
+        for lease in records {
+            let valid = !book.leases.contains_key(&lease.ip)
+                && book.managed_for(lease.ip, lease.mac)
+                && (lease.state == LeaseState::Quarantined
+                    || !book.by_mac.contains_key(&lease.mac));
+            if valid {
+                if lease.state != LeaseState::Quarantined {
+                    book.by_mac.insert(lease.mac, lease.ip);
+                }
+                book.leases.insert(lease.ip, lease);
+            } else if !book.leases.contains_key(&lease.ip) {
+                changes.push(LeaseChange::Remove(lease.ip));
+            }
+        }
+        (book, changes)
+    }
+
+    /// Replace reservations and pools (inventory reload). Records that are no longer allowed
+    /// are removed; the removals are returned.
+    pub fn reconfigure(&mut self, cfg: LeaseBookConfig) -> Vec<LeaseChange> {
+        let records: Vec<Lease> = self.leases.values().cloned().collect();
+        let (book, mut changes) = Self::restore(cfg, records.clone());
+        for old in records {
+            if !book.leases.contains_key(&old.ip) && !changes.contains(&LeaseChange::Remove(old.ip))
+            {
+                changes.push(LeaseChange::Remove(old.ip));
+            }
+        }
+        *self = book;
+        changes
+    }
+
+    /// The record for `ip`.
+    pub fn get(&self, ip: Ipv4Addr) -> Option<&Lease> {
+        self.leases.get(&ip)
+    }
+
+    /// The live (non-quarantined) record of `mac`.
+    pub fn lease_of(&self, mac: Mac) -> Option<&Lease> {
+        self.by_mac.get(&mac).and_then(|ip| self.leases.get(ip))
+    }
+
+    /// Who holds `ip` at `now` (offered or bound, not expired).
+    pub fn holder(&self, ip: Ipv4Addr, now: SystemTime) -> Option<Mac> {
+        self.leases
+            .get(&ip)
+            .filter(|l| l.is_held(now))
+            .map(|l| l.mac)
+    }
+
+    /// Every record, by address.
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// The address reserved for `mac`, if any.
+    pub fn reservation(&self, mac: Mac) -> Option<Ipv4Addr> {
+        self.reserved_by_mac.get(&mac).copied()
+    }
+
+    /// True when `ip` is reserved for some machine.
+    pub fn is_reserved(&self, ip: Ipv4Addr) -> bool {
+        self.owners_by_ip.contains_key(&ip)
+    }
+
+    fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        self.pools.iter().any(|p| p.contains(ip))
+    }
+
+    /// `ip` may be leased to `mac` at all: its reservation, or an unreserved pool address.
+    fn managed_for(&self, ip: Ipv4Addr, mac: Mac) -> bool {
+        match self.owners_by_ip.get(&ip) {
+            Some(owners) => owners.contains(&mac),
+            None => self.in_pool(ip),
+        }
+    }
+
+    /// Why `mac` cannot take `ip` at `now`, if it cannot.
+    fn blocked(&self, ip: Ipv4Addr, mac: Mac, now: SystemTime) -> Option<LeaseError> {
+        if let Some(owners) = self.owners_by_ip.get(&ip)
+            && !owners.contains(&mac)
+        {
+            return Some(LeaseError::ReservedForOther { ip });
+        }
+        if !self.managed_for(ip, mac) {
+            return Some(LeaseError::NotManaged { ip });
+        }
+        match self.leases.get(&ip) {
+            Some(l) if l.is_quarantined(now) => Some(LeaseError::Quarantined { ip }),
+            Some(l) if l.is_held(now) && l.mac != mac => {
+                Some(LeaseError::InUse { ip, holder: l.mac })
+            }
+            _ => None,
+        }
+    }
+
+    /// The reservation of `mac` if it is free for it at `now`.
+    fn usable_reservation(&self, mac: Mac, now: SystemTime) -> Option<Ipv4Addr> {
+        let ip = self.reservation(mac)?;
+        self.blocked(ip, mac, now).is_none().then_some(ip)
+    }
+
+    /// Record `mac` on `ip`, dropping its previous record and displacing a stale record of
+    /// another MAC. Callers have checked [`Self::blocked`].
+    fn take(
+        &mut self,
+        ip: Ipv4Addr,
+        mac: Mac,
+        state: LeaseState,
+        expires: SystemTime,
+    ) -> Vec<LeaseChange> {
+        let mut changes = Vec::new();
+        if let Some(old_ip) = self.by_mac.get(&mac).copied()
+            && old_ip != ip
+        {
+            self.leases.remove(&old_ip);
+            changes.push(LeaseChange::Remove(old_ip));
+        }
+        if let Some(prev) = self.leases.get(&ip)
+            && prev.mac != mac
+            && self.by_mac.get(&prev.mac) == Some(&ip)
+        {
+            self.by_mac.remove(&prev.mac);
+        }
+        let lease = Lease {
+            ip,
+            mac,
+            state,
+            expires,
+        };
+        self.leases.insert(ip, lease.clone());
+        self.by_mac.insert(mac, ip);
+        changes.push(LeaseChange::Upsert(lease));
+        changes
+    }
+
+    /// Choose and hold an address for `mac` in subnet `net` (whose dynamic range is `pool`),
+    /// preferring its reservation, then its previous address, then `requested`, then the
+    /// first never-used pool address, then the longest-unused one.
+    pub fn offer(
+        &mut self,
+        mac: Mac,
+        net: Ipv4Net,
+        pool: Option<Pool>,
+        requested: Option<Ipv4Addr>,
+        now: SystemTime,
+    ) -> Result<(Ipv4Addr, Vec<LeaseChange>), LeaseError> {
+        let expires = now + self.offer_hold;
+        if let Some(ip) = self
+            .usable_reservation(mac, now)
+            .filter(|ip| net.contains(ip))
+        {
+            return Ok((ip, self.take(ip, mac, LeaseState::Offered, expires)));
+        }
+        let pool = pool.ok_or(LeaseError::NoFreeAddress)?;
+        // Pool addresses only: a reserved address (even this MAC's own, which is unusable if we
+        // got here) is never handed out from the pool.
+        let free = |book: &Self, ip: Ipv4Addr| {
+            pool.contains(ip) && !book.is_reserved(ip) && book.blocked(ip, mac, now).is_none()
+        };
+        let previous = self.by_mac.get(&mac).copied();
+        let pick = previous
+            .filter(|ip| free(self, *ip))
+            .or_else(|| requested.filter(|ip| free(self, *ip)))
+            .or_else(|| {
+                pool_addrs(pool).find(|ip| !self.leases.contains_key(ip) && free(self, *ip))
+            })
+            .or_else(|| {
+                pool_addrs(pool)
+                    .filter(|ip| free(self, *ip))
+                    .min_by_key(|ip| self.leases.get(ip).map(|l| l.expires))
+            });
+        let ip = pick.ok_or(LeaseError::NoFreeAddress)?;
+        Ok((ip, self.take(ip, mac, LeaseState::Offered, expires)))
+    }
+
+    /// Bind `ip` to `mac` for `lease_time` (DHCPREQUEST accepted).
+    pub fn bind(
+        &mut self,
+        mac: Mac,
+        ip: Ipv4Addr,
+        lease_time: Duration,
+        now: SystemTime,
+    ) -> Result<Vec<LeaseChange>, LeaseError> {
+        if let Some(e) = self.blocked(ip, mac, now) {
+            return Err(e);
+        }
+        // A machine whose reservation is free must use it (a NAK sends it back to DISCOVER).
+        if let Some(expected) = self.usable_reservation(mac, now)
+            && expected != ip
+        {
+            return Err(LeaseError::WrongAddress { ip, expected });
+        }
+        Ok(self.take(ip, mac, LeaseState::Bound, now + lease_time))
+    }
+
+    /// DHCPRELEASE: `mac` gives `ip` back.
+    pub fn release(
+        &mut self,
+        mac: Mac,
+        ip: Ipv4Addr,
+        now: SystemTime,
+    ) -> Result<Vec<LeaseChange>, LeaseError> {
+        match self.leases.get_mut(&ip) {
+            Some(l) if l.mac == mac && l.is_held(now) => {
+                l.state = LeaseState::Released;
+                l.expires = now;
+                Ok(vec![LeaseChange::Upsert(l.clone())])
+            }
+            _ => Err(LeaseError::NotHeld { ip }),
+        }
+    }
+
+    /// DHCPDECLINE: `mac` found `ip` in use on the wire. Only the holder may decline, so a
+    /// hostile client cannot quarantine addresses it was never given.
+    pub fn decline(
+        &mut self,
+        mac: Mac,
+        ip: Ipv4Addr,
+        now: SystemTime,
+    ) -> Result<Vec<LeaseChange>, LeaseError> {
+        let until = now + self.quarantine;
+        match self.leases.get_mut(&ip) {
+            Some(l) if l.mac == mac && l.is_held(now) => {
+                l.state = LeaseState::Quarantined;
+                l.expires = until;
+                let lease = l.clone();
+                self.by_mac.remove(&mac);
+                Ok(vec![LeaseChange::Upsert(lease)])
+            }
+            _ => Err(LeaseError::NotHeld { ip }),
+        }
+    }
+
+    /// The client chose another server: forget our outstanding offer to it (RFC 2131 §4.3.2).
+    pub fn cancel_offer(&mut self, mac: Mac) -> Vec<LeaseChange> {
+        match self.by_mac.get(&mac).copied() {
+            Some(ip)
+                if self
+                    .leases
+                    .get(&ip)
+                    .is_some_and(|l| l.state == LeaseState::Offered) =>
+            {
+                self.leases.remove(&ip);
+                self.by_mac.remove(&mac);
+                vec![LeaseChange::Remove(ip)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Housekeeping: drop lapsed offers and quarantines, mark lapsed bindings released.
+    /// Correctness never depends on calling this (every check looks at `now`); it keeps the
+    /// book and the store small and the states honest.
+    pub fn expire(&mut self, now: SystemTime) -> Vec<LeaseChange> {
+        let mut changes = Vec::new();
+        let lapsed: Vec<Ipv4Addr> = self
+            .leases
+            .values()
+            .filter(|l| l.state != LeaseState::Released && l.expires <= now)
+            .map(|l| l.ip)
+            .collect();
+        for ip in lapsed {
+            let Some(l) = self.leases.get_mut(&ip) else {
+                continue;
+            };
+            match l.state {
+                LeaseState::Bound => {
+                    l.state = LeaseState::Released;
+                    changes.push(LeaseChange::Upsert(l.clone()));
+                }
+                LeaseState::Offered => {
+                    let mac = l.mac;
+                    self.leases.remove(&ip);
+                    self.by_mac.remove(&mac);
+                    changes.push(LeaseChange::Remove(ip));
+                }
+                LeaseState::Quarantined => {
+                    self.leases.remove(&ip);
+                    changes.push(LeaseChange::Remove(ip));
+                }
+                LeaseState::Released => {}
+            }
+        }
+        changes
+    }
+
+    /// Check the book's structural invariants; `Err` names the first broken one. Used by the
+    /// property tests and the fuzz target.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (ip, l) in &self.leases {
+            if *ip != l.ip {
+                return Err(format!("record keyed {ip} is for {}", l.ip));
+            }
+            if !self.managed_for(l.ip, l.mac) {
+                return Err(format!(
+                    "{} recorded for {} which may not have it",
+                    l.ip, l.mac
+                ));
+            }
+            let indexed = self.by_mac.get(&l.mac) == Some(ip);
+            if l.state == LeaseState::Quarantined && indexed {
+                return Err(format!("quarantined {ip} indexed as {}'s lease", l.mac));
+            }
+            if l.state != LeaseState::Quarantined && !indexed {
+                return Err(format!("{}'s record {ip} is not its indexed lease", l.mac));
+            }
+        }
+        for (mac, ip) in &self.by_mac {
+            match self.leases.get(ip) {
+                Some(l) if l.mac == *mac => {}
+                _ => {
+                    return Err(format!(
+                        "index says {mac} has {ip} but the record disagrees"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every address of a pool, in order.
+fn pool_addrs(pool: Pool) -> impl Iterator<Item = Ipv4Addr> {
+    (u32::from(pool.start)..=u32::from(pool.end)).map(Ipv4Addr::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, last)
+    }
+    fn mac(n: u8) -> Mac {
+        Mac([0xbc, 0x24, 0x11, 0, 0, n])
+    }
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+    fn net() -> Ipv4Net {
+        "10.0.0.0/24".parse().unwrap()
+    }
+    fn pool() -> Pool {
+        Pool {
+            start: ip(10),
+            end: ip(13),
+        }
+    }
+    const LEASE: Duration = Duration::from_secs(3600);
+
+    /// mac(0) reserves .12 (inside the pool); mac(1) and mac(2) are two NICs of one node that
+    /// reserves .50 (outside the pool).
+    fn cfg() -> LeaseBookConfig {
+        LeaseBookConfig {
+            reservations: [(mac(0), ip(12)), (mac(1), ip(50)), (mac(2), ip(50))]
+                .into_iter()
+                .collect(),
+            pools: vec![pool()],
+            offer_hold: Duration::from_secs(60),
+            quarantine: Duration::from_secs(600),
+        }
+    }
+
+    #[test]
+    fn reservation_is_offered_and_bound() {
+        let mut b = LeaseBook::new(cfg());
+        let (got, ch) = b.offer(mac(1), net(), Some(pool()), None, t(0)).unwrap();
+        assert_eq!(got, ip(50));
+        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Offered));
+        let ch = b.bind(mac(1), ip(50), LEASE, t(1)).unwrap();
+        assert!(
+            matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Bound && l.expires == t(3601))
+        );
+        assert_eq!(b.holder(ip(50), t(2)), Some(mac(1)));
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn second_nic_of_a_node_falls_back_to_the_pool_while_the_first_holds_the_reservation() {
+        let mut b = LeaseBook::new(cfg());
+        b.offer(mac(1), net(), Some(pool()), None, t(0)).unwrap();
+        b.bind(mac(1), ip(50), LEASE, t(0)).unwrap();
+        let (got, _) = b.offer(mac(2), net(), Some(pool()), None, t(1)).unwrap();
+        assert_eq!(got, ip(10));
+        assert_eq!(
+            b.bind(mac(2), ip(50), LEASE, t(1)),
+            Err(LeaseError::InUse {
+                ip: ip(50),
+                holder: mac(1)
+            })
+        );
+        // Once the first NIC's lease lapses, the second one is pointed at the reservation.
+        assert_eq!(
+            b.bind(mac(2), ip(10), LEASE, t(3700)),
+            Err(LeaseError::WrongAddress {
+                ip: ip(10),
+                expected: ip(50)
+            })
+        );
+        b.bind(mac(2), ip(50), LEASE, t(3700)).unwrap();
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reserved_pool_address_is_never_given_to_others() {
+        let mut b = LeaseBook::new(cfg());
+        let mut seen = BTreeSet::new();
+        for n in 10..13 {
+            let (got, _) = b.offer(mac(n), net(), Some(pool()), None, t(0)).unwrap();
+            seen.insert(got);
+        }
+        assert_eq!(seen, [ip(10), ip(11), ip(13)].into_iter().collect());
+        assert_eq!(
+            b.offer(mac(20), net(), Some(pool()), None, t(0)),
+            Err(LeaseError::NoFreeAddress)
+        );
+        assert_eq!(
+            b.bind(mac(20), ip(12), LEASE, t(0)),
+            Err(LeaseError::ReservedForOther { ip: ip(12) })
+        );
+        assert_eq!(
+            b.bind(mac(20), ip(99), LEASE, t(0)),
+            Err(LeaseError::NotManaged { ip: ip(99) })
+        );
+    }
+
+    #[test]
+    fn same_mac_gets_its_address_back_and_requested_address_is_honoured() {
+        let mut b = LeaseBook::new(cfg());
+        let (a, _) = b
+            .offer(mac(7), net(), Some(pool()), Some(ip(13)), t(0))
+            .unwrap();
+        assert_eq!(a, ip(13));
+        b.bind(mac(7), a, LEASE, t(0)).unwrap();
+        b.release(mac(7), a, t(10)).unwrap();
+        let (again, _) = b.offer(mac(7), net(), Some(pool()), None, t(20)).unwrap();
+        assert_eq!(again, a);
+    }
+
+    #[test]
+    fn decline_quarantines_for_everyone_until_it_ends() {
+        let mut b = LeaseBook::new(cfg());
+        let (a, _) = b.offer(mac(7), net(), Some(pool()), None, t(0)).unwrap();
+        b.bind(mac(7), a, LEASE, t(0)).unwrap();
+        assert_eq!(
+            b.decline(mac(8), a, t(1)),
+            Err(LeaseError::NotHeld { ip: a })
+        );
+        let ch = b.decline(mac(7), a, t(1)).unwrap();
+        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Quarantined));
+        let (next, _) = b.offer(mac(7), net(), Some(pool()), None, t(2)).unwrap();
+        assert_ne!(next, a);
+        assert_eq!(
+            b.bind(mac(9), a, LEASE, t(2)),
+            Err(LeaseError::Quarantined { ip: a })
+        );
+        // After the quarantine the address is usable again.
+        b.bind(mac(9), a, LEASE, t(700)).unwrap();
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cancel_offer_frees_the_address_and_expire_cleans_up() {
+        let mut b = LeaseBook::new(cfg());
+        let (a, _) = b.offer(mac(7), net(), Some(pool()), None, t(0)).unwrap();
+        assert_eq!(b.cancel_offer(mac(7)), vec![LeaseChange::Remove(a)]);
+        assert!(b.get(a).is_none());
+
+        let (a, _) = b.offer(mac(7), net(), Some(pool()), None, t(0)).unwrap();
+        let (c, _) = b.offer(mac(8), net(), Some(pool()), None, t(0)).unwrap();
+        b.bind(mac(8), c, LEASE, t(0)).unwrap();
+        let ch = b.expire(t(4000));
+        assert!(ch.contains(&LeaseChange::Remove(a)));
+        assert!(
+            ch.iter()
+                .any(|c| matches!(c, LeaseChange::Upsert(l) if l.state == LeaseState::Released))
+        );
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn restore_drops_records_that_break_the_rules() {
+        let good = Lease {
+            ip: ip(50),
+            mac: mac(1),
+            state: LeaseState::Bound,
+            expires: t(100),
+        };
+        let stolen = Lease {
+            ip: ip(12),
+            mac: mac(9),
+            state: LeaseState::Bound,
+            expires: t(100),
+        };
+        let older_dup = Lease {
+            ip: ip(10),
+            mac: mac(1),
+            state: LeaseState::Released,
+            expires: t(50),
+        };
+        let (b, ch) = LeaseBook::restore(cfg(), [good.clone(), stolen, older_dup]);
+        assert_eq!(b.lease_of(mac(1)), Some(&good));
+        assert!(ch.contains(&LeaseChange::Remove(ip(12))));
+        assert!(ch.contains(&LeaseChange::Remove(ip(10))));
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reconfigure_revokes_a_lease_on_a_newly_reserved_address() {
+        let mut b = LeaseBook::new(cfg());
+        let (a, _) = b.offer(mac(7), net(), Some(pool()), None, t(0)).unwrap();
+        b.bind(mac(7), a, LEASE, t(0)).unwrap();
+        let mut c = cfg();
+        c.reservations.insert(mac(3), a);
+        let ch = b.reconfigure(c);
+        assert_eq!(ch, vec![LeaseChange::Remove(a)]);
+        assert!(b.lease_of(mac(7)).is_none());
+        b.check_invariants().unwrap();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Offer { mac: u8, requested: Option<u8> },
+        Bind { mac: u8, ip: u8 },
+        Release { mac: u8, ip: u8 },
+        Decline { mac: u8, ip: u8 },
+        Cancel { mac: u8 },
+        Expire,
+        Advance { secs: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Addresses .9-.14 and .50-.51 cover outside-pool, pool, reserved-in-pool and
+        // reserved-outside-pool; MACs 0-6 include the three reserving ones.
+        let addr = prop_oneof![9u8..=14, 50u8..=51];
+        prop_oneof![
+            (0u8..7, proptest::option::of(addr.clone()))
+                .prop_map(|(mac, requested)| Op::Offer { mac, requested }),
+            (0u8..7, addr.clone()).prop_map(|(mac, ip)| Op::Bind { mac, ip }),
+            (0u8..7, addr.clone()).prop_map(|(mac, ip)| Op::Release { mac, ip }),
+            (0u8..7, addr).prop_map(|(mac, ip)| Op::Decline { mac, ip }),
+            (0u8..7).prop_map(|mac| Op::Cancel { mac }),
+            Just(Op::Expire),
+            (0u64..4000).prop_map(|secs| Op::Advance { secs }),
+        ]
+    }
+
+    /// The address the book just gave `m` was allowed under the state before the operation.
+    fn assert_grant_allowed(before: &LeaseBook, m: Mac, a: Ipv4Addr, now: SystemTime) {
+        if let Some(owners) = before.owners_by_ip.get(&a) {
+            assert!(owners.contains(&m), "reserved {a} given to {m}");
+        }
+        if let Some(l) = before.get(a) {
+            assert!(!l.is_quarantined(now), "quarantined {a} given to {m}");
+            assert!(
+                !(l.is_held(now) && l.mac != m),
+                "{a} held by {} given to {m}",
+                l.mac
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn lease_book_invariants_hold_over_random_operations(ops in proptest::collection::vec(op(), 1..80)) {
+            let mut b = LeaseBook::new(cfg());
+            let mut now = t(0);
+            for op in ops {
+                let before = b.clone();
+                match op {
+                    Op::Offer { mac: m, requested } => {
+                        if let Ok((a, _)) = b.offer(mac(m), net(), Some(pool()), requested.map(ip), now) {
+                            assert_grant_allowed(&before, mac(m), a, now);
+                            prop_assert_eq!(b.holder(a, now), Some(mac(m)));
+                        }
+                    }
+                    Op::Bind { mac: m, ip: i } => {
+                        if b.bind(mac(m), ip(i), LEASE, now).is_ok() {
+                            assert_grant_allowed(&before, mac(m), ip(i), now);
+                            prop_assert_eq!(b.holder(ip(i), now), Some(mac(m)));
+                        }
+                    }
+                    Op::Release { mac: m, ip: i } => {
+                        if b.release(mac(m), ip(i), now).is_ok() {
+                            prop_assert_eq!(before.holder(ip(i), now), Some(mac(m)));
+                            prop_assert_eq!(b.holder(ip(i), now), None);
+                        }
+                    }
+                    Op::Decline { mac: m, ip: i } => {
+                        if b.decline(mac(m), ip(i), now).is_ok() {
+                            prop_assert_eq!(before.holder(ip(i), now), Some(mac(m)));
+                            prop_assert!(b.get(ip(i)).unwrap().is_quarantined(now));
+                        }
+                    }
+                    Op::Cancel { mac: m } => { b.cancel_offer(mac(m)); }
+                    Op::Expire => { b.expire(now); }
+                    Op::Advance { secs } => now += Duration::from_secs(secs),
+                }
+                if let Err(e) = b.check_invariants() {
+                    prop_assert!(false, "{}", e);
+                }
+                // No MAC holds two addresses; no address is held by a MAC it is reserved against.
+                let mut holders = BTreeSet::new();
+                for l in b.iter().filter(|l| l.is_held(now)) {
+                    prop_assert!(holders.insert(l.mac), "{} holds two addresses", l.mac);
+                    if let Some(owners) = b.owners_by_ip.get(&l.ip) {
+                        prop_assert!(owners.contains(&l.mac));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn restore_of_any_records_yields_a_consistent_book(
+            recs in proptest::collection::vec((0u8..7, prop_oneof![9u8..=14, 50u8..=51], 0u8..4, 0u64..500), 0..20)
+        ) {
+            let records = recs.into_iter().map(|(m, i, s, e)| Lease {
+                ip: ip(i),
+                mac: mac(m),
+                state: [LeaseState::Offered, LeaseState::Bound, LeaseState::Released, LeaseState::Quarantined][usize::from(s)],
+                expires: t(e),
+            });
+            let (b, _) = LeaseBook::restore(cfg(), records);
+            if let Err(e) = b.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+        }
+    }
+}
