@@ -7,3 +7,4 @@
 pub mod cli;
 pub mod inventory;
 pub mod store;
+pub mod talos;
