@@ -14,6 +14,7 @@ pub mod http;
 pub mod inventory;
 pub mod machineconfig;
 pub mod store;
+pub mod talos;
 pub mod tftp;
 
 /// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never

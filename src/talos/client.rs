@@ -1,0 +1,897 @@
+//! The tonic client for the Talos API (apid, TCP 50000).
+//!
+//! Two ways in, matching the two lives of a node:
+//! * **maintenance** ([`TalosClient::maintenance`]): TLS with ALPN h2, the server certificate
+//!   *not* verified (it comes from a throwaway CA made at boot), no client certificate. The
+//!   node treats us as `os:reader`: enough to read hardware facts and apply a config.
+//! * **secured** ([`TalosClient::secured`]): mutual TLS with the admin certificate, the
+//!   server verified against the cluster's OS CA.
+//!
+//! [`TalosClient::with_node`] sets the single-valued `node` header, so the endpoint dialled
+//! relays the call to another node (`talosctl -e <cp> -n <node>`). The one-to-many `nodes`
+//! header is never used: its per-node errors hide in OK replies. Replies are still checked for
+//! `metadata.error`, in case a proxy put one there.
+//!
+//! Every call has a deadline (sent as `grpc-timeout` and enforced locally, including while a
+//! stream is read). Idempotent calls are retried with backoff ([`super::retry`]); apply,
+//! bootstrap, reset and reboot are made exactly once.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use prost::Message;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::api::common;
+use super::api::cosi::resource as cosi;
+use super::api::machine::{
+    self, ApplyConfigurationRequest, BootstrapRequest, EtcdMemberListRequest, RebootRequest,
+    ResetPartitionSpec, ResetRequest, apply_configuration_request, machine_service_client,
+    reboot_request, reset_request,
+};
+use super::api::storage::{self, storage_service_client};
+use super::api::talos::resource::definitions::{block, hardware};
+use super::archive;
+use super::error::{CallContext, Rpc, TalosError, Target, classify, classify_code};
+use super::retry::{RetryPolicy, retry_idempotent};
+use super::tls::{MaintenanceVerifier, check_cert_pem, check_key_pem, normalize_key_pem};
+use super::{APID_PORT, MAX_MESSAGE_SIZE};
+
+/// The gRPC metadata key apid reads to relay a call to one other node.
+pub const NODE_HEADER: &str = "node";
+
+/// Admin client credentials: the cluster OS CA certificate (to verify nodes) and a client
+/// certificate/key pair signed by it (roles in the Organization, e.g. `os:admin`). All PEM;
+/// the key may use Talos's `ED25519 PRIVATE KEY` label.
+#[derive(Clone)]
+pub struct ClientCreds {
+    /// PEM of the cluster OS CA certificate.
+    pub ca_pem: Vec<u8>,
+    /// PEM of the client certificate.
+    pub crt_pem: Vec<u8>,
+    /// PEM of the client private key. Never printed.
+    pub key_pem: Vec<u8>,
+}
+
+impl fmt::Debug for ClientCreds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCreds")
+            .field("ca_pem", &format_args!("<{} bytes>", self.ca_pem.len()))
+            .field("crt_pem", &format_args!("<{} bytes>", self.crt_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Per-call deadlines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// TCP connect plus TLS handshake.
+    pub connect: Duration,
+    /// Any unary call.
+    pub call: Duration,
+    /// The Kubeconfig stream, read to the end.
+    pub kubeconfig: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(10),
+            call: Duration::from_secs(30),
+            kubeconfig: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Which of the two TLS setups a client uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Security {
+    /// No verification, no client certificate: a node in maintenance mode.
+    Maintenance,
+    /// mTLS with the admin certificate, server verified against the OS CA.
+    Secured,
+}
+
+/// What ApplyConfiguration reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// The mode the node actually used; `None` if it named a mode newer than our protos.
+    pub mode: Option<apply_configuration_request::Mode>,
+    /// Human-readable explanation from the node.
+    pub mode_details: String,
+    /// Config validation warnings.
+    pub warnings: Vec<String>,
+}
+
+/// A disk as COSI `Disks.block.talos.dev` describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CosiDisk {
+    /// Resource id: the kernel device name (`sda`, `nvme0n1`).
+    pub id: String,
+    /// The typed spec.
+    pub spec: block::DiskSpec,
+}
+
+/// A connection to one Talos apid endpoint (optionally relaying to another node). Cheap to
+/// clone; clones share the HTTP/2 connection.
+#[derive(Clone)]
+pub struct TalosClient {
+    channel: Channel,
+    endpoint: SocketAddr,
+    security: Security,
+    node: Option<(String, MetadataValue<tonic::metadata::Ascii>)>,
+    deadlines: Deadlines,
+    retry: RetryPolicy,
+}
+
+impl fmt::Debug for TalosClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TalosClient")
+            .field("endpoint", &self.endpoint)
+            .field("security", &self.security)
+            .field("node", &self.node.as_ref().map(|(n, _)| n))
+            .field("deadlines", &self.deadlines)
+            .finish()
+    }
+}
+
+/// `ip:50000` for a node address.
+pub fn apid_addr(ip: std::net::IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, APID_PORT)
+}
+
+fn endpoint_for(addr: SocketAddr, deadlines: &Deadlines) -> Result<Endpoint, TalosError> {
+    // `https://` plus the TLS config below; the IP literal becomes the TLS server name, so a
+    // configured node's certificate must carry that IP as a SAN (Talos adds node addresses).
+    let uri = format!("https://{addr}");
+    Endpoint::from_shared(uri)
+        .map(|e| e.connect_timeout(deadlines.connect))
+        .map_err(|_| TalosError::InvalidNode {
+            node: addr.to_string(),
+            reason: "not usable as an https endpoint address",
+        })
+}
+
+impl TalosClient {
+    /// A client for a node in maintenance mode at `addr` (usually `ip:50000`). No connection
+    /// is made until the first call.
+    pub fn maintenance(addr: SocketAddr) -> Result<Self, TalosError> {
+        let deadlines = Deadlines::default();
+        let tls = ClientTlsConfig::new().timeout(deadlines.connect);
+        let endpoint = endpoint_for(addr, &deadlines)?
+            .tls_config_with_verifier(tls, MaintenanceVerifier::new())
+            .map_err(|e| TalosError::TlsHandshake {
+                target: Target {
+                    endpoint: addr,
+                    node: None,
+                },
+                detail: e.to_string(),
+            })?;
+        Ok(Self::from_channel(
+            endpoint.connect_lazy(),
+            addr,
+            Security::Maintenance,
+            deadlines,
+        ))
+    }
+
+    /// A client for a configured node at `addr`, authenticated with `creds`.
+    pub fn secured(addr: SocketAddr, creds: &ClientCreds) -> Result<Self, TalosError> {
+        check_cert_pem("CA certificate", &creds.ca_pem)?;
+        check_cert_pem("client certificate", &creds.crt_pem)?;
+        let key = normalize_key_pem(&creds.key_pem);
+        check_key_pem(&key)?;
+
+        let deadlines = Deadlines::default();
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&creds.ca_pem))
+            .identity(Identity::from_pem(&creds.crt_pem, key))
+            .timeout(deadlines.connect);
+        let endpoint = endpoint_for(addr, &deadlines)?
+            .tls_config(tls)
+            .map_err(|e| TalosError::Credentials {
+                what: "client certificate",
+                reason: format!("rejected by the TLS stack: {e}"),
+            })?;
+        Ok(Self::from_channel(
+            endpoint.connect_lazy(),
+            addr,
+            Security::Secured,
+            deadlines,
+        ))
+    }
+
+    fn from_channel(
+        channel: Channel,
+        endpoint: SocketAddr,
+        security: Security,
+        deadlines: Deadlines,
+    ) -> Self {
+        Self {
+            channel,
+            endpoint,
+            security,
+            node: None,
+            deadlines,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// The same connection, with every call relayed by the endpoint to `node` (a bare IP
+    /// address or hostname, as apid wants it). Maintenance-mode nodes ignore the header.
+    pub fn with_node(&self, node: &str) -> Result<Self, TalosError> {
+        let value = validate_node(node)?;
+        Ok(Self {
+            node: Some((node.to_owned(), value)),
+            ..self.clone()
+        })
+    }
+
+    /// Replaces the deadlines for calls made from now on (the connect deadline applies to
+    /// clients built afterwards, as the endpoint is fixed at construction).
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// Replaces the retry policy of idempotent calls.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The endpoint dialled.
+    pub fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    /// Which TLS setup this client uses.
+    pub fn security(&self) -> Security {
+        self.security
+    }
+
+    /// Where calls go, for messages.
+    pub fn target(&self) -> Target {
+        Target {
+            endpoint: self.endpoint,
+            node: self.node.as_ref().map(|(n, _)| n.clone()),
+        }
+    }
+
+    fn ctx(&self, rpc: Rpc, deadline: Duration) -> CallContext {
+        CallContext {
+            target: self.target(),
+            rpc,
+            maintenance: self.security == Security::Maintenance,
+            deadline,
+        }
+    }
+
+    fn request<T>(&self, msg: T, deadline: Duration) -> Request<T> {
+        let mut req = Request::new(msg);
+        req.set_timeout(deadline);
+        if let Some((_, value)) = &self.node {
+            req.metadata_mut().insert(NODE_HEADER, value.clone());
+        }
+        req
+    }
+
+    fn machine(&self) -> machine_service_client::MachineServiceClient<Channel> {
+        machine_service_client::MachineServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    fn storage(&self) -> storage_service_client::StorageServiceClient<Channel> {
+        storage_service_client::StorageServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    fn cosi(&self) -> cosi::state_client::StateClient<Channel> {
+        cosi::state_client::StateClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    /// Runs one unary call under the deadline and maps its failure.
+    async fn once<T, Fut>(&self, rpc: Rpc, deadline: Duration, fut: Fut) -> Result<T, TalosError>
+    where
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let ctx = self.ctx(rpc, deadline);
+        match tokio::time::timeout(deadline, fut).await {
+            Err(_) => Err(TalosError::Timeout {
+                target: ctx.target,
+                rpc,
+                after: deadline,
+            }),
+            Ok(Err(status)) => {
+                let err = classify(&status, &ctx);
+                tracing::debug!(rpc = rpc.path(), target = %ctx.target, code = ?status.code(), error = %err, "talos call failed");
+                Err(err)
+            }
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+        }
+    }
+
+    /// Runs an idempotent call with the retry policy.
+    async fn idempotent<T, F, Fut>(&self, rpc: Rpc, op: F) -> Result<T, TalosError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, TalosError>>,
+    {
+        debug_assert!(rpc.idempotent());
+        retry_idempotent(self.retry, rpc.path(), op).await
+    }
+
+    /// `Version`: the Talos version the node runs. Works in maintenance mode, so it doubles as
+    /// the maintenance probe.
+    pub async fn version(&self) -> Result<machine::Version, TalosError> {
+        let rpc = Rpc::Version;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let resp = self
+                .once(rpc, d, self.machine().version(self.request((), d)))
+                .await?;
+            single(
+                self.check_entries(rpc, d, resp.messages)?,
+                &self.ctx(rpc, d),
+            )
+        })
+        .await
+    }
+
+    /// `storage.Disks`: the node's disks (legacy API, served in maintenance mode too).
+    pub async fn disks(&self) -> Result<Vec<storage::Disk>, TalosError> {
+        let rpc = Rpc::Disks;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let resp = self
+                .once(rpc, d, self.storage().disks(self.request((), d)))
+                .await?;
+            let entry = single(
+                self.check_entries(rpc, d, resp.messages)?,
+                &self.ctx(rpc, d),
+            )?;
+            Ok(entry.disks)
+        })
+        .await
+    }
+
+    /// COSI `hardware/SystemInformations.hardware.talos.dev/systeminformation`: SMBIOS facts
+    /// (the system UUID identifies a machine across reinstalls).
+    pub async fn system_information(&self) -> Result<hardware::SystemInformationSpec, TalosError> {
+        let res = self
+            .cosi_get(
+                "hardware",
+                "SystemInformations.hardware.talos.dev",
+                "systeminformation",
+            )
+            .await?;
+        let ctx = self.ctx(Rpc::CosiGet, self.deadlines.call);
+        decode_spec(&res, &ctx)
+    }
+
+    /// COSI `runtime/Disks.block.talos.dev`: the disks with the fields the disk selector
+    /// matches on (transport, rotational, wwid, ...).
+    pub async fn cosi_disks(&self) -> Result<Vec<CosiDisk>, TalosError> {
+        let resources = self.cosi_list("runtime", "Disks.block.talos.dev").await?;
+        let ctx = self.ctx(Rpc::CosiList, self.deadlines.call);
+        resources
+            .iter()
+            .map(|r| {
+                Ok(CosiDisk {
+                    id: r
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.id.clone())
+                        .unwrap_or_default(),
+                    spec: decode_spec(r, &ctx)?,
+                })
+            })
+            .collect()
+    }
+
+    /// COSI `State.Get` of one resource. `NotFound` comes back as `Remote { code: NotFound }`.
+    pub async fn cosi_get(
+        &self,
+        namespace: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<cosi::Resource, TalosError> {
+        let rpc = Rpc::CosiGet;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let req = cosi::GetRequest {
+                namespace: namespace.to_owned(),
+                r#type: kind.to_owned(),
+                id: id.to_owned(),
+                options: Some(cosi::GetOptions {}),
+            };
+            let resp = self
+                .once(rpc, d, self.cosi().get(self.request(req, d)))
+                .await?;
+            resp.resource
+                .ok_or_else(|| malformed(&self.ctx(rpc, d), "no resource in reply"))
+        })
+        .await
+    }
+
+    /// COSI `State.List` of every resource of a type.
+    pub async fn cosi_list(
+        &self,
+        namespace: &str,
+        kind: &str,
+    ) -> Result<Vec<cosi::Resource>, TalosError> {
+        let rpc = Rpc::CosiList;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let req = cosi::ListRequest {
+                namespace: namespace.to_owned(),
+                r#type: kind.to_owned(),
+                options: Some(cosi::ListOptions::default()),
+            };
+            let ctx = self.ctx(rpc, d);
+            let drain = async {
+                let mut stream = self.cosi().list(self.request(req, d)).await?.into_inner();
+                let mut out = Vec::new();
+                while let Some(item) = stream.message().await? {
+                    if let Some(r) = item.resource {
+                        out.push(r);
+                    }
+                }
+                Ok::<_, Status>(Response::new(out))
+            };
+            self.once(rpc, ctx.deadline, drain).await
+        })
+        .await
+    }
+
+    /// `ApplyConfiguration` with mode AUTO (never the zero value REBOOT, which Talos v1.14
+    /// refuses on configured nodes) and no dry run. Made exactly once: a lost reply does not
+    /// mean the config was not applied.
+    pub async fn apply_configuration(&self, config: &[u8]) -> Result<ApplyOutcome, TalosError> {
+        let rpc = Rpc::ApplyConfiguration;
+        let d = self.deadlines.call;
+        let req = ApplyConfigurationRequest {
+            data: config.to_vec(),
+            mode: apply_configuration_request::Mode::Auto as i32,
+            dry_run: false,
+            try_mode_timeout: None,
+        };
+        let resp = self
+            .once(
+                rpc,
+                d,
+                self.machine().apply_configuration(self.request(req, d)),
+            )
+            .await?;
+        let entry = single(
+            self.check_entries(rpc, d, resp.messages)?,
+            &self.ctx(rpc, d),
+        )?;
+        Ok(ApplyOutcome {
+            mode: apply_configuration_request::Mode::try_from(entry.mode).ok(),
+            mode_details: entry.mode_details,
+            warnings: entry.warnings,
+        })
+    }
+
+    /// `Bootstrap`: start etcd on this (first control-plane) node. Made exactly once;
+    /// a second call answers [`TalosError::AlreadyBootstrapped`], which callers treat as done.
+    pub async fn bootstrap(&self) -> Result<(), TalosError> {
+        let rpc = Rpc::Bootstrap;
+        let d = self.deadlines.call;
+        let resp = self
+            .once(
+                rpc,
+                d,
+                self.machine()
+                    .bootstrap(self.request(BootstrapRequest::default(), d)),
+            )
+            .await?;
+        single(
+            self.check_entries(rpc, d, resp.messages)?,
+            &self.ctx(rpc, d),
+        )?;
+        Ok(())
+    }
+
+    /// `Kubeconfig`: reads the stream to the end under one deadline, joins the chunks and
+    /// unpacks the `kubeconfig` file from the `.tar.gz` Talos sends. Each call mints a new
+    /// client certificate on the node, so repeating it is harmless.
+    pub async fn kubeconfig(&self) -> Result<Vec<u8>, TalosError> {
+        let rpc = Rpc::Kubeconfig;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.kubeconfig;
+            let ctx = self.ctx(rpc, d);
+            let drain = async {
+                let stream: Streaming<common::Data> = self
+                    .machine()
+                    .kubeconfig(self.request((), d))
+                    .await?
+                    .into_inner();
+                collect_data(stream).await.map(Response::new)
+            };
+            let chunks = self.once(rpc, d, drain).await?;
+            let chunks = self.check_entries(rpc, d, chunks)?;
+            let bytes: Vec<u8> = chunks.into_iter().flat_map(|c| c.bytes).collect();
+            archive::kubeconfig_from_archive(&bytes).map_err(|e| malformed(&ctx, &e.to_string()))
+        })
+        .await
+    }
+
+    /// `Reset`: wipe the STATE and EPHEMERAL volumes (config and etcd/kubelet data; the node
+    /// comes back in maintenance mode), then reboot (`reboot = true`) or power off.
+    /// `graceful` makes the node leave etcd first; use false for a broken or one-node
+    /// cluster. Made exactly once.
+    pub async fn reset(&self, graceful: bool, reboot: bool) -> Result<(), TalosError> {
+        let rpc = Rpc::Reset;
+        let d = self.deadlines.call;
+        let req = ResetRequest {
+            graceful,
+            reboot,
+            system_partitions_to_wipe: ["STATE", "EPHEMERAL"]
+                .into_iter()
+                .map(|label| ResetPartitionSpec {
+                    label: label.to_owned(),
+                    wipe: true,
+                })
+                .collect(),
+            user_disks_to_wipe: Vec::new(),
+            // Only the listed system volumes: never touch user disks.
+            mode: reset_request::WipeMode::SystemDisk as i32,
+        };
+        let resp = self
+            .once(rpc, d, self.machine().reset(self.request(req, d)))
+            .await?;
+        single(
+            self.check_entries(rpc, d, resp.messages)?,
+            &self.ctx(rpc, d),
+        )?;
+        Ok(())
+    }
+
+    /// `Reboot` (default mode: graceful). Made exactly once.
+    pub async fn reboot(&self) -> Result<(), TalosError> {
+        let rpc = Rpc::Reboot;
+        let d = self.deadlines.call;
+        let req = RebootRequest {
+            mode: reboot_request::Mode::Default as i32,
+        };
+        let resp = self
+            .once(rpc, d, self.machine().reboot(self.request(req, d)))
+            .await?;
+        single(
+            self.check_entries(rpc, d, resp.messages)?,
+            &self.ctx(rpc, d),
+        )?;
+        Ok(())
+    }
+
+    /// `ServiceList`: the node's services and their health.
+    pub async fn service_list(&self) -> Result<Vec<machine::ServiceInfo>, TalosError> {
+        let rpc = Rpc::ServiceList;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let resp = self
+                .once(rpc, d, self.machine().service_list(self.request((), d)))
+                .await?;
+            let entry = single(
+                self.check_entries(rpc, d, resp.messages)?,
+                &self.ctx(rpc, d),
+            )?;
+            Ok(entry.services)
+        })
+        .await
+    }
+
+    /// `EtcdMemberList` (control planes only): the etcd members this node sees.
+    pub async fn etcd_member_list(&self) -> Result<Vec<machine::EtcdMember>, TalosError> {
+        let rpc = Rpc::EtcdMemberList;
+        self.idempotent(rpc, || async move {
+            let d = self.deadlines.call;
+            let req = EtcdMemberListRequest { query_local: false };
+            let resp = self
+                .once(
+                    rpc,
+                    d,
+                    self.machine().etcd_member_list(self.request(req, d)),
+                )
+                .await?;
+            let entry = single(
+                self.check_entries(rpc, d, resp.messages)?,
+                &self.ctx(rpc, d),
+            )?;
+            Ok(entry.members)
+        })
+        .await
+    }
+
+    /// Fails if any reply entry carries `metadata.error` (the way apid reports a per-node
+    /// failure inside an OK reply), mapping it like a real status.
+    fn check_entries<T: HasMetadata>(
+        &self,
+        rpc: Rpc,
+        deadline: Duration,
+        entries: Vec<T>,
+    ) -> Result<Vec<T>, TalosError> {
+        let ctx = self.ctx(rpc, deadline);
+        for entry in &entries {
+            if let Some(err) = entry_error(entry.metadata(), &ctx) {
+                return Err(err);
+            }
+        }
+        Ok(entries)
+    }
+}
+
+/// Reads a `common.Data` stream to its end.
+async fn collect_data(mut stream: Streaming<common::Data>) -> Result<Vec<common::Data>, Status> {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.message().await? {
+        total = total.saturating_add(chunk.bytes.len());
+        if total > MAX_MESSAGE_SIZE {
+            return Err(Status::resource_exhausted(
+                "kubeconfig stream larger than 32 MiB",
+            ));
+        }
+        out.push(chunk);
+    }
+    Ok(out)
+}
+
+/// Checks a `node` header value the way apid will: one bare address or hostname, no port.
+fn validate_node(node: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, TalosError> {
+    let reject = |reason| TalosError::InvalidNode {
+        node: node.to_owned(),
+        reason,
+    };
+    if node.is_empty() {
+        return Err(reject("empty"));
+    }
+    if node.parse::<SocketAddr>().is_ok()
+        || (node.contains(':') && node.parse::<std::net::IpAddr>().is_err())
+    {
+        return Err(reject(
+            "apid wants a bare address or hostname, without a port (\"invalid target\")",
+        ));
+    }
+    if node.contains(',') || node.chars().any(|c| c.is_whitespace()) {
+        return Err(reject(
+            "exactly one node per call (the `node` header is single-valued)",
+        ));
+    }
+    MetadataValue::try_from(node).map_err(|_| reject("not printable ASCII"))
+}
+
+/// Reply entries that carry `common.Metadata` in field 1.
+trait HasMetadata {
+    fn metadata(&self) -> Option<&common::Metadata>;
+}
+
+macro_rules! has_metadata {
+    ($($t:ty),* $(,)?) => {
+        $(impl HasMetadata for $t {
+            fn metadata(&self) -> Option<&common::Metadata> {
+                self.metadata.as_ref()
+            }
+        })*
+    };
+}
+
+has_metadata!(
+    machine::Version,
+    machine::ApplyConfiguration,
+    machine::Bootstrap,
+    machine::Reset,
+    machine::Reboot,
+    machine::ServiceList,
+    machine::EtcdMembers,
+    storage::Disks,
+    common::Data,
+);
+
+fn entry_error(meta: Option<&common::Metadata>, ctx: &CallContext) -> Option<TalosError> {
+    let meta = meta?;
+    if meta.error.is_empty() && meta.status.as_ref().is_none_or(|s| s.code == 0) {
+        return None;
+    }
+    let code = meta
+        .status
+        .as_ref()
+        .map(|s| tonic::Code::from_i32(s.code))
+        .filter(|c| *c != tonic::Code::Ok)
+        .unwrap_or(tonic::Code::Unknown);
+    let message = if meta.error.is_empty() {
+        meta.status
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_default()
+    } else {
+        meta.error.clone()
+    };
+    let mut ctx = ctx.clone();
+    if !meta.hostname.is_empty() {
+        ctx.target.node = Some(meta.hostname.clone());
+    }
+    Some(classify_code(code, &message, &ctx))
+}
+
+/// Single-node calls get exactly one entry back; anything else is not what Talos sends.
+fn single<T>(mut entries: Vec<T>, ctx: &CallContext) -> Result<T, TalosError> {
+    match entries.len() {
+        1 => Ok(entries.remove(0)),
+        0 => Err(malformed(ctx, "the reply holds no entry")),
+        n => Err(malformed(
+            ctx,
+            &format!("the reply holds {n} entries for a single-node call"),
+        )),
+    }
+}
+
+fn malformed(ctx: &CallContext, detail: &str) -> TalosError {
+    TalosError::Malformed {
+        target: ctx.target.clone(),
+        rpc: ctx.rpc,
+        detail: detail.to_owned(),
+    }
+}
+
+/// Decodes a COSI resource's typed spec from `proto_spec`.
+fn decode_spec<T: Message + Default>(
+    res: &cosi::Resource,
+    ctx: &CallContext,
+) -> Result<T, TalosError> {
+    let spec = res
+        .spec
+        .as_ref()
+        .ok_or_else(|| malformed(ctx, "resource without spec"))?;
+    T::decode(spec.proto_spec.as_slice())
+        .map_err(|e| malformed(ctx, &format!("cannot decode proto_spec: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::talos::api::google::rpc;
+
+    fn ctx() -> CallContext {
+        CallContext {
+            target: Target {
+                endpoint: "10.0.0.5:50000".parse().unwrap(),
+                node: None,
+            },
+            rpc: Rpc::Bootstrap,
+            maintenance: false,
+            deadline: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn node_header_values() {
+        assert!(validate_node("10.0.0.7").is_ok());
+        assert!(validate_node("fd00::7").is_ok());
+        assert!(validate_node("worker-1").is_ok());
+        for bad in [
+            "",
+            "10.0.0.7:50000",
+            "[fd00::7]:50000",
+            "a,b",
+            "a b",
+            "host:50000",
+        ] {
+            assert!(
+                matches!(validate_node(bad), Err(TalosError::InvalidNode { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn metadata_error_inside_an_ok_reply_is_an_error() {
+        let meta = common::Metadata {
+            hostname: "10.0.0.7".into(),
+            error: "etcd data directory is not empty".into(),
+            status: Some(rpc::Status {
+                code: tonic::Code::AlreadyExists as i32,
+                message: "etcd data directory is not empty".into(),
+                details: vec![],
+            }),
+        };
+        let err = entry_error(Some(&meta), &ctx()).unwrap();
+        match err {
+            TalosError::AlreadyBootstrapped { target, .. } => {
+                assert_eq!(target.node.as_deref(), Some("10.0.0.7"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(entry_error(Some(&common::Metadata::default()), &ctx()).is_none());
+        assert!(entry_error(None, &ctx()).is_none());
+    }
+
+    #[test]
+    fn metadata_error_without_status_is_unknown_remote() {
+        let meta = common::Metadata {
+            hostname: String::new(),
+            error: "boom".into(),
+            status: None,
+        };
+        assert!(matches!(
+            entry_error(Some(&meta), &ctx()),
+            Some(TalosError::Remote {
+                code: tonic::Code::Unknown,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn single_entry_is_required() {
+        assert_eq!(single(vec![1], &ctx()).unwrap(), 1);
+        assert!(matches!(
+            single(Vec::<u8>::new(), &ctx()),
+            Err(TalosError::Malformed { .. })
+        ));
+        assert!(matches!(
+            single(vec![1, 2], &ctx()),
+            Err(TalosError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn creds_debug_redacts_the_key() {
+        let creds = ClientCreds {
+            ca_pem: b"ca".to_vec(),
+            crt_pem: b"crt".to_vec(),
+            key_pem: b"super-secret-key".to_vec(),
+        };
+        let dbg = format!("{creds:?}");
+        assert!(!dbg.contains("super-secret"), "{dbg}");
+        assert!(dbg.contains("redacted"), "{dbg}");
+    }
+
+    #[test]
+    fn apply_request_mode_is_auto_on_the_wire() {
+        // The zero value (REBOOT) is omitted on the wire; AUTO must be encoded as field 4 = 1.
+        let req = ApplyConfigurationRequest {
+            data: b"x".to_vec(),
+            mode: apply_configuration_request::Mode::Auto as i32,
+            dry_run: false,
+            try_mode_timeout: None,
+        };
+        let bytes = req.encode_to_vec();
+        // field 1 (bytes, len 1, "x"), then field 4 varint 1.
+        assert_eq!(bytes, vec![0x0a, 0x01, b'x', 0x20, 0x01]);
+    }
+
+    #[test]
+    fn cosi_spec_decodes_from_proto_spec() {
+        let spec = hardware::SystemInformationSpec {
+            uuid: "4c4c4544-0033".into(),
+            manufacturer: "Dell".into(),
+            ..Default::default()
+        };
+        let res = cosi::Resource {
+            metadata: None,
+            spec: Some(cosi::Spec {
+                proto_spec: spec.encode_to_vec(),
+                yaml_spec: String::new(),
+            }),
+        };
+        let mut c = ctx();
+        c.rpc = Rpc::CosiGet;
+        let back: hardware::SystemInformationSpec = decode_spec(&res, &c).unwrap();
+        assert_eq!(back, spec);
+        let empty = cosi::Resource::default();
+        assert!(matches!(
+            decode_spec::<hardware::SystemInformationSpec>(&empty, &c),
+            Err(TalosError::Malformed { .. })
+        ));
+    }
+}

@@ -1,0 +1,1500 @@
+//! A strict fake Talos node for integration tests, built from talboot's own protos and
+//! behaving as Talos v1.13 does where talboot can observe it.
+//!
+//! Life of a fake node (each on its own loopback address, port 50000 like apid):
+//! * **Maintenance**: TLS from a throwaway self-signed CA made at every boot, ALPN h2
+//!   required, no client certificate asked for, every caller is `os:reader`, `node` headers
+//!   ignored. Version, Disks, ServiceList and COSI reads work; Bootstrap, Kubeconfig, Reset and
+//!   Reboot are refused with PermissionDenied "not authorized". ApplyConfiguration is allowed
+//!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
+//!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
+//! * After a full config is applied the node "installs" and "reboots": the listener goes away
+//!   and comes back **Secured**, with a server certificate from the cluster OS CA in
+//!   `machine.ca` (workers hold no CA key and get theirs from a control plane, as trustd
+//!   does). The handshake now requires a client certificate signed by that CA with
+//!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
+//!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
+//!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
+//!   then answers AlreadyExists; Kubeconfig streams a `.tar.gz` in several chunks; Reset of
+//!   STATE+EPHEMERAL sends the node back to maintenance.
+//!
+//! Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use base64::Engine as _;
+use prost::Message;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server};
+use tonic::{Request, Response, Status};
+
+use talboot::talos::api::common;
+use talboot::talos::api::cosi::resource as cosi;
+use talboot::talos::api::machine::{
+    self, machine_service_server::MachineService, machine_service_server::MachineServiceServer,
+};
+use talboot::talos::api::storage::{
+    self, storage_service_server::StorageService, storage_service_server::StorageServiceServer,
+};
+use talboot::talos::api::talos::resource::definitions::{block, hardware};
+use talboot::talos::archive::kubeconfig_archive;
+
+use super::pki::{self, CertKey, TestCa};
+
+/// apid's port; every fake node listens on its own IP at this port.
+pub const APID_PORT: u16 = 50000;
+
+/// The Talos version the double claims to run.
+pub const TALOS_TAG: &str = "v1.13.9";
+
+/// What a fake node looks like from outside.
+#[derive(Clone, Debug)]
+pub struct FakeNodeConfig {
+    /// Its own loopback address (127.x.y.z); it listens on `ip:50000`.
+    pub ip: IpAddr,
+    /// Hostname (also registered as a `node` target).
+    pub hostname: String,
+    /// What `storage.Disks` and COSI `Disks.block.talos.dev` report.
+    pub disks: Vec<storage::Disk>,
+    /// SMBIOS system UUID (COSI SystemInformation).
+    pub system_uuid: String,
+    /// When set, TCP connections from any other source address are reset at once: the node
+    /// is only reachable through that peer (e.g. a worker behind its control plane).
+    pub accept_only_from: Option<IpAddr>,
+}
+
+impl FakeNodeConfig {
+    /// A node with one 100 GB SSD `sda` and a UUID derived from its address.
+    pub fn new(ip: IpAddr, hostname: &str) -> Self {
+        let octets = match ip {
+            IpAddr::V4(v4) => v4.octets(),
+            IpAddr::V6(_) => [0, 0, 0, 0],
+        };
+        Self {
+            ip,
+            hostname: hostname.to_owned(),
+            disks: vec![storage::Disk {
+                size: 100_000_000_000,
+                model: "QEMU HARDDISK".into(),
+                device_name: "sda".into(),
+                serial: format!("SN-{hostname}"),
+                wwid: format!(
+                    "naa.5000c500{:02x}{:02x}{:02x}{:02x}",
+                    octets[0], octets[1], octets[2], octets[3]
+                ),
+                r#type: storage::disk::DiskType::Ssd as i32,
+                bus_path: "/pci0000:00/0000:00:05.0/virtio2/host2/target2:0:0/2:0:0:0".into(),
+                subsystem: "/sys/class/block".into(),
+                ..Default::default()
+            }],
+            system_uuid: format!(
+                "00000000-0000-4000-8000-{:02x}{:02x}{:02x}{:02x}0000",
+                octets[0], octets[1], octets[2], octets[3]
+            ),
+            accept_only_from: None,
+        }
+    }
+
+    /// `ip:50000`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, APID_PORT)
+    }
+}
+
+/// Where a fake node is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Between listeners: starting, installing or rebooting.
+    Booting,
+    /// Serving the maintenance API.
+    Maintenance,
+    /// Serving the configured (mTLS) API.
+    Secured,
+    /// Powered off after a reset without reboot.
+    Halted,
+    /// Could not come up (the reason says why).
+    Failed(String),
+    /// Shut down by the test.
+    Stopped,
+}
+
+/// One call a node served locally (not relayed onwards).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// gRPC method name, e.g. `Disks`.
+    pub rpc: &'static str,
+    /// The roles the call ran with.
+    pub roles: Vec<String>,
+    /// Whether it arrived through another node's relay.
+    pub relayed: bool,
+}
+
+/// The registry fake nodes use to find each other (the `node` header relay, trustd).
+#[derive(Clone, Default)]
+pub struct FakeCluster {
+    inner: Arc<Mutex<ClusterInner>>,
+}
+
+#[derive(Default)]
+struct ClusterInner {
+    names: HashMap<String, IpAddr>,
+    nodes: HashMap<IpAddr, Weak<Shared>>,
+}
+
+impl FakeCluster {
+    /// An empty cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn register(&self, shared: &Arc<Shared>) {
+        let mut inner = self.inner.lock().unwrap();
+        inner
+            .names
+            .insert(shared.cfg.hostname.clone(), shared.cfg.ip);
+        inner.names.insert(shared.cfg.ip.to_string(), shared.cfg.ip);
+        inner.nodes.insert(shared.cfg.ip, Arc::downgrade(shared));
+    }
+
+    fn resolve(&self, target: &str) -> Option<IpAddr> {
+        self.inner.lock().unwrap().names.get(target).copied()
+    }
+
+    /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
+    /// server certificate for a node that holds only the CA certificate (a worker).
+    fn trustd_issue(&self, ca_cert_pem: &str, ips: &[IpAddr], names: &[&str]) -> Option<CertKey> {
+        let nodes: Vec<Arc<Shared>> = self
+            .inner
+            .lock()
+            .unwrap()
+            .nodes
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        nodes.iter().find_map(|node| {
+            let state = node.state.lock().unwrap();
+            match &*state {
+                NodeState::Installed(inst) if inst.ca_cert_pem == ca_cert_pem => {
+                    inst.os_ca.as_ref().map(|ca| ca.server(ips, names))
+                }
+                _ => None,
+            }
+        })
+    }
+}
+
+/// A config that passed the double's validation.
+#[derive(Clone, Debug)]
+struct ParsedConfig {
+    machine_type: String,
+    ca_cert_pem: String,
+    ca_key_pem: Option<String>,
+    cluster_name: String,
+    endpoint: String,
+}
+
+impl ParsedConfig {
+    fn is_control_plane(&self) -> bool {
+        matches!(self.machine_type.as_str(), "init" | "controlplane")
+    }
+}
+
+#[derive(Clone)]
+struct Installed {
+    config: ParsedConfig,
+    ca_cert_pem: String,
+    os_ca: Option<TestCa>,
+    etcd_bootstrapped: bool,
+}
+
+enum NodeState {
+    Maintenance,
+    Installed(Box<Installed>),
+    Halted,
+}
+
+enum Lifecycle {
+    Reboot,
+    Halt,
+}
+
+#[derive(Default)]
+struct Stats {
+    apply_calls: AtomicUsize,
+    bootstrap_calls: AtomicUsize,
+    kubeconfig_calls: AtomicUsize,
+    reset_calls: AtomicUsize,
+    reboot_calls: AtomicUsize,
+    last_config: Mutex<Option<String>>,
+    last_apply_mode: Mutex<Option<i32>>,
+    last_kubeconfig: Mutex<Option<Vec<u8>>>,
+    last_reset: Mutex<Option<machine::ResetRequest>>,
+    served: Mutex<Vec<Served>>,
+}
+
+struct Shared {
+    cfg: FakeNodeConfig,
+    /// Source address allowed to connect (None = anyone); read for every new connection.
+    firewall: Arc<Mutex<Option<IpAddr>>>,
+    cluster: FakeCluster,
+    state: Mutex<NodeState>,
+    phase: watch::Sender<Phase>,
+    lifecycle: mpsc::UnboundedSender<Lifecycle>,
+    stats: Stats,
+}
+
+impl Shared {
+    /// Marks the node as going down now (before the reply leaves), so a test waiting for
+    /// the next phase never sees the stale one, then tells the supervisor.
+    fn go_down(&self, what: Lifecycle) {
+        self.phase.send_replace(Phase::Booting);
+        let _ = self.lifecycle.send(what);
+    }
+
+    fn installed(&self) -> Option<Installed> {
+        match &*self.state.lock().unwrap() {
+            NodeState::Installed(i) => Some((**i).clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A running fake Talos node. Dropping it stops it; [`FakeTalosNode::shutdown`] stops it and
+/// waits until its listener is closed.
+pub struct FakeTalosNode {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    supervisor: Option<JoinHandle<()>>,
+}
+
+impl FakeTalosNode {
+    /// Starts a node in maintenance mode and returns once it accepts connections.
+    pub async fn start(cfg: FakeNodeConfig, cluster: &FakeCluster) -> Self {
+        let (phase, _) = watch::channel(Phase::Booting);
+        let (lifecycle, lifecycle_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            firewall: Arc::new(Mutex::new(cfg.accept_only_from)),
+            cfg,
+            cluster: cluster.clone(),
+            state: Mutex::new(NodeState::Maintenance),
+            phase,
+            lifecycle,
+            stats: Stats::default(),
+        });
+        cluster.register(&shared);
+        let (stop, stop_rx) = watch::channel(false);
+        let supervisor = tokio::spawn(supervise(shared.clone(), lifecycle_rx, stop_rx));
+        let node = Self {
+            shared,
+            stop,
+            supervisor: Some(supervisor),
+        };
+        node.wait_phase(Phase::Maintenance).await;
+        node
+    }
+
+    /// `ip:50000`.
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.cfg.addr()
+    }
+
+    /// The node's IP.
+    pub fn ip(&self) -> IpAddr {
+        self.shared.cfg.ip
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.shared.phase.borrow().clone()
+    }
+
+    /// Waits until the node reaches `want`; panics if it fails instead (with its reason) or
+    /// if nothing happens for a minute (a hung double must not hang the test run).
+    pub async fn wait_phase(&self, want: Phase) {
+        let mut rx = self.shared.phase.subscribe();
+        let reached = tokio::time::timeout(
+            Duration::from_secs(60),
+            rx.wait_for(|p| *p == want || matches!(p, Phase::Failed(_))),
+        )
+        .await;
+        match reached {
+            Ok(Ok(p)) if *p == want => {}
+            Ok(Ok(p)) => panic!("fake node {} failed: {:?}", self.ip(), *p),
+            Ok(Err(_)) => panic!("fake node {} supervisor is gone", self.ip()),
+            Err(_) => panic!(
+                "fake node {} never reached {want:?} (now {:?})",
+                self.ip(),
+                self.phase()
+            ),
+        }
+    }
+
+    /// From now on, reset every new TCP connection whose source is not `from` (None lifts
+    /// the restriction): the node becomes reachable only through that peer.
+    pub fn restrict_to(&self, from: Option<IpAddr>) {
+        *self.shared.firewall.lock().unwrap() = from;
+    }
+
+    /// ApplyConfiguration calls that reached the handler.
+    pub fn apply_calls(&self) -> usize {
+        self.shared.stats.apply_calls.load(Ordering::SeqCst)
+    }
+
+    /// Bootstrap calls that reached the handler.
+    pub fn bootstrap_calls(&self) -> usize {
+        self.shared.stats.bootstrap_calls.load(Ordering::SeqCst)
+    }
+
+    /// Kubeconfig calls that reached the handler.
+    pub fn kubeconfig_calls(&self) -> usize {
+        self.shared.stats.kubeconfig_calls.load(Ordering::SeqCst)
+    }
+
+    /// Reset calls that reached the handler.
+    pub fn reset_calls(&self) -> usize {
+        self.shared.stats.reset_calls.load(Ordering::SeqCst)
+    }
+
+    /// Reboot calls that reached the handler.
+    pub fn reboot_calls(&self) -> usize {
+        self.shared.stats.reboot_calls.load(Ordering::SeqCst)
+    }
+
+    /// The last accepted machine config (YAML text).
+    pub fn last_applied_config(&self) -> Option<String> {
+        self.shared.stats.last_config.lock().unwrap().clone()
+    }
+
+    /// The `mode` field of the last ApplyConfiguration request, as sent.
+    pub fn last_apply_mode(&self) -> Option<i32> {
+        *self.shared.stats.last_apply_mode.lock().unwrap()
+    }
+
+    /// The kubeconfig (file contents, before archiving) of the last Kubeconfig call.
+    pub fn last_kubeconfig(&self) -> Option<Vec<u8>> {
+        self.shared.stats.last_kubeconfig.lock().unwrap().clone()
+    }
+
+    /// The last Reset request.
+    pub fn last_reset(&self) -> Option<machine::ResetRequest> {
+        self.shared.stats.last_reset.lock().unwrap().clone()
+    }
+
+    /// Calls this node served itself, in order.
+    pub fn served(&self) -> Vec<Served> {
+        self.shared.stats.served.lock().unwrap().clone()
+    }
+
+    /// Stops the node and waits until its listener is closed.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.supervisor.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for FakeTalosNode {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// The listener side of one boot.
+struct Boot {
+    phase: Phase,
+    tls: rustls::ServerConfig,
+}
+
+/// Runs boots until stopped: each boot binds `ip:50000` with the TLS setup the node's state
+/// calls for, serves until a reboot/halt/stop, then closes everything like a power cycle.
+async fn supervise(
+    shared: Arc<Shared>,
+    mut lifecycle: mpsc::UnboundedReceiver<Lifecycle>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let boot = match boot_tls(&shared) {
+            Ok(Some(boot)) => boot,
+            Ok(None) => {
+                shared.phase.send_replace(Phase::Halted);
+                let _ = stop.wait_for(|s| *s).await;
+                shared.phase.send_replace(Phase::Stopped);
+                return;
+            }
+            Err(reason) => {
+                shared.phase.send_replace(Phase::Failed(reason));
+                let _ = stop.wait_for(|s| *s).await;
+                return;
+            }
+        };
+        let listener = match bind(shared.cfg.addr()).await {
+            Ok(l) => l,
+            Err(e) => {
+                shared
+                    .phase
+                    .send_replace(Phase::Failed(format!("bind {}: {e}", shared.cfg.addr())));
+                let _ = stop.wait_for(|s| *s).await;
+                return;
+            }
+        };
+
+        let (conn_tx, conn_rx) = mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(16);
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            TlsAcceptor::from(Arc::new(boot.tls)),
+            conn_tx,
+            shared.firewall.clone(),
+        ));
+        let api = NodeApi {
+            shared: shared.clone(),
+        };
+        let (down_tx, down_rx) = oneshot::channel::<()>();
+        let mut server = tokio::spawn(
+            Server::builder()
+                .add_service(
+                    MachineServiceServer::new(api.clone())
+                        .max_decoding_message_size(32 * 1024 * 1024),
+                )
+                .add_service(StorageServiceServer::new(api.clone()))
+                .add_service(cosi::state_server::StateServer::new(api))
+                .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
+                    let _ = down_rx.await;
+                }),
+        );
+        shared.phase.send_replace(boot.phase);
+
+        let next = tokio::select! {
+            cmd = lifecycle.recv() => cmd,
+            _ = stop.wait_for(|s| *s) => None,
+        };
+
+        // Power cycle: stop accepting (the listener closes), let replies in flight go out,
+        // then cut whatever is left.
+        accept.abort();
+        let _ = accept.await;
+        let _ = down_tx.send(());
+        if tokio::time::timeout(Duration::from_secs(5), &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
+        }
+
+        match next {
+            Some(Lifecycle::Reboot) => shared.phase.send_replace(Phase::Booting),
+            Some(Lifecycle::Halt) => {
+                shared.phase.send_replace(Phase::Halted);
+                let _ = stop.wait_for(|s| *s).await;
+                shared.phase.send_replace(Phase::Stopped);
+                return;
+            }
+            None => {
+                shared.phase.send_replace(Phase::Stopped);
+                return;
+            }
+        };
+    }
+}
+
+/// Binds `addr` with SO_REUSEADDR so a reboot can rebind while old connections sit in
+/// TIME_WAIT.
+async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(64)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    conns: mpsc::Sender<Result<TlsStream<TcpStream>, std::io::Error>>,
+    firewall: Arc<Mutex<Option<IpAddr>>>,
+) {
+    loop {
+        let Ok((tcp, peer)) = listener.accept().await else {
+            continue;
+        };
+        let only_from = *firewall.lock().unwrap();
+        if only_from.is_some_and(|allowed| allowed != peer.ip()) {
+            // A firewall that rejects: reset the connection at once.
+            let _ = tcp.set_zero_linger();
+            drop(tcp);
+            continue;
+        }
+        let acceptor = acceptor.clone();
+        let conns = conns.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            // grpc-go (hence apid) refuses clients that do not negotiate ALPN h2.
+            if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return;
+            }
+            let _ = conns.send(Ok(tls)).await;
+        });
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn server_identity(
+    ck: &CertKey,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = CertificateDer::pem_slice_iter(ck.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_slice(ck.key_pem.as_bytes()).map_err(|e| e.to_string())?;
+    Ok((chain, key))
+}
+
+/// The TLS setup for the node's current state.
+fn boot_tls(shared: &Shared) -> Result<Option<Boot>, String> {
+    let ip = shared.cfg.ip;
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let host = shared.cfg.hostname.as_str();
+    let state = shared.state.lock().unwrap();
+    let installed = match &*state {
+        NodeState::Halted => return Ok(None),
+        NodeState::Maintenance => None,
+        NodeState::Installed(i) => Some((**i).clone()),
+    };
+    drop(state);
+
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let (mut tls, phase) = match installed {
+        None => {
+            // A new throwaway CA on every maintenance boot, as Talos does.
+            let ca = TestCa::new_ca("talos-maintenance");
+            let (chain, key) = server_identity(&ca.server(&[ip, loopback], &[host]))?;
+            let tls = builder
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .map_err(|e| e.to_string())?;
+            (tls, Phase::Maintenance)
+        }
+        Some(inst) => {
+            let cert = match &inst.os_ca {
+                Some(ca) => ca.server(&[ip, loopback], &[host]),
+                None => shared
+                    .cluster
+                    .trustd_issue(&inst.ca_cert_pem, &[ip, loopback], &[host])
+                    .ok_or(
+                        "no configured control plane holds the OS CA key to issue this \
+                            node's apid certificate (trustd)",
+                    )?,
+            };
+            let (chain, key) = server_identity(&cert)?;
+            let verifier = TalosClientVerifier::new(&inst.ca_cert_pem)?;
+            let tls = builder
+                .with_client_cert_verifier(Arc::new(verifier))
+                .with_single_cert(chain, key)
+                .map_err(|e| e.to_string())?;
+            (tls, Phase::Secured)
+        }
+    };
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(Boot { phase, tls }))
+}
+
+/// apid's client certificate check: chain to the OS CA (webpki, which also wants clientAuth
+/// among the EKUs) and then ExtKeyUsage exactly `[ClientAuth]`.
+#[derive(Debug)]
+struct TalosClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl TalosClientVerifier {
+    fn new(ca_pem: &str) -> Result<Self, String> {
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots
+                .add(cert.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+        }
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self { inner })
+    }
+}
+
+impl ClientCertVerifier for TalosClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        pki::check_client_only_eku(end_entity).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::InvalidPurpose)
+        })?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Validates a machine config the way the double insists on. `Ok(None)` is a valid partial
+/// config (Talos documents, but no v1alpha1 one): the node stays in maintenance.
+fn parse_config(data: &[u8]) -> Result<Option<ParsedConfig>, String> {
+    use yaml_serde::Value;
+    let text = std::str::from_utf8(data).map_err(|_| "config is not UTF-8 text".to_owned())?;
+    let mut v1alpha1 = None;
+    let mut documents = 0;
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let value =
+            <Value as serde::Deserialize>::deserialize(doc).map_err(|e| format!("YAML: {e}"))?;
+        if value.is_null() {
+            continue;
+        }
+        documents += 1;
+        let is_v1alpha1 = value.get("version").and_then(Value::as_str) == Some("v1alpha1");
+        let is_typed = value.get("apiVersion").and_then(Value::as_str).is_some()
+            && value.get("kind").and_then(Value::as_str).is_some();
+        if is_v1alpha1 {
+            if v1alpha1.replace(value).is_some() {
+                return Err("duplicate v1alpha1 document".into());
+            }
+        } else if !is_typed {
+            return Err(format!(
+                "document {documents} is not a Talos config document (neither `version: \
+                 v1alpha1` nor `apiVersion` + `kind`)"
+            ));
+        }
+    }
+    if documents == 0 {
+        return Err("no config documents found".into());
+    }
+    let Some(doc) = v1alpha1 else {
+        return Ok(None);
+    };
+
+    let text_at = |path: &[&str]| -> Option<String> {
+        let mut v = &doc;
+        for key in path {
+            v = v.get(*key)?;
+        }
+        v.as_str().map(str::to_owned)
+    };
+    let machine_type = text_at(&["machine", "type"]).unwrap_or_default();
+    if !matches!(machine_type.as_str(), "init" | "controlplane" | "worker") {
+        return Err(format!(
+            "machine.type: unknown machine type {machine_type:?}"
+        ));
+    }
+    let b64 = |field: &str, s: String| -> Result<String, String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(s.trim())
+            .map_err(|e| format!("{field}: not base64: {e}"))?;
+        String::from_utf8(bytes).map_err(|_| format!("{field}: not PEM text"))
+    };
+    let ca_cert_pem = b64(
+        "machine.ca.crt",
+        text_at(&["machine", "ca", "crt"]).ok_or("machine.ca.crt is required")?,
+    )?;
+    if CertificateDer::pem_slice_iter(ca_cert_pem.as_bytes())
+        .next()
+        .is_none_or(|c| c.is_err())
+    {
+        return Err("machine.ca.crt: no PEM certificate".into());
+    }
+    let ca_key_pem = match text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty()) {
+        Some(k) => Some(b64("machine.ca.key", k)?),
+        None => None,
+    };
+    let parsed = ParsedConfig {
+        cluster_name: text_at(&["cluster", "clusterName"]).unwrap_or_default(),
+        endpoint: text_at(&["cluster", "controlPlane", "endpoint"]).unwrap_or_default(),
+        machine_type,
+        ca_cert_pem,
+        ca_key_pem,
+    };
+    if parsed.is_control_plane() && parsed.ca_key_pem.is_none() {
+        return Err("machine.ca.key is required on control-plane nodes".into());
+    }
+    if !parsed.endpoint.starts_with("https://") {
+        return Err("cluster.controlPlane.endpoint: must be an https:// URL".into());
+    }
+    if parsed.is_control_plane() && parsed.cluster_name.is_empty() {
+        return Err("cluster.clusterName is required".into());
+    }
+    let install = doc.get("machine").and_then(|m| m.get("install"));
+    if install.is_none_or(|i| i.get("disk").is_none() && i.get("diskSelector").is_none()) {
+        return Err("either install disk or diskSelector should be defined".into());
+    }
+    Ok(Some(parsed))
+}
+
+/// Who is calling and where the call goes.
+enum Route {
+    Local { roles: Vec<String>, relayed: bool },
+    Forward { ip: IpAddr, roles: Vec<String> },
+}
+
+const READ: &[&str] = &["os:admin", "os:operator", "os:reader"];
+const OPERATE: &[&str] = &["os:admin", "os:operator"];
+const ADMIN: &[&str] = &["os:admin"];
+const KNOWN_ROLES: &[&str] = &[
+    "os:admin",
+    "os:operator",
+    "os:reader",
+    "os:etcd:backup",
+    "os:image:verifier",
+    "os:meta:writer",
+    "os:impersonator",
+];
+
+type DataStream = Pin<Box<dyn Stream<Item = Result<common::Data, Status>> + Send + 'static>>;
+type ListStream = Pin<Box<dyn Stream<Item = Result<cosi::ListResponse, Status>> + Send + 'static>>;
+
+#[derive(Clone)]
+struct NodeApi {
+    shared: Arc<Shared>,
+}
+
+impl NodeApi {
+    fn route<T>(&self, req: &Request<T>) -> Result<Route, Status> {
+        let Some(_) = self.shared.installed() else {
+            // Maintenance: routing disabled, read-only role for everyone.
+            return Ok(Route::Local {
+                roles: vec!["os:reader".into()],
+                relayed: false,
+            });
+        };
+        let certs = req
+            .peer_certs()
+            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        let leaf = certs
+            .first()
+            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        let orgs = pki::organizations(leaf).map_err(Status::unauthenticated)?;
+        let meta = req.metadata();
+        let relayed = meta.get("proxyfrom").is_some();
+        let roles: Vec<String> = if orgs.iter().any(|o| o == "os:impersonator") {
+            meta.get_all("talos-role")
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                .collect()
+        } else {
+            orgs.into_iter()
+                .filter(|o| KNOWN_ROLES.contains(&o.as_str()))
+                .collect()
+        };
+        if meta.get("nodes").is_some() {
+            return Err(Status::invalid_argument(
+                "the test double does not implement one-to-many (`nodes`) proxying",
+            ));
+        }
+        let targets: Vec<_> = meta.get_all("node").iter().collect();
+        if targets.len() > 1 {
+            return Err(Status::invalid_argument(
+                "node metadata must be single-valued",
+            ));
+        }
+        if let Some(target) = targets.first()
+            && !relayed
+        {
+            let target = target
+                .to_str()
+                .map_err(|_| Status::invalid_argument("invalid target"))?;
+            if target.contains(':') && target.parse::<IpAddr>().is_err() {
+                return Err(Status::invalid_argument("invalid target"));
+            }
+            let ip = self.shared.cluster.resolve(target).ok_or_else(|| {
+                Status::unavailable(format!("connection error: unknown node {target:?}"))
+            })?;
+            if ip != self.shared.cfg.ip {
+                return Ok(Route::Forward { ip, roles });
+            }
+        }
+        Ok(Route::Local { roles, relayed })
+    }
+
+    fn allow(
+        &self,
+        rpc: &'static str,
+        roles: &[String],
+        relayed: bool,
+        allowed: &[&str],
+    ) -> Result<(), Status> {
+        if !roles.iter().any(|r| allowed.contains(&r.as_str())) {
+            return Err(Status::permission_denied("not authorized"));
+        }
+        self.shared.stats.served.lock().unwrap().push(Served {
+            rpc,
+            roles: roles.to_vec(),
+            relayed,
+        });
+        Ok(())
+    }
+
+    /// A channel to a peer's apid as this node's apid dials it: OS CA verified, an
+    /// `os:impersonator` client certificate, from this node's own address.
+    async fn relay_channel(&self, ip: IpAddr) -> Result<tonic::transport::Channel, Status> {
+        let inst = self
+            .shared
+            .installed()
+            .ok_or_else(|| Status::unavailable("relay from a node in maintenance"))?;
+        let ca = inst
+            .os_ca
+            .as_ref()
+            .ok_or_else(|| Status::unavailable("this node holds no OS CA key to relay with"))?;
+        let imp = ca.client(
+            &["os:impersonator"],
+            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+        );
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&inst.ca_cert_pem))
+            .identity(Identity::from_pem(&imp.cert_pem, &imp.key_pem));
+        Endpoint::from_shared(format!("https://{}", SocketAddr::new(ip, APID_PORT)))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .local_address(Some(self.shared.cfg.ip))
+            .connect_timeout(Duration::from_secs(5))
+            .tls_config(tls)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| Status::unavailable(format!("connection error: {ip}: {e}")))
+    }
+
+    fn relay_request<T>(&self, req: Request<T>, roles: &[String]) -> Request<T> {
+        let mut out = Request::new(req.into_inner());
+        let meta = out.metadata_mut();
+        for role in roles {
+            if let Ok(v) = MetadataValue::try_from(role.as_str()) {
+                meta.append("talos-role", v);
+            }
+        }
+        if let Ok(v) = MetadataValue::try_from(self.shared.cfg.ip.to_string()) {
+            meta.insert("proxyfrom", v);
+        }
+        out
+    }
+
+    async fn forward_unary<Req, Resp>(
+        &self,
+        ip: IpAddr,
+        roles: &[String],
+        path: &'static str,
+        req: Request<Req>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.relay_channel(ip).await?);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("connection error: {e}")))?;
+        grpc.unary(
+            self.relay_request(req, roles),
+            PathAndQuery::from_static(path),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+    }
+
+    async fn forward_stream<Req, Resp>(
+        &self,
+        ip: IpAddr,
+        roles: &[String],
+        path: &'static str,
+        req: Request<Req>,
+    ) -> Result<Response<Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send + 'static>>>, Status>
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.relay_channel(ip).await?);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("connection error: {e}")))?;
+        let resp = grpc
+            .server_streaming(
+                self.relay_request(req, roles),
+                PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<Req, Resp>::default(),
+            )
+            .await?;
+        let stream: Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send>> =
+            Box::pin(resp.into_inner());
+        Ok(Response::new(stream))
+    }
+
+    fn service_list(&self) -> Vec<machine::ServiceInfo> {
+        let running = |id: &str| machine::ServiceInfo {
+            id: id.into(),
+            state: "Running".into(),
+            events: None,
+            health: Some(machine::ServiceHealth {
+                unknown: false,
+                healthy: true,
+                last_message: String::new(),
+                last_change: None,
+            }),
+        };
+        match self.shared.installed() {
+            None => ["apid", "machined", "udevd"].map(running).to_vec(),
+            Some(inst) => {
+                let mut list: Vec<_> =
+                    ["apid", "containerd", "cri", "kubelet", "machined", "udevd"]
+                        .map(running)
+                        .to_vec();
+                if inst.config.is_control_plane() {
+                    let mut etcd = running("etcd");
+                    if !inst.etcd_bootstrapped {
+                        etcd.state = "Preparing".into();
+                        etcd.health = None;
+                    }
+                    list.push(etcd);
+                    list.push(running("trustd"));
+                }
+                list.sort_by(|a, b| a.id.cmp(&b.id));
+                list
+            }
+        }
+    }
+
+    fn disk_specs(&self) -> Vec<(String, block::DiskSpec)> {
+        self.shared
+            .cfg
+            .disks
+            .iter()
+            .map(|d| {
+                let nvme = d.r#type == storage::disk::DiskType::Nvme as i32;
+                let spec = block::DiskSpec {
+                    size: d.size,
+                    io_size: 512,
+                    sector_size: 512,
+                    readonly: d.readonly,
+                    model: d.model.clone(),
+                    serial: d.serial.clone(),
+                    modalias: d.modalias.clone(),
+                    wwid: d.wwid.clone(),
+                    bus_path: d.bus_path.clone(),
+                    sub_system: d.subsystem.clone(),
+                    transport: if nvme { "nvme" } else { "virtio" }.into(),
+                    rotational: d.r#type == storage::disk::DiskType::Hdd as i32,
+                    cdrom: false,
+                    dev_path: format!("/dev/{}", d.device_name),
+                    pretty_size: format!("{} GB", d.size / 1_000_000_000),
+                    secondary_disks: vec![],
+                    uuid: d.uuid.clone(),
+                    symlinks: vec![],
+                };
+                (d.device_name.clone(), spec)
+            })
+            .collect()
+    }
+
+    fn kubeconfig_for(&self, inst: &Installed) -> Vec<u8> {
+        use base64::engine::general_purpose::STANDARD;
+        // Talos mints a fresh admin client certificate on every call.
+        let admin = pki::kube_admin_cert();
+        let cluster = &inst.config.cluster_name;
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n  - name: {cluster}\n    cluster:\n      \
+             server: {endpoint}\n      certificate-authority-data: {ca}\nusers:\n  - name: \
+             admin@{cluster}\n    user:\n      client-certificate-data: {crt}\n      \
+             client-key-data: {key}\ncontexts:\n  - context:\n      cluster: {cluster}\n      \
+             namespace: default\n      user: admin@{cluster}\n    name: admin@{cluster}\n\
+             current-context: admin@{cluster}\n",
+            endpoint = inst.config.endpoint,
+            ca = STANDARD.encode(&inst.ca_cert_pem),
+            crt = STANDARD.encode(&admin.cert_pem),
+            key = STANDARD.encode(&admin.key_pem),
+        )
+        .into_bytes()
+    }
+}
+
+macro_rules! route_or_forward {
+    ($self:ident, $req:ident, $path:literal) => {
+        match $self.route(&$req)? {
+            Route::Forward { ip, roles } => {
+                return $self.forward_unary(ip, &roles, $path, $req).await;
+            }
+            Route::Local { roles, relayed } => (roles, relayed),
+        }
+    };
+}
+
+#[tonic::async_trait]
+impl MachineService for NodeApi {
+    async fn apply_configuration(
+        &self,
+        req: Request<machine::ApplyConfigurationRequest>,
+    ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
+        let (roles, relayed) =
+            route_or_forward!(self, req, "/machine.MachineService/ApplyConfiguration");
+        let maintenance = self.shared.installed().is_none();
+        // os:reader may apply only while the node is in maintenance mode.
+        self.allow(
+            "ApplyConfiguration",
+            &roles,
+            relayed,
+            if maintenance { READ } else { ADMIN },
+        )?;
+        let stats = &self.shared.stats;
+        stats.apply_calls.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
+        *stats.last_apply_mode.lock().unwrap() = Some(req.mode);
+        if req.dry_run {
+            return Err(Status::unimplemented(
+                "dry run is not simulated by the test double",
+            ));
+        }
+        let parsed = parse_config(&req.data)
+            .map_err(|e| Status::invalid_argument(format!("failed to parse config: {e}")))?;
+        let text = String::from_utf8_lossy(&req.data).into_owned();
+        let Some(parsed) = parsed else {
+            *stats.last_config.lock().unwrap() = Some(text);
+            return Ok(Response::new(reply_apply(
+                "Applied partial configuration; still waiting for a machine config",
+            )));
+        };
+        let os_ca = match &parsed.ca_key_pem {
+            Some(key) => Some(
+                TestCa::from_pem(&parsed.ca_cert_pem, key)
+                    .map_err(|e| Status::invalid_argument(format!("machine.ca: {e}")))?,
+            ),
+            None => None,
+        };
+        if let Some(inst) = self.shared.installed()
+            && inst.config.machine_type != parsed.machine_type
+        {
+            return Err(Status::invalid_argument("machine type can't be changed"));
+        }
+        *stats.last_config.lock().unwrap() = Some(text);
+        let etcd_bootstrapped = self.shared.installed().is_some_and(|i| i.etcd_bootstrapped);
+        *self.shared.state.lock().unwrap() = NodeState::Installed(Box::new(Installed {
+            ca_cert_pem: parsed.ca_cert_pem.clone(),
+            config: parsed,
+            os_ca,
+            etcd_bootstrapped,
+        }));
+        if maintenance {
+            // Install, then kexec into the installed system: the maintenance API goes away.
+            self.shared.go_down(Lifecycle::Reboot);
+        }
+        Ok(Response::new(reply_apply(
+            "Applied configuration without a reboot",
+        )))
+    }
+
+    async fn bootstrap(
+        &self,
+        req: Request<machine::BootstrapRequest>,
+    ) -> Result<Response<machine::BootstrapResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Bootstrap");
+        self.allow("Bootstrap", &roles, relayed, ADMIN)?;
+        self.shared
+            .stats
+            .bootstrap_calls
+            .fetch_add(1, Ordering::SeqCst);
+        let mut state = self.shared.state.lock().unwrap();
+        let NodeState::Installed(inst) = &mut *state else {
+            return Err(Status::unimplemented("machine type is not set"));
+        };
+        if !inst.config.is_control_plane() {
+            return Err(Status::unimplemented(
+                "bootstrap is only available on control plane nodes",
+            ));
+        }
+        if inst.etcd_bootstrapped {
+            return Err(Status::already_exists("etcd data directory is not empty"));
+        }
+        inst.etcd_bootstrapped = true;
+        Ok(Response::new(machine::BootstrapResponse {
+            messages: vec![machine::Bootstrap { metadata: None }],
+        }))
+    }
+
+    async fn etcd_member_list(
+        &self,
+        req: Request<machine::EtcdMemberListRequest>,
+    ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
+        let (roles, relayed) =
+            route_or_forward!(self, req, "/machine.MachineService/EtcdMemberList");
+        self.allow("EtcdMemberList", &roles, relayed, READ)?;
+        let inst = self.shared.installed();
+        let Some(inst) = inst.filter(|i| i.config.is_control_plane() && i.etcd_bootstrapped) else {
+            return Err(Status::failed_precondition(
+                "etcd is not running on this node",
+            ));
+        };
+        let ip = self.shared.cfg.ip;
+        let id = match ip {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6) as u64,
+        };
+        drop(inst);
+        Ok(Response::new(machine::EtcdMemberListResponse {
+            messages: vec![machine::EtcdMembers {
+                metadata: None,
+                legacy_members: vec![],
+                members: vec![machine::EtcdMember {
+                    id,
+                    hostname: self.shared.cfg.hostname.clone(),
+                    peer_urls: vec![format!("https://{ip}:2380")],
+                    client_urls: vec![format!("https://{ip}:2379")],
+                    is_learner: false,
+                }],
+            }],
+        }))
+    }
+
+    type KubeconfigStream = DataStream;
+
+    async fn kubeconfig(
+        &self,
+        req: Request<()>,
+    ) -> Result<Response<Self::KubeconfigStream>, Status> {
+        let (roles, relayed) = match self.route(&req)? {
+            Route::Forward { ip, roles } => {
+                return self
+                    .forward_stream(ip, &roles, "/machine.MachineService/Kubeconfig", req)
+                    .await;
+            }
+            Route::Local { roles, relayed } => (roles, relayed),
+        };
+        self.allow("Kubeconfig", &roles, relayed, ADMIN)?;
+        self.shared
+            .stats
+            .kubeconfig_calls
+            .fetch_add(1, Ordering::SeqCst);
+        let inst = self
+            .shared
+            .installed()
+            .ok_or_else(|| Status::unimplemented("machine type is not set"))?;
+        if !inst.config.is_control_plane() {
+            return Err(Status::unimplemented(
+                "kubeconfig is only available on control plane nodes",
+            ));
+        }
+        let kubeconfig = self.kubeconfig_for(&inst);
+        let archive =
+            kubeconfig_archive(&kubeconfig).map_err(|e| Status::internal(e.to_string()))?;
+        *self.shared.stats.last_kubeconfig.lock().unwrap() = Some(kubeconfig);
+        // Several chunks, so the client has to join them.
+        let size = archive.len().div_ceil(3).max(1);
+        let chunks: Vec<Result<common::Data, Status>> = archive
+            .chunks(size)
+            .map(|c| {
+                Ok(common::Data {
+                    metadata: None,
+                    bytes: c.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+
+    async fn reboot(
+        &self,
+        req: Request<machine::RebootRequest>,
+    ) -> Result<Response<machine::RebootResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Reboot");
+        self.allow("Reboot", &roles, relayed, OPERATE)?;
+        self.shared
+            .stats
+            .reboot_calls
+            .fetch_add(1, Ordering::SeqCst);
+        self.shared.go_down(Lifecycle::Reboot);
+        Ok(Response::new(machine::RebootResponse {
+            messages: vec![machine::Reboot {
+                metadata: None,
+                actor_id: format!("reboot-{}", self.shared.cfg.hostname),
+            }],
+        }))
+    }
+
+    async fn reset(
+        &self,
+        req: Request<machine::ResetRequest>,
+    ) -> Result<Response<machine::ResetResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Reset");
+        self.allow("Reset", &roles, relayed, ADMIN)?;
+        self.shared.stats.reset_calls.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
+        *self.shared.stats.last_reset.lock().unwrap() = Some(req.clone());
+        for spec in &req.system_partitions_to_wipe {
+            if !matches!(spec.label.as_str(), "STATE" | "EPHEMERAL" | "META") {
+                return Err(Status::failed_precondition(format!(
+                    "volume {:?} is not located",
+                    spec.label
+                )));
+            }
+        }
+        if !req.user_disks_to_wipe.is_empty()
+            && req.mode == machine::reset_request::WipeMode::SystemDisk as i32
+        {
+            return Err(Status::invalid_argument(
+                "user disks can't be wiped in system disk mode",
+            ));
+        }
+        let wipes = |label: &str| {
+            req.system_partitions_to_wipe.is_empty()
+                || req
+                    .system_partitions_to_wipe
+                    .iter()
+                    .any(|s| s.label == label && s.wipe)
+        };
+        {
+            let mut state = self.shared.state.lock().unwrap();
+            if wipes("STATE") {
+                // No config any more: next boot is maintenance mode (or nothing, if halted).
+                *state = if req.reboot {
+                    NodeState::Maintenance
+                } else {
+                    NodeState::Halted
+                };
+            } else if let NodeState::Installed(inst) = &mut *state
+                && wipes("EPHEMERAL")
+            {
+                inst.etcd_bootstrapped = false;
+            }
+        }
+        self.shared.go_down(if req.reboot {
+            Lifecycle::Reboot
+        } else {
+            Lifecycle::Halt
+        });
+        Ok(Response::new(machine::ResetResponse {
+            messages: vec![machine::Reset {
+                metadata: None,
+                actor_id: format!("reset-{}", self.shared.cfg.hostname),
+            }],
+        }))
+    }
+
+    async fn service_list(
+        &self,
+        req: Request<()>,
+    ) -> Result<Response<machine::ServiceListResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/ServiceList");
+        self.allow("ServiceList", &roles, relayed, READ)?;
+        Ok(Response::new(machine::ServiceListResponse {
+            messages: vec![machine::ServiceList {
+                metadata: None,
+                services: self.service_list(),
+            }],
+        }))
+    }
+
+    async fn version(
+        &self,
+        req: Request<()>,
+    ) -> Result<Response<machine::VersionResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Version");
+        self.allow("Version", &roles, relayed, READ)?;
+        Ok(Response::new(machine::VersionResponse {
+            messages: vec![machine::Version {
+                metadata: None,
+                version: Some(machine::VersionInfo {
+                    tag: TALOS_TAG.into(),
+                    sha: "3ebd10a7c".into(),
+                    built: String::new(),
+                    go_version: "go1.25.9".into(),
+                    os: "linux".into(),
+                    arch: "amd64".into(),
+                }),
+                platform: Some(machine::PlatformInfo {
+                    name: "metal".into(),
+                    mode: "metal".into(),
+                }),
+                features: Some(machine::FeaturesInfo { rbac: true }),
+            }],
+        }))
+    }
+}
+
+fn reply_apply(details: &str) -> machine::ApplyConfigurationResponse {
+    machine::ApplyConfigurationResponse {
+        messages: vec![machine::ApplyConfiguration {
+            metadata: None,
+            warnings: vec![],
+            mode: machine::apply_configuration_request::Mode::NoReboot as i32,
+            mode_details: details.into(),
+        }],
+    }
+}
+
+#[tonic::async_trait]
+impl StorageService for NodeApi {
+    async fn disks(&self, req: Request<()>) -> Result<Response<storage::DisksResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/storage.StorageService/Disks");
+        self.allow("Disks", &roles, relayed, READ)?;
+        Ok(Response::new(storage::DisksResponse {
+            messages: vec![storage::Disks {
+                metadata: None,
+                disks: self.shared.cfg.disks.clone(),
+            }],
+        }))
+    }
+}
+
+fn resource(
+    namespace: &str,
+    kind: &str,
+    id: &str,
+    proto_spec: Vec<u8>,
+    yaml_spec: String,
+) -> cosi::Resource {
+    cosi::Resource {
+        metadata: Some(cosi::Metadata {
+            namespace: namespace.into(),
+            r#type: kind.into(),
+            id: id.into(),
+            version: "1".into(),
+            phase: "running".into(),
+            ..Default::default()
+        }),
+        spec: Some(cosi::Spec {
+            proto_spec,
+            yaml_spec,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl cosi::state_server::State for NodeApi {
+    async fn get(
+        &self,
+        req: Request<cosi::GetRequest>,
+    ) -> Result<Response<cosi::GetResponse>, Status> {
+        let (roles, relayed) = route_or_forward!(self, req, "/cosi.resource.State/Get");
+        self.allow("Get", &roles, relayed, READ)?;
+        let r = req.into_inner();
+        let known = (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
+            == (
+                "hardware",
+                "SystemInformations.hardware.talos.dev",
+                "systeminformation",
+            );
+        if !known {
+            return Err(Status::not_found(format!(
+                "resource {}/{}/{} doesn't exist",
+                r.namespace, r.r#type, r.id
+            )));
+        }
+        let spec = hardware::SystemInformationSpec {
+            manufacturer: "QEMU".into(),
+            product_name: "Standard PC (Q35 + ICH9, 2009)".into(),
+            version: "pc-q35-8.2".into(),
+            serial_number: format!("SER-{}", self.shared.cfg.hostname),
+            uuid: self.shared.cfg.system_uuid.clone(),
+            wake_up_type: "Power Switch".into(),
+            sku_number: String::new(),
+        };
+        let yaml = format!(
+            "manufacturer: {}\nproductName: {}\nuuid: {}\n",
+            spec.manufacturer, spec.product_name, spec.uuid
+        );
+        Ok(Response::new(cosi::GetResponse {
+            resource: Some(resource(
+                &r.namespace,
+                &r.r#type,
+                &r.id,
+                spec.encode_to_vec(),
+                yaml,
+            )),
+        }))
+    }
+
+    type ListStream = ListStream;
+
+    async fn list(
+        &self,
+        req: Request<cosi::ListRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        let (roles, relayed) = match self.route(&req)? {
+            Route::Forward { ip, roles } => {
+                return self
+                    .forward_stream(ip, &roles, "/cosi.resource.State/List", req)
+                    .await;
+            }
+            Route::Local { roles, relayed } => (roles, relayed),
+        };
+        self.allow("List", &roles, relayed, READ)?;
+        let r = req.into_inner();
+        if (r.namespace.as_str(), r.r#type.as_str()) != ("runtime", "Disks.block.talos.dev") {
+            return Err(Status::not_found(format!(
+                "resource type {}/{} is not registered in the test double",
+                r.namespace, r.r#type
+            )));
+        }
+        let items: Vec<Result<cosi::ListResponse, Status>> = self
+            .disk_specs()
+            .into_iter()
+            .map(|(id, spec)| {
+                let yaml = format!("dev_path: {}\nsize: {}\n", spec.dev_path, spec.size);
+                Ok(cosi::ListResponse {
+                    resource: Some(resource(
+                        &r.namespace,
+                        &r.r#type,
+                        &id,
+                        spec.encode_to_vec(),
+                        yaml,
+                    )),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+    }
+}
