@@ -52,8 +52,24 @@ impl Lab {
         };
         let ip = |args: &[&str]| run(Command::new("ip").args(["-n", &ns]).args(args));
         ip(&["link", "set", "lo", "up"]);
-        ip(&["link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"]);
-        ip(&["addr", "add", &format!("{}/24", lab.server_ip), "dev", "br0"]);
+        ip(&[
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", lab.server_ip),
+            "dev",
+            "br0",
+        ]);
         ip(&["tuntap", "add", "dev", "tap0", "mode", "tap"]);
         ip(&["link", "set", "tap0", "master", "br0"]);
         ip(&["link", "set", "tap0", "up"]);
@@ -74,7 +90,10 @@ impl Drop for Lab {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.ns]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.ns])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).status();
             }
@@ -98,7 +117,10 @@ fn kernel_files(work: &Path) -> (PathBuf, PathBuf) {
         dir.display()
     )));
     let find = |pattern: &str| {
-        let out = run(Command::new("sh").arg("-c").arg(format!("find '{}' -name '{pattern}' | head -1", dir.display())));
+        let out = run(Command::new("sh").arg("-c").arg(format!(
+            "find '{}' -name '{pattern}' | head -1",
+            dir.display()
+        )));
         PathBuf::from(out.trim())
     };
     (find("vmlinuz-*"), find("e1000.ko"))
@@ -194,14 +216,23 @@ fn images(work: &Path, vmlinuz: &Path, initramfs: &Path) -> PathBuf {
     std::fs::copy(vmlinuz, dir.join(Kind::Kernel.file_name())).unwrap();
     std::fs::copy(initramfs, dir.join(Kind::Initramfs.file_name())).unwrap();
     // The Talos-required arguments plus a serial console the test can read.
-    std::fs::write(dir.join(Kind::Cmdline.file_name()), "talos.platform=metal console=ttyS0 slab_nomerge pti=on panic=-1\n").unwrap();
+    std::fs::write(
+        dir.join(Kind::Cmdline.file_name()),
+        "talos.platform=metal console=ttyS0 slab_nomerge pti=on panic=-1\n",
+    )
+    .unwrap();
     let mut files = std::collections::BTreeMap::new();
     for kind in Kind::ALL {
         let (size, sha256) = hash_file(&dir.join(kind.file_name())).unwrap();
         files.insert(kind, FileRecord { size, sha256 });
     }
     let mut c = Catalog::load(&images).unwrap();
-    c.upsert(Entry { id, source: "test".into(), pulled_at: 0, files });
+    c.upsert(Entry {
+        id,
+        source: "test".into(),
+        pulled_at: 0,
+        files,
+    });
     c.save(&images).unwrap();
     images
 }
@@ -218,7 +249,11 @@ fn boot(firmware: &str, subnet: u8) {
     std::fs::write(&config, inventory(&lab.server_ip, firmware)).unwrap();
     let configs = work.join("out");
     std::fs::create_dir_all(&configs).unwrap();
-    std::fs::write(configs.join("vm-1.yaml"), "version: v1alpha1\nmachine:\n  type: controlplane # vm-1\n").unwrap();
+    std::fs::write(
+        configs.join("vm-1.yaml"),
+        "version: v1alpha1\nmachine:\n  type: controlplane # vm-1\n",
+    )
+    .unwrap();
     let state = work.join("state");
 
     let talboot = lab
@@ -233,7 +268,9 @@ fn boot(firmware: &str, subnet: u8) {
         .arg(&configs)
         .args(["--ipxe-dir", "/usr/lib/ipxe", "--http-port", "8080"])
         .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(work.join("talboot.log")).unwrap()))
+        .stderr(Stdio::from(
+            std::fs::File::create(work.join("talboot.log")).unwrap(),
+        ))
         .spawn()
         .unwrap();
     lab.children.push(talboot);
@@ -241,15 +278,30 @@ fn boot(firmware: &str, subnet: u8) {
 
     let mut qemu = lab.exec("qemu-system-x86_64");
     qemu.args(["-accel", "tcg", "-M", "q35", "-m", "512", "-smp", "1"])
-        .args(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"])
+        .args([
+            "-nographic",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+        ])
         .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"])
-        .args(["-device", &format!("e1000,netdev=n0,mac={VM_MAC},bootindex=1")]);
+        .args([
+            "-device",
+            &format!("e1000,netdev=n0,mac={VM_MAC},bootindex=1"),
+        ]);
     if firmware == "uefi" {
         let vars = work.join("OVMF_VARS.fd");
         std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
-        qemu.args(["-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"])
-            .arg("-drive")
-            .arg(format!("if=pflash,format=raw,unit=1,file={}", vars.display()));
+        qemu.args([
+            "-drive",
+            "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+        ])
+        .arg("-drive")
+        .arg(format!(
+            "if=pflash,format=raw,unit=1,file={}",
+            vars.display()
+        ));
     }
     let mut vm = qemu
         .stdin(Stdio::null())
@@ -273,7 +325,8 @@ fn boot(firmware: &str, subnet: u8) {
     while Instant::now() < deadline && !done {
         match rx.recv_timeout(Duration::from_millis(500)) {
             Ok(line) => {
-                done = line.contains("TALBOOT-CONFIG-END") || line.contains("TALBOOT-CONFIG-FAILED");
+                done =
+                    line.contains("TALBOOT-CONFIG-END") || line.contains("TALBOOT-CONFIG-FAILED");
                 console.push(line);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -284,8 +337,16 @@ fn boot(firmware: &str, subnet: u8) {
     let log = || std::fs::read_to_string(work.join("talboot.log")).unwrap_or_default();
     let cmdline = console
         .lines()
-        .find_map(|l| l.split_once("TALBOOT-CMDLINE: ").map(|(_, c)| c.to_string()))
-        .unwrap_or_else(|| panic!("the kernel never ran:\n{console}\n--- talboot log ---\n{}", log()));
+        .find_map(|l| {
+            l.split_once("TALBOOT-CMDLINE: ")
+                .map(|(_, c)| c.to_string())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the kernel never ran:\n{console}\n--- talboot log ---\n{}",
+                log()
+            )
+        });
     assert!(cmdline.contains("talos.platform=metal"), "{cmdline}");
     assert!(cmdline.contains("initrd=initramfs.xz"), "{cmdline}");
     let url = format!("talos.config=http://{}:8080/config/", lab.server_ip);
@@ -298,15 +359,32 @@ fn boot(firmware: &str, subnet: u8) {
 
     // Stop talboot and read the machine's timeline.
     for c in &mut lab.children {
-        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
         let _ = c.wait();
     }
     lab.children.clear();
     let store = talboot::store::open(&state).unwrap();
     use talboot::store::Store;
-    let kinds: Vec<String> = store.events("vm-1", 0, 100).unwrap().into_iter().map(|e| e.kind).collect();
-    for k in ["dhcp.ack", "http.script", "http.kernel", "http.initramfs", "config.released"] {
-        assert!(kinds.iter().any(|x| x == k), "no {k} event for vm-1: {kinds:?}\n{}", log());
+    let kinds: Vec<String> = store
+        .events("vm-1", 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    for k in [
+        "dhcp.ack",
+        "http.script",
+        "http.kernel",
+        "http.initramfs",
+        "config.released",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "no {k} event for vm-1: {kinds:?}\n{}",
+            log()
+        );
     }
 }
 

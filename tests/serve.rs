@@ -154,9 +154,15 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
     assert_eq!(std::fs::read(&out_file).unwrap(), efi);
 
     // Prometheus counters for what just happened.
-    let metrics = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{http}/metrics")]).output().unwrap();
+    let metrics = Command::new("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{http}/metrics")])
+        .output()
+        .unwrap();
     let metrics = String::from_utf8_lossy(&metrics.stdout);
-    assert!(metrics.contains("talboot_http_scripts_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("talboot_http_scripts_total 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("tftp"), "{metrics}");
 
     // SIGTERM: a clean, prompt exit.
