@@ -167,6 +167,27 @@ pub fn missing_ipxe_binaries(dir: &Path) -> Vec<&'static str> {
         .collect()
 }
 
+fn serving_interface(args: &Args, inv: &Inventory) -> Option<String> {
+    args.interface
+        .clone()
+        .or_else(|| inv.network.interfaces.first().cloned())
+}
+
+/// The MTU of `iface`, from sysfs.
+fn interface_mtu(iface: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The largest TFTP block that fits one Ethernet frame: MTU minus IPv4 (20), UDP (8) and TFTP
+/// (4) headers, within RFC 2348's 512..=65464.
+pub fn max_blksize_for_mtu(mtu: u32) -> u16 {
+    mtu.saturating_sub(32).clamp(512, 65464) as u16
+}
+
 fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartError> {
     if let Some(a) = args.advertise {
         return Ok(a);
@@ -174,10 +195,7 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
     if let Some(a) = &inv.network.advertise {
         return Ok(a.value);
     }
-    let iface = args
-        .interface
-        .clone()
-        .or_else(|| inv.network.interfaces.first().cloned())
+    let iface = serving_interface(args, inv)
         .ok_or_else(|| StartError::Advertise("no interface is configured".into()))?;
     let addrs = nix::ifaddrs::getifaddrs().map_err(|e| StartError::Advertise(e.to_string()))?;
     addrs
@@ -272,7 +290,15 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
 
     if let Some(socket) = tftp_socket {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-        let server = TftpServer::new(TftpConfig::default(), &args.ipxe_dir)
+        let config = TftpConfig {
+            max_blksize: serving_interface(&args, &inv)
+                .and_then(|i| interface_mtu(&i))
+                .map(max_blksize_for_mtu)
+                .unwrap_or(TftpConfig::default().max_blksize),
+            ..TftpConfig::default()
+        };
+        tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
+        let server = TftpServer::new(config, &args.ipxe_dir)
             .map_err(|e| StartError::Bind {
                 addr: format!("tftp root {}", args.ipxe_dir.display()),
                 cause: e.to_string(),
@@ -410,4 +436,17 @@ fn drop_privileges(user: &str) -> Result<(), StartError> {
     setuid(u.uid).map_err(|e| err(format!("setuid: {e}")))?;
     tracing::info!(user, uid = u.uid.as_raw(), "dropped privileges");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_fits_the_mtu() {
+        assert_eq!(max_blksize_for_mtu(1500), 1468);
+        assert_eq!(max_blksize_for_mtu(9000), 8968);
+        assert_eq!(max_blksize_for_mtu(65536), 65464);
+        assert_eq!(max_blksize_for_mtu(100), 512);
+    }
 }
