@@ -3,4 +3,5 @@
 #![allow(dead_code)]
 
 pub mod pki;
+pub mod kube_double;
 pub mod talos_double;
