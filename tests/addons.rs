@@ -22,7 +22,9 @@ use time::OffsetDateTime;
 use support::kube_double::{DoubleOptions, KubeDouble};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/addons").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/addons")
+        .join(name)
 }
 
 fn now() -> OffsetDateTime {
@@ -44,7 +46,12 @@ async fn session(double: &KubeDouble) -> Kube {
 }
 
 async fn cilium_spec() -> AddonSpec {
-    let values = values::cilium_values(CiliumOptions { kube_proxy_replacement: true }, None);
+    let values = values::cilium_values(
+        CiliumOptions {
+            kube_proxy_replacement: true,
+        },
+        None,
+    );
     let objects = ManifestSource::Dir(fixture("cilium"))
         .objects("cilium", "kube-system", &values)
         .await
@@ -69,7 +76,13 @@ async fn cilium_spec() -> AddonSpec {
 /// Strips what the server owns, leaving what was applied.
 fn applied_content(mut obj: Value) -> Value {
     let meta = obj["metadata"].as_object_mut().unwrap();
-    for k in ["uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"] {
+    for k in [
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "managedFields",
+    ] {
         meta.remove(k);
     }
     obj.as_object_mut().unwrap().remove("status");
@@ -78,7 +91,12 @@ fn applied_content(mut obj: Value) -> Value {
 
 fn live(double: &KubeDouble, r: &ObjectRef) -> Value {
     double
-        .object(&r.api_version, &r.kind, r.namespace.as_deref().unwrap_or(""), &r.name)
+        .object(
+            &r.api_version,
+            &r.kind,
+            r.namespace.as_deref().unwrap_or(""),
+            &r.name,
+        )
         .unwrap_or_else(|| panic!("{r} is not in the cluster"))
 }
 
@@ -88,7 +106,9 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
     let kube = session(&double).await;
     let spec = cilium_spec().await;
 
-    let outcome = install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
+    let outcome = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
     assert!(outcome.release_written);
     assert_eq!(outcome.applied.len(), 7, "{outcome:?}"); // 6 objects + the CRD
     // kube-system already existed; re-asserting it changes nothing.
@@ -101,15 +121,29 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
     let established = double
         .crd_established_at("ciliumloadbalancerippools.cilium.io")
         .unwrap();
-    let pool = log.iter().find(|a| a.kind == "CiliumLoadBalancerIPPool").unwrap();
+    let pool = log
+        .iter()
+        .find(|a| a.kind == "CiliumLoadBalancerIPPool")
+        .unwrap();
     assert!(pool.at >= established);
-    let crd_pos = log.iter().position(|a| a.kind == "CustomResourceDefinition").unwrap();
-    let pool_pos = log.iter().position(|a| a.kind == "CiliumLoadBalancerIPPool").unwrap();
+    let crd_pos = log
+        .iter()
+        .position(|a| a.kind == "CustomResourceDefinition")
+        .unwrap();
+    let pool_pos = log
+        .iter()
+        .position(|a| a.kind == "CiliumLoadBalancerIPPool")
+        .unwrap();
     assert!(crd_pos < pool_pos);
 
     // The release record: right name, type, labels; decodes to exactly what was applied.
     let secret = double
-        .object("v1", "Secret", "kube-system", "sh.helm.release.v1.cilium.v1")
+        .object(
+            "v1",
+            "Secret",
+            "kube-system",
+            "sh.helm.release.v1.cilium.v1",
+        )
         .expect("release record");
     assert_eq!(secret["type"], "helm.sh/release.v1");
     let labels = &secret["metadata"]["labels"];
@@ -133,11 +167,17 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
             manifest::has_markers(doc, "cilium", "kube-system"),
             "{r} lacks Helm's markers"
         );
-        assert_eq!(&applied_content(live(&double, &r)), doc, "{r} differs from the record");
+        assert_eq!(
+            &applied_content(live(&double, &r)),
+            doc,
+            "{r} differs from the record"
+        );
     }
     // The ConfigMap without a namespace landed in the release namespace.
-    assert!(docs.iter().any(|d| d["kind"] == "ConfigMap"
-        && d["metadata"]["namespace"] == "kube-system"));
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == "ConfigMap" && d["metadata"]["namespace"] == "kube-system")
+    );
     // The release namespace itself is not part of the release.
     assert!(!docs.iter().any(|d| d["kind"] == "Namespace"));
 }
@@ -147,16 +187,24 @@ async fn second_run_changes_nothing_even_with_fresh_certificates() {
     let double = KubeDouble::start(DoubleOptions::default()).await;
     let kube = session(&double).await;
     let spec = cilium_spec().await;
-    install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
+    install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
     let before = double.resource_versions();
     let applies_before = double.applies().len();
 
     let later = now() + time::Duration::hours(1);
-    let again = install_addon(&kube, &spec, timeouts(), later).await.unwrap();
+    let again = install_addon(&kube, &spec, timeouts(), later)
+        .await
+        .unwrap();
     assert!(again.applied.is_empty(), "{again:?}");
     assert!(!again.release_written);
     assert_eq!(double.resource_versions(), before);
-    assert!(double.applies()[applies_before..].iter().all(|a| !a.changed));
+    assert!(
+        double.applies()[applies_before..]
+            .iter()
+            .all(|a| !a.changed)
+    );
 
     // A re-render mints new TLS material (as Cilium's chart does offline): the live
     // certificates are kept, so nothing churns.
@@ -167,11 +215,15 @@ async fn second_run_changes_nothing_even_with_fresh_certificates() {
                 "tls.crt": STANDARD.encode("RENDER-2-CERT"), "tls.key": STANDARD.encode("RENDER-2-KEY")});
         }
     }
-    let third = install_addon(&kube, &rerendered, timeouts(), later).await.unwrap();
+    let third = install_addon(&kube, &rerendered, timeouts(), later)
+        .await
+        .unwrap();
     assert!(third.applied.is_empty(), "{third:?}");
     assert!(!third.release_written);
     assert_eq!(double.resource_versions(), before);
-    let certs = double.object("v1", "Secret", "kube-system", "hubble-server-certs").unwrap();
+    let certs = double
+        .object("v1", "Secret", "kube-system", "hubble-server-certs")
+        .unwrap();
     assert_eq!(certs["data"]["ca.crt"], STANDARD.encode("RENDER-1-CA"));
 
     // A real change is applied and the record rewritten (same revision, first deploy kept).
@@ -181,16 +233,23 @@ async fn second_run_changes_nothing_even_with_fresh_certificates() {
             obj["data"]["debug"] = json!("true");
         }
     }
-    let fourth = install_addon(&kube, &changed, timeouts(), later).await.unwrap();
+    let fourth = install_addon(&kube, &changed, timeouts(), later)
+        .await
+        .unwrap();
     assert_eq!(fourth.applied.len(), 1, "{fourth:?}");
     assert_eq!(fourth.applied[0].name, "cilium-config");
     assert!(fourth.release_written);
     let secret = double
-        .object("v1", "Secret", "kube-system", "sh.helm.release.v1.cilium.v1")
+        .object(
+            "v1",
+            "Secret",
+            "kube-system",
+            "sh.helm.release.v1.cilium.v1",
+        )
         .unwrap();
     let release = helm::decode_release_secret(&secret).unwrap();
     assert!(release["manifest"].as_str().unwrap().contains("debug"));
-    assert_eq!(release["info"]["first_deployed"], "2026-09-21T13:33:20Z");
+    assert_eq!(release["info"]["first_deployed"], "2026-09-21T14:13:20Z");
     assert_eq!(secret["metadata"]["labels"]["modifiedAt"], "1790003600");
 }
 
@@ -201,16 +260,22 @@ async fn argocd_set_gets_sops_age_and_root_application() {
     let opts = ArgoCdOptions {
         domain: "argocd.lab.example".into(),
         insecure: true,
-        ksops: Some(KsopsOptions { image: "viaductoss/ksops:v4.5.1".into() }),
+        ksops: Some(KsopsOptions {
+            image: "viaductoss/ksops:v4.5.1".into(),
+        }),
     };
     let values = values::argocd_values(&opts, None);
     let identity = {
         use age::secrecy::ExposeSecret;
         let id = age::x25519::Identity::generate();
-        format!("# public key: {}\n{}\n", id.to_public(), id.to_string().expose_secret())
+        format!(
+            "# public key: {}\n{}\n",
+            id.to_public(),
+            id.to_string().expose_secret()
+        )
     };
-    let sops_age = values::sops_age_secret("argocd", &Secret::new(identity.clone().into_bytes()))
-        .unwrap();
+    let sops_age =
+        values::sops_age_secret("argocd", &Secret::new(identity.clone().into_bytes())).unwrap();
     let root = values::root_application(
         "argocd",
         &RootApp {
@@ -239,25 +304,39 @@ async fn argocd_set_gets_sops_age_and_root_application() {
         after: vec![root],
         wait_nodes_ready: false,
     };
-    let outcome = install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
+    let outcome = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
     assert!(outcome.release_written);
 
     // Namespace first although its file sorts last; sops-age before the workloads.
     let log = double.applies();
     assert_eq!(log[0].kind, "Namespace");
     let pos = |kind: &str, name: &str| {
-        log.iter().position(|a| a.kind == kind && a.name == name).unwrap()
+        log.iter()
+            .position(|a| a.kind == kind && a.name == name)
+            .unwrap()
     };
     assert!(pos("Secret", "sops-age") < pos("Deployment", "argocd-repo-server"));
     assert!(pos("Application", "root") > pos("Secret", "sh.helm.release.v1.argocd.v1"));
 
     let secret = double.object("v1", "Secret", "argocd", "sops-age").unwrap();
-    let keys = STANDARD.decode(secret["data"]["keys.txt"].as_str().unwrap()).unwrap();
+    let keys = STANDARD
+        .decode(secret["data"]["keys.txt"].as_str().unwrap())
+        .unwrap();
     assert_eq!(keys, identity.as_bytes());
-    assert!(!manifest::has_markers(&secret, "argocd", "argocd"), "sops-age is not Helm's");
+    assert!(
+        !manifest::has_markers(&secret, "argocd", "argocd"),
+        "sops-age is not Helm's"
+    );
 
-    let app = double.object("argoproj.io/v1alpha1", "Application", "argocd", "root").unwrap();
-    assert_eq!(app["spec"]["source"]["repoURL"], "https://git.example/cluster.git");
+    let app = double
+        .object("argoproj.io/v1alpha1", "Application", "argocd", "root")
+        .unwrap();
+    assert_eq!(
+        app["spec"]["source"]["repoURL"],
+        "https://git.example/cluster.git"
+    );
     assert_eq!(app["spec"]["source"]["path"], "apps");
     assert_eq!(app["spec"]["source"]["targetRevision"], "main");
 
@@ -266,14 +345,29 @@ async fn argocd_set_gets_sops_age_and_root_application() {
         .unwrap();
     let release = helm::decode_release_secret(&record).unwrap();
     assert_eq!(release["config"]["global"]["domain"], "argocd.lab.example");
-    assert_eq!(release["config"]["configs"]["params"]["server.insecure"], true);
+    assert_eq!(
+        release["config"]["configs"]["params"]["server.insecure"],
+        true
+    );
     let docs = manifest::parse_documents("m", release["manifest"].as_str().unwrap()).unwrap();
-    assert!(docs.iter().all(|d| manifest::has_markers(d, "argocd", "argocd")));
-    assert!(!docs.iter().any(|d| d["kind"] == "Application" || d["metadata"]["name"] == "sops-age"));
+    assert!(
+        docs.iter()
+            .all(|d| manifest::has_markers(d, "argocd", "argocd"))
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Application" || d["metadata"]["name"] == "sops-age")
+    );
 
     let before = double.resource_versions();
-    let again = install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
-    assert!(again.applied.is_empty() && !again.release_written, "{again:?}");
+    let again = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
+    assert!(
+        again.applied.is_empty() && !again.release_written,
+        "{again:?}"
+    );
     assert_eq!(double.resource_versions(), before);
 }
 
@@ -289,16 +383,26 @@ async fn a_deployment_that_never_becomes_ready_fails_at_the_timeout() {
     };
     let err = install_addon(&kube, &spec, short, now()).await.unwrap_err();
     match &err {
-        AddonError::Kube { source: KubeError::Timeout { what, last, .. }, .. } => {
+        AddonError::Kube {
+            source: KubeError::Timeout { what, last, .. },
+            ..
+        } => {
             assert!(what.contains("cilium-operator"), "{err}");
             assert!(last.contains("0 available of 2"), "{err}");
         }
         other => panic!("expected a timeout, got {other}"),
     }
     // No release is recorded for an install that did not come up.
-    assert!(double
-        .object("v1", "Secret", "kube-system", "sh.helm.release.v1.cilium.v1")
-        .is_none());
+    assert!(
+        double
+            .object(
+                "v1",
+                "Secret",
+                "kube-system",
+                "sh.helm.release.v1.cilium.v1"
+            )
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -309,10 +413,15 @@ async fn nodes_ready_wait_follows_the_nodes() {
     })
     .await;
     let kube = session(&double).await;
-    let err = kube.wait_nodes_ready(Duration::from_millis(200)).await.unwrap_err();
+    let err = kube
+        .wait_nodes_ready(Duration::from_millis(200))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not Ready: w1"), "{err}");
     double.set_node_ready("w1", true);
-    kube.wait_nodes_ready(Duration::from_secs(10)).await.unwrap();
+    kube.wait_nodes_ready(Duration::from_secs(10))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -324,7 +433,9 @@ async fn a_release_upgraded_by_helm_is_left_alone() {
         "metadata": {"name": "sh.helm.release.v1.cilium.v2", "namespace": "kube-system"},
         "data": {"release": STANDARD.encode("x")}});
     kube.apply(&v2, "kube-system").await.unwrap();
-    let err = install_addon(&kube, &spec, timeouts(), now()).await.unwrap_err();
+    let err = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap_err();
     assert!(matches!(err, AddonError::TakenOver { .. }), "{err}");
     assert!(err.to_string().contains("helm upgrade"));
 }
@@ -344,16 +455,24 @@ async fn the_double_is_strict_like_the_api_server() {
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "c", "namespace": "nowhere"}});
     let err = kube.apply(&cm, "default").await.unwrap_err().to_string();
-    assert!(err.contains("namespaces \"nowhere\" not found") && err.contains("404"), "{err}");
+    assert!(
+        err.contains("namespaces \"nowhere\" not found") && err.contains("404"),
+        "{err}"
+    );
 
     // Secret data must be base64.
     let bad = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "s", "namespace": "default"}, "data": {"k": "not base64!"}});
     let err = kube.apply(&bad, "default").await.unwrap_err().to_string();
-    assert!(err.contains("illegal base64") && err.contains("422"), "{err}");
+    assert!(
+        err.contains("illegal base64") && err.contains("422"),
+        "{err}"
+    );
 
     // Raw PATCHes: the apply content type and a field manager are required.
-    let client = k::client_from_kubeconfig(double.kubeconfig().as_bytes()).await.unwrap();
+    let client = k::client_from_kubeconfig(double.kubeconfig().as_bytes())
+        .await
+        .unwrap();
     let body = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "c", "namespace": "default"}}))
     .unwrap();
@@ -370,13 +489,21 @@ async fn the_double_is_strict_like_the_api_server() {
         other => panic!("expected an API error, got {other:?}"),
     };
     let merge = client
-        .request::<Value>(patch("application/merge-patch+json", "?fieldManager=talboot"))
+        .request::<Value>(patch(
+            "application/merge-patch+json",
+            "?fieldManager=talboot",
+        ))
         .await;
     assert_eq!(code(merge), 415);
-    let unmanaged = client.request::<Value>(patch("application/apply-patch+yaml", "")).await;
+    let unmanaged = client
+        .request::<Value>(patch("application/apply-patch+yaml", ""))
+        .await;
     assert_eq!(code(unmanaged), 422);
     client
-        .request::<Value>(patch("application/apply-patch+yaml", "?fieldManager=someone"))
+        .request::<Value>(patch(
+            "application/apply-patch+yaml",
+            "?fieldManager=someone",
+        ))
         .await
         .unwrap();
     // Another manager without force conflicts; talboot forces.
@@ -385,8 +512,11 @@ async fn the_double_is_strict_like_the_api_server() {
         .await;
     assert_eq!(code(conflict), 409);
     let taken = kube
-        .apply(&json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "c", "namespace": "default"}, "data": {"a": "b"}}), "default")
+        .apply(
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "default"}, "data": {"a": "b"}}),
+            "default",
+        )
         .await
         .unwrap();
     assert!(taken.changed);

@@ -234,7 +234,12 @@ mod tests {
         let l = &s["metadata"]["labels"];
         assert_eq!(
             (&l["owner"], &l["name"], &l["status"], &l["version"]),
-            (&json!("helm"), &json!("cilium"), &json!("deployed"), &json!("1"))
+            (
+                &json!("helm"),
+                &json!("cilium"),
+                &json!("deployed"),
+                &json!("1")
+            )
         );
         assert_eq!(l["createdAt"], "1700000000");
         assert_eq!(l["modifiedAt"], "1700000100");

@@ -32,7 +32,9 @@ pub const FIELD_MANAGER: &str = "talboot";
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     /// The kubeconfig could not be used.
-    #[error("cannot use the admin kubeconfig: {0} (it must be a kubeconfig with a server URL, CA data and client credentials)")]
+    #[error(
+        "cannot use the admin kubeconfig: {0} (it must be a kubeconfig with a server URL, CA data and client credentials)"
+    )]
     Kubeconfig(String),
     /// The API server does not serve a kind.
     #[error(
@@ -91,10 +93,13 @@ pub struct Applied {
     pub changed: bool,
 }
 
+/// Resolved kinds by (group, version, kind).
+type KindCache = HashMap<(String, String, String), (ApiResource, ApiCapabilities)>;
+
 /// A Kubernetes API session: client plus a discovery cache.
 pub struct Kube {
     client: Client,
-    kinds: Mutex<HashMap<(String, String, String), (ApiResource, ApiCapabilities)>>,
+    kinds: Mutex<KindCache>,
     /// How often waits poll.
     pub poll_interval: Duration,
 }
@@ -180,7 +185,9 @@ impl Kube {
             object: "an object without apiVersion/kind/metadata.name".into(),
             reason: "not a Kubernetes object".into(),
         })?;
-        let (ar, caps) = self.resolve(&reference.api_version, &reference.kind).await?;
+        let (ar, caps) = self
+            .resolve(&reference.api_version, &reference.kind)
+            .await?;
         let mut body = obj.clone();
         match caps.scope {
             Scope::Namespaced => {
@@ -248,17 +255,28 @@ impl Kube {
     }
 
     /// Waits until the CRD `name` is Established.
-    pub async fn wait_crd_established(&self, name: &str, timeout: Duration) -> Result<(), KubeError> {
+    pub async fn wait_crd_established(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
         let what = format!("CustomResourceDefinition {name} to be Established");
         poll_until(&what, timeout, self.poll_interval, || async {
-            let obj = self.get_typed::<CustomResourceDefinition>(None, name).await?;
+            let obj = self
+                .get_typed::<CustomResourceDefinition>(None, name)
+                .await?;
             crd_established(&obj)
         })
         .await
     }
 
     /// Waits until the Deployment is available at its current generation.
-    pub async fn wait_deployment(&self, ns: &str, name: &str, timeout: Duration) -> Result<(), KubeError> {
+    pub async fn wait_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
         let what = format!("Deployment {ns}/{name} to be available");
         poll_until(&what, timeout, self.poll_interval, || async {
             let obj = self.get_typed::<Deployment>(Some(ns), name).await?;
@@ -268,7 +286,12 @@ impl Kube {
     }
 
     /// Waits until the DaemonSet has rolled out its current generation to every node.
-    pub async fn wait_daemonset(&self, ns: &str, name: &str, timeout: Duration) -> Result<(), KubeError> {
+    pub async fn wait_daemonset(
+        &self,
+        ns: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
         let what = format!("DaemonSet {ns}/{name} to roll out");
         poll_until(&what, timeout, self.poll_interval, || async {
             let obj = self.get_typed::<DaemonSet>(Some(ns), name).await?;
@@ -281,19 +304,24 @@ impl Kube {
     /// nodes Ready, so this is the real "Cilium works" signal).
     pub async fn wait_nodes_ready(&self, timeout: Duration) -> Result<(), KubeError> {
         let ar = ApiResource::erase::<Node>(&());
-        poll_until("all Nodes to be Ready", timeout, self.poll_interval, || async {
-            let list = self
-                .api(&ar, None)
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let nodes: Vec<Value> = list
-                .items
-                .into_iter()
-                .map(|o| serde_json::to_value(o).expect("objects serialise"))
-                .collect();
-            nodes_ready(&nodes)
-        })
+        poll_until(
+            "all Nodes to be Ready",
+            timeout,
+            self.poll_interval,
+            || async {
+                let list = self
+                    .api(&ar, None)
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let nodes: Vec<Value> = list
+                    .items
+                    .into_iter()
+                    .map(|o| serde_json::to_value(o).expect("objects serialise"))
+                    .collect();
+                nodes_ready(&nodes)
+            },
+        )
         .await
     }
 }
@@ -435,11 +463,19 @@ mod tests {
         let mut d = json!({"metadata":{"generation":2},"spec":{"replicas":2},
             "status":{"observedGeneration":1,"updatedReplicas":2,"availableReplicas":2,
             "conditions":[{"type":"Available","status":"True"}]}});
-        assert!(deployment_available(&d).unwrap_err().contains("observedGeneration"));
+        assert!(
+            deployment_available(&d)
+                .unwrap_err()
+                .contains("observedGeneration")
+        );
         d["status"]["observedGeneration"] = json!(2);
         assert!(deployment_available(&d).is_ok());
         d["status"]["availableReplicas"] = json!(1);
-        assert!(deployment_available(&d).unwrap_err().contains("1 available of 2"));
+        assert!(
+            deployment_available(&d)
+                .unwrap_err()
+                .contains("1 available of 2")
+        );
         d["status"]["availableReplicas"] = json!(2);
         d["status"]["conditions"][0]["status"] = json!("False");
         assert!(deployment_available(&d).is_err());
@@ -463,18 +499,23 @@ mod tests {
             "status":{"conditions":[{"type":"Ready","status":"True"}]}});
         let not = json!({"metadata":{"name":"b"},
             "status":{"conditions":[{"type":"Ready","status":"False"}]}});
-        assert!(nodes_ready(&[ready.clone()]).is_ok());
+        assert!(nodes_ready(std::slice::from_ref(&ready)).is_ok());
         assert_eq!(nodes_ready(&[ready, not]).unwrap_err(), "not Ready: b");
     }
 
     #[tokio::test]
     async fn poll_until_times_out_with_the_last_state() {
         let mut n = 0;
-        let err = poll_until("x", Duration::from_millis(50), Duration::from_millis(5), || {
-            n += 1;
-            let state = format!("try {n}");
-            async move { Err(state) }
-        })
+        let err = poll_until(
+            "x",
+            Duration::from_millis(50),
+            Duration::from_millis(5),
+            || {
+                n += 1;
+                let state = format!("try {n}");
+                async move { Err(state) }
+            },
+        )
         .await
         .unwrap_err();
         match err {
@@ -482,9 +523,12 @@ mod tests {
             other => panic!("{other}"),
         }
         // A probe that never returns is still bounded by the timeout.
-        let err = poll_until("hang", Duration::from_millis(20), Duration::from_millis(5), || {
-            std::future::pending::<Result<(), String>>()
-        })
+        let err = poll_until(
+            "hang",
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+            std::future::pending::<Result<(), String>>,
+        )
         .await
         .unwrap_err();
         assert!(err.to_string().contains("nothing yet"), "{err}");

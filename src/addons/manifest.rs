@@ -314,7 +314,12 @@ items:
             .collect();
         assert_eq!(
             kinds,
-            ["Namespace", "CustomResourceDefinition", "Deployment", "ConfigMap"]
+            [
+                "Namespace",
+                "CustomResourceDefinition",
+                "Deployment",
+                "ConfigMap"
+            ]
         );
     }
 
@@ -323,8 +328,13 @@ items:
         let err = parse_documents("bad.yaml", "kind: ConfigMap\nmetadata: {name: x}\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("bad.yaml") && err.contains("apiVersion"), "{err}");
-        let err = parse_documents("bad.yaml", "a: [\n").unwrap_err().to_string();
+        assert!(
+            err.contains("bad.yaml") && err.contains("apiVersion"),
+            "{err}"
+        );
+        let err = parse_documents("bad.yaml", "a: [\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not valid YAML"), "{err}");
     }
 
@@ -359,14 +369,29 @@ items:
         let mut live = rendered.clone();
         live["data"] = json!({"ca.crt":"T0xE","tls.crt":"T0xE","tls.key":"T0xE"});
         // Not ours: keep the render.
-        assert!(!carry_tls_material(&mut rendered, &live, "cilium", "kube-system"));
+        assert!(!carry_tls_material(
+            &mut rendered,
+            &live,
+            "cilium",
+            "kube-system"
+        ));
         stamp_markers(&mut live, "cilium", "kube-system");
-        assert!(carry_tls_material(&mut rendered, &live, "cilium", "kube-system"));
+        assert!(carry_tls_material(
+            &mut rendered,
+            &live,
+            "cilium",
+            "kube-system"
+        ));
         assert_eq!(rendered["data"]["ca.crt"], "T0xE");
         // A non-TLS Secret is never overridden.
         let mut plain = json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"p"},
             "data":{"password":"TkVX"}});
-        assert!(!carry_tls_material(&mut plain, &live, "cilium", "kube-system"));
+        assert!(!carry_tls_material(
+            &mut plain,
+            &live,
+            "cilium",
+            "kube-system"
+        ));
     }
 
     #[test]

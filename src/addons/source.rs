@@ -131,7 +131,9 @@ async fn read_dir(dir: &Path) -> Result<Vec<Value>, SourceError> {
         path: path.to_owned(),
         reason: e.to_string(),
     };
-    let mut entries = tokio::fs::read_dir(dir).await.map_err(|e| read_err(dir, e))?;
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .map_err(|e| read_err(dir, e))?;
     let mut files = Vec::new();
     while let Some(entry) = entries.next_entry().await.map_err(|e| read_err(dir, e))? {
         let path = entry.path();
@@ -191,7 +193,9 @@ async fn run_helm(
         .await
         .map_err(|e| helm_err(format!("cannot run {}: {e}", t.helm_bin.display())))?;
     if !out.status.success() {
-        return Err(helm_err(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
+        return Err(helm_err(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
     }
     String::from_utf8(out.stdout).map_err(|_| helm_err("output is not UTF-8".into()))
 }
@@ -290,6 +294,10 @@ mod tests {
             .objects("cilium", "kube-system", &serde_json::json!({}))
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("oci://quay.io/cilium/charts/cilium"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("oci://quay.io/cilium/charts/cilium"),
+            "{err}"
+        );
     }
 }

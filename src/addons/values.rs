@@ -237,7 +237,9 @@ pub fn values_from_yaml(source_name: &str, text: &str) -> Result<Value, String> 
     match v {
         Value::Null => Ok(Value::Object(Map::new())),
         Value::Object(_) => Ok(v),
-        _ => Err(format!("{source_name}: values must be a mapping at the top")),
+        _ => Err(format!(
+            "{source_name}: values must be a mapping at the top"
+        )),
     }
 }
 
@@ -248,13 +250,24 @@ mod tests {
     #[test]
     fn deep_merge_operator_wins_and_null_deletes() {
         let mut base = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": 1});
-        deep_merge(&mut base, &json!({"a": {"c": [3]}, "d": {"n": 1}, "e": null, "f": true}));
-        assert_eq!(base, json!({"a": {"b": 1, "c": [3]}, "d": {"n": 1}, "f": true}));
+        deep_merge(
+            &mut base,
+            &json!({"a": {"c": [3]}, "d": {"n": 1}, "e": null, "f": true}),
+        );
+        assert_eq!(
+            base,
+            json!({"a": {"b": 1, "c": [3]}, "d": {"n": 1}, "f": true})
+        );
     }
 
     #[test]
     fn cilium_values_carry_the_talos_settings() {
-        let v = cilium_values(CiliumOptions { kube_proxy_replacement: true }, None);
+        let v = cilium_values(
+            CiliumOptions {
+                kube_proxy_replacement: true,
+            },
+            None,
+        );
         assert_eq!(v["ipam"]["mode"], "kubernetes");
         assert_eq!(v["kubeProxyReplacement"], true);
         assert_eq!(v["k8sServiceHost"], "localhost");
@@ -274,7 +287,12 @@ mod tests {
             caps["cleanCiliumState"],
             json!(["NET_ADMIN", "SYS_ADMIN", "SYS_RESOURCE"])
         );
-        let with_proxy = cilium_values(CiliumOptions { kube_proxy_replacement: false }, None);
+        let with_proxy = cilium_values(
+            CiliumOptions {
+                kube_proxy_replacement: false,
+            },
+            None,
+        );
         assert_eq!(with_proxy["kubeProxyReplacement"], false);
         assert!(with_proxy.get("k8sServiceHost").is_none());
     }
@@ -283,9 +301,17 @@ mod tests {
     fn operator_values_override_cilium_defaults() {
         let op = json!({"ipam": {"operator": {"clusterPoolIPv4PodCIDRList": ["10.0.0.0/8"]}},
                         "hubble": {"enabled": true}, "k8sServicePort": 6443});
-        let v = cilium_values(CiliumOptions { kube_proxy_replacement: true }, Some(&op));
+        let v = cilium_values(
+            CiliumOptions {
+                kube_proxy_replacement: true,
+            },
+            Some(&op),
+        );
         assert_eq!(v["ipam"]["mode"], "kubernetes");
-        assert_eq!(v["ipam"]["operator"]["clusterPoolIPv4PodCIDRList"][0], "10.0.0.0/8");
+        assert_eq!(
+            v["ipam"]["operator"]["clusterPoolIPv4PodCIDRList"][0],
+            "10.0.0.0/8"
+        );
         assert_eq!(v["hubble"]["enabled"], true);
         assert_eq!(v["k8sServicePort"], 6443);
     }
@@ -313,10 +339,16 @@ mod tests {
         let rs = &v["repoServer"];
         assert_eq!(rs["initContainers"][0]["image"], "viaductoss/ksops:v4.5.1");
         assert_eq!(rs["volumes"][1]["secret"]["secretName"], "sops-age");
-        assert!(rs["env"].as_array().unwrap().iter().any(|e| e["name"]
-            == "SOPS_AGE_KEY_FILE"
-            && e["value"] == "/.config/sops/age/keys.txt"));
-        assert!(rs["volumeMounts"].as_array().unwrap().iter().any(|m| m["subPath"] == "ksops"));
+        assert!(rs["env"].as_array().unwrap().iter().any(
+            |e| e["name"] == "SOPS_AGE_KEY_FILE" && e["value"] == "/.config/sops/age/keys.txt"
+        ));
+        assert!(
+            rs["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["subPath"] == "ksops")
+        );
     }
 
     #[test]
@@ -357,6 +389,10 @@ mod tests {
     fn values_from_yaml_wants_a_mapping() {
         assert_eq!(values_from_yaml("v", "").unwrap(), json!({}));
         assert_eq!(values_from_yaml("v", "a: 1\n").unwrap(), json!({"a": 1}));
-        assert!(values_from_yaml("v", "- 1\n").unwrap_err().contains("mapping"));
+        assert!(
+            values_from_yaml("v", "- 1\n")
+                .unwrap_err()
+                .contains("mapping")
+        );
     }
 }

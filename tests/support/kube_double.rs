@@ -119,7 +119,13 @@ fn builtins() -> Vec<Res> {
         Res::new("", "v1", "ServiceAccount", "serviceaccounts", true),
         Res::new("apps", "v1", "Deployment", "deployments", true),
         Res::new("apps", "v1", "DaemonSet", "daemonsets", true),
-        Res::new("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", false),
+        Res::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+        ),
         Res::new(
             "rbac.authorization.k8s.io",
             "v1",
@@ -128,7 +134,13 @@ fn builtins() -> Vec<Res> {
             false,
         ),
         Res::new("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
-        Res::new("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", true),
+        Res::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+        ),
         Res::new(
             "apiextensions.k8s.io",
             "v1",
@@ -204,7 +216,8 @@ impl Cluster {
     fn view(&self, key: &Key, s: &Stored, now: Instant) -> Value {
         let mut obj = s.obj.clone();
         let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
-        let ready = now >= s.ready_at && !self.never_ready.contains(&(key.2.clone(), key.3.clone()));
+        let ready =
+            now >= s.ready_at && !self.never_ready.contains(&(key.2.clone(), key.3.clone()));
         match (key.0.as_str(), key.1.as_str()) {
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
                 let established = if now >= s.ready_at { "True" } else { "False" };
@@ -311,16 +324,20 @@ impl KubeDouble {
         let ca = TestCa::new_ca("kubernetes");
         let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let server = ca.server(&[loopback], &["localhost"]);
-        let client = ca.client(&["system:masters"], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        let client = ca.client(
+            &["system:masters"],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        );
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
             .unwrap();
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .unwrap();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .unwrap();
         let chain = vec![CertificateDer::from_pem_slice(server.cert_pem.as_bytes()).unwrap()];
         let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
         let tls = rustls::ServerConfig::builder_with_provider(provider)
@@ -400,7 +417,12 @@ impl KubeDouble {
             .into_iter()
             .chain(c.all_crd_kinds())
             .find(|r| r.api_version() == api_version && r.kind == kind)?;
-        let key = (res.group.clone(), res.plural.clone(), ns.to_owned(), name.to_owned());
+        let key = (
+            res.group.clone(),
+            res.plural.clone(),
+            ns.to_owned(),
+            name.to_owned(),
+        );
         c.objects.get(&key).map(|s| c.view(&key, s, now))
     }
 
@@ -483,8 +505,15 @@ fn set_node(state: &Shared, name: &str, ready: bool) {
 enum Target {
     CoreVersions,
     GroupList,
-    ResourceList { group: String, version: String },
-    Object { res: Res, ns: Option<String>, name: Option<String> },
+    ResourceList {
+        group: String,
+        version: String,
+    },
+    Object {
+        res: Res,
+        ns: Option<String>,
+        name: Option<String>,
+    },
 }
 
 fn parse_path(c: &Cluster, path: &str, now: Instant) -> Option<Target> {
@@ -497,7 +526,10 @@ fn parse_path(c: &Cluster, path: &str, now: Instant) -> Option<Target> {
         _ => return None,
     };
     let served = c.served(now);
-    if !served.iter().any(|r| r.group == group && r.version == version) {
+    if !served
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+    {
         return None;
     }
     let find = |plural: &str| {
@@ -513,16 +545,32 @@ fn parse_path(c: &Cluster, path: &str, now: Instant) -> Option<Target> {
         }),
         ["namespaces", ns, plural] => {
             let res = find(plural).filter(|r| r.namespaced)?;
-            Some(Target::Object { res, ns: Some((*ns).into()), name: None })
+            Some(Target::Object {
+                res,
+                ns: Some((*ns).into()),
+                name: None,
+            })
         }
         ["namespaces", ns, plural, name] => {
             let res = find(plural).filter(|r| r.namespaced)?;
-            Some(Target::Object { res, ns: Some((*ns).into()), name: Some((*name).into()) })
+            Some(Target::Object {
+                res,
+                ns: Some((*ns).into()),
+                name: Some((*name).into()),
+            })
         }
-        [plural] => Some(Target::Object { res: find(plural)?, ns: None, name: None }),
+        [plural] => Some(Target::Object {
+            res: find(plural)?,
+            ns: None,
+            name: None,
+        }),
         [plural, name] => {
             let res = find(plural).filter(|r| !r.namespaced)?;
-            Some(Target::Object { res, ns: None, name: Some((*name).into()) })
+            Some(Target::Object {
+                res,
+                ns: None,
+                name: Some((*name).into()),
+            })
         }
         _ => None,
     }
@@ -579,13 +627,29 @@ async fn handle(
                         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
                 })
                 .collect();
-            let gv = if group.is_empty() { version } else { format!("{group}/{version}") };
+            let gv = if group.is_empty() {
+                version
+            } else {
+                format!("{group}/{version}")
+            };
             axum::Json(json!({"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": gv, "resources": resources}))
             .into_response()
         }
-        (Method::GET, Target::Object { res, ns, name: Some(name) }) => {
-            let key = (res.group.clone(), res.plural.clone(), ns.unwrap_or_default(), name);
+        (
+            Method::GET,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => {
+            let key = (
+                res.group.clone(),
+                res.plural.clone(),
+                ns.unwrap_or_default(),
+                name,
+            );
             match c.objects.get(&key) {
                 Some(s) => axum::Json(c.view(&key, s, now)).into_response(),
                 None => status(
@@ -595,7 +659,14 @@ async fn handle(
                 ),
             }
         }
-        (Method::GET, Target::Object { res, ns, name: None }) => {
+        (
+            Method::GET,
+            Target::Object {
+                res,
+                ns,
+                name: None,
+            },
+        ) => {
             let items: Vec<Value> = c
                 .objects
                 .iter()
@@ -609,9 +680,14 @@ async fn handle(
                 "metadata": {"resourceVersion": c.rv.to_string()}, "items": items}))
             .into_response()
         }
-        (Method::PATCH, Target::Object { res, ns, name: Some(name) }) => {
-            apply(&mut c, res, ns, name, &query, &headers, &body, now)
-        }
+        (
+            Method::PATCH,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => apply(&mut c, res, ns, name, &query, &headers, &body, now),
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -629,7 +705,13 @@ fn qualified(res: &Res) -> String {
 }
 
 /// Metadata fields the server owns; they never count as content.
-const SERVER_META: &[&str] = &["uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"];
+const SERVER_META: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+];
 
 fn content(obj: &Value) -> Value {
     let mut v = obj.clone();
@@ -663,7 +745,9 @@ fn apply(
         return status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format ({ctype}); this double accepts only application/apply-patch+yaml"),
+            format!(
+                "the body of the request was in an unknown format ({ctype}); this double accepts only application/apply-patch+yaml"
+            ),
         );
     }
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
@@ -678,14 +762,26 @@ fn apply(
         .or_else(|_| yaml_serde::from_slice(body).map_err(|e| e.to_string()));
     let mut obj = match parsed {
         Ok(v) if v.is_object() => v,
-        Ok(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "body is not an object".into()),
+        Ok(_) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "body is not an object".into(),
+            );
+        }
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
     };
     if obj["apiVersion"] != res.api_version().as_str() || obj["kind"] != res.kind.as_str() {
         return status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            format!("the body is {} {}, the URL addresses {} {}", obj["apiVersion"], obj["kind"], res.api_version(), res.kind),
+            format!(
+                "the body is {} {}, the URL addresses {} {}",
+                obj["apiVersion"],
+                obj["kind"],
+                res.api_version(),
+                res.kind
+            ),
         );
     }
     if obj["metadata"]["name"] != name.as_str() {
@@ -706,9 +802,18 @@ fn apply(
                 "the namespace of the provided object does not match the namespace sent on the request".into(),
             );
         }
-        let ns_key = (String::new(), "namespaces".to_owned(), String::new(), ns.clone());
+        let ns_key = (
+            String::new(),
+            "namespaces".to_owned(),
+            String::new(),
+            ns.clone(),
+        );
         if !c.objects.contains_key(&ns_key) {
-            return status(StatusCode::NOT_FOUND, "NotFound", format!("namespaces \"{ns}\" not found"));
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("namespaces \"{ns}\" not found"),
+            );
         }
         obj["metadata"]["namespace"] = Value::String(ns.clone());
     } else if obj["metadata"].get("namespace").is_some() {
@@ -727,7 +832,12 @@ fn apply(
         }
     }
 
-    let key = (res.group.clone(), res.plural.clone(), ns.clone(), name.clone());
+    let key = (
+        res.group.clone(),
+        res.plural.clone(),
+        ns.clone(),
+        name.clone(),
+    );
     let new_content = content(&obj);
     let (created, changed) = match c.objects.get(&key) {
         None => (true, true),
@@ -736,7 +846,10 @@ fn apply(
                 return status(
                     StatusCode::CONFLICT,
                     "Conflict",
-                    format!("Apply failed with 1 conflict: conflict with \"{}\"", s.manager),
+                    format!(
+                        "Apply failed with 1 conflict: conflict with \"{}\"",
+                        s.manager
+                    ),
                 );
             }
             (false, content(&s.obj) != new_content)
@@ -791,6 +904,10 @@ fn apply(
     });
     let s = c.objects.get(&key).unwrap();
     let view = c.view(&key, s, now);
-    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     (code, axum::Json(view)).into_response()
 }
