@@ -5,6 +5,7 @@
 mod support;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -14,8 +15,10 @@ use talboot::addons::helm::{self, ChartMeta};
 use talboot::addons::kube::{self as k, Kube, KubeError};
 use talboot::addons::manifest::{self, ObjectRef};
 use talboot::addons::source::ManifestSource;
-use talboot::addons::values::{self, ArgoCdOptions, CiliumOptions, KsopsOptions, RootApp};
-use talboot::addons::{AddonError, AddonSpec, Timeouts, install_addon};
+use talboot::addons::values::{ArgoCdOptions, CiliumOptions, KsopsOptions, RootApp};
+use talboot::addons::{
+    AddonError, AddonSpec, ArgoCdSetup, Timeouts, argocd_addon, cilium_addon, install_addon,
+};
 use talboot::crypto::age::Secret;
 use time::OffsetDateTime;
 
@@ -46,31 +49,21 @@ async fn session(double: &KubeDouble) -> Kube {
 }
 
 async fn cilium_spec() -> AddonSpec {
-    let values = values::cilium_values(
-        CiliumOptions {
-            kube_proxy_replacement: true,
-        },
-        None,
-    );
-    let objects = ManifestSource::Dir(fixture("cilium"))
-        .objects("cilium", "kube-system", &values)
-        .await
-        .unwrap();
-    AddonSpec {
-        release: "cilium".into(),
-        namespace: "kube-system".into(),
-        chart: ChartMeta {
+    cilium_addon(
+        &ManifestSource::Dir(fixture("cilium")),
+        ChartMeta {
             name: "cilium".into(),
             version: "1.18.0".into(),
             app_version: "1.18.0".into(),
             description: "eBPF-based Networking, Security, and Observability".into(),
         },
-        values,
-        objects,
-        before: vec![],
-        after: vec![],
-        wait_nodes_ready: true,
-    }
+        CiliumOptions {
+            kube_proxy_replacement: true,
+        },
+        Some(&json!({"hubble": {"relay": {"enabled": true}}})),
+    )
+    .await
+    .unwrap()
 }
 
 /// Strips what the server owns, leaving what was applied.
@@ -158,6 +151,18 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
     assert_eq!(release["namespace"], "kube-system");
     assert_eq!(release["chart"]["metadata"]["version"], "1.18.0");
     assert_eq!(release["config"], spec.values);
+    // The recorded values are the Talos settings with the operator's on top.
+    let config = &release["config"];
+    assert_eq!(config["ipam"]["mode"], "kubernetes");
+    assert_eq!(config["k8sServiceHost"], "localhost");
+    assert_eq!(config["k8sServicePort"], 7445);
+    assert_eq!(config["cgroup"]["autoMount"]["enabled"], false);
+    assert_eq!(config["cgroup"]["hostRoot"], "/sys/fs/cgroup");
+    let agent_caps = config["securityContext"]["capabilities"]["ciliumAgent"]
+        .as_array()
+        .unwrap();
+    assert!(!agent_caps.contains(&json!("SYS_MODULE")));
+    assert_eq!(config["hubble"]["relay"]["enabled"], true);
     let docs = manifest::parse_documents("release manifest", release["manifest"].as_str().unwrap())
         .unwrap();
     assert_eq!(docs.len(), spec.objects.len());
@@ -264,7 +269,6 @@ async fn argocd_set_gets_sops_age_and_root_application() {
             image: "viaductoss/ksops:v4.5.1".into(),
         }),
     };
-    let values = values::argocd_values(&opts, None);
     let identity = {
         use age::secrecy::ExposeSecret;
         let id = age::x25519::Identity::generate();
@@ -274,36 +278,28 @@ async fn argocd_set_gets_sops_age_and_root_application() {
             id.to_string().expose_secret()
         )
     };
-    let sops_age =
-        values::sops_age_secret("argocd", &Secret::new(identity.clone().into_bytes())).unwrap();
-    let root = values::root_application(
-        "argocd",
-        &RootApp {
+    let setup = ArgoCdSetup {
+        release: "argocd".into(),
+        namespace: "argocd".into(),
+        options: opts,
+        operator_values: Some(json!({"server": {"replicas": 1}})),
+        age_identity: Some(Arc::new(Secret::new(identity.clone().into_bytes()))),
+        root_app: Some(RootApp {
             name: "root".into(),
             repo_url: "https://git.example/cluster.git".into(),
             path: "apps".into(),
             revision: "main".into(),
-        },
-    )
-    .unwrap();
-    let spec = AddonSpec {
-        release: "argocd".into(),
-        namespace: "argocd".into(),
-        chart: ChartMeta {
-            name: "argo-cd".into(),
-            version: "10.1.1".into(),
-            app_version: "v3.4.4".into(),
-            description: "A Helm chart for Argo CD".into(),
-        },
-        objects: ManifestSource::Dir(fixture("argocd"))
-            .objects("argocd", "argocd", &values)
-            .await
-            .unwrap(),
-        values,
-        before: vec![sops_age],
-        after: vec![root],
-        wait_nodes_ready: false,
+        }),
     };
+    let chart = ChartMeta {
+        name: "argo-cd".into(),
+        version: "10.1.1".into(),
+        app_version: "v3.4.4".into(),
+        description: "A Helm chart for Argo CD".into(),
+    };
+    let spec = argocd_addon(&ManifestSource::Dir(fixture("argocd")), chart, &setup)
+        .await
+        .unwrap();
     let outcome = install_addon(&kube, &spec, timeouts(), now())
         .await
         .unwrap();
@@ -318,6 +314,7 @@ async fn argocd_set_gets_sops_age_and_root_application() {
             .unwrap()
     };
     assert!(pos("Secret", "sops-age") < pos("Deployment", "argocd-repo-server"));
+    assert!(pos("StatefulSet", "argocd-application-controller") > pos("Namespace", "argocd"));
     assert!(pos("Application", "root") > pos("Secret", "sh.helm.release.v1.argocd.v1"));
 
     let secret = double.object("v1", "Secret", "argocd", "sops-age").unwrap();

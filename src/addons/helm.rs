@@ -58,8 +58,9 @@ pub struct ChartMeta {
     pub description: String,
 }
 
-/// Everything a revision-1 `deployed` release record is made of.
-#[derive(Clone, Debug)]
+/// Everything a revision-1 `deployed` release record is made of. `Debug` leaves out the
+/// values and manifest: they can hold Secrets and key material.
+#[derive(Clone)]
 pub struct ReleaseInput<'a> {
     /// Release name.
     pub name: &'a str,
@@ -75,6 +76,19 @@ pub struct ReleaseInput<'a> {
     pub first_deployed: OffsetDateTime,
     /// When it was last (re)written.
     pub last_deployed: OffsetDateTime,
+}
+
+impl std::fmt::Debug for ReleaseInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseInput")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("chart", &self.chart)
+            .field("manifest_bytes", &self.manifest.len())
+            .field("first_deployed", &self.first_deployed)
+            .field("last_deployed", &self.last_deployed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Name of the record Secret of `release` at `revision`.

@@ -1,7 +1,8 @@
 //! The Kubernetes API adapter (kube-rs): a client from the admin kubeconfig, server-side apply
 //! of arbitrary objects with field manager `talboot`, kind resolution through discovery
 //! (cached, and refreshed once new CRDs are Established), and readiness waits — CRD
-//! Established, Deployment available, DaemonSet rolled out, all Nodes Ready — each bounded
+//! Established, Deployment available, DaemonSet and StatefulSet rolled out, all Nodes
+//! Ready — each bounded
 //! by one `tokio::time::timeout` around the whole wait, requests included.
 //!
 //! The readiness rules themselves are pure functions over the object JSON, so they are unit
@@ -12,7 +13,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -82,8 +83,9 @@ pub async fn client_from_kubeconfig(yaml: &[u8]) -> Result<Client, KubeError> {
     Client::try_from(config).map_err(|e| KubeError::Kubeconfig(e.to_string()))
 }
 
-/// The outcome of applying one object.
-#[derive(Clone, Debug)]
+/// The outcome of applying one object. `Debug` shows the reference only: the body may be a
+/// Secret.
+#[derive(Clone)]
 pub struct Applied {
     /// The object, namespace resolved.
     pub reference: ObjectRef,
@@ -95,6 +97,15 @@ pub struct Applied {
 
 /// Resolved kinds by (group, version, kind).
 type KindCache = HashMap<(String, String, String), (ApiResource, ApiCapabilities)>;
+
+impl std::fmt::Debug for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applied")
+            .field("reference", &self.reference)
+            .field("changed", &self.changed)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A Kubernetes API session: client plus a discovery cache.
 pub struct Kube {
@@ -300,6 +311,21 @@ impl Kube {
         .await
     }
 
+    /// Waits until the StatefulSet has every replica updated and ready.
+    pub async fn wait_statefulset(
+        &self,
+        ns: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let what = format!("StatefulSet {ns}/{name} to roll out");
+        poll_until(&what, timeout, self.poll_interval, || async {
+            let obj = self.get_typed::<StatefulSet>(Some(ns), name).await?;
+            statefulset_rolled_out(&obj)
+        })
+        .await
+    }
+
     /// Waits until there is at least one Node and every Node is Ready (the CNI is what makes
     /// nodes Ready, so this is the real "Cilium works" signal).
     pub async fn wait_nodes_ready(&self, timeout: Duration) -> Result<(), KubeError> {
@@ -426,6 +452,26 @@ pub fn daemonset_rolled_out(ds: &Value) -> Result<(), String> {
     }
 }
 
+/// A StatefulSet has rolled out when the controller has seen its generation, every desired
+/// replica is updated and ready, and (when reported) the current revision is the update
+/// revision, as `kubectl rollout status` checks for the RollingUpdate strategy.
+pub fn statefulset_rolled_out(sts: &Value) -> Result<(), String> {
+    generation_observed(sts)?;
+    let want = sts["spec"]["replicas"].as_i64().unwrap_or(1);
+    let s = &sts["status"];
+    let ready = s["readyReplicas"].as_i64().unwrap_or(0);
+    let updated = s["updatedReplicas"].as_i64().unwrap_or(0);
+    if ready < want || updated < want {
+        return Err(format!(
+            "{updated} updated, {ready} ready of {want} replicas"
+        ));
+    }
+    match (s["currentRevision"].as_str(), s["updateRevision"].as_str()) {
+        (Some(c), Some(u)) if c != u => Err(format!("revision {c} not yet updated to {u}")),
+        _ => Ok(()),
+    }
+}
+
 /// All Nodes are Ready (and there is at least one).
 pub fn nodes_ready(nodes: &[Value]) -> Result<(), String> {
     if nodes.is_empty() {
@@ -490,6 +536,22 @@ mod tests {
         assert!(daemonset_rolled_out(&ds).is_ok());
         ds["metadata"]["generation"] = json!(2);
         assert!(daemonset_rolled_out(&ds).is_err());
+    }
+
+    #[test]
+    fn statefulset_rollout_rule() {
+        let mut sts = json!({"metadata":{"generation":3},"spec":{"replicas":2},
+            "status":{"observedGeneration":3,"readyReplicas":2,"updatedReplicas":2,
+            "currentRevision":"a","updateRevision":"b"}});
+        assert!(
+            statefulset_rolled_out(&sts)
+                .unwrap_err()
+                .contains("revision a")
+        );
+        sts["status"]["currentRevision"] = json!("b");
+        assert!(statefulset_rolled_out(&sts).is_ok());
+        sts["status"]["readyReplicas"] = json!(1);
+        assert!(statefulset_rolled_out(&sts).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! [`install_addon`] applies a rendered manifest set with server-side apply (field manager
 //! `talboot`): Namespaces first, then CRDs (waiting until Established and refreshing
-//! discovery), then everything else; waits for Deployments and DaemonSets (and, for the CNI,
+//! discovery), then everything else; waits for Deployments, DaemonSets and StatefulSets (and, for the CNI,
 //! all Nodes) within timeouts; and records a revision-1 `deployed` Helm release whose
 //! manifest is exactly what was applied. Every release object carries Helm's ownership
 //! markers. Re-running changes nothing: server-side apply of an unchanged object does not
@@ -28,6 +28,9 @@ use time::OffsetDateTime;
 use self::helm::{ChartMeta, ReleaseInput};
 use self::kube::{Applied, Kube, KubeError};
 use self::manifest::{ObjectRef, Phase};
+use self::source::{ManifestSource, SourceError};
+use self::values::{ArgoCdOptions, CiliumOptions, ExtraError, RootApp};
+use crate::crypto::age::Secret;
 
 /// Errors installing an add-on.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,30 @@ pub enum AddonError {
         #[source]
         source: helm::ReleaseError,
     },
+    /// The manifest could not be rendered or read.
+    #[error("add-on {release}: {source}")]
+    Source {
+        /// Release name.
+        release: String,
+        /// What failed.
+        #[source]
+        source: SourceError,
+    },
+    /// An extra object (sops-age Secret, root Application) could not be built.
+    #[error("add-on {release}: {source}")]
+    Extra {
+        /// Release name.
+        release: String,
+        /// What failed.
+        #[source]
+        source: ExtraError,
+    },
+    /// KSOPS is enabled but no age identity was given.
+    #[error(
+        "add-on {0}: KSOPS is enabled but no age identity was given for the sops-age Secret \
+         (set the age identity, or disable KSOPS)"
+    )]
+    KsopsWithoutIdentity(String),
     /// Helm (or someone) already upgraded the release past revision 1.
     #[error(
         "add-on {release}: Helm release {namespace}/{release} is already at revision 2 or \
@@ -69,7 +96,7 @@ pub enum AddonError {
 pub struct Timeouts {
     /// Per CRD, until Established.
     pub crd: Duration,
-    /// Per Deployment or DaemonSet, until rolled out; also for all Nodes Ready.
+    /// Per Deployment, DaemonSet or StatefulSet, until rolled out; also for all Nodes Ready.
     pub rollout: Duration,
 }
 
@@ -82,8 +109,9 @@ impl Default for Timeouts {
     }
 }
 
-/// One add-on to install.
-#[derive(Clone, Debug)]
+/// One add-on to install. `Debug` shows names and counts only: values and objects can hold
+/// Secrets (the age identity, TLS keys).
+#[derive(Clone)]
 pub struct AddonSpec {
     /// Helm release name (e.g. `cilium`).
     pub release: String,
@@ -105,6 +133,20 @@ pub struct AddonSpec {
     pub wait_nodes_ready: bool,
 }
 
+impl std::fmt::Debug for AddonSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddonSpec")
+            .field("release", &self.release)
+            .field("namespace", &self.namespace)
+            .field("chart", &self.chart)
+            .field("objects", &self.objects.len())
+            .field("before", &self.before.len())
+            .field("after", &self.after.len())
+            .field("wait_nodes_ready", &self.wait_nodes_ready)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What an install did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AddonOutcome {
@@ -124,6 +166,113 @@ impl AddonOutcome {
             self.unchanged.push(a.reference.clone());
         }
     }
+}
+
+/// The Cilium add-on: release `cilium` in `kube-system`, Talos values with the operator's on
+/// top, manifest from `source`, and a wait for every Node to be Ready (the CNI makes them so).
+pub async fn cilium_addon(
+    source: &ManifestSource,
+    chart: ChartMeta,
+    options: CiliumOptions,
+    operator_values: Option<&Value>,
+) -> Result<AddonSpec, AddonError> {
+    let (release, namespace) = ("cilium", "kube-system");
+    let values = values::cilium_values(options, operator_values);
+    let objects = source
+        .objects(release, namespace, &values)
+        .await
+        .map_err(|source| AddonError::Source {
+            release: release.into(),
+            source,
+        })?;
+    Ok(AddonSpec {
+        release: release.into(),
+        namespace: namespace.into(),
+        chart,
+        values,
+        objects,
+        before: Vec::new(),
+        after: Vec::new(),
+        wait_nodes_ready: true,
+    })
+}
+
+/// How Argo CD is set up. `Debug` leaves out the age identity.
+#[derive(Clone)]
+pub struct ArgoCdSetup {
+    /// Release name (usually `argocd`).
+    pub release: String,
+    /// Namespace (usually `argocd`).
+    pub namespace: String,
+    /// talboot's settings.
+    pub options: ArgoCdOptions,
+    /// The operator's values, merged on top.
+    pub operator_values: Option<Value>,
+    /// The age identity (keys.txt text) for the `sops-age` Secret; required with KSOPS.
+    pub age_identity: Option<std::sync::Arc<Secret>>,
+    /// The root Application, if any.
+    pub root_app: Option<RootApp>,
+}
+
+impl std::fmt::Debug for ArgoCdSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArgoCdSetup")
+            .field("release", &self.release)
+            .field("namespace", &self.namespace)
+            .field("options", &self.options)
+            .field(
+                "age_identity",
+                &self.age_identity.as_ref().map(|_| "[REDACTED]"),
+            )
+            .field("root_app", &self.root_app)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The Argo CD add-on: values (domain, insecure server, KSOPS) with the operator's on top, a
+/// `sops-age` Secret applied before the workloads when an identity is given, and the root
+/// Application applied once Argo CD is ready.
+pub async fn argocd_addon(
+    source: &ManifestSource,
+    chart: ChartMeta,
+    setup: &ArgoCdSetup,
+) -> Result<AddonSpec, AddonError> {
+    let release = setup.release.as_str();
+    let ns = setup.namespace.as_str();
+    let extra = |source| AddonError::Extra {
+        release: release.into(),
+        source,
+    };
+    let values = values::argocd_values(&setup.options, setup.operator_values.as_ref());
+    let mut before = Vec::new();
+    match &setup.age_identity {
+        Some(id) => before.push(values::sops_age_secret(ns, id).map_err(extra)?),
+        None if setup.options.ksops.is_some() => {
+            return Err(AddonError::KsopsWithoutIdentity(release.into()));
+        }
+        None => {}
+    }
+    let after = match &setup.root_app {
+        Some(app) => vec![values::root_application(ns, app).map_err(extra)?],
+        None => Vec::new(),
+    };
+    let objects = source
+        .objects(release, ns, &values)
+        .await
+        .map_err(|source| AddonError::Source {
+            release: release.into(),
+            source,
+        })?;
+    Ok(AddonSpec {
+        release: release.into(),
+        namespace: ns.into(),
+        chart,
+        values,
+        objects,
+        before,
+        after,
+        wait_nodes_ready: false,
+    })
 }
 
 /// Installs (or re-confirms) one add-on; see the module docs for the steps. `now` stamps the
@@ -234,6 +383,10 @@ pub async fn install_addon(
                 .wait_daemonset(obj_ns, &r.name, timeouts.rollout)
                 .await
                 .map_err(kerr)?,
+            ("apps/v1", "StatefulSet") => kube
+                .wait_statefulset(obj_ns, &r.name, timeouts.rollout)
+                .await
+                .map_err(kerr)?,
             _ => {}
         }
     }
@@ -312,4 +465,101 @@ async fn write_release(
     kube.apply(&secret, ns).await.map_err(kerr)?;
     tracing::info!(release, namespace = ns, %digest, "wrote the Helm release record");
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chart() -> ChartMeta {
+        ChartMeta {
+            name: "argo-cd".into(),
+            version: "10.1.1".into(),
+            app_version: "v3.4.4".into(),
+            description: String::new(),
+        }
+    }
+
+    fn setup() -> ArgoCdSetup {
+        ArgoCdSetup {
+            release: "argocd".into(),
+            namespace: "argocd".into(),
+            options: ArgoCdOptions {
+                domain: "cd.lab".into(),
+                insecure: false,
+                ksops: Some(values::KsopsOptions {
+                    image: "viaductoss/ksops:v4.5.1".into(),
+                }),
+            },
+            operator_values: None,
+            age_identity: None,
+            root_app: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn ksops_needs_an_identity_and_debug_redacts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+        )
+        .unwrap();
+        let src = ManifestSource::Dir(dir.path().to_owned());
+        let mut s = setup();
+        let err = argocd_addon(&src, chart(), &s).await.unwrap_err();
+        assert!(matches!(err, AddonError::KsopsWithoutIdentity(_)), "{err}");
+
+        use ::age::secrecy::ExposeSecret;
+        let id = ::age::x25519::Identity::generate();
+        let key = id.to_string().expose_secret().to_owned();
+        s.age_identity = Some(std::sync::Arc::new(Secret::new(key.clone().into_bytes())));
+        let spec = argocd_addon(&src, chart(), &s).await.unwrap();
+        assert_eq!(spec.before.len(), 1);
+        assert!(spec.after.is_empty());
+        assert_eq!(spec.values["global"]["domain"], "cd.lab");
+        let shown = format!("{s:?} {spec:?}");
+        assert!(
+            !shown.contains(&key) && !shown.contains("AGE-SECRET-KEY"),
+            "{shown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn cilium_addon_waits_for_nodes_and_carries_talos_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = ManifestSource::Dir(dir.path().to_owned());
+        let err = cilium_addon(
+            &src,
+            chart(),
+            CiliumOptions {
+                kube_proxy_replacement: true,
+            },
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AddonError::Source { .. }), "{err}");
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+        )
+        .unwrap();
+        let spec = cilium_addon(
+            &src,
+            chart(),
+            CiliumOptions {
+                kube_proxy_replacement: true,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(spec.wait_nodes_ready);
+        assert_eq!(
+            (spec.release.as_str(), spec.namespace.as_str()),
+            ("cilium", "kube-system")
+        );
+        assert_eq!(spec.values["k8sServicePort"], 7445);
+    }
 }

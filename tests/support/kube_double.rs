@@ -10,7 +10,7 @@
 //! - a namespaced object in a missing Namespace is 404 NotFound, as the real server answers;
 //! - Secret `data` values must be base64 (else 422);
 //! - resourceVersion changes only when the stored content really changes;
-//! - Deployments and DaemonSets report ready a short delay after each change, unless
+//! - Deployments, DaemonSets and StatefulSets report ready a short delay after each change, unless
 //!   marked never-ready; Nodes carry a configurable Ready condition.
 //!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
@@ -43,7 +43,7 @@ use super::pki::TestCa;
 pub struct DoubleOptions {
     /// How long after being applied a CRD becomes Established.
     pub crd_delay: Duration,
-    /// How long after a change a Deployment or DaemonSet reports ready.
+    /// How long after a change a Deployment, DaemonSet or StatefulSet reports ready.
     pub rollout_delay: Duration,
     /// Nodes and whether each is Ready.
     pub nodes: Vec<(String, bool)>,
@@ -119,6 +119,7 @@ fn builtins() -> Vec<Res> {
         Res::new("", "v1", "ServiceAccount", "serviceaccounts", true),
         Res::new("apps", "v1", "Deployment", "deployments", true),
         Res::new("apps", "v1", "DaemonSet", "daemonsets", true),
+        Res::new("apps", "v1", "StatefulSet", "statefulsets", true),
         Res::new(
             "rbac.authorization.k8s.io",
             "v1",
@@ -251,6 +252,19 @@ impl Cluster {
                     "updatedNumberScheduled": desired,
                     "numberReady": if ready { desired } else { 0 },
                     "numberAvailable": if ready { desired } else { 0 },
+                });
+            }
+            ("apps", "statefulsets") => {
+                let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+                let revision = format!("{}-{generation}", key.3);
+                obj["status"] = json!({
+                    "observedGeneration": generation,
+                    "replicas": want,
+                    "updatedReplicas": want,
+                    "readyReplicas": if ready { want } else { 0 },
+                    "availableReplicas": if ready { want } else { 0 },
+                    "currentRevision": revision,
+                    "updateRevision": revision,
                 });
             }
             ("", "namespaces") => obj["status"] = json!({"phase": "Active"}),
@@ -448,7 +462,7 @@ impl KubeDouble {
         self.state.lock().unwrap().log.clone()
     }
 
-    /// Makes a Deployment or DaemonSet never report ready.
+    /// Makes a Deployment, DaemonSet or StatefulSet never report ready.
     pub fn never_ready(&self, ns: &str, name: &str) {
         self.state
             .lock()
@@ -880,7 +894,7 @@ fn apply(
         meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
         let delay = match res.kind.as_str() {
             "CustomResourceDefinition" => c.opts.crd_delay,
-            "Deployment" | "DaemonSet" => c.opts.rollout_delay,
+            "Deployment" | "DaemonSet" | "StatefulSet" => c.opts.rollout_delay,
             _ => Duration::ZERO,
         };
         c.objects.insert(
