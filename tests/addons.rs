@@ -532,3 +532,48 @@ async fn the_double_is_strict_like_the_api_server() {
     );
     assert!(anon.apply(&cm, "default").await.is_err());
 }
+
+#[tokio::test]
+async fn custom_resources_wait_for_an_established_crd() {
+    // A CRD that never becomes Established within the test: its kind stays unknown.
+    let double = KubeDouble::start(DoubleOptions {
+        crd_delay: Duration::from_secs(3600),
+        ..DoubleOptions::default()
+    })
+    .await;
+    let kube = session(&double).await;
+    let crd = manifest::parse_documents(
+        "c-crds.yaml",
+        &std::fs::read_to_string(fixture("cilium").join("c-crds.yaml")).unwrap(),
+    )
+    .unwrap()
+    .remove(0);
+    kube.apply(&crd, "default").await.unwrap();
+    let pool = json!({"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+        "metadata": {"name": "p"}});
+    let err = kube.apply(&pool, "default").await.unwrap_err();
+    assert!(matches!(err, KubeError::UnknownKind { .. }), "{err}");
+    let err = kube
+        .wait_crd_established(
+            "ciliumloadbalancerippools.cilium.io",
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Established=\"False\""), "{err}");
+
+    // The whole install fails at the CRD wait, before any custom resource is sent.
+    let spec = cilium_spec().await;
+    let short = Timeouts {
+        crd: Duration::from_millis(200),
+        rollout: Duration::from_secs(20),
+    };
+    let err = install_addon(&kube, &spec, short, now()).await.unwrap_err();
+    assert!(err.to_string().contains("to be Established"), "{err}");
+    assert!(
+        !double
+            .applies()
+            .iter()
+            .any(|a| a.kind == "CiliumLoadBalancerIPPool")
+    );
+}
