@@ -4,6 +4,7 @@
 //! machine's life (see `docs/architecture.md`): the typed [`inventory`] is loaded once, the
 //! [`store`] persists what happened, and [`cli`] wires the subcommands.
 
+pub mod addons;
 pub mod artifacts;
 pub mod cli;
 pub mod crypto;

@@ -1,0 +1,927 @@
+//! A Kubernetes API server double over HTTPS (rustls, ring; client certificates required),
+//! strict where the real API server is strict, for the add-on tests:
+//!
+//! - discovery: `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`; kinds defined by a
+//!   CRD are served only once that CRD is Established (a short, configurable delay after it
+//!   is applied), and an unknown group/version/resource is 404;
+//! - GET of one object or a list; PATCH only as server-side apply: content type
+//!   `application/apply-patch+yaml` (else 415) and a `fieldManager` (else 422); a different
+//!   manager without `force` gets 409; body kind/name/namespace must match the URL;
+//! - a namespaced object in a missing Namespace is 404 NotFound, as the real server answers;
+//! - Secret `data` values must be base64 (else 422);
+//! - resourceVersion changes only when the stored content really changes;
+//! - Deployments, DaemonSets and StatefulSets report ready a short delay after each change, unless
+//!   marked never-ready; Nodes carry a configurable Ready condition.
+//!
+//! Every apply is logged (what, manager, force, whether it changed) for assertions.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use rcgen::ExtendedKeyUsagePurpose;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use super::pki::TestCa;
+
+/// Knobs of the double.
+#[derive(Clone, Debug)]
+pub struct DoubleOptions {
+    /// How long after being applied a CRD becomes Established.
+    pub crd_delay: Duration,
+    /// How long after a change a Deployment, DaemonSet or StatefulSet reports ready.
+    pub rollout_delay: Duration,
+    /// Nodes and whether each is Ready.
+    pub nodes: Vec<(String, bool)>,
+}
+
+impl Default for DoubleOptions {
+    fn default() -> Self {
+        DoubleOptions {
+            crd_delay: Duration::from_millis(150),
+            rollout_delay: Duration::from_millis(150),
+            nodes: vec![("cp1".into(), true), ("w1".into(), true)],
+        }
+    }
+}
+
+/// One PATCH (apply) the double accepted.
+#[derive(Clone, Debug)]
+pub struct ApplyRecord {
+    /// apiVersion.
+    pub api_version: String,
+    /// kind.
+    pub kind: String,
+    /// Namespace (empty for cluster scope).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The fieldManager query parameter.
+    pub field_manager: String,
+    /// Whether force was set.
+    pub force: bool,
+    /// Whether the stored object changed.
+    pub changed: bool,
+    /// When it was accepted.
+    pub at: Instant,
+}
+
+#[derive(Clone, Debug)]
+struct Res {
+    group: String,
+    version: String,
+    kind: String,
+    plural: String,
+    namespaced: bool,
+}
+
+impl Res {
+    fn new(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Self {
+        Res {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced,
+        }
+    }
+
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+fn builtins() -> Vec<Res> {
+    vec![
+        Res::new("", "v1", "Namespace", "namespaces", false),
+        Res::new("", "v1", "Node", "nodes", false),
+        Res::new("", "v1", "Secret", "secrets", true),
+        Res::new("", "v1", "ConfigMap", "configmaps", true),
+        Res::new("", "v1", "Service", "services", true),
+        Res::new("", "v1", "ServiceAccount", "serviceaccounts", true),
+        Res::new("apps", "v1", "Deployment", "deployments", true),
+        Res::new("apps", "v1", "DaemonSet", "daemonsets", true),
+        Res::new("apps", "v1", "StatefulSet", "statefulsets", true),
+        Res::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+        ),
+        Res::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+        ),
+        Res::new("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
+        Res::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+        ),
+        Res::new(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+        ),
+    ]
+}
+
+/// (group, plural, namespace or "", name)
+type Key = (String, String, String, String);
+
+struct Stored {
+    obj: Value,
+    manager: String,
+    ready_at: Instant,
+}
+
+struct Cluster {
+    opts: DoubleOptions,
+    objects: BTreeMap<Key, Stored>,
+    rv: u64,
+    uid: u64,
+    never_ready: HashSet<(String, String)>,
+    log: Vec<ApplyRecord>,
+}
+
+type Shared = Arc<Mutex<Cluster>>;
+
+impl Cluster {
+    fn established_crds(&self, now: Instant) -> Vec<Res> {
+        let mut out = Vec::new();
+        for ((group, plural, _, _), s) in &self.objects {
+            if group != "apiextensions.k8s.io" || plural != "customresourcedefinitions" {
+                continue;
+            }
+            if now < s.ready_at {
+                continue;
+            }
+            let spec = &s.obj["spec"];
+            let namespaced = spec["scope"] == "Namespaced";
+            for v in spec["versions"].as_array().into_iter().flatten() {
+                if v["served"] == false {
+                    continue;
+                }
+                out.push(Res::new(
+                    spec["group"].as_str().unwrap_or(""),
+                    v["name"].as_str().unwrap_or(""),
+                    spec["names"]["kind"].as_str().unwrap_or(""),
+                    spec["names"]["plural"].as_str().unwrap_or(""),
+                    namespaced,
+                ));
+            }
+        }
+        out
+    }
+
+    fn served(&self, now: Instant) -> Vec<Res> {
+        let mut all = builtins();
+        all.extend(self.established_crds(now));
+        all
+    }
+
+    fn node_count(&self) -> i64 {
+        self.objects
+            .keys()
+            .filter(|(g, p, _, _)| g.is_empty() && p == "nodes")
+            .count() as i64
+    }
+
+    /// The object as a client reads it: stored content plus a status computed from time.
+    fn view(&self, key: &Key, s: &Stored, now: Instant) -> Value {
+        let mut obj = s.obj.clone();
+        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+        let ready =
+            now >= s.ready_at && !self.never_ready.contains(&(key.2.clone(), key.3.clone()));
+        match (key.0.as_str(), key.1.as_str()) {
+            ("apiextensions.k8s.io", "customresourcedefinitions") => {
+                let established = if now >= s.ready_at { "True" } else { "False" };
+                obj["status"] = json!({
+                    "acceptedNames": obj["spec"]["names"].clone(),
+                    "conditions": [
+                        {"type": "NamesAccepted", "status": "True"},
+                        {"type": "Established", "status": established},
+                    ],
+                });
+            }
+            ("apps", "deployments") => {
+                let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+                let avail = if ready { want } else { 0 };
+                obj["status"] = json!({
+                    "observedGeneration": generation,
+                    "replicas": want,
+                    "updatedReplicas": want,
+                    "readyReplicas": avail,
+                    "availableReplicas": avail,
+                    "conditions": [{"type": "Available",
+                                    "status": if ready { "True" } else { "False" }}],
+                });
+            }
+            ("apps", "daemonsets") => {
+                let desired = self.node_count();
+                obj["status"] = json!({
+                    "observedGeneration": generation,
+                    "desiredNumberScheduled": desired,
+                    "currentNumberScheduled": desired,
+                    "updatedNumberScheduled": desired,
+                    "numberReady": if ready { desired } else { 0 },
+                    "numberAvailable": if ready { desired } else { 0 },
+                });
+            }
+            ("apps", "statefulsets") => {
+                let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+                let revision = format!("{}-{generation}", key.3);
+                obj["status"] = json!({
+                    "observedGeneration": generation,
+                    "replicas": want,
+                    "updatedReplicas": want,
+                    "readyReplicas": if ready { want } else { 0 },
+                    "availableReplicas": if ready { want } else { 0 },
+                    "currentRevision": revision,
+                    "updateRevision": revision,
+                });
+            }
+            ("", "namespaces") => obj["status"] = json!({"phase": "Active"}),
+            _ => {}
+        }
+        obj
+    }
+}
+
+/// A running double; dropping it stops the server.
+pub struct KubeDouble {
+    /// Listening address (loopback).
+    pub addr: SocketAddr,
+    kubeconfig: String,
+    state: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KubeDouble {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct TlsListener {
+    tcp: TcpListener,
+    acceptor: TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, peer)) = self.tcp.accept().await else {
+                continue;
+            };
+            // A failed handshake (e.g. no client certificate) just drops that connection.
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (code, axum::Json(body)).into_response()
+}
+
+fn not_found_resource() -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource".into(),
+    )
+}
+
+impl KubeDouble {
+    /// Starts a double on 127.0.0.1 with `kube-system` and `default` Namespaces and the
+    /// configured Nodes.
+    pub async fn start(opts: DoubleOptions) -> KubeDouble {
+        let ca = TestCa::new_ca("kubernetes");
+        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let server = ca.server(&[loopback], &["localhost"]);
+        let client = ca.client(
+            &["system:masters"],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        );
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+            .unwrap();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .unwrap();
+        let chain = vec![CertificateDer::from_pem_slice(server.cert_pem.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
+        let tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .unwrap();
+
+        let tcp = TcpListener::bind((loopback, 0)).await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let now = Instant::now();
+        let mut cluster = Cluster {
+            opts: opts.clone(),
+            objects: BTreeMap::new(),
+            rv: 100,
+            uid: 0,
+            never_ready: HashSet::new(),
+            log: Vec::new(),
+        };
+        for ns in ["kube-system", "default"] {
+            cluster.rv += 1;
+            cluster.objects.insert(
+                (String::new(), "namespaces".into(), String::new(), ns.into()),
+                Stored {
+                    obj: json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": ns, "resourceVersion": cluster.rv.to_string(),
+                                     "uid": format!("uid-ns-{ns}")}}),
+                    manager: "kube-apiserver".into(),
+                    ready_at: now,
+                },
+            );
+        }
+        let state: Shared = Arc::new(Mutex::new(cluster));
+        for (name, ready) in &opts.nodes {
+            set_node(&state, name, *ready);
+        }
+
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let listener = TlsListener {
+            tcp,
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+        };
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    \
+             server: https://{addr}\n    certificate-authority-data: {ca}\nusers:\n\
+             - name: admin\n  user:\n    client-certificate-data: {crt}\n    \
+             client-key-data: {key}\ncontexts:\n- name: admin@double\n  context:\n    \
+             cluster: double\n    user: admin\ncurrent-context: admin@double\n",
+            ca = STANDARD.encode(&ca.cert_pem),
+            crt = STANDARD.encode(&client.cert_pem),
+            key = STANDARD.encode(&client.key_pem),
+        );
+        KubeDouble {
+            addr,
+            kubeconfig,
+            state,
+            task,
+        }
+    }
+
+    /// Kubeconfig YAML for an admin of this double.
+    pub fn kubeconfig(&self) -> &str {
+        &self.kubeconfig
+    }
+
+    /// An object as a client would read it, by apiVersion/kind/namespace/name.
+    pub fn object(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Option<Value> {
+        let c = self.state.lock().unwrap();
+        let now = Instant::now();
+        let res = c
+            .served(now)
+            .into_iter()
+            .chain(c.all_crd_kinds())
+            .find(|r| r.api_version() == api_version && r.kind == kind)?;
+        let key = (
+            res.group.clone(),
+            res.plural.clone(),
+            ns.to_owned(),
+            name.to_owned(),
+        );
+        c.objects.get(&key).map(|s| c.view(&key, s, now))
+    }
+
+    /// resourceVersion of every stored object, keyed `group/plural/ns/name`.
+    pub fn resource_versions(&self) -> BTreeMap<String, String> {
+        let c = self.state.lock().unwrap();
+        c.objects
+            .iter()
+            .map(|((g, p, ns, n), s)| {
+                (
+                    format!("{g}/{p}/{ns}/{n}"),
+                    s.obj["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Every accepted apply, in order.
+    pub fn applies(&self) -> Vec<ApplyRecord> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// Makes a Deployment, DaemonSet or StatefulSet never report ready.
+    pub fn never_ready(&self, ns: &str, name: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .never_ready
+            .insert((ns.into(), name.into()));
+    }
+
+    /// Sets (or adds) a Node with the given Ready condition.
+    pub fn set_node_ready(&self, name: &str, ready: bool) {
+        set_node(&self.state, name, ready);
+    }
+
+    /// When the CRD `name` became (or becomes) Established.
+    pub fn crd_established_at(&self, name: &str) -> Option<Instant> {
+        let c = self.state.lock().unwrap();
+        c.objects
+            .get(&(
+                "apiextensions.k8s.io".into(),
+                "customresourcedefinitions".into(),
+                String::new(),
+                name.into(),
+            ))
+            .map(|s| s.ready_at)
+    }
+}
+
+impl Cluster {
+    /// CRD-defined kinds whether Established or not (for test inspection only).
+    fn all_crd_kinds(&self) -> Vec<Res> {
+        let far = Instant::now() + Duration::from_secs(3600 * 24);
+        self.established_crds(far)
+    }
+}
+
+fn set_node(state: &Shared, name: &str, ready: bool) {
+    let mut c = state.lock().unwrap();
+    c.rv += 1;
+    let rv = c.rv.to_string();
+    c.objects.insert(
+        (String::new(), "nodes".into(), String::new(), name.into()),
+        Stored {
+            obj: json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "resourceVersion": rv, "uid": format!("uid-node-{name}")},
+                "status": {"conditions": [{"type": "Ready",
+                    "status": if ready { "True" } else { "False" }}]}}),
+            manager: "kubelet".into(),
+            ready_at: Instant::now(),
+        },
+    );
+}
+
+/// What a request path addresses.
+enum Target {
+    CoreVersions,
+    GroupList,
+    ResourceList {
+        group: String,
+        version: String,
+    },
+    Object {
+        res: Res,
+        ns: Option<String>,
+        name: Option<String>,
+    },
+}
+
+fn parse_path(c: &Cluster, path: &str, now: Instant) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api"] => return Some(Target::CoreVersions),
+        ["apis"] => return Some(Target::GroupList),
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let served = c.served(now);
+    if !served
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+    {
+        return None;
+    }
+    let find = |plural: &str| {
+        served
+            .iter()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
+            .cloned()
+    };
+    match rest {
+        [] => Some(Target::ResourceList {
+            group: group.into(),
+            version: version.into(),
+        }),
+        ["namespaces", ns, plural] => {
+            let res = find(plural).filter(|r| r.namespaced)?;
+            Some(Target::Object {
+                res,
+                ns: Some((*ns).into()),
+                name: None,
+            })
+        }
+        ["namespaces", ns, plural, name] => {
+            let res = find(plural).filter(|r| r.namespaced)?;
+            Some(Target::Object {
+                res,
+                ns: Some((*ns).into()),
+                name: Some((*name).into()),
+            })
+        }
+        [plural] => Some(Target::Object {
+            res: find(plural)?,
+            ns: None,
+            name: None,
+        }),
+        [plural, name] => {
+            let res = find(plural).filter(|r| !r.namespaced)?;
+            Some(Target::Object {
+                res,
+                ns: None,
+                name: Some((*name).into()),
+            })
+        }
+        _ => None,
+    }
+}
+
+async fn handle(
+    State(state): State<Shared>,
+    method: Method,
+    uri: Uri,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let now = Instant::now();
+    let mut c = state.lock().unwrap();
+    let Some(target) = parse_path(&c, uri.path(), now) else {
+        return not_found_resource();
+    };
+    match (method, target) {
+        (Method::GET, Target::CoreVersions) => {
+            axum::Json(json!({"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": []}))
+            .into_response()
+        }
+        (Method::GET, Target::GroupList) => {
+            let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for r in c.served(now).into_iter().filter(|r| !r.group.is_empty()) {
+                let vs = groups.entry(r.group.clone()).or_default();
+                if !vs.contains(&r.version) {
+                    vs.push(r.version.clone());
+                }
+            }
+            let groups: Vec<Value> = groups
+                .into_iter()
+                .map(|(g, vs)| {
+                    let versions: Vec<Value> = vs
+                        .iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+                })
+                .collect();
+            axum::Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+                .into_response()
+        }
+        (Method::GET, Target::ResourceList { group, version }) => {
+            let resources: Vec<Value> = c
+                .served(now)
+                .into_iter()
+                .filter(|r| r.group == group && r.version == version)
+                .map(|r| {
+                    json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
+                        "namespaced": r.namespaced, "kind": r.kind,
+                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
+                })
+                .collect();
+            let gv = if group.is_empty() {
+                version
+            } else {
+                format!("{group}/{version}")
+            };
+            axum::Json(json!({"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": gv, "resources": resources}))
+            .into_response()
+        }
+        (
+            Method::GET,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => {
+            let key = (
+                res.group.clone(),
+                res.plural.clone(),
+                ns.unwrap_or_default(),
+                name,
+            );
+            match c.objects.get(&key) {
+                Some(s) => axum::Json(c.view(&key, s, now)).into_response(),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} \"{}\" not found", qualified(&res), key.3),
+                ),
+            }
+        }
+        (
+            Method::GET,
+            Target::Object {
+                res,
+                ns,
+                name: None,
+            },
+        ) => {
+            let items: Vec<Value> = c
+                .objects
+                .iter()
+                .filter(|(k, _)| {
+                    k.0 == res.group && k.1 == res.plural && ns.as_ref().is_none_or(|n| &k.2 == n)
+                })
+                .map(|(k, s)| c.view(k, s, now))
+                .collect();
+            axum::Json(json!({"kind": format!("{}List", res.kind),
+                "apiVersion": res.api_version(),
+                "metadata": {"resourceVersion": c.rv.to_string()}, "items": items}))
+            .into_response()
+        }
+        (
+            Method::PATCH,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => apply(&mut c, res, ns, name, &query, &headers, &body, now),
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource".into(),
+        ),
+    }
+}
+
+fn qualified(res: &Res) -> String {
+    if res.group.is_empty() {
+        res.plural.clone()
+    } else {
+        format!("{}.{}", res.plural, res.group)
+    }
+}
+
+/// Metadata fields the server owns; they never count as content.
+const SERVER_META: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+];
+
+fn content(obj: &Value) -> Value {
+    let mut v = obj.clone();
+    if let Some(m) = v["metadata"].as_object_mut() {
+        for k in SERVER_META {
+            m.remove(*k);
+        }
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    c: &mut Cluster,
+    res: Res,
+    ns: Option<String>,
+    name: String,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let ctype = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ctype.split(';').next().unwrap_or("").trim() != "application/apply-patch+yaml" {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format ({ctype}); this double accepts only application/apply-patch+yaml"
+            ),
+        );
+    }
+    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(),
+        );
+    };
+    let force = query.get("force").is_some_and(|f| f == "true");
+    let parsed: Result<Value, String> = serde_json::from_slice(body)
+        .or_else(|_| yaml_serde::from_slice(body).map_err(|e| e.to_string()));
+    let mut obj = match parsed {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "body is not an object".into(),
+            );
+        }
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+    };
+    if obj["apiVersion"] != res.api_version().as_str() || obj["kind"] != res.kind.as_str() {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "the body is {} {}, the URL addresses {} {}",
+                obj["apiVersion"],
+                obj["kind"],
+                res.api_version(),
+                res.kind
+            ),
+        );
+    }
+    if obj["metadata"]["name"] != name.as_str() {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the name of the object does not match the name on the URL".into(),
+        );
+    }
+    let ns = ns.unwrap_or_default();
+    if res.namespaced {
+        if let Some(body_ns) = obj["metadata"]["namespace"].as_str()
+            && body_ns != ns
+        {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request".into(),
+            );
+        }
+        let ns_key = (
+            String::new(),
+            "namespaces".to_owned(),
+            String::new(),
+            ns.clone(),
+        );
+        if !c.objects.contains_key(&ns_key) {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("namespaces \"{ns}\" not found"),
+            );
+        }
+        obj["metadata"]["namespace"] = Value::String(ns.clone());
+    } else if obj["metadata"].get("namespace").is_some() {
+        obj["metadata"].as_object_mut().unwrap().remove("namespace");
+    }
+    if res.kind == "Secret" && res.group.is_empty() {
+        for (k, v) in obj["data"].as_object().into_iter().flatten() {
+            let ok = v.as_str().is_some_and(|s| STANDARD.decode(s).is_ok());
+            if !ok {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!("Secret \"{name}\" is invalid: data[{k}]: illegal base64 data"),
+                );
+            }
+        }
+    }
+
+    let key = (
+        res.group.clone(),
+        res.plural.clone(),
+        ns.clone(),
+        name.clone(),
+    );
+    let new_content = content(&obj);
+    let (created, changed) = match c.objects.get(&key) {
+        None => (true, true),
+        Some(s) => {
+            if s.manager != manager && !force {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "Apply failed with 1 conflict: conflict with \"{}\"",
+                        s.manager
+                    ),
+                );
+            }
+            (false, content(&s.obj) != new_content)
+        }
+    };
+    if changed {
+        c.rv += 1;
+        let rv = c.rv.to_string();
+        let (uid, generation) = match c.objects.get(&key) {
+            Some(s) => {
+                let old_gen = s.obj["metadata"]["generation"].as_i64().unwrap_or(1);
+                let spec_changed = s.obj.get("spec") != new_content.get("spec");
+                (
+                    s.obj["metadata"]["uid"].clone(),
+                    if spec_changed { old_gen + 1 } else { old_gen },
+                )
+            }
+            None => {
+                c.uid += 1;
+                (json!(format!("uid-{}", c.uid)), 1)
+            }
+        };
+        let mut stored = new_content;
+        let meta = stored["metadata"].as_object_mut().unwrap();
+        meta.insert("uid".into(), uid);
+        meta.insert("resourceVersion".into(), json!(rv));
+        meta.insert("generation".into(), json!(generation));
+        meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+        let delay = match res.kind.as_str() {
+            "CustomResourceDefinition" => c.opts.crd_delay,
+            "Deployment" | "DaemonSet" | "StatefulSet" => c.opts.rollout_delay,
+            _ => Duration::ZERO,
+        };
+        c.objects.insert(
+            key.clone(),
+            Stored {
+                obj: stored,
+                manager: manager.clone(),
+                ready_at: now + delay,
+            },
+        );
+    }
+    c.log.push(ApplyRecord {
+        api_version: res.api_version(),
+        kind: res.kind.clone(),
+        namespace: ns,
+        name,
+        field_manager: manager,
+        force,
+        changed,
+        at: now,
+    });
+    let s = c.objects.get(&key).unwrap();
+    let view = c.view(&key, s, now);
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (code, axum::Json(view)).into_response()
+}
