@@ -20,6 +20,12 @@ pub struct Args {
         default_value = "talboot.yaml"
     )]
     pub config: PathBuf,
+    /// Boot artifact cache to check for the sets this inventory needs.
+    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
+    pub images: PathBuf,
+    /// Folder with the first-stage iPXE binaries served over TFTP.
+    #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = super::serve::DEFAULT_IPXE_DIR)]
+    pub ipxe_dir: PathBuf,
 }
 
 /// Run the subcommand.
@@ -30,6 +36,7 @@ pub fn run(args: &Args) -> ExitCode {
                 eprintln!("{w}");
             }
             print!("{}", summary(&loaded.inventory));
+            readiness_notes(&loaded.inventory, args);
             let warnings = loaded.warnings.len();
             println!(
                 "valid: {} node{} in {} role{}, {warnings} warning{}",
@@ -70,6 +77,31 @@ pub fn run(args: &Args) -> ExitCode {
             eprintln!("talboot: {e}");
             ExitCode::from(EXIT_USAGE)
         }
+    }
+}
+
+/// What `serve` would need that is not there yet: boot artifacts and iPXE binaries. These do
+/// not make the inventory invalid, so they are notes, not diagnostics.
+fn readiness_notes(inv: &Inventory, args: &Args) {
+    let catalog = crate::artifacts::Catalog::load(&args.images);
+    for id in super::serve::required_sets(inv) {
+        let problem = match &catalog {
+            Ok(c) => crate::artifacts::verify(&args.images, c, &id)
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(p) = problem {
+            eprintln!("note: boot artifacts not ready: {p}");
+        }
+    }
+    let missing = super::serve::missing_ipxe_binaries(&args.ipxe_dir);
+    if !missing.is_empty() {
+        eprintln!(
+            "note: iPXE binaries missing from {}: {} (install Debian's `ipxe` package or pass --ipxe-dir)",
+            args.ipxe_dir.display(),
+            missing.join(", ")
+        );
     }
 }
 

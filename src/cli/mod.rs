@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
 pub mod images;
+pub mod serve;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -42,6 +43,8 @@ pub enum Command {
     Check(check::Args),
     /// Manage the boot artifact cache (Talos kernels and initramfs images).
     Images(images::Args),
+    /// Run the appliance: DHCP, TFTP and HTTP on the provisioning network.
+    Serve(serve::Args),
 }
 
 /// Exit code for invalid input.
@@ -59,6 +62,7 @@ pub fn run() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Images(args) => images::run(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }
 

@@ -774,20 +774,8 @@ fn roles(node: &Y, base: &Path, d: &mut Diagnostics) -> Vec<RoleDef> {
                 MachineType::parse,
             )
         });
-        let extends = r
-            .get("extends")
-            .and_then(|n| read::string(n, &format!("{path}.extends"), d))
-            .map(|s| {
-                let loc = body.loc.clone();
-                Spanned::new(s, loc)
-            });
-        let extends = extends.map(|mut s| {
-            if let Value::Map(es) = &body.value
-                && let Some((_, n)) = es.iter().find(|(k, _)| k.name == "extends")
-            {
-                s.loc = n.loc.clone();
-            }
-            s
+        let extends = r.get("extends").and_then(|n| {
+            read::string(n, &format!("{path}.extends"), d).map(|s| Spanned::new(s, n.loc.clone()))
         });
         let patches = r
             .get("patches")

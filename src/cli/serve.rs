@@ -1,0 +1,452 @@
+//! `talboot serve`: the appliance. Loads and checks everything first (inventory, boot artifacts,
+//! iPXE binaries, state store), binds every privileged socket, optionally drops privileges, then
+//! runs the network servers until SIGINT or SIGTERM and shuts them down gracefully.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::artifacts::{self, Catalog, SetId};
+use crate::events::{Clock, EventBus, EventKind, SystemClock};
+use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
+use crate::inventory::{self, Inventory, UnknownPolicy};
+use crate::store::{self, Store};
+use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// The first-stage iPXE binaries a PXE firmware fetches over TFTP.
+pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+
+/// Where Debian's `ipxe` package installs them.
+pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
+
+/// Arguments of `talboot serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Inventory file.
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// State directory (leases, node records, events, tokens).
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Boot artifact cache (see `talboot images`).
+    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
+    pub images: PathBuf,
+    /// Folder with the iPXE binaries served over TFTP (undionly.kpxe, ipxe.efi, snponly.efi).
+    #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = DEFAULT_IPXE_DIR)]
+    pub ipxe_dir: PathBuf,
+    /// Rendered machine configs (`talboot gen -o DIR`), released to nodes in pull mode.
+    #[arg(long, env = "TALBOOT_CONFIGS", default_value = "out")]
+    pub configs: PathBuf,
+    /// The address machines reach talboot at (default: network.advertise, else the first IPv4
+    /// address of the first network interface).
+    #[arg(long)]
+    pub advertise: Option<Ipv4Addr>,
+    /// Interface to serve on (default: the inventory's network.interfaces).
+    #[arg(long)]
+    pub interface: Option<String>,
+    /// HTTP port.
+    #[arg(long, default_value_t = 8080)]
+    pub http_port: u16,
+    /// TFTP port.
+    #[arg(long, default_value_t = 69)]
+    pub tftp_port: u16,
+    /// Do not run the TFTP server (every machine boots iPXE from its NIC ROM or HTTP boot).
+    #[arg(long)]
+    pub no_tftp: bool,
+    /// Do not run the DHCP server (another DHCP server hands out the boot options).
+    #[arg(long)]
+    pub no_dhcp: bool,
+    /// Drop to this user after binding the privileged ports.
+    #[arg(long)]
+    pub user: Option<String>,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talboot serve: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    rt.block_on(serve(args.clone()))
+}
+
+/// Problems that stop `serve` before it starts, each with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The inventory is invalid or unreadable.
+    #[error("{0}; run `talboot check -c {1}` for every problem")]
+    Inventory(inventory::LoadError, PathBuf),
+    /// Boot artifacts are missing or damaged.
+    #[error("{0}")]
+    Artifacts(#[from] artifacts::ArtifactError),
+    /// No address to advertise.
+    #[error(
+        "cannot tell which address machines reach talboot at: {0}; set network.advertise or pass --advertise"
+    )]
+    Advertise(String),
+    /// The store cannot be opened.
+    #[error("{0}")]
+    Store(#[from] store::StoreError),
+    /// A socket cannot be bound.
+    #[error("cannot listen on {addr}: {cause}")]
+    Bind {
+        /// What.
+        addr: String,
+        /// Why.
+        cause: String,
+    },
+    /// Dropping privileges failed.
+    #[error("cannot drop privileges to {user}: {cause}")]
+    Privileges {
+        /// Target user.
+        user: String,
+        /// Why.
+        cause: String,
+    },
+}
+
+impl StartError {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            StartError::Inventory(inventory::LoadError::Io { .. }, _) => ExitCode::from(EXIT_USAGE),
+            StartError::Bind { .. } | StartError::Privileges { .. } => ExitCode::from(EXIT_USAGE),
+            _ => ExitCode::from(EXIT_INVALID),
+        }
+    }
+}
+
+async fn serve(args: Args) -> ExitCode {
+    match start_and_run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("talboot serve: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Every boot set the inventory can ask for: each node's architecture, plus the default
+/// architecture when unknown machines are booted for discovery.
+pub fn required_sets(inv: &Inventory) -> Vec<SetId> {
+    let talos = &inv.cluster.talos_version.value;
+    let schematic = inv.cluster.installer.schematic_id();
+    let mut arches: Vec<inventory::Arch> = inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
+    if inv.boot.unknown_machines == UnknownPolicy::Discover {
+        arches.push(inv.boot.default_arch);
+    }
+    arches.sort();
+    arches.dedup();
+    arches
+        .into_iter()
+        .map(|a| SetId::new(talos, schematic, a))
+        .collect()
+}
+
+/// iPXE binaries missing from `dir`.
+pub fn missing_ipxe_binaries(dir: &Path) -> Vec<&'static str> {
+    IPXE_BINARIES
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect()
+}
+
+fn serving_interface(args: &Args, inv: &Inventory) -> Option<String> {
+    args.interface
+        .clone()
+        .or_else(|| inv.network.interfaces.first().cloned())
+}
+
+/// The MTU of `iface`, from sysfs.
+fn interface_mtu(iface: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The largest TFTP block that fits one Ethernet frame: MTU minus IPv4 (20), UDP (8) and TFTP
+/// (4) headers, within RFC 2348's 512..=65464.
+pub fn max_blksize_for_mtu(mtu: u32) -> u16 {
+    mtu.saturating_sub(32).clamp(512, 65464) as u16
+}
+
+fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartError> {
+    if let Some(a) = args.advertise {
+        return Ok(a);
+    }
+    if let Some(a) = &inv.network.advertise {
+        return Ok(a.value);
+    }
+    let iface = serving_interface(args, inv)
+        .ok_or_else(|| StartError::Advertise("no interface is configured".into()))?;
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| StartError::Advertise(e.to_string()))?;
+    addrs
+        .filter(|a| a.interface_name == iface)
+        .filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| v4.ip())))
+        .next()
+        .ok_or_else(|| StartError::Advertise(format!("interface {iface} has no IPv4 address")))
+}
+
+async fn start_and_run(args: Args) -> Result<(), StartError> {
+    crate::install_crypto_provider();
+    let loaded =
+        inventory::load(&args.config).map_err(|e| StartError::Inventory(e, args.config.clone()))?;
+    for w in loaded.warnings.sorted() {
+        tracing::warn!("{w}");
+    }
+    let inv = Arc::new(loaded.inventory);
+
+    // Refuse to start rather than boot machines into a missing or damaged kernel.
+    let catalog = Catalog::load(&args.images)?;
+    for id in required_sets(&inv) {
+        artifacts::verify(&args.images, &catalog, &id)?;
+    }
+    if !args.no_tftp {
+        let missing = missing_ipxe_binaries(&args.ipxe_dir);
+        if !missing.is_empty() {
+            tracing::warn!(
+                dir = %args.ipxe_dir.display(),
+                missing = %missing.join(", "),
+                "iPXE binaries missing: PXE firmware that needs them cannot boot (install Debian's `ipxe` package or set --ipxe-dir)"
+            );
+        }
+    }
+    let advertise = advertise_address(&args, &inv)?;
+
+    let store: Arc<dyn Store> = Arc::new(store::open(&args.state_dir)?);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
+        .ok();
+
+    // Bind every privileged socket before dropping privileges.
+    let http_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port);
+    let http_listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .map_err(|e| StartError::Bind {
+            addr: format!("tcp {http_addr}"),
+            cause: e.to_string(),
+        })?;
+    let tftp_socket = if args.no_tftp {
+        None
+    } else {
+        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port);
+        Some(TftpServer::bind(addr).await.map_err(|e| StartError::Bind {
+            addr: format!("udp {addr}"),
+            cause: e.to_string(),
+        })?)
+    };
+    if let Some(user) = &args.user {
+        drop_privileges(user)?;
+    }
+
+    let base_url = if args.http_port == 80 {
+        format!("http://{advertise}")
+    } else {
+        format!("http://{advertise}:{}", args.http_port)
+    };
+    let cancel = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+
+    let app = Arc::new(HttpApp {
+        inventory: inv.clone(),
+        store: store.clone(),
+        events: events.clone(),
+        images_dir: args.images.clone(),
+        catalog,
+        base_url: base_url.clone(),
+        scripts: Scripts::new(),
+        configs: Arc::new(ConfigDir(args.configs.clone())),
+        metrics,
+    });
+    {
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            http::serve(http_listener, http::router(app), cancel)
+                .await
+                .map_err(|e| format!("http: {e}"))
+        });
+    }
+
+    if let Some(socket) = tftp_socket {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+        let config = TftpConfig {
+            max_blksize: serving_interface(&args, &inv)
+                .and_then(|i| interface_mtu(&i))
+                .map(max_blksize_for_mtu)
+                .unwrap_or(TftpConfig::default().max_blksize),
+            ..TftpConfig::default()
+        };
+        tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
+        let server = TftpServer::new(config, &args.ipxe_dir)
+            .map_err(|e| StartError::Bind {
+                addr: format!("tftp root {}", args.ipxe_dir.display()),
+                cause: e.to_string(),
+            })?
+            .with_events(tx);
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            server
+                .serve(socket, c)
+                .await
+                .map_err(|e| format!("tftp: {e}"))
+        });
+        let (store, inv, events) = (store.clone(), inv.clone(), events.clone());
+        tasks.spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let ip = match ev.peer.ip() {
+                    IpAddr::V4(v4) => Some(v4),
+                    IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+                };
+                let node = ip
+                    .and_then(|ip| store.lease_by_ip(ip).ok().flatten())
+                    .map(|l| {
+                        inv.node_by_mac(l.mac)
+                            .map(|n| n.name.value.clone())
+                            .unwrap_or_else(|| crate::events::unknown_node_key(l.mac))
+                    })
+                    .unwrap_or_else(|| format!("ip-{}", ev.peer.ip()));
+                match &ev.outcome {
+                    TransferOutcome::Completed => events.publish(
+                        &node,
+                        EventKind::TftpFile,
+                        format!("{} ({} bytes) to {}", ev.file, ev.bytes, ev.peer),
+                    ),
+                    // The UEFI size probe ends with the client's ERROR 8; not a failure.
+                    TransferOutcome::PeerAborted { .. } => {}
+                    other => events.publish(
+                        &node,
+                        EventKind::TftpFailed,
+                        format!("{} to {}: {}", ev.file, ev.peer, other.label()),
+                    ),
+                }
+            }
+            Ok(())
+        });
+    }
+
+    if args.no_dhcp {
+        tracing::info!(
+            "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
+        );
+    } else {
+        tracing::warn!(
+            "DHCP server not started: this build serves HTTP and TFTP only; use --no-dhcp with an external DHCP server"
+        );
+    }
+
+    tracing::info!(
+        advertise = %advertise,
+        http = %base_url,
+        tftp = !args.no_tftp,
+        nodes = inv.nodes.len(),
+        "talboot serving"
+    );
+    println!(
+        "talboot serving {} nodes; boot script {base_url}/boot.ipxe",
+        inv.nodes.len()
+    );
+
+    let shutdown = cancel.clone();
+    tasks.spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+        Ok(())
+    });
+
+    let mut failure = None;
+    while let Some(res) = tasks.join_next().await {
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "server stopped");
+                failure.get_or_insert(e);
+                cancel.cancel();
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                failure.get_or_insert(format!("task panicked: {e}"));
+                cancel.cancel();
+            }
+        }
+        if cancel.is_cancelled() && tasks.len() == 1 {
+            // Only the signal waiter is left.
+            tasks.abort_all();
+        }
+    }
+    drop(events);
+    let _ = event_writer.await;
+    match failure {
+        Some(e) => Err(StartError::Bind {
+            addr: "server".into(),
+            cause: e,
+        }),
+        None => Ok(()),
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Switch to `user` (and its primary group, with no supplementary groups).
+fn drop_privileges(user: &str) -> Result<(), StartError> {
+    use nix::unistd::{User, setgid, setgroups, setuid};
+    let err = |cause: String| StartError::Privileges {
+        user: user.to_string(),
+        cause,
+    };
+    let u = User::from_name(user)
+        .map_err(|e| err(e.to_string()))?
+        .ok_or_else(|| err("no such user".into()))?;
+    setgroups(&[]).map_err(|e| err(format!("setgroups: {e}")))?;
+    setgid(u.gid).map_err(|e| err(format!("setgid: {e}")))?;
+    setuid(u.uid).map_err(|e| err(format!("setuid: {e}")))?;
+    tracing::info!(user, uid = u.uid.as_raw(), "dropped privileges");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_fits_the_mtu() {
+        assert_eq!(max_blksize_for_mtu(1500), 1468);
+        assert_eq!(max_blksize_for_mtu(9000), 8968);
+        assert_eq!(max_blksize_for_mtu(65536), 65464);
+        assert_eq!(max_blksize_for_mtu(100), 512);
+    }
+}

@@ -1,0 +1,396 @@
+//! The whole boot chain with real firmware: QEMU (TCG) with the iPXE NIC ROM, under SeaBIOS
+//! (legacy BIOS) and OVMF (UEFI), boots through `talboot serve` in a network namespace: DHCP ->
+//! iPXE script -> kernel + initramfs over HTTP. The "Talos" is a real Debian kernel with a
+//! busybox initramfs built here; it prints its kernel command line and fetches the
+//! `talos.config=` URL it was given, and the test checks both on the serial console and
+//! talboot's events for the machine's MAC.
+//!
+//! Needs root (namespaces, tap), qemu-system-x86, ipxe-qemu, ovmf, busybox-static, cpio and a
+//! Debian kernel package in /var/tmp/talboot-test (all installed by scripts/test-deps).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
+
+const KERNEL_CACHE: &str = "/var/tmp/talboot-test";
+const VM_MAC: &str = "52:54:00:7a:1b:01";
+/// TCG boots take 15-30 s here; four times the slowest observed run.
+const VM_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace with a bridge (talboot's side) and a tap for the VM; deleted on drop
+/// together with every process still running in it.
+struct Lab {
+    ns: String,
+    server_ip: String,
+    children: Vec<Child>,
+}
+
+impl Lab {
+    fn new(tag: &str, subnet: u8) -> Self {
+        let ns = format!("tb-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        run(Command::new("ip").args(["netns", "add", &ns]));
+        let lab = Lab {
+            ns: ns.clone(),
+            server_ip: format!("10.77.{subnet}.1"),
+            children: Vec::new(),
+        };
+        let ip = |args: &[&str]| run(Command::new("ip").args(["-n", &ns]).args(args));
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", lab.server_ip),
+            "dev",
+            "br0",
+        ]);
+        ip(&["tuntap", "add", "dev", "tap0", "mode", "tap"]);
+        ip(&["link", "set", "tap0", "master", "br0"]);
+        ip(&["link", "set", "tap0", "up"]);
+        ip(&["link", "set", "br0", "up"]);
+        lab
+    }
+
+    fn exec(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, program]);
+        c
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.ns])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// Extract vmlinuz and the e1000 driver from the cached Debian kernel package.
+fn kernel_files(work: &Path) -> (PathBuf, PathBuf) {
+    let deb = std::fs::read_dir(KERNEL_CACHE)
+        .unwrap_or_else(|e| panic!("{KERNEL_CACHE}: {e}; run scripts/test-deps"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .unwrap_or_else(|| panic!("no kernel package in {KERNEL_CACHE}; run scripts/test-deps"));
+    let dir = work.join("kernel");
+    std::fs::create_dir_all(&dir).unwrap();
+    run(Command::new("sh").arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' --wildcards './boot/vmlinuz-*' '*/e1000/e1000.ko'",
+        deb.display(),
+        dir.display()
+    )));
+    let find = |pattern: &str| {
+        let out = run(Command::new("sh").arg("-c").arg(format!(
+            "find '{}' -name '{pattern}' | head -1",
+            dir.display()
+        )));
+        PathBuf::from(out.trim())
+    };
+    (find("vmlinuz-*"), find("e1000.ko"))
+}
+
+/// A busybox initramfs whose /init reports the command line and fetches talos.config=.
+fn build_initramfs(work: &Path, e1000: &Path) -> PathBuf {
+    let root = work.join("initramfs");
+    for d in ["bin", "proc", "sys", "dev", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static is installed");
+    std::fs::copy(e1000, root.join("e1000.ko")).unwrap();
+    let init = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo "TALBOOT-CMDLINE: $(cat /proc/cmdline)"
+insmod /e1000.ko
+ip link set eth0 up
+udhcpc -i eth0 -n -q -t 10 -T 2 -s /udhcpc.sh
+url=$(sed -n 's/.*talos\.config=\([^ ]*\).*/\1/p' /proc/cmdline)
+if wget -q -O /tmp/config "$url"; then
+  echo "TALBOOT-CONFIG-BEGIN"
+  cat /tmp/config
+  echo "TALBOOT-CONFIG-END"
+else
+  echo "TALBOOT-CONFIG-FAILED $url"
+fi
+poweroff -f
+"#;
+    let udhcpc = r#"#!/bin/sh
+case "$1" in
+  bound|renew)
+    ip addr flush dev "$interface"
+    ip addr add "$ip/$mask" dev "$interface"
+    [ -n "$router" ] && ip route add default via "$router"
+    echo "TALBOOT-IP: $ip"
+    ;;
+esac
+"#;
+    for (name, body) in [("init", init), ("udhcpc.sh", udhcpc)] {
+        let p = root.join(name);
+        std::fs::write(&p, body).unwrap();
+        run(Command::new("chmod").arg("755").arg(&p));
+    }
+    let out = work.join("initramfs.cpio.gz");
+    run(Command::new("sh").arg("-c").arg(format!(
+        "cd '{}' && find . | cpio -o -H newc --quiet | gzip -1 > '{}'",
+        root.display(),
+        out.display()
+    )));
+    out
+}
+
+fn inventory(server_ip: &str, firmware: &str) -> String {
+    let net = server_ip.rsplit_once('.').unwrap().0;
+    format!(
+        "cluster:
+  name: boot
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://{net}.50:6443
+network:
+  interfaces: [br0]
+  subnet: {net}.0/24
+  gateway: {server_ip}
+  advertise: {server_ip}
+boot:
+  delivery: pull
+nodes:
+  - name: vm-1
+    mac: {VM_MAC}
+    role: controlplane
+    address: {net}.50/24
+    installDisk: /dev/vda
+    firmware: {firmware}
+"
+    )
+}
+
+/// Put the Debian kernel and our initramfs into an artifact cache as the inventory's boot set.
+fn images(work: &Path, vmlinuz: &Path, initramfs: &Path) -> PathBuf {
+    let images = work.join("images");
+    let id = SetId {
+        talos: "v1.13.9".into(),
+        schematic: talboot::inventory::VANILLA_SCHEMATIC.into(),
+        arch: "amd64".into(),
+    };
+    let dir = images.join(id.rel_dir());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(vmlinuz, dir.join(Kind::Kernel.file_name())).unwrap();
+    std::fs::copy(initramfs, dir.join(Kind::Initramfs.file_name())).unwrap();
+    // The Talos-required arguments plus a serial console the test can read.
+    std::fs::write(
+        dir.join(Kind::Cmdline.file_name()),
+        "talos.platform=metal console=ttyS0 slab_nomerge pti=on panic=-1\n",
+    )
+    .unwrap();
+    let mut files = std::collections::BTreeMap::new();
+    for kind in Kind::ALL {
+        let (size, sha256) = hash_file(&dir.join(kind.file_name())).unwrap();
+        files.insert(kind, FileRecord { size, sha256 });
+    }
+    let mut c = Catalog::load(&images).unwrap();
+    c.upsert(Entry {
+        id,
+        source: "test".into(),
+        pulled_at: 0,
+        files,
+    });
+    c.save(&images).unwrap();
+    images
+}
+
+/// Boot a VM with `firmware` ("bios" or "uefi") through talboot and return its serial output.
+fn boot(firmware: &str, subnet: u8) {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    let (vmlinuz, e1000) = kernel_files(work);
+    let initramfs = build_initramfs(work, &e1000);
+    let images = images(work, &vmlinuz, &initramfs);
+    let mut lab = Lab::new(firmware, subnet);
+    let config = work.join("talboot.yaml");
+    std::fs::write(&config, inventory(&lab.server_ip, firmware)).unwrap();
+    let configs = work.join("out");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(
+        configs.join("vm-1.yaml"),
+        "version: v1alpha1\nmachine:\n  type: controlplane # vm-1\n",
+    )
+    .unwrap();
+    let state = work.join("state");
+
+    let talboot = lab
+        .exec(env!("CARGO_BIN_EXE_talboot"))
+        .args(["serve", "-c"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(&images)
+        .arg("--configs")
+        .arg(&configs)
+        .args(["--ipxe-dir", "/usr/lib/ipxe", "--http-port", "8080"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(work.join("talboot.log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap();
+    lab.children.push(talboot);
+    std::thread::sleep(Duration::from_secs(1));
+
+    let mut qemu = lab.exec("qemu-system-x86_64");
+    qemu.args(["-accel", "tcg", "-M", "q35", "-m", "512", "-smp", "1"])
+        .args([
+            "-nographic",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+        ])
+        .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"])
+        .args([
+            "-device",
+            &format!("e1000,netdev=n0,mac={VM_MAC},bootindex=1"),
+        ]);
+    if firmware == "uefi" {
+        let vars = work.join("OVMF_VARS.fd");
+        std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
+        qemu.args([
+            "-drive",
+            "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+        ])
+        .arg("-drive")
+        .arg(format!(
+            "if=pflash,format=raw,unit=1,file={}",
+            vars.display()
+        ));
+    }
+    let mut vm = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = vm.stdout.take().unwrap();
+    lab.children.push(vm);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + VM_TIMEOUT;
+    let mut console = Vec::new();
+    let mut done = false;
+    while Instant::now() < deadline && !done {
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(line) => {
+                done =
+                    line.contains("TALBOOT-CONFIG-END") || line.contains("TALBOOT-CONFIG-FAILED");
+                console.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let console = console.join("\n");
+    let log = || std::fs::read_to_string(work.join("talboot.log")).unwrap_or_default();
+    let cmdline = console
+        .lines()
+        .find_map(|l| {
+            l.split_once("TALBOOT-CMDLINE: ")
+                .map(|(_, c)| c.to_string())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the kernel never ran:\n{console}\n--- talboot log ---\n{}",
+                log()
+            )
+        });
+    assert!(cmdline.contains("talos.platform=metal"), "{cmdline}");
+    assert!(cmdline.contains("initrd=initramfs.xz"), "{cmdline}");
+    let url = format!("talos.config=http://{}:8080/config/", lab.server_ip);
+    assert!(cmdline.contains(&url), "{cmdline}");
+    assert!(
+        console.contains("TALBOOT-CONFIG-BEGIN\nversion: v1alpha1\nmachine:\n  type: controlplane # vm-1\nTALBOOT-CONFIG-END"),
+        "the initramfs did not get its config:\n{console}\n--- talboot log ---\n{}",
+        log()
+    );
+
+    // Stop talboot and read the machine's timeline.
+    for c in &mut lab.children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let _ = c.wait();
+    }
+    lab.children.clear();
+    let store = talboot::store::open(&state).unwrap();
+    use talboot::store::Store;
+    let kinds: Vec<String> = store
+        .events("vm-1", 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    for k in [
+        "dhcp.ack",
+        "http.script",
+        "http.kernel",
+        "http.initramfs",
+        "config.released",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "no {k} event for vm-1: {kinds:?}\n{}",
+            log()
+        );
+    }
+}
+
+#[test]
+fn bios_and_uefi_boot_through_talboot() {
+    // One test runs both firmware variants in turn: TCG needs both cores to itself.
+    boot("bios", 201);
+    boot("uefi", 202);
+}

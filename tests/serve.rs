@@ -1,0 +1,207 @@
+//! `talboot serve` as a process: it refuses to start without its boot artifacts (printing the
+//! exact pull command), serves HTTP and TFTP on loopback, records boot events, and exits cleanly
+//! on SIGTERM.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
+
+struct Served {
+    child: Option<Child>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Write the boot sets `lab.yaml` needs into `images` and record them in the catalog.
+fn fake_images(images: &Path) {
+    let inv = talboot::inventory::load_with_env(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &BTreeMap::new(),
+    )
+    .unwrap()
+    .inventory;
+    for id in talboot::cli::serve::required_sets(&inv) {
+        let mut files = BTreeMap::new();
+        for kind in Kind::ALL {
+            let p = images.join(id.rel_dir()).join(kind.file_name());
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
+            let (size, sha256) = hash_file(&p).unwrap();
+            files.insert(kind, FileRecord { size, sha256 });
+        }
+        let mut c = Catalog::load(images).unwrap();
+        c.upsert(Entry {
+            id,
+            source: "test".into(),
+            pulled_at: 0,
+            files,
+        });
+        c.save(images).unwrap();
+    }
+}
+
+fn base_args(tmp: &Path, http: u16, tftp: u16) -> Vec<String> {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    vec![
+        "serve".into(),
+        "-c".into(),
+        config.display().to_string(),
+        "--state-dir".into(),
+        tmp.join("state").display().to_string(),
+        "--images".into(),
+        tmp.join("images").display().to_string(),
+        "--ipxe-dir".into(),
+        tmp.join("ipxe").display().to_string(),
+        "--advertise".into(),
+        "127.0.0.1".into(),
+        "--http-port".into(),
+        http.to_string(),
+        "--tftp-port".into(),
+        tftp.to_string(),
+        "--no-dhcp".into(),
+    ]
+}
+
+#[test]
+fn refuses_to_start_without_artifacts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(base_args(tmp.path(), free_port(), free_udp_port()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("run: talboot images pull --talos v1.13.9 --schematic ce4c980550dd2ab1b17bbf2b08801c7eb59418eafe8f279833297925d67c7515 --arch amd64"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serves_http_and_tftp_then_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_images(&tmp.path().join("images"));
+    let ipxe: PathBuf = tmp.path().join("ipxe");
+    std::fs::create_dir_all(&ipxe).unwrap();
+    let efi: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
+    std::fs::write(ipxe.join("ipxe.efi"), &efi).unwrap();
+    let (http, tftp) = (free_port(), free_udp_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(base_args(tmp.path(), http, tftp))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut served = Served { child: Some(child) };
+
+    // Wait for the HTTP side to answer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let script = loop {
+        let out = Command::new("curl")
+            .args([
+                "-sf",
+                &format!("http://127.0.0.1:{http}/boot.ipxe?mac=bc:24:11:40:00:01&arch=x86_64"),
+            ])
+            .output()
+            .expect("curl is installed by scripts/test-deps");
+        if out.status.success() {
+            break String::from_utf8(out.stdout).unwrap();
+        }
+        assert!(Instant::now() < deadline, "serve did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(script.contains("kernel http://127.0.0.1:"), "{script}");
+
+    // TFTP: a real client fetches the EFI binary.
+    let out_file = tmp.path().join("got.efi");
+    let out = Command::new("curl")
+        .args(["-sf", "--tftp-blksize", "1468", "-o"])
+        .arg(&out_file)
+        .arg(format!("tftp://127.0.0.1:{tftp}/ipxe.efi"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&out_file).unwrap(), efi);
+
+    // Prometheus counters for what just happened.
+    let metrics = Command::new("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{http}/metrics")])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        metrics.contains("talboot_http_scripts_total 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tftp"), "{metrics}");
+
+    // SIGTERM: a clean, prompt exit.
+    let mut child = served.child.take().unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+
+    // The boot steps are on the node's timeline.
+    let store = talboot::store::open(&tmp.path().join("state")).unwrap();
+    use talboot::store::Store;
+    let kinds: Vec<String> = store
+        .events("k8s-ctrl-01", 0, 50)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"http.script".to_string()), "{kinds:?}");
+    let tftp_events: Vec<String> = store
+        .events("ip-127.0.0.1", 0, 50)
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{} {}", e.kind, e.detail))
+        .collect();
+    assert!(
+        tftp_events
+            .iter()
+            .any(|e| e.starts_with("tftp.file ipxe.efi (100000 bytes)")),
+        "{tftp_events:?}"
+    );
+}
