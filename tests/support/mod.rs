@@ -2,5 +2,6 @@
 //! ([`talos_double`]). Each test binary uses a different subset, hence the dead-code allowance.
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod pki;
 pub mod talos_double;
