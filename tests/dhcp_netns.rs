@@ -107,7 +107,13 @@ struct Server {
     index: usize,
 }
 
-fn start_server(lab: &mut Lab, work: &Path, tag: &str, inventory_text: &str) -> Server {
+fn start_server(
+    lab: &mut Lab,
+    work: &Path,
+    tag: &str,
+    inventory_text: &str,
+    extra: &[&str],
+) -> Server {
     let dir = work.join(tag);
     std::fs::create_dir_all(dir.join("ipxe")).unwrap();
     std::fs::create_dir_all(dir.join("out")).unwrap();
@@ -116,8 +122,14 @@ fn start_server(lab: &mut Lab, work: &Path, tag: &str, inventory_text: &str) -> 
     fake_images(&config, &dir.join("images"));
     let log = dir.join("talboot.log");
     let state = dir.join("state");
+    // A private copy of the binary: the build directory may be shared with other builds
+    // that replace it while the test runs.
+    let bin = work.join("talboot");
+    if !bin.exists() {
+        std::fs::copy(env!("CARGO_BIN_EXE_talboot"), &bin).unwrap();
+    }
     let child = lab
-        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .in_srv(&bin)
         .arg("serve")
         .arg("-c")
         .arg(&config)
@@ -130,6 +142,7 @@ fn start_server(lab: &mut Lab, work: &Path, tag: &str, inventory_text: &str) -> 
         .arg("--ipxe-dir")
         .arg(dir.join("ipxe"))
         .args(["--http-port", "8080", "--log", "talboot=debug"])
+        .args(extra)
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
@@ -186,7 +199,9 @@ fn bound_ip(dir: &Path, iface: &str) -> Option<Ipv4Addr> {
 
 fn udhcpc(lab: &Lab, dir: &Path, iface: &str, extra: &[&str], tries: &str) -> bool {
     lab.in_cli("timeout")
-        .args(["60", "udhcpc", "-i", iface, "-n", "-q", "-f", "-t", tries, "-T", "2", "-s"])
+        .args([
+            "60", "udhcpc", "-i", iface, "-n", "-q", "-f", "-t", tries, "-T", "2", "-s",
+        ])
         .arg(hook(dir))
         .args(extra)
         .stdout(Stdio::null())
@@ -209,6 +224,8 @@ fn dhclient(lab: &Lab, dir: &Path, iface: &str) -> bool {
             .arg("-pf")
             .arg(dir.join(format!("dhclient.{iface}.pid")));
     };
+    // A kept lease file would make it skip DISCOVER (INIT-REBOOT): start fresh every time.
+    let _ = std::fs::remove_file(dir.join(format!("dhclient.{iface}.leases")));
     let mut c = lab.in_cli("timeout");
     c.args(["60", "dhclient", "-1", "-v"]);
     files(&mut c);
@@ -310,7 +327,7 @@ fn authoritative_real_clients_get_their_reservations() {
         lab.add_client(&format!("c{i}"), mac);
     }
     let inv = inventory(&lab.net, "authoritative", "discover");
-    let server = start_server(&mut lab, work, "discover", &inv);
+    let server = start_server(&mut lab, work, "discover", &inv, &[]);
     let cdir = work.join("clients");
     std::fs::create_dir_all(&cdir).unwrap();
 
@@ -370,6 +387,9 @@ fn authoritative_real_clients_get_their_reservations() {
         "{m}"
     );
     assert!(m.contains("dhcp_replies_total{type=\"ack\"}"), "{m}");
+    // Clients without the broadcast flag were answered by unicast after ARP injection.
+    assert!(m.contains("dhcp_arp_injected_total"), "{m}");
+    assert!(!m.contains("dhcp_arp_fallback_total"), "{m}");
 
     stop_server(&mut lab, &server);
     let store = talboot::store::open(&server.state).unwrap();
@@ -401,17 +421,37 @@ fn authoritative_real_clients_get_their_reservations() {
 
     // Under `ignore`, the unknown machine gets no answer and its client gives up.
     let inv = inventory(&lab.net, "authoritative", "ignore");
-    let server = start_server(&mut lab, work, "ignore", &inv);
+    let server = start_server(&mut lab, work, "ignore", &inv, &[]);
     std::fs::remove_file(cdir.join("c4.ip")).unwrap();
     assert!(!udhcpc(&lab, &cdir, "c4", &[], "2"), "{}", log());
     assert_eq!(bound_ip(&cdir, "c4"), None);
     // ...while a known one still does.
     assert!(udhcpc(&lab, &cdir, "c1", &[], "5"));
     stop_server(&mut lab, &server);
+    let ignored_log = std::fs::read_to_string(&server.log).unwrap();
+
+    // Without CAP_NET_ADMIN (privileges dropped to nobody) the ARP entry cannot be added:
+    // the reply is broadcast instead, and a client that did not ask for that still binds.
+    let server = start_server(&mut lab, work, "nobody", &inv, &["--user", "nobody"]);
+    for f in ["c0.ip", "c1.ip"] {
+        let _ = std::fs::remove_file(cdir.join(f));
+    }
+    let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
+    assert!(udhcpc(&lab, &cdir, "c1", &[], "5"), "{}", log());
+    assert_eq!(
+        bound_ip(&cdir, "c1"),
+        Some(format!("{}.22", lab.net).parse().unwrap())
+    );
+    assert!(dhclient(&lab, &cdir, "c0"), "{}", log());
+    assert_eq!(
+        bound_ip(&cdir, "c0"),
+        Some(format!("{}.21", lab.net).parse().unwrap())
+    );
+    let m = metrics(&lab);
+    assert!(m.contains("dhcp_arp_fallback_total"), "{m}");
+    stop_server(&mut lab, &server);
     assert!(
-        std::fs::read_to_string(&server.log)
-            .unwrap()
-            .contains("unknown_machine"),
+        ignored_log.contains("unknown_machine"),
         "the ignored request should be logged as dropped"
     );
 }
@@ -471,7 +511,10 @@ fn proxy_mode_beside_dnsmasq() {
         .arg("--no-ping")
         .arg("--user=root")
         .arg("--log-dhcp")
-        .arg(format!("--dhcp-leasefile={}", work.join("dnsmasq.leases").display()))
+        .arg(format!(
+            "--dhcp-leasefile={}",
+            work.join("dnsmasq.leases").display()
+        ))
         .arg(format!("--pid-file={}", work.join("dnsmasq.pid").display()))
         .arg(format!("--log-facility={}", dnsmasq_log.display()))
         .stdout(Stdio::null())
@@ -485,6 +528,7 @@ fn proxy_mode_beside_dnsmasq() {
         work,
         "proxy",
         &inventory(&net, "proxy", "discover"),
+        &[],
     );
     let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
 
@@ -547,7 +591,12 @@ fn proxy_mode_beside_dnsmasq() {
         })
         .unwrap_or_else(|| panic!("no proxy offer from talboot: {replies:?}\n{}", log()));
     assert_eq!(boot.1.siaddr(), server_ip);
-    assert_eq!(boot.1.fname_str(), Some(Ok("undionly.kpxe")));
+    // The file field is NUL-padded on the wire.
+    let file = boot
+        .1
+        .fname()
+        .map(|f| f.split(|b| *b == 0).next().unwrap_or_default());
+    assert_eq!(file, Some(&b"undionly.kpxe"[..]));
     assert_eq!(
         boot.1.opts().get(OptionCode::ClassIdentifier),
         Some(&DhcpOption::ClassIdentifier(b"PXEClient".to_vec()))
@@ -580,6 +629,7 @@ fn relayed_requests_are_answered_to_the_relay() {
         work,
         "relay",
         &inventory(&net, "authoritative", "discover"),
+        &[],
     );
     let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
     let server_ip: Ipv4Addr = lab.server_ip().parse().unwrap();
@@ -633,7 +683,9 @@ fn relayed_requests_are_answered_to_the_relay() {
     if require_tool("perfdhcp", "PERFDHCP") {
         let out = lab
             .in_cli("timeout")
-            .args(["60", "perfdhcp", "-4", "-l", "r0", "-n", "10", "-r", "10", "-R", "10"])
+            .args([
+                "60", "perfdhcp", "-4", "-l", "r0", "-n", "10", "-r", "10", "-R", "10",
+            ])
             // Wait for the answers to the last requests instead of exiting after sending.
             .args(["-W", "2000000"])
             .arg(server_ip.to_string())

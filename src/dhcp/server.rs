@@ -366,7 +366,10 @@ impl Adapter {
         let dest = match to {
             ReplyTarget::UnicastToHardware { addr, mac } => {
                 match add_arp_entry(sock, &self.iface, *addr.ip(), mac) {
-                    Ok(()) => addr,
+                    Ok(()) => {
+                        counter!("dhcp_arp_injected_total").increment(1);
+                        addr
+                    }
                     Err(e) => {
                         counter!("dhcp_arp_fallback_total").increment(1);
                         debug!(error = %e, ip = %addr.ip(), "cannot add ARP entry; broadcasting");

@@ -117,10 +117,7 @@ impl Lab {
     }
 
     /// Run `f` on a thread that has joined the client namespace (sockets it opens live there).
-    pub fn with_cli_netns<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> T {
+    pub fn with_cli_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = PathBuf::from("/run/netns").join(&self.cli);
         std::thread::spawn(move || {
             let ns = File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
