@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use dhcproto::v4::{
@@ -100,6 +100,22 @@ fn fake_images(inventory: &Path, images: &Path) {
     }
 }
 
+/// The binary under test, pinned when the test process starts: a hard link (a copy if that
+/// fails) under cargo's test scratch directory, so another build writing to a shared target
+/// directory while these tests run cannot swap it.
+fn talboot_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let pinned = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dhcp-netns-talboot");
+        let _ = std::fs::remove_file(&pinned);
+        let built = env!("CARGO_BIN_EXE_talboot");
+        if std::fs::hard_link(built, &pinned).is_err() {
+            std::fs::copy(built, &pinned).unwrap();
+        }
+        pinned
+    })
+}
+
 /// A running `talboot serve` in the lab's server namespace.
 struct Server {
     state: PathBuf,
@@ -122,14 +138,8 @@ fn start_server(
     fake_images(&config, &dir.join("images"));
     let log = dir.join("talboot.log");
     let state = dir.join("state");
-    // A private copy of the binary: the build directory may be shared with other builds
-    // that replace it while the test runs.
-    let bin = work.join("talboot");
-    if !bin.exists() {
-        std::fs::copy(env!("CARGO_BIN_EXE_talboot"), &bin).unwrap();
-    }
     let child = lab
-        .in_srv(&bin)
+        .in_srv(talboot_bin())
         .arg("serve")
         .arg("-c")
         .arg(&config)
