@@ -341,17 +341,19 @@ fn authoritative_real_clients_get_their_reservations() {
     let cdir = work.join("clients");
     std::fs::create_dir_all(&cdir).unwrap();
 
-    let mut results = Vec::new();
-    results.push(("dhclient", dhclient(&lab, &cdir, "c0"), "c0", 21));
-    results.push(("udhcpc", udhcpc(&lab, &cdir, "c1", &[], "5"), "c1", 22));
-    results.push(("dhcpcd", dhcpcd(&lab, &cdir, "c2"), "c2", 23));
-    // -B asks for broadcast replies; the others get unicast after ARP injection.
-    results.push((
-        "udhcpc -B",
-        udhcpc(&lab, &cdir, "c3", &["-B"], "5"),
-        "c3",
-        24,
-    ));
+    // One after another (they share the segment); -B asks for broadcast replies, the others
+    // get unicast after ARP injection.
+    let results = vec![
+        ("dhclient", dhclient(&lab, &cdir, "c0"), "c0", 21),
+        ("udhcpc", udhcpc(&lab, &cdir, "c1", &[], "5"), "c1", 22),
+        ("dhcpcd", dhcpcd(&lab, &cdir, "c2"), "c2", 23),
+        (
+            "udhcpc -B",
+            udhcpc(&lab, &cdir, "c3", &["-B"], "5"),
+            "c3",
+            24,
+        ),
+    ];
     let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
     for (client, ok, iface, host) in &results {
         let want: Ipv4Addr = format!("{}.{host}", lab.net).parse().unwrap();
