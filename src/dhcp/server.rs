@@ -114,14 +114,6 @@ impl DhcpServer {
         })
     }
 
-    /// The local address of each socket (for logs and tests).
-    pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.sockets
-            .iter()
-            .filter_map(|(_, s)| s.local_addr().ok())
-            .collect()
-    }
-
     /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
     /// current inventory no longer allows are deleted from the store), then every datagram is
     /// handled by a [`DhcpCore`] over `ctx`.
@@ -202,14 +194,6 @@ impl DhcpServer {
         info!(iface = %self.iface, "DHCP stopped");
         Ok(())
     }
-}
-
-/// Host address of `iface`: its first IPv4 address, if it has one.
-pub fn interface_ipv4(iface: &str) -> Option<Ipv4Addr> {
-    nix::ifaddrs::getifaddrs()
-        .ok()?
-        .filter(|a| a.interface_name == iface)
-        .find_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
 }
 
 fn bind_one(iface: &str, port: u16) -> Result<UdpSocket, ServerError> {
