@@ -11,9 +11,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{self, Catalog, SetId};
+use crate::dhcp::{self, BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
 use crate::events::{Clock, EventBus, EventKind, SystemClock};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
-use crate::inventory::{self, Inventory, UnknownPolicy};
+use crate::inventory::{self, Inventory, NetworkMode, UnknownPolicy};
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
 
@@ -256,6 +257,25 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             cause: e.to_string(),
         })?)
     };
+    let dhcp_server = if args.no_dhcp {
+        None
+    } else {
+        let iface = serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+            addr: "udp 0.0.0.0:67".into(),
+            cause: "no interface to serve DHCP on; set network.interfaces or pass --interface"
+                .into(),
+        })?;
+        let ports: &[u16] = match inv.network.mode {
+            NetworkMode::Proxy => &[dhcp::server::DHCP_PORT, dhcp::server::PXE_PORT],
+            NetworkMode::Authoritative => &[dhcp::server::DHCP_PORT],
+        };
+        Some(
+            DhcpServer::bind(&iface, advertise, ports).map_err(|e| StartError::Bind {
+                addr: format!("udp 0.0.0.0:67 on {iface}"),
+                cause: e.to_string(),
+            })?,
+        )
+    };
     if let Some(user) = &args.user {
         drop_privileges(user)?;
     }
@@ -345,13 +365,22 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         });
     }
 
-    if args.no_dhcp {
+    if let Some(server) = dhcp_server {
+        let ctx = DecideCtx::from_inventory(
+            &inv,
+            advertise,
+            BootTargets::standard(advertise, args.http_port),
+        );
+        let (store, events, c) = (store.clone(), events.clone(), cancel.clone());
+        tasks.spawn(async move {
+            server
+                .run(ctx, FloodConfig::default(), store, events, c)
+                .await
+                .map_err(|e| format!("dhcp: {e}"))
+        });
+    } else {
         tracing::info!(
             "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-        );
-    } else {
-        tracing::warn!(
-            "DHCP server not started: this build serves HTTP and TFTP only; use --no-dhcp with an external DHCP server"
         );
     }
 

@@ -13,6 +13,7 @@ pub mod decide;
 pub mod flood;
 pub mod leases;
 pub mod reply;
+pub mod server;
 pub mod wire;
 
 use std::collections::BTreeMap;

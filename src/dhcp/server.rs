@@ -1,0 +1,645 @@
+//! The DHCP socket adapter: UDP sockets bound to one interface, the receive loop around the
+//! pure [`DhcpCore`], lease persistence, events, metrics and reply delivery.
+//!
+//! Everything protocol-shaped is decided by the core; this module only owns I/O:
+//! - sockets on `0.0.0.0:67` (and `:4011` for PXE boot-server requests) pinned to the serving
+//!   interface with `SO_BINDTODEVICE`, so a multi-homed host neither hears nor answers other
+//!   segments, and a limited broadcast leaves through that interface;
+//! - the store: the lease book is rebuilt from it at start, and every lease change a decision
+//!   makes is committed before the reply that announces it is sent (durable before
+//!   acknowledged; an ACK whose lease could not be stored is not sent);
+//! - the RFC 2131 §4.1 destination chosen by [`reply_target`](super::reply_target): to the
+//!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
+//!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
+//!   broadcast instead, which every client accepts).
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dhcproto::v4::{Message, MessageType};
+use dhcproto::{Decodable, Decoder};
+use metrics::counter;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::decide::Silence;
+use super::leases::{Lease, LeaseChange, LeaseState};
+use super::{DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplyTarget, ServerPort};
+use crate::events::{EventBus, EventKind, unknown_node_key};
+use crate::inventory::{Mac, NetworkMode};
+use crate::store::{self, Store, StoreError};
+
+/// Standard DHCP server port.
+pub const DHCP_PORT: u16 = 67;
+/// PXE boot server port (PXE 2.1 §2.2.5).
+pub const PXE_PORT: u16 = 4011;
+/// How often expired offers and leases are swept out of the book.
+const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
+/// Largest datagram read; DHCP messages are far smaller, jumbo frames aside.
+const RECV_BUF: usize = 4096;
+
+/// Why the DHCP server could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A socket could not be created, configured or bound.
+    #[error(
+        "cannot listen for DHCP on {iface} port {port} ({step}): {source}; talboot needs root \
+         (or CAP_NET_BIND_SERVICE and CAP_NET_RAW), the interface must exist, and no other DHCP \
+         server (dnsmasq, isc-dhcp-server, kea) may hold the port on it"
+    )]
+    Bind {
+        /// Interface name.
+        iface: String,
+        /// UDP port.
+        port: u16,
+        /// What failed.
+        step: &'static str,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The interface name cannot be used.
+    #[error("interface name `{0}` is not valid: Linux names are 1-15 bytes without NUL")]
+    BadInterface(String),
+    /// No ports were asked for.
+    #[error("no DHCP ports to listen on")]
+    NoPorts,
+    /// The persisted leases could not be read.
+    #[error("cannot restore DHCP leases from the state store: {0}")]
+    Restore(#[source] StoreError),
+}
+
+/// The DHCP server: sockets bound to one interface, ready to [`run`](Self::run).
+#[derive(Debug)]
+pub struct DhcpServer {
+    iface: String,
+    server_ip: Ipv4Addr,
+    sockets: Vec<(ServerPort, Arc<UdpSocket>)>,
+}
+
+impl DhcpServer {
+    /// Bind one UDP socket per port in `ports` (67, and 4011 for PXE boot-server requests) on
+    /// `0.0.0.0`, pinned to `iface` with `SO_BINDTODEVICE`, with `SO_BROADCAST` and
+    /// `SO_REUSEADDR` (so a restart does not wait for the old sockets). `server_ip` is this
+    /// host's address on `iface`, logged and used for nothing else here (the core puts it in
+    /// replies). Must be called inside a tokio runtime.
+    pub fn bind(iface: &str, server_ip: Ipv4Addr, ports: &[u16]) -> Result<Self, ServerError> {
+        if iface.is_empty() || iface.len() > 15 || iface.contains('\0') {
+            return Err(ServerError::BadInterface(iface.to_string()));
+        }
+        if ports.is_empty() {
+            return Err(ServerError::NoPorts);
+        }
+        let mut sockets = Vec::new();
+        for &port in ports {
+            let sock = bind_one(iface, port)?;
+            let kind = if port == PXE_PORT {
+                ServerPort::PxeBoot
+            } else {
+                ServerPort::Dhcp
+            };
+            sockets.push((kind, Arc::new(sock)));
+        }
+        info!(%iface, %server_ip, ?ports, "DHCP listening");
+        Ok(Self {
+            iface: iface.to_string(),
+            server_ip,
+            sockets,
+        })
+    }
+
+    /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
+    /// current inventory no longer allows are deleted from the store), then every datagram is
+    /// handled by a [`DhcpCore`] over `ctx`.
+    pub async fn run(
+        self,
+        ctx: DecideCtx,
+        flood: FloodConfig,
+        store: Arc<dyn Store>,
+        events: EventBus,
+        cancel: CancellationToken,
+    ) -> Result<(), ServerError> {
+        let records = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || store.leases())
+                .await
+                .map_err(|e| ServerError::Restore(join_error(e)))?
+                .map_err(ServerError::Restore)?
+        };
+        let restored: Vec<Lease> = records.iter().map(from_store).collect();
+        let count = restored.len();
+        let (book, removals) = LeaseBook::restore(ctx.lease_book_config(), restored);
+        let mut adapter = Adapter {
+            core: DhcpCore::new(ctx, book, flood),
+            store,
+            events,
+            iface: self.iface.clone(),
+        };
+        if !removals.is_empty() {
+            info!(
+                removed = removals.len(),
+                "dropping persisted leases the inventory no longer allows"
+            );
+        }
+        if let Err(e) = adapter.persist(&removals, &BTreeMap::new()).await {
+            error!(error = %e, "cannot remove stale leases from the state store");
+        }
+        info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
+
+        let (tx, mut rx) = mpsc::channel::<Datagram>(256);
+        let mut readers = Vec::new();
+        for (port, sock) in &self.sockets {
+            readers.push(tokio::spawn(read_loop(
+                *port,
+                sock.clone(),
+                tx.clone(),
+                cancel.clone(),
+            )));
+        }
+        drop(tx);
+        let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = sweep.tick() => {
+                    let changes = adapter.core.book.expire(SystemTime::now());
+                    if let Err(e) = adapter.persist(&changes, &BTreeMap::new()).await {
+                        error!(error = %e, "cannot persist expired leases");
+                    }
+                }
+                got = rx.recv() => {
+                    let Some(dgram) = got else { break };
+                    let sock = self
+                        .sockets
+                        .iter()
+                        .find(|(p, _)| *p == dgram.port)
+                        .map(|(_, s)| s.clone());
+                    if let Some(sock) = sock {
+                        let span = dgram.span();
+                        adapter.handle(dgram, &sock).instrument(span).await;
+                    }
+                }
+            }
+        }
+        for r in readers {
+            r.abort();
+        }
+        info!(iface = %self.iface, "DHCP stopped");
+        Ok(())
+    }
+}
+
+fn bind_one(iface: &str, port: u16) -> Result<UdpSocket, ServerError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let err = |step, source| ServerError::Bind {
+        iface: iface.to_string(),
+        port,
+        step,
+        source,
+    };
+    let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| err("socket", e))?;
+    sock.set_reuse_address(true)
+        .map_err(|e| err("SO_REUSEADDR", e))?;
+    sock.set_broadcast(true)
+        .map_err(|e| err("SO_BROADCAST", e))?;
+    sock.bind_device(Some(iface.as_bytes()))
+        .map_err(|e| err("SO_BINDTODEVICE", e))?;
+    sock.set_nonblocking(true)
+        .map_err(|e| err("O_NONBLOCK", e))?;
+    let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+    sock.bind(&addr.into()).map_err(|e| err("bind", e))?;
+    UdpSocket::from_std(sock.into()).map_err(|e| err("register with tokio", e))
+}
+
+/// One received datagram.
+struct Datagram {
+    port: ServerPort,
+    bytes: Vec<u8>,
+    source: SocketAddrV4,
+}
+
+impl Datagram {
+    /// A span naming the transaction: xid, chaddr and message type, read from the raw bytes
+    /// without trusting them (a malformed datagram still gets a span, with what could be read).
+    fn span(&self) -> tracing::Span {
+        let b = &self.bytes;
+        let xid = b
+            .get(4..8)
+            .map(|x| format!("{:08x}", u32::from_be_bytes([x[0], x[1], x[2], x[3]])))
+            .unwrap_or_default();
+        let chaddr = peek_mac(b).map(|m| m.to_string()).unwrap_or_default();
+        let kind = peek_msg_type(b).map(msg_type_label).unwrap_or("none");
+        info_span!("dhcp", %xid, %chaddr, msg = kind, port = ?self.port, src = %self.source)
+    }
+}
+
+async fn read_loop(
+    port: ServerPort,
+    sock: Arc<UdpSocket>,
+    tx: mpsc::Sender<Datagram>,
+    cancel: CancellationToken,
+) {
+    let mut buf = vec![0u8; RECV_BUF];
+    loop {
+        let got = tokio::select! {
+            _ = cancel.cancelled() => return,
+            got = sock.recv_from(&mut buf) => got,
+        };
+        match got {
+            Ok((n, SocketAddr::V4(source))) => {
+                let dgram = Datagram {
+                    port,
+                    bytes: buf[..n].to_vec(),
+                    source,
+                };
+                if tx.send(dgram).await.is_err() {
+                    return;
+                }
+            }
+            Ok((_, SocketAddr::V6(_))) => {}
+            Err(e) => {
+                // ICMP errors from earlier sends surface here on Linux; keep serving.
+                warn!(?port, error = %e, "DHCP receive error");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The handling half: the core plus what it persists to and reports through.
+struct Adapter {
+    core: DhcpCore,
+    store: Arc<dyn Store>,
+    events: EventBus,
+    iface: String,
+}
+
+impl Adapter {
+    async fn handle(&mut self, dgram: Datagram, sock: &UdpSocket) {
+        let request_type = peek_msg_type(&dgram.bytes);
+        counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
+            .increment(1);
+        let mac = peek_mac(&dgram.bytes);
+        let now = Now {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        };
+        match self
+            .core
+            .handle(&dgram.bytes, dgram.port, dgram.source, now)
+        {
+            Outcome::Dropped(reason) => {
+                counter!("dhcp_dropped_total", "reason" => reason.label()).increment(1);
+                debug!(%reason, "dropped");
+            }
+            Outcome::Silent {
+                reason,
+                lease_changes,
+            } => {
+                let names = self.names(&lease_changes);
+                if let Err(e) = self.persist(&lease_changes, &names).await {
+                    error!(error = %e, "cannot persist lease change");
+                }
+                if let Some(mac) = mac {
+                    let (kind, what) = match reason {
+                        Silence::Released => (EventKind::DhcpRelease, "released its address"),
+                        Silence::Declined => (
+                            EventKind::DhcpDecline,
+                            "declined its address (conflict); quarantined",
+                        ),
+                        Silence::OtherServerSelected => return,
+                    };
+                    self.events.publish(&self.node_key(mac), kind, what);
+                }
+            }
+            Outcome::Send {
+                bytes,
+                to,
+                lease_changes,
+                client,
+            } => {
+                let names = self.names(&lease_changes);
+                if let Err(e) = self.persist(&lease_changes, &names).await {
+                    // Durable before acknowledged: the client retries and we try again.
+                    counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
+                    error!(error = %e, "cannot persist lease; reply not sent");
+                    return;
+                }
+                let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
+                let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
+                self.send(sock, &bytes, to).await;
+                counter!("dhcp_replies_total", "type" => reply_type.map(msg_type_label).unwrap_or("none"))
+                    .increment(1);
+                if let Some(reply) = reply {
+                    self.publish_reply(client.mac, dgram.port, &reply, to);
+                }
+            }
+        }
+    }
+
+    /// Send `bytes` per the RFC 2131 §4.1 target.
+    async fn send(&self, sock: &UdpSocket, bytes: &[u8], to: ReplyTarget) {
+        let dest = match to {
+            ReplyTarget::UnicastToHardware { addr, mac } => {
+                match add_arp_entry(sock, &self.iface, *addr.ip(), mac) {
+                    Ok(()) => {
+                        counter!("dhcp_arp_injected_total").increment(1);
+                        addr
+                    }
+                    Err(e) => {
+                        counter!("dhcp_arp_fallback_total").increment(1);
+                        debug!(error = %e, ip = %addr.ip(), "cannot add ARP entry; broadcasting");
+                        ReplyTarget::BROADCAST_ADDR
+                    }
+                }
+            }
+            other => other.addr(),
+        };
+        match sock.send_to(bytes, SocketAddr::V4(dest)).await {
+            Ok(_) => debug!(to = %dest, "reply sent"),
+            Err(e) => {
+                counter!("dhcp_send_errors_total").increment(1);
+                warn!(to = %dest, error = %e, "cannot send DHCP reply");
+            }
+        }
+    }
+
+    fn publish_reply(&self, mac: Mac, port: ServerPort, reply: &Message, to: ReplyTarget) {
+        let proxy = self.core.ctx.mode == NetworkMode::Proxy || port == ServerPort::PxeBoot;
+        let file = reply
+            .fname_str()
+            .and_then(|r| r.ok())
+            .unwrap_or("")
+            .to_string();
+        let kind = match reply.opts().msg_type() {
+            Some(MessageType::Offer | MessageType::Ack) if proxy => EventKind::ProxyOffer,
+            Some(MessageType::Offer) => EventKind::DhcpOffer,
+            Some(MessageType::Ack) => EventKind::DhcpAck,
+            Some(MessageType::Nak) => EventKind::DhcpNak,
+            _ => return,
+        };
+        let detail = match kind {
+            EventKind::ProxyOffer => format!("boot file `{file}` via {to:?}"),
+            EventKind::DhcpNak => "request refused (NAK)".to_string(),
+            _ => format!("{} (boot file `{file}`)", reply.yiaddr()),
+        };
+        self.events.publish(&self.node_key(mac), kind, detail);
+    }
+
+    fn node_key(&self, mac: Mac) -> String {
+        match self.core.ctx.hosts.get(&mac) {
+            Some(h) => h.name.clone(),
+            None => unknown_node_key(mac),
+        }
+    }
+
+    /// Inventory names of the MACs in `changes`, stored as the lease's hostname.
+    fn names(&self, changes: &[LeaseChange]) -> BTreeMap<Mac, String> {
+        changes
+            .iter()
+            .filter_map(|c| match c {
+                LeaseChange::Upsert(l) => {
+                    let h = self.core.ctx.hosts.get(&l.mac)?;
+                    Some((l.mac, h.name.clone()))
+                }
+                LeaseChange::Remove(_) => None,
+            })
+            .collect()
+    }
+
+    /// Commit `changes` to the store on the blocking pool and wait until they are durable.
+    async fn persist(
+        &self,
+        changes: &[LeaseChange],
+        names: &BTreeMap<Mac, String>,
+    ) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let now_unix = unix(SystemTime::now());
+        let records: Vec<Result<store::Lease, Ipv4Addr>> = changes
+            .iter()
+            .map(|c| match c {
+                LeaseChange::Upsert(l) => Ok(to_store(l, names.get(&l.mac).cloned(), now_unix)),
+                LeaseChange::Remove(ip) => Err(*ip),
+            })
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            for r in records {
+                match r {
+                    Ok(lease) => store.put_lease(&lease, now_unix)?,
+                    Err(ip) => {
+                        store.delete_lease_by_ip(ip)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(join_error)?
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> StoreError {
+    StoreError::Io {
+        file: std::path::PathBuf::from("<state store>"),
+        source: io::Error::other(format!("store task failed: {e}")),
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The book's record as the store keeps it.
+fn to_store(l: &Lease, hostname: Option<String>, now_unix: u64) -> store::Lease {
+    store::Lease {
+        mac: l.mac,
+        ip: l.ip,
+        hostname,
+        state: match l.state {
+            LeaseState::Offered => store::LeaseState::Offered,
+            LeaseState::Bound => store::LeaseState::Bound,
+            LeaseState::Released => store::LeaseState::Released,
+            LeaseState::Quarantined => store::LeaseState::Declined,
+        },
+        expires_at_unix: unix(l.expires),
+        updated_at_unix: now_unix,
+    }
+}
+
+/// A stored record as the book keeps it.
+fn from_store(l: &store::Lease) -> Lease {
+    Lease {
+        ip: l.ip,
+        mac: l.mac,
+        state: match l.state {
+            store::LeaseState::Offered => LeaseState::Offered,
+            store::LeaseState::Bound => LeaseState::Bound,
+            store::LeaseState::Released => LeaseState::Released,
+            store::LeaseState::Declined => LeaseState::Quarantined,
+        },
+        expires: UNIX_EPOCH + Duration::from_secs(l.expires_at_unix),
+    }
+}
+
+/// chaddr, when the header is long enough and says 6-byte Ethernet.
+fn peek_mac(b: &[u8]) -> Option<Mac> {
+    if b.len() < 34 || b[1] != 1 || b[2] != 6 {
+        return None;
+    }
+    let mut m = [0u8; 6];
+    m.copy_from_slice(&b[28..34]);
+    Some(Mac(m))
+}
+
+/// Option 53 from the raw options, for spans and counters before (or without) a full decode.
+fn peek_msg_type(b: &[u8]) -> Option<MessageType> {
+    if b.len() < 240 || b[236..240] != [99, 130, 83, 99] {
+        return None;
+    }
+    let mut i = 240;
+    while i < b.len() {
+        match b[i] {
+            0 => i += 1,
+            255 => return None,
+            code => {
+                let len = usize::from(*b.get(i + 1)?);
+                if code == 53 && len == 1 {
+                    return Some(MessageType::from(*b.get(i + 2)?));
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    None
+}
+
+fn msg_type_label(t: MessageType) -> &'static str {
+    match t {
+        MessageType::Discover => "discover",
+        MessageType::Offer => "offer",
+        MessageType::Request => "request",
+        MessageType::Decline => "decline",
+        MessageType::Ack => "ack",
+        MessageType::Nak => "nak",
+        MessageType::Release => "release",
+        MessageType::Inform => "inform",
+        _ => "other",
+    }
+}
+
+/// Add a complete ARP entry `ip -> mac` on `iface` (ioctl `SIOCSARP` on the socket), so that
+/// a unicast to an address the client does not answer ARP for yet reaches it.
+fn add_arp_entry(sock: &UdpSocket, iface: &str, ip: Ipv4Addr, mac: Mac) -> io::Result<()> {
+    use nix::libc;
+    let dev = CString::new(iface).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: arpreq is a plain C struct for which all-zero bytes are a valid value.
+    let mut req: libc::arpreq = unsafe { std::mem::zeroed() };
+    let pa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in (16 bytes) fits exactly in the sockaddr arp_pa; both are C structs.
+    unsafe {
+        std::ptr::write_unaligned(
+            (&mut req.arp_pa as *mut libc::sockaddr).cast::<libc::sockaddr_in>(),
+            pa,
+        );
+    }
+    req.arp_ha.sa_family = libc::ARPHRD_ETHER;
+    for (d, s) in req.arp_ha.sa_data.iter_mut().zip(mac.0) {
+        *d = s as libc::c_char;
+    }
+    req.arp_flags = libc::ATF_COM;
+    for (d, s) in req.arp_dev.iter_mut().zip(dev.as_bytes_with_nul()) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCSARP reads one arpreq through the pointer, which outlives the call; the
+    // file descriptor is the socket's and stays open for the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSARP as _, &req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn discover(mac: [u8; 6], xid: u32) -> Vec<u8> {
+        let mut b = vec![0u8; 240];
+        b[0] = 1;
+        b[1] = 1;
+        b[2] = 6;
+        b[4..8].copy_from_slice(&xid.to_be_bytes());
+        b[28..34].copy_from_slice(&mac);
+        b[236..240].copy_from_slice(&[99, 130, 83, 99]);
+        b.extend_from_slice(&[0, 0, 53, 1, 1, 255]);
+        b
+    }
+
+    #[test]
+    fn peeks_read_header_and_type_and_refuse_garbage() {
+        let b = discover([2, 0, 0, 0, 0, 9], 7);
+        assert_eq!(peek_mac(&b), Some(Mac([2, 0, 0, 0, 0, 9])));
+        assert_eq!(peek_msg_type(&b), Some(MessageType::Discover));
+        assert_eq!(peek_msg_type(&b[..239]), None);
+        let mut bad = b.clone();
+        bad[2] = 16;
+        assert_eq!(peek_mac(&bad), None);
+        // An option length running past the end must not panic.
+        let mut trunc = b[..240].to_vec();
+        trunc.extend_from_slice(&[12, 200, 1]);
+        assert_eq!(peek_msg_type(&trunc), None);
+    }
+
+    #[test]
+    fn lease_records_round_trip_between_book_and_store() {
+        for state in [
+            LeaseState::Offered,
+            LeaseState::Bound,
+            LeaseState::Released,
+            LeaseState::Quarantined,
+        ] {
+            let l = Lease {
+                ip: Ipv4Addr::new(10, 0, 0, 5),
+                mac: Mac([2, 0, 0, 0, 0, 1]),
+                state,
+                expires: UNIX_EPOCH + Duration::from_secs(1_900_000_000),
+            };
+            let s = to_store(&l, Some("n1".into()), 5);
+            assert_eq!(s.expires_at_unix, 1_900_000_000);
+            assert_eq!(s.hostname.as_deref(), Some("n1"));
+            assert_eq!(from_store(&s), l);
+        }
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_bad_names_and_empty_ports() {
+        assert!(matches!(
+            DhcpServer::bind("a-name-that-is-far-too-long", Ipv4Addr::LOCALHOST, &[67]),
+            Err(ServerError::BadInterface(_))
+        ));
+        assert!(matches!(
+            DhcpServer::bind("lo", Ipv4Addr::LOCALHOST, &[]),
+            Err(ServerError::NoPorts)
+        ));
+    }
+}
