@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
+pub mod r#gen;
 pub mod images;
+pub mod secrets;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -42,6 +44,11 @@ pub enum Command {
     Check(check::Args),
     /// Manage the boot artifact cache (Talos kernels and initramfs images).
     Images(images::Args),
+    /// Render every node's Talos machine config (and admin talosconfig/kubeconfig), or check
+    /// a directory of rendered configs for drift.
+    Gen(r#gen::Args),
+    /// Manage the cluster secrets bundle (age-encrypted).
+    Secrets(secrets::Args),
 }
 
 /// Exit code for invalid input.
@@ -59,6 +66,8 @@ pub fn run() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Images(args) => images::run(&args),
+        Command::Gen(args) => r#gen::run(&args),
+        Command::Secrets(args) => secrets::run(&args),
     }
 }
 
