@@ -80,7 +80,7 @@ pub enum RenderError {
         origin: String,
         /// What went wrong.
         #[source]
-        source: PatchError,
+        source: Box<PatchError>,
     },
     /// No gateway on the node's subnet.
     #[error(
@@ -520,7 +520,7 @@ pub fn render_node(
             node,
             stage,
             origin,
-            source,
+            source: Box::new(source),
         }
     };
     for p in &inv.cluster.patches {
