@@ -584,8 +584,37 @@ fn is_unset(v: &Value) -> bool {
     }
 }
 
+/// Labels outside the kubernetes.io/k8s.io namespaces, or ones the NodeRestriction admission
+/// plugin explicitly allows a kubelet to set on its own node (`kubeletapis.IsKubeletLabel`).
+fn kubelet_may_set_label(key: &str) -> bool {
+    const ALLOWED: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return true;
+    };
+    let in_namespace = |ns: &str| prefix == ns || prefix.ends_with(&format!(".{ns}"));
+    if !in_namespace("kubernetes.io") && !in_namespace("k8s.io") {
+        return true;
+    }
+    ALLOWED.contains(&key)
+        || in_namespace("kubelet.kubernetes.io")
+        || in_namespace("node.kubernetes.io")
+}
+
 /// Checks that need no schema: exactly one install disk choice; control-plane-only fields,
-/// CA keys, `nodeTaints` and the VIP only on control planes.
+/// CA keys, `nodeTaints` and the VIP only on control planes; worker labels NodeRestriction
+/// allows.
 pub fn check_structure(
     node: &str,
     machine_type: MachineType,
@@ -665,6 +694,20 @@ pub fn check_structure(
                  talboot renders as kubelet registerWithTaints"
                     .into(),
             ));
+        }
+        if let Some(Value::Mapping(labels)) = lookup(main, &["machine", "nodeLabels"]) {
+            for key in labels.keys().filter_map(Value::as_str) {
+                if !kubelet_may_set_label(key) {
+                    out.push(err(
+                        "v1alpha1",
+                        &format!("machine.nodeLabels.{key}"),
+                        "NodeRestriction forbids a worker's kubelet to set labels under \
+                         kubernetes.io/ or k8s.io/ (except node.kubernetes.io/ and \
+                         kubelet.kubernetes.io/); pick a label under your own prefix"
+                            .into(),
+                    ));
+                }
+            }
         }
         for doc in &bundle.docs {
             if doc.get("kind").and_then(Value::as_str) == Some("Layer2VIPConfig") {

@@ -31,7 +31,9 @@ pub(crate) fn fixture_secrets() -> SecretsBundle {
         )
         .unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, b.to_yaml()).unwrap();
+        let header = "# TEST ONLY: a fixed cluster secrets bundle for the golden-file tests (tests/golden/).\n\
+                      # Generated once with SecretsBundle::generate; it is public, so never use it for a real cluster.\n";
+        std::fs::write(&path, format!("{header}{}", b.to_yaml())).unwrap();
     }
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     SecretsBundle::from_yaml(&text).unwrap()
@@ -377,6 +379,42 @@ fn structural_checks_name_node_kind_and_field() {
         err.to_string()
             .contains("node rack1-wk-01: v1alpha1 `machine.install`: both")
     );
+
+    // Worker labels in the kubernetes.io namespace are refused, except allowed ones.
+    let mut rack = load("rack.yaml");
+    let idx = rack
+        .nodes
+        .iter()
+        .position(|n| n.name.value == "rack1-wk-04")
+        .unwrap();
+    rack.nodes[idx]
+        .labels
+        .insert("node-role.kubernetes.io/worker".into(), "".into());
+    rack.nodes[idx]
+        .labels
+        .insert("node.kubernetes.io/pool".into(), "x".into());
+    rack.nodes[idx]
+        .labels
+        .insert("topology.kubernetes.io/zone".into(), "a".into());
+    let err = render_node(&rack, &secrets, &rack.nodes[idx]).unwrap_err();
+    let RenderError::Structure(problems) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(
+        problems[0].field,
+        "machine.nodeLabels.node-role.kubernetes.io/worker"
+    );
+    // Control planes are not restricted that way (Talos labels them with admin credentials).
+    let cp = rack
+        .nodes
+        .iter()
+        .position(|n| n.name.value == "rack1-cp-01")
+        .unwrap();
+    rack.nodes[cp]
+        .labels
+        .insert("node-role.kubernetes.io/infra".into(), "".into());
+    render_node(&rack, &secrets, &rack.nodes[cp]).unwrap();
 
     // Removing the install disk altogether is caught too.
     let mut rack = load("rack.yaml");
