@@ -15,6 +15,12 @@
 //! out of a copy of the document before validation and reported back as
 //! [`Report::unchecked`], never as errors, so the schema is not a hard gate for them.
 //!
+//! The v1.14 schema goes further: it drops from the v1alpha1 document everything that moved to
+//! the new Kube*/Discovery*/... documents, although Talos v1.14 still accepts those legacy
+//! fields (`talos-facts.md` §5.9) and we render them. With a schema whose `$id` says v1.14 or
+//! later, "additional property" findings in the v1alpha1 document are therefore reported as
+//! unchecked fields too; every other finding (wrong type, bad enum, ...) stays a violation.
+//!
 //! Error messages never quote a value from the document (configs carry keys and tokens).
 
 use std::collections::HashMap;
@@ -103,6 +109,8 @@ pub struct Schema {
     kinds: HashMap<String, String>,
     /// Definition name -> compiled validator.
     validators: HashMap<String, jsonschema::Validator>,
+    /// The schema omits legacy v1alpha1 fields Talos still accepts (v1.14 and later).
+    thin_legacy: bool,
 }
 
 impl fmt::Debug for Schema {
@@ -183,11 +191,17 @@ impl Schema {
             validators.insert(name.to_owned(), validator);
         }
         let legacy = legacy.ok_or_else(|| shape("no v1alpha1 document definition"))?;
+        let thin_legacy = root
+            .get("$id")
+            .and_then(Json::as_str)
+            .and_then(schema_minor)
+            .is_some_and(|minor| minor >= 14);
         Ok(Schema {
             source_name: source_name.to_owned(),
             legacy,
             kinds,
             validators,
+            thin_legacy,
         })
     }
 
@@ -256,12 +270,34 @@ impl Schema {
                 .to_string()
                 .trim_start_matches('/')
                 .replace('/', ".");
+            if let (
+                true,
+                None,
+                jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected },
+            ) = (self.thin_legacy, kind, error.kind())
+            {
+                for key in unexpected {
+                    report.unchecked.push(if field.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{field}.{key}")
+                    });
+                }
+                continue;
+            }
             report.violations.push(violation(
                 field,
                 redact(&error.to_string(), error.instance()),
             ));
         }
     }
+}
+
+/// The Talos minor version in a schema `$id` such as
+/// `https://talos.dev/v1.13/schemas/config.schema.json`.
+fn schema_minor(id: &str) -> Option<u64> {
+    let rest = id.split("/v1.").nth(1)?;
+    rest.split('/').next()?.parse().ok()
 }
 
 /// Removes the key at `path` from a JSON object tree; true when it was there.
@@ -374,6 +410,45 @@ mod tests {
         )
         .unwrap();
         assert_eq!(schema.validate("n", &bundle), Report::default());
+    }
+
+    #[test]
+    fn v1_14_schema_leaves_legacy_fields_unchecked_but_checks_types() {
+        let path = std::env::var_os("TALBOOT_TALOS_SCHEMA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../shared/reference/talos/config.schema.json")
+            })
+            .with_file_name("config.v1.14.0-rc.1.schema.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            assert!(
+                std::env::var_os("TALBOOT_SKIP_SCHEMA").is_some(),
+                "{} is missing (set TALBOOT_SKIP_SCHEMA=1 to skip)",
+                path.display()
+            );
+            return;
+        };
+        let schema = Schema::from_text("v1.14", &text).unwrap();
+        let bundle = ConfigBundle::parse(
+            "version: v1alpha1\npersist: true\nmachine:\n  type: worker\n  kubelet: {image: x}\n  \
+             features: {diskQuotaSupport: 7, kubePrism: {enabled: true}}\n",
+        )
+        .unwrap();
+        let report = schema.validate("n", &bundle);
+        assert_eq!(
+            report.unchecked,
+            vec!["persist", "machine.features.kubePrism", "machine.kubelet"]
+        );
+        assert_eq!(report.violations.len(), 1, "{:#?}", report.violations);
+        assert_eq!(
+            report.violations[0].field,
+            "machine.features.diskQuotaSupport"
+        );
+        assert_eq!(
+            schema_minor("https://talos.dev/v1.13/schemas/config.schema.json"),
+            Some(13)
+        );
     }
 
     #[test]
