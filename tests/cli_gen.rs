@@ -355,3 +355,99 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn gen_reports_schema_and_structure_problems_by_node_kind_and_field() {
+    if !have("age", "TALBOOT_SKIP_AGE") || !have("age-keygen", "TALBOOT_SKIP_AGE") {
+        return;
+    }
+    let Some(schema) = schema() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    copy_config(dir, "lab.yaml");
+    let inv = std::fs::read_to_string(dir.join("lab.yaml"))
+        .unwrap()
+        .replace(
+            "  - name: k8s-ctrl-02\n",
+            "  - name: k8s-ctrl-02\n    patches: [patches/bad.yaml]\n",
+        );
+    std::fs::write(dir.join("lab.yaml"), inv).unwrap();
+    std::fs::write(
+        dir.join("patches/bad.yaml"),
+        "machine:\n  install:\n    wipe: sometimes\n    diskSelector:\n      model: QEMU*\n",
+    )
+    .unwrap();
+    let (key, recipient) = keygen(dir);
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    run(
+        dir,
+        "age",
+        &[
+            "-r",
+            &recipient,
+            "-o",
+            "secrets/lab.age",
+            fixture().to_str().unwrap(),
+        ],
+    );
+    let out = talboot(
+        dir,
+        &[
+            "gen",
+            "-c",
+            "lab.yaml",
+            "-o",
+            "out",
+            "--schema",
+            schema.to_str().unwrap(),
+            "--age-identity",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "node k8s-ctrl-02: v1alpha1 `machine.install`: both `disk` and `diskSelector`"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("k8s-ctrl-01:"), "{stderr}");
+    assert!(
+        !dir.join("out").exists(),
+        "nothing is written when a node fails"
+    );
+
+    // Structure fixed, the schema still finds the bad type, naming node, kind and field.
+    std::fs::write(
+        dir.join("patches/bad.yaml"),
+        "machine:\n  install:\n    wipe: sometimes\n",
+    )
+    .unwrap();
+    let out = talboot(
+        dir,
+        &[
+            "gen",
+            "-c",
+            "lab.yaml",
+            "-o",
+            "out",
+            "--schema",
+            schema.to_str().unwrap(),
+            "--age-identity",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("node k8s-ctrl-02: v1alpha1 `machine.install.wipe`:"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("sometimes"),
+        "values are not echoed: {stderr}"
+    );
+}
