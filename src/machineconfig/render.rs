@@ -364,6 +364,10 @@ fn disk_selector(sel: &DiskSelector) -> Json {
 }
 
 /// A `LinkAliasConfig` pinning `alias` to the NIC whose burned-in MAC is `mac`.
+///
+/// The selector matches `link.permanent_addr`, not `hardware_addr`: a bond or bridge takes
+/// over its member's current MAC, and an alias selector must match exactly one link, while
+/// only the physical NIC carries the MAC as its permanent address.
 fn link_alias(alias: &str, mac: &str) -> Json {
     json!({
         "apiVersion": "v1alpha1",
