@@ -199,6 +199,7 @@ fn gen_rack_writes_13_valid_configs_and_check_finds_drift() {
         .replace("disk: /dev/sda", "disk: /dev/sdb");
     std::fs::write(&wk, edited).unwrap();
     std::fs::remove_file(dir.join("out/rack1-mon-03.yaml")).unwrap();
+    std::fs::write(dir.join("out/rack1-old-01.yaml"), "version: v1alpha1\n").unwrap();
     let check = talboot(
         dir,
         &[
@@ -220,7 +221,14 @@ fn gen_rack_writes_13_valid_configs_and_check_finds_drift() {
         "{stdout}"
     );
     assert!(stdout.contains("rack1-mon-03.yaml"), "{stdout}");
-    assert!(stdout.contains("2 of 13 node configs differ"), "{stdout}");
+    assert!(
+        stdout.contains("rack1-old-01.yaml: no node of that name in the inventory"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("3 difference(s) across 13 node configs"),
+        "{stdout}"
+    );
 
     // Without any identity: exit 2, naming the file, the recipients and where it looked.
     let out = talboot(dir, &["gen", "-c", "rack.yaml", "-o", "out2"], &[]);

@@ -6,8 +6,8 @@
 //! year), so they differ on every run.
 //!
 //! `--check DIR` renders without writing and compares with `DIR/<node>.yaml`: it prints a line
-//! diff per node that differs (or is missing) and exits 1, for GitOps review. The client configs
-//! are not compared (see above).
+//! diff per node that differs (or is missing), names `*.yaml` files of nodes no longer in the
+//! inventory, and exits 1, for GitOps review. The client configs are not compared (see above).
 //!
 //! Structural checks always run; `--schema PATH` adds validation of every document against the
 //! Talos JSON schema.
@@ -228,6 +228,24 @@ fn check(dir: &Path, rendered: &[(String, String)]) -> ExitCode {
             }
         }
     }
+    // Configs of nodes that left the inventory would linger in a GitOps repository.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut stale: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| {
+                f.strip_suffix(".yaml")
+                    .is_some_and(|stem| !rendered.iter().any(|(n, _)| n == stem))
+            })
+            .collect();
+        stale.sort();
+        for f in stale {
+            differ += 1;
+            println!(
+                "{}: no node of that name in the inventory; remove it",
+                dir.join(f).display()
+            );
+        }
+    }
     if differ == 0 {
         println!(
             "{}: all {} node configs are up to date",
@@ -236,7 +254,10 @@ fn check(dir: &Path, rendered: &[(String, String)]) -> ExitCode {
         );
         ExitCode::SUCCESS
     } else {
-        println!("{differ} of {} node configs differ", rendered.len());
+        println!(
+            "{differ} difference(s) across {} node configs",
+            rendered.len()
+        );
         ExitCode::from(EXIT_INVALID)
     }
 }
