@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
+pub mod r#gen;
 pub mod images;
+pub mod secrets;
 pub mod serve;
 
 /// talboot: from power-on to a running Talos Linux cluster.
@@ -45,6 +47,11 @@ pub enum Command {
     Images(images::Args),
     /// Run the appliance: DHCP, TFTP and HTTP on the provisioning network.
     Serve(serve::Args),
+    /// Render every node's Talos machine config (and admin talosconfig/kubeconfig), or check
+    /// a directory of rendered configs for drift.
+    Gen(r#gen::Args),
+    /// Manage the cluster secrets bundle (age-encrypted).
+    Secrets(secrets::Args),
 }
 
 /// Exit code for invalid input.
@@ -63,6 +70,8 @@ pub fn run() -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Images(args) => images::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Gen(args) => r#gen::run(&args),
+        Command::Secrets(args) => secrets::run(&args),
     }
 }
 

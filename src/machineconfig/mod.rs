@@ -6,6 +6,8 @@
 pub mod clients;
 pub mod patch;
 pub mod pki;
+pub mod render;
+pub mod schema;
 pub mod secrets;
 
 #[cfg(test)]

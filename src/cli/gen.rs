@@ -1,0 +1,338 @@
+//! `talboot gen`: render every node's machine config from the inventory and the secrets bundle.
+//!
+//! `-o DIR` writes `DIR/<node>.yaml` for every node plus an admin `talosconfig` and
+//! `kubeconfig`, all mode 0600 (configs carry CA keys). Node configs are deterministic for the
+//! same inventory and bundle; the client configs hold freshly issued client certificates (one
+//! year), so they differ on every run.
+//!
+//! `--check DIR` renders without writing and compares with `DIR/<node>.yaml`: it prints a line
+//! diff per node that differs (or is missing), names `*.yaml` files of nodes no longer in the
+//! inventory, and exits 1, for GitOps review. The client configs are not compared (see above).
+//!
+//! Structural checks always run; `--schema PATH` adds validation of every document against the
+//! Talos JSON schema.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use time::OffsetDateTime;
+
+use crate::crypto::age::IdentitySources;
+use crate::inventory::Inventory;
+use crate::machineconfig::clients::{self, DEFAULT_CLIENT_CERT_TTL};
+use crate::machineconfig::render;
+use crate::machineconfig::schema::Schema;
+use crate::machineconfig::secrets::SecretsBundle;
+
+use super::secrets::{load_bundle, load_inventory};
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Arguments of `talboot gen`.
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["out", "check"]))]
+pub struct Args {
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// Write `<node>.yaml`, `talosconfig` and `kubeconfig` into this directory.
+    #[arg(short = 'o', long = "out")]
+    pub out: Option<PathBuf>,
+    /// Compare what would be rendered with the node configs in this directory; exit 1 and
+    /// print a diff per node when they differ.
+    #[arg(long = "check")]
+    pub check: Option<PathBuf>,
+    /// Talos JSON schema (config.schema.json) to validate every document against.
+    #[arg(long = "schema")]
+    pub schema: Option<PathBuf>,
+    /// age identity file for the secrets bundle (else SOPS_AGE_KEY_FILE, SOPS_AGE_KEY, or
+    /// sops's default keys.txt).
+    #[arg(long = "age-identity")]
+    pub age_identity: Option<PathBuf>,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let inv = match load_inventory(&args.config) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
+    let schema = match &args.schema {
+        None => None,
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                Schema::from_text(&path.display().to_string(), &t).map_err(|e| e.to_string())
+            }) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("talboot: --schema {}: {e}", path.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let secrets = match load_bundle(&inv, &sources) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let rendered = match render_all(&inv, &secrets, schema.as_ref()) {
+        Ok(r) => r,
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            eprintln!("talboot: {} problem(s); nothing written", problems.len());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    if let Some(dir) = &args.check {
+        return check(dir, &rendered);
+    }
+    let dir = args.out.as_ref().expect("clap requires --out or --check");
+    match write_all(dir, &inv, &secrets, &rendered, OffsetDateTime::now_utc()) {
+        Ok(()) => {
+            println!(
+                "wrote {} node configs, talosconfig and kubeconfig to {}",
+                rendered.len(),
+                dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// Renders (and validates) every node: `(node name, YAML text)` in inventory order, or every
+/// problem found across all nodes.
+pub fn render_all(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    schema: Option<&Schema>,
+) -> Result<Vec<(String, String)>, Vec<String>> {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    let mut unchecked: Vec<String> = Vec::new();
+    for node in &inv.nodes {
+        let name = node.name.value.clone();
+        let bundle = match render::render_node(inv, secrets, node) {
+            Ok(b) => b,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        if let Some(schema) = schema {
+            let report = schema.validate(&name, &bundle);
+            problems.extend(report.violations.iter().map(ToString::to_string));
+            for u in report.unchecked {
+                if !unchecked.contains(&u) {
+                    unchecked.push(u);
+                }
+            }
+        }
+        match bundle.to_yaml() {
+            Ok(text) => out.push((name, text)),
+            Err(e) => problems.push(format!("node {name}: {e}")),
+        }
+    }
+    if !unchecked.is_empty() {
+        tracing::info!(
+            fields = %unchecked.join(", "),
+            "fields Talos accepts but its JSON schema omits (deprecated); not schema-checked"
+        );
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Writes node configs and the admin client configs into `dir` (created 0700 if missing).
+fn write_all(
+    dir: &Path,
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    rendered: &[(String, String)],
+    now: OffsetDateTime,
+) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    for (name, text) in rendered {
+        crate::fsutil::write_atomic(&dir.join(format!("{name}.yaml")), text.as_bytes(), 0o600)
+            .map_err(|e| e.to_string())?;
+    }
+    // Talos API calls go to node addresses, never the VIP (it only exists after bootstrap).
+    let endpoints: Vec<String> = inv
+        .control_planes()
+        .map(|n| n.address.value.addr().to_string())
+        .collect();
+    let cluster = &inv.cluster.name.value;
+    let talosconfig = clients::talosconfig(
+        cluster,
+        &endpoints,
+        &[],
+        secrets,
+        DEFAULT_CLIENT_CERT_TTL,
+        now,
+    )
+    .map_err(|e| e.to_string())?;
+    crate::fsutil::write_atomic(&dir.join("talosconfig"), talosconfig.as_bytes(), 0o600)
+        .map_err(|e| e.to_string())?;
+    let endpoint = &inv.cluster.endpoint.value;
+    let host = match &endpoint.host {
+        crate::inventory::EndpointHost::Ip(ip) => ip.to_string(),
+        crate::inventory::EndpointHost::Name(n) => n.clone(),
+    };
+    let server = format!("https://{host}:{}", endpoint.port);
+    let kubeconfig = clients::kubeconfig(cluster, &server, secrets, DEFAULT_CLIENT_CERT_TTL, now)
+        .map_err(|e| e.to_string())?;
+    crate::fsutil::write_atomic(&dir.join("kubeconfig"), kubeconfig.as_bytes(), 0o600)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `--check`: compare with `dir`, print diffs, exit 1 on any difference.
+fn check(dir: &Path, rendered: &[(String, String)]) -> ExitCode {
+    let mut differ = 0;
+    for (name, text) in rendered {
+        let path = dir.join(format!("{name}.yaml"));
+        match std::fs::read_to_string(&path) {
+            Ok(old) if old == *text => {}
+            Ok(old) => {
+                differ += 1;
+                println!("--- {}\n+++ {name} (rendered)", path.display());
+                print!("{}", line_diff(&old, text));
+            }
+            Err(e) => {
+                differ += 1;
+                println!("{}: {e}; it would be written", path.display());
+            }
+        }
+    }
+    // Configs of nodes that left the inventory would linger in a GitOps repository.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut stale: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| {
+                f.strip_suffix(".yaml")
+                    .is_some_and(|stem| !rendered.iter().any(|(n, _)| n == stem))
+            })
+            .collect();
+        stale.sort();
+        for f in stale {
+            differ += 1;
+            println!(
+                "{}: no node of that name in the inventory; remove it",
+                dir.join(f).display()
+            );
+        }
+    }
+    if differ == 0 {
+        println!(
+            "{}: all {} node configs are up to date",
+            dir.display(),
+            rendered.len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "{differ} difference(s) across {} node configs",
+            rendered.len()
+        );
+        ExitCode::from(EXIT_INVALID)
+    }
+}
+
+/// Lines of context around each change in [`line_diff`].
+const CONTEXT: usize = 3;
+
+/// A line diff of `old` -> `new` in unified style (`-`/`+`/` ` prefixes, `@@` hunk headers with
+/// 1-based line numbers), from a longest-common-subsequence alignment. Empty when equal.
+pub fn line_diff(old: &str, new: &str) -> String {
+    let a: Vec<&str> = old.lines().collect();
+    let b: Vec<&str> = new.lines().collect();
+    // lcs[i][j] = length of the LCS of a[i..] and b[j..].
+    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    // The edit script: (op, old line index, new line index).
+    let mut ops: Vec<(char, usize, usize)> = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            ops.push((' ', i, j));
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            ops.push(('-', i, j));
+            i += 1;
+        } else {
+            ops.push(('+', i, j));
+            j += 1;
+        }
+    }
+    let mut out = String::new();
+    let changed: Vec<usize> = (0..ops.len()).filter(|&k| ops[k].0 != ' ').collect();
+    let mut k = 0;
+    while k < changed.len() {
+        let start = changed[k].saturating_sub(CONTEXT);
+        let mut end = changed[k];
+        while k + 1 < changed.len() && changed[k + 1] <= end + 2 * CONTEXT + 1 {
+            k += 1;
+            end = changed[k];
+        }
+        let end = (end + CONTEXT + 1).min(ops.len());
+        let (_, oi, nj) = ops[start];
+        let _ = writeln!(out, "@@ -{} +{} @@", oi + 1, nj + 1);
+        for &(op, oi, nj) in &ops[start..end] {
+            let line = if op == '+' { b[nj] } else { a[oi] };
+            let _ = writeln!(out, "{op}{line}");
+        }
+        k += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_marks_changes_with_context() {
+        let old = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n";
+        let new = "a\nb\nc\nD\ne\nf\ng\nh\ni\nj\nk\nl\nm\nn\n";
+        let d = line_diff(old, new);
+        assert_eq!(
+            d,
+            "@@ -1 +1 @@\n a\n b\n c\n-d\n+D\n e\n f\n g\n@@ -11 +11 @@\n k\n l\n m\n+n\n"
+        );
+        assert_eq!(line_diff(old, old), "");
+        assert_eq!(line_diff("", "x\n"), "@@ -1 +1 @@\n+x\n");
+    }
+}

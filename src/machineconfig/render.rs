@@ -1,0 +1,730 @@
+//! Rendering: inventory + secrets bundle + node -> the node's multi-document machine config.
+//!
+//! Pure: no files, no clock, no randomness. Every certificate and key in the output comes from
+//! the [`SecretsBundle`], so the same inventory and bundle always render the same bytes.
+//!
+//! # Order (talhelper's build order, `anchors-config.md` §1.5)
+//!
+//! 1. **Base document** for the machine type, equivalent to `talosctl gen config` for the Talos
+//!    v1.13 contract (`talos-facts.md` §5.1): the v1alpha1 document with the bundle's secrets,
+//!    CLI defaults `install.disk: /dev/sda` and the ghcr installer, plus `HostnameConfig`
+//!    `auto: stable`. Talos v1.14 accepts this layout unchanged (§5.9), so a v1.14 cluster gets
+//!    the same v1.13-style documents. Generation input also carries what talhelper feeds
+//!    `generate.Input`: subnets, DNS domain, `allowSchedulingOnControlPlanes` and, when the
+//!    Cilium add-on is enabled, `cni: none` (+ `proxy.disabled: true` with kube-proxy
+//!    replacement; Cilium without it still needs kube-proxy).
+//! 2. **Common patches** (`cluster.patches`).
+//! 3. **Role patches**, root ancestor of the `extends` chain first.
+//! 4. **Generated per-node patch** ([`node_patch`]): hostname (`HostnameConfig` with
+//!    `auto: off`), the static address and default route on the boot NIC selected by its MAC
+//!    (`LinkAliasConfig` + `LinkConfig`), extra NICs likewise, resolvers, the VIP on control
+//!    planes (`Layer2VIPConfig`), install disk or `diskSelector`, installer image from the
+//!    schematic, node labels and taints.
+//! 5. **The node's own patches.**
+//!
+//! Networking uses the v1.13 multi-document kinds instead of the deprecated
+//! `machine.network.interfaces`, which the JSON schema omits; so the output validates.
+//!
+//! # Taints
+//!
+//! Kubernetes' NodeRestriction admission stops a kubelet from changing its node's taints after
+//! registration, and Talos applies `machine.nodeTaints` with the node's own credentials, so on
+//! workers it fails. Control planes get `machine.nodeTaints`; workers get their taints through
+//! the kubelet's `registerWithTaints` (`machine.kubelet.extraConfig`), which sets them once when
+//! the node registers. [`check_structure`] rejects `machine.nodeTaints` on workers for the same
+//! reason.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Value as Json, json};
+use thiserror::Error;
+use yaml_serde::Value;
+
+use super::patch::{self, ConfigBundle, PatchError};
+use super::pki::PemCertAndKey;
+use super::secrets::{EncryptionSecret, SecretsBundle};
+use crate::inventory::{
+    DiskSelector, EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody, Taint,
+};
+
+/// KubePrism's default port (`DefaultKubePrismPort`).
+pub const KUBEPRISM_PORT: u16 = 7445;
+/// Install disk `talosctl gen config` defaults to (`--install-disk`).
+pub const DEFAULT_INSTALL_DISK: &str = "/dev/sda";
+/// Alias the boot NIC gets (`LinkAliasConfig`); extra NICs get `net1`, `net2`, ...
+pub const BOOT_LINK: &str = "net0";
+
+/// Why a node's config could not be rendered.
+#[derive(Debug, Error)]
+pub enum RenderError {
+    /// The cluster's Talos version is outside the contracts we render.
+    #[error(
+        "cluster.talosVersion {version} is not supported: talboot renders the Talos v1.13 \
+         layout, which Talos v1.13 and v1.14 accept; set talosVersion to a v1.13.x or v1.14.x release"
+    )]
+    UnsupportedTalos {
+        /// The version in the inventory.
+        version: String,
+    },
+    /// A patch failed to apply.
+    #[error("node {node}: {stage} ({origin}): {source}")]
+    Patch {
+        /// The node being rendered.
+        node: String,
+        /// Which step of the order (e.g. "role storage patch").
+        stage: String,
+        /// Where the patch came from.
+        origin: String,
+        /// What went wrong.
+        #[source]
+        source: Box<PatchError>,
+    },
+    /// No gateway on the node's subnet.
+    #[error(
+        "node {node}: gateway {gateway} is not inside the node's subnet {subnet}; set \
+         `gateway` on the node (or on the relay subnet it sits in)"
+    )]
+    GatewayOffLink {
+        /// The node.
+        node: String,
+        /// The gateway chosen.
+        gateway: Ipv4Addr,
+        /// The node's address with prefix.
+        subnet: String,
+    },
+    /// Structural checks failed.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Structure(Vec<StructuralError>),
+}
+
+/// A structural problem in a rendered config (found without the schema).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("node {node}: {kind} `{field}`: {problem}")]
+pub struct StructuralError {
+    /// The node.
+    pub node: String,
+    /// The document kind (`v1alpha1` for the legacy document).
+    pub kind: String,
+    /// Dotted field path.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+/// Convert a JSON value built with `json!` (ordered) to a YAML value.
+fn yaml(v: Json) -> Value {
+    yaml_serde::to_value(v).expect("JSON values always convert to YAML")
+}
+
+/// `{crt, key}` with both as base64 of the PEM text, as Talos stores them in configs.
+fn cert_and_key(pair: &PemCertAndKey, with_key: bool) -> Json {
+    let key = if with_key {
+        STANDARD.encode(&pair.key)
+    } else {
+        String::new()
+    };
+    json!({"crt": STANDARD.encode(&pair.crt), "key": key})
+}
+
+/// The installer image: the inventory's image, else the Image Factory `metal-installer` for the
+/// cluster's schematic, tagged with the Talos version.
+pub fn installer_image(inv: &Inventory) -> String {
+    let talos = &inv.cluster.talos_version.value;
+    let installer = &inv.cluster.installer;
+    match &installer.image {
+        Some(image) => format!("{image}:{talos}"),
+        None => {
+            let host = installer
+                .factory_url
+                .trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .trim_end_matches('/');
+            format!(
+                "{host}/metal-installer/{}:{talos}",
+                installer.schematic_id()
+            )
+        }
+    }
+}
+
+/// Checks that the cluster's Talos version is one whose contract we render (v1.13 layout,
+/// also accepted by v1.14).
+fn check_contract(inv: &Inventory) -> Result<(), RenderError> {
+    let v = &inv.cluster.talos_version.value.0;
+    if v.major == 1 && (v.minor == 13 || v.minor == 14) {
+        Ok(())
+    } else {
+        Err(RenderError::UnsupportedTalos {
+            version: inv.cluster.talos_version.value.to_string(),
+        })
+    }
+}
+
+/// Whether the Cilium add-on is enabled, and whether it replaces kube-proxy.
+fn cilium(inv: &Inventory) -> Option<bool> {
+    inv.addons
+        .cilium
+        .as_ref()
+        .filter(|c| c.enabled)
+        .map(|c| c.kube_proxy_replacement)
+}
+
+/// The PodSecurity admission plugin configuration `talosctl gen config` writes.
+fn admission_control() -> Json {
+    json!([{
+        "name": "PodSecurity",
+        "configuration": {
+            "apiVersion": "pod-security.admission.config.k8s.io/v1alpha1",
+            "defaults": {
+                "audit": "restricted",
+                "audit-version": "latest",
+                "enforce": "baseline",
+                "enforce-version": "latest",
+                "warn": "restricted",
+                "warn-version": "latest"
+            },
+            "exemptions": {
+                "namespaces": ["kube-system"],
+                "runtimeClasses": [],
+                "usernames": []
+            },
+            "kind": "PodSecurityConfiguration"
+        }
+    }])
+}
+
+/// The base config for `machine_type`: what `talosctl gen config` emits for the v1.13
+/// contract with this cluster's name, endpoint, versions, subnets and secrets.
+pub fn base_config(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    machine_type: MachineType,
+) -> Result<ConfigBundle, RenderError> {
+    check_contract(inv)?;
+    let c = &inv.cluster;
+    let talos = &c.talos_version.value;
+    let k8s = &c.kubernetes_version.value;
+    let cp = machine_type == MachineType::ControlPlane;
+    let endpoint = &c.endpoint.value;
+    let host = match &endpoint.host {
+        EndpointHost::Ip(ip) => ip.to_string(),
+        EndpointHost::Name(n) => n.clone(),
+    };
+
+    let mut machine = json!({
+        "type": machine_type.as_str(),
+        "token": secrets.trustd_token(),
+        "ca": cert_and_key(secrets.os_ca(), cp),
+        "certSANs": [],
+        "kubelet": {
+            "image": format!("ghcr.io/siderolabs/kubelet:{k8s}"),
+            "defaultRuntimeSeccompProfileEnabled": true,
+            "disableManifestsDirectory": true
+        },
+        "install": {
+            "disk": DEFAULT_INSTALL_DISK,
+            "image": format!("ghcr.io/siderolabs/installer:{talos}"),
+            "wipe": false,
+            "grubUseUKICmdline": true
+        },
+        "features": {
+            "diskQuotaSupport": true,
+            "kubePrism": {"enabled": true, "port": KUBEPRISM_PORT},
+            "hostDNS": {"enabled": true, "forwardKubeDNSToHost": true}
+        }
+    });
+    if cp {
+        machine["nodeLabels"] =
+            json!({"node.kubernetes.io/exclude-from-external-load-balancers": ""});
+    }
+
+    let mut network = json!({
+        "dnsDomain": c.dns_domain,
+        "podSubnets": c.pod_subnets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "serviceSubnets": c.service_subnets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    });
+    let cilium = cilium(inv);
+    if cilium.is_some() {
+        network["cni"] = json!({"name": "none"});
+    }
+
+    let mut cluster = json!({
+        "id": secrets.cluster_id(),
+        "secret": secrets.cluster_secret(),
+        "controlPlane": {"endpoint": format!("https://{host}:{}", endpoint.port)},
+        "clusterName": c.name.value,
+        "network": network,
+        "token": secrets.bootstrap_token(),
+    });
+    if cp {
+        match secrets.encryption_secret() {
+            EncryptionSecret::Secretbox(s) => cluster["secretboxEncryptionSecret"] = json!(s),
+            EncryptionSecret::AesCbc(s) => cluster["aescbcEncryptionSecret"] = json!(s),
+        }
+        cluster["ca"] = cert_and_key(secrets.k8s_ca(), true);
+        cluster["aggregatorCA"] = cert_and_key(secrets.k8s_aggregator_ca(), true);
+        cluster["serviceAccount"] =
+            json!({"key": STANDARD.encode(secrets.k8s_service_account_key())});
+        cluster["apiServer"] = json!({
+            "image": format!("registry.k8s.io/kube-apiserver:{k8s}"),
+            "admissionControl": admission_control(),
+            "auditPolicy": {
+                "apiVersion": "audit.k8s.io/v1",
+                "kind": "Policy",
+                "rules": [{"level": "Metadata"}]
+            }
+        });
+        cluster["controllerManager"] =
+            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")});
+        let mut proxy = json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}")});
+        if cilium == Some(true) {
+            proxy["disabled"] = json!(true);
+        }
+        cluster["proxy"] = proxy;
+        cluster["scheduler"] = json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}")});
+        cluster["discovery"] = discovery();
+        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
+        if c.allow_scheduling_on_control_planes {
+            cluster["allowSchedulingOnControlPlanes"] = json!(true);
+        }
+    } else {
+        cluster["ca"] = cert_and_key(secrets.k8s_ca(), false);
+        cluster["discovery"] = discovery();
+    }
+
+    let main = json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": machine,
+        "cluster": cluster,
+    });
+    let hostname = json!({"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"});
+    Ok(ConfigBundle::new(vec![yaml(main), yaml(hostname)]))
+}
+
+/// Cluster discovery as gen config enables it (service registry only).
+fn discovery() -> Json {
+    json!({"enabled": true, "registries": {"kubernetes": {"disabled": true}, "service": {}}})
+}
+
+/// The default gateway of `node`: its own, else the relay subnet's it sits in, else the
+/// provisioning network's. It must be on the node's subnet.
+fn gateway(inv: &Inventory, node: &Node) -> Result<Option<Ipv4Addr>, RenderError> {
+    let addr = node.address.value;
+    let chosen = node.gateway.as_ref().map(|g| g.value).or_else(|| {
+        inv.network
+            .relays
+            .iter()
+            .find(|r| r.subnet.value.contains(&addr.addr()))
+            .and_then(|r| r.gateway.as_ref().map(|g| g.value))
+            .or_else(|| inv.network.gateway.as_ref().map(|g| g.value))
+    });
+    match chosen {
+        Some(gw) if !addr.trunc().contains(&gw) => Err(RenderError::GatewayOffLink {
+            node: node.name.value.clone(),
+            gateway: gw,
+            subnet: addr.to_string(),
+        }),
+        other => Ok(other),
+    }
+}
+
+/// DNS servers for `node`: the relay subnet's when it has its own, else the network's.
+fn nameservers(inv: &Inventory, node: &Node) -> Vec<Ipv4Addr> {
+    let addr = node.address.value.addr();
+    inv.network
+        .relays
+        .iter()
+        .find(|r| r.subnet.value.contains(&addr) && !r.dns.is_empty())
+        .map(|r| r.dns.clone())
+        .unwrap_or_else(|| inv.network.dns.clone())
+}
+
+/// Talos `InstallDiskSelector` keys for a selector.
+fn disk_selector(sel: &DiskSelector) -> Json {
+    let mut m = serde_json::Map::new();
+    let fields: [(&str, Option<String>); 6] = [
+        ("size", sel.size.clone()),
+        ("model", sel.model.clone()),
+        ("serial", sel.serial.clone()),
+        ("type", sel.disk_type.map(|t| t.as_str().to_owned())),
+        ("wwid", sel.wwid.clone()),
+        ("busPath", sel.bus_path.clone()),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            m.insert(k.to_owned(), json!(v));
+        }
+    }
+    Json::Object(m)
+}
+
+/// A `LinkAliasConfig` pinning `alias` to the NIC whose burned-in MAC is `mac`.
+///
+/// The selector matches `link.permanent_addr`, not `hardware_addr`: a bond or bridge takes
+/// over its member's current MAC, and an alias selector must match exactly one link, while
+/// only the physical NIC carries the MAC as its permanent address.
+fn link_alias(alias: &str, mac: &str) -> Json {
+    json!({
+        "apiVersion": "v1alpha1",
+        "kind": "LinkAliasConfig",
+        "name": alias,
+        "selector": {"match": format!("mac(link.permanent_addr) == \"{mac}\"")}
+    })
+}
+
+/// Labels for `node`: role chain's, then the node's own (which win).
+fn labels(inv: &Inventory, node: &Node) -> BTreeMap<String, String> {
+    let mut labels = inv.role_of(node).labels.clone();
+    labels.extend(node.labels.clone());
+    labels
+}
+
+/// Taints for `node`: role chain's, then the node's own (same key and effect replaces).
+fn taints(inv: &Inventory, node: &Node) -> Vec<Taint> {
+    let mut out = inv.role_of(node).taints.clone();
+    for t in &node.taints {
+        out.retain(|o| !(o.key == t.key && o.effect == t.effect));
+        out.push(t.clone());
+    }
+    out
+}
+
+/// The generated per-node patch (step 4 of the order): hostname, boot NIC address and route,
+/// extra NICs, resolvers, VIP on control planes, install target and image, labels, taints.
+pub fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
+    let role = inv.role_of(node);
+    let cp = role.machine_type == MachineType::ControlPlane;
+
+    let mut install = match &node.install {
+        InstallTarget::Disk(d) => json!({"disk": d}),
+        // gen config's default disk must go, or the node would have two install choices.
+        InstallTarget::Selector(s) => {
+            json!({"disk": {"$patch": "delete"}, "diskSelector": disk_selector(s)})
+        }
+    };
+    install["image"] = json!(installer_image(inv));
+    let mut machine = json!({"install": install});
+
+    let labels = labels(inv, node);
+    if !labels.is_empty() {
+        machine["nodeLabels"] = json!(labels);
+    }
+    let taints = taints(inv, node);
+    if !taints.is_empty() {
+        if cp {
+            let map: serde_json::Map<String, Json> = taints
+                .iter()
+                .map(|t| {
+                    let v = match &t.value {
+                        Some(v) => format!("{v}:{}", t.effect),
+                        None => t.effect.to_string(),
+                    };
+                    (t.key.clone(), json!(v))
+                })
+                .collect();
+            machine["nodeTaints"] = Json::Object(map);
+        } else {
+            let list: Vec<Json> = taints
+                .iter()
+                .map(|t| {
+                    let mut o = json!({"key": t.key, "effect": t.effect.to_string()});
+                    if let Some(v) = &t.value {
+                        o["value"] = json!(v);
+                    }
+                    o
+                })
+                .collect();
+            machine["kubelet"] = json!({"extraConfig": {"registerWithTaints": list}});
+        }
+    }
+
+    let mut docs = vec![
+        yaml(json!({"machine": machine})),
+        yaml(json!({
+            "apiVersion": "v1alpha1",
+            "kind": "HostnameConfig",
+            "auto": "off",
+            "hostname": node.name.value
+        })),
+    ];
+
+    // Boot NIC: the first MAC carries the static address and the default route.
+    let boot_mac = node.macs[0].value.to_string();
+    docs.push(yaml(link_alias(BOOT_LINK, &boot_mac)));
+    let mut link = json!({
+        "apiVersion": "v1alpha1",
+        "kind": "LinkConfig",
+        "name": BOOT_LINK,
+        "up": true,
+        "addresses": [{"address": node.address.value.to_string()}],
+    });
+    if let Some(gw) = gateway(inv, node)? {
+        link["routes"] = json!([{"gateway": gw.to_string()}]);
+    }
+    docs.push(yaml(link));
+
+    for (i, extra) in node.interfaces.iter().enumerate() {
+        let alias = format!("net{}", i + 1);
+        docs.push(yaml(link_alias(&alias, &extra.mac.value.to_string())));
+        let mut link = json!({
+            "apiVersion": "v1alpha1",
+            "kind": "LinkConfig",
+            "name": alias,
+            "up": true,
+            "addresses": extra
+                .addresses
+                .iter()
+                .map(|a| json!({"address": a.value.to_string()}))
+                .collect::<Vec<_>>(),
+        });
+        if let Some(mtu) = extra.mtu {
+            link["mtu"] = json!(mtu);
+        }
+        docs.push(yaml(link));
+    }
+
+    let dns = nameservers(inv, node);
+    if !dns.is_empty() {
+        docs.push(yaml(json!({
+            "apiVersion": "v1alpha1",
+            "kind": "ResolverConfig",
+            "nameservers": dns.iter().map(|a| json!({"address": a.to_string()})).collect::<Vec<_>>(),
+        })));
+    }
+
+    if cp && let Some(vip) = &inv.cluster.vip {
+        docs.push(yaml(json!({
+            "apiVersion": "v1alpha1",
+            "kind": "Layer2VIPConfig",
+            "name": vip.value.to_string(),
+            "link": BOOT_LINK,
+        })));
+    }
+    Ok(PatchBody::Merge(docs))
+}
+
+/// Renders `node`'s complete config: base, common patches, role chain patches, the generated
+/// node patch, the node's own patches; then runs [`check_structure`].
+pub fn render_node(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    node: &Node,
+) -> Result<ConfigBundle, RenderError> {
+    let role = inv.role_of(node);
+    let name = node.name.value.clone();
+    let mut bundle = base_config(inv, secrets, role.machine_type)?;
+    let fail = |stage: String, origin: String| {
+        let node = name.clone();
+        move |source| RenderError::Patch {
+            node,
+            stage,
+            origin,
+            source: Box::new(source),
+        }
+    };
+    for p in &inv.cluster.patches {
+        patch::apply(&mut bundle, &p.body)
+            .map_err(fail("common patch".into(), p.origin.to_string()))?;
+    }
+    for p in &role.patches {
+        patch::apply(&mut bundle, &p.body).map_err(fail(
+            format!("role {} patch", role.name),
+            p.origin.to_string(),
+        ))?;
+    }
+    let generated = node_patch(inv, node)?;
+    patch::apply(&mut bundle, &generated).map_err(fail(
+        "generated node patch".into(),
+        "talboot (hostname, network, install, labels, taints)".into(),
+    ))?;
+    for p in &node.patches {
+        patch::apply(&mut bundle, &p.body)
+            .map_err(fail("node patch".into(), p.origin.to_string()))?;
+    }
+    let problems = check_structure(&name, role.machine_type, &bundle);
+    if !problems.is_empty() {
+        return Err(RenderError::Structure(problems));
+    }
+    tracing::debug!(node = %name, documents = bundle.docs.len(), "rendered machine config");
+    Ok(bundle)
+}
+
+/// Fields of the v1alpha1 document only control planes may carry (they hold control-plane
+/// secrets or configure control-plane components).
+const CONTROL_PLANE_ONLY: &[&[&str]] = &[
+    &["cluster", "aggregatorCA"],
+    &["cluster", "serviceAccount"],
+    &["cluster", "secretboxEncryptionSecret"],
+    &["cluster", "aescbcEncryptionSecret"],
+    &["cluster", "apiServer"],
+    &["cluster", "controllerManager"],
+    &["cluster", "scheduler"],
+    &["cluster", "proxy"],
+    &["cluster", "etcd"],
+    &["cluster", "coreDNS"],
+    &["cluster", "inlineManifests"],
+    &["cluster", "extraManifests"],
+    &["cluster", "allowSchedulingOnControlPlanes"],
+    &["machine", "controlPlane"],
+];
+
+fn lookup<'a>(doc: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(doc, |v, k| v.get(*k))
+}
+
+/// True for a value that Talos treats as unset (null, empty string, empty mapping or list).
+fn is_unset(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Mapping(m) => m.is_empty(),
+        Value::Sequence(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// Labels outside the kubernetes.io/k8s.io namespaces, or ones the NodeRestriction admission
+/// plugin explicitly allows a kubelet to set on its own node (`kubeletapis.IsKubeletLabel`).
+fn kubelet_may_set_label(key: &str) -> bool {
+    const ALLOWED: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return true;
+    };
+    let in_namespace = |ns: &str| prefix == ns || prefix.ends_with(&format!(".{ns}"));
+    if !in_namespace("kubernetes.io") && !in_namespace("k8s.io") {
+        return true;
+    }
+    ALLOWED.contains(&key)
+        || in_namespace("kubelet.kubernetes.io")
+        || in_namespace("node.kubernetes.io")
+}
+
+/// Checks that need no schema: exactly one install disk choice; control-plane-only fields,
+/// CA keys, `nodeTaints` and the VIP only on control planes; worker labels NodeRestriction
+/// allows.
+pub fn check_structure(
+    node: &str,
+    machine_type: MachineType,
+    bundle: &ConfigBundle,
+) -> Vec<StructuralError> {
+    let mut out = Vec::new();
+    let err = |kind: &str, field: &str, problem: String| StructuralError {
+        node: node.to_owned(),
+        kind: kind.to_owned(),
+        field: field.to_owned(),
+        problem,
+    };
+    let cp = machine_type == MachineType::ControlPlane;
+    let Some(main) = bundle.v1alpha1() else {
+        out.push(err(
+            "v1alpha1",
+            "",
+            "the config has no v1alpha1 document; a patch must not remove it".into(),
+        ));
+        return out;
+    };
+
+    let disk = lookup(main, &["machine", "install", "disk"]).filter(|v| !is_unset(v));
+    let selector = lookup(main, &["machine", "install", "diskSelector"]).filter(|v| !is_unset(v));
+    match (disk, selector) {
+        (Some(_), Some(_)) => out.push(err(
+            "v1alpha1",
+            "machine.install",
+            "both `disk` and `diskSelector` are set; keep exactly one install disk choice".into(),
+        )),
+        (None, None) => out.push(err(
+            "v1alpha1",
+            "machine.install",
+            "neither `disk` nor `diskSelector` is set; Talos needs one to install".into(),
+        )),
+        _ => {}
+    }
+
+    let declared = lookup(main, &["machine", "type"]).and_then(Value::as_str);
+    if declared != Some(machine_type.as_str()) {
+        out.push(err(
+            "v1alpha1",
+            "machine.type",
+            format!(
+                "is {:?} but the node's role is a {}; do not patch machine.type",
+                declared.unwrap_or(""),
+                machine_type.as_str()
+            ),
+        ));
+    }
+
+    if !cp {
+        for path in CONTROL_PLANE_ONLY {
+            if lookup(main, path).is_some_and(|v| !is_unset(v)) {
+                out.push(err(
+                    "v1alpha1",
+                    &path.join("."),
+                    "only control-plane nodes may set this; move it to a control-plane role patch"
+                        .into(),
+                ));
+            }
+        }
+        for path in [&["machine", "ca", "key"][..], &["cluster", "ca", "key"][..]] {
+            if lookup(main, path).is_some_and(|v| !is_unset(v)) {
+                out.push(err(
+                    "v1alpha1",
+                    &path.join("."),
+                    "a CA private key on a worker; only control planes carry CA keys".into(),
+                ));
+            }
+        }
+        if lookup(main, &["machine", "nodeTaints"]).is_some_and(|v| !is_unset(v)) {
+            out.push(err(
+                "v1alpha1",
+                "machine.nodeTaints",
+                "workers cannot set taints (NodeRestriction); use role/node `taints`, which \
+                 talboot renders as kubelet registerWithTaints"
+                    .into(),
+            ));
+        }
+        if let Some(Value::Mapping(labels)) = lookup(main, &["machine", "nodeLabels"]) {
+            for key in labels.keys().filter_map(Value::as_str) {
+                if !kubelet_may_set_label(key) {
+                    out.push(err(
+                        "v1alpha1",
+                        &format!("machine.nodeLabels.{key}"),
+                        "NodeRestriction forbids a worker's kubelet to set labels under \
+                         kubernetes.io/ or k8s.io/ (except node.kubernetes.io/ and \
+                         kubelet.kubernetes.io/); pick a label under your own prefix"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        for doc in &bundle.docs {
+            if doc.get("kind").and_then(Value::as_str) == Some("Layer2VIPConfig") {
+                out.push(err(
+                    "Layer2VIPConfig",
+                    "name",
+                    "a VIP on a worker; only control planes may hold the API server VIP".into(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
