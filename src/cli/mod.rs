@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
 pub mod images;
+pub mod node;
+pub mod status;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -42,6 +44,10 @@ pub enum Command {
     Check(check::Args),
     /// Manage the boot artifact cache (Talos kernels and initramfs images).
     Images(images::Args),
+    /// Show each node's phase, address, Talos version and last event.
+    Status(status::Args),
+    /// Act on one node (rebuild).
+    Node(node::Args),
 }
 
 /// Exit code for invalid input.
@@ -59,6 +65,8 @@ pub fn run() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Images(args) => images::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Node(args) => node::run(&args),
     }
 }
 
