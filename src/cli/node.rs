@@ -141,6 +141,13 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         drop(prov);
         let _ = writer.await;
         match result {
+            Ok(crate::provision::NodeStep::Waiting(why)) => {
+                eprintln!(
+                    "talboot: {name} is marked for rebuild but was not reset yet: {why}\n\
+                     `talboot serve` retries the reset; or power-cycle it into network boot"
+                );
+                ExitCode::from(EXIT_INVALID)
+            }
             Ok(step) => {
                 println!(
                     "{name}: marked for rebuild; provisioning window open ({step:?}); its next \

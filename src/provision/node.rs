@@ -517,9 +517,7 @@ impl Provisioner {
     /// The bootstrap control plane, if it is Ready with a known address: the node that relays
     /// calls to nodes talboot cannot reach directly.
     async fn relay_node(&self) -> Result<Option<(String, Ipv4Addr)>, ProvisionError> {
-        let Some(cp) = self.bootstrap_node_name().await? else {
-            return Ok(None);
-        };
+        let cp = self.bootstrap_node().await?;
         let rec = self.record(&cp).await?;
         Ok(match (rec.phase, rec.last_seen_addr) {
             (NodePhase::Ready, Some(ip)) => Some((cp, ip)),
@@ -542,22 +540,24 @@ impl Provisioner {
             .await?;
             return Ok(NodeStep::Advanced(NodePhase::Booting));
         };
-        let probe = self
-            .maintenance_client(ip)
-            .map_err(|e| self.talos_err(&name, e))?;
-        match probe.version().await {
-            Ok(_) => {
-                self.set_phase(rec, NodePhase::Maintenance, "already in maintenance mode")
-                    .await?;
-                return Ok(NodeStep::Advanced(NodePhase::Maintenance));
+        // Secured first: a configured node is what a rebuild normally finds. Only when that
+        // fails is the node perhaps already back in maintenance (an earlier reset landed).
+        let client = match self.secured_route(&name, ip).await {
+            Ok((client, _)) => client,
+            Err(secured_err) => {
+                let probe = self
+                    .maintenance_client(ip)
+                    .map_err(|e| self.talos_err(&name, e))?;
+                if probe.version().await.is_ok() {
+                    self.set_phase(rec, NodePhase::Maintenance, "already in maintenance mode")
+                        .await?;
+                    return Ok(NodeStep::Advanced(NodePhase::Maintenance));
+                }
+                return Ok(NodeStep::Waiting(format!(
+                    "cannot reach its secured API to reset it: {secured_err}"
+                )));
             }
-            Err(TalosError::NotInMaintenance { .. }) => {}
-            Err(e) => return Ok(NodeStep::Waiting(e.to_string())),
-        }
-        let (client, _) = self
-            .secured_route(&name, ip)
-            .await
-            .map_err(|e| self.talos_err(&name, e))?;
+        };
         match client.reset(true, true).await {
             Ok(()) => {
                 self.event(
