@@ -670,3 +670,37 @@ async fn wrong_ca_is_reported_and_fails_the_node() {
         "{events}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_loop_polls_nodes_and_cluster_to_a_kubeconfig() {
+    let machines = [cp("cp-1", 11), worker("w-1", 21)];
+    let world = World::start(36, &machines, |_| {}).await;
+    let _api = tokio::net::TcpListener::bind("127.0.36.100:6443")
+        .await
+        .unwrap();
+    let t = world.boot();
+    let prov = t.prov().clone();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(prov.run(cancel.clone()));
+    let kubeconfig = world.state_dir().join(KUBECONFIG_FILE);
+    let mut done = false;
+    for _ in 0..1500 {
+        if kubeconfig.exists() {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+    t.kill().await;
+    assert!(
+        done,
+        "no kubeconfig; cp-1 events: {:#?}",
+        world.events("cp-1")
+    );
+    assert_eq!(world.phase("cp-1"), NodePhase::Ready);
+    assert_eq!(world.phase("w-1"), NodePhase::Ready);
+    assert_eq!(world.node("cp-1").bootstrap_calls(), 1);
+    assert_eq!(world.node("w-1").apply_calls(), 1);
+}

@@ -358,12 +358,15 @@ impl Provisioner {
         }
     }
 
-    /// A boot signal for a node that is not being provisioned yet moves it to Booting.
+    /// A boot signal for a node that is not being provisioned (yet, or any more) moves it to
+    /// Booting.
     async fn note_booting(&self, name: &str) {
         let Ok(mut rec) = self.record(name).await else {
             return;
         };
-        if matches!(rec.phase, NodePhase::Unknown | NodePhase::Ready)
+        // A failed node whose window is still open (disk refused, render failed) gets a new
+        // attempt when it boots again, e.g. after the operator fixed the inventory.
+        if matches!(rec.phase, NodePhase::Unknown | NodePhase::Failed)
             && rec.provisioning_window_open
         {
             let _ = self
