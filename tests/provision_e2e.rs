@@ -11,7 +11,6 @@ mod support;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -323,13 +322,9 @@ impl Talboot {
     }
 }
 
-fn talboot_bin(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_talboot"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("TALBOOT_CONFIG")
-        .env_remove("TALOSCONFIG")
-        .output()
+fn cli_args(args: &[&str]) -> talboot::cli::Cli {
+    use clap::Parser as _;
+    talboot::cli::Cli::try_parse_from(std::iter::once("talboot").chain(args.iter().copied()))
         .unwrap()
 }
 
@@ -426,21 +421,20 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
     let w1 = world.events("w-1").join("\n");
     assert!(w1.contains("resolves to /dev/sda"), "{w1}");
 
-    // `talboot status` as an operator runs it.
-    let out = talboot_bin(&[
+    // `talboot status` and `talboot node rebuild` through the CLI layer, in process: the
+    // test binary must not depend on a `talboot` executable another build may replace.
+    let status_args = cli_args(&[
         "status",
         "-c",
         path_str(&world.inv_path()),
         "--state-dir",
         path_str(&world.state_dir()),
     ]);
-    let table = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(matches!(
+        status_args.command,
+        talboot::cli::Command::Status(_)
+    ));
+    let table = world.with_store(|s| talboot::cli::status::table(&world.inventory, s).unwrap());
     assert!(table.starts_with("NODE"), "{table}");
     for m in &machines {
         let row = table
@@ -450,6 +444,7 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         assert!(row.contains("ready"), "{row}");
         assert!(row.contains(&format!("127.0.31.{}", m.last)), "{row}");
         assert!(row.contains(TALOS_TAG), "{row}");
+        assert!(row.contains(".call: ") || row.contains(".phase: "), "{row}");
     }
 
     // `talboot node rebuild w-2`: reset over the API, window reopened, config applied again
@@ -459,7 +454,7 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         talosconfig(&world.creds),
     )
     .unwrap();
-    let out = talboot_bin(&[
+    let rebuild = cli_args(&[
         "node",
         "rebuild",
         "w-2",
@@ -468,13 +463,14 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         "--state-dir",
         path_str(&world.state_dir()),
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let talboot::cli::Command::Node(node_args) = rebuild.command else {
+        panic!("not parsed as `node`");
+    };
+    // The subcommand runs its own runtime, as from main: give it a plain thread.
+    let code = std::thread::spawn(move || talboot::cli::node::run(&node_args))
+        .join()
+        .unwrap();
+    assert_eq!(code, std::process::ExitCode::SUCCESS);
     let w2 = world.node("w-2");
     assert_eq!(w2.reset_calls(), 1);
     let reset = w2.last_reset().unwrap();
