@@ -54,7 +54,8 @@ pub struct Settings {
     pub health_timeout: Duration,
     /// Pause between polls of nodes and between health checks.
     pub poll_interval: Duration,
-    /// Retry policy of idempotent Talos calls.
+    /// Retry policy of idempotent Talos calls (none by default: the next poll is the retry,
+    /// and a step never blocks the loop on one slow node).
     pub retry: RetryPolicy,
     /// Per-call deadlines.
     pub deadlines: Deadlines,
@@ -192,6 +193,18 @@ impl Provisioner {
 
     fn event(&self, node: &str, kind: EventKind, detail: impl Into<String>) {
         self.inner.bus.publish(node, kind, detail);
+    }
+
+    /// Publishes a repeated failure once: a node that is off or installing fails the same
+    /// probe on every poll, and its timeline should say so once, not every few seconds.
+    async fn event_unless_repeated(&self, node: &str, kind: EventKind, detail: String) {
+        let owned = node.to_owned();
+        let last = self.db(move |s| s.last_event(&owned)).await.ok().flatten();
+        if last.is_some_and(|e| e.kind == kind.as_str() && e.detail == detail) {
+            tracing::debug!(node, %detail, "repeated outcome not published again");
+            return;
+        }
+        self.event(node, kind, detail);
     }
 
     /// Runs a synchronous store call off the async threads.

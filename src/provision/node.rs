@@ -156,11 +156,12 @@ impl Provisioner {
                 }
             }
             Err(e) => {
-                self.event(
+                self.event_unless_repeated(
                     &name,
                     EventKind::Talos,
                     format!("Version at {} (maintenance) failed: {e}", client.endpoint()),
-                );
+                )
+                .await;
                 Ok(NodeStep::Waiting(e.to_string()))
             }
         }
@@ -505,11 +506,14 @@ impl Provisioner {
                     version_tag(v)
                 ),
             ),
-            Err(e) => self.event(
-                name,
-                EventKind::Talos,
-                format!("Version at {}{via} (secured) failed: {e}", client.target()),
-            ),
+            Err(e) => {
+                self.event_unless_repeated(
+                    name,
+                    EventKind::Talos,
+                    format!("Version at {}{via} (secured) failed: {e}", client.target()),
+                )
+                .await
+            }
         }
         result.map(|v| version_tag(&v))
     }
