@@ -19,7 +19,7 @@ use base64::engine::general_purpose::STANDARD;
 
 use support::pki::{TestCa, talos_label};
 use support::talos_double::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
-use talboot::events::{EventBus, SystemClock};
+use talboot::events::{EventBus, EventKind, SystemClock};
 use talboot::inventory::{InstallTarget, Inventory, MachineType, Node};
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE};
 use talboot::provision::{
@@ -231,11 +231,12 @@ impl World {
             prov: Some(Provisioner::new(
                 self.inventory.clone(),
                 store,
-                bus,
+                bus.clone(),
                 renderer,
                 creds,
                 settings,
             )),
+            bus: Some(bus),
             writer,
         }
     }
@@ -308,6 +309,8 @@ async fn settle(node: &FakeTalosNode) {
 /// on disk and the store file is closed.
 struct Talboot {
     prov: Option<Provisioner>,
+    /// The bus, as the network servers hold it (they publish boot events on it).
+    bus: Option<EventBus>,
     writer: tokio::task::JoinHandle<()>,
 }
 
@@ -318,6 +321,7 @@ impl Talboot {
 
     async fn kill(mut self) {
         drop(self.prov.take());
+        drop(self.bus.take());
         (&mut self.writer).await.unwrap();
     }
 }
@@ -434,7 +438,14 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         status_args.command,
         talboot::cli::Command::Status(_)
     ));
-    let table = world.with_store(|s| talboot::cli::status::table(&world.inventory, s).unwrap());
+    let table = world.with_store(|s| {
+        talboot::cli::status::table(
+            &world.inventory,
+            s,
+            talboot::events::Clock::now_unix(&SystemClock),
+        )
+        .unwrap()
+    });
     assert!(table.starts_with("NODE"), "{table}");
     for m in &machines {
         let row = table
@@ -570,6 +581,34 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
     );
     let err = t.prov().step_node("w-1").await.unwrap_err();
     assert!(matches!(err, ProvisionError::Disk { .. }), "{err:?}");
+
+    // Its window is still open (nothing was applied): when it boots again (the DHCP server
+    // publishes the ack), the running provisioner tries again, and refuses again.
+    let bus = t.bus.clone().unwrap();
+    let mut seen = bus.subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(t.prov().clone().run(cancel.clone()));
+    let watch = async {
+        let mut retried = false;
+        loop {
+            let ev = seen.recv().await.unwrap();
+            if ev.node == "w-1" && ev.kind == EventKind::Phase {
+                retried |= ev.detail.starts_with("failed -> booting: boot seen");
+                if retried && ev.detail.contains("-> failed: install disk refused") {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::task::yield_now().await;
+    bus.publish("w-1", EventKind::DhcpAck, "acked 127.0.33.21");
+    tokio::time::timeout(Duration::from_secs(60), watch)
+        .await
+        .expect("no second attempt after the boot event");
+    cancel.cancel();
+    run.await.unwrap();
+    // Every bus clone must go for the event writer (and the store) to close.
+    drop(bus);
     t.kill().await;
     assert_eq!(world.phase("w-1"), NodePhase::Failed);
     assert_eq!(world.node("w-1").apply_calls(), 0);

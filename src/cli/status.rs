@@ -41,7 +41,8 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    match table(&inventory, &store) {
+    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+    match table(&inventory, &store, now) {
         Ok(t) => {
             print!("{t}");
             ExitCode::SUCCESS
@@ -53,8 +54,13 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-/// The status table, one row per inventory node in file order.
-pub fn table(inventory: &Inventory, store: &dyn Store) -> Result<String, store::StoreError> {
+/// The status table, one row per inventory node in file order; a lease counts as the node's
+/// address while it holds it at `now_unix`.
+pub fn table(
+    inventory: &Inventory,
+    store: &dyn Store,
+    now_unix: u64,
+) -> Result<String, store::StoreError> {
     let mut rows = vec![[
         "NODE".to_owned(),
         "ROLE".into(),
@@ -63,10 +69,6 @@ pub fn table(inventory: &Inventory, store: &dyn Store) -> Result<String, store::
         "TALOS".into(),
         "LAST EVENT".into(),
     ]];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     for node in &inventory.nodes {
         let rec: Option<NodeRecord> = store.node(&node.name)?;
         let lease = node
@@ -76,7 +78,7 @@ pub fn table(inventory: &Inventory, store: &dyn Store) -> Result<String, store::
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
             .flatten()
-            .find(|l| l.holds_address(now));
+            .find(|l| l.holds_address(now_unix));
         let address = lease
             .map(|l| l.ip.to_string())
             .or_else(|| {
