@@ -14,6 +14,7 @@ pub mod fsutil;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;
+pub mod provision;
 pub mod store;
 pub mod talos;
 pub mod tftp;

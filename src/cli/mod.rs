@@ -9,8 +9,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub mod check;
 pub mod r#gen;
 pub mod images;
+pub mod node;
 pub mod secrets;
 pub mod serve;
+pub mod status;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -52,6 +54,10 @@ pub enum Command {
     Gen(r#gen::Args),
     /// Manage the cluster secrets bundle (age-encrypted).
     Secrets(secrets::Args),
+    /// Show each node's phase, address, Talos version and last event.
+    Status(status::Args),
+    /// Act on one node (rebuild).
+    Node(node::Args),
 }
 
 /// Exit code for invalid input.
@@ -72,6 +78,8 @@ pub fn run() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Gen(args) => r#gen::run(&args),
         Command::Secrets(args) => secrets::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Node(args) => node::run(&args),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod archive;
 pub mod client;
 pub mod error;
 pub mod retry;
+pub mod talosconfig;
 pub mod tls;
 
 pub use client::{ClientCreds, Deadlines, TalosClient};

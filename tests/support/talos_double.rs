@@ -15,7 +15,8 @@
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
 //!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
 //!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
-//!   then answers AlreadyExists; Kubeconfig streams a `.tar.gz` in several chunks; Reset of
+//!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
+//!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several chunks; Reset of
 //!   STATE+EPHEMERAL sends the node back to maintenance.
 //!
 //! Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
@@ -176,6 +177,36 @@ impl FakeCluster {
 
     fn resolve(&self, target: &str) -> Option<IpAddr> {
         self.inner.lock().unwrap().names.get(target).copied()
+    }
+
+    /// etcd membership of the cluster whose OS CA is `ca_cert_pem`: empty until one of its
+    /// control planes is bootstrapped, then every configured control plane of it (the others
+    /// join by themselves), ordered by address.
+    fn etcd_members(&self, ca_cert_pem: &str) -> Vec<(IpAddr, String)> {
+        let nodes: Vec<Arc<Shared>> = self
+            .inner
+            .lock()
+            .unwrap()
+            .nodes
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut cps = Vec::new();
+        let mut bootstrapped = false;
+        for node in &nodes {
+            if let NodeState::Installed(inst) = &*node.state.lock().unwrap()
+                && inst.ca_cert_pem == ca_cert_pem
+                && inst.config.is_control_plane()
+            {
+                bootstrapped |= inst.etcd_bootstrapped;
+                cps.push((node.cfg.ip, node.cfg.hostname.clone()));
+            }
+        }
+        if !bootstrapped {
+            return Vec::new();
+        }
+        cps.sort();
+        cps
     }
 
     /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
@@ -1173,28 +1204,36 @@ impl MachineService for NodeApi {
             route_or_forward!(self, req, "/machine.MachineService/EtcdMemberList");
         self.allow("EtcdMemberList", &roles, relayed, READ)?;
         let inst = self.shared.installed();
-        let Some(inst) = inst.filter(|i| i.config.is_control_plane() && i.etcd_bootstrapped) else {
+        let Some(inst) = inst.filter(|i| i.config.is_control_plane()) else {
             return Err(Status::failed_precondition(
                 "etcd is not running on this node",
             ));
         };
-        let ip = self.shared.cfg.ip;
-        let id = match ip {
-            IpAddr::V4(v4) => u64::from(u32::from(v4)),
-            IpAddr::V6(v6) => u128::from(v6) as u64,
-        };
-        drop(inst);
+        // Once one control plane is bootstrapped, the others join by themselves: every
+        // configured control plane of the same cluster (same OS CA) is a member.
+        let members = self.shared.cluster.etcd_members(&inst.ca_cert_pem);
+        if members.is_empty() {
+            return Err(Status::failed_precondition(
+                "etcd is not running on this node",
+            ));
+        }
         Ok(Response::new(machine::EtcdMemberListResponse {
             messages: vec![machine::EtcdMembers {
                 metadata: None,
                 legacy_members: vec![],
-                members: vec![machine::EtcdMember {
-                    id,
-                    hostname: self.shared.cfg.hostname.clone(),
-                    peer_urls: vec![format!("https://{ip}:2380")],
-                    client_urls: vec![format!("https://{ip}:2379")],
-                    is_learner: false,
-                }],
+                members: members
+                    .into_iter()
+                    .map(|(ip, hostname)| machine::EtcdMember {
+                        id: match ip {
+                            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+                            IpAddr::V6(v6) => u128::from(v6) as u64,
+                        },
+                        hostname,
+                        peer_urls: vec![format!("https://{ip}:2380")],
+                        client_urls: vec![format!("https://{ip}:2379")],
+                        is_learner: false,
+                    })
+                    .collect(),
             }],
         }))
     }

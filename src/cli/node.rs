@@ -1,0 +1,167 @@
+//! `talboot node rebuild NAME`: reopen a node's provisioning window and reset it over the
+//! Talos API (graceful, wipe STATE and EPHEMERAL, reboot), so its next network boot is
+//! provisioned again. Cluster steps already done (bootstrap) are not repeated.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::events::{EventBus, SystemClock};
+use crate::inventory::{self, Node};
+use crate::provision::{ConfigRenderer, Provisioner, Settings};
+use crate::store::{self, Store};
+use crate::talos::ClientCreds;
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Arguments of `talboot node`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// What to do with a node.
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+/// `talboot node` actions.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Reset the node (wiping STATE and EPHEMERAL) and reprovision it on its next boot.
+    Rebuild(RebuildArgs),
+}
+
+/// Arguments of `talboot node rebuild`.
+#[derive(Debug, clap::Args)]
+pub struct RebuildArgs {
+    /// Node name from the inventory.
+    pub name: String,
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// State directory holding talboot.redb.
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Admin talosconfig (default: `talosconfig` in the state directory).
+    #[arg(long, env = "TALOSCONFIG")]
+    pub talosconfig: Option<PathBuf>,
+    /// talosconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+/// Rebuild never renders a config: the node's next boot is provisioned by `talboot serve`.
+struct NoRender;
+
+impl ConfigRenderer for NoRender {
+    fn render(&self, _node: &Node) -> Result<Vec<u8>, String> {
+        Err(
+            "`talboot node rebuild` does not deliver configs; `talboot serve` provisions the \
+             node on its next boot"
+                .into(),
+        )
+    }
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    match &args.action {
+        Action::Rebuild(a) => rebuild(a),
+    }
+}
+
+fn rebuild(args: &RebuildArgs) -> ExitCode {
+    let inventory = match inventory::load(&args.config) {
+        Ok(l) => l.inventory,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    if inventory.node(&args.name).is_none() {
+        eprintln!(
+            "talboot: node {:?} is not in {}; `talboot check` lists the node names",
+            args.name,
+            args.config.display()
+        );
+        return ExitCode::from(EXIT_INVALID);
+    }
+    let tc_path = args
+        .talosconfig
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("talosconfig"));
+    let creds = match std::fs::read_to_string(&tc_path)
+        .map_err(|e| e.to_string())
+        .and_then(|y| {
+            ClientCreds::from_talosconfig(&y, args.context.as_deref()).map_err(|e| e.to_string())
+        }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "talboot: cannot use talosconfig {}: {e}; pass --talosconfig",
+                tc_path.display()
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    crate::install_crypto_provider();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talboot: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let settings = Settings::new(args.state_dir.clone());
+    let name = args.name.clone();
+    rt.block_on(async move {
+        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let prov = Provisioner::new(
+            Arc::new(inventory),
+            store,
+            bus,
+            Arc::new(NoRender),
+            creds,
+            settings,
+        );
+        let result = prov.rebuild(&name).await;
+        drop(prov);
+        let _ = writer.await;
+        match result {
+            Ok(crate::provision::NodeStep::Waiting(why)) => {
+                eprintln!(
+                    "talboot: {name} is marked for rebuild but was not reset yet: {why}\n\
+                     `talboot serve` retries the reset; or power-cycle it into network boot"
+                );
+                ExitCode::from(EXIT_INVALID)
+            }
+            Ok(step) => {
+                println!(
+                    "{name}: marked for rebuild; provisioning window open ({step:?}); its next \
+                     boot gets its config again"
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "talboot: {e}\n{name} stays marked for rebuild; `talboot serve` retries the \
+                     reset, or power-cycle it into network boot"
+                );
+                ExitCode::from(EXIT_INVALID)
+            }
+        }
+    })
+}

@@ -1,0 +1,129 @@
+//! `talboot status`: one line per inventory node from the state store: role, phase, address,
+//! Talos version and the last event.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::inventory::{self, Inventory};
+use crate::store::{self, NodeRecord, Store};
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Arguments of `talboot status`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// State directory holding talboot.redb.
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let inventory = match inventory::load(&args.config) {
+        Ok(l) => l.inventory,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let store = match store::open(&args.state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+    match table(&inventory, &store, now) {
+        Ok(t) => {
+            print!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// The status table, one row per inventory node in file order; a lease counts as the node's
+/// address while it holds it at `now_unix`.
+pub fn table(
+    inventory: &Inventory,
+    store: &dyn Store,
+    now_unix: u64,
+) -> Result<String, store::StoreError> {
+    let mut rows = vec![[
+        "NODE".to_owned(),
+        "ROLE".into(),
+        "PHASE".into(),
+        "ADDRESS".into(),
+        "TALOS".into(),
+        "LAST EVENT".into(),
+    ]];
+    for node in &inventory.nodes {
+        let rec: Option<NodeRecord> = store.node(&node.name)?;
+        let lease = node
+            .macs
+            .iter()
+            .map(|m| store.lease(m.value))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .find(|l| l.holds_address(now_unix));
+        let address = lease
+            .map(|l| l.ip.to_string())
+            .or_else(|| {
+                rec.as_ref()
+                    .and_then(|r| r.last_seen_addr)
+                    .map(|a| a.to_string())
+            })
+            .unwrap_or_else(|| "-".into());
+        let last = store
+            .last_event(&node.name)?
+            .map(|e| format!("{}: {}", e.kind, first_line(&e.detail)))
+            .unwrap_or_else(|| "-".into());
+        rows.push([
+            node.name.to_string(),
+            node.role.to_string(),
+            rec.as_ref()
+                .map(|r| r.phase.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+            address,
+            rec.and_then(|r| r.talos_version)
+                .unwrap_or_else(|| "-".into()),
+            last,
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row.iter()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < 5 {
+                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            } else {
+                out.push_str(cell);
+            }
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Long details (a disk refusal lists every disk) are cut to their first line.
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}

@@ -1,0 +1,359 @@
+//! Cluster steps after the nodes are configured: Bootstrap exactly once, the health wait,
+//! the kubeconfig.
+//!
+//! Bootstrap is the one Talos call that must never repeat on another node: a second
+//! control plane bootstrapped with an empty data directory becomes a second etcd cluster. So:
+//! * the bootstrap node is chosen once (the first control plane in inventory order) and
+//!   persisted under `cluster/bootstrap-node` by compare-and-set; later runs use the persisted
+//!   name even if the inventory order changes, and no other code path calls Bootstrap;
+//! * the intent is persisted (`cluster/bootstrap` = `intent`) before the call, and `done`
+//!   after it;
+//! * before calling, etcd membership is checked on that node: members present means a
+//!   previous run's call landed (or someone bootstrapped by hand), so no call is made;
+//! * `AlreadyExists` ("etcd data directory is not empty") counts as done.
+//!
+//! The kubeconfig is fetched only after the health wait passes (etcd has one member per
+//! control plane and the API server answers on the cluster endpoint), so nobody gets a
+//! kubeconfig for an API that does not serve yet; it is written 0600 with `write_atomic`.
+//! The health wait runs under one `tokio::time::timeout` around the whole loop, so its
+//! deadline holds whatever the individual checks do.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{ProvisionError, Provisioner};
+use crate::events::EventKind;
+use crate::inventory::EndpointHost;
+use crate::store::{CasOutcome, NodePhase};
+use crate::talos::{TalosClient, TalosError};
+
+/// Store key of the chosen bootstrap node's name.
+pub const BOOTSTRAP_NODE_KEY: &str = "cluster/bootstrap-node";
+/// Store key of the bootstrap step: `intent`, then `done`.
+pub const BOOTSTRAP_KEY: &str = "cluster/bootstrap";
+/// Store key of the kubeconfig step: `done` once written.
+pub const KUBECONFIG_KEY: &str = "cluster/kubeconfig";
+/// File name of the admin kubeconfig in the state directory.
+pub const KUBECONFIG_FILE: &str = "kubeconfig";
+
+const INTENT: &[u8] = b"intent";
+const DONE: &[u8] = b"done";
+
+/// Where the cluster is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterProgress {
+    /// Waiting for something (the reason says what).
+    Waiting(String),
+    /// Bootstrap recorded as done in this step.
+    Bootstrapped,
+    /// Kubeconfig written in this step: everything is done.
+    KubeconfigWritten(PathBuf),
+    /// Nothing left to do.
+    Done,
+}
+
+/// What one health check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthReport {
+    /// Voting etcd members seen by the bootstrap node.
+    pub etcd_members: usize,
+    /// Control planes in the inventory.
+    pub control_planes: usize,
+    /// Whether the API server endpoint accepted a connection.
+    pub api_answers: bool,
+}
+
+impl HealthReport {
+    /// All checks pass.
+    pub fn healthy(&self) -> bool {
+        self.etcd_members == self.control_planes && self.api_answers
+    }
+}
+
+impl std::fmt::Display for HealthReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "etcd has {} of {} control-plane members; API server {}",
+            self.etcd_members,
+            self.control_planes,
+            if self.api_answers {
+                "answers"
+            } else {
+                "does not answer"
+            }
+        )
+    }
+}
+
+impl Provisioner {
+    /// The persisted bootstrap node, if one was chosen.
+    pub(crate) async fn bootstrap_node_name(&self) -> Result<Option<String>, ProvisionError> {
+        let v = self.db(|s| s.get_meta(BOOTSTRAP_NODE_KEY)).await?;
+        Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// The bootstrap node: the persisted choice, or (first time) the first control plane in
+    /// inventory order, persisted by compare-and-set so two racing runs agree.
+    pub async fn bootstrap_node(&self) -> Result<String, ProvisionError> {
+        if let Some(name) = self.bootstrap_node_name().await? {
+            return Ok(name);
+        }
+        let first = self
+            .inventory()
+            .control_planes()
+            .next()
+            .ok_or(ProvisionError::NoControlPlane)?
+            .name
+            .to_string();
+        let value = first.clone().into_bytes();
+        let outcome = self
+            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_NODE_KEY, None, &value))
+            .await?;
+        Ok(match outcome {
+            CasOutcome::Swapped => {
+                self.event(
+                    &first,
+                    EventKind::Cluster,
+                    "chosen as the bootstrap node (first control plane in the inventory)",
+                );
+                first
+            }
+            CasOutcome::Mismatch { current } => {
+                String::from_utf8_lossy(&current.unwrap_or_default()).into_owned()
+            }
+        })
+    }
+
+    async fn meta(&self, key: &'static str) -> Result<Option<Vec<u8>>, ProvisionError> {
+        self.db(move |s| s.get_meta(key)).await
+    }
+
+    /// A secured client to the bootstrap node, if it is Ready.
+    async fn bootstrap_client(&self, cp: &str) -> Result<Option<TalosClient>, ProvisionError> {
+        let rec = self.record(cp).await?;
+        let (NodePhase::Ready, Some(ip)) = (rec.phase, rec.last_seen_addr) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.secured_client(ip).map_err(|e| self.talos_err(cp, e))?,
+        ))
+    }
+
+    /// One cluster step: bootstrap (once), then health wait and kubeconfig.
+    pub async fn step_cluster(&self) -> Result<ClusterProgress, ProvisionError> {
+        if self.meta(KUBECONFIG_KEY).await?.as_deref() == Some(DONE) {
+            return Ok(ClusterProgress::Done);
+        }
+        let cp = self.bootstrap_node().await?;
+        if self.node_def(&cp).is_err() {
+            return Err(ProvisionError::UnknownNode(cp));
+        }
+        if self.meta(BOOTSTRAP_KEY).await?.as_deref() != Some(DONE) {
+            return self.bootstrap_once(&cp).await;
+        }
+        let report = self.wait_healthy(self.settings().health_timeout).await?;
+        self.event(&cp, EventKind::Cluster, format!("healthy: {report}"));
+        self.write_kubeconfig(&cp).await
+    }
+
+    async fn bootstrap_once(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
+        let Some(client) = self.bootstrap_client(cp).await? else {
+            return Ok(ClusterProgress::Waiting(format!(
+                "bootstrap node {cp} is not configured yet"
+            )));
+        };
+        // Intent before the call; a stored intent from an earlier run is fine (same node).
+        let outcome = self
+            .db(|s| s.compare_and_set_meta(BOOTSTRAP_KEY, None, INTENT))
+            .await?;
+        if let CasOutcome::Mismatch { current } = &outcome
+            && current.as_deref() == Some(DONE)
+        {
+            return Ok(ClusterProgress::Bootstrapped);
+        }
+        if !outcome.is_swapped() {
+            self.event(
+                cp,
+                EventKind::Cluster,
+                "bootstrap intent found from an earlier run; checking etcd before calling",
+            );
+        }
+
+        match client.etcd_member_list().await {
+            Ok(members) if !members.is_empty() => {
+                self.event(
+                    cp,
+                    EventKind::Talos,
+                    format!(
+                        "EtcdMemberList: {} member(s) already; bootstrap not called again",
+                        members.len()
+                    ),
+                );
+                return self.mark_bootstrapped(cp).await;
+            }
+            Ok(_) => {}
+            Err(e) => self.event(
+                cp,
+                EventKind::Talos,
+                format!("EtcdMemberList: no etcd yet ({e})"),
+            ),
+        }
+
+        match client.bootstrap().await {
+            Ok(()) => {
+                self.event(
+                    cp,
+                    EventKind::Talos,
+                    format!("Bootstrap at {}: ok", client.target()),
+                );
+                self.mark_bootstrapped(cp).await
+            }
+            Err(TalosError::AlreadyBootstrapped { message, .. }) => {
+                self.event(
+                    cp,
+                    EventKind::Talos,
+                    format!(
+                        "Bootstrap at {}: already bootstrapped ({message}); done",
+                        client.target()
+                    ),
+                );
+                self.mark_bootstrapped(cp).await
+            }
+            Err(e) => {
+                self.event(
+                    cp,
+                    EventKind::Talos,
+                    format!("Bootstrap at {} failed: {e}", client.target()),
+                );
+                match &e {
+                    // "bootstrap is not available yet", "time is not in sync yet": retry later.
+                    TalosError::Remote { code, .. } if *code == tonic::Code::FailedPrecondition => {
+                        Ok(ClusterProgress::Waiting(e.to_string()))
+                    }
+                    e if e.is_transient() => Ok(ClusterProgress::Waiting(e.to_string())),
+                    _ => Err(self.talos_err(cp, e)),
+                }
+            }
+        }
+    }
+
+    async fn mark_bootstrapped(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
+        self.db(|s| s.put_meta(BOOTSTRAP_KEY, DONE)).await?;
+        self.event(cp, EventKind::Cluster, "bootstrap done (recorded)");
+        Ok(ClusterProgress::Bootstrapped)
+    }
+
+    /// One health check: etcd members seen by the bootstrap node against the inventory's
+    /// control planes, and a TCP connection to the API server endpoint.
+    pub async fn check_health(&self) -> Result<HealthReport, ProvisionError> {
+        let cp = self.bootstrap_node().await?;
+        let control_planes = self.inventory().control_planes().count();
+        let etcd_members = match self.bootstrap_client(&cp).await? {
+            Some(client) => match client.etcd_member_list().await {
+                Ok(m) => m.iter().filter(|m| !m.is_learner).count(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd member list failed");
+                    0
+                }
+            },
+            None => 0,
+        };
+        let api_answers = self.api_answers().await;
+        Ok(HealthReport {
+            etcd_members,
+            control_planes,
+            api_answers,
+        })
+    }
+
+    async fn api_answers(&self) -> bool {
+        let ep = &self.inventory().cluster.endpoint;
+        let connect = self.settings().deadlines.connect;
+        let addrs: Vec<SocketAddr> = match &ep.host {
+            EndpointHost::Ip(ip) => vec![SocketAddr::new((*ip).into(), ep.port)],
+            EndpointHost::Name(name) => {
+                match tokio::net::lookup_host((name.as_str(), ep.port)).await {
+                    Ok(a) => a.collect(),
+                    Err(_) => return false,
+                }
+            }
+        };
+        for addr in addrs {
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(connect, tokio::net::TcpStream::connect(addr)).await
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Checks health until it passes or `timeout` runs out; the timeout bounds the whole
+    /// wait, including checks in flight. Publishes the outcome either way.
+    pub async fn wait_healthy(&self, timeout: Duration) -> Result<HealthReport, ProvisionError> {
+        let cp = self.bootstrap_node().await?;
+        let (last_tx, last_rx) = tokio::sync::watch::channel(String::from("no check finished"));
+        let pause = self.settings().poll_interval;
+        let waited = tokio::time::timeout(timeout, async {
+            loop {
+                let report = self.check_health().await?;
+                if report.healthy() {
+                    return Ok::<_, ProvisionError>(report);
+                }
+                last_tx.send_replace(report.to_string());
+                tokio::time::sleep(pause).await;
+            }
+        })
+        .await;
+        match waited {
+            Ok(result) => result,
+            Err(_) => {
+                let err = ProvisionError::HealthTimeout {
+                    after: timeout,
+                    last: last_rx.borrow().clone(),
+                };
+                self.event(
+                    &cp,
+                    EventKind::Cluster,
+                    format!("health wait failed: {err}"),
+                );
+                Err(err)
+            }
+        }
+    }
+
+    async fn write_kubeconfig(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
+        let Some(client) = self.bootstrap_client(cp).await? else {
+            return Ok(ClusterProgress::Waiting(format!("{cp} is not Ready")));
+        };
+        let bytes = match client.kubeconfig().await {
+            Ok(b) => b,
+            Err(e) => {
+                self.event(
+                    cp,
+                    EventKind::Talos,
+                    format!("Kubeconfig at {} failed: {e}", client.target()),
+                );
+                return Err(self.talos_err(cp, e));
+            }
+        };
+        let path = self.settings().state_dir.join(KUBECONFIG_FILE);
+        let target = path.clone();
+        tokio::task::spawn_blocking(move || crate::fsutil::write_atomic(&target, &bytes, 0o600))
+            .await
+            .map_err(|e| ProvisionError::Join(e.to_string()))??;
+        self.db(|s| s.put_meta(KUBECONFIG_KEY, DONE)).await?;
+        self.event(
+            cp,
+            EventKind::Talos,
+            format!(
+                "Kubeconfig at {}: written to {} (0600)",
+                client.target(),
+                path.display()
+            ),
+        );
+        Ok(ClusterProgress::KubeconfigWritten(path))
+    }
+}

@@ -1,0 +1,411 @@
+//! Push provisioning: from "this MAC booted" to a configured Talos node, then the cluster
+//! steps (bootstrap once, health, kubeconfig).
+//!
+//! * [`disks`]: the pure install-disk check (path exists, or the selector matches exactly
+//!   one disk; otherwise a refusal that lists every disk).
+//! * [`node`]: the per-node state machine over the persisted [`NodePhase`]s
+//!   Booting → Maintenance → Configuring → Installing → Ready (or Failed), and rebuild.
+//! * [`cluster`]: bootstrap exactly once on the persisted bootstrap node, the health wait whose
+//!   deadline holds, and the kubeconfig written 0600 only once the API answers.
+//!
+//! Every step reads the store, makes at most one non-repeatable Talos call, and records the
+//! intent *before* that call, so a restart at any point resumes without repeating it. Every
+//! call and outcome is published on the [`EventBus`] as a node event. [`Provisioner::run`]
+//! drives all of it from bus events (`dhcp.ack`, `http.initramfs`, ...) and a poll timer.
+
+pub mod cluster;
+pub mod disks;
+pub mod node;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::events::{EventBus, EventKind};
+use crate::inventory::{Inventory, Node};
+use crate::store::{NodePhase, NodeRecord, Store, StoreError};
+use crate::talos::retry::RetryPolicy;
+use crate::talos::{ClientCreds, Deadlines, TalosClient, TalosError};
+
+pub use cluster::{ClusterProgress, HealthReport};
+pub use node::NodeStep;
+
+/// Turns an inventory node into its machine config (multi-document YAML). The real renderer
+/// is `machineconfig::render`; tests provide their own.
+pub trait ConfigRenderer: Send + Sync {
+    /// The complete machine config for `node`, or why it cannot be made (shown to the
+    /// operator as is).
+    fn render(&self, node: &Node) -> Result<Vec<u8>, String>;
+}
+
+/// Knobs of the provisioner; [`Settings::new`] gives production defaults.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// TCP port of apid on every node (50000; tests may move it).
+    pub apid_port: u16,
+    /// Where the kubeconfig is written.
+    pub state_dir: PathBuf,
+    /// How long a node may take from ApplyConfiguration until its secured API answers.
+    pub install_timeout: Duration,
+    /// How long the health wait may take, in total.
+    pub health_timeout: Duration,
+    /// Pause between polls of nodes and between health checks.
+    pub poll_interval: Duration,
+    /// Retry policy of idempotent Talos calls (none by default: the next poll is the retry,
+    /// and a step never blocks the loop on one slow node).
+    pub retry: RetryPolicy,
+    /// Per-call deadlines.
+    pub deadlines: Deadlines,
+}
+
+impl Settings {
+    /// Defaults: port 50000, 20 minutes to install, 10 minutes for health, 5 s polls.
+    pub fn new(state_dir: PathBuf) -> Self {
+        Self {
+            apid_port: crate::talos::APID_PORT,
+            state_dir,
+            install_timeout: Duration::from_secs(20 * 60),
+            health_timeout: Duration::from_secs(10 * 60),
+            poll_interval: Duration::from_secs(5),
+            retry: RetryPolicy::NONE,
+            deadlines: Deadlines::default(),
+        }
+    }
+}
+
+/// Why a provisioning step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// The state store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A Talos call failed.
+    #[error("node {node}: {source}")]
+    Talos {
+        /// The node.
+        node: String,
+        /// The classified call failure.
+        #[source]
+        source: TalosError,
+    },
+    /// The install disk cannot be used on this node.
+    #[error("node {node}: {source}")]
+    Disk {
+        /// The node.
+        node: String,
+        /// The refusal, listing the disks.
+        #[source]
+        source: disks::DiskRefusal,
+    },
+    /// The machine config could not be rendered.
+    #[error("node {node}: cannot render its machine config: {reason}")]
+    Render {
+        /// The node.
+        node: String,
+        /// The renderer's message.
+        reason: String,
+    },
+    /// The name is not in the inventory.
+    #[error("node {0:?} is not in the inventory; `talboot check` lists the node names")]
+    UnknownNode(String),
+    /// The inventory has no control plane to bootstrap.
+    #[error("the inventory has no control-plane node; give at least one node a controlplane role")]
+    NoControlPlane,
+    /// The node did not come back configured in time.
+    #[error(
+        "node {node} did not come back configured within {after:?} after its config was \
+         applied; check its console (install disk, installer image pull) and `talboot status`"
+    )]
+    InstallTimeout {
+        /// The node.
+        node: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The health wait ran out of time.
+    #[error("cluster not healthy within {after:?}: {last}")]
+    HealthTimeout {
+        /// The timeout that expired.
+        after: Duration,
+        /// What the last check found.
+        last: String,
+    },
+    /// The kubeconfig could not be written.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::AtomicWriteError),
+    /// A blocking store task died.
+    #[error("internal: store task failed: {0}")]
+    Join(String),
+}
+
+/// The provisioner: inventory, store, bus, renderer and admin credentials. Cheap to clone.
+#[derive(Clone)]
+pub struct Provisioner {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    inventory: Arc<Inventory>,
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    renderer: Arc<dyn ConfigRenderer>,
+    creds: ClientCreds,
+    settings: Settings,
+}
+
+impl Provisioner {
+    /// A provisioner over `store`; nothing happens until a step or [`Provisioner::run`].
+    pub fn new(
+        inventory: Arc<Inventory>,
+        store: Arc<dyn Store>,
+        bus: EventBus,
+        renderer: Arc<dyn ConfigRenderer>,
+        creds: ClientCreds,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                inventory,
+                store,
+                bus,
+                renderer,
+                creds,
+                settings,
+            }),
+        }
+    }
+
+    /// The inventory this provisioner works from.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inner.inventory
+    }
+
+    fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.bus.clock().now_unix()
+    }
+
+    fn event(&self, node: &str, kind: EventKind, detail: impl Into<String>) {
+        self.inner.bus.publish(node, kind, detail);
+    }
+
+    /// Publishes a repeated failure once: a node that is off or installing fails the same
+    /// probe on every poll, and its timeline should say so once, not every few seconds.
+    async fn event_unless_repeated(&self, node: &str, kind: EventKind, detail: String) {
+        let owned = node.to_owned();
+        let last = self.db(move |s| s.last_event(&owned)).await.ok().flatten();
+        if last.is_some_and(|e| e.kind == kind.as_str() && e.detail == detail) {
+            tracing::debug!(node, %detail, "repeated outcome not published again");
+            return;
+        }
+        self.event(node, kind, detail);
+    }
+
+    /// Runs a synchronous store call off the async threads.
+    async fn db<T, F>(&self, f: F) -> Result<T, ProvisionError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
+    {
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || f(store.as_ref()))
+            .await
+            .map_err(|e| ProvisionError::Join(e.to_string()))?
+            .map_err(ProvisionError::from)
+    }
+
+    fn node_def(&self, name: &str) -> Result<&Node, ProvisionError> {
+        self.inner
+            .inventory
+            .node(name)
+            .ok_or_else(|| ProvisionError::UnknownNode(name.to_owned()))
+    }
+
+    /// The node's record, or a fresh one: a node never seen before is new, so its
+    /// provisioning window is open.
+    async fn record(&self, name: &str) -> Result<NodeRecord, ProvisionError> {
+        let owned = name.to_owned();
+        let now = self.now();
+        self.db(move |s| {
+            Ok(s.node(&owned)?.unwrap_or(NodeRecord {
+                name: owned.clone(),
+                phase: NodePhase::Unknown,
+                phase_since_unix: now,
+                last_seen_addr: None,
+                mac: None,
+                talos_version: None,
+                provisioning_window_open: true,
+                updated_at_unix: now,
+            }))
+        })
+        .await
+    }
+
+    async fn save(&self, rec: &NodeRecord) -> Result<(), ProvisionError> {
+        let mut rec = rec.clone();
+        rec.updated_at_unix = self.now();
+        self.db(move |s| s.put_node(&rec)).await
+    }
+
+    /// Moves `rec` to `phase`, persists it and publishes the change.
+    async fn set_phase(
+        &self,
+        rec: &mut NodeRecord,
+        phase: NodePhase,
+        why: &str,
+    ) -> Result<(), ProvisionError> {
+        let from = rec.phase;
+        rec.phase = phase;
+        rec.phase_since_unix = self.now();
+        self.save(rec).await?;
+        self.event(
+            &rec.name,
+            EventKind::Phase,
+            format!("{from} -> {phase}: {why}"),
+        );
+        Ok(())
+    }
+
+    /// Where the node is: the address its DHCP lease holds (authoritative), else where it was
+    /// last seen. The MAC that holds the lease is returned too.
+    async fn address_of(
+        &self,
+        node: &Node,
+        rec: &NodeRecord,
+    ) -> Result<Option<(Ipv4Addr, Option<crate::inventory::Mac>)>, ProvisionError> {
+        let macs: Vec<_> = node.macs.iter().map(|m| m.value).collect();
+        let now = self.now();
+        let lease = self
+            .db(move |s| {
+                for mac in macs {
+                    if let Some(l) = s.lease(mac)?
+                        && l.holds_address(now)
+                    {
+                        return Ok(Some(l));
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+        Ok(match lease {
+            Some(l) => Some((l.ip, Some(l.mac))),
+            None => rec.last_seen_addr.map(|ip| (ip, rec.mac)),
+        })
+    }
+
+    fn apid(&self, ip: Ipv4Addr) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(ip), self.settings().apid_port)
+    }
+
+    fn tune(&self, client: TalosClient) -> TalosClient {
+        client
+            .with_deadlines(self.settings().deadlines)
+            .with_retry(self.settings().retry)
+    }
+
+    fn maintenance_client(&self, ip: Ipv4Addr) -> Result<TalosClient, TalosError> {
+        Ok(self.tune(TalosClient::maintenance(self.apid(ip))?))
+    }
+
+    fn secured_client(&self, ip: Ipv4Addr) -> Result<TalosClient, TalosError> {
+        Ok(self.tune(TalosClient::secured(self.apid(ip), &self.inner.creds)?))
+    }
+
+    /// Drives every node that is not settled, one step at a time until it waits, then the
+    /// cluster steps (which include the health wait, so they run in their own task).
+    /// Reacts at once to boot events of inventory nodes (`dhcp.ack`, `http.*`) and polls the
+    /// rest every `poll_interval`. Returns when `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) {
+        let cluster = {
+            let me = self.clone();
+            let cancel = cancel.clone();
+            tokio::spawn(async move { me.run_cluster(cancel).await })
+        };
+        let mut events = self.inner.bus.subscribe();
+        let mut tick = tokio::time::interval(self.settings().poll_interval);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = events.recv() => match ev {
+                    Ok(ev) if is_boot_signal(ev.kind) && self.inner.inventory.node(&ev.node).is_some() => {
+                        self.note_booting(&ev.node).await;
+                        self.drive_node(&ev.node).await;
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "provisioner fell behind the event bus; polling catches up");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+                _ = tick.tick() => {
+                    let names: Vec<String> = self.inner.inventory.nodes.iter().map(|n| n.name.to_string()).collect();
+                    for name in names {
+                        if cancel.is_cancelled() { break; }
+                        self.drive_node(&name).await;
+                    }
+                }
+            }
+        }
+        cluster.abort();
+        let _ = cluster.await;
+    }
+
+    async fn run_cluster(&self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings().poll_interval);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.step_cluster().await {
+                Ok(ClusterProgress::Done) => return,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cluster step failed; will retry"),
+            }
+        }
+    }
+
+    /// A boot signal for a node that is not being provisioned (yet, or any more) moves it to
+    /// Booting.
+    async fn note_booting(&self, name: &str) {
+        let Ok(mut rec) = self.record(name).await else {
+            return;
+        };
+        // A failed node whose window is still open (disk refused, render failed) gets a new
+        // attempt when it boots again, e.g. after the operator fixed the inventory.
+        if matches!(rec.phase, NodePhase::Unknown | NodePhase::Failed)
+            && rec.provisioning_window_open
+        {
+            let _ = self
+                .set_phase(&mut rec, NodePhase::Booting, "boot seen on the network")
+                .await;
+        }
+    }
+
+    /// Steps one node until it has to wait for something (or fails).
+    pub async fn drive_node(&self, name: &str) {
+        for _ in 0..8 {
+            match self.step_node(name).await {
+                Ok(NodeStep::Advanced(_)) => continue,
+                Ok(NodeStep::Waiting(_) | NodeStep::Settled) => return,
+                Err(e) => {
+                    tracing::warn!(node = name, error = %e, "provisioning step failed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn is_boot_signal(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::DhcpAck | EventKind::Script | EventKind::Kernel | EventKind::Initramfs
+    )
+}

@@ -1,0 +1,610 @@
+//! The per-node push state machine.
+//!
+//! Phases are persisted in the node's [`NodeRecord`]; [`Provisioner::step_node`] reads the
+//! record, does one step and writes the result, so a restart anywhere resumes from the last
+//! persisted phase:
+//!
+//! | phase | step |
+//! |---|---|
+//! | Unknown / Booting | probe `<lease ip>:50000` without a client cert: answers → Maintenance; asks for a cert → already configured (Ready if the secured API answers) |
+//! | Maintenance | read version, disks, system information; record them; check the install disk; render; persist Configuring; ApplyConfiguration (mode AUTO) once; → Installing |
+//! | Configuring | the apply's outcome is unknown (restart or lost reply): maintenance still answering → Maintenance (the node has no config, applying again is safe); else → Installing |
+//! | Installing | secured `Version` (directly, or relayed through the bootstrap control plane) answers → Ready; past the install timeout → Failed |
+//! | Rebuilding | secured API answers → Reset (graceful, wipe STATE+EPHEMERAL, reboot) → Booting; maintenance answers → Maintenance |
+//!
+//! ApplyConfiguration is only made while the node's provisioning window is open (new node,
+//! or marked for rebuild), and the window closes once the config is applied.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::disks::{self, DiskFacts};
+use super::{ProvisionError, Provisioner};
+use crate::events::EventKind;
+use crate::inventory::Node;
+use crate::store::{NodePhase, NodeRecord};
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::{TalosClient, TalosError};
+
+/// What one step did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeStep {
+    /// The node moved to this phase; step again.
+    Advanced(NodePhase),
+    /// Nothing to do until something changes (the reason says what).
+    Waiting(String),
+    /// Ready or Failed: nothing more to do without operator action.
+    Settled,
+}
+
+/// Hardware facts read in maintenance mode, stored under `node/<name>/facts`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeFacts {
+    /// Talos version of the maintenance system.
+    pub talos_version: String,
+    /// SMBIOS system UUID.
+    pub system_uuid: String,
+    /// SMBIOS manufacturer.
+    pub manufacturer: String,
+    /// SMBIOS product name.
+    pub product_name: String,
+    /// SMBIOS serial number.
+    pub serial_number: String,
+    /// The disks.
+    pub disks: Vec<DiskFacts>,
+    /// The install disk chosen.
+    pub install_disk: String,
+}
+
+/// Store key of a node's hardware facts.
+pub fn facts_key(node: &str) -> String {
+    format!("node/{node}/facts")
+}
+
+fn version_tag(v: &crate::talos::api::machine::Version) -> String {
+    v.version
+        .as_ref()
+        .map(|i| i.tag.clone())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+impl Provisioner {
+    /// One step of node `name`'s state machine (see the module docs).
+    pub async fn step_node(&self, name: &str) -> Result<NodeStep, ProvisionError> {
+        let node = self.node_def(name)?.clone();
+        let mut rec = self.record(name).await?;
+        match rec.phase {
+            NodePhase::Ready | NodePhase::Failed => Ok(NodeStep::Settled),
+            NodePhase::Unknown | NodePhase::Booting => self.step_probe(&node, &mut rec).await,
+            NodePhase::Maintenance => self.step_apply(&node, &mut rec).await,
+            NodePhase::Configuring => self.step_resolve_apply(&node, &mut rec).await,
+            NodePhase::Installing => self.step_wait_configured(&node, &mut rec).await,
+            NodePhase::Rebuilding => self.step_reset(&node, &mut rec).await,
+        }
+    }
+
+    /// The node's address, remembering it (and the MAC) in the record.
+    async fn locate(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<Option<Ipv4Addr>, ProvisionError> {
+        let Some((ip, mac)) = self.address_of(node, rec).await? else {
+            return Ok(None);
+        };
+        if rec.last_seen_addr != Some(ip) || (mac.is_some() && rec.mac != mac) {
+            rec.last_seen_addr = Some(ip);
+            if mac.is_some() {
+                rec.mac = mac;
+            }
+            self.save(rec).await?;
+        }
+        Ok(Some(ip))
+    }
+
+    pub(super) fn talos_err(&self, node: &str, source: TalosError) -> ProvisionError {
+        ProvisionError::Talos {
+            node: node.to_owned(),
+            source,
+        }
+    }
+
+    async fn step_probe(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        let Some(ip) = self.locate(node, rec).await? else {
+            return Ok(NodeStep::Waiting(
+                "no DHCP lease or address seen yet".into(),
+            ));
+        };
+        let client = self
+            .maintenance_client(ip)
+            .map_err(|e| self.talos_err(&name, e))?;
+        match client.version().await {
+            Ok(v) => {
+                let tag = version_tag(&v);
+                self.event(
+                    &name,
+                    EventKind::Talos,
+                    format!("Version at {} (maintenance): {tag}", client.endpoint()),
+                );
+                rec.talos_version = Some(tag);
+                self.set_phase(rec, NodePhase::Maintenance, "maintenance API answers")
+                    .await?;
+                Ok(NodeStep::Advanced(NodePhase::Maintenance))
+            }
+            Err(TalosError::NotInMaintenance { .. }) => {
+                // Booted from disk with a config already: nothing to push.
+                match self.secured_version(&name, ip).await {
+                    Ok(tag) => {
+                        rec.talos_version = Some(tag);
+                        rec.provisioning_window_open = false;
+                        self.set_phase(
+                            rec,
+                            NodePhase::Ready,
+                            "already configured (secured API answers)",
+                        )
+                        .await?;
+                        Ok(NodeStep::Advanced(NodePhase::Ready))
+                    }
+                    Err(e) => Ok(NodeStep::Waiting(format!(
+                        "configured node, secured API not usable yet: {e}"
+                    ))),
+                }
+            }
+            Err(e) => {
+                self.event_unless_repeated(
+                    &name,
+                    EventKind::Talos,
+                    format!("Version at {} (maintenance) failed: {e}", client.endpoint()),
+                )
+                .await;
+                Ok(NodeStep::Waiting(e.to_string()))
+            }
+        }
+    }
+
+    async fn step_apply(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        if !rec.provisioning_window_open {
+            self.event(
+                &name,
+                EventKind::ConfigRefused,
+                "node is in maintenance mode but its provisioning window is closed; run \
+                 `talboot node rebuild` to reprovision it",
+            );
+            return Ok(NodeStep::Waiting("provisioning window closed".into()));
+        }
+        let Some(ip) = self.locate(node, rec).await? else {
+            return Ok(NodeStep::Waiting("no address known".into()));
+        };
+        let client = self
+            .maintenance_client(ip)
+            .map_err(|e| self.talos_err(&name, e))?;
+
+        let facts = match self.read_facts(&name, &client).await {
+            Ok(f) => f,
+            Err(TalosError::NotInMaintenance { .. }) => {
+                // It left maintenance behind our back (someone else configured it).
+                self.set_phase(
+                    rec,
+                    NodePhase::Booting,
+                    "maintenance API gone; probing again",
+                )
+                .await?;
+                return Ok(NodeStep::Advanced(NodePhase::Booting));
+            }
+            Err(e) if e.is_transient() => return Ok(NodeStep::Waiting(e.to_string())),
+            Err(e) => return Err(self.talos_err(&name, e)),
+        };
+
+        let install_disk = match disks::choose_install_disk(&node.install, &facts.disks) {
+            Ok(d) => d,
+            Err(refusal) => {
+                self.set_phase(
+                    rec,
+                    NodePhase::Failed,
+                    &format!("install disk refused: {refusal}"),
+                )
+                .await?;
+                return Err(ProvisionError::Disk {
+                    node: name,
+                    source: refusal,
+                });
+            }
+        };
+        self.event(
+            &name,
+            EventKind::Talos,
+            format!("install disk {} resolves to {install_disk}", node.install),
+        );
+        let facts = NodeFacts {
+            install_disk: install_disk.clone(),
+            ..facts
+        };
+        let json =
+            serde_json::to_vec(&facts).map_err(|source| crate::store::StoreError::Encode {
+                what: format!("facts of node {name}"),
+                source,
+            })?;
+        let key = super::node::facts_key(&name);
+        self.db(move |s| s.put_meta(&key, &json)).await?;
+
+        let config = match self.inner.renderer.render(node) {
+            Ok(c) => c,
+            Err(reason) => {
+                self.set_phase(
+                    rec,
+                    NodePhase::Failed,
+                    &format!("config not rendered: {reason}"),
+                )
+                .await?;
+                return Err(ProvisionError::Render { node: name, reason });
+            }
+        };
+
+        // Intent first: if we die during the call, the next run resolves it (Configuring).
+        self.set_phase(
+            rec,
+            NodePhase::Configuring,
+            "applying machine config (mode AUTO)",
+        )
+        .await?;
+        match client.apply_configuration(&config).await {
+            Ok(outcome) => {
+                let used = outcome
+                    .mode
+                    .map(|m| m.as_str_name().to_owned())
+                    .unwrap_or_else(|| "unknown".into());
+                self.event(
+                    &name,
+                    EventKind::ConfigReleased,
+                    format!(
+                        "ApplyConfiguration mode={} to {}: node used {used}: {}",
+                        Mode::Auto.as_str_name(),
+                        client.endpoint(),
+                        outcome.mode_details
+                    ),
+                );
+                for w in &outcome.warnings {
+                    self.event(&name, EventKind::Talos, format!("config warning: {w}"));
+                }
+                rec.provisioning_window_open = false;
+                self.set_phase(
+                    rec,
+                    NodePhase::Installing,
+                    "config applied; installing and rebooting",
+                )
+                .await?;
+                Ok(NodeStep::Advanced(NodePhase::Installing))
+            }
+            Err(e) => {
+                self.event(
+                    &name,
+                    EventKind::Talos,
+                    format!("ApplyConfiguration to {} failed: {e}", client.endpoint()),
+                );
+                match &e {
+                    // The node validated and refused the config: nothing will change by itself.
+                    TalosError::Remote { code, .. } if *code == tonic::Code::InvalidArgument => {
+                        self.set_phase(rec, NodePhase::Failed, &format!("config refused: {e}"))
+                            .await?;
+                        Err(self.talos_err(&name, e))
+                    }
+                    // Lost reply or busy node: Configuring resolves it on the next step.
+                    _ => Ok(NodeStep::Waiting(e.to_string())),
+                }
+            }
+        }
+    }
+
+    async fn read_facts(&self, name: &str, client: &TalosClient) -> Result<NodeFacts, TalosError> {
+        let version = client.version().await?;
+        let legacy = client.disks().await?;
+        // COSI adds transport and symlinks; an older Talos without it still has the basics.
+        let cosi = match client.cosi_disks().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(node = name, error = %e, "COSI disk list unavailable");
+                Vec::new()
+            }
+        };
+        let sys = client.system_information().await?;
+        let disks = DiskFacts::collect(&legacy, &cosi);
+        self.event(
+            name,
+            EventKind::Talos,
+            format!(
+                "maintenance facts from {}: Talos {}, system {} {} uuid={}, {} disk(s): {}",
+                client.endpoint(),
+                version_tag(&version),
+                sys.manufacturer,
+                sys.product_name,
+                sys.uuid,
+                disks.len(),
+                disks
+                    .iter()
+                    .map(disks::describe)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        );
+        Ok(NodeFacts {
+            talos_version: version_tag(&version),
+            system_uuid: sys.uuid,
+            manufacturer: sys.manufacturer,
+            product_name: sys.product_name,
+            serial_number: sys.serial_number,
+            disks,
+            install_disk: String::new(),
+        })
+    }
+
+    async fn step_resolve_apply(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        let Some(ip) = self.locate(node, rec).await? else {
+            return Ok(NodeStep::Waiting("no address known".into()));
+        };
+        let client = self
+            .maintenance_client(ip)
+            .map_err(|e| self.talos_err(&name, e))?;
+        match client.version().await {
+            Ok(_) => {
+                // Still in maintenance: the config did not land, so applying it is safe.
+                self.set_phase(
+                    rec,
+                    NodePhase::Maintenance,
+                    "config not taken; applying again",
+                )
+                .await?;
+                Ok(NodeStep::Advanced(NodePhase::Maintenance))
+            }
+            Err(TalosError::NotInMaintenance { .. }) => {
+                rec.provisioning_window_open = false;
+                self.set_phase(
+                    rec,
+                    NodePhase::Installing,
+                    "node left maintenance: config applied",
+                )
+                .await?;
+                Ok(NodeStep::Advanced(NodePhase::Installing))
+            }
+            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
+        }
+    }
+
+    async fn check_install_deadline(
+        &self,
+        rec: &mut NodeRecord,
+        waiting_for: String,
+    ) -> Result<NodeStep, ProvisionError> {
+        let limit = self.settings().install_timeout;
+        let elapsed = Duration::from_secs(self.now().saturating_sub(rec.phase_since_unix));
+        if elapsed >= limit {
+            let err = ProvisionError::InstallTimeout {
+                node: rec.name.clone(),
+                after: limit,
+            };
+            self.set_phase(
+                rec,
+                NodePhase::Failed,
+                &format!("{err} (last: {waiting_for})"),
+            )
+            .await?;
+            return Err(err);
+        }
+        Ok(NodeStep::Waiting(waiting_for))
+    }
+
+    async fn step_wait_configured(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        let Some(ip) = self.locate(node, rec).await? else {
+            return Ok(NodeStep::Waiting("no address known".into()));
+        };
+        match self.secured_version(&name, ip).await {
+            Ok(tag) => {
+                rec.talos_version = Some(tag.clone());
+                self.set_phase(
+                    rec,
+                    NodePhase::Ready,
+                    &format!("configured; secured API answers ({tag})"),
+                )
+                .await?;
+                Ok(NodeStep::Advanced(NodePhase::Ready))
+            }
+            Err(e @ TalosError::WrongCa { .. }) => {
+                // Either still in maintenance (throwaway CA) or our CA is not the cluster's.
+                let probe = self
+                    .maintenance_client(ip)
+                    .map_err(|x| self.talos_err(&name, x))?;
+                match probe.version().await {
+                    Ok(_) => {
+                        self.check_install_deadline(rec, "still in maintenance mode".into())
+                            .await
+                    }
+                    Err(TalosError::NotInMaintenance { .. }) => {
+                        self.set_phase(rec, NodePhase::Failed, &e.to_string())
+                            .await?;
+                        Err(self.talos_err(&name, e))
+                    }
+                    Err(_) => self.check_install_deadline(rec, e.to_string()).await,
+                }
+            }
+            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
+        }
+    }
+
+    /// Secured `Version` of the node at `ip` (see [`Provisioner::secured_route`]).
+    pub(crate) async fn secured_version(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+    ) -> Result<String, TalosError> {
+        self.secured_route(name, ip).await.map(|(_, tag)| tag)
+    }
+
+    /// A secured client for node `name` at `ip` and the Talos version it reports: direct,
+    /// or, when the node cannot be reached from here, relayed by the bootstrap control plane
+    /// (`node` header) once that one is Ready. Publishes each call.
+    pub(crate) async fn secured_route(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+    ) -> Result<(TalosClient, String), TalosError> {
+        let direct = self.secured_client(ip)?;
+        let first = self.version_event(name, &direct, "").await;
+        let err = match first {
+            Ok(tag) => return Ok((direct, tag)),
+            Err(e) => e,
+        };
+        let unreachable = matches!(
+            err,
+            TalosError::Unreachable { .. }
+                | TalosError::TlsHandshake { .. }
+                | TalosError::Timeout { .. }
+        );
+        if unreachable
+            && let Ok(Some((relay_name, relay_ip))) = self.relay_node().await
+            && relay_name != name
+        {
+            let relayed = self.secured_client(relay_ip)?.with_node(&ip.to_string())?;
+            let tag = self.version_event(name, &relayed, " (relayed)").await?;
+            return Ok((relayed, tag));
+        }
+        Err(err)
+    }
+
+    async fn version_event(
+        &self,
+        name: &str,
+        client: &TalosClient,
+        via: &str,
+    ) -> Result<String, TalosError> {
+        let result = client.version().await;
+        match &result {
+            Ok(v) => self.event(
+                name,
+                EventKind::Talos,
+                format!(
+                    "Version at {}{via} (secured): {}",
+                    client.target(),
+                    version_tag(v)
+                ),
+            ),
+            Err(e) => {
+                self.event_unless_repeated(
+                    name,
+                    EventKind::Talos,
+                    format!("Version at {}{via} (secured) failed: {e}", client.target()),
+                )
+                .await
+            }
+        }
+        result.map(|v| version_tag(&v))
+    }
+
+    /// The bootstrap control plane, if it is Ready with a known address: the node that relays
+    /// calls to nodes talboot cannot reach directly.
+    async fn relay_node(&self) -> Result<Option<(String, Ipv4Addr)>, ProvisionError> {
+        let cp = self.bootstrap_node().await?;
+        let rec = self.record(&cp).await?;
+        Ok(match (rec.phase, rec.last_seen_addr) {
+            (NodePhase::Ready, Some(ip)) => Some((cp, ip)),
+            _ => None,
+        })
+    }
+
+    async fn step_reset(
+        &self,
+        node: &Node,
+        rec: &mut NodeRecord,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        let Some(ip) = self.locate(node, rec).await? else {
+            self.set_phase(
+                rec,
+                NodePhase::Booting,
+                "no address known; waiting for its next boot",
+            )
+            .await?;
+            return Ok(NodeStep::Advanced(NodePhase::Booting));
+        };
+        // Secured first: a configured node is what a rebuild normally finds. Only when that
+        // fails is the node perhaps already back in maintenance (an earlier reset landed).
+        let client = match self.secured_route(&name, ip).await {
+            Ok((client, _)) => client,
+            Err(secured_err) => {
+                let probe = self
+                    .maintenance_client(ip)
+                    .map_err(|e| self.talos_err(&name, e))?;
+                if probe.version().await.is_ok() {
+                    self.set_phase(rec, NodePhase::Maintenance, "already in maintenance mode")
+                        .await?;
+                    return Ok(NodeStep::Advanced(NodePhase::Maintenance));
+                }
+                return Ok(NodeStep::Waiting(format!(
+                    "cannot reach its secured API to reset it: {secured_err}"
+                )));
+            }
+        };
+        match client.reset(true, true).await {
+            Ok(()) => {
+                self.event(
+                    &name,
+                    EventKind::Talos,
+                    format!(
+                        "Reset at {}: graceful, wipe STATE+EPHEMERAL, reboot",
+                        client.target()
+                    ),
+                );
+                rec.talos_version = None;
+                self.set_phase(
+                    rec,
+                    NodePhase::Booting,
+                    "reset; waiting for it to boot into maintenance",
+                )
+                .await?;
+                Ok(NodeStep::Advanced(NodePhase::Booting))
+            }
+            Err(e) => {
+                self.event(
+                    &name,
+                    EventKind::Talos,
+                    format!("Reset at {} failed: {e}", client.target()),
+                );
+                Err(self.talos_err(&name, e))
+            }
+        }
+    }
+
+    /// `talboot node rebuild NAME`: reopens the node's provisioning window, marks it
+    /// Rebuilding (persisted before anything is called) and resets it, so its next boot gets
+    /// its config again. Cluster steps already done (bootstrap) are not repeated.
+    pub async fn rebuild(&self, name: &str) -> Result<NodeStep, ProvisionError> {
+        self.node_def(name)?;
+        let mut rec = self.record(name).await?;
+        rec.provisioning_window_open = true;
+        self.set_phase(
+            &mut rec,
+            NodePhase::Rebuilding,
+            "rebuild requested by the operator",
+        )
+        .await?;
+        self.step_node(name).await
+    }
+}
