@@ -34,7 +34,7 @@ use super::leases::{Lease, LeaseChange, LeaseState};
 use super::{DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplyTarget, ServerPort};
 use crate::events::{EventBus, EventKind, unknown_node_key};
 use crate::inventory::{Mac, NetworkMode};
-use crate::store::{self, Store, StoreError};
+use crate::store::{self, LeaseWrite, Store, StoreError};
 
 /// Standard DHCP server port.
 pub const DHCP_PORT: u16 = 67;
@@ -135,21 +135,38 @@ impl DhcpServer {
         let restored: Vec<Lease> = records.iter().map(from_store).collect();
         let count = restored.len();
         let (book, removals) = LeaseBook::restore(ctx.lease_book_config(), restored);
-        let mut adapter = Adapter {
-            core: DhcpCore::new(ctx, book, flood),
-            store,
-            events,
-            iface: self.iface.clone(),
-        };
         if !removals.is_empty() {
             info!(
                 removed = removals.len(),
                 "dropping persisted leases the inventory no longer allows"
             );
+            let writes = lease_writes(&removals, &BTreeMap::new());
+            let store = store.clone();
+            let now = unix(SystemTime::now());
+            match tokio::task::spawn_blocking(move || store.apply_lease_writes(&writes, now)).await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => error!(error = %e, "cannot remove stale leases from the state store"),
+                Err(e) => error!(error = %e, "cannot remove stale leases from the state store"),
+            }
         }
-        if let Err(e) = adapter.persist(&removals, &BTreeMap::new()).await {
-            error!(error = %e, "cannot remove stale leases from the state store");
-        }
+        let replier = Arc::new(Replier {
+            iface: self.iface.clone(),
+            mode: ctx.mode,
+            hosts: ctx
+                .hosts
+                .iter()
+                .map(|(m, h)| (*m, h.name.clone()))
+                .collect(),
+            events,
+        });
+        let (jobs, job_rx) = mpsc::channel::<Job>(COMMIT_QUEUE);
+        let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone()));
+        let mut adapter = Adapter {
+            core: DhcpCore::new(ctx, book, flood),
+            jobs,
+            replier,
+        };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
         let (tx, mut rx) = mpsc::channel::<Datagram>(256);
@@ -170,8 +187,8 @@ impl DhcpServer {
                 _ = cancel.cancelled() => break,
                 _ = sweep.tick() => {
                     let changes = adapter.core.book.expire(SystemTime::now());
-                    if let Err(e) = adapter.persist(&changes, &BTreeMap::new()).await {
-                        error!(error = %e, "cannot persist expired leases");
+                    if !changes.is_empty() {
+                        adapter.enqueue(lease_writes(&changes, &BTreeMap::new()), After::Nothing).await;
                     }
                 }
                 got = rx.recv() => {
@@ -191,6 +208,9 @@ impl DhcpServer {
         for r in readers {
             r.abort();
         }
+        // Let queued replies whose leases are being committed go out before stopping.
+        drop(adapter);
+        let _ = committer.await;
         info!(iface = %self.iface, "DHCP stopped");
         Ok(())
     }
@@ -274,16 +294,50 @@ async fn read_loop(
     }
 }
 
-/// The handling half: the core plus what it persists to and reports through.
+/// Replies (and events) wait here while their lease writes are committed; bounded so a flood
+/// that outruns the disk slows the receive loop down instead of growing memory.
+const COMMIT_QUEUE: usize = 1024;
+/// Most writes committed in one transaction.
+const COMMIT_BATCH: usize = 512;
+
+/// The handling half: the core, deciding one datagram at a time, and the queue to the
+/// committer. Decisions are made in order and never wait for the disk; the committer makes
+/// each decision's lease changes durable (many per transaction) before its reply is sent.
 struct Adapter {
     core: DhcpCore,
-    store: Arc<dyn Store>,
-    events: EventBus,
-    iface: String,
+    jobs: mpsc::Sender<Job>,
+    replier: Arc<Replier>,
+}
+
+/// Lease writes and what to do once they are durable.
+struct Job {
+    writes: Vec<LeaseWrite>,
+    after: After,
+    span: tracing::Span,
+}
+
+/// What follows a committed job.
+enum After {
+    /// Send this reply.
+    Reply {
+        sock: Arc<UdpSocket>,
+        bytes: Vec<u8>,
+        to: ReplyTarget,
+        mac: Mac,
+        port: ServerPort,
+    },
+    /// Record this event.
+    Event {
+        mac: Mac,
+        kind: EventKind,
+        detail: &'static str,
+    },
+    /// Nothing (expiry sweeps).
+    Nothing,
 }
 
 impl Adapter {
-    async fn handle(&mut self, dgram: Datagram, sock: &UdpSocket) {
+    async fn handle(&mut self, dgram: Datagram, sock: &Arc<UdpSocket>) {
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
@@ -304,21 +358,21 @@ impl Adapter {
                 reason,
                 lease_changes,
             } => {
-                let names = self.names(&lease_changes);
-                if let Err(e) = self.persist(&lease_changes, &names).await {
-                    error!(error = %e, "cannot persist lease change");
-                }
-                if let Some(mac) = mac {
-                    let (kind, what) = match reason {
-                        Silence::Released => (EventKind::DhcpRelease, "released its address"),
-                        Silence::Declined => (
-                            EventKind::DhcpDecline,
-                            "declined its address (conflict); quarantined",
-                        ),
-                        Silence::OtherServerSelected => return,
-                    };
-                    self.events.publish(&self.node_key(mac), kind, what);
-                }
+                let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                let after = match (mac, reason) {
+                    (Some(mac), Silence::Released) => After::Event {
+                        mac,
+                        kind: EventKind::DhcpRelease,
+                        detail: "released its address",
+                    },
+                    (Some(mac), Silence::Declined) => After::Event {
+                        mac,
+                        kind: EventKind::DhcpDecline,
+                        detail: "declined its address (conflict); quarantined",
+                    },
+                    _ => After::Nothing,
+                };
+                self.enqueue(writes, after).await;
             }
             Outcome::Send {
                 bytes,
@@ -326,25 +380,148 @@ impl Adapter {
                 lease_changes,
                 client,
             } => {
-                let names = self.names(&lease_changes);
-                if let Err(e) = self.persist(&lease_changes, &names).await {
-                    // Durable before acknowledged: the client retries and we try again.
-                    counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
-                    error!(error = %e, "cannot persist lease; reply not sent");
-                    return;
-                }
-                let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
-                let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
-                self.send(sock, &bytes, to).await;
-                counter!("dhcp_replies_total", "type" => reply_type.map(msg_type_label).unwrap_or("none"))
-                    .increment(1);
-                if let Some(reply) = reply {
-                    self.publish_reply(client.mac, dgram.port, &reply, to);
-                }
+                let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                let after = After::Reply {
+                    sock: sock.clone(),
+                    bytes,
+                    to,
+                    mac: client.mac,
+                    port: dgram.port,
+                };
+                self.enqueue(writes, after).await;
             }
         }
     }
 
+    async fn enqueue(&self, writes: Vec<LeaseWrite>, after: After) {
+        let job = Job {
+            writes,
+            after,
+            span: tracing::Span::current(),
+        };
+        if self.jobs.send(job).await.is_err() {
+            error!("DHCP committer has stopped; reply dropped");
+        }
+    }
+
+    /// Inventory names of the MACs in `changes`, stored as the lease's hostname.
+    fn names(&self, changes: &[LeaseChange]) -> BTreeMap<Mac, String> {
+        changes
+            .iter()
+            .filter_map(|c| match c {
+                LeaseChange::Upsert(l) => Some((l.mac, self.replier.hosts.get(&l.mac)?.clone())),
+                LeaseChange::Remove(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// The book's changes as store writes, with the inventory name as hostname.
+fn lease_writes(changes: &[LeaseChange], names: &BTreeMap<Mac, String>) -> Vec<LeaseWrite> {
+    let now_unix = unix(SystemTime::now());
+    changes
+        .iter()
+        .map(|c| match c {
+            LeaseChange::Upsert(l) => {
+                LeaseWrite::Put(to_store(l, names.get(&l.mac).cloned(), now_unix))
+            }
+            LeaseChange::Remove(ip) => LeaseWrite::RemoveIp(*ip),
+        })
+        .collect()
+}
+
+/// Group commit: take every job waiting, write all their lease changes in one durable
+/// transaction, then send the replies of the jobs whose writes all succeeded, in order. One
+/// fsync is shared by a whole burst of requests, and no reply leaves before its lease is on
+/// disk (durable before acknowledged).
+async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier: Arc<Replier>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let mut count = batch[0].writes.len();
+        while count < COMMIT_BATCH {
+            match rx.try_recv() {
+                Ok(job) => {
+                    count += job.writes.len();
+                    batch.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let writes: Vec<LeaseWrite> = batch
+            .iter()
+            .flat_map(|j| j.writes.iter().cloned())
+            .collect();
+        let results = if writes.is_empty() {
+            Ok(Vec::new())
+        } else {
+            let store = store.clone();
+            let now = unix(SystemTime::now());
+            tokio::task::spawn_blocking(move || store.apply_lease_writes(&writes, now))
+                .await
+                .map_err(join_error)
+                .and_then(|r| r)
+        };
+        let mut offset = 0;
+        for job in batch {
+            let n = job.writes.len();
+            let ok = match &results {
+                Ok(rs) => rs[offset..offset + n].iter().all(Result::is_ok),
+                Err(_) => n == 0,
+            };
+            offset += n;
+            let _enter = job.span.enter();
+            if !ok {
+                // The client retries; the next attempt is decided and written again.
+                counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
+                match &results {
+                    Err(e) => error!(error = %e, "cannot persist lease; reply not sent"),
+                    Ok(rs) => {
+                        for e in rs[offset - n..offset]
+                            .iter()
+                            .filter_map(|r| r.as_ref().err())
+                        {
+                            error!(error = %e, "lease write refused; reply not sent");
+                        }
+                    }
+                }
+                continue;
+            }
+            match job.after {
+                After::Reply {
+                    sock,
+                    bytes,
+                    to,
+                    mac,
+                    port,
+                } => {
+                    let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
+                    let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
+                    replier.send(&sock, &bytes, to).await;
+                    counter!("dhcp_replies_total", "type" => reply_type.map(msg_type_label).unwrap_or("none"))
+                        .increment(1);
+                    if let Some(reply) = reply {
+                        replier.publish_reply(mac, port, &reply, to);
+                    }
+                }
+                After::Event { mac, kind, detail } => {
+                    replier.events.publish(&replier.node_key(mac), kind, detail);
+                }
+                After::Nothing => {}
+            }
+        }
+    }
+}
+
+/// What sending and reporting a reply needs: the interface (for ARP entries), the mode, and
+/// node names by MAC.
+struct Replier {
+    iface: String,
+    mode: NetworkMode,
+    hosts: BTreeMap<Mac, String>,
+    events: EventBus,
+}
+
+impl Replier {
     /// Send `bytes` per the RFC 2131 §4.1 target.
     async fn send(&self, sock: &UdpSocket, bytes: &[u8], to: ReplyTarget) {
         let dest = match to {
@@ -373,7 +550,7 @@ impl Adapter {
     }
 
     fn publish_reply(&self, mac: Mac, port: ServerPort, reply: &Message, to: ReplyTarget) {
-        let proxy = self.core.ctx.mode == NetworkMode::Proxy || port == ServerPort::PxeBoot;
+        let proxy = self.mode == NetworkMode::Proxy || port == ServerPort::PxeBoot;
         let file = reply
             .fname_str()
             .and_then(|r| r.ok())
@@ -395,57 +572,10 @@ impl Adapter {
     }
 
     fn node_key(&self, mac: Mac) -> String {
-        match self.core.ctx.hosts.get(&mac) {
-            Some(h) => h.name.clone(),
+        match self.hosts.get(&mac) {
+            Some(name) => name.clone(),
             None => unknown_node_key(mac),
         }
-    }
-
-    /// Inventory names of the MACs in `changes`, stored as the lease's hostname.
-    fn names(&self, changes: &[LeaseChange]) -> BTreeMap<Mac, String> {
-        changes
-            .iter()
-            .filter_map(|c| match c {
-                LeaseChange::Upsert(l) => {
-                    let h = self.core.ctx.hosts.get(&l.mac)?;
-                    Some((l.mac, h.name.clone()))
-                }
-                LeaseChange::Remove(_) => None,
-            })
-            .collect()
-    }
-
-    /// Commit `changes` to the store on the blocking pool and wait until they are durable.
-    async fn persist(
-        &self,
-        changes: &[LeaseChange],
-        names: &BTreeMap<Mac, String>,
-    ) -> Result<(), StoreError> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        let store = self.store.clone();
-        let now_unix = unix(SystemTime::now());
-        let records: Vec<Result<store::Lease, Ipv4Addr>> = changes
-            .iter()
-            .map(|c| match c {
-                LeaseChange::Upsert(l) => Ok(to_store(l, names.get(&l.mac).cloned(), now_unix)),
-                LeaseChange::Remove(ip) => Err(*ip),
-            })
-            .collect();
-        tokio::task::spawn_blocking(move || {
-            for r in records {
-                match r {
-                    Ok(lease) => store.put_lease(&lease, now_unix)?,
-                    Err(ip) => {
-                        store.delete_lease_by_ip(ip)?;
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await
-        .map_err(join_error)?
     }
 }
 

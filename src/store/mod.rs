@@ -22,6 +22,15 @@ use std::path::{Path, PathBuf};
 
 pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
 pub use self::redb::RedbStore;
+
+/// One change to the lease records, for [`Store::apply_lease_writes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseWrite {
+    /// [`Store::put_lease`].
+    Put(Lease),
+    /// [`Store::delete_lease_by_ip`].
+    RemoveIp(Ipv4Addr),
+}
 use crate::inventory::Mac;
 
 /// Default state directory (`--state-dir`).
@@ -158,6 +167,12 @@ pub trait Store: Send + Sync {
     /// lease at another address is removed. A `Declined` record quarantines its address and
     /// leaves the MAC's current lease alone.
     fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()>;
+
+    /// Apply several lease writes in one durable transaction (one fsync for the lot, which is
+    /// what lets the DHCP server commit a burst of requests together). Each write gets its own
+    /// result: an [`StoreError::AddressHeld`] refusal skips that write only; any other error
+    /// aborts the whole batch and is returned as the outer error.
+    fn apply_lease_writes(&self, writes: &[LeaseWrite], now_unix: u64) -> Result<Vec<Result<()>>>;
 
     /// Remove the current lease of `mac`; returns it if there was one.
     fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>>;

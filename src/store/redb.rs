@@ -34,8 +34,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, Event, Lease, LeaseState, NodeRecord, Result, SCHEMA_VERSION, Store, StoreError,
-    store_path,
+    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NodeRecord, Result, SCHEMA_VERSION, Store,
+    StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -342,60 +342,25 @@ impl Store for RedbStore {
     }
 
     fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()> {
-        let ip = u32::from(lease.ip);
-        let mac = lease.mac.0;
-        let bytes = self.encode(format_args!("lease for {}", lease.ip), lease)?;
+        self.write(|txn| self.put_lease_in(txn, lease, now_unix))
+    }
+
+    fn apply_lease_writes(&self, writes: &[LeaseWrite], now_unix: u64) -> Result<Vec<Result<()>>> {
         self.write(|txn| {
-            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
-            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
-
-            let existing = match leases.get(ip).map_err(|e| self.err(e))? {
-                Some(g) => Some(self.decode_lease(ip, g.value())?),
-                None => None,
-            };
-            if let Some(existing) = existing.filter(|x| x.mac != lease.mac) {
-                if existing.holds_address(now_unix) {
-                    return Err(StoreError::AddressHeld {
-                        ip: lease.ip,
-                        holder: existing.mac,
-                        state: existing.state,
-                        expires_at_unix: existing.expires_at_unix,
-                    });
-                }
-                // The other client's record is stale; it loses the address, and its index
-                // entry if that pointed here.
-                let indexed = by_mac
-                    .get(existing.mac.0)
-                    .map_err(|e| self.err(e))?
-                    .map(|g| g.value());
-                if indexed == Some(ip) {
-                    by_mac.remove(existing.mac.0).map_err(|e| self.err(e))?;
+            let mut results = Vec::with_capacity(writes.len());
+            for w in writes {
+                let r = match w {
+                    LeaseWrite::Put(lease) => self.put_lease_in(txn, lease, now_unix),
+                    LeaseWrite::RemoveIp(ip) => self.delete_ip_in(txn, *ip).map(|_| ()),
+                };
+                match r {
+                    // A refused write changed nothing; the others still commit.
+                    Err(e @ StoreError::AddressHeld { .. }) => results.push(Err(e)),
+                    Err(e) => return Err(e),
+                    Ok(()) => results.push(Ok(())),
                 }
             }
-
-            let current = by_mac.get(mac).map_err(|e| self.err(e))?.map(|g| g.value());
-            if lease.state == LeaseState::Declined {
-                // A quarantine is not the client's lease any more.
-                if current == Some(ip) {
-                    by_mac.remove(mac).map_err(|e| self.err(e))?;
-                }
-            } else {
-                // One client, one lease: moving to a new address frees the old one.
-                if let Some(prev) = current.filter(|&p| p != ip) {
-                    let prev_mac = match leases.get(prev).map_err(|e| self.err(e))? {
-                        Some(g) => Some(self.decode_lease(prev, g.value())?.mac),
-                        None => None,
-                    };
-                    if prev_mac == Some(lease.mac) {
-                        leases.remove(prev).map_err(|e| self.err(e))?;
-                    }
-                }
-                by_mac.insert(mac, ip).map_err(|e| self.err(e))?;
-            }
-            leases
-                .insert(ip, bytes.as_slice())
-                .map_err(|e| self.err(e))?;
-            Ok(())
+            Ok(results)
         })
     }
 
@@ -426,23 +391,7 @@ impl Store for RedbStore {
     }
 
     fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {
-        let key = u32::from(ip);
-        self.write(|txn| {
-            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
-            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
-            let record = match leases.remove(key).map_err(|e| self.err(e))? {
-                Some(g) => self.decode_lease(key, g.value())?,
-                None => return Ok(None),
-            };
-            let indexed = by_mac
-                .get(record.mac.0)
-                .map_err(|e| self.err(e))?
-                .map(|g| g.value());
-            if indexed == Some(key) {
-                by_mac.remove(record.mac.0).map_err(|e| self.err(e))?;
-            }
-            Ok(Some(record))
-        })
+        self.write(|txn| self.delete_ip_in(txn, ip))
     }
 
     fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
@@ -635,6 +584,87 @@ impl Store for RedbStore {
     }
 }
 
+impl RedbStore {
+    /// [`Store::put_lease`] inside an open write transaction. Checks come before any change, so
+    /// an `AddressHeld` refusal leaves the transaction untouched.
+    fn put_lease_in(&self, txn: &WriteTransaction, lease: &Lease, now_unix: u64) -> Result<()> {
+        let ip = u32::from(lease.ip);
+        let mac = lease.mac.0;
+        let bytes = self.encode(format_args!("lease for {}", lease.ip), lease)?;
+
+        let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+
+        let existing = match leases.get(ip).map_err(|e| self.err(e))? {
+            Some(g) => Some(self.decode_lease(ip, g.value())?),
+            None => None,
+        };
+        if let Some(existing) = existing.filter(|x| x.mac != lease.mac) {
+            if existing.holds_address(now_unix) {
+                return Err(StoreError::AddressHeld {
+                    ip: lease.ip,
+                    holder: existing.mac,
+                    state: existing.state,
+                    expires_at_unix: existing.expires_at_unix,
+                });
+            }
+            // The other client's record is stale; it loses the address, and its index
+            // entry if that pointed here.
+            let indexed = by_mac
+                .get(existing.mac.0)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value());
+            if indexed == Some(ip) {
+                by_mac.remove(existing.mac.0).map_err(|e| self.err(e))?;
+            }
+        }
+
+        let current = by_mac.get(mac).map_err(|e| self.err(e))?.map(|g| g.value());
+        if lease.state == LeaseState::Declined {
+            // A quarantine is not the client's lease any more.
+            if current == Some(ip) {
+                by_mac.remove(mac).map_err(|e| self.err(e))?;
+            }
+        } else {
+            // One client, one lease: moving to a new address frees the old one.
+            if let Some(prev) = current.filter(|&p| p != ip) {
+                let prev_mac = match leases.get(prev).map_err(|e| self.err(e))? {
+                    Some(g) => Some(self.decode_lease(prev, g.value())?.mac),
+                    None => None,
+                };
+                if prev_mac == Some(lease.mac) {
+                    leases.remove(prev).map_err(|e| self.err(e))?;
+                }
+            }
+            by_mac.insert(mac, ip).map_err(|e| self.err(e))?;
+        }
+        leases
+            .insert(ip, bytes.as_slice())
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// [`Store::delete_lease_by_ip`] inside an open write transaction.
+    fn delete_ip_in(&self, txn: &WriteTransaction, ip: Ipv4Addr) -> Result<Option<Lease>> {
+        let key = u32::from(ip);
+
+        let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+        let record = match leases.remove(key).map_err(|e| self.err(e))? {
+            Some(g) => self.decode_lease(key, g.value())?,
+            None => return Ok(None),
+        };
+        let indexed = by_mac
+            .get(record.mac.0)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value());
+        if indexed == Some(key) {
+            by_mac.remove(record.mac.0).map_err(|e| self.err(e))?;
+        }
+        Ok(Some(record))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -698,6 +728,34 @@ mod tests {
         s.put_lease(&l2, 100).unwrap();
         // Ordered by address.
         assert_eq!(s.leases().unwrap(), vec![l2, l]);
+    }
+
+    #[test]
+    fn batched_writes_commit_together_and_refuse_one_by_one() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
+            .unwrap();
+        s.put_lease(&lease(5, 50, LeaseState::Bound, 1000), 100)
+            .unwrap();
+        let results = s
+            .apply_lease_writes(
+                &[
+                    LeaseWrite::Put(lease(2, 20, LeaseState::Offered, 1000)),
+                    // Held by mac 1: refused, and the batch goes on.
+                    LeaseWrite::Put(lease(3, 10, LeaseState::Offered, 1000)),
+                    LeaseWrite::RemoveIp(ip(50)),
+                    LeaseWrite::Put(lease(4, 40, LeaseState::Bound, 1000)),
+                ],
+                200,
+            )
+            .unwrap();
+        assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok());
+        assert!(matches!(results[1], Err(StoreError::AddressHeld { .. })));
+        let ips: Vec<Ipv4Addr> = s.leases().unwrap().into_iter().map(|l| l.ip).collect();
+        assert_eq!(ips, [ip(10), ip(20), ip(40)]);
+        assert_eq!(s.lease(mac(1)).unwrap().unwrap().ip, ip(10));
+        assert_eq!(s.lease(mac(3)).unwrap(), None);
+        assert_eq!(s.lease(mac(5)).unwrap(), None);
     }
 
     #[test]
