@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::inventory::Mac;
-use crate::store::Store;
+use crate::store::{NewEvent, Store};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -146,14 +146,32 @@ impl EventBus {
         let (live, _) = broadcast::channel(4096);
         let live_tx = live.clone();
         let writer = tokio::task::spawn_blocking(move || {
-            while let Some(ev) = rx.blocking_recv() {
-                if let Err(e) =
-                    store.append_event(&ev.node, ev.kind.as_str(), &ev.detail, ev.at_unix_ms)
-                {
-                    tracing::error!(node = %ev.node, kind = %ev.kind, error = %e, "cannot persist event");
+            // Write whatever has queued up in one transaction: one fsync per burst, not per
+            // event, so a busy DHCP server is not slowed down by its own timeline.
+            while let Some(first) = rx.blocking_recv() {
+                let mut batch = vec![first];
+                while batch.len() < 1024 {
+                    match rx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
                 }
-                // Nobody listening is fine.
-                let _ = live_tx.send(ev);
+                let rows: Vec<NewEvent> = batch
+                    .iter()
+                    .map(|ev| NewEvent {
+                        node: ev.node.clone(),
+                        kind: ev.kind.as_str().to_string(),
+                        detail: ev.detail.clone(),
+                        at_unix_ms: ev.at_unix_ms,
+                    })
+                    .collect();
+                if let Err(e) = store.append_events(&rows) {
+                    tracing::error!(events = rows.len(), error = %e, "cannot persist events");
+                }
+                for ev in batch {
+                    // Nobody listening is fine.
+                    let _ = live_tx.send(ev);
+                }
             }
         });
         (Self { queue, live, clock }, writer)

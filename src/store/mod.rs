@@ -23,6 +23,19 @@ use std::path::{Path, PathBuf};
 pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
 pub use self::redb::RedbStore;
 
+/// An event to append, for [`Store::append_events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// Timeline (node) it belongs to.
+    pub node: String,
+    /// Machine-readable kind.
+    pub kind: String,
+    /// Human-readable detail.
+    pub detail: String,
+    /// Milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+}
+
 /// One change to the lease records, for [`Store::apply_lease_writes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseWrite {
@@ -194,6 +207,10 @@ pub trait Store: Send + Sync {
     /// The number is assigned inside the write transaction: 1 for a node's first event, then
     /// one more than the last, so numbers are gap-free and survive restarts.
     fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64>;
+
+    /// Append several events in one durable transaction (in order); returns their sequence
+    /// numbers. Used by the event bus to write a burst with one fsync.
+    fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>>;
 
     /// Up to `limit` events of `node` with `seq > since_seq`, oldest first. Pass the last seen
     /// `seq` to poll for new events; 0 for the whole timeline.

@@ -34,8 +34,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NodeRecord, Result, SCHEMA_VERSION, Store,
-    StoreError, store_path,
+    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NewEvent, NodeRecord, Result, SCHEMA_VERSION,
+    Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -426,30 +426,15 @@ impl Store for RedbStore {
     }
 
     fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64> {
+        self.write(|txn| self.append_event_in(txn, node, kind, detail, at_unix_ms))
+    }
+
+    fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
         self.write(|txn| {
-            let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
-            // The number comes from the last stored key inside this transaction, so two
-            // appends can never get the same one and a restart continues the sequence.
-            let last = events
-                .range((node, 0u64)..=(node, u64::MAX))
-                .map_err(|e| self.err(e))?
-                .next_back()
-                .transpose()
-                .map_err(|e| self.err(e))?
-                .map(|(k, _)| k.value().1);
-            let seq = last.unwrap_or(0) + 1;
-            let event = Event {
-                seq,
-                at_unix_ms,
-                node: node.to_string(),
-                kind: kind.to_string(),
-                detail: detail.to_string(),
-            };
-            let bytes = self.encode(format_args!("event {seq} of node {node}"), &event)?;
             events
-                .insert((node, seq), bytes.as_slice())
-                .map_err(|e| self.err(e))?;
-            Ok(seq)
+                .iter()
+                .map(|e| self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms))
+                .collect()
         })
     }
 
@@ -662,6 +647,42 @@ impl RedbStore {
             by_mac.remove(record.mac.0).map_err(|e| self.err(e))?;
         }
         Ok(Some(record))
+    }
+}
+
+impl RedbStore {
+    /// [`Store::append_event`] inside an open write transaction.
+    fn append_event_in(
+        &self,
+        txn: &WriteTransaction,
+        node: &str,
+        kind: &str,
+        detail: &str,
+        at_unix_ms: u64,
+    ) -> Result<u64> {
+        let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        // The number comes from the last stored key inside this transaction, so two
+        // appends can never get the same one and a restart continues the sequence.
+        let last = events
+            .range((node, 0u64)..=(node, u64::MAX))
+            .map_err(|e| self.err(e))?
+            .next_back()
+            .transpose()
+            .map_err(|e| self.err(e))?
+            .map(|(k, _)| k.value().1);
+        let seq = last.unwrap_or(0) + 1;
+        let event = Event {
+            seq,
+            at_unix_ms,
+            node: node.to_string(),
+            kind: kind.to_string(),
+            detail: detail.to_string(),
+        };
+        let bytes = self.encode(format_args!("event {seq} of node {node}"), &event)?;
+        events
+            .insert((node, seq), bytes.as_slice())
+            .map_err(|e| self.err(e))?;
+        Ok(seq)
     }
 }
 
