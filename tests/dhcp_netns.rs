@@ -151,7 +151,14 @@ fn start_server(
         .arg(dir.join("out"))
         .arg("--ipxe-dir")
         .arg(dir.join("ipxe"))
-        .args(["--http-port", "8080", "--log", "talboot=debug"])
+        // These tests are about DHCP; provisioning over the Talos API has its own tests.
+        .args([
+            "--http-port",
+            "8080",
+            "--log",
+            "talboot=debug",
+            "--no-provision",
+        ])
         .args(extra)
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())

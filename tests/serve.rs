@@ -85,6 +85,7 @@ fn base_args(tmp: &Path, http: u16, tftp: u16) -> Vec<String> {
         "--tftp-port".into(),
         tftp.to_string(),
         "--no-dhcp".into(),
+        "--no-provision".into(),
     ]
 }
 
@@ -203,5 +204,29 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
             .iter()
             .any(|e| e.starts_with("tftp.file ipxe.efi (100000 bytes)")),
         "{tftp_events:?}"
+    );
+}
+
+#[test]
+fn push_mode_refuses_to_start_without_its_secrets() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_images(&tmp.path().join("images"));
+    let args: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
+        .into_iter()
+        .filter(|a| a != "--no-provision")
+        .collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(args)
+        .env_remove("SOPS_AGE_KEY")
+        .env_remove("SOPS_AGE_KEY_FILE")
+        .env("HOME", tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("push provisioning: "), "{stderr}");
+    assert!(
+        stderr.contains("pass --no-provision to serve boot files only"),
+        "{stderr}"
     );
 }

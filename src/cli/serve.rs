@@ -71,6 +71,17 @@ pub struct Args {
     /// Drop to this user after binding the privileged ports.
     #[arg(long)]
     pub user: Option<String>,
+    /// Do not provision nodes over the Talos API (push delivery): serve boot files only.
+    #[arg(long)]
+    pub no_provision: bool,
+    /// Admin talosconfig for secured Talos API calls (default: `<configs>/talosconfig`, as
+    /// `talboot gen -o` writes it).
+    #[arg(long, env = "TALOSCONFIG")]
+    pub talosconfig: Option<PathBuf>,
+    /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
+    /// `SOPS_AGE_KEY`, the user's sops keys.txt).
+    #[arg(long)]
+    pub age_identity: Option<PathBuf>,
 }
 
 /// Run the subcommand.
@@ -113,6 +124,9 @@ pub enum StartError {
         /// Why.
         cause: String,
     },
+    /// Push provisioning cannot start (secrets bundle or talosconfig).
+    #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
+    Provisioning(String),
     /// Dropping privileges failed.
     #[error("cannot drop privileges to {user}: {cause}")]
     Privileges {
@@ -231,6 +245,14 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         }
     }
     let advertise = advertise_address(&args, &inv)?;
+    let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
+    // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
+    // stops `serve` now rather than when the first machine boots.
+    let provisioning = if push {
+        Some(provisioning_inputs(&args, &inv)?)
+    } else {
+        None
+    };
 
     let store: Arc<dyn Store> = Arc::new(store::open(&args.state_dir)?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -384,6 +406,24 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         );
     }
 
+    if let Some((renderer, creds)) = provisioning {
+        let settings = crate::provision::Settings::new(args.state_dir.clone());
+        let provisioner = crate::provision::Provisioner::new(
+            inv.clone(),
+            store.clone(),
+            events.clone(),
+            renderer,
+            creds,
+            settings,
+        );
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            provisioner.run(c).await;
+            Ok(())
+        });
+        tracing::info!("push provisioning running");
+    }
+
     tracing::info!(
         advertise = %advertise,
         http = %base_url,
@@ -433,6 +473,57 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         }),
         None => Ok(()),
     }
+}
+
+/// Renders machine configs from the inventory and the decrypted secrets bundle.
+struct BundleRenderer {
+    inventory: Arc<Inventory>,
+    secrets: crate::machineconfig::secrets::SecretsBundle,
+}
+
+impl crate::provision::ConfigRenderer for BundleRenderer {
+    fn render(&self, node: &inventory::Node) -> Result<Vec<u8>, String> {
+        let bundle =
+            crate::machineconfig::render::render_node(&self.inventory, &self.secrets, node)
+                .map_err(|e| e.to_string())?;
+        bundle
+            .to_yaml()
+            .map(String::into_bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
+type ProvisioningInputs = (
+    Arc<dyn crate::provision::ConfigRenderer>,
+    crate::talos::ClientCreds,
+);
+
+fn provisioning_inputs(
+    args: &Args,
+    inv: &Arc<Inventory>,
+) -> Result<ProvisioningInputs, StartError> {
+    let sources = crate::crypto::age::IdentitySources::from_process_env(args.age_identity.clone());
+    let secrets = super::secrets::load_bundle(inv, &sources)
+        .map_err(|e| StartError::Provisioning(e.to_string()))?;
+    let path = args
+        .talosconfig
+        .clone()
+        .unwrap_or_else(|| args.configs.join("talosconfig"));
+    let yaml = std::fs::read_to_string(&path).map_err(|e| {
+        StartError::Provisioning(format!(
+            "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o {}`",
+            path.display(),
+            args.config.display(),
+            args.configs.display()
+        ))
+    })?;
+    let creds = crate::talos::ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
+        .map_err(|e| StartError::Provisioning(format!("{}: {e}", path.display())))?;
+    let renderer = Arc::new(BundleRenderer {
+        inventory: inv.clone(),
+        secrets,
+    });
+    Ok((renderer, creds))
 }
 
 async fn wait_for_signal() {
