@@ -41,13 +41,13 @@ struct Lab {
 }
 
 impl Lab {
-    fn new(tag: &str, subnet: u8) -> Self {
+    fn new(tag: &str, bridge: &str, server_cidr: &str) -> Self {
         let ns = format!("tb-{tag}-{}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &ns]).status();
         run(Command::new("ip").args(["netns", "add", &ns]));
         let lab = Lab {
             ns: ns.clone(),
-            server_ip: format!("10.77.{subnet}.1"),
+            server_ip: server_cidr.split('/').next().unwrap().to_string(),
             children: Vec::new(),
         };
         let ip = |args: &[&str]| run(Command::new("ip").args(["-n", &ns]).args(args));
@@ -55,7 +55,7 @@ impl Lab {
         ip(&[
             "link",
             "add",
-            "br0",
+            bridge,
             "type",
             "bridge",
             "stp_state",
@@ -63,17 +63,11 @@ impl Lab {
             "forward_delay",
             "0",
         ]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", lab.server_ip),
-            "dev",
-            "br0",
-        ]);
+        ip(&["addr", "add", server_cidr, "dev", bridge]);
         ip(&["tuntap", "add", "dev", "tap0", "mode", "tap"]);
-        ip(&["link", "set", "tap0", "master", "br0"]);
+        ip(&["link", "set", "tap0", "master", bridge]);
         ip(&["link", "set", "tap0", "up"]);
-        ip(&["link", "set", "br0", "up"]);
+        ip(&["link", "set", bridge, "up"]);
         lab
     }
 
@@ -204,11 +198,11 @@ nodes:
 }
 
 /// Put the Debian kernel and our initramfs into an artifact cache as the inventory's boot set.
-fn images(work: &Path, vmlinuz: &Path, initramfs: &Path) -> PathBuf {
+fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) -> PathBuf {
     let images = work.join("images");
     let id = SetId {
         talos: "v1.13.9".into(),
-        schematic: talboot::inventory::VANILLA_SCHEMATIC.into(),
+        schematic: schematic.into(),
         arch: "amd64".into(),
     };
     let dir = images.join(id.rel_dir());
@@ -237,25 +231,41 @@ fn images(work: &Path, vmlinuz: &Path, initramfs: &Path) -> PathBuf {
     images
 }
 
-/// Boot a VM with `firmware` ("bios" or "uefi") through talboot and return its serial output.
-fn boot(firmware: &str, subnet: u8) {
+/// One boot scenario: which inventory, on which bridge, for which machine.
+struct Scenario {
+    firmware: &'static str,
+    /// The inventory file to serve.
+    config: PathBuf,
+    bridge: &'static str,
+    server_cidr: &'static str,
+    /// The VM's NIC, the node's boot MAC.
+    mac: &'static str,
+    node: &'static str,
+    schematic: &'static str,
+    /// Pull delivery: the kernel gets talos.config= and fetches its config.
+    pull: bool,
+}
+
+/// Boot a VM through talboot and check its console and talboot's events.
+fn boot(sc: &Scenario) {
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path();
     let (vmlinuz, e1000) = kernel_files(work);
     let initramfs = build_initramfs(work, &e1000);
-    let images = images(work, &vmlinuz, &initramfs);
-    let mut lab = Lab::new(firmware, subnet);
-    let config = work.join("talboot.yaml");
-    std::fs::write(&config, inventory(&lab.server_ip, firmware)).unwrap();
+    let images = images(work, &vmlinuz, &initramfs, sc.schematic);
+    let mut lab = Lab::new(sc.firmware, sc.bridge, sc.server_cidr);
+    let config = sc.config.clone();
     let configs = work.join("out");
     std::fs::create_dir_all(&configs).unwrap();
     std::fs::write(
-        configs.join("vm-1.yaml"),
-        "version: v1alpha1\nmachine:\n  type: controlplane # vm-1\n",
+        configs.join(format!("{}.yaml", sc.node)),
+        format!(
+            "version: v1alpha1\nmachine:\n  type: controlplane # {}\n",
+            sc.node
+        ),
     )
     .unwrap();
     let state = work.join("state");
-
     let talboot = lab
         .exec(env!("CARGO_BIN_EXE_talboot"))
         .args(["serve", "-c"])
@@ -266,7 +276,14 @@ fn boot(firmware: &str, subnet: u8) {
         .arg(&images)
         .arg("--configs")
         .arg(&configs)
-        .args(["--ipxe-dir", "/usr/lib/ipxe", "--http-port", "8080"])
+        // Push delivery would also provision over the Talos API; there is no Talos here.
+        .args([
+            "--ipxe-dir",
+            "/usr/lib/ipxe",
+            "--http-port",
+            "8080",
+            "--no-provision",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::from(
             std::fs::File::create(work.join("talboot.log")).unwrap(),
@@ -288,9 +305,9 @@ fn boot(firmware: &str, subnet: u8) {
         .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"])
         .args([
             "-device",
-            &format!("e1000,netdev=n0,mac={VM_MAC},bootindex=1"),
+            &format!("e1000,netdev=n0,mac={},bootindex=1", sc.mac),
         ]);
-    if firmware == "uefi" {
+    if sc.firmware == "uefi" {
         let vars = work.join("OVMF_VARS.fd");
         std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
         qemu.args([
@@ -350,12 +367,21 @@ fn boot(firmware: &str, subnet: u8) {
     assert!(cmdline.contains("talos.platform=metal"), "{cmdline}");
     assert!(cmdline.contains("initrd=initramfs.xz"), "{cmdline}");
     let url = format!("talos.config=http://{}:8080/config/", lab.server_ip);
-    assert!(cmdline.contains(&url), "{cmdline}");
-    assert!(
-        console.contains("TALBOOT-CONFIG-BEGIN\nversion: v1alpha1\nmachine:\n  type: controlplane # vm-1\nTALBOOT-CONFIG-END"),
-        "the initramfs did not get its config:\n{console}\n--- talboot log ---\n{}",
-        log()
-    );
+    if sc.pull {
+        assert!(cmdline.contains(&url), "{cmdline}");
+        let expected = format!(
+            "TALBOOT-CONFIG-BEGIN\nversion: v1alpha1\nmachine:\n  type: controlplane # {}\nTALBOOT-CONFIG-END",
+            sc.node
+        );
+        assert!(
+            console.contains(&expected),
+            "the initramfs did not get its config:\n{console}\n--- talboot log ---\n{}",
+            log()
+        );
+    } else {
+        // Push delivery: the config goes over the Talos API, never on the command line.
+        assert!(!cmdline.contains("talos.config="), "{cmdline}");
+    }
 
     // Stop talboot and read the machine's timeline.
     for c in &mut lab.children {
@@ -368,21 +394,20 @@ fn boot(firmware: &str, subnet: u8) {
     let store = talboot::store::open(&state).unwrap();
     use talboot::store::Store;
     let kinds: Vec<String> = store
-        .events("vm-1", 0, 100)
+        .events(sc.node, 0, 100)
         .unwrap()
         .into_iter()
         .map(|e| e.kind)
         .collect();
-    for k in [
-        "dhcp.ack",
-        "http.script",
-        "http.kernel",
-        "http.initramfs",
-        "config.released",
-    ] {
+    let mut expected = vec!["dhcp.ack", "http.script", "http.kernel", "http.initramfs"];
+    if sc.pull {
+        expected.push("config.released");
+    }
+    for k in expected {
         assert!(
             kinds.iter().any(|x| x == k),
-            "no {k} event for vm-1: {kinds:?}\n{}",
+            "no {k} event for {}: {kinds:?}\n{}",
+            sc.node,
             log()
         );
     }
@@ -391,6 +416,29 @@ fn boot(firmware: &str, subnet: u8) {
 #[test]
 fn bios_and_uefi_boot_through_talboot() {
     // One test runs both firmware variants in turn: TCG needs both cores to itself.
-    boot("bios", 201);
-    boot("uefi", 202);
+    let tmp = tempfile::tempdir().unwrap();
+    let pull_inventory = tmp.path().join("talboot.yaml");
+    std::fs::write(&pull_inventory, inventory("10.77.201.1", "bios")).unwrap();
+    // Legacy BIOS, pull delivery: the kernel fetches its config through talos.config=.
+    boot(&Scenario {
+        firmware: "bios",
+        config: pull_inventory,
+        bridge: "br0",
+        server_cidr: "10.77.201.1/24",
+        mac: VM_MAC,
+        node: "vm-1",
+        schematic: talboot::inventory::VANILLA_SCHEMATIC,
+        pull: true,
+    });
+    // UEFI, with the shipped lab inventory unchanged: k8s-ctrl-01's MAC on talboot's vmbr40.
+    boot(&Scenario {
+        firmware: "uefi",
+        config: Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        bridge: "vmbr40",
+        server_cidr: "10.0.40.5/24",
+        mac: "bc:24:11:40:00:01",
+        node: "k8s-ctrl-01",
+        schematic: "ce4c980550dd2ab1b17bbf2b08801c7eb59418eafe8f279833297925d67c7515",
+        pull: false,
+    });
 }
