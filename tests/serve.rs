@@ -230,3 +230,61 @@ fn push_mode_refuses_to_start_without_its_secrets() {
         "{stderr}"
     );
 }
+
+#[test]
+fn node_rebuild_goes_through_a_running_serve() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_images(&tmp.path().join("images"));
+    std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
+    let (http, tftp) = (free_port(), free_udp_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(base_args(tmp.path(), http, tftp))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _served = Served { child: Some(child) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Command::new("curl")
+        .args([
+            "-sf",
+            "-o",
+            "/dev/null",
+            &format!("http://127.0.0.1:{http}/api/nodes"),
+        ])
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < deadline, "serve did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["node", "rebuild", "k8s-ctrl-02", "-c"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .args(["--http-port", &http.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("k8s-ctrl-02: marked for rebuild"));
+    let nodes = Command::new("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{http}/api/nodes")])
+        .output()
+        .unwrap();
+    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).unwrap();
+    let phase = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "k8s-ctrl-02")
+        .map(|n| n["phase"].as_str().unwrap().to_string());
+    assert_eq!(phase.as_deref(), Some("rebuilding"));
+}

@@ -51,6 +51,10 @@ pub struct RebuildArgs {
     /// talosconfig context to use (default: its current context).
     #[arg(long)]
     pub context: Option<String>,
+    /// HTTP port of a running `talboot serve` on this host, asked to do the rebuild when it
+    /// holds the state store.
+    #[arg(long, default_value_t = 8080)]
+    pub http_port: u16,
 }
 
 /// Rebuild never renders a config: the node's next boot is provisioned by `talboot serve`.
@@ -89,6 +93,14 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_INVALID);
     }
+    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+        Ok(s) => Arc::new(s),
+        Err(store::StoreError::Locked { .. }) => return rebuild_through_serve(args),
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let tc_path = args
         .talosconfig
         .clone()
@@ -104,13 +116,6 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
                 "talboot: cannot use talosconfig {}: {e}; pass --talosconfig",
                 tc_path.display()
             );
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -164,4 +169,48 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// `serve` holds the store: ask it (on loopback) to mark the node; its provisioner resets it.
+fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
+    let url = format!(
+        "http://127.0.0.1:{}/api/nodes/{}/rebuild",
+        args.http_port, args.name
+    );
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talboot: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    crate::install_crypto_provider();
+    let result = rt.block_on(async {
+        let resp = reqwest::Client::new().post(&url).send().await?;
+        let status = resp.status();
+        Ok::<_, reqwest::Error>((status, resp.text().await.unwrap_or_default()))
+    });
+    match result {
+        Ok((status, body)) if status.is_success() => {
+            print!("{body}");
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!(
+                "talboot: talboot serve refused the rebuild ({status}): {}",
+                body.trim()
+            );
+            ExitCode::from(EXIT_INVALID)
+        }
+        Err(e) => {
+            eprintln!(
+                "talboot: the state store is in use (is `talboot serve` running?) and {url} \
+                 did not answer: {e}; pass --http-port if serve listens elsewhere"
+            );
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
 }

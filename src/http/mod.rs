@@ -77,6 +77,7 @@ pub fn router(app: Arc<HttpApp>) -> Router {
         )
         .route("/config/{token}", get(config))
         .route("/api/nodes", get(api_nodes))
+        .route("/api/nodes/{name}/rebuild", axum::routing::post(api_rebuild))
         .route("/metrics", get(metrics))
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(
@@ -459,6 +460,59 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
         });
     }
     Json(out).into_response()
+}
+
+/// Mark a node for rebuild while `serve` runs (the store is locked to this process, so
+/// `talboot node rebuild` asks here). The provisioner resets the node on its next pass. This
+/// wipes a machine, so only requests from this host itself are accepted: the provisioning
+/// network cannot reach it.
+async fn api_rebuild(
+    State(app): State<Arc<HttpApp>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+) -> Response {
+    if !peer.ip().is_loopback() {
+        return text(StatusCode::FORBIDDEN, "forbidden\n".into());
+    }
+    if app.inventory.node(&name).is_none() {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("node {name:?} is not in the inventory\n"),
+        );
+    }
+    let now = now(&app);
+    let mut rec = match app.store.node(&name) {
+        Ok(Some(r)) => r,
+        Ok(None) => NodeRecord {
+            name: name.clone(),
+            phase: NodePhase::Unknown,
+            phase_since_unix: now,
+            last_seen_addr: None,
+            mac: None,
+            talos_version: None,
+            provisioning_window_open: true,
+            updated_at_unix: now,
+        },
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    };
+    rec.provisioning_window_open = true;
+    rec.phase = NodePhase::Rebuilding;
+    rec.phase_since_unix = now;
+    rec.updated_at_unix = now;
+    if let Err(e) = app.store.put_node(&rec) {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
+    }
+    app.events.publish(
+        &name,
+        EventKind::Phase,
+        "rebuilding: rebuild requested by the operator",
+    );
+    text(
+        StatusCode::ACCEPTED,
+        format!(
+            "{name}: marked for rebuild; talboot resets it and provisions it again on its next boot\n"
+        ),
+    )
 }
 
 async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
