@@ -126,7 +126,7 @@ impl Provisioner {
         })
     }
 
-    async fn meta(&self, key: &'static str) -> Result<Option<Vec<u8>>, ProvisionError> {
+    pub(crate) async fn meta(&self, key: &'static str) -> Result<Option<Vec<u8>>, ProvisionError> {
         self.db(move |s| s.get_meta(key)).await
     }
 

@@ -7,6 +7,8 @@
 //!   Booting → Maintenance → Configuring → Installing → Ready (or Failed), and rebuild.
 //! * [`cluster`]: bootstrap exactly once on the persisted bootstrap node, the health wait whose
 //!   deadline holds, and the kubeconfig written 0600 only once the API answers.
+//! * [`steps`]: the persisted cluster steps after that (API ready, Cilium, nodes Ready,
+//!   Argo CD, handed off), resumed from the store and retried with backoff.
 //!
 //! Every step reads the store, makes at most one non-repeatable Talos call, and records the
 //! intent *before* that call, so a restart at any point resumes without repeating it. Every
@@ -16,6 +18,7 @@
 pub mod cluster;
 pub mod disks;
 pub mod node;
+pub mod steps;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -32,6 +35,7 @@ use crate::talos::{ClientCreds, Deadlines, TalosClient, TalosError};
 
 pub use cluster::{ClusterProgress, HealthReport};
 pub use node::NodeStep;
+pub use steps::{ClusterStep, StepOutcome};
 
 /// Turns an inventory node into its machine config (multi-document YAML). The real renderer
 /// is `machineconfig::render`; tests provide their own.
@@ -59,6 +63,11 @@ pub struct Settings {
     pub retry: RetryPolicy,
     /// Per-call deadlines.
     pub deadlines: Deadlines,
+    /// Directory of rendered add-on manifests, with subdirectories `cilium/` and `argocd/`
+    /// (see docs/addons.md); required when an add-on is enabled.
+    pub addon_manifests: Option<PathBuf>,
+    /// Timeouts of the add-on waits (CRDs, rollouts, nodes Ready).
+    pub addon_timeouts: crate::addons::Timeouts,
 }
 
 impl Settings {
@@ -72,6 +81,8 @@ impl Settings {
             poll_interval: Duration::from_secs(5),
             retry: RetryPolicy::NONE,
             deadlines: Deadlines::default(),
+            addon_manifests: None,
+            addon_timeouts: crate::addons::Timeouts::default(),
         }
     }
 }
@@ -356,16 +367,25 @@ impl Provisioner {
         let _ = cluster.await;
     }
 
+    /// The cluster steps until handed off: bootstrap, health and kubeconfig, then the
+    /// persisted steps of [`steps`]; a failed step is retried after a growing pause.
     async fn run_cluster(&self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings().poll_interval);
+        let poll = self.settings().poll_interval;
+        let mut pause = poll;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(pause) => {}
             }
-            match self.step_cluster().await {
-                Ok(ClusterProgress::Done) => return,
-                Ok(_) => {}
+            pause = poll;
+            match self.step_addons().await {
+                Ok(StepOutcome::Done) => return,
+                Ok(StepOutcome::Completed(_)) => pause = Duration::ZERO,
+                Ok(StepOutcome::Bootstrapping(_)) => {}
+                Ok(StepOutcome::Failed { attempts, error }) => {
+                    pause = steps::retry_after(poll, attempts);
+                    tracing::warn!(attempts, %error, retry_in = ?pause, "cluster step failed; will retry");
+                }
                 Err(e) => tracing::warn!(error = %e, "cluster step failed; will retry"),
             }
         }

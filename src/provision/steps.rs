@@ -1,0 +1,577 @@
+//! The cluster steps after the kubeconfig: API ready → CNI (Cilium) installed → nodes Ready →
+//! Argo CD installed → handed off, as one persisted record.
+//!
+//! The record (`cluster/step`, JSON) says which step was last *completed*, since when, why,
+//! the last error and how many attempts the next step has failed. [`next_step`] is the pure
+//! decision "given the completed step and the facts, what now"; [`Provisioner::step_addons`]
+//! performs one action and persists the result, so a restart resumes from the store and
+//! never repeats a completed step. Add-on installs are idempotent anyway (server-side apply),
+//! but a completed one is not even re-applied. A failure is recorded with its cause and the
+//! attempt count; the caller retries after [`retry_after`] (exponential backoff), and the
+//! error message itself names the fix. Every transition and failure is an event on the
+//! `cluster` timeline.
+//!
+//! Cilium comes before anything that needs pod networking (nodes are not Ready without a
+//! CNI); Argo CD only after Cilium is installed and every node is Ready.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ProvisionError, Provisioner};
+use crate::addons::helm::ChartMeta;
+use crate::addons::kube::{Kube, KubeError, client_from_kubeconfig};
+use crate::addons::manifest::ObjectRef;
+use crate::addons::source::ManifestSource;
+use crate::addons::values::{ArgoCdOptions, CiliumOptions, KsopsOptions, RootApp};
+use crate::addons::{AddonError, ArgoCdSetup, argocd_addon, cilium_addon, install_addon};
+use crate::events::EventKind;
+
+/// Store key of the cluster step record (JSON).
+pub const STEP_KEY: &str = "cluster/step";
+/// Event timeline (node key) of the cluster steps.
+pub const CLUSTER_TIMELINE: &str = "cluster";
+/// KSOPS image used when the inventory enables KSOPS.
+pub const KSOPS_IMAGE: &str = "viaductoss/ksops:v4.5.1";
+/// Failed attempts after which a step is reported as stuck (it is still retried).
+pub const STUCK_AFTER: u32 = 5;
+
+/// The cluster steps, in order. The record holds the last one completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterStep {
+    /// Nothing done yet: waiting for the control planes to be configured.
+    WaitingForControlPlanes,
+    /// Bootstrapped, healthy, kubeconfig written.
+    Bootstrapped,
+    /// The Kubernetes API answers with the admin kubeconfig.
+    ApiReady,
+    /// The CNI is installed (or not talboot's to install).
+    CniInstalled,
+    /// Every node is Ready.
+    NodesReady,
+    /// Argo CD is installed (or not enabled).
+    ArgoCdInstalled,
+    /// Done: the cluster is the operator's (and Argo CD's).
+    HandedOff,
+}
+
+impl std::fmt::Display for ClusterStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::WaitingForControlPlanes => "waiting-for-control-planes",
+            Self::Bootstrapped => "bootstrapped",
+            Self::ApiReady => "api-ready",
+            Self::CniInstalled => "cni-installed",
+            Self::NodesReady => "nodes-ready",
+            Self::ArgoCdInstalled => "argocd-installed",
+            Self::HandedOff => "handed-off",
+        })
+    }
+}
+
+/// The persisted cluster step record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The last step completed.
+    pub step: ClusterStep,
+    /// When it was completed (Unix seconds).
+    pub since_unix: u64,
+    /// Why it counts as completed.
+    pub reason: String,
+    /// The last failure of the next step, if any.
+    pub last_error: Option<String>,
+    /// Failed attempts of the next step since `step` was reached.
+    pub attempts: u32,
+}
+
+/// What the next step needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// Bootstrap, health wait and kubeconfig are done (`cluster::KUBECONFIG_KEY`).
+    pub kubeconfig_written: bool,
+    /// `addons.cilium.enabled` in the inventory.
+    pub cilium: bool,
+    /// `addons.argocd.enabled` in the inventory.
+    pub argocd: bool,
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Run the bootstrap / health / kubeconfig steps.
+    Bootstrap,
+    /// Record that the kubeconfig exists.
+    MarkBootstrapped,
+    /// Check that the API answers.
+    CheckApi,
+    /// Install Cilium.
+    InstallCilium,
+    /// Wait for every node to be Ready.
+    WaitNodesReady,
+    /// Install Argo CD.
+    InstallArgoCd,
+    /// Complete `step` without work, for `reason`.
+    Skip(ClusterStep, &'static str),
+    /// Nothing left.
+    Done,
+}
+
+/// The pure decision: what follows the completed step `current`, given `facts`.
+pub fn next_step(current: ClusterStep, facts: Facts) -> Action {
+    use ClusterStep as S;
+    match current {
+        S::WaitingForControlPlanes if facts.kubeconfig_written => Action::MarkBootstrapped,
+        S::WaitingForControlPlanes => Action::Bootstrap,
+        S::Bootstrapped => Action::CheckApi,
+        S::ApiReady if facts.cilium => Action::InstallCilium,
+        S::ApiReady => Action::Skip(
+            S::CniInstalled,
+            "Cilium is not enabled in the inventory; the CNI is not talboot's to install",
+        ),
+        S::CniInstalled => Action::WaitNodesReady,
+        S::NodesReady if facts.argocd => Action::InstallArgoCd,
+        S::NodesReady => Action::Skip(
+            S::ArgoCdInstalled,
+            "Argo CD is not enabled in the inventory",
+        ),
+        S::ArgoCdInstalled => Action::Skip(S::HandedOff, "every cluster step is done"),
+        S::HandedOff => Action::Done,
+    }
+}
+
+/// How long to wait before retrying a step that failed `attempts` times: the poll interval
+/// doubled per failure, at most five minutes.
+pub fn retry_after(poll: Duration, attempts: u32) -> Duration {
+    let factor = 1u32 << attempts.min(16);
+    poll.saturating_mul(factor).min(Duration::from_secs(300))
+}
+
+/// Why a cluster step failed. Each message names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// An add-on is enabled but no manifest directory was configured.
+    #[error(
+        "add-on {addon} is enabled but no add-on manifest directory is configured; render \
+         the chart into <dir>/{addon}/ with `helm template` (see docs/addons.md) and start \
+         talboot with that directory, or set addons.{addon}.enabled: false"
+    )]
+    NoManifestDir {
+        /// `cilium` or `argocd`.
+        addon: &'static str,
+    },
+    /// The add-on's manifest subdirectory is missing.
+    #[error(
+        "add-on {addon}: {dir} does not exist; render the chart into it with `helm template` \
+         (see docs/addons.md), or set addons.{addon}.enabled: false"
+    )]
+    MissingDir {
+        /// `cilium` or `argocd`.
+        addon: &'static str,
+        /// The directory to create.
+        dir: PathBuf,
+    },
+    /// The admin kubeconfig could not be read.
+    #[error("cannot read the admin kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The Kubernetes API failed.
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    /// The API did not answer in time.
+    #[error(
+        "the Kubernetes API did not answer within {0:?}; check the cluster endpoint and \
+         `talosctl health`"
+    )]
+    ApiTimeout(Duration),
+    /// An add-on install failed.
+    #[error(transparent)]
+    Addon(#[from] AddonError),
+}
+
+/// What [`Provisioner::step_addons`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// The bootstrap steps are still running (their progress says where).
+    Bootstrapping(super::ClusterProgress),
+    /// `ClusterStep` was completed and persisted.
+    Completed(ClusterStep),
+    /// The next step failed; the record holds the error and attempt count.
+    Failed {
+        /// Failed attempts so far.
+        attempts: u32,
+        /// The error.
+        error: String,
+    },
+    /// Everything is done.
+    Done,
+}
+
+/// Chart metadata for the release record; Helm chart versions carry no `v`.
+fn chart(name: &str, version: &semver::Version) -> ChartMeta {
+    ChartMeta {
+        name: name.into(),
+        version: version.to_string(),
+        app_version: version.to_string(),
+        description: String::new(),
+    }
+}
+
+fn operator_values(v: &yaml_serde::Value) -> Option<Value> {
+    match serde_json::to_value(v) {
+        Ok(Value::Object(m)) if !m.is_empty() => Some(Value::Object(m)),
+        _ => None,
+    }
+}
+
+impl Provisioner {
+    /// The persisted step record, if any.
+    pub async fn step_record(&self) -> Result<Option<StepRecord>, ProvisionError> {
+        let raw = self.meta(STEP_KEY).await?;
+        // A record this version cannot read is treated as absent: every step re-checks
+        // its own facts, and the bootstrap keys guard the one non-repeatable call.
+        Ok(raw.and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+
+    async fn put_record(&self, rec: &StepRecord) -> Result<(), ProvisionError> {
+        let bytes = serde_json::to_vec(rec).expect("step record serialises");
+        self.db(move |s| s.put_meta(STEP_KEY, &bytes)).await
+    }
+
+    fn facts(&self, kubeconfig_written: bool) -> Facts {
+        let addons = &self.inventory().addons;
+        Facts {
+            kubeconfig_written,
+            cilium: addons.cilium.as_ref().is_some_and(|c| c.enabled),
+            argocd: addons.argocd.as_ref().is_some_and(|a| a.enabled),
+        }
+    }
+
+    async fn complete(
+        &self,
+        from: ClusterStep,
+        step: ClusterStep,
+        reason: &str,
+    ) -> Result<StepOutcome, ProvisionError> {
+        self.put_record(&StepRecord {
+            step,
+            since_unix: self.now(),
+            reason: reason.to_owned(),
+            last_error: None,
+            attempts: 0,
+        })
+        .await?;
+        self.event(
+            CLUSTER_TIMELINE,
+            EventKind::Cluster,
+            format!("{from} -> {step}: {reason}"),
+        );
+        Ok(StepOutcome::Completed(step))
+    }
+
+    /// Performs the next cluster step once and persists the outcome; see the module docs.
+    pub async fn step_addons(&self) -> Result<StepOutcome, ProvisionError> {
+        let rec = self.step_record().await?.unwrap_or(StepRecord {
+            step: ClusterStep::WaitingForControlPlanes,
+            since_unix: self.now(),
+            reason: "nothing done yet".into(),
+            last_error: None,
+            attempts: 0,
+        });
+        let kubeconfig_written = rec.step > ClusterStep::WaitingForControlPlanes
+            || self.meta(super::cluster::KUBECONFIG_KEY).await?.as_deref() == Some(b"done");
+        let action = next_step(rec.step, self.facts(kubeconfig_written));
+        let from = rec.step;
+        let result = match action {
+            Action::Done => return Ok(StepOutcome::Done),
+            Action::Bootstrap => {
+                // The bootstrap steps persist their own progress and retry themselves.
+                let p = self.step_cluster().await?;
+                return Ok(StepOutcome::Bootstrapping(p));
+            }
+            Action::MarkBootstrapped => {
+                return self
+                    .complete(
+                        from,
+                        ClusterStep::Bootstrapped,
+                        "bootstrapped, healthy, kubeconfig written",
+                    )
+                    .await;
+            }
+            Action::Skip(step, reason) => return self.complete(from, step, reason).await,
+            Action::CheckApi => self.check_api().await.map(|()| {
+                (
+                    ClusterStep::ApiReady,
+                    "the Kubernetes API answers".to_owned(),
+                )
+            }),
+            Action::InstallCilium => self
+                .install_cilium()
+                .await
+                .map(|s| (ClusterStep::CniInstalled, s)),
+            Action::WaitNodesReady => self
+                .wait_nodes()
+                .await
+                .map(|()| (ClusterStep::NodesReady, "every node is Ready".to_owned())),
+            Action::InstallArgoCd => self
+                .install_argocd()
+                .await
+                .map(|s| (ClusterStep::ArgoCdInstalled, s)),
+        };
+        match result {
+            Ok((step, reason)) => self.complete(from, step, &reason).await,
+            Err(e) => {
+                let attempts = rec.attempts.saturating_add(1);
+                let error = e.to_string();
+                self.put_record(&StepRecord {
+                    last_error: Some(error.clone()),
+                    attempts,
+                    ..rec
+                })
+                .await?;
+                let stuck = if attempts >= STUCK_AFTER {
+                    " (still failing; fix the cause above, talboot keeps retrying)"
+                } else {
+                    ""
+                };
+                self.event(
+                    CLUSTER_TIMELINE,
+                    EventKind::Cluster,
+                    format!("after {from}: attempt {attempts} failed: {error}{stuck}"),
+                );
+                Ok(StepOutcome::Failed { attempts, error })
+            }
+        }
+    }
+
+    fn kubeconfig_path(&self) -> PathBuf {
+        self.settings()
+            .state_dir
+            .join(super::cluster::KUBECONFIG_FILE)
+    }
+
+    async fn kube(&self) -> Result<Kube, StepError> {
+        let path = self.kubeconfig_path();
+        let yaml = tokio::fs::read(&path)
+            .await
+            .map_err(|e| StepError::Kubeconfig {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let client = client_from_kubeconfig(&yaml).await?;
+        Ok(Kube::new(client, self.settings().poll_interval))
+    }
+
+    async fn check_api(&self) -> Result<(), StepError> {
+        let limit = self.settings().deadlines.call;
+        let probe = async {
+            let kube = self.kube().await?;
+            let ns = ObjectRef {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                namespace: None,
+                name: "kube-system".into(),
+            };
+            kube.get(&ns).await?;
+            Ok::<_, StepError>(())
+        };
+        tokio::time::timeout(limit, probe)
+            .await
+            .map_err(|_| StepError::ApiTimeout(limit))?
+    }
+
+    fn manifest_dir(&self, addon: &'static str) -> Result<ManifestSource, StepError> {
+        let base = self
+            .settings()
+            .addon_manifests
+            .as_deref()
+            .ok_or(StepError::NoManifestDir { addon })?;
+        let dir = Path::new(base).join(addon);
+        if !dir.is_dir() {
+            return Err(StepError::MissingDir { addon, dir });
+        }
+        Ok(ManifestSource::Dir(dir))
+    }
+
+    fn release_time(&self) -> time::OffsetDateTime {
+        time::OffsetDateTime::from_unix_timestamp(self.now() as i64)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+    }
+
+    async fn install_cilium(&self) -> Result<String, StepError> {
+        let Some(c) = self.inventory().addons.cilium.clone() else {
+            return Ok("Cilium is not in the inventory".into());
+        };
+        let source = self.manifest_dir("cilium")?;
+        let spec = cilium_addon(
+            &source,
+            chart("cilium", &c.version.value.0),
+            CiliumOptions {
+                kube_proxy_replacement: c.kube_proxy_replacement,
+            },
+            operator_values(&c.values).as_ref(),
+        )
+        .await?;
+        let kube = self.kube().await?;
+        let out = install_addon(
+            &kube,
+            &spec,
+            self.settings().addon_timeouts,
+            self.release_time(),
+        )
+        .await?;
+        Ok(format!(
+            "Cilium {} installed: {} object(s) changed, {} unchanged",
+            c.version.value.0,
+            out.applied.len(),
+            out.unchanged.len()
+        ))
+    }
+
+    async fn wait_nodes(&self) -> Result<(), StepError> {
+        let kube = self.kube().await?;
+        kube.wait_nodes_ready(self.settings().addon_timeouts.rollout)
+            .await?;
+        Ok(())
+    }
+
+    async fn install_argocd(&self) -> Result<String, StepError> {
+        let Some(a) = self.inventory().addons.argocd.clone() else {
+            return Ok("Argo CD is not in the inventory".into());
+        };
+        let source = self.manifest_dir("argocd")?;
+        let setup = ArgoCdSetup {
+            release: "argocd".into(),
+            namespace: "argocd".into(),
+            options: ArgoCdOptions {
+                domain: a.domain.clone().unwrap_or_default(),
+                insecure: false,
+                ksops: a.ksops.then(|| KsopsOptions {
+                    image: KSOPS_IMAGE.into(),
+                }),
+            },
+            operator_values: operator_values(&a.values),
+            age_identity: None,
+            root_app: a.root_app.as_ref().map(|r| RootApp {
+                name: "root".into(),
+                repo_url: r.repo_url.clone(),
+                path: r.path.clone(),
+                revision: r.revision.clone(),
+            }),
+        };
+        let spec = argocd_addon(&source, chart("argo-cd", &a.version.value.0), &setup).await?;
+        let kube = self.kube().await?;
+        let out = install_addon(
+            &kube,
+            &spec,
+            self.settings().addon_timeouts,
+            self.release_time(),
+        )
+        .await?;
+        Ok(format!(
+            "Argo CD {} installed: {} object(s) changed, {} unchanged",
+            a.version.value.0,
+            out.applied.len(),
+            out.unchanged.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: Facts = Facts {
+        kubeconfig_written: true,
+        cilium: true,
+        argocd: true,
+    };
+
+    #[test]
+    fn steps_run_in_order_with_everything_enabled() {
+        let mut step = ClusterStep::WaitingForControlPlanes;
+        let mut actions = Vec::new();
+        loop {
+            let a = next_step(step, ALL);
+            actions.push(a.clone());
+            step = match a {
+                Action::Done => break,
+                Action::MarkBootstrapped => ClusterStep::Bootstrapped,
+                Action::CheckApi => ClusterStep::ApiReady,
+                Action::InstallCilium => ClusterStep::CniInstalled,
+                Action::WaitNodesReady => ClusterStep::NodesReady,
+                Action::InstallArgoCd => ClusterStep::ArgoCdInstalled,
+                Action::Skip(s, _) => s,
+                Action::Bootstrap => panic!("kubeconfig is written"),
+            };
+        }
+        assert_eq!(
+            actions[..5],
+            [
+                Action::MarkBootstrapped,
+                Action::CheckApi,
+                Action::InstallCilium,
+                Action::WaitNodesReady,
+                Action::InstallArgoCd
+            ]
+        );
+        assert!(matches!(
+            actions[5],
+            Action::Skip(ClusterStep::HandedOff, _)
+        ));
+        assert_eq!(actions[6], Action::Done);
+    }
+
+    #[test]
+    fn disabled_addons_are_skipped_and_bootstrap_comes_first() {
+        let none = Facts {
+            cilium: false,
+            argocd: false,
+            ..ALL
+        };
+        assert!(matches!(
+            next_step(ClusterStep::ApiReady, none),
+            Action::Skip(ClusterStep::CniInstalled, _)
+        ));
+        assert_eq!(
+            next_step(ClusterStep::CniInstalled, none),
+            Action::WaitNodesReady
+        );
+        assert!(matches!(
+            next_step(ClusterStep::NodesReady, none),
+            Action::Skip(ClusterStep::ArgoCdInstalled, _)
+        ));
+        let early = Facts {
+            kubeconfig_written: false,
+            ..ALL
+        };
+        assert_eq!(
+            next_step(ClusterStep::WaitingForControlPlanes, early),
+            Action::Bootstrap
+        );
+    }
+
+    #[test]
+    fn record_round_trips_and_backoff_grows_to_a_cap() {
+        let rec = StepRecord {
+            step: ClusterStep::CniInstalled,
+            since_unix: 7,
+            reason: "r".into(),
+            last_error: Some("e".into()),
+            attempts: 2,
+        };
+        let json = serde_json::to_string(&rec).unwrap();
+        assert!(json.contains("\"cni-installed\""), "{json}");
+        assert_eq!(serde_json::from_str::<StepRecord>(&json).unwrap(), rec);
+        let p = Duration::from_secs(1);
+        assert_eq!(retry_after(p, 0), p);
+        assert_eq!(retry_after(p, 3), Duration::from_secs(8));
+        assert_eq!(retry_after(p, 40), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,303 @@
+//! The cluster steps after the kubeconfig (API ready → Cilium → nodes Ready → Argo CD →
+//! handed off) against the strict Kubernetes API double (tests/support/kube_double.rs), with
+//! talboot "killed and restarted" (provisioner, bus and store dropped and reopened) before
+//! every step. The store starts where the bootstrap steps leave it (bootstrap and kubeconfig
+//! recorded done, tests/provision_e2e.rs covers getting there against fake Talos nodes) and
+//! the admin kubeconfig in the state directory is the double's.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::kube_double::{DoubleOptions, KubeDouble};
+use talboot::addons::Timeouts;
+use talboot::events::{EventBus, SystemClock};
+use talboot::inventory::Inventory;
+use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE, KUBECONFIG_KEY};
+use talboot::provision::steps::{CLUSTER_TIMELINE, STEP_KEY, StepRecord};
+use talboot::provision::{ClusterStep, ConfigRenderer, Provisioner, Settings, StepOutcome};
+use talboot::store::{self, Store};
+use talboot::talos::ClientCreds;
+
+/// Renders nothing: these tests never configure a node.
+struct NoRenderer;
+
+impl ConfigRenderer for NoRenderer {
+    fn render(&self, node: &talboot::inventory::Node) -> Result<Vec<u8>, String> {
+        Err(format!("{} is not rendered in this test", node.name.value))
+    }
+}
+
+const INVENTORY: &str = "cluster:\n  name: steps\n  talosVersion: v1.13.9\n  \
+    kubernetesVersion: 1.36.3\n  endpoint: https://127.0.61.100:6443\n  vip: 127.0.61.100\n  \
+    secrets:\n    file: secrets.age\nnetwork:\n  interfaces: [lo]\n  mode: authoritative\n  \
+    subnet: 127.0.61.0/24\nboot:\n  delivery: push\nnodes:\n  - name: cp1\n    \
+    mac: \"02:00:00:3d:00:0b\"\n    role: controlplane\n    address: 127.0.61.11/24\n    \
+    installDisk: /dev/sda\naddons:\n  cilium:\n    version: 1.18.0\n  argocd:\n    \
+    version: 10.1.1\n    domain: cd.lab\n";
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/addons")
+}
+
+struct World {
+    dir: tempfile::TempDir,
+    inventory: Arc<Inventory>,
+    double: KubeDouble,
+}
+
+impl World {
+    async fn start() -> Self {
+        talboot::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let inv_path = dir.path().join("talboot.yaml");
+        std::fs::write(&inv_path, INVENTORY).unwrap();
+        let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let double = KubeDouble::start(DoubleOptions::default()).await;
+        // Where the bootstrap steps leave things: both recorded done, kubeconfig written.
+        std::fs::write(state.join(KUBECONFIG_FILE), double.kubeconfig()).unwrap();
+        let s = store::open(&state).unwrap();
+        s.put_meta(BOOTSTRAP_KEY, b"done").unwrap();
+        s.put_meta(KUBECONFIG_KEY, b"done").unwrap();
+        drop(s);
+        World {
+            dir,
+            inventory,
+            double,
+        }
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn boot(&self, manifests: Option<PathBuf>) -> Talboot {
+        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir()).unwrap());
+        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let mut settings = Settings::new(self.state_dir());
+        settings.poll_interval = Duration::from_millis(20);
+        settings.addon_manifests = manifests;
+        settings.addon_timeouts = Timeouts {
+            crd: Duration::from_secs(20),
+            rollout: Duration::from_secs(20),
+        };
+        let creds = ClientCreds {
+            ca_pem: Vec::new(),
+            crt_pem: Vec::new(),
+            key_pem: Vec::new(),
+        };
+        Talboot {
+            prov: Some(Provisioner::new(
+                self.inventory.clone(),
+                store,
+                bus.clone(),
+                Arc::new(NoRenderer),
+                creds,
+                settings,
+            )),
+            bus: Some(bus),
+            writer,
+        }
+    }
+
+    /// One step by a freshly started talboot, which is then killed.
+    async fn step(&self, manifests: Option<PathBuf>) -> StepOutcome {
+        let t = self.boot(manifests);
+        let out = t.prov().step_addons().await.unwrap();
+        t.kill().await;
+        out
+    }
+
+    fn record(&self) -> Option<StepRecord> {
+        let s = store::open(&self.state_dir()).unwrap();
+        s.get_meta(STEP_KEY)
+            .unwrap()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    fn put_record(&self, rec: &StepRecord) {
+        let s = store::open(&self.state_dir()).unwrap();
+        s.put_meta(STEP_KEY, &serde_json::to_vec(rec).unwrap())
+            .unwrap();
+    }
+
+    fn events(&self) -> Vec<String> {
+        let s = store::open(&self.state_dir()).unwrap();
+        s.events(CLUSTER_TIMELINE, 0, 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|e| format!("{} {}", e.kind, e.detail))
+            .collect()
+    }
+}
+
+struct Talboot {
+    prov: Option<Provisioner>,
+    bus: Option<EventBus>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Talboot {
+    fn prov(&self) -> &Provisioner {
+        self.prov.as_ref().unwrap()
+    }
+
+    async fn kill(mut self) {
+        drop(self.prov.take());
+        drop(self.bus.take());
+        (&mut self.writer).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_progress_to_handed_off_with_a_restart_before_each_and_never_reapply() {
+    let world = World::start().await;
+    let expected = [
+        ClusterStep::Bootstrapped,
+        ClusterStep::ApiReady,
+        ClusterStep::CniInstalled,
+        ClusterStep::NodesReady,
+        ClusterStep::ArgoCdInstalled,
+        ClusterStep::HandedOff,
+    ];
+    let mut applies_after = Vec::new();
+    for want in expected {
+        let out = world.step(Some(fixtures())).await;
+        assert_eq!(out, StepOutcome::Completed(want));
+        let rec = world.record().expect("record persisted");
+        assert_eq!(rec.step, want);
+        assert_eq!((rec.attempts, rec.last_error.as_deref()), (0, None));
+        assert!(rec.since_unix > 0);
+        applies_after.push(world.double.applies().len());
+    }
+    // Cilium applied objects, nodes-ready applied nothing, Argo CD applied objects, and
+    // handing off applied nothing.
+    let cilium = world.double.applies();
+    assert!(
+        cilium[..applies_after[2]]
+            .iter()
+            .any(|a| a.kind == "DaemonSet")
+    );
+    assert_eq!(applies_after[0], 0);
+    assert_eq!(applies_after[1], 0);
+    assert!(applies_after[2] > 0);
+    assert_eq!(applies_after[3], applies_after[2]);
+    assert!(applies_after[4] > applies_after[3]);
+    assert!(
+        cilium[applies_after[3]..applies_after[4]]
+            .iter()
+            .any(|a| a.kind == "StatefulSet" && a.namespace == "argocd")
+    );
+    assert_eq!(applies_after[5], applies_after[4]);
+    assert!(
+        world
+            .double
+            .object("v1", "Secret", "argocd", "sh.helm.release.v1.argocd.v1")
+            .is_some()
+    );
+
+    // More restarts after the hand-off: done, and nothing is applied again.
+    let versions = world.double.resource_versions();
+    for _ in 0..3 {
+        assert_eq!(world.step(Some(fixtures())).await, StepOutcome::Done);
+    }
+    assert_eq!(world.double.applies().len(), applies_after[5]);
+    assert_eq!(world.double.resource_versions(), versions);
+
+    // Each transition is an event on the cluster timeline.
+    let events = world.events().join("\n");
+    for needle in [
+        "cluster.step waiting-for-control-planes -> bootstrapped",
+        "cluster.step bootstrapped -> api-ready: the Kubernetes API answers",
+        "cluster.step api-ready -> cni-installed: Cilium 1.18.0 installed",
+        "cluster.step cni-installed -> nodes-ready: every node is Ready",
+        "cluster.step nodes-ready -> argocd-installed: Argo CD 10.1.1 installed",
+        "cluster.step argocd-installed -> handed-off",
+    ] {
+        assert!(events.contains(needle), "{needle} missing in:\n{events}");
+    }
+
+    // A crash after Cilium was applied but before the record said so: the step runs again,
+    // and the second apply changes nothing.
+    let before = world.double.applies().len();
+    world.put_record(&StepRecord {
+        step: ClusterStep::ApiReady,
+        since_unix: 1,
+        reason: "rewound by the test".into(),
+        last_error: None,
+        attempts: 0,
+    });
+    assert_eq!(
+        world.step(Some(fixtures())).await,
+        StepOutcome::Completed(ClusterStep::CniInstalled)
+    );
+    let again = world.double.applies();
+    assert!(again.len() > before);
+    assert!(
+        again[before..].iter().all(|a| !a.changed),
+        "{:?}",
+        &again[before..]
+    );
+    assert_eq!(world.double.resource_versions(), versions);
+    let events = world.events().join("\n");
+    assert!(
+        events.contains("0 object(s) changed"),
+        "re-apply should report no changes:\n{events}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_manifest_dir_is_an_actionable_error_and_the_step_stays() {
+    let world = World::start().await;
+    // Bootstrapped, API ready.
+    for _ in 0..2 {
+        assert!(matches!(world.step(None).await, StepOutcome::Completed(_)));
+    }
+    assert_eq!(world.record().unwrap().step, ClusterStep::ApiReady);
+
+    // No directory configured at all.
+    for attempt in 1..=2 {
+        let StepOutcome::Failed { attempts, error } = world.step(None).await else {
+            panic!("Cilium without manifests must fail");
+        };
+        assert_eq!(attempts, attempt);
+        assert!(
+            error.contains("cilium/") && error.contains("docs/addons.md"),
+            "{error}"
+        );
+        let rec = world.record().unwrap();
+        assert_eq!(rec.step, ClusterStep::ApiReady);
+        assert_eq!(rec.attempts, attempt);
+        assert_eq!(rec.last_error.as_deref(), Some(error.as_str()));
+    }
+    // A directory without the cilium subdirectory: the error names the one to create.
+    let empty = tempfile::tempdir().unwrap();
+    let StepOutcome::Failed { attempts, error } = world.step(Some(empty.path().to_owned())).await
+    else {
+        panic!("Cilium without its subdirectory must fail");
+    };
+    assert_eq!(attempts, 3);
+    let want = empty.path().join("cilium");
+    assert!(error.contains(want.to_str().unwrap()), "{error}");
+    assert!(world.double.applies().is_empty());
+    assert_eq!(world.record().unwrap().step, ClusterStep::ApiReady);
+
+    let events = world.events().join("\n");
+    assert!(
+        events.contains("after api-ready: attempt 1 failed: add-on cilium is enabled but no add-on manifest directory"),
+        "{events}"
+    );
+    assert!(events.contains("attempt 3 failed"), "{events}");
+
+    // Once the directory exists the step completes and the failure count is reset.
+    assert_eq!(
+        world.step(Some(fixtures())).await,
+        StepOutcome::Completed(ClusterStep::CniInstalled)
+    );
+    let rec = world.record().unwrap();
+    assert_eq!((rec.attempts, rec.last_error), (0, None));
+}
