@@ -301,3 +301,38 @@ async fn missing_manifest_dir_is_an_actionable_error_and_the_step_stays() {
     let rec = world.record().unwrap();
     assert_eq!((rec.attempts, rec.last_error), (0, None));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioner_run_drives_the_steps_to_handed_off() {
+    let world = World::start().await;
+    let t = world.boot(Some(fixtures()));
+    let mut events = t.bus.as_ref().unwrap().subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(t.prov().clone().run(cancel.clone()));
+    // A guard against hanging forever, not a timing assertion.
+    let handed_off = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let ev = events.recv().await.unwrap();
+            if ev.node == CLUSTER_TIMELINE && ev.detail.contains("-> handed-off") {
+                return;
+            }
+        }
+    })
+    .await;
+    cancel.cancel();
+    run.await.unwrap();
+    t.kill().await;
+    handed_off.expect("the run loop never handed the cluster off");
+    assert_eq!(world.record().unwrap().step, ClusterStep::HandedOff);
+    assert!(
+        world
+            .double
+            .object(
+                "v1",
+                "Secret",
+                "kube-system",
+                "sh.helm.release.v1.cilium.v1"
+            )
+            .is_some()
+    );
+}
