@@ -1,9 +1,9 @@
 //! The cluster steps after the kubeconfig (API ready → Cilium → nodes Ready → Argo CD →
 //! handed off) against the strict Kubernetes API double (tests/support/kube_double.rs), with
 //! talboot "killed and restarted" (provisioner, bus and store dropped and reopened) before
-//! every step. The store starts where the bootstrap steps leave it (bootstrap and kubeconfig
-//! recorded done, tests/provision_e2e.rs covers getting there against fake Talos nodes) and
-//! the admin kubeconfig in the state directory is the double's.
+//! every step. Most tests start the store where the bootstrap steps leave it (bootstrap and
+//! kubeconfig recorded done, the double's kubeconfig in the state directory);
+//! `from_talos` goes the whole way from a fake Talos node (tests/support/talos_double.rs).
 
 mod support;
 
@@ -335,4 +335,187 @@ async fn provisioner_run_drives_the_steps_to_handed_off() {
             )
             .is_some()
     );
+}
+
+/// The whole way from an unconfigured control plane: the fake Talos node
+/// (tests/support/talos_double.rs) is provisioned, bootstrapped and hands out its kubeconfig;
+/// that kubeconfig names no real API server, so the test swaps in the double's right after
+/// the kubeconfig step, as a real cluster's would point at its own API.
+mod from_talos {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+
+    use super::support::pki::{TestCa, talos_label};
+    use super::support::talos_double::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+    use super::*;
+    use talboot::provision::{ClusterProgress, NodeStep};
+    use talboot::store::{Lease, LeaseState};
+
+    const NET: u8 = 63;
+
+    /// A minimal control-plane machine config carrying the test OS CA, enough for the fake
+    /// node to accept it and come back secured.
+    struct CpRenderer {
+        ca: TestCa,
+    }
+
+    impl ConfigRenderer for CpRenderer {
+        fn render(&self, _node: &talboot::inventory::Node) -> Result<Vec<u8>, String> {
+            Ok(format!(
+                "version: v1alpha1\nmachine:\n  type: controlplane\n  token: \
+                 abcdef.0123456789abcdef\n  ca:\n    crt: {crt}\n    key: \"{key}\"\n  \
+                 install:\n    disk: /dev/sda\ncluster:\n  clusterName: steps\n  \
+                 controlPlane:\n    endpoint: https://127.0.{NET}.100:6443\n",
+                crt = STANDARD.encode(&self.ca.cert_pem),
+                key = STANDARD.encode(self.ca.key_pem_talos_label()),
+            )
+            .into_bytes())
+        }
+    }
+
+    fn boot(world: &World, ca: &TestCa) -> Talboot {
+        let store: Arc<dyn Store> = Arc::new(store::open(&world.state_dir()).unwrap());
+        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let mut settings = Settings::new(world.state_dir());
+        settings.poll_interval = Duration::from_millis(50);
+        settings.health_timeout = Duration::from_secs(60);
+        settings.addon_manifests = Some(fixtures());
+        settings.addon_timeouts = Timeouts {
+            crd: Duration::from_secs(20),
+            rollout: Duration::from_secs(20),
+        };
+        let admin = ca.admin();
+        let creds = ClientCreds {
+            ca_pem: ca.cert_pem.clone().into_bytes(),
+            crt_pem: admin.cert_pem.into_bytes(),
+            key_pem: talos_label(&admin.key_pem).into_bytes(),
+        };
+        Talboot {
+            prov: Some(Provisioner::new(
+                world.inventory.clone(),
+                store,
+                bus.clone(),
+                Arc::new(CpRenderer { ca: ca.clone() }),
+                creds,
+                settings,
+            )),
+            bus: Some(bus),
+            writer,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn from_a_fake_talos_node_to_handed_off_with_restarts_at_every_step() {
+        talboot::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let inv_path = dir.path().join("talboot.yaml");
+        std::fs::write(&inv_path, INVENTORY.replace("127.0.61.", "127.0.63.")).unwrap();
+        let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        let double = KubeDouble::start(DoubleOptions::default()).await;
+        let world = World {
+            dir,
+            inventory,
+            double,
+        };
+        let cluster = FakeCluster::new();
+        let node_ip = Ipv4Addr::new(127, 0, NET, 11);
+        let node =
+            FakeTalosNode::start(FakeNodeConfig::new(IpAddr::V4(node_ip), "cp1"), &cluster).await;
+        // The API endpoint answers TCP for the health wait.
+        let _api = tokio::net::TcpListener::bind((Ipv4Addr::new(127, 0, NET, 100), 6443))
+            .await
+            .unwrap();
+        let ca = TestCa::new_os_ca();
+        {
+            let s = store::open(&world.state_dir()).unwrap();
+            let now = talboot::events::Clock::now_unix(&SystemClock);
+            s.put_lease(
+                &Lease {
+                    mac: "02:00:00:3d:00:0b".parse().unwrap(),
+                    ip: node_ip,
+                    hostname: Some("cp1".into()),
+                    state: LeaseState::Bound,
+                    expires_at_unix: now + 3600,
+                    updated_at_unix: now,
+                },
+                now,
+            )
+            .unwrap();
+        }
+
+        // Configure the node, a restart before every step.
+        let mut settled = false;
+        for _ in 0..20 {
+            let t = boot(&world, &ca);
+            let step = t.prov().step_node("cp1").await.unwrap();
+            t.kill().await;
+            match step {
+                NodeStep::Settled => {
+                    settled = true;
+                    break;
+                }
+                NodeStep::Advanced(_) => {}
+                NodeStep::Waiting(_) => {
+                    for _ in 0..600 {
+                        if node.phase() != Phase::Booting {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+        assert!(settled, "cp1 never settled");
+
+        // The cluster steps, a restart before every one.
+        let mut completed = Vec::new();
+        let mut done = false;
+        for _ in 0..20 {
+            let t = boot(&world, &ca);
+            let out = t.prov().step_addons().await.unwrap();
+            t.kill().await;
+            match out {
+                StepOutcome::Done => {
+                    done = true;
+                    break;
+                }
+                StepOutcome::Completed(s) => completed.push(s),
+                StepOutcome::Bootstrapping(ClusterProgress::KubeconfigWritten(path)) => {
+                    assert_eq!(std::fs::read(&path).ok(), node.last_kubeconfig());
+                    std::fs::write(&path, world.double.kubeconfig()).unwrap();
+                }
+                StepOutcome::Bootstrapping(_) => {}
+                StepOutcome::Failed { error, .. } => panic!("step failed: {error}"),
+            }
+        }
+        assert!(done, "never handed off: {completed:?}");
+        assert_eq!(
+            completed,
+            [
+                ClusterStep::Bootstrapped,
+                ClusterStep::ApiReady,
+                ClusterStep::CniInstalled,
+                ClusterStep::NodesReady,
+                ClusterStep::ArgoCdInstalled,
+                ClusterStep::HandedOff,
+            ]
+        );
+        assert_eq!(node.bootstrap_calls(), 1);
+        assert_eq!(node.kubeconfig_calls(), 1);
+        let applied = world.double.applies().len();
+        assert!(applied > 0);
+
+        // Restarts after the hand-off repeat nothing.
+        for _ in 0..2 {
+            let t = boot(&world, &ca);
+            assert_eq!(t.prov().step_addons().await.unwrap(), StepOutcome::Done);
+            t.kill().await;
+        }
+        assert_eq!(node.bootstrap_calls(), 1);
+        assert_eq!(node.kubeconfig_calls(), 1);
+        assert_eq!(world.double.applies().len(), applied);
+    }
 }
