@@ -78,6 +78,10 @@ pub struct Args {
     /// `talboot gen -o` writes it).
     #[arg(long, env = "TALOSCONFIG")]
     pub talosconfig: Option<PathBuf>,
+    /// Rendered add-on manifests, `<dir>/cilium/` and `<dir>/argocd/` (see docs/addons.md),
+    /// installed by the cluster steps after bootstrap.
+    #[arg(long, env = "TALBOOT_ADDON_MANIFESTS")]
+    pub addon_manifests: Option<PathBuf>,
     /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
     /// `SOPS_AGE_KEY`, the user's sops keys.txt).
     #[arg(long)]
@@ -407,7 +411,8 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     }
 
     if let Some((renderer, creds)) = provisioning {
-        let settings = crate::provision::Settings::new(args.state_dir.clone());
+        let mut settings = crate::provision::Settings::new(args.state_dir.clone());
+        settings.addon_manifests = args.addon_manifests.clone();
         let provisioner = crate::provision::Provisioner::new(
             inv.clone(),
             store.clone(),
