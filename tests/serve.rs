@@ -287,4 +287,27 @@ fn node_rebuild_goes_through_a_running_serve() {
         .find(|n| n["name"] == "k8s-ctrl-02")
         .map(|n| n["phase"].as_str().unwrap().to_string());
     assert_eq!(phase.as_deref(), Some("rebuilding"));
+
+    // `status` also works while serve holds the store.
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["status", "-c"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .args(["--http-port", &http.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("k8s-ctrl-02"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("rebuilding"), "{table}");
+    assert!(row.contains("node.phase: rebuilding"), "{table}");
 }

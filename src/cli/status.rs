@@ -23,6 +23,10 @@ pub struct Args {
     /// State directory holding talboot.redb.
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// HTTP port of a running `talboot serve` on this host, asked for the status when it holds
+    /// the state store.
+    #[arg(long, default_value_t = 8080)]
+    pub http_port: u16,
 }
 
 /// Run the subcommand.
@@ -36,6 +40,7 @@ pub fn run(args: &Args) -> ExitCode {
     };
     let store = match store::open(&args.state_dir) {
         Ok(s) => s,
+        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.http_port),
         Err(e) => {
             eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_USAGE);
@@ -103,14 +108,19 @@ pub fn table(
             last,
         ]);
     }
+    Ok(render(&rows))
+}
+
+/// Align the rows into columns (the last column is left ragged).
+fn render(rows: &[[String; 6]]) -> String {
     let mut widths = [0usize; 5];
-    for row in &rows {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         for (i, cell) in row.iter().enumerate() {
             if i < 5 {
                 out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
@@ -120,7 +130,60 @@ pub fn table(
         }
         out.push('\n');
     }
-    Ok(out)
+    out
+}
+
+/// `serve` holds the store: read the same facts from its `/api/nodes` on loopback.
+fn status_from_serve(port: u16) -> ExitCode {
+    let url = format!("http://127.0.0.1:{port}/api/nodes");
+    let fetched = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            crate::install_crypto_provider();
+            rt.block_on(async {
+                let resp = reqwest::get(&url).await.map_err(|e| e.to_string())?;
+                let body = resp.bytes().await.map_err(|e| e.to_string())?;
+                serde_json::from_slice::<Vec<serde_json::Value>>(&body).map_err(|e| e.to_string())
+            })
+        });
+    let nodes = match fetched {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!(
+                "talboot: the state store is in use (is `talboot serve` running?) and {url} did \
+                 not answer: {e}; pass --http-port if serve listens elsewhere"
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let field = |n: &serde_json::Value, k: &str| {
+        n.get(k)
+            .and_then(|v| v.as_str())
+            .map(|s| first_line(s).to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut rows = vec![[
+        "NODE".to_owned(),
+        "ROLE".into(),
+        "PHASE".into(),
+        "ADDRESS".into(),
+        "TALOS".into(),
+        "LAST EVENT".into(),
+    ]];
+    for n in &nodes {
+        rows.push([
+            field(n, "name"),
+            field(n, "role"),
+            field(n, "phase"),
+            field(n, "last_seen"),
+            field(n, "talos_version"),
+            field(n, "last_event"),
+        ]);
+    }
+    print!("{}", render(&rows));
+    ExitCode::SUCCESS
 }
 
 /// Long details (a disk refusal lists every disk) are cut to their first line.

@@ -456,7 +456,7 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
-            last_event: last.map(|e| format!("{} {}", e.kind, e.detail)),
+            last_event: last.map(|e| format!("{}: {}", e.kind, e.detail)),
         });
     }
     Json(out).into_response()
