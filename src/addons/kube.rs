@@ -352,6 +352,37 @@ impl Kube {
     }
 }
 
+impl Kube {
+    /// Waits until every Node named in `names` is registered and Ready: the inventory's
+    /// machines, so a node still installing keeps the cluster from being called ready.
+    pub async fn wait_named_nodes_ready(
+        &self,
+        names: &[String],
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let ar = ApiResource::erase::<Node>(&());
+        poll_until(
+            "every inventory node to register and be Ready",
+            timeout,
+            self.poll_interval,
+            || async {
+                let list = self
+                    .api(&ar, None)
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let nodes: Vec<Value> = list
+                    .items
+                    .into_iter()
+                    .map(|o| serde_json::to_value(o).expect("objects serialise"))
+                    .collect();
+                named_nodes_ready(&nodes, names)
+            },
+        )
+        .await
+    }
+}
+
 /// Polls `probe` every `interval` until it says ready, all inside one `timeout`: a request
 /// that hangs cannot stretch the wait. Probe errors count as "not yet" (the API server may
 /// blip while the CNI comes up) and are reported as the last state on timeout.
@@ -489,6 +520,36 @@ pub fn nodes_ready(nodes: &[Value]) -> Result<(), String> {
     }
 }
 
+/// Every Node in `names` is registered and Ready (other Nodes do not matter).
+pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), String> {
+    let mut missing = Vec::new();
+    let mut not_ready = Vec::new();
+    for name in names {
+        match nodes
+            .iter()
+            .find(|n| n["metadata"]["name"].as_str() == Some(name.as_str()))
+        {
+            None => missing.push(name.as_str()),
+            Some(n) if !matches!(condition(n, "Ready"), Some(c) if c["status"] == "True") => {
+                not_ready.push(name.as_str())
+            }
+            Some(_) => {}
+        }
+    }
+    let mut problems = Vec::new();
+    if !missing.is_empty() {
+        problems.push(format!("not registered: {}", missing.join(", ")));
+    }
+    if !not_ready.is_empty() {
+        problems.push(format!("not Ready: {}", not_ready.join(", ")));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -562,7 +623,17 @@ mod tests {
         let not = json!({"metadata":{"name":"b"},
             "status":{"conditions":[{"type":"Ready","status":"False"}]}});
         assert!(nodes_ready(std::slice::from_ref(&ready)).is_ok());
-        assert_eq!(nodes_ready(&[ready, not]).unwrap_err(), "not Ready: b");
+        assert_eq!(
+            nodes_ready(&[ready.clone(), not.clone()]).unwrap_err(),
+            "not Ready: b"
+        );
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(named_nodes_ready(std::slice::from_ref(&ready), &names(&["a"])).is_ok());
+        assert_eq!(
+            named_nodes_ready(&[ready.clone(), not.clone()], &names(&["a", "b", "c"])).unwrap_err(),
+            "not registered: c; not Ready: b"
+        );
+        assert!(named_nodes_ready(&[ready, not], &names(&[])).is_ok());
     }
 
     #[tokio::test]

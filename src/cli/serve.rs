@@ -253,37 +253,18 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
     // stops `serve` now rather than when the first machine boots.
     let provisioning = if push {
-        Some(provisioning_inputs(&args, &inv)?)
+        let (renderer, creds) = provisioning_inputs(&args, &inv)?;
+        let mut settings = crate::provision::Settings::new(args.state_dir.clone());
+        settings.addon_manifests = args.addon_manifests.clone();
+        Some(ProvisioningPlan {
+            renderer,
+            creds,
+            settings,
+        })
     } else {
         None
     };
-
-    let store: Arc<dyn Store> = Arc::new(store::open(&args.state_dir)?);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
-        .ok();
-
-    // Bind every privileged socket before dropping privileges.
-    let http_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port);
-    let http_listener = tokio::net::TcpListener::bind(http_addr)
-        .await
-        .map_err(|e| StartError::Bind {
-            addr: format!("tcp {http_addr}"),
-            cause: e.to_string(),
-        })?;
-    let tftp_socket = if args.no_tftp {
-        None
-    } else {
-        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port);
-        Some(TftpServer::bind(addr).await.map_err(|e| StartError::Bind {
-            addr: format!("udp {addr}"),
-            cause: e.to_string(),
-        })?)
-    };
-    let dhcp_server = if args.no_dhcp {
+    let dhcp = if args.no_dhcp {
         None
     } else {
         let iface = serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
@@ -291,193 +272,395 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             cause: "no interface to serve DHCP on; set network.interfaces or pass --interface"
                 .into(),
         })?;
-        let ports: &[u16] = match inv.network.mode {
-            NetworkMode::Proxy => &[dhcp::server::DHCP_PORT, dhcp::server::PXE_PORT],
-            NetworkMode::Authoritative => &[dhcp::server::DHCP_PORT],
+        let ports = match inv.network.mode {
+            NetworkMode::Proxy => vec![dhcp::server::DHCP_PORT, dhcp::server::PXE_PORT],
+            NetworkMode::Authoritative => vec![dhcp::server::DHCP_PORT],
         };
-        Some(
-            DhcpServer::bind(&iface, advertise, ports).map_err(|e| StartError::Bind {
-                addr: format!("udp 0.0.0.0:67 on {iface}"),
-                cause: e.to_string(),
-            })?,
-        )
+        Some(DhcpPlan::Interface { iface, ports })
     };
+    let tftp = (!args.no_tftp).then(|| {
+        let max_blksize = serving_interface(&args, &inv)
+            .and_then(|i| interface_mtu(&i))
+            .map(max_blksize_for_mtu)
+            .unwrap_or(TftpConfig::default().max_blksize);
+        (
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port),
+            max_blksize,
+        )
+    });
+    let plan = Plan {
+        inventory: inv,
+        catalog,
+        images_dir: args.images.clone(),
+        ipxe_dir: args.ipxe_dir.clone(),
+        configs: args.configs.clone(),
+        state_dir: args.state_dir.clone(),
+        advertise,
+        http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
+        tftp,
+        dhcp,
+        provisioning,
+    };
+
+    // Bind every privileged socket before dropping privileges.
+    let bound = plan.bind().await?;
     if let Some(user) = &args.user {
         drop_privileges(user)?;
     }
-
-    let base_url = if args.http_port == 80 {
-        format!("http://{advertise}")
-    } else {
-        format!("http://{advertise}:{}", args.http_port)
-    };
-    let cancel = CancellationToken::new();
-    let mut tasks = JoinSet::new();
-
-    let app = Arc::new(HttpApp {
-        inventory: inv.clone(),
-        store: store.clone(),
-        events: events.clone(),
-        images_dir: args.images.clone(),
-        catalog,
-        base_url: base_url.clone(),
-        scripts: Scripts::new(),
-        configs: Arc::new(ConfigDir(args.configs.clone())),
-        metrics,
-    });
-    {
-        let cancel = cancel.clone();
-        tasks.spawn(async move {
-            http::serve(http_listener, http::router(app), cancel)
-                .await
-                .map_err(|e| format!("http: {e}"))
-        });
-    }
-
-    if let Some(socket) = tftp_socket {
-        let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-        let config = TftpConfig {
-            max_blksize: serving_interface(&args, &inv)
-                .and_then(|i| interface_mtu(&i))
-                .map(max_blksize_for_mtu)
-                .unwrap_or(TftpConfig::default().max_blksize),
-            ..TftpConfig::default()
-        };
-        tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-        let server = TftpServer::new(config, &args.ipxe_dir)
-            .map_err(|e| StartError::Bind {
-                addr: format!("tftp root {}", args.ipxe_dir.display()),
-                cause: e.to_string(),
-            })?
-            .with_events(tx);
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            server
-                .serve(socket, c)
-                .await
-                .map_err(|e| format!("tftp: {e}"))
-        });
-        let (store, inv, events) = (store.clone(), inv.clone(), events.clone());
-        tasks.spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                let ip = match ev.peer.ip() {
-                    IpAddr::V4(v4) => Some(v4),
-                    IpAddr::V6(v6) => v6.to_ipv4_mapped(),
-                };
-                let node = ip
-                    .and_then(|ip| store.lease_by_ip(ip).ok().flatten())
-                    .map(|l| {
-                        inv.node_by_mac(l.mac)
-                            .map(|n| n.name.value.clone())
-                            .unwrap_or_else(|| crate::events::unknown_node_key(l.mac))
-                    })
-                    .unwrap_or_else(|| format!("ip-{}", ev.peer.ip()));
-                match &ev.outcome {
-                    TransferOutcome::Completed => events.publish(
-                        &node,
-                        EventKind::TftpFile,
-                        format!("{} ({} bytes) to {}", ev.file, ev.bytes, ev.peer),
-                    ),
-                    // The UEFI size probe ends with the client's ERROR 8; not a failure.
-                    TransferOutcome::PeerAborted { .. } => {}
-                    other => events.publish(
-                        &node,
-                        EventKind::TftpFailed,
-                        format!("{} to {}: {}", ev.file, ev.peer, other.label()),
-                    ),
-                }
-            }
-            Ok(())
-        });
-    }
-
-    if let Some(server) = dhcp_server {
-        let ctx = DecideCtx::from_inventory(
-            &inv,
-            advertise,
-            BootTargets::standard(advertise, args.http_port),
-        );
-        let (store, events, c) = (store.clone(), events.clone(), cancel.clone());
-        tasks.spawn(async move {
-            server
-                .run(ctx, FloodConfig::default(), store, events, c)
-                .await
-                .map_err(|e| format!("dhcp: {e}"))
-        });
-    } else {
-        tracing::info!(
-            "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-        );
-    }
-
-    if let Some((renderer, creds)) = provisioning {
-        let mut settings = crate::provision::Settings::new(args.state_dir.clone());
-        settings.addon_manifests = args.addon_manifests.clone();
-        let provisioner = crate::provision::Provisioner::new(
-            inv.clone(),
-            store.clone(),
-            events.clone(),
-            renderer,
-            creds,
-            settings,
-        );
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            provisioner.run(c).await;
-            Ok(())
-        });
-        tracing::info!("push provisioning running");
-    }
-
-    tracing::info!(
-        advertise = %advertise,
-        http = %base_url,
-        tftp = !args.no_tftp,
-        nodes = inv.nodes.len(),
-        "talboot serving"
-    );
+    let running = bound.start()?;
     println!(
-        "talboot serving {} nodes; boot script {base_url}/boot.ipxe",
-        inv.nodes.len()
+        "talboot serving {} nodes; boot script {}/boot.ipxe",
+        running.node_count, running.base_url
     );
-
-    let shutdown = cancel.clone();
-    tasks.spawn(async move {
+    let shutdown = running.cancel.clone();
+    tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down");
         shutdown.cancel();
-        Ok(())
     });
+    running.wait().await.map_err(|e| StartError::Bind {
+        addr: "server".into(),
+        cause: e,
+    })
+}
 
-    let mut failure = None;
-    while let Some(res) = tasks.join_next().await {
-        match res {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "server stopped");
-                failure.get_or_insert(e);
-                cancel.cancel();
+/// Everything `serve` runs, decided (and checked) before any socket is bound. `talboot demo`
+/// builds one for loopback.
+pub struct Plan {
+    /// The validated inventory.
+    pub inventory: Arc<Inventory>,
+    /// The verified boot artifact catalog.
+    pub catalog: Catalog,
+    /// Where the artifacts are.
+    pub images_dir: PathBuf,
+    /// TFTP root (iPXE binaries).
+    pub ipxe_dir: PathBuf,
+    /// Rendered configs for pull delivery.
+    pub configs: PathBuf,
+    /// State directory (the store).
+    pub state_dir: PathBuf,
+    /// The address machines reach talboot at.
+    pub advertise: Ipv4Addr,
+    /// HTTP listen address (port 0 picks one).
+    pub http: SocketAddr,
+    /// TFTP listen address and block size cap, if TFTP runs.
+    pub tftp: Option<(SocketAddr, u16)>,
+    /// DHCP, if it runs.
+    pub dhcp: Option<DhcpPlan>,
+    /// Push provisioning, if it runs.
+    pub provisioning: Option<ProvisioningPlan>,
+}
+
+/// Where DHCP listens.
+pub enum DhcpPlan {
+    /// A real segment: `0.0.0.0` on these ports, pinned to the interface.
+    Interface {
+        /// Interface name.
+        iface: String,
+        /// 67, and 4011 in proxy mode.
+        ports: Vec<u16>,
+    },
+    /// The unprivileged loopback transport of the simulation (replies go to the source).
+    Loopback(std::net::SocketAddrV4),
+}
+
+/// What push provisioning needs.
+pub struct ProvisioningPlan {
+    /// Machine config renderer.
+    pub renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    /// Admin Talos credentials.
+    pub creds: crate::talos::ClientCreds,
+    /// Provisioner knobs.
+    pub settings: crate::provision::Settings,
+}
+
+/// A plan whose sockets are bound; [`Bound::start`] runs it.
+pub struct Bound {
+    plan: Plan,
+    http: tokio::net::TcpListener,
+    tftp: Option<tokio::net::UdpSocket>,
+    dhcp: Option<DhcpServer>,
+}
+
+impl Plan {
+    /// Binds every socket of the plan (the privileged ones need root or capabilities).
+    pub async fn bind(self) -> Result<Bound, StartError> {
+        let http = tokio::net::TcpListener::bind(self.http)
+            .await
+            .map_err(|e| StartError::Bind {
+                addr: format!("tcp {}", self.http),
+                cause: e.to_string(),
+            })?;
+        let tftp = match self.tftp {
+            None => None,
+            Some((addr, _)) => {
+                Some(TftpServer::bind(addr).await.map_err(|e| StartError::Bind {
+                    addr: format!("udp {addr}"),
+                    cause: e.to_string(),
+                })?)
             }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => {
-                failure.get_or_insert(format!("task panicked: {e}"));
-                cancel.cancel();
+        };
+        let dhcp = match &self.dhcp {
+            None => None,
+            Some(DhcpPlan::Interface { iface, ports }) => {
+                Some(DhcpServer::bind(iface, self.advertise, ports).map_err(|e| {
+                    StartError::Bind {
+                        addr: format!("udp 0.0.0.0:67 on {iface}"),
+                        cause: e.to_string(),
+                    }
+                })?)
+            }
+            Some(DhcpPlan::Loopback(addr)) => Some(DhcpServer::bind_loopback(*addr).map_err(
+                |e| StartError::Bind {
+                    addr: format!("udp {addr}"),
+                    cause: e.to_string(),
+                },
+            )?),
+        };
+        Ok(Bound {
+            plan: self,
+            http,
+            tftp,
+            dhcp,
+        })
+    }
+}
+
+impl Bound {
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.local_addr().ok()
+    }
+
+    /// The bound TFTP address.
+    pub fn tftp_addr(&self) -> Option<SocketAddr> {
+        self.tftp.as_ref().and_then(|s| s.local_addr().ok())
+    }
+
+    /// The bound DHCP address (first socket).
+    pub fn dhcp_addr(&self) -> Option<SocketAddr> {
+        self.dhcp.as_ref().and_then(|d| d.local_addr().ok())
+    }
+
+    /// Opens the store and runs every server (and the provisioner) until
+    /// [`Running::cancel`] fires.
+    pub fn start(self) -> Result<Running, StartError> {
+        let Bound {
+            plan,
+            http,
+            tftp,
+            dhcp,
+        } = self;
+        let inv = plan.inventory.clone();
+        let store: Arc<dyn Store> = Arc::new(store::open(&plan.state_dir)?);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
+        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
+            .ok();
+        let http_port = http.local_addr().map(|a| a.port()).unwrap_or(0);
+        let base_url = if http_port == 80 {
+            format!("http://{}", plan.advertise)
+        } else {
+            format!("http://{}:{http_port}", plan.advertise)
+        };
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+
+        let app = Arc::new(HttpApp {
+            inventory: inv.clone(),
+            store: store.clone(),
+            events: events.clone(),
+            images_dir: plan.images_dir.clone(),
+            catalog: plan.catalog,
+            base_url: base_url.clone(),
+            scripts: Scripts::new(),
+            configs: Arc::new(ConfigDir(plan.configs.clone())),
+            metrics,
+        });
+        {
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                http::serve(http, http::router(app), cancel)
+                    .await
+                    .map_err(|e| format!("http: {e}"))
+            });
+        }
+
+        if let (Some(socket), Some((_, max_blksize))) = (tftp, plan.tftp) {
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            let config = TftpConfig {
+                max_blksize,
+                ..TftpConfig::default()
+            };
+            tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
+            let server = TftpServer::new(config, &plan.ipxe_dir)
+                .map_err(|e| StartError::Bind {
+                    addr: format!("tftp root {}", plan.ipxe_dir.display()),
+                    cause: e.to_string(),
+                })?
+                .with_events(tx);
+            let c = cancel.clone();
+            tasks.spawn(async move {
+                server
+                    .serve(socket, c)
+                    .await
+                    .map_err(|e| format!("tftp: {e}"))
+            });
+            tasks.spawn(publish_tftp_events(
+                rx,
+                store.clone(),
+                inv.clone(),
+                events.clone(),
+            ));
+        }
+
+        if let Some(server) = dhcp {
+            let ctx = DecideCtx::from_inventory(
+                &inv,
+                plan.advertise,
+                BootTargets::standard(plan.advertise, http_port),
+            );
+            let (store, events, c) = (store.clone(), events.clone(), cancel.clone());
+            tasks.spawn(async move {
+                server
+                    .run(ctx, FloodConfig::default(), store, events, c)
+                    .await
+                    .map_err(|e| format!("dhcp: {e}"))
+            });
+        } else {
+            tracing::info!(
+                "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
+            );
+        }
+
+        if let Some(p) = plan.provisioning {
+            let provisioner = crate::provision::Provisioner::new(
+                inv.clone(),
+                store.clone(),
+                events.clone(),
+                p.renderer,
+                p.creds,
+                p.settings,
+            );
+            let c = cancel.clone();
+            tasks.spawn(async move {
+                provisioner.run(c).await;
+                Ok(())
+            });
+            tracing::info!("push provisioning running");
+        }
+
+        tracing::info!(
+            advertise = %plan.advertise,
+            http = %base_url,
+            tftp = plan.tftp.is_some(),
+            nodes = inv.nodes.len(),
+            "talboot serving"
+        );
+        Ok(Running {
+            cancel,
+            tasks,
+            events,
+            event_writer,
+            store,
+            base_url,
+            node_count: inv.nodes.len(),
+        })
+    }
+}
+
+/// The running appliance.
+pub struct Running {
+    /// Cancel to shut everything down gracefully.
+    pub cancel: CancellationToken,
+    /// The event bus (subscribe to watch progress).
+    pub events: EventBus,
+    /// The state store.
+    pub store: Arc<dyn Store>,
+    /// `http://advertise:port`.
+    pub base_url: String,
+    /// Inventory nodes served.
+    pub node_count: usize,
+    tasks: JoinSet<Result<(), String>>,
+    event_writer: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
+    /// which cancels the rest), then flushes the event log. The first failure is returned.
+    pub async fn wait(self) -> Result<(), String> {
+        let Running {
+            cancel,
+            events,
+            mut tasks,
+            event_writer,
+            store,
+            ..
+        } = self;
+        let mut failure = None;
+        while let Some(res) = tasks.join_next().await {
+            match res {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "server stopped");
+                    failure.get_or_insert(e);
+                    cancel.cancel();
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    failure.get_or_insert(format!("task panicked: {e}"));
+                    cancel.cancel();
+                }
             }
         }
-        if cancel.is_cancelled() && tasks.len() == 1 {
-            // Only the signal waiter is left.
-            tasks.abort_all();
+        drop(events);
+        let _ = event_writer.await;
+        drop(store);
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
-    drop(events);
-    let _ = event_writer.await;
-    match failure {
-        Some(e) => Err(StartError::Bind {
-            addr: "server".into(),
-            cause: e,
-        }),
-        None => Ok(()),
+}
+
+/// Publishes finished TFTP transfers as node events (the node found by its lease address).
+async fn publish_tftp_events(
+    mut rx: tokio::sync::mpsc::Receiver<crate::tftp::TransferEvent>,
+    store: Arc<dyn Store>,
+    inv: Arc<Inventory>,
+    events: EventBus,
+) -> Result<(), String> {
+    while let Some(ev) = rx.recv().await {
+        let ip = match ev.peer.ip() {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        };
+        let node = ip
+            .and_then(|ip| store.lease_by_ip(ip).ok().flatten())
+            .map(|l| {
+                inv.node_by_mac(l.mac)
+                    .map(|n| n.name.value.clone())
+                    .unwrap_or_else(|| crate::events::unknown_node_key(l.mac))
+            })
+            .unwrap_or_else(|| format!("ip-{}", ev.peer.ip()));
+        match &ev.outcome {
+            TransferOutcome::Completed => events.publish(
+                &node,
+                EventKind::TftpFile,
+                format!("{} ({} bytes) to {}", ev.file, ev.bytes, ev.peer),
+            ),
+            // The UEFI size probe ends with the client's ERROR 8; not a failure.
+            TransferOutcome::PeerAborted { .. } => {}
+            other => events.publish(
+                &node,
+                EventKind::TftpFailed,
+                format!("{} to {}: {}", ev.file, ev.peer, other.label()),
+            ),
+        }
     }
+    Ok(())
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.

@@ -12,6 +12,13 @@
 //!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
 //!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
 //!   broadcast instead, which every client accepts).
+//!
+//! [`DhcpServer::bind_loopback`] is the unprivileged transport of `talboot demo`: one socket on
+//! a loopback address and port, no interface pinning, and every reply goes back to the
+//! socket the request came from. Loopback has no broadcast domain and no ARP, so "where the
+//! client can hear us" is the request's source: the simulated machine's own socket, or the
+//! simulated relay agent's for relayed requests (giaddr set, as a top-of-rack relay does).
+//! The RFC 2131 destination is still decided by the core and logged.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -81,6 +88,16 @@ pub struct DhcpServer {
     iface: String,
     server_ip: Ipv4Addr,
     sockets: Vec<(ServerPort, Arc<UdpSocket>)>,
+    transport: Transport,
+}
+
+/// How replies reach clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// A real segment: the RFC 2131 §4.1 destination (relay, ciaddr, broadcast, ARP unicast).
+    Segment,
+    /// Loopback simulation: back to the request's source address.
+    ReplyToSource,
 }
 
 impl DhcpServer {
@@ -111,7 +128,48 @@ impl DhcpServer {
             iface: iface.to_string(),
             server_ip,
             sockets,
+            transport: Transport::Segment,
         })
+    }
+
+    /// Bind one unprivileged UDP socket on `addr` (a loopback address, any port) for a
+    /// simulated segment: no `SO_BINDTODEVICE`, no broadcast, and replies go back to the
+    /// source of each request (see the module docs). Must be called inside a tokio runtime.
+    pub fn bind_loopback(addr: SocketAddrV4) -> Result<Self, ServerError> {
+        let err = |step, source| ServerError::Bind {
+            iface: "lo".into(),
+            port: addr.port(),
+            step,
+            source,
+        };
+        if !addr.ip().is_loopback() {
+            return Err(err(
+                "bind",
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is not a loopback address", addr.ip()),
+                ),
+            ));
+        }
+        let sock = std::net::UdpSocket::bind(addr).map_err(|e| err("bind", e))?;
+        sock.set_nonblocking(true)
+            .map_err(|e| err("O_NONBLOCK", e))?;
+        let sock = UdpSocket::from_std(sock).map_err(|e| err("register with tokio", e))?;
+        info!(addr = %sock.local_addr().map_err(|e| err("getsockname", e))?, "DHCP listening on loopback (simulation)");
+        Ok(Self {
+            iface: "lo".into(),
+            server_ip: *addr.ip(),
+            sockets: vec![(ServerPort::Dhcp, Arc::new(sock))],
+            transport: Transport::ReplyToSource,
+        })
+    }
+
+    /// The address of the first socket (its port is the real one when bound to port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self.sockets.first() {
+            Some((_, s)) => s.local_addr(),
+            None => Err(io::Error::new(io::ErrorKind::NotConnected, "no sockets")),
+        }
     }
 
     /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
@@ -152,6 +210,7 @@ impl DhcpServer {
         }
         let replier = Arc::new(Replier {
             iface: self.iface.clone(),
+            transport: self.transport,
             mode: ctx.mode,
             hosts: ctx
                 .hosts
@@ -323,6 +382,8 @@ enum After {
         sock: Arc<UdpSocket>,
         bytes: Vec<u8>,
         to: ReplyTarget,
+        /// The request's source (where a loopback simulation replies).
+        source: SocketAddrV4,
         mac: Mac,
         port: ServerPort,
     },
@@ -385,6 +446,7 @@ impl Adapter {
                     sock: sock.clone(),
                     bytes,
                     to,
+                    source: dgram.source,
                     mac: client.mac,
                     port: dgram.port,
                 };
@@ -491,12 +553,13 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
                     sock,
                     bytes,
                     to,
+                    source,
                     mac,
                     port,
                 } => {
                     let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
                     let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
-                    replier.send(&sock, &bytes, to).await;
+                    replier.send(&sock, &bytes, to, source).await;
                     counter!("dhcp_replies_total", "type" => reply_type.map(msg_type_label).unwrap_or("none"))
                         .increment(1);
                     if let Some(reply) = reply {
@@ -516,6 +579,7 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
 /// node names by MAC.
 struct Replier {
     iface: String,
+    transport: Transport,
     mode: NetworkMode,
     hosts: BTreeMap<Mac, String>,
     events: EventBus,
@@ -523,8 +587,12 @@ struct Replier {
 
 impl Replier {
     /// Send `bytes` per the RFC 2131 §4.1 target.
-    async fn send(&self, sock: &UdpSocket, bytes: &[u8], to: ReplyTarget) {
+    async fn send(&self, sock: &UdpSocket, bytes: &[u8], to: ReplyTarget, source: SocketAddrV4) {
         let dest = match to {
+            _ if self.transport == Transport::ReplyToSource => {
+                debug!(rfc2131 = %to.addr(), to = %source, "loopback simulation: replying to the request's source");
+                source
+            }
             ReplyTarget::UnicastToHardware { addr, mac } => {
                 match add_arp_entry(sock, &self.iface, *addr.ip(), mac) {
                     Ok(()) => {

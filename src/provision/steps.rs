@@ -436,7 +436,13 @@ impl Provisioner {
 
     async fn wait_nodes(&self) -> Result<(), StepError> {
         let kube = self.kube().await?;
-        kube.wait_nodes_ready(self.settings().addon_timeouts.rollout)
+        let names: Vec<String> = self
+            .inventory()
+            .nodes
+            .iter()
+            .map(|n| n.name.value.clone())
+            .collect();
+        kube.wait_named_nodes_ready(&names, self.settings().addon_timeouts.rollout)
             .await?;
         Ok(())
     }

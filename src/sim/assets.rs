@@ -1,0 +1,161 @@
+//! Boot files for the simulation: stand-ins for the Talos kernel and initramfs of every boot
+//! set the inventory needs (recorded in a real `catalog.json`, so `serve` verifies them as it
+//! verifies pulled ones), and stand-ins for the iPXE first-stage binaries in a TFTP root.
+//!
+//! The contents are deterministic pseudo-random bytes behind a one-line header saying what
+//! they are, sized down from the real files (a 2 MiB "kernel", an 8 MiB "initramfs") so
+//! thirteen machines boot in seconds; the bytes are never executed, only moved, hashed and
+//! counted, which is what the boot chain does with them.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::artifacts::{self, Catalog, Entry, FileRecord, Kind, SetId};
+use crate::cli::serve::{IPXE_BINARIES, required_sets};
+use crate::fsutil::write_atomic;
+use crate::inventory::Inventory;
+
+/// Size of a simulated kernel.
+pub const KERNEL_BYTES: usize = 2 << 20;
+/// Size of a simulated initramfs.
+pub const INITRAMFS_BYTES: usize = 8 << 20;
+/// Size of a simulated iPXE binary.
+pub const IPXE_BYTES: usize = 96 << 10;
+
+/// Why the simulated boot files could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write simulated boot files to {}: {cause}", path.display())]
+pub struct AssetError {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// What failed.
+    pub cause: String,
+}
+
+/// `len` bytes: `header`, a newline, then an xorshift stream seeded from the header.
+pub fn filler(header: &str, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(header.as_bytes());
+    out.push(b'\n');
+    let seed = Sha256::digest(header.as_bytes());
+    let mut x = u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<FileRecord, AssetError> {
+    let err = |cause: String| AssetError {
+        path: path.to_owned(),
+        cause,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    }
+    write_atomic(path, bytes, 0o644).map_err(|e| err(e.to_string()))?;
+    Ok(FileRecord {
+        size: bytes.len() as u64,
+        sha256: artifacts::hex(&Sha256::digest(bytes)),
+    })
+}
+
+/// Writes a boot set for every set `inv` needs under `images` and records them in its
+/// catalog, with the default Talos kernel command line as the `cmdline` file.
+pub fn write_boot_sets(images: &Path, inv: &Inventory, now_unix: u64) -> Result<(), AssetError> {
+    let mut catalog = Catalog::load(images).map_err(|e| AssetError {
+        path: images.to_owned(),
+        cause: e.to_string(),
+    })?;
+    for id in required_sets(inv) {
+        let dir = images.join(id.rel_dir());
+        let mut files = std::collections::BTreeMap::new();
+        let label = |what: &str| format!("talboot simulation: not a real {what} ({id})");
+        files.insert(
+            Kind::Kernel,
+            write(
+                &dir.join(Kind::Kernel.file_name()),
+                &filler(&label("Linux kernel"), KERNEL_BYTES),
+            )?,
+        );
+        files.insert(
+            Kind::Initramfs,
+            write(
+                &dir.join(Kind::Initramfs.file_name()),
+                &filler(&label("Talos initramfs"), INITRAMFS_BYTES),
+            )?,
+        );
+        let cmdline = cmdline_for(inv, &id);
+        files.insert(
+            Kind::Cmdline,
+            write(&dir.join(Kind::Cmdline.file_name()), cmdline.as_bytes())?,
+        );
+        catalog.upsert(Entry {
+            id,
+            source: "talboot demo (simulated)".into(),
+            pulled_at: now_unix,
+            files,
+        });
+    }
+    catalog.save(images).map_err(|e| AssetError {
+        path: images.to_owned(),
+        cause: e.to_string(),
+    })
+}
+
+fn cmdline_for(inv: &Inventory, id: &SetId) -> String {
+    let arch = inv
+        .nodes
+        .iter()
+        .map(|n| inv.arch_of(n))
+        .find(|a| a.as_str() == id.arch)
+        .unwrap_or(inv.boot.default_arch);
+    artifacts::cmdline::default_cmdline(&inv.cluster.talos_version.value, arch).join(" ")
+}
+
+/// Writes stand-ins for the iPXE binaries into `dir` (the simulation's TFTP root).
+pub fn write_ipxe_binaries(dir: &Path) -> Result<(), AssetError> {
+    for name in IPXE_BINARIES {
+        write(
+            &dir.join(name),
+            &filler(
+                &format!("talboot simulation: not a real {name}"),
+                IPXE_BYTES,
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filler_is_deterministic_sized_and_labelled() {
+        let a = filler("x", 1001);
+        assert_eq!(a.len(), 1001);
+        assert_eq!(a, filler("x", 1001));
+        assert_ne!(a, filler("y", 1001));
+        assert!(a.starts_with(b"x\n"));
+    }
+
+    #[test]
+    fn written_sets_pass_the_same_verification_serve_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load(&inv_path).unwrap().inventory;
+        write_boot_sets(dir.path(), &inv, 1).unwrap();
+        let catalog = Catalog::load(dir.path()).unwrap();
+        for id in required_sets(&inv) {
+            artifacts::verify(dir.path(), &catalog, &id).unwrap();
+        }
+        write_ipxe_binaries(&dir.path().join("tftp")).unwrap();
+        assert!(crate::cli::serve::missing_ipxe_binaries(&dir.path().join("tftp")).is_empty());
+    }
+}

@@ -1,0 +1,776 @@
+//! A simulated bare-metal machine's network boot, on the wire as the real one does it:
+//!
+//! 1. the firmware's DHCP exchange (DISCOVER with option 93 and the `PXEClient` vendor
+//!    class, OFFER, REQUEST, ACK), which names the first-stage iPXE binary;
+//! 2. that binary over TFTP (RRQ with `blksize`/`tsize`, OACK, DATA/ACK lock-step);
+//! 3. iPXE's own DHCP exchange (user class `iPXE`), which names the HTTP boot script;
+//! 4. the scripts over HTTP, followed as iPXE would ([`super::ipxe`]): `chain` to the
+//!    per-machine script, then `kernel` + `initrd` + `boot`, or `exit` to the local disk.
+//!
+//! Every request leaves from the machine's own loopback address once DHCP gave it one, so
+//! talboot sees the source address it leased. A machine behind a relay sends its DHCP
+//! requests as its relay agent would: giaddr set, one hop, from the relay's address.
+//! The machine also owns its hardware facts: the disks it reports once Talos runs, shaped
+//! so that its inventory entry's install disk (path or selector) is really there.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable};
+use tokio::net::UdpSocket;
+
+use super::ipxe::{self, Command};
+use crate::inventory::{Arch, DiskType, Firmware, InstallTarget, Inventory, Mac, Node};
+use crate::provision::disks::parse_size_expr;
+use crate::talos::api::storage;
+use crate::tftp::packet::{Mode, Options, Packet};
+
+/// How long to wait for a DHCP or TFTP reply before sending again.
+const RETRANSMIT: Duration = Duration::from_millis(1500);
+/// Sends before giving up (firmware gives up after about four).
+const ATTEMPTS: u32 = 5;
+/// The block size a PXE ROM asks for on a 1500-byte MTU.
+const TFTP_BLKSIZE: u16 = 1468;
+/// How many `chain`s a boot may follow before it is called a loop.
+const MAX_CHAINS: usize = 8;
+
+/// Why a network boot failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// A socket failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What the machine was doing.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No (usable) reply.
+    #[error("{0}")]
+    NoReply(String),
+    /// The server answered with something the firmware cannot use.
+    #[error("{0}")]
+    Refused(String),
+    /// An HTTP fetch failed.
+    #[error("GET {url}: {reason}")]
+    Http {
+        /// What was fetched.
+        url: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A boot script could not be followed.
+    #[error("script {url}: {source}")]
+    Script {
+        /// Where it came from.
+        url: String,
+        /// What is wrong with it.
+        #[source]
+        source: ipxe::ScriptError,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BootError {
+    let what = what.into();
+    move |source| BootError::Io { what, source }
+}
+
+/// Where talboot's servers are; the DHCP port and TFTP port are the simulation's (talboot
+/// runs unprivileged), everything else the machine learns from DHCP.
+#[derive(Debug, Clone, Copy)]
+pub struct Wire {
+    /// talboot's DHCP socket.
+    pub dhcp: SocketAddrV4,
+    /// The TFTP port on the next-server DHCP names.
+    pub tftp_port: u16,
+}
+
+/// One simulated machine: its identity and hardware as its inventory entry describes it.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// Inventory name (the simulation's label; the machine itself only knows its MAC).
+    pub name: String,
+    /// The NIC that boots.
+    pub mac: Mac,
+    /// CPU architecture.
+    pub arch: Arch,
+    /// How the firmware network-boots.
+    pub firmware: Firmware,
+    /// The relay agent's address (loopback image of the relayed subnet's gateway), when the
+    /// machine sits behind a DHCP relay.
+    pub relay: Option<Ipv4Addr>,
+    /// SMBIOS system UUID.
+    pub uuid: String,
+    /// What `storage.Disks` reports once Talos runs.
+    pub disks: Vec<storage::Disk>,
+}
+
+/// How a network boot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Booted {
+    /// A kernel and initramfs were loaded and started.
+    Kernel {
+        /// The leased address.
+        address: Ipv4Addr,
+        /// The kernel command line the script gave.
+        cmdline: String,
+        /// Kernel size.
+        kernel_bytes: u64,
+        /// Initramfs size.
+        initramfs_bytes: u64,
+    },
+    /// iPXE exited: the firmware boots the next device, the installed disk.
+    LocalDisk {
+        /// The leased address.
+        address: Ipv4Addr,
+    },
+}
+
+impl Booted {
+    /// The address DHCP leased for this boot.
+    pub fn address(&self) -> Ipv4Addr {
+        match self {
+            Booted::Kernel { address, .. } | Booted::LocalDisk { address } => *address,
+        }
+    }
+}
+
+/// What a DHCP exchange ended with.
+#[derive(Debug, Clone)]
+struct Ack {
+    address: Ipv4Addr,
+    next_server: Ipv4Addr,
+    file: String,
+}
+
+impl Machine {
+    /// The machine an inventory node describes; `relay` is the loopback address of its
+    /// relay agent if its address is in a relayed subnet.
+    pub fn from_inventory(inv: &Inventory, node: &Node, relay: Option<Ipv4Addr>) -> Self {
+        let mac = node.macs[0].value;
+        let m = mac.0;
+        Machine {
+            name: node.name.value.clone(),
+            mac,
+            arch: inv.arch_of(node),
+            firmware: node.firmware.unwrap_or(Firmware::Uefi),
+            relay,
+            uuid: format!(
+                "4c4c4544-0000-4000-8000-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+                m[0], m[1], m[2], m[3], m[4], m[5]
+            ),
+            disks: disks_for(&node.name.value, &node.install),
+        }
+    }
+
+    /// RFC 4578 / IANA processor architecture type of this firmware.
+    fn arch_code(&self) -> u16 {
+        match (self.firmware, self.arch) {
+            (Firmware::Bios, _) => 0,
+            (Firmware::Uefi, Arch::Amd64) => 7,
+            (Firmware::Uefi, Arch::Arm64) => 11,
+            (Firmware::Http, Arch::Amd64) => 16,
+            (Firmware::Http, Arch::Arm64) => 19,
+        }
+    }
+
+    /// iPXE's `${buildarch}` and `${platform}` for the binary this firmware loads.
+    fn ipxe_build(&self) -> (&'static str, &'static str) {
+        match (self.firmware, self.arch) {
+            (Firmware::Bios, _) => ("i386", "pcbios"),
+            (_, Arch::Amd64) => ("x86_64", "efi"),
+            (_, Arch::Arm64) => ("arm64", "efi"),
+        }
+    }
+
+    /// One complete network boot: firmware DHCP, first stage, iPXE DHCP, scripts, images.
+    pub async fn network_boot(&self, wire: Wire) -> Result<Booted, BootError> {
+        let first = self.dhcp(wire, false).await?;
+        let script_url = if first.file.starts_with("http://") {
+            // UEFI HTTP boot: the firmware fetched iPXE over HTTP itself.
+            self.fetch(first.address, &first.file).await?;
+            self.dhcp(wire, true).await?.file
+        } else {
+            if first.file.is_empty() {
+                return Err(BootError::Refused(format!(
+                    "DHCP ACK for {} names no boot file",
+                    self.mac
+                )));
+            }
+            let tftp = SocketAddrV4::new(first.next_server, wire.tftp_port);
+            self.tftp_get(first.address, tftp, &first.file).await?;
+            self.dhcp(wire, true).await?.file
+        };
+        let ack_address = first.address;
+        if !script_url.starts_with("http://") {
+            return Err(BootError::Refused(format!(
+                "iPXE was handed {script_url:?} instead of an HTTP script URL (a chain-load loop)"
+            )));
+        }
+        self.run_scripts(ack_address, &script_url).await
+    }
+
+    /// A DHCP DISCOVER/OFFER/REQUEST/ACK exchange, as the firmware (or, with `ipxe`, as
+    /// iPXE) sends it.
+    async fn dhcp(&self, wire: Wire, ipxe: bool) -> Result<Ack, BootError> {
+        let local = self.relay.unwrap_or(Ipv4Addr::LOCALHOST);
+        let sock = UdpSocket::bind(SocketAddrV4::new(local, 0))
+            .await
+            .map_err(io(format!("bind a DHCP socket on {local}")))?;
+        let xid: u32 = rand_u32(self.mac, ipxe);
+        let discover = self.dhcp_message(xid, MessageType::Discover, ipxe, None);
+        let offer = self
+            .exchange(&sock, wire.dhcp, &discover, xid, MessageType::Offer)
+            .await?;
+        let server_id = match offer.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(ip)) => *ip,
+            _ => {
+                return Err(BootError::Refused(
+                    "OFFER without a server identifier".into(),
+                ));
+            }
+        };
+        let request = self.dhcp_message(
+            xid,
+            MessageType::Request,
+            ipxe,
+            Some((offer.yiaddr(), server_id)),
+        );
+        let ack = self
+            .exchange(&sock, wire.dhcp, &request, xid, MessageType::Ack)
+            .await?;
+        let file = ack
+            .fname_str()
+            .and_then(Result::ok)
+            .map(str::to_owned)
+            .or_else(|| match ack.opts().get(OptionCode::BootfileName) {
+                Some(DhcpOption::BootfileName(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let next_server = match (ack.siaddr(), ack.opts().get(OptionCode::TFTPServerName)) {
+            (s, _) if !s.is_unspecified() => s,
+            (_, Some(DhcpOption::TFTPServerName(n))) => {
+                String::from_utf8_lossy(n).parse().unwrap_or(server_id)
+            }
+            _ => server_id,
+        };
+        Ok(Ack {
+            address: ack.yiaddr(),
+            next_server,
+            file,
+        })
+    }
+
+    fn dhcp_message(
+        &self,
+        xid: u32,
+        kind: MessageType,
+        ipxe: bool,
+        request: Option<(Ipv4Addr, Ipv4Addr)>,
+    ) -> Message {
+        let giaddr = self.relay.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let mut msg = Message::new_with_id(
+            xid,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            giaddr,
+            &self.mac.0,
+        );
+        // PXE ROMs ask for broadcast replies: they cannot take unicast before configuring IP.
+        msg.set_flags(Flags::default().set_broadcast());
+        if self.relay.is_some() {
+            msg.set_hops(1);
+        }
+        let arch = self.arch_code();
+        let opts = msg.opts_mut();
+        opts.insert(DhcpOption::MessageType(kind));
+        opts.insert(DhcpOption::MaxMessageSize(1472));
+        opts.insert(DhcpOption::ClientSystemArchitecture(Architecture::from(
+            arch,
+        )));
+        let class = if self.firmware == Firmware::Http {
+            format!("HTTPClient:Arch:{arch:05}:UNDI:003016")
+        } else {
+            format!("PXEClient:Arch:{arch:05}:UNDI:003016")
+        };
+        opts.insert(DhcpOption::ClassIdentifier(class.into_bytes()));
+        let mut uuid = vec![0u8];
+        uuid.extend(uuid_bytes(&self.uuid));
+        opts.insert(DhcpOption::ClientMachineIdentifier(uuid));
+        opts.insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+            OptionCode::Router,
+            OptionCode::DomainNameServer,
+            OptionCode::DomainName,
+            OptionCode::TFTPServerName,
+            OptionCode::BootfileName,
+        ]));
+        if ipxe {
+            opts.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+        }
+        if let Some((ip, server)) = request {
+            opts.insert(DhcpOption::RequestedIpAddress(ip));
+            opts.insert(DhcpOption::ServerIdentifier(server));
+        }
+        msg
+    }
+
+    /// Sends `msg` until a reply of `want` for `xid` and this MAC arrives.
+    async fn exchange(
+        &self,
+        sock: &UdpSocket,
+        server: SocketAddrV4,
+        msg: &Message,
+        xid: u32,
+        want: MessageType,
+    ) -> Result<Message, BootError> {
+        let bytes = msg
+            .to_vec()
+            .map_err(|e| BootError::Refused(format!("cannot encode DHCP message: {e}")))?;
+        let mut buf = vec![0u8; 1500];
+        for _ in 0..ATTEMPTS {
+            sock.send_to(&bytes, server)
+                .await
+                .map_err(io(format!("send DHCP to {server}")))?;
+            let deadline = tokio::time::Instant::now() + RETRANSMIT;
+            loop {
+                let got = tokio::time::timeout_at(deadline, sock.recv_from(&mut buf)).await;
+                let Ok(got) = got else { break };
+                let (n, _) = got.map_err(io("receive DHCP"))?;
+                let Ok(reply) = Message::decode(&mut Decoder::new(&buf[..n])) else {
+                    continue;
+                };
+                if reply.xid() != xid || reply.chaddr().get(..6) != Some(&self.mac.0[..]) {
+                    continue;
+                }
+                match reply.opts().msg_type() {
+                    Some(t) if t == want => return Ok(reply),
+                    Some(MessageType::Nak) => {
+                        return Err(BootError::Refused(format!(
+                            "DHCP NAK for {}: {}",
+                            self.mac,
+                            match reply.opts().get(OptionCode::Message) {
+                                Some(DhcpOption::Message(m)) => m.clone(),
+                                _ => "no reason given".into(),
+                            }
+                        )));
+                    }
+                    _ => continue,
+                }
+            }
+        }
+        Err(BootError::NoReply(format!(
+            "no DHCP {want:?} for {} from {server} after {ATTEMPTS} tries",
+            self.mac
+        )))
+    }
+
+    /// Reads `file` from the TFTP server at `server` into memory, from `local`.
+    async fn tftp_get(
+        &self,
+        local: Ipv4Addr,
+        server: SocketAddrV4,
+        file: &str,
+    ) -> Result<Vec<u8>, BootError> {
+        let sock = UdpSocket::bind(SocketAddrV4::new(local, 0))
+            .await
+            .map_err(io(format!("bind a TFTP socket on {local}")))?;
+        let rrq = Packet::Rrq {
+            filename: file.to_owned(),
+            mode: Mode::Octet,
+            options: Options {
+                blksize: Some(TFTP_BLKSIZE),
+                tsize: Some(0),
+                ..Options::default()
+            },
+        }
+        .to_bytes();
+        let mut buf = vec![0u8; 65536];
+        let mut data = Vec::new();
+        let mut blksize = 512usize;
+        let mut expected: u16 = 1;
+        let mut peer: Option<SocketAddr> = None;
+        let mut last_sent = rrq.clone();
+        let mut dest = SocketAddr::V4(server);
+        let mut tries = 0;
+        loop {
+            // The request, the ACK of what just arrived, or a retransmission of either.
+            sock.send_to(&last_sent, dest)
+                .await
+                .map_err(io(format!("send TFTP to {dest}")))?;
+            let got = tokio::time::timeout(RETRANSMIT, sock.recv_from(&mut buf)).await;
+            let (n, from) = match got {
+                Err(_) => {
+                    tries += 1;
+                    if tries >= ATTEMPTS {
+                        return Err(BootError::NoReply(format!(
+                            "TFTP {file} from {server}: no reply after {ATTEMPTS} tries"
+                        )));
+                    }
+                    continue;
+                }
+                Ok(r) => r.map_err(io("receive TFTP"))?,
+            };
+            // The first reply fixes the server's transfer ID (RFC 1350 §4).
+            if peer.is_some_and(|p| p != from) {
+                continue;
+            }
+            let packet = match Packet::parse(&buf[..n]) {
+                Ok(p) => p,
+                Err(_) => continue,
+            };
+            peer = Some(from);
+            dest = from;
+            tries = 0;
+            match packet {
+                Packet::Oack { options } => {
+                    blksize = usize::from(options.blksize.unwrap_or(512));
+                    last_sent = Packet::Ack { block: 0 }.to_bytes();
+                }
+                Packet::Data { block, data: chunk } if block == expected => {
+                    data.extend_from_slice(&chunk);
+                    last_sent = Packet::Ack { block }.to_bytes();
+                    expected = expected.wrapping_add(1);
+                    if chunk.len() < blksize {
+                        sock.send_to(&last_sent, dest)
+                            .await
+                            .map_err(io(format!("send TFTP to {dest}")))?;
+                        return Ok(data);
+                    }
+                }
+                // A duplicate: our ACK was lost; the resend below repeats it.
+                Packet::Data { .. } => {}
+                Packet::Error { code, message } => {
+                    return Err(BootError::Refused(format!(
+                        "TFTP {file} from {server}: error {code:?}: {message}"
+                    )));
+                }
+                other => {
+                    return Err(BootError::Refused(format!(
+                        "TFTP {file} from {server}: unexpected {other:?}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// GETs `url` from `local`; returns the body.
+    async fn fetch(&self, local: Ipv4Addr, url: &str) -> Result<Vec<u8>, BootError> {
+        let err = |reason: String| BootError::Http {
+            url: url.to_owned(),
+            reason,
+        };
+        let client = reqwest::Client::builder()
+            .local_address(IpAddr::V4(local))
+            .no_proxy()
+            .timeout(Duration::from_secs(60))
+            .user_agent("iPXE/1.21.1+ (talboot simulation)")
+            .build()
+            .map_err(|e| err(e.to_string()))?;
+        let resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(err(format!("HTTP {status}")));
+        }
+        let body = resp.bytes().await.map_err(|e| err(e.to_string()))?;
+        Ok(body.to_vec())
+    }
+
+    /// Follows the boot scripts from `url` as iPXE does.
+    async fn run_scripts(&self, address: Ipv4Addr, url: &str) -> Result<Booted, BootError> {
+        let (buildarch, platform) = self.ipxe_build();
+        let settings: ipxe::Settings = [
+            ("netX/mac", self.mac.to_string()),
+            ("netX/mac:hexhyp", self.mac.to_string().replace(':', "-")),
+            ("net0/mac", self.mac.to_string()),
+            ("net0/mac:hexhyp", self.mac.to_string().replace(':', "-")),
+            ("buildarch", buildarch.to_owned()),
+            ("platform", platform.to_owned()),
+            ("uuid", self.uuid.clone()),
+            ("ip", address.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut url = url.to_owned();
+        let mut kernel: Option<(u64, String)> = None;
+        let mut initramfs: Option<u64> = None;
+        for _ in 0..MAX_CHAINS {
+            let body = self.fetch(address, &url).await?;
+            let text = String::from_utf8_lossy(&body);
+            let commands =
+                ipxe::commands(&text, &settings).map_err(|source| BootError::Script {
+                    url: url.clone(),
+                    source,
+                })?;
+            let mut next = None;
+            for c in commands {
+                match c {
+                    Command::Chain { url } => next = Some(url),
+                    Command::Kernel { url, cmdline } => {
+                        let k = self.fetch(address, &url).await?;
+                        kernel = Some((k.len() as u64, cmdline));
+                    }
+                    Command::Initrd { url } => {
+                        initramfs = Some(self.fetch(address, &url).await?.len() as u64);
+                    }
+                    Command::Boot => {
+                        let (Some((kernel_bytes, cmdline)), Some(initramfs_bytes)) =
+                            (kernel.take(), initramfs.take())
+                        else {
+                            return Err(BootError::Refused(format!(
+                                "{url}: `boot` without a kernel and an initrd"
+                            )));
+                        };
+                        return Ok(Booted::Kernel {
+                            address,
+                            cmdline,
+                            kernel_bytes,
+                            initramfs_bytes,
+                        });
+                    }
+                    Command::Exit => return Ok(Booted::LocalDisk { address }),
+                    Command::Echo(line) => tracing::debug!(machine = %self.name, "iPXE: {line}"),
+                }
+            }
+            match next {
+                Some(n) => url = n,
+                None => {
+                    return Err(BootError::Refused(format!(
+                        "{url}: the script ended without booting, chaining or exiting"
+                    )));
+                }
+            }
+        }
+        Err(BootError::Refused(format!(
+            "more than {MAX_CHAINS} chained scripts from {url}: a chain-load loop"
+        )))
+    }
+}
+
+/// A transaction ID; distinct per machine and stage, fresh per call.
+fn rand_u32(mac: Mac, ipxe: bool) -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom::fill(&mut b).is_err() {
+        let m = mac.0;
+        return u32::from_be_bytes([m[2], m[3], m[4], m[5] ^ u8::from(ipxe)]);
+    }
+    u32::from_ne_bytes(b)
+}
+
+fn uuid_bytes(uuid: &str) -> Vec<u8> {
+    let hex: String = uuid.chars().filter(char::is_ascii_hexdigit).collect();
+    (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+const GB: u64 = 1_000_000_000;
+
+fn disk(
+    name: &str,
+    model: &str,
+    size: u64,
+    kind: storage::disk::DiskType,
+    serial: &str,
+) -> storage::Disk {
+    let bus_path = if name.starts_with("nvme") {
+        format!("/pci0000:00/0000:00:1d.0/0000:3d:00.0/nvme/{name}")
+    } else {
+        format!("/pci0000:00/0000:00:17.0/ata1/host0/target0:0:0/0:0:0:0/block/{name}")
+    };
+    storage::Disk {
+        size,
+        model: model.to_owned(),
+        device_name: name.to_owned(),
+        serial: serial.to_owned(),
+        wwid: format!("eui.{:016x}", fnv(serial)),
+        r#type: kind as i32,
+        bus_path,
+        subsystem: "/sys/class/block".into(),
+        ..Default::default()
+    }
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The disks a machine reports: its install disk as the inventory describes it (a device
+/// path, or one disk matching the selector) and a second drive that is *not* it, so the
+/// provisioner's disk check has a real choice to make.
+pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<storage::Disk> {
+    use storage::disk::DiskType as T;
+    let serial = |n: u8| format!("S{:08X}{n}", fnv(name) as u32);
+    match target {
+        InstallTarget::Disk(path) => {
+            let dev = path.trim_start_matches("/dev/");
+            let (model, size, kind) = if dev.starts_with("nvme") {
+                ("SAMSUNG MZVL2512HCJQ-00B00", 512 * GB, T::Nvme)
+            } else if dev.starts_with("mmcblk") {
+                ("SC64G", 64 * GB, T::Sd)
+            } else {
+                ("INTEL SSDSC2KB480G8", 480 * GB, T::Ssd)
+            };
+            let other = if dev == "nvme1n1" {
+                "nvme0n1"
+            } else {
+                "nvme1n1"
+            };
+            vec![
+                disk(dev, model, size, kind, &serial(0)),
+                disk(
+                    other,
+                    "SAMSUNG MZQL21T9HCJR-00A07",
+                    1920 * GB,
+                    T::Nvme,
+                    &serial(1),
+                ),
+            ]
+        }
+        InstallTarget::Selector(sel) => {
+            let kind = match sel.disk_type {
+                Some(DiskType::Hdd) => T::Hdd,
+                Some(DiskType::Nvme) => T::Nvme,
+                Some(DiskType::Sd) => T::Sd,
+                Some(DiskType::Ssd) | None => T::Ssd,
+            };
+            let model = sel
+                .model
+                .as_deref()
+                .map(|m| m.replace('*', " 500GB").replace('?', "0"))
+                .unwrap_or_else(|| "Samsung SSD 980 PRO 500GB".into());
+            let expr = sel.size.as_deref().and_then(|s| parse_size_expr(s).ok());
+            let candidates = |b: u64| {
+                [
+                    500 * GB,
+                    b,
+                    b / 2,
+                    b.saturating_mul(2),
+                    b + 1,
+                    b.saturating_sub(1),
+                ]
+            };
+            let size = expr
+                .and_then(|e| {
+                    candidates(e.bytes)
+                        .into_iter()
+                        .find(|&c| c > 0 && e.holds(c))
+                })
+                .unwrap_or(500 * GB);
+            // The other drive fails every criterion the selector has.
+            let other_size = expr
+                .and_then(|e| {
+                    candidates(e.bytes)
+                        .into_iter()
+                        .find(|&c| c > 0 && !e.holds(c))
+                })
+                .unwrap_or(2000 * GB);
+            let other_kind = match (sel.disk_type, kind) {
+                (Some(_), T::Ssd) => T::Nvme,
+                (Some(_), _) => T::Ssd,
+                (None, k) => k,
+            };
+            let serial_0 = sel
+                .serial
+                .clone()
+                .map(|s| s.replace('*', "0"))
+                .unwrap_or_else(|| serial(0));
+            let dev = |k: T, n: u8| match k {
+                T::Nvme => format!("nvme{n}n1"),
+                T::Sd => format!("mmcblk{n}"),
+                _ => format!("sd{}", char::from(b'a' + n)),
+            };
+            // The other drive enumerates first, to show names are not what decides.
+            vec![
+                disk(
+                    &dev(other_kind, 0),
+                    "WDC WDS200T1X0E-00AFY0",
+                    other_size,
+                    other_kind,
+                    &serial(1),
+                ),
+                disk(&dev(kind, 1), &model, size, kind, &serial_0),
+            ]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::DiskSelector;
+    use crate::provision::disks::{DiskFacts, choose_install_disk};
+
+    #[test]
+    fn every_install_target_finds_exactly_its_disk() {
+        let targets = [
+            InstallTarget::Disk("/dev/nvme0n1".into()),
+            InstallTarget::Disk("/dev/sda".into()),
+            InstallTarget::Selector(DiskSelector {
+                model: Some("Samsung SSD 980 PRO*".into()),
+                size: Some("<= 600GB".into()),
+                disk_type: Some(DiskType::Nvme),
+                ..DiskSelector::default()
+            }),
+            InstallTarget::Selector(DiskSelector {
+                size: Some("> 1TB".into()),
+                disk_type: Some(DiskType::Hdd),
+                ..DiskSelector::default()
+            }),
+        ];
+        for t in targets {
+            let disks = disks_for("n1", &t);
+            let facts = DiskFacts::collect(&disks, &[]);
+            let chosen = choose_install_disk(&t, &facts);
+            assert!(chosen.is_ok(), "{t}: {chosen:?}");
+        }
+        let sel = InstallTarget::Selector(DiskSelector {
+            model: Some("Samsung SSD 980 PRO*".into()),
+            size: Some("<= 600GB".into()),
+            disk_type: Some(DiskType::Nvme),
+            ..DiskSelector::default()
+        });
+        let facts = DiskFacts::collect(&disks_for("n1", &sel), &[]);
+        assert_eq!(choose_install_disk(&sel, &facts).unwrap(), "/dev/nvme1n1");
+    }
+
+    #[test]
+    fn firmware_sends_its_architecture_and_vendor_class() {
+        let m = Machine {
+            name: "n".into(),
+            mac: Mac([0x3c, 0xec, 0xef, 0x20, 0, 2]),
+            arch: Arch::Amd64,
+            firmware: Firmware::Bios,
+            relay: Some(Ipv4Addr::new(127, 0, 1, 1)),
+            uuid: "4c4c4544-0000-4000-8000-3cecef200002".into(),
+            disks: Vec::new(),
+        };
+        let msg = m.dhcp_message(7, MessageType::Discover, false, None);
+        assert_eq!(msg.giaddr(), Ipv4Addr::new(127, 0, 1, 1));
+        assert_eq!(msg.hops(), 1);
+        assert_eq!(
+            msg.opts().get(OptionCode::ClassIdentifier),
+            Some(&DhcpOption::ClassIdentifier(
+                b"PXEClient:Arch:00000:UNDI:003016".to_vec()
+            ))
+        );
+        assert!(msg.opts().get(OptionCode::UserClass).is_none());
+        let ipxe = m.dhcp_message(7, MessageType::Discover, true, None);
+        assert_eq!(
+            ipxe.opts().get(OptionCode::UserClass),
+            Some(&DhcpOption::UserClass(b"iPXE".to_vec()))
+        );
+        assert_eq!(m.ipxe_build(), ("i386", "pcbios"));
+    }
+}
