@@ -473,6 +473,40 @@ async fn real_helm_renders_local_charts_with_the_inventory_settings() {
     assert!(!world.events().join("\n").contains(&key));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_helm_refuses_a_local_chart_of_another_version() {
+    let Some(helm) = helm_bin() else { return };
+    // The chart directory holds 1.18.0; the inventory pins 1.17.0.
+    let inventory = INVENTORY.replace(
+        "  cilium:\n    version: 1.18.0\n",
+        &format!(
+            "  cilium:\n    version: 1.17.0\n    chart: {}\n",
+            charts().join("cilium").display()
+        ),
+    );
+    let world = World::start_with(&inventory).await;
+    let step = || {
+        let t = world.boot_with(|s| s.helm = Some(helm.clone()));
+        async move {
+            let out = t.prov().step_addons().await.unwrap();
+            t.kill().await;
+            out
+        }
+    };
+    for _ in 0..2 {
+        assert!(matches!(step().await, StepOutcome::Completed(_)));
+    }
+    let StepOutcome::Failed { attempts, error } = step().await else {
+        panic!("a chart of another version must not be installed");
+    };
+    assert_eq!(attempts, 1);
+    assert!(
+        error.contains("is version 1.18.0") && error.contains("pins version 1.17.0"),
+        "{error}"
+    );
+    assert!(world.double.applies().is_empty());
+}
+
 /// The whole way from an unconfigured control plane: the fake Talos node
 /// (tests/support/talos_double.rs) is provisioned, bootstrapped and hands out its kubeconfig;
 /// that kubeconfig names no real API server, so the test swaps in the double's right after
