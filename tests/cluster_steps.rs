@@ -50,10 +50,14 @@ struct World {
 
 impl World {
     async fn start() -> Self {
+        Self::start_with(INVENTORY).await
+    }
+
+    async fn start_with(inventory_text: &str) -> Self {
         talboot::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let inv_path = dir.path().join("talboot.yaml");
-        std::fs::write(&inv_path, INVENTORY).unwrap();
+        std::fs::write(&inv_path, inventory_text).unwrap();
         let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();
@@ -76,15 +80,19 @@ impl World {
     }
 
     fn boot(&self, manifests: Option<PathBuf>) -> Talboot {
+        self.boot_with(|s| s.addon_manifests = manifests)
+    }
+
+    fn boot_with(&self, configure: impl FnOnce(&mut Settings)) -> Talboot {
         let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir()).unwrap());
         let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
         let mut settings = Settings::new(self.state_dir());
         settings.poll_interval = Duration::from_millis(20);
-        settings.addon_manifests = manifests;
         settings.addon_timeouts = Timeouts {
             crd: Duration::from_secs(20),
             rollout: Duration::from_secs(20),
         };
+        configure(&mut settings);
         let creds = ClientCreds {
             ca_pem: Vec::new(),
             crt_pem: Vec::new(),
@@ -266,7 +274,10 @@ async fn missing_manifest_dir_is_an_actionable_error_and_the_step_stays() {
         };
         assert_eq!(attempts, attempt);
         assert!(
-            error.contains("cilium/") && error.contains("docs/addons.md"),
+            error.contains("DIR/cilium/")
+                && error.contains("docs/addons.md")
+                && error.contains("--helm PATH")
+                && error.contains("--addon-manifests DIR"),
             "{error}"
         );
         let rec = world.record().unwrap();
@@ -288,7 +299,7 @@ async fn missing_manifest_dir_is_an_actionable_error_and_the_step_stays() {
 
     let events = world.events().join("\n");
     assert!(
-        events.contains("after api-ready: attempt 1 failed: add-on cilium is enabled but no add-on manifest directory"),
+        events.contains("after api-ready: attempt 1 failed: add-on cilium is enabled but talboot has no way to get its manifest"),
         "{events}"
     );
     assert!(events.contains("attempt 3 failed"), "{events}");
@@ -335,6 +346,165 @@ async fn provisioner_run_drives_the_steps_to_handed_off() {
             )
             .is_some()
     );
+}
+
+/// The `helm` binary for the real-helm tests: `helm` on PATH (scripts/test-deps installs
+/// it). Missing helm fails the test unless TALBOOT_SKIP_HELM is set.
+fn helm_bin() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("helm"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() && std::env::var_os("TALBOOT_SKIP_HELM").is_some() {
+        eprintln!("helm not found; skipped because TALBOOT_SKIP_HELM is set");
+        return None;
+    }
+    Some(found.expect("helm is not on PATH: run scripts/test-deps (or set TALBOOT_SKIP_HELM)"))
+}
+
+fn charts() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/charts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_helm_renders_local_charts_with_the_inventory_settings() {
+    use base64::Engine as _;
+    let Some(helm) = helm_bin() else { return };
+    let inventory = INVENTORY
+        .replace(
+            "  cilium:\n    version: 1.18.0\n",
+            &format!(
+                "  cilium:\n    version: 1.18.0\n    chart: {}\n",
+                charts().join("cilium").display()
+            ),
+        )
+        .replace(
+            "    domain: cd.lab\n",
+            &format!(
+                "    domain: cd.lab\n    insecure: true\n    ksops: true\n    chart: {}\n",
+                charts().join("argo-cd").display()
+            ),
+        );
+    let world = World::start_with(&inventory).await;
+    let key = {
+        use age::secrecy::ExposeSecret;
+        age::x25519::Identity::generate()
+            .to_string()
+            .expose_secret()
+            .to_owned()
+    };
+    let keys_txt = format!("# test identity\n{key}\n");
+    let identity = Arc::new(talboot::crypto::age::Secret::new(
+        keys_txt.clone().into_bytes(),
+    ));
+
+    let mut completed = Vec::new();
+    for _ in 0..10 {
+        let t = world.boot_with(|s| {
+            s.helm = Some(helm.clone());
+            s.ksops_age_identity = Some(identity.clone());
+        });
+        let out = t.prov().step_addons().await.unwrap();
+        t.kill().await;
+        match out {
+            StepOutcome::Completed(step) => completed.push(step),
+            StepOutcome::Done => break,
+            other => panic!("unexpected step outcome {other:?}"),
+        }
+    }
+    assert_eq!(
+        completed.last(),
+        Some(&ClusterStep::HandedOff),
+        "{completed:?}"
+    );
+
+    let data = |ns: &str, name: &str| {
+        world
+            .double
+            .object("v1", "ConfigMap", ns, name)
+            .unwrap_or_else(|| panic!("ConfigMap {ns}/{name} not applied"))["data"]
+            .clone()
+    };
+    // talboot's Talos values reached the chart (they override its defaults), rendered for
+    // the inventory's Kubernetes version, in the release namespace.
+    let cilium = data("kube-system", "cilium-config");
+    assert_eq!(cilium["ipam"], "kubernetes");
+    assert_eq!(cilium["kube-proxy-replacement"], "true");
+    assert_eq!(cilium["k8s-service-port"], "7445");
+    assert_eq!(cilium["rendered-for-kube"], "v1.36.3");
+    assert_eq!(cilium["release"], "cilium");
+    // The chart's crds/ directory went in too (--include-crds).
+    assert!(
+        world
+            .double
+            .object(
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+                "",
+                "ciliumloadbalancerippools.cilium.io"
+            )
+            .is_some()
+    );
+    // addons.argocd.insecure reached configs.params; the API versions the cluster serves
+    // (Cilium's CRD by then) were passed with --api-versions, and no others.
+    let params = data("argocd", "argocd-cmd-params-cm");
+    assert_eq!(params["server.insecure"], "true");
+    assert_eq!(params["domain"], "cd.lab");
+    assert_eq!(params["saw-cilium-api"], "true");
+    assert_eq!(params["saw-monitoring-api"], "false");
+    assert_eq!(params["rendered-for-kube"], "v1.36.3");
+    // KSOPS: the identity became the sops-age Secret.
+    let secret = world
+        .double
+        .object("v1", "Secret", "argocd", "sops-age")
+        .expect("sops-age Secret applied");
+    let stored = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["keys.txt"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(stored, keys_txt.as_bytes());
+    assert!(
+        world
+            .double
+            .object("v1", "Secret", "argocd", "sh.helm.release.v1.argocd.v1")
+            .is_some()
+    );
+    // The identity is in no event.
+    assert!(!world.events().join("\n").contains(&key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_helm_refuses_a_local_chart_of_another_version() {
+    let Some(helm) = helm_bin() else { return };
+    // The chart directory holds 1.18.0; the inventory pins 1.17.0.
+    let inventory = INVENTORY.replace(
+        "  cilium:\n    version: 1.18.0\n",
+        &format!(
+            "  cilium:\n    version: 1.17.0\n    chart: {}\n",
+            charts().join("cilium").display()
+        ),
+    );
+    let world = World::start_with(&inventory).await;
+    let step = || {
+        let t = world.boot_with(|s| s.helm = Some(helm.clone()));
+        async move {
+            let out = t.prov().step_addons().await.unwrap();
+            t.kill().await;
+            out
+        }
+    };
+    for _ in 0..2 {
+        assert!(matches!(step().await, StepOutcome::Completed(_)));
+    }
+    let StepOutcome::Failed { attempts, error } = step().await else {
+        panic!("a chart of another version must not be installed");
+    };
+    assert_eq!(attempts, 1);
+    assert!(
+        error.contains("is version 1.18.0") && error.contains("pins version 1.17.0"),
+        "{error}"
+    );
+    assert!(world.double.applies().is_empty());
 }
 
 /// The whole way from an unconfigured control plane: the fake Talos node

@@ -211,10 +211,18 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
 fn push_mode_refuses_to_start_without_its_secrets() {
     let tmp = tempfile::tempdir().unwrap();
     fake_images(&tmp.path().join("images"));
-    let args: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
+    let mut args: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
         .into_iter()
         .filter(|a| a != "--no-provision")
         .collect();
+    // KSOPS (on in lab.yaml) has its own identity, so the secrets bundle is what is missing.
+    let ksops = tmp.path().join("ksops.txt");
+    {
+        use age::secrecy::ExposeSecret;
+        let key = age::x25519::Identity::generate();
+        std::fs::write(&ksops, format!("{}\n", key.to_string().expose_secret())).unwrap();
+    }
+    args.extend(["--ksops-age-identity".into(), ksops.display().to_string()]);
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(args)
         .env_remove("SOPS_AGE_KEY")
@@ -225,8 +233,51 @@ fn push_mode_refuses_to_start_without_its_secrets() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("push provisioning: "), "{stderr}");
+    assert!(!stderr.contains("KSOPS"), "{stderr}");
     assert!(
         stderr.contains("pass --no-provision to serve boot files only"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn ksops_without_an_age_identity_refuses_to_start_naming_the_flag() {
+    // config/lab.yaml has addons.argocd.ksops: true.
+    let tmp = tempfile::tempdir().unwrap();
+    fake_images(&tmp.path().join("images"));
+    let push: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
+        .into_iter()
+        .filter(|a| a != "--no-provision")
+        .collect();
+    let run = |extra: &[String]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(&push)
+            .args(extra)
+            .env_remove("SOPS_AGE_KEY")
+            .env_remove("SOPS_AGE_KEY_FILE")
+            .env_remove("TALBOOT_KSOPS_AGE_IDENTITY")
+            .env("HOME", tmp.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&[]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("Argo CD KSOPS: ") && stderr.contains("--ksops-age-identity FILE"),
+        "{stderr}"
+    );
+
+    // A file that holds no identity is refused by name.
+    let bad = tmp.path().join("not-a-key.txt");
+    std::fs::write(&bad, "# only a comment\n").unwrap();
+    let (code, stderr) = run(&["--ksops-age-identity".into(), bad.display().to_string()]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains(&bad.display().to_string()) && stderr.contains("AGE-SECRET-KEY-1"),
         "{stderr}"
     );
 }

@@ -253,6 +253,25 @@ impl Kube {
         Ok(got.map(|o| serde_json::to_value(o).expect("objects serialise")))
     }
 
+    /// Every `group/version` the API server serves (core `v1` included), sorted: what
+    /// `helm install` would see as `.Capabilities.APIVersions`, for `helm template
+    /// --api-versions`. CRD-provided APIs (e.g. `cilium.io/v2` once Cilium is in) count.
+    pub async fn api_versions(&self) -> Result<Vec<String>, KubeError> {
+        let err = |e| request_err("discover", &"the served API versions", e);
+        let mut out: Vec<String> = self
+            .client
+            .list_core_api_versions()
+            .await
+            .map_err(err)?
+            .versions;
+        for group in self.client.list_api_groups().await.map_err(err)?.groups {
+            out.extend(group.versions.into_iter().map(|v| v.group_version));
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     async fn get_typed<K>(&self, ns: Option<&str>, name: &str) -> Result<Value, String>
     where
         K: kube::Resource<DynamicType = ()>,

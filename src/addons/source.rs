@@ -64,9 +64,33 @@ pub enum SourceError {
         /// Why (helm's stderr).
         reason: String,
     },
+    /// A local chart is not the pinned version (helm ignores `--version` for local charts).
+    #[error(
+        "the local chart {chart} is version {found}, but the inventory pins version {pinned} \
+         (addons.<name>.version); put the chart of that version there or change the pin"
+    )]
+    VersionMismatch {
+        /// The chart path.
+        chart: String,
+        /// The version in its Chart.yaml.
+        found: String,
+        /// The pinned version.
+        pinned: String,
+    },
     /// The manifest text is not a valid object set.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+}
+
+/// The `version` of a chart's Chart.yaml text (as `helm show chart` prints it).
+pub fn chart_yaml_version(text: &str) -> Option<String> {
+    let doc: yaml_serde::Value = yaml_serde::from_str(text).ok()?;
+    match doc.get("version")? {
+        yaml_serde::Value::String(s) => Some(s.clone()),
+        // An unquoted `version: 1.18` reads as a number.
+        yaml_serde::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 /// The `helm template` argument list (without the binary) for `release` in `namespace`, with
@@ -185,6 +209,9 @@ async fn run_helm(
         file.flush()
             .map_err(|e| helm_err(format!("cannot write the values file: {e}")))?;
     }
+    if t.repo.is_none() && Path::new(&t.chart).exists() {
+        check_local_version(t).await?;
+    }
     let args = helm_template_args(t, release, namespace, file.path());
     tracing::info!(chart = %t.chart, version = %t.version, "rendering with helm template");
     let out = tokio::process::Command::new(&t.helm_bin)
@@ -198,6 +225,35 @@ async fn run_helm(
         ));
     }
     String::from_utf8(out.stdout).map_err(|_| helm_err("output is not UTF-8".into()))
+}
+
+/// Helm renders a local chart (directory or `.tgz`) whatever `--version` says, so the pin is
+/// checked against its Chart.yaml (`helm show chart`, which reads both forms).
+async fn check_local_version(t: &HelmTemplate) -> Result<(), SourceError> {
+    let helm_err = |reason: String| SourceError::Helm {
+        chart: t.chart.clone(),
+        reason,
+    };
+    let out = tokio::process::Command::new(&t.helm_bin)
+        .args(["show", "chart", t.chart.as_str()])
+        .output()
+        .await
+        .map_err(|e| helm_err(format!("cannot run {}: {e}", t.helm_bin.display())))?;
+    if !out.status.success() {
+        return Err(helm_err(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    let found = chart_yaml_version(&String::from_utf8_lossy(&out.stdout))
+        .ok_or_else(|| helm_err("its Chart.yaml has no version".into()))?;
+    if found != t.version {
+        return Err(SourceError::VersionMismatch {
+            chart: t.chart.clone(),
+            found,
+            pinned: t.version.clone(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -283,6 +339,18 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("docs/addons.md"), "{err}");
+    }
+
+    #[test]
+    fn chart_yaml_version_reads_strings_and_numbers() {
+        let chart = "apiVersion: v2\nname: cilium\nversion: 1.18.0\nappVersion: 1.18.0\n";
+        assert_eq!(chart_yaml_version(chart).as_deref(), Some("1.18.0"));
+        assert_eq!(
+            chart_yaml_version("name: x\nversion: 1.5\n").as_deref(),
+            Some("1.5")
+        );
+        assert_eq!(chart_yaml_version("name: x\n"), None);
+        assert_eq!(chart_yaml_version(": not yaml: ["), None);
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{self, Catalog, SetId};
+use crate::crypto::age::{Identities, IdentitySources, Secret};
 use crate::dhcp::{self, BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
 use crate::events::{Clock, EventBus, EventKind, SystemClock};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
@@ -82,6 +83,14 @@ pub struct Args {
     /// installed by the cluster steps after bootstrap.
     #[arg(long, env = "TALBOOT_ADDON_MANIFESTS")]
     pub addon_manifests: Option<PathBuf>,
+    /// A helm binary: the cluster steps then render each enabled add-on with `helm template`
+    /// (pinned chart from the inventory) instead of reading --addon-manifests.
+    #[arg(long, env = "TALBOOT_HELM")]
+    pub helm: Option<PathBuf>,
+    /// age identity file for Argo CD's `sops-age` Secret when addons.argocd.ksops is on
+    /// (default: the identities that decrypt the secrets bundle).
+    #[arg(long, env = "TALBOOT_KSOPS_AGE_IDENTITY")]
+    pub ksops_age_identity: Option<PathBuf>,
     /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
     /// `SOPS_AGE_KEY`, the user's sops keys.txt).
     #[arg(long)]
@@ -131,6 +140,21 @@ pub enum StartError {
     /// Push provisioning cannot start (secrets bundle or talosconfig).
     #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
     Provisioning(String),
+    /// The age identity for Argo CD's KSOPS cannot be had.
+    #[error("Argo CD KSOPS: {0}")]
+    KsopsIdentity(String),
+    /// The `--helm` binary cannot be run.
+    #[error(
+        "--helm {}: {cause}; give the path of a working helm binary, or leave --helm out and \
+         use --addon-manifests",
+        .path.display()
+    )]
+    Helm {
+        /// The binary given.
+        path: PathBuf,
+        /// Why it cannot be used.
+        cause: String,
+    },
     /// Dropping privileges failed.
     #[error("cannot drop privileges to {user}: {cause}")]
     Privileges {
@@ -253,12 +277,14 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
     // stops `serve` now rather than when the first machine boots.
     let provisioning = if push {
-        let (renderer, creds) = provisioning_inputs(&args, &inv)?;
+        let inputs = provisioning_inputs(&args, &inv)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
         settings.addon_manifests = args.addon_manifests.clone();
+        settings.helm = args.helm.clone();
+        settings.ksops_age_identity = inputs.ksops_age_identity;
         Some(ProvisioningPlan {
-            renderer,
-            creds,
+            renderer: inputs.renderer,
+            creds: inputs.creds,
             settings,
         })
     } else {
@@ -681,16 +707,107 @@ impl crate::provision::ConfigRenderer for BundleRenderer {
     }
 }
 
-type ProvisioningInputs = (
-    Arc<dyn crate::provision::ConfigRenderer>,
-    crate::talos::ClientCreds,
-);
+/// What push provisioning needs, loaded before anything is served.
+struct ProvisioningInputs {
+    renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    creds: crate::talos::ClientCreds,
+    ksops_age_identity: Option<Arc<Secret>>,
+}
+
+/// The age identity (keys.txt text) for Argo CD's `sops-age` Secret: the
+/// `--ksops-age-identity` file if given, else (when `addons.argocd.ksops` is on) the
+/// identities `sources` yield, the ones that decrypt the secrets bundle. `None` when KSOPS is
+/// off. The file must hold at least one `AGE-SECRET-KEY-1…` identity; errors name the file or
+/// the flag, never key material.
+pub fn ksops_identity(
+    inv: &Inventory,
+    flag: Option<&Path>,
+    sources: &IdentitySources,
+) -> Result<Option<Arc<Secret>>, StartError> {
+    let ksops = inv
+        .addons
+        .argocd
+        .as_ref()
+        .is_some_and(|a| a.enabled && a.ksops);
+    if let Some(path) = flag {
+        let bad = |why: String| {
+            StartError::KsopsIdentity(format!(
+                "the age identity file {} given with --ksops-age-identity {why}",
+                path.display()
+            ))
+        };
+        let text = std::fs::read_to_string(path)
+            .map(zeroize::Zeroizing::new)
+            .map_err(|e| bad(format!("cannot be read: {e}")))?;
+        let ids = Identities::from_text(&path.display().to_string(), &text)
+            .map_err(|e| bad(format!("is not an age identity file: {e}")))?;
+        if ids.is_empty() {
+            return Err(bad(
+                "holds no AGE-SECRET-KEY-1… identity; make one with age-keygen".into(),
+            ));
+        }
+        if !ksops {
+            tracing::warn!(
+                file = %path.display(),
+                "--ksops-age-identity is given but addons.argocd.ksops is off; not used"
+            );
+            return Ok(None);
+        }
+        return Ok(Some(Arc::new(Secret::new(text.as_bytes().to_vec()))));
+    }
+    if !ksops {
+        return Ok(None);
+    }
+    let ids = Identities::load(sources).map_err(|e| StartError::KsopsIdentity(e.to_string()))?;
+    if ids.is_empty() {
+        return Err(StartError::KsopsIdentity(format!(
+            "addons.argocd.ksops is on but there is no age identity for the sops-age Secret; \
+             pass --ksops-age-identity FILE (an age-keygen identity file) or set \
+             addons.argocd.ksops: false (tried: {})",
+            ids.describe_tried()
+        )));
+    }
+    tracing::info!(
+        identities = ids.recipients().len(),
+        "KSOPS uses the age identities that decrypt the secrets bundle (--ksops-age-identity not given)"
+    );
+    Ok(Some(Arc::new(ids.to_keys_text())))
+}
+
+/// Checks that `helm` runs (`helm version`), so a wrong `--helm` stops `serve` now rather
+/// than at the first add-on step.
+fn check_helm(helm: &Path) -> Result<(), StartError> {
+    let err = |cause: String| StartError::Helm {
+        path: helm.to_owned(),
+        cause,
+    };
+    let out = std::process::Command::new(helm)
+        .args(["version", "--short"])
+        .output()
+        .map_err(|e| err(format!("cannot run it: {e}")))?;
+    if !out.status.success() {
+        return Err(err(format!(
+            "`helm version` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    tracing::info!(
+        helm = %helm.display(),
+        version = %String::from_utf8_lossy(&out.stdout).trim(),
+        "add-ons are rendered with helm template"
+    );
+    Ok(())
+}
 
 fn provisioning_inputs(
     args: &Args,
     inv: &Arc<Inventory>,
 ) -> Result<ProvisioningInputs, StartError> {
-    let sources = crate::crypto::age::IdentitySources::from_process_env(args.age_identity.clone());
+    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let ksops_age_identity = ksops_identity(inv, args.ksops_age_identity.as_deref(), &sources)?;
+    if let Some(helm) = &args.helm {
+        check_helm(helm)?;
+    }
     let secrets = super::secrets::load_bundle(inv, &sources)
         .map_err(|e| StartError::Provisioning(e.to_string()))?;
     let path = args
@@ -711,7 +828,11 @@ fn provisioning_inputs(
         inventory: inv.clone(),
         secrets,
     });
-    Ok((renderer, creds))
+    Ok(ProvisioningInputs {
+        renderer,
+        creds,
+        ksops_age_identity,
+    })
 }
 
 async fn wait_for_signal() {
@@ -756,5 +877,102 @@ mod tests {
         assert_eq!(max_blksize_for_mtu(9000), 8968);
         assert_eq!(max_blksize_for_mtu(65536), 65464);
         assert_eq!(max_blksize_for_mtu(100), 512);
+    }
+
+    fn lab(ksops: bool) -> Inventory {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+        let mut inv = inventory::load_with_env(&path, &std::collections::BTreeMap::new())
+            .unwrap()
+            .inventory;
+        inv.addons.argocd.as_mut().unwrap().ksops = ksops;
+        inv
+    }
+
+    fn new_key() -> String {
+        use ::age::secrecy::ExposeSecret;
+        ::age::x25519::Identity::generate()
+            .to_string()
+            .expose_secret()
+            .to_owned()
+    }
+
+    #[test]
+    fn ksops_identity_from_the_flag_is_checked_and_passed_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = IdentitySources::default();
+        let key = new_key();
+        let good = dir.path().join("ksops.txt");
+        let text = format!("# created: today\n{key}\n");
+        std::fs::write(&good, &text).unwrap();
+        let got = ksops_identity(&lab(true), Some(&good), &none)
+            .unwrap()
+            .expect("KSOPS is on");
+        assert_eq!(got.expose(), text.as_bytes());
+        assert!(!format!("{got:?}").contains(&key));
+        // Off: checked, but not carried.
+        assert!(
+            ksops_identity(&lab(false), Some(&good), &none)
+                .unwrap()
+                .is_none()
+        );
+
+        for (name, content, why) in [
+            (
+                "comments.txt",
+                "# nothing here\n".to_owned(),
+                "holds no AGE-SECRET-KEY-1",
+            ),
+            (
+                "public.txt",
+                "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p\n".to_owned(),
+                "line 1 is not an X25519 age identity",
+            ),
+        ] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            let err = ksops_identity(&lab(true), Some(&p), &none)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&p.display().to_string())
+                    && err.contains("--ksops-age-identity")
+                    && err.contains(why),
+                "{err}"
+            );
+        }
+        let missing = dir.path().join("absent.txt");
+        let err = ksops_identity(&lab(true), Some(&missing), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("absent.txt") && err.contains("cannot be read"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn ksops_identity_falls_back_to_the_bundle_identities_or_refuses() {
+        let none = IdentitySources::default();
+        assert!(ksops_identity(&lab(false), None, &none).unwrap().is_none());
+        let err = ksops_identity(&lab(true), None, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--ksops-age-identity FILE") && err.contains("addons.argocd.ksops"),
+            "{err}"
+        );
+
+        let key = new_key();
+        let sources = IdentitySources {
+            sops_age_key: Some(zeroize::Zeroizing::new(key.clone())),
+            ..IdentitySources::default()
+        };
+        let got = ksops_identity(&lab(true), None, &sources)
+            .unwrap()
+            .expect("identity from SOPS_AGE_KEY");
+        assert_eq!(got.expose(), format!("{key}\n").as_bytes());
+        let mut settings = crate::provision::Settings::new("/tmp".into());
+        settings.ksops_age_identity = Some(got);
+        assert!(!format!("{settings:?}").contains(&key));
     }
 }

@@ -359,6 +359,18 @@ impl Identities {
         self.keys.is_empty()
     }
 
+    /// The loaded identities as keys.txt text (one `AGE-SECRET-KEY-1…` line each), for
+    /// handing them to another consumer such as Argo CD's `sops-age` Secret.
+    pub fn to_keys_text(&self) -> Secret {
+        use ::age::secrecy::ExposeSecret;
+        let mut text = Zeroizing::new(String::new());
+        for k in &self.keys {
+            text.push_str(k.to_string().expose_secret());
+            text.push('\n');
+        }
+        Secret::new(text.as_bytes().to_vec())
+    }
+
     fn as_dyn(&self) -> impl Iterator<Item = &dyn ::age::Identity> {
         self.keys.iter().map(|k| k as &dyn ::age::Identity)
     }

@@ -240,7 +240,7 @@ fn read_talboot(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         ),
     }
     if let Some(n) = r.get("addons") {
-        parts.addons = addons(n, d);
+        parts.addons = addons(n, base, d);
     }
     r.finish(TOP, d);
     parts
@@ -1008,7 +1008,7 @@ fn extra_interface(n: &Y, path: &str, d: &mut Diagnostics) -> Option<ExtraInterf
     })
 }
 
-fn addons(node: &Y, d: &mut Diagnostics) -> Addons {
+fn addons(node: &Y, base: &Path, d: &mut Diagnostics) -> Addons {
     let mut out = Addons::default();
     let Some(mut r) = MapReader::new(node, "addons", d) else {
         return out;
@@ -1041,13 +1041,26 @@ fn addons(node: &Y, d: &mut Diagnostics) -> Addons {
             .get("kubeProxyReplacement")
             .and_then(|n| read::boolean(n, "addons.cilium.kubeProxyReplacement", d))
             .unwrap_or(true);
-        c.finish(&["enabled", "version", "values", "kubeProxyReplacement"], d);
+        let chart = c
+            .get("chart")
+            .and_then(|n| chart_ref(n, "addons.cilium.chart", base, d));
+        c.finish(
+            &[
+                "enabled",
+                "version",
+                "values",
+                "kubeProxyReplacement",
+                "chart",
+            ],
+            d,
+        );
         if let Some(version) = version {
             out.cilium = Some(CiliumAddon {
                 enabled,
                 version,
                 values,
                 kube_proxy_replacement: kpr,
+                chart,
             });
         }
     }
@@ -1096,9 +1109,18 @@ fn addons(node: &Y, d: &mut Diagnostics) -> Addons {
             .get("ksops")
             .and_then(|n| read::boolean(n, "addons.argocd.ksops", d))
             .unwrap_or(false);
+        let insecure = a
+            .get("insecure")
+            .and_then(|n| read::boolean(n, "addons.argocd.insecure", d))
+            .unwrap_or(false);
         let root_app = a.get("rootApp").and_then(|n| root_app(n, d));
+        let chart = a
+            .get("chart")
+            .and_then(|n| chart_ref(n, "addons.argocd.chart", base, d));
         a.finish(
-            &["enabled", "version", "values", "domain", "ksops", "rootApp"],
+            &[
+                "enabled", "version", "values", "domain", "ksops", "insecure", "rootApp", "chart",
+            ],
             d,
         );
         if let Some(version) = version {
@@ -1108,12 +1130,69 @@ fn addons(node: &Y, d: &mut Diagnostics) -> Addons {
                 values,
                 domain,
                 ksops,
+                insecure,
                 root_app,
+                chart,
             });
         }
     }
     r.finish(&["cilium", "argocd"], d);
     out
+}
+
+/// `addons.<name>.chart`: an `https://` (or `http://`) repository URL, an `oci://` chart
+/// reference, or a local chart directory or `.tgz` relative to the inventory's folder. A
+/// local chart that is not there (yet) is a warning: `talboot check` may run on another
+/// machine than `serve`, and only `helm template` needs it.
+fn chart_ref(n: &Y, path: &str, base: &Path, d: &mut Diagnostics) -> Option<ChartRef> {
+    let s = read::string(n, path, d)?;
+    let s = s.trim();
+    let example = "write a chart repository URL (https://helm.cilium.io), an OCI reference \
+                   (oci://quay.io/cilium/charts/cilium) or a local chart directory or .tgz";
+    if s.is_empty() {
+        d.error_hint(&n.loc, path, "the chart is empty", example);
+        return None;
+    }
+    if let Some(rest) = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .or_else(|| s.strip_prefix("oci://"))
+    {
+        let host = rest.split(['/', ':']).next().unwrap_or_default();
+        if host.is_empty() || !is_dns_name(host) && host.parse::<Ipv4Addr>().is_err() {
+            d.error_hint(
+                &n.loc,
+                path,
+                format!("`{s}` has no valid host name"),
+                example,
+            );
+            return None;
+        }
+        return Some(if s.starts_with("oci://") {
+            ChartRef::Oci(s.to_owned())
+        } else {
+            ChartRef::Repo(s.to_owned())
+        });
+    }
+    if s.contains("://") {
+        d.error_hint(
+            &n.loc,
+            path,
+            format!("`{s}` uses a scheme helm cannot fetch charts from"),
+            example,
+        );
+        return None;
+    }
+    let p = read::relative_path(base, s);
+    if !p.exists() {
+        d.warning(
+            &n.loc,
+            path,
+            format!("local chart {} does not exist", p.display()),
+            Some("`helm template` needs it on the machine running `talboot serve`".into()),
+        );
+    }
+    Some(ChartRef::Local(p))
 }
 
 fn values(n: &Y, path: &str, d: &mut Diagnostics) -> yaml_serde::Value {

@@ -712,6 +712,22 @@ pub struct CiliumAddon {
     pub values: yaml_serde::Value,
     /// Replace kube-proxy (and disable it in the machine config).
     pub kube_proxy_replacement: bool,
+    /// Where `helm template` finds the chart; `None` means the upstream repository
+    /// (<https://helm.cilium.io>).
+    pub chart: Option<ChartRef>,
+}
+
+/// Where `helm template` finds an add-on's chart (`addons.<name>.chart`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChartRef {
+    /// A chart repository URL (`https://…`, passed as `--repo`); the chart keeps its usual
+    /// name (`cilium`, `argo-cd`), e.g. a site mirror of the upstream repository.
+    Repo(String),
+    /// An OCI reference to the chart itself, e.g. `oci://quay.io/cilium/charts/cilium`.
+    Oci(String),
+    /// A chart directory or packaged `.tgz` on the talboot machine, for air-gapped sites;
+    /// written relative to the inventory's folder.
+    Local(std::path::PathBuf),
 }
 
 /// The ArgoCD add-on.
@@ -727,8 +743,14 @@ pub struct ArgoCdAddon {
     pub domain: Option<String>,
     /// Set up KSOPS and the `sops-age` Secret.
     pub ksops: bool,
+    /// `configs.params."server.insecure"`: the Argo CD server speaks plain HTTP because TLS
+    /// is terminated at an ingress or gateway in front of it.
+    pub insecure: bool,
     /// Optional root Application.
     pub root_app: Option<RootApp>,
+    /// Where `helm template` finds the chart; `None` means the upstream repository
+    /// (<https://argoproj.github.io/argo-helm>).
+    pub chart: Option<ChartRef>,
 }
 
 /// The Application that starts the GitOps loop.

@@ -704,3 +704,100 @@ fn worker_labels_respect_node_restriction() {
     );
     assert!(diags(&text).is_empty());
 }
+
+const ADDONS: &str = "\
+addons:
+  cilium:
+    version: 1.18.0
+    chart: https://charts.example.com/cilium
+  argocd:
+    version: 10.1.1
+    insecure: true
+    chart: charts/argo-cd
+";
+
+#[test]
+fn addon_insecure_and_chart_sources() {
+    let case = Case::new();
+    case.file("charts/argo-cd/Chart.yaml", "name: argo-cd\n");
+    let inv = case.load(&format!("{BASE}{ADDONS}")).unwrap().inventory;
+    let argocd = inv.addons.argocd.unwrap();
+    assert!(argocd.insecure);
+    assert_eq!(
+        argocd.chart,
+        Some(ChartRef::Local(case.dir.path().join("charts/argo-cd")))
+    );
+    assert_eq!(
+        inv.addons.cilium.unwrap().chart,
+        Some(ChartRef::Repo("https://charts.example.com/cilium".into()))
+    );
+
+    // Defaults: a server behind no proxy keeps TLS; the upstream chart repository.
+    let plain = ADDONS
+        .replace("    insecure: true\n", "")
+        .replace("    chart: charts/argo-cd\n", "")
+        .replace(
+            "https://charts.example.com/cilium",
+            "oci://quay.io/cilium/charts/cilium",
+        );
+    let inv = Case::new()
+        .load(&format!("{BASE}{plain}"))
+        .unwrap()
+        .inventory;
+    let argocd = inv.addons.argocd.unwrap();
+    assert!(!argocd.insecure);
+    assert_eq!(argocd.chart, None);
+    assert_eq!(
+        inv.addons.cilium.unwrap().chart,
+        Some(ChartRef::Oci("oci://quay.io/cilium/charts/cilium".into()))
+    );
+}
+
+#[test]
+fn addon_field_errors_are_located() {
+    // Line numbers: BASE has 32 lines, so `addons:` is line 33.
+    let typo = ADDONS.replace("insecure: true", "insecur: true");
+    let case = Case::new();
+    let Err(LoadError::Invalid { diagnostics, .. }) = case.load(&format!("{BASE}{typo}")) else {
+        panic!("a misspelt field must be refused")
+    };
+    let d = diagnostics.sorted();
+    let unknown = d
+        .iter()
+        .find(|d| d.path == "addons.argocd.insecur")
+        .expect("unknown field reported");
+    assert_eq!(unknown.loc.line, 39);
+    assert!(
+        unknown
+            .hint
+            .as_deref()
+            .unwrap()
+            .starts_with("did you mean `insecure`?"),
+        "{unknown:?}"
+    );
+
+    let not_bool = ADDONS.replace("insecure: true", "insecure: 3");
+    assert!(
+        diags(&format!("{BASE}{not_bool}")).contains(
+            &"39:15: addons.argocd.insecure: expected true or false, found an integer".into()
+        ),
+        "{:?}",
+        diags(&format!("{BASE}{not_bool}"))
+    );
+
+    let ftp = ADDONS.replace(
+        "https://charts.example.com/cilium",
+        "ftp://charts.example.com",
+    );
+    let d = diags(&format!("{BASE}{ftp}"));
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert_eq!(
+        d[0],
+        "36:12: addons.cilium.chart: `ftp://charts.example.com` uses a scheme helm cannot fetch charts from"
+    );
+    assert!(
+        d[1].starts_with("40:12: warning: addons.argocd.chart: local chart ")
+            && d[1].ends_with("charts/argo-cd does not exist"),
+        "{d:?}"
+    );
+}

@@ -64,8 +64,16 @@ pub struct Settings {
     /// Per-call deadlines.
     pub deadlines: Deadlines,
     /// Directory of rendered add-on manifests, with subdirectories `cilium/` and `argocd/`
-    /// (see docs/addons.md); required when an add-on is enabled.
+    /// (see docs/addons.md); used when no `helm` binary is configured.
     pub addon_manifests: Option<PathBuf>,
+    /// The `helm` binary that renders each enabled add-on with `helm template` (pinned chart
+    /// version, the inventory's Kubernetes version, the API versions the cluster serves).
+    /// Takes precedence over `addon_manifests`; one of the two is required when an add-on is
+    /// enabled.
+    pub helm: Option<PathBuf>,
+    /// The age identity (keys.txt text) for Argo CD's `sops-age` Secret; required when
+    /// `addons.argocd.ksops` is on. Its `Debug` is redacted.
+    pub ksops_age_identity: Option<Arc<crate::crypto::age::Secret>>,
     /// Timeouts of the add-on waits (CRDs, rollouts, nodes Ready).
     pub addon_timeouts: crate::addons::Timeouts,
 }
@@ -82,6 +90,8 @@ impl Settings {
             retry: RetryPolicy::NONE,
             deadlines: Deadlines::default(),
             addon_manifests: None,
+            helm: None,
+            ksops_age_identity: None,
             addon_timeouts: crate::addons::Timeouts::default(),
         }
     }
