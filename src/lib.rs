@@ -15,6 +15,7 @@ pub mod http;
 pub mod inventory;
 pub mod machineconfig;
 pub mod provision;
+pub mod sim;
 pub mod store;
 pub mod talos;
 pub mod tftp;

@@ -1,5 +1,5 @@
 //! A Kubernetes API server double over HTTPS (rustls, ring; client certificates required),
-//! strict where the real API server is strict, for the add-on tests:
+//! strict where the real API server is strict, for `talboot demo` and the add-on tests:
 //!
 //! - discovery: `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`; kinds defined by a
 //!   CRD are served only once that CRD is Established (a short, configurable delay after it
@@ -11,12 +11,18 @@
 //! - Secret `data` values must be base64 (else 422);
 //! - resourceVersion changes only when the stored content really changes;
 //! - Deployments, DaemonSets and StatefulSets report ready a short delay after each change, unless
-//!   marked never-ready; Nodes carry a configurable Ready condition.
+//!   marked never-ready (a DaemonSet counts a node's pod available only once that node can
+//!   run pods); Nodes carry a configurable Ready condition;
+//! - Nodes can also register while it runs, as kubelets do when configured machines boot
+//!   ([`KubeDouble::register_node`]); with [`DoubleOptions::cni_daemonset`] set, such a Node
+//!   is NotReady ("container runtime network not ready ... cni plugin not initialized") until
+//!   that DaemonSet exists and has rolled out, as on a real cluster where nodes become Ready
+//!   only once the CNI runs.
 //!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,25 +42,44 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::pki::TestCa;
+use super::SimError;
+use super::pki::{PkiError, SimCa};
+
+/// The Ready condition message of a kubelet whose node has no CNI yet.
+pub const CNI_NOT_READY: &str = "container runtime network not ready: NetworkReady=false \
+     reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
+/// Locks the double's state; a poisoned lock means a handler already panicked.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock()
+        .expect("the Kubernetes API double's lock is poisoned (a handler panicked)")
+}
 
 /// Knobs of the double.
 #[derive(Clone, Debug)]
 pub struct DoubleOptions {
+    /// Where to listen (port 0: any free port). The server certificate carries this IP, and
+    /// the kubeconfig points at the address really bound.
+    pub bind: SocketAddr,
     /// How long after being applied a CRD becomes Established.
     pub crd_delay: Duration,
     /// How long after a change a Deployment, DaemonSet or StatefulSet reports ready.
     pub rollout_delay: Duration,
     /// Nodes and whether each is Ready.
     pub nodes: Vec<(String, bool)>,
+    /// The CNI DaemonSet (namespace, name): Nodes added by [`KubeDouble::register_node`]
+    /// stay NotReady until it exists and has rolled out. `None`: they are Ready at once.
+    pub cni_daemonset: Option<(String, String)>,
 }
 
 impl Default for DoubleOptions {
     fn default() -> Self {
         DoubleOptions {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             crd_delay: Duration::from_millis(150),
             rollout_delay: Duration::from_millis(150),
             nodes: vec![("cp1".into(), true), ("w1".into(), true)],
+            cni_daemonset: None,
         }
     }
 }
@@ -167,6 +192,9 @@ struct Cluster {
     rv: u64,
     uid: u64,
     never_ready: HashSet<(String, String)>,
+    /// Nodes registered by a (simulated) kubelet: Ready only once the CNI runs and their
+    /// `ready_at` has passed.
+    kubelet_nodes: HashSet<String>,
     log: Vec<ApplyRecord>,
 }
 
@@ -207,10 +235,32 @@ impl Cluster {
     }
 
     fn node_count(&self) -> i64 {
+        self.nodes().count() as i64
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = (&str, &Stored)> {
         self.objects
-            .keys()
-            .filter(|(g, p, _, _)| g.is_empty() && p == "nodes")
-            .count() as i64
+            .iter()
+            .filter(|((g, p, _, _), _)| g.is_empty() && p == "nodes")
+            .map(|((_, _, _, name), s)| (name.as_str(), s))
+    }
+
+    /// Whether the configured CNI DaemonSet exists and has rolled out (true when none is
+    /// configured).
+    fn cni_running(&self, now: Instant) -> bool {
+        let Some((ns, name)) = &self.opts.cni_daemonset else {
+            return true;
+        };
+        let key = ("apps".into(), "daemonsets".into(), ns.clone(), name.clone());
+        self.objects.get(&key).is_some_and(|s| {
+            now >= s.ready_at && !self.never_ready.contains(&(ns.clone(), name.clone()))
+        })
+    }
+
+    /// Whether pods can run on a node: always for the static ones; for kubelet-registered
+    /// ones once the CNI runs and the node's own start-up delay has passed.
+    fn node_runs_pods(&self, name: &str, s: &Stored, now: Instant) -> bool {
+        !self.kubelet_nodes.contains(name) || (self.cni_running(now) && now >= s.ready_at)
     }
 
     /// The object as a client reads it: stored content plus a status computed from time.
@@ -245,14 +295,32 @@ impl Cluster {
             }
             ("apps", "daemonsets") => {
                 let desired = self.node_count();
+                let running = if ready {
+                    self.nodes()
+                        .filter(|(name, n)| self.node_runs_pods(name, n, now))
+                        .count() as i64
+                } else {
+                    0
+                };
                 obj["status"] = json!({
                     "observedGeneration": generation,
                     "desiredNumberScheduled": desired,
                     "currentNumberScheduled": desired,
                     "updatedNumberScheduled": desired,
-                    "numberReady": if ready { desired } else { 0 },
-                    "numberAvailable": if ready { desired } else { 0 },
+                    "numberReady": running,
+                    "numberAvailable": running,
                 });
+            }
+            ("", "nodes") if self.kubelet_nodes.contains(&key.3) => {
+                let ready = self.node_runs_pods(&key.3, s, now);
+                let condition = if ready {
+                    json!({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                           "message": "kubelet is posting ready status"})
+                } else {
+                    json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                           "message": CNI_NOT_READY})
+                };
+                obj["status"] = json!({"conditions": [condition]});
             }
             ("apps", "statefulsets") => {
                 let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -276,7 +344,7 @@ impl Cluster {
 
 /// A running double; dropping it stops the server.
 pub struct KubeDouble {
-    /// Listening address (loopback).
+    /// The address it listens on (the port really bound).
     pub addr: SocketAddr,
     kubeconfig: String,
     state: Shared,
@@ -315,6 +383,41 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// The server's TLS setup: its certificate, client certificates required (signed by `ca`).
+fn server_tls(ca: &SimCa, cert_pem: &str, key_pem: &str) -> Result<rustls::ServerConfig, SimError> {
+    let tls = |reason: String| SimError::Tls {
+        what: "Kubernetes API double".into(),
+        reason,
+    };
+    let parse = |what: &'static str| {
+        move |e: rustls::pki_types::pem::Error| PkiError::Parse {
+            what,
+            reason: e.to_string(),
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(
+            CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())
+                .map_err(parse("CA certificate"))?,
+        )
+        .map_err(|e| tls(e.to_string()))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| tls(e.to_string()))?;
+    let chain = vec![
+        CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(parse("server certificate"))?,
+    ];
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(parse("server key"))?;
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| tls(e.to_string()))
+}
+
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
@@ -332,37 +435,39 @@ fn not_found_resource() -> Response {
 }
 
 impl KubeDouble {
-    /// Starts a double on 127.0.0.1 with `kube-system` and `default` Namespaces and the
-    /// configured Nodes.
-    pub async fn start(opts: DoubleOptions) -> KubeDouble {
-        let ca = TestCa::new_ca("kubernetes");
-        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-        let server = ca.server(&[loopback], &["localhost"]);
+    /// Starts a double on `opts.bind` with `kube-system` and `default` Namespaces and the
+    /// configured Nodes. Fails if the address cannot be bound or the certificates or TLS
+    /// setup cannot be made.
+    pub async fn start(opts: DoubleOptions) -> Result<KubeDouble, SimError> {
+        let ca = SimCa::new_ca("kubernetes")?;
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut ips = vec![opts.bind.ip()];
+        if !ips.contains(&loopback) {
+            ips.push(loopback);
+        }
+        let server = ca.server(&ips, &["kubernetes", "localhost"])?;
         let client = ca.client(
             &["system:masters"],
             vec![ExtendedKeyUsagePurpose::ClientAuth],
-        );
+        )?;
+        let tls = server_tls(&ca, &server.cert_pem, &server.key_pem)?;
 
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
-            .unwrap();
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .unwrap();
-        let chain = vec![CertificateDer::from_pem_slice(server.cert_pem.as_bytes()).unwrap()];
-        let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
-        let tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)
-            .unwrap();
-
-        let tcp = TcpListener::bind((loopback, 0)).await.unwrap();
-        let addr = tcp.local_addr().unwrap();
+        let tcp = TcpListener::bind(opts.bind)
+            .await
+            .map_err(|source| SimError::Bind {
+                addr: opts.bind,
+                source,
+            })?;
+        let addr = tcp.local_addr().map_err(|source| SimError::Bind {
+            addr: opts.bind,
+            source,
+        })?;
+        // A wildcard bind is reached through loopback.
+        let server_addr = if addr.ip().is_unspecified() {
+            SocketAddr::new(loopback, addr.port())
+        } else {
+            addr
+        };
         let now = Instant::now();
         let mut cluster = Cluster {
             opts: opts.clone(),
@@ -370,6 +475,7 @@ impl KubeDouble {
             rv: 100,
             uid: 0,
             never_ready: HashSet::new(),
+            kubelet_nodes: HashSet::new(),
             log: Vec::new(),
         };
         for ns in ["kube-system", "default"] {
@@ -401,7 +507,7 @@ impl KubeDouble {
 
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    \
-             server: https://{addr}\n    certificate-authority-data: {ca}\nusers:\n\
+             server: https://{server_addr}\n    certificate-authority-data: {ca}\nusers:\n\
              - name: admin\n  user:\n    client-certificate-data: {crt}\n    \
              client-key-data: {key}\ncontexts:\n- name: admin@double\n  context:\n    \
              cluster: double\n    user: admin\ncurrent-context: admin@double\n",
@@ -409,12 +515,13 @@ impl KubeDouble {
             crt = STANDARD.encode(&client.cert_pem),
             key = STANDARD.encode(&client.key_pem),
         );
-        KubeDouble {
+        tracing::debug!(%addr, "Kubernetes API double listening");
+        Ok(KubeDouble {
             addr,
             kubeconfig,
             state,
             task,
-        }
+        })
     }
 
     /// Kubeconfig YAML for an admin of this double.
@@ -424,7 +531,7 @@ impl KubeDouble {
 
     /// An object as a client would read it, by apiVersion/kind/namespace/name.
     pub fn object(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Option<Value> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         let now = Instant::now();
         let res = c
             .served(now)
@@ -442,7 +549,7 @@ impl KubeDouble {
 
     /// resourceVersion of every stored object, keyed `group/plural/ns/name`.
     pub fn resource_versions(&self) -> BTreeMap<String, String> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         c.objects
             .iter()
             .map(|((g, p, ns, n), s)| {
@@ -459,26 +566,54 @@ impl KubeDouble {
 
     /// Every accepted apply, in order.
     pub fn applies(&self) -> Vec<ApplyRecord> {
-        self.state.lock().unwrap().log.clone()
+        lock(&self.state).log.clone()
     }
 
     /// Makes a Deployment, DaemonSet or StatefulSet never report ready.
     pub fn never_ready(&self, ns: &str, name: &str) {
-        self.state
-            .lock()
-            .unwrap()
+        lock(&self.state)
             .never_ready
             .insert((ns.into(), name.into()));
     }
 
-    /// Sets (or adds) a Node with the given Ready condition.
+    /// Sets (or adds) a Node with the given Ready condition (fixed from now on, even for a
+    /// Node added by [`Self::register_node`]).
     pub fn set_node_ready(&self, name: &str, ready: bool) {
         set_node(&self.state, name, ready);
     }
 
+    /// Adds a Node as a kubelet does when a configured machine boots. Without
+    /// [`DoubleOptions::cni_daemonset`] it is Ready at once; with it, it reports Ready=False
+    /// ([`CNI_NOT_READY`]) until that DaemonSet exists and has rolled out, and its pod has
+    /// started on this node (the rollout delay after registration). Registering a name again
+    /// restarts that node's start-up.
+    pub fn register_node(&self, name: &str) {
+        let mut c = lock(&self.state);
+        if c.opts.cni_daemonset.is_none() {
+            drop(c);
+            set_node(&self.state, name, true);
+            return;
+        }
+        c.rv += 1;
+        let rv = c.rv.to_string();
+        let ready_at = Instant::now() + c.opts.rollout_delay;
+        c.objects.insert(
+            (String::new(), "nodes".into(), String::new(), name.into()),
+            Stored {
+                obj: json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "resourceVersion": rv,
+                                 "uid": format!("uid-node-{name}"),
+                                 "labels": {"kubernetes.io/hostname": name}}}),
+                manager: "kubelet".into(),
+                ready_at,
+            },
+        );
+        c.kubelet_nodes.insert(name.into());
+    }
+
     /// When the CRD `name` became (or becomes) Established.
     pub fn crd_established_at(&self, name: &str) -> Option<Instant> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         c.objects
             .get(&(
                 "apiextensions.k8s.io".into(),
@@ -499,7 +634,8 @@ impl Cluster {
 }
 
 fn set_node(state: &Shared, name: &str, ready: bool) {
-    let mut c = state.lock().unwrap();
+    let mut c = lock(state);
+    c.kubelet_nodes.remove(name);
     c.rv += 1;
     let rv = c.rv.to_string();
     c.objects.insert(
@@ -599,7 +735,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let now = Instant::now();
-    let mut c = state.lock().unwrap();
+    let mut c = lock(&state);
     let Some(target) = parse_path(&c, uri.path(), now) else {
         return not_found_resource();
     };
@@ -830,8 +966,8 @@ fn apply(
             );
         }
         obj["metadata"]["namespace"] = Value::String(ns.clone());
-    } else if obj["metadata"].get("namespace").is_some() {
-        obj["metadata"].as_object_mut().unwrap().remove("namespace");
+    } else if let Some(meta) = obj["metadata"].as_object_mut() {
+        meta.remove("namespace");
     }
     if res.kind == "Secret" && res.group.is_empty() {
         for (k, v) in obj["data"].as_object().into_iter().flatten() {
@@ -887,11 +1023,13 @@ fn apply(
             }
         };
         let mut stored = new_content;
-        let meta = stored["metadata"].as_object_mut().unwrap();
-        meta.insert("uid".into(), uid);
-        meta.insert("resourceVersion".into(), json!(rv));
-        meta.insert("generation".into(), json!(generation));
-        meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+        // The name check above made `metadata` an object.
+        if let Some(meta) = stored["metadata"].as_object_mut() {
+            meta.insert("uid".into(), uid);
+            meta.insert("resourceVersion".into(), json!(rv));
+            meta.insert("generation".into(), json!(generation));
+            meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+        }
         let delay = match res.kind.as_str() {
             "CustomResourceDefinition" => c.opts.crd_delay,
             "Deployment" | "DaemonSet" | "StatefulSet" => c.opts.rollout_delay,
@@ -916,7 +1054,13 @@ fn apply(
         changed,
         at: now,
     });
-    let s = c.objects.get(&key).unwrap();
+    let Some(s) = c.objects.get(&key) else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "the applied object vanished".into(),
+        );
+    };
     let view = c.view(&key, s, now);
     let code = if created {
         StatusCode::CREATED

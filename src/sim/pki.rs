@@ -1,7 +1,8 @@
-//! Test PKI for the Talos double and its tests: an Ed25519 OS CA like the one in a Talos
-//! secrets bundle (O=talos), and leaves signed by it (apid server certs, client certs whose
-//! Organization carries the Talos roles). Built directly on rcgen; reading certificates back
-//! (roles, EKU) uses x509-parser, as apid does with Go's x509.
+//! PKI of the simulated machines ([`super::talos`], [`super::kube`]) and their tests: an
+//! Ed25519 OS CA like the one in a Talos secrets bundle (O=talos), and leaves signed by it
+//! (apid server certs, client certs whose Organization carries the Talos roles). Built
+//! directly on rcgen; reading certificates back (roles, EKU) uses x509-parser, as apid does
+//! with Go's x509.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -12,7 +13,32 @@ use rcgen::{
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-/// A certificate and its private key, both PEM.
+/// Why a certificate could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    /// rcgen refused or failed (key generation, parameters, signing).
+    #[error("simulated PKI: {what}: {source}")]
+    Generate {
+        /// What was being made.
+        what: &'static str,
+        /// rcgen's reason.
+        source: rcgen::Error,
+    },
+    /// A PEM or DER certificate or key could not be read.
+    #[error("simulated PKI: {what}: {reason}")]
+    Parse {
+        /// What was being read.
+        what: &'static str,
+        /// Why it failed.
+        reason: String,
+    },
+}
+
+fn generate(what: &'static str) -> impl FnOnce(rcgen::Error) -> PkiError {
+    move |source| PkiError::Generate { what, source }
+}
+
+/// A certificate and its private key, both PEM. Debug shows the certificate only.
 #[derive(Clone)]
 pub struct CertKey {
     /// Certificate PEM.
@@ -21,27 +47,46 @@ pub struct CertKey {
     pub key_pem: String,
 }
 
-/// A certificate authority that can issue leaves.
+impl std::fmt::Debug for CertKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertKey")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A certificate authority that can issue leaves. Debug shows the certificate only.
 #[derive(Clone)]
-pub struct TestCa {
+pub struct SimCa {
     /// CA certificate PEM.
     pub cert_pem: String,
     key_pem: String,
     issuer: Arc<Issuer<'static, KeyPair>>,
 }
 
-impl TestCa {
+impl std::fmt::Debug for SimCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCa")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+impl SimCa {
     /// A fresh OS CA as `talosctl gen secrets` makes it: Ed25519, O=talos, CA,
     /// KeyUsage DigitalSignature+CertSign, EKU ServerAuth+ClientAuth.
-    pub fn new_os_ca() -> Self {
+    pub fn new_os_ca() -> Result<Self, PkiError> {
         Self::new_ca("talos")
     }
 
     /// A fresh self-signed Ed25519 CA with the given Organization (a maintenance-mode node
     /// makes one at every boot).
-    pub fn new_ca(org: &str) -> Self {
-        let key = KeyPair::generate_for(&PKCS_ED25519).expect("generate CA key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    pub fn new_ca(org: &str) -> Result<Self, PkiError> {
+        let key = KeyPair::generate_for(&PKCS_ED25519).map_err(generate("CA key"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(generate("CA parameters"))?;
         params
             .distinguished_name
             .push(DnType::OrganizationName, org);
@@ -54,20 +99,27 @@ impl TestCa {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        let cert = params.self_signed(&key).expect("self-sign CA");
+        let cert = params
+            .self_signed(&key)
+            .map_err(generate("self-signed CA"))?;
         let key_pem = key.serialize_pem();
-        Self {
+        Ok(Self {
             cert_pem: cert.pem(),
             key_pem,
             issuer: Arc::new(Issuer::new(params, key)),
-        }
+        })
     }
 
     /// Loads a CA from PEM (the key may use Talos's `ED25519 PRIVATE KEY` label).
-    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, String> {
-        let key = KeyPair::from_pem(key_pem).map_err(|e| format!("CA key: {e}"))?;
-        let issuer =
-            Issuer::from_ca_cert_pem(cert_pem, key).map_err(|e| format!("CA certificate: {e}"))?;
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::Parse {
+            what: "CA key",
+            reason: e.to_string(),
+        })?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(|e| PkiError::Parse {
+            what: "CA certificate",
+            reason: e.to_string(),
+        })?;
         Ok(Self {
             cert_pem: cert_pem.to_owned(),
             key_pem: key_pem.to_owned(),
@@ -81,9 +133,14 @@ impl TestCa {
     }
 
     /// A client certificate: Ed25519, roles as Organization values, the given EKUs.
-    pub fn client(&self, roles: &[&str], ekus: Vec<ExtendedKeyUsagePurpose>) -> CertKey {
-        let key = KeyPair::generate_for(&PKCS_ED25519).expect("generate client key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+    pub fn client(
+        &self,
+        roles: &[&str],
+        ekus: Vec<ExtendedKeyUsagePurpose>,
+    ) -> Result<CertKey, PkiError> {
+        let key = KeyPair::generate_for(&PKCS_ED25519).map_err(generate("client key"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(generate("client parameters"))?;
         params
             .distinguished_name
             .push(DnType::CommonName, "talboot-test");
@@ -94,55 +151,62 @@ impl TestCa {
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = ekus;
-        let cert = params.signed_by(&key, &self.issuer).expect("sign client");
-        CertKey {
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(generate("client certificate"))?;
+        Ok(CertKey {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
-        }
+        })
     }
 
     /// An admin client certificate as Talos issues it: O=os:admin, EKU clientAuth only.
-    pub fn admin(&self) -> CertKey {
+    pub fn admin(&self) -> Result<CertKey, PkiError> {
         self.client(&["os:admin"], vec![ExtendedKeyUsagePurpose::ClientAuth])
     }
 
     /// An apid server certificate: Ed25519, EKU serverAuth, SANs = the given IPs and names.
-    pub fn server(&self, ips: &[IpAddr], names: &[&str]) -> CertKey {
-        let key = KeyPair::generate_for(&PKCS_ED25519).expect("generate server key");
+    pub fn server(&self, ips: &[IpAddr], names: &[&str]) -> Result<CertKey, PkiError> {
+        let key = KeyPair::generate_for(&PKCS_ED25519).map_err(generate("server key"))?;
         let sans: Vec<String> = ips
             .iter()
             .map(ToString::to_string)
             .chain(names.iter().map(|n| (*n).to_owned()))
             .collect();
-        let mut params = CertificateParams::new(sans).expect("server params");
+        let mut params = CertificateParams::new(sans).map_err(generate("server parameters"))?;
         if let Some(name) = names.first() {
             params.distinguished_name.push(DnType::CommonName, *name);
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &self.issuer).expect("sign server");
-        CertKey {
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(generate("server certificate"))?;
+        Ok(CertKey {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
-        }
+        })
     }
 }
 
 /// A fresh self-signed ECDSA P-256 certificate (the kind of client cert a kubeconfig
 /// carries: CN=admin, O=system:masters).
-pub fn kube_admin_cert() -> CertKey {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("generate P-256 key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+pub fn kube_admin_cert() -> Result<CertKey, PkiError> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(generate("P-256 key"))?;
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(generate("admin parameters"))?;
     params.distinguished_name.push(DnType::CommonName, "admin");
     params
         .distinguished_name
         .push(DnType::OrganizationName, "system:masters");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.self_signed(&key).expect("self-sign");
-    CertKey {
+    let cert = params
+        .self_signed(&key)
+        .map_err(generate("self-signed admin certificate"))?;
+    Ok(CertKey {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
-    }
+    })
 }
 
 /// Rewrites a PKCS#8 `PRIVATE KEY` PEM under Talos's `ED25519 PRIVATE KEY` label.
