@@ -1712,3 +1712,293 @@ impl cosi::state_server::State for NodeApi {
         Ok(Response::new(Box::pin(tokio_stream::iter(items))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The double against talboot's real renderer and talosconfig, and the hooks the demo
+    //! needs (aliases, port, boot hook, phase subscription, cluster kubeconfig). Nodes listen
+    //! on 127.0.77.x, which no other test uses.
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::OnceLock;
+
+    use time::OffsetDateTime;
+    use tokio::sync::Semaphore;
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+    use super::*;
+    use crate::inventory::{self, Inventory};
+    use crate::machineconfig::clients;
+    use crate::machineconfig::render::render_node;
+    use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
+    use crate::talos::retry::RetryPolicy;
+    use crate::talos::{ClientCreds, TalosClient};
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 77, last])
+    }
+
+    /// The rack inventory and one freshly generated secrets bundle for all tests here
+    /// (P-256 service-account key: RSA-4096 generation would only make the tests slow).
+    fn rack() -> &'static (Inventory, SecretsBundle) {
+        static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
+        RACK.get_or_init(|| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+            let inv = inventory::load_with_env(&path, &BTreeMap::new())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .inventory;
+            let options = GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            };
+            let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
+            (inv, secrets)
+        })
+    }
+
+    /// `node`'s config as `talboot gen` renders it (YAML).
+    fn rendered(node: &str) -> String {
+        let (inv, secrets) = rack();
+        let node = inv.node(node).unwrap_or_else(|| panic!("no node {node}"));
+        render_node(inv, secrets, node).unwrap().to_yaml().unwrap()
+    }
+
+    /// The rack address of an inventory node.
+    fn rack_ip(node: &str) -> IpAddr {
+        IpAddr::V4(rack().0.node(node).unwrap().address.addr())
+    }
+
+    /// Credentials from the admin talosconfig `talboot gen` writes for the bundle.
+    fn admin_creds() -> ClientCreds {
+        let (inv, secrets) = rack();
+        let talosconfig = clients::talosconfig(
+            inv.cluster.name.as_str(),
+            &["10.20.0.11".into()],
+            &[],
+            secrets,
+            time::Duration::hours(1),
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
+        ClientCreds::from_talosconfig(&talosconfig, None).unwrap()
+    }
+
+    fn maintenance(addr: SocketAddr) -> TalosClient {
+        TalosClient::maintenance(addr)
+            .unwrap()
+            .with_retry(RetryPolicy::NONE)
+    }
+
+    fn secured(addr: SocketAddr) -> TalosClient {
+        TalosClient::secured(addr, &admin_creds())
+            .unwrap()
+            .with_retry(RetryPolicy::NONE)
+    }
+
+    fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
+        let mut cfg = FakeNodeConfig::new(ip(last), name);
+        cfg.aliases = vec![rack_ip(name)];
+        cfg
+    }
+
+    /// The IP SANs of the certificate the node presents now (handshake with any-cert
+    /// verification, and the admin client certificate in case the node asks for one).
+    async fn presented_ips(addr: SocketAddr) -> Vec<IpAddr> {
+        let creds = admin_creds();
+        let chain = CertificateDer::pem_slice_iter(&creds.crt_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key =
+            PrivateKeyDer::from_pem_slice(&crate::talos::tls::normalize_key_pem(&creds.key_pem))
+                .unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap().value;
+        san.general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rendered_configs_install_and_the_generated_talosconfig_works() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let cp = FakeTalosNode::start(node_cfg(1, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        let st = FakeTalosNode::start(node_cfg(2, "rack1-st-01"), &cluster)
+            .await
+            .unwrap();
+        let cp_alias = rack_ip("rack1-cp-01");
+        assert!(presented_ips(cp.addr()).await.contains(&cp_alias));
+
+        for (node, name) in [(&cp, "rack1-cp-01"), (&st, "rack1-st-01")] {
+            let config = rendered(name);
+            maintenance(node.addr())
+                .apply_configuration(config.as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the double refused talboot's config: {e}"));
+            node.wait_phase(Phase::Secured).await.unwrap();
+            assert_eq!(node.last_applied_config().as_deref(), Some(config.as_str()));
+        }
+
+        // The admin talosconfig from the same bundle is accepted by both, directly...
+        let version = secured(cp.addr()).version().await.unwrap();
+        assert_eq!(version.version.unwrap().tag, TALOS_TAG);
+        secured(st.addr()).version().await.unwrap();
+        // ...and through the control plane, naming the worker by its rack address.
+        let st_alias = rack_ip("rack1-st-01").to_string();
+        let relayed = secured(cp.addr()).with_node(&st_alias).unwrap();
+        relayed.version().await.unwrap();
+        assert!(st.served().iter().any(|s| s.rpc == "Version" && s.relayed));
+        // The secured certificates carry the rack addresses too (the worker's from trustd).
+        assert!(presented_ips(cp.addr()).await.contains(&cp_alias));
+        let st_ips = presented_ips(st.addr()).await;
+        assert!(st_ips.contains(&rack_ip("rack1-st-01")), "{st_ips:?}");
+        assert!(st_ips.contains(&ip(2)), "{st_ips:?}");
+        cp.shutdown().await;
+        st.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn boot_hook_runs_between_lives_with_the_reason() {
+        crate::install_crypto_provider();
+        let (reasons_tx, mut reasons) = mpsc::unbounded_channel();
+        let gate = Arc::new(Semaphore::new(0));
+        let mut cfg = node_cfg(3, "rack1-cp-02");
+        let hook_gate = gate.clone();
+        cfg.boot_hook = Some(Arc::new(move |reason| {
+            let tx = reasons_tx.clone();
+            let gate = hook_gate.clone();
+            Box::pin(async move {
+                let _ = tx.send(reason);
+                if let Ok(permit) = gate.acquire().await {
+                    permit.forget();
+                }
+            })
+        }));
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        let mut phases = node.subscribe_phase();
+        assert_eq!(*phases.borrow_and_update(), Phase::Maintenance);
+        assert!(
+            reasons.try_recv().is_err(),
+            "the first boot is the caller's"
+        );
+
+        // Each life ends, the hook runs while nothing listens, then the next life starts.
+        let steps: [(BootReason, Phase); 3] = [
+            (BootReason::Installed, Phase::Secured),
+            (BootReason::Reboot, Phase::Secured),
+            (BootReason::Reset, Phase::Maintenance),
+        ];
+        for (want, next) in steps {
+            match want {
+                BootReason::Installed => {
+                    maintenance(node.addr())
+                        .apply_configuration(rendered("rack1-cp-02").as_bytes())
+                        .await
+                        .unwrap();
+                }
+                BootReason::Reboot => secured(node.addr()).reboot().await.unwrap(),
+                BootReason::Reset => secured(node.addr()).reset(false, true).await.unwrap(),
+            }
+            assert_eq!(reasons.recv().await, Some(want));
+            assert_eq!(node.phase(), Phase::Booting);
+            // The subscription saw the machine go down...
+            assert_eq!(*phases.borrow_and_update(), Phase::Booting);
+            assert!(
+                TcpStream::connect(node.addr()).await.is_err(),
+                "the API must be down while the machine boots"
+            );
+            gate.add_permits(1);
+            node.wait_phase(next.clone()).await.unwrap();
+            // ...and come back.
+            phases.changed().await.unwrap();
+            assert_eq!(*phases.borrow_and_update(), next);
+        }
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn set_kubeconfig_replaces_the_minted_one_on_any_port() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(4, "rack1-cp-03");
+        cfg.port = 50444;
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        assert_eq!(node.addr(), SocketAddr::new(ip(4), 50444));
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-cp-03").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let client = secured(node.addr());
+
+        // Minted: for the config's endpoint.
+        let minted = String::from_utf8(client.kubeconfig().await.unwrap()).unwrap();
+        assert!(
+            minted.contains("server: https://10.20.0.10:6443"),
+            "{minted}"
+        );
+
+        let ours = "apiVersion: v1\nkind: Config\nclusters: []\n# the demo's API double\n";
+        cluster.set_kubeconfig(Some(ours.into()));
+        assert_eq!(client.kubeconfig().await.unwrap(), ours.as_bytes());
+        assert_eq!(node.kubeconfig_calls(), 2);
+        assert_eq!(node.last_kubeconfig().as_deref(), Some(ours.as_bytes()));
+
+        cluster.set_kubeconfig(None);
+        let again = String::from_utf8(client.kubeconfig().await.unwrap()).unwrap();
+        assert!(again.contains("server: https://10.20.0.10:6443"), "{again}");
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn start_names_an_address_in_use() {
+        crate::install_crypto_provider();
+        let addr = SocketAddr::new(ip(5), APID_PORT);
+        let _taken = std::net::TcpListener::bind(addr).unwrap();
+        let cluster = FakeCluster::new();
+        let err = FakeTalosNode::start(FakeNodeConfig::new(ip(5), "busy"), &cluster)
+            .await
+            .err()
+            .expect("binding a used address must fail");
+        assert!(
+            matches!(err, SimError::Bind { addr: a, .. } if a == addr),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("127.0.77.5:50000"), "{err}");
+        // A failed start leaves nothing registered under its names.
+        assert!(cluster.resolve("busy").is_none());
+    }
+
+    #[test]
+    fn config_debug_shows_the_hook_only_as_present() {
+        let mut cfg = FakeNodeConfig::new(ip(6), "n");
+        cfg.boot_hook = Some(Arc::new(|_| Box::pin(async {})));
+        let text = format!("{:?}", cfg.clone());
+        assert!(text.contains("boot_hook: Some(\"<hook>\")"), "{text}");
+        assert!(text.contains("port: 50000"), "{text}");
+    }
+}
