@@ -1069,3 +1069,192 @@ fn apply(
     };
     (code, axum::Json(view)).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    //! The double through talboot's own Kubernetes client: where it binds, what its
+    //! certificate names, and kubelet-registered Nodes that wait for the CNI.
+
+    use std::time::Duration;
+
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+    use super::*;
+    use crate::addons::kube::{Kube, client_from_kubeconfig};
+
+    async fn session(double: &KubeDouble) -> Kube {
+        crate::install_crypto_provider();
+        let client = client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap();
+        Kube::new(client, Duration::from_millis(10))
+    }
+
+    fn node_ready(double: &KubeDouble, name: &str) -> (String, String) {
+        let node = double
+            .object("v1", "Node", "", name)
+            .unwrap_or_else(|| panic!("no Node {name}"));
+        let c = &node["status"]["conditions"][0];
+        assert_eq!(c["type"], "Ready");
+        (
+            c["status"].as_str().unwrap_or("").to_owned(),
+            c["message"].as_str().unwrap_or("").to_owned(),
+        )
+    }
+
+    fn daemonset(ns: &str, name: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"selector": {"matchLabels": {"app": name}},
+                        "template": {"metadata": {"labels": {"app": name}},
+                                     "spec": {"containers": [{"name": name, "image": "x"}]}}}})
+    }
+
+    /// The SANs (IPs and DNS names, as text) of the server certificate the double presents.
+    async fn presented_sans(double: &KubeDouble) -> Vec<String> {
+        let kc: Value = yaml_serde::from_str(double.kubeconfig()).unwrap();
+        let user = &kc["users"][0]["user"];
+        let pem = |field: &str| STANDARD.decode(user[field].as_str().unwrap()).unwrap();
+        let chain = vec![CertificateDer::from_pem_slice(&pem("client-certificate-data")).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(&pem("client-key-data")).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+        let tcp = TcpStream::connect(double.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(double.addr.ip().into());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap().value;
+        san.general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string())
+                }
+                GeneralName::DNSName(d) => Some((*d).to_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn binds_where_asked_and_its_kubeconfig_reaches_it() {
+        let bind: SocketAddr = "127.0.77.20:0".parse().unwrap();
+        let double = KubeDouble::start(DoubleOptions {
+            bind,
+            ..DoubleOptions::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(double.addr.ip(), bind.ip());
+        assert_ne!(double.addr.port(), 0);
+        let server = format!("server: https://{}\n", double.addr);
+        assert!(
+            double.kubeconfig().contains(&server),
+            "{}",
+            double.kubeconfig()
+        );
+        // talboot's client verifies the certificate against the address it dials.
+        let kube = session(&double).await;
+        kube.wait_nodes_ready(Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut sans = presented_sans(&double).await;
+        sans.sort();
+        assert_eq!(
+            sans,
+            ["127.0.0.1", "127.0.77.20", "kubernetes", "localhost"],
+            "{sans:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_in_use_is_named() {
+        let taken = std::net::TcpListener::bind("127.0.77.21:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = KubeDouble::start(DoubleOptions {
+            bind: addr,
+            ..DoubleOptions::default()
+        })
+        .await
+        .err()
+        .expect("binding a used address must fail");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+
+    #[tokio::test]
+    async fn registered_nodes_become_ready_only_once_the_cni_runs() {
+        let rollout = Duration::from_millis(20);
+        let double = KubeDouble::start(DoubleOptions {
+            nodes: vec![],
+            rollout_delay: rollout,
+            cni_daemonset: Some(("kube-system".into(), "cilium".into())),
+            ..DoubleOptions::default()
+        })
+        .await
+        .unwrap();
+        let kube = session(&double).await;
+        double.register_node("cp1");
+        let (status, message) = node_ready(&double, "cp1");
+        assert_eq!(status, "False");
+        assert!(message.contains("cni plugin not initialized"), "{message}");
+
+        // Another DaemonSet is no CNI: its pod cannot become available on the node either.
+        kube.apply(&daemonset("kube-system", "other"), "kube-system")
+            .await
+            .unwrap();
+        tokio::time::sleep(rollout * 3).await;
+        let other = double
+            .object("apps/v1", "DaemonSet", "kube-system", "other")
+            .unwrap();
+        assert_eq!(other["status"]["desiredNumberScheduled"], 1);
+        assert_eq!(other["status"]["numberAvailable"], 0);
+        assert_eq!(node_ready(&double, "cp1").0, "False");
+
+        // The CNI rolls out; the node turns Ready, and so does one registered afterwards.
+        kube.apply(&daemonset("kube-system", "cilium"), "kube-system")
+            .await
+            .unwrap();
+        kube.wait_daemonset("kube-system", "cilium", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(node_ready(&double, "cp1").0, "True");
+        double.register_node("w1");
+        kube.wait_nodes_ready(Duration::from_secs(30))
+            .await
+            .unwrap();
+        kube.wait_daemonset("kube-system", "other", Duration::from_secs(30))
+            .await
+            .unwrap();
+        let ds = double
+            .object("apps/v1", "DaemonSet", "kube-system", "cilium")
+            .unwrap();
+        assert_eq!(ds["status"]["numberAvailable"], 2);
+
+        // set_node_ready still overrides, for registered nodes too.
+        double.set_node_ready("w1", false);
+        assert_eq!(node_ready(&double, "w1").0, "False");
+    }
+
+    #[tokio::test]
+    async fn static_nodes_and_registration_without_a_cni_gate() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        assert_eq!(node_ready(&double, "cp1").0, "True");
+        double.set_node_ready("w1", false);
+        assert_eq!(node_ready(&double, "w1").0, "False");
+        double.register_node("w2");
+        assert_eq!(node_ready(&double, "w2").0, "True");
+        let ns = double.object("v1", "Namespace", "", "kube-system").unwrap();
+        assert_eq!(ns["status"]["phase"], "Active");
+    }
+}
