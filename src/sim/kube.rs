@@ -368,8 +368,14 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let Ok((tcp, peer)) = self.tcp.accept().await else {
-                continue;
+            let (tcp, peer) = match self.tcp.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::debug!(error = %e, "simulated server: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
             };
             // A failed handshake (e.g. no client certificate) just drops that connection.
             if let Ok(tls) = self.acceptor.accept(tcp).await {

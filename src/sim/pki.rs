@@ -247,3 +247,54 @@ pub fn check_client_only_eku(der: &[u8]) -> Result<(), String> {
         Err("client certificate ExtKeyUsage must be exactly [ClientAuth]".into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    use super::*;
+
+    fn der(pem: &str) -> Vec<u8> {
+        CertificateDer::from_pem_slice(pem.as_bytes())
+            .unwrap()
+            .to_vec()
+    }
+
+    #[test]
+    fn admin_carries_its_role_and_only_client_auth() {
+        let ca = SimCa::new_os_ca().unwrap();
+        let admin = ca.admin().unwrap();
+        assert_eq!(organizations(&der(&admin.cert_pem)).unwrap(), ["os:admin"]);
+        check_client_only_eku(&der(&admin.cert_pem)).unwrap();
+        let both = ca
+            .client(
+                &["os:reader"],
+                vec![
+                    ExtendedKeyUsagePurpose::ClientAuth,
+                    ExtendedKeyUsagePurpose::ServerAuth,
+                ],
+            )
+            .unwrap();
+        assert!(check_client_only_eku(&der(&both.cert_pem)).is_err());
+    }
+
+    #[test]
+    fn a_ca_reloads_from_talos_labelled_pem_and_keys_stay_out_of_debug() {
+        let ca = SimCa::new_os_ca().unwrap();
+        let key = ca.key_pem_talos_label();
+        assert!(
+            key.starts_with("-----BEGIN ED25519 PRIVATE KEY-----"),
+            "{key}"
+        );
+        let again = SimCa::from_pem(&ca.cert_pem, &key).unwrap();
+        let leaf = again
+            .server(&["10.20.0.11".parse().unwrap()], &["n"])
+            .unwrap();
+        assert!(!format!("{again:?}{leaf:?}").contains("PRIVATE KEY"));
+        assert!(matches!(
+            SimCa::from_pem(&ca.cert_pem, "not a key"),
+            Err(PkiError::Parse { what: "CA key", .. })
+        ));
+    }
+}

@@ -11,9 +11,9 @@
 //!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
 //!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
 //! * After a full config is applied the node "installs" and "reboots": the listener goes away
-//!   and, after the optional [`BootHook`] (the simulated network boot), comes back **Secured**, with a server certificate from the cluster OS CA in
-//!   `machine.ca` (workers hold no CA key and get theirs from a control plane, as trustd
-//!   does). The handshake now requires a client certificate signed by that CA with
+//!   and, after the optional [`BootHook`] (the simulated network boot), comes back
+//!   **Secured**, with a server certificate from the cluster OS CA in `machine.ca` (workers
+//!   hold no CA key and get theirs from a control plane, as trustd does). The handshake now requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
 //!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
 //!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
@@ -21,9 +21,12 @@
 //!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
 //!   chunks (a freshly minted admin kubeconfig, or the one set with
 //!   [`FakeCluster::set_kubeconfig`]); Reset of STATE+EPHEMERAL sends the node back to
-//!   maintenance.
+//!   maintenance (after the boot hook, like any reboot). The double accepts configs rendered
+//!   by talboot's own renderer (see the tests below).
 //!
-//! Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
+//! Start-up failures (address in use, certificates) are returned by
+//! [`FakeTalosNode::start`]; a later boot that fails parks the node in [`Phase::Failed`] with
+//! the reason. Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -711,8 +714,14 @@ async fn accept_loop(
     firewall: Arc<Mutex<Option<IpAddr>>>,
 ) {
     loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            continue;
+        let (tcp, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                tracing::debug!(error = %e, "simulated server: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let only_from = *lock(&firewall);
         if only_from.is_some_and(|allowed| allowed != peer.ip()) {
