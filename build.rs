@@ -1,6 +1,6 @@
 //! Compiles talboot's own Talos API subset (`proto/`) into Rust with protox (a pure-Rust
 //! protobuf compiler, so the build needs no `protoc`) and tonic-prost-build. Servers are
-//! generated too: the test double of a Talos node (`tests/support`) serves the same API.
+//! generated too: the simulated Talos node (`src/sim/talos.rs`) serves the same API.
 
 use std::path::PathBuf;
 

@@ -2,8 +2,6 @@
 //! markers, the release record, idempotency, stable TLS material, the Argo CD extras, waits
 //! that honour their timeouts, and the double's own strictness.
 
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +20,7 @@ use talboot::addons::{
 use talboot::crypto::age::Secret;
 use time::OffsetDateTime;
 
-use support::kube_double::{DoubleOptions, KubeDouble};
+use talboot::sim::kube::{DoubleOptions, KubeDouble};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -95,7 +93,7 @@ fn live(double: &KubeDouble, r: &ObjectRef) -> Value {
 
 #[tokio::test]
 async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = session(&double).await;
     let spec = cilium_spec().await;
 
@@ -189,7 +187,7 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
 
 #[tokio::test]
 async fn second_run_changes_nothing_even_with_fresh_certificates() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = session(&double).await;
     let spec = cilium_spec().await;
     install_addon(&kube, &spec, timeouts(), now())
@@ -260,7 +258,7 @@ async fn second_run_changes_nothing_even_with_fresh_certificates() {
 
 #[tokio::test]
 async fn argocd_set_gets_sops_age_and_root_application() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = session(&double).await;
     let opts = ArgoCdOptions {
         domain: "argocd.lab.example".into(),
@@ -370,7 +368,7 @@ async fn argocd_set_gets_sops_age_and_root_application() {
 
 #[tokio::test]
 async fn a_deployment_that_never_becomes_ready_fails_at_the_timeout() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     double.never_ready("kube-system", "cilium-operator");
     let kube = session(&double).await;
     let spec = cilium_spec().await;
@@ -408,7 +406,8 @@ async fn nodes_ready_wait_follows_the_nodes() {
         nodes: vec![("cp1".into(), true), ("w1".into(), false)],
         ..DoubleOptions::default()
     })
-    .await;
+    .await
+    .unwrap();
     let kube = session(&double).await;
     let err = kube
         .wait_nodes_ready(Duration::from_millis(200))
@@ -423,7 +422,7 @@ async fn nodes_ready_wait_follows_the_nodes() {
 
 #[tokio::test]
 async fn a_release_upgraded_by_helm_is_left_alone() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = session(&double).await;
     let spec = cilium_spec().await;
     let v2 = json!({"apiVersion": "v1", "kind": "Secret", "type": "helm.sh/release.v1",
@@ -439,7 +438,7 @@ async fn a_release_upgraded_by_helm_is_left_alone() {
 
 #[tokio::test]
 async fn the_double_is_strict_like_the_api_server() {
-    let double = KubeDouble::start(DoubleOptions::default()).await;
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = session(&double).await;
 
     // A custom resource whose CRD is not there is an unknown kind.
@@ -540,7 +539,8 @@ async fn custom_resources_wait_for_an_established_crd() {
         crd_delay: Duration::from_secs(3600),
         ..DoubleOptions::default()
     })
-    .await;
+    .await
+    .unwrap();
     let kube = session(&double).await;
     let crd = manifest::parse_documents(
         "c-crds.yaml",

@@ -1,23 +1,21 @@
 //! The cluster steps after the kubeconfig (API ready → Cilium → nodes Ready → Argo CD →
-//! handed off) against the strict Kubernetes API double (tests/support/kube_double.rs), with
+//! handed off) against the strict Kubernetes API double (src/sim/kube.rs), with
 //! talboot "killed and restarted" (provisioner, bus and store dropped and reopened) before
 //! every step. Most tests start the store where the bootstrap steps leave it (bootstrap and
 //! kubeconfig recorded done, the double's kubeconfig in the state directory);
-//! `from_talos` goes the whole way from a fake Talos node (tests/support/talos_double.rs).
-
-mod support;
+//! `from_talos` goes the whole way from a fake Talos node (src/sim/talos.rs).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::kube_double::{DoubleOptions, KubeDouble};
 use talboot::addons::Timeouts;
 use talboot::events::{EventBus, SystemClock};
 use talboot::inventory::Inventory;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE, KUBECONFIG_KEY};
 use talboot::provision::steps::{CLUSTER_TIMELINE, STEP_KEY, StepRecord};
 use talboot::provision::{ClusterStep, ConfigRenderer, Provisioner, Settings, StepOutcome};
+use talboot::sim::kube::{DoubleOptions, KubeDouble};
 use talboot::store::{self, Store};
 use talboot::talos::ClientCreds;
 
@@ -61,7 +59,7 @@ impl World {
         let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();
-        let double = KubeDouble::start(DoubleOptions::default()).await;
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
         // Where the bootstrap steps leave things: both recorded done, kubeconfig written.
         std::fs::write(state.join(KUBECONFIG_FILE), double.kubeconfig()).unwrap();
         let s = store::open(&state).unwrap();
@@ -508,7 +506,7 @@ async fn real_helm_refuses_a_local_chart_of_another_version() {
 }
 
 /// The whole way from an unconfigured control plane: the fake Talos node
-/// (tests/support/talos_double.rs) is provisioned, bootstrapped and hands out its kubeconfig;
+/// (src/sim/talos.rs) is provisioned, bootstrapped and hands out its kubeconfig;
 /// that kubeconfig names no real API server, so the test swaps in the double's right after
 /// the kubeconfig step, as a real cluster's would point at its own API.
 mod from_talos {
@@ -517,10 +515,10 @@ mod from_talos {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;
 
-    use super::support::pki::{TestCa, talos_label};
-    use super::support::talos_double::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
     use super::*;
     use talboot::provision::{ClusterProgress, NodeStep};
+    use talboot::sim::pki::{SimCa, talos_label};
+    use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
     use talboot::store::{Lease, LeaseState};
 
     const NET: u8 = 63;
@@ -528,7 +526,7 @@ mod from_talos {
     /// A minimal control-plane machine config carrying the test OS CA, enough for the fake
     /// node to accept it and come back secured.
     struct CpRenderer {
-        ca: TestCa,
+        ca: SimCa,
     }
 
     impl ConfigRenderer for CpRenderer {
@@ -545,7 +543,7 @@ mod from_talos {
         }
     }
 
-    fn boot(world: &World, ca: &TestCa) -> Talboot {
+    fn boot(world: &World, ca: &SimCa) -> Talboot {
         let store: Arc<dyn Store> = Arc::new(store::open(&world.state_dir()).unwrap());
         let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
         let mut settings = Settings::new(world.state_dir());
@@ -556,7 +554,7 @@ mod from_talos {
             crd: Duration::from_secs(20),
             rollout: Duration::from_secs(20),
         };
-        let admin = ca.admin();
+        let admin = ca.admin().unwrap();
         let creds = ClientCreds {
             ca_pem: ca.cert_pem.clone().into_bytes(),
             crt_pem: admin.cert_pem.into_bytes(),
@@ -584,7 +582,7 @@ mod from_talos {
         std::fs::write(&inv_path, INVENTORY.replace("127.0.61.", "127.0.63.")).unwrap();
         let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
         std::fs::create_dir(dir.path().join("state")).unwrap();
-        let double = KubeDouble::start(DoubleOptions::default()).await;
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
         let world = World {
             dir,
             inventory,
@@ -592,13 +590,14 @@ mod from_talos {
         };
         let cluster = FakeCluster::new();
         let node_ip = Ipv4Addr::new(127, 0, NET, 11);
-        let node =
-            FakeTalosNode::start(FakeNodeConfig::new(IpAddr::V4(node_ip), "cp1"), &cluster).await;
+        let node = FakeTalosNode::start(FakeNodeConfig::new(IpAddr::V4(node_ip), "cp1"), &cluster)
+            .await
+            .unwrap();
         // The API endpoint answers TCP for the health wait.
         let _api = tokio::net::TcpListener::bind((Ipv4Addr::new(127, 0, NET, 100), 6443))
             .await
             .unwrap();
-        let ca = TestCa::new_os_ca();
+        let ca = SimCa::new_os_ca().unwrap();
         {
             let s = store::open(&world.state_dir()).unwrap();
             let now = talboot::events::Clock::now_unix(&SystemClock);

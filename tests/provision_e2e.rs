@@ -1,12 +1,10 @@
 //! Push provisioning end to end on loopback, against the strict fake Talos node
-//! (tests/support/talos_double.rs): leases in the store → maintenance probe → disk check →
+//! (src/sim/talos.rs): leases in the store → maintenance probe → disk check →
 //! ApplyConfiguration (mode AUTO) → secured API → Bootstrap once → health → kubeconfig 0600,
 //! with talboot "killed and restarted" (provisioner, event bus and store dropped and reopened)
 //! between every single step. Also: disk-selector refusal, relay through the first control
 //! plane, wrong CA, bootstrap intent after a crash, health timeout, `talboot status` and
 //! `talboot node rebuild`. Each test uses its own 127.0.N.0/24, port 50000 like apid.
-
-mod support;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
@@ -17,14 +15,14 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
-use support::pki::{TestCa, talos_label};
-use support::talos_double::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
 use talboot::events::{EventBus, EventKind, SystemClock};
 use talboot::inventory::{InstallTarget, Inventory, MachineType, Node};
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE};
 use talboot::provision::{
     ClusterProgress, ConfigRenderer, NodeStep, ProvisionError, Provisioner, Settings,
 };
+use talboot::sim::pki::{SimCa, talos_label};
+use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
 use talboot::store::{self, Lease, LeaseState, NodePhase, Store};
 use talboot::talos::api::machine::apply_configuration_request::Mode;
 use talboot::talos::api::storage;
@@ -34,7 +32,7 @@ use talboot::talos::{ClientCreds, TalosClient, TalosError};
 /// planes get the key too), the machine type from the node's role and its install target.
 struct TestRenderer {
     inventory: Arc<Inventory>,
-    ca: TestCa,
+    ca: SimCa,
 }
 
 impl ConfigRenderer for TestRenderer {
@@ -123,8 +121,8 @@ fn inventory_yaml(net: u8, machines: &[Machine]) -> String {
     y
 }
 
-fn admin_creds(ca: &TestCa) -> ClientCreds {
-    let admin = ca.admin();
+fn admin_creds(ca: &SimCa) -> ClientCreds {
+    let admin = ca.admin().unwrap();
     ClientCreds {
         ca_pem: ca.cert_pem.clone().into_bytes(),
         crt_pem: admin.cert_pem.into_bytes(),
@@ -145,7 +143,7 @@ fn talosconfig(creds: &ClientCreds) -> String {
 struct World {
     dir: tempfile::TempDir,
     inventory: Arc<Inventory>,
-    ca: TestCa,
+    ca: SimCa,
     creds: ClientCreds,
     nodes: Vec<(String, FakeTalosNode)>,
     _cluster: FakeCluster,
@@ -164,9 +162,12 @@ impl World {
         for m in machines {
             let mut cfg = FakeNodeConfig::new(ip(net, m.last), m.name);
             tweak(&mut cfg);
-            nodes.push((m.name.to_owned(), FakeTalosNode::start(cfg, &cluster).await));
+            nodes.push((
+                m.name.to_owned(),
+                FakeTalosNode::start(cfg, &cluster).await.unwrap(),
+            ));
         }
-        let ca = TestCa::new_os_ca();
+        let ca = SimCa::new_os_ca().unwrap();
         let creds = admin_creds(&ca);
         let world = Self {
             dir,
@@ -492,7 +493,7 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         .map(|p| p.label.as_str())
         .collect();
     assert_eq!(labels, ["STATE", "EPHEMERAL"]);
-    w2.wait_phase(Phase::Maintenance).await;
+    w2.wait_phase(Phase::Maintenance).await.unwrap();
     let rec = world.with_store(|s| s.node("w-2").unwrap().unwrap());
     assert_eq!(rec.phase, NodePhase::Booting);
     assert!(rec.provisioning_window_open);
@@ -648,7 +649,7 @@ async fn worker_reachable_only_through_the_first_control_plane() {
     t.kill().await;
     // From now on only the control plane may connect to the worker.
     w1.restrict_to(Some(world.node("cp-1").ip()));
-    w1.wait_phase(Phase::Secured).await;
+    w1.wait_phase(Phase::Secured).await.unwrap();
 
     let t = world.boot();
     assert_eq!(
@@ -674,7 +675,7 @@ async fn worker_reachable_only_through_the_first_control_plane() {
 async fn wrong_ca_is_reported_and_fails_the_node() {
     let machines = [cp("cp-1", 11)];
     let world = World::start(35, &machines, |_| {}).await;
-    let other = admin_creds(&TestCa::new_os_ca());
+    let other = admin_creds(&SimCa::new_os_ca().unwrap());
     let node = world.node("cp-1");
     let t = world.boot_with(other.clone(), Duration::from_secs(1));
     assert_eq!(
@@ -685,7 +686,7 @@ async fn wrong_ca_is_reported_and_fails_the_node() {
         t.prov().step_node("cp-1").await.unwrap(),
         NodeStep::Advanced(NodePhase::Installing)
     );
-    node.wait_phase(Phase::Secured).await;
+    node.wait_phase(Phase::Secured).await.unwrap();
     let err = t.prov().step_node("cp-1").await.unwrap_err();
     assert!(
         matches!(

@@ -1,18 +1,16 @@
-//! talboot's Talos client against the strict fake Talos node (tests/support/talos_double.rs):
+//! talboot's Talos client against the strict fake Talos node (src/sim/talos.rs):
 //! maintenance probe and facts, refusals in maintenance, config validation, install into the
 //! mTLS API, certificate and role checks, bootstrap exactly once, kubeconfig streaming, the
 //! `node` relay and reset. Every fake node listens on its own 127.0.13.x address, port 50000;
 //! each test uses its own addresses so tests can run in parallel.
-
-mod support;
 
 use std::net::IpAddr;
 
 use base64::Engine as _;
 use rcgen::ExtendedKeyUsagePurpose;
 
-use support::pki::{TestCa, talos_label};
-use support::talos_double::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
+use talboot::sim::pki::{SimCa, talos_label};
+use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
 use talboot::talos::api::machine::{apply_configuration_request::Mode, reset_request::WipeMode};
 use talboot::talos::api::storage;
 use talboot::talos::retry::RetryPolicy;
@@ -36,8 +34,8 @@ fn secured(node: &FakeTalosNode, creds: &ClientCreds) -> TalosClient {
 }
 
 /// Admin credentials as a talosconfig carries them (key under Talos's Ed25519 label).
-fn admin_creds(ca: &TestCa) -> ClientCreds {
-    let admin = ca.admin();
+fn admin_creds(ca: &SimCa) -> ClientCreds {
+    let admin = ca.admin().unwrap();
     ClientCreds {
         ca_pem: ca.cert_pem.clone().into_bytes(),
         crt_pem: admin.cert_pem.into_bytes(),
@@ -45,8 +43,8 @@ fn admin_creds(ca: &TestCa) -> ClientCreds {
     }
 }
 
-fn creds_with(ca: &TestCa, roles: &[&str], ekus: Vec<ExtendedKeyUsagePurpose>) -> ClientCreds {
-    let ck = ca.client(roles, ekus);
+fn creds_with(ca: &SimCa, roles: &[&str], ekus: Vec<ExtendedKeyUsagePurpose>) -> ClientCreds {
+    let ck = ca.client(roles, ekus).unwrap();
     ClientCreds {
         ca_pem: ca.cert_pem.clone().into_bytes(),
         crt_pem: ck.cert_pem.into_bytes(),
@@ -56,7 +54,7 @@ fn creds_with(ca: &TestCa, roles: &[&str], ekus: Vec<ExtendedKeyUsagePurpose>) -
 
 /// A minimal v1alpha1 machine config plus a HostnameConfig document, with `machine.ca` from
 /// `ca` (base64 PEM, key under Talos's label; workers carry the certificate only).
-fn machine_config(machine_type: &str, ca: &TestCa, endpoint_ip: IpAddr) -> String {
+fn machine_config(machine_type: &str, ca: &SimCa, endpoint_ip: IpAddr) -> String {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let key = if machine_type == "worker" {
         String::new()
@@ -93,7 +91,9 @@ fn machine_config(machine_type: &str, ca: &TestCa, endpoint_ip: IpAddr) -> Strin
 #[tokio::test]
 async fn maintenance_probe_reads_version_disks_and_hardware() {
     let cluster = FakeCluster::new();
-    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(10), "node-10"), &cluster).await;
+    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(10), "node-10"), &cluster)
+        .await
+        .unwrap();
     let client = maintenance(&node);
 
     let version = client.version().await.unwrap();
@@ -146,7 +146,9 @@ async fn maintenance_probe_reads_version_disks_and_hardware() {
 #[tokio::test]
 async fn admin_calls_in_maintenance_are_refused_with_an_actionable_error() {
     let cluster = FakeCluster::new();
-    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(20), "node-20"), &cluster).await;
+    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(20), "node-20"), &cluster)
+        .await
+        .unwrap();
     let client = maintenance(&node);
 
     let err = client.bootstrap().await.unwrap_err();
@@ -177,7 +179,7 @@ async fn admin_calls_in_maintenance_are_refused_with_an_actionable_error() {
 
     // The secured client against a maintenance node fails on the throwaway CA: the
     // classic "certificate signed by unknown authority" case, named for what it is.
-    let os_ca = TestCa::new_os_ca();
+    let os_ca = SimCa::new_os_ca().unwrap();
     let err = secured(&node, &admin_creds(&os_ca))
         .version()
         .await
@@ -190,9 +192,11 @@ async fn admin_calls_in_maintenance_are_refused_with_an_actionable_error() {
 #[tokio::test]
 async fn apply_rejects_yaml_that_is_not_a_talos_config() {
     let cluster = FakeCluster::new();
-    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(30), "node-30"), &cluster).await;
+    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(30), "node-30"), &cluster)
+        .await
+        .unwrap();
     let client = maintenance(&node);
-    let ca = TestCa::new_os_ca();
+    let ca = SimCa::new_os_ca().unwrap();
 
     let not_talos = client
         .apply_configuration(b"hello: world\n")
@@ -241,8 +245,10 @@ async fn apply_rejects_yaml_that_is_not_a_talos_config() {
 #[tokio::test]
 async fn applied_node_installs_and_then_requires_an_admin_certificate() {
     let cluster = FakeCluster::new();
-    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(40), "cp-40"), &cluster).await;
-    let ca = TestCa::new_os_ca();
+    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(40), "cp-40"), &cluster)
+        .await
+        .unwrap();
+    let ca = SimCa::new_os_ca().unwrap();
     let config = machine_config("controlplane", &ca, ip(40));
 
     let outcome = maintenance(&node)
@@ -253,7 +259,7 @@ async fn applied_node_installs_and_then_requires_an_admin_certificate() {
     // What went over the wire: mode AUTO (1), never the zero value REBOOT.
     assert_eq!(node.last_apply_mode(), Some(Mode::Auto as i32));
     assert_eq!(node.last_applied_config().as_deref(), Some(config.as_str()));
-    node.wait_phase(Phase::Secured).await;
+    node.wait_phase(Phase::Secured).await.unwrap();
 
     // The maintenance client now meets a node that wants a client certificate.
     let err = maintenance(&node).version().await.unwrap_err();
@@ -274,7 +280,7 @@ async fn applied_node_installs_and_then_requires_an_admin_certificate() {
     );
 
     // A CA from another cluster: the server does not verify.
-    let other = TestCa::new_os_ca();
+    let other = SimCa::new_os_ca().unwrap();
     let mut wrong_ca = admin_creds(&ca);
     wrong_ca.ca_pem = other.cert_pem.clone().into_bytes();
     let err = secured(&node, &wrong_ca).version().await.unwrap_err();
@@ -348,13 +354,15 @@ async fn applied_node_installs_and_then_requires_an_admin_certificate() {
 #[tokio::test]
 async fn bootstrap_happens_once_and_kubeconfig_streams_back() {
     let cluster = FakeCluster::new();
-    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(50), "cp-50"), &cluster).await;
-    let ca = TestCa::new_os_ca();
+    let node = FakeTalosNode::start(FakeNodeConfig::new(ip(50), "cp-50"), &cluster)
+        .await
+        .unwrap();
+    let ca = SimCa::new_os_ca().unwrap();
     maintenance(&node)
         .apply_configuration(machine_config("init", &ca, ip(50)).as_bytes())
         .await
         .unwrap();
-    node.wait_phase(Phase::Secured).await;
+    node.wait_phase(Phase::Secured).await.unwrap();
     let admin = secured(&node, &admin_creds(&ca));
 
     // No etcd before bootstrap.
@@ -408,7 +416,7 @@ async fn bootstrap_happens_once_and_kubeconfig_streams_back() {
 
     // A reboot comes back into the secured API with etcd still bootstrapped.
     admin.reboot().await.unwrap();
-    node.wait_phase(Phase::Secured).await;
+    node.wait_phase(Phase::Secured).await.unwrap();
     assert_eq!(node.reboot_calls(), 1);
     assert!(matches!(
         admin.bootstrap().await,
@@ -420,7 +428,9 @@ async fn bootstrap_happens_once_and_kubeconfig_streams_back() {
 #[tokio::test]
 async fn worker_behind_control_plane_is_reached_with_the_node_header_and_reset() {
     let cluster = FakeCluster::new();
-    let cp = FakeTalosNode::start(FakeNodeConfig::new(ip(60), "cp-60"), &cluster).await;
+    let cp = FakeTalosNode::start(FakeNodeConfig::new(ip(60), "cp-60"), &cluster)
+        .await
+        .unwrap();
     let mut worker_cfg = FakeNodeConfig::new(ip(61), "worker-61");
     worker_cfg.disks = vec![storage::Disk {
         size: 500_000_000_000,
@@ -429,21 +439,21 @@ async fn worker_behind_control_plane_is_reached_with_the_node_header_and_reset()
         r#type: storage::disk::DiskType::Nvme as i32,
         ..Default::default()
     }];
-    let worker = FakeTalosNode::start(worker_cfg, &cluster).await;
-    let ca = TestCa::new_os_ca();
+    let worker = FakeTalosNode::start(worker_cfg, &cluster).await.unwrap();
+    let ca = SimCa::new_os_ca().unwrap();
 
     maintenance(&cp)
         .apply_configuration(machine_config("controlplane", &ca, ip(60)).as_bytes())
         .await
         .unwrap();
-    cp.wait_phase(Phase::Secured).await;
+    cp.wait_phase(Phase::Secured).await.unwrap();
     // The worker config holds the OS CA certificate only; its apid certificate comes from
     // the control plane (trustd).
     maintenance(&worker)
         .apply_configuration(machine_config("worker", &ca, ip(60)).as_bytes())
         .await
         .unwrap();
-    worker.wait_phase(Phase::Secured).await;
+    worker.wait_phase(Phase::Secured).await.unwrap();
 
     let creds = admin_creds(&ca);
     secured(&worker, &creds).version().await.unwrap();
@@ -496,7 +506,7 @@ async fn worker_behind_control_plane_is_reached_with_the_node_header_and_reset()
     assert_eq!(reset.mode, WipeMode::SystemDisk as i32);
     assert!(reset.graceful && reset.reboot);
     assert!(reset.user_disks_to_wipe.is_empty());
-    worker.wait_phase(Phase::Maintenance).await;
+    worker.wait_phase(Phase::Maintenance).await.unwrap();
     assert_eq!(cp.reset_calls(), 0);
     assert_eq!(worker.reset_calls(), 1);
 

@@ -1,12 +1,60 @@
-//! Simulated machines for `talboot demo` and the integration tests.
+//! Simulated machines and API servers for `talboot demo` and the integration tests. They
+//! speak the real protocols (DHCP, TFTP and HTTP on the wire; gRPC over mTLS; HTTPS with
+//! client certificates) on addresses the caller picks, so talboot's real servers and
+//! clients talk to them unchanged. Nothing here is global: every piece is owned by the
+//! handle that started it.
 //!
 //! * [`relocate`]: moves the rack's subnets onto loopback (127.0.x.y) so an unprivileged
 //!   process can give every machine its own address.
 //! * [`assets`]: stand-in boot files (catalogued kernel/initramfs sets, iPXE binaries).
 //! * [`ipxe`]: the slice of iPXE's script language talboot's scripts use.
 //! * [`machine`]: one machine's network boot on the wire (DHCP, TFTP, HTTP).
+//! * [`pki`]: a small PKI for the doubles.
+//! * [`talos`]: a strict fake Talos node (maintenance, install, reboot, reset, as v1.13).
+//! * [`kube`]: a strict Kubernetes API server double.
+//! * [`demo`]: `talboot demo`, all of the above around a real talboot.
+
+use std::net::{IpAddr, SocketAddr};
 
 pub mod assets;
 pub mod ipxe;
+pub mod kube;
 pub mod machine;
+pub mod pki;
 pub mod relocate;
+pub mod talos;
+
+/// Why a simulated machine or server could not start or did not behave.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The listening address could not be bound.
+    #[error(
+        "cannot listen on {addr}: {source} (another process, demo or test holds that address; \
+         stop it or pick other addresses; 127.x.y.z addresses need no setup on Linux)"
+    )]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// Certificates could not be made.
+    #[error(transparent)]
+    Pki(#[from] pki::PkiError),
+    /// The TLS server configuration was refused (a certificate or key the TLS library rejects).
+    #[error("TLS setup for {what}: {reason}")]
+    Tls {
+        /// Which server.
+        what: String,
+        /// What rustls said.
+        reason: String,
+    },
+    /// A simulated node failed, stopped or timed out instead of reaching a phase.
+    #[error("simulated node {ip}: {reason}")]
+    Node {
+        /// The node's address.
+        ip: IpAddr,
+        /// What happened instead.
+        reason: String,
+    },
+}

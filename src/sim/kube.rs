@@ -1,5 +1,5 @@
 //! A Kubernetes API server double over HTTPS (rustls, ring; client certificates required),
-//! strict where the real API server is strict, for the add-on tests:
+//! strict where the real API server is strict, for `talboot demo` and the add-on tests:
 //!
 //! - discovery: `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`; kinds defined by a
 //!   CRD are served only once that CRD is Established (a short, configurable delay after it
@@ -11,12 +11,18 @@
 //! - Secret `data` values must be base64 (else 422);
 //! - resourceVersion changes only when the stored content really changes;
 //! - Deployments, DaemonSets and StatefulSets report ready a short delay after each change, unless
-//!   marked never-ready; Nodes carry a configurable Ready condition.
+//!   marked never-ready (a DaemonSet counts a node's pod available only once that node can
+//!   run pods); Nodes carry a configurable Ready condition;
+//! - Nodes can also register while it runs, as kubelets do when configured machines boot
+//!   ([`KubeDouble::register_node`]); with [`DoubleOptions::cni_daemonset`] set, such a Node
+//!   is NotReady ("container runtime network not ready ... cni plugin not initialized") until
+//!   that DaemonSet exists and has rolled out, as on a real cluster where nodes become Ready
+//!   only once the CNI runs.
 //!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,25 +42,44 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::pki::TestCa;
+use super::SimError;
+use super::pki::{PkiError, SimCa};
+
+/// The Ready condition message of a kubelet whose node has no CNI yet.
+pub const CNI_NOT_READY: &str = "container runtime network not ready: NetworkReady=false \
+     reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
+/// Locks the double's state; a poisoned lock means a handler already panicked.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock()
+        .expect("the Kubernetes API double's lock is poisoned (a handler panicked)")
+}
 
 /// Knobs of the double.
 #[derive(Clone, Debug)]
 pub struct DoubleOptions {
+    /// Where to listen (port 0: any free port). The server certificate carries this IP, and
+    /// the kubeconfig points at the address really bound.
+    pub bind: SocketAddr,
     /// How long after being applied a CRD becomes Established.
     pub crd_delay: Duration,
     /// How long after a change a Deployment, DaemonSet or StatefulSet reports ready.
     pub rollout_delay: Duration,
     /// Nodes and whether each is Ready.
     pub nodes: Vec<(String, bool)>,
+    /// The CNI DaemonSet (namespace, name): Nodes added by [`KubeDouble::register_node`]
+    /// stay NotReady until it exists and has rolled out. `None`: they are Ready at once.
+    pub cni_daemonset: Option<(String, String)>,
 }
 
 impl Default for DoubleOptions {
     fn default() -> Self {
         DoubleOptions {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             crd_delay: Duration::from_millis(150),
             rollout_delay: Duration::from_millis(150),
             nodes: vec![("cp1".into(), true), ("w1".into(), true)],
+            cni_daemonset: None,
         }
     }
 }
@@ -167,6 +192,9 @@ struct Cluster {
     rv: u64,
     uid: u64,
     never_ready: HashSet<(String, String)>,
+    /// Nodes registered by a (simulated) kubelet: Ready only once the CNI runs and their
+    /// `ready_at` has passed.
+    kubelet_nodes: HashSet<String>,
     log: Vec<ApplyRecord>,
 }
 
@@ -207,10 +235,32 @@ impl Cluster {
     }
 
     fn node_count(&self) -> i64 {
+        self.nodes().count() as i64
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = (&str, &Stored)> {
         self.objects
-            .keys()
-            .filter(|(g, p, _, _)| g.is_empty() && p == "nodes")
-            .count() as i64
+            .iter()
+            .filter(|((g, p, _, _), _)| g.is_empty() && p == "nodes")
+            .map(|((_, _, _, name), s)| (name.as_str(), s))
+    }
+
+    /// Whether the configured CNI DaemonSet exists and has rolled out (true when none is
+    /// configured).
+    fn cni_running(&self, now: Instant) -> bool {
+        let Some((ns, name)) = &self.opts.cni_daemonset else {
+            return true;
+        };
+        let key = ("apps".into(), "daemonsets".into(), ns.clone(), name.clone());
+        self.objects.get(&key).is_some_and(|s| {
+            now >= s.ready_at && !self.never_ready.contains(&(ns.clone(), name.clone()))
+        })
+    }
+
+    /// Whether pods can run on a node: always for the static ones; for kubelet-registered
+    /// ones once the CNI runs and the node's own start-up delay has passed.
+    fn node_runs_pods(&self, name: &str, s: &Stored, now: Instant) -> bool {
+        !self.kubelet_nodes.contains(name) || (self.cni_running(now) && now >= s.ready_at)
     }
 
     /// The object as a client reads it: stored content plus a status computed from time.
@@ -245,14 +295,32 @@ impl Cluster {
             }
             ("apps", "daemonsets") => {
                 let desired = self.node_count();
+                let running = if ready {
+                    self.nodes()
+                        .filter(|(name, n)| self.node_runs_pods(name, n, now))
+                        .count() as i64
+                } else {
+                    0
+                };
                 obj["status"] = json!({
                     "observedGeneration": generation,
                     "desiredNumberScheduled": desired,
                     "currentNumberScheduled": desired,
                     "updatedNumberScheduled": desired,
-                    "numberReady": if ready { desired } else { 0 },
-                    "numberAvailable": if ready { desired } else { 0 },
+                    "numberReady": running,
+                    "numberAvailable": running,
                 });
+            }
+            ("", "nodes") if self.kubelet_nodes.contains(&key.3) => {
+                let ready = self.node_runs_pods(&key.3, s, now);
+                let condition = if ready {
+                    json!({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                           "message": "kubelet is posting ready status"})
+                } else {
+                    json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                           "message": CNI_NOT_READY})
+                };
+                obj["status"] = json!({"conditions": [condition]});
             }
             ("apps", "statefulsets") => {
                 let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -276,7 +344,7 @@ impl Cluster {
 
 /// A running double; dropping it stops the server.
 pub struct KubeDouble {
-    /// Listening address (loopback).
+    /// The address it listens on (the port really bound).
     pub addr: SocketAddr,
     kubeconfig: String,
     state: Shared,
@@ -300,8 +368,14 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let Ok((tcp, peer)) = self.tcp.accept().await else {
-                continue;
+            let (tcp, peer) = match self.tcp.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::debug!(error = %e, "simulated server: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
             };
             // A failed handshake (e.g. no client certificate) just drops that connection.
             if let Ok(tls) = self.acceptor.accept(tcp).await {
@@ -313,6 +387,41 @@ impl axum::serve::Listener for TlsListener {
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         self.tcp.local_addr()
     }
+}
+
+/// The server's TLS setup: its certificate, client certificates required (signed by `ca`).
+fn server_tls(ca: &SimCa, cert_pem: &str, key_pem: &str) -> Result<rustls::ServerConfig, SimError> {
+    let tls = |reason: String| SimError::Tls {
+        what: "Kubernetes API double".into(),
+        reason,
+    };
+    let parse = |what: &'static str| {
+        move |e: rustls::pki_types::pem::Error| PkiError::Parse {
+            what,
+            reason: e.to_string(),
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(
+            CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())
+                .map_err(parse("CA certificate"))?,
+        )
+        .map_err(|e| tls(e.to_string()))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| tls(e.to_string()))?;
+    let chain = vec![
+        CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(parse("server certificate"))?,
+    ];
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(parse("server key"))?;
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| tls(e.to_string()))
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
@@ -332,37 +441,39 @@ fn not_found_resource() -> Response {
 }
 
 impl KubeDouble {
-    /// Starts a double on 127.0.0.1 with `kube-system` and `default` Namespaces and the
-    /// configured Nodes.
-    pub async fn start(opts: DoubleOptions) -> KubeDouble {
-        let ca = TestCa::new_ca("kubernetes");
-        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-        let server = ca.server(&[loopback], &["localhost"]);
+    /// Starts a double on `opts.bind` with `kube-system` and `default` Namespaces and the
+    /// configured Nodes. Fails if the address cannot be bound or the certificates or TLS
+    /// setup cannot be made.
+    pub async fn start(opts: DoubleOptions) -> Result<KubeDouble, SimError> {
+        let ca = SimCa::new_ca("kubernetes")?;
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut ips = vec![opts.bind.ip()];
+        if !ips.contains(&loopback) {
+            ips.push(loopback);
+        }
+        let server = ca.server(&ips, &["kubernetes", "localhost"])?;
         let client = ca.client(
             &["system:masters"],
             vec![ExtendedKeyUsagePurpose::ClientAuth],
-        );
+        )?;
+        let tls = server_tls(&ca, &server.cert_pem, &server.key_pem)?;
 
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
-            .unwrap();
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .unwrap();
-        let chain = vec![CertificateDer::from_pem_slice(server.cert_pem.as_bytes()).unwrap()];
-        let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
-        let tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)
-            .unwrap();
-
-        let tcp = TcpListener::bind((loopback, 0)).await.unwrap();
-        let addr = tcp.local_addr().unwrap();
+        let tcp = TcpListener::bind(opts.bind)
+            .await
+            .map_err(|source| SimError::Bind {
+                addr: opts.bind,
+                source,
+            })?;
+        let addr = tcp.local_addr().map_err(|source| SimError::Bind {
+            addr: opts.bind,
+            source,
+        })?;
+        // A wildcard bind is reached through loopback.
+        let server_addr = if addr.ip().is_unspecified() {
+            SocketAddr::new(loopback, addr.port())
+        } else {
+            addr
+        };
         let now = Instant::now();
         let mut cluster = Cluster {
             opts: opts.clone(),
@@ -370,6 +481,7 @@ impl KubeDouble {
             rv: 100,
             uid: 0,
             never_ready: HashSet::new(),
+            kubelet_nodes: HashSet::new(),
             log: Vec::new(),
         };
         for ns in ["kube-system", "default"] {
@@ -401,7 +513,7 @@ impl KubeDouble {
 
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    \
-             server: https://{addr}\n    certificate-authority-data: {ca}\nusers:\n\
+             server: https://{server_addr}\n    certificate-authority-data: {ca}\nusers:\n\
              - name: admin\n  user:\n    client-certificate-data: {crt}\n    \
              client-key-data: {key}\ncontexts:\n- name: admin@double\n  context:\n    \
              cluster: double\n    user: admin\ncurrent-context: admin@double\n",
@@ -409,12 +521,13 @@ impl KubeDouble {
             crt = STANDARD.encode(&client.cert_pem),
             key = STANDARD.encode(&client.key_pem),
         );
-        KubeDouble {
+        tracing::debug!(%addr, "Kubernetes API double listening");
+        Ok(KubeDouble {
             addr,
             kubeconfig,
             state,
             task,
-        }
+        })
     }
 
     /// Kubeconfig YAML for an admin of this double.
@@ -424,7 +537,7 @@ impl KubeDouble {
 
     /// An object as a client would read it, by apiVersion/kind/namespace/name.
     pub fn object(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Option<Value> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         let now = Instant::now();
         let res = c
             .served(now)
@@ -442,7 +555,7 @@ impl KubeDouble {
 
     /// resourceVersion of every stored object, keyed `group/plural/ns/name`.
     pub fn resource_versions(&self) -> BTreeMap<String, String> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         c.objects
             .iter()
             .map(|((g, p, ns, n), s)| {
@@ -459,26 +572,54 @@ impl KubeDouble {
 
     /// Every accepted apply, in order.
     pub fn applies(&self) -> Vec<ApplyRecord> {
-        self.state.lock().unwrap().log.clone()
+        lock(&self.state).log.clone()
     }
 
     /// Makes a Deployment, DaemonSet or StatefulSet never report ready.
     pub fn never_ready(&self, ns: &str, name: &str) {
-        self.state
-            .lock()
-            .unwrap()
+        lock(&self.state)
             .never_ready
             .insert((ns.into(), name.into()));
     }
 
-    /// Sets (or adds) a Node with the given Ready condition.
+    /// Sets (or adds) a Node with the given Ready condition (fixed from now on, even for a
+    /// Node added by [`Self::register_node`]).
     pub fn set_node_ready(&self, name: &str, ready: bool) {
         set_node(&self.state, name, ready);
     }
 
+    /// Adds a Node as a kubelet does when a configured machine boots. Without
+    /// [`DoubleOptions::cni_daemonset`] it is Ready at once; with it, it reports Ready=False
+    /// ([`CNI_NOT_READY`]) until that DaemonSet exists and has rolled out, and its pod has
+    /// started on this node (the rollout delay after registration). Registering a name again
+    /// restarts that node's start-up.
+    pub fn register_node(&self, name: &str) {
+        let mut c = lock(&self.state);
+        if c.opts.cni_daemonset.is_none() {
+            drop(c);
+            set_node(&self.state, name, true);
+            return;
+        }
+        c.rv += 1;
+        let rv = c.rv.to_string();
+        let ready_at = Instant::now() + c.opts.rollout_delay;
+        c.objects.insert(
+            (String::new(), "nodes".into(), String::new(), name.into()),
+            Stored {
+                obj: json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "resourceVersion": rv,
+                                 "uid": format!("uid-node-{name}"),
+                                 "labels": {"kubernetes.io/hostname": name}}}),
+                manager: "kubelet".into(),
+                ready_at,
+            },
+        );
+        c.kubelet_nodes.insert(name.into());
+    }
+
     /// When the CRD `name` became (or becomes) Established.
     pub fn crd_established_at(&self, name: &str) -> Option<Instant> {
-        let c = self.state.lock().unwrap();
+        let c = lock(&self.state);
         c.objects
             .get(&(
                 "apiextensions.k8s.io".into(),
@@ -499,7 +640,8 @@ impl Cluster {
 }
 
 fn set_node(state: &Shared, name: &str, ready: bool) {
-    let mut c = state.lock().unwrap();
+    let mut c = lock(state);
+    c.kubelet_nodes.remove(name);
     c.rv += 1;
     let rv = c.rv.to_string();
     c.objects.insert(
@@ -599,7 +741,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let now = Instant::now();
-    let mut c = state.lock().unwrap();
+    let mut c = lock(&state);
     let Some(target) = parse_path(&c, uri.path(), now) else {
         return not_found_resource();
     };
@@ -830,8 +972,8 @@ fn apply(
             );
         }
         obj["metadata"]["namespace"] = Value::String(ns.clone());
-    } else if obj["metadata"].get("namespace").is_some() {
-        obj["metadata"].as_object_mut().unwrap().remove("namespace");
+    } else if let Some(meta) = obj["metadata"].as_object_mut() {
+        meta.remove("namespace");
     }
     if res.kind == "Secret" && res.group.is_empty() {
         for (k, v) in obj["data"].as_object().into_iter().flatten() {
@@ -887,11 +1029,13 @@ fn apply(
             }
         };
         let mut stored = new_content;
-        let meta = stored["metadata"].as_object_mut().unwrap();
-        meta.insert("uid".into(), uid);
-        meta.insert("resourceVersion".into(), json!(rv));
-        meta.insert("generation".into(), json!(generation));
-        meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+        // The name check above made `metadata` an object.
+        if let Some(meta) = stored["metadata"].as_object_mut() {
+            meta.insert("uid".into(), uid);
+            meta.insert("resourceVersion".into(), json!(rv));
+            meta.insert("generation".into(), json!(generation));
+            meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+        }
         let delay = match res.kind.as_str() {
             "CustomResourceDefinition" => c.opts.crd_delay,
             "Deployment" | "DaemonSet" | "StatefulSet" => c.opts.rollout_delay,
@@ -916,7 +1060,13 @@ fn apply(
         changed,
         at: now,
     });
-    let s = c.objects.get(&key).unwrap();
+    let Some(s) = c.objects.get(&key) else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "the applied object vanished".into(),
+        );
+    };
     let view = c.view(&key, s, now);
     let code = if created {
         StatusCode::CREATED
@@ -924,4 +1074,193 @@ fn apply(
         StatusCode::OK
     };
     (code, axum::Json(view)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The double through talboot's own Kubernetes client: where it binds, what its
+    //! certificate names, and kubelet-registered Nodes that wait for the CNI.
+
+    use std::time::Duration;
+
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+    use super::*;
+    use crate::addons::kube::{Kube, client_from_kubeconfig};
+
+    async fn session(double: &KubeDouble) -> Kube {
+        crate::install_crypto_provider();
+        let client = client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap();
+        Kube::new(client, Duration::from_millis(10))
+    }
+
+    fn node_ready(double: &KubeDouble, name: &str) -> (String, String) {
+        let node = double
+            .object("v1", "Node", "", name)
+            .unwrap_or_else(|| panic!("no Node {name}"));
+        let c = &node["status"]["conditions"][0];
+        assert_eq!(c["type"], "Ready");
+        (
+            c["status"].as_str().unwrap_or("").to_owned(),
+            c["message"].as_str().unwrap_or("").to_owned(),
+        )
+    }
+
+    fn daemonset(ns: &str, name: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"selector": {"matchLabels": {"app": name}},
+                        "template": {"metadata": {"labels": {"app": name}},
+                                     "spec": {"containers": [{"name": name, "image": "x"}]}}}})
+    }
+
+    /// The SANs (IPs and DNS names, as text) of the server certificate the double presents.
+    async fn presented_sans(double: &KubeDouble) -> Vec<String> {
+        let kc: Value = yaml_serde::from_str(double.kubeconfig()).unwrap();
+        let user = &kc["users"][0]["user"];
+        let pem = |field: &str| STANDARD.decode(user[field].as_str().unwrap()).unwrap();
+        let chain = vec![CertificateDer::from_pem_slice(&pem("client-certificate-data")).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(&pem("client-key-data")).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+        let tcp = TcpStream::connect(double.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(double.addr.ip().into());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap().value;
+        san.general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string())
+                }
+                GeneralName::DNSName(d) => Some((*d).to_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn binds_where_asked_and_its_kubeconfig_reaches_it() {
+        let bind: SocketAddr = "127.0.77.20:0".parse().unwrap();
+        let double = KubeDouble::start(DoubleOptions {
+            bind,
+            ..DoubleOptions::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(double.addr.ip(), bind.ip());
+        assert_ne!(double.addr.port(), 0);
+        let server = format!("server: https://{}\n", double.addr);
+        assert!(
+            double.kubeconfig().contains(&server),
+            "{}",
+            double.kubeconfig()
+        );
+        // talboot's client verifies the certificate against the address it dials.
+        let kube = session(&double).await;
+        kube.wait_nodes_ready(Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut sans = presented_sans(&double).await;
+        sans.sort();
+        assert_eq!(
+            sans,
+            ["127.0.0.1", "127.0.77.20", "kubernetes", "localhost"],
+            "{sans:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_in_use_is_named() {
+        let taken = std::net::TcpListener::bind("127.0.77.21:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = KubeDouble::start(DoubleOptions {
+            bind: addr,
+            ..DoubleOptions::default()
+        })
+        .await
+        .err()
+        .expect("binding a used address must fail");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+
+    #[tokio::test]
+    async fn registered_nodes_become_ready_only_once_the_cni_runs() {
+        let rollout = Duration::from_millis(20);
+        let double = KubeDouble::start(DoubleOptions {
+            nodes: vec![],
+            rollout_delay: rollout,
+            cni_daemonset: Some(("kube-system".into(), "cilium".into())),
+            ..DoubleOptions::default()
+        })
+        .await
+        .unwrap();
+        let kube = session(&double).await;
+        double.register_node("cp1");
+        let (status, message) = node_ready(&double, "cp1");
+        assert_eq!(status, "False");
+        assert!(message.contains("cni plugin not initialized"), "{message}");
+
+        // Another DaemonSet is no CNI: its pod cannot become available on the node either.
+        kube.apply(&daemonset("kube-system", "other"), "kube-system")
+            .await
+            .unwrap();
+        tokio::time::sleep(rollout * 3).await;
+        let other = double
+            .object("apps/v1", "DaemonSet", "kube-system", "other")
+            .unwrap();
+        assert_eq!(other["status"]["desiredNumberScheduled"], 1);
+        assert_eq!(other["status"]["numberAvailable"], 0);
+        assert_eq!(node_ready(&double, "cp1").0, "False");
+
+        // The CNI rolls out; the node turns Ready, and so does one registered afterwards.
+        kube.apply(&daemonset("kube-system", "cilium"), "kube-system")
+            .await
+            .unwrap();
+        kube.wait_daemonset("kube-system", "cilium", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(node_ready(&double, "cp1").0, "True");
+        double.register_node("w1");
+        kube.wait_nodes_ready(Duration::from_secs(30))
+            .await
+            .unwrap();
+        kube.wait_daemonset("kube-system", "other", Duration::from_secs(30))
+            .await
+            .unwrap();
+        let ds = double
+            .object("apps/v1", "DaemonSet", "kube-system", "cilium")
+            .unwrap();
+        assert_eq!(ds["status"]["numberAvailable"], 2);
+
+        // set_node_ready still overrides, for registered nodes too.
+        double.set_node_ready("w1", false);
+        assert_eq!(node_ready(&double, "w1").0, "False");
+    }
+
+    #[tokio::test]
+    async fn static_nodes_and_registration_without_a_cni_gate() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        assert_eq!(node_ready(&double, "cp1").0, "True");
+        double.set_node_ready("w1", false);
+        assert_eq!(node_ready(&double, "w1").0, "False");
+        double.register_node("w2");
+        assert_eq!(node_ready(&double, "w2").0, "True");
+        let ns = double.object("v1", "Namespace", "", "kube-system").unwrap();
+        assert_eq!(ns["status"]["phase"], "Active");
+    }
 }

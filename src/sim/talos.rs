@@ -1,7 +1,9 @@
-//! A strict fake Talos node for integration tests, built from talboot's own protos and
-//! behaving as Talos v1.13 does where talboot can observe it.
+//! A strict fake Talos node for `talboot demo` and the integration tests, built from
+//! talboot's own protos and behaving as Talos v1.13 does where talboot can observe it.
 //!
-//! Life of a fake node (each on its own loopback address, port 50000 like apid):
+//! Life of a fake node (each on its own address, port 50000 like apid unless configured
+//! otherwise; it may also be known by [`FakeNodeConfig::aliases`], e.g. its address on a
+//! simulated rack network, which its certificates and the `node` relay honour):
 //! * **Maintenance**: TLS from a throwaway self-signed CA made at every boot, ALPN h2
 //!   required, no client certificate asked for, every caller is `os:reader`, `node` headers
 //!   ignored. Version, Disks, ServiceList and COSI reads work; Bootstrap, Kubeconfig, Reset and
@@ -9,23 +11,30 @@
 //!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
 //!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
 //! * After a full config is applied the node "installs" and "reboots": the listener goes away
-//!   and comes back **Secured**, with a server certificate from the cluster OS CA in
-//!   `machine.ca` (workers hold no CA key and get theirs from a control plane, as trustd
-//!   does). The handshake now requires a client certificate signed by that CA with
+//!   and, after the optional [`BootHook`] (the simulated network boot), comes back
+//!   **Secured**, with a server certificate from the cluster OS CA in `machine.ca` (workers
+//!   hold no CA key and get theirs from a control plane, as trustd does). The handshake now requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
 //!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
 //!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
 //!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
-//!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several chunks; Reset of
-//!   STATE+EPHEMERAL sends the node back to maintenance.
+//!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
+//!   chunks (a freshly minted admin kubeconfig, or the one set with
+//!   [`FakeCluster::set_kubeconfig`]); Reset of STATE+EPHEMERAL sends the node back to
+//!   maintenance (after the boot hook, like any reboot). The double accepts configs rendered
+//!   by talboot's own renderer (see the tests below).
 //!
-//! Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
+//! Start-up failures (address in use, certificates) are returned by
+//! [`FakeTalosNode::start`]; a later boot that fails parks the node in [`Phase::Failed`] with
+//! the reason. Nothing here is global: nodes find each other through a [`FakeCluster`] handle.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -47,30 +56,63 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server};
 use tonic::{Request, Response, Status};
 
-use talboot::talos::api::common;
-use talboot::talos::api::cosi::resource as cosi;
-use talboot::talos::api::machine::{
+use crate::talos::api::common;
+use crate::talos::api::cosi::resource as cosi;
+use crate::talos::api::machine::{
     self, machine_service_server::MachineService, machine_service_server::MachineServiceServer,
 };
-use talboot::talos::api::storage::{
+use crate::talos::api::storage::{
     self, storage_service_server::StorageService, storage_service_server::StorageServiceServer,
 };
-use talboot::talos::api::talos::resource::definitions::{block, hardware};
-use talboot::talos::archive::kubeconfig_archive;
+use crate::talos::api::talos::resource::definitions::{block, hardware};
+use crate::talos::archive::kubeconfig_archive;
 
-use super::pki::{self, CertKey, TestCa};
+use super::SimError;
+use super::pki::{self, CertKey, PkiError, SimCa};
 
-/// apid's port; every fake node listens on its own IP at this port.
+/// apid's port; the default port of every fake node.
 pub const APID_PORT: u16 = 50000;
+
+/// Why a simulated machine is booting again (what [`BootHook`] is told).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootReason {
+    /// Rebooting after the install that followed the first full config; comes back Secured.
+    Installed,
+    /// Rebooting after a Reset that wiped STATE; comes back in Maintenance.
+    Reset,
+    /// A plain reboot of a configured node (Reboot, or a Reset that kept STATE); comes back
+    /// Secured.
+    Reboot,
+}
+
+/// Runs the machine's network boot (DHCP, TFTP, HTTP) between two lives of its Talos API:
+/// awaited after the old listener is torn down (phase Booting) and before the next one is
+/// bound. Never called for the first boot; the caller boots the machine before
+/// [`FakeTalosNode::start`].
+pub type BootHook =
+    Arc<dyn Fn(BootReason) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Locks a mutex of the double; a poisoned one means a handler already panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock()
+        .expect("a simulated Talos node's lock is poisoned (a handler panicked)")
+}
 
 /// The Talos version the double claims to run.
 pub const TALOS_TAG: &str = "v1.13.9";
 
 /// What a fake node looks like from outside.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FakeNodeConfig {
-    /// Its own loopback address (127.x.y.z); it listens on `ip:50000`.
+    /// The address it listens on (e.g. a loopback address 127.x.y.z), at [`Self::port`].
     pub ip: IpAddr,
+    /// The port it listens on ([`APID_PORT`] unless changed).
+    pub port: u16,
+    /// Other addresses the machine is known by (e.g. its address on the simulated rack
+    /// network while it listens on loopback): they are SANs of every server certificate it
+    /// presents, `node` headers naming them are relayed to it, and etcd lists its first
+    /// alias as its peer address.
+    pub aliases: Vec<IpAddr>,
     /// Hostname (also registered as a `node` target).
     pub hostname: String,
     /// What `storage.Disks` and COSI `Disks.block.talos.dev` report.
@@ -80,6 +122,23 @@ pub struct FakeNodeConfig {
     /// When set, TCP connections from any other source address are reset at once: the node
     /// is only reachable through that peer (e.g. a worker behind its control plane).
     pub accept_only_from: Option<IpAddr>,
+    /// The simulated network boot run before every boot but the first.
+    pub boot_hook: Option<BootHook>,
+}
+
+impl fmt::Debug for FakeNodeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeNodeConfig")
+            .field("ip", &self.ip)
+            .field("port", &self.port)
+            .field("aliases", &self.aliases)
+            .field("hostname", &self.hostname)
+            .field("disks", &self.disks)
+            .field("system_uuid", &self.system_uuid)
+            .field("accept_only_from", &self.accept_only_from)
+            .field("boot_hook", &self.boot_hook.as_ref().map(|_| "<hook>"))
+            .finish()
+    }
 }
 
 impl FakeNodeConfig {
@@ -91,6 +150,8 @@ impl FakeNodeConfig {
         };
         Self {
             ip,
+            port: APID_PORT,
+            aliases: Vec::new(),
             hostname: hostname.to_owned(),
             disks: vec![storage::Disk {
                 size: 100_000_000_000,
@@ -111,12 +172,29 @@ impl FakeNodeConfig {
                 octets[0], octets[1], octets[2], octets[3]
             ),
             accept_only_from: None,
+            boot_hook: None,
         }
     }
 
-    /// `ip:50000`.
+    /// `ip:port`, where it listens.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::new(self.ip, APID_PORT)
+        SocketAddr::new(self.ip, self.port)
+    }
+
+    /// The address peers see in etcd: the first alias, else the listening address.
+    fn public_ip(&self) -> IpAddr {
+        self.aliases.first().copied().unwrap_or(self.ip)
+    }
+
+    /// The SANs of its server certificates: every address it is known by, and loopback.
+    fn san_ips(&self) -> Vec<IpAddr> {
+        let mut ips = vec![self.ip];
+        ips.extend(self.aliases.iter().copied());
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        if !ips.contains(&loopback) {
+            ips.push(loopback);
+        }
+        ips
     }
 }
 
@@ -133,7 +211,7 @@ pub enum Phase {
     Halted,
     /// Could not come up (the reason says why).
     Failed(String),
-    /// Shut down by the test.
+    /// Shut down by its owner.
     Stopped,
 }
 
@@ -156,8 +234,10 @@ pub struct FakeCluster {
 
 #[derive(Default)]
 struct ClusterInner {
-    names: HashMap<String, IpAddr>,
-    nodes: HashMap<IpAddr, Weak<Shared>>,
+    /// Hostname, listening address and aliases → the node's listening address.
+    names: HashMap<String, SocketAddr>,
+    nodes: HashMap<SocketAddr, Weak<Shared>>,
+    kubeconfig: Option<String>,
 }
 
 impl FakeCluster {
@@ -166,40 +246,54 @@ impl FakeCluster {
         Self::default()
     }
 
-    fn register(&self, shared: &Arc<Shared>) {
-        let mut inner = self.inner.lock().unwrap();
-        inner
-            .names
-            .insert(shared.cfg.hostname.clone(), shared.cfg.ip);
-        inner.names.insert(shared.cfg.ip.to_string(), shared.cfg.ip);
-        inner.nodes.insert(shared.cfg.ip, Arc::downgrade(shared));
+    /// From now on the Kubeconfig RPC of every control plane of the cluster streams
+    /// `kubeconfig` (e.g. one for an in-process Kubernetes API double) instead of minting an
+    /// admin kubeconfig for the config's endpoint; `None` goes back to minting.
+    pub fn set_kubeconfig(&self, kubeconfig: Option<String>) {
+        lock(&self.inner).kubeconfig = kubeconfig;
     }
 
-    fn resolve(&self, target: &str) -> Option<IpAddr> {
-        self.inner.lock().unwrap().names.get(target).copied()
+    fn kubeconfig(&self) -> Option<String> {
+        lock(&self.inner).kubeconfig.clone()
+    }
+
+    fn register(&self, shared: &Arc<Shared>) {
+        let cfg = &shared.cfg;
+        let addr = cfg.addr();
+        let mut inner = lock(&self.inner);
+        inner.names.insert(cfg.hostname.clone(), addr);
+        inner.names.insert(cfg.ip.to_string(), addr);
+        for alias in &cfg.aliases {
+            inner.names.insert(alias.to_string(), addr);
+        }
+        inner.nodes.insert(addr, Arc::downgrade(shared));
+    }
+
+    fn resolve(&self, target: &str) -> Option<SocketAddr> {
+        lock(&self.inner).names.get(target).copied()
+    }
+
+    fn live_nodes(&self) -> Vec<Arc<Shared>> {
+        lock(&self.inner)
+            .nodes
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// etcd membership of the cluster whose OS CA is `ca_cert_pem`: empty until one of its
     /// control planes is bootstrapped, then every configured control plane of it (the others
     /// join by themselves), ordered by address.
     fn etcd_members(&self, ca_cert_pem: &str) -> Vec<(IpAddr, String)> {
-        let nodes: Vec<Arc<Shared>> = self
-            .inner
-            .lock()
-            .unwrap()
-            .nodes
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
         let mut cps = Vec::new();
         let mut bootstrapped = false;
-        for node in &nodes {
-            if let NodeState::Installed(inst) = &*node.state.lock().unwrap()
+        for node in &self.live_nodes() {
+            if let NodeState::Installed(inst) = &*lock(&node.state)
                 && inst.ca_cert_pem == ca_cert_pem
                 && inst.config.is_control_plane()
             {
                 bootstrapped |= inst.etcd_bootstrapped;
-                cps.push((node.cfg.ip, node.cfg.hostname.clone()));
+                cps.push((node.cfg.public_ip(), node.cfg.hostname.clone()));
             }
         }
         if !bootstrapped {
@@ -211,17 +305,14 @@ impl FakeCluster {
 
     /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
     /// server certificate for a node that holds only the CA certificate (a worker).
-    fn trustd_issue(&self, ca_cert_pem: &str, ips: &[IpAddr], names: &[&str]) -> Option<CertKey> {
-        let nodes: Vec<Arc<Shared>> = self
-            .inner
-            .lock()
-            .unwrap()
-            .nodes
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
-        nodes.iter().find_map(|node| {
-            let state = node.state.lock().unwrap();
+    fn trustd_issue(
+        &self,
+        ca_cert_pem: &str,
+        ips: &[IpAddr],
+        names: &[&str],
+    ) -> Option<Result<CertKey, PkiError>> {
+        self.live_nodes().iter().find_map(|node| {
+            let state = lock(&node.state);
             match &*state {
                 NodeState::Installed(inst) if inst.ca_cert_pem == ca_cert_pem => {
                     inst.os_ca.as_ref().map(|ca| ca.server(ips, names))
@@ -252,7 +343,7 @@ impl ParsedConfig {
 struct Installed {
     config: ParsedConfig,
     ca_cert_pem: String,
-    os_ca: Option<TestCa>,
+    os_ca: Option<SimCa>,
     etcd_bootstrapped: bool,
 }
 
@@ -263,7 +354,7 @@ enum NodeState {
 }
 
 enum Lifecycle {
-    Reboot,
+    Reboot(BootReason),
     Halt,
 }
 
@@ -301,7 +392,7 @@ impl Shared {
     }
 
     fn installed(&self) -> Option<Installed> {
-        match &*self.state.lock().unwrap() {
+        match &*lock(&self.state) {
             NodeState::Installed(i) => Some((**i).clone()),
             _ => None,
         }
@@ -317,8 +408,10 @@ pub struct FakeTalosNode {
 }
 
 impl FakeTalosNode {
-    /// Starts a node in maintenance mode and returns once it accepts connections.
-    pub async fn start(cfg: FakeNodeConfig, cluster: &FakeCluster) -> Self {
+    /// Starts a node in maintenance mode and returns once it accepts connections on
+    /// `cfg.addr()`. Fails if that address cannot be bound (e.g. in use) or the
+    /// maintenance certificate cannot be made.
+    pub async fn start(cfg: FakeNodeConfig, cluster: &FakeCluster) -> Result<Self, SimError> {
         let (phase, _) = watch::channel(Phase::Booting);
         let (lifecycle, lifecycle_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -330,26 +423,45 @@ impl FakeTalosNode {
             lifecycle,
             stats: Stats::default(),
         });
+        // The first boot is set up here, so that its failures reach the caller.
+        let boot = boot_tls(&shared)?.ok_or_else(|| SimError::Node {
+            ip: shared.cfg.ip,
+            reason: "a new node cannot start halted".into(),
+        })?;
+        let addr = shared.cfg.addr();
+        let listener = bind(addr)
+            .await
+            .map_err(|source| SimError::Bind { addr, source })?;
         cluster.register(&shared);
         let (stop, stop_rx) = watch::channel(false);
-        let supervisor = tokio::spawn(supervise(shared.clone(), lifecycle_rx, stop_rx));
+        let supervisor = tokio::spawn(supervise(
+            shared.clone(),
+            (boot, listener),
+            lifecycle_rx,
+            stop_rx,
+        ));
         let node = Self {
             shared,
             stop,
             supervisor: Some(supervisor),
         };
-        node.wait_phase(Phase::Maintenance).await;
-        node
+        node.wait_phase(Phase::Maintenance).await?;
+        Ok(node)
     }
 
-    /// `ip:50000`.
+    /// `ip:port`, where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.shared.cfg.addr()
     }
 
-    /// The node's IP.
+    /// The node's listening IP.
     pub fn ip(&self) -> IpAddr {
         self.shared.cfg.ip
+    }
+
+    /// The node's hostname.
+    pub fn hostname(&self) -> &str {
+        &self.shared.cfg.hostname
     }
 
     /// The current phase.
@@ -357,31 +469,43 @@ impl FakeTalosNode {
         self.shared.phase.borrow().clone()
     }
 
-    /// Waits until the node reaches `want`; panics if it fails instead (with its reason) or
-    /// if nothing happens for a minute (a hung double must not hang the test run).
-    pub async fn wait_phase(&self, want: Phase) {
+    /// Every phase change from now on (e.g. for a progress display); the receiver holds the
+    /// current phase at once.
+    pub fn subscribe_phase(&self) -> watch::Receiver<Phase> {
+        self.shared.phase.subscribe()
+    }
+
+    /// Waits until the node reaches `want`. Fails if it reaches `Failed` instead (with its
+    /// reason), if it stops, or if nothing happens for a minute (a hung double must not hang
+    /// a test run; a boot hook that takes longer needs [`Self::subscribe_phase`]).
+    pub async fn wait_phase(&self, want: Phase) -> Result<(), SimError> {
         let mut rx = self.shared.phase.subscribe();
         let reached = tokio::time::timeout(
             Duration::from_secs(60),
-            rx.wait_for(|p| *p == want || matches!(p, Phase::Failed(_))),
+            rx.wait_for(|p| *p == want || matches!(p, Phase::Failed(_) | Phase::Stopped)),
         )
         .await;
+        let fail = |reason: String| {
+            Err(SimError::Node {
+                ip: self.ip(),
+                reason,
+            })
+        };
         match reached {
-            Ok(Ok(p)) if *p == want => {}
-            Ok(Ok(p)) => panic!("fake node {} failed: {:?}", self.ip(), *p),
-            Ok(Err(_)) => panic!("fake node {} supervisor is gone", self.ip()),
-            Err(_) => panic!(
-                "fake node {} never reached {want:?} (now {:?})",
-                self.ip(),
+            Ok(Ok(p)) if *p == want => Ok(()),
+            Ok(Ok(p)) => fail(format!("reached {:?} while waiting for {want:?}", *p)),
+            Ok(Err(_)) => fail("its supervisor is gone".into()),
+            Err(_) => fail(format!(
+                "never reached {want:?} within a minute (now {:?})",
                 self.phase()
-            ),
+            )),
         }
     }
 
     /// From now on, reset every new TCP connection whose source is not `from` (None lifts
     /// the restriction): the node becomes reachable only through that peer.
     pub fn restrict_to(&self, from: Option<IpAddr>) {
-        *self.shared.firewall.lock().unwrap() = from;
+        *lock(&self.shared.firewall) = from;
     }
 
     /// ApplyConfiguration calls that reached the handler.
@@ -411,27 +535,27 @@ impl FakeTalosNode {
 
     /// The last accepted machine config (YAML text).
     pub fn last_applied_config(&self) -> Option<String> {
-        self.shared.stats.last_config.lock().unwrap().clone()
+        lock(&self.shared.stats.last_config).clone()
     }
 
     /// The `mode` field of the last ApplyConfiguration request, as sent.
     pub fn last_apply_mode(&self) -> Option<i32> {
-        *self.shared.stats.last_apply_mode.lock().unwrap()
+        *lock(&self.shared.stats.last_apply_mode)
     }
 
     /// The kubeconfig (file contents, before archiving) of the last Kubeconfig call.
     pub fn last_kubeconfig(&self) -> Option<Vec<u8>> {
-        self.shared.stats.last_kubeconfig.lock().unwrap().clone()
+        lock(&self.shared.stats.last_kubeconfig).clone()
     }
 
     /// The last Reset request.
     pub fn last_reset(&self) -> Option<machine::ResetRequest> {
-        self.shared.stats.last_reset.lock().unwrap().clone()
+        lock(&self.shared.stats.last_reset).clone()
     }
 
     /// Calls this node served itself, in order.
     pub fn served(&self) -> Vec<Served> {
-        self.shared.stats.served.lock().unwrap().clone()
+        lock(&self.shared.stats.served).clone()
     }
 
     /// Stops the node and waits until its listener is closed.
@@ -455,36 +579,49 @@ struct Boot {
     tls: rustls::ServerConfig,
 }
 
-/// Runs boots until stopped: each boot binds `ip:50000` with the TLS setup the node's state
-/// calls for, serves until a reboot/halt/stop, then closes everything like a power cycle.
+/// Parks a supervisor whose node is down for good until its owner stops it.
+async fn park(shared: &Shared, stop: &mut watch::Receiver<bool>, phase: Phase) {
+    shared.phase.send_replace(phase);
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Runs boots until stopped: each boot binds `ip:port` with the TLS setup the node's state
+/// calls for, serves until a reboot/halt/stop, then closes everything like a power cycle and
+/// runs the boot hook before the next one. The first boot's listener is bound by `start`.
 async fn supervise(
     shared: Arc<Shared>,
+    first: (Boot, TcpListener),
     mut lifecycle: mpsc::UnboundedReceiver<Lifecycle>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut first = Some(first);
     loop {
-        let boot = match boot_tls(&shared) {
-            Ok(Some(boot)) => boot,
-            Ok(None) => {
-                shared.phase.send_replace(Phase::Halted);
-                let _ = stop.wait_for(|s| *s).await;
-                shared.phase.send_replace(Phase::Stopped);
-                return;
-            }
-            Err(reason) => {
-                shared.phase.send_replace(Phase::Failed(reason));
-                let _ = stop.wait_for(|s| *s).await;
-                return;
-            }
-        };
-        let listener = match bind(shared.cfg.addr()).await {
-            Ok(l) => l,
-            Err(e) => {
-                shared
-                    .phase
-                    .send_replace(Phase::Failed(format!("bind {}: {e}", shared.cfg.addr())));
-                let _ = stop.wait_for(|s| *s).await;
-                return;
+        let (boot, listener) = match first.take() {
+            Some(first) => first,
+            None => {
+                let boot = match boot_tls(&shared) {
+                    Ok(Some(boot)) => boot,
+                    Ok(None) => {
+                        park(&shared, &mut stop, Phase::Halted).await;
+                        shared.phase.send_replace(Phase::Stopped);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
+                        park(&shared, &mut stop, Phase::Failed(e.to_string())).await;
+                        return;
+                    }
+                };
+                let addr = shared.cfg.addr();
+                match bind(addr).await {
+                    Ok(l) => (boot, l),
+                    Err(source) => {
+                        let e = SimError::Bind { addr, source };
+                        tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
+                        park(&shared, &mut stop, Phase::Failed(e.to_string())).await;
+                        return;
+                    }
+                }
             }
         };
 
@@ -511,6 +648,7 @@ async fn supervise(
                     let _ = down_rx.await;
                 }),
         );
+        tracing::debug!(node = %shared.cfg.ip, phase = ?boot.phase, "simulated node up");
         shared.phase.send_replace(boot.phase);
 
         let next = tokio::select! {
@@ -531,10 +669,21 @@ async fn supervise(
         }
 
         match next {
-            Some(Lifecycle::Reboot) => shared.phase.send_replace(Phase::Booting),
+            Some(Lifecycle::Reboot(reason)) => {
+                shared.phase.send_replace(Phase::Booting);
+                if let Some(hook) = shared.cfg.boot_hook.clone() {
+                    tracing::debug!(node = %shared.cfg.ip, ?reason, "simulated network boot");
+                    tokio::select! {
+                        () = hook(reason) => {}
+                        _ = stop.wait_for(|s| *s) => {
+                            shared.phase.send_replace(Phase::Stopped);
+                            return;
+                        }
+                    }
+                }
+            }
             Some(Lifecycle::Halt) => {
-                shared.phase.send_replace(Phase::Halted);
-                let _ = stop.wait_for(|s| *s).await;
+                park(&shared, &mut stop, Phase::Halted).await;
                 shared.phase.send_replace(Phase::Stopped);
                 return;
             }
@@ -565,10 +714,16 @@ async fn accept_loop(
     firewall: Arc<Mutex<Option<IpAddr>>>,
 ) {
     loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            continue;
+        let (tcp, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                tracing::debug!(error = %e, "simulated server: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
-        let only_from = *firewall.lock().unwrap();
+        let only_from = *lock(&firewall);
         if only_from.is_some_and(|allowed| allowed != peer.ip()) {
             // A firewall that rejects: reset the connection at once.
             let _ = tcp.set_zero_linger();
@@ -596,58 +751,72 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 fn server_identity(
     ck: &CertKey,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), PkiError> {
+    let parse = |what: &'static str| {
+        move |e: rustls::pki_types::pem::Error| PkiError::Parse {
+            what,
+            reason: e.to_string(),
+        }
+    };
     let chain = CertificateDer::pem_slice_iter(ck.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    let key = PrivateKeyDer::from_pem_slice(ck.key_pem.as_bytes()).map_err(|e| e.to_string())?;
+        .map_err(parse("server certificate"))?;
+    let key = PrivateKeyDer::from_pem_slice(ck.key_pem.as_bytes()).map_err(parse("server key"))?;
     Ok((chain, key))
 }
 
-/// The TLS setup for the node's current state.
-fn boot_tls(shared: &Shared) -> Result<Option<Boot>, String> {
-    let ip = shared.cfg.ip;
-    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+/// The TLS setup for the node's current state (`None`: halted, nothing to serve).
+fn boot_tls(shared: &Shared) -> Result<Option<Boot>, SimError> {
+    let ips = shared.cfg.san_ips();
     let host = shared.cfg.hostname.as_str();
-    let state = shared.state.lock().unwrap();
-    let installed = match &*state {
+    let installed = match &*lock(&shared.state) {
         NodeState::Halted => return Ok(None),
         NodeState::Maintenance => None,
         NodeState::Installed(i) => Some((**i).clone()),
     };
-    drop(state);
+    let tls_err = |e: rustls::Error| SimError::Tls {
+        what: format!("simulated Talos node {}", shared.cfg.addr()),
+        reason: e.to_string(),
+    };
 
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(tls_err)?;
     let (mut tls, phase) = match installed {
         None => {
             // A new throwaway CA on every maintenance boot, as Talos does.
-            let ca = TestCa::new_ca("talos-maintenance");
-            let (chain, key) = server_identity(&ca.server(&[ip, loopback], &[host]))?;
+            let ca = SimCa::new_ca("talos-maintenance")?;
+            let (chain, key) = server_identity(&ca.server(&ips, &[host])?)?;
             let tls = builder
                 .with_no_client_auth()
                 .with_single_cert(chain, key)
-                .map_err(|e| e.to_string())?;
+                .map_err(tls_err)?;
             (tls, Phase::Maintenance)
         }
         Some(inst) => {
             let cert = match &inst.os_ca {
-                Some(ca) => ca.server(&[ip, loopback], &[host]),
+                Some(ca) => ca.server(&ips, &[host])?,
                 None => shared
                     .cluster
-                    .trustd_issue(&inst.ca_cert_pem, &[ip, loopback], &[host])
-                    .ok_or(
-                        "no configured control plane holds the OS CA key to issue this \
-                            node's apid certificate (trustd)",
-                    )?,
+                    .trustd_issue(&inst.ca_cert_pem, &ips, &[host])
+                    .ok_or_else(|| SimError::Node {
+                        ip: shared.cfg.ip,
+                        reason: "no configured control plane holds the OS CA key to issue this \
+                                 node's apid certificate (trustd); configure a control plane \
+                                 of the same cluster first"
+                            .into(),
+                    })??,
             };
             let (chain, key) = server_identity(&cert)?;
-            let verifier = TalosClientVerifier::new(&inst.ca_cert_pem)?;
+            let verifier =
+                TalosClientVerifier::new(&inst.ca_cert_pem).map_err(|reason| SimError::Tls {
+                    what: format!("client verifier of {}", shared.cfg.addr()),
+                    reason,
+                })?;
             let tls = builder
                 .with_client_cert_verifier(Arc::new(verifier))
                 .with_single_cert(chain, key)
-                .map_err(|e| e.to_string())?;
+                .map_err(tls_err)?;
             (tls, Phase::Secured)
         }
     };
@@ -813,8 +982,14 @@ fn parse_config(data: &[u8]) -> Result<Option<ParsedConfig>, String> {
 
 /// Who is calling and where the call goes.
 enum Route {
-    Local { roles: Vec<String>, relayed: bool },
-    Forward { ip: IpAddr, roles: Vec<String> },
+    Local {
+        roles: Vec<String>,
+        relayed: bool,
+    },
+    Forward {
+        addr: SocketAddr,
+        roles: Vec<String>,
+    },
 }
 
 const READ: &[&str] = &["os:admin", "os:operator", "os:reader"];
@@ -886,11 +1061,11 @@ impl NodeApi {
             if target.contains(':') && target.parse::<IpAddr>().is_err() {
                 return Err(Status::invalid_argument("invalid target"));
             }
-            let ip = self.shared.cluster.resolve(target).ok_or_else(|| {
+            let addr = self.shared.cluster.resolve(target).ok_or_else(|| {
                 Status::unavailable(format!("connection error: unknown node {target:?}"))
             })?;
-            if ip != self.shared.cfg.ip {
-                return Ok(Route::Forward { ip, roles });
+            if addr != self.shared.cfg.addr() {
+                return Ok(Route::Forward { addr, roles });
             }
         }
         Ok(Route::Local { roles, relayed })
@@ -906,7 +1081,7 @@ impl NodeApi {
         if !roles.iter().any(|r| allowed.contains(&r.as_str())) {
             return Err(Status::permission_denied("not authorized"));
         }
-        self.shared.stats.served.lock().unwrap().push(Served {
+        lock(&self.shared.stats.served).push(Served {
             rpc,
             roles: roles.to_vec(),
             relayed,
@@ -916,7 +1091,7 @@ impl NodeApi {
 
     /// A channel to a peer's apid as this node's apid dials it: OS CA verified, an
     /// `os:impersonator` client certificate, from this node's own address.
-    async fn relay_channel(&self, ip: IpAddr) -> Result<tonic::transport::Channel, Status> {
+    async fn relay_channel(&self, addr: SocketAddr) -> Result<tonic::transport::Channel, Status> {
         let inst = self
             .shared
             .installed()
@@ -925,14 +1100,16 @@ impl NodeApi {
             .os_ca
             .as_ref()
             .ok_or_else(|| Status::unavailable("this node holds no OS CA key to relay with"))?;
-        let imp = ca.client(
-            &["os:impersonator"],
-            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
-        );
+        let imp = ca
+            .client(
+                &["os:impersonator"],
+                vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+            )
+            .map_err(|e| Status::internal(e.to_string()))?;
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&inst.ca_cert_pem))
             .identity(Identity::from_pem(&imp.cert_pem, &imp.key_pem));
-        Endpoint::from_shared(format!("https://{}", SocketAddr::new(ip, APID_PORT)))
+        Endpoint::from_shared(format!("https://{addr}"))
             .map_err(|e| Status::internal(e.to_string()))?
             .local_address(Some(self.shared.cfg.ip))
             .connect_timeout(Duration::from_secs(5))
@@ -940,7 +1117,7 @@ impl NodeApi {
             .map_err(|e| Status::internal(e.to_string()))?
             .connect()
             .await
-            .map_err(|e| Status::unavailable(format!("connection error: {ip}: {e}")))
+            .map_err(|e| Status::unavailable(format!("connection error: {addr}: {e}")))
     }
 
     fn relay_request<T>(&self, req: Request<T>, roles: &[String]) -> Request<T> {
@@ -959,7 +1136,7 @@ impl NodeApi {
 
     async fn forward_unary<Req, Resp>(
         &self,
-        ip: IpAddr,
+        addr: SocketAddr,
         roles: &[String],
         path: &'static str,
         req: Request<Req>,
@@ -968,7 +1145,7 @@ impl NodeApi {
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.relay_channel(ip).await?);
+        let mut grpc = tonic::client::Grpc::new(self.relay_channel(addr).await?);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("connection error: {e}")))?;
@@ -982,7 +1159,7 @@ impl NodeApi {
 
     async fn forward_stream<Req, Resp>(
         &self,
-        ip: IpAddr,
+        addr: SocketAddr,
         roles: &[String],
         path: &'static str,
         req: Request<Req>,
@@ -991,7 +1168,7 @@ impl NodeApi {
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.relay_channel(ip).await?);
+        let mut grpc = tonic::client::Grpc::new(self.relay_channel(addr).await?);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("connection error: {e}")))?;
@@ -1073,12 +1250,12 @@ impl NodeApi {
             .collect()
     }
 
-    fn kubeconfig_for(&self, inst: &Installed) -> Vec<u8> {
+    fn kubeconfig_for(&self, inst: &Installed) -> Result<Vec<u8>, Status> {
         use base64::engine::general_purpose::STANDARD;
         // Talos mints a fresh admin client certificate on every call.
-        let admin = pki::kube_admin_cert();
+        let admin = pki::kube_admin_cert().map_err(|e| Status::internal(e.to_string()))?;
         let cluster = &inst.config.cluster_name;
-        format!(
+        Ok(format!(
             "apiVersion: v1\nkind: Config\nclusters:\n  - name: {cluster}\n    cluster:\n      \
              server: {endpoint}\n      certificate-authority-data: {ca}\nusers:\n  - name: \
              admin@{cluster}\n    user:\n      client-certificate-data: {crt}\n      \
@@ -1090,15 +1267,15 @@ impl NodeApi {
             crt = STANDARD.encode(&admin.cert_pem),
             key = STANDARD.encode(&admin.key_pem),
         )
-        .into_bytes()
+        .into_bytes())
     }
 }
 
 macro_rules! route_or_forward {
     ($self:ident, $req:ident, $path:literal) => {
         match $self.route(&$req)? {
-            Route::Forward { ip, roles } => {
-                return $self.forward_unary(ip, &roles, $path, $req).await;
+            Route::Forward { addr, roles } => {
+                return $self.forward_unary(addr, &roles, $path, $req).await;
             }
             Route::Local { roles, relayed } => (roles, relayed),
         }
@@ -1124,7 +1301,7 @@ impl MachineService for NodeApi {
         let stats = &self.shared.stats;
         stats.apply_calls.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        *stats.last_apply_mode.lock().unwrap() = Some(req.mode);
+        *lock(&stats.last_apply_mode) = Some(req.mode);
         if req.dry_run {
             return Err(Status::unimplemented(
                 "dry run is not simulated by the test double",
@@ -1134,14 +1311,14 @@ impl MachineService for NodeApi {
             .map_err(|e| Status::invalid_argument(format!("failed to parse config: {e}")))?;
         let text = String::from_utf8_lossy(&req.data).into_owned();
         let Some(parsed) = parsed else {
-            *stats.last_config.lock().unwrap() = Some(text);
+            *lock(&stats.last_config) = Some(text);
             return Ok(Response::new(reply_apply(
                 "Applied partial configuration; still waiting for a machine config",
             )));
         };
         let os_ca = match &parsed.ca_key_pem {
             Some(key) => Some(
-                TestCa::from_pem(&parsed.ca_cert_pem, key)
+                SimCa::from_pem(&parsed.ca_cert_pem, key)
                     .map_err(|e| Status::invalid_argument(format!("machine.ca: {e}")))?,
             ),
             None => None,
@@ -1151,9 +1328,9 @@ impl MachineService for NodeApi {
         {
             return Err(Status::invalid_argument("machine type can't be changed"));
         }
-        *stats.last_config.lock().unwrap() = Some(text);
+        *lock(&stats.last_config) = Some(text);
         let etcd_bootstrapped = self.shared.installed().is_some_and(|i| i.etcd_bootstrapped);
-        *self.shared.state.lock().unwrap() = NodeState::Installed(Box::new(Installed {
+        *lock(&self.shared.state) = NodeState::Installed(Box::new(Installed {
             ca_cert_pem: parsed.ca_cert_pem.clone(),
             config: parsed,
             os_ca,
@@ -1161,7 +1338,8 @@ impl MachineService for NodeApi {
         }));
         if maintenance {
             // Install, then kexec into the installed system: the maintenance API goes away.
-            self.shared.go_down(Lifecycle::Reboot);
+            self.shared
+                .go_down(Lifecycle::Reboot(BootReason::Installed));
         }
         Ok(Response::new(reply_apply(
             "Applied configuration without a reboot",
@@ -1178,7 +1356,7 @@ impl MachineService for NodeApi {
             .stats
             .bootstrap_calls
             .fetch_add(1, Ordering::SeqCst);
-        let mut state = self.shared.state.lock().unwrap();
+        let mut state = lock(&self.shared.state);
         let NodeState::Installed(inst) = &mut *state else {
             return Err(Status::unimplemented("machine type is not set"));
         };
@@ -1245,9 +1423,9 @@ impl MachineService for NodeApi {
         req: Request<()>,
     ) -> Result<Response<Self::KubeconfigStream>, Status> {
         let (roles, relayed) = match self.route(&req)? {
-            Route::Forward { ip, roles } => {
+            Route::Forward { addr, roles } => {
                 return self
-                    .forward_stream(ip, &roles, "/machine.MachineService/Kubeconfig", req)
+                    .forward_stream(addr, &roles, "/machine.MachineService/Kubeconfig", req)
                     .await;
             }
             Route::Local { roles, relayed } => (roles, relayed),
@@ -1266,10 +1444,13 @@ impl MachineService for NodeApi {
                 "kubeconfig is only available on control plane nodes",
             ));
         }
-        let kubeconfig = self.kubeconfig_for(&inst);
+        let kubeconfig = match self.shared.cluster.kubeconfig() {
+            Some(set) => set.into_bytes(),
+            None => self.kubeconfig_for(&inst)?,
+        };
         let archive =
             kubeconfig_archive(&kubeconfig).map_err(|e| Status::internal(e.to_string()))?;
-        *self.shared.stats.last_kubeconfig.lock().unwrap() = Some(kubeconfig);
+        *lock(&self.shared.stats.last_kubeconfig) = Some(kubeconfig);
         // Several chunks, so the client has to join them.
         let size = archive.len().div_ceil(3).max(1);
         let chunks: Vec<Result<common::Data, Status>> = archive
@@ -1294,7 +1475,7 @@ impl MachineService for NodeApi {
             .stats
             .reboot_calls
             .fetch_add(1, Ordering::SeqCst);
-        self.shared.go_down(Lifecycle::Reboot);
+        self.shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
         Ok(Response::new(machine::RebootResponse {
             messages: vec![machine::Reboot {
                 metadata: None,
@@ -1311,7 +1492,7 @@ impl MachineService for NodeApi {
         self.allow("Reset", &roles, relayed, ADMIN)?;
         self.shared.stats.reset_calls.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        *self.shared.stats.last_reset.lock().unwrap() = Some(req.clone());
+        *lock(&self.shared.stats.last_reset) = Some(req.clone());
         for spec in &req.system_partitions_to_wipe {
             if !matches!(spec.label.as_str(), "STATE" | "EPHEMERAL" | "META") {
                 return Err(Status::failed_precondition(format!(
@@ -1334,9 +1515,10 @@ impl MachineService for NodeApi {
                     .iter()
                     .any(|s| s.label == label && s.wipe)
         };
+        let wiped_state = wipes("STATE");
         {
-            let mut state = self.shared.state.lock().unwrap();
-            if wipes("STATE") {
+            let mut state = lock(&self.shared.state);
+            if wiped_state {
                 // No config any more: next boot is maintenance mode (or nothing, if halted).
                 *state = if req.reboot {
                     NodeState::Maintenance
@@ -1349,8 +1531,10 @@ impl MachineService for NodeApi {
                 inst.etcd_bootstrapped = false;
             }
         }
-        self.shared.go_down(if req.reboot {
-            Lifecycle::Reboot
+        self.shared.go_down(if req.reboot && wiped_state {
+            Lifecycle::Reboot(BootReason::Reset)
+        } else if req.reboot {
+            Lifecycle::Reboot(BootReason::Reboot)
         } else {
             Lifecycle::Halt
         });
@@ -1503,9 +1687,9 @@ impl cosi::state_server::State for NodeApi {
         req: Request<cosi::ListRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
         let (roles, relayed) = match self.route(&req)? {
-            Route::Forward { ip, roles } => {
+            Route::Forward { addr, roles } => {
                 return self
-                    .forward_stream(ip, &roles, "/cosi.resource.State/List", req)
+                    .forward_stream(addr, &roles, "/cosi.resource.State/List", req)
                     .await;
             }
             Route::Local { roles, relayed } => (roles, relayed),
@@ -1535,5 +1719,295 @@ impl cosi::state_server::State for NodeApi {
             })
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The double against talboot's real renderer and talosconfig, and the hooks the demo
+    //! needs (aliases, port, boot hook, phase subscription, cluster kubeconfig). Nodes listen
+    //! on 127.0.77.x, which no other test uses.
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::OnceLock;
+
+    use time::OffsetDateTime;
+    use tokio::sync::Semaphore;
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+    use super::*;
+    use crate::inventory::{self, Inventory};
+    use crate::machineconfig::clients;
+    use crate::machineconfig::render::render_node;
+    use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
+    use crate::talos::retry::RetryPolicy;
+    use crate::talos::{ClientCreds, TalosClient};
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 77, last])
+    }
+
+    /// The rack inventory and one freshly generated secrets bundle for all tests here
+    /// (P-256 service-account key: RSA-4096 generation would only make the tests slow).
+    fn rack() -> &'static (Inventory, SecretsBundle) {
+        static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
+        RACK.get_or_init(|| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+            let inv = inventory::load_with_env(&path, &BTreeMap::new())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .inventory;
+            let options = GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            };
+            let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
+            (inv, secrets)
+        })
+    }
+
+    /// `node`'s config as `talboot gen` renders it (YAML).
+    fn rendered(node: &str) -> String {
+        let (inv, secrets) = rack();
+        let node = inv.node(node).unwrap_or_else(|| panic!("no node {node}"));
+        render_node(inv, secrets, node).unwrap().to_yaml().unwrap()
+    }
+
+    /// The rack address of an inventory node.
+    fn rack_ip(node: &str) -> IpAddr {
+        IpAddr::V4(rack().0.node(node).unwrap().address.addr())
+    }
+
+    /// Credentials from the admin talosconfig `talboot gen` writes for the bundle.
+    fn admin_creds() -> ClientCreds {
+        let (inv, secrets) = rack();
+        let talosconfig = clients::talosconfig(
+            inv.cluster.name.as_str(),
+            &["10.20.0.11".into()],
+            &[],
+            secrets,
+            time::Duration::hours(1),
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
+        ClientCreds::from_talosconfig(&talosconfig, None).unwrap()
+    }
+
+    fn maintenance(addr: SocketAddr) -> TalosClient {
+        TalosClient::maintenance(addr)
+            .unwrap()
+            .with_retry(RetryPolicy::NONE)
+    }
+
+    fn secured(addr: SocketAddr) -> TalosClient {
+        TalosClient::secured(addr, &admin_creds())
+            .unwrap()
+            .with_retry(RetryPolicy::NONE)
+    }
+
+    fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
+        let mut cfg = FakeNodeConfig::new(ip(last), name);
+        cfg.aliases = vec![rack_ip(name)];
+        cfg
+    }
+
+    /// The IP SANs of the certificate the node presents now (handshake with any-cert
+    /// verification, and the admin client certificate in case the node asks for one).
+    async fn presented_ips(addr: SocketAddr) -> Vec<IpAddr> {
+        let creds = admin_creds();
+        let chain = CertificateDer::pem_slice_iter(&creds.crt_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key =
+            PrivateKeyDer::from_pem_slice(&crate::talos::tls::normalize_key_pem(&creds.key_pem))
+                .unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap().value;
+        san.general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rendered_configs_install_and_the_generated_talosconfig_works() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let cp = FakeTalosNode::start(node_cfg(1, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        let st = FakeTalosNode::start(node_cfg(2, "rack1-st-01"), &cluster)
+            .await
+            .unwrap();
+        let cp_alias = rack_ip("rack1-cp-01");
+        assert!(presented_ips(cp.addr()).await.contains(&cp_alias));
+
+        for (node, name) in [(&cp, "rack1-cp-01"), (&st, "rack1-st-01")] {
+            let config = rendered(name);
+            maintenance(node.addr())
+                .apply_configuration(config.as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the double refused talboot's config: {e}"));
+            node.wait_phase(Phase::Secured).await.unwrap();
+            assert_eq!(node.last_applied_config().as_deref(), Some(config.as_str()));
+        }
+
+        // The admin talosconfig from the same bundle is accepted by both, directly...
+        let version = secured(cp.addr()).version().await.unwrap();
+        assert_eq!(version.version.unwrap().tag, TALOS_TAG);
+        secured(st.addr()).version().await.unwrap();
+        // ...and through the control plane, naming the worker by its rack address.
+        let st_alias = rack_ip("rack1-st-01").to_string();
+        let relayed = secured(cp.addr()).with_node(&st_alias).unwrap();
+        relayed.version().await.unwrap();
+        assert!(st.served().iter().any(|s| s.rpc == "Version" && s.relayed));
+        // The secured certificates carry the rack addresses too (the worker's from trustd).
+        assert!(presented_ips(cp.addr()).await.contains(&cp_alias));
+        let st_ips = presented_ips(st.addr()).await;
+        assert!(st_ips.contains(&rack_ip("rack1-st-01")), "{st_ips:?}");
+        assert!(st_ips.contains(&ip(2)), "{st_ips:?}");
+        cp.shutdown().await;
+        st.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn boot_hook_runs_between_lives_with_the_reason() {
+        crate::install_crypto_provider();
+        let (reasons_tx, mut reasons) = mpsc::unbounded_channel();
+        let gate = Arc::new(Semaphore::new(0));
+        let mut cfg = node_cfg(3, "rack1-cp-02");
+        let hook_gate = gate.clone();
+        cfg.boot_hook = Some(Arc::new(move |reason| {
+            let tx = reasons_tx.clone();
+            let gate = hook_gate.clone();
+            Box::pin(async move {
+                let _ = tx.send(reason);
+                if let Ok(permit) = gate.acquire().await {
+                    permit.forget();
+                }
+            })
+        }));
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        let mut phases = node.subscribe_phase();
+        assert_eq!(*phases.borrow_and_update(), Phase::Maintenance);
+        assert!(
+            reasons.try_recv().is_err(),
+            "the first boot is the caller's"
+        );
+
+        // Each life ends, the hook runs while nothing listens, then the next life starts.
+        let steps: [(BootReason, Phase); 3] = [
+            (BootReason::Installed, Phase::Secured),
+            (BootReason::Reboot, Phase::Secured),
+            (BootReason::Reset, Phase::Maintenance),
+        ];
+        for (want, next) in steps {
+            match want {
+                BootReason::Installed => {
+                    maintenance(node.addr())
+                        .apply_configuration(rendered("rack1-cp-02").as_bytes())
+                        .await
+                        .unwrap();
+                }
+                BootReason::Reboot => secured(node.addr()).reboot().await.unwrap(),
+                BootReason::Reset => secured(node.addr()).reset(false, true).await.unwrap(),
+            }
+            assert_eq!(reasons.recv().await, Some(want));
+            assert_eq!(node.phase(), Phase::Booting);
+            // The subscription saw the machine go down...
+            assert_eq!(*phases.borrow_and_update(), Phase::Booting);
+            assert!(
+                TcpStream::connect(node.addr()).await.is_err(),
+                "the API must be down while the machine boots"
+            );
+            gate.add_permits(1);
+            node.wait_phase(next.clone()).await.unwrap();
+            // ...and come back.
+            phases.changed().await.unwrap();
+            assert_eq!(*phases.borrow_and_update(), next);
+        }
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn set_kubeconfig_replaces_the_minted_one_on_any_port() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(4, "rack1-cp-03");
+        cfg.port = 50444;
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        assert_eq!(node.addr(), SocketAddr::new(ip(4), 50444));
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-cp-03").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let client = secured(node.addr());
+
+        // Minted: for the config's endpoint.
+        let minted = String::from_utf8(client.kubeconfig().await.unwrap()).unwrap();
+        assert!(
+            minted.contains("server: https://10.20.0.10:6443"),
+            "{minted}"
+        );
+
+        let ours = "apiVersion: v1\nkind: Config\nclusters: []\n# the demo's API double\n";
+        cluster.set_kubeconfig(Some(ours.into()));
+        assert_eq!(client.kubeconfig().await.unwrap(), ours.as_bytes());
+        assert_eq!(node.kubeconfig_calls(), 2);
+        assert_eq!(node.last_kubeconfig().as_deref(), Some(ours.as_bytes()));
+
+        cluster.set_kubeconfig(None);
+        let again = String::from_utf8(client.kubeconfig().await.unwrap()).unwrap();
+        assert!(again.contains("server: https://10.20.0.10:6443"), "{again}");
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn start_names_an_address_in_use() {
+        crate::install_crypto_provider();
+        let addr = SocketAddr::new(ip(5), APID_PORT);
+        let _taken = std::net::TcpListener::bind(addr).unwrap();
+        let cluster = FakeCluster::new();
+        let err = FakeTalosNode::start(FakeNodeConfig::new(ip(5), "busy"), &cluster)
+            .await
+            .err()
+            .expect("binding a used address must fail");
+        assert!(
+            matches!(err, SimError::Bind { addr: a, .. } if a == addr),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("127.0.77.5:50000"), "{err}");
+        // A failed start leaves nothing registered under its names.
+        assert!(cluster.resolve("busy").is_none());
+    }
+
+    #[test]
+    fn config_debug_shows_the_hook_only_as_present() {
+        let mut cfg = FakeNodeConfig::new(ip(6), "n");
+        cfg.boot_hook = Some(Arc::new(|_| Box::pin(async {})));
+        let text = format!("{:?}", cfg.clone());
+        assert!(text.contains("boot_hook: Some(\"<hook>\")"), "{text}");
+        assert!(text.contains("port: 50000"), "{text}");
     }
 }
