@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub mod check;
+pub mod demo;
 pub mod r#gen;
 pub mod images;
 pub mod node;
@@ -58,6 +59,8 @@ pub enum Command {
     Status(status::Args),
     /// Act on one node (rebuild).
     Node(node::Args),
+    /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
+    Demo(demo::Args),
 }
 
 /// Exit code for invalid input.
@@ -67,7 +70,14 @@ pub const EXIT_USAGE: u8 = 2;
 
 /// Parse arguments, set up logging and run the subcommand.
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // The demo's output is talboot's event stream; its servers' info logs would bury it.
+    if matches!(cli.command, Command::Demo(_))
+        && cli.log_filter == "info"
+        && std::env::var_os("RUST_LOG").is_none()
+    {
+        cli.log_filter = "warn".into();
+    }
     if let Err(e) = init_logging(cli.log_format, &cli.log_filter) {
         eprintln!("talboot: invalid --log filter `{}`: {e}", cli.log_filter);
         return ExitCode::from(EXIT_USAGE);
@@ -80,6 +90,7 @@ pub fn run() -> ExitCode {
         Command::Secrets(args) => secrets::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
+        Command::Demo(args) => demo::run(&args),
     }
 }
 

@@ -690,9 +690,19 @@ async fn publish_tftp_events(
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
-struct BundleRenderer {
+pub struct BundleRenderer {
     inventory: Arc<Inventory>,
     secrets: crate::machineconfig::secrets::SecretsBundle,
+}
+
+impl BundleRenderer {
+    /// A renderer for `inventory`'s nodes with `secrets`.
+    pub fn new(
+        inventory: Arc<Inventory>,
+        secrets: crate::machineconfig::secrets::SecretsBundle,
+    ) -> Self {
+        Self { inventory, secrets }
+    }
 }
 
 impl crate::provision::ConfigRenderer for BundleRenderer {

@@ -619,10 +619,12 @@ impl Replier {
 
     fn publish_reply(&self, mac: Mac, port: ServerPort, reply: &Message, to: ReplyTarget) {
         let proxy = self.mode == NetworkMode::Proxy || port == ServerPort::PxeBoot;
+        // dhcproto's decoder keeps the field's terminating NUL.
         let file = reply
             .fname_str()
             .and_then(|r| r.ok())
             .unwrap_or("")
+            .trim_end_matches('\0')
             .to_string();
         let kind = match reply.opts().msg_type() {
             Some(MessageType::Offer | MessageType::Ack) if proxy => EventKind::ProxyOffer,

@@ -244,7 +244,9 @@ impl Machine {
         let file = ack
             .fname_str()
             .and_then(Result::ok)
-            .map(str::to_owned)
+            // The field is NUL-terminated on the wire; the decoder keeps the NUL.
+            .map(|f| f.trim_end_matches('\0').to_owned())
+            .filter(|f| !f.is_empty())
             .or_else(|| match ack.opts().get(OptionCode::BootfileName) {
                 Some(DhcpOption::BootfileName(b)) => Some(String::from_utf8_lossy(b).into_owned()),
                 _ => None,

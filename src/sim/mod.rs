@@ -17,6 +17,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 pub mod assets;
+pub mod demo;
 pub mod ipxe;
 pub mod kube;
 pub mod machine;

@@ -1,0 +1,92 @@
+//! `talboot demo`: the whole flow, from the first DHCP packet to a cluster handed off to Argo
+//! CD, on a simulated rack on loopback (see [`crate::sim::demo`]). No root, no hardware, no
+//! network beyond 127.0.0.0/16.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+use crate::sim::demo::{self, DemoError, DemoOptions};
+
+/// Arguments of `talboot demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Inventory of the rack to simulate.
+    #[arg(short = 'c', long = "config", default_value = "config/rack.yaml")]
+    pub config: PathBuf,
+    /// Keep everything the run writes (relocated inventory, boot files, state store, admin
+    /// talosconfig and kubeconfig) in this new or empty directory; by default a temporary
+    /// directory is used and removed.
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Give up if the cluster is not handed off within this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// After the hand-off, rebuild this node (reset, re-PXE, re-apply) and show that no other
+    /// node is touched.
+    #[arg(long, value_name = "NODE")]
+    pub rebuild: Option<String>,
+    /// Print only the summary, not talboot's events as they happen.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Run the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let (_temp, workdir) = match &args.workdir {
+        Some(d) => (None, d.clone()),
+        None => match tempfile::Builder::new().prefix("talboot-demo-").tempdir() {
+            Ok(t) => {
+                let p = t.path().to_owned();
+                (Some(t), p)
+            }
+            Err(e) => {
+                eprintln!("talboot demo: cannot create a temporary directory: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talboot demo: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let opts = DemoOptions {
+        config: args.config.clone(),
+        workdir: workdir.clone(),
+        print_events: !args.quiet,
+    };
+    let result = rt.block_on(demo::run(
+        opts,
+        Duration::from_secs(args.timeout),
+        args.rebuild.clone(),
+    ));
+    match result {
+        Ok(summary) => {
+            println!("{summary}");
+            if args.workdir.is_some() {
+                println!(
+                    "kept in {}: state/ (store, kubeconfig), talosconfig, config/ (relocated inventory)",
+                    workdir.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot demo: {e}");
+            match e {
+                DemoError::Inventory(..) | DemoError::Relocate(_) | DemoError::Unsupported(_) => {
+                    ExitCode::from(EXIT_INVALID)
+                }
+                DemoError::Timeout { .. } => ExitCode::from(EXIT_INVALID),
+                _ => ExitCode::from(EXIT_USAGE),
+            }
+        }
+    }
+}

@@ -1,0 +1,764 @@
+//! `talboot demo`: the whole flow on a simulated rack, unprivileged, on one machine.
+//!
+//! What is real: talboot itself. The inventory is the operator's file (relocated onto
+//! loopback by [`super::relocate`]), the DHCP, TFTP and HTTP servers, the store, the event
+//! bus and the provisioner are the ones `serve` runs ([`crate::cli::serve::Plan`]), the
+//! machine configs are rendered from a freshly generated secrets bundle by the real
+//! renderer, and the add-ons go through the real server-side apply and Helm release code.
+//!
+//! What is simulated: each machine's firmware and iPXE ([`super::machine`], real packets on
+//! loopback), Talos on each machine ([`super::talos`], the strict apid double on the
+//! machine's own 127.0.x.y) and the Kubernetes API server ([`super::kube`], on the cluster
+//! endpoint's loopback address). A machine that has booted Talos registers as a Node, which
+//! turns Ready once the Cilium DaemonSet has rolled out, as on a real cluster.
+//!
+//! The progress printed is talboot's own event stream; the demo adds nothing to it but
+//! timestamps.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::kube::{DoubleOptions, KubeDouble};
+use super::machine::{Booted, Machine, Wire};
+use super::relocate::{RelocateError, Relocation};
+use super::talos::{BootHook, BootReason, FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+use crate::cli::serve::{self, DhcpPlan, Plan, ProvisioningPlan, Running, StartError};
+use crate::events::EventKind;
+use crate::inventory::{self, EndpointHost, Inventory};
+use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
+use crate::provision::Settings;
+use crate::provision::steps::{ClusterStep, STEP_KEY, StepRecord};
+use crate::store::{NodePhase, Store};
+
+/// The Cilium manifest set of the demo (an abridged rendering; see the file's header).
+const CILIUM_MANIFEST: &str = include_str!("manifests/cilium/cilium.yaml");
+/// The Argo CD manifest set of the demo.
+const ARGOCD_MANIFEST: &str = include_str!("manifests/argocd/argo-cd.yaml");
+
+/// The Kubernetes API port on the cluster endpoint.
+const KUBE_API_PORT: u16 = 6443;
+
+/// Why the demo could not run to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The inventory is invalid.
+    #[error("{0}; run `talboot check -c {1}` for every problem")]
+    Inventory(inventory::LoadError, PathBuf),
+    /// The rack cannot be put on loopback.
+    #[error("cannot simulate this rack: {0}")]
+    Relocate(#[from] RelocateError),
+    /// The inventory asks for something the simulation cannot do.
+    #[error("cannot simulate this rack: {0}")]
+    Unsupported(String),
+    /// A file of the simulation could not be written.
+    #[error("cannot prepare {}: {cause}", path.display())]
+    Prepare {
+        /// What.
+        path: PathBuf,
+        /// Why.
+        cause: String,
+    },
+    /// talboot's servers could not start.
+    #[error("talboot could not start: {0}")]
+    Start(#[from] StartError),
+    /// A simulated machine or API server could not start.
+    #[error("simulation: {0}")]
+    Sim(String),
+    /// The flow did not finish in time.
+    #[error("not handed off within {after:?}: {state}")]
+    Timeout {
+        /// The limit.
+        after: Duration,
+        /// Where it was stuck.
+        state: String,
+    },
+}
+
+fn prep(path: &Path) -> impl Fn(String) -> DemoError + '_ {
+    move |cause| DemoError::Prepare {
+        path: path.to_owned(),
+        cause,
+    }
+}
+
+/// Knobs of a demo run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// The operator's inventory.
+    pub config: PathBuf,
+    /// A fresh (missing or empty) directory for everything the run writes.
+    pub workdir: PathBuf,
+    /// Print talboot's events as they happen.
+    pub print_events: bool,
+}
+
+/// One simulated machine as the demo tracks it.
+pub struct SimNode {
+    /// The machine.
+    pub machine: Machine,
+    /// Its inventory address on the rack network.
+    pub rack_address: Ipv4Addr,
+    /// Its role.
+    pub role: String,
+    talos: Mutex<Option<Arc<FakeTalosNode>>>,
+}
+
+impl SimNode {
+    /// Its Talos double, once the machine has booted Talos.
+    pub fn talos(&self) -> Option<Arc<FakeTalosNode>> {
+        self.talos.lock().expect("sim node lock").clone()
+    }
+}
+
+/// A running demo: talboot's servers, the machines, the Kubernetes API double.
+pub struct Demo {
+    /// The rack-to-loopback map.
+    pub relocation: Relocation,
+    /// The relocated inventory talboot serves.
+    pub inventory: Arc<Inventory>,
+    /// Where everything is written.
+    pub workdir: PathBuf,
+    /// The simulated machines, in inventory order.
+    pub nodes: Vec<Arc<SimNode>>,
+    /// The Kubernetes API double.
+    pub kube: Arc<KubeDouble>,
+    /// talboot's HTTP base URL (for the rebuild API).
+    pub base_url: String,
+    /// talboot's store.
+    pub store: Arc<dyn Store>,
+    started: Instant,
+    running: Option<Running>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Everything prepared on disk before anything runs.
+struct Prepared {
+    relocation: Relocation,
+    inventory: Arc<Inventory>,
+    images: PathBuf,
+    tftp_root: PathBuf,
+    state_dir: PathBuf,
+    addons: PathBuf,
+}
+
+/// Copies the YAML files of the inventory's folder (patches, talenv.yaml, ...) into
+/// `dest`, every rack address relocated. Returns the relocated inventory's path.
+fn mirror_config(
+    config: &Path,
+    relocation: &Relocation,
+    dest: &Path,
+) -> Result<PathBuf, DemoError> {
+    let src_dir = config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut stack = vec![(src_dir.to_owned(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| prep(&dir)(e.to_string()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() && depth < 3 {
+                stack.push((path, depth + 1));
+            } else if ft.is_file() && (name.ends_with(".yaml") || name.ends_with(".yml")) {
+                let rel = path.strip_prefix(src_dir).unwrap_or(&path);
+                let out = dest.join(rel);
+                let text =
+                    std::fs::read_to_string(&path).map_err(|e| prep(&path)(e.to_string()))?;
+                if let Some(parent) = out.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| prep(parent)(e.to_string()))?;
+                }
+                std::fs::write(&out, relocation.rewrite(&text))
+                    .map_err(|e| prep(&out)(e.to_string()))?;
+            }
+        }
+    }
+    let file = config
+        .file_name()
+        .ok_or_else(|| prep(config)("not a file".into()))?;
+    Ok(dest.join(file))
+}
+
+fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
+    let original = inventory::load(&opts.config)
+        .map_err(|e| DemoError::Inventory(e, opts.config.clone()))?
+        .inventory;
+    let relocation = Relocation::for_inventory(&original)?;
+    let workdir = &opts.workdir;
+    if workdir.exists()
+        && std::fs::read_dir(workdir)
+            .map_err(|e| prep(workdir)(e.to_string()))?
+            .next()
+            .is_some()
+    {
+        return Err(prep(workdir)(
+            "the directory is not empty; the demo starts from a fresh one (omit --workdir for a temporary one)".into(),
+        ));
+    }
+    let config_dir = workdir.join("config");
+    let inv_path = mirror_config(&opts.config, &relocation, &config_dir)?;
+    let inventory = inventory::load(&inv_path)
+        .map_err(|e| DemoError::Inventory(e, inv_path.clone()))?
+        .inventory;
+    match &inventory.cluster.endpoint.host {
+        EndpointHost::Ip(ip) if ip.is_loopback() => {}
+        other => {
+            return Err(DemoError::Unsupported(format!(
+                "the cluster endpoint host {other:?} is not an address in the rack's subnets; \
+                 the simulated API server listens on the endpoint's loopback image"
+            )));
+        }
+    }
+    if inventory.cluster.endpoint.port != KUBE_API_PORT {
+        return Err(DemoError::Unsupported(format!(
+            "the cluster endpoint port is {}; the simulated API server listens on {KUBE_API_PORT}",
+            inventory.cluster.endpoint.port
+        )));
+    }
+    let images = workdir.join("images");
+    let tftp_root = workdir.join("tftp");
+    let state_dir = workdir.join("state");
+    let addons = workdir.join("addons");
+    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+    super::assets::write_boot_sets(&images, &inventory, now).map_err(|e| prep(&images)(e.cause))?;
+    super::assets::write_ipxe_binaries(&tftp_root).map_err(|e| prep(&tftp_root)(e.cause))?;
+    for (dir, text) in [("cilium", CILIUM_MANIFEST), ("argocd", ARGOCD_MANIFEST)] {
+        let d = addons.join(dir);
+        std::fs::create_dir_all(&d).map_err(|e| prep(&d)(e.to_string()))?;
+        let f = d.join(format!("{dir}.yaml"));
+        std::fs::write(&f, text).map_err(|e| prep(&f)(e.to_string()))?;
+    }
+    std::fs::create_dir_all(&state_dir).map_err(|e| prep(&state_dir)(e.to_string()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The store holds node records and the kubeconfig: private, as `serve` wants it.
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| prep(&state_dir)(e.to_string()))?;
+    }
+    Ok(Prepared {
+        relocation,
+        inventory: Arc::new(inventory),
+        images,
+        tftp_root,
+        state_dir,
+        addons,
+    })
+}
+
+/// Prints talboot's events with the time since the demo started.
+fn print_event(started: Instant, ev: &crate::events::NodeEvent) {
+    // Talos calls are many and the phase changes say the same thing more plainly.
+    if ev.kind == EventKind::Talos || ev.kind == EventKind::DhcpOffer {
+        return;
+    }
+    let t = started.elapsed().as_secs_f64();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{t:7.2}s  {:<14} {:<15} {}",
+        ev.node,
+        ev.kind.as_str(),
+        ev.detail
+    );
+}
+
+impl Demo {
+    /// Prepares the work directory, starts talboot's servers and the Kubernetes API double,
+    /// and powers on every machine.
+    pub async fn start(opts: DemoOptions) -> Result<Demo, DemoError> {
+        crate::install_crypto_provider();
+        let started = Instant::now();
+        let p = prepare(&opts)?;
+        let inv = p.inventory.clone();
+        if opts.print_events {
+            let nets: Vec<String> = p
+                .relocation
+                .loopback_subnets()
+                .map(|(rack, lo)| format!("{rack} -> {lo}"))
+                .collect();
+            println!(
+                "talboot demo: cluster {} with {} simulated machines from {}\n\
+                 rack network on loopback: {}; work directory {}\n",
+                inv.cluster.name.as_str(),
+                inv.nodes.len(),
+                opts.config.display(),
+                nets.join(", "),
+                opts.workdir.display()
+            );
+        }
+
+        // Throwaway cluster secrets, in memory only: nothing of them is written to disk but
+        // the admin talosconfig and kubeconfig in the work directory. ECDSA for the
+        // service-account key so the bundle takes milliseconds, not an RSA-4096 search.
+        let now = time::OffsetDateTime::now_utc();
+        let bundle = SecretsBundle::generate(
+            now,
+            &GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            },
+        )
+        .map_err(|e| DemoError::Sim(format!("cannot generate cluster secrets: {e}")))?;
+        let endpoints: Vec<String> = inv
+            .control_planes()
+            .map(|n| n.address.value.addr().to_string())
+            .collect();
+        let talosconfig = crate::machineconfig::clients::talosconfig(
+            inv.cluster.name.as_str(),
+            &endpoints,
+            &[],
+            &bundle,
+            time::Duration::days(1),
+            now,
+        )
+        .map_err(|e| DemoError::Sim(format!("cannot make the admin talosconfig: {e}")))?;
+        let tc_path = opts.workdir.join("talosconfig");
+        crate::fsutil::write_atomic(&tc_path, talosconfig.as_bytes(), 0o600)
+            .map_err(|e| prep(&tc_path)(e.to_string()))?;
+        let creds = crate::talos::ClientCreds::from_talosconfig(
+            &talosconfig,
+            Some(inv.cluster.name.as_str()),
+        )
+        .map_err(|e| DemoError::Sim(format!("admin talosconfig: {e}")))?;
+
+        let EndpointHost::Ip(api_ip) = inv.cluster.endpoint.host.clone() else {
+            unreachable!("checked in prepare")
+        };
+        let kube = KubeDouble::start(DoubleOptions {
+            bind: SocketAddr::new(IpAddr::V4(api_ip), KUBE_API_PORT),
+            cni_daemonset: Some(("kube-system".into(), "cilium".into())),
+            nodes: Vec::new(),
+            crd_delay: Duration::from_millis(200),
+            rollout_delay: Duration::from_millis(400),
+        })
+        .await
+        .map_err(|e| DemoError::Sim(format!("Kubernetes API double: {e}")))?;
+        let kube = Arc::new(kube);
+        let cluster = FakeCluster::new();
+        cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
+
+        let advertise = inv
+            .network
+            .advertise
+            .as_ref()
+            .map(|a| a.value)
+            .filter(|a| a.is_loopback())
+            .unwrap_or(Ipv4Addr::LOCALHOST);
+        let mut settings = Settings::new(p.state_dir.clone());
+        settings.poll_interval = Duration::from_millis(250);
+        settings.install_timeout = Duration::from_secs(60);
+        settings.health_timeout = Duration::from_secs(60);
+        settings.addon_manifests = Some(p.addons.clone());
+        settings.addon_timeouts = crate::addons::Timeouts {
+            crd: Duration::from_secs(30),
+            rollout: Duration::from_secs(60),
+        };
+        let plan = Plan {
+            inventory: inv.clone(),
+            catalog: crate::artifacts::Catalog::load(&p.images)
+                .map_err(|e| DemoError::Sim(e.to_string()))?,
+            images_dir: p.images.clone(),
+            ipxe_dir: p.tftp_root.clone(),
+            configs: opts.workdir.join("configs"),
+            state_dir: p.state_dir.clone(),
+            advertise,
+            http: SocketAddr::new(IpAddr::V4(advertise), 0),
+            tftp: Some((SocketAddr::new(IpAddr::V4(advertise), 0), 1468)),
+            dhcp: Some(DhcpPlan::Loopback(SocketAddrV4::new(advertise, 0))),
+            provisioning: Some(ProvisioningPlan {
+                renderer: Arc::new(serve::BundleRenderer::new(inv.clone(), bundle)),
+                creds,
+                settings,
+            }),
+        };
+        let bound = plan.bind().await?;
+        let (Some(SocketAddr::V4(dhcp)), Some(tftp)) = (bound.dhcp_addr(), bound.tftp_addr())
+        else {
+            return Err(DemoError::Sim(
+                "talboot's DHCP or TFTP socket has no IPv4 address".into(),
+            ));
+        };
+        let wire = Wire {
+            dhcp,
+            tftp_port: tftp.port(),
+        };
+        let running = bound.start()?;
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        if opts.print_events {
+            let mut rx = running.events.subscribe();
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        ev = rx.recv() => match ev {
+                            Ok(ev) => print_event(started, &ev),
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }));
+        }
+
+        let mut nodes = Vec::new();
+        for (i, n) in inv.nodes.iter().enumerate() {
+            let address = n.address.value.addr();
+            let relay = inv
+                .network
+                .relays
+                .iter()
+                .find(|r| r.subnet.value.contains(&address))
+                .map(|r| {
+                    r.gateway
+                        .as_ref()
+                        .map(|g| g.value)
+                        .unwrap_or_else(|| r.subnet.value.hosts().next().unwrap_or(address))
+                });
+            let node = Arc::new(SimNode {
+                machine: Machine::from_inventory(&inv, n, relay),
+                rack_address: p.relocation.to_rack(address).unwrap_or(address),
+                role: n.role.value.clone(),
+                talos: Mutex::new(None),
+            });
+            nodes.push(node.clone());
+            let (cluster, kube, stop) = (cluster.clone(), kube.clone(), stop.clone());
+            // A rack powers on over a few hundred milliseconds, not in one instant.
+            let delay = Duration::from_millis(40 * i as u64);
+            tasks.push(tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = async {
+                        tokio::time::sleep(delay).await;
+                        run_machine(node, wire, cluster, kube).await;
+                    } => {}
+                }
+            }));
+        }
+        Ok(Demo {
+            relocation: p.relocation,
+            inventory: inv,
+            workdir: opts.workdir,
+            nodes,
+            kube,
+            base_url: running.base_url.clone(),
+            store: running.store.clone(),
+            started,
+            running: Some(running),
+            stop,
+            tasks,
+        })
+    }
+
+    /// The node `name`.
+    pub fn node(&self, name: &str) -> Option<&Arc<SimNode>> {
+        self.nodes.iter().find(|n| n.machine.name == name)
+    }
+
+    /// The persisted cluster step record.
+    pub fn step_record(&self) -> Option<StepRecord> {
+        self.store
+            .get_meta(STEP_KEY)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// Time since [`Demo::start`].
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Waits until the cluster is handed off, or says where it is stuck.
+    pub async fn wait_handed_off(&self, timeout: Duration) -> Result<(), DemoError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self
+                .step_record()
+                .is_some_and(|r| r.step == ClusterStep::HandedOff)
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DemoError::Timeout {
+                    after: timeout,
+                    state: self.stuck_state(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `name` is Ready with its provisioning window closed.
+    pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<(), DemoError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(r)) = self.store.node(name)
+                && r.phase == NodePhase::Ready
+                && !r.provisioning_window_open
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DemoError::Timeout {
+                    after: timeout,
+                    state: self.stuck_state(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Asks the running talboot to rebuild `name`, exactly as `talboot node rebuild` does.
+    pub async fn request_rebuild(&self, name: &str) -> Result<(), DemoError> {
+        let url = format!("{}/api/nodes/{name}/rebuild", self.base_url);
+        let resp = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| DemoError::Sim(e.to_string()))?
+            .post(&url)
+            .send()
+            .await
+            .map_err(|e| DemoError::Sim(format!("POST {url}: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(DemoError::Sim(format!(
+                "POST {url}: HTTP {}",
+                resp.status()
+            )));
+        }
+        Ok(())
+    }
+
+    fn stuck_state(&self) -> String {
+        let step = match self.step_record() {
+            Some(r) => format!(
+                "last cluster step {} ({}){}",
+                r.step,
+                r.reason,
+                r.last_error
+                    .map(|e| format!(", next step failing: {e}"))
+                    .unwrap_or_default()
+            ),
+            None => "no cluster step completed".into(),
+        };
+        let records = self.store.nodes().unwrap_or_default();
+        let waiting: Vec<String> = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let phase = records
+                    .iter()
+                    .find(|r| r.name == n.machine.name)
+                    .map(|r| r.phase)
+                    .unwrap_or(NodePhase::Unknown);
+                (phase != NodePhase::Ready).then(|| format!("{} {phase}", n.machine.name))
+            })
+            .collect();
+        if waiting.is_empty() {
+            step
+        } else {
+            format!("{step}; nodes not ready: {}", waiting.join(", "))
+        }
+    }
+
+    /// The end-of-run summary: nodes, cluster steps and Helm release records.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let records = self.store.nodes().unwrap_or_default();
+        s.push_str(&format!(
+            "\n{:<14} {:<13} {:<13} {:<11} {:<8} {}\n",
+            "NODE", "ROLE", "RACK ADDRESS", "SIMULATED", "PHASE", "INSTALL DISK"
+        ));
+        for n in &self.nodes {
+            let phase = records
+                .iter()
+                .find(|r| r.name == n.machine.name)
+                .map(|r| r.phase.to_string())
+                .unwrap_or_else(|| "unknown".into());
+            let node = self.inventory.node(&n.machine.name);
+            let disk = node.map(|n| n.install.to_string()).unwrap_or_default();
+            let sim = node
+                .map(|n| n.address.value.addr().to_string())
+                .unwrap_or_default();
+            s.push_str(&format!(
+                "{:<14} {:<13} {:<13} {:<11} {:<8} {}\n",
+                n.machine.name, n.role, n.rack_address, sim, phase, disk
+            ));
+        }
+        let events = self
+            .store
+            .events(crate::provision::steps::CLUSTER_TIMELINE, 0, 1000)
+            .unwrap_or_default();
+        s.push_str("\ncluster steps:\n");
+        for e in events
+            .iter()
+            .filter(|e| e.kind == EventKind::Cluster.as_str())
+        {
+            s.push_str(&format!("  {}\n", e.detail));
+        }
+        s.push_str(
+            "\nHelm release records (adoptable by `helm upgrade` or an Argo CD Application):\n",
+        );
+        for (ns, name) in [("kube-system", "cilium"), ("argocd", "argocd")] {
+            let secret = format!("sh.helm.release.v1.{name}.v1");
+            if self.kube.object("v1", "Secret", ns, &secret).is_some() {
+                s.push_str(&format!("  {ns}/{secret}\n"));
+            }
+        }
+        let talos: Vec<Arc<FakeTalosNode>> = self.nodes.iter().filter_map(|n| n.talos()).collect();
+        s.push_str(&format!(
+            "\nTalos API calls: {} ApplyConfiguration, {} Bootstrap, {} Kubeconfig; {} objects applied \
+             server-side\n",
+            talos.iter().map(|t| t.apply_calls()).sum::<usize>(),
+            talos.iter().map(|t| t.bootstrap_calls()).sum::<usize>(),
+            talos.iter().map(|t| t.kubeconfig_calls()).sum::<usize>(),
+            self.kube.applies().iter().filter(|a| a.changed).count(),
+        ));
+        s
+    }
+
+    /// Stops the machines, talboot and the API double.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        for n in &self.nodes {
+            n.talos.lock().expect("sim node lock").take();
+        }
+        if let Some(running) = self.running.take() {
+            running.cancel.cancel();
+            let _ = running.wait().await;
+        }
+    }
+}
+
+/// The stand-in boot hook: on every reboot the machine goes through its firmware's network
+/// boot again before Talos comes back (to disk after an install, to maintenance after a
+/// reset), as a machine whose boot order starts with the network does.
+fn boot_hook(node: Arc<SimNode>, wire: Wire) -> BootHook {
+    Arc::new(move |reason: BootReason| {
+        let node = node.clone();
+        Box::pin(async move {
+            for attempt in 1..=5 {
+                match node.machine.network_boot(wire).await {
+                    Ok(booted) => {
+                        tracing::debug!(machine = %node.machine.name, ?reason, ?booted, "rebooted");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(machine = %node.machine.name, attempt, error = %e, "network boot failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// Powers on one machine: network boot until a kernel runs, then Talos in maintenance mode
+/// on the leased address; registers its Node once Talos runs configured.
+async fn run_machine(node: Arc<SimNode>, wire: Wire, cluster: FakeCluster, kube: Arc<KubeDouble>) {
+    let name = node.machine.name.clone();
+    let address = loop {
+        match node.machine.network_boot(wire).await {
+            Ok(Booted::Kernel { address, .. }) => break address,
+            Ok(Booted::LocalDisk { .. }) => {
+                tracing::warn!(machine = %name, "told to boot an empty disk; retrying the network");
+            }
+            Err(e) => tracing::warn!(machine = %name, error = %e, "network boot failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut cfg = FakeNodeConfig::new(IpAddr::V4(address), &name);
+    cfg.disks = node.machine.disks.clone();
+    cfg.system_uuid = node.machine.uuid.clone();
+    cfg.aliases = vec![IpAddr::V4(node.rack_address)];
+    cfg.boot_hook = Some(boot_hook(node.clone(), wire));
+    let talos = match FakeTalosNode::start(cfg, &cluster).await {
+        Ok(t) => Arc::new(t),
+        Err(e) => {
+            eprintln!("simulated Talos on {name} ({address}) could not start: {e}");
+            return;
+        }
+    };
+    let mut phases = talos.subscribe_phase();
+    *node.talos.lock().expect("sim node lock") = Some(talos);
+    let mut registered = false;
+    loop {
+        if !registered && *phases.borrow_and_update() == Phase::Secured {
+            // The kubelet of a configured node registers it with the API server.
+            kube.register_node(&name);
+            registered = true;
+        }
+        if phases.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs the demo to the end: hand-off, the optional rebuild, the summary.
+pub async fn run(
+    opts: DemoOptions,
+    timeout: Duration,
+    rebuild: Option<String>,
+) -> Result<String, DemoError> {
+    let demo = Demo::start(opts).await?;
+    let result = async {
+        demo.wait_handed_off(timeout).await?;
+        let mut out = format!(
+            "\nhanded off after {:.1}s: {} nodes Ready, Cilium and Argo CD installed\n",
+            demo.elapsed().as_secs_f64(),
+            demo.nodes.len()
+        );
+        if let Some(name) = &rebuild {
+            let before: BTreeMap<String, usize> = demo
+                .nodes
+                .iter()
+                .filter_map(|n| n.talos().map(|t| (n.machine.name.clone(), t.apply_calls())))
+                .collect();
+            let t0 = demo.elapsed();
+            demo.request_rebuild(name).await?;
+            // Wait until the provisioner has picked it up, then until it is back.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            demo.wait_node_ready(name, timeout).await?;
+            let after: BTreeMap<String, usize> = demo
+                .nodes
+                .iter()
+                .filter_map(|n| n.talos().map(|t| (n.machine.name.clone(), t.apply_calls())))
+                .collect();
+            let touched: Vec<&String> = after
+                .iter()
+                .filter(|(k, v)| before.get(*k) != Some(v))
+                .map(|(k, _)| k)
+                .collect();
+            out.push_str(&format!(
+                "rebuilt {name} in {:.1}s; configs re-applied to: {}\n",
+                (demo.elapsed() - t0).as_secs_f64(),
+                touched
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out.push_str(&demo.summary());
+        Ok(out)
+    }
+    .await;
+    demo.shutdown().await;
+    result
+}

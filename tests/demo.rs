@@ -1,0 +1,262 @@
+//! `talboot demo` on `config/rack.yaml`'s 13 machines: from the first DHCP packet to "handed
+//! off", then a rebuild of one worker, checked from outside (the binary's output and the
+//! store it leaves) and from inside (the Talos doubles' call counts, the Kubernetes API
+//! double's objects and Helm release records).
+//!
+//! One test function: both runs use the rack's loopback addresses (127.0.0.x, 127.0.1.x),
+//! so they must not overlap.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use talboot::provision::steps::{ClusterStep, STEP_KEY, StepRecord};
+use talboot::sim::demo::{Demo, DemoOptions};
+use talboot::store::{self, NodePhase, Store};
+
+const NODES: [&str; 13] = [
+    "rack1-cp-01",
+    "rack1-cp-02",
+    "rack1-cp-03",
+    "rack1-wk-01",
+    "rack1-wk-02",
+    "rack1-wk-03",
+    "rack1-wk-04",
+    "rack1-st-01",
+    "rack1-st-02",
+    "rack1-st-03",
+    "rack1-mon-01",
+    "rack1-mon-02",
+    "rack1-mon-03",
+];
+
+fn rack() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml")
+}
+
+fn the_binary_runs_the_rack_and_a_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let workdir = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["demo", "-c"])
+        .arg(rack())
+        .arg("--workdir")
+        .arg(&workdir)
+        .args(["--rebuild", "rack1-wk-02", "--timeout", "180"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+
+    // Every machine went through the real boot chain, as talboot's events tell it.
+    for node in NODES {
+        for kind in [
+            "dhcp.ack",
+            "tftp.file",
+            "http.script",
+            "http.kernel",
+            "http.initramfs",
+        ] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.contains(&format!(" {node} ")) && l.contains(kind)),
+                "no {kind} for {node}:\n{stdout}"
+            );
+        }
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{node} ")))
+            .unwrap_or_else(|| panic!("{node} missing from the summary:\n{stdout}"));
+        assert!(row.contains(" ready "), "{row}");
+    }
+    // The relayed machines kept their relayed-subnet addresses.
+    assert!(stdout.contains("10.20.1.41"), "{stdout}");
+    for step in [
+        "bootstrapped",
+        "api-ready",
+        "cni-installed",
+        "nodes-ready",
+        "argocd-installed",
+        "handed-off",
+    ] {
+        assert!(
+            stdout.contains(step),
+            "cluster step {step} not reported:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("handed off after"), "{stdout}");
+    assert!(
+        stdout.contains("rebuilt rack1-wk-02")
+            && stdout.contains("configs re-applied to: rack1-wk-02\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("kube-system/sh.helm.release.v1.cilium.v1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("argocd/sh.helm.release.v1.argocd.v1"),
+        "{stdout}"
+    );
+    // 13 first applies and one more for the rebuilt worker; one bootstrap, ever.
+    assert!(
+        stdout.contains("Talos API calls: 14 ApplyConfiguration, 1 Bootstrap, 1 Kubeconfig"),
+        "{stdout}"
+    );
+
+    // The store the run leaves says the same thing.
+    let s = store::open(&workdir.join("state")).unwrap();
+    let rec: StepRecord = serde_json::from_slice(&s.get_meta(STEP_KEY).unwrap().unwrap()).unwrap();
+    assert_eq!(rec.step, ClusterStep::HandedOff);
+    for node in NODES {
+        let r = s.node(node).unwrap().unwrap();
+        assert_eq!(r.phase, NodePhase::Ready, "{node}");
+        assert!(!r.provisioning_window_open, "{node}");
+    }
+    let kubeconfig = workdir
+        .join("state")
+        .join(talboot::provision::cluster::KUBECONFIG_FILE);
+    let mut text = String::new();
+    std::fs::File::open(&kubeconfig)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(text.contains("server: https://127.0.0.10:6443"), "{text}");
+}
+
+async fn in_process_run_checks_what_helm_and_argocd_adopt() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(DemoOptions {
+        config: rack(),
+        workdir: dir.path().join("run"),
+        print_events: false,
+    })
+    .await
+    .unwrap();
+    let result = async {
+        demo.wait_handed_off(Duration::from_secs(180))
+            .await
+            .unwrap();
+
+        let talos = |name: &str| demo.node(name).unwrap().talos().unwrap();
+        assert_eq!(
+            NODES
+                .iter()
+                .map(|n| talos(n).bootstrap_calls())
+                .sum::<usize>(),
+            1
+        );
+        for n in NODES {
+            assert_eq!(talos(n).apply_calls(), 1, "{n}");
+        }
+        // Every machine is a Ready Node; the Cilium objects carry Helm's ownership markers.
+        for n in NODES {
+            let node = demo
+                .kube
+                .object("v1", "Node", "", n)
+                .unwrap_or_else(|| panic!("{n}"));
+            let ready = node["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            assert!(ready, "{n}: {node}");
+        }
+        let ds = demo
+            .kube
+            .object("apps/v1", "DaemonSet", "kube-system", "cilium")
+            .unwrap();
+        assert_eq!(
+            ds["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "Helm"
+        );
+        assert_eq!(
+            ds["metadata"]["annotations"]["meta.helm.sh/release-name"],
+            "cilium"
+        );
+        assert_eq!(
+            ds["metadata"]["annotations"]["meta.helm.sh/release-namespace"],
+            "kube-system"
+        );
+        let release = demo
+            .kube
+            .object("v1", "Secret", "argocd", "sh.helm.release.v1.argocd.v1")
+            .unwrap();
+        assert_eq!(release["type"], "helm.sh/release.v1");
+        let payload = STANDARD
+            .decode(release["data"]["release"].as_str().unwrap())
+            .unwrap();
+        let gz = STANDARD.decode(payload).unwrap();
+        let mut json = String::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_string(&mut json)
+            .unwrap();
+        let rel: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(rel["info"]["status"], "deployed");
+        assert_eq!(rel["version"], 1);
+        assert!(rel["manifest"].as_str().unwrap().contains("argocd-server"));
+        let app = demo
+            .kube
+            .object("argoproj.io/v1alpha1", "Application", "argocd", "root")
+            .unwrap();
+        assert_eq!(
+            app["spec"]["source"]["repoURL"],
+            "https://git.example.net/platform/rack1.git"
+        );
+
+        // Rebuild one worker: only it is reset and re-applied; nothing else moves.
+        let changed_before = demo.kube.applies().iter().filter(|a| a.changed).count();
+        demo.request_rebuild("rack1-wk-03").await.unwrap();
+        for _ in 0..200 {
+            if talos("rack1-wk-03").reset_calls() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        demo.wait_node_ready("rack1-wk-03", Duration::from_secs(60))
+            .await
+            .unwrap();
+        for n in NODES {
+            let (applies, resets) = if n == "rack1-wk-03" { (2, 1) } else { (1, 0) };
+            assert_eq!(talos(n).apply_calls(), applies, "{n}");
+            assert_eq!(talos(n).reset_calls(), resets, "{n}");
+        }
+        assert_eq!(
+            NODES
+                .iter()
+                .map(|n| talos(n).bootstrap_calls())
+                .sum::<usize>(),
+            1
+        );
+        assert_eq!(demo.step_record().unwrap().step, ClusterStep::HandedOff);
+        // The add-ons were not applied again.
+        assert_eq!(
+            demo.kube.applies().iter().filter(|a| a.changed).count(),
+            changed_before
+        );
+    }
+    .await;
+    demo.shutdown().await;
+    result
+}
+
+#[test]
+fn demo_rack_end_to_end() {
+    the_binary_runs_the_rack_and_a_rebuild();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(in_process_run_checks_what_helm_and_argocd_adopt());
+}
