@@ -250,13 +250,122 @@ async fn in_process_run_checks_what_helm_and_argocd_adopt() {
     result
 }
 
+/// talboot is killed and started again (same state directory, same addresses) whenever a
+/// cluster step completes and whenever another node turns Ready, while the machines keep
+/// running: nothing non-repeatable happens twice.
+async fn restarts_at_every_step_repeat_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = Demo::start(DemoOptions {
+        config: rack(),
+        workdir: dir.path().join("run"),
+        print_events: false,
+    })
+    .await
+    .unwrap();
+    let result = async {
+        let mut seen_step = None;
+        let mut seen_ready = 0;
+        let mut restarts = 0;
+        let mut steps = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(240);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not handed off; {restarts} restarts, steps {steps:?}"
+            );
+            let step = demo.step_record().map(|r| r.step);
+            let ready = demo
+                .store()
+                .nodes()
+                .unwrap()
+                .iter()
+                .filter(|r| r.phase == NodePhase::Ready)
+                .count();
+            if step == Some(ClusterStep::HandedOff) {
+                steps.push(ClusterStep::HandedOff);
+                break;
+            }
+            if step != seen_step || ready != seen_ready {
+                if step != seen_step {
+                    steps.extend(step);
+                }
+                seen_step = step;
+                seen_ready = ready;
+                demo.restart_talboot().await.unwrap();
+                restarts += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Polling sees most steps, not all (some complete back to back); the ones it saw
+        // must be in order, and the store's timeline must hold every transition once.
+        assert!(restarts >= 6, "only {restarts} restarts");
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+        let timeline: Vec<String> = demo
+            .store()
+            .events(talboot::provision::steps::CLUSTER_TIMELINE, 0, 1000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "cluster.step" && e.detail.contains(" -> "))
+            .map(|e| e.detail.split(':').next().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            timeline,
+            [
+                "waiting-for-control-planes -> bootstrapped",
+                "bootstrapped -> api-ready",
+                "api-ready -> cni-installed",
+                "cni-installed -> nodes-ready",
+                "nodes-ready -> argocd-installed",
+                "argocd-installed -> handed-off",
+            ]
+        );
+        let talos = |name: &str| demo.node(name).unwrap().talos().unwrap();
+        for n in NODES {
+            assert_eq!(talos(n).apply_calls(), 1, "{n}");
+            assert_eq!(talos(n).reset_calls(), 0, "{n}");
+        }
+        assert_eq!(
+            NODES
+                .iter()
+                .map(|n| talos(n).bootstrap_calls())
+                .sum::<usize>(),
+            1
+        );
+        assert_eq!(
+            NODES
+                .iter()
+                .map(|n| talos(n).kubeconfig_calls())
+                .sum::<usize>(),
+            1
+        );
+        // Each add-on object was changed by exactly one apply.
+        let applies = demo.kube.applies();
+        let mut changed = std::collections::BTreeMap::new();
+        for a in applies.iter().filter(|a| a.changed) {
+            *changed
+                .entry((a.kind.clone(), a.namespace.clone(), a.name.clone()))
+                .or_insert(0) += 1;
+        }
+        assert!(changed.values().all(|&n| n == 1), "{changed:?}");
+        // And a restart after the hand-off does nothing at all.
+        demo.restart_talboot().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(demo.kube.applies().len(), applies.len());
+        assert_eq!(demo.step_record().unwrap().step, ClusterStep::HandedOff);
+    }
+    .await;
+    demo.shutdown().await;
+    result
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
-    tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap()
-        .block_on(in_process_run_checks_what_helm_and_argocd_adopt());
+        .unwrap();
+    rt.block_on(in_process_run_checks_what_helm_and_argocd_adopt());
+    rt.block_on(restarts_at_every_step_repeat_nothing());
 }

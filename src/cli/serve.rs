@@ -643,6 +643,13 @@ impl Running {
         }
         drop(events);
         let _ = event_writer.await;
+        // A blocking store call started by a task that was aborted mid-await runs to its end
+        // and holds the store until then; the file lock goes with the last reference, and a
+        // restart must find it released.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         drop(store);
         match failure {
             Some(e) => Err(e),

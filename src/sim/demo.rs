@@ -131,12 +131,71 @@ pub struct Demo {
     pub kube: Arc<KubeDouble>,
     /// talboot's HTTP base URL (for the rebuild API).
     pub base_url: String,
-    /// talboot's store.
-    pub store: Arc<dyn Store>,
     started: Instant,
+    relaunch: Relaunch,
     running: Option<Running>,
+    printer: Option<JoinHandle<()>>,
+    print_events: bool,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What it takes to start talboot again on the same state and the same addresses, as an
+/// operator restarting `serve` would.
+struct Relaunch {
+    inventory: Arc<Inventory>,
+    images: PathBuf,
+    tftp_root: PathBuf,
+    configs: PathBuf,
+    state_dir: PathBuf,
+    advertise: Ipv4Addr,
+    http: SocketAddr,
+    tftp: SocketAddr,
+    dhcp: SocketAddrV4,
+    renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    creds: crate::talos::ClientCreds,
+    settings: Settings,
+}
+
+impl Relaunch {
+    fn plan(&self) -> Result<Plan, DemoError> {
+        Ok(Plan {
+            inventory: self.inventory.clone(),
+            catalog: crate::artifacts::Catalog::load(&self.images)
+                .map_err(|e| DemoError::Sim(e.to_string()))?,
+            images_dir: self.images.clone(),
+            ipxe_dir: self.tftp_root.clone(),
+            configs: self.configs.clone(),
+            state_dir: self.state_dir.clone(),
+            advertise: self.advertise,
+            http: self.http,
+            tftp: Some((self.tftp, 1468)),
+            dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
+            provisioning: Some(ProvisioningPlan {
+                renderer: self.renderer.clone(),
+                creds: self.creds.clone(),
+                settings: self.settings.clone(),
+            }),
+        })
+    }
+}
+
+/// Prints the events of `running` until it stops.
+fn spawn_printer(running: &Running, started: Instant) -> JoinHandle<()> {
+    let mut rx = running.events.subscribe();
+    let stop = running.cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                ev = rx.recv() => match ev {
+                    Ok(ev) => print_event(started, &ev),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    })
 }
 
 /// Everything prepared on disk before anything runs.
@@ -365,54 +424,40 @@ impl Demo {
             crd: Duration::from_secs(30),
             rollout: Duration::from_secs(60),
         };
-        let plan = Plan {
+        let mut relaunch = Relaunch {
             inventory: inv.clone(),
-            catalog: crate::artifacts::Catalog::load(&p.images)
-                .map_err(|e| DemoError::Sim(e.to_string()))?,
-            images_dir: p.images.clone(),
-            ipxe_dir: p.tftp_root.clone(),
+            images: p.images.clone(),
+            tftp_root: p.tftp_root.clone(),
             configs: opts.workdir.join("configs"),
             state_dir: p.state_dir.clone(),
             advertise,
             http: SocketAddr::new(IpAddr::V4(advertise), 0),
-            tftp: Some((SocketAddr::new(IpAddr::V4(advertise), 0), 1468)),
-            dhcp: Some(DhcpPlan::Loopback(SocketAddrV4::new(advertise, 0))),
-            provisioning: Some(ProvisioningPlan {
-                renderer: Arc::new(serve::BundleRenderer::new(inv.clone(), bundle)),
-                creds,
-                settings,
-            }),
+            tftp: SocketAddr::new(IpAddr::V4(advertise), 0),
+            dhcp: SocketAddrV4::new(advertise, 0),
+            renderer: Arc::new(serve::BundleRenderer::new(inv.clone(), bundle)),
+            creds,
+            settings,
         };
-        let bound = plan.bind().await?;
-        let (Some(SocketAddr::V4(dhcp)), Some(tftp)) = (bound.dhcp_addr(), bound.tftp_addr())
+        let bound = relaunch.plan()?.bind().await?;
+        let (Some(http), Some(SocketAddr::V4(dhcp)), Some(tftp)) =
+            (bound.http_addr(), bound.dhcp_addr(), bound.tftp_addr())
         else {
             return Err(DemoError::Sim(
-                "talboot's DHCP or TFTP socket has no IPv4 address".into(),
+                "talboot's sockets have no IPv4 addresses".into(),
             ));
         };
+        // A restart binds the same ports, as a restarted `serve` would.
+        relaunch.http = http;
+        relaunch.tftp = tftp;
+        relaunch.dhcp = dhcp;
         let wire = Wire {
             dhcp,
             tftp_port: tftp.port(),
         };
         let running = bound.start()?;
+        let printer = opts.print_events.then(|| spawn_printer(&running, started));
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
-        if opts.print_events {
-            let mut rx = running.events.subscribe();
-            let stop = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        ev = rx.recv() => match ev {
-                            Ok(ev) => print_event(started, &ev),
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                            Err(_) => break,
-                        }
-                    }
-                }
-            }));
-        }
 
         let mut nodes = Vec::new();
         for (i, n) in inv.nodes.iter().enumerate() {
@@ -455,12 +500,42 @@ impl Demo {
             nodes,
             kube,
             base_url: running.base_url.clone(),
-            store: running.store.clone(),
             started,
+            relaunch,
             running: Some(running),
+            printer,
+            print_events: opts.print_events,
             stop,
             tasks,
         })
+    }
+
+    /// talboot's store (while talboot runs).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self
+            .running
+            .as_ref()
+            .expect("talboot runs between start, restart and shutdown")
+            .store
+    }
+
+    /// Kills talboot (every server and the provisioner, mid-step if need be) and starts it
+    /// again on the same state directory and addresses while the machines keep running.
+    pub async fn restart_talboot(&mut self) -> Result<(), DemoError> {
+        if let Some(running) = self.running.take() {
+            running.cancel.cancel();
+            let _ = running.wait().await;
+        }
+        if let Some(p) = self.printer.take() {
+            let _ = p.await;
+        }
+        let running = self.relaunch.plan()?.bind().await?.start()?;
+        if self.print_events {
+            self.printer = Some(spawn_printer(&running, self.started));
+        }
+        self.base_url = running.base_url.clone();
+        self.running = Some(running);
+        Ok(())
     }
 
     /// The node `name`.
@@ -470,7 +545,7 @@ impl Demo {
 
     /// The persisted cluster step record.
     pub fn step_record(&self) -> Option<StepRecord> {
-        self.store
+        self.store()
             .get_meta(STEP_KEY)
             .ok()
             .flatten()
@@ -506,7 +581,7 @@ impl Demo {
     pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<(), DemoError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(Some(r)) = self.store.node(name)
+            if let Ok(Some(r)) = self.store().node(name)
                 && r.phase == NodePhase::Ready
                 && !r.provisioning_window_open
             {
@@ -554,7 +629,7 @@ impl Demo {
             ),
             None => "no cluster step completed".into(),
         };
-        let records = self.store.nodes().unwrap_or_default();
+        let records = self.store().nodes().unwrap_or_default();
         let waiting: Vec<String> = self
             .nodes
             .iter()
@@ -577,7 +652,7 @@ impl Demo {
     /// The end-of-run summary: nodes, cluster steps and Helm release records.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let records = self.store.nodes().unwrap_or_default();
+        let records = self.store().nodes().unwrap_or_default();
         s.push_str(&format!(
             "\n{:<14} {:<13} {:<13} {:<11} {:<8} {}\n",
             "NODE", "ROLE", "RACK ADDRESS", "SIMULATED", "PHASE", "INSTALL DISK"
@@ -599,7 +674,7 @@ impl Demo {
             ));
         }
         let events = self
-            .store
+            .store()
             .events(crate::provision::steps::CLUSTER_TIMELINE, 0, 1000)
             .unwrap_or_default();
         s.push_str("\ncluster steps:\n");
@@ -642,6 +717,9 @@ impl Demo {
         if let Some(running) = self.running.take() {
             running.cancel.cancel();
             let _ = running.wait().await;
+        }
+        if let Some(p) = self.printer.take() {
+            let _ = p.await;
         }
     }
 }
