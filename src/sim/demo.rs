@@ -559,34 +559,30 @@ impl Demo {
 
     /// Waits until the cluster is handed off, or says where it is stuck.
     pub async fn wait_handed_off(&self, timeout: Duration) -> Result<(), DemoError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self
-                .step_record()
+        self.wait_until(timeout, |d| {
+            d.step_record()
                 .is_some_and(|r| r.step == ClusterStep::HandedOff)
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(DemoError::Timeout {
-                    after: timeout,
-                    state: self.stuck_state(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until `name` is Ready with its provisioning window closed.
     pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<(), DemoError> {
+        self.wait_until(timeout, |d| {
+            matches!(d.store().node(name), Ok(Some(r))
+                if r.phase == NodePhase::Ready && !r.provisioning_window_open)
+        })
+        .await
+    }
+
+    /// Polls `done` until it holds; on timeout, says where the flow is stuck.
+    async fn wait_until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&Self) -> bool,
+    ) -> Result<(), DemoError> {
         let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(r)) = self.store().node(name)
-                && r.phase == NodePhase::Ready
-                && !r.provisioning_window_open
-            {
-                return Ok(());
-            }
+        while !done(self) {
             if Instant::now() >= deadline {
                 return Err(DemoError::Timeout {
                     after: timeout,
@@ -595,6 +591,7 @@ impl Demo {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
 
     /// Asks the running talboot to rebuild `name`, exactly as `talboot node rebuild` does.

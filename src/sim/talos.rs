@@ -424,10 +424,13 @@ impl FakeTalosNode {
             stats: Stats::default(),
         });
         // The first boot is set up here, so that its failures reach the caller.
-        let boot = boot_tls(&shared)?.ok_or_else(|| SimError::Node {
-            ip: shared.cfg.ip,
-            reason: "a new node cannot start halted".into(),
-        })?;
+        // A new node starts in maintenance mode, which needs no certificate from anyone.
+        let NextBoot::Up(boot) = boot_tls(&shared)? else {
+            return Err(SimError::Node {
+                ip: shared.cfg.ip,
+                reason: "a new node boots into maintenance mode, not halted or configured".into(),
+            });
+        };
         let addr = shared.cfg.addr();
         let listener = bind(addr)
             .await
@@ -573,6 +576,9 @@ impl Drop for FakeTalosNode {
     }
 }
 
+/// How often a worker waiting for trustd asks again.
+const TRUSTD_RETRY: Duration = Duration::from_millis(250);
+
 /// The listener side of one boot.
 struct Boot {
     phase: Phase,
@@ -600,8 +606,18 @@ async fn supervise(
             Some(first) => first,
             None => {
                 let boot = match boot_tls(&shared) {
-                    Ok(Some(boot)) => boot,
-                    Ok(None) => {
+                    Ok(NextBoot::Up(boot)) => boot,
+                    Ok(NextBoot::AwaitingTrustd) => {
+                        tracing::debug!(node = %shared.cfg.ip, "waiting for a control plane to issue the apid certificate");
+                        tokio::select! {
+                            _ = stop.wait_for(|s| *s) => {
+                                shared.phase.send_replace(Phase::Stopped);
+                                return;
+                            }
+                            _ = tokio::time::sleep(TRUSTD_RETRY) => continue,
+                        }
+                    }
+                    Ok(NextBoot::Halted) => {
                         park(&shared, &mut stop, Phase::Halted).await;
                         shared.phase.send_replace(Phase::Stopped);
                         return;
@@ -766,11 +782,23 @@ fn server_identity(
 }
 
 /// The TLS setup for the node's current state (`None`: halted, nothing to serve).
-fn boot_tls(shared: &Shared) -> Result<Option<Boot>, SimError> {
+/// What the next boot can be.
+enum NextBoot {
+    /// Listen with this TLS setup.
+    Up(Boot),
+    /// Halted: no listener until stopped.
+    Halted,
+    /// A configured worker whose apid certificate must come from trustd on a control plane,
+    /// and no control plane of its cluster is configured yet: Talos keeps asking, so the
+    /// node stays down and asks again.
+    AwaitingTrustd,
+}
+
+fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
     let ips = shared.cfg.san_ips();
     let host = shared.cfg.hostname.as_str();
     let installed = match &*lock(&shared.state) {
-        NodeState::Halted => return Ok(None),
+        NodeState::Halted => return Ok(NextBoot::Halted),
         NodeState::Maintenance => None,
         NodeState::Installed(i) => Some((**i).clone()),
     };
@@ -796,16 +824,13 @@ fn boot_tls(shared: &Shared) -> Result<Option<Boot>, SimError> {
         Some(inst) => {
             let cert = match &inst.os_ca {
                 Some(ca) => ca.server(&ips, &[host])?,
-                None => shared
+                None => match shared
                     .cluster
                     .trustd_issue(&inst.ca_cert_pem, &ips, &[host])
-                    .ok_or_else(|| SimError::Node {
-                        ip: shared.cfg.ip,
-                        reason: "no configured control plane holds the OS CA key to issue this \
-                                 node's apid certificate (trustd); configure a control plane \
-                                 of the same cluster first"
-                            .into(),
-                    })??,
+                {
+                    Some(cert) => cert?,
+                    None => return Ok(NextBoot::AwaitingTrustd),
+                },
             };
             let (chain, key) = server_identity(&cert)?;
             let verifier =
@@ -821,7 +846,7 @@ fn boot_tls(shared: &Shared) -> Result<Option<Boot>, SimError> {
         }
     };
     tls.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Some(Boot { phase, tls }))
+    Ok(NextBoot::Up(Boot { phase, tls }))
 }
 
 /// apid's client certificate check: chain to the OS CA (webpki, which also wants clientAuth
@@ -1947,6 +1972,35 @@ mod tests {
             assert_eq!(*phases.borrow_and_update(), next);
         }
         node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_worker_configured_before_any_control_plane_waits_for_trustd() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let worker = FakeTalosNode::start(node_cfg(5, "rack1-wk-01"), &cluster)
+            .await
+            .unwrap();
+        maintenance(worker.addr())
+            .apply_configuration(rendered("rack1-wk-01").as_bytes())
+            .await
+            .unwrap();
+        // No control plane holds the OS CA key yet: the worker stays down, asking.
+        tokio::time::sleep(TRUSTD_RETRY * 3).await;
+        assert_eq!(worker.phase(), Phase::Booting);
+        assert!(TcpStream::connect(worker.addr()).await.is_err());
+
+        let cp = FakeTalosNode::start(node_cfg(6, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        maintenance(cp.addr())
+            .apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        worker.wait_phase(Phase::Secured).await.unwrap();
+        secured(worker.addr()).version().await.unwrap();
+        worker.shutdown().await;
+        cp.shutdown().await;
     }
 
     #[tokio::test]
