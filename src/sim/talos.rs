@@ -439,7 +439,7 @@ impl FakeTalosNode {
         let (stop, stop_rx) = watch::channel(false);
         let supervisor = tokio::spawn(supervise(
             shared.clone(),
-            (boot, listener),
+            (*boot, listener),
             lifecycle_rx,
             stop_rx,
         ));
@@ -606,7 +606,7 @@ async fn supervise(
             Some(first) => first,
             None => {
                 let boot = match boot_tls(&shared) {
-                    Ok(NextBoot::Up(boot)) => boot,
+                    Ok(NextBoot::Up(boot)) => *boot,
                     Ok(NextBoot::AwaitingTrustd) => {
                         tracing::debug!(node = %shared.cfg.ip, "waiting for a control plane to issue the apid certificate");
                         tokio::select! {
@@ -785,7 +785,7 @@ fn server_identity(
 /// What the next boot can be.
 enum NextBoot {
     /// Listen with this TLS setup.
-    Up(Boot),
+    Up(Box<Boot>),
     /// Halted: no listener until stopped.
     Halted,
     /// A configured worker whose apid certificate must come from trustd on a control plane,
@@ -846,7 +846,7 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
         }
     };
     tls.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(NextBoot::Up(Boot { phase, tls }))
+    Ok(NextBoot::Up(Box::new(Boot { phase, tls })))
 }
 
 /// apid's client certificate check: chain to the OS CA (webpki, which also wants clientAuth
