@@ -1279,6 +1279,7 @@ fn view_from_inventory() {
                 image: None,
                 factory_url: "https://factory.talos.dev".into(),
             },
+            external_cni: false,
         },
         network: Network {
             interfaces: vec!["eth0".into()],

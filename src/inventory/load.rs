@@ -401,6 +401,7 @@ fn cluster(node: &Y, base: &Path, d: &mut Diagnostics) -> Option<Cluster> {
         secrets: secrets?,
         patches,
         installer: installer?,
+        external_cni: false,
     })
 }
 

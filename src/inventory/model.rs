@@ -544,6 +544,9 @@ pub struct Cluster {
     pub patches: Vec<Patch>,
     /// Installer image and Image Factory schematic.
     pub installer: Installer,
+    /// The operator installs the CNI (talhelper's `cniConfig: {name: none}`): machine
+    /// configs carry `cni: none` even when talboot's Cilium add-on is not enabled.
+    pub external_cni: bool,
 }
 
 /// Where the cluster secrets bundle lives.

@@ -309,11 +309,13 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         .get("patches")
         .map(|n| read::patches(n, "patches", base, d))
         .unwrap_or_default();
+    let mut external_cni = false;
     if let Some(cni) = r.get("cniConfig")
         && let Value::Map(entries) = &cni.value
     {
         for (k, v) in entries {
             let is_none = k.name == "name" && v.scalar_text().as_deref() == Some("none");
+            external_cni |= is_none;
             if !is_none {
                 d.warning(
                     &k.loc,
@@ -501,6 +503,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
                 image: installer_image,
                 factory_url,
             },
+            external_cni,
         })
     })();
     for k in TOP_SUPPORTED {

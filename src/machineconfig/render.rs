@@ -247,7 +247,7 @@ pub fn base_config(
         "serviceSubnets": c.service_subnets.iter().map(ToString::to_string).collect::<Vec<_>>(),
     });
     let cilium = cilium(inv);
-    if cilium.is_some() {
+    if cilium.is_some() || c.external_cni {
         network["cni"] = json!({"name": "none"});
     }
 

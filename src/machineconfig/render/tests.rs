@@ -264,6 +264,23 @@ fn vip_hostname_and_cilium_on_control_planes_only() {
 }
 
 #[test]
+fn talhelper_cni_none_carries_over_without_the_cilium_addon() {
+    // config/talconfig.yaml says `cniConfig: {name: none}`: its operator brings the CNI.
+    let lab = load("talconfig.yaml");
+    assert!(lab.cluster.external_cni);
+    assert!(lab.addons.cilium.is_none());
+    let name = lab.nodes[0].name.value.clone();
+    let b = render(&lab, &name);
+    assert_eq!(
+        at(&b, &["cluster", "network", "cni", "name"]),
+        Some(&Value::from("none"))
+    );
+    let mut flannel = lab.clone();
+    flannel.cluster.external_cni = false;
+    assert!(at(&render(&flannel, &name), &["cluster", "network", "cni"]).is_none());
+}
+
+#[test]
 fn lab_extra_nic_and_scheduling_on_control_planes() {
     let lab = load("lab.yaml");
     let b = render(&lab, "k8s-ctrl-03");
