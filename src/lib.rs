@@ -11,6 +11,7 @@ pub mod crypto;
 pub mod dhcp;
 pub mod events;
 pub mod fsutil;
+pub mod hex;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;

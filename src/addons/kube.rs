@@ -284,6 +284,50 @@ impl Kube {
         }
     }
 
+    /// Polls the object `name` of kind `K` (in `ns`, or cluster-wide) until `ready` accepts it.
+    async fn wait_object<K>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        ready: fn(&Value) -> Result<(), String>,
+    ) -> Result<(), KubeError>
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        poll_until(what, timeout, self.poll_interval, || async {
+            ready(&self.get_typed::<K>(ns, name).await?)
+        })
+        .await
+    }
+
+    /// Every Node, as JSON values.
+    async fn list_nodes(&self) -> Result<Vec<Value>, String> {
+        let ar = ApiResource::erase::<Node>(&());
+        let list = self
+            .api(&ar, None)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).expect("objects serialise"))
+            .collect())
+    }
+
+    /// Polls the Node list until `ready` accepts it.
+    async fn wait_nodes<F>(&self, what: &str, timeout: Duration, ready: F) -> Result<(), KubeError>
+    where
+        F: Fn(&[Value]) -> Result<(), String>,
+    {
+        poll_until(what, timeout, self.poll_interval, || async {
+            ready(&self.list_nodes().await?)
+        })
+        .await
+    }
+
     /// Waits until the CRD `name` is Established.
     pub async fn wait_crd_established(
         &self,
@@ -291,13 +335,8 @@ impl Kube {
         timeout: Duration,
     ) -> Result<(), KubeError> {
         let what = format!("CustomResourceDefinition {name} to be Established");
-        poll_until(&what, timeout, self.poll_interval, || async {
-            let obj = self
-                .get_typed::<CustomResourceDefinition>(None, name)
-                .await?;
-            crd_established(&obj)
-        })
-        .await
+        self.wait_object::<CustomResourceDefinition>(None, name, &what, timeout, crd_established)
+            .await
     }
 
     /// Waits until the Deployment is available at its current generation.
@@ -308,11 +347,8 @@ impl Kube {
         timeout: Duration,
     ) -> Result<(), KubeError> {
         let what = format!("Deployment {ns}/{name} to be available");
-        poll_until(&what, timeout, self.poll_interval, || async {
-            let obj = self.get_typed::<Deployment>(Some(ns), name).await?;
-            deployment_available(&obj)
-        })
-        .await
+        self.wait_object::<Deployment>(Some(ns), name, &what, timeout, deployment_available)
+            .await
     }
 
     /// Waits until the DaemonSet has rolled out its current generation to every node.
@@ -323,11 +359,8 @@ impl Kube {
         timeout: Duration,
     ) -> Result<(), KubeError> {
         let what = format!("DaemonSet {ns}/{name} to roll out");
-        poll_until(&what, timeout, self.poll_interval, || async {
-            let obj = self.get_typed::<DaemonSet>(Some(ns), name).await?;
-            daemonset_rolled_out(&obj)
-        })
-        .await
+        self.wait_object::<DaemonSet>(Some(ns), name, &what, timeout, daemonset_rolled_out)
+            .await
     }
 
     /// Waits until the StatefulSet has every replica updated and ready.
@@ -338,40 +371,17 @@ impl Kube {
         timeout: Duration,
     ) -> Result<(), KubeError> {
         let what = format!("StatefulSet {ns}/{name} to roll out");
-        poll_until(&what, timeout, self.poll_interval, || async {
-            let obj = self.get_typed::<StatefulSet>(Some(ns), name).await?;
-            statefulset_rolled_out(&obj)
-        })
-        .await
+        self.wait_object::<StatefulSet>(Some(ns), name, &what, timeout, statefulset_rolled_out)
+            .await
     }
 
     /// Waits until there is at least one Node and every Node is Ready (the CNI is what makes
     /// nodes Ready, so this is the real "Cilium works" signal).
     pub async fn wait_nodes_ready(&self, timeout: Duration) -> Result<(), KubeError> {
-        let ar = ApiResource::erase::<Node>(&());
-        poll_until(
-            "all Nodes to be Ready",
-            timeout,
-            self.poll_interval,
-            || async {
-                let list = self
-                    .api(&ar, None)
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let nodes: Vec<Value> = list
-                    .items
-                    .into_iter()
-                    .map(|o| serde_json::to_value(o).expect("objects serialise"))
-                    .collect();
-                nodes_ready(&nodes)
-            },
-        )
-        .await
+        self.wait_nodes("all Nodes to be Ready", timeout, nodes_ready)
+            .await
     }
-}
 
-impl Kube {
     /// Waits until every Node named in `names` is registered and Ready: the inventory's
     /// machines, so a node still installing keeps the cluster from being called ready.
     pub async fn wait_named_nodes_ready(
@@ -379,24 +389,10 @@ impl Kube {
         names: &[String],
         timeout: Duration,
     ) -> Result<(), KubeError> {
-        let ar = ApiResource::erase::<Node>(&());
-        poll_until(
+        self.wait_nodes(
             "every inventory node to register and be Ready",
             timeout,
-            self.poll_interval,
-            || async {
-                let list = self
-                    .api(&ar, None)
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let nodes: Vec<Value> = list
-                    .items
-                    .into_iter()
-                    .map(|o| serde_json::to_value(o).expect("objects serialise"))
-                    .collect();
-                named_nodes_ready(&nodes, names)
-            },
+            |nodes| named_nodes_ready(nodes, names),
         )
         .await
     }

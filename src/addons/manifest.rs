@@ -274,8 +274,7 @@ pub fn manifest_text(objects: &[Value]) -> String {
 
 /// A stable digest (SHA-256, hex) of a manifest text: equal texts, equal digests.
 pub fn digest(manifest: &str) -> String {
-    let sum = Sha256::digest(manifest.as_bytes());
-    sum.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::lower(&Sha256::digest(manifest.as_bytes()))
 }
 
 #[cfg(test)]

@@ -133,6 +133,21 @@ pub struct AddonSpec {
     pub wait_nodes_ready: bool,
 }
 
+impl AddonSpec {
+    /// The spec with its release manifest: what `source` renders for its release, namespace
+    /// and values.
+    async fn with_objects_from(mut self, source: &ManifestSource) -> Result<Self, AddonError> {
+        self.objects = source
+            .objects(&self.release, &self.namespace, &self.values)
+            .await
+            .map_err(|source| AddonError::Source {
+                release: self.release.clone(),
+                source,
+            })?;
+        Ok(self)
+    }
+}
+
 impl std::fmt::Debug for AddonSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AddonSpec")
@@ -177,24 +192,18 @@ pub async fn cilium_addon(
     operator_values: Option<&Value>,
 ) -> Result<AddonSpec, AddonError> {
     let (release, namespace) = ("cilium", "kube-system");
-    let values = values::cilium_values(options, operator_values);
-    let objects = source
-        .objects(release, namespace, &values)
-        .await
-        .map_err(|source| AddonError::Source {
-            release: release.into(),
-            source,
-        })?;
-    Ok(AddonSpec {
+    AddonSpec {
         release: release.into(),
         namespace: namespace.into(),
         chart,
-        values,
-        objects,
+        values: values::cilium_values(options, operator_values),
+        objects: Vec::new(),
         before: Vec::new(),
         after: Vec::new(),
         wait_nodes_ready: true,
-    })
+    }
+    .with_objects_from(source)
+    .await
 }
 
 /// How Argo CD is set up. `Debug` leaves out the age identity.
@@ -256,23 +265,18 @@ pub async fn argocd_addon(
         Some(app) => vec![values::root_application(ns, app).map_err(extra)?],
         None => Vec::new(),
     };
-    let objects = source
-        .objects(release, ns, &values)
-        .await
-        .map_err(|source| AddonError::Source {
-            release: release.into(),
-            source,
-        })?;
-    Ok(AddonSpec {
+    AddonSpec {
         release: release.into(),
         namespace: ns.into(),
         chart,
         values,
-        objects,
+        objects: Vec::new(),
         before,
         after,
         wait_nodes_ready: false,
-    })
+    }
+    .with_objects_from(source)
+    .await
 }
 
 /// Installs (or re-confirms) one add-on; see the module docs for the steps. `now` stamps the

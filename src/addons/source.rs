@@ -214,8 +214,22 @@ async fn run_helm(
     }
     let args = helm_template_args(t, release, namespace, file.path());
     tracing::info!(chart = %t.chart, version = %t.version, "rendering with helm template");
+    let stdout = helm_output(t, &args).await?;
+    String::from_utf8(stdout).map_err(|_| helm_err("output is not UTF-8".into()))
+}
+
+/// Runs `helm` with `args` and returns what it printed; a failed run is an error carrying
+/// its stderr.
+async fn helm_output<S: AsRef<std::ffi::OsStr>>(
+    t: &HelmTemplate,
+    args: &[S],
+) -> Result<Vec<u8>, SourceError> {
+    let helm_err = |reason: String| SourceError::Helm {
+        chart: t.chart.clone(),
+        reason,
+    };
     let out = tokio::process::Command::new(&t.helm_bin)
-        .args(&args)
+        .args(args)
         .output()
         .await
         .map_err(|e| helm_err(format!("cannot run {}: {e}", t.helm_bin.display())))?;
@@ -224,7 +238,7 @@ async fn run_helm(
             String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         ));
     }
-    String::from_utf8(out.stdout).map_err(|_| helm_err("output is not UTF-8".into()))
+    Ok(out.stdout)
 }
 
 /// Helm renders a local chart (directory or `.tgz`) whatever `--version` says, so the pin is
@@ -234,17 +248,8 @@ async fn check_local_version(t: &HelmTemplate) -> Result<(), SourceError> {
         chart: t.chart.clone(),
         reason,
     };
-    let out = tokio::process::Command::new(&t.helm_bin)
-        .args(["show", "chart", t.chart.as_str()])
-        .output()
-        .await
-        .map_err(|e| helm_err(format!("cannot run {}: {e}", t.helm_bin.display())))?;
-    if !out.status.success() {
-        return Err(helm_err(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
-    }
-    let found = chart_yaml_version(&String::from_utf8_lossy(&out.stdout))
+    let out = helm_output(t, &["show", "chart", t.chart.as_str()]).await?;
+    let found = chart_yaml_version(&String::from_utf8_lossy(&out))
         .ok_or_else(|| helm_err("its Chart.yaml has no version".into()))?;
     if found != t.version {
         return Err(SourceError::VersionMismatch {

@@ -265,10 +265,8 @@ pub fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
     Ok((size, hex(&hasher.finalize())))
 }
 
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+/// Lowercase hex of bytes (kept here for callers of `artifacts::hex`; see [`crate::hex`]).
+pub use crate::hex::lower as hex;
 
 #[cfg(test)]
 mod tests {

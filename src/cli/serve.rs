@@ -666,18 +666,7 @@ async fn publish_tftp_events(
     events: EventBus,
 ) -> Result<(), String> {
     while let Some(ev) = rx.recv().await {
-        let ip = match ev.peer.ip() {
-            IpAddr::V4(v4) => Some(v4),
-            IpAddr::V6(v6) => v6.to_ipv4_mapped(),
-        };
-        let node = ip
-            .and_then(|ip| store.lease_by_ip(ip).ok().flatten())
-            .map(|l| {
-                inv.node_by_mac(l.mac)
-                    .map(|n| n.name.value.clone())
-                    .unwrap_or_else(|| crate::events::unknown_node_key(l.mac))
-            })
-            .unwrap_or_else(|| format!("ip-{}", ev.peer.ip()));
+        let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
         match &ev.outcome {
             TransferOutcome::Completed => events.publish(
                 &node,

@@ -307,7 +307,7 @@ pub fn decrypt_yaml(text: &str, file: &Path, ids: &Identities) -> Result<Decrypt
         map.shift_remove("sops");
         out.push(walker.mapping(map)?);
     }
-    let computed = hex_upper(&walker.hasher.finalize());
+    let computed = crate::hex::upper(&walker.hasher.finalize());
     verify_mac(&meta, &cipher, &computed, file)?;
     Ok(Decrypted { documents: out })
 }
@@ -899,16 +899,6 @@ fn go_parse_bool(s: &str) -> Option<bool> {
 /// `MACOnlyEncryptedInitialization`).
 fn mac_only_encrypted_seed() -> [u8; 32] {
     Sha256::digest(b"sops").into()
-}
-
-fn hex_upper(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02X}");
-            s
-        })
 }
 
 #[cfg(test)]

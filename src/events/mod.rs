@@ -5,15 +5,17 @@
 //! status views, tests). Store writes happen on a dedicated blocking task fed by a queue, so a
 //! DHCP or TFTP handler never waits for an fsync; the bus keeps the order of publication.
 //! Machines not in the inventory are recorded under `mac-<aa-bb-cc-dd-ee-ff>` so discovery has a
-//! timeline too.
+//! timeline too; [`node_key_by_peer`] names the timeline of a request that only brings its
+//! source address (TFTP, HTTP).
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, mpsc};
 
-use crate::inventory::Mac;
+use crate::inventory::{Inventory, Mac};
 use crate::store::{NewEvent, Store};
 
 /// What happened.
@@ -102,6 +104,32 @@ pub struct NodeEvent {
 /// The timeline key for a machine that is not in the inventory.
 pub fn unknown_node_key(mac: Mac) -> String {
     format!("mac-{}", mac.to_string().replace(':', "-"))
+}
+
+/// The timeline key of the machine that sent a request from `peer`. The DHCP lease on the
+/// address is authoritative: its MAC names the inventory node, or the unknown machine
+/// ([`unknown_node_key`]). Without a lease, the inventory node last seen at the address;
+/// else `ip-<peer>`. A store that cannot be read counts as knowing nothing.
+pub fn node_key_by_peer(store: &dyn Store, inventory: &Inventory, peer: IpAddr) -> String {
+    let v4 = match peer {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    };
+    let Some(ip) = v4 else {
+        return format!("ip-{peer}");
+    };
+    if let Ok(Some(lease)) = store.lease_by_ip(ip) {
+        return inventory
+            .node_by_mac(lease.mac)
+            .map(|n| n.name.value.clone())
+            .unwrap_or_else(|| unknown_node_key(lease.mac));
+    }
+    store
+        .nodes()
+        .ok()
+        .and_then(|records| records.into_iter().find(|r| r.last_seen_addr == Some(ip)))
+        .map(|r| r.name)
+        .unwrap_or_else(|| format!("ip-{peer}"))
 }
 
 /// Where time comes from; tests substitute their own.
@@ -231,5 +259,61 @@ mod tests {
                 .kind,
             "node.discovered"
         );
+    }
+
+    #[test]
+    fn peer_key_lease_first_then_last_seen_then_ip() {
+        use crate::store::{Lease, LeaseState, NodePhase, NodeRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(dir.path()).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load_with_env(&path, &std::collections::BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let known = &inv.nodes[0];
+        let known_mac = known.macs[0].value;
+        let stranger: Mac = "aa:bb:cc:00:00:09".parse().unwrap();
+        let lease = |mac, ip: &str| Lease {
+            mac,
+            ip: ip.parse().unwrap(),
+            hostname: None,
+            state: LeaseState::Bound,
+            expires_at_unix: 2_000,
+            updated_at_unix: 1_000,
+        };
+        store
+            .put_lease(&lease(known_mac, "10.9.0.1"), 1_000)
+            .unwrap();
+        store
+            .put_lease(&lease(stranger, "10.9.0.2"), 1_000)
+            .unwrap();
+        // The stranger's lease outranks the inventory node last seen at its address.
+        let rec = NodeRecord {
+            name: inv.nodes[1].name.value.clone(),
+            phase: NodePhase::Ready,
+            phase_since_unix: 0,
+            last_seen_addr: Some("10.9.0.2".parse().unwrap()),
+            mac: None,
+            talos_version: None,
+            provisioning_window_open: false,
+            updated_at_unix: 0,
+        };
+        store.put_node(&rec).unwrap();
+        store
+            .put_node(&NodeRecord {
+                name: inv.nodes[2].name.value.clone(),
+                last_seen_addr: Some("10.9.0.3".parse().unwrap()),
+                ..rec
+            })
+            .unwrap();
+
+        let key = |ip: &str| node_key_by_peer(&store, &inv, ip.parse().unwrap());
+        assert_eq!(key("10.9.0.1"), known.name.value);
+        assert_eq!(key("::ffff:10.9.0.1"), known.name.value);
+        assert_eq!(key("10.9.0.2"), "mac-aa-bb-cc-00-00-09");
+        assert_eq!(key("10.9.0.3"), inv.nodes[2].name.value);
+        assert_eq!(key("10.9.0.4"), "ip-10.9.0.4");
+        assert_eq!(key("::ffff:10.9.0.4"), "ip-::ffff:10.9.0.4");
+        assert_eq!(key("fd00::1"), "ip-fd00::1");
     }
 }

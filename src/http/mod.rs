@@ -23,7 +23,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{Catalog, Kind, SetId};
-use crate::events::{EventBus, EventKind, unknown_node_key};
+use crate::events::{EventBus, EventKind, node_key_by_peer, unknown_node_key};
 use crate::inventory::{Inventory, Mac};
 use crate::store::{NodePhase, NodeRecord, Store};
 
@@ -290,21 +290,6 @@ fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr, rec: Opti
     }
 }
 
-/// The node a request came from, by its address (lease first, then last-seen address).
-fn node_by_peer(app: &HttpApp, ip: Ipv4Addr) -> Option<String> {
-    if let Ok(Some(lease)) = app.store.lease_by_ip(ip)
-        && let Some(n) = app.inventory.node_by_mac(lease.mac)
-    {
-        return Some(n.name.value.clone());
-    }
-    app.store
-        .nodes()
-        .ok()?
-        .into_iter()
-        .find(|r| r.last_seen_addr == Some(ip))
-        .map(|r| r.name)
-}
-
 async fn asset(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -352,7 +337,7 @@ async fn asset(
             Kind::Cmdline => None,
         };
         if let Some(ev) = event {
-            let who = node_by_peer(&app, ip).unwrap_or_else(|| format!("ip-{ip}"));
+            let who = node_key_by_peer(app.store.as_ref(), &app.inventory, ip.into());
             app.events
                 .publish(&who, ev, format!("{file} of {id} ({bytes} bytes) to {ip}"));
         }

@@ -116,7 +116,7 @@ impl<'a> TokenStore<'a> {
     ) -> Result<String, StoreError> {
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw).expect("the OS random source is available");
-        let token = crate::artifacts::hex(&raw);
+        let token = crate::hex::lower(&raw);
         let rec = Token {
             node: node.to_string(),
             mac,

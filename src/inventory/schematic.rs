@@ -70,8 +70,7 @@ impl Schematic {
 
     /// The schematic ID (lowercase hex SHA-256 of [`Self::canonical_yaml`]).
     pub fn id(&self) -> String {
-        let digest = Sha256::digest(self.canonical_yaml().as_bytes());
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::lower(&Sha256::digest(self.canonical_yaml().as_bytes()))
     }
 }
 

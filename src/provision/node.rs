@@ -109,6 +109,35 @@ impl Provisioner {
         }
     }
 
+    /// A maintenance-mode client for node `name` at `ip`.
+    fn maintenance_probe(&self, name: &str, ip: Ipv4Addr) -> Result<TalosClient, ProvisionError> {
+        self.maintenance_client(ip)
+            .map_err(|e| self.talos_err(name, e))
+    }
+
+    /// Moves `rec` to `phase` (persisted and published) and tells the caller to step again.
+    async fn advance(
+        &self,
+        rec: &mut NodeRecord,
+        phase: NodePhase,
+        why: &str,
+    ) -> Result<NodeStep, ProvisionError> {
+        self.set_phase(rec, phase, why).await?;
+        Ok(NodeStep::Advanced(phase))
+    }
+
+    /// Marks `rec` Failed (persisted and published, `why` in the timeline) and returns `err`:
+    /// the node needs an operator now.
+    async fn fail(
+        &self,
+        rec: &mut NodeRecord,
+        why: &str,
+        err: ProvisionError,
+    ) -> Result<NodeStep, ProvisionError> {
+        self.set_phase(rec, NodePhase::Failed, why).await?;
+        Err(err)
+    }
+
     async fn step_probe(
         &self,
         node: &Node,
@@ -120,9 +149,7 @@ impl Provisioner {
                 "no DHCP lease or address seen yet".into(),
             ));
         };
-        let client = self
-            .maintenance_client(ip)
-            .map_err(|e| self.talos_err(&name, e))?;
+        let client = self.maintenance_probe(&name, ip)?;
         match client.version().await {
             Ok(v) => {
                 let tag = version_tag(&v);
@@ -132,9 +159,8 @@ impl Provisioner {
                     format!("Version at {} (maintenance): {tag}", client.endpoint()),
                 );
                 rec.talos_version = Some(tag);
-                self.set_phase(rec, NodePhase::Maintenance, "maintenance API answers")
-                    .await?;
-                Ok(NodeStep::Advanced(NodePhase::Maintenance))
+                self.advance(rec, NodePhase::Maintenance, "maintenance API answers")
+                    .await
             }
             Err(TalosError::NotInMaintenance { .. }) => {
                 // Booted from disk with a config already: nothing to push.
@@ -142,13 +168,12 @@ impl Provisioner {
                     Ok(tag) => {
                         rec.talos_version = Some(tag);
                         rec.provisioning_window_open = false;
-                        self.set_phase(
+                        self.advance(
                             rec,
                             NodePhase::Ready,
                             "already configured (secured API answers)",
                         )
-                        .await?;
-                        Ok(NodeStep::Advanced(NodePhase::Ready))
+                        .await
                     }
                     Err(e) => Ok(NodeStep::Waiting(format!(
                         "configured node, secured API not usable yet: {e}"
@@ -185,21 +210,19 @@ impl Provisioner {
         let Some(ip) = self.locate(node, rec).await? else {
             return Ok(NodeStep::Waiting("no address known".into()));
         };
-        let client = self
-            .maintenance_client(ip)
-            .map_err(|e| self.talos_err(&name, e))?;
+        let client = self.maintenance_probe(&name, ip)?;
 
         let facts = match self.read_facts(&name, &client).await {
             Ok(f) => f,
             Err(TalosError::NotInMaintenance { .. }) => {
                 // It left maintenance behind our back (someone else configured it).
-                self.set_phase(
-                    rec,
-                    NodePhase::Booting,
-                    "maintenance API gone; probing again",
-                )
-                .await?;
-                return Ok(NodeStep::Advanced(NodePhase::Booting));
+                return self
+                    .advance(
+                        rec,
+                        NodePhase::Booting,
+                        "maintenance API gone; probing again",
+                    )
+                    .await;
             }
             Err(e) if e.is_transient() => return Ok(NodeStep::Waiting(e.to_string())),
             Err(e) => return Err(self.talos_err(&name, e)),
@@ -208,16 +231,16 @@ impl Provisioner {
         let install_disk = match disks::choose_install_disk(&node.install, &facts.disks) {
             Ok(d) => d,
             Err(refusal) => {
-                self.set_phase(
-                    rec,
-                    NodePhase::Failed,
-                    &format!("install disk refused: {refusal}"),
-                )
-                .await?;
-                return Err(ProvisionError::Disk {
-                    node: name,
-                    source: refusal,
-                });
+                return self
+                    .fail(
+                        rec,
+                        &format!("install disk refused: {refusal}"),
+                        ProvisionError::Disk {
+                            node: name,
+                            source: refusal,
+                        },
+                    )
+                    .await;
             }
         };
         self.event(
@@ -240,13 +263,13 @@ impl Provisioner {
         let config = match self.inner.renderer.render(node) {
             Ok(c) => c,
             Err(reason) => {
-                self.set_phase(
-                    rec,
-                    NodePhase::Failed,
-                    &format!("config not rendered: {reason}"),
-                )
-                .await?;
-                return Err(ProvisionError::Render { node: name, reason });
+                return self
+                    .fail(
+                        rec,
+                        &format!("config not rendered: {reason}"),
+                        ProvisionError::Render { node: name, reason },
+                    )
+                    .await;
             }
         };
 
@@ -277,13 +300,12 @@ impl Provisioner {
                     self.event(&name, EventKind::Talos, format!("config warning: {w}"));
                 }
                 rec.provisioning_window_open = false;
-                self.set_phase(
+                self.advance(
                     rec,
                     NodePhase::Installing,
                     "config applied; installing and rebooting",
                 )
-                .await?;
-                Ok(NodeStep::Advanced(NodePhase::Installing))
+                .await
             }
             Err(e) => {
                 self.event(
@@ -294,9 +316,12 @@ impl Provisioner {
                 match &e {
                     // The node validated and refused the config: nothing will change by itself.
                     TalosError::Remote { code, .. } if *code == tonic::Code::InvalidArgument => {
-                        self.set_phase(rec, NodePhase::Failed, &format!("config refused: {e}"))
-                            .await?;
-                        Err(self.talos_err(&name, e))
+                        self.fail(
+                            rec,
+                            &format!("config refused: {e}"),
+                            self.talos_err(&name, e),
+                        )
+                        .await
                     }
                     // Lost reply or busy node: Configuring resolves it on the next step.
                     _ => Ok(NodeStep::Waiting(e.to_string())),
@@ -356,29 +381,25 @@ impl Provisioner {
         let Some(ip) = self.locate(node, rec).await? else {
             return Ok(NodeStep::Waiting("no address known".into()));
         };
-        let client = self
-            .maintenance_client(ip)
-            .map_err(|e| self.talos_err(&name, e))?;
+        let client = self.maintenance_probe(&name, ip)?;
         match client.version().await {
             Ok(_) => {
                 // Still in maintenance: the config did not land, so applying it is safe.
-                self.set_phase(
+                self.advance(
                     rec,
                     NodePhase::Maintenance,
                     "config not taken; applying again",
                 )
-                .await?;
-                Ok(NodeStep::Advanced(NodePhase::Maintenance))
+                .await
             }
             Err(TalosError::NotInMaintenance { .. }) => {
                 rec.provisioning_window_open = false;
-                self.set_phase(
+                self.advance(
                     rec,
                     NodePhase::Installing,
                     "node left maintenance: config applied",
                 )
-                .await?;
-                Ok(NodeStep::Advanced(NodePhase::Installing))
+                .await
             }
             Err(e) => self.check_install_deadline(rec, e.to_string()).await,
         }
@@ -396,13 +417,9 @@ impl Provisioner {
                 node: rec.name.clone(),
                 after: limit,
             };
-            self.set_phase(
-                rec,
-                NodePhase::Failed,
-                &format!("{err} (last: {waiting_for})"),
-            )
-            .await?;
-            return Err(err);
+            return self
+                .fail(rec, &format!("{err} (last: {waiting_for})"), err)
+                .await;
         }
         Ok(NodeStep::Waiting(waiting_for))
     }
@@ -419,28 +436,20 @@ impl Provisioner {
         match self.secured_version(&name, ip).await {
             Ok(tag) => {
                 rec.talos_version = Some(tag.clone());
-                self.set_phase(
-                    rec,
-                    NodePhase::Ready,
-                    &format!("configured; secured API answers ({tag})"),
-                )
-                .await?;
-                Ok(NodeStep::Advanced(NodePhase::Ready))
+                let why = format!("configured; secured API answers ({tag})");
+                self.advance(rec, NodePhase::Ready, &why).await
             }
             Err(e @ TalosError::WrongCa { .. }) => {
                 // Either still in maintenance (throwaway CA) or our CA is not the cluster's.
-                let probe = self
-                    .maintenance_client(ip)
-                    .map_err(|x| self.talos_err(&name, x))?;
+                let probe = self.maintenance_probe(&name, ip)?;
                 match probe.version().await {
                     Ok(_) => {
                         self.check_install_deadline(rec, "still in maintenance mode".into())
                             .await
                     }
                     Err(TalosError::NotInMaintenance { .. }) => {
-                        self.set_phase(rec, NodePhase::Failed, &e.to_string())
-                            .await?;
-                        Err(self.talos_err(&name, e))
+                        self.fail(rec, &e.to_string(), self.talos_err(&name, e))
+                            .await
                     }
                     Err(_) => self.check_install_deadline(rec, e.to_string()).await,
                 }
@@ -536,26 +545,24 @@ impl Provisioner {
     ) -> Result<NodeStep, ProvisionError> {
         let name = rec.name.clone();
         let Some(ip) = self.locate(node, rec).await? else {
-            self.set_phase(
-                rec,
-                NodePhase::Booting,
-                "no address known; waiting for its next boot",
-            )
-            .await?;
-            return Ok(NodeStep::Advanced(NodePhase::Booting));
+            return self
+                .advance(
+                    rec,
+                    NodePhase::Booting,
+                    "no address known; waiting for its next boot",
+                )
+                .await;
         };
         // Secured first: a configured node is what a rebuild normally finds. Only when that
         // fails is the node perhaps already back in maintenance (an earlier reset landed).
         let client = match self.secured_route(&name, ip).await {
             Ok((client, _)) => client,
             Err(secured_err) => {
-                let probe = self
-                    .maintenance_client(ip)
-                    .map_err(|e| self.talos_err(&name, e))?;
+                let probe = self.maintenance_probe(&name, ip)?;
                 if probe.version().await.is_ok() {
-                    self.set_phase(rec, NodePhase::Maintenance, "already in maintenance mode")
-                        .await?;
-                    return Ok(NodeStep::Advanced(NodePhase::Maintenance));
+                    return self
+                        .advance(rec, NodePhase::Maintenance, "already in maintenance mode")
+                        .await;
                 }
                 return Ok(NodeStep::Waiting(format!(
                     "cannot reach its secured API to reset it: {secured_err}"
@@ -573,13 +580,12 @@ impl Provisioner {
                     ),
                 );
                 rec.talos_version = None;
-                self.set_phase(
+                self.advance(
                     rec,
                     NodePhase::Booting,
                     "reset; waiting for it to boot into maintenance",
                 )
-                .await?;
-                Ok(NodeStep::Advanced(NodePhase::Booting))
+                .await
             }
             Err(e) => {
                 self.event(

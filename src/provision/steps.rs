@@ -31,7 +31,9 @@ use crate::addons::kube::{Kube, KubeError, client_from_kubeconfig};
 use crate::addons::manifest::ObjectRef;
 use crate::addons::source::{HelmTemplate, ManifestSource};
 use crate::addons::values::{ArgoCdOptions, CiliumOptions, KsopsOptions, RootApp};
-use crate::addons::{AddonError, ArgoCdSetup, argocd_addon, cilium_addon, install_addon};
+use crate::addons::{
+    AddonError, AddonSpec, ArgoCdSetup, argocd_addon, cilium_addon, install_addon,
+};
 use crate::crypto::age::Secret;
 use crate::events::EventKind;
 use crate::inventory::{ArgoCdAddon, ChartRef, Version};
@@ -527,16 +529,27 @@ impl Provisioner {
             operator_values(&c.values).as_ref(),
         )
         .await?;
+        self.install_spec(&kube, &spec, "Cilium", &c.version.value.0)
+            .await
+    }
+
+    /// Installs an add-on's release and says what changed, for the step's record.
+    async fn install_spec(
+        &self,
+        kube: &Kube,
+        spec: &AddonSpec,
+        what: &str,
+        version: &semver::Version,
+    ) -> Result<String, StepError> {
         let out = install_addon(
-            &kube,
-            &spec,
+            kube,
+            spec,
             self.settings().addon_timeouts,
             self.release_time(),
         )
         .await?;
         Ok(format!(
-            "Cilium {} installed: {} object(s) changed, {} unchanged",
-            c.version.value.0,
+            "{what} {version} installed: {} object(s) changed, {} unchanged",
             out.applied.len(),
             out.unchanged.len()
         ))
@@ -565,19 +578,8 @@ impl Provisioner {
             .await?;
         let setup = argocd_setup(&a, self.settings().ksops_age_identity.clone());
         let spec = argocd_addon(&source, chart("argo-cd", &a.version.value.0), &setup).await?;
-        let out = install_addon(
-            &kube,
-            &spec,
-            self.settings().addon_timeouts,
-            self.release_time(),
-        )
-        .await?;
-        Ok(format!(
-            "Argo CD {} installed: {} object(s) changed, {} unchanged",
-            a.version.value.0,
-            out.applied.len(),
-            out.unchanged.len()
-        ))
+        self.install_spec(&kube, &spec, "Argo CD", &a.version.value.0)
+            .await
     }
 }
 

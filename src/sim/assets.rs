@@ -61,7 +61,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<FileRecord, AssetError> {
     write_atomic(path, bytes, 0o644).map_err(|e| err(e.to_string()))?;
     Ok(FileRecord {
         size: bytes.len() as u64,
-        sha256: artifacts::hex(&Sha256::digest(bytes)),
+        sha256: crate::hex::lower(&Sha256::digest(bytes)),
     })
 }
 

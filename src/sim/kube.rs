@@ -1083,8 +1083,6 @@ mod tests {
 
     use std::time::Duration;
 
-    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
-
     use super::*;
     use crate::addons::kube::{Kube, client_from_kubeconfig};
 
@@ -1123,34 +1121,7 @@ mod tests {
         let pem = |field: &str| STANDARD.decode(user[field].as_str().unwrap()).unwrap();
         let chain = vec![CertificateDer::from_pem_slice(&pem("client-certificate-data")).unwrap()];
         let key = PrivateKeyDer::from_pem_slice(&pem("client-key-data")).unwrap();
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-        let tcp = TcpStream::connect(double.addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::IpAddress(double.addr.ip().into());
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await
-            .unwrap();
-        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
-        let (_, cert) = X509Certificate::from_der(&der).unwrap();
-        let san = cert.subject_alternative_name().unwrap().unwrap().value;
-        san.general_names
-            .iter()
-            .filter_map(|n| match n {
-                GeneralName::IPAddress(b) if b.len() == 4 => {
-                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string())
-                }
-                GeneralName::DNSName(d) => Some((*d).to_owned()),
-                _ => None,
-            })
-            .collect()
+        crate::sim::probe::presented_sans(double.addr, chain, key, &[]).await
     }
 
     #[tokio::test]

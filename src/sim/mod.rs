@@ -22,6 +22,8 @@ pub mod ipxe;
 pub mod kube;
 pub mod machine;
 pub mod pki;
+#[cfg(test)]
+mod probe;
 pub mod relocate;
 pub mod talos;
 

@@ -1296,13 +1296,25 @@ impl NodeApi {
     }
 }
 
+/// Routes the call to gRPC method `$path`: one for another node is relayed there (as a
+/// `unary` or `stream` call) and its answer returned; one for this node goes on only if the
+/// caller's roles are among `$allowed`, and is recorded as served under the method's name.
 macro_rules! route_or_forward {
-    ($self:ident, $req:ident, $path:literal) => {
+    ($self:ident, $req:ident, unary, $path:literal, $allowed:expr) => {
+        route_or_forward!(@route $self, $req, forward_unary, $path, $allowed)
+    };
+    ($self:ident, $req:ident, stream, $path:literal, $allowed:expr) => {
+        route_or_forward!(@route $self, $req, forward_stream, $path, $allowed)
+    };
+    (@route $self:ident, $req:ident, $forward:ident, $path:literal, $allowed:expr) => {
         match $self.route(&$req)? {
             Route::Forward { addr, roles } => {
-                return $self.forward_unary(addr, &roles, $path, $req).await;
+                return $self.$forward(addr, &roles, $path, $req).await;
             }
-            Route::Local { roles, relayed } => (roles, relayed),
+            Route::Local { roles, relayed } => {
+                let rpc = $path.rsplit('/').next().unwrap_or($path);
+                $self.allow(rpc, &roles, relayed, $allowed)?
+            }
         }
     };
 }
@@ -1313,16 +1325,15 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-        let (roles, relayed) =
-            route_or_forward!(self, req, "/machine.MachineService/ApplyConfiguration");
         let maintenance = self.shared.installed().is_none();
         // os:reader may apply only while the node is in maintenance mode.
-        self.allow(
-            "ApplyConfiguration",
-            &roles,
-            relayed,
-            if maintenance { READ } else { ADMIN },
-        )?;
+        route_or_forward!(
+            self,
+            req,
+            unary,
+            "/machine.MachineService/ApplyConfiguration",
+            if maintenance { READ } else { ADMIN }
+        );
         let stats = &self.shared.stats;
         stats.apply_calls.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
@@ -1375,8 +1386,7 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::BootstrapRequest>,
     ) -> Result<Response<machine::BootstrapResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Bootstrap");
-        self.allow("Bootstrap", &roles, relayed, ADMIN)?;
+        route_or_forward!(self, req, unary, "/machine.MachineService/Bootstrap", ADMIN);
         self.shared
             .stats
             .bootstrap_calls
@@ -1403,9 +1413,13 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::EtcdMemberListRequest>,
     ) -> Result<Response<machine::EtcdMemberListResponse>, Status> {
-        let (roles, relayed) =
-            route_or_forward!(self, req, "/machine.MachineService/EtcdMemberList");
-        self.allow("EtcdMemberList", &roles, relayed, READ)?;
+        route_or_forward!(
+            self,
+            req,
+            unary,
+            "/machine.MachineService/EtcdMemberList",
+            READ
+        );
         let inst = self.shared.installed();
         let Some(inst) = inst.filter(|i| i.config.is_control_plane()) else {
             return Err(Status::failed_precondition(
@@ -1447,15 +1461,13 @@ impl MachineService for NodeApi {
         &self,
         req: Request<()>,
     ) -> Result<Response<Self::KubeconfigStream>, Status> {
-        let (roles, relayed) = match self.route(&req)? {
-            Route::Forward { addr, roles } => {
-                return self
-                    .forward_stream(addr, &roles, "/machine.MachineService/Kubeconfig", req)
-                    .await;
-            }
-            Route::Local { roles, relayed } => (roles, relayed),
-        };
-        self.allow("Kubeconfig", &roles, relayed, ADMIN)?;
+        route_or_forward!(
+            self,
+            req,
+            stream,
+            "/machine.MachineService/Kubeconfig",
+            ADMIN
+        );
         self.shared
             .stats
             .kubeconfig_calls
@@ -1494,8 +1506,7 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::RebootRequest>,
     ) -> Result<Response<machine::RebootResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Reboot");
-        self.allow("Reboot", &roles, relayed, OPERATE)?;
+        route_or_forward!(self, req, unary, "/machine.MachineService/Reboot", OPERATE);
         self.shared
             .stats
             .reboot_calls
@@ -1513,8 +1524,7 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::ResetRequest>,
     ) -> Result<Response<machine::ResetResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Reset");
-        self.allow("Reset", &roles, relayed, ADMIN)?;
+        route_or_forward!(self, req, unary, "/machine.MachineService/Reset", ADMIN);
         self.shared.stats.reset_calls.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
         *lock(&self.shared.stats.last_reset) = Some(req.clone());
@@ -1575,8 +1585,13 @@ impl MachineService for NodeApi {
         &self,
         req: Request<()>,
     ) -> Result<Response<machine::ServiceListResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/ServiceList");
-        self.allow("ServiceList", &roles, relayed, READ)?;
+        route_or_forward!(
+            self,
+            req,
+            unary,
+            "/machine.MachineService/ServiceList",
+            READ
+        );
         Ok(Response::new(machine::ServiceListResponse {
             messages: vec![machine::ServiceList {
                 metadata: None,
@@ -1589,8 +1604,7 @@ impl MachineService for NodeApi {
         &self,
         req: Request<()>,
     ) -> Result<Response<machine::VersionResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/machine.MachineService/Version");
-        self.allow("Version", &roles, relayed, READ)?;
+        route_or_forward!(self, req, unary, "/machine.MachineService/Version", READ);
         Ok(Response::new(machine::VersionResponse {
             messages: vec![machine::Version {
                 metadata: None,
@@ -1626,8 +1640,7 @@ fn reply_apply(details: &str) -> machine::ApplyConfigurationResponse {
 #[tonic::async_trait]
 impl StorageService for NodeApi {
     async fn disks(&self, req: Request<()>) -> Result<Response<storage::DisksResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/storage.StorageService/Disks");
-        self.allow("Disks", &roles, relayed, READ)?;
+        route_or_forward!(self, req, unary, "/storage.StorageService/Disks", READ);
         Ok(Response::new(storage::DisksResponse {
             messages: vec![storage::Disks {
                 metadata: None,
@@ -1666,8 +1679,7 @@ impl cosi::state_server::State for NodeApi {
         &self,
         req: Request<cosi::GetRequest>,
     ) -> Result<Response<cosi::GetResponse>, Status> {
-        let (roles, relayed) = route_or_forward!(self, req, "/cosi.resource.State/Get");
-        self.allow("Get", &roles, relayed, READ)?;
+        route_or_forward!(self, req, unary, "/cosi.resource.State/Get", READ);
         let r = req.into_inner();
         let known = (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
             == (
@@ -1711,15 +1723,7 @@ impl cosi::state_server::State for NodeApi {
         &self,
         req: Request<cosi::ListRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
-        let (roles, relayed) = match self.route(&req)? {
-            Route::Forward { addr, roles } => {
-                return self
-                    .forward_stream(addr, &roles, "/cosi.resource.State/List", req)
-                    .await;
-            }
-            Route::Local { roles, relayed } => (roles, relayed),
-        };
-        self.allow("List", &roles, relayed, READ)?;
+        route_or_forward!(self, req, stream, "/cosi.resource.State/List", READ);
         let r = req.into_inner();
         if (r.namespace.as_str(), r.r#type.as_str()) != ("runtime", "Disks.block.talos.dev") {
             return Err(Status::not_found(format!(
@@ -1759,7 +1763,6 @@ mod tests {
 
     use time::OffsetDateTime;
     use tokio::sync::Semaphore;
-    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
     use super::*;
     use crate::inventory::{self, Inventory};
@@ -1845,31 +1848,10 @@ mod tests {
         let key =
             PrivateKeyDer::from_pem_slice(&crate::talos::tls::normalize_key_pem(&creds.key_pem))
                 .unwrap();
-        let mut config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(crate::talos::tls::MaintenanceVerifier::new())
-            .with_client_auth_cert(chain, key)
-            .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
+        crate::sim::probe::presented_sans(addr, chain, key, &[b"h2"])
             .await
-            .unwrap();
-        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
-        let (_, cert) = X509Certificate::from_der(&der).unwrap();
-        let san = cert.subject_alternative_name().unwrap().unwrap().value;
-        san.general_names
             .iter()
-            .filter_map(|n| match n {
-                GeneralName::IPAddress(b) if b.len() == 4 => {
-                    Some(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()))
-                }
-                _ => None,
-            })
+            .filter_map(|san| san.parse().ok())
             .collect()
     }
 

@@ -296,10 +296,6 @@ fn classify(file: &Path, e: ::redb::Error) -> StoreError {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl Store for RedbStore {
     fn lease(&self, mac: Mac) -> Result<Option<Lease>> {
         let txn = self.read_txn()?;
@@ -554,7 +550,7 @@ impl Store for RedbStore {
             let bytes = v.value();
             let encoded = match std::str::from_utf8(bytes) {
                 Ok(text) => serde_json::json!({ "text": text }),
-                Err(_) => serde_json::json!({ "hex": hex(bytes) }),
+                Err(_) => serde_json::json!({ "hex": crate::hex::lower(bytes) }),
             };
             meta.insert(k.value().to_string(), encoded);
         }

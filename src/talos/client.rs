@@ -328,38 +328,101 @@ impl TalosClient {
         retry_idempotent(self.retry, rpc.path(), op).await
     }
 
+    /// One unary call whose reply lists per-node entries: sent with the call deadline and the
+    /// `node` header, its failure classified, every entry checked for `metadata.error`, and
+    /// exactly one entry expected. Idempotent RPCs are retried with the retry policy; the
+    /// others are made exactly once. `call` makes the call on a clone of `client`.
+    async fn unary<C, Req, Resp, F, Fut>(
+        &self,
+        rpc: Rpc,
+        client: C,
+        req: Req,
+        call: F,
+    ) -> Result<Resp::Entry, TalosError>
+    where
+        C: Clone,
+        Req: Clone,
+        Resp: Reply,
+        F: Fn(C, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        if rpc.idempotent() {
+            self.idempotent(rpc, || {
+                self.unary_attempt(rpc, client.clone(), req.clone(), &call)
+            })
+            .await
+        } else {
+            self.unary_attempt(rpc, client, req, &call).await
+        }
+    }
+
+    async fn unary_attempt<C, Req, Resp, F, Fut>(
+        &self,
+        rpc: Rpc,
+        client: C,
+        req: Req,
+        call: &F,
+    ) -> Result<Resp::Entry, TalosError>
+    where
+        Resp: Reply,
+        F: Fn(C, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let d = self.deadlines.call;
+        let resp = self
+            .once(rpc, d, call(client, self.request(req, d)))
+            .await?;
+        resp.into_entry(&self.ctx(rpc, d))
+    }
+
+    /// Opens a server stream and reads it to its end, all under one deadline `d`, retried
+    /// with the retry policy (every streamed RPC here is a read). `drain` reads the stream.
+    async fn streamed<C, Req, Item, Out, F, Fut, D, DFut>(
+        &self,
+        rpc: Rpc,
+        d: Duration,
+        client: C,
+        req: Req,
+        open: F,
+        drain: D,
+    ) -> Result<Out, TalosError>
+    where
+        C: Clone,
+        Req: Clone,
+        F: Fn(C, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Streaming<Item>>, Status>>,
+        D: Fn(Streaming<Item>) -> DFut,
+        DFut: Future<Output = Result<Out, Status>>,
+    {
+        self.idempotent(rpc, || async {
+            let read = async {
+                let stream = open(client.clone(), self.request(req.clone(), d))
+                    .await?
+                    .into_inner();
+                drain(stream).await.map(Response::new)
+            };
+            self.once(rpc, d, read).await
+        })
+        .await
+    }
+
     /// `Version`: the Talos version the node runs. Works in maintenance mode, so it doubles as
     /// the maintenance probe.
     pub async fn version(&self) -> Result<machine::Version, TalosError> {
-        let rpc = Rpc::Version;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let resp = self
-                .once(rpc, d, self.machine().version(self.request((), d)))
-                .await?;
-            single(
-                self.check_entries(rpc, d, resp.messages)?,
-                &self.ctx(rpc, d),
-            )
+        self.unary(Rpc::Version, self.machine(), (), |mut c, r| async move {
+            c.version(r).await
         })
         .await
     }
 
     /// `storage.Disks`: the node's disks (legacy API, served in maintenance mode too).
     pub async fn disks(&self) -> Result<Vec<storage::Disk>, TalosError> {
-        let rpc = Rpc::Disks;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let resp = self
-                .once(rpc, d, self.storage().disks(self.request((), d)))
-                .await?;
-            let entry = single(
-                self.check_entries(rpc, d, resp.messages)?,
-                &self.ctx(rpc, d),
-            )?;
-            Ok(entry.disks)
-        })
-        .await
+        let entry = self
+            .unary(Rpc::Disks, self.storage(), (), |mut c, r| async move {
+                c.disks(r).await
+            })
+            .await?;
+        Ok(entry.disks)
     }
 
     /// COSI `hardware/SystemInformations.hardware.talos.dev/systeminformation`: SMBIOS facts
@@ -403,20 +466,14 @@ impl TalosClient {
         kind: &str,
         id: &str,
     ) -> Result<cosi::Resource, TalosError> {
-        let rpc = Rpc::CosiGet;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let req = cosi::GetRequest {
-                namespace: namespace.to_owned(),
-                r#type: kind.to_owned(),
-                id: id.to_owned(),
-                options: Some(cosi::GetOptions {}),
-            };
-            let resp = self
-                .once(rpc, d, self.cosi().get(self.request(req, d)))
-                .await?;
-            resp.resource
-                .ok_or_else(|| malformed(&self.ctx(rpc, d), "no resource in reply"))
+        let req = cosi::GetRequest {
+            namespace: namespace.to_owned(),
+            r#type: kind.to_owned(),
+            id: id.to_owned(),
+            options: Some(cosi::GetOptions {}),
+        };
+        self.unary(Rpc::CosiGet, self.cosi(), req, |mut c, r| async move {
+            c.get(r).await
         })
         .await
     }
@@ -427,27 +484,27 @@ impl TalosClient {
         namespace: &str,
         kind: &str,
     ) -> Result<Vec<cosi::Resource>, TalosError> {
-        let rpc = Rpc::CosiList;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let req = cosi::ListRequest {
-                namespace: namespace.to_owned(),
-                r#type: kind.to_owned(),
-                options: Some(cosi::ListOptions::default()),
-            };
-            let ctx = self.ctx(rpc, d);
-            let drain = async {
-                let mut stream = self.cosi().list(self.request(req, d)).await?.into_inner();
+        let req = cosi::ListRequest {
+            namespace: namespace.to_owned(),
+            r#type: kind.to_owned(),
+            options: Some(cosi::ListOptions::default()),
+        };
+        self.streamed(
+            Rpc::CosiList,
+            self.deadlines.call,
+            self.cosi(),
+            req,
+            |mut c, r| async move { c.list(r).await },
+            |mut stream| async move {
                 let mut out = Vec::new();
                 while let Some(item) = stream.message().await? {
                     if let Some(r) = item.resource {
                         out.push(r);
                     }
                 }
-                Ok::<_, Status>(Response::new(out))
-            };
-            self.once(rpc, ctx.deadline, drain).await
-        })
+                Ok(out)
+            },
+        )
         .await
     }
 
@@ -455,25 +512,20 @@ impl TalosClient {
     /// refuses on configured nodes) and no dry run. Made exactly once: a lost reply does not
     /// mean the config was not applied.
     pub async fn apply_configuration(&self, config: &[u8]) -> Result<ApplyOutcome, TalosError> {
-        let rpc = Rpc::ApplyConfiguration;
-        let d = self.deadlines.call;
         let req = ApplyConfigurationRequest {
             data: config.to_vec(),
             mode: apply_configuration_request::Mode::Auto as i32,
             dry_run: false,
             try_mode_timeout: None,
         };
-        let resp = self
-            .once(
-                rpc,
-                d,
-                self.machine().apply_configuration(self.request(req, d)),
+        let entry = self
+            .unary(
+                Rpc::ApplyConfiguration,
+                self.machine(),
+                req,
+                |mut c, r| async move { c.apply_configuration(r).await },
             )
             .await?;
-        let entry = single(
-            self.check_entries(rpc, d, resp.messages)?,
-            &self.ctx(rpc, d),
-        )?;
         Ok(ApplyOutcome {
             mode: apply_configuration_request::Mode::try_from(entry.mode).ok(),
             mode_details: entry.mode_details,
@@ -484,20 +536,11 @@ impl TalosClient {
     /// `Bootstrap`: start etcd on this (first control-plane) node. Made exactly once;
     /// a second call answers [`TalosError::AlreadyBootstrapped`], which callers treat as done.
     pub async fn bootstrap(&self) -> Result<(), TalosError> {
-        let rpc = Rpc::Bootstrap;
-        let d = self.deadlines.call;
-        let resp = self
-            .once(
-                rpc,
-                d,
-                self.machine()
-                    .bootstrap(self.request(BootstrapRequest::default(), d)),
-            )
-            .await?;
-        single(
-            self.check_entries(rpc, d, resp.messages)?,
-            &self.ctx(rpc, d),
-        )?;
+        let req = BootstrapRequest::default();
+        self.unary(Rpc::Bootstrap, self.machine(), req, |mut c, r| async move {
+            c.bootstrap(r).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -506,23 +549,21 @@ impl TalosClient {
     /// client certificate on the node, so repeating it is harmless.
     pub async fn kubeconfig(&self) -> Result<Vec<u8>, TalosError> {
         let rpc = Rpc::Kubeconfig;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.kubeconfig;
-            let ctx = self.ctx(rpc, d);
-            let drain = async {
-                let stream: Streaming<common::Data> = self
-                    .machine()
-                    .kubeconfig(self.request((), d))
-                    .await?
-                    .into_inner();
-                collect_data(stream).await.map(Response::new)
-            };
-            let chunks = self.once(rpc, d, drain).await?;
-            let chunks = self.check_entries(rpc, d, chunks)?;
-            let bytes: Vec<u8> = chunks.into_iter().flat_map(|c| c.bytes).collect();
-            archive::kubeconfig_from_archive(&bytes).map_err(|e| malformed(&ctx, &e.to_string()))
-        })
-        .await
+        let d = self.deadlines.kubeconfig;
+        let chunks = self
+            .streamed(
+                rpc,
+                d,
+                self.machine(),
+                (),
+                |mut c, r| async move { c.kubeconfig(r).await },
+                collect_data,
+            )
+            .await?;
+        let ctx = self.ctx(rpc, d);
+        let chunks = check_entries(chunks, &ctx)?;
+        let bytes: Vec<u8> = chunks.into_iter().flat_map(|c| c.bytes).collect();
+        archive::kubeconfig_from_archive(&bytes).map_err(|e| malformed(&ctx, &e.to_string()))
     }
 
     /// `Reset`: wipe the STATE and EPHEMERAL volumes (config and etcd/kubelet data; the node
@@ -530,8 +571,6 @@ impl TalosClient {
     /// `graceful` makes the node leave etcd first; use false for a broken or one-node
     /// cluster. Made exactly once.
     pub async fn reset(&self, graceful: bool, reboot: bool) -> Result<(), TalosError> {
-        let rpc = Rpc::Reset;
-        let d = self.deadlines.call;
         let req = ResetRequest {
             graceful,
             reboot,
@@ -546,87 +585,50 @@ impl TalosClient {
             // Only the listed system volumes: never touch user disks.
             mode: reset_request::WipeMode::SystemDisk as i32,
         };
-        let resp = self
-            .once(rpc, d, self.machine().reset(self.request(req, d)))
-            .await?;
-        single(
-            self.check_entries(rpc, d, resp.messages)?,
-            &self.ctx(rpc, d),
-        )?;
+        self.unary(Rpc::Reset, self.machine(), req, |mut c, r| async move {
+            c.reset(r).await
+        })
+        .await?;
         Ok(())
     }
 
     /// `Reboot` (default mode: graceful). Made exactly once.
     pub async fn reboot(&self) -> Result<(), TalosError> {
-        let rpc = Rpc::Reboot;
-        let d = self.deadlines.call;
         let req = RebootRequest {
             mode: reboot_request::Mode::Default as i32,
         };
-        let resp = self
-            .once(rpc, d, self.machine().reboot(self.request(req, d)))
-            .await?;
-        single(
-            self.check_entries(rpc, d, resp.messages)?,
-            &self.ctx(rpc, d),
-        )?;
+        self.unary(Rpc::Reboot, self.machine(), req, |mut c, r| async move {
+            c.reboot(r).await
+        })
+        .await?;
         Ok(())
     }
 
     /// `ServiceList`: the node's services and their health.
     pub async fn service_list(&self) -> Result<Vec<machine::ServiceInfo>, TalosError> {
-        let rpc = Rpc::ServiceList;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let resp = self
-                .once(rpc, d, self.machine().service_list(self.request((), d)))
-                .await?;
-            let entry = single(
-                self.check_entries(rpc, d, resp.messages)?,
-                &self.ctx(rpc, d),
-            )?;
-            Ok(entry.services)
-        })
-        .await
+        let entry = self
+            .unary(
+                Rpc::ServiceList,
+                self.machine(),
+                (),
+                |mut c, r| async move { c.service_list(r).await },
+            )
+            .await?;
+        Ok(entry.services)
     }
 
     /// `EtcdMemberList` (control planes only): the etcd members this node sees.
     pub async fn etcd_member_list(&self) -> Result<Vec<machine::EtcdMember>, TalosError> {
-        let rpc = Rpc::EtcdMemberList;
-        self.idempotent(rpc, || async move {
-            let d = self.deadlines.call;
-            let req = EtcdMemberListRequest { query_local: false };
-            let resp = self
-                .once(
-                    rpc,
-                    d,
-                    self.machine().etcd_member_list(self.request(req, d)),
-                )
-                .await?;
-            let entry = single(
-                self.check_entries(rpc, d, resp.messages)?,
-                &self.ctx(rpc, d),
-            )?;
-            Ok(entry.members)
-        })
-        .await
-    }
-
-    /// Fails if any reply entry carries `metadata.error` (the way apid reports a per-node
-    /// failure inside an OK reply), mapping it like a real status.
-    fn check_entries<T: HasMetadata>(
-        &self,
-        rpc: Rpc,
-        deadline: Duration,
-        entries: Vec<T>,
-    ) -> Result<Vec<T>, TalosError> {
-        let ctx = self.ctx(rpc, deadline);
-        for entry in &entries {
-            if let Some(err) = entry_error(entry.metadata(), &ctx) {
-                return Err(err);
-            }
-        }
-        Ok(entries)
+        let req = EtcdMemberListRequest { query_local: false };
+        let entry = self
+            .unary(
+                Rpc::EtcdMemberList,
+                self.machine(),
+                req,
+                |mut c, r| async move { c.etcd_member_list(r).await },
+            )
+            .await?;
+        Ok(entry.members)
     }
 }
 
@@ -696,6 +698,55 @@ has_metadata!(
     storage::Disks,
     common::Data,
 );
+
+/// A unary reply and the one entry a single-node call takes from it.
+trait Reply {
+    type Entry;
+    fn into_entry(self, ctx: &CallContext) -> Result<Self::Entry, TalosError>;
+}
+
+/// Replies that list per-node entries in `messages`: each is checked for `metadata.error`,
+/// and a single-node call gets exactly one.
+macro_rules! entries_reply {
+    ($($resp:ty => $entry:ty),* $(,)?) => {
+        $(impl Reply for $resp {
+            type Entry = $entry;
+            fn into_entry(self, ctx: &CallContext) -> Result<$entry, TalosError> {
+                single(check_entries(self.messages, ctx)?, ctx)
+            }
+        })*
+    };
+}
+
+entries_reply!(
+    machine::VersionResponse => machine::Version,
+    machine::ApplyConfigurationResponse => machine::ApplyConfiguration,
+    machine::BootstrapResponse => machine::Bootstrap,
+    machine::ResetResponse => machine::Reset,
+    machine::RebootResponse => machine::Reboot,
+    machine::ServiceListResponse => machine::ServiceList,
+    machine::EtcdMemberListResponse => machine::EtcdMembers,
+    storage::DisksResponse => storage::Disks,
+);
+
+impl Reply for cosi::GetResponse {
+    type Entry = cosi::Resource;
+    fn into_entry(self, ctx: &CallContext) -> Result<cosi::Resource, TalosError> {
+        self.resource
+            .ok_or_else(|| malformed(ctx, "no resource in reply"))
+    }
+}
+
+/// Fails if any reply entry carries `metadata.error` (the way apid reports a per-node
+/// failure inside an OK reply), mapping it like a real status.
+fn check_entries<T: HasMetadata>(entries: Vec<T>, ctx: &CallContext) -> Result<Vec<T>, TalosError> {
+    for entry in &entries {
+        if let Some(err) = entry_error(entry.metadata(), ctx) {
+            return Err(err);
+        }
+    }
+    Ok(entries)
+}
 
 fn entry_error(meta: Option<&common::Metadata>, ctx: &CallContext) -> Option<TalosError> {
     let meta = meta?;
