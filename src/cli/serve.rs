@@ -403,14 +403,18 @@ pub struct ProvisioningPlan {
 /// A plan whose sockets are bound; [`Bound::start`] runs it.
 pub struct Bound {
     plan: Plan,
+    store: Arc<dyn Store>,
     http: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
     dhcp: Option<DhcpServer>,
 }
 
 impl Plan {
-    /// Binds every socket of the plan (the privileged ones need root or capabilities).
+    /// Opens the store and binds every socket of the plan, all before any privilege drop
+    /// (the state directory may be root's to create; ports below 1024 need root or
+    /// capabilities).
     pub async fn bind(self) -> Result<Bound, StartError> {
+        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
         let http = tokio::net::TcpListener::bind(self.http)
             .await
             .map_err(|e| StartError::Bind {
@@ -445,6 +449,7 @@ impl Plan {
         };
         Ok(Bound {
             plan: self,
+            store,
             http,
             tftp,
             dhcp,
@@ -468,17 +473,16 @@ impl Bound {
         self.dhcp.as_ref().and_then(|d| d.local_addr().ok())
     }
 
-    /// Opens the store and runs every server (and the provisioner) until
-    /// [`Running::cancel`] fires.
+    /// Runs every server (and the provisioner) until [`Running::cancel`] fires.
     pub fn start(self) -> Result<Running, StartError> {
         let Bound {
             plan,
+            store,
             http,
             tftp,
             dhcp,
         } = self;
         let inv = plan.inventory.clone();
-        let store: Arc<dyn Store> = Arc::new(store::open(&plan.state_dir)?);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
         let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
