@@ -300,25 +300,6 @@ async fn restarts_at_every_step_repeat_nothing() {
         // must be in order, and the store's timeline must hold every transition once.
         assert!(restarts >= 6, "only {restarts} restarts");
         assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
-        let timeline: Vec<String> = demo
-            .store()
-            .events(talboot::provision::steps::CLUSTER_TIMELINE, 0, 1000)
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.kind == "cluster.step" && e.detail.contains(" -> "))
-            .map(|e| e.detail.split(':').next().unwrap().to_owned())
-            .collect();
-        assert_eq!(
-            timeline,
-            [
-                "waiting-for-control-planes -> bootstrapped",
-                "bootstrapped -> api-ready",
-                "api-ready -> cni-installed",
-                "cni-installed -> nodes-ready",
-                "nodes-ready -> argocd-installed",
-                "argocd-installed -> handed-off",
-            ]
-        );
         let talos = |name: &str| demo.node(name).unwrap().talos().unwrap();
         for n in NODES {
             assert_eq!(talos(n).apply_calls(), 1, "{n}");
@@ -352,6 +333,26 @@ async fn restarts_at_every_step_repeat_nothing() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(demo.kube.applies().len(), applies.len());
         assert_eq!(demo.step_record().unwrap().step, ClusterStep::HandedOff);
+        // (The restart also flushed the event log, which is written behind the bus.)
+        let timeline: Vec<String> = demo
+            .store()
+            .events(talboot::provision::steps::CLUSTER_TIMELINE, 0, 1000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "cluster.step" && e.detail.contains(" -> "))
+            .map(|e| e.detail.split(':').next().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            timeline,
+            [
+                "waiting-for-control-planes -> bootstrapped",
+                "bootstrapped -> api-ready",
+                "api-ready -> cni-installed",
+                "cni-installed -> nodes-ready",
+                "nodes-ready -> argocd-installed",
+                "argocd-installed -> handed-off",
+            ]
+        );
     }
     .await;
     demo.shutdown().await;

@@ -240,8 +240,13 @@ impl Provisioner {
     }
 
     async fn mark_bootstrapped(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
-        self.db(|s| s.put_meta(BOOTSTRAP_KEY, DONE)).await?;
-        self.event(cp, EventKind::Cluster, "bootstrap done (recorded)");
+        self.db_then_event(
+            |s| s.put_meta(BOOTSTRAP_KEY, DONE),
+            cp.to_owned(),
+            EventKind::Cluster,
+            "bootstrap done (recorded)".into(),
+        )
+        .await?;
         Ok(ClusterProgress::Bootstrapped)
     }
 
@@ -344,16 +349,17 @@ impl Provisioner {
         tokio::task::spawn_blocking(move || crate::fsutil::write_atomic(&target, &bytes, 0o600))
             .await
             .map_err(|e| ProvisionError::Join(e.to_string()))??;
-        self.db(|s| s.put_meta(KUBECONFIG_KEY, DONE)).await?;
-        self.event(
-            cp,
+        self.db_then_event(
+            |s| s.put_meta(KUBECONFIG_KEY, DONE),
+            cp.to_owned(),
             EventKind::Talos,
             format!(
                 "Kubeconfig at {}: written to {} (0600)",
                 client.target(),
                 path.display()
             ),
-        );
+        )
+        .await?;
         Ok(ClusterProgress::KubeconfigWritten(path))
     }
 }

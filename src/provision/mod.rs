@@ -241,6 +241,28 @@ impl Provisioner {
             .map_err(ProvisionError::from)
     }
 
+    /// Runs a store write and, once it succeeded, publishes its event, both inside the
+    /// blocking task: that task runs to its end even when the caller is cancelled (talboot
+    /// stopping mid-step), so a persisted transition always reaches the timeline too.
+    async fn db_then_event<F>(
+        &self,
+        f: F,
+        node: String,
+        kind: EventKind,
+        detail: String,
+    ) -> Result<(), ProvisionError>
+    where
+        F: FnOnce(&dyn Store) -> Result<(), StoreError> + Send + 'static,
+    {
+        let bus = self.inner.bus.clone();
+        self.db(move |s| {
+            f(s)?;
+            bus.publish(&node, kind, detail);
+            Ok(())
+        })
+        .await
+    }
+
     fn node_def(&self, name: &str) -> Result<&Node, ProvisionError> {
         self.inner
             .inventory
@@ -284,13 +306,15 @@ impl Provisioner {
         let from = rec.phase;
         rec.phase = phase;
         rec.phase_since_unix = self.now();
-        self.save(rec).await?;
-        self.event(
-            &rec.name,
+        let mut saved = rec.clone();
+        saved.updated_at_unix = self.now();
+        self.db_then_event(
+            move |s| s.put_node(&saved),
+            rec.name.clone(),
             EventKind::Phase,
             format!("{from} -> {phase}: {why}"),
-        );
-        Ok(())
+        )
+        .await
     }
 
     /// Where the node is: the address its DHCP lease holds (authoritative), else where it was

@@ -327,9 +327,21 @@ impl Provisioner {
         Ok(raw.and_then(|b| serde_json::from_slice(&b).ok()))
     }
 
-    async fn put_record(&self, rec: &StepRecord) -> Result<(), ProvisionError> {
+    /// Persists `rec` and, with it, its line on the cluster timeline (see
+    /// `db_then_event`: a stop between the two cannot lose the line).
+    async fn put_record_then_event(
+        &self,
+        rec: &StepRecord,
+        detail: String,
+    ) -> Result<(), ProvisionError> {
         let bytes = serde_json::to_vec(rec).expect("step record serialises");
-        self.db(move |s| s.put_meta(STEP_KEY, &bytes)).await
+        self.db_then_event(
+            move |s| s.put_meta(STEP_KEY, &bytes),
+            CLUSTER_TIMELINE.to_owned(),
+            EventKind::Cluster,
+            detail,
+        )
+        .await
     }
 
     fn facts(&self, kubeconfig_written: bool) -> Facts {
@@ -347,19 +359,17 @@ impl Provisioner {
         step: ClusterStep,
         reason: &str,
     ) -> Result<StepOutcome, ProvisionError> {
-        self.put_record(&StepRecord {
-            step,
-            since_unix: self.now(),
-            reason: reason.to_owned(),
-            last_error: None,
-            attempts: 0,
-        })
-        .await?;
-        self.event(
-            CLUSTER_TIMELINE,
-            EventKind::Cluster,
+        self.put_record_then_event(
+            &StepRecord {
+                step,
+                since_unix: self.now(),
+                reason: reason.to_owned(),
+                last_error: None,
+                attempts: 0,
+            },
             format!("{from} -> {step}: {reason}"),
-        );
+        )
+        .await?;
         Ok(StepOutcome::Completed(step))
     }
 
@@ -417,22 +427,20 @@ impl Provisioner {
             Err(e) => {
                 let attempts = rec.attempts.saturating_add(1);
                 let error = e.to_string();
-                self.put_record(&StepRecord {
-                    last_error: Some(error.clone()),
-                    attempts,
-                    ..rec
-                })
-                .await?;
                 let stuck = if attempts >= STUCK_AFTER {
                     " (still failing; fix the cause above, talboot keeps retrying)"
                 } else {
                     ""
                 };
-                self.event(
-                    CLUSTER_TIMELINE,
-                    EventKind::Cluster,
+                self.put_record_then_event(
+                    &StepRecord {
+                        last_error: Some(error.clone()),
+                        attempts,
+                        ..rec
+                    },
                     format!("after {from}: attempt {attempts} failed: {error}{stuck}"),
-                );
+                )
+                .await?;
                 Ok(StepOutcome::Failed { attempts, error })
             }
         }

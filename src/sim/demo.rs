@@ -416,6 +416,15 @@ impl Demo {
             .filter(|a| a.is_loopback())
             .unwrap_or(Ipv4Addr::LOCALHOST);
         let mut settings = Settings::new(p.state_dir.clone());
+        // An inventory with KSOPS gets a throwaway age identity for the `sops-age` Secret, as
+        // an operator would pass one with `serve --ksops-age-identity`.
+        if inv.addons.argocd.as_ref().is_some_and(|a| a.ksops) {
+            use age::secrecy::ExposeSecret;
+            let id = age::x25519::Identity::generate();
+            let text = format!("{}\n", id.to_string().expose_secret());
+            settings.ksops_age_identity =
+                Some(Arc::new(crate::crypto::age::Secret::new(text.into_bytes())));
+        }
         settings.poll_interval = Duration::from_millis(250);
         settings.install_timeout = Duration::from_secs(60);
         settings.health_timeout = Duration::from_secs(60);
@@ -559,9 +568,16 @@ impl Demo {
 
     /// Waits until the cluster is handed off, or says where it is stuck.
     pub async fn wait_handed_off(&self, timeout: Duration) -> Result<(), DemoError> {
+        // The timeline event is written after the step record, so once it is there the
+        // summary (read from the store) is complete.
         self.wait_until(timeout, |d| {
             d.step_record()
                 .is_some_and(|r| r.step == ClusterStep::HandedOff)
+                && d.store()
+                    .last_event(crate::provision::steps::CLUSTER_TIMELINE)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|e| e.detail.contains("-> handed-off"))
         })
         .await
     }
