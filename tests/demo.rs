@@ -359,9 +359,59 @@ async fn restarts_at_every_step_repeat_nothing() {
     result
 }
 
+/// The other example inventories run too (talhelper format, KSOPS, an operator's CNI), and
+/// a rack that cannot be put on loopback is refused with the reason.
+fn other_inventories_and_a_refusal() {
+    for config in ["config/lab.yaml", "config/talconfig.yaml"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(["demo", "--quiet", "-c"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(config))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{config}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("handed off after"), "{config}: {stdout}");
+        assert_eq!(stdout.matches(" ready ").count(), 3, "{config}: {stdout}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    // The relayed rack moves to 10.21.0.0/24: same low 16 bits as 10.20.0.0/24.
+    let text = std::fs::read_to_string(rack())
+        .unwrap()
+        .replace("10.20.1.", "10.21.0.");
+    std::fs::create_dir(dir.path().join("patches")).unwrap();
+    for p in ["rack-common.yaml", "controlplane.yaml", "storage.yaml"] {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config/patches")
+                .join(p),
+            dir.path().join("patches").join(p),
+        )
+        .unwrap();
+    }
+    let inv = dir.path().join("rack.yaml");
+    std::fs::write(&inv, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["demo", "--quiet", "-c"])
+        .arg(&inv)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("subnets 10.20.0.0/24 and 10.21.0.0/24 would share loopback addresses"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
+    other_inventories_and_a_refusal();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -317,6 +317,24 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
     })
 }
 
+fn cilium_enabled(inv: &Inventory) -> bool {
+    inv.addons.cilium.as_ref().is_some_and(|c| c.enabled)
+}
+
+fn argocd_enabled(inv: &Inventory) -> bool {
+    inv.addons.argocd.as_ref().is_some_and(|a| a.enabled)
+}
+
+/// What the hand-off line says was installed.
+fn installed_addons(inv: &Inventory) -> &'static str {
+    match (cilium_enabled(inv), argocd_enabled(inv)) {
+        (true, true) => "Cilium and Argo CD installed",
+        (true, false) => "Cilium installed",
+        (false, true) => "Argo CD installed (the CNI is the operator's)",
+        (false, false) => "no add-ons in the inventory",
+    }
+}
+
 /// Prints talboot's events with the time since the demo started.
 fn print_event(started: Instant, ev: &crate::events::NodeEvent) {
     // Talos calls are many and the phase changes say the same thing more plainly.
@@ -357,6 +375,12 @@ impl Demo {
                 nets.join(", "),
                 opts.workdir.display()
             );
+            if !cilium_enabled(&inv) {
+                println!(
+                    "the inventory does not enable talboot's Cilium: the simulated Nodes turn Ready \
+                     as if the operator's own CNI were running\n"
+                );
+            }
         }
 
         // Throwaway cluster secrets, in memory only: nothing of them is written to disk but
@@ -397,7 +421,9 @@ impl Demo {
         };
         let kube = KubeDouble::start(DoubleOptions {
             bind: SocketAddr::new(IpAddr::V4(api_ip), KUBE_API_PORT),
-            cni_daemonset: Some(("kube-system".into(), "cilium".into())),
+            // Without talboot's Cilium the operator brings the CNI; the simulation then
+            // lets Nodes turn Ready as soon as they register.
+            cni_daemonset: cilium_enabled(&inv).then(|| ("kube-system".into(), "cilium".into())),
             nodes: Vec::new(),
             crd_delay: Duration::from_millis(200),
             rollout_delay: Duration::from_millis(400),
@@ -700,11 +726,16 @@ impl Demo {
         s.push_str(
             "\nHelm release records (adoptable by `helm upgrade` or an Argo CD Application):\n",
         );
+        let mut records = 0;
         for (ns, name) in [("kube-system", "cilium"), ("argocd", "argocd")] {
             let secret = format!("sh.helm.release.v1.{name}.v1");
             if self.kube.object("v1", "Secret", ns, &secret).is_some() {
                 s.push_str(&format!("  {ns}/{secret}\n"));
+                records += 1;
             }
+        }
+        if records == 0 {
+            s.push_str("  none (no add-on installed)\n");
         }
         let talos: Vec<Arc<FakeTalosNode>> = self.nodes.iter().filter_map(|n| n.talos()).collect();
         s.push_str(&format!(
@@ -811,9 +842,10 @@ pub async fn run(
     let result = async {
         demo.wait_handed_off(timeout).await?;
         let mut out = format!(
-            "\nhanded off after {:.1}s: {} nodes Ready, Cilium and Argo CD installed\n",
+            "\nhanded off after {:.1}s: {} nodes Ready, {}\n",
             demo.elapsed().as_secs_f64(),
-            demo.nodes.len()
+            demo.nodes.len(),
+            installed_addons(&demo.inventory)
         );
         if let Some(name) = &rebuild {
             let before: BTreeMap<String, usize> = demo
