@@ -272,6 +272,21 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
     let inventory = inventory::load(&inv_path)
         .map_err(|e| DemoError::Inventory(e, inv_path.clone()))?
         .inventory;
+    if inventory.network.mode == inventory::NetworkMode::Proxy {
+        return Err(DemoError::Unsupported(
+            "network.mode is proxy: the machines' addresses would come from the site's own DHCP \
+             server, which the simulation does not have; simulate the rack with mode \
+             authoritative"
+                .into(),
+        ));
+    }
+    if inventory.boot.delivery != inventory::Delivery::Push {
+        return Err(DemoError::Unsupported(
+            "boot.delivery is pull: the demo shows push provisioning and the cluster steps, \
+             which talboot runs in push mode only; simulate the rack with delivery push"
+                .into(),
+        ));
+    }
     match &inventory.cluster.endpoint.host {
         EndpointHost::Ip(ip) if ip.is_loopback() => {}
         other => {
@@ -884,4 +899,80 @@ pub async fn run(
     .await;
     demo.shutdown().await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    }
+
+    fn opts(config: PathBuf, workdir: &Path) -> DemoOptions {
+        DemoOptions {
+            config,
+            workdir: workdir.join("run"),
+            print_events: false,
+        }
+    }
+
+    #[test]
+    fn the_rack_and_its_patches_move_onto_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = prepare(&opts(repo("config/rack.yaml"), dir.path())).unwrap();
+        let inv = &p.inventory;
+        assert_eq!(
+            inv.node("rack1-mon-01").unwrap().address.value.to_string(),
+            "127.0.1.41/24"
+        );
+        assert_eq!(
+            inv.cluster.vip.as_ref().unwrap().value.to_string(),
+            "127.0.0.10"
+        );
+        let patch = std::fs::read_to_string(dir.path().join("run/config/patches/rack-common.yaml"))
+            .unwrap();
+        assert!(patch.contains("127.0.0.1"), "{patch}");
+        assert!(!patch.contains("10.20.0."), "{patch}");
+        // The operator's files are untouched, and the state directory is private.
+        let original = std::fs::read_to_string(repo("config/patches/rack-common.yaml")).unwrap();
+        assert!(original.contains("10.20.0.1"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p.state_dir)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // A second run needs a fresh directory.
+        let again = prepare(&opts(repo("config/rack.yaml"), dir.path()));
+        assert!(matches!(again, Err(DemoError::Prepare { .. })));
+    }
+
+    #[test]
+    fn proxy_and_pull_inventories_are_refused_with_the_reason() {
+        for (from, to, want) in [
+            (
+                "mode: authoritative",
+                "mode: proxy",
+                "network.mode is proxy",
+            ),
+            ("delivery: push", "delivery: pull", "boot.delivery is pull"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let src = dir.path().join("src");
+            std::fs::create_dir_all(src.join("patches")).unwrap();
+            for f in ["rack-common.yaml", "controlplane.yaml", "storage.yaml"] {
+                std::fs::copy(repo("config/patches").join(f), src.join("patches").join(f)).unwrap();
+            }
+            let text = std::fs::read_to_string(repo("config/rack.yaml"))
+                .unwrap()
+                .replace(from, to);
+            std::fs::write(src.join("rack.yaml"), text).unwrap();
+            let err = prepare(&opts(src.join("rack.yaml"), dir.path()))
+                .err()
+                .unwrap_or_else(|| panic!("{to} accepted"));
+            assert!(matches!(err, DemoError::Unsupported(_)), "{err}");
+            assert!(err.to_string().contains(want), "{err}");
+        }
+    }
 }
