@@ -201,6 +201,8 @@ fn spawn_printer(running: &Running, started: Instant) -> JoinHandle<()> {
 /// Everything prepared on disk before anything runs.
 struct Prepared {
     relocation: Relocation,
+    /// The cluster endpoint's (loopback) address, where the API double listens.
+    api_ip: Ipv4Addr,
     inventory: Arc<Inventory>,
     images: PathBuf,
     tftp_root: PathBuf,
@@ -287,15 +289,15 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
                 .into(),
         ));
     }
-    match &inventory.cluster.endpoint.host {
-        EndpointHost::Ip(ip) if ip.is_loopback() => {}
+    let api_ip = match &inventory.cluster.endpoint.host {
+        EndpointHost::Ip(ip) if ip.is_loopback() => *ip,
         other => {
             return Err(DemoError::Unsupported(format!(
                 "the cluster endpoint host {other:?} is not an address in the rack's subnets; \
                  the simulated API server listens on the endpoint's loopback image"
             )));
         }
-    }
+    };
     if inventory.cluster.endpoint.port != KUBE_API_PORT {
         return Err(DemoError::Unsupported(format!(
             "the cluster endpoint port is {}; the simulated API server listens on {KUBE_API_PORT}",
@@ -324,6 +326,7 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
     }
     Ok(Prepared {
         relocation,
+        api_ip,
         inventory: Arc::new(inventory),
         images,
         tftp_root,
@@ -431,9 +434,7 @@ impl Demo {
         )
         .map_err(|e| DemoError::Sim(format!("admin talosconfig: {e}")))?;
 
-        let EndpointHost::Ip(api_ip) = inv.cluster.endpoint.host.clone() else {
-            unreachable!("checked in prepare")
-        };
+        let api_ip = p.api_ip;
         let kube = KubeDouble::start(DoubleOptions {
             bind: SocketAddr::new(IpAddr::V4(api_ip), KUBE_API_PORT),
             // Without talboot's Cilium the operator brings the CNI; the simulation then
