@@ -81,9 +81,10 @@ pub fn run(args: &Args) -> ExitCode {
         Err(e) => {
             eprintln!("talboot demo: {e}");
             match e {
-                DemoError::Inventory(..) | DemoError::Relocate(_) | DemoError::Unsupported(_) => {
-                    ExitCode::from(EXIT_INVALID)
-                }
+                DemoError::Inventory(..)
+                | DemoError::Relocate(_)
+                | DemoError::Unsupported(_)
+                | DemoError::UnknownNode(..) => ExitCode::from(EXIT_INVALID),
                 DemoError::Timeout { .. } => ExitCode::from(EXIT_INVALID),
                 _ => ExitCode::from(EXIT_USAGE),
             }

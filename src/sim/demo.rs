@@ -57,6 +57,9 @@ pub enum DemoError {
     /// The inventory asks for something the simulation cannot do.
     #[error("cannot simulate this rack: {0}")]
     Unsupported(String),
+    /// `--rebuild` names a node the inventory does not have.
+    #[error("--rebuild {0}: no such node; the inventory has {1}")]
+    UnknownNode(String, String),
     /// A file of the simulation could not be written.
     #[error("cannot prepare {}: {cause}", path.display())]
     Prepare {
@@ -855,6 +858,13 @@ pub async fn run(
     rebuild: Option<String>,
 ) -> Result<String, DemoError> {
     let demo = Demo::start(opts).await?;
+    if let Some(name) = &rebuild
+        && demo.inventory.node(name).is_none()
+    {
+        let names: Vec<String> = demo.nodes.iter().map(|n| n.machine.name.clone()).collect();
+        demo.shutdown().await;
+        return Err(DemoError::UnknownNode(name.clone(), names.join(", ")));
+    }
     let result = async {
         demo.wait_handed_off(timeout).await?;
         let mut out = format!(
