@@ -172,6 +172,11 @@ pub struct LeaseBook {
     leases: BTreeMap<Ipv4Addr, Lease>,
     /// Each MAC's one non-quarantined record.
     by_mac: BTreeMap<Mac, Ipv4Addr>,
+    /// Per pool (keyed by its range), an address at or below the first one without a record:
+    /// every pool address before it has a record. Lets [`Self::offer`] find the first
+    /// never-used address without probing every recorded one on each DISCOVER (which made an
+    /// offer cost grow with the number of leases). Lowered whenever a record is dropped.
+    unrecorded_from: BTreeMap<(Ipv4Addr, Ipv4Addr), u64>,
 }
 
 impl LeaseBook {
@@ -189,7 +194,52 @@ impl LeaseBook {
             quarantine: cfg.quarantine,
             leases: BTreeMap::new(),
             by_mac: BTreeMap::new(),
+            unrecorded_from: BTreeMap::new(),
         }
+    }
+
+    /// Drop the record for `ip`, keeping the never-used hints below every unrecorded address.
+    fn drop_record(&mut self, ip: Ipv4Addr) {
+        self.leases.remove(&ip);
+        let at = u64::from(u32::from(ip));
+        for ((start, _), from) in self.unrecorded_from.iter_mut() {
+            if *start <= ip && at < *from {
+                *from = at;
+            }
+        }
+    }
+
+    /// The first address of `pool` without a record that `free` accepts, scanning from the
+    /// pool's hint, which is moved up to the first unrecorded address seen.
+    fn first_unrecorded(
+        &mut self,
+        pool: Pool,
+        free: impl Fn(&Self, Ipv4Addr) -> bool,
+    ) -> Option<Ipv4Addr> {
+        let key = (pool.start, pool.end);
+        let end = u64::from(u32::from(pool.end));
+        let from = self
+            .unrecorded_from
+            .get(&key)
+            .copied()
+            .unwrap_or(u64::from(u32::from(pool.start)));
+        let mut first_gap = None;
+        let mut pick = None;
+        for at in from..=end {
+            // `at <= end`, an address.
+            let ip = Ipv4Addr::from(at as u32);
+            if self.leases.contains_key(&ip) {
+                continue;
+            }
+            first_gap.get_or_insert(at);
+            if free(self, ip) {
+                pick = Some(ip);
+                break;
+            }
+        }
+        self.unrecorded_from
+            .insert(key, first_gap.unwrap_or(end + 1));
+        pick
     }
 
     /// Rebuild a book from persisted records. Records that break the rules under the current
@@ -319,7 +369,7 @@ impl LeaseBook {
         if let Some(old_ip) = self.by_mac.get(&mac).copied()
             && old_ip != ip
         {
-            self.leases.remove(&old_ip);
+            self.drop_record(old_ip);
             changes.push(LeaseChange::Remove(old_ip));
         }
         if let Some(prev) = self.leases.get(&ip)
@@ -368,9 +418,7 @@ impl LeaseBook {
         let pick = previous
             .filter(|ip| free(self, *ip))
             .or_else(|| requested.filter(|ip| free(self, *ip)))
-            .or_else(|| {
-                pool_addrs(pool).find(|ip| !self.leases.contains_key(ip) && free(self, *ip))
-            })
+            .or_else(|| self.first_unrecorded(pool, free))
             .or_else(|| {
                 pool_addrs(pool)
                     .filter(|ip| free(self, *ip))
@@ -447,7 +495,7 @@ impl LeaseBook {
                     .get(&ip)
                     .is_some_and(|l| l.state == LeaseState::Offered) =>
             {
-                self.leases.remove(&ip);
+                self.drop_record(ip);
                 self.by_mac.remove(&mac);
                 vec![LeaseChange::Remove(ip)]
             }
@@ -477,12 +525,12 @@ impl LeaseBook {
                 }
                 LeaseState::Offered => {
                     let mac = l.mac;
-                    self.leases.remove(&ip);
+                    self.drop_record(ip);
                     self.by_mac.remove(&mac);
                     changes.push(LeaseChange::Remove(ip));
                 }
                 LeaseState::Quarantined => {
-                    self.leases.remove(&ip);
+                    self.drop_record(ip);
                     changes.push(LeaseChange::Remove(ip));
                 }
                 LeaseState::Released => {}
@@ -510,6 +558,17 @@ impl LeaseBook {
             }
             if l.state != LeaseState::Quarantined && !indexed {
                 return Err(format!("{}'s record {ip} is not its indexed lease", l.mac));
+            }
+        }
+        for ((start, _), from) in &self.unrecorded_from {
+            let first = u64::from(u32::from(*start));
+            if let Some(gap) =
+                (first..*from).find(|&a| !self.leases.contains_key(&Ipv4Addr::from(a as u32)))
+            {
+                return Err(format!(
+                    "never-used hint {from} of the pool at {start} skips unrecorded {}",
+                    Ipv4Addr::from(gap as u32)
+                ));
             }
         }
         for (mac, ip) in &self.by_mac {
@@ -768,6 +827,51 @@ mod tests {
         }
     }
 
+    /// The address [`LeaseBook::offer`] must pick, found the slow way (probing every pool
+    /// address from the start), to check that the never-used hints change no choice.
+    fn offer_by_full_scan(
+        b: &LeaseBook,
+        m: Mac,
+        requested: Option<Ipv4Addr>,
+        now: SystemTime,
+    ) -> Option<Ipv4Addr> {
+        if let Some(a) = b.usable_reservation(m, now).filter(|a| net().contains(a)) {
+            return Some(a);
+        }
+        let p = pool();
+        let free =
+            |a: &Ipv4Addr| p.contains(*a) && !b.is_reserved(*a) && b.blocked(*a, m, now).is_none();
+        b.by_mac
+            .get(&m)
+            .copied()
+            .filter(free)
+            .or_else(|| requested.filter(free))
+            .or_else(|| pool_addrs(p).find(|a| !b.leases.contains_key(a) && free(a)))
+            .or_else(|| {
+                pool_addrs(p)
+                    .filter(free)
+                    .min_by_key(|a| b.leases.get(a).map(|l| l.expires))
+            })
+    }
+
+    #[test]
+    fn an_address_freed_below_the_never_used_ones_is_offered_first() {
+        let mut b = LeaseBook::new(cfg());
+        for n in 3..6 {
+            b.offer(mac(n), net(), Some(pool()), None, t(0)).unwrap();
+        }
+        // .10, .11 and .13 (.12 is reserved) are taken; free .10 two ways.
+        b.cancel_offer(mac(3));
+        let (got, _) = b.offer(mac(6), net(), Some(pool()), None, t(1)).unwrap();
+        assert_eq!(got, ip(10));
+        b.check_invariants().unwrap();
+        // Offers lapse after 60 s and the sweep drops them; the lowest comes back first.
+        b.expire(t(120));
+        let (got, _) = b.offer(mac(7), net(), Some(pool()), None, t(121)).unwrap();
+        assert_eq!(got, ip(10));
+        b.check_invariants().unwrap();
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
         #[test]
@@ -778,7 +882,12 @@ mod tests {
                 let before = b.clone();
                 match op {
                     Op::Offer { mac: m, requested } => {
-                        if let Ok((a, _)) = b.offer(mac(m), net(), Some(pool()), requested.map(ip), now) {
+                        let got = b.offer(mac(m), net(), Some(pool()), requested.map(ip), now);
+                        prop_assert_eq!(
+                            got.as_ref().ok().map(|(a, _)| *a),
+                            offer_by_full_scan(&before, mac(m), requested.map(ip), now)
+                        );
+                        if let Ok((a, _)) = got {
                             assert_grant_allowed(&before, mac(m), a, now);
                             prop_assert_eq!(b.holder(a, now), Some(mac(m)));
                         }
