@@ -80,7 +80,7 @@ fn fake_images(inventory: &Path, images: &Path) {
     let inv = talboot::inventory::load_with_env(inventory, &BTreeMap::new())
         .unwrap()
         .inventory;
-    for id in talboot::cli::serve::required_sets(&inv) {
+    for id in talboot::artifacts::required_sets(&inv) {
         let mut files = BTreeMap::new();
         for kind in Kind::ALL {
             let p = images.join(id.rel_dir()).join(kind.file_name());

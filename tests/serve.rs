@@ -46,7 +46,7 @@ fn fake_images(images: &Path) {
     )
     .unwrap()
     .inventory;
-    for id in talboot::cli::serve::required_sets(&inv) {
+    for id in talboot::artifacts::required_sets(&inv) {
         let mut files = BTreeMap::new();
         for kind in Kind::ALL {
             let p = images.join(id.rel_dir()).join(kind.file_name());

@@ -210,6 +210,24 @@ impl Catalog {
     }
 }
 
+/// Every boot set the inventory can ask for: each node's architecture, plus the default
+/// architecture when unknown machines are booted for discovery.
+pub fn required_sets(inv: &crate::inventory::Inventory) -> Vec<SetId> {
+    let talos = &inv.cluster.talos_version.value;
+    let schematic = inv.cluster.installer.schematic_id();
+    let mut arches: Vec<crate::inventory::Arch> =
+        inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
+    if inv.boot.unknown_machines == crate::inventory::UnknownPolicy::Discover {
+        arches.push(inv.boot.default_arch);
+    }
+    arches.sort();
+    arches.dedup();
+    arches
+        .into_iter()
+        .map(|a| SetId::new(talos, schematic, a))
+        .collect()
+}
+
 /// The command an operator runs to (re)fetch a set.
 pub fn pull_command(id: &SetId) -> String {
     format!(

@@ -84,7 +84,7 @@ pub fn run(args: &Args) -> ExitCode {
 /// not make the inventory invalid, so they are notes, not diagnostics.
 fn readiness_notes(inv: &Inventory, args: &Args) {
     let catalog = crate::artifacts::Catalog::load(&args.images);
-    for id in super::serve::required_sets(inv) {
+    for id in crate::artifacts::required_sets(inv) {
         let problem = match &catalog {
             Ok(c) => crate::artifacts::verify(&args.images, c, &id)
                 .err()
@@ -95,7 +95,7 @@ fn readiness_notes(inv: &Inventory, args: &Args) {
             eprintln!("note: boot artifacts not ready: {p}");
         }
     }
-    let missing = super::serve::missing_ipxe_binaries(&args.ipxe_dir);
+    let missing = crate::tftp::missing_ipxe_binaries(&args.ipxe_dir);
     if !missing.is_empty() {
         eprintln!(
             "note: iPXE binaries missing from {}: {} (install Debian's `ipxe` package or pass --ipxe-dir)",

@@ -7,22 +7,17 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
-
-use crate::artifacts::{self, Catalog, SetId};
+use crate::artifacts::{self, Catalog};
 use crate::crypto::age::{Identities, IdentitySources, Secret};
-use crate::dhcp::{self, BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
-use crate::events::{Clock, EventBus, EventKind, SystemClock};
-use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
-use crate::inventory::{self, Inventory, NetworkMode, UnknownPolicy};
-use crate::store::{self, Store};
-use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
+use crate::dhcp;
+use crate::inventory::{self, Inventory, NetworkMode};
+use crate::store;
+use crate::tftp::TftpConfig;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
-
-/// The first-stage iPXE binaries a PXE firmware fetches over TFTP.
-pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
+use crate::artifacts::required_sets;
+use crate::tftp::missing_ipxe_binaries;
 
 /// Where Debian's `ipxe` package installs them.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
@@ -165,6 +160,15 @@ pub enum StartError {
     },
 }
 
+impl From<ApplianceError> for StartError {
+    fn from(e: ApplianceError) -> Self {
+        match e {
+            ApplianceError::Store(e) => StartError::Store(e),
+            ApplianceError::Bind { addr, cause } => StartError::Bind { addr, cause },
+        }
+    }
+}
+
 impl StartError {
     fn exit_code(&self) -> ExitCode {
         match self {
@@ -183,31 +187,6 @@ async fn serve(args: Args) -> ExitCode {
             e.exit_code()
         }
     }
-}
-
-/// Every boot set the inventory can ask for: each node's architecture, plus the default
-/// architecture when unknown machines are booted for discovery.
-pub fn required_sets(inv: &Inventory) -> Vec<SetId> {
-    let talos = &inv.cluster.talos_version.value;
-    let schematic = inv.cluster.installer.schematic_id();
-    let mut arches: Vec<inventory::Arch> = inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
-    if inv.boot.unknown_machines == UnknownPolicy::Discover {
-        arches.push(inv.boot.default_arch);
-    }
-    arches.sort();
-    arches.dedup();
-    arches
-        .into_iter()
-        .map(|a| SetId::new(talos, schematic, a))
-        .collect()
-}
-
-/// iPXE binaries missing from `dir`.
-pub fn missing_ipxe_binaries(dir: &Path) -> Vec<&'static str> {
-    IPXE_BINARIES
-        .into_iter()
-        .filter(|f| !dir.join(f).is_file())
-        .collect()
 }
 
 fn serving_interface(args: &Args, inv: &Inventory) -> Option<String> {
@@ -350,373 +329,6 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     })
 }
 
-/// Everything `serve` runs, decided (and checked) before any socket is bound. `talboot demo`
-/// builds one for loopback.
-pub struct Plan {
-    /// The validated inventory.
-    pub inventory: Arc<Inventory>,
-    /// The verified boot artifact catalog.
-    pub catalog: Catalog,
-    /// Where the artifacts are.
-    pub images_dir: PathBuf,
-    /// TFTP root (iPXE binaries).
-    pub ipxe_dir: PathBuf,
-    /// Rendered configs for pull delivery.
-    pub configs: PathBuf,
-    /// State directory (the store).
-    pub state_dir: PathBuf,
-    /// The address machines reach talboot at.
-    pub advertise: Ipv4Addr,
-    /// HTTP listen address (port 0 picks one).
-    pub http: SocketAddr,
-    /// TFTP listen address and block size cap, if TFTP runs.
-    pub tftp: Option<(SocketAddr, u16)>,
-    /// DHCP, if it runs.
-    pub dhcp: Option<DhcpPlan>,
-    /// Push provisioning, if it runs.
-    pub provisioning: Option<ProvisioningPlan>,
-}
-
-/// Where DHCP listens.
-pub enum DhcpPlan {
-    /// A real segment: `0.0.0.0` on these ports, pinned to the interface.
-    Interface {
-        /// Interface name.
-        iface: String,
-        /// 67, and 4011 in proxy mode.
-        ports: Vec<u16>,
-    },
-    /// The unprivileged loopback transport of the simulation (replies go to the source).
-    Loopback(std::net::SocketAddrV4),
-}
-
-/// What push provisioning needs.
-pub struct ProvisioningPlan {
-    /// Machine config renderer.
-    pub renderer: Arc<dyn crate::provision::ConfigRenderer>,
-    /// Admin Talos credentials.
-    pub creds: crate::talos::ClientCreds,
-    /// Provisioner knobs.
-    pub settings: crate::provision::Settings,
-}
-
-/// A plan whose sockets are bound; [`Bound::start`] runs it.
-pub struct Bound {
-    plan: Plan,
-    store: Arc<dyn Store>,
-    http: tokio::net::TcpListener,
-    tftp: Option<tokio::net::UdpSocket>,
-    dhcp: Option<DhcpServer>,
-}
-
-impl Plan {
-    /// Opens the store and binds every socket of the plan, all before any privilege drop
-    /// (the state directory may be root's to create; ports below 1024 need root or
-    /// capabilities).
-    pub async fn bind(self) -> Result<Bound, StartError> {
-        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
-        let http = tokio::net::TcpListener::bind(self.http)
-            .await
-            .map_err(|e| StartError::Bind {
-                addr: format!("tcp {}", self.http),
-                cause: e.to_string(),
-            })?;
-        let tftp = match self.tftp {
-            None => None,
-            Some((addr, _)) => {
-                Some(TftpServer::bind(addr).await.map_err(|e| StartError::Bind {
-                    addr: format!("udp {addr}"),
-                    cause: e.to_string(),
-                })?)
-            }
-        };
-        let dhcp = match &self.dhcp {
-            None => None,
-            Some(DhcpPlan::Interface { iface, ports }) => {
-                Some(DhcpServer::bind(iface, self.advertise, ports).map_err(|e| {
-                    StartError::Bind {
-                        addr: format!("udp 0.0.0.0:67 on {iface}"),
-                        cause: e.to_string(),
-                    }
-                })?)
-            }
-            Some(DhcpPlan::Loopback(addr)) => Some(DhcpServer::bind_loopback(*addr).map_err(
-                |e| StartError::Bind {
-                    addr: format!("udp {addr}"),
-                    cause: e.to_string(),
-                },
-            )?),
-        };
-        Ok(Bound {
-            plan: self,
-            store,
-            http,
-            tftp,
-            dhcp,
-        })
-    }
-}
-
-impl Bound {
-    /// The bound HTTP address.
-    pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http.local_addr().ok()
-    }
-
-    /// The bound TFTP address.
-    pub fn tftp_addr(&self) -> Option<SocketAddr> {
-        self.tftp.as_ref().and_then(|s| s.local_addr().ok())
-    }
-
-    /// The bound DHCP address (first socket).
-    pub fn dhcp_addr(&self) -> Option<SocketAddr> {
-        self.dhcp.as_ref().and_then(|d| d.local_addr().ok())
-    }
-
-    /// Runs every server (and the provisioner) until [`Running::cancel`] fires.
-    pub fn start(self) -> Result<Running, StartError> {
-        let Bound {
-            plan,
-            store,
-            http,
-            tftp,
-            dhcp,
-        } = self;
-        let inv = plan.inventory.clone();
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
-        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .install_recorder()
-            .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
-            .ok();
-        let http_port = http.local_addr().map(|a| a.port()).unwrap_or(0);
-        let base_url = if http_port == 80 {
-            format!("http://{}", plan.advertise)
-        } else {
-            format!("http://{}:{http_port}", plan.advertise)
-        };
-        let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-
-        let app = Arc::new(HttpApp {
-            inventory: inv.clone(),
-            store: store.clone(),
-            events: events.clone(),
-            images_dir: plan.images_dir.clone(),
-            catalog: plan.catalog,
-            base_url: base_url.clone(),
-            scripts: Scripts::new(),
-            configs: Arc::new(ConfigDir(plan.configs.clone())),
-            metrics,
-        });
-        {
-            let cancel = cancel.clone();
-            tasks.spawn(async move {
-                http::serve(http, http::router(app), cancel)
-                    .await
-                    .map_err(|e| format!("http: {e}"))
-            });
-        }
-
-        if let (Some(socket), Some((_, max_blksize))) = (tftp, plan.tftp) {
-            let (tx, rx) = tokio::sync::mpsc::channel(1024);
-            let config = TftpConfig {
-                max_blksize,
-                ..TftpConfig::default()
-            };
-            tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-            let server = TftpServer::new(config, &plan.ipxe_dir)
-                .map_err(|e| StartError::Bind {
-                    addr: format!("tftp root {}", plan.ipxe_dir.display()),
-                    cause: e.to_string(),
-                })?
-                .with_events(tx);
-            let c = cancel.clone();
-            tasks.spawn(async move {
-                server
-                    .serve(socket, c)
-                    .await
-                    .map_err(|e| format!("tftp: {e}"))
-            });
-            tasks.spawn(publish_tftp_events(
-                rx,
-                store.clone(),
-                inv.clone(),
-                events.clone(),
-            ));
-        }
-
-        if let Some(server) = dhcp {
-            let ctx = DecideCtx::from_inventory(
-                &inv,
-                plan.advertise,
-                BootTargets::standard(plan.advertise, http_port),
-            );
-            let (store, events, c) = (store.clone(), events.clone(), cancel.clone());
-            tasks.spawn(async move {
-                server
-                    .run(ctx, FloodConfig::default(), store, events, c)
-                    .await
-                    .map_err(|e| format!("dhcp: {e}"))
-            });
-        } else {
-            tracing::info!(
-                "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-            );
-        }
-
-        if let Some(p) = plan.provisioning {
-            let provisioner = crate::provision::Provisioner::new(
-                inv.clone(),
-                store.clone(),
-                events.clone(),
-                p.renderer,
-                p.creds,
-                p.settings,
-            );
-            let c = cancel.clone();
-            tasks.spawn(async move {
-                provisioner.run(c).await;
-                Ok(())
-            });
-            tracing::info!("push provisioning running");
-        }
-
-        tracing::info!(
-            advertise = %plan.advertise,
-            http = %base_url,
-            tftp = plan.tftp.is_some(),
-            nodes = inv.nodes.len(),
-            "talboot serving"
-        );
-        Ok(Running {
-            cancel,
-            tasks,
-            events,
-            event_writer,
-            store,
-            base_url,
-            node_count: inv.nodes.len(),
-        })
-    }
-}
-
-/// The running appliance.
-pub struct Running {
-    /// Cancel to shut everything down gracefully.
-    pub cancel: CancellationToken,
-    /// The event bus (subscribe to watch progress).
-    pub events: EventBus,
-    /// The state store.
-    pub store: Arc<dyn Store>,
-    /// `http://advertise:port`.
-    pub base_url: String,
-    /// Inventory nodes served.
-    pub node_count: usize,
-    tasks: JoinSet<Result<(), String>>,
-    event_writer: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
-    /// which cancels the rest), then flushes the event log. The first failure is returned.
-    pub async fn wait(self) -> Result<(), String> {
-        let Running {
-            cancel,
-            events,
-            mut tasks,
-            event_writer,
-            store,
-            ..
-        } = self;
-        let mut failure = None;
-        while let Some(res) = tasks.join_next().await {
-            match res {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "server stopped");
-                    failure.get_or_insert(e);
-                    cancel.cancel();
-                }
-                Err(e) if e.is_cancelled() => {}
-                Err(e) => {
-                    failure.get_or_insert(format!("task panicked: {e}"));
-                    cancel.cancel();
-                }
-            }
-        }
-        drop(events);
-        let _ = event_writer.await;
-        // A blocking store call started by a task that was aborted mid-await runs to its end
-        // and holds the store until then; the file lock goes with the last reference, and a
-        // restart must find it released.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        drop(store);
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Publishes finished TFTP transfers as node events (the node found by its lease address).
-async fn publish_tftp_events(
-    mut rx: tokio::sync::mpsc::Receiver<crate::tftp::TransferEvent>,
-    store: Arc<dyn Store>,
-    inv: Arc<Inventory>,
-    events: EventBus,
-) -> Result<(), String> {
-    while let Some(ev) = rx.recv().await {
-        let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
-        match &ev.outcome {
-            TransferOutcome::Completed => events.publish(
-                &node,
-                EventKind::TftpFile,
-                format!("{} ({} bytes) to {}", ev.file, ev.bytes, ev.peer),
-            ),
-            // The UEFI size probe ends with the client's ERROR 8; not a failure.
-            TransferOutcome::PeerAborted { .. } => {}
-            other => events.publish(
-                &node,
-                EventKind::TftpFailed,
-                format!("{} to {}: {}", ev.file, ev.peer, other.label()),
-            ),
-        }
-    }
-    Ok(())
-}
-
-/// Renders machine configs from the inventory and the decrypted secrets bundle.
-pub struct BundleRenderer {
-    inventory: Arc<Inventory>,
-    secrets: crate::machineconfig::secrets::SecretsBundle,
-}
-
-impl BundleRenderer {
-    /// A renderer for `inventory`'s nodes with `secrets`.
-    pub fn new(
-        inventory: Arc<Inventory>,
-        secrets: crate::machineconfig::secrets::SecretsBundle,
-    ) -> Self {
-        Self { inventory, secrets }
-    }
-}
-
-impl crate::provision::ConfigRenderer for BundleRenderer {
-    fn render(&self, node: &inventory::Node) -> Result<Vec<u8>, String> {
-        let bundle =
-            crate::machineconfig::render::render_node(&self.inventory, &self.secrets, node)
-                .map_err(|e| e.to_string())?;
-        bundle
-            .to_yaml()
-            .map(String::into_bytes)
-            .map_err(|e| e.to_string())
-    }
-}
-
 /// What push provisioning needs, loaded before anything is served.
 struct ProvisioningInputs {
     renderer: Arc<dyn crate::provision::ConfigRenderer>,
@@ -834,10 +446,7 @@ fn provisioning_inputs(
     })?;
     let creds = crate::talos::ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
         .map_err(|e| StartError::Provisioning(format!("{}: {e}", path.display())))?;
-    let renderer = Arc::new(BundleRenderer {
-        inventory: inv.clone(),
-        secrets,
-    });
+    let renderer = Arc::new(crate::provision::BundleRenderer::new(inv.clone(), secrets));
     Ok(ProvisioningInputs {
         renderer,
         creds,

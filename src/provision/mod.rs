@@ -45,6 +45,34 @@ pub trait ConfigRenderer: Send + Sync {
     fn render(&self, node: &Node) -> Result<Vec<u8>, String>;
 }
 
+/// Renders machine configs from the inventory and the decrypted secrets bundle.
+pub struct BundleRenderer {
+    inventory: Arc<Inventory>,
+    secrets: crate::machineconfig::secrets::SecretsBundle,
+}
+
+impl BundleRenderer {
+    /// A renderer for `inventory`'s nodes with `secrets`.
+    pub fn new(
+        inventory: Arc<Inventory>,
+        secrets: crate::machineconfig::secrets::SecretsBundle,
+    ) -> Self {
+        Self { inventory, secrets }
+    }
+}
+
+impl ConfigRenderer for BundleRenderer {
+    fn render(&self, node: &Node) -> Result<Vec<u8>, String> {
+        let bundle =
+            crate::machineconfig::render::render_node(&self.inventory, &self.secrets, node)
+                .map_err(|e| e.to_string())?;
+        bundle
+            .to_yaml()
+            .map(String::into_bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Knobs of the provisioner; [`Settings::new`] gives production defaults.
 #[derive(Clone, Debug)]
 pub struct Settings {

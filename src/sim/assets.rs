@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::artifacts::required_sets;
 use crate::artifacts::{self, Catalog, Entry, FileRecord, Kind, SetId};
-use crate::cli::serve::{IPXE_BINARIES, required_sets};
 use crate::fsutil::write_atomic;
 use crate::inventory::Inventory;
+use crate::tftp::IPXE_BINARIES;
 
 /// Size of a simulated kernel.
 pub const KERNEL_BYTES: usize = 2 << 20;
@@ -156,6 +157,6 @@ mod tests {
             artifacts::verify(dir.path(), &catalog, &id).unwrap();
         }
         write_ipxe_binaries(&dir.path().join("tftp")).unwrap();
-        assert!(crate::cli::serve::missing_ipxe_binaries(&dir.path().join("tftp")).is_empty());
+        assert!(crate::tftp::missing_ipxe_binaries(&dir.path().join("tftp")).is_empty());
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! What is real: talboot itself. The inventory is the operator's file (relocated onto
 //! loopback by [`super::relocate`]), the DHCP, TFTP and HTTP servers, the store, the event
-//! bus and the provisioner are the ones `serve` runs ([`crate::cli::serve::Plan`]), the
+//! bus and the provisioner are the ones `serve` runs ([`crate::appliance::Plan`]), the
 //! machine configs are rendered from a freshly generated secrets bundle by the real
 //! renderer, and the add-ons go through the real server-side apply and Helm release code.
 //!
@@ -29,7 +29,7 @@ use super::kube::{DoubleOptions, KubeDouble};
 use super::machine::{Booted, Machine, Wire};
 use super::relocate::{RelocateError, Relocation};
 use super::talos::{BootHook, BootReason, FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
-use crate::cli::serve::{self, DhcpPlan, Plan, ProvisioningPlan, Running, StartError};
+use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan, Running};
 use crate::events::EventKind;
 use crate::inventory::{self, EndpointHost, Inventory};
 use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
@@ -70,7 +70,7 @@ pub enum DemoError {
     },
     /// talboot's servers could not start.
     #[error("talboot could not start: {0}")]
-    Start(#[from] StartError),
+    Start(#[from] ApplianceError),
     /// A simulated machine or API server could not start.
     #[error("simulation: {0}")]
     Sim(String),
@@ -488,7 +488,7 @@ impl Demo {
             http: SocketAddr::new(IpAddr::V4(advertise), 0),
             tftp: SocketAddr::new(IpAddr::V4(advertise), 0),
             dhcp: SocketAddrV4::new(advertise, 0),
-            renderer: Arc::new(serve::BundleRenderer::new(inv.clone(), bundle)),
+            renderer: Arc::new(crate::provision::BundleRenderer::new(inv.clone(), bundle)),
             creds,
             settings,
         };
@@ -692,11 +692,7 @@ impl Demo {
             .nodes
             .iter()
             .filter_map(|n| {
-                let phase = records
-                    .iter()
-                    .find(|r| r.name == n.machine.name)
-                    .map(|r| r.phase)
-                    .unwrap_or(NodePhase::Unknown);
+                let phase = phase_of(&records, &n.machine.name);
                 (phase != NodePhase::Ready).then(|| format!("{} {phase}", n.machine.name))
             })
             .collect();
@@ -716,11 +712,7 @@ impl Demo {
             "NODE", "ROLE", "RACK ADDRESS", "SIMULATED", "PHASE", "INSTALL DISK"
         ));
         for n in &self.nodes {
-            let phase = records
-                .iter()
-                .find(|r| r.name == n.machine.name)
-                .map(|r| r.phase.to_string())
-                .unwrap_or_else(|| "unknown".into());
+            let phase = phase_of(&records, &n.machine.name);
             let node = self.inventory.node(&n.machine.name);
             let disk = node.map(|n| n.install.to_string()).unwrap_or_default();
             let sim = node
@@ -728,7 +720,12 @@ impl Demo {
                 .unwrap_or_default();
             s.push_str(&format!(
                 "{:<14} {:<13} {:<13} {:<11} {:<8} {}\n",
-                n.machine.name, n.role, n.rack_address, sim, phase, disk
+                n.machine.name,
+                n.role,
+                n.rack_address,
+                sim,
+                phase.as_str(),
+                disk
             ));
         }
         let events = self
@@ -851,6 +848,22 @@ async fn run_machine(node: Arc<SimNode>, wire: Wire, cluster: FakeCluster, kube:
     }
 }
 
+/// A node's persisted phase (Unknown before talboot has a record of it).
+fn phase_of(records: &[crate::store::NodeRecord], name: &str) -> NodePhase {
+    records
+        .iter()
+        .find(|r| r.name == name)
+        .map_or(NodePhase::Unknown, |r| r.phase)
+}
+
+/// ApplyConfiguration calls per machine that has booted Talos.
+fn apply_counts(demo: &Demo) -> BTreeMap<String, usize> {
+    demo.nodes
+        .iter()
+        .filter_map(|n| n.talos().map(|t| (n.machine.name.clone(), t.apply_calls())))
+        .collect()
+}
+
 /// Runs the demo to the end: hand-off, the optional rebuild, the summary.
 pub async fn run(
     opts: DemoOptions,
@@ -874,21 +887,20 @@ pub async fn run(
             installed_addons(&demo.inventory)
         );
         if let Some(name) = &rebuild {
-            let before: BTreeMap<String, usize> = demo
-                .nodes
-                .iter()
-                .filter_map(|n| n.talos().map(|t| (n.machine.name.clone(), t.apply_calls())))
-                .collect();
+            let before = apply_counts(&demo);
+            let resets = |d: &Demo| {
+                d.node(name)
+                    .and_then(|n| n.talos())
+                    .map_or(0, |t| t.reset_calls())
+            };
+            let resets_before = resets(&demo);
             let t0 = demo.elapsed();
             demo.request_rebuild(name).await?;
-            // Wait until the provisioner has picked it up, then until it is back.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // The provisioner resets the node first; then it has to come back Ready.
+            demo.wait_until(timeout, |d| resets(d) > resets_before)
+                .await?;
             demo.wait_node_ready(name, timeout).await?;
-            let after: BTreeMap<String, usize> = demo
-                .nodes
-                .iter()
-                .filter_map(|n| n.talos().map(|t| (n.machine.name.clone(), t.apply_calls())))
-                .collect();
+            let after = apply_counts(&demo);
             let touched: Vec<&String> = after
                 .iter()
                 .filter(|(k, v)| before.get(*k) != Some(v))

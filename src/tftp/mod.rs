@@ -16,3 +16,14 @@ pub mod server;
 pub mod transfer;
 
 pub use server::{ServerError, TftpConfig, TftpServer, TransferEvent, TransferOutcome};
+
+/// The first-stage iPXE binaries a PXE firmware fetches over TFTP.
+pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+
+/// iPXE binaries missing from `dir`.
+pub fn missing_ipxe_binaries(dir: &std::path::Path) -> Vec<&'static str> {
+    IPXE_BINARIES
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect()
+}
