@@ -290,10 +290,12 @@ fn node_rebuild_goes_through_a_running_serve() {
     fake_images(&tmp.path().join("images"));
     std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
     let (http, tftp) = (free_port(), free_udp_port());
+    // serve's own words, for the failure message if it never comes up.
+    let log = tmp.path().join("serve.err");
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(base_args(tmp.path(), http, tftp))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let _served = Served { child: Some(child) };
@@ -309,7 +311,11 @@ fn node_rebuild_goes_through_a_running_serve() {
         .map(|s| !s.success())
         .unwrap_or(true)
     {
-        assert!(Instant::now() < deadline, "serve did not come up");
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
