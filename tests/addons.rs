@@ -461,7 +461,7 @@ async fn the_double_is_strict_like_the_api_server() {
         "metadata": {"name": "s", "namespace": "default"}, "data": {"k": "not base64!"}});
     let err = kube.apply(&bad, "default").await.unwrap_err().to_string();
     assert!(
-        err.contains("illegal base64") && err.contains("422"),
+        err.contains("illegal base64 data at input byte 3") && err.contains("400"),
         "{err}"
     );
 
@@ -516,6 +516,31 @@ async fn the_double_is_strict_like_the_api_server() {
         .await
         .unwrap();
     assert!(taken.changed);
+
+    // The body must name the object the URL addresses (upstream checkName wording).
+    let other_name = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "d", "namespace": "default"}}))
+    .unwrap();
+    let mismatch = client
+        .request::<Value>(
+            axum::http::Request::builder()
+                .method("PATCH")
+                .uri("/api/v1/namespaces/default/configmaps/c?fieldManager=talboot&force=true")
+                .header("content-type", "application/apply-patch+yaml")
+                .body(other_name)
+                .unwrap(),
+        )
+        .await;
+    match mismatch {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 400);
+            assert_eq!(
+                s.message,
+                "the name of the object (d) does not match the name on the URL (c)"
+            );
+        }
+        other => panic!("expected a 400, got {other:?}"),
+    }
 
     // Without the kubeconfig's client certificate there is no connection at all.
     let no_cert: String = double

@@ -8,7 +8,7 @@
 //!   `application/apply-patch+yaml` (else 415) and a `fieldManager` (else 422); a different
 //!   manager without `force` gets 409; body kind/name/namespace must match the URL;
 //! - a namespaced object in a missing Namespace is 404 NotFound, as the real server answers;
-//! - Secret `data` values must be base64 (else 422);
+//! - Secret `data` values must be base64 (else 400, as the body cannot be decoded);
 //! - resourceVersion changes only when the stored content really changes;
 //! - Deployments, DaemonSets and StatefulSets report ready a short delay after each change, unless
 //!   marked never-ready (a DaemonSet counts a node's pod available only once that node can
@@ -201,6 +201,10 @@ struct Cluster {
 type Shared = Arc<Mutex<Cluster>>;
 
 impl Cluster {
+    /// Kinds of CRDs that are Established, one per served version: discovery lists a CRD's
+    /// versions only once its Established condition is True and only the served ones
+    /// (kubernetes/kubernetes staging/src/k8s.io/apiextensions-apiserver/pkg/apiserver/
+    /// customresource_discovery_controller.go, sync).
     fn established_crds(&self, now: Instant) -> Vec<Res> {
         let mut out = Vec::new();
         for ((group, plural, _, _), s) in &self.objects {
@@ -280,6 +284,10 @@ impl Cluster {
                     ],
                 });
             }
+            // Workload status fields as their controllers write them and as `kubectl rollout
+            // status` reads them (kubernetes/kubernetes staging/src/k8s.io/kubectl/pkg/
+            // polymorphichelpers/rollout_status.go): observedGeneration catches up with
+            // generation, then the updated/available counts reach the desired count.
             ("apps", "deployments") => {
                 let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
                 let avail = if ready { want } else { 0 };
@@ -311,6 +319,10 @@ impl Cluster {
                     "numberAvailable": running,
                 });
             }
+            // The kubelet reports NotReady while the runtime's NetworkReady condition is false
+            // (kubernetes/kubernetes pkg/kubelet/kubelet.go, updateRuntimeUp: "container
+            // runtime network not ready: ..."; the tail is containerd's CRI status,
+            // "Network plugin returns error: cni plugin not initialized").
             ("", "nodes") if self.kubelet_nodes.contains(&key.3) => {
                 let ready = self.node_runs_pods(&key.3, s, now);
                 let condition = if ready {
@@ -897,6 +909,13 @@ fn apply(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    // The real server checks the patch content type first (415 for one it does not
+    // support), then PatchOptions (fieldManager required for apply: 422 Invalid), in
+    // kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go
+    // (PatchResource) and staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/validation/
+    // validation.go (ValidatePatchOptions). Deliberately narrower: the real server also takes
+    // JSON, merge and strategic-merge patches; talboot sends only server-side apply, so any
+    // other patch here means a client regression and is refused the way an unsupported type is.
     if ctype.split(';').next().unwrap_or("").trim() != "application/apply-patch+yaml" {
         return status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -940,11 +959,16 @@ fn apply(
             ),
         );
     }
+    // Name and namespace checks and their wording: kubernetes/kubernetes
+    // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go, checkName (400 BadRequest).
     if obj["metadata"]["name"] != name.as_str() {
+        let body_name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
         return status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            "the name of the object does not match the name on the URL".into(),
+            format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            ),
         );
     }
     let ns = ns.unwrap_or_default();
@@ -955,7 +979,9 @@ fn apply(
             return status(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
-                "the namespace of the provided object does not match the namespace sent on the request".into(),
+                format!(
+                    "the namespace of the object ({body_ns}) does not match the namespace on the request ({ns})"
+                ),
             );
         }
         let ns_key = (
@@ -964,6 +990,9 @@ fn apply(
             String::new(),
             ns.clone(),
         );
+        // The NamespaceLifecycle admission plugin answers the Namespace lookup's NotFound
+        // (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/admission/plugin/namespace/
+        // lifecycle/admission.go, Admit: "refuse to operate on non-existent namespaces").
         if !c.objects.contains_key(&ns_key) {
             return status(
                 StatusCode::NOT_FOUND,
@@ -976,15 +1005,27 @@ fn apply(
         meta.remove("namespace");
     }
     if res.kind == "Secret" && res.group.is_empty() {
+        // `data` is `map[string][]byte`; Go's JSON decoder reads []byte as base64, so a bad
+        // value fails decoding the body, before validation: 400 BadRequest "Secret in version
+        // \"v1\" cannot be handled as a Secret: ... illegal base64 data at input byte N"
+        // (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go,
+        // transformDecodeError; encoding/base64 CorruptInputError for the wording).
         for (k, v) in obj["data"].as_object().into_iter().flatten() {
-            let ok = v.as_str().is_some_and(|s| STANDARD.decode(s).is_ok());
-            if !ok {
-                return status(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "Invalid",
-                    format!("Secret \"{name}\" is invalid: data[{k}]: illegal base64 data"),
-                );
-            }
+            let bad_at = match v.as_str().map(|s| STANDARD.decode(s)) {
+                Some(Ok(_)) => continue,
+                Some(Err(base64::DecodeError::InvalidByte(at, _)))
+                | Some(Err(base64::DecodeError::InvalidLastSymbol(at, _))) => at,
+                Some(Err(_)) => v.as_str().map_or(0, str::len),
+                None => 0,
+            };
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!(
+                    "Secret in version \"v1\" cannot be handled as a Secret: v1.Secret.Data: \
+                     decode base64: illegal base64 data at input byte {bad_at} (key {k})"
+                ),
+            );
         }
     }
 
@@ -998,6 +1039,10 @@ fn apply(
     let (created, changed) = match c.objects.get(&key) {
         None => (true, true),
         Some(s) => {
+            // Deliberately stricter than server-side apply, which conflicts only on fields
+            // another manager owns with a different value (sigs.k8s.io/structured-merge-diff
+            // merge/update.go): talboot always forces, so any unforced apply over another
+            // manager's object is a regression worth a 409.
             if s.manager != manager && !force {
                 return status(
                     StatusCode::CONFLICT,
@@ -1011,6 +1056,11 @@ fn apply(
             (false, content(&s.obj) != new_content)
         }
     };
+    // A no-op apply writes nothing, so resourceVersion stays: the etcd3 store skips the write
+    // when the encoded object is unchanged (kubernetes/kubernetes
+    // staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go, GuaranteedUpdate). generation
+    // moves only with spec (pkg/registry/apps/deployment/strategy.go, PrepareForUpdate, and the
+    // same rule in the other workload strategies).
     if changed {
         c.rv += 1;
         let rv = c.rv.to_string();
@@ -1068,6 +1118,7 @@ fn apply(
         );
     };
     let view = c.view(&key, s, now);
+    // 201 when the apply created the object, else 200 (patch.go, PatchResource).
     let code = if created {
         StatusCode::CREATED
     } else {
