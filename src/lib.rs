@@ -15,6 +15,7 @@ pub mod fsutil;
 pub mod hex;
 pub mod http;
 pub mod inventory;
+pub mod nesting;
 pub mod machineconfig;
 pub mod provision;
 pub mod sim;
