@@ -203,9 +203,74 @@ pub(crate) mod tests {
     fn json_depth_ignores_brackets_in_strings() {
         assert_eq!(check_json(&flow_seqs(MAX_DEPTH)), Ok(()));
         let err = check_json(&format!("\n  {}", flow_seqs(MAX_DEPTH + 1))).unwrap_err();
-        assert_eq!((err.line, err.column, err.limit), (2, 3 + MAX_DEPTH, MAX_DEPTH));
+        assert_eq!(
+            (err.line, err.column, err.limit),
+            (2, 3 + MAX_DEPTH, MAX_DEPTH)
+        );
         let quoted = format!("{{\"k\": \"{}\\\"[\"}}", "[".repeat(500));
         assert_eq!(check_json(&quoted), Ok(()));
         assert!(check_json(&"[".repeat(50_000)).is_err());
+    }
+}
+
+/// Every parser entry point for operator files refuses deep input with this module's message
+/// (the inventory's are tested in `inventory::tests`, the schema override in
+/// `machineconfig::schema::tests`).
+#[cfg(test)]
+mod entry_points {
+    use super::tests::{block_maps, block_seqs, flow_maps, flow_seqs};
+
+    fn deep_texts() -> Vec<String> {
+        let mut out = Vec::new();
+        for depth in [super::MAX_DEPTH + 1, 5_000, 50_000] {
+            for make in [block_maps, block_seqs, flow_maps, flow_seqs] {
+                out.push(format!("version: v1alpha1\nmachine:\n  deep:\n{}", {
+                    make(depth)
+                        .lines()
+                        .map(|l| format!("    {l}\n"))
+                        .collect::<String>()
+                }));
+            }
+        }
+        out
+    }
+
+    fn is_depth_message(msg: &str) -> bool {
+        msg.contains("line ") && msg.contains("nested more than 100 levels deep")
+    }
+
+    #[test]
+    fn machine_configs_and_patches() {
+        use crate::machineconfig::patch::{ConfigBundle, parse_patch};
+        for text in deep_texts() {
+            let e = ConfigBundle::parse(&text).unwrap_err().to_string();
+            assert!(is_depth_message(&e), "{e}");
+            let e = parse_patch(&text).unwrap_err().to_string();
+            assert!(is_depth_message(&e), "{e}");
+        }
+    }
+
+    #[test]
+    fn secrets_bundle_sops_file_and_talosconfig() {
+        let ids = crate::crypto::age::Identities::from_text("none", "").unwrap();
+        for text in deep_texts() {
+            let e = crate::machineconfig::secrets::SecretsBundle::from_yaml(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(is_depth_message(&e), "{e}");
+            let e = crate::crypto::sops::decrypt_yaml(&text, std::path::Path::new("s.yaml"), &ids)
+                .unwrap_err()
+                .to_string();
+            assert!(is_depth_message(&e) && e.contains("s.yaml"), "{e}");
+            let e = crate::talos::ClientCreds::from_talosconfig(&text, None)
+                .unwrap_err()
+                .to_string();
+            assert!(is_depth_message(&e), "{e}");
+            let e = crate::addons::values::values_from_yaml("values.yaml", &text).unwrap_err();
+            assert!(
+                is_depth_message(&e) && e.starts_with("values.yaml: "),
+                "{e}"
+            );
+        }
     }
 }

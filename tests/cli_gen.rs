@@ -114,15 +114,7 @@ fn gen_rack_writes_13_valid_configs_and_check_finds_drift() {
     let key = key.to_str().unwrap();
     let out = talboot(
         dir,
-        &[
-            "gen",
-            "-c",
-            "rack.yaml",
-            "-o",
-            "out",
-            "--age-identity",
-            key,
-        ],
+        &["gen", "-c", "rack.yaml", "-o", "out", "--age-identity", key],
         &[],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -313,7 +305,15 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
     std::fs::write(dir.join("not-a-schema.json"), "{}").unwrap();
     let bad = talboot(
         dir,
-        &["gen", "-c", "talconfig.yaml", "-o", "out2", "--schema", "not-a-schema.json"],
+        &[
+            "gen",
+            "-c",
+            "talconfig.yaml",
+            "-o",
+            "out2",
+            "--schema",
+            "not-a-schema.json",
+        ],
         &[("SOPS_AGE_KEY_FILE", key.to_str().unwrap())],
     );
     assert_eq!(bad.status.code(), Some(2));
@@ -324,7 +324,10 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
     );
     for n in ["k8s-ctrl-01", "k8s-ctrl-02", "k8s-ctrl-03"] {
         let cfg = std::fs::read_to_string(dir.join(format!("out/{n}.yaml"))).unwrap();
-        assert!(cfg.contains("kind: TimeSyncConfig\nntp:\n  servers:\n    - 10.0.40.1\n"), "{n}");
+        assert!(
+            cfg.contains("kind: TimeSyncConfig\nntp:\n  servers:\n    - 10.0.40.1\n"),
+            "{n}"
+        );
         assert!(!cfg.contains("\n  time:\n"), "{n}");
         assert!(cfg.contains(&format!("hostname: {n}")), "{n}");
         assert!(

@@ -127,8 +127,12 @@ pub fn render_check(
     let options = GenerateOptions {
         service_account_key: ServiceAccountKeyKind::EcdsaP256,
     };
-    let secrets = SecretsBundle::generate(time::OffsetDateTime::now_utc(), &options)
-        .map_err(|e| vec![format!("talboot: cannot make a throwaway secrets bundle: {e}")])?;
+    let secrets =
+        SecretsBundle::generate(time::OffsetDateTime::now_utc(), &options).map_err(|e| {
+            vec![format!(
+                "talboot: cannot make a throwaway secrets bundle: {e}"
+            )]
+        })?;
     let rendered = super::r#gen::render_all(inv, &secrets, schema)?;
     tracing::debug!(
         nodes = rendered.configs.len(),

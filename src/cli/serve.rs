@@ -250,8 +250,15 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
 
 async fn start_and_run(args: Args) -> Result<(), StartError> {
     crate::install_crypto_provider();
-    let loaded =
-        inventory::load(&args.config).map_err(|e| StartError::Inventory(e, args.config.clone()))?;
+    let loaded = inventory::load(&args.config).map_err(|e| {
+        // Each problem with its file:line:column, as `check` prints them.
+        if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
+            for d in diagnostics.sorted() {
+                eprintln!("{d}");
+            }
+        }
+        StartError::Inventory(e, args.config.clone())
+    })?;
     for w in loaded.warnings.sorted() {
         tracing::warn!("{w}");
     }
@@ -272,8 +279,8 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             );
         }
     }
-    let schema = crate::machineconfig::schema::load(args.schema.as_deref())
-        .map_err(StartError::Schema)?;
+    let schema =
+        crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
     let advertise = advertise_address(&args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
     if inv.boot.delivery == inventory::Delivery::Pull {

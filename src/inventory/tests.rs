@@ -842,12 +842,24 @@ fn patches_setting_deprecated_fields_warn_at_the_key_with_the_replacement() {
         time.starts_with(&format!("{dir}/old.yaml:2:3: warning: cluster.patches[0]:")),
         "{time}"
     );
-    assert!(time.contains("Talos v1.13 deprecated") && time.contains("TimeSyncConfig"), "{time}");
+    assert!(
+        time.contains("Talos v1.13 deprecated") && time.contains("TimeSyncConfig"),
+        "{time}"
+    );
     let masters = find("`cluster.allowSchedulingOnMasters`");
-    assert!(masters.starts_with(&format!("{dir}/old.yaml:5:3:")), "{masters}");
-    assert!(masters.contains("cluster.allowSchedulingOnControlPlanes"), "{masters}");
+    assert!(
+        masters.starts_with(&format!("{dir}/old.yaml:5:3:")),
+        "{masters}"
+    );
+    assert!(
+        masters.contains("cluster.allowSchedulingOnControlPlanes"),
+        "{masters}"
+    );
     let env = find("`machine.env`");
-    assert!(env.starts_with(&format!("{dir}/ops.yaml:1:3: warning: cluster.patches[1]:")), "{env}");
+    assert!(
+        env.starts_with(&format!("{dir}/ops.yaml:1:3: warning: cluster.patches[1]:")),
+        "{env}"
+    );
     assert!(env.contains("EnvironmentConfig"), "{env}");
 }
 
@@ -888,9 +900,10 @@ fn assert_too_deep(result: Result<Loaded, LoadError>, file: &Path) {
     };
     let msgs: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
     assert!(
-        msgs.iter().any(|m| m.starts_with(&format!("{}:", file.display()))
-            && m.contains("nested more than 100 levels deep")
-            && m.contains("flatten")),
+        msgs.iter()
+            .any(|m| m.starts_with(&format!("{}:", file.display()))
+                && m.contains("nested more than 100 levels deep")
+                && m.contains("flatten")),
         "{msgs:#?}"
     );
 }

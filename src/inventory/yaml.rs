@@ -333,7 +333,10 @@ mod tests {
                 assert_eq!(err.loc.file.as_path(), Path::new("deep.yaml"));
                 assert!(err.loc.line >= 2, "{err}");
                 let msg = err.to_string();
-                assert!(msg.contains("more than 100 levels") && msg.contains("flatten"), "{msg}");
+                assert!(
+                    msg.contains("more than 100 levels") && msg.contains("flatten"),
+                    "{msg}"
+                );
             }
         }
         let ok = format!("top:\n  {}", flow_maps(50));

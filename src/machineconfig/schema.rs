@@ -555,7 +555,10 @@ mod tests {
         found.sort();
         found.dedup();
         for k in &found {
-            assert!(!PROSE.contains(&k.as_str()), "prose keyword {k} in the facts");
+            assert!(
+                !PROSE.contains(&k.as_str()),
+                "prose keyword {k} in the facts"
+            );
         }
         // Only validation keywords remain.
         for k in &found {
@@ -606,7 +609,10 @@ mod tests {
         let mut offenders = Vec::new();
         while let Some(path) = stack.pop() {
             if path.is_dir() {
-                if path.file_name().is_some_and(|n| n == "target" || n == "corpus") {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n == "target" || n == "corpus")
+                {
                     continue;
                 }
                 for e in std::fs::read_dir(&path).unwrap() {
@@ -638,7 +644,11 @@ mod tests {
         assert_eq!(f["$defs"].as_object().unwrap().len(), 125);
         assert_eq!(f["oneOf"].as_array().unwrap().len(), 44);
         let schema = embedded();
-        assert_eq!(schema.kinds().count(), 43, "43 kinds plus the v1alpha1 document");
+        assert_eq!(
+            schema.kinds().count(),
+            43,
+            "43 kinds plus the v1alpha1 document"
+        );
     }
 
     #[test]
@@ -876,11 +886,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("none.json");
         let err = load(Some(&missing)).unwrap_err();
-        assert!(err.contains("none.json") && err.contains("cannot read"), "{err}");
+        assert!(
+            err.contains("none.json") && err.contains("cannot read"),
+            "{err}"
+        );
         let bad = dir.path().join("bad.json");
         std::fs::write(&bad, "{}").unwrap();
         let err = load(Some(&bad)).unwrap_err();
-        assert!(err.contains("bad.json") && err.contains("not a Talos config schema"), "{err}");
+        assert!(
+            err.contains("bad.json") && err.contains("not a Talos config schema"),
+            "{err}"
+        );
         let good = dir.path().join("facts.json");
         std::fs::write(&good, EMBEDDED_FACTS).unwrap();
         assert_eq!(load(Some(&good)).unwrap().kinds().count(), 43);

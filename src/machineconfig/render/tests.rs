@@ -143,7 +143,11 @@ fn ntp_servers_render_as_a_time_sync_document() {
     // No network.ntp: no document, Talos keeps its default.
     let mut inv = load("lab.yaml");
     inv.network.ntp.clear();
-    assert!(render(&inv, "k8s-ctrl-01").typed("TimeSyncConfig", None).is_none());
+    assert!(
+        render(&inv, "k8s-ctrl-01")
+            .typed("TimeSyncConfig", None)
+            .is_none()
+    );
 }
 
 #[test]
