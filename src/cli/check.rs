@@ -127,12 +127,16 @@ pub fn render_check(
     let options = GenerateOptions {
         service_account_key: ServiceAccountKeyKind::EcdsaP256,
     };
-    let secrets =
-        SecretsBundle::generate(time::OffsetDateTime::now_utc(), &options).map_err(|e| {
-            vec![format!(
-                "talboot: cannot make a throwaway secrets bundle: {e}"
-            )]
-        })?;
+    // Silenced: "generated a new cluster secrets bundle" would mislead here.
+    let no_logs = tracing::subscriber::NoSubscriber::default();
+    let secrets = tracing::subscriber::with_default(no_logs, || {
+        SecretsBundle::generate(time::OffsetDateTime::now_utc(), &options)
+    })
+    .map_err(|e| {
+        vec![format!(
+            "talboot: cannot make a throwaway secrets bundle: {e}"
+        )]
+    })?;
     let rendered = super::r#gen::render_all(inv, &secrets, schema)?;
     tracing::debug!(
         nodes = rendered.configs.len(),

@@ -157,7 +157,7 @@ pub fn render_all(
         }
     }
     if !unchecked.is_empty() {
-        tracing::info!(
+        tracing::debug!(
             fields = %unchecked.join(", "),
             "fields Talos accepts but its config schema omits; not schema-checked"
         );
