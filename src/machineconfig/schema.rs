@@ -633,6 +633,51 @@ mod tests {
         );
     }
 
+    /// Runs scripts/derive-schema-facts on `input`; the output text.
+    fn derive(input: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, out) = (dir.path().join("in.json"), dir.path().join("out.json"));
+        std::fs::write(&src, input).unwrap();
+        let status = std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/derive-schema-facts"))
+            .args([&src, &out])
+            .status()
+            .expect("python3 (scripts/test-deps installs it)");
+        assert!(status.success());
+        std::fs::read_to_string(out).unwrap()
+    }
+
+    #[test]
+    fn the_derivation_drops_prose_keywords_but_keeps_fields_of_that_name() {
+        let upstream = r##"{"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://talos.dev/v1.99/schemas/config.schema.json",
+            "$defs": {"x.DocV1Alpha1": {"title": "Doc", "description": "Long prose.",
+              "markdownDescription": "*prose*", "x-intellij-html-description": "<p>prose</p>",
+              "properties": {
+                "kind": {"enum": ["DocConfig"], "title": "kind", "description": "k"},
+                "description": {"type": "string", "description": "a field named description"},
+                "items": {"type": "array", "items": {"type": "string", "examples": ["a"]}},
+                "mode": {"oneOf": [{"type": "string", "pattern": "^a$", "title": "t"}]}},
+              "required": ["kind"], "additionalProperties": false, "type": "object"}},
+            "oneOf": [{"$ref": "#/$defs/x.DocV1Alpha1"}]}"##;
+        let facts: Json = serde_json::from_str(&derive(upstream)).unwrap();
+        let expected: Json = serde_json::from_str(
+            r##"{"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://talos.dev/v1.99/schemas/config.schema.json",
+            "$defs": {"x.DocV1Alpha1": {"properties": {
+                "kind": {"enum": ["DocConfig"]},
+                "description": {"type": "string"},
+                "items": {"type": "array", "items": {"type": "string"}},
+                "mode": {"oneOf": [{"type": "string", "pattern": "^a$"}]}},
+              "required": ["kind"], "additionalProperties": false, "type": "object"}},
+            "oneOf": [{"$ref": "#/$defs/x.DocV1Alpha1"}]}"##,
+        )
+        .unwrap();
+        assert_eq!(facts, expected);
+        // The committed facts are the script's output: deriving them again changes nothing.
+        assert_eq!(derive(EMBEDDED_FACTS), EMBEDDED_FACTS);
+    }
+
     #[test]
     fn embedded_facts_are_the_v1_13_schema() {
         let f = facts();
