@@ -16,6 +16,7 @@ pub mod hex;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;
+pub mod nesting;
 pub mod provision;
 pub mod sim;
 pub mod store;

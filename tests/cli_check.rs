@@ -143,3 +143,163 @@ fn json_logs_are_accepted() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// Deep YAML of every shape: block and flow, mappings and sequences. Block mappings grow by
+/// one column per level, so they stop at 5,000 levels (12 MB).
+fn deep_shapes(depth: usize) -> Vec<(&'static str, String)> {
+    let mut block_maps = String::new();
+    for i in 0..depth.min(5_000) {
+        block_maps.push_str(&" ".repeat(i));
+        block_maps.push_str("a:\n");
+    }
+    vec![
+        ("block mappings", block_maps),
+        ("block sequences", format!("{}x\n", "- ".repeat(depth))),
+        (
+            "flow mappings",
+            format!("{}1{}\n", "{a: ".repeat(depth), "}".repeat(depth)),
+        ),
+        (
+            "flow sequences",
+            format!("{}{}\n", "[".repeat(depth), "]".repeat(depth)),
+        ),
+    ]
+}
+
+fn talboot_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env_remove("TALBOOT_CONFIG")
+        .env_remove("SOPS_AGE_KEY")
+        .env_remove("SOPS_AGE_KEY_FILE")
+        .env("HOME", dir)
+        .output()
+        .expect("run talboot")
+}
+
+/// Exit status 1 (not a signal: the stack overflow was SIGABRT, exit 134) and a message naming
+/// the file, a line, the limit and the fix.
+fn assert_refused(out: &Output, file: &str, what: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains(&format!("{file}:"))
+            && l.contains("nested more than 100 levels deep")
+            && l.contains("flatten")),
+        "{what}: {stderr}"
+    );
+}
+
+#[test]
+fn deeply_nested_inventories_and_patches_are_located_errors_not_crashes() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for depth in [5_000, 50_000] {
+        for (shape, deep) in deep_shapes(depth) {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path();
+            // The inventory itself.
+            std::fs::write(dir.join("deep.yaml"), &deep).unwrap();
+            for cmd in [
+                &["check", "-c", "deep.yaml"][..],
+                &["gen", "-c", "deep.yaml", "-o", "out"],
+                &["secrets", "init", "-c", "deep.yaml"],
+                &["serve", "-c", "deep.yaml"],
+            ] {
+                let what = format!("{cmd:?} on {depth} levels of {shape}");
+                assert_refused(&talboot_in(dir, cmd), "deep.yaml", &what);
+            }
+            // A patch file of the lab example.
+            std::fs::create_dir_all(dir.join("patches")).unwrap();
+            for e in std::fs::read_dir(repo.join("config/patches")).unwrap() {
+                let e = e.unwrap();
+                std::fs::copy(e.path(), dir.join("patches").join(e.file_name())).unwrap();
+            }
+            std::fs::copy(repo.join("config/lab.yaml"), dir.join("lab.yaml")).unwrap();
+            std::fs::write(
+                dir.join("patches/common.yaml"),
+                format!("machine:\n  x:\n{}", {
+                    deep.lines()
+                        .map(|l| format!("    {l}\n"))
+                        .collect::<String>()
+                }),
+            )
+            .unwrap();
+            for cmd in [
+                &["check", "-c", "lab.yaml"][..],
+                &["gen", "-c", "lab.yaml", "-o", "out"],
+            ] {
+                let what = format!("{cmd:?} with a patch of {depth} levels of {shape}");
+                assert_refused(&talboot_in(dir, cmd), "patches/common.yaml", &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn check_validates_the_rendered_configs_against_the_schema() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("patches")).unwrap();
+    for e in std::fs::read_dir(repo.join("config/patches")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join("patches").join(e.file_name())).unwrap();
+    }
+    std::fs::copy(repo.join("config/lab.yaml"), dir.join("lab.yaml")).unwrap();
+    let out = talboot_in(dir, &["check", "-c", "lab.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A wrong type and a wrong enum only the Talos schema knows about: check renders every
+    // node (no keys needed) and names node, document and field.
+    std::fs::write(
+        dir.join("patches/common.yaml"),
+        "machine:\n  install:\n    wipe: sometimes\n---\napiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\nprovisioning:\n  grow: maybe\n",
+    )
+    .unwrap();
+    let out = talboot_in(dir, &["check", "-c", "lab.yaml"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for n in ["k8s-ctrl-01", "k8s-ctrl-02", "k8s-ctrl-03"] {
+        assert!(
+            stderr.contains(&format!("node {n}: v1alpha1 `machine.install.wipe`:")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "node {n}: VolumeConfig EPHEMERAL `provisioning.grow`:"
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("sometimes") && !stderr.contains("maybe"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("lab.yaml: invalid: 6 problems in the rendered machine configs"),
+        "{stderr}"
+    );
+    // A deprecated field is a warning naming the patch file, the field and the replacement.
+    std::fs::write(
+        dir.join("patches/common.yaml"),
+        "machine:\n  time:\n    bootTimeout: 2m\n",
+    )
+    .unwrap();
+    let out = talboot_in(dir, &["check", "-c", "lab.yaml"]);
+    let stderr = text(&out.stderr);
+    // Talos refuses the legacy boot timeout beside the TimeSyncConfig rendered from
+    // network.ntp; the deprecation is a warning at the key.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "patches/common.yaml:2:3: warning: cluster.patches[0]: the patch sets `machine.time`"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("TimeSyncConfig"), "{stderr}");
+    assert!(
+        stderr.contains("v1alpha1 `machine.time.bootTimeout`: a boot timeout in both"),
+        "{stderr}"
+    );
+}

@@ -1,7 +1,8 @@
 //! `talboot gen` and `talboot secrets init` as an operator runs them: the real binary against
 //! copies of `config/`, with secrets encrypted by the real `age` and `sops` CLIs at test time
 //! (keys from `age-keygen`). Missing tools fail the tests unless TALBOOT_SKIP_AGE /
-//! TALBOOT_SKIP_SOPS is set; a missing Talos schema fails unless TALBOOT_SKIP_SCHEMA is set.
+//! TALBOOT_SKIP_SOPS is set. Every `gen` validates against the Talos schema facts embedded in the
+//! binary; nothing outside the repository is read.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -23,27 +24,6 @@ fn have(tool: &str, skip_var: &str) -> bool {
         return false;
     }
     panic!("`{tool}` is not installed: run scripts/test-deps (or set {skip_var}=1 to skip)");
-}
-
-/// The Talos schema path, or None when it is missing and TALBOOT_SKIP_SCHEMA is set.
-fn schema() -> Option<PathBuf> {
-    let path = std::env::var_os("TALBOOT_TALOS_SCHEMA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo("../shared/reference/talos/config.schema.json"));
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var_os("TALBOOT_SKIP_SCHEMA").is_some() {
-        eprintln!(
-            "skipping: no Talos schema at {} (TALBOOT_SKIP_SCHEMA is set)",
-            path.display()
-        );
-        return None;
-    }
-    panic!(
-        "Talos schema {} is missing; set TALBOOT_TALOS_SCHEMA (or TALBOOT_SKIP_SCHEMA=1)",
-        path.display()
-    );
 }
 
 /// Runs a tool in `dir` with sops/age variables cleared; panics with stderr on failure.
@@ -113,7 +93,6 @@ fn gen_rack_writes_13_valid_configs_and_check_finds_drift() {
     if !have("age", "TALBOOT_SKIP_AGE") || !have("age-keygen", "TALBOOT_SKIP_AGE") {
         return;
     }
-    let Some(schema) = schema() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_config(dir, "rack.yaml");
@@ -133,20 +112,9 @@ fn gen_rack_writes_13_valid_configs_and_check_finds_drift() {
     );
 
     let key = key.to_str().unwrap();
-    let schema = schema.to_str().unwrap();
     let out = talboot(
         dir,
-        &[
-            "gen",
-            "-c",
-            "rack.yaml",
-            "-o",
-            "out",
-            "--schema",
-            schema,
-            "--age-identity",
-            key,
-        ],
+        &["gen", "-c", "rack.yaml", "-o", "out", "--age-identity", key],
         &[],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -293,7 +261,8 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
     if !have("age-keygen", "TALBOOT_SKIP_AGE") || !have("sops", "TALBOOT_SKIP_SOPS") {
         return;
     }
-    let Some(schema) = schema() else { return };
+    // `--schema` overrides the embedded facts (here with the committed facts file itself).
+    let schema = repo("src/machineconfig/talos-v1.13.schema-facts.json");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_config(dir, "talconfig.yaml");
@@ -332,8 +301,34 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
         &[("SOPS_AGE_KEY_FILE", key.to_str().unwrap())],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A --schema file that is not a Talos schema is a usage error naming the file.
+    std::fs::write(dir.join("not-a-schema.json"), "{}").unwrap();
+    let bad = talboot(
+        dir,
+        &[
+            "gen",
+            "-c",
+            "talconfig.yaml",
+            "-o",
+            "out2",
+            "--schema",
+            "not-a-schema.json",
+        ],
+        &[("SOPS_AGE_KEY_FILE", key.to_str().unwrap())],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("not-a-schema.json: not a Talos config schema"),
+        "{}",
+        text(&bad.stderr)
+    );
     for n in ["k8s-ctrl-01", "k8s-ctrl-02", "k8s-ctrl-03"] {
         let cfg = std::fs::read_to_string(dir.join(format!("out/{n}.yaml"))).unwrap();
+        assert!(
+            cfg.contains("kind: TimeSyncConfig\nntp:\n  servers:\n    - 10.0.40.1\n"),
+            "{n}"
+        );
+        assert!(!cfg.contains("\n  time:\n"), "{n}");
         assert!(cfg.contains(&format!("hostname: {n}")), "{n}");
         assert!(
             cfg.contains("kind: Layer2VIPConfig\nname: 10.0.40.101\n"),
@@ -369,7 +364,6 @@ fn gen_reports_schema_and_structure_problems_by_node_kind_and_field() {
     if !have("age", "TALBOOT_SKIP_AGE") || !have("age-keygen", "TALBOOT_SKIP_AGE") {
         return;
     }
-    let Some(schema) = schema() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_config(dir, "lab.yaml");
@@ -406,8 +400,6 @@ fn gen_reports_schema_and_structure_problems_by_node_kind_and_field() {
             "lab.yaml",
             "-o",
             "out",
-            "--schema",
-            schema.to_str().unwrap(),
             "--age-identity",
             key.to_str().unwrap(),
         ],
@@ -441,8 +433,6 @@ fn gen_reports_schema_and_structure_problems_by_node_kind_and_field() {
             "lab.yaml",
             "-o",
             "out",
-            "--schema",
-            schema.to_str().unwrap(),
             "--age-identity",
             key.to_str().unwrap(),
         ],

@@ -233,6 +233,7 @@ pub fn root_application(argocd_namespace: &str, app: &RootApp) -> Result<Value, 
 
 /// Converts operator values read from YAML into JSON values (maps only at the top).
 pub fn values_from_yaml(source_name: &str, text: &str) -> Result<Value, String> {
+    crate::nesting::check_yaml(text).map_err(|e| format!("{source_name}: {e}"))?;
     let v: Value = yaml_serde::from_str(text).map_err(|e| format!("{source_name}: {e}"))?;
     match v {
         Value::Null => Ok(Value::Object(Map::new())),

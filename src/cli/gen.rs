@@ -9,8 +9,9 @@
 //! diff per node that differs (or is missing), names `*.yaml` files of nodes no longer in the
 //! inventory, and exits 1, for GitOps review. The client configs are not compared (see above).
 //!
-//! Structural checks always run; `--schema PATH` adds validation of every document against the
-//! Talos JSON schema.
+//! Structural checks and validation of every document against the Talos config schema always
+//! run: the schema facts embedded in talboot (Talos v1.13), or `--schema PATH`, another
+//! release's full `config.schema.json`. Deprecated fields are warnings naming the replacement.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,7 @@ use crate::crypto::age::IdentitySources;
 use crate::inventory::Inventory;
 use crate::machineconfig::clients::{self, DEFAULT_CLIENT_CERT_TTL};
 use crate::machineconfig::render;
-use crate::machineconfig::schema::Schema;
+use crate::machineconfig::schema::{self, Deprecation, Schema};
 use crate::machineconfig::secrets::SecretsBundle;
 
 use super::secrets::{load_bundle, load_inventory};
@@ -47,7 +48,8 @@ pub struct Args {
     /// print a diff per node when they differ.
     #[arg(long = "check")]
     pub check: Option<PathBuf>,
-    /// Talos JSON schema (config.schema.json) to validate every document against.
+    /// Talos config schema (config.schema.json of another Talos release) to validate every
+    /// document against, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
     /// age identity file for the secrets bundle (else SOPS_AGE_KEY_FILE, SOPS_AGE_KEY, or
@@ -62,19 +64,12 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(inv) => inv,
         Err(code) => return code,
     };
-    let schema = match &args.schema {
-        None => None,
-        Some(path) => match std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| {
-                Schema::from_text(&path.display().to_string(), &t).map_err(|e| e.to_string())
-            }) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("talboot: --schema {}: {e}", path.display());
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
+    let schema = match schema::load(args.schema.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
     };
     let sources = IdentitySources::from_process_env(args.age_identity.clone());
     let secrets = match load_bundle(&inv, &sources) {
@@ -84,8 +79,13 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let rendered = match render_all(&inv, &secrets, schema.as_ref()) {
-        Ok(r) => r,
+    let rendered = match render_all(&inv, &secrets, &schema) {
+        Ok(r) => {
+            for w in &r.warnings {
+                eprintln!("{w}");
+            }
+            r.configs
+        }
         Err(problems) => {
             for p in &problems {
                 eprintln!("{p}");
@@ -114,16 +114,26 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-/// Renders (and validates) every node: `(node name, YAML text)` in inventory order, or every
-/// problem found across all nodes.
+/// What [`render_all`] produced.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// `(node name, YAML text)` in inventory order.
+    pub configs: Vec<(String, String)>,
+    /// Warnings for the operator (deprecated fields, one line per field), `warning: ...`.
+    pub warnings: Vec<String>,
+}
+
+/// Renders every node and validates each document against `schema`: the configs with
+/// warnings, or every problem found across all nodes (structure and schema violations).
 pub fn render_all(
     inv: &Inventory,
     secrets: &SecretsBundle,
-    schema: Option<&Schema>,
-) -> Result<Vec<(String, String)>, Vec<String>> {
+    schema: &Schema,
+) -> Result<Rendered, Vec<String>> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
     let mut unchecked: Vec<String> = Vec::new();
+    let mut deprecated: Vec<Deprecation> = Vec::new();
     for node in &inv.nodes {
         let name = node.name.value.clone();
         let bundle = match render::render_node(inv, secrets, node) {
@@ -133,13 +143,12 @@ pub fn render_all(
                 continue;
             }
         };
-        if let Some(schema) = schema {
-            let report = schema.validate(&name, &bundle);
-            problems.extend(report.violations.iter().map(ToString::to_string));
-            for u in report.unchecked {
-                if !unchecked.contains(&u) {
-                    unchecked.push(u);
-                }
+        let report = schema.validate(&name, &bundle);
+        problems.extend(report.violations.iter().map(ToString::to_string));
+        deprecated.extend(report.deprecated);
+        for u in report.unchecked {
+            if !unchecked.contains(&u) {
+                unchecked.push(u);
             }
         }
         match bundle.to_yaml() {
@@ -148,16 +157,41 @@ pub fn render_all(
         }
     }
     if !unchecked.is_empty() {
-        tracing::info!(
+        tracing::debug!(
             fields = %unchecked.join(", "),
-            "fields Talos accepts but its JSON schema omits (deprecated); not schema-checked"
+            "fields Talos accepts but its config schema omits; not schema-checked"
         );
     }
     if problems.is_empty() {
-        Ok(out)
+        Ok(Rendered {
+            configs: out,
+            warnings: deprecation_warnings(&deprecated),
+        })
     } else {
         Err(problems)
     }
+}
+
+/// One warning per deprecated field, naming every node whose config carries it.
+pub fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
+    let mut fields: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    for d in found {
+        match fields.iter_mut().find(|(f, _, _)| *f == d.field) {
+            Some((_, _, nodes)) => nodes.push(&d.node),
+            None => fields.push((&d.field, d.replacement, vec![&d.node])),
+        }
+    }
+    fields
+        .into_iter()
+        .map(|(field, replacement, nodes)| {
+            format!(
+                "warning: v1alpha1 `{field}` (in the rendered config of {} {}) is deprecated \
+                 since Talos v1.13 and not in its config schema; use {replacement} instead",
+                if nodes.len() == 1 { "node" } else { "nodes" },
+                nodes.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// Writes node configs and the admin client configs into `dir` (created 0700 if missing).

@@ -136,6 +136,11 @@ pub fn load_bundle(
     } else {
         let text = String::from_utf8(bytes)
             .map_err(|_| LoadBundleError::Plaintext { path: path.clone() })?;
+        // Before the sniff below, so a too-deep file is not reported as plaintext.
+        crate::nesting::check_yaml(&text).map_err(|e| LoadBundleError::Invalid {
+            path: path.clone(),
+            source: SecretsError::Yaml(e.to_string()),
+        })?;
         let first: Option<yaml_serde::Value> = yaml_serde::from_str(&text).ok();
         if !first.as_ref().is_some_and(sops::is_sops_file) {
             return Err(LoadBundleError::Plaintext { path });

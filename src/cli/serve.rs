@@ -86,6 +86,10 @@ pub struct Args {
     /// (default: the identities that decrypt the secrets bundle).
     #[arg(long, env = "TALBOOT_KSOPS_AGE_IDENTITY")]
     pub ksops_age_identity: Option<PathBuf>,
+    /// Talos config schema (config.schema.json of another Talos release) to validate every
+    /// config against before serving, instead of the embedded Talos v1.13 schema facts.
+    #[arg(long = "schema")]
+    pub schema: Option<PathBuf>,
     /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
     /// `SOPS_AGE_KEY`, the user's sops keys.txt).
     #[arg(long)]
@@ -135,6 +139,21 @@ pub enum StartError {
     /// Push provisioning cannot start (secrets bundle or talosconfig).
     #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
     Provisioning(String),
+    /// The `--schema` file cannot be used.
+    #[error("{0}")]
+    Schema(String),
+    /// A machine config to be served fails the Talos config schema.
+    #[error(
+        "machine configs fail the Talos config schema ({schema}):\n{}\nfix the inventory or \
+         its patches (and re-run `talboot gen` for pull delivery)",
+        .problems.join("\n")
+    )]
+    Configs {
+        /// The schema validated against.
+        schema: String,
+        /// Every violation, one per line.
+        problems: Vec<String>,
+    },
     /// The age identity for Argo CD's KSOPS cannot be had.
     #[error("Argo CD KSOPS: {0}")]
     KsopsIdentity(String),
@@ -173,7 +192,9 @@ impl StartError {
     fn exit_code(&self) -> ExitCode {
         match self {
             StartError::Inventory(inventory::LoadError::Io { .. }, _) => ExitCode::from(EXIT_USAGE),
-            StartError::Bind { .. } | StartError::Privileges { .. } => ExitCode::from(EXIT_USAGE),
+            StartError::Bind { .. } | StartError::Privileges { .. } | StartError::Schema(_) => {
+                ExitCode::from(EXIT_USAGE)
+            }
             _ => ExitCode::from(EXIT_INVALID),
         }
     }
@@ -229,8 +250,15 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
 
 async fn start_and_run(args: Args) -> Result<(), StartError> {
     crate::install_crypto_provider();
-    let loaded =
-        inventory::load(&args.config).map_err(|e| StartError::Inventory(e, args.config.clone()))?;
+    let loaded = inventory::load(&args.config).map_err(|e| {
+        // Each problem with its file:line:column, as `check` prints them.
+        if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
+            for d in diagnostics.sorted() {
+                eprintln!("{d}");
+            }
+        }
+        StartError::Inventory(e, args.config.clone())
+    })?;
     for w in loaded.warnings.sorted() {
         tracing::warn!("{w}");
     }
@@ -251,12 +279,17 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             );
         }
     }
+    let schema =
+        crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
     let advertise = advertise_address(&args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
+    if inv.boot.delivery == inventory::Delivery::Pull {
+        validate_pull_configs(&args.configs, &inv, &schema)?;
+    }
     // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
     // stops `serve` now rather than when the first machine boots.
     let provisioning = if push {
-        let inputs = provisioning_inputs(&args, &inv)?;
+        let inputs = provisioning_inputs(&args, &inv, &schema)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
         settings.addon_manifests = args.addon_manifests.clone();
         settings.helm = args.helm.clone();
@@ -424,6 +457,7 @@ fn check_helm(helm: &Path) -> Result<(), StartError> {
 fn provisioning_inputs(
     args: &Args,
     inv: &Arc<Inventory>,
+    schema: &crate::machineconfig::schema::Schema,
 ) -> Result<ProvisioningInputs, StartError> {
     let sources = IdentitySources::from_process_env(args.age_identity.clone());
     let ksops_age_identity = ksops_identity(inv, args.ksops_age_identity.as_deref(), &sources)?;
@@ -446,12 +480,66 @@ fn provisioning_inputs(
     })?;
     let creds = crate::talos::ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
         .map_err(|e| StartError::Provisioning(format!("{}: {e}", path.display())))?;
+    // Every config push delivery will send, rendered and validated now: a config Talos would
+    // refuse stops serve before any machine boots.
+    let rendered = super::r#gen::render_all(inv, &secrets, schema).map_err(|problems| {
+        StartError::Configs {
+            schema: schema.source_name().to_owned(),
+            problems,
+        }
+    })?;
+    for w in &rendered.warnings {
+        tracing::warn!("{w}");
+    }
     let renderer = Arc::new(crate::provision::BundleRenderer::new(inv.clone(), secrets));
     Ok(ProvisioningInputs {
         renderer,
         creds,
         ksops_age_identity,
     })
+}
+
+/// Pull delivery releases the files `talboot gen -o` wrote: validate each one that is there
+/// (a node whose file is missing cannot be provisioned, which the HTTP side reports).
+fn validate_pull_configs(
+    dir: &Path,
+    inv: &Inventory,
+    schema: &crate::machineconfig::schema::Schema,
+) -> Result<(), StartError> {
+    let mut problems = Vec::new();
+    let mut deprecated = Vec::new();
+    for node in &inv.nodes {
+        let name = &node.name.value;
+        let path = dir.join(format!("{name}.yaml"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            tracing::warn!(file = %path.display(), node = %name, "no rendered config for this node; run `talboot gen -o`");
+            continue;
+        };
+        match crate::machineconfig::patch::ConfigBundle::parse(&text) {
+            Ok(bundle) => {
+                let report = schema.validate(name, &bundle);
+                problems.extend(
+                    report
+                        .violations
+                        .iter()
+                        .map(|v| format!("{}: {v}", path.display())),
+                );
+                deprecated.extend(report.deprecated);
+            }
+            Err(e) => problems.push(format!("{}: {e}", path.display())),
+        }
+    }
+    for w in super::r#gen::deprecation_warnings(&deprecated) {
+        tracing::warn!("{w}");
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(StartError::Configs {
+            schema: schema.source_name().to_owned(),
+            problems,
+        })
+    }
 }
 
 async fn wait_for_signal() {

@@ -262,6 +262,10 @@ pub fn decrypt_yaml_file(path: &Path, ids: &Identities) -> Result<Decrypted, Sop
 /// Decrypts the SOPS YAML `text` (possibly several documents) read from `file` (used only in
 /// messages) with any of `ids`, and verifies its MAC.
 pub fn decrypt_yaml(text: &str, file: &Path, ids: &Identities) -> Result<Decrypted, SopsError> {
+    crate::nesting::check_yaml(text).map_err(|e| SopsError::Yaml {
+        file: file.to_path_buf(),
+        message: e.to_string(),
+    })?;
     let mut docs = Vec::new();
     for de in yaml_serde::Deserializer::from_str(text) {
         let doc = Value::deserialize(de).map_err(|e| SopsError::Yaml {

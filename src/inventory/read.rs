@@ -453,6 +453,7 @@ fn classify_patch(docs: &[Node], path: &str, d: &mut Diagnostics) -> Option<Patc
     if docs.is_empty() {
         return None;
     }
+    warn_deprecated(&docs, path, d);
     if docs.iter().all(|n| matches!(n.value, Value::Map(_))) {
         return Some(PatchBody::Merge(docs.iter().map(|n| n.to_yaml()).collect()));
     }
@@ -472,6 +473,69 @@ fn classify_patch(docs: &[Node], path: &str, d: &mut Diagnostics) -> Option<Patc
         "write a mapping such as `machine: {...}`, or a list of `{op, path, value}` operations",
     );
     None
+}
+
+/// Warns, at the key, about every v1alpha1 field a patch sets that Talos v1.13 deprecated
+/// ([`crate::machineconfig::schema::DEPRECATED`]), naming the replacement. Strategic-merge
+/// documents without `kind` are v1alpha1; JSON-patch operations are matched by `path`.
+fn warn_deprecated(docs: &[&Node], path: &str, d: &mut Diagnostics) {
+    use crate::machineconfig::schema::DEPRECATED;
+    let warn = |d: &mut Diagnostics, loc: &super::diag::Loc, field: &str, replacement: &str| {
+        d.warning(
+            loc,
+            path,
+            format!(
+                "the patch sets `{field}`, which Talos v1.13 deprecated (its config schema no \
+                 longer lists it)"
+            ),
+            Some(format!("use {replacement} instead")),
+        );
+    };
+    for doc in docs {
+        match &doc.value {
+            Value::Map(entries) if !entries.iter().any(|(k, _)| k.name == "kind") => {
+                for dep in DEPRECATED.iter().filter(|f| f.warn) {
+                    let mut cur = entries.as_slice();
+                    let mut found = None;
+                    for (i, step) in dep.path.iter().enumerate() {
+                        let Some((key, value)) = cur.iter().find(|(k, _)| k.name == *step) else {
+                            break;
+                        };
+                        if i + 1 == dep.path.len() {
+                            found = Some(key);
+                        } else if let Value::Map(inner) = &value.value {
+                            cur = inner;
+                        } else {
+                            break;
+                        }
+                    }
+                    if let Some(key) = found {
+                        warn(d, &key.loc, &dep.path.join("."), dep.replacement);
+                    }
+                }
+            }
+            Value::Seq(ops) => {
+                for op in ops {
+                    let Value::Map(fields) = &op.value else {
+                        continue;
+                    };
+                    let Some((_, target)) = fields.iter().find(|(k, _)| k.name == "path") else {
+                        continue;
+                    };
+                    let Value::Str(target) = &target.value else {
+                        continue;
+                    };
+                    for dep in DEPRECATED.iter().filter(|f| f.warn) {
+                        let pointer = format!("/{}", dep.path.join("/"));
+                        if target == &pointer || target.starts_with(&format!("{pointer}/")) {
+                            warn(d, &op.loc, &dep.path.join("."), dep.replacement);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 fn check_json_op(op: &Node, path: &str, d: &mut Diagnostics) -> bool {

@@ -801,3 +801,145 @@ fn addon_field_errors_are_located() {
         "{d:?}"
     );
 }
+
+#[test]
+fn patches_setting_deprecated_fields_warn_at_the_key_with_the_replacement() {
+    let case = Case::new();
+    case.file(
+        "old.yaml",
+        "machine:\n  time:\n    servers: [10.0.40.1]\ncluster:\n  allowSchedulingOnMasters: true\n",
+    );
+    case.file(
+        "ops.yaml",
+        "- op: add\n  path: /machine/env/HTTP_PROXY\n  value: http://proxy\n",
+    );
+    // A typed document with the same key names is not the v1alpha1 document.
+    case.file(
+        "typed.yaml",
+        "apiVersion: v1alpha1\nkind: TimeSyncConfig\nntp: {servers: [10.0.40.1]}\n",
+    );
+    let text = with(
+        "  vip: 10.0.40.100\n",
+        "  vip: 10.0.40.100\n  patches: [old.yaml, ops.yaml, typed.yaml]\n",
+    );
+    let loaded = case.load(&text).unwrap();
+    let w: Vec<String> = loaded
+        .warnings
+        .sorted()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(w.len(), 3, "{w:#?}");
+    let dir = case.dir.path().display().to_string();
+    let find = |needle: &str| {
+        w.iter()
+            .find(|m| m.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {w:#?}"))
+            .clone()
+    };
+    let time = find("`machine.time`");
+    assert!(
+        time.starts_with(&format!("{dir}/old.yaml:2:3: warning: cluster.patches[0]:")),
+        "{time}"
+    );
+    assert!(
+        time.contains("Talos v1.13 deprecated") && time.contains("TimeSyncConfig"),
+        "{time}"
+    );
+    let masters = find("`cluster.allowSchedulingOnMasters`");
+    assert!(
+        masters.starts_with(&format!("{dir}/old.yaml:5:3:")),
+        "{masters}"
+    );
+    assert!(
+        masters.contains("cluster.allowSchedulingOnControlPlanes"),
+        "{masters}"
+    );
+    let env = find("`machine.env`");
+    assert!(
+        env.starts_with(&format!("{dir}/ops.yaml:1:3: warning: cluster.patches[1]:")),
+        "{env}"
+    );
+    assert!(env.contains("EnvironmentConfig"), "{env}");
+}
+
+#[test]
+fn the_examples_use_no_deprecated_field() {
+    for f in ["lab.yaml", "rack.yaml", "talconfig.yaml"] {
+        let loaded = load_with_env(&example(f), &BTreeMap::new()).unwrap();
+        assert!(
+            !loaded
+                .warnings
+                .iter()
+                .any(|w| w.message.contains("deprecated")),
+            "{f}: {:?}",
+            loaded.warnings
+        );
+    }
+}
+
+/// Deep YAML of every shape: block and flow, mappings and sequences. Block mappings need one
+/// more column of indentation per level (quadratic size), so they stop at 3,000 levels.
+fn deep_shapes(depth: usize) -> [String; 4] {
+    let mut block_maps = String::new();
+    for i in 0..depth.min(3_000) {
+        block_maps.push_str(&" ".repeat(i));
+        block_maps.push_str("a:\n");
+    }
+    [
+        block_maps,
+        format!("{}x\n", "- ".repeat(depth)),
+        format!("{}1{}\n", "{a: ".repeat(depth), "}".repeat(depth)),
+        format!("{}{}\n", "[".repeat(depth), "]".repeat(depth)),
+    ]
+}
+
+fn assert_too_deep(result: Result<Loaded, LoadError>, file: &Path) {
+    let Err(LoadError::Invalid { diagnostics, .. }) = result else {
+        panic!("{} accepted", file.display())
+    };
+    let msgs: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.starts_with(&format!("{}:", file.display()))
+                && m.contains("nested more than 100 levels deep")
+                && m.contains("flatten")),
+        "{msgs:#?}"
+    );
+}
+
+#[test]
+fn deep_inventory_patch_and_talenv_are_located_errors() {
+    for depth in [101, 5_000, 50_000] {
+        for shape in deep_shapes(depth) {
+            // The inventory itself.
+            let case = Case::new();
+            let p = case.dir.path().join("talboot.yaml");
+            assert_too_deep(case.load(&shape), &p);
+            // A patch file.
+            let patch = case.file("deep.yaml", &format!("machine:\n  x:\n{}", indent(&shape)));
+            let text = with(
+                "  vip: 10.0.40.100\n",
+                "  vip: 10.0.40.100\n  patches: [deep.yaml]\n",
+            );
+            assert_too_deep(case.load(&text), &patch);
+            // An inline patch text.
+            let inline = format!(
+                "  vip: 10.0.40.100\n  patches:\n    - |\n{}",
+                shape
+                    .lines()
+                    .map(|l| format!("      {l}\n"))
+                    .collect::<String>()
+            );
+            assert_too_deep(case.load(&with("  vip: 10.0.40.100\n", &inline)), &p);
+            // talhelper's talenv.yaml beside a talconfig.
+            let talenv = case.file("talenv.yaml", &shape);
+            let tal = case.file("talconfig.yaml", TAL);
+            assert_too_deep(load_with_env(&tal, &BTreeMap::new()), &talenv);
+        }
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}\n")).collect()
+}

@@ -109,6 +109,11 @@ pub struct SyntaxError {
 /// Parse every document of `text`, read from `file`.
 pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Node>, SyntaxError> {
     let file = Arc::new(file.to_path_buf());
+    // saphyr's loader recurses per nesting level: bound the depth before it runs.
+    crate::nesting::check_yaml(text).map_err(|e| SyntaxError {
+        loc: Loc::new(file.clone(), e.line, e.column),
+        message: e.reason(),
+    })?;
     let docs = MarkedYaml::load_from_str(text).map_err(|e| SyntaxError {
         loc: Loc::new(file.clone(), e.marker().line(), e.marker().col() + 1),
         message: e.info().to_string(),
@@ -316,6 +321,26 @@ mod tests {
         let msg = d.iter().next().unwrap().to_string();
         assert!(msg.starts_with("t.yaml:2:1: error: nodes[0].adress: unknown field `adress`"));
         assert!(msg.contains("did you mean `address`?"));
+    }
+
+    #[test]
+    fn deep_nesting_is_a_located_error() {
+        use crate::nesting::tests::{block_maps, block_seqs, flow_maps, flow_seqs};
+        for make in [block_maps, block_seqs, flow_maps, flow_seqs] {
+            for depth in [crate::nesting::MAX_DEPTH + 1, 5_000, 50_000] {
+                let text = format!("top:\n  {}", make(depth).replace('\n', "\n  "));
+                let err = parse_documents(Path::new("deep.yaml"), &text).unwrap_err();
+                assert_eq!(err.loc.file.as_path(), Path::new("deep.yaml"));
+                assert!(err.loc.line >= 2, "{err}");
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("more than 100 levels") && msg.contains("flatten"),
+                    "{msg}"
+                );
+            }
+        }
+        let ok = format!("top:\n  {}", flow_maps(50));
+        assert!(parse_documents(Path::new("ok.yaml"), &ok).is_ok());
     }
 
     #[test]

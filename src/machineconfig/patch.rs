@@ -269,6 +269,9 @@ pub enum BundleError {
         /// Their identity.
         id: DocId,
     },
+    /// The text nests deeper than talboot parses.
+    #[error("{0}")]
+    TooDeep(#[from] crate::nesting::TooDeep),
     /// The YAML emitter failed.
     #[error("cannot write the machine config as YAML: {message}")]
     Emit {
@@ -280,6 +283,7 @@ pub enum BundleError {
 /// Split multi-document YAML text into values, skipping empty documents (a leading or
 /// trailing `---`).
 fn parse_documents(text: &str) -> Result<Vec<(usize, Value)>, BundleError> {
+    crate::nesting::check_yaml(text)?;
     let mut docs = Vec::new();
     for (doc, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(de).map_err(|e| BundleError::Yaml {

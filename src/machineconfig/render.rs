@@ -17,13 +17,19 @@
 //! 3. **Role patches**, root ancestor of the `extends` chain first.
 //! 4. **Generated per-node patch** ([`node_patch`]): hostname (`HostnameConfig` with
 //!    `auto: off`), the static address and default route on the boot NIC selected by its MAC
-//!    (`LinkAliasConfig` + `LinkConfig`), extra NICs likewise, resolvers, the VIP on control
+//!    (`LinkAliasConfig` + `LinkConfig`), extra NICs likewise, resolvers, NTP servers
+//!    (`TimeSyncConfig`, from `network.ntp`), the VIP on control
 //!    planes (`Layer2VIPConfig`), install disk or `diskSelector`, installer image from the
 //!    schematic, node labels and taints.
 //! 5. **The node's own patches.**
 //!
 //! Networking uses the v1.13 multi-document kinds instead of the deprecated
-//! `machine.network.interfaces`, which the JSON schema omits; so the output validates.
+//! `machine.network.interfaces`, which the JSON schema omits; so the output validates. Time
+//! sync likewise: `TimeSyncConfig` (siderolabs/talos v1.13.9
+//! `pkg/machinery/config/types/network/time_sync.go`) instead of the deprecated
+//! `machine.time` (`v1alpha1_types.go`: "Deprecated: Use 'TimeSyncConfig' instead."). Talos
+//! refuses a config that sets time servers, a boot timeout or `disabled` in both
+//! (`V1Alpha1ConflictValidate`), and so does [`check_structure`].
 //!
 //! # Taints
 //!
@@ -344,6 +350,20 @@ fn nameservers(inv: &Inventory, node: &Node) -> Vec<Ipv4Addr> {
         .unwrap_or_else(|| inv.network.dns.clone())
 }
 
+/// The `TimeSyncConfig` document for `network.ntp` (none when the inventory names no NTP
+/// server: Talos then keeps its default, `time.cloudflare.com`). Talos reads the servers from
+/// `ntp.servers` (`NTPConfig.Servers`, time_sync.go v1.13.9), names or addresses alike.
+fn time_sync(inv: &Inventory) -> Option<Json> {
+    if inv.network.ntp.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "apiVersion": "v1alpha1",
+        "kind": "TimeSyncConfig",
+        "ntp": {"servers": inv.network.ntp},
+    }))
+}
+
 /// Talos `InstallDiskSelector` keys for a selector.
 fn disk_selector(sel: &DiskSelector) -> Json {
     let mut m = serde_json::Map::new();
@@ -495,6 +515,10 @@ pub fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError
             "kind": "ResolverConfig",
             "nameservers": dns.iter().map(|a| json!({"address": a.to_string()})).collect::<Vec<_>>(),
         })));
+    }
+
+    if let Some(time_sync) = time_sync(inv) {
+        docs.push(yaml(time_sync));
     }
 
     if cp && let Some(vip) = &inv.cluster.vip {
@@ -668,6 +692,36 @@ pub fn check_structure(
                 machine_type.as_str()
             ),
         ));
+    }
+
+    // TimeSyncConfigV1Alpha1.V1Alpha1ConflictValidate (network/time_sync.go, v1.13.9).
+    let new_style = bundle
+        .docs
+        .iter()
+        .any(|d| d.get("kind").and_then(Value::as_str) == Some("TimeSyncConfig"));
+    if new_style {
+        for (key, what) in [
+            ("servers", "time servers"),
+            ("bootTimeout", "a boot timeout"),
+            ("disabled", "disabled time sync"),
+        ] {
+            let set = match lookup(main, &["machine", "time", key]) {
+                Some(Value::Bool(b)) => *b,
+                Some(v) => !is_unset(v),
+                None => false,
+            };
+            if set {
+                out.push(err(
+                    "v1alpha1",
+                    &format!("machine.time.{key}"),
+                    format!(
+                        "{what} in both the deprecated machine.time and a TimeSyncConfig \
+                         document, which Talos refuses; remove machine.time from the patch \
+                         (talboot renders TimeSyncConfig from network.ntp)"
+                    ),
+                ));
+            }
+        }
     }
 
     if !cp {

@@ -1,5 +1,15 @@
-//! Validating rendered machine configs against the Talos JSON schema (`config.schema.json`,
-//! draft 2020-12), one document at a time.
+//! Validating rendered machine configs against the Talos config schema, one document at a
+//! time.
+//!
+//! # Where the schema comes from
+//!
+//! talboot carries the *facts* of the Talos v1.13 config schema in the repository and in the
+//! binary ([`embedded`], `talos-v1.13.schema-facts.json` beside this file): document names,
+//! field names, types, enums, required keys, patterns and `additionalProperties`, derived by
+//! `scripts/derive-schema-facts` from siderolabs/talos v1.13.9
+//! `pkg/machinery/config/schemas/config.schema.json`, with every piece of upstream prose
+//! (titles, descriptions, examples) dropped. `gen`, `check` and `serve` validate against it
+//! by default; `--schema FILE` takes another release's full `config.schema.json` instead.
 //!
 //! The schema's root is a `oneOf` over every document type; validating a document against that
 //! gives one error per alternative, which says nothing useful. So we read which `$defs` entry
@@ -7,13 +17,15 @@
 //! validate each document against exactly that definition. Errors name the node, the document
 //! kind (and name) and the field path.
 //!
-//! # Caveats (`talos-facts.md` §5.5)
+//! # Deprecated fields
 //!
-//! The schema describes the documented subset of what Talos accepts: it omits `persist` and the
-//! deprecated-but-accepted v1alpha1 fields (`machine.network`, `machine.disks`, `machine.env`,
-//! `machine.time`, `machine.registries`, `machine.systemDiskEncryption`). Those keys are taken
-//! out of a copy of the document before validation and reported back as
-//! [`Report::unchecked`], never as errors, so the schema is not a hard gate for them.
+//! The schema describes the documented subset of what Talos accepts: it omits the v1alpha1
+//! fields upstream marks `docgen:nodoc` + `Deprecated:` ([`DEPRECATED`], from
+//! `pkg/machinery/config/types/v1alpha1/v1alpha1_types.go` at v1.13.9), which Talos still
+//! accepts. Those keys are taken out of a copy of the document before validation and reported
+//! back as [`Report::deprecated`] (a warning naming the replacement), never as errors;
+//! `persist`, which `talosctl gen config` itself still writes, is only listed in
+//! [`Report::unchecked`].
 //!
 //! The v1.14 schema goes further: it drops from the v1alpha1 document everything that moved to
 //! the new Kube*/Discovery*/... documents, although Talos v1.14 still accepts those legacy
@@ -25,6 +37,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
 use serde_json::Value as Json;
 use thiserror::Error;
@@ -32,16 +46,157 @@ use yaml_serde::Value;
 
 use super::patch::ConfigBundle;
 
-/// Keys of the v1alpha1 document that Talos accepts but the schema omits.
-const SCHEMA_OMITTED: &[&[&str]] = &[
-    &["persist"],
-    &["machine", "network"],
-    &["machine", "disks"],
-    &["machine", "env"],
-    &["machine", "time"],
-    &["machine", "registries"],
-    &["machine", "systemDiskEncryption"],
+/// The committed Talos v1.13 schema facts (see the module docs; regenerate with
+/// `scripts/derive-schema-facts <config.schema.json> src/machineconfig/talos-v1.13.schema-facts.json`).
+pub const EMBEDDED_FACTS: &str = include_str!("talos-v1.13.schema-facts.json");
+
+/// How messages name the embedded facts.
+pub const EMBEDDED_NAME: &str = "talboot's embedded Talos v1.13 schema facts";
+
+static EMBEDDED: LazyLock<Arc<Schema>> = LazyLock::new(|| {
+    Arc::new(
+        Schema::from_text(EMBEDDED_NAME, EMBEDDED_FACTS)
+            .expect("the embedded schema facts compile (tested)"),
+    )
+});
+
+/// The schema talboot validates against by default: the embedded Talos v1.13 facts.
+pub fn embedded() -> Arc<Schema> {
+    EMBEDDED.clone()
+}
+
+/// The embedded facts, or the full upstream `config.schema.json` at `path` (`--schema`, for
+/// another Talos release). The error names the file and says what to pass.
+pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, String> {
+    let Some(path) = path else {
+        return Ok(embedded());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "--schema {}: cannot read it: {e}; pass config.schema.json of the Talos release \
+             (pkg/machinery/config/schemas), or leave --schema out to use the embedded v1.13 facts",
+            path.display()
+        )
+    })?;
+    Schema::from_text(&path.display().to_string(), &text)
+        .map(Arc::new)
+        .map_err(|e| format!("--schema: {e}"))
+}
+
+/// A v1alpha1 field Talos v1.13 still accepts but has deprecated, and what replaces it.
+#[derive(Debug, Clone, Copy)]
+pub struct DeprecatedField {
+    /// Key path inside the v1alpha1 document.
+    pub path: &'static [&'static str],
+    /// What to use instead (our words).
+    pub replacement: &'static str,
+    /// Warn about it (false for `persist`, which upstream's own generator still writes).
+    pub warn: bool,
+}
+
+/// Every v1alpha1 field marked `docgen:nodoc` and `Deprecated:` in siderolabs/talos v1.13.9
+/// `pkg/machinery/config/types/v1alpha1/v1alpha1_types.go` (line of the field in brackets).
+/// None of them is in the v1.13 schema (tested against the embedded facts).
+pub const DEPRECATED: &[DeprecatedField] = &[
+    // [189] "Deprecated: Not supported anymore." Still written by talosctl gen config
+    // (pkg/machinery/config/generate/init.go:22, worker.go:24), so no warning.
+    DeprecatedField {
+        path: &["persist"],
+        replacement: "nothing (Talos ignores it)",
+        warn: false,
+    },
+    // [294] "All fields within NetworkConfig are deprecated."
+    DeprecatedField {
+        path: &["machine", "network"],
+        replacement: "the HostnameConfig, LinkConfig/BondConfig/VLANConfig, ResolverConfig, \
+                      StaticHostConfig and KubeSpanConfig documents (talboot renders the \
+                      hostname, addresses, routes and resolvers from the inventory)",
+        warn: true,
+    },
+    // [298]
+    DeprecatedField {
+        path: &["machine", "disks"],
+        replacement: "a UserVolumeConfig document",
+        warn: true,
+    },
+    // [322]
+    DeprecatedField {
+        path: &["machine", "env"],
+        replacement: "an EnvironmentConfig document",
+        warn: true,
+    },
+    // [326]
+    DeprecatedField {
+        path: &["machine", "time"],
+        replacement: "a TimeSyncConfig document (talboot renders one from the inventory's \
+                      network.ntp)",
+        warn: true,
+    },
+    // [342]
+    DeprecatedField {
+        path: &["machine", "registries"],
+        replacement: "RegistryMirrorConfig, RegistryAuthConfig and RegistryTLSConfig documents",
+        warn: true,
+    },
+    // [346]
+    DeprecatedField {
+        path: &["machine", "systemDiskEncryption"],
+        replacement: "the `encryption` of VolumeConfig documents (STATE, EPHEMERAL)",
+        warn: true,
+    },
+    // [898]
+    DeprecatedField {
+        path: &["machine", "install", "extraKernelArgs"],
+        replacement: "an installer image built with the arguments (Image Factory schematic, \
+                      cluster.installer in the inventory)",
+        warn: true,
+    },
+    // [909]
+    DeprecatedField {
+        path: &["machine", "install", "extensions"],
+        replacement: "an installer image with the extensions (Image Factory schematic)",
+        warn: true,
+    },
+    // [913] "Deprecated: It never worked."
+    DeprecatedField {
+        path: &["machine", "install", "bootloader"],
+        replacement: "nothing: remove it",
+        warn: true,
+    },
+    // [2377]
+    DeprecatedField {
+        path: &["machine", "features", "stableHostname"],
+        replacement: "a HostnameConfig document (`auto: stable`)",
+        warn: true,
+    },
+    // [607]
+    DeprecatedField {
+        path: &["cluster", "allowSchedulingOnMasters"],
+        replacement: "cluster.allowSchedulingOnControlPlanes",
+        warn: true,
+    },
+    // [1485]
+    DeprecatedField {
+        path: &["cluster", "etcd", "subnet"],
+        replacement: "cluster.etcd.advertisedSubnets",
+        warn: true,
+    },
 ];
+
+/// A deprecated field found in a rendered config.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "node {node}: v1alpha1 `{field}` is deprecated since Talos v1.13 (not in its config \
+     schema); use {replacement} instead"
+)]
+pub struct Deprecation {
+    /// The node whose config it is.
+    pub node: String,
+    /// Dotted field path in the v1alpha1 document.
+    pub field: String,
+    /// What to use instead.
+    pub replacement: &'static str,
+}
 
 /// Errors loading the schema itself.
 #[derive(Debug, Error)]
@@ -98,6 +253,8 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Fields Talos accepts but the schema omits; present, not checked.
     pub unchecked: Vec<String>,
+    /// Deprecated fields present (warnings; also not checked).
+    pub deprecated: Vec<Deprecation>,
 }
 
 /// A loaded Talos config schema with one compiled validator per document type.
@@ -135,6 +292,10 @@ impl Schema {
     /// Parses schema text (`source_name` is used in messages) and compiles a validator per
     /// document type.
     pub fn from_text(source_name: &str, text: &str) -> Result<Self, SchemaError> {
+        crate::nesting::check_json(text).map_err(|e| SchemaError::Parse {
+            source_name: source_name.to_owned(),
+            reason: e.to_string(),
+        })?;
         let root: Json = serde_json::from_str(text).map_err(|e| SchemaError::Parse {
             source_name: source_name.to_owned(),
             reason: e.to_string(),
@@ -205,6 +366,11 @@ impl Schema {
         })
     }
 
+    /// Where the schema came from (a file, or [`EMBEDDED_NAME`]).
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
     /// Document kinds this schema knows (excluding the legacy v1alpha1 document).
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.kinds.keys().map(String::as_str)
@@ -257,9 +423,18 @@ impl Schema {
             }
         };
         if kind.is_none() {
-            for path in SCHEMA_OMITTED {
-                if remove_path(&mut json, path) {
-                    report.unchecked.push(path.join("."));
+            for d in DEPRECATED {
+                if !remove_path(&mut json, d.path) {
+                    continue;
+                }
+                if d.warn {
+                    report.deprecated.push(Deprecation {
+                        node: node.to_owned(),
+                        field: d.path.join("."),
+                        replacement: d.replacement,
+                    });
+                } else {
+                    report.unchecked.push(d.path.join("."));
                 }
             }
         }
@@ -333,11 +508,197 @@ fn redact(message: &str, instance: &Json) -> String {
 mod tests {
     use super::*;
     use crate::machineconfig::patch::ConfigBundle;
-    use crate::machineconfig::testutil::talos_schema;
+
+    /// Upstream prose keywords the derivation drops (scripts/derive-schema-facts).
+    const PROSE: &[&str] = &[
+        "title",
+        "description",
+        "markdownDescription",
+        "x-intellij-html-description",
+        "examples",
+        "$comment",
+    ];
+
+    /// Every schema keyword in `schema`, walking subschemas only (a property *named*
+    /// `description` is a field, not prose).
+    fn keywords(schema: &Json, out: &mut Vec<String>) {
+        let Json::Object(map) = schema else { return };
+        for (k, v) in map {
+            out.push(k.clone());
+            match (k.as_str(), v) {
+                ("properties" | "patternProperties" | "$defs", Json::Object(named)) => {
+                    for sub in named.values() {
+                        keywords(sub, out);
+                    }
+                }
+                ("oneOf" | "anyOf" | "allOf" | "prefixItems", Json::Array(list)) => {
+                    for sub in list {
+                        keywords(sub, out);
+                    }
+                }
+                ("items" | "additionalProperties" | "not" | "if" | "then" | "else", sub) => {
+                    keywords(sub, out)
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn facts() -> Json {
+        serde_json::from_str(EMBEDDED_FACTS).unwrap()
+    }
+
+    #[test]
+    fn embedded_facts_hold_no_upstream_prose() {
+        let mut found = Vec::new();
+        keywords(&facts(), &mut found);
+        found.sort();
+        found.dedup();
+        for k in &found {
+            assert!(
+                !PROSE.contains(&k.as_str()),
+                "prose keyword {k} in the facts"
+            );
+        }
+        // Only validation keywords remain.
+        for k in &found {
+            assert!(
+                [
+                    "$schema",
+                    "$id",
+                    "$defs",
+                    "$ref",
+                    "oneOf",
+                    "type",
+                    "properties",
+                    "patternProperties",
+                    "additionalProperties",
+                    "required",
+                    "enum",
+                    "pattern",
+                    "items",
+                    "format",
+                ]
+                .contains(&k.as_str()),
+                "unexpected keyword {k}"
+            );
+        }
+        // And no long free text hides in a value (patterns and enums are short).
+        fn longest(v: &Json) -> usize {
+            match v {
+                Json::String(s) => s.len(),
+                Json::Array(a) => a.iter().map(longest).max().unwrap_or(0),
+                Json::Object(o) => o.values().map(longest).max().unwrap_or(0),
+                _ => 0,
+            }
+        }
+        assert!(longest(&facts()) < 200, "{}", longest(&facts()));
+    }
+
+    #[test]
+    fn nothing_in_the_build_or_tests_reads_outside_the_repository() {
+        // Built from pieces so this file does not match itself.
+        let needles = [concat!("..", "/shared"), concat!("shared", "/reference")];
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut stack: Vec<std::path::PathBuf> = ["src", "tests", "scripts", "fuzz", ".ci"]
+            .iter()
+            .map(|d| root.join(d))
+            .chain(["build.rs", "Cargo.toml"].iter().map(|f| root.join(f)))
+            .collect();
+        let mut scanned = 0;
+        let mut offenders = Vec::new();
+        while let Some(path) = stack.pop() {
+            if path.is_dir() {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n == "target" || n == "corpus")
+                {
+                    continue;
+                }
+                for e in std::fs::read_dir(&path).unwrap() {
+                    stack.push(e.unwrap().path());
+                }
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                scanned += 1;
+                let text = String::from_utf8_lossy(&bytes);
+                if needles.iter().any(|n| text.contains(n)) {
+                    offenders.push(path.strip_prefix(root).unwrap().display().to_string());
+                }
+            }
+        }
+        assert!(scanned > 100, "scanned only {scanned} files");
+        assert!(
+            offenders.is_empty(),
+            "these read the shared reference outside the repository: {offenders:?}"
+        );
+    }
+
+    /// Runs scripts/derive-schema-facts on `input`; the output text.
+    fn derive(input: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, out) = (dir.path().join("in.json"), dir.path().join("out.json"));
+        std::fs::write(&src, input).unwrap();
+        let status = std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/derive-schema-facts"))
+            .args([&src, &out])
+            .status()
+            .expect("python3 (scripts/test-deps installs it)");
+        assert!(status.success());
+        std::fs::read_to_string(out).unwrap()
+    }
+
+    #[test]
+    fn the_derivation_drops_prose_keywords_but_keeps_fields_of_that_name() {
+        let upstream = r##"{"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://talos.dev/v1.99/schemas/config.schema.json",
+            "$defs": {"x.DocV1Alpha1": {"title": "Doc", "description": "Long prose.",
+              "markdownDescription": "*prose*", "x-intellij-html-description": "<p>prose</p>",
+              "properties": {
+                "kind": {"enum": ["DocConfig"], "title": "kind", "description": "k"},
+                "description": {"type": "string", "description": "a field named description"},
+                "items": {"type": "array", "items": {"type": "string", "examples": ["a"]}},
+                "mode": {"oneOf": [{"type": "string", "pattern": "^a$", "title": "t"}]}},
+              "required": ["kind"], "additionalProperties": false, "type": "object"}},
+            "oneOf": [{"$ref": "#/$defs/x.DocV1Alpha1"}]}"##;
+        let facts: Json = serde_json::from_str(&derive(upstream)).unwrap();
+        let expected: Json = serde_json::from_str(
+            r##"{"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://talos.dev/v1.99/schemas/config.schema.json",
+            "$defs": {"x.DocV1Alpha1": {"properties": {
+                "kind": {"enum": ["DocConfig"]},
+                "description": {"type": "string"},
+                "items": {"type": "array", "items": {"type": "string"}},
+                "mode": {"oneOf": [{"type": "string", "pattern": "^a$"}]}},
+              "required": ["kind"], "additionalProperties": false, "type": "object"}},
+            "oneOf": [{"$ref": "#/$defs/x.DocV1Alpha1"}]}"##,
+        )
+        .unwrap();
+        assert_eq!(facts, expected);
+        // The committed facts are the script's output: deriving them again changes nothing.
+        assert_eq!(derive(EMBEDDED_FACTS), EMBEDDED_FACTS);
+    }
+
+    #[test]
+    fn embedded_facts_are_the_v1_13_schema() {
+        let f = facts();
+        assert_eq!(
+            f["$id"].as_str(),
+            Some("https://talos.dev/v1.13/schemas/config.schema.json")
+        );
+        // v1.13.9 has 44 document kinds and 125 definitions (SOURCE of the reference copy).
+        assert_eq!(f["$defs"].as_object().unwrap().len(), 125);
+        assert_eq!(f["oneOf"].as_array().unwrap().len(), 44);
+        let schema = embedded();
+        assert_eq!(
+            schema.kinds().count(),
+            43,
+            "43 kinds plus the v1alpha1 document"
+        );
+    }
 
     #[test]
     fn knows_the_v1_13_document_kinds() {
-        let Some(schema) = talos_schema() else { return };
+        let schema = embedded();
         let kinds: Vec<&str> = schema.kinds().collect();
         for k in [
             "HostnameConfig",
@@ -347,14 +708,63 @@ mod tests {
             "VolumeConfig",
             "UserVolumeConfig",
             "ResolverConfig",
+            "TimeSyncConfig",
         ] {
             assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
         }
     }
 
+    /// The definition a dotted v1alpha1 path leads to in the facts, following `$ref`s.
+    fn resolve<'a>(facts: &'a Json, path: &[&str]) -> Option<&'a Json> {
+        let defs = &facts["$defs"];
+        let deref = |mut v: &'a Json| {
+            while let Some(r) = v.get("$ref").and_then(Json::as_str) {
+                v = &defs[r.trim_start_matches("#/$defs/")];
+            }
+            v
+        };
+        let mut cur = deref(&defs["v1alpha1.Config"]);
+        for p in path {
+            cur = deref(cur.get("properties")?.get(*p)?);
+        }
+        Some(cur)
+    }
+
+    #[test]
+    fn deprecated_fields_are_exactly_those_the_facts_leave_out() {
+        let f = facts();
+        assert!(resolve(&f, &["machine", "install", "disk"]).is_some());
+        for d in DEPRECATED {
+            assert!(
+                resolve(&f, d.path).is_none(),
+                "{} is in the schema, so it is not deprecated",
+                d.path.join(".")
+            );
+            let (_, parent) = d.path.split_last().unwrap();
+            assert!(
+                resolve(&f, parent).is_some(),
+                "{}: the parent is not in the schema either; wrong path?",
+                d.path.join(".")
+            );
+        }
+        // The replacement documents exist.
+        let schema = embedded();
+        let kinds: Vec<&str> = schema.kinds().collect();
+        for k in [
+            "TimeSyncConfig",
+            "EnvironmentConfig",
+            "UserVolumeConfig",
+            "RegistryMirrorConfig",
+        ] {
+            assert!(kinds.contains(&k), "{k}");
+        }
+        assert!(resolve(&f, &["cluster", "allowSchedulingOnControlPlanes"]).is_some());
+        assert!(resolve(&f, &["cluster", "etcd", "advertisedSubnets"]).is_some());
+    }
+
     #[test]
     fn names_node_kind_and_field_and_hides_values() {
-        let Some(schema) = talos_schema() else { return };
+        let schema = embedded();
         let bundle = ConfigBundle::parse(
             "version: v1alpha1\npersist: true\nmachine:\n  type: worker\n  time: {servers: [a]}\n  \
              install: {wipe: sekrit-value-123}\n  bogus: 1\n---\n\
@@ -363,7 +773,14 @@ mod tests {
         )
         .unwrap();
         let report = schema.validate("n1", &bundle);
-        assert_eq!(report.unchecked, vec!["persist", "machine.time"]);
+        assert_eq!(report.unchecked, vec!["persist"]);
+        assert_eq!(report.deprecated.len(), 1);
+        let dep = report.deprecated[0].to_string();
+        assert!(
+            dep.starts_with("node n1: v1alpha1 `machine.time` is deprecated")
+                && dep.contains("TimeSyncConfig"),
+            "{dep}"
+        );
         let v = &report.violations;
         assert!(
             v.iter().any(|e| e.document == "v1alpha1"
@@ -403,10 +820,43 @@ mod tests {
     }
 
     #[test]
-    fn valid_documents_pass() {
-        let Some(schema) = talos_schema() else { return };
+    fn wrong_field_type_and_enum_are_rejected_with_document_and_path() {
+        let schema = embedded();
         let bundle = ConfigBundle::parse(
-            "apiVersion: v1alpha1\nkind: LinkConfig\nname: net0\nup: true\naddresses:\n  - address: 10.0.0.2/24\n",
+            "apiVersion: v1alpha1\nkind: TimeSyncConfig\nntp: {servers: time.example.com}\n---\n\
+             apiVersion: v1alpha1\nkind: LinkConfig\nname: net0\nup: true\nmtuu: 9000\n---\n\
+             apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nfilesystem: {type: zfs}\n",
+        )
+        .unwrap();
+        let messages: Vec<String> = schema
+            .validate("n2", &bundle)
+            .violations
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let has = |prefix: &str, word: &str| {
+            messages
+                .iter()
+                .any(|m| m.starts_with(prefix) && m.contains(word))
+        };
+        assert!(
+            has("node n2: TimeSyncConfig `ntp.servers`:", "array"),
+            "{messages:#?}"
+        );
+        assert!(has("node n2: LinkConfig net0 ``:", "mtuu"), "{messages:#?}");
+        assert!(
+            has("node n2: UserVolumeConfig data `filesystem.type`:", "xfs"),
+            "{messages:#?}"
+        );
+        assert_eq!(messages.len(), 3, "{messages:#?}");
+    }
+
+    #[test]
+    fn valid_documents_pass() {
+        let schema = embedded();
+        let bundle = ConfigBundle::parse(
+            "apiVersion: v1alpha1\nkind: LinkConfig\nname: net0\nup: true\naddresses:\n  - address: 10.0.0.2/24\n---\n\
+             apiVersion: v1alpha1\nkind: TimeSyncConfig\nntp: {servers: [10.0.0.1, pool.ntp.org]}\n",
         )
         .unwrap();
         assert_eq!(schema.validate("n", &bundle), Report::default());
@@ -414,37 +864,30 @@ mod tests {
 
     #[test]
     fn v1_14_schema_leaves_legacy_fields_unchecked_but_checks_types() {
-        let path = std::env::var_os("TALBOOT_TALOS_SCHEMA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../shared/reference/talos/config.schema.json")
-            })
-            .with_file_name("config.v1.14.0-rc.1.schema.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            assert!(
-                std::env::var_os("TALBOOT_SKIP_SCHEMA").is_some(),
-                "{} is missing (set TALBOOT_SKIP_SCHEMA=1 to skip)",
-                path.display()
-            );
-            return;
-        };
-        let schema = Schema::from_text("v1.14", &text).unwrap();
+        // A v1.14 schema thins the v1alpha1 document; what matters here is the `$id`, so the
+        // embedded facts with a v1.14 `$id` and without `machine.kubelet` stand in for it.
+        let mut f = facts();
+        f["$id"] = "https://talos.dev/v1.14/schemas/config.schema.json".into();
+        f["$defs"]["v1alpha1.MachineConfig"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("kubelet");
+        let schema = Schema::from_text("v1.14", &f.to_string()).unwrap();
         let bundle = ConfigBundle::parse(
             "version: v1alpha1\npersist: true\nmachine:\n  type: worker\n  kubelet: {image: x}\n  \
-             features: {diskQuotaSupport: 7, kubePrism: {enabled: true}}\n",
+             features: {diskQuotaSupport: 7}\n",
         )
         .unwrap();
         let report = schema.validate("n", &bundle);
-        assert_eq!(
-            report.unchecked,
-            vec!["persist", "machine.features.kubePrism", "machine.kubelet"]
-        );
+        assert_eq!(report.unchecked, vec!["persist", "machine.kubelet"]);
         assert_eq!(report.violations.len(), 1, "{:#?}", report.violations);
         assert_eq!(
             report.violations[0].field,
             "machine.features.diskQuotaSupport"
         );
+        // The same document against the v1.13 facts: kubelet is known, so nothing unchecked.
+        let report = embedded().validate("n", &bundle);
+        assert_eq!(report.unchecked, vec!["persist"]);
         assert_eq!(
             schema_minor("https://talos.dev/v1.13/schemas/config.schema.json"),
             Some(13)
@@ -461,5 +904,46 @@ mod tests {
             Schema::from_text("x.json", "nope"),
             Err(SchemaError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn a_deeply_nested_override_is_a_located_error() {
+        for depth in [crate::nesting::MAX_DEPTH + 1, 5_000, 50_000] {
+            let text = format!("{{\"$defs\": {}{}}}", "[".repeat(depth), "]".repeat(depth));
+            let Err(SchemaError::Parse {
+                source_name,
+                reason,
+            }) = Schema::from_text("deep.json", &text)
+            else {
+                panic!("accepted")
+            };
+            assert_eq!(source_name, "deep.json");
+            assert!(
+                reason.starts_with("line 1, column ") && reason.contains("100 levels"),
+                "{reason}"
+            );
+        }
+    }
+
+    #[test]
+    fn load_falls_back_to_the_embedded_facts_and_names_a_bad_override() {
+        assert!(Arc::ptr_eq(&load(None).unwrap(), &embedded()));
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.json");
+        let err = load(Some(&missing)).unwrap_err();
+        assert!(
+            err.contains("none.json") && err.contains("cannot read"),
+            "{err}"
+        );
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{}").unwrap();
+        let err = load(Some(&bad)).unwrap_err();
+        assert!(
+            err.contains("bad.json") && err.contains("not a Talos config schema"),
+            "{err}"
+        );
+        let good = dir.path().join("facts.json");
+        std::fs::write(&good, EMBEDDED_FACTS).unwrap();
+        assert_eq!(load(Some(&good)).unwrap().kinds().count(), 43);
     }
 }

@@ -200,6 +200,7 @@ impl SecretsBundle {
     /// Parses and validates a bundle written by `talosctl gen secrets`, `talhelper gensecret`
     /// or [`SecretsBundle::to_yaml`].
     pub fn from_yaml(text: &str) -> Result<Self, SecretsError> {
+        crate::nesting::check_yaml(text).map_err(|e| SecretsError::Yaml(e.to_string()))?;
         let wire: Wire = yaml_serde::from_str(text).map_err(yaml_error)?;
         let bundle = Self::from_wire(wire)?;
         bundle.validate()?;

@@ -156,31 +156,3 @@ pub(crate) fn openssl_bundle_yaml(dir: &Path) -> String {
         os_key = b(&os_key),
     )
 }
-
-/// The Talos v1.13 schema, from TALBOOT_TALOS_SCHEMA or the shared reference copy. A missing
-/// schema fails unless TALBOOT_SKIP_SCHEMA is set.
-pub(crate) fn talos_schema() -> Option<super::schema::Schema> {
-    let path = std::env::var_os("TALBOOT_TALOS_SCHEMA")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared/reference/talos/config.schema.json")
-        });
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            Some(super::schema::Schema::from_text(&path.display().to_string(), &text).unwrap())
-        }
-        Err(e) if std::env::var_os("TALBOOT_SKIP_SCHEMA").is_some() => {
-            eprintln!(
-                "skipping: {}: {e} (TALBOOT_SKIP_SCHEMA is set)",
-                path.display()
-            );
-            None
-        }
-        Err(e) => panic!(
-            "Talos schema {}: {e}; set TALBOOT_TALOS_SCHEMA to config.schema.json \
- (or TALBOOT_SKIP_SCHEMA=1 to skip)",
-            path.display()
-        ),
-    }
-}

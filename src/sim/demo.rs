@@ -953,13 +953,14 @@ mod tests {
             inv.cluster.vip.as_ref().unwrap().value.to_string(),
             "127.0.0.10"
         );
+        // NTP (rendered as TimeSyncConfig) moved too; the patches were copied beside it.
+        assert_eq!(inv.network.ntp, vec!["127.0.0.1".to_string()]);
         let patch = std::fs::read_to_string(dir.path().join("run/config/patches/rack-common.yaml"))
             .unwrap();
-        assert!(patch.contains("127.0.0.1"), "{patch}");
         assert!(!patch.contains("10.20.0."), "{patch}");
         // The operator's files are untouched, and the state directory is private.
-        let original = std::fs::read_to_string(repo("config/patches/rack-common.yaml")).unwrap();
-        assert!(original.contains("10.20.0.1"));
+        let original = std::fs::read_to_string(repo("config/rack.yaml")).unwrap();
+        assert!(original.contains("ntp: [10.20.0.1]"));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&p.state_dir)
             .unwrap()

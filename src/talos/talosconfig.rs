@@ -33,6 +33,8 @@ impl ClientCreds {
     /// talosconfig. Errors name the part that is missing or unreadable, never key material.
     pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<Self, TalosError> {
         let bad = |what: &'static str, reason: String| TalosError::Credentials { what, reason };
+        crate::nesting::check_yaml(yaml)
+            .map_err(|e| bad("talosconfig", format!("not a talosconfig YAML file: {e}")))?;
         let file: File = yaml_serde::from_str(yaml)
             .map_err(|e| bad("talosconfig", format!("not a talosconfig YAML file: {e}")))?;
         let name = context

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::inventory::{self, Inventory, Patch, PatchOrigin};
-use crate::machineconfig::testutil::talos_schema;
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -94,8 +93,9 @@ fn goldens_per_role() {
 
 #[test]
 fn every_rendered_config_is_schema_valid() {
-    let Some(schema) = talos_schema() else { return };
+    let schema = crate::machineconfig::schema::embedded();
     let mut count = 0;
+    let mut roles = std::collections::BTreeSet::new();
     for file in ["rack.yaml", "lab.yaml"] {
         let inv = load(file);
         for node in &inv.nodes {
@@ -106,12 +106,75 @@ fn every_rendered_config_is_schema_valid() {
                 "{file}: {:#?}",
                 report.violations
             );
-            // The common patches use the deprecated machine.time, which the schema omits.
-            assert_eq!(report.unchecked, vec!["persist", "machine.time"]);
+            // Only `persist`, which talosctl gen config writes too; no deprecated field.
+            assert_eq!(report.unchecked, vec!["persist"]);
+            assert_eq!(report.deprecated, vec![], "{file}");
+            roles.insert(node.role.as_str().to_owned());
             count += 1;
         }
     }
     assert_eq!(count, 16);
+    // Every role of the examples.
+    assert_eq!(
+        roles.into_iter().collect::<Vec<_>>(),
+        ["controlplane", "monitoring", "storage", "worker"]
+    );
+}
+
+#[test]
+fn ntp_servers_render_as_a_time_sync_document() {
+    for (file, node, servers) in [
+        ("rack.yaml", "rack1-wk-02", ["10.20.0.1"]),
+        ("lab.yaml", "k8s-ctrl-01", ["10.0.40.1"]),
+    ] {
+        let inv = load(file);
+        let b = render(&inv, node);
+        let doc = doc(&b, "TimeSyncConfig", None);
+        assert_eq!(doc["apiVersion"].as_str(), Some("v1alpha1"));
+        let got: Vec<&str> = doc["ntp"]["servers"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(got, servers, "{file}");
+        assert!(at(&b, &["machine", "time"]).is_none(), "{file}");
+    }
+    // No network.ntp: no document, Talos keeps its default.
+    let mut inv = load("lab.yaml");
+    inv.network.ntp.clear();
+    assert!(
+        render(&inv, "k8s-ctrl-01")
+            .typed("TimeSyncConfig", None)
+            .is_none()
+    );
+}
+
+#[test]
+fn machine_time_beside_time_sync_config_is_refused_as_talos_does() {
+    let mut inv = load("lab.yaml");
+    let patch = |text: &str| Patch {
+        origin: PatchOrigin::File(PathBuf::from("legacy-time.yaml")),
+        body: PatchBody::Merge(vec![yaml_serde::from_str(text).unwrap()]),
+    };
+    inv.cluster
+        .patches
+        .push(patch("machine: {time: {servers: [10.0.40.1]}}"));
+    let node = inv.node("k8s-ctrl-01").unwrap().clone();
+    let err = render_node(&inv, &fixture_secrets(), &node).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("v1alpha1 `machine.time.servers`") && msg.contains("Talos refuses"),
+        "{msg}"
+    );
+    // Without network.ntp the legacy field alone still renders (with a deprecation warning
+    // from validation).
+    inv.network.ntp.clear();
+    let b = render_node(&inv, &fixture_secrets(), &node).unwrap();
+    let report = crate::machineconfig::schema::embedded().validate("k8s-ctrl-01", &b);
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.deprecated.len(), 1);
+    assert_eq!(report.deprecated[0].field, "machine.time");
 }
 
 #[test]
