@@ -300,6 +300,10 @@ async fn applied_node_installs_and_then_requires_an_admin_certificate() {
         admin.version().await.unwrap().version.unwrap().tag,
         TALOS_TAG
     );
+    // Installed to `disk: /dev/sda`: storaged now marks it as the system disk.
+    assert_eq!(node.install_disk(), Some(Ok("/dev/sda".to_owned())));
+    let disks = admin.disks().await.unwrap();
+    assert!(disks[0].system_disk, "{disks:?}");
     assert_eq!(
         node.served().last().unwrap().roles,
         vec!["os:admin".to_owned()]

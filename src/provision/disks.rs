@@ -330,7 +330,7 @@ pub fn choose_install_disk(
             let path = clean_path(path);
             let d = ordered
                 .iter()
-                .find(|d| d.dev_path == path || d.symlinks.iter().any(|s| *s == path))
+                .find(|d| d.dev_path == path || d.symlinks.contains(&path))
                 .ok_or_else(|| refuse(RefusalReason::NoSuchPath))?;
             if d.cdrom {
                 return Err(refuse(RefusalReason::Unusable(format!(
@@ -375,19 +375,22 @@ pub fn talos_matches(sel: &DiskSelector, disks: &[DiskFacts]) -> Result<Vec<Stri
         .collect())
 }
 
+/// Which field of a disk a glob is matched against.
+type Field = fn(&DiskFacts) -> &str;
+
 /// A selector compiled the way `DiskMatchExpression` compiles it.
 struct Matcher<'a> {
     size: Option<SizeExpr>,
-    globs: Vec<(&'a str, fn(&DiskFacts) -> &str)>,
+    globs: Vec<(&'a str, Field)>,
     disk_type: Option<DiskType>,
 }
 
 impl<'a> Matcher<'a> {
     fn compile(sel: &'a DiskSelector) -> Result<Self, String> {
         let size = sel.size.as_deref().map(parse_size_expr).transpose()?;
-        let mut globs: Vec<(&str, fn(&DiskFacts) -> &str)> = Vec::new();
+        let mut globs: Vec<(&str, Field)> = Vec::new();
         // Empty strings are not criteria: `if selector.Model != ""`.
-        let fields: [(&Option<String>, fn(&DiskFacts) -> &str); 4] = [
+        let fields: [(&Option<String>, Field); 4] = [
             (&sel.wwid, |d| &d.wwid),
             (&sel.model, |d| &d.model),
             (&sel.serial, |d| &d.serial),

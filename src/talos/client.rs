@@ -447,9 +447,10 @@ impl TalosClient {
             .await
         {
             Ok(r) => r,
-            Err(TalosError::Remote { code, .. }) if code == tonic::Code::NotFound => {
-                return Ok(None);
-            }
+            Err(TalosError::Remote {
+                code: tonic::Code::NotFound,
+                ..
+            }) => return Ok(None),
             Err(e) => return Err(e),
         };
         let ctx = self.ctx(Rpc::CosiGet, self.deadlines.call);
