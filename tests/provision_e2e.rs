@@ -823,10 +823,13 @@ async fn install_disks_by_link_and_by_selector_are_the_disks_talos_installs_to()
         // What the node's install task took for the config talboot applied.
         assert_eq!(world.node(name).install_disk(), Some(Ok(want.to_owned())));
         let events = world.events(name).join("\n");
+        let why = if name == "cp-1" {
+            "the disk with that path or link"
+        } else {
+            "the only matching disk"
+        };
         assert!(
-            events.contains(&format!(
-                "Talos will install to {want} (the only matching disk)"
-            )),
+            events.contains(&format!("Talos will install to {want} ({why})")),
             "{events}"
         );
     }

@@ -262,9 +262,12 @@ impl Provisioner {
             &name,
             EventKind::Talos,
             format!(
-                "install disk {}: Talos will install to {install_disk} (the only matching \
-                 disk): {chosen}",
-                node.install
+                "install disk {}: Talos will install to {install_disk} ({}): {chosen}",
+                node.install,
+                match node.install {
+                    crate::inventory::InstallTarget::Disk(_) => "the disk with that path or link",
+                    crate::inventory::InstallTarget::Selector(_) => "the only matching disk",
+                }
             ),
         );
         let facts = NodeFacts {

@@ -706,11 +706,14 @@ pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
             if let Some(p) = sel.wwid.as_deref().filter(|p| !p.is_empty()) {
                 install.spec.wwid = p.replace('*', "0");
             }
+            // With a size the other drive fails, it can be of the same kind (two NVMe drives
+            // whose names swap); otherwise it must fail the type.
             let other_kind = match sel.disk_type {
+                t if expr.is_some() => t,
                 Some(DiskType::Ssd) => Some(DiskType::Hdd),
                 Some(DiskType::Hdd) => Some(DiskType::Nvme),
                 Some(DiskType::Nvme | DiskType::Sd) => Some(DiskType::Ssd),
-                None => sel.disk_type,
+                None => None,
             };
             // The other drive enumerates first, to show names are not what decides.
             let other = make(
