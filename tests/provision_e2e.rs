@@ -21,11 +21,11 @@ use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE};
 use talboot::provision::{
     ClusterProgress, ConfigRenderer, NodeStep, ProvisionError, Provisioner, Settings,
 };
+use talboot::sim::disks::SimDisk;
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
 use talboot::store::{self, Lease, LeaseState, NodePhase, Store};
 use talboot::talos::api::machine::apply_configuration_request::Mode;
-use talboot::talos::api::storage;
 use talboot::talos::{ClientCreds, TalosClient, TalosError};
 
 /// The test renderer: a minimal v1alpha1 config with the OS CA from the test PKI (control
@@ -45,10 +45,24 @@ impl ConfigRenderer for TestRenderer {
         };
         let install = match &node.install {
             InstallTarget::Disk(d) => format!("disk: {d}"),
-            InstallTarget::Selector(s) => format!(
-                "diskSelector:\n      type: {}",
-                s.disk_type.map(|t| t.as_str()).unwrap_or("ssd")
-            ),
+            InstallTarget::Selector(s) => {
+                // Every criterion, as render.rs writes them: the double's install task
+                // matches on all of them.
+                let mut y = "diskSelector:".to_owned();
+                for (k, v) in [
+                    ("model", s.model.clone()),
+                    ("serial", s.serial.clone()),
+                    ("size", s.size.clone()),
+                    ("type", s.disk_type.map(|t| t.as_str().to_owned())),
+                    ("wwid", s.wwid.clone()),
+                    ("busPath", s.bus_path.clone()),
+                ] {
+                    if let Some(v) = v {
+                        y.push_str(&format!("\n      {k}: {v:?}"));
+                    }
+                }
+                y
+            }
         };
         Ok(format!(
             "version: v1alpha1\nmachine:\n  type: {ty}\n  token: abcdef.0123456789abcdef\n  \
@@ -424,7 +438,20 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         assert!(cp1.contains(needle), "missing {needle:?} in:\n{cp1}");
     }
     let w1 = world.events("w-1").join("\n");
-    assert!(w1.contains("resolves to /dev/sda"), "{w1}");
+    assert!(w1.contains("Talos will install to /dev/sda"), "{w1}");
+    // talboot's recorded install disk is the one the node's own install task took.
+    for m in &machines {
+        let facts = world
+            .with_store(|s| talboot::provision::node::NodeFacts::load(s, m.name))
+            .unwrap();
+        assert_eq!(
+            Some(Ok(facts.install_disk.clone())),
+            world.node(m.name).install_disk(),
+            "{}",
+            m.name
+        );
+        assert_eq!(facts.install_disk, "/dev/sda", "{}", m.name);
+    }
 
     // `talboot status` and `talboot node rebuild` through the CLI layer, in process: the
     // test binary must not depend on a `talboot` executable another build may replace.
@@ -456,6 +483,7 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         assert!(row.contains("ready"), "{row}");
         assert!(row.contains(&format!("127.0.31.{}", m.last)), "{row}");
         assert!(row.contains(TALOS_TAG), "{row}");
+        assert!(row.contains("/dev/sda"), "{row}");
         assert!(row.contains(".call: ") || row.contains(".phase: "), "{row}");
     }
 
@@ -558,21 +586,20 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
             return;
         }
         // Two small SSDs: the selector `type: ssd, size <= 200GB` matches both.
-        let mut second = cfg.disks[0].clone();
-        second.device_name = "sdb".into();
-        second.serial = "SN-second".into();
-        second.bus_path = "/pci0000:00/0000:00:06.0/virtio3/host3/target3:0:0/3:0:0:0".into();
-        second.model = "Other SSD".into();
-        cfg.disks.push(second);
-        cfg.disks.push(storage::Disk {
-            size: 4_000_000_000_000,
-            model: "Big HDD".into(),
-            device_name: "sdc".into(),
-            serial: "SN-big".into(),
-            r#type: storage::disk::DiskType::Hdd as i32,
-            bus_path: "/pci0000:00/0000:00:07.0/ata1".into(),
-            ..Default::default()
-        });
+        cfg.disks.push(SimDisk::sata(
+            1,
+            "Other SSD",
+            "SN-second",
+            100_000_000_000,
+            false,
+        ));
+        cfg.disks.push(SimDisk::sata(
+            2,
+            "Big HDD",
+            "SN-big",
+            4_000_000_000_000,
+            true,
+        ));
     })
     .await;
     let t = world.boot();
@@ -620,11 +647,15 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
         last.contains("matches 2 disks (/dev/sda, /dev/sdb)"),
         "{last}"
     );
+    assert!(
+        last.contains("Talos would install to the first in its order, /dev/sda"),
+        "{last}"
+    );
     for needle in [
-        "/dev/sda model=QEMU HARDDISK serial=SN-w-1 size=100.0 GB busPath=/pci0000:00/0000:00:05.0",
+        "/dev/sda model=KINGSTON SA400S37120G serial=SN-w-1 size=120.0 GB busPath=/pci0000:00/0000:00:17.0/ata1/",
         "/dev/sdb model=Other SSD serial=SN-second",
-        "/dev/sdc model=Big HDD serial=SN-big size=4.0 TB busPath=/pci0000:00/0000:00:07.0/ata1",
-        "transport=virtio",
+        "/dev/sdc model=Big HDD serial=SN-big size=4.0 TB busPath=/pci0000:00/0000:00:17.0/ata3/",
+        "transport=sata rotational",
     ] {
         assert!(last.contains(needle), "missing {needle:?} in {last}");
     }
@@ -739,4 +770,141 @@ async fn run_loop_polls_nodes_and_cluster_to_a_kubeconfig() {
     assert_eq!(world.phase("w-1"), NodePhase::Ready);
     assert_eq!(world.node("cp-1").bootstrap_calls(), 1);
     assert_eq!(world.node("w-1").apply_calls(), 1);
+}
+
+#[tokio::test]
+async fn install_disks_by_link_and_by_selector_are_the_disks_talos_installs_to() {
+    let boot_ssd = || SimDisk::sata(0, "INTEL SSDSC2KB480G8", "PHYF1", 480_103_981_056, false);
+    let link = boot_ssd()
+        .spec
+        .symlinks
+        .iter()
+        .find(|s| s.starts_with("/dev/disk/by-id/ata-"))
+        .cloned()
+        .unwrap();
+    assert_eq!(link, "/dev/disk/by-id/ata-INTEL_SSDSC2KB480G8_PHYF1");
+    let machines = [
+        Machine {
+            name: "cp-1",
+            last: 11,
+            cp: true,
+            install: "installDisk: /dev/disk/by-id/ata-INTEL_SSDSC2KB480G8_PHYF1",
+        },
+        Machine {
+            name: "w-1",
+            last: 21,
+            cp: false,
+            install: "diskSelector: {type: nvme, size: \"<= 600GB\"}",
+        },
+    ];
+    let world = World::start(71, &machines, move |cfg| {
+        cfg.disks = if cfg.hostname == "cp-1" {
+            vec![
+                SimDisk::nvme(0, "SAMSUNG MZQL21T9HCJR-00A07", "S1", 1_920_383_410_176),
+                boot_ssd(),
+            ]
+        } else {
+            // The small NVMe enumerates second; the big one and a SATA disk do not match.
+            vec![
+                SimDisk::nvme(0, "SAMSUNG MZQL21T9HCJR-00A07", "S1", 1_920_383_410_176),
+                SimDisk::nvme(1, "Samsung SSD 980 PRO 500GB", "S2", 500_107_862_016),
+                boot_ssd(),
+            ]
+        };
+    })
+    .await;
+    for (name, want) in [("cp-1", "/dev/sda"), ("w-1", "/dev/nvme1n1")] {
+        world.provision(name).await;
+        assert_eq!(world.phase(name), NodePhase::Ready, "{name}");
+        let facts = world
+            .with_store(|s| talboot::provision::node::NodeFacts::load(s, name))
+            .unwrap();
+        assert_eq!(facts.install_disk, want, "{name}");
+        // What the node's install task took for the config talboot applied.
+        assert_eq!(world.node(name).install_disk(), Some(Ok(want.to_owned())));
+        let events = world.events(name).join("\n");
+        let why = if name == "cp-1" {
+            "the disk with that path or link"
+        } else {
+            "the only matching disk"
+        };
+        assert!(
+            events.contains(&format!("Talos will install to {want} ({why})")),
+            "{events}"
+        );
+    }
+    let table = world.with_store(|s| {
+        talboot::cli::status::table(
+            &world.inventory,
+            s,
+            talboot::events::Clock::now_unix(&SystemClock),
+        )
+        .unwrap()
+    });
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("DISK"), "{table}");
+    for (name, want) in [("cp-1", "/dev/sda"), ("w-1", "/dev/nvme1n1")] {
+        let row = table.lines().find(|l| l.starts_with(name)).unwrap();
+        assert!(row.contains(want), "{row}");
+    }
+}
+
+#[tokio::test]
+async fn ssd_selector_matching_an_nvme_disk_too_is_refused_naming_talos_pick() {
+    let machines = [
+        cp("cp-1", 11),
+        Machine {
+            name: "w-1",
+            last: 21,
+            cp: false,
+            install: "diskSelector: {type: ssd}",
+        },
+    ];
+    let world = World::start(72, &machines, |cfg| {
+        if cfg.hostname != "w-1" {
+            return;
+        }
+        // The operator means the SATA SSD; Talos's `ssd` is "not rotational", so the NVMe
+        // data disk matches too, and it sorts first.
+        cfg.disks = vec![
+            SimDisk::sata(0, "INTEL SSDSC2KB480G8", "PHYF1", 480_103_981_056, false),
+            SimDisk::nvme(0, "SAMSUNG MZQL21T9HCJR-00A07", "S1", 1_920_383_410_176),
+        ];
+    })
+    .await;
+    let t = world.boot();
+    assert_eq!(
+        t.prov().step_node("w-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Maintenance)
+    );
+    let err = t.prov().step_node("w-1").await.unwrap_err();
+    t.kill().await;
+    assert!(matches!(err, ProvisionError::Disk { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("matches 2 disks (/dev/nvme0n1, /dev/sda)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Talos would install to the first in its order, /dev/nvme0n1"),
+        "{msg}"
+    );
+    assert_eq!(world.phase("w-1"), NodePhase::Failed);
+    assert_eq!(world.node("w-1").apply_calls(), 0);
+}
+
+#[tokio::test]
+async fn a_machine_without_smbios_is_provisioned_with_its_system_facts_absent() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start(73, &machines, |cfg| cfg.smbios = false).await;
+    world.provision("cp-1").await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Ready);
+    let facts = world
+        .with_store(|s| talboot::provision::node::NodeFacts::load(s, "cp-1"))
+        .unwrap();
+    assert_eq!(facts.system_uuid, None);
+    assert_eq!(facts.manufacturer, None);
+    assert_eq!(facts.install_disk, "/dev/sda");
+    let events = world.events("cp-1").join("\n");
+    assert!(events.contains("no SMBIOS system information"), "{events}");
 }

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use base64::Engine as _;
 use rcgen::ExtendedKeyUsagePurpose;
 
+use talboot::sim::disks::SimDisk;
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
 use talboot::talos::api::machine::{apply_configuration_request::Mode, reset_request::WipeMode};
@@ -100,21 +101,46 @@ async fn maintenance_probe_reads_version_disks_and_hardware() {
     assert_eq!(version.version.unwrap().tag, TALOS_TAG);
     assert_eq!(version.platform.unwrap().name, "metal");
 
+    // storaged: device_name = filepath.Join("/dev", id) (internal/app/storaged/server.go).
     let disks = client.disks().await.unwrap();
     assert_eq!(disks.len(), 1);
-    assert_eq!(disks[0].device_name, "sda");
-    assert_eq!(disks[0].size, 100_000_000_000);
+    assert_eq!(disks[0].device_name, "/dev/sda");
+    assert_eq!(disks[0].size, 120_034_123_776);
+    assert_eq!(disks[0].r#type, storage::disk::DiskType::Ssd as i32);
 
-    let sysinfo = client.system_information().await.unwrap();
+    let sysinfo = client.system_information().await.unwrap().unwrap();
     assert_eq!(
         sysinfo.uuid,
         FakeNodeConfig::new(ip(10), "node-10").system_uuid
     );
 
+    // block.Disk: bare ID, full dev_path, the fields the selector matches on.
     let cosi_disks = client.cosi_disks().await.unwrap();
     assert_eq!(cosi_disks.len(), 1);
-    assert_eq!(cosi_disks[0].id, "sda");
-    assert_eq!(cosi_disks[0].spec.dev_path, "/dev/sda");
+    let d = &cosi_disks[0];
+    assert_eq!(d.id, "sda");
+    assert_eq!(d.spec.dev_path, "/dev/sda");
+    assert_eq!(d.spec.transport, "sata");
+    assert!(!d.spec.rotational && !d.spec.cdrom && !d.spec.readonly);
+    assert_eq!(d.spec.size, 120_034_123_776);
+    assert_eq!(d.spec.pretty_size, "120 GB");
+    assert_eq!(d.spec.model, "KINGSTON SA400S37120G");
+    assert_eq!(d.spec.serial, "SN-node-10");
+    assert!(d.spec.wwid.starts_with("naa."), "{:?}", d.spec.wwid);
+    assert_eq!(d.spec.sub_system, "/sys/class/block");
+    assert_eq!(d.spec.modalias, "scsi:t-0x00");
+    assert!(
+        d.spec.bus_path.starts_with("/pci0000:00/"),
+        "{}",
+        d.spec.bus_path
+    );
+    assert!(
+        d.spec
+            .symlinks
+            .contains(&"/dev/disk/by-id/ata-KINGSTON_SA400S37120G_SN-node-10".to_owned()),
+        "{:?}",
+        d.spec.symlinks
+    );
 
     let services = client.service_list().await.unwrap();
     assert!(services.iter().any(|s| s.id == "apid"), "{services:?}");
@@ -175,7 +201,7 @@ async fn admin_calls_in_maintenance_are_refused_with_an_actionable_error() {
 
     // Maintenance mode ignores the `node` header (routing is disabled): served locally.
     let relayed = client.with_node("127.0.13.99").unwrap();
-    assert_eq!(relayed.disks().await.unwrap()[0].device_name, "sda");
+    assert_eq!(relayed.disks().await.unwrap()[0].device_name, "/dev/sda");
 
     // The secured client against a maintenance node fails on the throwaway CA: the
     // classic "certificate signed by unknown authority" case, named for what it is.
@@ -274,6 +300,10 @@ async fn applied_node_installs_and_then_requires_an_admin_certificate() {
         admin.version().await.unwrap().version.unwrap().tag,
         TALOS_TAG
     );
+    // Installed to `disk: /dev/sda`: storaged now marks it as the system disk.
+    assert_eq!(node.install_disk(), Some(Ok("/dev/sda".to_owned())));
+    let disks = admin.disks().await.unwrap();
+    assert!(disks[0].system_disk, "{disks:?}");
     assert_eq!(
         node.served().last().unwrap().roles,
         vec!["os:admin".to_owned()]
@@ -432,13 +462,7 @@ async fn worker_behind_control_plane_is_reached_with_the_node_header_and_reset()
         .await
         .unwrap();
     let mut worker_cfg = FakeNodeConfig::new(ip(61), "worker-61");
-    worker_cfg.disks = vec![storage::Disk {
-        size: 500_000_000_000,
-        model: "Samsung SSD 980".into(),
-        device_name: "nvme0n1".into(),
-        r#type: storage::disk::DiskType::Nvme as i32,
-        ..Default::default()
-    }];
+    worker_cfg.disks = vec![SimDisk::nvme(0, "Samsung SSD 980", "S1", 500_000_000_000)];
     let worker = FakeTalosNode::start(worker_cfg, &cluster).await.unwrap();
     let ca = SimCa::new_os_ca().unwrap();
 
@@ -464,7 +488,7 @@ async fn worker_behind_control_plane_is_reached_with_the_node_header_and_reset()
 
     let via_cp = secured(&cp, &creds).with_node("127.0.13.61").unwrap();
     let disks = via_cp.disks().await.unwrap();
-    assert_eq!(disks[0].device_name, "nvme0n1");
+    assert_eq!(disks[0].device_name, "/dev/nvme0n1");
     let last = worker.served().last().cloned().unwrap();
     assert_eq!(last.rpc, "Disks");
     assert!(last.relayed);
@@ -533,4 +557,72 @@ async fn unreachable_node_is_reported_as_unreachable() {
         .unwrap_err();
     assert!(matches!(err, TalosError::Unreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("127.0.13.70:50000"), "{err}");
+}
+
+#[tokio::test]
+async fn disks_are_listed_in_talos_order_with_full_paths_and_bare_ids() {
+    let cluster = FakeCluster::new();
+    let mut cfg = FakeNodeConfig::new(ip(11), "node-11");
+    // Enumerated out of order, as a kernel may: Talos lists by resource ID either way.
+    cfg.disks = vec![
+        SimDisk::sata(1, "ST4000NM000A", "ZC1", 4_000_787_030_016, true),
+        SimDisk::nvme(1, "Samsung SSD 980 PRO 1TB", "S2", 1_000_204_886_016),
+        SimDisk::cdrom(0, "QEMU DVD-ROM", 4_700_000_000),
+        SimDisk::nvme(0, "Samsung SSD 980 PRO 500GB", "S1", 500_107_862_016),
+    ];
+    let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+    let client = maintenance(&node);
+    let legacy = client.disks().await.unwrap();
+    let names: Vec<&str> = legacy.iter().map(|d| d.device_name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["/dev/nvme0n1", "/dev/nvme1n1", "/dev/sdb", "/dev/sr0"]
+    );
+    use storage::disk::DiskType as T;
+    let kinds: Vec<i32> = legacy.iter().map(|d| d.r#type).collect();
+    assert_eq!(
+        kinds,
+        [T::Nvme as i32, T::Nvme as i32, T::Hdd as i32, T::Cd as i32]
+    );
+    let cosi = client.cosi_disks().await.unwrap();
+    let ids: Vec<&str> = cosi.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["nvme0n1", "nvme1n1", "sdb", "sr0"]);
+    for (c, l) in cosi.iter().zip(&legacy) {
+        assert_eq!(c.spec.dev_path, l.device_name);
+        assert_eq!(c.spec.dev_path, format!("/dev/{}", c.id));
+        assert!(
+            c.spec.symlinks.iter().all(|s| s.starts_with("/dev/disk/")),
+            "{:?}",
+            c.spec.symlinks
+        );
+    }
+    assert_eq!(cosi[0].spec.transport, "nvme");
+    assert!(cosi[2].spec.rotational);
+    assert!(cosi[3].spec.cdrom && cosi[3].spec.readonly);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_machine_without_smbios_has_no_system_information() {
+    let cluster = FakeCluster::new();
+    let mut cfg = FakeNodeConfig::new(ip(12), "node-12");
+    cfg.smbios = false;
+    let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+    let client = maintenance(&node);
+    // COSI answers NotFound for the resource; the client reports it as absent.
+    let raw = client
+        .cosi_get(
+            "hardware",
+            "SystemInformations.hardware.talos.dev",
+            "systeminformation",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&raw, TalosError::Remote { code, .. } if *code == tonic::Code::NotFound),
+        "{raw:?}"
+    );
+    assert_eq!(client.system_information().await.unwrap(), None);
+    assert_eq!(client.disks().await.unwrap().len(), 1);
+    node.shutdown().await;
 }

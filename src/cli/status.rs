@@ -1,5 +1,6 @@
 //! `talboot status`: one line per inventory node from the state store: role, phase, address,
-//! Talos version and the last event.
+//! Talos version, the disk Talos installs to (as talboot computed it from the node's disks)
+//! and the last event.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +73,7 @@ pub fn table(
         "PHASE".into(),
         "ADDRESS".into(),
         "TALOS".into(),
+        "DISK".into(),
         "LAST EVENT".into(),
     ]];
     for node in &inventory.nodes {
@@ -105,15 +107,24 @@ pub fn table(
             address,
             rec.and_then(|r| r.talos_version)
                 .unwrap_or_else(|| "-".into()),
+            install_disk(store, node.name.as_str()),
             last,
         ]);
     }
     Ok(render(&rows))
 }
 
+/// The install disk recorded with the node's facts, `-` before one was chosen.
+fn install_disk(store: &dyn Store, node: &str) -> String {
+    crate::provision::node::NodeFacts::load(store, node)
+        .map(|f| f.install_disk)
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| "-".into())
+}
+
 /// Align the rows into columns (the last column is left ragged).
-fn render(rows: &[[String; 6]]) -> String {
-    let mut widths = [0usize; 5];
+fn render(rows: &[[String; 7]]) -> String {
+    let mut widths = [0usize; 6];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
             *w = (*w).max(cell.chars().count());
@@ -122,7 +133,7 @@ fn render(rows: &[[String; 6]]) -> String {
     let mut out = String::new();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
-            if i < 5 {
+            if i < 6 {
                 out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
             } else {
                 out.push_str(cell);
@@ -170,6 +181,7 @@ fn status_from_serve(port: u16) -> ExitCode {
         "PHASE".into(),
         "ADDRESS".into(),
         "TALOS".into(),
+        "DISK".into(),
         "LAST EVENT".into(),
     ]];
     for n in &nodes {
@@ -179,6 +191,7 @@ fn status_from_serve(port: u16) -> ExitCode {
             field(n, "phase"),
             field(n, "last_seen"),
             field(n, "talos_version"),
+            field(n, "install_disk"),
             field(n, "last_event"),
         ]);
     }

@@ -419,6 +419,8 @@ struct NodeStatus {
     phase: String,
     last_seen: Option<String>,
     talos_version: Option<String>,
+    /// The disk Talos installs to, as talboot computed it (`talboot status` shows it).
+    install_disk: Option<String>,
     last_event: Option<String>,
 }
 
@@ -441,6 +443,12 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
+            install_disk: crate::provision::node::NodeFacts::load(
+                app.store.as_ref(),
+                n.name.as_str(),
+            )
+            .map(|f| f.install_disk)
+            .filter(|d| !d.is_empty()),
             last_event: last.map(|e| format!("{}: {}", e.kind, e.detail)),
         });
     }

@@ -343,28 +343,11 @@ pub fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Dis
     Some(sel)
 }
 
-/// Talos size matchers: an optional comparison (`<=`, `>=`, `<`, `>`, `==`) then a size with an
-/// optional unit (`B`, `kB`…`TB`, `KiB`…`TiB`).
+/// Talos size matchers, read exactly as Talos reads them (`InstallDiskSizeMatcher`, see
+/// [`crate::provision::disks::parse_size_expr`]): an optional comparison, then a size that
+/// `humanize.ParseBytes` accepts.
 fn check_size(s: &str) -> Result<String, String> {
-    let rest = s.trim_start_matches(['<', '>', '=']).trim_start();
-    let op = &s[..s.len() - s.trim_start_matches(['<', '>', '=']).len()];
-    if !matches!(op, "" | "<" | ">" | "<=" | ">=" | "==") {
-        return Err(format!("unknown comparison `{op}`"));
-    }
-    let split = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
-    let (num, unit) = rest.split_at(split);
-    if num.is_empty() || num.parse::<f64>().is_err() {
-        return Err("missing number".into());
-    }
-    let units = [
-        "", "B", "kB", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB",
-    ];
-    if !units.contains(&unit.trim()) {
-        return Err(format!("unknown unit `{unit}`"));
-    }
-    Ok(s.to_string())
+    crate::provision::disks::parse_size_expr(s).map(|_| s.to_string())
 }
 
 /// Patches: each list item is an inline mapping (strategic merge), an inline list (JSON patch),

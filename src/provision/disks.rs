@@ -1,16 +1,34 @@
 //! Install-disk check, pure: the inventory's [`InstallTarget`] against the disks a node
-//! reports in maintenance mode.
+//! reports in maintenance mode, computing the disk **Talos itself will install to**.
 //!
-//! A device path must name a disk the node has; a [`DiskSelector`] must match **exactly one**
-//! disk. Anything else is refused before a config is applied, with every disk listed (device
-//! path, model, serial, size, bus path, transport), because the classic failure is an install
-//! disk that names the wrong device after NVMe enumeration changed, and the operator needs the
-//! stable facts (serial, bus path) to write a selector that survives it.
+//! The facts come from COSI `Disks.block.talos.dev` (resource ID = kernel name `sda`, spec
+//! `dev_path` = `/dev/sda`), joined with `storage.Disks`, whose `device_name` is already the
+//! full path (siderolabs/talos v1.13.9 `internal/app/storaged/server.go`:
+//! `DeviceName: filepath.Join("/dev", d.Metadata().ID())`).
 //!
-//! Matching follows Talos's `InstallDiskSelector`: `model`, `serial`, `wwid` and `busPath`
-//! are globs (`*`, `?`), `size` is a byte size with an optional comparison (`<= 600GB`,
-//! `>= 1TB`; decimal and binary units), `type` is ssd, hdd, nvme or sd. Read-only disks and
-//! CD-ROMs are never candidates.
+//! Talos's rules (v1.13.9), which [`choose_install_disk`] follows exactly:
+//! * A `diskSelector` wins over `disk` and is compiled to a CEL expression over `block.Disk`
+//!   (`pkg/machinery/config/types/v1alpha1/v1alpha1_provider.go`, `DiskMatchExpression`): every
+//!   non-empty `model`, `serial`, `wwid`, `busPath` is `glob(pattern, field)` with
+//!   ryanuber/go-glob v1.0.0, where **only `*`** is special; `size` is `disk.size <op> N`
+//!   with N from `humanize.ParseBytes` (dustin/go-humanize v1.0.1; `InstallDiskSizeMatcher`
+//!   in `v1alpha1_types.go`); `type: nvme` is `transport == "nvme"`, `sd` is
+//!   `transport == "mmc"`, `hdd` is `rotational`, `ssd` is `!rotational` (so NVMe, MMC and
+//!   virtio disks that are not rotational are "ssd" too); and always `transport != ""`,
+//!   `!readonly`, `!cdrom`.
+//! * The install task takes the **first** matching disk (`matchedDisks[0]`,
+//!   `internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go`, `Install`) of
+//!   `MatchDisks`'s list, which is COSI's in-memory List, sorted by resource ID
+//!   (cosi-project/runtime v1.14.1 `pkg/state/impl/inmem/collection.go`).
+//! * A `disk` path goes through `filepath.EvalSymlinks`, so a `/dev/disk/by-id/...` link names
+//!   the disk it points to; the disk's links are `block.Disk.symlinks`
+//!   (`internal/app/machined/pkg/controllers/block/symlinks.go`).
+//!
+//! talboot is stricter than Talos on purpose: a selector must match **exactly one** disk,
+//! because Talos silently taking the first of several wipes whichever sorts first. Anything
+//! else is refused before a config is applied, with every disk listed (device path, model,
+//! serial, size, bus path, transport) and, for several matches, the candidates in Talos's
+//! order and the one Talos would take.
 
 use std::fmt;
 
@@ -18,11 +36,11 @@ use crate::inventory::{DiskSelector, DiskType, InstallTarget};
 use crate::talos::api::storage::{self, disk::DiskType as ApiDiskType};
 use crate::talos::client::CosiDisk;
 
-/// What talboot knows about one disk of a node (from `storage.Disks`, completed by COSI
-/// `Disks.block.talos.dev` where that has more).
+/// What talboot knows about one disk of a node: the COSI `block.Disk` spec fields the
+/// selector matches on, completed by `storage.Disks`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskFacts {
-    /// `/dev/<name>`.
+    /// Full device path, `/dev/<kernel name>` (`dev_path`; `storage.Disks` `device_name`).
     pub dev_path: String,
     /// Model string.
     pub model: String,
@@ -32,53 +50,119 @@ pub struct DiskFacts {
     pub size: u64,
     /// World-wide identifier.
     pub wwid: String,
+    /// Disk UUID (`/sys/block/<dev>/uuid`).
+    #[serde(default)]
+    pub uuid: String,
+    /// Kernel modalias.
+    #[serde(default)]
+    pub modalias: String,
     /// Kernel bus path (stable across NVMe renumbering).
     pub bus_path: String,
-    /// Transport (`nvme`, `sata`, `virtio`, ...), from COSI; empty when unknown.
+    /// Transport (`nvme`, `sata`, `virtio`, `mmc`, ...) from COSI; empty for device-mapper
+    /// and other virtual disks, and when COSI was not read.
     pub transport: String,
-    /// Kind of disk, as Talos classifies it; `None` for unknown or CD.
+    /// Rotational (`/sys/block/<dev>/queue/rotational`), from COSI.
+    #[serde(default)]
+    pub rotational: bool,
+    /// storaged's classification (CD, NVME, SD, HDD, SSD, unknown); shown, never matched on.
     #[serde(with = "kind_name")]
     pub kind: Option<DiskType>,
     /// Read-only device.
     pub readonly: bool,
     /// CD-ROM drive.
     pub cdrom: bool,
-    /// Other names of the device (`/dev/disk/by-id/...`), from COSI.
+    /// Other names of the device (`/dev/disk/by-id/...`), from COSI, sorted.
     pub symlinks: Vec<String>,
+    /// Whether these facts come from the COSI `block.Disk` resource (transport, rotational
+    /// and links known), not only from `storage.Disks`.
+    #[serde(default)]
+    pub from_cosi: bool,
+}
+
+/// `/dev/<name>` for a bare kernel name; a path is kept as it is (never `/dev//dev/sda`).
+fn full_path(name: &str) -> String {
+    if name.starts_with('/') {
+        name.to_owned()
+    } else {
+        format!("/dev/{name}")
+    }
 }
 
 impl DiskFacts {
-    /// Builds the facts from the legacy disk list, adding transport and symlinks from the COSI
-    /// list where a COSI disk has the same device name.
+    /// Builds the facts in Talos's list order (by resource ID): from each COSI `block.Disk`,
+    /// completed with the `storage.Disks` entry of the same path; a legacy disk COSI does
+    /// not list (COSI unreadable) is kept with what `storage.Disks` has.
     pub fn collect(disks: &[storage::Disk], cosi: &[CosiDisk]) -> Vec<DiskFacts> {
-        disks
+        let legacy_kind = |d: &storage::Disk| match ApiDiskType::try_from(d.r#type) {
+            Ok(ApiDiskType::Ssd) => Some(DiskType::Ssd),
+            Ok(ApiDiskType::Hdd) => Some(DiskType::Hdd),
+            Ok(ApiDiskType::Nvme) => Some(DiskType::Nvme),
+            Ok(ApiDiskType::Sd) => Some(DiskType::Sd),
+            _ => None,
+        };
+        let mut out: Vec<DiskFacts> = cosi
             .iter()
-            .map(|d| {
-                let extra = cosi.iter().find(|c| c.id == d.device_name);
-                let kind = match ApiDiskType::try_from(d.r#type) {
-                    Ok(ApiDiskType::Ssd) => Some(DiskType::Ssd),
-                    Ok(ApiDiskType::Hdd) => Some(DiskType::Hdd),
-                    Ok(ApiDiskType::Nvme) => Some(DiskType::Nvme),
-                    Ok(ApiDiskType::Sd) => Some(DiskType::Sd),
-                    _ => None,
+            .map(|c| {
+                let s = &c.spec;
+                let path = if s.dev_path.is_empty() {
+                    full_path(&c.id)
+                } else {
+                    s.dev_path.clone()
                 };
+                let legacy = disks.iter().find(|d| full_path(&d.device_name) == path);
+                let mut symlinks = s.symlinks.clone();
+                symlinks.sort();
                 DiskFacts {
-                    dev_path: format!("/dev/{}", d.device_name),
-                    model: d.model.trim().to_owned(),
-                    serial: d.serial.trim().to_owned(),
-                    size: d.size,
-                    wwid: d.wwid.clone(),
-                    bus_path: d.bus_path.clone(),
-                    transport: extra.map(|c| c.spec.transport.clone()).unwrap_or_default(),
-                    kind,
-                    readonly: d.readonly,
-                    cdrom: d.r#type == ApiDiskType::Cd as i32
-                        || extra.is_some_and(|c| c.spec.cdrom),
-                    symlinks: extra.map(|c| c.spec.symlinks.clone()).unwrap_or_default(),
+                    dev_path: path,
+                    model: s.model.clone(),
+                    serial: s.serial.clone(),
+                    size: s.size,
+                    wwid: s.wwid.clone(),
+                    uuid: s.uuid.clone(),
+                    modalias: s.modalias.clone(),
+                    bus_path: s.bus_path.clone(),
+                    transport: s.transport.clone(),
+                    rotational: s.rotational,
+                    kind: legacy.and_then(legacy_kind),
+                    readonly: s.readonly,
+                    cdrom: s.cdrom,
+                    symlinks,
+                    from_cosi: true,
                 }
             })
-            .collect()
+            .collect();
+        for d in disks {
+            let path = full_path(&d.device_name);
+            if out.iter().any(|f| f.dev_path == path) {
+                continue;
+            }
+            out.push(DiskFacts {
+                dev_path: path,
+                model: d.model.clone(),
+                serial: d.serial.clone(),
+                size: d.size,
+                wwid: d.wwid.clone(),
+                uuid: d.uuid.clone(),
+                modalias: d.modalias.clone(),
+                bus_path: d.bus_path.clone(),
+                transport: String::new(),
+                rotational: d.r#type == ApiDiskType::Hdd as i32,
+                kind: legacy_kind(d),
+                readonly: d.readonly,
+                cdrom: d.r#type == ApiDiskType::Cd as i32,
+                symlinks: Vec::new(),
+                from_cosi: false,
+            });
+        }
+        talos_order(&mut out);
+        out
     }
+}
+
+/// Sorts disks as Talos lists them: by resource ID, i.e. by kernel name. Every `dev_path` is
+/// `/dev/` + ID, so comparing paths bytewise is comparing IDs (Go compares strings bytewise).
+pub fn talos_order(disks: &mut [DiskFacts]) {
+    disks.sort_by(|a, b| a.dev_path.cmp(&b.dev_path));
 }
 
 /// `DiskType` by its inventory word (`ssd`, `nvme`, ...) in stored facts.
@@ -102,14 +186,20 @@ mod kind_name {
 /// Why the install target was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RefusalReason {
-    /// The device path is not one of the node's disks.
+    /// The device path is neither a disk's path nor one of its `/dev/disk/...` links.
     NoSuchPath,
+    /// The path names a disk Talos cannot install to (read-only or a CD-ROM).
+    Unusable(String),
     /// The selector matches no disk.
     NoMatch,
-    /// The selector matches several disks (their device paths).
+    /// The selector matches several disks (their device paths, in Talos's order: Talos would
+    /// take the first).
     Ambiguous(Vec<String>),
-    /// The selector's size is not a size talboot (or Talos) can read.
+    /// The selector's size is not a size Talos can read.
     BadSize(String),
+    /// The node's COSI `block.Disk` resources could not be read, so transport and rotational
+    /// (which every selector matches on) are unknown.
+    NoBlockFacts,
 }
 
 /// The install target cannot be used on this node; the message lists every disk.
@@ -128,20 +218,34 @@ impl fmt::Display for DiskRefusal {
         match &self.reason {
             RefusalReason::NoSuchPath => write!(
                 f,
-                "install disk {} does not exist on this node",
+                "install disk {} does not exist on this node (neither a disk's device path nor \
+                 one of its /dev/disk links)",
+                self.target
+            )?,
+            RefusalReason::Unusable(why) => write!(
+                f,
+                "install disk {} is {why}: Talos cannot install to it",
                 self.target
             )?,
             RefusalReason::NoMatch => write!(f, "install disk {} matches no disk", self.target)?,
             RefusalReason::Ambiguous(paths) => write!(
                 f,
-                "install disk {} matches {} disks ({}) but must match exactly one",
+                "install disk {} matches {} disks ({}) but must match exactly one; Talos would \
+                 install to the first in its order, {}, and wipe it",
                 self.target,
                 paths.len(),
-                paths.join(", ")
+                paths.join(", "),
+                paths[0]
             )?,
             RefusalReason::BadSize(why) => {
                 write!(f, "install disk {}: unusable size: {why}", self.target)?
             }
+            RefusalReason::NoBlockFacts => write!(
+                f,
+                "install disk {}: the node did not list its block.Disk resources (COSI), so \
+                 the disk Talos would pick cannot be known",
+                self.target
+            )?,
         }
         write!(
             f,
@@ -161,6 +265,7 @@ impl std::error::Error for DiskRefusal {}
 /// One line describing a disk, for refusals and events.
 pub fn describe(d: &DiskFacts) -> String {
     let or_dash = |s: &str| {
+        let s = s.trim();
         if s.is_empty() {
             "-".to_owned()
         } else {
@@ -168,19 +273,20 @@ pub fn describe(d: &DiskFacts) -> String {
         }
     };
     format!(
-        "{} model={} serial={} size={} busPath={} transport={}{}{}",
+        "{} model={} serial={} size={} busPath={} transport={}{}{}{}",
         d.dev_path,
         or_dash(&d.model),
         or_dash(&d.serial),
         pretty_size(d.size),
         or_dash(&d.bus_path),
         or_dash(&d.transport),
+        if d.rotational { " rotational" } else { "" },
         if d.readonly { " readonly" } else { "" },
         if d.cdrom { " cdrom" } else { "" },
     )
 }
 
-/// Bytes in decimal units with one decimal, as Talos's `pretty_size` shows them.
+/// Bytes in decimal units with one decimal.
 pub fn pretty_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];
     let mut value = bytes as f64;
@@ -196,32 +302,56 @@ pub fn pretty_size(bytes: u64) -> String {
     }
 }
 
-/// Picks the install disk for `target` among `disks`: its device path, or a refusal.
+/// Collapses repeated `/` and `.` components, as `filepath.EvalSymlinks` cleans a path
+/// before resolving it.
+fn clean_path(p: &str) -> String {
+    let parts: Vec<&str> = p
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
+/// Picks the install disk for `target` among `disks`: the device path Talos will install to,
+/// or a refusal. See the module docs for the rules.
 pub fn choose_install_disk(
     target: &InstallTarget,
     disks: &[DiskFacts],
 ) -> Result<String, DiskRefusal> {
+    let mut ordered = disks.to_vec();
+    talos_order(&mut ordered);
     let refuse = |reason| DiskRefusal {
         target: target.to_string(),
         reason,
-        disks: disks.to_vec(),
+        disks: ordered.clone(),
     };
     match target {
-        InstallTarget::Disk(path) => disks
-            .iter()
-            .find(|d| d.dev_path == *path || d.symlinks.iter().any(|s| s == path))
-            .map(|d| d.dev_path.clone())
-            .ok_or_else(|| refuse(RefusalReason::NoSuchPath)),
-        InstallTarget::Selector(sel) => {
-            let size = match sel.size.as_deref().map(parse_size_expr).transpose() {
-                Ok(s) => s,
-                Err(why) => return Err(refuse(RefusalReason::BadSize(why))),
-            };
-            let hits: Vec<&DiskFacts> = disks
+        InstallTarget::Disk(path) => {
+            let path = clean_path(path);
+            let d = ordered
                 .iter()
-                .filter(|d| !d.readonly && !d.cdrom)
-                .filter(|d| matches_selector(sel, size, d))
-                .collect();
+                .find(|d| d.dev_path == path || d.symlinks.contains(&path))
+                .ok_or_else(|| refuse(RefusalReason::NoSuchPath))?;
+            if d.cdrom {
+                return Err(refuse(RefusalReason::Unusable(format!(
+                    "{}, a CD-ROM drive",
+                    d.dev_path
+                ))));
+            }
+            if d.readonly {
+                return Err(refuse(RefusalReason::Unusable(format!(
+                    "{}, read-only",
+                    d.dev_path
+                ))));
+            }
+            Ok(d.dev_path.clone())
+        }
+        InstallTarget::Selector(sel) => {
+            let m = Matcher::compile(sel).map_err(|why| refuse(RefusalReason::BadSize(why)))?;
+            if ordered.iter().any(|d| !d.from_cosi) {
+                return Err(refuse(RefusalReason::NoBlockFacts));
+            }
+            let hits: Vec<&DiskFacts> = ordered.iter().filter(|d| m.matches(d)).collect();
             match hits.as_slice() {
                 [one] => Ok(one.dev_path.clone()),
                 [] => Err(refuse(RefusalReason::NoMatch)),
@@ -233,14 +363,65 @@ pub fn choose_install_disk(
     }
 }
 
-fn matches_selector(sel: &DiskSelector, size: Option<SizeExpr>, d: &DiskFacts) -> bool {
-    let glob_ok = |pat: &Option<String>, value: &str| pat.as_deref().is_none_or(|p| glob(p, value));
-    glob_ok(&sel.model, &d.model)
-        && glob_ok(&sel.serial, &d.serial)
-        && glob_ok(&sel.wwid, &d.wwid)
-        && glob_ok(&sel.bus_path, &d.bus_path)
-        && sel.disk_type.is_none_or(|t| d.kind == Some(t))
-        && size.is_none_or(|s| s.holds(d.size))
+/// The disks Talos's compiled selector matches, in Talos's order (its pick is the first).
+pub fn talos_matches(sel: &DiskSelector, disks: &[DiskFacts]) -> Result<Vec<String>, String> {
+    let m = Matcher::compile(sel)?;
+    let mut ordered = disks.to_vec();
+    talos_order(&mut ordered);
+    Ok(ordered
+        .iter()
+        .filter(|d| m.matches(d))
+        .map(|d| d.dev_path.clone())
+        .collect())
+}
+
+/// Which field of a disk a glob is matched against.
+type Field = fn(&DiskFacts) -> &str;
+
+/// A selector compiled the way `DiskMatchExpression` compiles it.
+struct Matcher<'a> {
+    size: Option<SizeExpr>,
+    globs: Vec<(&'a str, Field)>,
+    disk_type: Option<DiskType>,
+}
+
+impl<'a> Matcher<'a> {
+    fn compile(sel: &'a DiskSelector) -> Result<Self, String> {
+        let size = sel.size.as_deref().map(parse_size_expr).transpose()?;
+        let mut globs: Vec<(&str, Field)> = Vec::new();
+        // Empty strings are not criteria: `if selector.Model != ""`.
+        let fields: [(&Option<String>, Field); 4] = [
+            (&sel.wwid, |d| &d.wwid),
+            (&sel.model, |d| &d.model),
+            (&sel.serial, |d| &d.serial),
+            (&sel.bus_path, |d| &d.bus_path),
+        ];
+        for (pat, get) in fields {
+            if let Some(p) = pat.as_deref().filter(|p| !p.is_empty()) {
+                globs.push((p, get));
+            }
+        }
+        Ok(Matcher {
+            size,
+            globs,
+            disk_type: sel.disk_type,
+        })
+    }
+
+    fn matches(&self, d: &DiskFacts) -> bool {
+        self.size.is_none_or(|s| s.holds(d.size))
+            && self.globs.iter().all(|(p, get)| glob(p, get(d)))
+            && !d.transport.is_empty()
+            && match self.disk_type {
+                None => true,
+                Some(DiskType::Nvme) => d.transport == "nvme",
+                Some(DiskType::Sd) => d.transport == "mmc",
+                Some(DiskType::Hdd) => d.rotational,
+                Some(DiskType::Ssd) => !d.rotational,
+            }
+            && !d.readonly
+            && !d.cdrom
+    }
 }
 
 /// A size comparison from a selector.
@@ -280,232 +461,92 @@ impl SizeExpr {
     }
 }
 
-/// Parses `<= 600GB`, `>=1TiB`, `500 GB`, `1.5TB`, `1024` (bytes).
+/// Parses a selector size as Talos does (`InstallDiskSizeMatcher.UnmarshalYAML`,
+/// `v1alpha1_types.go`): trimmed, an optional `>=`, `<=`, `>`, `<` or `==` (tried in that
+/// order), then the rest, trimmed, through `humanize.ParseBytes`: a run of digits, `.` and
+/// `,` (commas dropped) read as a float, then a case-insensitive unit (`B`, `k`/`kB`...`E`/`EB`
+/// powers of 1000, `Ki`/`KiB`...`Ei`/`EiB` powers of 1024, none = bytes), the product
+/// truncated to whole bytes.
 pub fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
     let s = s.trim();
     let (op, rest) = [
-        ("<=", SizeOp::Le),
         (">=", SizeOp::Ge),
-        ("==", SizeOp::Eq),
-        ("<", SizeOp::Lt),
+        ("<=", SizeOp::Le),
         (">", SizeOp::Gt),
+        ("<", SizeOp::Lt),
+        ("==", SizeOp::Eq),
     ]
     .iter()
     .find_map(|(p, op)| s.strip_prefix(p).map(|r| (*op, r)))
     .unwrap_or((SizeOp::Eq, s));
-    let rest = rest.trim();
-    let split = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
-    let (num, unit) = rest.split_at(split);
-    let value: f64 = num
+    let bytes = parse_bytes(rest.trim())
+        .map_err(|why| format!("failed to parse disk size {:?}: {why}", rest.trim()))?;
+    Ok(SizeExpr { op, bytes })
+}
+
+/// `humanize.ParseBytes` (dustin/go-humanize v1.0.1 `bytes.go`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+        .unwrap_or(s.len());
+    let num = s[..end].replace(',', "");
+    let f: f64 = num
         .parse()
         .map_err(|_| format!("{s:?} does not start with a number (e.g. `<= 600GB`)"))?;
-    let unit = unit.trim().to_ascii_lowercase();
+    let unit = s[end..].trim().to_lowercase();
     let mult: u64 = match unit.as_str() {
         "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "t" | "tb" => 1_000_000_000_000,
-        "p" | "pb" => 1_000_000_000_000_000,
+        "k" | "kb" => 1000,
+        "m" | "mb" => 1000u64.pow(2),
+        "g" | "gb" => 1000u64.pow(3),
+        "t" | "tb" => 1000u64.pow(4),
+        "p" | "pb" => 1000u64.pow(5),
+        "e" | "eb" => 1000u64.pow(6),
         "ki" | "kib" => 1 << 10,
         "mi" | "mib" => 1 << 20,
         "gi" | "gib" => 1 << 30,
         "ti" | "tib" => 1 << 40,
         "pi" | "pib" => 1 << 50,
+        "ei" | "eib" => 1 << 60,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {s:?}; use B, kB, MB, GB, TB (powers of 1000) or \
-                 KiB, MiB, GiB, TiB (powers of 1024)"
+                "unknown unit {other:?}; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, \
+                 GiB, TiB (powers of 1024)"
             ));
         }
     };
-    Ok(SizeExpr {
-        op,
-        bytes: (value * mult as f64).round() as u64,
-    })
+    let v = f * mult as f64;
+    if v >= u64::MAX as f64 {
+        return Err(format!("too large: {s}"));
+    }
+    // Go's uint64(f) truncates toward zero.
+    Ok(v as u64)
 }
 
-/// Shell-style glob: `*` any run of characters, `?` one character, everything else literal.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    // Iterative matcher with one backtrack point (the last `*`), linear in practice.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
+/// ryanuber/go-glob v1.0.0 `Glob`: `*` matches any run of characters, every other character
+/// (`?` and `[` included) only itself; an empty pattern matches only the empty string.
+pub fn glob(pattern: &str, subj: &str) -> bool {
+    if pattern.is_empty() {
+        return subj.is_empty();
+    }
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let last = parts.len() - 1;
+    if last == 0 {
+        return subj == pattern;
+    }
+    // The first part anchors at the start (unless the pattern starts with `*`); every middle
+    // part is taken at its leftmost occurrence; the last must end the rest.
+    let Some(mut rest) = subj.strip_prefix(parts[0]) else {
+        return false;
+    };
+    for part in &parts[1..last] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
         }
     }
-    p[pi..].iter().all(|c| *c == '*')
+    rest.ends_with(parts[last])
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn disk(name: &str, model: &str, serial: &str, size: u64, kind: DiskType) -> DiskFacts {
-        DiskFacts {
-            dev_path: format!("/dev/{name}"),
-            model: model.into(),
-            serial: serial.into(),
-            size,
-            wwid: format!("eui.{serial}"),
-            bus_path: format!("/pci0000:00/0000:00:{serial}.0/nvme"),
-            transport: if kind == DiskType::Nvme {
-                "nvme"
-            } else {
-                "sata"
-            }
-            .into(),
-            kind: Some(kind),
-            readonly: false,
-            cdrom: false,
-            symlinks: vec![format!("/dev/disk/by-id/ata-{serial}")],
-        }
-    }
-
-    fn rack() -> Vec<DiskFacts> {
-        vec![
-            disk(
-                "nvme0n1",
-                "Samsung SSD 980",
-                "S1",
-                500_107_862_016,
-                DiskType::Nvme,
-            ),
-            disk(
-                "nvme1n1",
-                "Samsung SSD 980",
-                "S2",
-                1_000_204_886_016,
-                DiskType::Nvme,
-            ),
-            disk("sda", "ST4000NM", "H1", 4_000_787_030_016, DiskType::Hdd),
-        ]
-    }
-
-    fn sel(f: impl FnOnce(&mut DiskSelector)) -> InstallTarget {
-        let mut s = DiskSelector::default();
-        f(&mut s);
-        InstallTarget::Selector(s)
-    }
-
-    #[test]
-    fn path_must_exist() {
-        let disks = rack();
-        assert_eq!(
-            choose_install_disk(&InstallTarget::Disk("/dev/sda".into()), &disks).unwrap(),
-            "/dev/sda"
-        );
-        assert_eq!(
-            choose_install_disk(
-                &InstallTarget::Disk("/dev/disk/by-id/ata-S2".into()),
-                &disks
-            )
-            .unwrap(),
-            "/dev/nvme1n1"
-        );
-        let err = choose_install_disk(&InstallTarget::Disk("/dev/vda".into()), &disks).unwrap_err();
-        assert_eq!(err.reason, RefusalReason::NoSuchPath);
-    }
-
-    #[test]
-    fn selector_picks_exactly_one() {
-        let disks = rack();
-        let t = sel(|s| {
-            s.disk_type = Some(DiskType::Nvme);
-            s.size = Some("<= 600GB".into());
-        });
-        assert_eq!(choose_install_disk(&t, &disks).unwrap(), "/dev/nvme0n1");
-        let t = sel(|s| s.serial = Some("S?".into()));
-        let err = choose_install_disk(&t, &disks).unwrap_err();
-        assert_eq!(
-            err.reason,
-            RefusalReason::Ambiguous(vec!["/dev/nvme0n1".into(), "/dev/nvme1n1".into()])
-        );
-        let t = sel(|s| s.model = Some("Samsung*".into()));
-        assert!(matches!(
-            choose_install_disk(&t, &disks).unwrap_err().reason,
-            RefusalReason::Ambiguous(_)
-        ));
-        let t = sel(|s| s.bus_path = Some("/pci0000:00/0000:00:S2.0/*".into()));
-        assert_eq!(choose_install_disk(&t, &disks).unwrap(), "/dev/nvme1n1");
-        let t = sel(|s| s.disk_type = Some(DiskType::Sd));
-        assert_eq!(
-            choose_install_disk(&t, &disks).unwrap_err().reason,
-            RefusalReason::NoMatch
-        );
-    }
-
-    #[test]
-    fn readonly_and_cdrom_are_never_candidates() {
-        let mut disks = rack();
-        disks[2].readonly = true;
-        let t = sel(|s| s.size = Some(">= 4TB".into()));
-        assert_eq!(
-            choose_install_disk(&t, &disks).unwrap_err().reason,
-            RefusalReason::NoMatch
-        );
-    }
-
-    #[test]
-    fn refusal_lists_every_disk_with_stable_facts() {
-        let disks = rack();
-        let t = sel(|s| s.disk_type = Some(DiskType::Nvme));
-        let msg = choose_install_disk(&t, &disks).unwrap_err().to_string();
-        assert!(msg.contains("matches 2 disks"), "{msg}");
-        for d in &disks {
-            assert!(msg.contains(&d.dev_path), "{msg}");
-            assert!(msg.contains(&format!("serial={}", d.serial)), "{msg}");
-            assert!(msg.contains(&d.bus_path), "{msg}");
-            assert!(msg.contains(&format!("model={}", d.model)), "{msg}");
-            assert!(msg.contains(&format!("transport={}", d.transport)), "{msg}");
-        }
-        assert!(msg.contains("size=500.1 GB"), "{msg}");
-    }
-
-    #[test]
-    fn size_expressions() {
-        let e = parse_size_expr("<= 600GB").unwrap();
-        assert_eq!((e.op, e.bytes), (SizeOp::Le, 600_000_000_000));
-        let e = parse_size_expr(">=1TiB").unwrap();
-        assert_eq!((e.op, e.bytes), (SizeOp::Ge, 1 << 40));
-        let e = parse_size_expr("1.5 TB").unwrap();
-        assert_eq!((e.op, e.bytes), (SizeOp::Eq, 1_500_000_000_000));
-        assert_eq!(parse_size_expr("512").unwrap().bytes, 512);
-        assert!(parse_size_expr("big").is_err());
-        assert!(parse_size_expr("10 XB").is_err());
-        assert!(e.holds(1_500_000_000_000) && !e.holds(1));
-        let t = sel(|s| s.size = Some("lots".into()));
-        assert!(matches!(
-            choose_install_disk(&t, &rack()).unwrap_err().reason,
-            RefusalReason::BadSize(_)
-        ));
-    }
-
-    #[test]
-    fn globs() {
-        assert!(glob("Samsung*", "Samsung SSD 980"));
-        assert!(glob("*980", "Samsung SSD 980"));
-        assert!(glob("S?", "S1"));
-        assert!(!glob("S?", "S12"));
-        assert!(glob("*a*b*", "xxaxxbxx"));
-        assert!(!glob("*a*b", "xxaxxbxxc"));
-        assert!(glob("exact", "exact"));
-        assert!(!glob("exact", "exactly"));
-        assert!(glob("*", ""));
-    }
-}
+mod tests;

@@ -42,18 +42,27 @@ pub enum NodeStep {
 pub struct NodeFacts {
     /// Talos version of the maintenance system.
     pub talos_version: String,
-    /// SMBIOS system UUID.
-    pub system_uuid: String,
-    /// SMBIOS manufacturer.
-    pub manufacturer: String,
-    /// SMBIOS product name.
-    pub product_name: String,
-    /// SMBIOS serial number.
-    pub serial_number: String,
-    /// The disks.
+    /// SMBIOS system UUID; `None` on a machine without SMBIOS tables (Talos then has no
+    /// `SystemInformations.hardware.talos.dev` resource).
+    pub system_uuid: Option<String>,
+    /// SMBIOS manufacturer (`None` without SMBIOS).
+    pub manufacturer: Option<String>,
+    /// SMBIOS product name (`None` without SMBIOS).
+    pub product_name: Option<String>,
+    /// SMBIOS serial number (`None` without SMBIOS).
+    pub serial_number: Option<String>,
+    /// The disks, in Talos's list order.
     pub disks: Vec<DiskFacts>,
-    /// The install disk chosen.
+    /// The disk Talos will install to, as talboot computed it (`/dev/...`).
     pub install_disk: String,
+}
+
+impl NodeFacts {
+    /// The facts stored for `node`, if any.
+    pub fn load(store: &dyn crate::store::Store, node: &str) -> Option<NodeFacts> {
+        let raw = store.get_meta(&facts_key(node)).ok().flatten()?;
+        serde_json::from_slice(&raw).ok()
+    }
 }
 
 /// Store key of a node's hardware facts.
@@ -243,10 +252,23 @@ impl Provisioner {
                     .await;
             }
         };
+        let chosen = facts
+            .disks
+            .iter()
+            .find(|d| d.dev_path == install_disk)
+            .map(disks::describe)
+            .unwrap_or_else(|| install_disk.clone());
         self.event(
             &name,
             EventKind::Talos,
-            format!("install disk {} resolves to {install_disk}", node.install),
+            format!(
+                "install disk {}: Talos will install to {install_disk} ({}): {chosen}",
+                node.install,
+                match node.install {
+                    crate::inventory::InstallTarget::Disk(_) => "the disk with that path or link",
+                    crate::inventory::InstallTarget::Selector(_) => "the only matching disk",
+                }
+            ),
         );
         let facts = NodeFacts {
             install_disk: install_disk.clone(),
@@ -341,18 +363,24 @@ impl Provisioner {
                 Vec::new()
             }
         };
+        // A machine without SMBIOS tables has no SystemInformation resource at all: a fact
+        // recorded as absent, not a failure.
         let sys = client.system_information().await?;
         let disks = DiskFacts::collect(&legacy, &cosi);
+        let system = match &sys {
+            Some(s) => format!(
+                "system {} {} uuid={}",
+                s.manufacturer, s.product_name, s.uuid
+            ),
+            None => "no SMBIOS system information".to_owned(),
+        };
         self.event(
             name,
             EventKind::Talos,
             format!(
-                "maintenance facts from {}: Talos {}, system {} {} uuid={}, {} disk(s): {}",
+                "maintenance facts from {}: Talos {}, {system}, {} disk(s): {}",
                 client.endpoint(),
                 version_tag(&version),
-                sys.manufacturer,
-                sys.product_name,
-                sys.uuid,
                 disks.len(),
                 disks
                     .iter()
@@ -363,10 +391,10 @@ impl Provisioner {
         );
         Ok(NodeFacts {
             talos_version: version_tag(&version),
-            system_uuid: sys.uuid,
-            manufacturer: sys.manufacturer,
-            product_name: sys.product_name,
-            serial_number: sys.serial_number,
+            system_uuid: sys.as_ref().map(|s| s.uuid.clone()),
+            manufacturer: sys.as_ref().map(|s| s.manufacturer.clone()),
+            product_name: sys.as_ref().map(|s| s.product_name.clone()),
+            serial_number: sys.map(|s| s.serial_number),
             disks,
             install_disk: String::new(),
         })

@@ -20,10 +20,10 @@ use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Option
 use dhcproto::{Decodable, Decoder, Encodable};
 use tokio::net::UdpSocket;
 
+use super::disks::SimDisk;
 use super::ipxe::{self, Command};
 use crate::inventory::{Arch, DiskType, Firmware, InstallTarget, Inventory, Mac, Node};
 use crate::provision::disks::parse_size_expr;
-use crate::talos::api::storage;
 use crate::tftp::packet::{Mode, Options, Packet};
 
 /// How long to wait for a DHCP or TFTP reply before sending again.
@@ -103,8 +103,8 @@ pub struct Machine {
     pub relay: Option<Ipv4Addr>,
     /// SMBIOS system UUID.
     pub uuid: String,
-    /// What `storage.Disks` reports once Talos runs.
-    pub disks: Vec<storage::Disk>,
+    /// Its disks, as Talos's `block.Disk` resources describe them once Talos runs.
+    pub disks: Vec<SimDisk>,
 }
 
 /// How a network boot ended.
@@ -577,81 +577,78 @@ fn uuid_bytes(uuid: &str) -> Vec<u8> {
 
 const GB: u64 = 1_000_000_000;
 
-fn disk(
-    name: &str,
-    model: &str,
-    size: u64,
-    kind: storage::disk::DiskType,
-    serial: &str,
-) -> storage::Disk {
-    let bus_path = if name.starts_with("nvme") {
-        format!("/pci0000:00/0000:00:1d.0/0000:3d:00.0/nvme/{name}")
-    } else {
-        format!("/pci0000:00/0000:00:17.0/ata1/host0/target0:0:0/0:0:0:0/block/{name}")
-    };
-    storage::Disk {
-        size,
-        model: model.to_owned(),
-        device_name: name.to_owned(),
-        serial: serial.to_owned(),
-        wwid: format!("eui.{:016x}", fnv(serial)),
-        r#type: kind as i32,
-        bus_path,
-        subsystem: "/sys/class/block".into(),
-        ..Default::default()
-    }
-}
-
 fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
+/// The disk a kernel would name `dev` (`nvme0n1`, `sdb`, `vda`, `mmcblk0`), with plausible
+/// facts for its bus.
+fn disk_named(dev: &str, serial: &str) -> SimDisk {
+    let index = |s: &str| s.chars().next().map(|c| c as u8);
+    if let Some(n) = dev
+        .strip_prefix("nvme")
+        .and_then(|r| r.strip_suffix("n1"))
+        .and_then(|n| n.parse().ok())
+    {
+        SimDisk::nvme(n, "SAMSUNG MZVL2512HCJQ-00B00", serial, 512_110_190_592)
+    } else if let Some(n) = dev.strip_prefix("mmcblk").and_then(|n| n.parse().ok()) {
+        SimDisk::mmc(n, serial, 64 * GB)
+    } else if let Some(c) = dev
+        .strip_prefix("sd")
+        .and_then(index)
+        .filter(u8::is_ascii_lowercase)
+    {
+        SimDisk::sata(
+            c - b'a',
+            "INTEL SSDSC2KB480G8",
+            serial,
+            480_103_981_056,
+            false,
+        )
+    } else if let Some(c) = dev
+        .strip_prefix("vd")
+        .and_then(index)
+        .filter(u8::is_ascii_lowercase)
+    {
+        SimDisk::virtio(c - b'a', serial, 480 * GB)
+    } else {
+        SimDisk::sata(0, "INTEL SSDSC2KB480G8", serial, 480_103_981_056, false).renamed(dev)
+    }
+}
+
 /// The disks a machine reports: its install disk as the inventory describes it (a device
-/// path, or one disk matching the selector) and a second drive that is *not* it, so the
-/// provisioner's disk check has a real choice to make.
-pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<storage::Disk> {
-    use storage::disk::DiskType as T;
+/// path, a `/dev/disk/...` link of one of its disks, or one disk matching the selector as
+/// Talos matches it) and a second drive that is *not* it, so the provisioner's disk check
+/// has a real choice to make.
+pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
     let serial = |n: u8| format!("S{:08X}{n}", fnv(name) as u32);
+    let data_disk = |index: u8| {
+        SimDisk::nvme(
+            index,
+            "SAMSUNG MZQL21T9HCJR-00A07",
+            &serial(1),
+            1_920_383_410_176,
+        )
+    };
     match target {
         InstallTarget::Disk(path) => {
-            let dev = path.trim_start_matches("/dev/");
-            let (model, size, kind) = if dev.starts_with("nvme") {
-                ("SAMSUNG MZVL2512HCJQ-00B00", 512 * GB, T::Nvme)
-            } else if dev.starts_with("mmcblk") {
-                ("SC64G", 64 * GB, T::Sd)
-            } else {
-                ("INTEL SSDSC2KB480G8", 480 * GB, T::Ssd)
+            let mut install = match path.strip_prefix("/dev/disk/") {
+                // A udev link: the boot SSD carries it.
+                Some(_) => {
+                    let mut d = disk_named("sda", &serial(0));
+                    d.spec.symlinks.push(path.clone());
+                    d.spec.symlinks.sort();
+                    d
+                }
+                None => disk_named(path.trim_start_matches("/dev/"), &serial(0)),
             };
-            let other = if dev == "nvme1n1" {
-                "nvme0n1"
-            } else {
-                "nvme1n1"
-            };
-            vec![
-                disk(dev, model, size, kind, &serial(0)),
-                disk(
-                    other,
-                    "SAMSUNG MZQL21T9HCJR-00A07",
-                    1920 * GB,
-                    T::Nvme,
-                    &serial(1),
-                ),
-            ]
+            install.spec.model = install.spec.model.trim().to_owned();
+            let other = if install.id == "nvme1n1" { 0 } else { 1 };
+            vec![install, data_disk(other)]
         }
         InstallTarget::Selector(sel) => {
-            let kind = match sel.disk_type {
-                Some(DiskType::Hdd) => T::Hdd,
-                Some(DiskType::Nvme) => T::Nvme,
-                Some(DiskType::Sd) => T::Sd,
-                Some(DiskType::Ssd) | None => T::Ssd,
-            };
-            let model = sel
-                .model
-                .as_deref()
-                .map(|m| m.replace('*', " 500GB").replace('?', "0"))
-                .unwrap_or_else(|| "Samsung SSD 980 PRO 500GB".into());
             let expr = sel.size.as_deref().and_then(|s| parse_size_expr(s).ok());
             let candidates = |b: u64| {
                 [
@@ -678,32 +675,55 @@ pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<storage::Disk> {
                         .find(|&c| c > 0 && !e.holds(c))
                 })
                 .unwrap_or(2000 * GB);
-            let other_kind = match (sel.disk_type, kind) {
-                (Some(_), T::Ssd) => T::Nvme,
-                (Some(_), _) => T::Ssd,
-                (None, k) => k,
-            };
             let serial_0 = sel
                 .serial
                 .clone()
+                .filter(|s| !s.is_empty())
                 .map(|s| s.replace('*', "0"))
                 .unwrap_or_else(|| serial(0));
-            let dev = |k: T, n: u8| match k {
-                T::Nvme => format!("nvme{n}n1"),
-                T::Sd => format!("mmcblk{n}"),
-                _ => format!("sd{}", char::from(b'a' + n)),
+            let model = sel
+                .model
+                .as_deref()
+                .filter(|m| !m.is_empty())
+                .map(|m| m.replace('*', " 500GB"))
+                .unwrap_or_else(|| "Samsung SSD 980 PRO 500GB".into());
+            // Talos's `type`: nvme and sd are transports, hdd/ssd only (not) rotational.
+            let make =
+                |kind: Option<DiskType>, index: u8, model: &str, serial: &str, size| match kind {
+                    Some(DiskType::Nvme) => SimDisk::nvme(index, model, serial, size),
+                    Some(DiskType::Sd) => {
+                        let mut d = SimDisk::mmc(index, serial, size);
+                        d.spec.model = model.to_owned();
+                        d
+                    }
+                    Some(DiskType::Hdd) => SimDisk::sata(index, model, serial, size, true),
+                    Some(DiskType::Ssd) | None => SimDisk::sata(index, model, serial, size, false),
+                };
+            let mut install = make(sel.disk_type, 1, &model, &serial_0, size);
+            if let Some(p) = sel.bus_path.as_deref().filter(|p| !p.is_empty()) {
+                install.spec.bus_path = p.replace('*', "0");
+            }
+            if let Some(p) = sel.wwid.as_deref().filter(|p| !p.is_empty()) {
+                install.spec.wwid = p.replace('*', "0");
+            }
+            // With a size the other drive fails, it can be of the same kind (two NVMe drives
+            // whose names swap); otherwise it must fail the type.
+            let other_kind = match sel.disk_type {
+                t if expr.is_some() => t,
+                Some(DiskType::Ssd) => Some(DiskType::Hdd),
+                Some(DiskType::Hdd) => Some(DiskType::Nvme),
+                Some(DiskType::Nvme | DiskType::Sd) => Some(DiskType::Ssd),
+                None => None,
             };
             // The other drive enumerates first, to show names are not what decides.
-            vec![
-                disk(
-                    &dev(other_kind, 0),
-                    "WDC WDS200T1X0E-00AFY0",
-                    other_size,
-                    other_kind,
-                    &serial(1),
-                ),
-                disk(&dev(kind, 1), &model, size, kind, &serial_0),
-            ]
+            let other = make(
+                other_kind,
+                0,
+                "WDC WDS200T1X0E-00AFY0",
+                &serial(1),
+                other_size,
+            );
+            vec![other, install]
         }
     }
 }
@@ -713,12 +733,40 @@ mod tests {
     use super::*;
     use crate::inventory::DiskSelector;
     use crate::provision::disks::{DiskFacts, choose_install_disk};
+    use crate::sim::disks::talos_install_disk;
+    use crate::talos::client::CosiDisk;
+
+    /// The `machine.install` section talboot renders for a target (render.rs `node_patch`).
+    fn install_yaml(t: &InstallTarget) -> yaml_serde::Value {
+        let text = match t {
+            InstallTarget::Disk(p) => format!("disk: {p}"),
+            InstallTarget::Selector(s) => {
+                let mut lines = vec!["diskSelector:".to_owned()];
+                for (k, v) in [
+                    ("model", s.model.clone()),
+                    ("serial", s.serial.clone()),
+                    ("size", s.size.clone()),
+                    ("type", s.disk_type.map(|t| t.as_str().to_owned())),
+                    ("wwid", s.wwid.clone()),
+                    ("busPath", s.bus_path.clone()),
+                ] {
+                    if let Some(v) = v {
+                        lines.push(format!("  {k}: {v:?}"));
+                    }
+                }
+                lines.join("\n")
+            }
+        };
+        yaml_serde::from_str(&text).unwrap()
+    }
 
     #[test]
-    fn every_install_target_finds_exactly_its_disk() {
+    fn every_install_target_finds_exactly_its_disk_and_it_is_talos_pick() {
         let targets = [
             InstallTarget::Disk("/dev/nvme0n1".into()),
             InstallTarget::Disk("/dev/sda".into()),
+            InstallTarget::Disk("/dev/vdb".into()),
+            InstallTarget::Disk("/dev/disk/by-id/wwn-0x5002538e40a1b2c3".into()),
             InstallTarget::Selector(DiskSelector {
                 model: Some("Samsung SSD 980 PRO*".into()),
                 size: Some("<= 600GB".into()),
@@ -730,12 +778,30 @@ mod tests {
                 disk_type: Some(DiskType::Hdd),
                 ..DiskSelector::default()
             }),
+            InstallTarget::Selector(DiskSelector {
+                disk_type: Some(DiskType::Ssd),
+                ..DiskSelector::default()
+            }),
+            InstallTarget::Selector(DiskSelector {
+                disk_type: Some(DiskType::Sd),
+                ..DiskSelector::default()
+            }),
         ];
         for t in targets {
             let disks = disks_for("n1", &t);
-            let facts = DiskFacts::collect(&disks, &[]);
+            let legacy: Vec<_> = disks.iter().map(|d| d.legacy(false)).collect();
+            let cosi: Vec<_> = disks
+                .iter()
+                .map(|d| CosiDisk {
+                    id: d.id.clone(),
+                    spec: d.spec.clone(),
+                })
+                .collect();
+            let facts = DiskFacts::collect(&legacy, &cosi);
             let chosen = choose_install_disk(&t, &facts);
+            let talos = talos_install_disk(&install_yaml(&t), &disks);
             assert!(chosen.is_ok(), "{t}: {chosen:?}");
+            assert_eq!(chosen.ok(), talos.ok(), "{t}");
         }
         let sel = InstallTarget::Selector(DiskSelector {
             model: Some("Samsung SSD 980 PRO*".into()),
@@ -743,8 +809,11 @@ mod tests {
             disk_type: Some(DiskType::Nvme),
             ..DiskSelector::default()
         });
-        let facts = DiskFacts::collect(&disks_for("n1", &sel), &[]);
-        assert_eq!(choose_install_disk(&sel, &facts).unwrap(), "/dev/nvme1n1");
+        let disks = disks_for("n1", &sel);
+        assert_eq!(
+            talos_install_disk(&install_yaml(&sel), &disks).unwrap(),
+            "/dev/nvme1n1"
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! * [`ipxe`]: the slice of iPXE's script language talboot's scripts use.
 //! * [`machine`]: one machine's network boot on the wire (DHCP, TFTP, HTTP).
 //! * [`pki`]: a small PKI for the doubles.
+//! * [`disks`]: a machine's disks as Talos's `block.Disk` resources, and what Talos derives
+//!   from them (`storage.Disks`, the install disk it picks).
 //! * [`talos`]: a strict fake Talos node (maintenance, install, reboot, reset, as v1.13).
 //! * [`kube`]: a strict Kubernetes API server double.
 //! * [`demo`]: `talboot demo`, all of the above around a real talboot.
@@ -18,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 
 pub mod assets;
 pub mod demo;
+pub mod disks;
 pub mod ipxe;
 pub mod kube;
 pub mod machine;

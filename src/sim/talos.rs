@@ -68,6 +68,7 @@ use crate::talos::api::talos::resource::definitions::{block, hardware};
 use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
+use super::disks::{SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
 
 /// apid's port; the default port of every fake node.
@@ -115,10 +116,17 @@ pub struct FakeNodeConfig {
     pub aliases: Vec<IpAddr>,
     /// Hostname (also registered as a `node` target).
     pub hostname: String,
-    /// What `storage.Disks` and COSI `Disks.block.talos.dev` report.
-    pub disks: Vec<storage::Disk>,
+    /// The machine's disks as `block.Disk` resources; COSI `Disks.block.talos.dev` lists them
+    /// and `storage.Disks` is derived from them, both in resource-ID order (see
+    /// [`super::disks`]).
+    pub disks: Vec<SimDisk>,
     /// SMBIOS system UUID (COSI SystemInformation).
     pub system_uuid: String,
+    /// Whether the machine has SMBIOS tables. Without them Talos's SystemInfoController fails
+    /// (`pkgSMBIOS.GetSMBIOSInfo` errors, siderolabs/talos v1.13.9
+    /// `internal/app/machined/pkg/controllers/hardware/system.go`) and never creates
+    /// `SystemInformations.hardware.talos.dev`, so COSI Get answers NotFound.
+    pub smbios: bool,
     /// When set, TCP connections from any other source address are reset at once: the node
     /// is only reachable through that peer (e.g. a worker behind its control plane).
     pub accept_only_from: Option<IpAddr>,
@@ -135,6 +143,7 @@ impl fmt::Debug for FakeNodeConfig {
             .field("hostname", &self.hostname)
             .field("disks", &self.disks)
             .field("system_uuid", &self.system_uuid)
+            .field("smbios", &self.smbios)
             .field("accept_only_from", &self.accept_only_from)
             .field("boot_hook", &self.boot_hook.as_ref().map(|_| "<hook>"))
             .finish()
@@ -142,7 +151,8 @@ impl fmt::Debug for FakeNodeConfig {
 }
 
 impl FakeNodeConfig {
-    /// A node with one 100 GB SSD `sda` and a UUID derived from its address.
+    /// A node with one 120 GB SATA SSD `sda`, SMBIOS tables and a UUID derived from its
+    /// address.
     pub fn new(ip: IpAddr, hostname: &str) -> Self {
         let octets = match ip {
             IpAddr::V4(v4) => v4.octets(),
@@ -153,24 +163,18 @@ impl FakeNodeConfig {
             port: APID_PORT,
             aliases: Vec::new(),
             hostname: hostname.to_owned(),
-            disks: vec![storage::Disk {
-                size: 100_000_000_000,
-                model: "QEMU HARDDISK".into(),
-                device_name: "sda".into(),
-                serial: format!("SN-{hostname}"),
-                wwid: format!(
-                    "naa.5000c500{:02x}{:02x}{:02x}{:02x}",
-                    octets[0], octets[1], octets[2], octets[3]
-                ),
-                r#type: storage::disk::DiskType::Ssd as i32,
-                bus_path: "/pci0000:00/0000:00:05.0/virtio2/host2/target2:0:0/2:0:0:0".into(),
-                subsystem: "/sys/class/block".into(),
-                ..Default::default()
-            }],
+            disks: vec![SimDisk::sata(
+                0,
+                "KINGSTON SA400S37120G",
+                &format!("SN-{hostname}"),
+                120_034_123_776,
+                false,
+            )],
             system_uuid: format!(
                 "00000000-0000-4000-8000-{:02x}{:02x}{:02x}{:02x}0000",
                 octets[0], octets[1], octets[2], octets[3]
             ),
+            smbios: true,
             accept_only_from: None,
             boot_hook: None,
         }
@@ -391,6 +395,26 @@ impl Shared {
         let _ = self.lifecycle.send(what);
     }
 
+    /// The disk Talos's install task picks for the last applied config (see
+    /// [`talos_install_disk`]); `None` before a config was applied.
+    fn install_disk(&self) -> Option<Result<String, String>> {
+        let text = lock(&self.stats.last_config).clone()?;
+        let mut install = yaml_serde::Value::Null;
+        for doc in yaml_serde::Deserializer::from_str(&text) {
+            let Ok(v) = <yaml_serde::Value as serde::Deserialize>::deserialize(doc) else {
+                continue;
+            };
+            if v.get("version").and_then(yaml_serde::Value::as_str) == Some("v1alpha1") {
+                install = v
+                    .get("machine")
+                    .and_then(|m| m.get("install"))
+                    .cloned()
+                    .unwrap_or_default();
+            }
+        }
+        Some(talos_install_disk(&install, &self.cfg.disks))
+    }
+
     fn installed(&self) -> Option<Installed> {
         match &*lock(&self.state) {
             NodeState::Installed(i) => Some((**i).clone()),
@@ -534,6 +558,13 @@ impl FakeTalosNode {
     /// Reboot calls that reached the handler.
     pub fn reboot_calls(&self) -> usize {
         self.shared.stats.reboot_calls.load(Ordering::SeqCst)
+    }
+
+    /// The disk Talos would install to for the last accepted machine config, as its install
+    /// task picks it (first match in ID order for a selector, symlinks resolved for a path), or
+    /// why the install would fail; `None` before any config.
+    pub fn install_disk(&self) -> Option<Result<String, String>> {
+        self.shared.install_disk()
     }
 
     /// The last accepted machine config (YAML text).
@@ -1243,35 +1274,11 @@ impl NodeApi {
         }
     }
 
+    /// The `block.Disk` resources in COSI List order (sorted by ID).
     fn disk_specs(&self) -> Vec<(String, block::DiskSpec)> {
-        self.shared
-            .cfg
-            .disks
-            .iter()
-            .map(|d| {
-                let nvme = d.r#type == storage::disk::DiskType::Nvme as i32;
-                let spec = block::DiskSpec {
-                    size: d.size,
-                    io_size: 512,
-                    sector_size: 512,
-                    readonly: d.readonly,
-                    model: d.model.clone(),
-                    serial: d.serial.clone(),
-                    modalias: d.modalias.clone(),
-                    wwid: d.wwid.clone(),
-                    bus_path: d.bus_path.clone(),
-                    sub_system: d.subsystem.clone(),
-                    transport: if nvme { "nvme" } else { "virtio" }.into(),
-                    rotational: d.r#type == storage::disk::DiskType::Hdd as i32,
-                    cdrom: false,
-                    dev_path: format!("/dev/{}", d.device_name),
-                    pretty_size: format!("{} GB", d.size / 1_000_000_000),
-                    secondary_disks: vec![],
-                    uuid: d.uuid.clone(),
-                    symlinks: vec![],
-                };
-                (d.device_name.clone(), spec)
-            })
+        talos_order(&self.shared.cfg.disks)
+            .into_iter()
+            .map(|d| (d.id, d.spec))
             .collect()
     }
 
@@ -1641,10 +1648,20 @@ fn reply_apply(details: &str) -> machine::ApplyConfigurationResponse {
 impl StorageService for NodeApi {
     async fn disks(&self, req: Request<()>) -> Result<Response<storage::DisksResponse>, Status> {
         route_or_forward!(self, req, unary, "/storage.StorageService/Disks", READ);
+        // storaged lists every block.Disk (ID order) and marks the SystemDisk's one; that
+        // resource exists once Talos runs from the disk it installed to (server.go, Disks).
+        let system = self
+            .shared
+            .installed()
+            .and_then(|_| self.shared.install_disk())
+            .and_then(Result::ok);
         Ok(Response::new(storage::DisksResponse {
             messages: vec![storage::Disks {
                 metadata: None,
-                disks: self.shared.cfg.disks.clone(),
+                disks: talos_order(&self.shared.cfg.disks)
+                    .iter()
+                    .map(|d| d.legacy(system.as_deref() == Some(d.spec.dev_path.as_str())))
+                    .collect(),
             }],
         }))
     }
@@ -1687,10 +1704,12 @@ impl cosi::state_server::State for NodeApi {
                 "SystemInformations.hardware.talos.dev",
                 "systeminformation",
             );
-        if !known {
+        if !known || !self.shared.cfg.smbios {
+            // cosi-project/runtime v1.14.1: ErrNotFound "resource <type>(<ns>/<id>@undefined)
+            // doesn't exist" (pkg/resource/metadata.go String), sent as codes.NotFound.
             return Err(Status::not_found(format!(
-                "resource {}/{}/{} doesn't exist",
-                r.namespace, r.r#type, r.id
+                "resource {}({}/{}@undefined) doesn't exist",
+                r.r#type, r.namespace, r.id
             )));
         }
         let spec = hardware::SystemInformationSpec {

@@ -111,7 +111,10 @@ pub struct ApplyOutcome {
 /// A disk as COSI `Disks.block.talos.dev` describes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CosiDisk {
-    /// Resource id: the kernel device name (`sda`, `nvme0n1`).
+    /// Resource id: the bare kernel device name (`sda`, `nvme0n1`), never a path; the path
+    /// is `spec.dev_path` (`/dev/sda`), which is also what `storage.Disks` calls
+    /// `device_name` (siderolabs/talos v1.13.9 `internal/app/machined/pkg/controllers/block/disks.go`,
+    /// `internal/app/storaged/server.go`).
     pub id: String,
     /// The typed spec.
     pub spec: block::DiskSpec,
@@ -415,7 +418,9 @@ impl TalosClient {
         .await
     }
 
-    /// `storage.Disks`: the node's disks (legacy API, served in maintenance mode too).
+    /// `storage.Disks`: the node's disks (legacy API, served in maintenance mode too). Each
+    /// `device_name` is the full path (`/dev/sda`): storaged sets it to
+    /// `filepath.Join("/dev", id)` (siderolabs/talos v1.13.9 `internal/app/storaged/server.go`).
     pub async fn disks(&self) -> Result<Vec<storage::Disk>, TalosError> {
         let entry = self
             .unary(Rpc::Disks, self.storage(), (), |mut c, r| async move {
@@ -426,17 +431,30 @@ impl TalosClient {
     }
 
     /// COSI `hardware/SystemInformations.hardware.talos.dev/systeminformation`: SMBIOS facts
-    /// (the system UUID identifies a machine across reinstalls).
-    pub async fn system_information(&self) -> Result<hardware::SystemInformationSpec, TalosError> {
-        let res = self
+    /// (the system UUID identifies a machine across reinstalls). `None` when the node has no
+    /// such resource: on a machine without SMBIOS tables Talos never creates it
+    /// (siderolabs/talos v1.13.9 `internal/app/machined/pkg/controllers/hardware/system.go`:
+    /// the controller fails on `GetSMBIOSInfo`), and COSI answers NotFound.
+    pub async fn system_information(
+        &self,
+    ) -> Result<Option<hardware::SystemInformationSpec>, TalosError> {
+        let res = match self
             .cosi_get(
                 "hardware",
                 "SystemInformations.hardware.talos.dev",
                 "systeminformation",
             )
-            .await?;
+            .await
+        {
+            Ok(r) => r,
+            Err(TalosError::Remote {
+                code: tonic::Code::NotFound,
+                ..
+            }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let ctx = self.ctx(Rpc::CosiGet, self.deadlines.call);
-        decode_spec(&res, &ctx)
+        decode_spec(&res, &ctx).map(Some)
     }
 
     /// COSI `runtime/Disks.block.talos.dev`: the disks with the fields the disk selector
