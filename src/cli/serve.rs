@@ -579,6 +579,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pull_configs_are_validated_before_serving() {
+        let inv = inventory::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"))
+            .unwrap()
+            .inventory;
+        let schema = crate::machineconfig::schema::embedded();
+        let dir = tempfile::tempdir().unwrap();
+        // No files yet: nothing to validate (the HTTP side refuses missing configs).
+        assert!(validate_pull_configs(dir.path(), &inv, &schema).is_ok());
+        std::fs::write(
+            dir.path().join("k8s-ctrl-01.yaml"),
+            "version: v1alpha1\nmachine:\n  type: controlplane\n---\n\
+             apiVersion: v1alpha1\nkind: TimeSyncConfig\nntp: {servers: [10.0.40.1]}\n",
+        )
+        .unwrap();
+        assert!(validate_pull_configs(dir.path(), &inv, &schema).is_ok());
+        std::fs::write(
+            dir.path().join("k8s-ctrl-02.yaml"),
+            "version: v1alpha1\nmachine:\n  type: controlplane\n  install: {wipe: sometimes}\n",
+        )
+        .unwrap();
+        let err = validate_pull_configs(dir.path(), &inv, &schema).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StartError::Configs { .. }), "{msg}");
+        assert!(
+            msg.contains("k8s-ctrl-02.yaml: node k8s-ctrl-02: v1alpha1 `machine.install.wipe`:"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("sometimes") && !msg.contains("k8s-ctrl-01"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn block_size_fits_the_mtu() {
         assert_eq!(max_blksize_for_mtu(1500), 1468);
         assert_eq!(max_blksize_for_mtu(9000), 8968);
