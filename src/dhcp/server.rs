@@ -386,6 +386,9 @@ enum After {
         source: SocketAddrV4,
         mac: Mac,
         port: ServerPort,
+        /// Proxy mode: the client address of this exchange, persisted as the MAC's
+        /// ProxyDHCP binding before the reply leaves ([`crate::entitlement`]).
+        bind: Option<Ipv4Addr>,
     },
     /// Record this event.
     Event {
@@ -442,6 +445,11 @@ impl Adapter {
                 client,
             } => {
                 let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                // In proxy mode talboot hands out no lease: the address the client speaks from
+                // in the PXE exchange it answered is the only binding of its MAC it ever sees.
+                let bind = (self.replier.mode == NetworkMode::Proxy)
+                    .then(|| proxy_request_address(&dgram.bytes, *dgram.source.ip()))
+                    .flatten();
                 let after = After::Reply {
                     sock: sock.clone(),
                     bytes,
@@ -449,6 +457,7 @@ impl Adapter {
                     source: dgram.source,
                     mac: client.mac,
                     port: dgram.port,
+                    bind,
                 };
                 self.enqueue(writes, after).await;
             }
@@ -556,7 +565,23 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
                     source,
                     mac,
                     port,
+                    bind,
                 } => {
+                    if let Some(ip) = bind {
+                        let store = store.clone();
+                        let now = unix(SystemTime::now());
+                        let done = tokio::task::spawn_blocking(move || {
+                            crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
+                        })
+                        .await;
+                        match done {
+                            Ok(Ok(())) => debug!(%mac, %ip, "ProxyDHCP binding recorded"),
+                            Ok(Err(e)) => {
+                                error!(%mac, error = %e, "cannot record ProxyDHCP binding")
+                            }
+                            Err(e) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
+                        }
+                    }
                     let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
                     let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
                     replier.send(&sock, &bytes, to, source).await;
@@ -692,6 +717,16 @@ fn from_store(l: &store::Lease) -> Lease {
         },
         expires: UNIX_EPOCH + Duration::from_secs(l.expires_at_unix),
     }
+}
+
+/// The client address of a ProxyDHCP request (ciaddr, giaddr read from the raw header; see
+/// [`crate::entitlement::proxy_client_address`]).
+fn proxy_request_address(b: &[u8], source: Ipv4Addr) -> Option<Ipv4Addr> {
+    let at = |o: usize| {
+        b.get(o..o + 4)
+            .map(|x| Ipv4Addr::new(x[0], x[1], x[2], x[3]))
+    };
+    crate::entitlement::proxy_client_address(at(12)?, at(24)?, source)
 }
 
 /// chaddr, when the header is long enough and says 6-byte Ethernet.
