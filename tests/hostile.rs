@@ -405,12 +405,13 @@ async fn push_proxy_with_binding_never_reaches_the_stranger() {
     push_case(208, Mode::Proxy, true).await;
 }
 
-/// Proxy mode end to end on the DHCP side: a PXE client's ProxyDHCP REQUEST (ciaddr set,
-/// addressed to talboot) is answered and leaves a binding of its chaddr to its ciaddr, which
-/// is then the only address the node's script goes to.
+/// Proxy mode end to end on the DHCP side: the client's REQUEST of the router's offer in an
+/// exchange talboot answered, and a ProxyDHCP REQUEST to talboot (ciaddr set), each leave a
+/// binding of the chaddr to the client's address, which is then the only address the node's
+/// script goes to.
 #[tokio::test]
 async fn proxy_exchange_records_the_binding_the_http_side_honours() {
-    use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
+    use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
     use dhcproto::{Decodable, Decoder, Encodable, Encoder};
     let net = 209;
     let w = World::start(net, Mode::Proxy, Delivery::Pull).await;
@@ -434,6 +435,108 @@ async fn proxy_exchange_records_the_binding_the_http_side_honours() {
     ));
 
     let (node, mac) = (node_ip(net), node_mac(net));
+    let pxe = |kind: MessageType, xid: u32, ciaddr: Ipv4Addr, sid: Ipv4Addr| {
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootRequest)
+            .set_xid(xid)
+            .set_ciaddr(ciaddr)
+            .set_chaddr(&mac.0);
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        m.opts_mut().insert(DhcpOption::ServerIdentifier(sid));
+        m.opts_mut().insert(DhcpOption::ClassIdentifier(
+            b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
+        ));
+        m.opts_mut().insert(DhcpOption::ClientSystemArchitecture(
+            dhcproto::v4::Architecture::X86_Bios,
+        ));
+        m
+    };
+    let encode = |m: &Message| {
+        let mut bytes = Vec::new();
+        m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        bytes
+    };
+    let router = Ipv4Addr::new(127, 0, net, 254);
+
+    // 1. iPXE/EDK2 on port 67: DISCOVER (talboot answers with a proxy OFFER), then the
+    //    broadcast REQUEST of the router's offer (option 50): that address is the binding.
+    //    (On loopback the DISCOVER comes from a real source address, not 0.0.0.0.)
+    let elsewhere = tokio::net::UdpSocket::bind((Ipv4Addr::new(127, 0, net, 50), 0))
+        .await
+        .unwrap();
+    let mut discover = pxe(
+        MessageType::Discover,
+        0x5ec0_0000,
+        Ipv4Addr::UNSPECIFIED,
+        router,
+    );
+    discover.opts_mut().remove(OptionCode::ServerIdentifier);
+    let mut buf = vec![0u8; 1500];
+    let mut offered = false;
+    for _ in 0..20 {
+        elsewhere
+            .send_to(&encode(&discover), dhcp_addr)
+            .await
+            .unwrap();
+        if let Ok(Ok((n, _))) =
+            tokio::time::timeout(Duration::from_millis(250), elsewhere.recv_from(&mut buf)).await
+        {
+            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
+            assert_eq!(reply.opts().msg_type(), Some(MessageType::Offer));
+            offered = true;
+            break;
+        }
+    }
+    assert!(offered, "no proxy OFFER");
+    let mut select = pxe(
+        MessageType::Request,
+        0x5ec0_0000,
+        Ipv4Addr::UNSPECIFIED,
+        router,
+    );
+    select
+        .opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(node));
+    elsewhere
+        .send_to(&encode(&select), dhcp_addr)
+        .await
+        .unwrap();
+    let mut bound = None;
+    for _ in 0..50 {
+        bound = talboot::entitlement::proxy_binding(w.store.as_ref(), mac).unwrap();
+        if bound.as_ref().is_some_and(|b| b.ip == node) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(bound.map(|b| b.ip), Some(node), "REQUEST did not bind");
+    // A REQUEST in an exchange talboot never answered binds nothing.
+    let mut stray = pxe(
+        MessageType::Request,
+        0x5ec0_0777,
+        Ipv4Addr::UNSPECIFIED,
+        router,
+    );
+    stray
+        .opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(stranger_ip(net)));
+    elsewhere.send_to(&encode(&stray), dhcp_addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        talboot::entitlement::proxy_binding(w.store.as_ref(), mac)
+            .unwrap()
+            .map(|b| b.ip),
+        Some(node)
+    );
+    talboot::entitlement::record_proxy_binding(
+        w.store.as_ref(),
+        mac,
+        Ipv4Addr::new(127, 0, net, 60),
+        0,
+    )
+    .unwrap();
+
+    // 2. The ProxyDHCP REQUEST to talboot (iPXE's, to port 4011; ciaddr set).
     let mut req = Message::default();
     req.set_opcode(Opcode::BootRequest)
         .set_xid(0x5ec0_0001)
