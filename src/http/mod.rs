@@ -575,3 +575,25 @@ async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
         None => text(StatusCode::NOT_FOUND, "metrics are not enabled\n".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::redact_path;
+
+    #[test]
+    fn config_tokens_are_redacted_from_logged_paths() {
+        let token = "a".repeat(64);
+        assert_eq!(
+            redact_path(&format!("/config/{token}")),
+            "/config/<redacted>"
+        );
+        // Anything after /config/ is redacted, well-formed or not.
+        assert_eq!(redact_path("/config/x/y"), "/config/<redacted>");
+        assert_eq!(redact_path("/config/"), "/config/");
+        assert_eq!(redact_path("/boot.ipxe"), "/boot.ipxe");
+        assert_eq!(
+            redact_path("/assets/v1.13.9/s/amd64/kernel"),
+            "/assets/v1.13.9/s/amd64/kernel"
+        );
+    }
+}
