@@ -229,7 +229,11 @@ mod tests {
             lease(1, LeaseState::Declined, 200),
             lease(1, LeaseState::Bound, 100),
         ] {
-            assert_eq!(choose(auth, &[bad.clone()], &[], 100), None, "{bad:?}");
+            assert_eq!(
+                choose(auth, std::slice::from_ref(&bad), &[], 100),
+                None,
+                "{bad:?}"
+            );
         }
         let got = choose(auth, &[lease(2, LeaseState::Bound, 200)], &[], 100).unwrap();
         assert_eq!(
