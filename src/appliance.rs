@@ -53,8 +53,11 @@ pub struct Plan {
     pub state_dir: PathBuf,
     /// The address machines reach talboot at.
     pub advertise: Ipv4Addr,
-    /// HTTP listen address (port 0 picks one).
+    /// HTTP listen address of the provisioning side (port 0 picks one).
     pub http: SocketAddr,
+    /// Listen address of the admin API (`/api/*`, `/metrics`): loopback only (checked by
+    /// [`Plan::bind`]), so the provisioning network never reaches it.
+    pub admin: SocketAddr,
     /// TFTP listen address and block size cap, if TFTP runs.
     pub tftp: Option<(SocketAddr, u16)>,
     /// DHCP, if it runs.
@@ -91,6 +94,7 @@ pub struct Bound {
     plan: Plan,
     store: Arc<dyn Store>,
     http: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
     dhcp: Option<DhcpServer>,
 }
@@ -100,7 +104,24 @@ impl Plan {
     /// (the state directory may be root's to create; ports below 1024 need root or
     /// capabilities).
     pub async fn bind(self) -> Result<Bound, ApplianceError> {
+        if !self.admin.ip().is_loopback() {
+            // A non-loopback admin listener needs authentication, which talboot does not
+            // have yet: refuse rather than serve node MACs and rebuilds to a network.
+            return Err(ApplianceError::Bind {
+                addr: format!("tcp {} (admin API)", self.admin),
+                cause: "the admin API is served on loopback only (it lists every node and \
+                        can wipe one); give --admin-listen a 127.0.0.0/8 or ::1 address and \
+                        reach it through SSH"
+                    .into(),
+            });
+        }
         let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
+        let admin = tokio::net::TcpListener::bind(self.admin)
+            .await
+            .map_err(|e| ApplianceError::Bind {
+                addr: format!("tcp {} (admin API)", self.admin),
+                cause: e.to_string(),
+            })?;
         let http = tokio::net::TcpListener::bind(self.http)
             .await
             .map_err(|e| ApplianceError::Bind {
@@ -141,6 +162,7 @@ impl Plan {
             plan: self,
             store,
             http,
+            admin,
             tftp,
             dhcp,
         })
@@ -151,6 +173,11 @@ impl Bound {
     /// The bound HTTP address.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http.local_addr().ok()
+    }
+
+    /// The bound admin API address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.local_addr().ok()
     }
 
     /// The bound TFTP address.
@@ -169,6 +196,7 @@ impl Bound {
             plan,
             store,
             http,
+            admin,
             tftp,
             dhcp,
         } = self;
@@ -185,6 +213,10 @@ impl Bound {
         } else {
             format!("http://{}:{http_port}", plan.advertise)
         };
+        let admin_url = admin
+            .local_addr()
+            .map(|a| format!("http://{a}"))
+            .unwrap_or_default();
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
 
@@ -201,10 +233,19 @@ impl Bound {
         });
         {
             let cancel = cancel.clone();
+            let app = app.clone();
             tasks.spawn(async move {
                 http::serve(http, http::router(app), cancel)
                     .await
                     .map_err(|e| format!("http: {e}"))
+            });
+        }
+        {
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                http::serve(admin, http::admin_router(app), cancel)
+                    .await
+                    .map_err(|e| format!("admin http: {e}"))
             });
         }
 
@@ -275,6 +316,7 @@ impl Bound {
         tracing::info!(
             advertise = %plan.advertise,
             http = %base_url,
+            admin = %admin_url,
             tftp = plan.tftp.is_some(),
             nodes = inv.nodes.len(),
             "talboot serving"
@@ -286,6 +328,7 @@ impl Bound {
             event_writer,
             store,
             base_url,
+            admin_url,
             node_count: inv.nodes.len(),
         })
     }
@@ -301,6 +344,8 @@ pub struct Running {
     pub store: Arc<dyn Store>,
     /// `http://advertise:port`.
     pub base_url: String,
+    /// `http://<admin listen address>`, where `/api/*` and `/metrics` are served.
+    pub admin_url: String,
     /// Inventory nodes served.
     pub node_count: usize,
     tasks: JoinSet<Result<(), String>>,

@@ -10,6 +10,7 @@ pub mod artifacts;
 pub mod cli;
 pub mod crypto;
 pub mod dhcp;
+pub mod entitlement;
 pub mod events;
 pub mod fsutil;
 pub mod hex;

@@ -301,7 +301,7 @@ fn dhcpcd(lab: &Lab, dir: &Path, iface: &str) -> bool {
 fn metrics(lab: &Lab) -> String {
     let out = lab
         .in_srv("curl")
-        .args(["-sf", "http://127.0.0.1:8080/metrics"])
+        .args(["-sf", "http://127.0.0.1:8081/metrics"])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()

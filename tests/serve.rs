@@ -66,7 +66,33 @@ fn fake_images(images: &Path) {
     }
 }
 
+/// A lease for k8s-ctrl-01 at 127.0.0.1, as talboot's DHCP would have bound it (serve runs
+/// with --no-dhcp here): a node's script goes only to its bound address.
+fn lease_ctrl_01_at_loopback(tmp: &Path) {
+    use talboot::store::Store;
+    let store = talboot::store::open(&tmp.join("state")).unwrap();
+    store
+        .put_lease(
+            &talboot::store::Lease {
+                mac: "bc:24:11:40:00:01".parse().unwrap(),
+                ip: "127.0.0.1".parse().unwrap(),
+                hostname: None,
+                state: talboot::store::LeaseState::Bound,
+                expires_at_unix: u64::MAX / 2,
+                updated_at_unix: 0,
+            },
+            0,
+        )
+        .unwrap();
+}
+
+/// serve's arguments, its admin API on a free loopback port.
 fn base_args(tmp: &Path, http: u16, tftp: u16) -> Vec<String> {
+    with_admin(tmp, http, tftp, free_port())
+}
+
+/// serve's arguments, its admin API (`/api/*`, `/metrics`) on 127.0.0.1:`admin`.
+fn with_admin(tmp: &Path, http: u16, tftp: u16, admin: u16) -> Vec<String> {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
     vec![
         "serve".into(),
@@ -84,6 +110,8 @@ fn base_args(tmp: &Path, http: u16, tftp: u16) -> Vec<String> {
         http.to_string(),
         "--tftp-port".into(),
         tftp.to_string(),
+        "--admin-listen".into(),
+        format!("127.0.0.1:{admin}"),
         "--no-dhcp".into(),
         "--no-provision".into(),
     ]
@@ -112,9 +140,10 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
     std::fs::create_dir_all(&ipxe).unwrap();
     let efi: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
     std::fs::write(ipxe.join("ipxe.efi"), &efi).unwrap();
-    let (http, tftp) = (free_port(), free_udp_port());
+    lease_ctrl_01_at_loopback(tmp.path());
+    let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
-        .args(base_args(tmp.path(), http, tftp))
+        .args(with_admin(tmp.path(), http, tftp, admin))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -156,7 +185,7 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
 
     // Prometheus counters for what just happened.
     let metrics = Command::new("curl")
-        .args(["-sf", &format!("http://127.0.0.1:{http}/metrics")])
+        .args(["-sf", &format!("http://127.0.0.1:{admin}/metrics")])
         .output()
         .unwrap();
     let metrics = String::from_utf8_lossy(&metrics.stdout);
@@ -193,8 +222,8 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
         .map(|e| e.kind)
         .collect();
     assert!(kinds.contains(&"http.script".to_string()), "{kinds:?}");
-    // No lease here, but the script fetch recorded where k8s-ctrl-01 was seen, so the TFTP
-    // transfer from that address lands on its timeline too.
+    // The lease names the node at 127.0.0.1, so the TFTP transfer from that address lands on
+    // its timeline too.
     let tftp_events: Vec<String> = store
         .events("k8s-ctrl-01", 0, 50)
         .unwrap()
@@ -289,11 +318,11 @@ fn node_rebuild_goes_through_a_running_serve() {
     let tmp = tempfile::tempdir().unwrap();
     fake_images(&tmp.path().join("images"));
     std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
-    let (http, tftp) = (free_port(), free_udp_port());
+    let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
     // serve's own words, for the failure message if it never comes up.
     let log = tmp.path().join("serve.err");
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
-        .args(base_args(tmp.path(), http, tftp))
+        .args(with_admin(tmp.path(), http, tftp, admin))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -305,7 +334,7 @@ fn node_rebuild_goes_through_a_running_serve() {
             "-sf",
             "-o",
             "/dev/null",
-            &format!("http://127.0.0.1:{http}/api/nodes"),
+            &format!("http://127.0.0.1:{admin}/api/nodes"),
         ])
         .status()
         .map(|s| !s.success())
@@ -324,7 +353,7 @@ fn node_rebuild_goes_through_a_running_serve() {
         .arg(&config)
         .arg("--state-dir")
         .arg(tmp.path().join("state"))
-        .args(["--http-port", &http.to_string()])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
         .output()
         .unwrap();
     assert_eq!(
@@ -335,7 +364,7 @@ fn node_rebuild_goes_through_a_running_serve() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("k8s-ctrl-02: marked for rebuild"));
     let nodes = Command::new("curl")
-        .args(["-sf", &format!("http://127.0.0.1:{http}/api/nodes")])
+        .args(["-sf", &format!("http://127.0.0.1:{admin}/api/nodes")])
         .output()
         .unwrap();
     let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).unwrap();
@@ -353,7 +382,7 @@ fn node_rebuild_goes_through_a_running_serve() {
         .arg(&config)
         .arg("--state-dir")
         .arg(tmp.path().join("state"))
-        .args(["--http-port", &http.to_string()])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
         .output()
         .unwrap();
     assert_eq!(

@@ -51,10 +51,10 @@ pub struct RebuildArgs {
     /// talosconfig context to use (default: its current context).
     #[arg(long)]
     pub context: Option<String>,
-    /// HTTP port of a running `talboot serve` on this host, asked to do the rebuild when it
-    /// holds the state store.
-    #[arg(long, default_value_t = 8080)]
-    pub http_port: u16,
+    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`),
+    /// used when serve holds the state store.
+    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
+    pub admin: std::net::SocketAddr,
 }
 
 /// Rebuild never renders a config: the node's next boot is provisioned by `talboot serve`.
@@ -171,12 +171,9 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     })
 }
 
-/// `serve` holds the store: ask it (on loopback) to mark the node; its provisioner resets it.
+/// `serve` holds the store: ask its admin API to mark the node; its provisioner resets it.
 fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
-    let url = format!(
-        "http://127.0.0.1:{}/api/nodes/{}/rebuild",
-        args.http_port, args.name
-    );
+    let url = format!("http://{}/api/nodes/{}/rebuild", args.admin, args.name);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -189,7 +186,12 @@ fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
     };
     crate::install_crypto_provider();
     let result = rt.block_on(async {
-        let resp = reqwest::Client::new().post(&url).send().await?;
+        let resp = reqwest::Client::builder()
+            .no_proxy()
+            .build()?
+            .post(&url)
+            .send()
+            .await?;
         let status = resp.status();
         Ok::<_, reqwest::Error>((status, resp.text().await.unwrap_or_default()))
     });
@@ -208,7 +210,7 @@ fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "talboot: the state store is in use (is `talboot serve` running?) and {url} \
-                 did not answer: {e}; pass --http-port if serve listens elsewhere"
+                 did not answer: {e}; pass --admin if serve's --admin-listen is elsewhere"
             );
             ExitCode::from(EXIT_USAGE)
         }

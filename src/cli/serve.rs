@@ -19,6 +19,9 @@ use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
 use crate::artifacts::required_sets;
 use crate::tftp::missing_ipxe_binaries;
 
+/// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+
 /// Where Debian's `ipxe` package installs them.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 
@@ -52,9 +55,14 @@ pub struct Args {
     /// Interface to serve on (default: the inventory's network.interfaces).
     #[arg(long)]
     pub interface: Option<String>,
-    /// HTTP port.
+    /// HTTP port of the provisioning side (scripts, artifacts, pull configs).
     #[arg(long, default_value_t = 8080)]
     pub http_port: u16,
+    /// Where the admin API listens (`/api/nodes`, rebuilds, `/metrics`; used by `talboot
+    /// status` and `talboot node rebuild`). Loopback only: it is never served to the
+    /// provisioning network.
+    #[arg(long, env = "TALBOOT_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
+    pub admin_listen: SocketAddr,
     /// TFTP port.
     #[arg(long, default_value_t = 69)]
     pub tftp_port: u16,
@@ -335,6 +343,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         state_dir: args.state_dir.clone(),
         advertise,
         http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
+        admin: args.admin_listen,
         tftp,
         dhcp,
         provisioning,

@@ -24,10 +24,10 @@ pub struct Args {
     /// State directory holding talboot.redb.
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// HTTP port of a running `talboot serve` on this host, asked for the status when it holds
-    /// the state store.
-    #[arg(long, default_value_t = 8080)]
-    pub http_port: u16,
+    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`),
+    /// used when serve holds the state store.
+    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
+    pub admin: std::net::SocketAddr,
 }
 
 /// Run the subcommand.
@@ -41,7 +41,7 @@ pub fn run(args: &Args) -> ExitCode {
     };
     let store = match store::open(&args.state_dir) {
         Ok(s) => s,
-        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.http_port),
+        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.admin),
         Err(e) => {
             eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_USAGE);
@@ -144,9 +144,9 @@ fn render(rows: &[[String; 7]]) -> String {
     out
 }
 
-/// `serve` holds the store: read the same facts from its `/api/nodes` on loopback.
-fn status_from_serve(port: u16) -> ExitCode {
-    let url = format!("http://127.0.0.1:{port}/api/nodes");
+/// `serve` holds the store: read the same facts from its admin API's `/api/nodes`.
+fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
+    let url = format!("http://{admin}/api/nodes");
     let fetched = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -154,7 +154,14 @@ fn status_from_serve(port: u16) -> ExitCode {
         .and_then(|rt| {
             crate::install_crypto_provider();
             rt.block_on(async {
-                let resp = reqwest::get(&url).await.map_err(|e| e.to_string())?;
+                let resp = reqwest::Client::builder()
+                    .no_proxy()
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .get(&url)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let body = resp.bytes().await.map_err(|e| e.to_string())?;
                 serde_json::from_slice::<Vec<serde_json::Value>>(&body).map_err(|e| e.to_string())
             })
@@ -164,7 +171,7 @@ fn status_from_serve(port: u16) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "talboot: the state store is in use (is `talboot serve` running?) and {url} did \
-                 not answer: {e}; pass --http-port if serve listens elsewhere"
+                 not answer: {e}; pass --admin if serve's --admin-listen is elsewhere"
             );
             return ExitCode::from(EXIT_USAGE);
         }

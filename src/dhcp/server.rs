@@ -225,6 +225,7 @@ impl DhcpServer {
             core: DhcpCore::new(ctx, book, flood),
             jobs,
             replier,
+            proxied: std::collections::VecDeque::new(),
         };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
@@ -366,7 +367,14 @@ struct Adapter {
     core: DhcpCore,
     jobs: mpsc::Sender<Job>,
     replier: Arc<Replier>,
+    /// Proxy mode: the recent exchanges (chaddr, xid) talboot answered with boot
+    /// information, so the client's REQUEST of the site server's offer in the same exchange
+    /// can be recorded as its ProxyDHCP binding.
+    proxied: std::collections::VecDeque<(Mac, u32)>,
 }
+
+/// How many answered proxy exchanges are remembered (a rack boots a few hundred machines).
+const PROXIED_REMEMBERED: usize = 4096;
 
 /// Lease writes and what to do once they are durable.
 struct Job {
@@ -386,6 +394,9 @@ enum After {
         source: SocketAddrV4,
         mac: Mac,
         port: ServerPort,
+        /// Proxy mode: the client address of this exchange, persisted as the MAC's
+        /// ProxyDHCP binding before the reply leaves ([`crate::entitlement`]).
+        bind: Option<Ipv4Addr>,
     },
     /// Record this event.
     Event {
@@ -393,6 +404,8 @@ enum After {
         kind: EventKind,
         detail: &'static str,
     },
+    /// Proxy mode: persist the MAC's ProxyDHCP binding ([`crate::entitlement`]).
+    Bind { mac: Mac, ip: Ipv4Addr },
     /// Nothing (expiry sweeps).
     Nothing,
 }
@@ -414,6 +427,16 @@ impl Adapter {
             Outcome::Dropped(reason) => {
                 counter!("dhcp_dropped_total", "reason" => reason.label()).increment(1);
                 debug!(%reason, "dropped");
+                // Proxy mode: the client takes its address from the site's server with a
+                // broadcast REQUEST (option 50) in the exchange talboot answered; when it never
+                // asks talboot on 4011 (iPXE skips that when the proxy offer already carries a
+                // boot file), that REQUEST is the only binding talboot sees.
+                if self.replier.mode == NetworkMode::Proxy
+                    && let Some((mac, ip)) = selected_address(&dgram.bytes)
+                    && self.proxied.contains(&(mac, peek_xid(&dgram.bytes)))
+                {
+                    self.enqueue(Vec::new(), After::Bind { mac, ip }).await;
+                }
             }
             Outcome::Silent {
                 reason,
@@ -442,6 +465,17 @@ impl Adapter {
                 client,
             } => {
                 let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                // In proxy mode talboot hands out no lease: the address the client speaks from
+                // in the PXE exchange it answered is the only binding of its MAC it ever sees.
+                let bind = (self.replier.mode == NetworkMode::Proxy)
+                    .then(|| proxy_request_address(&dgram.bytes, *dgram.source.ip()))
+                    .flatten();
+                if self.replier.mode == NetworkMode::Proxy {
+                    if self.proxied.len() >= PROXIED_REMEMBERED {
+                        self.proxied.pop_front();
+                    }
+                    self.proxied.push_back((client.mac, peek_xid(&dgram.bytes)));
+                }
                 let after = After::Reply {
                     sock: sock.clone(),
                     bytes,
@@ -449,6 +483,7 @@ impl Adapter {
                     source: dgram.source,
                     mac: client.mac,
                     port: dgram.port,
+                    bind,
                 };
                 self.enqueue(writes, after).await;
             }
@@ -556,7 +591,23 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
                     source,
                     mac,
                     port,
+                    bind,
                 } => {
+                    if let Some(ip) = bind {
+                        let store = store.clone();
+                        let now = unix(SystemTime::now());
+                        let done = tokio::task::spawn_blocking(move || {
+                            crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
+                        })
+                        .await;
+                        match done {
+                            Ok(Ok(())) => debug!(%mac, %ip, "ProxyDHCP binding recorded"),
+                            Ok(Err(e)) => {
+                                error!(%mac, error = %e, "cannot record ProxyDHCP binding")
+                            }
+                            Err(e) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
+                        }
+                    }
                     let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
                     let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
                     replier.send(&sock, &bytes, to, source).await;
@@ -569,6 +620,7 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
                 After::Event { mac, kind, detail } => {
                     replier.events.publish(&replier.node_key(mac), kind, detail);
                 }
+                After::Bind { mac, ip } => record_binding(&store, mac, ip).await,
                 After::Nothing => {}
             }
         }
@@ -692,6 +744,60 @@ fn from_store(l: &store::Lease) -> Lease {
         },
         expires: UNIX_EPOCH + Duration::from_secs(l.expires_at_unix),
     }
+}
+
+/// Persist the ProxyDHCP binding of `mac` to `ip`.
+async fn record_binding(store: &Arc<dyn Store>, mac: Mac, ip: Ipv4Addr) {
+    let store = store.clone();
+    let now = unix(SystemTime::now());
+    let done = tokio::task::spawn_blocking(move || {
+        crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
+    })
+    .await;
+    match done {
+        Ok(Ok(())) => debug!(%mac, %ip, "ProxyDHCP binding recorded"),
+        Ok(Err(e)) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
+        Err(e) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
+    }
+}
+
+/// xid of a raw request (0 when too short; such a datagram was dropped anyway).
+fn peek_xid(b: &[u8]) -> u32 {
+    b.get(4..8)
+        .map(|x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+        .unwrap_or(0)
+}
+
+/// chaddr and requested address (option 50) of a DHCPREQUEST that selects another server's
+/// offer (option 54 present), the client's choice of address in a proxied exchange.
+fn selected_address(b: &[u8]) -> Option<(Mac, Ipv4Addr)> {
+    use dhcproto::v4::{DhcpOption, OptionCode};
+    let msg = Message::decode(&mut Decoder::new(b)).ok()?;
+    if msg.opts().msg_type() != Some(MessageType::Request)
+        || msg.opts().get(OptionCode::ServerIdentifier).is_none()
+    {
+        return None;
+    }
+    let Some(DhcpOption::RequestedIpAddress(ip)) = msg.opts().get(OptionCode::RequestedIpAddress)
+    else {
+        return None;
+    };
+    let ip = crate::entitlement::proxy_client_address(
+        *ip,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+    )?;
+    Some((peek_mac(b)?, ip))
+}
+
+/// The client address of a ProxyDHCP request (ciaddr, giaddr read from the raw header; see
+/// [`crate::entitlement::proxy_client_address`]).
+fn proxy_request_address(b: &[u8], source: Ipv4Addr) -> Option<Ipv4Addr> {
+    let at = |o: usize| {
+        b.get(o..o + 4)
+            .map(|x| Ipv4Addr::new(x[0], x[1], x[2], x[3]))
+    };
+    crate::entitlement::proxy_client_address(at(12)?, at(24)?, source)
 }
 
 /// chaddr, when the header is long enough and says 6-byte Ethernet.

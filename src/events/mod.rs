@@ -47,6 +47,10 @@ pub enum EventKind {
     ConfigReleased,
     /// A request for a machine config was refused.
     ConfigRefused,
+    /// A script, token or config of a node was asked for, or a push would have gone, from an
+    /// address talboot's DHCP did not bind to the node (see [`crate::entitlement`]). The
+    /// detail names the requester, never a token.
+    EntitlementRefused,
     /// A machine not in the inventory booted (discover policy).
     Discovered,
     /// A provisioning phase change.
@@ -74,6 +78,7 @@ impl EventKind {
             Self::Initramfs => "http.initramfs",
             Self::ConfigReleased => "config.released",
             Self::ConfigRefused => "config.refused",
+            Self::EntitlementRefused => "security.refused",
             Self::Discovered => "node.discovered",
             Self::Phase => "node.phase",
             Self::Talos => "talos.call",

@@ -1,10 +1,18 @@
-//! talboot's HTTP side on one axum router: iPXE scripts per machine (`/boot.ipxe`), boot
-//! artifacts (`/assets/...`), machine configs for pull delivery behind one-time tokens
-//! (`/config/<token>`), node status as JSON (`/api/nodes`) and Prometheus metrics (`/metrics`).
+//! talboot's HTTP side, on two axum routers:
+//! - the **provisioning** router, served to the provisioning network: iPXE scripts per machine
+//!   (`/boot.ipxe`), boot artifacts (`/assets/...`) and machine configs for pull delivery
+//!   behind one-time tokens (`/config/<token>`);
+//! - the **admin** router, served on the admin listener only (loopback by default): node
+//!   status as JSON (`/api/nodes`), rebuild requests and Prometheus metrics (`/metrics`).
+//!
+//! A node's script (with its token in pull mode) and its config go only to the address
+//! talboot's DHCP bound to the node ([`crate::entitlement`]); anyone else is refused with a
+//! `security.refused` event on the node's timeline. Tokens never reach a log: the request span
+//! records `/config/<redacted>`.
 //!
 //! Handlers gather inputs (inventory, store, catalog, the peer address) and hand them to pure
-//! functions ([`script::plan`], [`tokens::judge`], [`assets::plan_range`]); every boot step is a
-//! node event.
+//! functions ([`script::plan`], [`tokens::judge`], [`assets::plan_range`],
+//! [`crate::entitlement::judge`]); every boot step is a node event.
 
 pub mod assets;
 pub mod script;
@@ -67,7 +75,21 @@ pub struct HttpApp {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
-/// Build the router.
+/// The request span: method and path, with a config token replaced by `<redacted>` (a token
+/// is a bearer credential for the node's config until it is used or expires).
+fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
+    tracing::info_span!("http", method = %req.method(), path = %redact_path(req.uri().path()))
+}
+
+/// `path` as it may be logged: everything after `/config/` is a token and is never written.
+pub fn redact_path(path: &str) -> std::borrow::Cow<'_, str> {
+    match path.strip_prefix("/config/") {
+        Some(rest) if !rest.is_empty() => "/config/<redacted>".into(),
+        _ => path.into(),
+    }
+}
+
+/// The provisioning router: what machines on the provisioning network may ask for.
 pub fn router(app: Arc<HttpApp>) -> Router {
     Router::new()
         .route("/boot.ipxe", get(boot_script))
@@ -76,16 +98,22 @@ pub fn router(app: Arc<HttpApp>) -> Router {
             get(asset).head(asset),
         )
         .route("/config/{token}", get(config))
+        .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
+        .with_state(app)
+}
+
+/// The admin router (`serve --admin-listen`, loopback by default): status, rebuild and
+/// metrics. Never served to the provisioning network: `/api/nodes` lists every node's MAC, and
+/// a rebuild wipes a machine.
+pub fn admin_router(app: Arc<HttpApp>) -> Router {
+    Router::new()
         .route("/api/nodes", get(api_nodes))
-        .route("/api/nodes/{name}/rebuild", axum::routing::post(api_rebuild))
-        .route("/metrics", get(metrics))
-        .layer(
-            tower_http::trace::TraceLayer::new_for_http().make_span_with(
-                |req: &axum::http::Request<_>| {
-                    tracing::info_span!("http", method = %req.method(), path = %req.uri().path())
-                },
-            ),
+        .route(
+            "/api/nodes/{name}/rebuild",
+            axum::routing::post(api_rebuild),
         )
+        .route("/metrics", get(metrics))
+        .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(app)
 }
 
@@ -190,38 +218,42 @@ async fn boot_script(
         })
         .map(|s| crate::artifacts::cmdline::parse(&s));
 
-    // Pull delivery: a token bound to the address the node holds. With a lease (authoritative
-    // mode) the script must come from that address; in proxy mode the requester's address is the
-    // best knowledge there is.
-    let mut config_url = None;
-    if let (Some(n), NodeState::Provisioning, crate::inventory::Delivery::Pull) =
-        (node, state, inv.boot.delivery)
-    {
-        let lease_ip = app.store.lease(mac).ok().flatten().map(|l| l.ip);
-        let bound = match (lease_ip, peer_ip) {
-            (Some(l), Some(p)) if l != p => {
+    // A node being provisioned gets its script (and, in pull mode, a token bound to its
+    // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
+    let mut entitled = None;
+    if let Some(n) = node {
+        let verdict = entitlement_of(&app, n, peer_ip);
+        match (&verdict, state) {
+            (Ok(b), _) => entitled = Some(*b),
+            (Err(refusal), NodeState::Provisioning) => {
+                let who = peer_ip
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| peer.ip().to_string());
                 app.events.publish(
                     n.name.as_str(),
-                    EventKind::ConfigRefused,
-                    format!(
-                        "script for {mac} requested from {p}, but its lease is {l}; no token issued"
-                    ),
+                    EventKind::EntitlementRefused,
+                    format!("boot script for {mac} requested from {who}: refused ({refusal})"),
                 );
-                None
+                metrics::counter!("talboot_entitlement_refused_total", "what" => "script")
+                    .increment(1);
+                return text(StatusCode::FORBIDDEN, "forbidden\n".into());
             }
-            (Some(l), _) => Some(l),
-            (None, p) => p,
-        };
-        if let Some(ip) = bound {
-            match tokens::TokenStore::new(app.store.as_ref()).issue(
-                n.name.as_str(),
-                mac,
-                ip,
-                now(&app),
-            ) {
-                Ok(t) => config_url = Some(format!("{}/config/{t}", app.base_url)),
-                Err(e) => tracing::error!(error = %e, "cannot issue a config token"),
-            }
+            // An installed node's script only sends it to its disk; nothing to protect.
+            (Err(_), NodeState::Installed) => {}
+        }
+    }
+    let mut config_url = None;
+    if let (Some(n), Some(bound), NodeState::Provisioning, crate::inventory::Delivery::Pull) =
+        (node, entitled, state, inv.boot.delivery)
+    {
+        match tokens::TokenStore::new(app.store.as_ref()).issue(
+            n.name.as_str(),
+            mac,
+            bound.ip,
+            now(&app),
+        ) {
+            Ok(t) => config_url = Some(format!("{}/config/{t}", app.base_url)),
+            Err(e) => tracing::error!(error = %e, "cannot issue a config token"),
         }
     }
 
@@ -253,11 +285,34 @@ async fn boot_script(
             format!("{mac} boots into maintenance mode"),
         );
     }
-    if let (Some(n), Some(ip)) = (node, peer_ip) {
-        remember_address(&app, n.name.as_str(), mac, ip, record);
+    // Only an entitled requester is where the node is; a stranger's address is never
+    // remembered (the push provisioner must not find it).
+    if let (Some(n), Some(b)) = (node, entitled) {
+        remember_address(&app, n.name.as_str(), b.mac, b.ip, record);
     }
     metrics::counter!("talboot_http_scripts_total").increment(1);
     text(StatusCode::OK, app.scripts.plan(&plan, &app.base_url))
+}
+
+/// The entitlement verdict of `requester` for node `n` (a store that cannot be read entitles
+/// nobody).
+fn entitlement_of(
+    app: &HttpApp,
+    n: &crate::inventory::Node,
+    requester: Option<Ipv4Addr>,
+) -> Result<crate::entitlement::Bound, crate::entitlement::Refusal> {
+    let macs: Vec<Mac> = n.macs.iter().map(|m| m.value).collect();
+    let bound = crate::entitlement::bound_address(
+        app.store.as_ref(),
+        app.inventory.network.mode,
+        &macs,
+        now(app),
+    )
+    .unwrap_or_else(|e| {
+        tracing::error!(node = %n.name.as_str(), error = %e, "cannot read the node's DHCP binding");
+        None
+    });
+    crate::entitlement::judge(bound, requester)
 }
 
 /// Record where a node was last seen, creating its record on first sight.
@@ -354,6 +409,20 @@ async fn config(
     let Some(ip) = peer_v4(&peer) else {
         return forbidden();
     };
+    // The token names its node; the requester must also be where talboot's DHCP bound that
+    // node now (a token does not outlive the binding it was issued for).
+    if let Ok(Some(tok)) = tokens::TokenStore::new(app.store.as_ref()).get(&token)
+        && let Some(n) = app.inventory.node(&tok.node)
+        && let Err(refusal) = entitlement_of(&app, n, Some(ip))
+    {
+        app.events.publish(
+            &tok.node,
+            EventKind::EntitlementRefused,
+            format!("machine config requested from {ip}: refused ({refusal})"),
+        );
+        metrics::counter!("talboot_entitlement_refused_total", "what" => "config").increment(1);
+        return forbidden();
+    }
     let store = app.store.clone();
     let window = |node: &str| {
         store
@@ -512,5 +581,27 @@ async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
     match &app.metrics {
         Some(h) => text(StatusCode::OK, h.render()),
         None => text(StatusCode::NOT_FOUND, "metrics are not enabled\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_path;
+
+    #[test]
+    fn config_tokens_are_redacted_from_logged_paths() {
+        let token = "a".repeat(64);
+        assert_eq!(
+            redact_path(&format!("/config/{token}")),
+            "/config/<redacted>"
+        );
+        // Anything after /config/ is redacted, well-formed or not.
+        assert_eq!(redact_path("/config/x/y"), "/config/<redacted>");
+        assert_eq!(redact_path("/config/"), "/config/");
+        assert_eq!(redact_path("/boot.ipxe"), "/boot.ipxe");
+        assert_eq!(
+            redact_path("/assets/v1.13.9/s/amd64/kernel"),
+            "/assets/v1.13.9/s/amd64/kernel"
+        );
     }
 }

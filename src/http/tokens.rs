@@ -4,7 +4,8 @@
 //! the address its current lease holds, is valid only while the node's provisioning window is
 //! open and until it expires, and releases the config exactly once. The decision is the pure
 //! [`judge`]; [`TokenStore`] persists tokens in the state store and consumes them with a
-//! compare-and-set, so two concurrent fetches cannot both win.
+//! compare-and-set, so two concurrent fetches cannot both win. The store keeps only each
+//! token's SHA-256, and no log line, event or error carries a token.
 
 use std::net::Ipv4Addr;
 
@@ -91,8 +92,14 @@ pub fn well_formed(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// The store key of a token: its SHA-256, so the store (and any export or backup of it)
+/// never holds a usable token.
 fn key(token: &str) -> String {
-    format!("token/{token}")
+    use sha2::Digest;
+    format!(
+        "token/{}",
+        crate::hex::lower(&sha2::Sha256::digest(token.as_bytes()))
+    )
 }
 
 /// Tokens in the state store.
@@ -227,6 +234,23 @@ mod tests {
             judge(Some(&tok()), ip, 150, |_| false),
             Err(Refusal::WindowClosed("cp-1".into()))
         );
+    }
+
+    #[test]
+    fn the_store_never_holds_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(dir.path()).unwrap();
+        let t = TokenStore::new(&store)
+            .issue(
+                "cp-1",
+                "aa:00:00:00:00:01".parse().unwrap(),
+                "10.0.0.11".parse().unwrap(),
+                1000,
+            )
+            .unwrap();
+        let dump = serde_json::to_string(&store.export_json().unwrap()).unwrap();
+        assert!(!dump.contains(&t), "{dump}");
+        assert!(TokenStore::new(&store).get(&t).unwrap().is_some());
     }
 
     #[test]

@@ -345,31 +345,22 @@ impl Provisioner {
         .await
     }
 
-    /// Where the node is: the address its DHCP lease holds (authoritative), else where it was
-    /// last seen. The MAC that holds the lease is returned too.
+    /// Where the node is: the address talboot's own DHCP bound to one of its MACs (its lease
+    /// in authoritative mode, its ProxyDHCP binding in proxy mode; see
+    /// [`crate::entitlement`]), with that MAC. Nothing else: not where a script was last
+    /// asked for, which any host on the segment can claim. A config is only ever pushed here.
     async fn address_of(
         &self,
         node: &Node,
-        rec: &NodeRecord,
+        _rec: &NodeRecord,
     ) -> Result<Option<(Ipv4Addr, Option<crate::inventory::Mac>)>, ProvisionError> {
         let macs: Vec<_> = node.macs.iter().map(|m| m.value).collect();
         let now = self.now();
-        let lease = self
-            .db(move |s| {
-                for mac in macs {
-                    if let Some(l) = s.lease(mac)?
-                        && l.holds_address(now)
-                    {
-                        return Ok(Some(l));
-                    }
-                }
-                Ok(None)
-            })
+        let mode = self.inner.inventory.network.mode;
+        let bound = self
+            .db(move |s| crate::entitlement::bound_address(s, mode, &macs, now))
             .await?;
-        Ok(match lease {
-            Some(l) => Some((l.ip, Some(l.mac))),
-            None => rec.last_seen_addr.map(|ip| (ip, rec.mac)),
-        })
+        Ok(bound.map(|b| (b.ip, Some(b.mac))))
     }
 
     fn apid(&self, ip: Ipv4Addr) -> SocketAddr {

@@ -132,8 +132,10 @@ pub struct Demo {
     pub nodes: Vec<Arc<SimNode>>,
     /// The Kubernetes API double.
     pub kube: Arc<KubeDouble>,
-    /// talboot's HTTP base URL (for the rebuild API).
+    /// talboot's HTTP base URL (provisioning side).
     pub base_url: String,
+    /// talboot's admin API URL (for the rebuild API).
+    pub admin_url: String,
     started: Instant,
     relaunch: Relaunch,
     running: Option<Running>,
@@ -153,6 +155,7 @@ struct Relaunch {
     state_dir: PathBuf,
     advertise: Ipv4Addr,
     http: SocketAddr,
+    admin: SocketAddr,
     tftp: SocketAddr,
     dhcp: SocketAddrV4,
     renderer: Arc<dyn crate::provision::ConfigRenderer>,
@@ -172,6 +175,7 @@ impl Relaunch {
             state_dir: self.state_dir.clone(),
             advertise: self.advertise,
             http: self.http,
+            admin: self.admin,
             tftp: Some((self.tftp, 1468)),
             dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
             provisioning: Some(ProvisioningPlan {
@@ -486,6 +490,7 @@ impl Demo {
             state_dir: p.state_dir.clone(),
             advertise,
             http: SocketAddr::new(IpAddr::V4(advertise), 0),
+            admin: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             tftp: SocketAddr::new(IpAddr::V4(advertise), 0),
             dhcp: SocketAddrV4::new(advertise, 0),
             renderer: Arc::new(crate::provision::BundleRenderer::new(inv.clone(), bundle)),
@@ -493,15 +498,19 @@ impl Demo {
             settings,
         };
         let bound = relaunch.plan()?.bind().await?;
-        let (Some(http), Some(SocketAddr::V4(dhcp)), Some(tftp)) =
-            (bound.http_addr(), bound.dhcp_addr(), bound.tftp_addr())
-        else {
+        let (Some(http), Some(SocketAddr::V4(dhcp)), Some(tftp), Some(admin)) = (
+            bound.http_addr(),
+            bound.dhcp_addr(),
+            bound.tftp_addr(),
+            bound.admin_addr(),
+        ) else {
             return Err(DemoError::Sim(
                 "talboot's sockets have no IPv4 addresses".into(),
             ));
         };
         // A restart binds the same ports, as a restarted `serve` would.
         relaunch.http = http;
+        relaunch.admin = admin;
         relaunch.tftp = tftp;
         relaunch.dhcp = dhcp;
         let wire = Wire {
@@ -554,6 +563,7 @@ impl Demo {
             nodes,
             kube,
             base_url: running.base_url.clone(),
+            admin_url: running.admin_url.clone(),
             started,
             relaunch,
             running: Some(running),
@@ -588,6 +598,7 @@ impl Demo {
             self.printer = Some(spawn_printer(&running, self.started));
         }
         self.base_url = running.base_url.clone();
+        self.admin_url = running.admin_url.clone();
         self.running = Some(running);
         Ok(())
     }
@@ -657,7 +668,7 @@ impl Demo {
 
     /// Asks the running talboot to rebuild `name`, exactly as `talboot node rebuild` does.
     pub async fn request_rebuild(&self, name: &str) -> Result<(), DemoError> {
-        let url = format!("{}/api/nodes/{name}/rebuild", self.base_url);
+        let url = format!("{}/api/nodes/{name}/rebuild", self.admin_url);
         let resp = reqwest::Client::builder()
             .no_proxy()
             .build()
