@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::artifacts::Catalog;
 use crate::dhcp::{BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
 use crate::events::{Clock, EventBus, EventKind, SystemClock};
+use crate::firststage::{self, FirstStage, Transport};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
@@ -26,6 +27,9 @@ pub enum ApplianceError {
     /// The store cannot be opened.
     #[error("{0}")]
     Store(#[from] store::StoreError),
+    /// An iPXE binary the inventory needs cannot be served.
+    #[error("{0}")]
+    Ipxe(#[from] crate::firststage::Unservable),
     /// A socket cannot be bound (or the TFTP root cannot be used).
     #[error("cannot listen on {addr}: {cause}")]
     Bind {
@@ -45,7 +49,7 @@ pub struct Plan {
     pub catalog: Catalog,
     /// Where the artifacts are.
     pub images_dir: PathBuf,
-    /// TFTP root (iPXE binaries).
+    /// The iPXE binaries' directory, read once by [`Plan::bind`] (see [`crate::firststage`]).
     pub ipxe_dir: PathBuf,
     /// Rendered configs for pull delivery.
     pub configs: PathBuf,
@@ -89,6 +93,7 @@ pub struct ProvisioningPlan {
 /// A plan whose sockets are bound; [`Bound::start`] runs it.
 pub struct Bound {
     plan: Plan,
+    ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
     http: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
@@ -100,6 +105,16 @@ impl Plan {
     /// (the state directory may be root's to create; ports below 1024 need root or
     /// capabilities).
     pub async fn bind(self) -> Result<Bound, ApplianceError> {
+        // The first-stage binaries are read now, as the user that can read them, and a
+        // missing one that machines need stops the start naming the file.
+        let transport = match self.tftp {
+            Some(_) => Transport::TftpAndHttp,
+            None => Transport::HttpOnly,
+        };
+        let ipxe = Arc::new(FirstStage::load(
+            &self.ipxe_dir,
+            &firststage::needed(&self.inventory, transport),
+        )?);
         let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
         let http = tokio::net::TcpListener::bind(self.http)
             .await
@@ -139,6 +154,7 @@ impl Plan {
         };
         Ok(Bound {
             plan: self,
+            ipxe,
             store,
             http,
             tftp,
@@ -167,6 +183,7 @@ impl Bound {
     pub fn start(self) -> Result<Running, ApplianceError> {
         let Bound {
             plan,
+            ipxe,
             store,
             http,
             tftp,
@@ -201,8 +218,11 @@ impl Bound {
         });
         {
             let cancel = cancel.clone();
+            let ipxe_http = ipxe.clone();
             tasks.spawn(async move {
-                http::serve(http, http::router(app), cancel)
+                // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
+                let router = http::router(app).merge(firststage::router(ipxe_http));
+                http::serve(http, router, cancel)
                     .await
                     .map_err(|e| format!("http: {e}"))
             });
@@ -215,9 +235,9 @@ impl Bound {
                 ..TftpConfig::default()
             };
             tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-            let server = TftpServer::new(config, &plan.ipxe_dir)
+            let server = TftpServer::with_files(config, ipxe.clone())
                 .map_err(|e| ApplianceError::Bind {
-                    addr: format!("tftp root {}", plan.ipxe_dir.display()),
+                    addr: format!("tftp {}", plan.ipxe_dir.display()),
                     cause: e.to_string(),
                 })?
                 .with_events(tx);

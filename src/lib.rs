@@ -11,6 +11,7 @@ pub mod cli;
 pub mod crypto;
 pub mod dhcp;
 pub mod events;
+pub mod firststage;
 pub mod fsutil;
 pub mod hex;
 pub mod http;

@@ -112,6 +112,8 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
     std::fs::create_dir_all(&ipxe).unwrap();
     let efi: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
     std::fs::write(ipxe.join("ipxe.efi"), &efi).unwrap();
+    // lab.yaml also boots unknown machines, which may be legacy BIOS.
+    std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
     let (http, tftp) = (free_port(), free_udp_port());
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(base_args(tmp.path(), http, tftp))
@@ -289,6 +291,9 @@ fn node_rebuild_goes_through_a_running_serve() {
     let tmp = tempfile::tempdir().unwrap();
     fake_images(&tmp.path().join("images"));
     std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe"] {
+        std::fs::write(tmp.path().join("ipxe").join(name), name).unwrap();
+    }
     let (http, tftp) = (free_port(), free_udp_port());
     // serve's own words, for the failure message if it never comes up.
     let log = tmp.path().join("serve.err");

@@ -17,7 +17,6 @@ use crate::tftp::TftpConfig;
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
 use crate::artifacts::required_sets;
-use crate::tftp::missing_ipxe_binaries;
 
 /// Where Debian's `ipxe` package installs them.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
@@ -39,7 +38,9 @@ pub struct Args {
     /// Boot artifact cache (see `talboot images`).
     #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
     pub images: PathBuf,
-    /// Folder with the iPXE binaries served over TFTP (undionly.kpxe, ipxe.efi, snponly.efi).
+    /// Folder with the iPXE binaries served over TFTP and HTTP (undionly.kpxe, ipxe.efi,
+    /// snponly.efi, ipxe-arm64.efi), read once at start; symlinks are followed. `serve` refuses
+    /// to start when one the inventory's machines need cannot be read.
     #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = DEFAULT_IPXE_DIR)]
     pub ipxe_dir: PathBuf,
     /// Rendered machine configs (`talboot gen -o DIR`), released to nodes in pull mode.
@@ -124,6 +125,9 @@ pub enum StartError {
     /// The store cannot be opened.
     #[error("{0}")]
     Store(#[from] store::StoreError),
+    /// An iPXE binary the inventory needs cannot be served.
+    #[error("{0}")]
+    Ipxe(#[from] crate::firststage::Unservable),
     /// A socket cannot be bound.
     #[error("cannot listen on {addr}: {cause}")]
     Bind {
@@ -164,6 +168,7 @@ impl From<ApplianceError> for StartError {
     fn from(e: ApplianceError) -> Self {
         match e {
             ApplianceError::Store(e) => StartError::Store(e),
+            ApplianceError::Ipxe(e) => StartError::Ipxe(e),
             ApplianceError::Bind { addr, cause } => StartError::Bind { addr, cause },
         }
     }
@@ -240,16 +245,6 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     let catalog = Catalog::load(&args.images)?;
     for id in required_sets(&inv) {
         artifacts::verify(&args.images, &catalog, &id)?;
-    }
-    if !args.no_tftp {
-        let missing = missing_ipxe_binaries(&args.ipxe_dir);
-        if !missing.is_empty() {
-            tracing::warn!(
-                dir = %args.ipxe_dir.display(),
-                missing = %missing.join(", "),
-                "iPXE binaries missing: PXE firmware that needs them cannot boot (install Debian's `ipxe` package or set --ipxe-dir)"
-            );
-        }
     }
     let advertise = advertise_address(&args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
