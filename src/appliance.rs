@@ -21,6 +21,9 @@ use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
 
+/// How long the servers get to drain after shutdown begins before they are aborted.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Why the appliance could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplianceError {
@@ -286,7 +289,15 @@ impl Bound {
             );
             let c = cancel.clone();
             tasks.spawn(async move {
-                provisioner.run(c).await;
+                // On shutdown the provisioner is dropped where it stands, in-flight Talos call
+                // included, so nothing new starts after the signal: each phase is persisted
+                // before the call it leads to, and the next start resumes from it.
+                tokio::select! {
+                    _ = provisioner.run(c.clone()) => {}
+                    _ = c.cancelled() => {
+                        tracing::info!("provisioning stopped");
+                    }
+                }
                 Ok(())
             });
             tracing::info!("push provisioning running");
@@ -340,7 +351,31 @@ impl Running {
             ..
         } = self;
         let mut failure = None;
-        while let Some(res) = tasks.join_next().await {
+        // Once shutdown begins, the servers get SHUTDOWN_GRACE to drain (an HTTP download
+        // in flight, a DHCP reply being committed); whatever is still running then is
+        // aborted, so the process always exits within a bounded time.
+        let grace = async {
+            cancel.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::pin!(grace);
+        loop {
+            let res = tokio::select! {
+                res = tasks.join_next() => match res {
+                    Some(res) => res,
+                    None => break,
+                },
+                _ = &mut grace, if !tasks.is_empty() => {
+                    tracing::warn!(
+                        tasks = tasks.len(),
+                        grace_s = SHUTDOWN_GRACE.as_secs(),
+                        "shutdown grace over; aborting what is still running"
+                    );
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    break;
+                }
+            };
             match res {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -359,8 +394,8 @@ impl Running {
         let _ = event_writer.await;
         // A blocking store call started by a task that was aborted mid-await runs to its end
         // and holds the store until then; the file lock goes with the last reference, and a
-        // restart must find it released.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // restart must find it released. Store calls are short; this only waits for them.
+        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
         while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }

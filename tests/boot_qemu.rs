@@ -5,6 +5,11 @@
 //! `talos.config=` URL it was given, and the test checks both on the serial console and
 //! talboot's events for the machine's MAC.
 //!
+//! Real defaults: `serve` runs with its default `--ipxe-dir`, the `/usr/lib/ipxe` of the
+//! installed `ipxe` package, as an operator runs it. The UEFI machine has no NIC ROM, so
+//! OVMF's own PXE fetches `ipxe.efi` over talboot's TFTP: on Debian 12 that name is a symlink
+//! to `/boot/ipxe.efi` (`dpkg -L ipxe`), the layout a root-confined TFTP server refuses.
+//!
 //! Needs root (namespaces, tap), qemu-system-x86, ipxe-qemu, ovmf, busybox-static, cpio and a
 //! Debian kernel package in /var/tmp/talboot-test (all installed by scripts/test-deps).
 
@@ -277,13 +282,8 @@ fn boot(sc: &Scenario) {
         .arg("--configs")
         .arg(&configs)
         // Push delivery would also provision over the Talos API; there is no Talos here.
-        .args([
-            "--ipxe-dir",
-            "/usr/lib/ipxe",
-            "--http-port",
-            "8080",
-            "--no-provision",
-        ])
+        // Everything else (the iPXE directory, the ports) is serve's default.
+        .arg("--no-provision")
         .stdout(Stdio::null())
         .stderr(Stdio::from(
             std::fs::File::create(work.join("talboot.log")).unwrap(),
@@ -292,6 +292,7 @@ fn boot(sc: &Scenario) {
         .unwrap();
     lab.children.push(talboot);
     std::thread::sleep(Duration::from_secs(1));
+    let powered_on = Instant::now();
 
     let mut qemu = lab.exec("qemu-system-x86_64");
     qemu.args(["-accel", "tcg", "-M", "q35", "-m", "512", "-smp", "1"])
@@ -302,11 +303,20 @@ fn boot(sc: &Scenario) {
             "stdio",
             "-no-reboot",
         ])
-        .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"])
-        .args([
+        .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"]);
+    if sc.firmware == "uefi" {
+        // No NIC ROM: OVMF's own PXE (its virtio-net driver) fetches ipxe.efi over TFTP.
+        qemu.args([
+            "-device",
+            &format!("virtio-net-pci,netdev=n0,mac={},bootindex=1,romfile=", sc.mac),
+        ]);
+    } else {
+        // SeaBIOS runs the iPXE ROM of Debian's ipxe-qemu package.
+        qemu.args([
             "-device",
             &format!("e1000,netdev=n0,mac={},bootindex=1", sc.mac),
         ]);
+    }
     if sc.firmware == "uefi" {
         let vars = work.join("OVMF_VARS.fd");
         std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
@@ -351,6 +361,7 @@ fn boot(sc: &Scenario) {
         }
     }
     let console = console.join("\n");
+    let booted_after = powered_on.elapsed();
     let log = || std::fs::read_to_string(work.join("talboot.log")).unwrap_or_default();
     let cmdline = console
         .lines()
@@ -364,6 +375,11 @@ fn boot(sc: &Scenario) {
                 log()
             )
         });
+    eprintln!(
+        "{} boot: power-on to the kernel's command line on the console took {:.1} s",
+        sc.firmware,
+        booted_after.as_secs_f64()
+    );
     assert!(cmdline.contains("talos.platform=metal"), "{cmdline}");
     assert!(cmdline.contains("initrd=initramfs.xz"), "{cmdline}");
     let url = format!("talos.config=http://{}:8080/config/", lab.server_ip);
@@ -400,6 +416,10 @@ fn boot(sc: &Scenario) {
         .map(|e| e.kind)
         .collect();
     let mut expected = vec!["dhcp.ack", "http.script", "http.kernel", "http.initramfs"];
+    if sc.firmware == "uefi" {
+        // OVMF fetched Debian's (symlinked) ipxe.efi over TFTP.
+        expected.push("tftp.file");
+    }
     if sc.pull {
         expected.push("config.released");
     }
@@ -415,6 +435,11 @@ fn boot(sc: &Scenario) {
 
 #[test]
 fn bios_and_uefi_boot_through_talboot() {
+    assert!(
+        std::fs::read_link("/usr/lib/ipxe/ipxe.efi").is_ok(),
+        "/usr/lib/ipxe/ipxe.efi is not the Debian 12 symlink to /boot/ipxe.efi; install the \
+         ipxe package (scripts/test-deps)"
+    );
     // One test runs both firmware variants in turn: TCG needs both cores to itself.
     let tmp = tempfile::tempdir().unwrap();
     let pull_inventory = tmp.path().join("talboot.yaml");
