@@ -385,6 +385,10 @@ nodes:
     };
     let took = signalled.elapsed();
     served.0 = None;
+    eprintln!(
+        "serve exited {took:?} after SIGTERM; {} Talos connections in all",
+        proxy.count()
+    );
     assert_eq!(status.code(), Some(0), "{}", log_text());
     // A few seconds: talboot's shutdown grace (3 s) bounds it, and an idle or mid-call
     // provisioner stops at once.
