@@ -68,6 +68,8 @@ pub struct Plan {
     pub dhcp: Option<DhcpPlan>,
     /// Push provisioning, if it runs.
     pub provisioning: Option<ProvisioningPlan>,
+    /// The interface to send "no IPv6 router" advertisements on (`serve --ipv6-ra`).
+    pub ipv6_ra: Option<String>,
 }
 
 /// Where DHCP listens.
@@ -101,6 +103,7 @@ pub struct Bound {
     http: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
     dhcp: Option<DhcpServer>,
+    ra: Option<crate::ndp::Advertiser>,
 }
 
 impl Plan {
@@ -155,7 +158,17 @@ impl Plan {
                 },
             )?),
         };
+        let ra = match &self.ipv6_ra {
+            None => None,
+            Some(iface) => Some(crate::ndp::Advertiser::bind(iface).map_err(|e| {
+                ApplianceError::Bind {
+                    addr: format!("icmpv6 on {iface}"),
+                    cause: e.to_string(),
+                }
+            })?),
+        };
         Ok(Bound {
+            ra,
             plan: self,
             ipxe,
             store,
@@ -185,6 +198,7 @@ impl Bound {
     /// Runs every server (and the provisioner) until [`Running::cancel`] fires.
     pub fn start(self) -> Result<Running, ApplianceError> {
         let Bound {
+            ra,
             plan,
             ipxe,
             store,
@@ -276,6 +290,14 @@ impl Bound {
             tracing::info!(
                 "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
             );
+        }
+
+        if let Some(ra) = ra {
+            let c = cancel.clone();
+            tasks.spawn(async move {
+                ra.run(c).await;
+                Ok(())
+            });
         }
 
         if let Some(p) = plan.provisioning {

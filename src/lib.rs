@@ -17,6 +17,7 @@ pub mod hex;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;
+pub mod ndp;
 pub mod provision;
 pub mod sim;
 pub mod store;

@@ -65,6 +65,12 @@ pub struct Args {
     /// Do not run the DHCP server (another DHCP server hands out the boot options).
     #[arg(long)]
     pub no_dhcp: bool,
+    /// Send IPv6 router advertisements with router lifetime 0 and no prefix on the serving
+    /// interface, so iPXE's IPv6 autoconfiguration ends at once instead of waiting about 16 s
+    /// on a segment without IPv6 routers (nothing gets an address or a default route from
+    /// them). Leave it off where a real IPv6 router serves the segment.
+    #[arg(long)]
+    pub ipv6_ra: bool,
     /// Drop to this user after binding the privileged ports.
     #[arg(long)]
     pub user: Option<String>,
@@ -288,7 +294,17 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             max_blksize,
         )
     });
+    let ipv6_ra = if args.ipv6_ra {
+        Some(serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+            addr: "icmpv6".into(),
+            cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
+                .into(),
+        })?)
+    } else {
+        None
+    };
     let plan = Plan {
+        ipv6_ra,
         inventory: inv,
         catalog,
         images_dir: args.images.clone(),
