@@ -412,3 +412,124 @@ nodes:
     );
     rt.block_on(double.shutdown());
 }
+
+/// serve of `config/lab.yaml` (UEFI nodes, unknown machines booted too) with TFTP and HTTP on
+/// loopback and the given iPXE directory.
+fn serve_with_ipxe(tmp: &Path, ipxe: &Path, http: u16, tftp: u16) -> Command {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    fake_images(&config, &tmp.join("images"));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_talboot"));
+    c.arg("serve")
+        .arg("-c")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(tmp.join("state"))
+        .arg("--images")
+        .arg(tmp.join("images"))
+        .arg("--ipxe-dir")
+        .arg(ipxe)
+        .args(["--advertise", "127.0.0.1"])
+        .args(["--http-port", &http.to_string(), "--tftp-port", &tftp.to_string()])
+        .args(["--no-dhcp", "--no-provision"]);
+    c
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn debian_symlinked_ipxe_efi_is_served_and_nothing_outside_the_set() {
+    // Debian 12: /usr/lib/ipxe/ipxe.efi -> /boot/ipxe.efi, both from the ipxe package.
+    let tmp = tempfile::tempdir().unwrap();
+    let boot = tmp.path().join("boot");
+    let ipxe = tmp.path().join("usr-lib-ipxe");
+    std::fs::create_dir_all(&boot).unwrap();
+    std::fs::create_dir_all(&ipxe).unwrap();
+    let efi: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(boot.join("ipxe.efi"), &efi).unwrap();
+    std::fs::write(boot.join("secret"), b"not a boot file").unwrap();
+    std::os::unix::fs::symlink(boot.join("ipxe.efi"), ipxe.join("ipxe.efi")).unwrap();
+    std::os::unix::fs::symlink(boot.join("secret"), ipxe.join("secret")).unwrap();
+    std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
+    let (http, tftp) = (free_port(), free_udp_port());
+    let log = tmp.path().join("serve.log");
+    let child = serve_with_ipxe(tmp.path(), &ipxe, http, tftp)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let served = Served(Some(child));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("talboot serving")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let curl = |url: String, out: &Path| {
+        Command::new("curl")
+            .args(["-sf", "--tftp-blksize", "1468", "-o"])
+            .arg(out)
+            .arg(url)
+            .output()
+            .expect("curl is installed by scripts/test-deps")
+    };
+    // TFTP, as UEFI PXE fetches it, and HTTP, as UEFI HTTP boot does.
+    let got = tmp.path().join("got.efi");
+    let out = curl(format!("tftp://127.0.0.1:{tftp}/ipxe.efi"), &got);
+    assert!(
+        out.status.success(),
+        "TFTP ipxe.efi: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(std::fs::read(&got).unwrap(), efi);
+    let got = tmp.path().join("got-http.efi");
+    let out = curl(format!("http://127.0.0.1:{http}/ipxe.efi"), &got);
+    assert!(out.status.success(), "HTTP ipxe.efi");
+    assert_eq!(std::fs::read(&got).unwrap(), efi);
+    // Every other name is refused, symlink or not.
+    for name in ["secret", "snponly.efi", "../boot/ipxe.efi"] {
+        let got = tmp.path().join("refused");
+        let out = curl(format!("tftp://127.0.0.1:{tftp}/{name}"), &got);
+        assert!(!out.status.success(), "TFTP {name} was served");
+    }
+    let out = curl(format!("http://127.0.0.1:{http}/secret"), &tmp.path().join("x"));
+    assert!(!out.status.success(), "HTTP /secret was served");
+    sigterm(served.0.as_ref().unwrap());
+    drop(served);
+}
+
+#[test]
+fn serve_refuses_to_start_naming_the_ipxe_binary_it_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ipxe = tmp.path().join("ipxe");
+    std::fs::create_dir_all(&ipxe).unwrap();
+    // lab.yaml's nodes are UEFI (ipxe.efi) and unknown machines may be BIOS (undionly.kpxe).
+    std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
+    // A dangling symlink, as a removed /boot/ipxe.efi leaves behind.
+    std::os::unix::fs::symlink(tmp.path().join("gone/ipxe.efi"), ipxe.join("ipxe.efi")).unwrap();
+    let out = serve_with_ipxe(tmp.path(), &ipxe, free_port(), free_udp_port())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "iPXE binary {} cannot be served",
+            ipxe.join("ipxe.efi").display()
+        )) && stderr.contains("symlink to")
+            && stderr.contains("--ipxe-dir"),
+        "{stderr}"
+    );
+}
