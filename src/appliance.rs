@@ -160,12 +160,14 @@ impl Plan {
         };
         let ra = match &self.ipv6_ra {
             None => None,
-            Some(iface) => Some(crate::ndp::Advertiser::bind(iface).map_err(|e| {
-                ApplianceError::Bind {
-                    addr: format!("icmpv6 on {iface}"),
-                    cause: e.to_string(),
-                }
-            })?),
+            Some(iface) => {
+                Some(
+                    crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
+                        addr: format!("icmpv6 on {iface}"),
+                        cause: e.to_string(),
+                    })?,
+                )
+            }
         };
         Ok(Bound {
             ra,

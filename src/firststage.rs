@@ -200,15 +200,14 @@ pub fn router(files: Arc<FirstStage>) -> Router {
         .with_state(files)
 }
 
-async fn serve_file(State(files): State<Arc<FirstStage>>, UrlPath(name): UrlPath<String>) -> Response {
+async fn serve_file(
+    State(files): State<Arc<FirstStage>>,
+    UrlPath(name): UrlPath<String>,
+) -> Response {
     match files.get(&name) {
         Some(bytes) => {
             tracing::info!(file = %name, bytes = bytes.len(), "iPXE binary served over HTTP");
-            (
-                [(header::CONTENT_TYPE, "application/efi")],
-                bytes,
-            )
-                .into_response()
+            ([(header::CONTENT_TYPE, "application/efi")], bytes).into_response()
         }
         None => (StatusCode::NOT_FOUND, "no such file\n").into_response(),
     }
@@ -275,7 +274,13 @@ mod tests {
         assert_eq!(got.get(UEFI_X64).as_deref(), Some(&b"efi"[..]));
         assert_eq!(got.get(BIOS).as_deref(), Some(&b"kpxe"[..]));
         assert_eq!(got.names().collect::<Vec<_>>(), vec![UEFI_X64, BIOS]);
-        for refused in ["../ipxe.efi", "/boot/ipxe.efi", "snponly.efi", "", "IPXE.EFI"] {
+        for refused in [
+            "../ipxe.efi",
+            "/boot/ipxe.efi",
+            "snponly.efi",
+            "",
+            "IPXE.EFI",
+        ] {
             assert!(got.get(refused).is_none(), "{refused}");
         }
 

@@ -208,8 +208,13 @@ mod tests {
     #[test]
     fn solicitations_are_recognised() {
         assert!(is_solicitation(&[133, 0, 0, 0, 0, 0, 0, 0]));
-        assert!(is_solicitation(&[133, 0, 1, 2, 0, 0, 0, 0, 1, 1, 2, 0, 0, 0, 0, 1]));
-        assert!(!is_solicitation(&[133, 1, 0, 0, 0, 0, 0, 0]), "code must be 0");
+        assert!(is_solicitation(&[
+            133, 0, 1, 2, 0, 0, 0, 0, 1, 1, 2, 0, 0, 0, 0, 1
+        ]));
+        assert!(
+            !is_solicitation(&[133, 1, 0, 0, 0, 0, 0, 0]),
+            "code must be 0"
+        );
         assert!(!is_solicitation(&[133, 0, 0, 0]), "too short");
         assert!(!is_solicitation(&[134, 0, 0, 0, 0, 0, 0, 0]));
     }

@@ -319,7 +319,10 @@ fn boot(sc: &Scenario) -> Duration {
         // No NIC ROM: OVMF's own PXE (its virtio-net driver) fetches ipxe.efi over TFTP.
         qemu.args([
             "-device",
-            &format!("virtio-net-pci,netdev=n0,mac={},bootindex=1,romfile=", sc.mac),
+            &format!(
+                "virtio-net-pci,netdev=n0,mac={},bootindex=1,romfile=",
+                sc.mac
+            ),
         ]);
     } else {
         // SeaBIOS runs the iPXE ROM of Debian's ipxe-qemu package.

@@ -9,7 +9,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use support::netns::{Lab, require_tool};
@@ -99,13 +99,19 @@ fn router_advertisements_say_no_router_and_no_prefix() {
             .unwrap_or_else(|| panic!("no `{key}` in rdisc6's output:\n{ra}"))
             .to_owned()
     };
-    assert!(line("Router lifetime").contains(" 0 (0x00000000) seconds"), "{ra}");
+    assert!(
+        line("Router lifetime").contains(" 0 (0x00000000) seconds"),
+        "{ra}"
+    );
     assert!(line("Stateful address conf.").ends_with("No"), "{ra}");
     assert!(line("Stateful other conf.").ends_with("No"), "{ra}");
     // The source link-layer address is br0's.
     assert!(line("Source link-layer address").contains(':'), "{ra}");
     assert!(!ra.contains("Prefix"), "no prefix information: {ra}");
-    assert!(ra.contains(" from fe80::"), "from a link-local address: {ra}");
+    assert!(
+        ra.contains(" from fe80::"),
+        "from a link-local address: {ra}"
+    );
 
     // The client's kernel took no default route and autoconfigured no global address.
     std::thread::sleep(Duration::from_millis(500));

@@ -118,7 +118,10 @@ fn logs_to_a_pipe_or_a_file_carry_no_colour() {
     let served = Served(Some(child));
     let piped = read_until(stderr, "talboot serving");
     assert!(piped.contains("talboot serving"), "{piped}");
-    assert!(!piped.contains('\u{1b}'), "ANSI escapes in piped logs:\n{piped:?}");
+    assert!(
+        !piped.contains('\u{1b}'),
+        "ANSI escapes in piped logs:\n{piped:?}"
+    );
     sigterm(served.0.as_ref().unwrap());
     drop(served);
 
@@ -140,7 +143,10 @@ fn logs_to_a_pipe_or_a_file_carry_no_colour() {
         assert!(Instant::now() < deadline, "serve did not come up:\n{text}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(!text.contains('\u{1b}'), "ANSI escapes in the log file:\n{text:?}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI escapes in the log file:\n{text:?}"
+    );
     sigterm(served.0.as_ref().unwrap());
     drop(served);
 
@@ -169,7 +175,11 @@ fn logs_to_a_pipe_or_a_file_carry_no_colour() {
         let served = Served(Some(child));
         let tty = read_until(out, "talboot serving");
         assert!(tty.contains("talboot serving"), "{tty}");
-        assert_eq!(tty.contains("\u{1b}["), want_colour, "NO_COLOR={no_color:?}:\n{tty:?}");
+        assert_eq!(
+            tty.contains("\u{1b}["),
+            want_colour,
+            "NO_COLOR={no_color:?}:\n{tty:?}"
+        );
         // Killing `script` closes the pty; serve gets SIGHUP and ends with it.
         drop(served);
     }
@@ -355,9 +365,7 @@ nodes:
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    proxy
-        .stall
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    proxy.stall.store(true, std::sync::atomic::Ordering::SeqCst);
     let before = proxy.count();
     while proxy.count() == before {
         assert!(
@@ -429,7 +437,12 @@ fn serve_with_ipxe(tmp: &Path, ipxe: &Path, http: u16, tftp: u16) -> Command {
         .arg("--ipxe-dir")
         .arg(ipxe)
         .args(["--advertise", "127.0.0.1"])
-        .args(["--http-port", &http.to_string(), "--tftp-port", &tftp.to_string()])
+        .args([
+            "--http-port",
+            &http.to_string(),
+            "--tftp-port",
+            &tftp.to_string(),
+        ])
         .args(["--no-dhcp", "--no-provision"]);
     c
 }
@@ -504,7 +517,10 @@ fn debian_symlinked_ipxe_efi_is_served_and_nothing_outside_the_set() {
         let out = curl(format!("tftp://127.0.0.1:{tftp}/{name}"), &got);
         assert!(!out.status.success(), "TFTP {name} was served");
     }
-    let out = curl(format!("http://127.0.0.1:{http}/secret"), &tmp.path().join("x"));
+    let out = curl(
+        format!("http://127.0.0.1:{http}/secret"),
+        &tmp.path().join("x"),
+    );
     assert!(!out.status.success(), "HTTP /secret was served");
     sigterm(served.0.as_ref().unwrap());
     drop(served);

@@ -129,7 +129,10 @@ mod tests {
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {
         assert!(use_colour(true, None));
-        assert!(use_colour(true, Some(OsStr::new(""))), "an empty NO_COLOR is unset");
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
         assert!(!use_colour(true, Some(OsStr::new("1"))));
         assert!(!use_colour(false, None));
         assert!(!use_colour(false, Some(OsStr::new("1"))));

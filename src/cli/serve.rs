@@ -295,11 +295,13 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         )
     });
     let ipv6_ra = if args.ipv6_ra {
-        Some(serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
-            addr: "icmpv6".into(),
-            cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
-                .into(),
-        })?)
+        Some(
+            serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+                addr: "icmpv6".into(),
+                cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
+                    .into(),
+            })?,
+        )
     } else {
         None
     };

@@ -539,7 +539,11 @@ mod tests {
         for fw in [Firmware::Uefi, Firmware::Bios, Firmware::Http] {
             let hinted = apply_node_hints(ovmf_http.clone(), Some(fw), None);
             assert_eq!(hinted.boot, BootKind::UefiHttp, "{fw:?}");
-            assert_eq!(hinted.echo_vendor_class(), Some(&b"HTTPClient"[..]), "{fw:?}");
+            assert_eq!(
+                hinted.echo_vendor_class(),
+                Some(&b"HTTPClient"[..]),
+                "{fw:?}"
+            );
         }
         let uefi_pxe = classify(MAC, &msg(pxe(7)));
         assert_eq!(

@@ -25,5 +25,8 @@ pub fn missing_ipxe_binaries<'a>(
     dir: &std::path::Path,
     names: impl IntoIterator<Item = &'a str>,
 ) -> Vec<&'a str> {
-    names.into_iter().filter(|f| !dir.join(f).is_file()).collect()
+    names
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect()
 }

@@ -1318,8 +1318,7 @@ mod tests {
         std::fs::write(boot.path().join("secret"), b"not yours").unwrap();
         std::os::unix::fs::symlink(boot.path().join("ipxe.efi"), dir.path().join("ipxe.efi"))
             .unwrap();
-        std::os::unix::fs::symlink(boot.path().join("secret"), dir.path().join("secret"))
-            .unwrap();
+        std::os::unix::fs::symlink(boot.path().join("secret"), dir.path().join("secret")).unwrap();
         std::fs::write(dir.path().join("other.bin"), b"x").unwrap();
         let files = crate::firststage::FirstStage::load(
             dir.path(),
@@ -1330,7 +1329,9 @@ mod tests {
         let server = TftpServer::with_files(TftpConfig::default(), Arc::new(files))
             .unwrap()
             .with_events(tx);
-        let socket = TftpServer::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let socket = TftpServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
         let addr = socket.local_addr().unwrap();
         let cancel = CancellationToken::new();
         let handle = tokio::spawn(server.serve(socket, cancel.clone()));
@@ -1357,7 +1358,10 @@ mod tests {
             outcomes.push(events.recv().await.unwrap().outcome.label());
         }
         assert_eq!(outcomes[0], "completed");
-        assert!(outcomes[1..].iter().all(|o| *o == "refused"), "{outcomes:?}");
+        assert!(
+            outcomes[1..].iter().all(|o| *o == "refused"),
+            "{outcomes:?}"
+        );
         cancel.cancel();
         handle.await.unwrap().unwrap();
     }
