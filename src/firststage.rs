@@ -207,7 +207,7 @@ async fn serve_file(
     match files.get(&name) {
         Some(bytes) => {
             tracing::info!(file = %name, bytes = bytes.len(), "iPXE binary served over HTTP");
-            ([(header::CONTENT_TYPE, "application/efi")], bytes).into_response()
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
         }
         None => (StatusCode::NOT_FOUND, "no such file\n").into_response(),
     }

@@ -115,10 +115,12 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
     // lab.yaml also boots unknown machines, which may be legacy BIOS.
     std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
     let (http, tftp) = (free_port(), free_udp_port());
+    // serve's own words, for the failure message if it never comes up.
+    let log = tmp.path().join("serve.err");
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(base_args(tmp.path(), http, tftp))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let mut served = Served { child: Some(child) };
@@ -136,7 +138,11 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
         if out.status.success() {
             break String::from_utf8(out.stdout).unwrap();
         }
-        assert!(Instant::now() < deadline, "serve did not come up");
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(script.contains("kernel http://127.0.0.1:"), "{script}");
