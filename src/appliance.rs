@@ -15,10 +15,14 @@ use tokio_util::sync::CancellationToken;
 use crate::artifacts::Catalog;
 use crate::dhcp::{BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
 use crate::events::{Clock, EventBus, EventKind, SystemClock};
+use crate::firststage::{self, FirstStage, Transport};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
+
+/// How long the servers get to drain after shutdown begins before they are aborted.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the appliance could not start.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +30,9 @@ pub enum ApplianceError {
     /// The store cannot be opened.
     #[error("{0}")]
     Store(#[from] store::StoreError),
+    /// An iPXE binary the inventory needs cannot be served.
+    #[error("{0}")]
+    Ipxe(#[from] crate::firststage::Unservable),
     /// A socket cannot be bound (or the TFTP root cannot be used).
     #[error("cannot listen on {addr}: {cause}")]
     Bind {
@@ -45,7 +52,7 @@ pub struct Plan {
     pub catalog: Catalog,
     /// Where the artifacts are.
     pub images_dir: PathBuf,
-    /// TFTP root (iPXE binaries).
+    /// The iPXE binaries' directory, read once by [`Plan::bind`] (see [`crate::firststage`]).
     pub ipxe_dir: PathBuf,
     /// Rendered configs for pull delivery.
     pub configs: PathBuf,
@@ -64,6 +71,8 @@ pub struct Plan {
     pub dhcp: Option<DhcpPlan>,
     /// Push provisioning, if it runs.
     pub provisioning: Option<ProvisioningPlan>,
+    /// The interface to send "no IPv6 router" advertisements on (`serve --ipv6-ra`).
+    pub ipv6_ra: Option<String>,
 }
 
 /// Where DHCP listens.
@@ -92,11 +101,13 @@ pub struct ProvisioningPlan {
 /// A plan whose sockets are bound; [`Bound::start`] runs it.
 pub struct Bound {
     plan: Plan,
+    ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
     http: tokio::net::TcpListener,
     admin: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
     dhcp: Option<DhcpServer>,
+    ra: Option<crate::ndp::Advertiser>,
 }
 
 impl Plan {
@@ -115,6 +126,16 @@ impl Plan {
                     .into(),
             });
         }
+        // The first-stage binaries are read now, as the user that can read them, and a
+        // missing one that machines need stops the start naming the file.
+        let transport = match self.tftp {
+            Some(_) => Transport::TftpAndHttp,
+            None => Transport::HttpOnly,
+        };
+        let ipxe = Arc::new(FirstStage::load(
+            &self.ipxe_dir,
+            &firststage::needed(&self.inventory, transport),
+        )?);
         let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
         let admin = tokio::net::TcpListener::bind(self.admin)
             .await
@@ -158,8 +179,21 @@ impl Plan {
                 },
             )?),
         };
+        let ra = match &self.ipv6_ra {
+            None => None,
+            Some(iface) => {
+                Some(
+                    crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
+                        addr: format!("icmpv6 on {iface}"),
+                        cause: e.to_string(),
+                    })?,
+                )
+            }
+        };
         Ok(Bound {
+            ra,
             plan: self,
+            ipxe,
             store,
             http,
             admin,
@@ -193,7 +227,9 @@ impl Bound {
     /// Runs every server (and the provisioner) until [`Running::cancel`] fires.
     pub fn start(self) -> Result<Running, ApplianceError> {
         let Bound {
+            ra,
             plan,
+            ipxe,
             store,
             http,
             admin,
@@ -234,8 +270,11 @@ impl Bound {
         {
             let cancel = cancel.clone();
             let app = app.clone();
+            let ipxe_http = ipxe.clone();
             tasks.spawn(async move {
-                http::serve(http, http::router(app), cancel)
+                // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
+                let router = http::router(app).merge(firststage::router(ipxe_http));
+                http::serve(http, router, cancel)
                     .await
                     .map_err(|e| format!("http: {e}"))
             });
@@ -256,9 +295,9 @@ impl Bound {
                 ..TftpConfig::default()
             };
             tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-            let server = TftpServer::new(config, &plan.ipxe_dir)
+            let server = TftpServer::with_files(config, ipxe.clone())
                 .map_err(|e| ApplianceError::Bind {
-                    addr: format!("tftp root {}", plan.ipxe_dir.display()),
+                    addr: format!("tftp {}", plan.ipxe_dir.display()),
                     cause: e.to_string(),
                 })?
                 .with_events(tx);
@@ -296,6 +335,14 @@ impl Bound {
             );
         }
 
+        if let Some(ra) = ra {
+            let c = cancel.clone();
+            tasks.spawn(async move {
+                ra.run(c).await;
+                Ok(())
+            });
+        }
+
         if let Some(p) = plan.provisioning {
             let provisioner = crate::provision::Provisioner::new(
                 inv.clone(),
@@ -307,7 +354,15 @@ impl Bound {
             );
             let c = cancel.clone();
             tasks.spawn(async move {
-                provisioner.run(c).await;
+                // On shutdown the provisioner is dropped where it stands, in-flight Talos call
+                // included, so nothing new starts after the signal: each phase is persisted
+                // before the call it leads to, and the next start resumes from it.
+                tokio::select! {
+                    _ = provisioner.run(c.clone()) => {}
+                    _ = c.cancelled() => {
+                        tracing::info!("provisioning stopped");
+                    }
+                }
                 Ok(())
             });
             tracing::info!("push provisioning running");
@@ -365,7 +420,31 @@ impl Running {
             ..
         } = self;
         let mut failure = None;
-        while let Some(res) = tasks.join_next().await {
+        // Once shutdown begins, the servers get SHUTDOWN_GRACE to drain (an HTTP download
+        // in flight, a DHCP reply being committed); whatever is still running then is
+        // aborted, so the process always exits within a bounded time.
+        let grace = async {
+            cancel.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::pin!(grace);
+        loop {
+            let res = tokio::select! {
+                res = tasks.join_next() => match res {
+                    Some(res) => res,
+                    None => break,
+                },
+                _ = &mut grace, if !tasks.is_empty() => {
+                    tracing::warn!(
+                        tasks = tasks.len(),
+                        grace_s = SHUTDOWN_GRACE.as_secs(),
+                        "shutdown grace over; aborting what is still running"
+                    );
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    break;
+                }
+            };
             match res {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -384,8 +463,8 @@ impl Running {
         let _ = event_writer.await;
         // A blocking store call started by a task that was aborted mid-await runs to its end
         // and holds the store until then; the file lock goes with the last reference, and a
-        // restart must find it released.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // restart must find it released. Store calls are short; this only waits for them.
+        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
         while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }

@@ -5,6 +5,11 @@
 //! `talos.config=` URL it was given, and the test checks both on the serial console and
 //! talboot's events for the machine's MAC.
 //!
+//! Real defaults: `serve` runs with its default `--ipxe-dir`, the `/usr/lib/ipxe` of the
+//! installed `ipxe` package, as an operator runs it. The UEFI machine has no NIC ROM, so
+//! OVMF's own PXE fetches `ipxe.efi` over talboot's TFTP: on Debian 12 that name is a symlink
+//! to `/boot/ipxe.efi` (`dpkg -L ipxe`), the layout a root-confined TFTP server refuses.
+//!
 //! Needs root (namespaces, tap), qemu-system-x86, ipxe-qemu, ovmf, busybox-static, cpio and a
 //! Debian kernel package in /var/tmp/talboot-test (all installed by scripts/test-deps).
 
@@ -42,7 +47,9 @@ struct Lab {
 
 impl Lab {
     fn new(tag: &str, bridge: &str, server_cidr: &str) -> Self {
-        let ns = format!("tb-{tag}-{}", std::process::id());
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ns = format!("tb-{tag}-{}-{n}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &ns]).status();
         run(Command::new("ip").args(["netns", "add", &ns]));
         let lab = Lab {
@@ -244,10 +251,18 @@ struct Scenario {
     schematic: &'static str,
     /// Pull delivery: the kernel gets talos.config= and fetches its config.
     pull: bool,
+    /// `serve --ipv6-ra`.
+    ipv6_ra: bool,
 }
 
-/// Boot a VM through talboot and check its console and talboot's events.
-fn boot(sc: &Scenario) {
+/// One VM at a time: TCG needs both cores, and the tests of this file would otherwise boot
+/// theirs in parallel.
+static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Boot a VM through talboot and check its console and talboot's events. Returns how long
+/// iPXE took from its DHCP ACK to its script request (its IPv6 autoconfiguration wait).
+fn boot(sc: &Scenario) -> Duration {
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path();
     let (vmlinuz, e1000) = kernel_files(work);
@@ -277,13 +292,9 @@ fn boot(sc: &Scenario) {
         .arg("--configs")
         .arg(&configs)
         // Push delivery would also provision over the Talos API; there is no Talos here.
-        .args([
-            "--ipxe-dir",
-            "/usr/lib/ipxe",
-            "--http-port",
-            "8080",
-            "--no-provision",
-        ])
+        // Everything else (the iPXE directory, the ports) is serve's default.
+        .arg("--no-provision")
+        .args(sc.ipv6_ra.then_some("--ipv6-ra"))
         .stdout(Stdio::null())
         .stderr(Stdio::from(
             std::fs::File::create(work.join("talboot.log")).unwrap(),
@@ -292,6 +303,7 @@ fn boot(sc: &Scenario) {
         .unwrap();
     lab.children.push(talboot);
     std::thread::sleep(Duration::from_secs(1));
+    let powered_on = Instant::now();
 
     let mut qemu = lab.exec("qemu-system-x86_64");
     qemu.args(["-accel", "tcg", "-M", "q35", "-m", "512", "-smp", "1"])
@@ -302,11 +314,23 @@ fn boot(sc: &Scenario) {
             "stdio",
             "-no-reboot",
         ])
-        .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"])
-        .args([
+        .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no"]);
+    if sc.firmware == "uefi" {
+        // No NIC ROM: OVMF's own PXE (its virtio-net driver) fetches ipxe.efi over TFTP.
+        qemu.args([
+            "-device",
+            &format!(
+                "virtio-net-pci,netdev=n0,mac={},bootindex=1,romfile=",
+                sc.mac
+            ),
+        ]);
+    } else {
+        // SeaBIOS runs the iPXE ROM of Debian's ipxe-qemu package.
+        qemu.args([
             "-device",
             &format!("e1000,netdev=n0,mac={},bootindex=1", sc.mac),
         ]);
+    }
     if sc.firmware == "uefi" {
         let vars = work.join("OVMF_VARS.fd");
         std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
@@ -351,6 +375,7 @@ fn boot(sc: &Scenario) {
         }
     }
     let console = console.join("\n");
+    let booted_after = powered_on.elapsed();
     let log = || std::fs::read_to_string(work.join("talboot.log")).unwrap_or_default();
     let cmdline = console
         .lines()
@@ -364,6 +389,11 @@ fn boot(sc: &Scenario) {
                 log()
             )
         });
+    eprintln!(
+        "{} boot: power-on to the kernel's command line on the console took {:.1} s",
+        sc.firmware,
+        booted_after.as_secs_f64()
+    );
     assert!(cmdline.contains("talos.platform=metal"), "{cmdline}");
     assert!(cmdline.contains("initrd=initramfs.xz"), "{cmdline}");
     let url = format!("talos.config=http://{}:8080/config/", lab.server_ip);
@@ -393,13 +423,24 @@ fn boot(sc: &Scenario) {
     lab.children.clear();
     let store = talboot::store::open(&state).unwrap();
     use talboot::store::Store;
-    let kinds: Vec<String> = store
-        .events(sc.node, 0, 100)
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
+    let events = store.events(sc.node, 0, 100).unwrap();
+    let kinds: Vec<String> = events.iter().map(|e| e.kind.clone()).collect();
+    // iPXE's last DHCP ACK before its script request: in between it waits for IPv6
+    // autoconfiguration (ipxe/ipxe src/net/ndp.c, 36a4c85).
+    let script_at = events
+        .iter()
+        .find(|e| e.kind == "http.script")
+        .map(|e| e.at_unix_ms);
+    let ack_at = events
+        .iter()
+        .filter(|e| e.kind == "dhcp.ack" && script_at.is_some_and(|s| e.at_unix_ms <= s))
+        .map(|e| e.at_unix_ms)
+        .max();
     let mut expected = vec!["dhcp.ack", "http.script", "http.kernel", "http.initramfs"];
+    if sc.firmware == "uefi" {
+        // OVMF fetched Debian's (symlinked) ipxe.efi over TFTP.
+        expected.push("tftp.file");
+    }
     if sc.pull {
         expected.push("config.released");
     }
@@ -411,10 +452,23 @@ fn boot(sc: &Scenario) {
             log()
         );
     }
+    let wait = Duration::from_millis(script_at.unwrap() - ack_at.unwrap());
+    eprintln!(
+        "{} boot{}: iPXE's DHCP ACK to its script request took {:.1} s",
+        sc.firmware,
+        if sc.ipv6_ra { " with --ipv6-ra" } else { "" },
+        wait.as_secs_f64()
+    );
+    wait
 }
 
 #[test]
 fn bios_and_uefi_boot_through_talboot() {
+    assert!(
+        std::fs::read_link("/usr/lib/ipxe/ipxe.efi").is_ok(),
+        "/usr/lib/ipxe/ipxe.efi is not the Debian 12 symlink to /boot/ipxe.efi; install the \
+         ipxe package (scripts/test-deps)"
+    );
     // One test runs both firmware variants in turn: TCG needs both cores to itself.
     let tmp = tempfile::tempdir().unwrap();
     let pull_inventory = tmp.path().join("talboot.yaml");
@@ -429,6 +483,7 @@ fn bios_and_uefi_boot_through_talboot() {
         node: "vm-1",
         schematic: talboot::inventory::VANILLA_SCHEMATIC,
         pull: true,
+        ipv6_ra: false,
     });
     // UEFI, with the shipped lab inventory unchanged: k8s-ctrl-01's MAC on talboot's vmbr40.
     boot(&Scenario {
@@ -440,5 +495,38 @@ fn bios_and_uefi_boot_through_talboot() {
         node: "k8s-ctrl-01",
         schematic: "ce4c980550dd2ab1b17bbf2b08801c7eb59418eafe8f279833297925d67c7515",
         pull: false,
+        ipv6_ra: false,
     });
+}
+
+#[test]
+fn ipv6_router_advertisements_end_ipxes_ipv6_wait() {
+    // Debian's iPXE (2019) waits for IPv6 autoconfiguration until a router advertisement
+    // arrives or its solicitation timer gives up (1/4 s doubling past 10 s: about 16 s;
+    // src/net/ndp.c, src/net/retry.c). With serve's default flags there are no RAs; with
+    // --ipv6-ra the first one ends the wait. TCG timing is noisy, the gap is not: 8 s apart.
+    let tmp = tempfile::tempdir().unwrap();
+    let inventory_file = tmp.path().join("talboot.yaml");
+    std::fs::write(&inventory_file, inventory("10.77.202.1", "bios")).unwrap();
+    let scenario = |ipv6_ra| Scenario {
+        firmware: "bios",
+        config: inventory_file.clone(),
+        bridge: "br0",
+        server_cidr: "10.77.202.1/24",
+        mac: VM_MAC,
+        node: "vm-1",
+        schematic: talboot::inventory::VANILLA_SCHEMATIC,
+        pull: true,
+        ipv6_ra,
+    };
+    let without = boot(&scenario(false));
+    let with = boot(&scenario(true));
+    assert!(
+        without > Duration::from_secs(8),
+        "without RAs iPXE went on after {without:?}: did the IPv6 wait go away?"
+    );
+    assert!(
+        with < Duration::from_secs(8),
+        "with --ipv6-ra iPXE still waited {with:?}"
+    );
 }

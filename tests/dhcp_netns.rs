@@ -132,6 +132,10 @@ fn start_server(
 ) -> Server {
     let dir = work.join(tag);
     std::fs::create_dir_all(dir.join("ipxe")).unwrap();
+    // serve refuses to start without the iPXE binaries its machines need.
+    for name in talboot::tftp::IPXE_BINARIES {
+        std::fs::write(dir.join("ipxe").join(name), name).unwrap();
+    }
     std::fs::create_dir_all(dir.join("out")).unwrap();
     let config = dir.join("talboot.yaml");
     std::fs::write(&config, inventory_text).unwrap();

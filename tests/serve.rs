@@ -140,12 +140,16 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
     std::fs::create_dir_all(&ipxe).unwrap();
     let efi: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
     std::fs::write(ipxe.join("ipxe.efi"), &efi).unwrap();
+    // lab.yaml also boots unknown machines, which may be legacy BIOS.
+    std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
     lease_ctrl_01_at_loopback(tmp.path());
     let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
+    // serve's own words, for the failure message if it never comes up.
+    let log = tmp.path().join("serve.err");
     let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(with_admin(tmp.path(), http, tftp, admin))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let mut served = Served { child: Some(child) };
@@ -163,7 +167,11 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
         if out.status.success() {
             break String::from_utf8(out.stdout).unwrap();
         }
-        assert!(Instant::now() < deadline, "serve did not come up");
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(script.contains("kernel http://127.0.0.1:"), "{script}");
@@ -318,6 +326,9 @@ fn node_rebuild_goes_through_a_running_serve() {
     let tmp = tempfile::tempdir().unwrap();
     fake_images(&tmp.path().join("images"));
     std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe"] {
+        std::fs::write(tmp.path().join("ipxe").join(name), name).unwrap();
+    }
     let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
     // serve's own words, for the failure message if it never comes up.
     let log = tmp.path().join("serve.err");

@@ -161,7 +161,8 @@ fn readiness_notes(inv: &Inventory, args: &Args) {
             eprintln!("note: boot artifacts not ready: {p}");
         }
     }
-    let missing = crate::tftp::missing_ipxe_binaries(&args.ipxe_dir);
+    let needed = crate::firststage::needed(inv, crate::firststage::Transport::TftpAndHttp);
+    let missing = crate::tftp::missing_ipxe_binaries(&args.ipxe_dir, needed);
     if !missing.is_empty() {
         eprintln!(
             "note: iPXE binaries missing from {}: {} (install Debian's `ipxe` package or pass --ipxe-dir)",

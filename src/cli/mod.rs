@@ -49,7 +49,7 @@ pub enum Command {
     /// Manage the boot artifact cache (Talos kernels and initramfs images).
     Images(images::Args),
     /// Run the appliance: DHCP, TFTP and HTTP on the provisioning network.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Render every node's Talos machine config (and admin talosconfig/kubeconfig), or check
     /// a directory of rendered configs for drift.
     Gen(r#gen::Args),
@@ -94,15 +94,47 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// Whether log lines may carry ANSI colour: only when they go to a terminal, and never when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>). A file, a pipe or the
+/// journal gets plain text.
+pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging(format: LogFormat, filter: &str) -> Result<(), String> {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+    // Logs go to stderr, so stderr is what must be a terminal for colour.
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
     result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some(OsStr::new("1"))));
+    }
 }

@@ -17,7 +17,6 @@ use crate::tftp::TftpConfig;
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
 use crate::artifacts::required_sets;
-use crate::tftp::missing_ipxe_binaries;
 
 /// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
@@ -42,7 +41,9 @@ pub struct Args {
     /// Boot artifact cache (see `talboot images`).
     #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
     pub images: PathBuf,
-    /// Folder with the iPXE binaries served over TFTP (undionly.kpxe, ipxe.efi, snponly.efi).
+    /// Folder with the iPXE binaries served over TFTP and HTTP (undionly.kpxe, ipxe.efi,
+    /// snponly.efi, ipxe-arm64.efi), read once at start; symlinks are followed. `serve` refuses
+    /// to start when one the inventory's machines need cannot be read.
     #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = DEFAULT_IPXE_DIR)]
     pub ipxe_dir: PathBuf,
     /// Rendered machine configs (`talboot gen -o DIR`), released to nodes in pull mode.
@@ -72,6 +73,12 @@ pub struct Args {
     /// Do not run the DHCP server (another DHCP server hands out the boot options).
     #[arg(long)]
     pub no_dhcp: bool,
+    /// Send IPv6 router advertisements with router lifetime 0 and no prefix on the serving
+    /// interface, so iPXE's IPv6 autoconfiguration ends at once instead of waiting about 16 s
+    /// on a segment without IPv6 routers (nothing gets an address or a default route from
+    /// them). Leave it off where a real IPv6 router serves the segment.
+    #[arg(long)]
+    pub ipv6_ra: bool,
     /// Drop to this user after binding the privileged ports.
     #[arg(long)]
     pub user: Option<String>,
@@ -136,6 +143,9 @@ pub enum StartError {
     /// The store cannot be opened.
     #[error("{0}")]
     Store(#[from] store::StoreError),
+    /// An iPXE binary the inventory needs cannot be served.
+    #[error("{0}")]
+    Ipxe(#[from] crate::firststage::Unservable),
     /// A socket cannot be bound.
     #[error("cannot listen on {addr}: {cause}")]
     Bind {
@@ -191,6 +201,7 @@ impl From<ApplianceError> for StartError {
     fn from(e: ApplianceError) -> Self {
         match e {
             ApplianceError::Store(e) => StartError::Store(e),
+            ApplianceError::Ipxe(e) => StartError::Ipxe(e),
             ApplianceError::Bind { addr, cause } => StartError::Bind { addr, cause },
         }
     }
@@ -277,16 +288,6 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     for id in required_sets(&inv) {
         artifacts::verify(&args.images, &catalog, &id)?;
     }
-    if !args.no_tftp {
-        let missing = missing_ipxe_binaries(&args.ipxe_dir);
-        if !missing.is_empty() {
-            tracing::warn!(
-                dir = %args.ipxe_dir.display(),
-                missing = %missing.join(", "),
-                "iPXE binaries missing: PXE firmware that needs them cannot boot (install Debian's `ipxe` package or set --ipxe-dir)"
-            );
-        }
-    }
     let schema =
         crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
     let advertise = advertise_address(&args, &inv)?;
@@ -334,7 +335,19 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             max_blksize,
         )
     });
+    let ipv6_ra = if args.ipv6_ra {
+        Some(
+            serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+                addr: "icmpv6".into(),
+                cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
+                    .into(),
+            })?,
+        )
+    } else {
+        None
+    };
     let plan = Plan {
+        ipv6_ra,
         inventory: inv,
         catalog,
         images_dir: args.images.clone(),

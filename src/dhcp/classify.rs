@@ -287,9 +287,18 @@ pub fn classify(mac: Mac, msg: &Message) -> ClientInfo {
 }
 
 /// Apply what the inventory says about a node over what the packet suggested: its firmware
-/// hint decides the first-stage boot kind, its architecture decides the binary. A running
-/// iPXE stays iPXE (so it still gets the script, not another binary), and a plain DHCP client
-/// stays a plain client (the hint is about firmware, not about the installed OS).
+/// hint picks the architecture family (BIOS or UEFI), its architecture picks the binary. The
+/// transport is the one the client asked for, never the hint's:
+/// - a UEFI HTTP-boot client (vendor class `HTTPClient`, or arch 15/16/18/19) only accepts an
+///   offer that echoes `HTTPClient` and names an `http://` URI (EDK2
+///   `NetworkPkg/HttpBootDxe/HttpBootDhcp4.c`, `HttpBootParseDhcp4Packet`), so turning it
+///   into a PXE client with a TFTP file name makes it rediscover for ever; HTTP boot exists
+///   only in UEFI, so it stays HTTP boot whatever the hint;
+/// - a PXE client (`PXEClient`) is served over TFTP; a `firmware: http` hint on it means UEFI
+///   (the machine may fall back to PXE, and a PXE ROM cannot fetch an `http://` file name).
+///
+/// A running iPXE stays iPXE (so it still gets the script, not another binary), and a plain
+/// DHCP client stays a plain client (the hint is about firmware, not about the installed OS).
 pub fn apply_node_hints(
     mut info: ClientInfo,
     firmware: Option<Firmware>,
@@ -302,9 +311,11 @@ pub fn apply_node_hints(
                 BootKind::Ipxe { efi: true }
             }
             (BootKind::NotPxe, _) => BootKind::NotPxe,
-            (_, Firmware::Bios) => BootKind::BiosPxe,
-            (_, Firmware::Uefi) => BootKind::UefiPxe,
-            (_, Firmware::Http) => BootKind::UefiHttp,
+            (BootKind::UefiHttp, _) => BootKind::UefiHttp,
+            (BootKind::BiosPxe | BootKind::UefiPxe, Firmware::Bios) => BootKind::BiosPxe,
+            (BootKind::BiosPxe | BootKind::UefiPxe, Firmware::Uefi | Firmware::Http) => {
+                BootKind::UefiPxe
+            }
         };
     }
     if arch.is_some() {
@@ -506,9 +517,10 @@ mod tests {
             apply_node_hints(bios.clone(), Some(Firmware::Uefi), None).boot,
             BootKind::UefiPxe
         );
+        // The hint picks the family, not the transport: a PXE client stays on TFTP.
         assert_eq!(
             apply_node_hints(bios.clone(), Some(Firmware::Http), None).boot,
-            BootKind::UefiHttp
+            BootKind::UefiPxe
         );
         let arm = apply_node_hints(bios, None, Some(Arch::Arm64));
         assert_eq!((arm.boot, arm.arch), (BootKind::BiosPxe, Some(Arch::Arm64)));
@@ -520,6 +532,23 @@ mod tests {
         assert_eq!(
             apply_node_hints(ipxe, Some(Firmware::Uefi), None).boot,
             BootKind::Ipxe { efi: true }
+        );
+        // OVMF's HTTP-boot fallback (HTTPClient:Arch:00016) on a `firmware: uefi` node
+        // still gets HTTP boot: a PXE answer is one it never accepts.
+        let ovmf_http = classify(MAC, &msg(http(16)));
+        for fw in [Firmware::Uefi, Firmware::Bios, Firmware::Http] {
+            let hinted = apply_node_hints(ovmf_http.clone(), Some(fw), None);
+            assert_eq!(hinted.boot, BootKind::UefiHttp, "{fw:?}");
+            assert_eq!(
+                hinted.echo_vendor_class(),
+                Some(&b"HTTPClient"[..]),
+                "{fw:?}"
+            );
+        }
+        let uefi_pxe = classify(MAC, &msg(pxe(7)));
+        assert_eq!(
+            apply_node_hints(uefi_pxe, Some(Firmware::Bios), None).boot,
+            BootKind::BiosPxe
         );
         let plain = classify(MAC, &msg(vec![]));
         assert_eq!(

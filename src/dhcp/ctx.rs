@@ -77,9 +77,9 @@ impl BootTargets {
             tftp_server: server,
             ipxe_script_url: format!("{http_base}/boot.ipxe"),
             http_base,
-            bios_file: "undionly.kpxe".into(),
-            uefi_x64_file: "ipxe.efi".into(),
-            arm64_file: "ipxe-arm64.efi".into(),
+            bios_file: crate::firststage::BIOS.into(),
+            uefi_x64_file: crate::firststage::UEFI_X64.into(),
+            arm64_file: crate::firststage::UEFI_ARM64.into(),
         }
     }
 }

@@ -740,17 +740,35 @@ fn http_boot_gets_an_http_url_and_httpclient_echo() {
         g.bootfile().as_deref(),
         Some("http://10.0.0.1:8080/ipxe-arm64.efi")
     );
-    // A node whose inventory says `firmware: http` gets HTTP boot even if it sent PXE options.
+    // The firmware hint picks the family, the client picks the transport: a `firmware: http`
+    // node that falls back to PXE gets the EFI binary over TFTP with the PXEClient echo (a
+    // PXE ROM cannot fetch an http:// file name)...
     let g = reply(run(
         &c,
         &mut b,
         with(m(MessageType::Discover, HTTPNODE), pxe(7)),
         t(0),
     ));
+    assert_eq!(g.file().as_deref(), Some("ipxe.efi"));
+    assert_eq!(
+        g.bytes(OptionCode::ClassIdentifier),
+        Some(b"PXEClient".to_vec())
+    );
+    // ...and a `firmware: uefi` node whose firmware asks for HTTP boot (OVMF's HTTPv4 boot
+    // option after PXE failed) gets the URL and the HTTPClient echo it waits for.
+    let mut c = c;
+    c.hosts.get_mut(&HTTPNODE).unwrap().firmware = Some(Firmware::Uefi);
+    let g = reply(run(
+        &c,
+        &mut b,
+        with(m(MessageType::Discover, HTTPNODE), http(16)),
+        t(0),
+    ));
     assert_eq!(
         g.bootfile().as_deref(),
         Some("http://10.0.0.1:8080/ipxe.efi")
     );
+    assert_eq!(g.file().as_deref(), Some("http://10.0.0.1:8080/ipxe.efi"));
     assert_eq!(
         g.bytes(OptionCode::ClassIdentifier),
         Some(b"HTTPClient".to_vec())

@@ -147,13 +147,14 @@ word_enum!(
 );
 
 word_enum!(
-    /// How a node's firmware network-boots; overrides what DHCP classification guesses.
+    /// How a node's firmware network-boots; picks the family (BIOS or UEFI) over what DHCP
+    /// classification guesses. The transport (TFTP or HTTP) is the one the client asks for.
     Firmware {
         /// Legacy BIOS PXE: gets `undionly.kpxe` over TFTP.
         Bios = "bios",
-        /// UEFI PXE: gets an EFI iPXE binary over TFTP.
+        /// UEFI: gets an EFI iPXE binary (over TFTP, or as a URL when it asks for HTTP boot).
         Uefi = "uefi",
-        /// UEFI HTTP boot: gets an HTTP URL straight away.
+        /// UEFI HTTP boot: an EFI binary as an HTTP URL (over TFTP if it falls back to PXE).
         Http = "http",
     }
 );

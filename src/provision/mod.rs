@@ -386,10 +386,14 @@ impl Provisioner {
     /// Reacts at once to boot events of inventory nodes (`dhcp.ack`, `http.*`) and polls the
     /// rest every `poll_interval`. Returns when `cancel` fires.
     pub async fn run(self, cancel: CancellationToken) {
+        // Aborted when `run` is dropped too (serve's shutdown drops it mid-step), so no
+        // cluster step outlives the provisioner.
         let cluster = {
             let me = self.clone();
             let cancel = cancel.clone();
-            tokio::spawn(async move { me.run_cluster(cancel).await })
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+                me.run_cluster(cancel).await
+            }))
         };
         let mut events = self.inner.bus.subscribe();
         let mut tick = tokio::time::interval(self.settings().poll_interval);

@@ -157,6 +157,8 @@ mod tests {
             artifacts::verify(dir.path(), &catalog, &id).unwrap();
         }
         write_ipxe_binaries(&dir.path().join("tftp")).unwrap();
-        assert!(crate::tftp::missing_ipxe_binaries(&dir.path().join("tftp")).is_empty());
+        assert!(
+            crate::tftp::missing_ipxe_binaries(&dir.path().join("tftp"), IPXE_BINARIES).is_empty()
+        );
     }
 }

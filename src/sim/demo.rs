@@ -178,6 +178,7 @@ impl Relaunch {
             admin: self.admin,
             tftp: Some((self.tftp, 1468)),
             dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
+            ipv6_ra: None,
             provisioning: Some(ProvisioningPlan {
                 renderer: self.renderer.clone(),
                 creds: self.creds.clone(),

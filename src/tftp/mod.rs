@@ -1,7 +1,7 @@
 //! talboot's own read-only TFTP server (RFC 1350, 2347, 2348, 2349 and 7440).
 //!
-//! TFTP carries only the first boot stage (`ipxe.efi`, `undionly.kpxe`, `snponly.efi`); iPXE
-//! then moves to HTTP. The module is split the sans-I/O way:
+//! TFTP carries only the first boot stage (`ipxe.efi`, `undionly.kpxe`, `snponly.efi`, loaded
+//! once at start by [`crate::firststage`]); iPXE then moves to HTTP. The module is split the sans-I/O way:
 //! - [`packet`]: the wire codec, pure and fuzzed (`fuzz/fuzz_targets/tftp_packet.rs`);
 //! - [`transfer`]: option negotiation and the windowed sender state machine, pure;
 //! - [`server`]: the tokio adapter: listener with IP_PKTINFO, one task and socket per transfer,
@@ -17,12 +17,15 @@ pub mod transfer;
 
 pub use server::{ServerError, TftpConfig, TftpServer, TransferEvent, TransferOutcome};
 
-/// The first-stage iPXE binaries a PXE firmware fetches over TFTP.
-pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+/// The first-stage iPXE binaries a PXE firmware fetches over TFTP (see [`crate::firststage`]).
+pub const IPXE_BINARIES: [&str; 4] = crate::firststage::KNOWN;
 
-/// iPXE binaries missing from `dir`.
-pub fn missing_ipxe_binaries(dir: &std::path::Path) -> Vec<&'static str> {
-    IPXE_BINARIES
+/// iPXE binaries missing from `dir`, among `names`.
+pub fn missing_ipxe_binaries<'a>(
+    dir: &std::path::Path,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<&'a str> {
+    names
         .into_iter()
         .filter(|f| !dir.join(f).is_file())
         .collect()

@@ -16,9 +16,12 @@
 //!   second transfer; the client keeps the first reply's port and answers the other one with
 //!   ERROR 5, which ends it quietly. We keep no per-peer table, so a stuck transfer can never
 //!   block the same client's next request (the async-tftp failure).
-//! - **Read-only, root-confined.** WRQ gets ERROR 2. File names with `..`, a leading `/` or a
-//!   backslash get ERROR 2; the path is then canonicalized (following symlinks) and must stay
-//!   under the canonical root, so a symlink cannot escape it. Missing files get ERROR 1.
+//! - **Read-only, a fixed set or root-confined.** WRQ gets ERROR 2. File names with `..`, a
+//!   leading `/` or a backslash get ERROR 2. The appliance serves a fixed set of named files
+//!   loaded at start ([`TftpServer::with_files`], `crate::firststage`): the name is only
+//!   looked up in that set, never joined to a path, and anything else gets ERROR 1. The
+//!   general root mode ([`TftpServer::new`]) canonicalizes the path (following symlinks) and
+//!   requires it to stay under the canonical root, so a symlink cannot escape it.
 //!   Only `octet` mode is served: boot firmware never asks for anything else, and netascii
 //!   conversion would make `tsize` wrong.
 //! - **Reporting.** Each request ends in one [`TransferEvent`] sent with `try_send` (a slow
@@ -242,12 +245,34 @@ pub struct TransferEvent {
     pub outcome: TransferOutcome,
 }
 
-/// A read-only TFTP server over one root directory.
+/// A read-only TFTP server over one root directory or a fixed set of named files.
 #[derive(Debug)]
 pub struct TftpServer {
     config: TftpConfig,
-    root: PathBuf,
+    source: Source,
     events: Option<mpsc::Sender<TransferEvent>>,
+}
+
+/// Where served files come from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Files under a canonical root directory, looked up per request.
+    Root(PathBuf),
+    /// A fixed set of files loaded at start, looked up by exact name.
+    Files(Arc<crate::firststage::FirstStage>),
+}
+
+impl Source {
+    fn describe(&self) -> String {
+        match self {
+            Source::Root(root) => root.display().to_string(),
+            Source::Files(f) => format!(
+                "{} ({})",
+                f.dir().display(),
+                f.names().collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
 }
 
 /// State shared by the listener and every transfer task.
@@ -255,7 +280,7 @@ pub struct TftpServer {
 struct Shared {
     config: TftpConfig,
     limits: Limits,
-    root: PathBuf,
+    source: Source,
     events: Option<mpsc::Sender<TransferEvent>>,
 }
 
@@ -276,7 +301,21 @@ impl TftpServer {
         }
         Ok(TftpServer {
             config,
-            root,
+            source: Source::Root(root),
+            events: None,
+        })
+    }
+
+    /// A server for exactly the files in `files`, by name. No request ever reaches the
+    /// filesystem.
+    pub fn with_files(
+        config: TftpConfig,
+        files: Arc<crate::firststage::FirstStage>,
+    ) -> Result<Self, ServerError> {
+        config.validate()?;
+        Ok(TftpServer {
+            config,
+            source: Source::Files(files),
             events: None,
         })
     }
@@ -288,9 +327,12 @@ impl TftpServer {
         self
     }
 
-    /// The canonical root directory files are served from.
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// The canonical root directory files are served from (none for a fixed set).
+    pub fn root(&self) -> Option<&Path> {
+        match &self.source {
+            Source::Root(root) => Some(root),
+            Source::Files(_) => None,
+        }
     }
 
     /// Bind a listener socket on `addr` (normally `0.0.0.0:69`).
@@ -316,14 +358,14 @@ impl TftpServer {
                 default_timeout: self.config.default_timeout,
             },
             config: self.config,
-            root: self.root,
+            source: self.source,
             events: self.events,
         });
         let permits = Arc::new(Semaphore::new(shared.config.max_transfers));
         let mut tasks = JoinSet::new();
         let mut buf = vec![0u8; REQUEST_BUF];
         let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo, nix::libc::in6_pktinfo);
-        info!(%listen_addr, root = %shared.root.display(), "TFTP server listening");
+        info!(%listen_addr, files = %shared.source.describe(), "TFTP server listening");
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -527,26 +569,40 @@ async fn serve_request(
         )
         .await;
     }
-    let path = match resolve(&shared.root, filename).await {
-        Ok(path) => path,
-        Err(e) => {
-            let (code, client_msg) = e.reply();
-            return refuse(sock, code, client_msg, e.to_string()).await;
+    let (path, data) = match &shared.source {
+        Source::Files(files) => match lookup(files, filename) {
+            Ok(bytes) => (PathBuf::from(filename), Data::Memory(bytes)),
+            Err(e) => {
+                let (code, client_msg) = e.reply();
+                return refuse(sock, code, client_msg, e.to_string()).await;
+            }
+        },
+        Source::Root(root) => {
+            let path = match resolve(root, filename).await {
+                Ok(path) => path,
+                Err(e) => {
+                    let (code, client_msg) = e.reply();
+                    return refuse(sock, code, client_msg, e.to_string()).await;
+                }
+            };
+            match tokio::fs::File::open(&path).await {
+                Ok(f) => (path, Data::File(BufReader::with_capacity(FILE_BUF, f))),
+                Err(e) => {
+                    let e = ResolveError::from_io(e);
+                    let (code, client_msg) = e.reply();
+                    return refuse(sock, code, client_msg, e.to_string()).await;
+                }
+            }
         }
     };
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) => {
-            let e = ResolveError::from_io(e);
-            let (code, client_msg) = e.reply();
-            return refuse(sock, code, client_msg, e.to_string()).await;
-        }
-    };
-    let size = match file.metadata().await {
-        Ok(meta) => meta.len(),
-        Err(e) => {
-            return fail(sock, format!("cannot stat {}: {e}", path.display())).await;
-        }
+    let size = match &data {
+        Data::Memory(bytes) => bytes.len() as u64,
+        Data::File(file) => match file.get_ref().metadata().await {
+            Ok(meta) => meta.len(),
+            Err(e) => {
+                return fail(sock, format!("cannot stat {}: {e}", path.display())).await;
+            }
+        },
     };
 
     let negotiated = negotiate(options, size, &shared.limits);
@@ -555,10 +611,7 @@ async fn serve_request(
     span.record("windowsize", negotiated.windowsize);
     span.record("tsize", size);
     let mut transfer = Transfer::new(&negotiated, size, shared.config.max_retries);
-    let mut reader = BlockReader {
-        file: BufReader::with_capacity(FILE_BUF, file),
-        pos: 0,
-    };
+    let mut reader = BlockReader { data, pos: 0 };
     let outcome = tokio::select! {
         result = drive(sock, &mut transfer, &mut reader, &path) => match result {
             Ok(outcome) => outcome,
@@ -714,19 +767,38 @@ async fn drive(
     }
 }
 
+/// What a transfer reads from.
+enum Data {
+    /// A file opened for this transfer.
+    File(BufReader<tokio::fs::File>),
+    /// Contents loaded at start.
+    Memory(axum::body::Bytes),
+}
+
 /// Sequential reads through a buffer; seeks only when go-back-N rewinds.
 struct BlockReader {
-    file: BufReader<tokio::fs::File>,
+    data: Data,
     pos: u64,
 }
 
 impl BlockReader {
     async fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let file = match &mut self.data {
+            Data::Memory(bytes) => {
+                let slice = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| bytes.get(start..start.checked_add(buf.len())?))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                buf.copy_from_slice(slice);
+                return Ok(());
+            }
+            Data::File(file) => file,
+        };
         if offset != self.pos {
-            self.file.seek(SeekFrom::Start(offset)).await?;
+            file.seek(SeekFrom::Start(offset)).await?;
             self.pos = offset;
         }
-        match self.file.read_exact(buf).await {
+        match file.read_exact(buf).await {
             Ok(_) => {
                 self.pos += buf.len() as u64;
                 Ok(())
@@ -805,7 +877,7 @@ pub enum ResolveError {
     #[error("`{0}` resolves outside the TFTP root (symlink escape)")]
     Escapes(PathBuf),
     /// Nothing at that path.
-    #[error("no such file under the TFTP root")]
+    #[error("no such file among those served")]
     NotFound,
     /// The path names a directory or special file.
     #[error("not a regular file")]
@@ -879,6 +951,16 @@ pub fn check_name(name: &str) -> Result<PathBuf, NameError> {
         return Err(NameError::Empty);
     }
     Ok(rel)
+}
+
+/// Look a requested name up in the fixed set: `..`, absolute and backslash names are access
+/// violations, any other name outside the set is not found.
+pub fn lookup(
+    files: &crate::firststage::FirstStage,
+    name: &str,
+) -> Result<axum::body::Bytes, ResolveError> {
+    check_name(name)?;
+    files.get(name).ok_or(ResolveError::NotFound)
 }
 
 /// Resolve a requested name to a regular file under the canonical `root`.
@@ -1224,6 +1306,64 @@ mod tests {
             resolve(&root, "../secret").await,
             Err(ResolveError::Name(NameError::ParentDir))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_fixed_set_is_served_by_name_and_nothing_else() {
+        // Debian 12: /usr/lib/ipxe/ipxe.efi -> /boot/ipxe.efi, outside the directory.
+        let boot = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let efi = pattern(3000);
+        std::fs::write(boot.path().join("ipxe.efi"), &efi).unwrap();
+        std::fs::write(boot.path().join("secret"), b"not yours").unwrap();
+        std::os::unix::fs::symlink(boot.path().join("ipxe.efi"), dir.path().join("ipxe.efi"))
+            .unwrap();
+        std::os::unix::fs::symlink(boot.path().join("secret"), dir.path().join("secret")).unwrap();
+        std::fs::write(dir.path().join("other.bin"), b"x").unwrap();
+        let files = crate::firststage::FirstStage::load(
+            dir.path(),
+            &std::collections::BTreeSet::from(["ipxe.efi"]),
+        )
+        .unwrap();
+        let (tx, mut events) = mpsc::channel(16);
+        let server = TftpServer::with_files(TftpConfig::default(), Arc::new(files))
+            .unwrap()
+            .with_events(tx);
+        let socket = TftpServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = socket.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let handle = tokio::spawn(server.serve(socket, cancel.clone()));
+        let sock = client().await;
+        let (got, _) = fetch(&sock, addr, "ipxe.efi", Options::default())
+            .await
+            .unwrap();
+        assert_eq!(got, efi);
+        for (name, code) in [
+            ("secret", ErrorCode::FileNotFound),
+            ("other.bin", ErrorCode::FileNotFound),
+            ("snponly.efi", ErrorCode::FileNotFound),
+            ("./ipxe.efi", ErrorCode::FileNotFound),
+            ("../ipxe.efi", ErrorCode::AccessViolation),
+            ("/boot/ipxe.efi", ErrorCode::AccessViolation),
+        ] {
+            let err = fetch(&sock, addr, name, Options::default())
+                .await
+                .unwrap_err();
+            assert_eq!(err.0, code, "{name}");
+        }
+        let mut outcomes = Vec::new();
+        for _ in 0..7 {
+            outcomes.push(events.recv().await.unwrap().outcome.label());
+        }
+        assert_eq!(outcomes[0], "completed");
+        assert!(
+            outcomes[1..].iter().all(|o| *o == "refused"),
+            "{outcomes:?}"
+        );
+        cancel.cancel();
+        handle.await.unwrap().unwrap();
     }
 
     #[test]
