@@ -341,8 +341,7 @@ impl Decider<'_> {
     ) -> Decision {
         let req = &self.req.msg;
         let mut m = self.base(kind);
-        let authoritative =
-            self.req.port == ServerPort::Dhcp && self.ctx.mode == NetworkMode::Authoritative;
+        let authoritative = !self.is_proxy_path();
         if kind == MessageType::Ack {
             m.set_ciaddr(req.ciaddr());
         }
@@ -359,6 +358,12 @@ impl Decider<'_> {
         }
         self.add_boot_options(&mut m);
         self.finish(m, changes)
+    }
+
+    /// A ProxyDHCP answer (port 67 in proxy mode) or a PXE boot-server answer (port 4011):
+    /// boot information only, beside someone else's address lease.
+    fn is_proxy_path(&self) -> bool {
+        self.req.port == ServerPort::PxeBoot || self.ctx.mode == NetworkMode::Proxy
     }
 
     fn add_network_options(&self, m: &mut Message) {
@@ -405,6 +410,16 @@ impl Decider<'_> {
             m.opts_mut().insert(DhcpOption::TFTPServerName(
                 boot.tftp_server.to_string().into_bytes(),
             ));
+        } else if self.is_proxy_path() && matches!(c.boot, BootKind::Ipxe { .. }) {
+            // iPXE takes a ProxyDHCP OFFER, or the ACK to its ProxyDHCPREQUEST on 4011, only
+            // when the packet "has PXE options": siaddr non-zero and a boot file (or a PXE boot
+            // menu, option 43.9). Without siaddr the OFFER sends it to 4011 and every ACK there
+            // is dropped; it then ends DHCP with no file ("Nothing to boot").
+            // ipxe/ipxe src/net/udp/dhcp.c dhcp_has_pxeopts(), dhcp_request_rx(),
+            // dhcp_proxy_rx(), at 36a4c85 (Debian 12's ipxe 1.0.0+git-20190125.36a4c85) and
+            // unchanged on master (0ab2277c4). The URL is absolute, so siaddr is never used to
+            // fetch it (src/core/uri.c pxe_uri()); it names our TFTP server.
+            m.set_siaddr(boot.tftp_server);
         }
         if file.len() <= FILE_FIELD_MAX {
             m.set_fname_str(&file);

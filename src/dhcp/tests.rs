@@ -1374,3 +1374,7 @@ fn view_from_inventory() {
     ));
     assert_eq!(g.file().as_deref(), Some("ipxe-arm64.efi"));
 }
+
+// ---------- ProxyDHCP as iPXE and EDK2 read it ----------
+
+mod proxy_conformance;
