@@ -71,7 +71,13 @@ fn boot_files_only(tmp: &Path) -> Command {
         .arg(tmp.join("images"))
         .args(["--advertise", "127.0.0.1", "--http-port"])
         .arg(free_port().to_string())
-        .args(["--admin-listen", "127.0.0.1:0", "--no-dhcp", "--no-tftp", "--no-provision"])
+        .args([
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--no-dhcp",
+            "--no-tftp",
+            "--no-provision",
+        ])
         .env_remove("NO_COLOR")
         .env("RUST_LOG", "info");
     c
@@ -443,7 +449,12 @@ fn serve_with_ipxe(tmp: &Path, ipxe: &Path, http: u16, tftp: u16) -> Command {
             "--tftp-port",
             &tftp.to_string(),
         ])
-        .args(["--admin-listen", "127.0.0.1:0", "--no-dhcp", "--no-provision"]);
+        .args([
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--no-dhcp",
+            "--no-provision",
+        ]);
     c
 }
 
