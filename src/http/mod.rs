@@ -420,6 +420,8 @@ struct NodeStatus {
     last_seen: Option<String>,
     talos_version: Option<String>,
     last_event: Option<String>,
+    /// Why the node failed, when its phase is `failed`.
+    failure: Option<String>,
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
@@ -427,6 +429,16 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
     for n in &app.inventory.nodes {
         let rec = app.store.node(n.name.as_str()).ok().flatten();
         let last = app.store.last_event(n.name.as_str()).ok().flatten();
+        let failure = if rec
+            .as_ref()
+            .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
+        {
+            let key = crate::provision::node::lifecycle_key(n.name.as_str());
+            let raw = app.store.get_meta(&key).ok().flatten();
+            crate::provision::node::decode_lifecycle(raw.as_deref()).failure
+        } else {
+            None
+        };
         out.push(NodeStatus {
             name: n.name.value.clone(),
             role: n.role.value.clone(),
@@ -441,7 +453,8 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
-            last_event: last.map(|e| format!("{}: {}", e.kind, e.detail)),
+            last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
+            failure,
         });
     }
     Json(out).into_response()
