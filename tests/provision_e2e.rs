@@ -652,13 +652,18 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
         .expect("no second attempt after the boot event");
     cancel.cancel();
     run.await.unwrap();
+    // Every bus clone must go for the event writer (and the store) to close.
+    drop(bus);
+    t.kill().await;
     let last = world
         .with_store(|s| s.last_event("w-1").unwrap().unwrap())
         .detail;
     // Something happens after the failure (a DHCP renewal): status still says why it failed.
-    bus.publish("w-1", EventKind::DhcpAck, "acked 127.0.33.21");
-    // Every bus clone must go for the event writer (and the store) to close.
-    drop(bus);
+    let t = world.boot();
+    t.bus
+        .as_ref()
+        .unwrap()
+        .publish("w-1", EventKind::DhcpAck, "acked 127.0.33.21");
     t.kill().await;
     let row = status_row(&world, "w-1");
     assert!(row.contains("failed  "), "{row}");
@@ -829,7 +834,9 @@ async fn ready_only_once_installed_and_running_from_disk() {
         NodeStep::Waiting("machine stage installing".into()),
         "Ready before the install finished"
     );
+    t.kill().await;
     assert_eq!(world.phase("cp-1"), NodePhase::Installing);
+    let t = world.boot();
     let ready = step_until(&t, "cp-1", |r| {
         matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
     })
@@ -873,11 +880,13 @@ async fn a_failed_install_fails_the_node_with_its_cause() {
             NodeStep::Advanced(NodePhase::Installing)
         );
     }
-    world
-        .node("cp-1")
-        .wait_phase(Phase::Installing)
-        .await
-        .unwrap();
+    // cp-2 reboots at once after its install failed: talboot sees the failed sequence, or
+    // finds it back in maintenance mode without its config.
+    let err = step_until(&t, "cp-2", |r| r.is_err()).await.unwrap_err();
+    assert!(
+        matches!(err, ProvisionError::InstallFailed { .. }),
+        "{err:?}"
+    );
     let err = step_until(&t, "cp-1", |r| r.is_err()).await.unwrap_err();
     match &err {
         ProvisionError::InstallFailed { cause, .. } => assert!(
@@ -886,18 +895,6 @@ async fn a_failed_install_fails_the_node_with_its_cause() {
         ),
         other => panic!("{other:?}"),
     }
-    // cp-2 reboots at once: talboot sees it back in maintenance mode, without its config.
-    world
-        .node("cp-2")
-        .wait_phase(Phase::Installing)
-        .await
-        .unwrap();
-    let _ = t.prov().step_node("cp-2").await;
-    let err = step_until(&t, "cp-2", |r| r.is_err()).await.unwrap_err();
-    assert!(
-        matches!(err, ProvisionError::InstallFailed { .. }),
-        "{err:?}"
-    );
     t.kill().await;
     assert_eq!(world.phase("cp-1"), NodePhase::Failed);
     assert_eq!(world.phase("cp-2"), NodePhase::Failed);
@@ -936,7 +933,6 @@ async fn rebuild_waits_until_the_node_is_back_in_maintenance_mode() {
     for _ in 0..3 {
         let step = t.prov().step_node("w-1").await.unwrap();
         assert!(matches!(step, NodeStep::Waiting(_)), "{step:?}");
-        assert_eq!(world.phase("w-1"), NodePhase::Rebuilding);
     }
     assert_eq!(w1.phase(), Phase::Secured);
     w1.wait_phase(Phase::Maintenance).await.unwrap();
