@@ -10,19 +10,29 @@
 //!   Reboot are refused with PermissionDenied "not authorized". ApplyConfiguration is allowed
 //!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
 //!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
-//! * After a full config is applied the node "installs" and "reboots": the listener goes away
-//!   and, after the optional [`BootHook`] (the simulated network boot), comes back
-//!   **Secured**, with a server certificate from the cluster OS CA in `machine.ca` (workers
-//!   hold no CA key and get theirs from a control plane, as trustd does). The handshake now requires a client certificate signed by that CA with
+//! * After a full config is applied in maintenance mode the reply goes out first; then, as
+//!   Talos v1.13.9 does (see [`install_sequence`]), apid restarts **Installing**: mTLS with a
+//!   server certificate from the cluster OS CA in `machine.ca` (workers hold no CA key and get
+//!   theirs from a control plane booted from disk, as trustd does), while the install
+//!   sequence pulls the installer, installs and kexecs, each taking its [`LifecycleTiming`]
+//!   share. Then the listener goes away and, after the optional [`BootHook`] (the simulated
+//!   network boot), comes back **Secured**, booted from disk; its boot sequence ends in
+//!   machine stage `running` (COSI `MachineStatuses.runtime.talos.dev`). An injected
+//!   [`InstallFailure`] is a fatal sequence error in the `Events` stream, and after machined's
+//!   countdown the machine comes back in maintenance mode. The handshake of the configured
+//!   API requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
 //!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
 //!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
 //!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
 //!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
 //!   chunks (a freshly minted admin kubeconfig, or the one set with
-//!   [`FakeCluster::set_kubeconfig`]); Reset of STATE+EPHEMERAL sends the node back to
-//!   maintenance (after the boot hook, like any reboot). The double accepts configs rendered
-//!   by talboot's own renderer (see the tests below).
+//!   [`FakeCluster::set_kubeconfig`]); Reset answers at once and its sequence runs afterwards
+//!   ([`reset_sequence`]): of STATE+EPHEMERAL it sends the node back to maintenance (after
+//!   the boot hook, like any reboot); a graceful reset of the last voting etcd member fails
+//!   on the node and it reboots configured. The double accepts configs rendered by talboot's
+//!   own renderer (see the tests below). Durations are [`LifecycleTiming::realistic`] scaled by
+//!   [`DEFAULT_TIME_SCALE`] unless a test sets its own.
 //!
 //! Start-up failures (address in use, certificates) are returned by
 //! [`FakeTalosNode::start`]; a later boot that fails parks the node in [`Phase::Failed`] with
