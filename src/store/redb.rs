@@ -1163,7 +1163,9 @@ mod tests {
         {
             let s = open(&state).unwrap();
             for i in 1..=40u64 {
-                s.append_event("cp1", "k", &"x".repeat(200), i).unwrap();
+                // Distinct details: identical ones would fold into one row.
+                s.append_event("cp1", "k", &format!("{i:03}{}", "x".repeat(200)), i)
+                    .unwrap();
             }
             s.put_meta("step", b"bootstrapped").unwrap();
         }
