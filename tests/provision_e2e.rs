@@ -775,14 +775,22 @@ async fn run_loop_polls_nodes_and_cluster_to_a_kubeconfig() {
     // Both machines network-boot Talos from talboot: the HTTP server publishes the fetch.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let bus = t.bus.clone().unwrap();
+    let mut seen = bus.subscribe();
     for m in &machines {
         bus.publish(m.name, EventKind::Kernel, "vmlinuz sent");
     }
     drop(bus);
     let kubeconfig = world.state_dir().join(KUBECONFIG_FILE);
+    // The kubeconfig needs the control plane only; the worker may still be booting from disk.
+    let mut ready = std::collections::BTreeSet::new();
     let mut done = false;
     for _ in 0..1500 {
-        if kubeconfig.exists() {
+        while let Ok(ev) = seen.try_recv() {
+            if ev.kind == EventKind::Phase && ev.detail.contains("-> ready") {
+                ready.insert(ev.node);
+            }
+        }
+        if kubeconfig.exists() && ready.len() == machines.len() {
             done = true;
             break;
         }

@@ -363,6 +363,11 @@ impl Provisioner {
             }
         };
 
+        // A new install starts: only a secured answer after this apply counts as "left
+        // maintenance mode" (a rebuild that found the node in maintenance already kept the
+        // mark of the previous install).
+        self.update_lifecycle(&name, |l| l.install_seen = false)
+            .await?;
         // Intent first: if we die during the call, the next run resolves it (Configuring).
         self.set_phase(
             rec,
@@ -548,8 +553,19 @@ impl Provisioner {
                             .await
                     }
                     Err(TalosError::NotInMaintenance { .. }) => {
-                        self.fail(rec, &e.to_string(), self.talos_err(&name, e))
-                            .await
+                        // apid may have restarted between the two calls (maintenance → mTLS
+                        // right after the apply): only a second secured failure means our CA
+                        // is not the cluster's.
+                        match self.secured_route_quiet(&name, ip, true).await {
+                            Err(e @ TalosError::WrongCa { .. }) => {
+                                self.fail(rec, &e.to_string(), self.talos_err(&name, e))
+                                    .await
+                            }
+                            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
+                            Ok(_) => Ok(NodeStep::Waiting(
+                                "its API just restarted with mutual TLS".into(),
+                            )),
+                        }
                     }
                     Err(_) => self.check_install_deadline(rec, e.to_string()).await,
                 };
