@@ -14,6 +14,7 @@ const PROTOS: &[&str] = &[
     "cosi/state.proto",
     "resource/definitions/block.proto",
     "resource/definitions/hardware.proto",
+    "resource/definitions/runtime.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

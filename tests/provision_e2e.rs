@@ -233,11 +233,16 @@ impl World {
     }
 
     fn boot_with(&self, creds: ClientCreds, health_timeout: Duration) -> Talboot {
+        self.boot_tuned(creds, |s| s.health_timeout = health_timeout)
+    }
+
+    fn boot_tuned(&self, creds: ClientCreds, tune: impl FnOnce(&mut Settings)) -> Talboot {
         let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir()).unwrap());
         let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
         let mut settings = Settings::new(self.state_dir());
-        settings.health_timeout = health_timeout;
+        settings.health_timeout = Duration::from_secs(60);
         settings.poll_interval = Duration::from_millis(50);
+        tune(&mut settings);
         let renderer = Arc::new(TestRenderer {
             inventory: self.inventory.clone(),
             ca: self.ca.clone(),
@@ -309,15 +314,51 @@ impl World {
     }
 }
 
-/// Waits until a fake node is not between listeners (rebooting).
+/// Waits until a fake node is not between listeners (rebooting) nor installing, and a
+/// little more (its boot sequence, a reset in progress, take time too).
 async fn settle(node: &FakeTalosNode) {
     for _ in 0..600 {
-        if node.phase() != Phase::Booting {
+        if !matches!(node.phase(), Phase::Booting | Phase::Installing) {
+            tokio::time::sleep(Duration::from_millis(30)).await;
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("fake node {} stuck booting", node.ip());
+}
+
+/// Steps `name` (one talboot, no restarts) until `done` accepts a step's outcome, at most
+/// for 30 s.
+async fn step_until(
+    t: &Talboot,
+    name: &str,
+    done: impl Fn(&Result<NodeStep, ProvisionError>) -> bool,
+) -> Result<NodeStep, ProvisionError> {
+    for _ in 0..1500 {
+        let r = t.prov().step_node(name).await;
+        if done(&r) {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{name}: no awaited outcome within 30 s");
+}
+
+/// The `talboot status` row of `name`.
+fn status_row(world: &World, name: &str) -> String {
+    let table = world.with_store(|s| {
+        talboot::cli::status::table(
+            &world.inventory,
+            s,
+            talboot::events::Clock::now_unix(&SystemClock),
+        )
+        .unwrap()
+    });
+    table
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("{name}: {table}"))
+        .to_owned()
 }
 
 /// One running talboot; [`Talboot::kill`] drops everything and waits until its events are
@@ -430,7 +471,8 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         "serial=SN-cp-1",
         "config.released ApplyConfiguration mode=AUTO",
         "node.phase configuring -> installing",
-        "(secured): v1.13.9",
+        "MachineStatus at 127.0.31.11:50000: stage running",
+        "installed and booted from disk (machine stage running, v1.13.9)",
         "talos.call Bootstrap at 127.0.31.11:50000: ok",
         "cluster.step healthy: etcd has 3 of 3 control-plane members; API server answers",
         "Kubeconfig at 127.0.31.11:50000: written to",
@@ -522,8 +564,9 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
         .collect();
     assert_eq!(labels, ["STATE", "EPHEMERAL"]);
     w2.wait_phase(Phase::Maintenance).await.unwrap();
+    // Still Rebuilding: only talboot's next step sees it back in maintenance mode.
     let rec = world.with_store(|s| s.node("w-2").unwrap().unwrap());
-    assert_eq!(rec.phase, NodePhase::Booting);
+    assert_eq!(rec.phase, NodePhase::Rebuilding);
     assert!(rec.provisioning_window_open);
 
     world.provision("w-2").await;
@@ -610,8 +653,9 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
     let err = t.prov().step_node("w-1").await.unwrap_err();
     assert!(matches!(err, ProvisionError::Disk { .. }), "{err:?}");
 
-    // Its window is still open (nothing was applied): when it boots again (the DHCP server
-    // publishes the ack), the running provisioner tries again, and refuses again.
+    // Its window is still open (nothing was applied): when it boots Talos again (the HTTP
+    // server publishes its script fetch), the running provisioner tries again, and refuses
+    // again.
     let bus = t.bus.clone().unwrap();
     let mut seen = bus.subscribe();
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -629,7 +673,7 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
         }
     };
     tokio::task::yield_now().await;
-    bus.publish("w-1", EventKind::DhcpAck, "acked 127.0.33.21");
+    bus.publish("w-1", EventKind::Script, "boot script for 127.0.33.21");
     tokio::time::timeout(Duration::from_secs(60), watch)
         .await
         .expect("no second attempt after the boot event");
@@ -638,11 +682,22 @@ async fn ambiguous_disk_selector_is_refused_with_every_disk_listed() {
     // Every bus clone must go for the event writer (and the store) to close.
     drop(bus);
     t.kill().await;
-    assert_eq!(world.phase("w-1"), NodePhase::Failed);
-    assert_eq!(world.node("w-1").apply_calls(), 0);
     let last = world
         .with_store(|s| s.last_event("w-1").unwrap().unwrap())
         .detail;
+    // Something happens after the failure (a DHCP renewal): status still says why it failed.
+    let t = world.boot();
+    t.bus
+        .as_ref()
+        .unwrap()
+        .publish("w-1", EventKind::DhcpAck, "acked 127.0.33.21");
+    t.kill().await;
+    let row = status_row(&world, "w-1");
+    assert!(row.contains("failed  "), "{row}");
+    assert!(row.contains("failed: install disk refused:"), "{row}");
+    assert!(!row.contains("dhcp.ack"), "{row}");
+    assert_eq!(world.phase("w-1"), NodePhase::Failed);
+    assert_eq!(world.node("w-1").apply_calls(), 0);
     assert!(
         last.contains("matches 2 disks (/dev/sda, /dev/sdb)"),
         "{last}"
@@ -683,10 +738,11 @@ async fn worker_reachable_only_through_the_first_control_plane() {
     w1.wait_phase(Phase::Secured).await.unwrap();
 
     let t = world.boot();
-    assert_eq!(
-        t.prov().step_node("w-1").await.unwrap(),
-        NodeStep::Advanced(NodePhase::Ready)
-    );
+    step_until(&t, "w-1", |r| {
+        matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
+    })
+    .await
+    .unwrap();
     t.kill().await;
     let served = w1.served();
     assert!(
@@ -695,9 +751,7 @@ async fn worker_reachable_only_through_the_first_control_plane() {
     );
     let events = world.events("w-1").join("\n");
     assert!(
-        events.contains(
-            "Version at node 127.0.34.21 (via 127.0.34.11:50000) (relayed) (secured): v1.13.9"
-        ),
+        events.contains("MachineStatus at node 127.0.34.21 (via 127.0.34.11:50000): stage running"),
         "{events}"
     );
 }
@@ -749,10 +803,25 @@ async fn run_loop_polls_nodes_and_cluster_to_a_kubeconfig() {
     let prov = t.prov().clone();
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(prov.run(cancel.clone()));
+    // Both machines network-boot Talos from talboot: the HTTP server publishes the fetch.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let bus = t.bus.clone().unwrap();
+    let mut seen = bus.subscribe();
+    for m in &machines {
+        bus.publish(m.name, EventKind::Kernel, "vmlinuz sent");
+    }
+    drop(bus);
     let kubeconfig = world.state_dir().join(KUBECONFIG_FILE);
+    // The kubeconfig needs the control plane only; the worker may still be booting from disk.
+    let mut ready = std::collections::BTreeSet::new();
     let mut done = false;
     for _ in 0..1500 {
-        if kubeconfig.exists() {
+        while let Ok(ev) = seen.try_recv() {
+            if ev.kind == EventKind::Phase && ev.detail.contains("-> ready") {
+                ready.insert(ev.node);
+            }
+        }
+        if kubeconfig.exists() && ready.len() == machines.len() {
             done = true;
             break;
         }
@@ -907,4 +976,318 @@ async fn a_machine_without_smbios_is_provisioned_with_its_system_facts_absent() 
     assert_eq!(facts.install_disk, "/dev/sda");
     let events = world.events("cp-1").join("\n");
     assert!(events.contains("no SMBIOS system information"), "{events}");
+}
+
+/// Issue 10, item 4: the secured API answers while the installer is still pulled; Ready
+/// only once the machine stage is `running` (installed, booted from disk).
+#[tokio::test]
+async fn ready_only_once_installed_and_running_from_disk() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start(37, &machines, |cfg| {
+        cfg.timing.installer_pull = Duration::from_millis(1500);
+    })
+    .await;
+    let node = world.node("cp-1");
+    let t = world.boot();
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Maintenance)
+    );
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Installing)
+    );
+    node.wait_phase(Phase::Installing).await.unwrap();
+    // The secured API answers now, but the node is pulling its installer.
+    TalosClient::secured(node.addr(), &world.creds)
+        .unwrap()
+        .version()
+        .await
+        .unwrap();
+    let step = t.prov().step_node("cp-1").await.unwrap();
+    assert_eq!(
+        step,
+        NodeStep::Waiting("machine stage installing".into()),
+        "Ready before the install finished"
+    );
+    t.kill().await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Installing);
+    let t = world.boot();
+    let ready = step_until(&t, "cp-1", |r| {
+        matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
+    })
+    .await;
+    assert!(ready.is_ok());
+    // Ready means it rebooted from disk and its boot sequence finished.
+    assert_eq!(node.phase(), Phase::Secured);
+    t.kill().await;
+    let events = world.events("cp-1").join("\n");
+    assert!(events.contains("stage installing"), "{events}");
+    assert!(
+        events.contains("installing -> ready: installed and booted from disk"),
+        "{events}"
+    );
+}
+
+/// Issue 10, item 4: a failed install is reported with Talos's own error, whether talboot
+/// sees the failed sequence in the node's events before it reboots, or only finds it back in
+/// maintenance mode afterwards.
+#[tokio::test]
+async fn a_failed_install_fails_the_node_with_its_cause() {
+    let machines = [cp("cp-1", 11), cp("cp-2", 12)];
+    let world = World::start(38, &machines, |cfg| {
+        if cfg.hostname == "cp-1" {
+            cfg.install_failure = Some(talboot::sim::talos::InstallFailure::InstallerPull(
+                "dial tcp: lookup ghcr.io: no such host".into(),
+            ));
+            // machined's countdown before the reboot: long enough to read the events.
+            cfg.timing.fatal_reboot = Duration::from_secs(3);
+        } else {
+            cfg.install_failure = Some(talboot::sim::talos::InstallFailure::Install);
+            cfg.timing.fatal_reboot = Duration::from_millis(1);
+        }
+    })
+    .await;
+    let t = world.boot();
+    for name in ["cp-1", "cp-2"] {
+        t.prov().step_node(name).await.unwrap();
+        assert_eq!(
+            t.prov().step_node(name).await.unwrap(),
+            NodeStep::Advanced(NodePhase::Installing)
+        );
+    }
+    // cp-2 reboots at once after its install failed: talboot sees the failed sequence, or
+    // finds it back in maintenance mode without its config.
+    let err = step_until(&t, "cp-2", |r| r.is_err()).await.unwrap_err();
+    assert!(
+        matches!(err, ProvisionError::InstallFailed { .. }),
+        "{err:?}"
+    );
+    let err = step_until(&t, "cp-1", |r| r.is_err()).await.unwrap_err();
+    match &err {
+        ProvisionError::InstallFailed { cause, .. } => assert!(
+            cause.contains("failed to pull image") && cause.contains("no such host"),
+            "{cause}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    t.kill().await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Failed);
+    assert_eq!(world.phase("cp-2"), NodePhase::Failed);
+    let row = status_row(&world, "cp-1");
+    assert!(
+        row.contains("failed: install failed: sequence failed: failed to pull image"),
+        "{row}"
+    );
+    let row = status_row(&world, "cp-2");
+    assert!(row.contains("failed: install failed"), "{row}");
+}
+
+/// Issue 10, item 5: Reset answers at once and the node resets afterwards; the rebuild waits
+/// until it really is back in maintenance mode.
+#[tokio::test]
+async fn rebuild_waits_until_the_node_is_back_in_maintenance_mode() {
+    let machines = [cp("cp-1", 11), worker("w-1", 21)];
+    let world = World::start(39, &machines, |cfg| {
+        cfg.timing.reset = Duration::from_millis(1500);
+    })
+    .await;
+    world.provision("cp-1").await;
+    world.provision("w-1").await;
+    let w1 = world.node("w-1");
+    let t = world.boot();
+    assert_eq!(
+        t.prov().rebuild("w-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Rebuilding)
+    );
+    assert_eq!(w1.reset_calls(), 1);
+    assert!(
+        w1.last_reset().unwrap().graceful,
+        "a worker leaves gracefully"
+    );
+    // The old secured API still answers: not Ready, not anything else yet.
+    for _ in 0..3 {
+        let step = t.prov().step_node("w-1").await.unwrap();
+        assert!(matches!(step, NodeStep::Waiting(_)), "{step:?}");
+    }
+    assert_eq!(w1.phase(), Phase::Secured);
+    w1.wait_phase(Phase::Maintenance).await.unwrap();
+    assert_eq!(
+        t.prov().step_node("w-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Maintenance)
+    );
+    t.kill().await;
+    world.provision("w-1").await;
+    assert_eq!(world.phase("w-1"), NodePhase::Ready);
+    assert_eq!(w1.apply_calls(), 2);
+    assert_eq!(w1.reset_calls(), 1);
+}
+
+/// Issue 10, item 6: rebuilding the only control plane (last voting etcd member) resets it
+/// without leaving etcd, and the new cluster is bootstrapped again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuilding_the_only_control_plane_works() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start(40, &machines, |_| {}).await;
+    let _api = tokio::net::TcpListener::bind("127.0.40.100:6443")
+        .await
+        .unwrap();
+    world.provision("cp-1").await;
+    assert!(
+        world
+            .cluster_steps()
+            .await
+            .contains(&ClusterProgress::Bootstrapped)
+    );
+    let cp1 = world.node("cp-1");
+    assert_eq!(cp1.bootstrap_calls(), 1);
+    let t = world.boot();
+    assert_eq!(
+        t.prov().rebuild("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Rebuilding)
+    );
+    t.kill().await;
+    let reset = cp1.last_reset().unwrap();
+    assert!(
+        !reset.graceful,
+        "a graceful reset of the last etcd member fails"
+    );
+    cp1.wait_phase(Phase::Maintenance).await.unwrap();
+    world.provision("cp-1").await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Ready);
+    assert!(
+        world
+            .cluster_steps()
+            .await
+            .contains(&ClusterProgress::Bootstrapped)
+    );
+    assert_eq!(
+        cp1.bootstrap_calls(),
+        2,
+        "its etcd was wiped: bootstrapped again"
+    );
+    let events = world.events("cp-1").join("\n");
+    assert!(events.contains("last voting etcd member"), "{events}");
+}
+
+/// Issue 10, item 6: a rebuild whose reset never happens is reported failed.
+#[tokio::test]
+async fn a_reset_that_does_not_happen_fails_the_rebuild() {
+    let machines = [cp("cp-1", 11), worker("w-1", 21)];
+    let world = World::start(41, &machines, |cfg| {
+        if cfg.hostname == "w-1" {
+            cfg.timing.reset = Duration::from_secs(600);
+        }
+    })
+    .await;
+    world.provision("cp-1").await;
+    world.provision("w-1").await;
+    let t = world.boot_tuned(world.creds.clone(), |s| {
+        s.reset_timeout = Duration::from_secs(1)
+    });
+    assert_eq!(
+        t.prov().rebuild("w-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Rebuilding)
+    );
+    let err = step_until(&t, "w-1", |r| r.is_err()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::ResetFailed { .. }), "{err:?}");
+    t.kill().await;
+    assert_eq!(world.phase("w-1"), NodePhase::Failed);
+    let row = status_row(&world, "w-1");
+    assert!(
+        row.contains("failed: rebuild failed: the node did not come back in maintenance mode"),
+        "{row}"
+    );
+}
+
+/// Issue 10, item 7: a failed control plane does not stay the bootstrap node.
+#[tokio::test]
+async fn bootstrap_node_is_chosen_among_healthy_control_planes() {
+    let machines = [cp("cp-1", 11), cp("cp-2", 12)];
+    let world = World::start(42, &machines, |cfg| {
+        if cfg.hostname == "cp-1" {
+            // No /dev/sda: its install disk is refused.
+            cfg.disks = vec![SimDisk::virtio(0, "V1", 120_034_123_776)];
+        }
+    })
+    .await;
+    // An earlier run had chosen cp-1 (the first control plane) before it failed.
+    world.with_store(|s| {
+        s.put_meta(talboot::provision::cluster::BOOTSTRAP_NODE_KEY, b"cp-1")
+            .unwrap()
+    });
+    let t = world.boot();
+    t.prov().step_node("cp-1").await.unwrap();
+    assert!(t.prov().step_node("cp-1").await.is_err());
+    t.kill().await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Failed);
+    world.provision("cp-2").await;
+    let t = world.boot();
+    assert_eq!(t.prov().bootstrap_node().await.unwrap(), "cp-2");
+    let mut bootstrapped = false;
+    for _ in 0..50 {
+        if t.prov().step_cluster().await.unwrap() == ClusterProgress::Bootstrapped {
+            bootstrapped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.kill().await;
+    assert!(bootstrapped);
+    assert_eq!(world.node("cp-2").bootstrap_calls(), 1);
+    assert_eq!(world.node("cp-1").bootstrap_calls(), 0);
+}
+
+/// Issue 10, item 8: the run loop probes only machines that booted Talos from talboot, backs
+/// off while one does not answer, and its timeline folds the repeated failure into one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_loop_probes_only_talos_boots_and_backs_off() {
+    let machines = [cp("cp-1", 11), worker("w-1", 21)];
+    let world = World::start(43, &machines, |cfg| {
+        if cfg.hostname == "w-1" {
+            // Booted Talos but its API is not up on 50000 (yet): every probe is refused.
+            cfg.port = 50999;
+        }
+    })
+    .await;
+    let t = world.boot();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(t.prov().clone().run(cancel.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let bus = t.bus.clone().unwrap();
+    // cp-1 is a plain DHCP client for now (another OS on it): never probed.
+    bus.publish("cp-1", EventKind::DhcpAck, "acked 127.0.43.11");
+    bus.publish("w-1", EventKind::Script, "boot script for 127.0.43.21");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(
+        world.node("cp-1").served().is_empty(),
+        "a plain DHCP client was probed: {:?}",
+        world.node("cp-1").served()
+    );
+    // Now it boots Talos: probed at once.
+    bus.publish("cp-1", EventKind::Script, "boot script for 127.0.43.11");
+    let mut probed = false;
+    for _ in 0..250 {
+        if !world.node("cp-1").served().is_empty() {
+            probed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+    drop(bus);
+    t.kill().await;
+    assert!(probed, "cp-1 not probed after its Talos boot");
+    let refused: Vec<_> = world.with_store(|s| {
+        s.events("w-1", 0, 1000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.detail.contains("(maintenance) failed"))
+            .collect()
+    });
+    assert_eq!(refused.len(), 1, "not folded: {refused:#?}");
+    // 1.6 s at a 50 ms poll is 32 probes without backoff; doubling pauses make it ~5.
+    let n = refused[0].count;
+    assert!((2..=8).contains(&n), "{n} probes: {refused:#?}");
 }

@@ -1,12 +1,13 @@
 //! `talboot status`: one line per inventory node from the state store: role, phase, address,
 //! Talos version, the disk Talos installs to (as talboot computed it from the node's disks)
-//! and the last event.
+//! and the last event -- or, for a Failed node, why it failed (the last event of a failed
+//! node is often a later, unrelated probe).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::inventory::{self, Inventory};
-use crate::store::{self, NodeRecord, Store};
+use crate::store::{self, NodePhase, NodeRecord, Store};
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 
@@ -94,10 +95,19 @@ pub fn table(
                     .map(|a| a.to_string())
             })
             .unwrap_or_else(|| "-".into());
-        let last = store
-            .last_event(&node.name)?
-            .map(|e| format!("{}: {}", e.kind, first_line(&e.detail)))
-            .unwrap_or_else(|| "-".into());
+        let failure = if rec.as_ref().is_some_and(|r| r.phase == NodePhase::Failed) {
+            let key = crate::provision::node::lifecycle_key(&node.name);
+            crate::provision::node::decode_lifecycle(store.get_meta(&key)?.as_deref()).failure
+        } else {
+            None
+        };
+        let last = match failure {
+            Some(why) => format!("failed: {}", first_line(&why)),
+            None => store
+                .last_event(&node.name)?
+                .map(|e| format!("{}: {}", e.kind, first_line(&e.display_detail())))
+                .unwrap_or_else(|| "-".into()),
+        };
         rows.push([
             node.name.to_string(),
             node.role.to_string(),
@@ -199,7 +209,10 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
             field(n, "last_seen"),
             field(n, "talos_version"),
             field(n, "install_disk"),
-            field(n, "last_event"),
+            match n.get("failure").and_then(|v| v.as_str()) {
+                Some(why) => format!("failed: {}", first_line(why)),
+                None => field(n, "last_event"),
+            },
         ]);
     }
     print!("{}", render(&rows));

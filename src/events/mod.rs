@@ -6,7 +6,8 @@
 //! DHCP or TFTP handler never waits for an fsync; the bus keeps the order of publication.
 //! Machines not in the inventory are recorded under `mac-<aa-bb-cc-dd-ee-ff>` so discovery has a
 //! timeline too; [`node_key_by_peer`] names the timeline of a request that only brings its
-//! source address (TFTP, HTTP).
+//! source address (TFTP, HTTP). The store folds an event identical (kind and detail) to the
+//! node's previous one into that row with a count, so a repeated probe failure is one line.
 
 use std::fmt;
 use std::net::IpAddr;

@@ -491,6 +491,8 @@ struct NodeStatus {
     /// The disk Talos installs to, as talboot computed it (`talboot status` shows it).
     install_disk: Option<String>,
     last_event: Option<String>,
+    /// Why the node failed, when its phase is `failed`.
+    failure: Option<String>,
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
@@ -498,6 +500,16 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
     for n in &app.inventory.nodes {
         let rec = app.store.node(n.name.as_str()).ok().flatten();
         let last = app.store.last_event(n.name.as_str()).ok().flatten();
+        let failure = if rec
+            .as_ref()
+            .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
+        {
+            let key = crate::provision::node::lifecycle_key(n.name.as_str());
+            let raw = app.store.get_meta(&key).ok().flatten();
+            crate::provision::node::decode_lifecycle(raw.as_deref()).failure
+        } else {
+            None
+        };
         out.push(NodeStatus {
             name: n.name.value.clone(),
             role: n.role.value.clone(),
@@ -518,7 +530,8 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
             )
             .map(|f| f.install_disk)
             .filter(|d| !d.is_empty()),
-            last_event: last.map(|e| format!("{}: {}", e.kind, e.detail)),
+            last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
+            failure,
         });
     }
     Json(out).into_response()

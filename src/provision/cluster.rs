@@ -3,9 +3,15 @@
 //!
 //! Bootstrap is the one Talos call that must never repeat on another node: a second
 //! control plane bootstrapped with an empty data directory becomes a second etcd cluster. So:
-//! * the bootstrap node is chosen once (the first control plane in inventory order) and
-//!   persisted under `cluster/bootstrap-node` by compare-and-set; later runs use the persisted
-//!   name even if the inventory order changes, and no other code path calls Bootstrap;
+//! * the bootstrap node is chosen among healthy control planes: the first one in inventory
+//!   order that is Ready, persisted under `cluster/bootstrap-node` by compare-and-set; later
+//!   runs use the persisted name even if the inventory order changes, and no other code path
+//!   calls Bootstrap. A chosen node that Failed before any bootstrap intent was recorded is
+//!   replaced by the next Ready control plane (a failed node would block bootstrap for good);
+//!   once an intent exists the choice never changes, because that node may already run etcd;
+//! * rebuilding the last voting etcd member wipes the cluster's etcd: the bootstrap,
+//!   kubeconfig and cluster-step records are then marked `rebuilt`, so the cluster is
+//!   bootstrapped again (on the same node) once it is Ready;
 //! * the intent is persisted (`cluster/bootstrap` = `intent`) before the call, and `done`
 //!   after it;
 //! * before calling, etcd membership is checked on that node: members present means a
@@ -39,6 +45,8 @@ pub const KUBECONFIG_FILE: &str = "kubeconfig";
 
 const INTENT: &[u8] = b"intent";
 const DONE: &[u8] = b"done";
+/// The value of the bootstrap and kubeconfig keys after the last etcd member was rebuilt.
+const REBUILT: &[u8] = b"rebuilt";
 
 /// Where the cluster is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,36 +102,95 @@ impl Provisioner {
         Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
-    /// The bootstrap node: the persisted choice, or (first time) the first control plane in
-    /// inventory order, persisted by compare-and-set so two racing runs agree.
+    /// The bootstrap node: the persisted choice, or the first Ready control plane in
+    /// inventory order, persisted by compare-and-set so two racing runs agree. Until a control
+    /// plane is Ready nothing is persisted and the first control plane that has not failed is
+    /// returned (for the relay, which needs it Ready anyway).
     pub async fn bootstrap_node(&self) -> Result<String, ProvisionError> {
-        if let Some(name) = self.bootstrap_node_name().await? {
-            return Ok(name);
+        let persisted = self.bootstrap_node_name().await?;
+        if let Some(name) = &persisted {
+            let intent = self.meta(BOOTSTRAP_KEY).await?;
+            let rebuilt = intent.as_deref() == Some(REBUILT);
+            if (intent.is_some() && !rebuilt) || self.record(name).await?.phase != NodePhase::Failed
+            {
+                return Ok(name.clone());
+            }
         }
-        let first = self
-            .inventory()
-            .control_planes()
-            .next()
-            .ok_or(ProvisionError::NoControlPlane)?
-            .name
-            .to_string();
-        let value = first.clone().into_bytes();
+        let mut fallback = None;
+        let mut ready = None;
+        for cp in self.inventory().control_planes() {
+            let phase = self.record(cp.name.as_str()).await?.phase;
+            if phase == NodePhase::Ready {
+                ready = Some(cp.name.to_string());
+                break;
+            }
+            if phase != NodePhase::Failed && fallback.is_none() {
+                fallback = Some(cp.name.to_string());
+            }
+        }
+        let Some(chosen) = ready else {
+            return match (fallback, persisted) {
+                (Some(f), _) => Ok(f),
+                // Every control plane failed: keep naming the persisted one (its failure is
+                // what the operator has to fix), else the first.
+                (None, Some(p)) => Ok(p),
+                (None, None) => Ok(self
+                    .inventory()
+                    .control_planes()
+                    .next()
+                    .ok_or(ProvisionError::NoControlPlane)?
+                    .name
+                    .to_string()),
+            };
+        };
+        let value = chosen.clone().into_bytes();
+        let expected = persisted.clone().map(String::into_bytes);
         let outcome = self
-            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_NODE_KEY, None, &value))
+            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_NODE_KEY, expected.as_deref(), &value))
             .await?;
         Ok(match outcome {
             CasOutcome::Swapped => {
-                self.event(
-                    &first,
-                    EventKind::Cluster,
-                    "chosen as the bootstrap node (first control plane in the inventory)",
-                );
-                first
+                let why = match &persisted {
+                    Some(old) => format!(
+                        "chosen as the bootstrap node instead of {old}, which failed (first \
+                         Ready control plane in the inventory)"
+                    ),
+                    None => "chosen as the bootstrap node (first Ready control plane in the \
+                             inventory)"
+                        .into(),
+                };
+                self.event(&chosen, EventKind::Cluster, why);
+                chosen
             }
             CasOutcome::Mismatch { current } => {
                 String::from_utf8_lossy(&current.unwrap_or_default()).into_owned()
             }
         })
+    }
+
+    /// The last voting etcd member `node` was reset: its cluster's etcd is gone, so the
+    /// recorded bootstrap, kubeconfig and cluster steps no longer hold. Marks them `rebuilt`
+    /// (the store has no delete), so the cluster is bootstrapped again once `node` is Ready.
+    pub(crate) async fn forget_bootstrap(&self, node: &str) -> Result<(), ProvisionError> {
+        let step = serde_json::to_vec(&super::steps::StepRecord {
+            step: super::steps::ClusterStep::WaitingForControlPlanes,
+            since_unix: self.now(),
+            reason: format!("{node}, the last etcd member, was rebuilt; bootstrapping again"),
+            last_error: None,
+            attempts: 0,
+        })
+        .expect("step record serialises");
+        self.db_then_event(
+            move |s| {
+                s.put_meta(BOOTSTRAP_KEY, REBUILT)?;
+                s.put_meta(KUBECONFIG_KEY, REBUILT)?;
+                s.put_meta(super::steps::STEP_KEY, &step)
+            },
+            node.to_owned(),
+            EventKind::Cluster,
+            "last etcd member reset: the cluster will be bootstrapped again".into(),
+        )
+        .await
     }
 
     pub(crate) async fn meta(&self, key: &'static str) -> Result<Option<Vec<u8>>, ProvisionError> {
@@ -165,8 +232,10 @@ impl Provisioner {
             )));
         };
         // Intent before the call; a stored intent from an earlier run is fine (same node).
+        // After the last etcd member was rebuilt the key says so, and is swapped the same way.
+        let rebuilt = self.meta(BOOTSTRAP_KEY).await?.as_deref() == Some(REBUILT);
         let outcome = self
-            .db(|s| s.compare_and_set_meta(BOOTSTRAP_KEY, None, INTENT))
+            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT))
             .await?;
         if let CasOutcome::Mismatch { current } = &outcome
             && current.as_deref() == Some(DONE)

@@ -80,8 +80,15 @@ pub struct Settings {
     pub apid_port: u16,
     /// Where the kubeconfig is written.
     pub state_dir: PathBuf,
-    /// How long a node may take from ApplyConfiguration until its secured API answers.
+    /// How long a node may take from ApplyConfiguration until it runs installed from disk
+    /// (machine stage `running`).
     pub install_timeout: Duration,
+    /// How long a rebuilt node may take from the Reset reply until its maintenance API
+    /// answers; past it the rebuild is Failed (the reset did not happen).
+    pub reset_timeout: Duration,
+    /// Longest pause between maintenance probes of a node that booted Talos but does not
+    /// answer yet (the pause doubles from `poll_interval` up to this).
+    pub probe_backoff_max: Duration,
     /// How long the health wait may take, in total.
     pub health_timeout: Duration,
     /// Pause between polls of nodes and between health checks.
@@ -113,6 +120,10 @@ impl Settings {
             apid_port: crate::talos::APID_PORT,
             state_dir,
             install_timeout: Duration::from_secs(20 * 60),
+            // A graceful leave retries for up to 5 minutes (internal/pkg/etcd/etcd.go,
+            // LeaveCluster), then the wipe and a network boot.
+            reset_timeout: Duration::from_secs(15 * 60),
+            probe_backoff_max: Duration::from_secs(60),
             health_timeout: Duration::from_secs(10 * 60),
             poll_interval: Duration::from_secs(5),
             retry: RetryPolicy::NONE,
@@ -163,10 +174,27 @@ pub enum ProvisionError {
     /// The inventory has no control plane to bootstrap.
     #[error("the inventory has no control-plane node; give at least one node a controlplane role")]
     NoControlPlane,
+    /// The install sequence failed on the node.
+    #[error("node {node}: install failed: {cause}")]
+    InstallFailed {
+        /// The node.
+        node: String,
+        /// What Talos reported (the failed sequence's error), or what was observed.
+        cause: String,
+    },
+    /// A rebuild's reset did not happen.
+    #[error("node {node}: rebuild failed: {cause}")]
+    ResetFailed {
+        /// The node.
+        node: String,
+        /// What Talos reported, or that the node never came back in maintenance mode.
+        cause: String,
+    },
     /// The node did not come back configured in time.
     #[error(
-        "node {node} did not come back configured within {after:?} after its config was \
-         applied; check its console (install disk, installer image pull) and `talboot status`"
+        "node {node} did not come back installed (machine stage running) within {after:?} \
+         after its config was applied; check its console (install disk, installer image pull) \
+         and `talboot status`"
     )]
     InstallTimeout {
         /// The node.
@@ -190,6 +218,25 @@ pub enum ProvisionError {
     Join(String),
 }
 
+/// What the run loop knows about probing one node in Unknown/Booting.
+#[derive(Clone, Debug)]
+struct ProbeState {
+    /// The node fetched a Talos boot script, kernel or initramfs from talboot (seen on the
+    /// bus or in its timeline): only such a machine can answer on port 50000.
+    talos_booted: bool,
+    /// Probes that found nothing since the last boot signal.
+    misses: u32,
+    /// No probe before this.
+    next_at: tokio::time::Instant,
+}
+
+/// The pause after `misses` unanswered probes: the poll interval doubled per miss, at most
+/// `max`.
+pub fn probe_backoff(poll: Duration, misses: u32, max: Duration) -> Duration {
+    poll.saturating_mul(1u32 << misses.min(16))
+        .min(max.max(poll))
+}
+
 /// The provisioner: inventory, store, bus, renderer and admin credentials. Cheap to clone.
 #[derive(Clone)]
 pub struct Provisioner {
@@ -197,6 +244,8 @@ pub struct Provisioner {
 }
 
 struct Inner {
+    /// Which nodes booted Talos and when each may be probed next (run loop only).
+    probes: std::sync::Mutex<std::collections::HashMap<String, ProbeState>>,
     inventory: Arc<Inventory>,
     store: Arc<dyn Store>,
     bus: EventBus,
@@ -217,6 +266,7 @@ impl Provisioner {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                probes: Default::default(),
                 inventory,
                 store,
                 bus,
@@ -242,18 +292,6 @@ impl Provisioner {
 
     fn event(&self, node: &str, kind: EventKind, detail: impl Into<String>) {
         self.inner.bus.publish(node, kind, detail);
-    }
-
-    /// Publishes a repeated failure once: a node that is off or installing fails the same
-    /// probe on every poll, and its timeline should say so once, not every few seconds.
-    async fn event_unless_repeated(&self, node: &str, kind: EventKind, detail: String) {
-        let owned = node.to_owned();
-        let last = self.db(move |s| s.last_event(&owned)).await.ok().flatten();
-        if last.is_some_and(|e| e.kind == kind.as_str() && e.detail == detail) {
-            tracing::debug!(node, %detail, "repeated outcome not published again");
-            return;
-        }
-        self.event(node, kind, detail);
     }
 
     /// Runs a synchronous store call off the async threads.
@@ -332,6 +370,18 @@ impl Provisioner {
         why: &str,
     ) -> Result<(), ProvisionError> {
         let from = rec.phase;
+        if from == NodePhase::Failed && phase != NodePhase::Failed {
+            let key = node::lifecycle_key(&rec.name);
+            self.db(move |s| {
+                let mut l = node::decode_lifecycle(s.get_meta(&key)?.as_deref());
+                if l.failure.take().is_some() {
+                    let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
+                    s.put_meta(&key, &json)?;
+                }
+                Ok(())
+            })
+            .await?;
+        }
         rec.phase = phase;
         rec.phase_since_unix = self.now();
         let mut saved = rec.clone();
@@ -403,7 +453,12 @@ impl Provisioner {
                 ev = events.recv() => match ev {
                     Ok(ev) if is_boot_signal(ev.kind) && self.inner.inventory.node(&ev.node).is_some() => {
                         self.note_booting(&ev.node).await;
-                        self.drive_node(&ev.node).await;
+                        if is_talos_boot(ev.kind) {
+                            self.mark_talos_booted(&ev.node);
+                        }
+                        if self.probe_due(&ev.node).await {
+                            self.drive_polled(&ev.node).await;
+                        }
                     }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -415,7 +470,9 @@ impl Provisioner {
                     let names: Vec<String> = self.inner.inventory.nodes.iter().map(|n| n.name.to_string()).collect();
                     for name in names {
                         if cancel.is_cancelled() { break; }
-                        self.drive_node(&name).await;
+                        if self.probe_due(&name).await {
+                            self.drive_polled(&name).await;
+                        }
                     }
                 }
             }
@@ -436,7 +493,9 @@ impl Provisioner {
             }
             pause = poll;
             match self.step_addons().await {
-                Ok(StepOutcome::Done) => return,
+                // Nothing to do; a rebuild of the last etcd member can undo "done", so keep
+                // looking (two store reads per check).
+                Ok(StepOutcome::Done) => pause = poll.saturating_mul(4),
                 Ok(StepOutcome::Completed(_)) => pause = Duration::ZERO,
                 Ok(StepOutcome::Bootstrapping(_)) => {}
                 Ok(StepOutcome::Failed { attempts, error }) => {
@@ -465,6 +524,97 @@ impl Provisioner {
         }
     }
 
+    /// Whether the run loop should step `name` now. Nodes past Booting are always stepped
+    /// (their phase says talboot configured them); a node in Unknown/Booting only once it
+    /// booted Talos from talboot (a plain DHCP client never answers on 50000) and its backoff
+    /// has passed.
+    async fn probe_due(&self, name: &str) -> bool {
+        let phase = match self.record(name).await {
+            Ok(r) => r.phase,
+            Err(_) => return false,
+        };
+        if !matches!(phase, NodePhase::Unknown | NodePhase::Booting) {
+            return true;
+        }
+        let known = {
+            let probes = self.inner.probes.lock().expect("probe table lock");
+            probes.get(name).cloned()
+        };
+        let state = match known {
+            Some(s) => s,
+            None => {
+                // First look since start: the timeline remembers earlier boots.
+                let owned = name.to_owned();
+                let booted = self
+                    .db(move |s| {
+                        let mut since = 0;
+                        loop {
+                            let page = s.events(&owned, since, 512)?;
+                            let Some(last) = page.last() else {
+                                return Ok(false);
+                            };
+                            since = last.seq;
+                            if page.iter().any(|e| {
+                                [EventKind::Script, EventKind::Kernel, EventKind::Initramfs]
+                                    .iter()
+                                    .any(|k| k.as_str() == e.kind)
+                            }) {
+                                return Ok(true);
+                            }
+                        }
+                    })
+                    .await
+                    .unwrap_or(false);
+                let s = ProbeState {
+                    talos_booted: booted,
+                    misses: 0,
+                    next_at: tokio::time::Instant::now(),
+                };
+                self.inner
+                    .probes
+                    .lock()
+                    .expect("probe table lock")
+                    .insert(name.to_owned(), s.clone());
+                s
+            }
+        };
+        state.talos_booted && tokio::time::Instant::now() >= state.next_at
+    }
+
+    /// A Talos boot of `name` was seen: probe it now, and from the shortest pause again.
+    fn mark_talos_booted(&self, name: &str) {
+        self.inner.probes.lock().expect("probe table lock").insert(
+            name.to_owned(),
+            ProbeState {
+                talos_booted: true,
+                misses: 0,
+                next_at: tokio::time::Instant::now(),
+            },
+        );
+    }
+
+    /// [`Provisioner::drive_node`], then the backoff: a node still Unknown/Booting afterwards
+    /// did not answer, so its next probe waits longer.
+    async fn drive_polled(&self, name: &str) {
+        self.drive_node(name).await;
+        let phase = self.record(name).await.map(|r| r.phase);
+        let mut probes = self.inner.probes.lock().expect("probe table lock");
+        let Some(state) = probes.get_mut(name) else {
+            return;
+        };
+        if matches!(phase, Ok(NodePhase::Unknown | NodePhase::Booting)) {
+            state.misses = state.misses.saturating_add(1);
+            state.next_at = tokio::time::Instant::now()
+                + probe_backoff(
+                    self.settings().poll_interval,
+                    state.misses,
+                    self.settings().probe_backoff_max,
+                );
+        } else {
+            state.misses = 0;
+        }
+    }
+
     /// Steps one node until it has to wait for something (or fails).
     pub async fn drive_node(&self, name: &str) {
         for _ in 0..8 {
@@ -478,6 +628,14 @@ impl Provisioner {
             }
         }
     }
+}
+
+/// The node fetched something only a Talos network boot fetches from talboot.
+fn is_talos_boot(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Script | EventKind::Kernel | EventKind::Initramfs
+    )
 }
 
 fn is_boot_signal(kind: EventKind) -> bool {

@@ -9,8 +9,21 @@
 //! | Unknown / Booting | probe `<lease ip>:50000` without a client cert: answers → Maintenance; asks for a cert → already configured (Ready if the secured API answers) |
 //! | Maintenance | read version, disks, system information; record them; check the install disk; render; persist Configuring; ApplyConfiguration (mode AUTO) once; → Installing |
 //! | Configuring | the apply's outcome is unknown (restart or lost reply): maintenance still answering → Maintenance (the node has no config, applying again is safe); else → Installing |
-//! | Installing | secured `Version` (directly, or relayed through the bootstrap control plane) answers → Ready; past the install timeout → Failed |
-//! | Rebuilding | secured API answers → Reset (graceful, wipe STATE+EPHEMERAL, reboot) → Booting; maintenance answers → Maintenance |
+//! | Installing | secured API (directly, or relayed through the bootstrap control plane) reports machine stage `running` → Ready; a failed `install` sequence in its events, or the node back in maintenance mode after its secured API was seen, → Failed with the cause; past the install timeout → Failed |
+//! | Rebuilding | secured API answers → Reset (wipe STATE+EPHEMERAL, reboot; graceful unless it is the last voting etcd member) and the time is recorded; then maintenance answers → Maintenance; a failed `reset` sequence or no maintenance API within the reset timeout → Failed |
+//!
+//! Why the machine stage and not the first secured answer: once a config lands in
+//! maintenance mode, Talos issues its API certificates from the config's CA
+//! (siderolabs/talos v1.13.9 `internal/app/machined/pkg/controllers/secrets/api.go`) and
+//! restarts apid with mutual TLS (`internal/app/machined/pkg/controllers/runtime/api_service_config.go`)
+//! while the install sequence (`internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go`,
+//! `Install`) is still pulling the installer. `runtime.MachineStatus`
+//! (`pkg/machinery/resources/runtime/machine_status.go`) has stage `installing` during the
+//! install, `rebooting` at its kexec or after a fatal error, and `running` only once the
+//! `boot` sequence of the system booted from disk finished
+//! (`internal/app/machined/pkg/controllers/runtime/machine_status.go`). Its `ready` flag is
+//! not used: it is true in every stage but booting/running, and in running it waits for the
+//! Kubernetes node to be Ready (CNI), which comes after bootstrap.
 //!
 //! ApplyConfiguration is only made while the node's provisioning window is open (new node,
 //! or marked for rebuild), and the window closes once the config is applied.
@@ -24,6 +37,7 @@ use crate::events::EventKind;
 use crate::inventory::Node;
 use crate::store::{NodePhase, NodeRecord};
 use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage as MachineStage;
 use crate::talos::{TalosClient, TalosError};
 
 /// What one step did.
@@ -68,6 +82,53 @@ impl NodeFacts {
 /// Store key of a node's hardware facts.
 pub fn facts_key(node: &str) -> String {
     format!("node/{node}/facts")
+}
+
+/// Store key of a node's [`Lifecycle`] record.
+pub fn lifecycle_key(node: &str) -> String {
+    format!("node/{node}/lifecycle")
+}
+
+/// What the node state machine remembers across restarts besides the phase, stored as JSON
+/// under [`lifecycle_key`] (fields may be added; absent ones take their defaults).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lifecycle {
+    /// Why the node is Failed (what `talboot status` shows); cleared when it leaves Failed.
+    #[serde(default)]
+    pub failure: Option<String>,
+    /// The secured API answered since the config was applied: the node left maintenance
+    /// mode, so finding it in maintenance again means the install failed.
+    #[serde(default)]
+    pub install_seen: bool,
+    /// When the Reset RPC answered (Unix seconds); the rebuild waits for the node to come
+    /// back in maintenance mode until the reset timeout after it.
+    #[serde(default)]
+    pub reset_at_unix: Option<u64>,
+}
+
+/// Decodes a stored [`Lifecycle`]; an unreadable one counts as empty (it only refines
+/// what the phase already says).
+pub fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
+    raw.and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default()
+}
+
+/// How long a failed sequence's events are read for (the stream never ends by itself).
+const EVENTS_IDLE: Duration = Duration::from_millis(300);
+
+/// The stage as Talos prints it.
+fn stage_name(stage: MachineStage) -> &'static str {
+    match stage {
+        MachineStage::MachineStageUnknown => "unknown",
+        MachineStage::MachineStageBooting => "booting",
+        MachineStage::MachineStageInstalling => "installing",
+        MachineStage::MachineStageMaintenance => "maintenance",
+        MachineStage::MachineStageRunning => "running",
+        MachineStage::MachineStageRebooting => "rebooting",
+        MachineStage::MachineStageShuttingDown => "shutting down",
+        MachineStage::MachineStageResetting => "resetting",
+        MachineStage::MachineStageUpgrading => "upgrading",
+    }
 }
 
 fn version_tag(v: &crate::talos::api::machine::Version) -> String {
@@ -143,8 +204,34 @@ impl Provisioner {
         why: &str,
         err: ProvisionError,
     ) -> Result<NodeStep, ProvisionError> {
+        let reason = why.to_owned();
+        self.update_lifecycle(&rec.name, move |l| l.failure = Some(reason))
+            .await?;
         self.set_phase(rec, NodePhase::Failed, why).await?;
         Err(err)
+    }
+
+    /// The node's [`Lifecycle`] record.
+    pub(crate) async fn lifecycle(&self, name: &str) -> Result<Lifecycle, ProvisionError> {
+        let key = lifecycle_key(name);
+        let raw = self.db(move |s| s.get_meta(&key)).await?;
+        Ok(decode_lifecycle(raw.as_deref()))
+    }
+
+    /// Changes the node's [`Lifecycle`] record with `f` and persists it.
+    async fn update_lifecycle(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut Lifecycle) + Send + 'static,
+    ) -> Result<(), ProvisionError> {
+        let key = lifecycle_key(name);
+        self.db(move |s| {
+            let mut l = decode_lifecycle(s.get_meta(&key)?.as_deref());
+            f(&mut l);
+            let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
+            s.put_meta(&key, &json)
+        })
+        .await
     }
 
     async fn step_probe(
@@ -172,15 +259,19 @@ impl Provisioner {
                     .await
             }
             Err(TalosError::NotInMaintenance { .. }) => {
-                // Booted from disk with a config already: nothing to push.
+                // It holds a config already: nothing to push. Whether it is installed (or
+                // still installing) is the Installing phase's question.
                 match self.secured_version(&name, ip).await {
                     Ok(tag) => {
                         rec.talos_version = Some(tag);
                         rec.provisioning_window_open = false;
+                        self.update_lifecycle(&name, |l| l.install_seen = true)
+                            .await?;
                         self.advance(
                             rec,
-                            NodePhase::Ready,
-                            "already configured (secured API answers)",
+                            NodePhase::Installing,
+                            "already configured (secured API answers); waiting for machine \
+                             stage running",
                         )
                         .await
                     }
@@ -190,12 +281,11 @@ impl Provisioner {
                 }
             }
             Err(e) => {
-                self.event_unless_repeated(
+                self.event(
                     &name,
                     EventKind::Talos,
                     format!("Version at {} (maintenance) failed: {e}", client.endpoint()),
-                )
-                .await;
+                );
                 Ok(NodeStep::Waiting(e.to_string()))
             }
         }
@@ -295,6 +385,11 @@ impl Provisioner {
             }
         };
 
+        // A new install starts: only a secured answer after this apply counts as "left
+        // maintenance mode" (a rebuild that found the node in maintenance already kept the
+        // mark of the previous install).
+        self.update_lifecycle(&name, |l| l.install_seen = false)
+            .await?;
         // Intent first: if we die during the call, the next run resolves it (Configuring).
         self.set_phase(
             rec,
@@ -461,29 +556,99 @@ impl Provisioner {
         let Some(ip) = self.locate(node, rec).await? else {
             return Ok(NodeStep::Waiting("no address known".into()));
         };
-        match self.secured_version(&name, ip).await {
-            Ok(tag) => {
-                rec.talos_version = Some(tag.clone());
-                let why = format!("configured; secured API answers ({tag})");
-                self.advance(rec, NodePhase::Ready, &why).await
-            }
+        let (client, tag) = match self.secured_route_quiet(&name, ip, true).await {
+            Ok(route) => route,
             Err(e @ TalosError::WrongCa { .. }) => {
-                // Either still in maintenance (throwaway CA) or our CA is not the cluster's.
+                // Either in maintenance mode (throwaway CA) or our CA is not the cluster's.
                 let probe = self.maintenance_probe(&name, ip)?;
-                match probe.version().await {
+                return match probe.version().await {
+                    Ok(_) if self.lifecycle(&name).await?.install_seen => {
+                        // It had left maintenance mode with our config and is back there
+                        // without it: the install sequence failed and machined rebooted
+                        // (siderolabs/talos v1.13.9 internal/app/machined/main.go, handle).
+                        let why = "install failed: the node rebooted back into maintenance \
+                                   mode without its config (its console or `talosctl dmesg` \
+                                   shows the install error); run `talboot node rebuild` once \
+                                   fixed";
+                        let err = ProvisionError::InstallFailed {
+                            node: name.clone(),
+                            cause: why.into(),
+                        };
+                        self.fail(rec, why, err).await
+                    }
                     Ok(_) => {
                         self.check_install_deadline(rec, "still in maintenance mode".into())
                             .await
                     }
                     Err(TalosError::NotInMaintenance { .. }) => {
-                        self.fail(rec, &e.to_string(), self.talos_err(&name, e))
-                            .await
+                        // apid may have restarted between the two calls (maintenance → mTLS
+                        // right after the apply): only a second secured failure means our CA
+                        // is not the cluster's.
+                        match self.secured_route_quiet(&name, ip, true).await {
+                            Err(e @ TalosError::WrongCa { .. }) => {
+                                self.fail(rec, &e.to_string(), self.talos_err(&name, e))
+                                    .await
+                            }
+                            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
+                            Ok(_) => Ok(NodeStep::Waiting(
+                                "its API just restarted with mutual TLS".into(),
+                            )),
+                        }
                     }
                     Err(_) => self.check_install_deadline(rec, e.to_string()).await,
-                }
+                };
             }
-            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
+            Err(e) => return self.check_install_deadline(rec, e.to_string()).await,
+        };
+        if !self.lifecycle(&name).await?.install_seen {
+            self.update_lifecycle(&name, |l| l.install_seen = true)
+                .await?;
         }
+        let status = match client.machine_status().await {
+            Ok(s) => s,
+            Err(e) => {
+                self.event(
+                    &name,
+                    EventKind::Talos,
+                    format!("MachineStatus at {} failed: {e}", client.target()),
+                );
+                return self.check_install_deadline(rec, e.to_string()).await;
+            }
+        };
+        let stage = status.stage();
+        self.event(
+            &name,
+            EventKind::Talos,
+            format!(
+                "MachineStatus at {}: stage {}",
+                client.target(),
+                stage_name(stage)
+            ),
+        );
+        if stage == MachineStage::MachineStageRunning {
+            rec.talos_version = Some(tag.clone());
+            let why = format!("installed and booted from disk (machine stage running, {tag})");
+            return self.advance(rec, NodePhase::Ready, &why).await;
+        }
+        // A fatal sequence error sets the stage to rebooting (machine_status.go); the error
+        // itself is in the node's events until it reboots.
+        if stage == MachineStage::MachineStageRebooting {
+            match client.sequence_failures(EVENTS_IDLE).await {
+                Ok(failures) => {
+                    if let Some(f) = failures.iter().rev().find(|f| f.sequence == "install") {
+                        let why = format!("install failed: {}", f.message);
+                        let err = ProvisionError::InstallFailed {
+                            node: name.clone(),
+                            cause: f.message.clone(),
+                        };
+                        return self.fail(rec, &why, err).await;
+                    }
+                }
+                Err(e) => tracing::debug!(node = %name, error = %e, "Events unavailable"),
+            }
+        }
+        self.check_install_deadline(rec, format!("machine stage {}", stage_name(stage)))
+            .await
     }
 
     /// Secured `Version` of the node at `ip` (see [`Provisioner::secured_route`]).
@@ -503,8 +668,20 @@ impl Provisioner {
         name: &str,
         ip: Ipv4Addr,
     ) -> Result<(TalosClient, String), TalosError> {
+        self.secured_route_quiet(name, ip, false).await
+    }
+
+    /// [`Provisioner::secured_route`]; with `quiet`, a successful `Version` is not published
+    /// (the caller publishes what it learns next, so a poll adds one line, not two).
+    async fn secured_route_quiet(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        quiet: bool,
+    ) -> Result<(TalosClient, String), TalosError> {
+        let via = |s: &'static str| (s, quiet);
         let direct = self.secured_client(ip)?;
-        let first = self.version_event(name, &direct, "").await;
+        let first = self.version_event(name, &direct, via("")).await;
         let err = match first {
             Ok(tag) => return Ok((direct, tag)),
             Err(e) => e,
@@ -520,7 +697,9 @@ impl Provisioner {
             && relay_name != name
         {
             let relayed = self.secured_client(relay_ip)?.with_node(&ip.to_string())?;
-            let tag = self.version_event(name, &relayed, " (relayed)").await?;
+            let tag = self
+                .version_event(name, &relayed, via(" (relayed)"))
+                .await?;
             return Ok((relayed, tag));
         }
         Err(err)
@@ -530,10 +709,11 @@ impl Provisioner {
         &self,
         name: &str,
         client: &TalosClient,
-        via: &str,
+        (via, quiet): (&str, bool),
     ) -> Result<String, TalosError> {
         let result = client.version().await;
         match &result {
+            Ok(_) if quiet => {}
             Ok(v) => self.event(
                 name,
                 EventKind::Talos,
@@ -544,12 +724,11 @@ impl Provisioner {
                 ),
             ),
             Err(e) => {
-                self.event_unless_repeated(
+                self.event(
                     name,
                     EventKind::Talos,
                     format!("Version at {}{via} (secured) failed: {e}", client.target()),
-                )
-                .await
+                );
             }
         }
         result.map(|v| version_tag(&v))
@@ -572,7 +751,13 @@ impl Provisioner {
         rec: &mut NodeRecord,
     ) -> Result<NodeStep, ProvisionError> {
         let name = rec.name.clone();
+        let lifecycle = self.lifecycle(&name).await?;
         let Some(ip) = self.locate(node, rec).await? else {
+            if lifecycle.reset_at_unix.is_some() {
+                return Ok(NodeStep::Waiting(
+                    "reset requested; no address known to watch it come back".into(),
+                ));
+            }
             return self
                 .advance(
                     rec,
@@ -581,6 +766,9 @@ impl Provisioner {
                 )
                 .await;
         };
+        if let Some(at) = lifecycle.reset_at_unix {
+            return self.step_await_reset(rec, ip, at).await;
+        }
         // Secured first: a configured node is what a rebuild normally finds. Only when that
         // fails is the node perhaps already back in maintenance (an earlier reset landed).
         let client = match self.secured_route(&name, ip).await {
@@ -597,25 +785,49 @@ impl Provisioner {
                 )));
             }
         };
-        match client.reset(true, true).await {
+        let control_plane = self
+            .inventory()
+            .control_planes()
+            .any(|cp| cp.name.as_str() == name);
+        let last_voter = control_plane && self.is_last_voter(&client).await;
+        // A graceful reset leaves etcd first; etcd refuses to remove its last voting member,
+        // so on a single control plane the reset sequence would fail on the node after the
+        // RPC answered (siderolabs/talos v1.13.9 v1alpha1_sequencer.go, Reset: `leave`;
+        // internal/pkg/etcd/etcd.go, LeaveCluster). Rebuilding the only control plane means
+        // starting its cluster over, so it is reset without leaving, and bootstrapped again.
+        let graceful = !last_voter;
+        let now = self.now();
+        // Intent first: a restart after the call must wait for the reset, not call it again.
+        self.update_lifecycle(&name, move |l| l.reset_at_unix = Some(now))
+            .await?;
+        match client.reset(graceful, true).await {
             Ok(()) => {
+                let how = if graceful {
+                    "graceful".to_owned()
+                } else {
+                    "not graceful (last voting etcd member: it cannot leave etcd; the \
+                     cluster's etcd is wiped with it and bootstrapped again)"
+                        .to_owned()
+                };
                 self.event(
                     &name,
                     EventKind::Talos,
                     format!(
-                        "Reset at {}: graceful, wipe STATE+EPHEMERAL, reboot",
+                        "Reset at {}: {how}, wipe STATE+EPHEMERAL, reboot; waiting for it to \
+                         go down and come back in maintenance mode",
                         client.target()
                     ),
                 );
+                if last_voter {
+                    self.forget_bootstrap(&name).await?;
+                }
                 rec.talos_version = None;
-                self.advance(
-                    rec,
-                    NodePhase::Booting,
-                    "reset; waiting for it to boot into maintenance",
-                )
-                .await
+                self.save(rec).await?;
+                Ok(NodeStep::Advanced(NodePhase::Rebuilding))
             }
             Err(e) => {
+                self.update_lifecycle(&name, |l| l.reset_at_unix = None)
+                    .await?;
                 self.event(
                     &name,
                     EventKind::Talos,
@@ -626,6 +838,83 @@ impl Provisioner {
         }
     }
 
+    /// Whether the node `client` talks to is the only voting etcd member.
+    async fn is_last_voter(&self, client: &TalosClient) -> bool {
+        match client.etcd_member_list().await {
+            Ok(members) => members.iter().filter(|m| !m.is_learner).count() <= 1,
+            // No etcd (never bootstrapped): nothing to leave, a graceful reset skips `leave`.
+            Err(_) => false,
+        }
+    }
+
+    /// The Reset RPC answered at `reset_at`: the sequence runs on the node afterwards. Done
+    /// only when the maintenance API answers (the node went down, wiped, and came back
+    /// without a config); the old secured API answering means it is still resetting, or
+    /// the sequence failed and it rebooted with its config.
+    async fn step_await_reset(
+        &self,
+        rec: &mut NodeRecord,
+        ip: Ipv4Addr,
+        reset_at: u64,
+    ) -> Result<NodeStep, ProvisionError> {
+        let name = rec.name.clone();
+        let probe = self.maintenance_probe(&name, ip)?;
+        let still = match probe.version().await {
+            Ok(_) => {
+                self.update_lifecycle(&name, |l| {
+                    l.reset_at_unix = None;
+                    l.install_seen = false;
+                })
+                .await?;
+                return self
+                    .advance(
+                        rec,
+                        NodePhase::Maintenance,
+                        "reset done: back in maintenance mode",
+                    )
+                    .await;
+            }
+            Err(TalosError::NotInMaintenance { .. }) => {
+                // Configured still: a failed reset sequence says why in the events.
+                if let Ok((client, _)) = self.secured_route_quiet(&name, ip, true).await
+                    && let Ok(failures) = client.sequence_failures(EVENTS_IDLE).await
+                    && let Some(f) = failures.iter().rev().find(|f| f.sequence == "reset")
+                {
+                    let why = format!("reset failed on the node: {}", f.message);
+                    self.update_lifecycle(&name, |l| l.reset_at_unix = None)
+                        .await?;
+                    let err = ProvisionError::ResetFailed {
+                        node: name.clone(),
+                        cause: f.message.clone(),
+                    };
+                    return self.fail(rec, &why, err).await;
+                }
+                "still configured (resetting)".to_owned()
+            }
+            Err(e) => format!("down ({e})"),
+        };
+        let limit = self.settings().reset_timeout;
+        let elapsed = Duration::from_secs(self.now().saturating_sub(reset_at));
+        if elapsed >= limit {
+            self.update_lifecycle(&name, |l| l.reset_at_unix = None)
+                .await?;
+            let cause = format!(
+                "the node did not come back in maintenance mode within {limit:?} after Reset \
+                 answered (last: {still}); the reset did not happen"
+            );
+            let err = ProvisionError::ResetFailed {
+                node: name.clone(),
+                cause: cause.clone(),
+            };
+            return self
+                .fail(rec, &format!("rebuild failed: {cause}"), err)
+                .await;
+        }
+        Ok(NodeStep::Waiting(format!(
+            "reset requested; waiting for maintenance mode: {still}"
+        )))
+    }
+
     /// `talboot node rebuild NAME`: reopens the node's provisioning window, marks it
     /// Rebuilding (persisted before anything is called) and resets it, so its next boot gets
     /// its config again. Cluster steps already done (bootstrap) are not repeated.
@@ -633,6 +922,12 @@ impl Provisioner {
         self.node_def(name)?;
         let mut rec = self.record(name).await?;
         rec.provisioning_window_open = true;
+        // A new rebuild: forget an earlier reset that never finished.
+        self.update_lifecycle(name, |l| {
+            l.reset_at_unix = None;
+            l.install_seen = false;
+        })
+        .await?;
         self.set_phase(
             &mut rec,
             NodePhase::Rebuilding,

@@ -10,19 +10,29 @@
 //!   Reboot are refused with PermissionDenied "not authorized". ApplyConfiguration is allowed
 //!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
 //!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
-//! * After a full config is applied the node "installs" and "reboots": the listener goes away
-//!   and, after the optional [`BootHook`] (the simulated network boot), comes back
-//!   **Secured**, with a server certificate from the cluster OS CA in `machine.ca` (workers
-//!   hold no CA key and get theirs from a control plane, as trustd does). The handshake now requires a client certificate signed by that CA with
+//! * After a full config is applied in maintenance mode the reply goes out first; then, as
+//!   Talos v1.13.9 does (see [`install_sequence`]), apid restarts **Installing**: mTLS with a
+//!   server certificate from the cluster OS CA in `machine.ca` (workers hold no CA key and get
+//!   theirs from a control plane booted from disk, as trustd does), while the install
+//!   sequence pulls the installer, installs and kexecs, each taking its [`LifecycleTiming`]
+//!   share. Then the listener goes away and, after the optional [`BootHook`] (the simulated
+//!   network boot), comes back **Secured**, booted from disk; its boot sequence ends in
+//!   machine stage `running` (COSI `MachineStatuses.runtime.talos.dev`). An injected
+//!   [`InstallFailure`] is a fatal sequence error in the `Events` stream, and after machined's
+//!   countdown the machine comes back in maintenance mode. The handshake of the configured
+//!   API requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
 //!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
 //!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
 //!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
 //!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
 //!   chunks (a freshly minted admin kubeconfig, or the one set with
-//!   [`FakeCluster::set_kubeconfig`]); Reset of STATE+EPHEMERAL sends the node back to
-//!   maintenance (after the boot hook, like any reboot). The double accepts configs rendered
-//!   by talboot's own renderer (see the tests below).
+//!   [`FakeCluster::set_kubeconfig`]); Reset answers at once and its sequence runs afterwards
+//!   ([`reset_sequence`]): of STATE+EPHEMERAL it sends the node back to maintenance (after
+//!   the boot hook, like any reboot); a graceful reset of the last voting etcd member fails
+//!   on the node and it reboots configured. The double accepts configs rendered by talboot's
+//!   own renderer (see the tests below). Durations are [`LifecycleTiming::realistic`] scaled by
+//!   [`DEFAULT_TIME_SCALE`] unless a test sets its own.
 //!
 //! Start-up failures (address in use, certificates) are returned by
 //! [`FakeTalosNode::start`]; a later boot that fails parks the node in [`Phase::Failed`] with
@@ -64,7 +74,7 @@ use crate::talos::api::machine::{
 use crate::talos::api::storage::{
     self, storage_service_server::StorageService, storage_service_server::StorageServiceServer,
 };
-use crate::talos::api::talos::resource::definitions::{block, hardware};
+use crate::talos::api::talos::resource::definitions::{block, hardware, runtime};
 use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
@@ -81,9 +91,11 @@ pub enum BootReason {
     Installed,
     /// Rebooting after a Reset that wiped STATE; comes back in Maintenance.
     Reset,
-    /// A plain reboot of a configured node (Reboot, or a Reset that kept STATE); comes back
-    /// Secured.
+    /// A plain reboot of a configured node (Reboot, or a Reset that kept STATE, or a reset
+    /// sequence that failed); comes back Secured.
     Reboot,
+    /// Rebooting after a failed install: nothing on disk, so it comes back in Maintenance.
+    InstallFailed,
 }
 
 /// Runs the machine's network boot (DHCP, TFTP, HTTP) between two lives of its Talos API:
@@ -132,6 +144,77 @@ pub struct FakeNodeConfig {
     pub accept_only_from: Option<IpAddr>,
     /// The simulated network boot run before every boot but the first.
     pub boot_hook: Option<BootHook>,
+    /// How long the install, reboot and reset sequences take.
+    pub timing: LifecycleTiming,
+    /// Makes every install fail this way (the node then reboots back into maintenance mode).
+    pub install_failure: Option<InstallFailure>,
+}
+
+/// How long the asynchronous sequences of a Talos node take. [`LifecycleTiming::realistic`]
+/// holds durations of the order a real machine shows; [`FakeNodeConfig::new`] uses them
+/// scaled by [`DEFAULT_TIME_SCALE`], so tests and the demo keep the real ordering (every
+/// RPC answers before its sequence has done anything) without waiting minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LifecycleTiming {
+    /// ApplyConfiguration answered → apid serves mTLS with certificates from the config's CA
+    /// (secrets `APICertSANs`/`API` controllers, then `APIServiceConfigController`).
+    pub apid_restart: Duration,
+    /// Pulling the installer image (inside the `install` phase).
+    pub installer_pull: Duration,
+    /// Running the installer (partitioning, writing the boot assets).
+    pub install: Duration,
+    /// `meta`, `saveMeta`, `volumeFinalize`, `stopEverything` and `kexec` phases.
+    pub kexec: Duration,
+    /// Booted from disk → the `boot` sequence finished (stage `running`).
+    pub boot: Duration,
+    /// Reset sequence: drain, cleanup, leave etcd, stop services, wipe, then reboot.
+    pub reset: Duration,
+    /// After a fatal sequence error machined counts down before it reboots
+    /// (siderolabs/talos v1.13.9 `internal/app/machined/main.go`, `handle`: 10 s).
+    pub fatal_reboot: Duration,
+}
+
+/// The scale [`FakeNodeConfig::new`] applies to [`LifecycleTiming::realistic`]: 1/200, so a
+/// 75 s install takes under 0.4 s.
+pub const DEFAULT_TIME_SCALE: f64 = 1.0 / 200.0;
+
+impl LifecycleTiming {
+    /// Durations of the order a real machine on a lab network shows.
+    pub fn realistic() -> Self {
+        Self {
+            apid_restart: Duration::from_secs(1),
+            installer_pull: Duration::from_secs(30),
+            install: Duration::from_secs(25),
+            kexec: Duration::from_secs(5),
+            boot: Duration::from_secs(15),
+            reset: Duration::from_secs(20),
+            fatal_reboot: Duration::from_secs(10),
+        }
+    }
+
+    /// Every duration multiplied by `factor`.
+    pub fn scaled(self, factor: f64) -> Self {
+        let f = |d: Duration| d.mul_f64(factor);
+        Self {
+            apid_restart: f(self.apid_restart),
+            installer_pull: f(self.installer_pull),
+            install: f(self.install),
+            kexec: f(self.kexec),
+            boot: f(self.boot),
+            reset: f(self.reset),
+            fatal_reboot: f(self.fatal_reboot),
+        }
+    }
+}
+
+/// An install that fails, as the sequencer reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstallFailure {
+    /// The installer image cannot be pulled (registry unreachable, wrong reference); the
+    /// reason is what containerd said.
+    InstallerPull(String),
+    /// The installer ran and exited non-zero.
+    Install,
 }
 
 impl fmt::Debug for FakeNodeConfig {
@@ -146,6 +229,8 @@ impl fmt::Debug for FakeNodeConfig {
             .field("smbios", &self.smbios)
             .field("accept_only_from", &self.accept_only_from)
             .field("boot_hook", &self.boot_hook.as_ref().map(|_| "<hook>"))
+            .field("timing", &self.timing)
+            .field("install_failure", &self.install_failure)
             .finish()
     }
 }
@@ -177,6 +262,8 @@ impl FakeNodeConfig {
             smbios: true,
             accept_only_from: None,
             boot_hook: None,
+            timing: LifecycleTiming::realistic().scaled(DEFAULT_TIME_SCALE),
+            install_failure: None,
         }
     }
 
@@ -209,6 +296,9 @@ pub enum Phase {
     Booting,
     /// Serving the maintenance API.
     Maintenance,
+    /// Config applied in maintenance mode: serving the configured (mTLS) API while the
+    /// install sequence runs; not booted from disk yet.
+    Installing,
     /// Serving the configured (mTLS) API.
     Secured,
     /// Powered off after a reset without reboot.
@@ -293,6 +383,7 @@ impl FakeCluster {
         let mut bootstrapped = false;
         for node in &self.live_nodes() {
             if let NodeState::Installed(inst) = &*lock(&node.state)
+                && inst.on_disk
                 && inst.ca_cert_pem == ca_cert_pem
                 && inst.config.is_control_plane()
             {
@@ -318,7 +409,8 @@ impl FakeCluster {
         self.live_nodes().iter().find_map(|node| {
             let state = lock(&node.state);
             match &*state {
-                NodeState::Installed(inst) if inst.ca_cert_pem == ca_cert_pem => {
+                // trustd runs once booted from disk.
+                NodeState::Installed(inst) if inst.on_disk && inst.ca_cert_pem == ca_cert_pem => {
                     inst.os_ca.as_ref().map(|ca| ca.server(ips, names))
                 }
                 _ => None,
@@ -349,6 +441,8 @@ struct Installed {
     ca_cert_pem: String,
     os_ca: Option<SimCa>,
     etcd_bootstrapped: bool,
+    /// Booted from the installed disk (false while the install sequence runs).
+    on_disk: bool,
 }
 
 enum NodeState {
@@ -358,6 +452,8 @@ enum NodeState {
 }
 
 enum Lifecycle {
+    /// apid restarts with the TLS setup the node's state now calls for; the machine stays up.
+    RestartApi,
     Reboot(BootReason),
     Halt,
 }
@@ -385,6 +481,14 @@ struct Shared {
     phase: watch::Sender<Phase>,
     lifecycle: mpsc::UnboundedSender<Lifecycle>,
     stats: Stats,
+    /// The machine stage `runtime.MachineStatus` reports.
+    stage: Mutex<runtime::RuntimeMachineStage>,
+    /// The runtime events of the current boot (the `Events` RPC's history).
+    events: Mutex<Vec<machine::Event>>,
+    /// New events for open `Events` streams.
+    live_events: tokio::sync::broadcast::Sender<machine::Event>,
+    /// Fires when the owner stops the node: running sequences end with it.
+    stopped: watch::Receiver<bool>,
 }
 
 impl Shared {
@@ -415,12 +519,273 @@ impl Shared {
         Some(talos_install_disk(&install, &self.cfg.disks))
     }
 
+    /// apid restarts (new TLS setup); the machine keeps running.
+    fn go_down_api(&self) {
+        let _ = self.lifecycle.send(Lifecycle::RestartApi);
+    }
+
     fn installed(&self) -> Option<Installed> {
         match &*lock(&self.state) {
             NodeState::Installed(i) => Some((**i).clone()),
             _ => None,
         }
     }
+
+    /// Installed and booted from disk: etcd, trustd and kubelet run.
+    fn on_disk(&self) -> Option<Installed> {
+        self.installed().filter(|i| i.on_disk)
+    }
+
+    fn set_stage(&self, stage: runtime::RuntimeMachineStage) {
+        *lock(&self.stage) = stage;
+    }
+
+    /// Records a runtime event as machined publishes it: an `Any` with type URL
+    /// `talos/runtime/<message>` (siderolabs/talos v1.13.9
+    /// `internal/app/machined/pkg/runtime/events.go`).
+    fn publish<M: Message>(&self, name: &str, msg: &M) {
+        let n = {
+            let mut events = lock(&self.events);
+            let ev = machine::Event {
+                metadata: None,
+                data: Some(prost_types::Any {
+                    type_url: format!("talos/runtime/{name}"),
+                    value: msg.encode_to_vec(),
+                }),
+                id: format!("{:020}", events.len() + 1),
+                actor_id: String::new(),
+            };
+            events.push(ev.clone());
+            ev
+        };
+        let _ = self.live_events.send(n);
+    }
+
+    fn sequence_event(&self, sequence: &str, action: machine::sequence_event::Action) {
+        self.publish(
+            "machine.SequenceEvent",
+            &machine::SequenceEvent {
+                sequence: sequence.into(),
+                action: action as i32,
+                error: None,
+            },
+        );
+    }
+
+    fn phase_event(&self, phase: &str) {
+        self.publish(
+            "machine.PhaseEvent",
+            &machine::PhaseEvent {
+                phase: phase.into(),
+                action: machine::phase_event::Action::Start as i32,
+            },
+        );
+    }
+
+    /// A sequence failed: STOP (published by the sequencer's deferred call), then NOOP with
+    /// a FATAL error `sequence failed: ...`, which sets the stage to rebooting
+    /// (siderolabs/talos v1.13.9 `internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_controller.go`
+    /// `Run`/`run`; `internal/app/machined/pkg/controllers/runtime/machine_status.go`).
+    fn sequence_failed(&self, sequence: &str, err: &str) {
+        self.sequence_event(sequence, machine::sequence_event::Action::Stop);
+        self.publish(
+            "machine.SequenceEvent",
+            &machine::SequenceEvent {
+                sequence: sequence.into(),
+                action: machine::sequence_event::Action::Noop as i32,
+                error: Some(common::Error {
+                    code: common::Code::Fatal as i32,
+                    message: format!("sequence failed: {err}"),
+                    details: vec![],
+                }),
+            },
+        );
+        self.set_stage(runtime::RuntimeMachineStage::MachineStageRebooting);
+    }
+
+    /// Sleeps `d`, or returns false if the node is stopped meanwhile.
+    async fn pause(&self, d: Duration) -> bool {
+        let mut stopped = self.stopped.clone();
+        let slept = tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            _ = stopped.wait_for(|s| *s) => false,
+        };
+        slept && !*self.stopped.borrow()
+    }
+}
+
+/// The install sequence after a config was applied in maintenance mode, as the sequencer
+/// runs it (siderolabs/talos v1.13.9 `internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go`,
+/// `Install`: env, install, meta, saveMeta, volumeFinalize, stopEverything, kexec, reboot).
+/// apid restarts with mTLS first (`internal/app/machined/pkg/controllers/secrets/api.go`
+/// issues the certificates from `machine.ca`, `controllers/runtime/api_service_config.go`
+/// restarts apid), so the configured API answers during the whole install. A failed install
+/// is a fatal sequencer error: machined counts down and reboots (`internal/app/machined/main.go`,
+/// `handle`), and with no installation on disk the machine network-boots into maintenance
+/// mode again, its config gone with the RAM it was held in.
+async fn install_sequence(shared: Arc<Shared>, installed: Installed) {
+    use runtime::RuntimeMachineStage as Stage;
+    let t = shared.cfg.timing;
+    // `runningMaintenance` task stops: stage booting (machine_status.go, TaskEvent).
+    shared.set_stage(Stage::MachineStageBooting);
+    if !shared.pause(t.apid_restart).await {
+        return;
+    }
+    *lock(&shared.state) = NodeState::Installed(Box::new(installed));
+    shared.go_down_api();
+    shared.sequence_event("install", machine::sequence_event::Action::Start);
+    shared.phase_event("env");
+    shared.phase_event("install");
+    shared.set_stage(Stage::MachineStageInstalling);
+    if !shared.pause(t.installer_pull).await {
+        return;
+    }
+    let failure = match &shared.cfg.install_failure {
+        Some(InstallFailure::InstallerPull(reason)) => Some(format!(
+            "failed to pull image \"ghcr.io/siderolabs/installer:{TALOS_TAG}\": {reason}"
+        )),
+        _ => None,
+    };
+    let failure = match failure {
+        Some(f) => Some(f),
+        None => {
+            if !shared.pause(t.install).await {
+                return;
+            }
+            // The installer runs as containerd task "upgrade" (internal/pkg/install/install.go).
+            (shared.cfg.install_failure == Some(InstallFailure::Install))
+                .then(|| "task \"upgrade\" failed: exit code 1".to_owned())
+        }
+    };
+    if let Some(err) = failure {
+        shared.sequence_failed("install", &err);
+        if !shared.pause(t.fatal_reboot).await {
+            return;
+        }
+        *lock(&shared.state) = NodeState::Maintenance;
+        shared.go_down(Lifecycle::Reboot(BootReason::InstallFailed));
+        return;
+    }
+    for phase in [
+        "meta",
+        "saveMeta",
+        "volumeFinalize",
+        "stopEverything",
+        "kexec",
+    ] {
+        shared.phase_event(phase);
+    }
+    // The `kexec` phase of the install sequence: stage rebooting.
+    shared.set_stage(Stage::MachineStageRebooting);
+    if !shared.pause(t.kexec).await {
+        return;
+    }
+    if let NodeState::Installed(inst) = &mut *lock(&shared.state) {
+        inst.on_disk = true;
+    }
+    shared.go_down(Lifecycle::Reboot(BootReason::Installed));
+}
+
+/// The boot sequence of a machine booted from disk: stage booting until it finishes, then
+/// running (machine_status.go: SequenceEvent STOP of `boot` without error).
+async fn boot_sequence(shared: Arc<Shared>) {
+    shared.sequence_event("boot", machine::sequence_event::Action::Start);
+    if !shared.pause(shared.cfg.timing.boot).await {
+        return;
+    }
+    let on_disk = shared.on_disk().is_some();
+    let mut stage = lock(&shared.stage);
+    // Unless another sequence (a reset started meanwhile) took over.
+    if *stage == runtime::RuntimeMachineStage::MachineStageBooting && on_disk {
+        *stage = runtime::RuntimeMachineStage::MachineStageRunning;
+        drop(stage);
+        shared.sequence_event("boot", machine::sequence_event::Action::Stop);
+    }
+}
+
+/// The reset sequence started by the Reset RPC after it answered (siderolabs/talos v1.13.9
+/// `internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`, `Reset`: the sequence
+/// runs in a goroutine; `v1alpha1_sequencer.go`, `Reset`: drain, cleanup, dbus, leave (graceful,
+/// control planes), preReset, stop everything, wipe, reboot). A graceful reset of the last
+/// voting etcd member fails in `leave`: etcd refuses to remove the only voter, the sequence
+/// error is fatal and machined reboots with STATE untouched, so the node comes back configured.
+async fn reset_sequence(
+    shared: Arc<Shared>,
+    req: machine::ResetRequest,
+    wiped_state: bool,
+    wiped_ephemeral: bool,
+) {
+    use runtime::RuntimeMachineStage as Stage;
+    shared.sequence_event("reset", machine::sequence_event::Action::Start);
+    shared.set_stage(Stage::MachineStageResetting);
+    let t = shared.cfg.timing;
+    let last_voter = shared.installed().is_some_and(|inst| {
+        inst.config.is_control_plane()
+            && inst.etcd_bootstrapped
+            && shared.cluster.etcd_members(&inst.ca_cert_pem).len() == 1
+    });
+    if req.graceful && last_voter {
+        for phase in ["drain", "cleanup", "dbus", "leave"] {
+            shared.phase_event(phase);
+        }
+        if !shared.pause(t.reset / 2).await {
+            return;
+        }
+        let id = match shared.cfg.public_ip() {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6) as u64,
+        };
+        // LeaveEtcd → LeaveCluster → RemoveMemberByMemberID (internal/pkg/etcd/etcd.go);
+        // etcd's strict reconfiguration check refuses removing the last started voter.
+        shared.sequence_failed(
+            "reset",
+            &format!(
+                "failed to leave cluster: failed to remove member {id}: etcdserver: \
+                 re-configuration failed due to not enough started members"
+            ),
+        );
+        if !shared.pause(t.fatal_reboot).await {
+            return;
+        }
+        shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
+        return;
+    }
+    for phase in [
+        "drain",
+        "cleanup",
+        "dbus",
+        "leave",
+        "preReset",
+        "stopEverything",
+        "resetSpec",
+    ] {
+        shared.phase_event(phase);
+    }
+    if !shared.pause(t.reset).await {
+        return;
+    }
+    {
+        let mut state = lock(&shared.state);
+        if wiped_state {
+            // No config any more: next boot is maintenance mode (or nothing, if halted).
+            *state = if req.reboot {
+                NodeState::Maintenance
+            } else {
+                NodeState::Halted
+            };
+        } else if let NodeState::Installed(inst) = &mut *state
+            && wiped_ephemeral
+        {
+            inst.etcd_bootstrapped = false;
+        }
+    }
+    shared.go_down(if req.reboot && wiped_state {
+        Lifecycle::Reboot(BootReason::Reset)
+    } else if req.reboot {
+        Lifecycle::Reboot(BootReason::Reboot)
+    } else {
+        Lifecycle::Halt
+    });
 }
 
 /// A running fake Talos node. Dropping it stops it; [`FakeTalosNode::shutdown`] stops it and
@@ -438,7 +803,12 @@ impl FakeTalosNode {
     pub async fn start(cfg: FakeNodeConfig, cluster: &FakeCluster) -> Result<Self, SimError> {
         let (phase, _) = watch::channel(Phase::Booting);
         let (lifecycle, lifecycle_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
+            stage: Mutex::new(runtime::RuntimeMachineStage::MachineStageMaintenance),
+            events: Mutex::new(Vec::new()),
+            live_events: tokio::sync::broadcast::channel(256).0,
+            stopped: stop_rx.clone(),
             firewall: Arc::new(Mutex::new(cfg.accept_only_from)),
             cfg,
             cluster: cluster.clone(),
@@ -460,7 +830,6 @@ impl FakeTalosNode {
             .await
             .map_err(|source| SimError::Bind { addr, source })?;
         cluster.register(&shared);
-        let (stop, stop_rx) = watch::channel(false);
         let supervisor = tokio::spawn(supervise(
             shared.clone(),
             (*boot, listener),
@@ -632,6 +1001,8 @@ async fn supervise(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut first = Some(first);
+    // A fresh boot (not just an apid restart): new event history, stage from the state.
+    let mut rebooted = true;
     loop {
         let (boot, listener) = match first.take() {
             Some(first) => first,
@@ -640,12 +1011,34 @@ async fn supervise(
                     Ok(NextBoot::Up(boot)) => *boot,
                     Ok(NextBoot::AwaitingTrustd) => {
                         tracing::debug!(node = %shared.cfg.ip, "waiting for a control plane to issue the apid certificate");
-                        tokio::select! {
+                        // The machine runs on meanwhile (an install goes on): take its
+                        // lifecycle commands too.
+                        let cmd = tokio::select! {
                             _ = stop.wait_for(|s| *s) => {
                                 shared.phase.send_replace(Phase::Stopped);
                                 return;
                             }
                             _ = tokio::time::sleep(TRUSTD_RETRY) => continue,
+                            cmd = lifecycle.recv() => cmd,
+                        };
+                        match cmd {
+                            Some(Lifecycle::RestartApi) => continue,
+                            Some(Lifecycle::Reboot(reason)) => {
+                                rebooted = true;
+                                if !run_boot_hook(&shared, &mut stop, reason).await {
+                                    return;
+                                }
+                                continue;
+                            }
+                            Some(Lifecycle::Halt) => {
+                                park(&shared, &mut stop, Phase::Halted).await;
+                                shared.phase.send_replace(Phase::Stopped);
+                                return;
+                            }
+                            None => {
+                                shared.phase.send_replace(Phase::Stopped);
+                                return;
+                            }
                         }
                     }
                     Ok(NextBoot::Halted) => {
@@ -696,6 +1089,19 @@ async fn supervise(
                 }),
         );
         tracing::debug!(node = %shared.cfg.ip, phase = ?boot.phase, "simulated node up");
+        if std::mem::take(&mut rebooted) {
+            lock(&shared.events).clear();
+            match &*lock(&shared.state) {
+                NodeState::Maintenance => {
+                    shared.set_stage(runtime::RuntimeMachineStage::MachineStageMaintenance)
+                }
+                NodeState::Installed(inst) if inst.on_disk => {
+                    shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
+                    tokio::spawn(boot_sequence(shared.clone()));
+                }
+                _ => {}
+            }
+        }
         shared.phase.send_replace(boot.phase);
 
         let next = tokio::select! {
@@ -716,17 +1122,11 @@ async fn supervise(
         }
 
         match next {
+            Some(Lifecycle::RestartApi) => {}
             Some(Lifecycle::Reboot(reason)) => {
-                shared.phase.send_replace(Phase::Booting);
-                if let Some(hook) = shared.cfg.boot_hook.clone() {
-                    tracing::debug!(node = %shared.cfg.ip, ?reason, "simulated network boot");
-                    tokio::select! {
-                        () = hook(reason) => {}
-                        _ = stop.wait_for(|s| *s) => {
-                            shared.phase.send_replace(Phase::Stopped);
-                            return;
-                        }
-                    }
+                rebooted = true;
+                if !run_boot_hook(&shared, &mut stop, reason).await {
+                    return;
                 }
             }
             Some(Lifecycle::Halt) => {
@@ -740,6 +1140,28 @@ async fn supervise(
             }
         };
     }
+}
+
+/// The machine is down between two lives: runs the boot hook (the simulated network boot).
+/// False when the node was stopped meanwhile.
+async fn run_boot_hook(
+    shared: &Shared,
+    stop: &mut watch::Receiver<bool>,
+    reason: BootReason,
+) -> bool {
+    shared.phase.send_replace(Phase::Booting);
+    shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
+    if let Some(hook) = shared.cfg.boot_hook.clone() {
+        tracing::debug!(node = %shared.cfg.ip, ?reason, "simulated network boot");
+        tokio::select! {
+            () = hook(reason) => {}
+            _ = stop.wait_for(|s| *s) => {
+                shared.phase.send_replace(Phase::Stopped);
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Binds `addr` with SO_REUSEADDR so a reboot can rebind while old connections sit in
@@ -873,7 +1295,14 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
                 .with_client_cert_verifier(Arc::new(verifier))
                 .with_single_cert(chain, key)
                 .map_err(tls_err)?;
-            (tls, Phase::Secured)
+            (
+                tls,
+                if inst.on_disk {
+                    Phase::Secured
+                } else {
+                    Phase::Installing
+                },
+            )
         }
     };
     tls.alpn_protocols = vec![b"h2".to_vec()];
@@ -1282,6 +1711,50 @@ impl NodeApi {
             .collect()
     }
 
+    /// `runtime.MachineStatus` as `MachineStatusController` computes it
+    /// (siderolabs/talos v1.13.9 `internal/app/machined/pkg/controllers/runtime/machine_status.go`):
+    /// readiness checks (time, network, services, static pods, node Ready) only apply in the
+    /// booting and running stages; in every other stage (installing, rebooting, resetting,
+    /// maintenance) `ready` is true with no unmet conditions, so `ready` alone never says
+    /// "installed". The double models the services check only: a control plane's etcd runs
+    /// once bootstrapped.
+    fn machine_status(&self) -> runtime::MachineStatusSpec {
+        use runtime::RuntimeMachineStage as Stage;
+        let stage = *lock(&self.shared.stage);
+        let mut unmet = Vec::new();
+        if matches!(
+            stage,
+            Stage::MachineStageBooting | Stage::MachineStageRunning
+        ) {
+            match self.shared.on_disk() {
+                Some(inst) if inst.config.is_control_plane() && !inst.etcd_bootstrapped => {
+                    unmet.push(runtime::UnmetCondition {
+                        name: "services".into(),
+                        reason: "etcd not running".into(),
+                    });
+                }
+                Some(_) => {}
+                None => unmet.push(runtime::UnmetCondition {
+                    name: "services".into(),
+                    reason: "kubelet not running".into(),
+                }),
+            }
+            if stage == Stage::MachineStageBooting {
+                unmet.push(runtime::UnmetCondition {
+                    name: "staticPods".into(),
+                    reason: "boot sequence running".into(),
+                });
+            }
+        }
+        runtime::MachineStatusSpec {
+            stage: stage as i32,
+            status: Some(runtime::MachineStatusStatus {
+                ready: unmet.is_empty(),
+                unmet_conditions: unmet,
+            }),
+        }
+    }
+
     fn kubeconfig_for(&self, inst: &Installed) -> Result<Vec<u8>, Status> {
         use base64::engine::general_purpose::STANDARD;
         // Talos mints a fresh admin client certificate on every call.
@@ -1372,17 +1845,20 @@ impl MachineService for NodeApi {
             return Err(Status::invalid_argument("machine type can't be changed"));
         }
         *lock(&stats.last_config) = Some(text);
-        let etcd_bootstrapped = self.shared.installed().is_some_and(|i| i.etcd_bootstrapped);
-        *lock(&self.shared.state) = NodeState::Installed(Box::new(Installed {
+        let current = self.shared.installed();
+        let installed = Installed {
             ca_cert_pem: parsed.ca_cert_pem.clone(),
             config: parsed,
             os_ca,
-            etcd_bootstrapped,
-        }));
+            etcd_bootstrapped: current.as_ref().is_some_and(|i| i.etcd_bootstrapped),
+            on_disk: current.as_ref().is_some_and(|i| i.on_disk),
+        };
         if maintenance {
-            // Install, then kexec into the installed system: the maintenance API goes away.
-            self.shared
-                .go_down(Lifecycle::Reboot(BootReason::Installed));
+            // The reply goes out first; apid restarts with mTLS and the install sequence
+            // runs afterwards, asynchronously (see `install_sequence`).
+            tokio::spawn(install_sequence(self.shared.clone(), installed));
+        } else {
+            *lock(&self.shared.state) = NodeState::Installed(Box::new(installed));
         }
         Ok(Response::new(reply_apply(
             "Applied configuration without a reboot",
@@ -1407,6 +1883,12 @@ impl MachineService for NodeApi {
                 "bootstrap is only available on control plane nodes",
             ));
         }
+        if !inst.on_disk {
+            // etcd only runs once booted from disk (the install sequence stops everything).
+            return Err(Status::failed_precondition(
+                "bootstrap is not available yet",
+            ));
+        }
         if inst.etcd_bootstrapped {
             return Err(Status::already_exists("etcd data directory is not empty"));
         }
@@ -1427,7 +1909,7 @@ impl MachineService for NodeApi {
             "/machine.MachineService/EtcdMemberList",
             READ
         );
-        let inst = self.shared.installed();
+        let inst = self.shared.on_disk();
         let Some(inst) = inst.filter(|i| i.config.is_control_plane()) else {
             return Err(Status::failed_precondition(
                 "etcd is not running on this node",
@@ -1460,6 +1942,56 @@ impl MachineService for NodeApi {
                     .collect(),
             }],
         }))
+    }
+
+    type EventsStream =
+        Pin<Box<dyn Stream<Item = Result<machine::Event, Status>> + Send + 'static>>;
+
+    /// The runtime events of this boot (the history Talos keeps in memory), then every new
+    /// one until the caller hangs up (siderolabs/talos v1.13.9
+    /// `internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`, `Events`;
+    /// `tail_events` < 0 means all past events, `internal/app/machined/pkg/runtime/events.go`).
+    async fn events(
+        &self,
+        req: Request<machine::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
+        route_or_forward!(self, req, stream, "/machine.MachineService/Events", READ);
+        let tail = req.into_inner().tail_events;
+        let live = self.shared.live_events.subscribe();
+        let past: Vec<machine::Event> = {
+            let events = lock(&self.shared.events);
+            let keep = match usize::try_from(tail) {
+                Ok(n) => n.min(events.len()),
+                Err(_) => events.len(),
+            };
+            events[events.len() - keep..].to_vec()
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let mut live = live;
+        tokio::spawn(async move {
+            for ev in past {
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let ev = tokio::select! {
+                    () = tx.closed() => return,
+                    ev = live.recv() => ev,
+                };
+                match ev {
+                    Ok(ev) => {
+                        if tx.send(Ok(ev)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        let stream: Self::EventsStream = Box::pin(ReceiverStream::new(rx));
+        Ok(Response::new(stream))
     }
 
     type KubeconfigStream = DataStream;
@@ -1558,28 +2090,14 @@ impl MachineService for NodeApi {
                     .any(|s| s.label == label && s.wipe)
         };
         let wiped_state = wipes("STATE");
-        {
-            let mut state = lock(&self.shared.state);
-            if wiped_state {
-                // No config any more: next boot is maintenance mode (or nothing, if halted).
-                *state = if req.reboot {
-                    NodeState::Maintenance
-                } else {
-                    NodeState::Halted
-                };
-            } else if let NodeState::Installed(inst) = &mut *state
-                && wipes("EPHEMERAL")
-            {
-                inst.etcd_bootstrapped = false;
-            }
-        }
-        self.shared.go_down(if req.reboot && wiped_state {
-            Lifecycle::Reboot(BootReason::Reset)
-        } else if req.reboot {
-            Lifecycle::Reboot(BootReason::Reboot)
-        } else {
-            Lifecycle::Halt
-        });
+        // The RPC answers at once; the sequence runs afterwards (see `reset_sequence`).
+        let wiped_ephemeral = wipes("EPHEMERAL");
+        tokio::spawn(reset_sequence(
+            self.shared.clone(),
+            req,
+            wiped_state,
+            wiped_ephemeral,
+        ));
         Ok(Response::new(machine::ResetResponse {
             messages: vec![machine::Reset {
                 metadata: None,
@@ -1630,6 +2148,22 @@ impl MachineService for NodeApi {
                 features: Some(machine::FeaturesInfo { rbac: true }),
             }],
         }))
+    }
+}
+
+/// The stage as `talosctl get machinestatus` prints it (pkg/machinery/resources/runtime/machinestage.go).
+fn stage_name(stage: runtime::RuntimeMachineStage) -> &'static str {
+    use runtime::RuntimeMachineStage as Stage;
+    match stage {
+        Stage::MachineStageUnknown => "unknown",
+        Stage::MachineStageBooting => "booting",
+        Stage::MachineStageInstalling => "installing",
+        Stage::MachineStageMaintenance => "maintenance",
+        Stage::MachineStageRunning => "running",
+        Stage::MachineStageRebooting => "rebooting",
+        Stage::MachineStageShuttingDown => "shutting down",
+        Stage::MachineStageResetting => "resetting",
+        Stage::MachineStageUpgrading => "upgrading",
     }
 }
 
@@ -1698,6 +2232,25 @@ impl cosi::state_server::State for NodeApi {
     ) -> Result<Response<cosi::GetResponse>, Status> {
         route_or_forward!(self, req, unary, "/cosi.resource.State/Get", READ);
         let r = req.into_inner();
+        if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
+            == ("runtime", "MachineStatuses.runtime.talos.dev", "machine")
+        {
+            let spec = self.machine_status();
+            let yaml = format!(
+                "stage: {}\nstatus:\n  ready: {}\n",
+                stage_name(spec.stage()),
+                spec.status.as_ref().is_some_and(|s| s.ready)
+            );
+            return Ok(Response::new(cosi::GetResponse {
+                resource: Some(resource(
+                    &r.namespace,
+                    &r.r#type,
+                    &r.id,
+                    spec.encode_to_vec(),
+                    yaml,
+                )),
+            }));
+        }
         let known = (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
             == (
                 "hardware",
@@ -1957,6 +2510,7 @@ mod tests {
                 }
                 BootReason::Reboot => secured(node.addr()).reboot().await.unwrap(),
                 BootReason::Reset => secured(node.addr()).reset(false, true).await.unwrap(),
+                BootReason::InstallFailed => unreachable!("not in this list"),
             }
             assert_eq!(reasons.recv().await, Some(want));
             assert_eq!(node.phase(), Phase::Booting);
@@ -2035,6 +2589,198 @@ mod tests {
         cluster.set_kubeconfig(None);
         let again = String::from_utf8(client.kubeconfig().await.unwrap()).unwrap();
         assert!(again.contains("server: https://10.20.0.10:6443"), "{again}");
+        node.shutdown().await;
+    }
+
+    /// The machine stage the node reports now, over the secured API.
+    async fn stage(addr: SocketAddr) -> runtime::RuntimeMachineStage {
+        secured(addr).machine_status().await.unwrap().stage()
+    }
+
+    #[tokio::test]
+    async fn apply_answers_first_and_the_secured_api_answers_while_installing() {
+        use runtime::RuntimeMachineStage as Stage;
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(7, "rack1-cp-01");
+        cfg.timing.installer_pull = Duration::from_millis(600);
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        let m = maintenance(node.addr());
+        assert_eq!(
+            m.machine_status().await.unwrap().stage(),
+            Stage::MachineStageMaintenance
+        );
+        m.apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        // The reply came before anything happened: maintenance still answers for a moment.
+        assert_eq!(node.phase(), Phase::Maintenance);
+        node.wait_phase(Phase::Installing).await.unwrap();
+        // apid runs with mTLS from the config's CA while the installer is pulled: a secured
+        // Version answers, but the machine is not installed.
+        secured(node.addr()).version().await.unwrap();
+        assert_eq!(stage(node.addr()).await, Stage::MachineStageInstalling);
+        let status = secured(node.addr()).machine_status().await.unwrap();
+        assert!(
+            status.status.unwrap().ready,
+            "ready says nothing while installing"
+        );
+        // Bootstrap is not available before it runs from disk.
+        assert!(secured(node.addr()).bootstrap().await.is_err());
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let mut running = false;
+        for _ in 0..100 {
+            if stage(node.addr()).await == Stage::MachineStageRunning {
+                running = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            running,
+            "booted from disk, the boot sequence ends in stage running"
+        );
+        assert!(
+            secured(node.addr())
+                .sequence_failures(Duration::from_millis(100))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_install_is_a_fatal_sequence_error_then_maintenance_again() {
+        use runtime::RuntimeMachineStage as Stage;
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(8, "rack1-cp-01");
+        cfg.install_failure = Some(InstallFailure::InstallerPull(
+            "dial tcp: lookup ghcr.io: no such host".into(),
+        ));
+        cfg.timing.fatal_reboot = Duration::from_secs(2);
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Installing).await.unwrap();
+        let mut failures = Vec::new();
+        for _ in 0..100 {
+            failures = secured(node.addr())
+                .sequence_failures(Duration::from_millis(50))
+                .await
+                .unwrap();
+            if !failures.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].sequence, "install");
+        assert!(
+            failures[0]
+                .message
+                .starts_with("sequence failed: failed to pull image")
+                && failures[0].message.contains("no such host"),
+            "{failures:?}"
+        );
+        assert_eq!(stage(node.addr()).await, Stage::MachineStageRebooting);
+        // After the countdown it reboots; nothing was installed, so maintenance again.
+        node.wait_phase(Phase::Maintenance).await.unwrap();
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn reset_answers_at_once_and_the_sequence_runs_afterwards() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(9, "rack1-wk-01");
+        cfg.timing.reset = Duration::from_millis(600);
+        let cp = FakeTalosNode::start(node_cfg(10, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        maintenance(cp.addr())
+            .apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        cp.wait_phase(Phase::Secured).await.unwrap();
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-wk-01").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        secured(node.addr()).reset(true, true).await.unwrap();
+        // The old secured API still answers right after the reply...
+        secured(node.addr()).version().await.unwrap();
+        assert_eq!(
+            stage(node.addr()).await,
+            runtime::RuntimeMachineStage::MachineStageResetting
+        );
+        assert_eq!(node.phase(), Phase::Secured);
+        // ...and only later the node goes down and comes back in maintenance mode.
+        node.wait_phase(Phase::Maintenance).await.unwrap();
+        node.shutdown().await;
+        cp.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn graceful_reset_of_the_last_etcd_member_fails_after_the_rpc_answered() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(11, "rack1-cp-01");
+        cfg.timing.fatal_reboot = Duration::from_secs(2);
+        let (reasons_tx, mut reasons) = mpsc::unbounded_channel();
+        cfg.boot_hook = Some(Arc::new(move |reason| {
+            let _ = reasons_tx.send(reason);
+            Box::pin(async {})
+        }));
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let mut bootstrapped = false;
+        for _ in 0..100 {
+            if secured(node.addr()).bootstrap().await.is_ok() {
+                bootstrapped = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(bootstrapped);
+        assert_eq!(reasons.recv().await, Some(BootReason::Installed));
+        secured(node.addr()).reset(true, true).await.unwrap();
+        let mut failures = Vec::new();
+        for _ in 0..100 {
+            failures = secured(node.addr())
+                .sequence_failures(Duration::from_millis(50))
+                .await
+                .unwrap();
+            if !failures.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].sequence, "reset");
+        assert!(
+            failures[0].message.contains("failed to leave cluster"),
+            "{failures:?}"
+        );
+        // machined reboots after the fatal error, STATE untouched: configured again.
+        let reason = tokio::time::timeout(Duration::from_secs(10), reasons.recv())
+            .await
+            .expect("it reboots after the fatal error");
+        assert_eq!(reason, Some(BootReason::Reboot));
+        node.wait_phase(Phase::Secured).await.unwrap();
+        secured(node.addr()).version().await.unwrap();
+        // A reset that does not leave etcd works on the same node.
+        secured(node.addr()).reset(false, true).await.unwrap();
+        node.wait_phase(Phase::Maintenance).await.unwrap();
         node.shutdown().await;
     }
 

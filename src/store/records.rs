@@ -152,6 +152,34 @@ pub struct Event {
     pub kind: String,
     /// Human-readable detail.
     pub detail: String,
+    /// How many times it happened in a row: the same kind and detail appended again right
+    /// after it is folded into it (a node that is off fails the same probe on every poll).
+    /// Absent in rows written before folding existed, which count once.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u32,
+    /// When the last folded repeat happened (milliseconds since the Unix epoch); absent
+    /// while `count` is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_at_unix_ms: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Event {
+    /// The detail with the repeat count, as timelines show it: `detail (x3, last at ...)`.
+    pub fn display_detail(&self) -> String {
+        if self.count > 1 {
+            format!("{} (x{})", self.detail, self.count)
+        } else {
+            self.detail.clone()
+        }
+    }
 }
 
 /// Result of [`Store::compare_and_set_meta`](super::Store::compare_and_set_meta).

@@ -665,14 +665,31 @@ impl RedbStore {
             .next_back()
             .transpose()
             .map_err(|e| self.err(e))?
-            .map(|(k, _)| k.value().1);
-        let seq = last.unwrap_or(0) + 1;
+            .map(|(k, v)| (k.value().1, v.value().to_vec()));
+        // The same kind and detail right after itself is folded into the last row (its
+        // count grows), so a timeline says "refused (x40)" once instead of forty times.
+        // Older rows decode with count 1 (serde default): no schema bump is needed.
+        if let Some((seq, bytes)) = &last {
+            let mut prev: Event = self.decode("events", format_args!("{node}#{seq}"), bytes)?;
+            if prev.kind == kind && prev.detail == detail {
+                prev.count = prev.count.saturating_add(1);
+                prev.last_at_unix_ms = Some(at_unix_ms);
+                let bytes = self.encode(format_args!("event {seq} of node {node}"), &prev)?;
+                events
+                    .insert((node, *seq), bytes.as_slice())
+                    .map_err(|e| self.err(e))?;
+                return Ok(*seq);
+            }
+        }
+        let seq = last.map(|(s, _)| s).unwrap_or(0) + 1;
         let event = Event {
             seq,
             at_unix_ms,
             node: node.to_string(),
             kind: kind.to_string(),
             detail: detail.to_string(),
+            count: 1,
+            last_at_unix_ms: None,
         };
         let bytes = self.encode(format_args!("event {seq} of node {node}"), &event)?;
         events
@@ -942,6 +959,36 @@ mod tests {
     }
 
     #[test]
+    fn repeated_identical_events_fold_into_one_with_a_count() {
+        let (_d, s) = fresh();
+        let refused = "Version at 10.0.0.5:50000 (maintenance) failed: connection refused";
+        for at in 1..=40u64 {
+            assert_eq!(s.append_event("w1", "talos.call", refused, at).unwrap(), 1);
+        }
+        // Something else in between starts a new row; the same text after it is new again.
+        assert_eq!(
+            s.append_event("w1", "dhcp.ack", "acked 10.0.0.5", 50)
+                .unwrap(),
+            2
+        );
+        assert_eq!(s.append_event("w1", "talos.call", refused, 60).unwrap(), 3);
+        // Same detail, other kind: not folded.
+        assert_eq!(s.append_event("w1", "node.phase", refused, 70).unwrap(), 4);
+        let all = s.events("w1", 0, 100).unwrap();
+        assert_eq!(all.len(), 4);
+        assert_eq!((all[0].count, all[0].at_unix_ms), (40, 1));
+        assert_eq!(all[0].last_at_unix_ms, Some(40));
+        assert_eq!(all[0].display_detail(), format!("{refused} (x40)"));
+        assert_eq!((all[1].count, all[1].last_at_unix_ms), (1, None));
+        assert_eq!(all[2].display_detail(), refused);
+        // A row written before folding existed (no count field) reads as one occurrence.
+        let old: Event =
+            serde_json::from_str(r#"{"seq":1,"at_unix_ms":5,"node":"n","kind":"k","detail":"d"}"#)
+                .unwrap();
+        assert_eq!((old.count, old.last_at_unix_ms), (1, None));
+    }
+
+    #[test]
     fn reopen_keeps_data_and_continues_event_numbering() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
@@ -1116,7 +1163,9 @@ mod tests {
         {
             let s = open(&state).unwrap();
             for i in 1..=40u64 {
-                s.append_event("cp1", "k", &"x".repeat(200), i).unwrap();
+                // Distinct details: identical ones would fold into one row.
+                s.append_event("cp1", "k", &format!("{i:03}{}", "x".repeat(200)), i)
+                    .unwrap();
             }
             s.put_meta("step", b"bootstrapped").unwrap();
         }

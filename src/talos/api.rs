@@ -50,6 +50,10 @@ pub mod talos {
             pub mod hardware {
                 tonic::include_proto!("talos.resource.definitions.hardware");
             }
+            /// `talos.resource.definitions.runtime` (MachineStatusSpec).
+            pub mod runtime {
+                tonic::include_proto!("talos.resource.definitions.runtime");
+            }
         }
     }
 }

@@ -34,7 +34,7 @@ use super::api::machine::{
     reboot_request, reset_request,
 };
 use super::api::storage::{self, storage_service_client};
-use super::api::talos::resource::definitions::{block, hardware};
+use super::api::talos::resource::definitions::{block, hardware, runtime};
 use super::archive;
 use super::error::{CallContext, Rpc, TalosError, Target, classify, classify_code};
 use super::retry::{RetryPolicy, retry_idempotent};
@@ -106,6 +106,15 @@ pub struct ApplyOutcome {
     pub mode_details: String,
     /// Config validation warnings.
     pub warnings: Vec<String>,
+}
+
+/// A runtime sequence that failed on the node (from its `Events` stream).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceFailure {
+    /// The sequence, e.g. `install`, `reset`, `boot`.
+    pub sequence: String,
+    /// Talos's message, e.g. `sequence failed: ... error pulling image ...`.
+    pub message: String,
 }
 
 /// A disk as COSI `Disks.block.talos.dev` describes it.
@@ -475,6 +484,70 @@ impl TalosClient {
                 })
             })
             .collect()
+    }
+
+    /// COSI `runtime/MachineStatuses.runtime.talos.dev/machine`: the machine's stage
+    /// (booting, installing, maintenance, running, rebooting, resetting, ...) and readiness,
+    /// as Talos's `runtime.MachineStatusController` sets them from its sequence, phase and
+    /// task events (siderolabs/talos v1.13.9
+    /// `internal/app/machined/pkg/controllers/runtime/machine_status.go`). Served in
+    /// maintenance mode and configured alike.
+    pub async fn machine_status(&self) -> Result<runtime::MachineStatusSpec, TalosError> {
+        let res = self
+            .cosi_get("runtime", "MachineStatuses.runtime.talos.dev", "machine")
+            .await?;
+        let ctx = self.ctx(Rpc::CosiGet, self.deadlines.call);
+        decode_spec(&res, &ctx)
+    }
+
+    /// The failed runtime sequences of the node's current boot, oldest first, from `Events`
+    /// with every past event (`tail_events = -1`). A failed sequence is published as a
+    /// `SequenceEvent` with action NOOP and an error (code FATAL, message `sequence failed:
+    /// ...`) by the sequencer (siderolabs/talos v1.13.9
+    /// `internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_controller.go`, `Run`); LOCKED and
+    /// CANCELED errors are not failures (machined ignores them too, `internal/app/machined/main.go`).
+    /// The stream never ends by itself (it keeps watching), so it is read until `idle` passes
+    /// without a new event, under the call deadline.
+    pub async fn sequence_failures(
+        &self,
+        idle: Duration,
+    ) -> Result<Vec<SequenceFailure>, TalosError> {
+        let req = machine::EventsRequest {
+            tail_events: -1,
+            tail_id: String::new(),
+            tail_seconds: 0,
+            with_actor_id: String::new(),
+        };
+        self.streamed(
+            Rpc::Events,
+            self.deadlines.call,
+            self.machine(),
+            req,
+            |mut c, r| async move { c.events(r).await },
+            |mut stream| async move {
+                let mut out = Vec::new();
+                while let Ok(next) = tokio::time::timeout(idle, stream.message()).await {
+                    let Some(ev) = next? else { break };
+                    let Some(any) = ev.data else { continue };
+                    if any.type_url != "talos/runtime/machine.SequenceEvent" {
+                        continue;
+                    }
+                    let Ok(seq) = machine::SequenceEvent::decode(any.value.as_slice()) else {
+                        continue;
+                    };
+                    if let Some(err) = seq.error
+                        && err.code == crate::talos::api::common::Code::Fatal as i32
+                    {
+                        out.push(SequenceFailure {
+                            sequence: seq.sequence,
+                            message: err.message,
+                        });
+                    }
+                }
+                Ok(out)
+            },
+        )
+        .await
     }
 
     /// COSI `State.Get` of one resource. `NotFound` comes back as `Remote { code: NotFound }`.

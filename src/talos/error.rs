@@ -44,6 +44,8 @@ pub enum Rpc {
     Bootstrap,
     /// `/machine.MachineService/EtcdMemberList`
     EtcdMemberList,
+    /// `/machine.MachineService/Events`
+    Events,
     /// `/machine.MachineService/Kubeconfig`
     Kubeconfig,
     /// `/machine.MachineService/Reboot`
@@ -69,6 +71,7 @@ impl Rpc {
             Self::ApplyConfiguration => "/machine.MachineService/ApplyConfiguration",
             Self::Bootstrap => "/machine.MachineService/Bootstrap",
             Self::EtcdMemberList => "/machine.MachineService/EtcdMemberList",
+            Self::Events => "/machine.MachineService/Events",
             Self::Kubeconfig => "/machine.MachineService/Kubeconfig",
             Self::Reboot => "/machine.MachineService/Reboot",
             Self::Reset => "/machine.MachineService/Reset",
@@ -95,6 +98,7 @@ impl Rpc {
         matches!(
             self,
             Self::EtcdMemberList
+                | Self::Events
                 | Self::Kubeconfig
                 | Self::ServiceList
                 | Self::Version
