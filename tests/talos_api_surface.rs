@@ -405,3 +405,36 @@ async fn the_director_relays_as_apid_does() {
     worker.shutdown().await;
     cp.shutdown().await;
 }
+
+#[tokio::test]
+async fn trustd_signs_only_for_a_worker_with_the_control_planes_token() {
+    let cluster = FakeCluster::new();
+    let cp = FakeTalosNode::start(FakeNodeConfig::new(ip(40), "cp-40"), &cluster)
+        .await
+        .unwrap();
+    let worker = FakeTalosNode::start(FakeNodeConfig::new(ip(41), "worker-41"), &cluster)
+        .await
+        .unwrap();
+    let ca = SimCa::new_os_ca().unwrap();
+    maintenance(&cp)
+        .apply_configuration(machine_config("controlplane", &ca, ip(40), true).as_bytes())
+        .await
+        .unwrap();
+    cp.wait_phase(Phase::Secured).await.unwrap();
+    // Same OS CA, another machine.token (the first `token:` is machine.token).
+    let stranger = machine_config("worker", &ca, ip(40), false).replacen(
+        "token: abcdef.0123456789abcdef",
+        "token: zzzzzz.zzzzzzzzzzzzzzzz",
+        1,
+    );
+    maintenance(&worker)
+        .apply_configuration(stranger.as_bytes())
+        .await
+        .unwrap();
+    // trustd refuses the CSR, so apid never gets a certificate (the double retries every
+    // 250 ms).
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(worker.phase(), Phase::Booting);
+    worker.shutdown().await;
+    cp.shutdown().await;
+}

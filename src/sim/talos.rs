@@ -8,15 +8,17 @@
 //!   required, no client certificate asked for, every caller is `os:reader`, `node` headers
 //!   ignored. Version, Disks, ServiceList and COSI reads work; Bootstrap, Kubeconfig, Reset and
 //!   Reboot are refused with PermissionDenied "not authorized". ApplyConfiguration is allowed
-//!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
-//!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
+//!   and strict as Talos's config loader and validator are (see [`parse_config`]), with
+//!   their wording.
 //! * After a full config is applied the node "installs" and "reboots": the listener goes away
 //!   and, after the optional [`BootHook`] (the simulated network boot), comes back
 //!   **Secured**, with a server certificate from the cluster OS CA in `machine.ca` (workers
 //!   hold no CA key and get theirs from a control plane, as trustd does). The handshake now requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
-//!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
-//!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
+//!   A `node` header is relayed by a control plane to the named peer (itself included) with
+//!   an `os:impersonator` certificate and the caller's roles in `talos-role`, from the node's
+//!   own address; a worker serves a `node` naming itself and refuses any other with
+//!   PermissionDenied "no request forwarding", as apid's director does (see `NodeApi::route`). Bootstrap works once,
 //!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
 //!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
 //!   chunks (a freshly minted admin kubeconfig, or the one set with
@@ -305,16 +307,27 @@ impl FakeCluster {
 
     /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
     /// server certificate for a node that holds only the CA certificate (a worker).
+    ///
+    /// Talos v1.13.9: the worker's `APIController.generateWorker`
+    /// (`internal/app/machined/pkg/controllers/secrets/api.go`) sends a CSR to trustd on the
+    /// control planes, authenticated with its `machine.token` (`pkg/grpc/gen/remote.go`);
+    /// trustd accepts only its own `machine.token` (`internal/app/trustd/main.go`,
+    /// `tokenGetter`) and signs a server-only certificate (ExtKeyUsage serverAuth, no
+    /// Organization: `internal/app/trustd/internal/reg/reg.go`, `Certificate`). No control
+    /// plane, or a token no control plane knows: no certificate, and the worker retries.
     fn trustd_issue(
         &self,
         ca_cert_pem: &str,
+        token: &str,
         ips: &[IpAddr],
         names: &[&str],
     ) -> Option<Result<CertKey, PkiError>> {
         self.live_nodes().iter().find_map(|node| {
             let state = lock(&node.state);
             match &*state {
-                NodeState::Installed(inst) if inst.ca_cert_pem == ca_cert_pem => {
+                NodeState::Installed(inst)
+                    if inst.ca_cert_pem == ca_cert_pem && inst.config.token == token =>
+                {
                     inst.os_ca.as_ref().map(|ca| ca.server(ips, names))
                 }
                 _ => None,
@@ -327,6 +340,8 @@ impl FakeCluster {
 #[derive(Clone, Debug)]
 struct ParsedConfig {
     machine_type: String,
+    /// `machine.token`: what trustd authenticates workers with.
+    token: String,
     ca_cert_pem: String,
     ca_key_pem: Option<String>,
     cluster_name: String,
@@ -752,7 +767,9 @@ async fn accept_loop(
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
-            // grpc-go (hence apid) refuses clients that do not negotiate ALPN h2.
+            // grpc-go (hence apid) refuses clients that do not negotiate ALPN h2 (grpc-go
+            // `credentials/tls.go` enforces ALPN since v1.67; Talos v1.13.9 builds with a
+            // newer grpc-go, see its go.mod).
             if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return;
             }
@@ -812,7 +829,13 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
         .map_err(tls_err)?;
     let (mut tls, phase) = match installed {
         None => {
-            // A new throwaway CA on every maintenance boot, as Talos does.
+            // Maintenance (siderolabs/talos v1.13.9): a self-signed CA made anew on every
+            // boot and kept in memory only (`internal/app/machined/pkg/controllers/secrets/
+            // maintenance_root.go`), a server certificate from it
+            // (`secrets/api.go`, maintenance branch: ExtKeyUsage serverAuth,
+            // `SkipVerifyingClientCert`), and apid's server TLS in `tls.ServerOnly` mode: no
+            // client certificate is asked for (`internal/app/apid/pkg/provider/provider.go`,
+            // `ServerConfig`).
             let ca = SimCa::new_ca("talos-maintenance")?;
             let (chain, key) = server_identity(&ca.server(&ips, &[host])?)?;
             let tls = builder
@@ -822,11 +845,16 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
             (tls, Phase::Maintenance)
         }
         Some(inst) => {
+            // Secured: control planes sign apid's server certificate from `machine.ca`
+            // themselves (`secrets/api.go`, `generateControlPlane`), workers get theirs from
+            // trustd (`FakeCluster::trustd_issue`); apid then requires and verifies a client
+            // certificate against the OS CA (`provider.go`, `ServerConfig`: `tls.Mutual`) and
+            // checks its ExtKeyUsage (`internal/app/apid/service.go`, `verifyExtKeyUsage`).
             let cert = match &inst.os_ca {
                 Some(ca) => ca.server(&ips, &[host])?,
                 None => match shared
                     .cluster
-                    .trustd_issue(&inst.ca_cert_pem, &ips, &[host])
+                    .trustd_issue(&inst.ca_cert_pem, &inst.config.token, &ips, &[host])
                 {
                     Some(cert) => cert?,
                     None => return Ok(NextBoot::AwaitingTrustd),
@@ -850,7 +878,9 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
 }
 
 /// apid's client certificate check: chain to the OS CA (webpki, which also wants clientAuth
-/// among the EKUs) and then ExtKeyUsage exactly `[ClientAuth]`.
+/// among the EKUs) and then ExtKeyUsage exactly `[ClientAuth]` on every non-CA certificate of
+/// the chain (`internal/app/apid/service.go`, `verifyExtKeyUsage`, siderolabs/talos v1.13.9;
+/// the double's chains have no intermediates, so that is the leaf).
 #[derive(Debug)]
 struct TalosClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -1241,6 +1271,7 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
     Ok(Some(ParsedConfig {
         cluster_name: text_at(&["cluster", "clusterName"]).unwrap_or_default(),
         endpoint: text_at(&["cluster", "controlPlane", "endpoint"]).unwrap_or_default(),
+        token: text_at(&["machine", "token"]).unwrap_or_default(),
         machine_type,
         ca_cert_pem,
         ca_key_pem,
