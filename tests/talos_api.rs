@@ -79,13 +79,28 @@ fn machine_config(machine_type: &str, ca: &SimCa, endpoint_ip: IpAddr) -> String
            clusterName: lab\n  \
            controlPlane:\n    \
              endpoint: https://{endpoint_ip}:6443\n  \
-           token: abcdef.0123456789abcdef\n\
+           token: abcdef.0123456789abcdef\n  \
+           ca:\n    \
+             crt: {k8s_crt}\n    \
+             key: \"{k8s_key}\"\n\
          ---\n\
          apiVersion: v1alpha1\n\
          kind: HostnameConfig\n\
          auto: stable\n",
         crt = b64(&ca.cert_pem),
+        k8s_crt = b64(&k8s_ca().cert_pem),
+        k8s_key = if machine_type != "worker" {
+            b64(&k8s_ca().key_pem_talos_label())
+        } else {
+            String::new()
+        },
     )
+}
+
+/// The Kubernetes CA (`cluster.ca`) every config of this test binary carries.
+fn k8s_ca() -> &'static SimCa {
+    static CA: std::sync::OnceLock<SimCa> = std::sync::OnceLock::new();
+    CA.get_or_init(|| SimCa::new_ca("kubernetes").unwrap())
 }
 
 #[tokio::test]

@@ -62,6 +62,34 @@ async fn raw(addr: SocketAddr, ca: &SimCa, roles: &[&str]) -> Channel {
         .unwrap()
 }
 
+/// Opens TLS to `addr` (any server certificate, no client certificate), offering ALPN h2 or
+/// nothing, and returns how many bytes the server sends first (0: it hung up).
+async fn first_bytes(addr: SocketAddr, alpn: bool) -> usize {
+    use tokio::io::AsyncReadExt;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        talboot::talos::tls::ring_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(talboot::talos::tls::MaintenanceVerifier::new())
+    .with_no_client_auth();
+    if alpn {
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(std::time::Duration::from_secs(5), tls.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
 /// A request with extra metadata (each pair appended, so a key may repeat).
 fn with_meta<T>(msg: T, meta: &[(&'static str, &str)]) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
@@ -98,13 +126,28 @@ fn machine_config(machine_type: &str, ca: &SimCa, endpoint_ip: IpAddr, with_key:
            clusterName: lab\n  \
            controlPlane:\n    \
              endpoint: https://{endpoint_ip}:6443\n  \
-           token: abcdef.0123456789abcdef\n\
+           token: abcdef.0123456789abcdef\n  \
+           ca:\n    \
+             crt: {k8s_crt}\n    \
+             key: \"{k8s_key}\"\n\
          ---\n\
          apiVersion: v1alpha1\n\
          kind: HostnameConfig\n\
          auto: stable\n",
         crt = b64(&ca.cert_pem),
+        k8s_crt = b64(&k8s_ca().cert_pem),
+        k8s_key = if machine_type != "worker" {
+            b64(&k8s_ca().key_pem_talos_label())
+        } else {
+            String::new()
+        },
     )
+}
+
+/// The Kubernetes CA (`cluster.ca`) every config of this test binary carries.
+fn k8s_ca() -> &'static SimCa {
+    static CA: std::sync::OnceLock<SimCa> = std::sync::OnceLock::new();
+    CA.get_or_init(|| SimCa::new_ca("kubernetes").unwrap())
 }
 
 /// The InvalidArgument message of a refused apply.
@@ -160,6 +203,19 @@ async fn maintenance_answers_as_talos_does() {
         ]
     );
     assert!(services.iter().all(|s| s.health.is_some()), "{services:?}");
+
+    // grpc-go hangs up on a client that negotiated no ALPN; with h2 the server speaks first
+    // (its SETTINGS frame).
+    assert_eq!(first_bytes(node.addr(), false).await, 0);
+    assert!(first_bytes(node.addr(), true).await > 0);
+
+    // Documents without the v1alpha1 one are accepted in maintenance; the node waits on.
+    let outcome = client
+        .apply_configuration(b"apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n")
+        .await
+        .unwrap();
+    assert_eq!(outcome.mode_details, "Applied configuration without a reboot");
+    assert_eq!(node.phase(), Phase::Maintenance);
 
     // EtcdMemberList is a reader call, so it reaches the handler, which has no machine type.
     let err = client.etcd_member_list().await.unwrap_err();
@@ -346,6 +402,18 @@ async fn the_director_relays_as_apid_does() {
         messages += 1;
     }
     assert_eq!(messages, 1);
+    // ... and the kubeconfig names the Kubernetes CA (cluster.ca), not the OS CA.
+    let kubeconfig = String::from_utf8(secured(cp.addr(), &ca).kubeconfig().await.unwrap()).unwrap();
+    let ca_data = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+        .unwrap();
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(ca_data)
+            .unwrap(),
+        k8s_ca().cert_pem.as_bytes()
+    );
 
     // Control-plane-only calls on a worker; services by machine type.
     let on_worker = secured(worker.addr(), &ca);

@@ -342,6 +342,9 @@ struct ParsedConfig {
     machine_type: String,
     /// `machine.token`: what trustd authenticates workers with.
     token: String,
+    /// `cluster.ca` (PEM certificate, PEM key if present): the Kubernetes CA the
+    /// kubeconfig names.
+    cluster_ca: Option<(String, Option<String>)>,
     ca_cert_pem: String,
     ca_key_pem: Option<String>,
     cluster_name: String,
@@ -1152,6 +1155,16 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
     let ca_crt = text_at(&["machine", "ca", "crt"]).filter(|c| !c.is_empty());
     let ca_key = text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty());
     let ca_cert_pem = ca_crt.as_deref().map(|c| b64("machine.ca.crt", c)).transpose()?;
+    let cluster_ca = match text_at(&["cluster", "ca", "crt"]).filter(|c| !c.is_empty()) {
+        Some(crt) => Some((
+            b64("cluster.ca.crt", &crt)?,
+            text_at(&["cluster", "ca", "key"])
+                .filter(|k| !k.is_empty())
+                .map(|k| b64("cluster.ca.key", &k))
+                .transpose()?,
+        )),
+        None => None,
+    };
     let ca_key_pem = ca_key.as_deref().map(|k| b64("machine.ca.key", k)).transpose()?;
 
     // `Config.Validate`, in its order.
@@ -1272,6 +1285,7 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
         cluster_name: text_at(&["cluster", "clusterName"]).unwrap_or_default(),
         endpoint: text_at(&["cluster", "controlPlane", "endpoint"]).unwrap_or_default(),
         token: text_at(&["machine", "token"]).unwrap_or_default(),
+        cluster_ca,
         machine_type,
         ca_cert_pem,
         ca_key_pem,
@@ -1689,10 +1703,32 @@ impl NodeApi {
             .collect()
     }
 
+    /// `pkg/kubeconfig/generate.go`, `GenerateAdmin` (siderolabs/talos v1.13.9): cluster
+    /// `cluster.clusterName`, server `cluster.controlPlane.endpoint`, CA data the Kubernetes
+    /// CA (`cluster.ca.crt`, not the OS CA), user and context `admin@<cluster>`, namespace
+    /// `default`, and a client certificate minted on every call from `cluster.ca` (Talos:
+    /// CN=admin, O=system:masters, clientAuth). Without `cluster.ca` Talos cannot build the
+    /// CA and the call fails. The double signs with `cluster.ca` when it can load the key and
+    /// falls back to a self-signed admin certificate otherwise (nothing in talboot verifies
+    /// that signature); its CN is not Talos's.
     fn kubeconfig_for(&self, inst: &Installed) -> Result<Vec<u8>, Status> {
         use base64::engine::general_purpose::STANDARD;
-        // Talos mints a fresh admin client certificate on every call.
-        let admin = pki::kube_admin_cert().map_err(|e| Status::internal(e.to_string()))?;
+        let (k8s_ca, k8s_key) = inst.config.cluster_ca.as_ref().ok_or_else(|| {
+            Status::unknown("error getting Kubernetes CA: cluster.ca is not set")
+        })?;
+        let signed = k8s_key.as_deref().and_then(|key| {
+            let key = String::from_utf8(crate::talos::tls::normalize_key_pem(key.as_bytes())).ok()?;
+            let ca = SimCa::from_pem(k8s_ca, &key).ok()?;
+            ca.client(
+                &["system:masters"],
+                vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+            )
+            .ok()
+        });
+        let admin = match signed {
+            Some(admin) => admin,
+            None => pki::kube_admin_cert().map_err(|e| Status::internal(e.to_string()))?,
+        };
         let cluster = &inst.config.cluster_name;
         Ok(format!(
             "apiVersion: v1\nkind: Config\nclusters:\n  - name: {cluster}\n    cluster:\n      \
@@ -1702,7 +1738,7 @@ impl NodeApi {
              namespace: default\n      user: admin@{cluster}\n    name: admin@{cluster}\n\
              current-context: admin@{cluster}\n",
             endpoint = inst.config.endpoint,
-            ca = STANDARD.encode(&inst.ca_cert_pem),
+            ca = STANDARD.encode(k8s_ca),
             crt = STANDARD.encode(&admin.cert_pem),
             key = STANDARD.encode(&admin.key_pem),
         )
