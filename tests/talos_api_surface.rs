@@ -214,7 +214,10 @@ async fn maintenance_answers_as_talos_does() {
         .apply_configuration(b"apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n")
         .await
         .unwrap();
-    assert_eq!(outcome.mode_details, "Applied configuration without a reboot");
+    assert_eq!(
+        outcome.mode_details,
+        "Applied configuration without a reboot"
+    );
     assert_eq!(node.phase(), Phase::Maintenance);
 
     // EtcdMemberList is a reader call, so it reaches the handler, which has no machine type.
@@ -269,7 +272,9 @@ async fn apply_refusals_carry_the_loader_and_validator_wording() {
     // Validate: the rules and their order.
     assert_eq!(
         refused(&client, &machine_config("worker", &ca, ip(20), true)).await,
-        validation(&["issuing Talos API CA key is not allowed on non-controlplane nodes (.machine.ca)"])
+        validation(&[
+            "issuing Talos API CA key is not allowed on non-controlplane nodes (.machine.ca)"
+        ])
     );
     assert_eq!(
         refused(&client, &cp.replace("disk: /dev/sda", "wipe: false")).await,
@@ -339,7 +344,12 @@ async fn the_director_relays_as_apid_does() {
         .version()
         .await
         .unwrap();
-    via_worker.with_node("worker-31").unwrap().version().await.unwrap();
+    via_worker
+        .with_node("worker-31")
+        .unwrap()
+        .version()
+        .await
+        .unwrap();
     assert!(!worker.served().last().unwrap().relayed);
     let err = via_worker
         .with_node("127.0.143.30")
@@ -358,12 +368,16 @@ async fn the_director_relays_as_apid_does() {
     assert_eq!(st.code(), tonic::Code::Internal, "{st:?}");
     assert_eq!(st.message(), "invalid target \"127.0.143.31:50000\"");
     let st = machine_api
-        .version(with_meta((), &[("node", "127.0.143.31"), ("node", "127.0.143.30")]))
+        .version(with_meta(
+            (),
+            &[("node", "127.0.143.31"), ("node", "127.0.143.30")],
+        ))
         .await
         .unwrap_err();
     assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
     assert_eq!(st.message(), "node metadata must be single-valued");
-    let mut state_api = cosi::state_client::StateClient::new(raw(cp.addr(), &ca, &["os:admin"]).await);
+    let mut state_api =
+        cosi::state_client::StateClient::new(raw(cp.addr(), &ca, &["os:admin"]).await);
     let st = state_api
         .get(with_meta(
             cosi::GetRequest::default(),
@@ -403,7 +417,8 @@ async fn the_director_relays_as_apid_does() {
     }
     assert_eq!(messages, 1);
     // ... and the kubeconfig names the Kubernetes CA (cluster.ca), not the OS CA.
-    let kubeconfig = String::from_utf8(secured(cp.addr(), &ca).kubeconfig().await.unwrap()).unwrap();
+    let kubeconfig =
+        String::from_utf8(secured(cp.addr(), &ca).kubeconfig().await.unwrap()).unwrap();
     let ca_data = kubeconfig
         .lines()
         .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))

@@ -855,10 +855,12 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
             // checks its ExtKeyUsage (`internal/app/apid/service.go`, `verifyExtKeyUsage`).
             let cert = match &inst.os_ca {
                 Some(ca) => ca.server(&ips, &[host])?,
-                None => match shared
-                    .cluster
-                    .trustd_issue(&inst.ca_cert_pem, &inst.config.token, &ips, &[host])
-                {
+                None => match shared.cluster.trustd_issue(
+                    &inst.ca_cert_pem,
+                    &inst.config.token,
+                    &ips,
+                    &[host],
+                ) {
                     Some(cert) => cert?,
                     None => return Ok(NextBoot::AwaitingTrustd),
                 },
@@ -1018,8 +1020,7 @@ fn validate_endpoint(ep: &str) -> Result<(), String> {
     let rest = ep.split_once("://").map_or("", |(_, r)| r);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host_port.matches(':').count() > 2 && !(host_port.contains('[') && host_port.contains(']'))
-    {
+    if host_port.matches(':').count() > 2 && !(host_port.contains('[') && host_port.contains(']')) {
         return Err("IPv6 addresses MUST be enclosed by square brackets".into());
     }
     let (host, port) = if let Some(r) = host_port.strip_prefix('[') {
@@ -1154,7 +1155,10 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
     };
     let ca_crt = text_at(&["machine", "ca", "crt"]).filter(|c| !c.is_empty());
     let ca_key = text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty());
-    let ca_cert_pem = ca_crt.as_deref().map(|c| b64("machine.ca.crt", c)).transpose()?;
+    let ca_cert_pem = ca_crt
+        .as_deref()
+        .map(|c| b64("machine.ca.crt", c))
+        .transpose()?;
     let cluster_ca = match text_at(&["cluster", "ca", "crt"]).filter(|c| !c.is_empty()) {
         Some(crt) => Some((
             b64("cluster.ca.crt", &crt)?,
@@ -1165,7 +1169,10 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
         )),
         None => None,
     };
-    let ca_key_pem = ca_key.as_deref().map(|k| b64("machine.ca.key", k)).transpose()?;
+    let ca_key_pem = ca_key
+        .as_deref()
+        .map(|k| b64("machine.ca.key", k))
+        .transpose()?;
 
     // `Config.Validate`, in its order.
     let mut errors: Vec<String> = Vec::new();
@@ -1272,9 +1279,8 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
     }
 
     // What the double itself needs to serve TLS with this config.
-    let ca_cert_pem = ca_cert_pem.ok_or(
-        "the test double needs machine.ca.crt (acceptedCAs alone are not simulated)",
-    )?;
+    let ca_cert_pem = ca_cert_pem
+        .ok_or("the test double needs machine.ca.crt (acceptedCAs alone are not simulated)")?;
     if CertificateDer::pem_slice_iter(ca_cert_pem.as_bytes())
         .next()
         .is_none_or(|c| c.is_err())
@@ -1713,11 +1719,13 @@ impl NodeApi {
     /// that signature); its CN is not Talos's.
     fn kubeconfig_for(&self, inst: &Installed) -> Result<Vec<u8>, Status> {
         use base64::engine::general_purpose::STANDARD;
-        let (k8s_ca, k8s_key) = inst.config.cluster_ca.as_ref().ok_or_else(|| {
-            Status::unknown("error getting Kubernetes CA: cluster.ca is not set")
-        })?;
+        let (k8s_ca, k8s_key) =
+            inst.config.cluster_ca.as_ref().ok_or_else(|| {
+                Status::unknown("error getting Kubernetes CA: cluster.ca is not set")
+            })?;
         let signed = k8s_key.as_deref().and_then(|key| {
-            let key = String::from_utf8(crate::talos::tls::normalize_key_pem(key.as_bytes())).ok()?;
+            let key =
+                String::from_utf8(crate::talos::tls::normalize_key_pem(key.as_bytes())).ok()?;
             let ca = SimCa::from_pem(k8s_ca, &key).ok()?;
             ca.client(
                 &["system:masters"],

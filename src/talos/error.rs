@@ -612,7 +612,10 @@ mod tests {
         // What a worker's apid answers to a `node` header naming another node.
         let mut relayed = ctx(Rpc::Version, false);
         relayed.target.node = Some("10.0.0.6".into());
-        let err = classify(&Status::permission_denied("no request forwarding"), &relayed);
+        let err = classify(
+            &Status::permission_denied("no request forwarding"),
+            &relayed,
+        );
         assert!(matches!(err, TalosError::NoForwarding { .. }), "{err:?}");
         assert!(err.to_string().contains("control plane"), "{err}");
         assert!(!err.to_string().contains("Organization"), "{err}");
