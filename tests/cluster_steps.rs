@@ -535,7 +535,8 @@ mod from_talos {
                 "version: v1alpha1\nmachine:\n  type: controlplane\n  token: \
                  abcdef.0123456789abcdef\n  ca:\n    crt: {crt}\n    key: \"{key}\"\n  \
                  install:\n    disk: /dev/sda\ncluster:\n  clusterName: steps\n  \
-                 controlPlane:\n    endpoint: https://127.0.{NET}.100:6443\n",
+                 controlPlane:\n    endpoint: https://127.0.{NET}.100:6443\n  ca:\n    \
+                 crt: {crt}\n    key: \"{key}\"\n",
                 crt = STANDARD.encode(&self.ca.cert_pem),
                 key = STANDARD.encode(self.ca.key_pem_talos_label()),
             )

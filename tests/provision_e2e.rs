@@ -29,7 +29,8 @@ use talboot::talos::api::machine::apply_configuration_request::Mode;
 use talboot::talos::{ClientCreds, TalosClient, TalosError};
 
 /// The test renderer: a minimal v1alpha1 config with the OS CA from the test PKI (control
-/// planes get the key too), the machine type from the node's role and its install target.
+/// planes get the key too), the machine type from the node's role and its install target. The
+/// same CA stands in for the Kubernetes CA (`cluster.ca`), which Talos needs for a kubeconfig.
 struct TestRenderer {
     inventory: Arc<Inventory>,
     ca: SimCa,
@@ -67,7 +68,8 @@ impl ConfigRenderer for TestRenderer {
         Ok(format!(
             "version: v1alpha1\nmachine:\n  type: {ty}\n  token: abcdef.0123456789abcdef\n  \
              ca:\n    crt: {crt}\n    key: \"{key}\"\n  install:\n    {install}\n\
-             cluster:\n  clusterName: {name}\n  controlPlane:\n    endpoint: {ep}\n",
+             cluster:\n  clusterName: {name}\n  controlPlane:\n    endpoint: {ep}\n  \
+             ca:\n    crt: {crt}\n    key: \"{key}\"\n",
             ty = if cp { "controlplane" } else { "worker" },
             crt = STANDARD.encode(&self.ca.cert_pem),
             name = self.inventory.cluster.name.as_str(),

@@ -8,8 +8,8 @@
 //!   required, no client certificate asked for, every caller is `os:reader`, `node` headers
 //!   ignored. Version, Disks, ServiceList and COSI reads work; Bootstrap, Kubeconfig, Reset and
 //!   Reboot are refused with PermissionDenied "not authorized". ApplyConfiguration is allowed
-//!   and strict: the YAML must be Talos documents, the v1alpha1 one with a known
-//!   `machine.type`, a base64-PEM `machine.ca`, an endpoint and an install disk.
+//!   and strict as Talos's config loader and validator are (see [`parse_config`]), with
+//!   their wording.
 //! * After a full config is applied in maintenance mode the reply goes out first; then, as
 //!   Talos v1.13.9 does (see [`install_sequence`]), apid restarts **Installing**: mTLS with a
 //!   server certificate from the cluster OS CA in `machine.ca` (workers hold no CA key and get
@@ -22,11 +22,13 @@
 //!   countdown the machine comes back in maintenance mode. The handshake of the configured
 //!   API requires a client certificate signed by that CA with
 //!   ExtKeyUsage exactly clientAuth; roles come from its Organization (`os:admin`, ...).
-//!   A `node` header is relayed to the named peer with an `os:impersonator` certificate and
-//!   the caller's roles in `talos-role`, from the node's own address. Bootstrap works once,
+//!   A `node` header is relayed by a control plane to the named peer (itself included) with
+//!   an `os:impersonator` certificate and the caller's roles in `talos-role`, from the node's
+//!   own address; a worker serves a `node` naming itself and refuses any other with
+//!   PermissionDenied "no request forwarding", as apid's director does (see `NodeApi::route`). Bootstrap works once,
 //!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
-//!   the cluster, as the others join by themselves); Kubeconfig streams a `.tar.gz` in several
-//!   chunks (a freshly minted admin kubeconfig, or the one set with
+//!   the cluster, as the others join by themselves); Kubeconfig streams one message holding a `.tar.gz`
+//!   whose tar is left unterminated, as Talos writes it (a freshly minted admin kubeconfig, or the one set with
 //!   [`FakeCluster::set_kubeconfig`]); Reset answers at once and its sequence runs afterwards
 //!   ([`reset_sequence`]): of STATE+EPHEMERAL it sends the node back to maintenance (after
 //!   the boot hook, like any reboot); a graceful reset of the last voting etcd member fails
@@ -400,17 +402,31 @@ impl FakeCluster {
 
     /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
     /// server certificate for a node that holds only the CA certificate (a worker).
+    ///
+    /// Talos v1.13.9: the worker's `APIController.generateWorker`
+    /// (`internal/app/machined/pkg/controllers/secrets/api.go`) sends a CSR to trustd on the
+    /// control planes, authenticated with its `machine.token` (`pkg/grpc/gen/remote.go`);
+    /// trustd accepts only its own `machine.token` (`internal/app/trustd/main.go`,
+    /// `tokenGetter`) and signs a server-only certificate (ExtKeyUsage serverAuth, no
+    /// Organization: `internal/app/trustd/internal/reg/reg.go`, `Certificate`). No control
+    /// plane, or a token no control plane knows: no certificate, and the worker retries.
     fn trustd_issue(
         &self,
         ca_cert_pem: &str,
+        token: &str,
         ips: &[IpAddr],
         names: &[&str],
     ) -> Option<Result<CertKey, PkiError>> {
         self.live_nodes().iter().find_map(|node| {
             let state = lock(&node.state);
             match &*state {
-                // trustd runs once booted from disk.
-                NodeState::Installed(inst) if inst.on_disk && inst.ca_cert_pem == ca_cert_pem => {
+                // trustd runs once booted from disk, and signs only for a worker holding the
+                // control planes' `machine.token`.
+                NodeState::Installed(inst)
+                    if inst.on_disk
+                        && inst.ca_cert_pem == ca_cert_pem
+                        && inst.config.token == token =>
+                {
                     inst.os_ca.as_ref().map(|ca| ca.server(ips, names))
                 }
                 _ => None,
@@ -423,6 +439,11 @@ impl FakeCluster {
 #[derive(Clone, Debug)]
 struct ParsedConfig {
     machine_type: String,
+    /// `machine.token`: what trustd authenticates workers with.
+    token: String,
+    /// `cluster.ca` (PEM certificate, PEM key if present): the Kubernetes CA the
+    /// kubeconfig names.
+    cluster_ca: Option<(String, Option<String>)>,
     ca_cert_pem: String,
     ca_key_pem: Option<String>,
     cluster_name: String,
@@ -1205,7 +1226,9 @@ async fn accept_loop(
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
-            // grpc-go (hence apid) refuses clients that do not negotiate ALPN h2.
+            // grpc-go (hence apid) refuses clients that do not negotiate ALPN h2 (grpc-go
+            // `credentials/tls.go` enforces ALPN since v1.67; Talos v1.13.9 builds with a
+            // newer grpc-go, see its go.mod).
             if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return;
             }
@@ -1265,7 +1288,13 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
         .map_err(tls_err)?;
     let (mut tls, phase) = match installed {
         None => {
-            // A new throwaway CA on every maintenance boot, as Talos does.
+            // Maintenance (siderolabs/talos v1.13.9): a self-signed CA made anew on every
+            // boot and kept in memory only (`internal/app/machined/pkg/controllers/secrets/
+            // maintenance_root.go`), a server certificate from it
+            // (`secrets/api.go`, maintenance branch: ExtKeyUsage serverAuth,
+            // `SkipVerifyingClientCert`), and apid's server TLS in `tls.ServerOnly` mode: no
+            // client certificate is asked for (`internal/app/apid/pkg/provider/provider.go`,
+            // `ServerConfig`).
             let ca = SimCa::new_ca("talos-maintenance")?;
             let (chain, key) = server_identity(&ca.server(&ips, &[host])?)?;
             let tls = builder
@@ -1275,12 +1304,19 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
             (tls, Phase::Maintenance)
         }
         Some(inst) => {
+            // Secured: control planes sign apid's server certificate from `machine.ca`
+            // themselves (`secrets/api.go`, `generateControlPlane`), workers get theirs from
+            // trustd (`FakeCluster::trustd_issue`); apid then requires and verifies a client
+            // certificate against the OS CA (`provider.go`, `ServerConfig`: `tls.Mutual`) and
+            // checks its ExtKeyUsage (`internal/app/apid/service.go`, `verifyExtKeyUsage`).
             let cert = match &inst.os_ca {
                 Some(ca) => ca.server(&ips, &[host])?,
-                None => match shared
-                    .cluster
-                    .trustd_issue(&inst.ca_cert_pem, &ips, &[host])
-                {
+                None => match shared.cluster.trustd_issue(
+                    &inst.ca_cert_pem,
+                    &inst.config.token,
+                    &ips,
+                    &[host],
+                ) {
                     Some(cert) => cert?,
                     None => return Ok(NextBoot::AwaitingTrustd),
                 },
@@ -1310,7 +1346,9 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
 }
 
 /// apid's client certificate check: chain to the OS CA (webpki, which also wants clientAuth
-/// among the EKUs) and then ExtKeyUsage exactly `[ClientAuth]`.
+/// among the EKUs) and then ExtKeyUsage exactly `[ClientAuth]` on every non-CA certificate of
+/// the chain (`internal/app/apid/service.go`, `verifyExtKeyUsage`, siderolabs/talos v1.13.9;
+/// the double's chains have no intermediates, so that is the leaf).
 #[derive(Debug)]
 struct TalosClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -1374,95 +1412,353 @@ impl ClientCertVerifier for TalosClientVerifier {
     }
 }
 
-/// Validates a machine config the way the double insists on. `Ok(None)` is a valid partial
-/// config (Talos documents, but no v1alpha1 one): the node stays in maintenance.
-fn parse_config(data: &[u8]) -> Result<Option<ParsedConfig>, String> {
-    use yaml_serde::Value;
-    let text = std::str::from_utf8(data).map_err(|_| "config is not UTF-8 text".to_owned())?;
-    let mut v1alpha1 = None;
-    let mut documents = 0;
-    for doc in yaml_serde::Deserializer::from_str(text) {
-        let value =
-            <Value as serde::Deserialize>::deserialize(doc).map_err(|e| format!("YAML: {e}"))?;
-        if value.is_null() {
-            continue;
+/// The document kinds `configloader` knows besides v1alpha1, each registered for apiVersion
+/// `v1alpha1` only (every `registry.Register` under `pkg/machinery/config/types/`,
+/// siderolabs/talos v1.13.9).
+const DOCUMENT_KINDS: &[&str] = &[
+    "BlackholeRouteConfig",
+    "BondConfig",
+    "BridgeConfig",
+    "DHCPv4Config",
+    "DHCPv6Config",
+    "DummyLinkConfig",
+    "EnvironmentConfig",
+    "EthernetConfig",
+    "EventSinkConfig",
+    "ExistingVolumeConfig",
+    "ExtensionServiceConfig",
+    "ExternalVolumeConfig",
+    "HCloudVIPConfig",
+    "HostnameConfig",
+    "ImageVerificationConfig",
+    "KmsgLogConfig",
+    "KubeSpanConfig",
+    "KubeSpanEndpointsConfig",
+    "Layer2VIPConfig",
+    "LinkAliasConfig",
+    "LinkConfig",
+    "NetworkDefaultActionConfig",
+    "NetworkRuleConfig",
+    "OOMConfig",
+    "PCIDriverRebindConfig",
+    "RawVolumeConfig",
+    "RegistryAuthConfig",
+    "RegistryMirrorConfig",
+    "RegistryTLSConfig",
+    "ResolverConfig",
+    "RoutingRuleConfig",
+    "SideroLinkConfig",
+    "StaticHostConfig",
+    "SwapVolumeConfig",
+    "TCPProbeConfig",
+    "TimeSyncConfig",
+    "TrustedRootsConfig",
+    "UserVolumeConfig",
+    "VLANConfig",
+    "VRFConfig",
+    "VolumeConfig",
+    "WatchdogTimerConfig",
+    "WireguardConfig",
+    "ZswapConfig",
+];
+
+/// hashicorp/go-multierror's default format (`ListFormatFunc`), which Talos's validation
+/// errors carry verbatim into the gRPC message.
+fn multierror(errors: &[String]) -> String {
+    if let [one] = errors {
+        return format!("1 error occurred:\n\t* {one}\n\n");
+    }
+    let points: Vec<String> = errors.iter().map(|e| format!("* {e}")).collect();
+    format!(
+        "{} errors occurred:\n\t{}\n\n",
+        errors.len(),
+        points.join("\n\t")
+    )
+}
+
+/// siderolabs/net v0.4.0 `ValidateEndpointURI` on `cluster.controlPlane.endpoint` (after
+/// Go's lenient `url.Parse`): a host is required, a port must be numeric and in 1..=65535,
+/// an IPv6 host must be bracketed. The scheme is not checked.
+fn validate_endpoint(ep: &str) -> Result<(), String> {
+    let rest = ep.split_once("://").map_or("", |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host_port.matches(':').count() > 2 && !(host_port.contains('[') && host_port.contains(']')) {
+        return Err("IPv6 addresses MUST be enclosed by square brackets".into());
+    }
+    let (host, port) = if let Some(r) = host_port.strip_prefix('[') {
+        let (h, tail) = r.split_once(']').unwrap_or((r, ""));
+        (h, tail.strip_prefix(':').unwrap_or(""))
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, p),
+            None => (host_port, ""),
         }
-        documents += 1;
-        let is_v1alpha1 = value.get("version").and_then(Value::as_str) == Some("v1alpha1");
-        let is_typed = value.get("apiVersion").and_then(Value::as_str).is_some()
-            && value.get("kind").and_then(Value::as_str).is_some();
-        if is_v1alpha1 {
-            if v1alpha1.replace(value).is_some() {
-                return Err("duplicate v1alpha1 document".into());
-            }
-        } else if !is_typed {
-            return Err(format!(
-                "document {documents} is not a Talos config document (neither `version: \
-                 v1alpha1` nor `apiVersion` + `kind`)"
-            ));
+    };
+    if host.is_empty() {
+        return Err("hostname must not be blank".into());
+    }
+    if !port.is_empty() {
+        let n: u64 = port
+            .parse()
+            .map_err(|_| "port number must be numeric".to_owned())?;
+        if !(1..=65535).contains(&n) {
+            return Err("port number must be between 1 and 65535".into());
         }
     }
-    if documents == 0 {
-        return Err("no config documents found".into());
+    Ok(())
+}
+
+/// Loads and validates a machine config as `ApplyConfiguration` does before anything is
+/// applied (siderolabs/talos v1.13.9): `configloader.NewFromBytes`
+/// (`pkg/machinery/config/configloader/configloader.go`,
+/// `configloader/internal/decoder/decoder.go`), then `Validate`
+/// (`pkg/machinery/config/container/container.go`,
+/// `pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go`). The error is the message
+/// Talos puts in its InvalidArgument status. `Ok(None)` is a config with no v1alpha1
+/// document (the caller decides whether that is allowed). `requires_install` is the
+/// platform mode's `RequiresInstall` on a machine not installed yet (metal, first config).
+///
+/// Modelled: document detection and kinds, duplicate documents, unknown top-level v1alpha1
+/// keys, the machine/cluster/install/CA/machine-type/persist rules and the endpoint check,
+/// with upstream's wording and multierror layout. Not modelled (deliberately; talboot's own
+/// schema validation covers the fields it renders): unknown keys below the top level, the
+/// typed documents' own validation, network/disk/CNI rules. Line numbers are those of the
+/// document's start. Stricter than Talos, because the double needs them to serve TLS:
+/// `machine.ca.crt` must be one PEM certificate (Talos only fails later, at boot).
+fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConfig>, String> {
+    use yaml_serde::Value;
+    let text = std::str::from_utf8(data)
+        .map_err(|_| "decode error: yaml: invalid leading UTF-8 octet".to_owned())?;
+    // The line each document starts at (after a `---` separator), for the messages.
+    let mut doc_lines = vec![1];
+    doc_lines.extend(
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("---"))
+            .map(|(i, _)| i + 2),
+    );
+    let str_at = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+    let mut v1alpha1 = None;
+    let mut seen = std::collections::HashSet::new();
+    for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let line = doc_lines.get(i).copied().unwrap_or(1);
+        let value = <Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| format!("decode error: yaml: {e}"))?;
+        let map = match &value {
+            Value::Null => continue,
+            Value::Mapping(m) => m,
+            _ => return Err(format!("expected a YAML document at line {line}")),
+        };
+        let api_version = str_at(&value, "apiVersion").unwrap_or_default();
+        let kind = str_at(&value, "kind").unwrap_or_default();
+        let id = format!(
+            "{api_version}/{}/{}",
+            if kind.is_empty() { "v1alpha1" } else { &kind },
+            str_at(&value, "name").unwrap_or_default()
+        );
+        if !seen.insert(id.clone()) {
+            return Err(format!(
+                "duplicate document {id} is not allowed (line {line})"
+            ));
+        }
+        let fail = |e: String| format!("error decoding document {id} (line {line}): {e}");
+        // The v1alpha1 document is the one with any of its legacy top-level keys.
+        let legacy = ["machine", "cluster", "debug", "persist"]
+            .iter()
+            .any(|k| map.contains_key(*k));
+        let version = if legacy { "v1alpha1" } else { &api_version };
+        if version == "v1alpha1" && kind.is_empty() {
+            const FIELDS: &[&str] = &["version", "debug", "persist", "machine", "cluster"];
+            if let Some(unknown) = map
+                .keys()
+                .filter_map(Value::as_str)
+                .find(|k| !FIELDS.contains(k))
+            {
+                return Err(fail(format!(
+                    "error decoding  to *v1alpha1.Config: yaml: unmarshal errors:\n  line \
+                     {line}: field {unknown} not found in type v1alpha1.Config"
+                )));
+            }
+            v1alpha1 = Some(value);
+        } else if kind.is_empty() {
+            return Err(fail("missing kind".into()));
+        } else if version.is_empty() {
+            return Err(fail("missing apiVersion".into()));
+        } else if version != "v1alpha1" || !DOCUMENT_KINDS.contains(&kind.as_str()) {
+            return Err(fail(format!("{kind:?} {version:?}: not registered")));
+        }
+    }
+    if seen.is_empty() {
+        return Err("config not found".into());
     }
     let Some(doc) = v1alpha1 else {
         return Ok(None);
     };
 
-    let text_at = |path: &[&str]| -> Option<String> {
+    let at = |path: &[&str]| -> Option<&Value> {
         let mut v = &doc;
         for key in path {
             v = v.get(*key)?;
         }
-        v.as_str().map(str::to_owned)
+        Some(v)
     };
-    let machine_type = text_at(&["machine", "type"]).unwrap_or_default();
-    if !matches!(machine_type.as_str(), "init" | "controlplane" | "worker") {
-        return Err(format!(
-            "machine.type: unknown machine type {machine_type:?}"
-        ));
-    }
-    let b64 = |field: &str, s: String| -> Result<String, String> {
+    let text_at = |path: &[&str]| at(path).and_then(Value::as_str).map(str::to_owned);
+    let decode_error = |e: String| {
+        format!(
+            "error decoding document /v1alpha1/ (line 1): error decoding  to \
+             *v1alpha1.Config: {e}"
+        )
+    };
+    let b64 = |field: &str, s: &str| -> Result<String, String> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(s.trim())
-            .map_err(|e| format!("{field}: not base64: {e}"))?;
+            .map_err(|e| decode_error(format!("{field}: illegal base64 data: {e}")))?;
         String::from_utf8(bytes).map_err(|_| format!("{field}: not PEM text"))
     };
-    let ca_cert_pem = b64(
-        "machine.ca.crt",
-        text_at(&["machine", "ca", "crt"]).ok_or("machine.ca.crt is required")?,
-    )?;
+    let ca_crt = text_at(&["machine", "ca", "crt"]).filter(|c| !c.is_empty());
+    let ca_key = text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty());
+    let ca_cert_pem = ca_crt
+        .as_deref()
+        .map(|c| b64("machine.ca.crt", c))
+        .transpose()?;
+    let cluster_ca = match text_at(&["cluster", "ca", "crt"]).filter(|c| !c.is_empty()) {
+        Some(crt) => Some((
+            b64("cluster.ca.crt", &crt)?,
+            text_at(&["cluster", "ca", "key"])
+                .filter(|k| !k.is_empty())
+                .map(|k| b64("cluster.ca.key", &k))
+                .transpose()?,
+        )),
+        None => None,
+    };
+    let ca_key_pem = ca_key
+        .as_deref()
+        .map(|k| b64("machine.ca.key", k))
+        .transpose()?;
+
+    // `Config.Validate`, in its order.
+    let mut errors: Vec<String> = Vec::new();
+    let machine = at(&["machine"]).filter(|m| !m.is_null());
+    let machine_type = text_at(&["machine", "type"]).unwrap_or_default();
+    // `machine.ParseType` (`pkg/machinery/config/machine/machine.go`): "" and the legacy
+    // "join" are workers (with a warning, not simulated).
+    let machine_type = match machine_type.as_str() {
+        "" | "join" => "worker".to_owned(),
+        _ => machine_type,
+    };
+    let is_control_plane = matches!(machine_type.as_str(), "init" | "controlplane");
+    if machine.is_none() {
+        errors.push("machine instructions are required".into());
+    } else {
+        // `ClusterConfig.Validate`.
+        let endpoint = text_at(&["cluster", "controlPlane", "endpoint"]);
+        match (at(&["cluster"]).filter(|c| !c.is_null()), &endpoint) {
+            (None, _) => errors.push("cluster instructions are required".into()),
+            (Some(_), None) => errors.push("cluster controlplane endpoint is required".into()),
+            (Some(_), Some(ep)) => {
+                if let Err(e) = validate_endpoint(ep) {
+                    errors.push(format!("invalid controlplane endpoint: {e}"));
+                }
+                let cluster_key = text_at(&["cluster", "ca", "key"]).filter(|k| !k.is_empty());
+                if !is_control_plane && cluster_key.is_some() {
+                    errors.push(
+                        "cluster CA key is not allowed on non-controlplane nodes (.cluster.ca)"
+                            .into(),
+                    );
+                }
+            }
+        }
+        if requires_install {
+            match at(&["machine", "install"]).filter(|i| !i.is_null()) {
+                None => errors.push("install instructions are required in \"metal\" mode".into()),
+                Some(install) => {
+                    let disk = install.get("disk").and_then(Value::as_str).unwrap_or("");
+                    let selector = install.get("diskSelector").filter(|s| !s.is_null());
+                    if disk.is_empty() && selector.is_none() {
+                        errors.push("either install disk or diskSelector should be defined".into());
+                    }
+                }
+            }
+        }
+        let accepted_cas = at(&["machine", "acceptedCAs"])
+            .and_then(Value::as_sequence)
+            .is_some_and(|s| !s.is_empty());
+        let has_ca = at(&["machine", "ca"]).is_some_and(|c| !c.is_null());
+        if !has_ca && !accepted_cas {
+            errors.push(
+                "issuing CA or some accepted CAs are required (.machine.ca, machine.acceptedCAs)"
+                    .into(),
+            );
+        }
+        match machine_type.as_str() {
+            "init" | "controlplane" => {
+                if !has_ca {
+                    errors.push("issuing CA is required (.machine.ca)".into());
+                } else if ca_key_pem.is_none() {
+                    errors.push(
+                        "issuing CA key is required for controlplane nodes (.machine.ca.key)"
+                            .into(),
+                    );
+                }
+            }
+            "worker" => {
+                if has_ca {
+                    if ca_key_pem.is_some() {
+                        errors.push(
+                            "issuing Talos API CA key is not allowed on non-controlplane \
+                             nodes (.machine.ca)"
+                                .into(),
+                        );
+                    }
+                    if ca_cert_pem.is_none() && !accepted_cas {
+                        errors.push(
+                            "trusted CA certificates are required on non-controlplane nodes \
+                             (.machine.ca.crt, .machine.acceptedCAs)"
+                                .into(),
+                        );
+                    }
+                }
+                if text_at(&["cluster", "ca", "key"]).is_some_and(|k| !k.is_empty()) {
+                    errors.push(
+                        "issuing Kubernetes API CA key is not allowed on non-controlplane \
+                         nodes (.cluster.ca)"
+                            .into(),
+                    );
+                }
+            }
+            other => errors.push(format!("unknown machine type {other:?}")),
+        }
+        if at(&["persist"]).and_then(Value::as_bool) == Some(false) {
+            errors.push(".persist should be enabled".into());
+        }
+    }
+    if !errors.is_empty() {
+        // `container.Validate` prefixes the v1alpha1 errors and collects them again.
+        return Err(multierror(&[format!(
+            "v1alpha1.Config: {}",
+            multierror(&errors)
+        )]));
+    }
+
+    // What the double itself needs to serve TLS with this config.
+    let ca_cert_pem = ca_cert_pem
+        .ok_or("the test double needs machine.ca.crt (acceptedCAs alone are not simulated)")?;
     if CertificateDer::pem_slice_iter(ca_cert_pem.as_bytes())
         .next()
         .is_none_or(|c| c.is_err())
     {
         return Err("machine.ca.crt: no PEM certificate".into());
     }
-    let ca_key_pem = match text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty()) {
-        Some(k) => Some(b64("machine.ca.key", k)?),
-        None => None,
-    };
-    let parsed = ParsedConfig {
+    Ok(Some(ParsedConfig {
         cluster_name: text_at(&["cluster", "clusterName"]).unwrap_or_default(),
         endpoint: text_at(&["cluster", "controlPlane", "endpoint"]).unwrap_or_default(),
+        token: text_at(&["machine", "token"]).unwrap_or_default(),
+        cluster_ca,
         machine_type,
         ca_cert_pem,
         ca_key_pem,
-    };
-    if parsed.is_control_plane() && parsed.ca_key_pem.is_none() {
-        return Err("machine.ca.key is required on control-plane nodes".into());
-    }
-    if !parsed.endpoint.starts_with("https://") {
-        return Err("cluster.controlPlane.endpoint: must be an https:// URL".into());
-    }
-    if parsed.is_control_plane() && parsed.cluster_name.is_empty() {
-        return Err("cluster.clusterName is required".into());
-    }
-    let install = doc.get("machine").and_then(|m| m.get("install"));
-    if install.is_none_or(|i| i.get("disk").is_none() && i.get("diskSelector").is_none()) {
-        return Err("either install disk or diskSelector should be defined".into());
-    }
-    Ok(Some(parsed))
+    }))
 }
 
 /// Who is calling and where the call goes.
@@ -1477,18 +1773,50 @@ enum Route {
     },
 }
 
+// The authorization rules machined applies to every call (the double models the ones talboot
+// makes): `internal/app/machined/pkg/system/services/machined.go` (`rules`, siderolabs/talos
+// v1.13.9). A method without a rule falls back to os:admin.
 const READ: &[&str] = &["os:admin", "os:operator", "os:reader"];
+/// `EtcdMemberList` also admits os:etcd:backup (machined.go `rules`).
+const READ_ETCD: &[&str] = &["os:admin", "os:operator", "os:reader", "os:etcd:backup"];
 const OPERATE: &[&str] = &["os:admin", "os:operator"];
 const ADMIN: &[&str] = &["os:admin"];
-const KNOWN_ROLES: &[&str] = &[
-    "os:admin",
-    "os:operator",
-    "os:reader",
-    "os:etcd:backup",
-    "os:image:verifier",
-    "os:meta:writer",
-    "os:impersonator",
-];
+/// `ApplyConfiguration` admits os:reader at the authorizer ("for maintenance only, verified
+/// in the handler": the handler refuses non-admins once the node is configured).
+const APPLY: &[&str] = &["os:admin", "os:reader"];
+
+/// `role.Parse` (`pkg/machinery/role/role.go`, v1.13.9): each Organization / `talos-role`
+/// value trimmed, empty ones dropped, unknown ones kept (they match no rule).
+fn parse_roles<'a>(values: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut roles: Vec<String> = values
+        .into_iter()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
+        .collect();
+    roles.sort();
+    roles.dedup();
+    roles
+}
+
+/// siderolabs/net v0.4.0 `AddressContainsPort` (the `net` module Talos v1.13.9 pins), which
+/// apid's `NewAPID` uses to refuse a `node` target with a port: Go's `net.SplitHostPort`
+/// succeeds, and a bracketed host with a colon is an IP address.
+fn address_contains_port(addr: &str) -> bool {
+    let host = if let Some(rest) = addr.strip_prefix('[') {
+        // "[host]:port" (Go also accepts an empty port).
+        match rest.split_once(']') {
+            Some((host, tail)) if tail.starts_with(':') && !tail[1..].contains(':') => host,
+            _ => return false,
+        }
+    } else {
+        match addr.split_once(':') {
+            Some((host, port)) if !port.contains(':') && !host.contains(['[', ']']) => host,
+            _ => return false,
+        }
+    };
+    !host.contains(':') || host.parse::<IpAddr>().is_ok()
+}
 
 type DataStream = Pin<Box<dyn Stream<Item = Result<common::Data, Status>> + Send + 'static>>;
 type ListStream = Pin<Box<dyn Stream<Item = Result<cosi::ListResponse, Status>> + Send + 'static>>;
@@ -1499,14 +1827,26 @@ struct NodeApi {
 }
 
 impl NodeApi {
-    fn route<T>(&self, req: &Request<T>) -> Result<Route, Status> {
-        let Some(_) = self.shared.installed() else {
-            // Maintenance: routing disabled, read-only role for everyone.
+    /// apid in front of machined: who the caller is (the authz injector) and where the call
+    /// goes (the director). `method` is the full gRPC method name.
+    fn route<T>(&self, req: &Request<T>, method: &str) -> Result<Route, Status> {
+        let Some(inst) = self.shared.installed() else {
+            // Maintenance: `APIServiceConfigController` starts apid with NodeRoutingDisabled,
+            // ReadonlyRoleMode and SkipVerifyingClientCert
+            // (`internal/app/machined/pkg/controllers/runtime/api_service_config.go`); the
+            // director then sends everything to the local machined whatever `node` says
+            // (`internal/app/apid/pkg/director/director.go`, `skipRouting`), and the injector
+            // in `ReadOnlyWithAdminOnSiderolink` mode makes every non-SideroLink peer os:reader
+            // (`pkg/grpc/middleware/authz/injector.go`). SideroLink is not simulated.
             return Ok(Route::Local {
                 roles: vec!["os:reader".into()],
                 relayed: false,
             });
         };
+        // Secured: the injector's `Enabled` mode reads the roles from the leaf certificate's
+        // Organization; a caller holding os:impersonator (another apid relaying) is trusted to
+        // name the roles in `talos-role` metadata, if it sent any
+        // (`pkg/grpc/middleware/authz/injector.go`, `extractRoles`; `metadata.go`).
         let certs = req
             .peer_certs()
             .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
@@ -1514,48 +1854,118 @@ impl NodeApi {
             .first()
             .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
         let orgs = pki::organizations(leaf).map_err(Status::unauthenticated)?;
+        let mut roles = parse_roles(orgs.iter().map(String::as_str));
         let meta = req.metadata();
-        let relayed = meta.get("proxyfrom").is_some();
-        let roles: Vec<String> = if orgs.iter().any(|o| o == "os:impersonator") {
-            meta.get_all("talos-role")
+        if roles.iter().any(|r| r == "os:impersonator") {
+            let claimed: Vec<&str> = meta
+                .get_all("talos-role")
                 .iter()
-                .filter_map(|v| v.to_str().ok().map(str::to_owned))
-                .collect()
-        } else {
-            orgs.into_iter()
-                .filter(|o| KNOWN_ROLES.contains(&o.as_str()))
-                .collect()
-        };
-        if meta.get("nodes").is_some() {
-            return Err(Status::invalid_argument(
-                "the test double does not implement one-to-many (`nodes`) proxying",
-            ));
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            if !claimed.is_empty() {
+                roles = parse_roles(claimed);
+            }
         }
-        let targets: Vec<_> = meta.get_all("node").iter().collect();
-        if targets.len() > 1 {
+
+        // The director (`director.go`, `Router.Director`), in its order.
+        if meta.get("proxyfrom").is_some() {
+            // Already relayed once: always served here.
+            return Ok(Route::Local {
+                roles,
+                relayed: true,
+            });
+        }
+        let node: Vec<&str> = meta
+            .get_all("node")
+            .iter()
+            .map(|v| v.to_str().unwrap_or(""))
+            .collect();
+        let nodes: Vec<&str> = meta
+            .get_all("nodes")
+            .iter()
+            .map(|v| v.to_str().unwrap_or(""))
+            .collect();
+        if node.len() > 1 {
             return Err(Status::invalid_argument(
                 "node metadata must be single-valued",
             ));
         }
-        if let Some(target) = targets.first()
-            && !relayed
-        {
-            let target = target
-                .to_str()
-                .map_err(|_| Status::invalid_argument("invalid target"))?;
-            if target.contains(':') && target.parse::<IpAddr>().is_err() {
-                return Err(Status::invalid_argument("invalid target"));
+        // Only a control plane's apid holds a client certificate (os:impersonator) to dial
+        // other nodes with (`internal/app/machined/pkg/controllers/secrets/api.go`:
+        // `generateControlPlane` issues one, `generateWorker` sets `Client = nil`), and
+        // without one `service.go` builds the router with no remote backend factory.
+        let can_forward = inst.os_ca.is_some();
+        let mut ok_node = !node.is_empty();
+        let mut ok_nodes = !nodes.is_empty();
+        if !can_forward {
+            // Without forwarding, a single target naming this node is served here
+            // (`IsLocalTarget`: its addresses and hostname, `director/local_address.go`).
+            if ok_node && self.is_local_target(node[0]) {
+                ok_node = false;
             }
-            let addr = self.shared.cluster.resolve(target).ok_or_else(|| {
-                Status::unavailable(format!("connection error: unknown node {target:?}"))
-            })?;
-            if addr != self.shared.cfg.addr() {
-                return Ok(Route::Forward { addr, roles });
+            if ok_nodes && nodes.len() == 1 && self.is_local_target(nodes[0]) {
+                ok_nodes = false;
             }
         }
-        Ok(Route::Local { roles, relayed })
+        if ok_nodes {
+            const ONE_TO_MANY: &[&str] = &[
+                "/machine.MachineService/",
+                "/cluster.ClusterService/",
+                "/inspect.InspectService/",
+                "/storage.StorageService/",
+                "/time.TimeService/",
+            ];
+            if !ONE_TO_MANY.iter().any(|p| method.starts_with(p)) {
+                return Err(Status::invalid_argument(format!(
+                    "one-2-many proxying is not supported for method {method}"
+                )));
+            }
+            if !can_forward {
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            // Deliberately not simulated: talboot never sends `nodes` (it would get one
+            // reply entry per node, aggregated by grpc-proxy).
+            return Err(Status::invalid_argument(
+                "the test double does not implement one-to-many (`nodes`) proxying",
+            ));
+        }
+        if ok_node {
+            if !can_forward {
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            let target = node[0];
+            // `internal/app/apid/pkg/backend/apid.go`, `NewAPID`; the director wraps the
+            // factory's error in codes.Internal (`singleDirector`).
+            if target.is_empty() || address_contains_port(target) {
+                return Err(Status::internal(format!("invalid target {target:?}")));
+            }
+            let addr = self.shared.cluster.resolve(target).ok_or_else(|| {
+                Status::unavailable(format!(
+                    "connection error: desc = \"transport: Error while dialing: dial tcp: \
+                     lookup {target}: no such host\""
+                ))
+            })?;
+            // Even a target naming this very node is dialled over the network (with the
+            // forwarding factory present, `Director` has no local shortcut).
+            return Ok(Route::Forward { addr, roles });
+        }
+        Ok(Route::Local {
+            roles,
+            relayed: false,
+        })
     }
 
+    /// apid's `IsLocalTarget`: one of this node's addresses or its hostname.
+    fn is_local_target(&self, target: &str) -> bool {
+        let cfg = &self.shared.cfg;
+        target == cfg.hostname
+            || target
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip == cfg.ip || cfg.san_ips().contains(&ip))
+    }
+
+    /// machined's `Authorizer` (`pkg/grpc/middleware/authz/authorizer.go`): the caller needs
+    /// one of the method's roles, else PermissionDenied "not authorized" (`ErrNotAuthorized`).
     fn allow(
         &self,
         rpc: &'static str,
@@ -1574,8 +1984,10 @@ impl NodeApi {
         Ok(())
     }
 
-    /// A channel to a peer's apid as this node's apid dials it: OS CA verified, an
-    /// `os:impersonator` client certificate, from this node's own address.
+    /// A channel to a peer's apid as this node's apid dials it
+    /// (`internal/app/apid/pkg/backend/apid.go`, `GetConnection`): OS CA verified, the
+    /// control plane's `os:impersonator` client certificate (`secrets/api.go`,
+    /// `generateControlPlane`), port 50000 of the target, from this node's own address.
     async fn relay_channel(&self, addr: SocketAddr) -> Result<tonic::transport::Channel, Status> {
         let inst = self
             .shared
@@ -1584,7 +1996,7 @@ impl NodeApi {
         let ca = inst
             .os_ca
             .as_ref()
-            .ok_or_else(|| Status::unavailable("this node holds no OS CA key to relay with"))?;
+            .ok_or_else(|| Status::permission_denied("no request forwarding"))?;
         let imp = ca
             .client(
                 &["os:impersonator"],
@@ -1605,18 +2017,28 @@ impl NodeApi {
             .map_err(|e| Status::unavailable(format!("connection error: {addr}: {e}")))
     }
 
+    /// The relayed request (`GetConnection`): the caller's metadata minus `node` and
+    /// `nodes`, the caller's roles in `talos-role` (`authz.SetMetadata`, replacing any the
+    /// caller sent), and `proxyfrom` set to the `:authority` the caller dialled (tonic does
+    /// not expose `:authority`; the listener's own address is what talboot dials).
     fn relay_request<T>(&self, req: Request<T>, roles: &[String]) -> Request<T> {
-        let mut out = Request::new(req.into_inner());
-        let meta = out.metadata_mut();
+        let authority = req
+            .local_addr()
+            .unwrap_or_else(|| self.shared.cfg.addr())
+            .to_string();
+        let (mut meta, _, msg) = req.into_parts();
+        meta.remove("node");
+        meta.remove("nodes");
+        meta.remove("talos-role");
         for role in roles {
             if let Ok(v) = MetadataValue::try_from(role.as_str()) {
                 meta.append("talos-role", v);
             }
         }
-        if let Ok(v) = MetadataValue::try_from(self.shared.cfg.ip.to_string()) {
+        if let Ok(v) = MetadataValue::try_from(authority) {
             meta.insert("proxyfrom", v);
         }
-        out
+        Request::from_parts(meta, tonic::Extensions::default(), msg)
     }
 
     async fn forward_unary<Req, Resp>(
@@ -1669,38 +2091,53 @@ impl NodeApi {
         Ok(Response::new(stream))
     }
 
+    /// `ServiceList` (`v1alpha1_server.go`): every loaded service as
+    /// `ServiceRunner.AsProto` (`internal/app/machined/pkg/system/service_runner.go`), sorted
+    /// by id (`system.go`, `List`), health always present (`health/status.go`, `AsProto`:
+    /// `unknown` until a check ran, or for services without one). Maintenance runs the
+    /// sequencer's early services (`v1alpha1_sequencer.go`, Initialize: udevd, machined,
+    /// apid, auditd, syslogd, containerd, and the dashboard unless disabled on the kernel
+    /// command line); a configured node adds cri and kubelet, and trustd and etcd on control
+    /// planes (`v1alpha1_sequencer_tasks.go`, `StartAllServices`). etcd stays "Preparing"
+    /// until bootstrapped. Service events are not simulated.
     fn service_list(&self) -> Vec<machine::ServiceInfo> {
+        let health = |unknown: bool| machine::ServiceHealth {
+            unknown,
+            healthy: !unknown,
+            last_message: String::new(),
+            last_change: None,
+        };
         let running = |id: &str| machine::ServiceInfo {
             id: id.into(),
             state: "Running".into(),
             events: None,
-            health: Some(machine::ServiceHealth {
-                unknown: false,
-                healthy: true,
-                last_message: String::new(),
-                last_change: None,
-            }),
+            // The dashboard has no health check.
+            health: Some(health(id == "dashboard")),
         };
-        match self.shared.installed() {
-            None => ["apid", "machined", "udevd"].map(running).to_vec(),
-            Some(inst) => {
-                let mut list: Vec<_> =
-                    ["apid", "containerd", "cri", "kubelet", "machined", "udevd"]
-                        .map(running)
-                        .to_vec();
-                if inst.config.is_control_plane() {
-                    let mut etcd = running("etcd");
-                    if !inst.etcd_bootstrapped {
-                        etcd.state = "Preparing".into();
-                        etcd.health = None;
-                    }
-                    list.push(etcd);
-                    list.push(running("trustd"));
+        const EARLY: [&str; 7] = [
+            "apid",
+            "auditd",
+            "containerd",
+            "dashboard",
+            "machined",
+            "syslogd",
+            "udevd",
+        ];
+        let mut list: Vec<_> = EARLY.map(running).to_vec();
+        if let Some(inst) = self.shared.installed() {
+            list.extend(["cri", "kubelet"].map(running));
+            if inst.config.is_control_plane() {
+                let mut etcd = running("etcd");
+                if !inst.etcd_bootstrapped {
+                    etcd.state = "Preparing".into();
+                    etcd.health = Some(health(true));
                 }
-                list.sort_by(|a, b| a.id.cmp(&b.id));
-                list
+                list.push(etcd);
+                list.push(running("trustd"));
             }
         }
+        list.sort_by(|a, b| a.id.cmp(&b.id));
+        list
     }
 
     /// The `block.Disk` resources in COSI List order (sorted by ID).
@@ -1755,10 +2192,34 @@ impl NodeApi {
         }
     }
 
+    /// `pkg/kubeconfig/generate.go`, `GenerateAdmin` (siderolabs/talos v1.13.9): cluster
+    /// `cluster.clusterName`, server `cluster.controlPlane.endpoint`, CA data the Kubernetes
+    /// CA (`cluster.ca.crt`, not the OS CA), user and context `admin@<cluster>`, namespace
+    /// `default`, and a client certificate minted on every call from `cluster.ca` (Talos:
+    /// CN=admin, O=system:masters, clientAuth). Without `cluster.ca` Talos cannot build the
+    /// CA and the call fails. The double signs with `cluster.ca` when it can load the key and
+    /// falls back to a self-signed admin certificate otherwise (nothing in talboot verifies
+    /// that signature); its CN is not Talos's.
     fn kubeconfig_for(&self, inst: &Installed) -> Result<Vec<u8>, Status> {
         use base64::engine::general_purpose::STANDARD;
-        // Talos mints a fresh admin client certificate on every call.
-        let admin = pki::kube_admin_cert().map_err(|e| Status::internal(e.to_string()))?;
+        let (k8s_ca, k8s_key) =
+            inst.config.cluster_ca.as_ref().ok_or_else(|| {
+                Status::unknown("error getting Kubernetes CA: cluster.ca is not set")
+            })?;
+        let signed = k8s_key.as_deref().and_then(|key| {
+            let key =
+                String::from_utf8(crate::talos::tls::normalize_key_pem(key.as_bytes())).ok()?;
+            let ca = SimCa::from_pem(k8s_ca, &key).ok()?;
+            ca.client(
+                &["system:masters"],
+                vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+            )
+            .ok()
+        });
+        let admin = match signed {
+            Some(admin) => admin,
+            None => pki::kube_admin_cert().map_err(|e| Status::internal(e.to_string()))?,
+        };
         let cluster = &inst.config.cluster_name;
         Ok(format!(
             "apiVersion: v1\nkind: Config\nclusters:\n  - name: {cluster}\n    cluster:\n      \
@@ -1768,7 +2229,7 @@ impl NodeApi {
              namespace: default\n      user: admin@{cluster}\n    name: admin@{cluster}\n\
              current-context: admin@{cluster}\n",
             endpoint = inst.config.endpoint,
-            ca = STANDARD.encode(&inst.ca_cert_pem),
+            ca = STANDARD.encode(k8s_ca),
             crt = STANDARD.encode(&admin.cert_pem),
             key = STANDARD.encode(&admin.key_pem),
         )
@@ -1787,7 +2248,7 @@ macro_rules! route_or_forward {
         route_or_forward!(@route $self, $req, forward_stream, $path, $allowed)
     };
     (@route $self:ident, $req:ident, $forward:ident, $path:literal, $allowed:expr) => {
-        match $self.route(&$req)? {
+        match $self.route(&$req, $path)? {
             Route::Forward { addr, roles } => {
                 return $self.$forward(addr, &roles, $path, $req).await;
             }
@@ -1806,13 +2267,16 @@ impl MachineService for NodeApi {
         req: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
         let maintenance = self.shared.installed().is_none();
-        // os:reader may apply only while the node is in maintenance mode.
+        // The rule admits os:admin and os:reader; the handler then refuses anyone but
+        // os:admin once the node is configured (`v1alpha1_server.go`, ApplyConfiguration:
+        // `!inMaintenance && !roles.Includes(role.Admin)` -> ErrNotAuthorized), which is the
+        // same as checking ADMIN up front.
         route_or_forward!(
             self,
             req,
             unary,
             "/machine.MachineService/ApplyConfiguration",
-            if maintenance { READ } else { ADMIN }
+            if maintenance { APPLY } else { ADMIN }
         );
         let stats = &self.shared.stats;
         stats.apply_calls.fetch_add(1, Ordering::SeqCst);
@@ -1823,13 +2287,23 @@ impl MachineService for NodeApi {
                 "dry run is not simulated by the test double",
             ));
         }
-        let parsed = parse_config(&req.data)
-            .map_err(|e| Status::invalid_argument(format!("failed to parse config: {e}")))?;
+        // Talos hands the loader's and the validator's errors back as InvalidArgument with
+        // their message unchanged (`v1alpha1_server.go`, ApplyConfiguration). Install
+        // instructions are required only while the machine is not installed yet
+        // (`modeWrapper.RequiresInstall`).
+        let parsed = parse_config(&req.data, maintenance).map_err(Status::invalid_argument)?;
         let text = String::from_utf8_lossy(&req.data).into_owned();
         let Some(parsed) = parsed else {
+            if !maintenance {
+                return Err(Status::invalid_argument(
+                    "the applied machine configuration doesn't contain v1alpha1 config, did                      you mean to patch the machine config instead?",
+                ));
+            }
+            // Maintenance accepts documents without a machine config and keeps waiting;
+            // the reply is the plain no-reboot one.
             *lock(&stats.last_config) = Some(text);
             return Ok(Response::new(reply_apply(
-                "Applied partial configuration; still waiting for a machine config",
+                "Applied configuration without a reboot",
             )));
         };
         let os_ca = match &parsed.ca_key_pem {
@@ -1874,9 +2348,18 @@ impl MachineService for NodeApi {
             .stats
             .bootstrap_calls
             .fetch_add(1, Ordering::SeqCst);
+        // `internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`, Bootstrap
+        // (v1.13.9), in its order: CRI up (`IsBootstrapAllowed`, FailedPrecondition "bootstrap
+        // is not available yet"; CRI is up as soon as the double's secured API is),
+        // `machinehelper.CheckControlplane(.., "bootstrap")`
+        // (`internal/app/internal/machinehelper/machinehelper.go`: Unimplemented), time in
+        // sync (FailedPrecondition "time is not in sync yet"; always in sync here), then
+        // AlreadyExists while the etcd data directory is not empty.
         let mut state = lock(&self.shared.state);
         let NodeState::Installed(inst) = &mut *state else {
-            return Err(Status::unimplemented("machine type is not set"));
+            return Err(Status::unimplemented(
+                "machine type is not set, cannot use bootstrap API",
+            ));
         };
         if !inst.config.is_control_plane() {
             return Err(Status::unimplemented(
@@ -1907,26 +2390,40 @@ impl MachineService for NodeApi {
             req,
             unary,
             "/machine.MachineService/EtcdMemberList",
-            READ
+            READ_ETCD
         );
-        let inst = self.shared.on_disk();
-        let Some(inst) = inst.filter(|i| i.config.is_control_plane()) else {
-            return Err(Status::failed_precondition(
-                "etcd is not running on this node",
+        // `v1alpha1_server.go`, EtcdMemberList (v1.13.9): `CheckControlplane(.., "member
+        // list")` first (Unimplemented, `machinehelper.go`), then an etcd client over the
+        // control-plane endpoints (`internal/pkg/etcd/etcd.go`,
+        // `NewClientFromControlPlaneIPs`), which are learnt from the Kubernetes API server's
+        // EndpointSlice (`internal/app/machined/pkg/controllers/k8s/endpoint.go`): before
+        // bootstrap there are none, and `GetEndpoints` (`internal/pkg/etcd/endpoints.go`)
+        // fails with a plain error, i.e. codes.Unknown.
+        let Some(inst) = self.shared.installed() else {
+            return Err(Status::unimplemented(
+                "machine type is not set, cannot use member list API",
             ));
         };
+        if !inst.config.is_control_plane() {
+            return Err(Status::unimplemented(
+                "member list is only available on control plane nodes",
+            ));
+        }
+        // Still installing: etcd has not started, so no endpoint is known either.
+        if !inst.on_disk {
+            return Err(Status::unknown("no controlplane endpoints discovered yet"));
+        }
         // Once one control plane is bootstrapped, the others join by themselves: every
         // configured control plane of the same cluster (same OS CA) is a member.
         let members = self.shared.cluster.etcd_members(&inst.ca_cert_pem);
         if members.is_empty() {
-            return Err(Status::failed_precondition(
-                "etcd is not running on this node",
-            ));
+            return Err(Status::unknown("no controlplane endpoints discovered yet"));
         }
         Ok(Response::new(machine::EtcdMemberListResponse {
             messages: vec![machine::EtcdMembers {
                 metadata: None,
-                legacy_members: vec![],
+                // `LegacyMembers` are the members' names (`v1alpha1_server.go`).
+                legacy_members: members.iter().map(|(_, name)| name.clone()).collect(),
                 members: members
                     .into_iter()
                     .map(|(ip, hostname)| machine::EtcdMember {
@@ -2011,10 +2508,11 @@ impl MachineService for NodeApi {
             .stats
             .kubeconfig_calls
             .fetch_add(1, Ordering::SeqCst);
-        let inst = self
-            .shared
-            .installed()
-            .ok_or_else(|| Status::unimplemented("machine type is not set"))?;
+        // `v1alpha1_server.go`, Kubeconfig (v1.13.9): `CheckControlplane(.., "kubeconfig")`
+        // (`machinehelper.go`, Unimplemented), then a freshly generated admin kubeconfig.
+        let inst = self.shared.installed().ok_or_else(|| {
+            Status::unimplemented("machine type is not set, cannot use kubeconfig API")
+        })?;
         if !inst.config.is_control_plane() {
             return Err(Status::unimplemented(
                 "kubeconfig is only available on control plane nodes",
@@ -2027,17 +2525,12 @@ impl MachineService for NodeApi {
         let archive =
             kubeconfig_archive(&kubeconfig).map_err(|e| Status::internal(e.to_string()))?;
         *lock(&self.shared.stats.last_kubeconfig) = Some(kubeconfig);
-        // Several chunks, so the client has to join them.
-        let size = archive.len().div_ceil(3).max(1);
-        let chunks: Vec<Result<common::Data, Status>> = archive
-            .chunks(size)
-            .map(|c| {
-                Ok(common::Data {
-                    metadata: None,
-                    bytes: c.to_vec(),
-                })
-            })
-            .collect();
+        // Talos sends the whole archive in one `common.Data` message (`obj.Send` once);
+        // talboot's client joins any number of chunks anyway.
+        let chunks: Vec<Result<common::Data, Status>> = vec![Ok(common::Data {
+            metadata: None,
+            bytes: archive,
+        })];
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
@@ -2130,14 +2623,23 @@ impl MachineService for NodeApi {
         req: Request<()>,
     ) -> Result<Response<machine::VersionResponse>, Status> {
         route_or_forward!(self, req, unary, "/machine.MachineService/Version", READ);
+        // `v1alpha1_server.go`, Version (v1.13.9): `version.NewVersion()`
+        // (`pkg/machinery/version/version.go`: tag and SHA from the build, `Built` never set,
+        // Go's runtime version, GOOS, GOARCH); the platform's name and mode (`metal`, from
+        // `internal/app/machined/pkg/runtime/mode.go`); `features` only once a machine config
+        // is loaded (absent in maintenance mode).
+        let configured = self.shared.installed().is_some();
         Ok(Response::new(machine::VersionResponse {
             messages: vec![machine::Version {
                 metadata: None,
                 version: Some(machine::VersionInfo {
                     tag: TALOS_TAG.into(),
-                    sha: "3ebd10a7c".into(),
+                    // The Makefile's `git describe --always --abbrev=8` of the tag's commit.
+                    sha: "3ebd10a7".into(),
                     built: String::new(),
-                    go_version: "go1.25.9".into(),
+                    // The Makefile's GO_VERSION is 1.26; the patch release is not recorded
+                    // in the tree and talboot never reads this field.
+                    go_version: "go1.26.0".into(),
                     os: "linux".into(),
                     arch: "amd64".into(),
                 }),
@@ -2145,7 +2647,7 @@ impl MachineService for NodeApi {
                     name: "metal".into(),
                     mode: "metal".into(),
                 }),
-                features: Some(machine::FeaturesInfo { rbac: true }),
+                features: configured.then_some(machine::FeaturesInfo { rbac: true }),
             }],
         }))
     }

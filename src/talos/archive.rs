@@ -71,18 +71,29 @@ pub fn kubeconfig_from_archive(archive: &[u8]) -> Result<Vec<u8>, ArchiveError> 
     Err(ArchiveError::Missing)
 }
 
-/// Builds a Talos-style kubeconfig archive (gzip tar, one file `kubeconfig`, mode 0600).
-/// The inverse of [`kubeconfig_from_archive`]; used by the simulated node and the tests.
+/// Builds a kubeconfig archive laid out byte for byte as Talos v1.13.9 builds it
+/// (`internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`, Kubeconfig): a
+/// gzip stream holding one USTAR header for the regular file `kubeconfig` (mode 0600, size,
+/// modification time in whole seconds, as Go's `tar.Writer` picks USTAR for such a header),
+/// then the file's bytes, and nothing after them: Talos closes the gzip writer but never the
+/// tar writer, so the last block is not padded to 512 bytes and there is no end-of-archive
+/// marker. Used by the simulated node and the tests.
 pub fn kubeconfig_archive(kubeconfig: &[u8]) -> std::io::Result<Vec<u8>> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let mut builder = tar::Builder::new(gz);
-    let mut header = tar::Header::new_gnu();
+    use std::io::Write;
+    let mut header = tar::Header::new_ustar();
+    header.set_path("kubeconfig")?;
     header.set_size(kubeconfig.len() as u64);
     header.set_mode(0o600);
     header.set_entry_type(tar::EntryType::Regular);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    header.set_mtime(now);
     header.set_cksum();
-    builder.append_data(&mut header, "kubeconfig", kubeconfig)?;
-    builder.into_inner()?.finish()
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(header.as_bytes())?;
+    gz.write_all(kubeconfig)?;
+    gz.finish()
 }
 
 #[cfg(test)]
@@ -94,6 +105,24 @@ mod tests {
     #[test]
     fn round_trip() {
         let archive = kubeconfig_archive(KUBECONFIG).unwrap();
+        assert_eq!(kubeconfig_from_archive(&archive).unwrap(), KUBECONFIG);
+    }
+
+    #[test]
+    fn the_archive_ends_where_talos_stops_writing() {
+        // Talos never closes its tar writer: one 512-byte header, the file, nothing more
+        // (no padding, no two zero blocks). The reader must not insist on either.
+        let archive = kubeconfig_archive(KUBECONFIG).unwrap();
+        let mut tar = Vec::new();
+        flate2::read::GzDecoder::new(&archive[..])
+            .read_to_end(&mut tar)
+            .unwrap();
+        assert_eq!(tar.len(), 512 + KUBECONFIG.len());
+        assert_eq!(&tar[512..], KUBECONFIG);
+        let header = tar::Header::from_byte_slice(&tar[..512]);
+        assert_eq!(header.path().unwrap().to_str(), Some("kubeconfig"));
+        assert_eq!(header.mode().unwrap(), 0o600);
+        assert!(header.as_ustar().is_some());
         assert_eq!(kubeconfig_from_archive(&archive).unwrap(), KUBECONFIG);
     }
 

@@ -190,6 +190,23 @@ pub enum TalosError {
         /// The refused call.
         rpc: Rpc,
     },
+    /// The endpoint was asked to relay (`node` header) but its apid cannot forward: only a
+    /// control plane's apid holds the client certificate to dial other nodes with, so a
+    /// worker answers PermissionDenied "no request forwarding" (Talos v1.13.9
+    /// `internal/app/apid/pkg/director/director.go`, `singleDirector`).
+    #[error(
+        "{rpc} refused by {target}: that endpoint cannot relay to other nodes ({message}). \
+         Only a control plane's apid forwards `node` requests; dial the node itself or go \
+         through a control plane"
+    )]
+    NoForwarding {
+        /// Where the call went.
+        target: Target,
+        /// The refused call.
+        rpc: Rpc,
+        /// The server's message.
+        message: String,
+    },
     /// The caller's roles (client certificate Organization) do not allow the call.
     #[error(
         "{rpc} refused by {target}: permission denied ({message}). The client certificate's \
@@ -321,8 +338,13 @@ pub(crate) fn classify(status: &Status, ctx: &CallContext) -> TalosError {
 /// `metadata.status`) to a [`TalosError`].
 pub(crate) fn classify_code(code: Code, message: &str, ctx: &CallContext) -> TalosError {
     let target = ctx.target.clone();
-    let message = message.to_owned();
+    let message = one_line(message);
     match code {
+        Code::PermissionDenied if message == "no request forwarding" => TalosError::NoForwarding {
+            target,
+            rpc: ctx.rpc,
+            message,
+        },
         Code::PermissionDenied if ctx.maintenance => TalosError::Maintenance {
             target,
             rpc: ctx.rpc,
@@ -365,6 +387,13 @@ pub(crate) fn classify_code(code: Code, message: &str, ctx: &CallContext) -> Tal
             message,
         },
     }
+}
+
+/// Talos returns validation failures in go-multierror's layout ("1 error occurred:\n\t*
+/// ...\n\n", nested once per layer, `pkg/machinery/config/container/container.go`); events,
+/// `status` and logs want one line, so runs of whitespace become one space.
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Looks through the error chain under a status for a TLS, timeout or socket error.
@@ -580,6 +609,39 @@ mod tests {
         );
         assert!(matches!(err, TalosError::PermissionDenied { .. }));
         assert!(err.to_string().contains("os:admin"), "{err}");
+    }
+
+    #[test]
+    fn a_worker_endpoint_that_cannot_relay_is_not_a_role_problem() {
+        // What a worker's apid answers to a `node` header naming another node.
+        let mut relayed = ctx(Rpc::Version, false);
+        relayed.target.node = Some("10.0.0.6".into());
+        let err = classify(
+            &Status::permission_denied("no request forwarding"),
+            &relayed,
+        );
+        assert!(matches!(err, TalosError::NoForwarding { .. }), "{err:?}");
+        assert!(err.to_string().contains("control plane"), "{err}");
+        assert!(!err.to_string().contains("Organization"), "{err}");
+    }
+
+    #[test]
+    fn multierror_messages_become_one_line() {
+        // Talos's validation error layout, nested by container.Validate.
+        let st = Status::invalid_argument(
+            "1 error occurred:\n\t* v1alpha1.Config: 1 error occurred:\n\t* either install \
+             disk or diskSelector should be defined\n\n\n\n",
+        );
+        let err = classify(&st, &ctx(Rpc::ApplyConfiguration, true));
+        let text = err.to_string();
+        assert!(!text.contains('\n') && !text.contains('\t'), "{text:?}");
+        assert!(
+            text.ends_with(
+                "1 error occurred: * v1alpha1.Config: 1 error occurred: * either install disk \
+                 or diskSelector should be defined"
+            ),
+            "{text:?}"
+        );
     }
 
     #[test]
