@@ -320,6 +320,16 @@ nodes:
                 updated_at_unix: now,
             })
             .unwrap();
+        // It fetched its Talos boot script from talboot (what the HTTP server records): only
+        // machines that network-booted Talos are probed.
+        store
+            .append_event(
+                "cp-1",
+                talboot::events::EventKind::Script.as_str(),
+                "talos script",
+                now * 1000,
+            )
+            .unwrap();
     }
 
     // The strict Talos double on :50001, behind the counting proxy on apid's :50000.
