@@ -13,7 +13,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,7 +24,7 @@ use dhcproto::v4::{
     relay::RelayInfo,
 };
 use dhcproto::{Decodable, Encodable};
-use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
+use support::images::fake_images;
 use talboot::store::{LeaseState, Store};
 
 use support::netns::{Lab, require_tool, run, wait_for_text};
@@ -72,32 +71,6 @@ nodes:
         node("n-bcast", MAC_UDHCPC_BCAST, 24),
         node("n-pxe", MAC_PXE, 25),
     )
-}
-
-/// Boot sets the inventory needs, as fake files recorded in the catalog (DHCP never reads
-/// them, but `serve` refuses to start without them).
-fn fake_images(inventory: &Path, images: &Path) {
-    let inv = talboot::inventory::load_with_env(inventory, &BTreeMap::new())
-        .unwrap()
-        .inventory;
-    for id in talboot::artifacts::required_sets(&inv) {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = images.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
-        }
-        let mut c = Catalog::load(images).unwrap();
-        c.upsert(Entry {
-            id,
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-        });
-        c.save(images).unwrap();
-    }
 }
 
 /// The binary under test, pinned when the test process starts: a hard link (a copy if that

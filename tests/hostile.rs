@@ -10,14 +10,15 @@
 //! Talos double (`talboot::sim::talos`, which counts who received ApplyConfiguration), and
 //! curl against the `talboot serve` binary. Each test uses its own 127.0.N.0/24.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use talboot::artifacts::Catalog;
 
-use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
+use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
 use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve};
 use talboot::inventory::{Inventory, Mac, Node};
@@ -600,31 +601,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Boot sets the inventory at `inv` needs, recorded in the catalog under `images`.
-fn fake_images(inv: &Path, images: &Path) {
-    let inv = talboot::inventory::load_with_env(inv, &BTreeMap::new())
-        .unwrap()
-        .inventory;
-    for id in talboot::artifacts::required_sets(&inv) {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = images.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
-        }
-        let mut c = Catalog::load(images).unwrap();
-        c.upsert(Entry {
-            id,
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-        });
-        c.save(images).unwrap();
-    }
 }
 
 fn curl(args: &[&str]) -> (String, String) {

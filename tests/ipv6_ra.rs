@@ -7,37 +7,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use support::images::fake_images;
 use support::netns::{Lab, require_tool};
-use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
-
-fn fake_images(inventory: &Path, images: &Path) {
-    let inv = talboot::inventory::load_with_env(inventory, &BTreeMap::new())
-        .unwrap()
-        .inventory;
-    for id in talboot::artifacts::required_sets(&inv) {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = images.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
-        }
-        let mut c = Catalog::load(images).unwrap();
-        c.upsert(Entry {
-            id,
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-        });
-        c.save(images).unwrap();
-    }
-}
 
 #[test]
 fn router_advertisements_say_no_router_and_no_prefix() {

@@ -2,12 +2,13 @@
 //! exact pull command), serves HTTP and TFTP on loopback, records boot events, and exits cleanly
 //! on SIGTERM.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
+use support::images::fake_images;
 
 struct Served {
     child: Option<Child>,
@@ -36,34 +37,6 @@ fn free_udp_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Write the boot sets `lab.yaml` needs into `images` and record them in the catalog.
-fn fake_images(images: &Path) {
-    let inv = talboot::inventory::load_with_env(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
-        &BTreeMap::new(),
-    )
-    .unwrap()
-    .inventory;
-    for id in talboot::artifacts::required_sets(&inv) {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = images.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
-        }
-        let mut c = Catalog::load(images).unwrap();
-        c.upsert(Entry {
-            id,
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-        });
-        c.save(images).unwrap();
-    }
 }
 
 /// A lease for k8s-ctrl-01 at 127.0.0.1, as talboot's DHCP would have bound it (serve runs
@@ -135,7 +108,10 @@ fn refuses_to_start_without_artifacts() {
 #[test]
 fn serves_http_and_tftp_then_stops_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
-    fake_images(&tmp.path().join("images"));
+    fake_images(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &tmp.path().join("images"),
+    );
     let ipxe: PathBuf = tmp.path().join("ipxe");
     std::fs::create_dir_all(&ipxe).unwrap();
     let efi: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
@@ -249,7 +225,10 @@ fn serves_http_and_tftp_then_stops_on_sigterm() {
 #[test]
 fn push_mode_refuses_to_start_without_its_secrets() {
     let tmp = tempfile::tempdir().unwrap();
-    fake_images(&tmp.path().join("images"));
+    fake_images(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &tmp.path().join("images"),
+    );
     let mut args: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
         .into_iter()
         .filter(|a| a != "--no-provision")
@@ -283,7 +262,10 @@ fn push_mode_refuses_to_start_without_its_secrets() {
 fn ksops_without_an_age_identity_refuses_to_start_naming_the_flag() {
     // config/lab.yaml has addons.argocd.ksops: true.
     let tmp = tempfile::tempdir().unwrap();
-    fake_images(&tmp.path().join("images"));
+    fake_images(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &tmp.path().join("images"),
+    );
     let push: Vec<String> = base_args(tmp.path(), free_port(), free_udp_port())
         .into_iter()
         .filter(|a| a != "--no-provision")
@@ -324,7 +306,10 @@ fn ksops_without_an_age_identity_refuses_to_start_naming_the_flag() {
 #[test]
 fn node_rebuild_goes_through_a_running_serve() {
     let tmp = tempfile::tempdir().unwrap();
-    fake_images(&tmp.path().join("images"));
+    fake_images(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &tmp.path().join("images"),
+    );
     std::fs::create_dir_all(tmp.path().join("ipxe")).unwrap();
     for name in ["ipxe.efi", "undionly.kpxe"] {
         std::fs::write(tmp.path().join("ipxe").join(name), name).unwrap();

@@ -3,7 +3,8 @@
 //! against the strict Talos double (`talboot::sim::talos`): it exits within a bounded time
 //! and opens no Talos API connection after the signal.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, hash_file};
+use support::images::fake_images;
 
 /// Kills the child on drop, so a failed assertion leaves no process behind.
 struct Served(Option<Child>);
@@ -31,30 +32,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn fake_images(inventory: &Path, images: &Path) {
-    let inv = talboot::inventory::load_with_env(inventory, &BTreeMap::new())
-        .unwrap()
-        .inventory;
-    for id in talboot::artifacts::required_sets(&inv) {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = images.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
-        }
-        let mut c = Catalog::load(images).unwrap();
-        c.upsert(Entry {
-            id,
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-        });
-        c.save(images).unwrap();
-    }
 }
 
 /// Boot-files-only serve of `config/lab.yaml` on loopback (no DHCP, TFTP or provisioning).
