@@ -14,12 +14,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::Catalog;
 use crate::dhcp::{BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
-use crate::events::{Clock, EventBus, EventKind, SystemClock};
+use crate::events::{Clock, EventBus, SystemClock};
 use crate::firststage::{self, FirstStage, Transport};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
-use crate::tftp::{TftpConfig, TftpServer, TransferOutcome};
+use crate::tftp::{TftpConfig, TftpServer};
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -308,7 +308,7 @@ impl Bound {
                     .await
                     .map_err(|e| format!("tftp: {e}"))
             });
-            tasks.spawn(publish_tftp_events(
+            tasks.spawn(crate::tftp::report::publish_events(
                 rx,
                 store.clone(),
                 inv.clone(),
@@ -474,31 +474,4 @@ impl Running {
             None => Ok(()),
         }
     }
-}
-
-/// Publishes finished TFTP transfers as node events (the node found by its lease address).
-async fn publish_tftp_events(
-    mut rx: tokio::sync::mpsc::Receiver<crate::tftp::TransferEvent>,
-    store: Arc<dyn Store>,
-    inv: Arc<Inventory>,
-    events: EventBus,
-) -> Result<(), String> {
-    while let Some(ev) = rx.recv().await {
-        let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
-        match &ev.outcome {
-            TransferOutcome::Completed => events.publish(
-                &node,
-                EventKind::TftpFile,
-                format!("{} ({} bytes) to {}", ev.file, ev.bytes, ev.peer),
-            ),
-            // The UEFI size probe ends with the client's ERROR 8; not a failure.
-            TransferOutcome::PeerAborted { .. } => {}
-            other => events.publish(
-                &node,
-                EventKind::TftpFailed,
-                format!("{} to {}: {}", ev.file, ev.peer, other.label()),
-            ),
-        }
-    }
-    Ok(())
 }

@@ -4,18 +4,32 @@
 //! once at start by [`crate::firststage`]); iPXE then moves to HTTP. The module is split the sans-I/O way:
 //! - [`packet`]: the wire codec, pure and fuzzed (`fuzz/fuzz_targets/tftp_packet.rs`);
 //! - [`transfer`]: option negotiation and the windowed sender state machine, pure;
-//! - [`server`]: the tokio adapter: listener with IP_PKTINFO, one task and socket per transfer,
-//!   safe path resolution under the TFTP root, deadlines, a concurrency cap, metrics, and a
-//!   [`TransferEvent`] per request for the per-node boot timeline.
+//! - [`listener`]: the tokio adapter's front: the listener loop that classifies requests and
+//!   starts one transfer task each, under a concurrency cap;
+//! - [`driver`]: one transfer served to its end on its own socket (timers, deadline, reads);
+//! - [`root`]: root confinement (which names may be asked for, where the bytes come from);
+//! - [`pktinfo`]: IP_PKTINFO plumbing, so a wildcard listener answers from the right address;
+//! - [`config`]: the tunables and start-up errors;
+//! - [`report`]: a [`TransferEvent`] per request: metrics, logs and the per-node boot timeline.
 //!
 //! We do not use async-tftp: it ignores a client's ERROR after the OACK (the tsize probe every
 //! EDK2 firmware makes), keeps retransmitting, and blocks the same peer's real request meanwhile.
 
+pub mod config;
+mod driver;
+pub mod listener;
 pub mod packet;
-pub mod server;
+mod pktinfo;
+pub mod report;
+pub mod root;
 pub mod transfer;
 
-pub use server::{ServerError, TftpConfig, TftpServer, TransferEvent, TransferOutcome};
+#[cfg(test)]
+mod tests;
+
+pub use config::{ServerError, TftpConfig};
+pub use listener::TftpServer;
+pub use report::{TransferEvent, TransferOutcome};
 
 /// The first-stage iPXE binaries a PXE firmware fetches over TFTP (see [`crate::firststage`]).
 pub const IPXE_BINARIES: [&str; 4] = crate::firststage::KNOWN;

@@ -1,0 +1,343 @@
+//! The transfer driver: one request served to its end on its own socket.
+//!
+//! This module owns everything between an accepted request and its [`TransferOutcome`]: the
+//! transfer socket (bound to the local address the client used, connected to the client, so
+//! stray packets from other ports never reach it), refusals as TFTP ERROR packets, opening the
+//! file, running the pure [`Transfer`] machine over the socket with its retransmission timer,
+//! the per-transfer deadline and cancellation, and block reads.
+
+use std::io::{self, SeekFrom};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use metrics::counter;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, BufReader};
+use tokio::net::UdpSocket;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::listener::{Request, Shared, kind};
+use super::packet::{DATA_HEADER_LEN, ErrorCode, Mode, Packet};
+use super::report::{TransferEvent, TransferOutcome, report};
+use super::root::{ResolveError, Source, lookup, resolve};
+use super::transfer::{AbortReason, Action, Event, Transfer, negotiate};
+
+/// Largest packet we read from a client during a transfer (ACK or ERROR).
+const REPLY_BUF: usize = 1500;
+/// Read-ahead for file data, so sequential blocks cost one blocking read per 64 KiB.
+const FILE_BUF: usize = 64 * 1024;
+
+/// Serve one request to its end and report it.
+pub(super) async fn run_request(
+    shared: &Shared,
+    request: Request,
+    peer: SocketAddr,
+    local: SocketAddr,
+    cancel: CancellationToken,
+) {
+    let started = Instant::now();
+    let deadline = started + shared.config.transfer_deadline;
+    let (outcome, bytes) = match open_transfer_socket(local, peer).await {
+        Ok(sock) => serve_request(shared, &request, &sock, deadline, &cancel).await,
+        Err(e) => (
+            TransferOutcome::Failed {
+                reason: format!("cannot open a transfer socket on {local} towards {peer}: {e}"),
+            },
+            0,
+        ),
+    };
+    report(
+        shared,
+        TransferEvent {
+            peer,
+            local: local.ip(),
+            file: request.filename().to_owned(),
+            bytes,
+            elapsed: started.elapsed(),
+            outcome,
+        },
+    );
+}
+
+async fn open_transfer_socket(local: SocketAddr, peer: SocketAddr) -> io::Result<UdpSocket> {
+    let sock = UdpSocket::bind(local).await?;
+    sock.connect(peer).await?;
+    Ok(sock)
+}
+
+/// Answer the request on its transfer socket; returns the outcome and bytes acknowledged.
+async fn serve_request(
+    shared: &Shared,
+    request: &Request,
+    sock: &UdpSocket,
+    deadline: Instant,
+    cancel: &CancellationToken,
+) -> (TransferOutcome, u64) {
+    let (filename, mode, options) = match request {
+        Request::Write { .. } => {
+            return refuse(
+                sock,
+                ErrorCode::AccessViolation,
+                "this TFTP server is read-only",
+                "write request refused (the server is read-only)".into(),
+            )
+            .await;
+        }
+        Request::Read {
+            filename,
+            mode,
+            options,
+        } => (filename, *mode, options),
+    };
+    if mode != Mode::Octet {
+        return refuse(
+            sock,
+            ErrorCode::NotDefined,
+            "only octet (binary) mode is supported",
+            format!("{} mode requested; only octet is served", mode.as_str()),
+        )
+        .await;
+    }
+    let (path, data) = match &shared.source {
+        Source::Files(files) => match lookup(files, filename) {
+            Ok(bytes) => (PathBuf::from(filename), Data::Memory(bytes)),
+            Err(e) => {
+                let (code, client_msg) = e.reply();
+                return refuse(sock, code, client_msg, e.to_string()).await;
+            }
+        },
+        Source::Root(root) => {
+            let path = match resolve(root, filename).await {
+                Ok(path) => path,
+                Err(e) => {
+                    let (code, client_msg) = e.reply();
+                    return refuse(sock, code, client_msg, e.to_string()).await;
+                }
+            };
+            match tokio::fs::File::open(&path).await {
+                Ok(f) => (path, Data::File(BufReader::with_capacity(FILE_BUF, f))),
+                Err(e) => {
+                    let e = ResolveError::from_io(e);
+                    let (code, client_msg) = e.reply();
+                    return refuse(sock, code, client_msg, e.to_string()).await;
+                }
+            }
+        }
+    };
+    let size = match &data {
+        Data::Memory(bytes) => bytes.len() as u64,
+        Data::File(file) => match file.get_ref().metadata().await {
+            Ok(meta) => meta.len(),
+            Err(e) => {
+                return fail(sock, format!("cannot stat {}: {e}", path.display())).await;
+            }
+        },
+    };
+
+    let negotiated = negotiate(options, size, &shared.limits);
+    let span = tracing::Span::current();
+    span.record("blksize", negotiated.blksize);
+    span.record("windowsize", negotiated.windowsize);
+    span.record("tsize", size);
+    let mut transfer = Transfer::new(&negotiated, size, shared.config.max_retries);
+    let mut reader = BlockReader { data, pos: 0 };
+    let outcome = tokio::select! {
+        result = drive(sock, &mut transfer, &mut reader, &path) => match result {
+            Ok(outcome) => outcome,
+            Err(DriveError::PeerGone) => TransferOutcome::PeerGone,
+            Err(DriveError::Network(e)) => TransferOutcome::Failed {
+                reason: format!("transfer socket: {e}"),
+            },
+            Err(DriveError::File(reason)) => {
+                send_error(sock, ErrorCode::NotDefined, "server could not read the file").await;
+                TransferOutcome::Failed { reason }
+            }
+        },
+        _ = cancel.cancelled() => {
+            send_error(sock, ErrorCode::NotDefined, "server shutting down").await;
+            TransferOutcome::Cancelled
+        }
+        _ = tokio::time::sleep_until(deadline) => {
+            send_error(sock, ErrorCode::NotDefined, "transfer deadline exceeded").await;
+            TransferOutcome::DeadlineExceeded
+        }
+    };
+    (outcome, transfer.bytes_acknowledged())
+}
+
+async fn refuse(
+    sock: &UdpSocket,
+    code: ErrorCode,
+    client_msg: &str,
+    reason: String,
+) -> (TransferOutcome, u64) {
+    send_error(sock, code, client_msg).await;
+    (TransferOutcome::Refused { code, reason }, 0)
+}
+
+async fn fail(sock: &UdpSocket, reason: String) -> (TransferOutcome, u64) {
+    send_error(
+        sock,
+        ErrorCode::NotDefined,
+        "server could not read the file",
+    )
+    .await;
+    (TransferOutcome::Failed { reason }, 0)
+}
+
+/// Best effort: the client may already be gone, and an ERROR is never retransmitted.
+async fn send_error(sock: &UdpSocket, code: ErrorCode, message: &str) {
+    let packet = Packet::Error {
+        code,
+        message: message.to_owned(),
+    };
+    if let Err(e) = sock.send(&packet.to_bytes()).await {
+        debug!(error = %e, "could not send TFTP ERROR to the client");
+    }
+}
+
+#[derive(Debug)]
+enum DriveError {
+    /// ICMP port unreachable came back: the client closed its port.
+    PeerGone,
+    /// Any other socket error.
+    Network(io::Error),
+    /// Reading the file failed (message names the file).
+    File(String),
+}
+
+impl From<io::Error> for DriveError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::ConnectionRefused {
+            DriveError::PeerGone
+        } else {
+            DriveError::Network(e)
+        }
+    }
+}
+
+/// Run the state machine over the transfer socket until it completes or aborts.
+async fn drive(
+    sock: &UdpSocket,
+    transfer: &mut Transfer,
+    reader: &mut BlockReader,
+    path: &Path,
+) -> Result<TransferOutcome, DriveError> {
+    let mut actions = Vec::new();
+    let mut packet = Vec::new();
+    let mut reply = vec![0u8; REPLY_BUF];
+    transfer.start(&mut actions);
+    let mut retransmit_at = Instant::now();
+    loop {
+        let mut sent = false;
+        for action in actions.drain(..) {
+            match action {
+                Action::SendOack(options) => {
+                    packet.clear();
+                    Packet::Oack { options }.encode(&mut packet);
+                    sock.send(&packet).await?;
+                    sent = true;
+                }
+                Action::SendData(block) => {
+                    packet.clear();
+                    packet.extend_from_slice(&super::packet::data_header(block.block));
+                    packet.resize(DATA_HEADER_LEN + block.len, 0);
+                    reader
+                        .read_at(block.offset, &mut packet[DATA_HEADER_LEN..])
+                        .await
+                        .map_err(|e| {
+                            DriveError::File(format!(
+                                "reading {} bytes at offset {} of {}: {e} (did the file change \
+                                 during the transfer?)",
+                                block.len,
+                                block.offset,
+                                path.display()
+                            ))
+                        })?;
+                    sock.send(&packet).await?;
+                    sent = true;
+                }
+                Action::Done => return Ok(TransferOutcome::Completed),
+                Action::Abort(AbortReason::PeerError { code, message }) => {
+                    return Ok(TransferOutcome::PeerAborted { code, message });
+                }
+                Action::Abort(AbortReason::RetriesExhausted { retries }) => {
+                    send_error(sock, ErrorCode::NotDefined, "timed out waiting for ACK").await;
+                    return Ok(TransferOutcome::TimedOut { retries });
+                }
+            }
+        }
+        // The timer restarts only when something was sent; ignored packets (duplicate ACKs)
+        // must not keep a dead transfer alive.
+        if sent {
+            retransmit_at = Instant::now() + transfer.retransmit_timeout();
+        }
+        let event = match tokio::time::timeout_at(retransmit_at, sock.recv(&mut reply)).await {
+            Err(_elapsed) => Event::Timeout,
+            Ok(received) => match Packet::parse(&reply[..received?]) {
+                Ok(Packet::Ack { block }) => Event::Ack(block),
+                Ok(Packet::Error { code, message }) => Event::Error { code, message },
+                Ok(other) => {
+                    counter!("tftp_unexpected_packets_total").increment(1);
+                    debug!(
+                        packet = kind(&other),
+                        "ignored a non-ACK packet during a transfer"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    counter!("tftp_malformed_packets_total").increment(1);
+                    debug!(error = %e, "ignored a malformed TFTP packet during a transfer");
+                    continue;
+                }
+            },
+        };
+        transfer.handle(event, &mut actions);
+    }
+}
+
+/// What a transfer reads from.
+enum Data {
+    /// A file opened for this transfer.
+    File(BufReader<tokio::fs::File>),
+    /// Contents loaded at start.
+    Memory(axum::body::Bytes),
+}
+
+/// Sequential reads through a buffer; seeks only when go-back-N rewinds.
+struct BlockReader {
+    data: Data,
+    pos: u64,
+}
+
+impl BlockReader {
+    async fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let file = match &mut self.data {
+            Data::Memory(bytes) => {
+                let slice = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| bytes.get(start..start.checked_add(buf.len())?))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                buf.copy_from_slice(slice);
+                return Ok(());
+            }
+            Data::File(file) => file,
+        };
+        if offset != self.pos {
+            file.seek(SeekFrom::Start(offset)).await?;
+            self.pos = offset;
+        }
+        match file.read_exact(buf).await {
+            Ok(_) => {
+                self.pos += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Position unknown after a failed read; force a seek next time.
+                self.pos = u64::MAX;
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The listener: the front of the tokio adapter around [`super::transfer`].
+//!
+//! This module owns [`TftpServer`], the listener loop, request classification and the start of
+//! one transfer task per accepted request. The other adapter pieces are its siblings: the
+//! transfer driver ([`super::driver`]), root confinement ([`super::root`]), IP_PKTINFO
+//! ([`super::pktinfo`]) and reporting ([`super::report`]). Protocol decisions stay in the pure
+//! modules; here we only move bytes. The adapter as a whole:
+//!
+//! - **Listener.** One UDP socket (pre-bound by the caller, or bound by [`TftpServer::bind`])
+//!   with IP_PKTINFO / IPV6_RECVPKTINFO enabled, so a `0.0.0.0` listener learns which local
+//!   address each request was sent to. Only RRQ and WRQ are accepted there; anything else is
+//!   counted and dropped, and we never answer malformed packets (no reflection).
+//! - **Transfers.** Each request gets a task and its own socket bound to that local address
+//!   (the reply must come from the address the client talked to, or a multi-homed appliance
+//!   answers from the wrong IP) and connected to the client, so stray packets from other ports
+//!   never reach it. A semaphore caps concurrent transfers; a request over the cap is dropped
+//!   (the client retries its RRQ) and reported as [`TransferOutcome::Busy`]. Every transfer has
+//!   a deadline. A retransmitted RRQ (the client gave up waiting for our first reply) starts a
+//!   second transfer; the client keeps the first reply's port and answers the other one with
+//!   ERROR 5, which ends it quietly. We keep no per-peer table, so a stuck transfer can never
+//!   block the same client's next request (the async-tftp failure).
+//! - **Read-only, a fixed set or root-confined.** WRQ gets ERROR 2. File names with `..`, a
+//!   leading `/` or a backslash get ERROR 2. The appliance serves a fixed set of named files
+//!   loaded at start ([`TftpServer::with_files`], `crate::firststage`): the name is only
+//!   looked up in that set, never joined to a path, and anything else gets ERROR 1. The
+//!   general root mode ([`TftpServer::new`]) canonicalizes the path (following symlinks) and
+//!   requires it to stay under the canonical root, so a symlink cannot escape it.
+//!   Only `octet` mode is served: boot firmware never asks for anything else, and netascii
+//!   conversion would make `tsize` wrong.
+//! - **Reporting.** Each request ends in one [`TransferEvent`] sent with `try_send` (a slow
+//!   consumer never stalls a transfer; drops are counted), a tracing span per transfer, and
+//!   `metrics` counters: `tftp_transfers_total{outcome}`, `tftp_bytes_delivered_total` (bytes
+//!   acknowledged by clients), `tftp_malformed_packets_total`, `tftp_unexpected_packets_total`,
+//!   `tftp_requests_dropped_total{reason}` and `tftp_events_dropped_total`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::counter;
+use tokio::net::UdpSocket;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::config::{ServerError, TftpConfig};
+use super::driver::run_request;
+use super::packet::{Mode, Options, Packet};
+use super::pktinfo::{enable_packet_info, normalize, recv_request};
+use super::report::{TransferEvent, TransferOutcome, report};
+use super::root::Source;
+use super::transfer::Limits;
+
+/// Largest request we read on the listener; a real RRQ is well under 600 bytes.
+const REQUEST_BUF: usize = 4096;
+
+/// A read-only TFTP server over one root directory or a fixed set of named files.
+#[derive(Debug)]
+pub struct TftpServer {
+    config: TftpConfig,
+    source: Source,
+    events: Option<mpsc::Sender<TransferEvent>>,
+}
+
+/// State shared by the listener and every transfer task.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) config: TftpConfig,
+    pub(super) limits: Limits,
+    pub(super) source: Source,
+    pub(super) events: Option<mpsc::Sender<TransferEvent>>,
+}
+
+impl TftpServer {
+    /// A server for files under `root`. The root is canonicalized now, so later symlink checks
+    /// compare against its real location.
+    pub fn new(config: TftpConfig, root: impl AsRef<Path>) -> Result<Self, ServerError> {
+        config.validate()?;
+        let given = root.as_ref();
+        let root = std::fs::canonicalize(given).map_err(|source| ServerError::Root {
+            path: given.to_path_buf(),
+            source,
+        })?;
+        if !root.is_dir() {
+            return Err(ServerError::RootNotDir {
+                path: given.to_path_buf(),
+            });
+        }
+        Ok(TftpServer {
+            config,
+            source: Source::Root(root),
+            events: None,
+        })
+    }
+
+    /// A server for exactly the files in `files`, by name. No request ever reaches the
+    /// filesystem.
+    pub fn with_files(
+        config: TftpConfig,
+        files: Arc<crate::firststage::FirstStage>,
+    ) -> Result<Self, ServerError> {
+        config.validate()?;
+        Ok(TftpServer {
+            config,
+            source: Source::Files(files),
+            events: None,
+        })
+    }
+
+    /// Send a [`TransferEvent`] for every request to `events`. Delivery uses `try_send`: when
+    /// the channel is full the event is dropped and counted, never waited for.
+    pub fn with_events(mut self, events: mpsc::Sender<TransferEvent>) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// The canonical root directory files are served from (none for a fixed set).
+    pub fn root(&self) -> Option<&Path> {
+        match &self.source {
+            Source::Root(root) => Some(root),
+            Source::Files(_) => None,
+        }
+    }
+
+    /// Bind a listener socket on `addr` (normally `0.0.0.0:69`).
+    pub async fn bind(addr: SocketAddr) -> Result<UdpSocket, ServerError> {
+        UdpSocket::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })
+    }
+
+    /// Serve requests arriving on `socket` until `cancel` fires; then stop every transfer
+    /// (each sends the client an ERROR) and return once they have all ended.
+    pub async fn serve(
+        self,
+        socket: UdpSocket,
+        cancel: CancellationToken,
+    ) -> Result<(), ServerError> {
+        let listen_addr = socket.local_addr().map_err(ServerError::Socket)?;
+        enable_packet_info(&socket, listen_addr).map_err(ServerError::Socket)?;
+        let shared = Arc::new(Shared {
+            limits: Limits {
+                max_blksize: self.config.max_blksize,
+                max_windowsize: self.config.max_windowsize,
+                default_timeout: self.config.default_timeout,
+            },
+            config: self.config,
+            source: self.source,
+            events: self.events,
+        });
+        let permits = Arc::new(Semaphore::new(shared.config.max_transfers));
+        let mut tasks = JoinSet::new();
+        let mut buf = vec![0u8; REQUEST_BUF];
+        let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo, nix::libc::in6_pktinfo);
+        info!(%listen_addr, files = %shared.source.describe(), "TFTP server listening");
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = joined {
+                        warn!(error = %e, "TFTP transfer task failed");
+                    }
+                }
+                received = recv_request(&socket, &mut buf, &mut cmsg) => match received {
+                    Ok(r) => {
+                        let Some(request) = classify(&buf[..r.len], r.truncated, r.peer) else {
+                            continue;
+                        };
+                        let (peer, local) = normalize(r.peer, r.local, listen_addr);
+                        match permits.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                let span = info_span!(
+                                    "tftp_transfer",
+                                    %peer,
+                                    file = ?request.filename(),
+                                    blksize = tracing::field::Empty,
+                                    windowsize = tracing::field::Empty,
+                                    tsize = tracing::field::Empty,
+                                );
+                                let shared = Arc::clone(&shared);
+                                let cancel = cancel.child_token();
+                                tasks.spawn(
+                                    async move {
+                                        run_request(&shared, request, peer, local, cancel).await;
+                                        drop(permit);
+                                    }
+                                    .instrument(span),
+                                );
+                            }
+                            Err(_) => {
+                                counter!("tftp_requests_dropped_total", "reason" => "busy")
+                                    .increment(1);
+                                report(
+                                    &shared,
+                                    TransferEvent {
+                                        peer,
+                                        local: local.ip(),
+                                        file: request.filename().to_owned(),
+                                        bytes: 0,
+                                        elapsed: Duration::ZERO,
+                                        outcome: TransferOutcome::Busy,
+                                    },
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing the listener can do about a failed receive except not spin.
+                        warn!(error = %e, "TFTP listener receive failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        info!(%listen_addr, "TFTP server stopped");
+        Ok(())
+    }
+}
+
+/// A request accepted from the listener.
+#[derive(Debug)]
+pub(super) enum Request {
+    Read {
+        filename: String,
+        mode: Mode,
+        options: Options,
+    },
+    Write {
+        filename: String,
+    },
+}
+
+impl Request {
+    pub(super) fn filename(&self) -> &str {
+        match self {
+            Request::Read { filename, .. } | Request::Write { filename } => filename,
+        }
+    }
+}
+
+/// Keep requests; count and drop everything else.
+fn classify(bytes: &[u8], truncated: bool, peer: SocketAddr) -> Option<Request> {
+    if truncated {
+        counter!("tftp_malformed_packets_total").increment(1);
+        debug!(%peer, "dropped an oversized datagram on the TFTP listener");
+        return None;
+    }
+    match Packet::parse(bytes) {
+        Ok(Packet::Rrq {
+            filename,
+            mode,
+            options,
+        }) => Some(Request::Read {
+            filename,
+            mode,
+            options,
+        }),
+        Ok(Packet::Wrq { filename, .. }) => Some(Request::Write { filename }),
+        Ok(other) => {
+            counter!("tftp_unexpected_packets_total").increment(1);
+            debug!(
+                %peer,
+                packet = kind(&other),
+                "ignored a non-request packet on the TFTP listener"
+            );
+            None
+        }
+        Err(e) => {
+            counter!("tftp_malformed_packets_total").increment(1);
+            debug!(%peer, error = %e, "ignored a malformed TFTP packet");
+            None
+        }
+    }
+}
+
+pub(super) fn kind(packet: &Packet) -> &'static str {
+    match packet {
+        Packet::Rrq { .. } => "RRQ",
+        Packet::Wrq { .. } => "WRQ",
+        Packet::Data { .. } => "DATA",
+        Packet::Ack { .. } => "ACK",
+        Packet::Error { .. } => "ERROR",
+        Packet::Oack { .. } => "OACK",
+    }
+}
