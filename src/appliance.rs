@@ -65,8 +65,8 @@ pub struct Plan {
     /// Listen address of the admin API (`/api/*`, `/metrics`): loopback only (checked by
     /// [`Plan::bind`]), so the provisioning network never reaches it.
     pub admin: SocketAddr,
-    /// TFTP listen address and block size cap, if TFTP runs.
-    pub tftp: Option<(SocketAddr, u16)>,
+    /// TFTP listen address and settings, if TFTP runs.
+    pub tftp: Option<(SocketAddr, TftpConfig)>,
     /// DHCP, if it runs.
     pub dhcp: Option<DhcpPlan>,
     /// Push provisioning, if it runs.
@@ -288,12 +288,8 @@ impl Bound {
             });
         }
 
-        if let (Some(socket), Some((_, max_blksize))) = (tftp, plan.tftp) {
+        if let (Some(socket), Some((_, config))) = (tftp, plan.tftp.clone()) {
             let (tx, rx) = tokio::sync::mpsc::channel(1024);
-            let config = TftpConfig {
-                max_blksize,
-                ..TftpConfig::default()
-            };
             tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
             let server = TftpServer::with_files(config, ipxe.clone())
                 .map_err(|e| ApplianceError::Bind {

@@ -70,6 +70,14 @@ pub struct Args {
     /// Do not run the TFTP server (every machine boots iPXE from its NIC ROM or HTTP boot).
     #[arg(long)]
     pub no_tftp: bool,
+    /// TFTP transfers served at once; further requests wait for a slot. Default: sized from
+    /// memory (1/32 of RAM at 256 KiB per transfer, at most half the open-file limit, 64..=4096).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub tftp_max_transfers: Option<u64>,
+    /// TFTP transfers running or waiting at once for one client address (a UEFI boot needs 2);
+    /// further requests from it are dropped unanswered, so one host cannot hold every slot.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub tftp_max_per_client: u64,
     /// Do not run the DHCP server (another DHCP server hands out the boot options).
     #[arg(long)]
     pub no_dhcp: bool,
@@ -330,9 +338,17 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             .and_then(|i| interface_mtu(&i))
             .map(max_blksize_for_mtu)
             .unwrap_or(TftpConfig::default().max_blksize);
+        let defaults = TftpConfig::default();
         (
             SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port),
-            max_blksize,
+            TftpConfig {
+                max_blksize,
+                max_transfers: args
+                    .tftp_max_transfers
+                    .map_or(defaults.max_transfers, |n| n as usize),
+                max_per_client: args.tftp_max_per_client as usize,
+                ..defaults
+            },
         )
     });
     let ipv6_ra = if args.ipv6_ra {

@@ -176,7 +176,13 @@ impl Relaunch {
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,
-            tftp: Some((self.tftp, 1468)),
+            tftp: Some((
+                self.tftp,
+                crate::tftp::TftpConfig {
+                    max_blksize: 1468,
+                    ..crate::tftp::TftpConfig::default()
+                },
+            )),
             dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
             ipv6_ra: None,
             provisioning: Some(ProvisioningPlan {

@@ -21,8 +21,59 @@ pub struct TftpConfig {
     pub max_retries: u32,
     /// Upper bound on one transfer's total time, from request to last ACK.
     pub transfer_deadline: Duration,
-    /// Transfers served at once; requests beyond this are dropped (clients retry).
+    /// Transfers served at once; requests beyond this wait for a slot (see
+    /// [`super::admission`]). The default is sized from memory by [`max_transfers_for`].
     pub max_transfers: usize,
+    /// Transfers running or waiting at once for one client address; requests beyond this are
+    /// dropped unanswered (the client resends).
+    pub max_per_client: usize,
+    /// Largest retransmission interval a client may negotiate with the `timeout` option
+    /// ([`super::transfer::Limits::max_timeout`]).
+    pub max_timeout: Duration,
+    /// How long a request waits for a slot after its last retransmission.
+    pub queue_wait: Duration,
+    /// How long a transfer may go without progress before a waiting request takes its slot.
+    pub reclaim_after: Duration,
+}
+
+/// Memory one transfer may cost at worst, for sizing [`TftpConfig::max_transfers`]: its share
+/// of the kernel's UDP send buffer (`net.core.wmem_default` is 212,992 bytes on Linux; a
+/// window of 64 blocks of 1468 bytes keeps about 94 KB of it queued), the 64 KiB read-ahead of
+/// a file served from the root, one packet buffer (blksize + 4) and the task itself, rounded up.
+/// Files served from memory (the appliance's fixed set) are shared, not copied per transfer.
+pub const TRANSFER_COST_BYTES: u64 = 256 * 1024;
+
+/// The concurrency cap for a host with `mem_total` bytes of memory and an open-file limit of
+/// `nofile`: TFTP may use 1/32 of memory at [`TRANSFER_COST_BYTES`] per transfer (the appliance
+/// also runs HTTP, DHCP, the store and the provisioner, and first-stage TFTP is the smallest
+/// part of a boot), and at most half the open files (one socket per transfer). Never below 64
+/// (the fixed cap before it was sized) nor above 4096 (a rack boots in waves far smaller; the
+/// admission table is scanned when full). A 2 GiB host gets 256, 8 GiB 1024; the
+/// 24 GB benchmark machine (23.5 GiB) 3013.
+pub fn max_transfers_for(mem_total: u64, nofile: u64) -> usize {
+    let by_memory = mem_total / 32 / TRANSFER_COST_BYTES;
+    let by_files = nofile / 2;
+    by_memory.min(by_files).clamp(64, 4096) as usize
+}
+
+/// [`max_transfers_for`] this host (`MemTotal` of /proc/meminfo, `RLIMIT_NOFILE`), read once.
+/// Unknown values count as 2 GiB and 1024 files.
+pub fn host_max_transfers() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let mem = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+                let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+                Some(kib * 1024)
+            })
+            .unwrap_or(2 << 30);
+        let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        max_transfers_for(mem, nofile)
+    })
 }
 
 impl Default for TftpConfig {
@@ -33,12 +84,38 @@ impl Default for TftpConfig {
             default_timeout: Duration::from_secs(1),
             max_retries: 5,
             transfer_deadline: Duration::from_secs(300),
-            max_transfers: 64,
+            max_transfers: host_max_transfers(),
+            // A booting machine needs one transfer, two with the UEFI size probe; four leaves
+            // room for a resent RRQ whose first transfer has not ended yet.
+            max_per_client: 4,
+            // RFC 2349 allows 1..=255 s. No boot client waits that long between its own
+            // retransmissions: iPXE backs off to at most 10 s (`DEFAULT_MAX_TIMEOUT`,
+            // ipxe/ipxe src/include/ipxe/retry.h) and EDK2's PXE uses 4 s
+            // (`PXEBC_MTFTP_TIMEOUT`); curl asks for 5-6 s. A 255 s timeout would let a client
+            // that never acknowledges hold a slot for 255 s x (max_retries + 1) = 25 minutes.
+            max_timeout: Duration::from_secs(10),
+            // iPXE's longest interval between RRQ retransmissions (10 s, above), so a waiting
+            // iPXE or EDK2 client keeps its place until its next resend refreshes it.
+            queue_wait: Duration::from_secs(10),
+            // Two retransmission intervals at the default timeout without a single ACK.
+            reclaim_after: Duration::from_secs(2),
         }
     }
 }
 
 impl TftpConfig {
+    /// The admission limits these settings make (see [`super::admission`]).
+    pub fn admission(&self) -> super::admission::Policy {
+        super::admission::Policy {
+            max_transfers: self.max_transfers,
+            max_per_client: self.max_per_client,
+            // Waiting entries are small; as many may wait as may run.
+            max_waiting: self.max_transfers,
+            wait: self.queue_wait,
+            reclaim_after: self.reclaim_after,
+        }
+    }
+
     /// Check every field is usable, naming the first that is not.
     pub fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, value: String, hint| Err(ServerError::Config { field, value, hint });
@@ -68,6 +145,20 @@ impl TftpConfig {
         }
         if self.max_transfers == 0 {
             return bad("max_transfers", "0".into(), "allow at least 1 transfer");
+        }
+        if self.max_per_client == 0 {
+            return bad(
+                "max_per_client",
+                "0".into(),
+                "allow at least 1 transfer per client (a UEFI boot needs 2)",
+            );
+        }
+        if self.max_timeout < Duration::from_secs(1) {
+            return bad(
+                "max_timeout",
+                format!("{:?}", self.max_timeout),
+                "use at least 1s (RFC 2349 timeouts are whole seconds, 1..=255)",
+            );
         }
         Ok(())
     }
@@ -116,4 +207,21 @@ pub enum ServerError {
     /// The listener socket is unusable.
     #[error("TFTP listener socket: {0}")]
     Socket(#[source] io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_is_sized_from_memory_and_open_files() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(max_transfers_for(2 * GIB, 65536), 256);
+        assert_eq!(max_transfers_for(8 * GIB, 65536), 1024);
+        // The open-file limit wins when it is the tighter one.
+        assert_eq!(max_transfers_for(8 * GIB, 1024), 512);
+        // Bounds: never below the old fixed 64, never above 4096.
+        assert_eq!(max_transfers_for(GIB / 4, 65536), 64);
+        assert_eq!(max_transfers_for(1024 * GIB, 1 << 20), 4096);
+    }
 }

@@ -9,15 +9,15 @@
 use std::io::{self, SeekFrom};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 use metrics::counter;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::listener::{Request, Shared, kind};
+use super::listener::{Request, Shared, TransferCtl, kind, millis};
 use super::packet::{DATA_HEADER_LEN, ErrorCode, Mode, Packet};
 use super::report::{TransferEvent, TransferOutcome, report};
 use super::root::{ResolveError, Source, lookup, resolve};
@@ -34,12 +34,12 @@ pub(super) async fn run_request(
     request: Request,
     peer: SocketAddr,
     local: SocketAddr,
-    cancel: CancellationToken,
+    ctl: TransferCtl,
 ) {
     let started = Instant::now();
     let deadline = started + shared.config.transfer_deadline;
     let (outcome, bytes) = match open_transfer_socket(local, peer).await {
-        Ok(sock) => serve_request(shared, &request, &sock, deadline, &cancel).await,
+        Ok(sock) => serve_request(shared, &request, &sock, deadline, &ctl).await,
         Err(e) => (
             TransferOutcome::Failed {
                 reason: format!("cannot open a transfer socket on {local} towards {peer}: {e}"),
@@ -72,7 +72,7 @@ async fn serve_request(
     request: &Request,
     sock: &UdpSocket,
     deadline: Instant,
-    cancel: &CancellationToken,
+    ctl: &TransferCtl,
 ) -> (TransferOutcome, u64) {
     let (filename, mode, options) = match request {
         Request::Write { .. } => {
@@ -142,8 +142,12 @@ async fn serve_request(
     span.record("tsize", size);
     let mut transfer = Transfer::new(&negotiated, size, shared.config.max_retries);
     let mut reader = BlockReader { data, pos: 0 };
+    let mut progressed = |at: Instant| {
+        ctl.progress
+            .store(millis(at - shared.epoch), Ordering::Relaxed);
+    };
     let outcome = tokio::select! {
-        result = drive(sock, &mut transfer, &mut reader, &path) => match result {
+        result = drive(sock, &mut transfer, &mut reader, &path, &mut progressed) => match result {
             Ok(outcome) => outcome,
             Err(DriveError::PeerGone) => TransferOutcome::PeerGone,
             Err(DriveError::Network(e)) => TransferOutcome::Failed {
@@ -154,9 +158,18 @@ async fn serve_request(
                 TransferOutcome::Failed { reason }
             }
         },
-        _ = cancel.cancelled() => {
+        _ = ctl.shutdown.cancelled() => {
             send_error(sock, ErrorCode::NotDefined, "server shutting down").await;
             TransferOutcome::Cancelled
+        }
+        _ = ctl.reclaim.cancelled() => {
+            send_error(
+                sock,
+                ErrorCode::NotDefined,
+                "transfer reclaimed: no acknowledgement while other clients wait",
+            )
+            .await;
+            TransferOutcome::Reclaimed
         }
         _ = tokio::time::sleep_until(deadline) => {
             send_error(sock, ErrorCode::NotDefined, "transfer deadline exceeded").await;
@@ -223,6 +236,7 @@ async fn drive(
     transfer: &mut Transfer,
     reader: &mut BlockReader,
     path: &Path,
+    progressed: &mut impl FnMut(Instant),
 ) -> Result<TransferOutcome, DriveError> {
     let mut actions = Vec::new();
     let mut packet = Vec::new();
@@ -293,7 +307,13 @@ async fn drive(
                 }
             },
         };
+        let is_ack = matches!(event, Event::Ack(_));
         transfer.handle(event, &mut actions);
+        // An ACK that produced something to do moved the transfer forward (duplicates and
+        // stale ACKs produce nothing).
+        if is_ack && !actions.is_empty() {
+            progressed(Instant::now());
+        }
     }
 }
 

@@ -33,18 +33,22 @@
 //!   acknowledged by clients), `tftp_malformed_packets_total`, `tftp_unexpected_packets_total`,
 //!   `tftp_requests_dropped_total{reason}` and `tftp_events_dropped_total`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::counter;
 use tokio::net::UdpSocket;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::admission::{Admission, Id, Step};
 use super::config::{ServerError, TftpConfig};
 use super::driver::run_request;
 use super::packet::{Mode, Options, Packet};
@@ -71,6 +75,8 @@ pub(super) struct Shared {
     pub(super) limits: Limits,
     pub(super) source: Source,
     pub(super) events: Option<mpsc::Sender<TransferEvent>>,
+    /// When the server started; admission times are offsets from it.
+    pub(super) epoch: Instant,
 }
 
 impl TftpServer {
@@ -140,28 +146,53 @@ impl TftpServer {
     ) -> Result<(), ServerError> {
         let listen_addr = socket.local_addr().map_err(ServerError::Socket)?;
         enable_packet_info(&socket, listen_addr).map_err(ServerError::Socket)?;
+        let epoch = Instant::now();
         let shared = Arc::new(Shared {
             limits: Limits {
                 max_blksize: self.config.max_blksize,
                 max_windowsize: self.config.max_windowsize,
                 default_timeout: self.config.default_timeout,
+                max_timeout: self.config.max_timeout,
             },
+            epoch,
             config: self.config,
             source: self.source,
             events: self.events,
         });
-        let permits = Arc::new(Semaphore::new(shared.config.max_transfers));
+        let mut table = Admission::new(shared.config.admission());
+        let mut running: HashMap<Id, Running> = HashMap::new();
+        let mut task_ids: HashMap<tokio::task::Id, Id> = HashMap::new();
+        let mut steps = Vec::new();
         let mut tasks = JoinSet::new();
         let mut buf = vec![0u8; REQUEST_BUF];
         let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo, nix::libc::in6_pktinfo);
-        info!(%listen_addr, files = %shared.source.describe(), "TFTP server listening");
+        info!(
+            %listen_addr,
+            files = %shared.source.describe(),
+            max_transfers = shared.config.max_transfers,
+            max_per_client = shared.config.max_per_client,
+            "TFTP server listening"
+        );
         loop {
+            let wake = table.next_wakeup().map(|at| epoch + at);
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Err(e) = joined {
-                        warn!(error = %e, "TFTP transfer task failed");
+                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    let task = match joined {
+                        Ok((task, ())) => task,
+                        Err(e) => {
+                            warn!(error = %e, "TFTP transfer task failed");
+                            e.id()
+                        }
+                    };
+                    if let Some(id) = task_ids.remove(&task) {
+                        running.remove(&id);
+                        table.finished(id, epoch.elapsed(), &mut steps);
                     }
+                }
+                _ = sleep_until_opt(wake), if wake.is_some() => {
+                    sync_progress(&mut table, &running);
+                    table.tick(epoch.elapsed(), &mut steps);
                 }
                 received = recv_request(&socket, &mut buf, &mut cmsg) => match received {
                     Ok(r) => {
@@ -169,42 +200,12 @@ impl TftpServer {
                             continue;
                         };
                         let (peer, local) = normalize(r.peer, r.local, listen_addr);
-                        match permits.clone().try_acquire_owned() {
-                            Ok(permit) => {
-                                let span = info_span!(
-                                    "tftp_transfer",
-                                    %peer,
-                                    file = ?request.filename(),
-                                    blksize = tracing::field::Empty,
-                                    windowsize = tracing::field::Empty,
-                                    tsize = tracing::field::Empty,
-                                );
-                                let shared = Arc::clone(&shared);
-                                let cancel = cancel.child_token();
-                                tasks.spawn(
-                                    async move {
-                                        run_request(&shared, request, peer, local, cancel).await;
-                                        drop(permit);
-                                    }
-                                    .instrument(span),
-                                );
-                            }
-                            Err(_) => {
-                                counter!("tftp_requests_dropped_total", "reason" => "busy")
-                                    .increment(1);
-                                report(
-                                    &shared,
-                                    TransferEvent {
-                                        peer,
-                                        local: local.ip(),
-                                        file: request.filename().to_owned(),
-                                        bytes: 0,
-                                        elapsed: Duration::ZERO,
-                                        outcome: TransferOutcome::Busy,
-                                    },
-                                );
-                            }
+                        if table.waiting() > 0 || table.active() >= shared.config.max_transfers {
+                            sync_progress(&mut table, &running);
                         }
+                        let file = request.filename().to_owned();
+                        let pending = Pending { request, peer, local };
+                        table.request(epoch.elapsed(), peer, &file, pending, &mut steps);
                     }
                     Err(e) => {
                         // Nothing the listener can do about a failed receive except not spin.
@@ -213,10 +214,120 @@ impl TftpServer {
                     }
                 },
             }
+            for step in steps.drain(..) {
+                match step {
+                    Step::Start { id, request } => {
+                        let ctl = TransferCtl {
+                            shutdown: cancel.child_token(),
+                            reclaim: CancellationToken::new(),
+                            progress: Arc::new(AtomicU64::new(millis(epoch.elapsed()))),
+                        };
+                        running.insert(
+                            id,
+                            Running {
+                                reclaim: ctl.reclaim.clone(),
+                                progress: Arc::clone(&ctl.progress),
+                            },
+                        );
+                        let span = info_span!(
+                            "tftp_transfer",
+                            peer = %request.peer,
+                            file = ?request.request.filename(),
+                            blksize = tracing::field::Empty,
+                            windowsize = tracing::field::Empty,
+                            tsize = tracing::field::Empty,
+                        );
+                        let shared = Arc::clone(&shared);
+                        let Pending {
+                            request,
+                            peer,
+                            local,
+                        } = request;
+                        let handle = tasks.spawn(
+                            async move { run_request(&shared, request, peer, local, ctl).await }
+                                .instrument(span),
+                        );
+                        task_ids.insert(handle.id(), id);
+                    }
+                    Step::Reclaim { id } => {
+                        if let Some(r) = running.remove(&id) {
+                            counter!("tftp_transfers_reclaimed_total").increment(1);
+                            r.reclaim.cancel();
+                        }
+                    }
+                    Step::Refuse { request, why } => {
+                        counter!("tftp_requests_dropped_total", "reason" => why.label())
+                            .increment(1);
+                        debug!(
+                            peer = %request.peer,
+                            reason = why.label(),
+                            "TFTP request dropped without an answer (the client resends)"
+                        );
+                        report(
+                            &shared,
+                            TransferEvent {
+                                peer: request.peer,
+                                local: request.local.ip(),
+                                file: request.request.filename().to_owned(),
+                                bytes: 0,
+                                elapsed: Duration::ZERO,
+                                outcome: TransferOutcome::Busy,
+                            },
+                        );
+                    }
+                }
+            }
         }
         while tasks.join_next().await.is_some() {}
         info!(%listen_addr, "TFTP server stopped");
         Ok(())
+    }
+}
+
+/// A request admitted to the table, not yet started.
+#[derive(Debug)]
+struct Pending {
+    request: Request,
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+/// The listener's handles on one running transfer.
+#[derive(Debug)]
+struct Running {
+    reclaim: CancellationToken,
+    progress: Arc<AtomicU64>,
+}
+
+/// What a transfer task gets from the listener: how it is stopped and where it reports
+/// progress (milliseconds since the server started, written by the task, read by the listener).
+#[derive(Debug)]
+pub(super) struct TransferCtl {
+    /// The server is shutting down.
+    pub(super) shutdown: CancellationToken,
+    /// The admission table gave this transfer's slot to a waiting request.
+    pub(super) reclaim: CancellationToken,
+    /// Time of the last ACK that moved the transfer forward.
+    pub(super) progress: Arc<AtomicU64>,
+}
+
+/// Milliseconds in `d`, as stored in [`TransferCtl::progress`].
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Copy each running transfer's last progress into the table before it decides on reclaims.
+fn sync_progress(table: &mut Admission<Pending>, running: &HashMap<Id, Running>) {
+    for (id, r) in running {
+        let at = Duration::from_millis(r.progress.load(Ordering::Relaxed));
+        table.progress(*id, at);
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

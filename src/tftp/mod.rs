@@ -4,8 +4,10 @@
 //! once at start by [`crate::firststage`]); iPXE then moves to HTTP. The module is split the sans-I/O way:
 //! - [`packet`]: the wire codec, pure and fuzzed (`fuzz/fuzz_targets/tftp_packet.rs`);
 //! - [`transfer`]: option negotiation and the windowed sender state machine, pure;
-//! - [`listener`]: the tokio adapter's front: the listener loop that classifies requests and
-//!   starts one transfer task each, under a concurrency cap;
+//! - [`admission`]: the transfer table's policy (global and per-client caps, waiting, reclaim
+//!   of stalled transfers), pure;
+//! - [`listener`]: the tokio adapter's front: the listener loop that classifies requests, asks
+//!   [`admission`] and starts one transfer task per admitted request;
 //! - [`driver`]: one transfer served to its end on its own socket (timers, deadline, reads);
 //! - [`root`]: root confinement (which names may be asked for, where the bytes come from);
 //! - [`pktinfo`]: IP_PKTINFO plumbing, so a wildcard listener answers from the right address;
@@ -15,6 +17,7 @@
 //! We do not use async-tftp: it ignores a client's ERROR after the OACK (the tsize probe every
 //! EDK2 firmware makes), keeps retransmitting, and blocks the same peer's real request meanwhile.
 
+pub mod admission;
 pub mod config;
 mod driver;
 pub mod listener;

@@ -41,6 +41,8 @@ pub enum TransferOutcome {
     PeerGone,
     /// The server shut down mid-transfer.
     Cancelled,
+    /// The transfer made no progress and its slot went to a waiting request.
+    Reclaimed,
     /// The request was answered with an ERROR packet (write request, bad path, missing file,
     /// unsupported mode).
     Refused {
@@ -49,7 +51,10 @@ pub enum TransferOutcome {
         /// Why, for the operator.
         reason: String,
     },
-    /// The concurrency cap was reached; the request was dropped unanswered.
+    /// No slot: the client's own cap was reached, or the request waited for a free slot
+    /// without one coming and without a retransmission, or too many already waited. It was
+    /// dropped unanswered (boot firmware resends a request that got no answer; an ERROR
+    /// would end its boot attempt).
     Busy,
     /// A local error (socket or file read) ended the transfer.
     Failed {
@@ -68,6 +73,7 @@ impl TransferOutcome {
             TransferOutcome::DeadlineExceeded => "deadline_exceeded",
             TransferOutcome::PeerGone => "peer_gone",
             TransferOutcome::Cancelled => "cancelled",
+            TransferOutcome::Reclaimed => "reclaimed",
             TransferOutcome::Refused { .. } => "refused",
             TransferOutcome::Busy => "busy",
             TransferOutcome::Failed { .. } => "failed",
@@ -120,10 +126,17 @@ pub(super) fn report(shared: &Shared, event: TransferEvent) {
             }
         }
         TransferOutcome::Cancelled => debug!(%peer, ?file, bytes, "TFTP transfer cancelled"),
-        TransferOutcome::Busy => warn!(
+        // Info, not warn: a host flooding requests would otherwise flood the log.
+        TransferOutcome::Busy => info!(
             %peer, ?file,
             max_transfers = shared.config.max_transfers,
-            "TFTP request dropped: too many transfers in progress (the client will retry)"
+            max_per_client = shared.config.max_per_client,
+            "TFTP request dropped: no free transfer slot (the client will resend)"
+        ),
+        TransferOutcome::Reclaimed => warn!(
+            %peer, ?file, bytes,
+            reclaim_after_s = shared.config.reclaim_after.as_secs(),
+            "TFTP transfer reclaimed: no acknowledgement while other requests waited"
         ),
         TransferOutcome::TimedOut { retries } => {
             warn!(%peer, ?file, bytes, retries, "TFTP client stopped acknowledging")

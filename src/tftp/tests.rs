@@ -30,7 +30,7 @@ impl Running {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, bytes).unwrap();
         }
-        let (tx, events) = mpsc::channel(64);
+        let (tx, events) = mpsc::channel(256);
         let server = TftpServer::new(config, root.path())
             .unwrap()
             .with_events(tx);
@@ -471,7 +471,9 @@ async fn dual_stack_listener_serves_ipv4_and_ipv6_from_the_right_address() {
 }
 
 #[tokio::test]
-async fn over_the_cap_requests_are_dropped_and_reported() {
+async fn a_full_table_makes_a_request_wait_and_serves_it_when_a_slot_frees() {
+    // Before: the request over the cap was dropped and reported Busy, so the client had to
+    // wait for its own retransmission timer.
     let config = TftpConfig {
         max_transfers: 1,
         ..TftpConfig::default()
@@ -485,15 +487,12 @@ async fn over_the_cap_requests_are_dropped_and_reported() {
     holder.send_to(&rrq("f", probe), server.addr).await.unwrap();
     let (_oack, tid) = recv(&holder).await;
 
+    // The table is full: this request waits, and is sent only once.
     let second = client().await;
     second
         .send_to(&rrq("f", Options::default()), server.addr)
         .await
         .unwrap();
-    let event = server.next_event().await;
-    assert_eq!(event.outcome, TransferOutcome::Busy);
-    assert_eq!(event.peer, second.local_addr().unwrap());
-
     let abort = Packet::Error {
         code: ErrorCode::OptionNegotiation,
         message: String::new(),
@@ -503,11 +502,219 @@ async fn over_the_cap_requests_are_dropped_and_reported() {
         server.next_event().await.outcome,
         TransferOutcome::PeerAborted { .. }
     ));
-    // The slot is free again: the retried request is served.
-    let (got, _) = fetch(&second, server.addr, "f", Options::default())
+    // The slot is free again and the waiting request is served without a resend.
+    let (first, tid) = recv(&second).await;
+    let Packet::Data { block: 1, data } = first else {
+        panic!("expected DATA 1, got {first:?}");
+    };
+    assert_eq!(data, pattern(3000)[..512]);
+    let mut got = data;
+    let mut block = 1u16;
+    loop {
+        second.send_to(&ack(block), tid).await.unwrap();
+        if got.len() == 3000 {
+            break;
+        }
+        let (p, _) = recv(&second).await;
+        let Packet::Data { block: b, data } = p else {
+            panic!("expected DATA, got {p:?}");
+        };
+        block = b;
+        got.extend_from_slice(&data);
+    }
+    assert_eq!(got, pattern(3000));
+    let event = server.next_event().await;
+    assert_eq!(event.outcome, TransferOutcome::Completed);
+    assert_eq!(event.peer, second.local_addr().unwrap());
+    server.stop().await;
+}
+
+/// A client on loopback address `ip` (any 127.0.0.0/8 address works on Linux).
+async fn client_at(ip: &str) -> UdpSocket {
+    UdpSocket::bind((ip, 0)).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_host_flooding_requests_with_timeout_255_cannot_starve_another_machine() {
+    // Issue 12: one host sends 80 read requests with timeout=255 and never acknowledges; with
+    // the old fixed 64 slots it held all of them for about 5 minutes and another machine's
+    // ipxe.efi request got no answer. The table is the old 64 here, to show the per-client cap
+    // and the timeout clamp are what protect the other machine, not a bigger table.
+    let config = TftpConfig {
+        max_transfers: 64,
+        ..TftpConfig::default()
+    };
+    let efi = pattern(20_000);
+    let mut server = Running::start(config, "0.0.0.0:0", &[("ipxe.efi", efi.clone())]).await;
+    let hostile = client_at("127.0.0.66").await;
+    let greedy = Options {
+        timeout: Some(255),
+        tsize: Some(0),
+        blksize: Some(1468),
+        ..Options::default()
+    };
+    for _ in 0..80 {
+        hostile
+            .send_to(&rrq("ipxe.efi", greedy), server.target("127.0.0.1"))
+            .await
+            .unwrap();
+    }
+    // The host's requests beyond its cap are dropped (and reported) at once.
+    let cap = TftpConfig::default().max_per_client;
+    for _ in 0..80 - cap {
+        let event = server.next_event().await;
+        assert_eq!(event.outcome, TransferOutcome::Busy);
+        assert_eq!(event.peer, hostile.local_addr().unwrap());
+    }
+    // The hostile host got OACKs, without the timeout it asked for (RFC 2349: echo it or
+    // leave it out; it is clamped to 10 s).
+    let (oack, _) = recv(&hostile).await;
+    let Packet::Oack { options } = oack else {
+        panic!("expected OACK, got {oack:?}");
+    };
+    assert_eq!(options.timeout, None);
+    // Another machine boots.
+    let machine = client_at("127.0.0.2").await;
+    let real = Options {
+        blksize: Some(1468),
+        tsize: Some(0),
+        ..Options::default()
+    };
+    let (got, _) = fetch(&machine, server.target("127.0.0.1"), "ipxe.efi", real)
+        .await
+        .unwrap();
+    assert_eq!(got, efi);
+    let event = server.next_event().await;
+    assert_eq!(event.outcome, TransferOutcome::Completed);
+    assert_eq!(event.peer, machine.local_addr().unwrap());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stalled_transfers_give_their_slots_to_a_waiting_machine() {
+    // The same flood from 80 different addresses (a host can take many on its segment): the
+    // per-client cap does not help, the table fills, and the other machine's request waits
+    // until the stalled transfers are reclaimed.
+    let config = TftpConfig {
+        max_transfers: 64,
+        reclaim_after: Duration::from_millis(300),
+        ..TftpConfig::default()
+    };
+    let efi = pattern(20_000);
+    let mut server = Running::start(config, "0.0.0.0:0", &[("ipxe.efi", efi.clone())]).await;
+    let greedy = Options {
+        timeout: Some(255),
+        tsize: Some(0),
+        ..Options::default()
+    };
+    let mut hosts = Vec::new();
+    for i in 1..=80 {
+        let host = client_at(&format!("127.0.1.{i}")).await;
+        host.send_to(&rrq("ipxe.efi", greedy), server.target("127.0.0.1"))
+            .await
+            .unwrap();
+        hosts.push(host);
+    }
+    let machine = client_at("127.0.0.2").await;
+    let (got, _) = fetch(
+        &machine,
+        server.target("127.0.0.1"),
+        "ipxe.efi",
+        Options::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(got, efi);
+    // Among the events: reclaimed hostile transfers, and the machine's completed one.
+    let mut reclaimed = 0;
+    loop {
+        let event = server.next_event().await;
+        if event.peer == machine.local_addr().unwrap() {
+            assert_eq!(event.outcome, TransferOutcome::Completed);
+            break;
+        }
+        assert_eq!(event.outcome, TransferOutcome::Reclaimed, "{event:?}");
+        reclaimed += 1;
+    }
+    assert!(reclaimed >= 1, "no stalled transfer was reclaimed");
+    // A reclaimed client is told so.
+    let mut saw_error = false;
+    for _ in 0..3 {
+        if let (Packet::Error { message, .. }, _) = recv(&hosts[0]).await {
+            assert!(message.contains("reclaimed"), "{message}");
+            saw_error = true;
+            break;
+        }
+    }
+    assert!(saw_error, "the first flooding host got no ERROR");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_per_client_cap_drops_one_hosts_extra_requests_only() {
+    let config = TftpConfig {
+        max_per_client: 2,
+        ..TftpConfig::default()
+    };
+    let mut server = Running::start(config, "127.0.0.1:0", &[("f", pattern(3000))]).await;
+    let probe = Options {
+        tsize: Some(0),
+        ..Options::default()
+    };
+    // Three sockets of the same host: two transfers, the third request is dropped.
+    let mut socks = Vec::new();
+    for _ in 0..3 {
+        let sock = client_at("127.0.0.1").await;
+        sock.send_to(&rrq("f", probe), server.addr).await.unwrap();
+        socks.push(sock);
+    }
+    let event = server.next_event().await;
+    assert_eq!(event.outcome, TransferOutcome::Busy);
+    assert_eq!(event.peer, socks[2].local_addr().unwrap());
+    for sock in &socks[..2] {
+        let (p, _) = recv(sock).await;
+        assert!(matches!(p, Packet::Oack { .. }), "{p:?}");
+    }
+    // Another host is served meanwhile.
+    let other = client_at("127.0.0.2").await;
+    let (got, _) = fetch(&other, server.addr, "f", Options::default())
         .await
         .unwrap();
     assert_eq!(got, pattern(3000));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_negotiated_timeout_is_clamped() {
+    // The client asks for 255 s between retransmissions; the server's limit is 1 s, so the
+    // OACK leaves the option out and is resent after 1 s, not 255 s.
+    let config = TftpConfig {
+        max_timeout: Duration::from_secs(1),
+        max_retries: 1,
+        ..TftpConfig::default()
+    };
+    let mut server = Running::start(config, "127.0.0.1:0", &[("f", pattern(2000))]).await;
+    let sock = client().await;
+    let asked = Options {
+        timeout: Some(255),
+        tsize: Some(0),
+        ..Options::default()
+    };
+    sock.send_to(&rrq("f", asked), server.addr).await.unwrap();
+    for _ in 0..2 {
+        let (p, _) = recv(&sock).await;
+        let Packet::Oack { options } = p else {
+            panic!("expected OACK, got {p:?}");
+        };
+        assert_eq!(options.timeout, None);
+        assert_eq!(options.tsize, Some(2000));
+    }
+    let (p, _) = recv(&sock).await;
+    assert!(matches!(p, Packet::Error { .. }), "{p:?}");
+    assert_eq!(
+        server.next_event().await.outcome,
+        TransferOutcome::TimedOut { retries: 1 }
+    );
     server.stop().await;
 }
 

@@ -44,6 +44,8 @@ pub struct Limits {
     pub max_windowsize: u16,
     /// Retransmission timeout when the client does not ask for one.
     pub default_timeout: Duration,
+    /// Longest retransmission timeout a client may ask for (see [`negotiate`]).
+    pub max_timeout: Duration,
 }
 
 /// The parameters one transfer runs with, after negotiation.
@@ -63,22 +65,29 @@ pub struct Negotiated {
 /// Decide the transfer parameters from the client's options, the file size and our limits.
 ///
 /// `blksize` and `windowsize` are lowered to our limits (RFC 2348 and 7440 let the server answer
-/// with a smaller value); `timeout` is accepted as asked; `tsize` is answered with the file size.
+/// with a smaller value); `tsize` is answered with the file size. A `timeout` up to
+/// `max_timeout` is accepted as asked. A longer one is clamped to `max_timeout` for our own
+/// retransmissions and left out of the OACK: RFC 2349 lets the server only echo the client's
+/// value or not acknowledge the option, and EDK2 rejects an OACK whose timeout differs from
+/// its request (`Mtftp4RrqOackValid()`, tianocore/edk2 NetworkPkg/Mtftp4Dxe/Mtftp4Rrq.c,
+/// edk2-stable202211), so a lowered value would end the transfer.
 pub fn negotiate(requested: &Options, file_size: u64, limits: &Limits) -> Negotiated {
     let max_blksize = limits.max_blksize.max(MIN_BLKSIZE);
     let max_windowsize = limits.max_windowsize.max(1);
+    let asked_timeout = requested.timeout.map(|s| Duration::from_secs(u64::from(s)));
     let accepted = Options {
         blksize: requested.blksize.map(|b| b.min(max_blksize)),
-        timeout: requested.timeout,
+        timeout: requested
+            .timeout
+            .filter(|&s| Duration::from_secs(u64::from(s)) <= limits.max_timeout),
         tsize: requested.tsize.map(|_| file_size),
         windowsize: requested.windowsize.map(|w| w.min(max_windowsize)),
     };
     Negotiated {
         blksize: accepted.blksize.unwrap_or(DEFAULT_BLKSIZE.min(max_blksize)),
         windowsize: accepted.windowsize.unwrap_or(1),
-        timeout: accepted
-            .timeout
-            .map(|s| Duration::from_secs(u64::from(s)))
+        timeout: asked_timeout
+            .map(|t| t.min(limits.max_timeout))
             .unwrap_or(limits.default_timeout),
         oack: (!accepted.is_empty()).then_some(accepted),
     }
@@ -322,6 +331,7 @@ mod tests {
             max_blksize: 1468,
             max_windowsize: 64,
             default_timeout: Duration::from_secs(2),
+            max_timeout: Duration::from_secs(10),
         }
     }
 
@@ -399,6 +409,60 @@ mod tests {
             ..limits()
         };
         assert_eq!(negotiate(&Options::default(), 5000, &tiny).blksize, 100);
+    }
+
+    #[test]
+    fn a_long_timeout_is_clamped_and_not_acknowledged() {
+        // What the hostile host of issue 12 asks: timeout=255, never acknowledging.
+        let hostile = Options {
+            timeout: Some(255),
+            tsize: Some(0),
+            ..Options::default()
+        };
+        let n = negotiate(&hostile, 1000, &limits());
+        assert_eq!(n.timeout, Duration::from_secs(10));
+        assert_eq!(
+            n.oack,
+            Some(Options {
+                tsize: Some(1000),
+                ..Options::default()
+            }),
+            "the OACK must not carry a timeout other than the one asked (RFC 2349, EDK2)"
+        );
+        // Only timeout asked, and too long: nothing accepted, so no OACK at all.
+        let only = Options {
+            timeout: Some(11),
+            ..Options::default()
+        };
+        let n = negotiate(&only, 1000, &limits());
+        assert_eq!((n.timeout, n.oack), (Duration::from_secs(10), None));
+        // At the limit it is echoed as asked.
+        let edge = Options {
+            timeout: Some(10),
+            ..Options::default()
+        };
+        let n = negotiate(&edge, 1000, &limits());
+        assert_eq!(n.timeout, Duration::from_secs(10));
+        assert_eq!(n.oack.unwrap().timeout, Some(10));
+    }
+
+    proptest::proptest! {
+        /// Whatever timeout is asked, ours never exceeds the limit, and the OACK either echoes
+        /// the client's exact value or leaves it out.
+        #[test]
+        fn negotiated_timeout_is_bounded_and_echoed_exactly(
+            asked in proptest::option::of(1u8..=255),
+            max in 1u64..=255,
+        ) {
+            let limits = Limits { max_timeout: Duration::from_secs(max), ..limits() };
+            let requested = Options { timeout: asked, ..Options::default() };
+            let n = negotiate(&requested, 10, &limits);
+            proptest::prop_assert!(n.timeout <= limits.max_timeout.max(limits.default_timeout));
+            if let Some(t) = n.oack.and_then(|o| o.timeout) {
+                proptest::prop_assert_eq!(Some(t), asked);
+                proptest::prop_assert_eq!(n.timeout, Duration::from_secs(u64::from(t)));
+            }
+        }
     }
 
     fn plain_with_default_timeout() -> Negotiated {
