@@ -34,6 +34,10 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(TftpConfig::default())
+    }
+
+    fn start_with(config: TftpConfig) -> Server {
         let root = tempfile::tempdir().unwrap();
         fs::write(
             root.path().join("ipxe.efi"),
@@ -55,7 +59,7 @@ impl Server {
             .build()
             .unwrap();
         let (tx, events) = mpsc::channel(256);
-        let server = TftpServer::new(TftpConfig::default(), root.path())
+        let server = TftpServer::new(config, root.path())
             .unwrap()
             .with_events(tx);
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -93,6 +97,21 @@ impl Server {
                 Err(e) => panic!("no transfer event: {e}"),
             }
         }
+    }
+
+    /// The first event from `ip` matching `want`, skipping others (a safety net of 200 events).
+    fn expect_event_from(
+        &mut self,
+        ip: &str,
+        want: impl Fn(&TransferOutcome) -> bool,
+    ) -> TransferEvent {
+        for _ in 0..200 {
+            let event = self.next_event();
+            if event.peer.ip().to_string() == ip && want(&event.outcome) {
+                return event;
+            }
+        }
+        panic!("no matching transfer event from {ip}");
     }
 
     /// Skip events of the given outcome kind (curl and atftp may probe or retry).
@@ -426,5 +445,81 @@ fn curl_gets_errors_for_traversal_and_missing_files() {
         );
         assert_eq!(r.status.code(), Some(exit), "curl {path}: {}", r.output);
         server.expect_event(path, refused(code));
+    }
+}
+
+#[test]
+fn curl_fetches_while_another_host_floods_requests_it_never_acknowledges() {
+    // Issue 12's starving host: 80 RRQs with timeout=255 from one address, never acknowledged,
+    // against the old fixed table of 64; then another machine fetches ipxe.efi.
+    if !require("curl", "curl", "TALBOOT_SKIP_CURL") {
+        return;
+    }
+    let mut server = Server::start_with(TftpConfig {
+        max_transfers: 64,
+        ..TftpConfig::default()
+    });
+    let hostile = std::net::UdpSocket::bind("127.0.0.66:0").unwrap();
+    let rrq = b"\x00\x01ipxe.efi\x00octet\x00timeout\x00255\x00tsize\x000\x00blksize\x001468\x00";
+    for _ in 0..80 {
+        hostile.send_to(rrq, ("127.0.0.1", server.port)).unwrap();
+    }
+    let want = server.file("ipxe.efi");
+    let dest = server.out_path("curl-victim");
+    let url = format!("tftp://127.0.0.1:{}/ipxe.efi", server.port);
+    let r = run(
+        Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--interface", "127.0.0.2"])
+            .args(["--tftp-blksize", "1468", "-o"])
+            .arg(&dest)
+            .arg(&url),
+        server.out.path(),
+    );
+    assert!(r.status.success(), "curl beside the flood: {}", r.output);
+    assert_same(&dest, &want, "ipxe.efi beside the flood");
+    let event = server.expect_event_from("127.0.0.2", completed);
+    assert_eq!(event.bytes, want.len() as u64);
+    drop(hostile);
+}
+
+#[test]
+fn curl_clients_beyond_a_full_table_wait_and_all_complete() {
+    if !require("curl", "curl", "TALBOOT_SKIP_CURL") {
+        return;
+    }
+    // Twelve machines, three slots: nine requests wait for a slot instead of being dropped.
+    let mut server = Server::start_with(TftpConfig {
+        max_transfers: 3,
+        ..TftpConfig::default()
+    });
+    let want = server.file("ipxe.efi");
+    let url = format!("tftp://127.0.0.1:{}/ipxe.efi", server.port);
+    let children: Vec<_> = (1..=12)
+        .map(|i| {
+            let dest = server.out_path(&format!("curl-many-{i}"));
+            let child = Command::new("curl")
+                .args(["-sS", "--max-time", "100", "--interface"])
+                .arg(format!("127.0.3.{i}"))
+                .args(["--tftp-blksize", "1468", "-o"])
+                .arg(&dest)
+                .arg(&url)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            (child, dest)
+        })
+        .collect();
+    for (mut child, dest) in children {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "curl to {}: {status}", dest.display());
+        assert_same(&dest, &want, &dest.display().to_string());
+    }
+    let mut completed_count = 0;
+    while completed_count < 12 {
+        let event = server.next_event();
+        assert_eq!(event.outcome, TransferOutcome::Completed, "{event:?}");
+        completed_count += 1;
     }
 }

@@ -109,8 +109,9 @@ impl TftpConfig {
         super::admission::Policy {
             max_transfers: self.max_transfers,
             max_per_client: self.max_per_client,
-            // Waiting entries are small; as many may wait as may run.
-            max_waiting: self.max_transfers,
+            // A waiting entry is a few hundred bytes (the parsed request); a rack powering on at
+            // once can have several times the running transfers waiting.
+            max_waiting: self.max_transfers.saturating_mul(4).max(1024),
             wait: self.queue_wait,
             reclaim_after: self.reclaim_after,
         }

@@ -13,9 +13,13 @@
 //! - **Transfers.** Each request gets a task and its own socket bound to that local address
 //!   (the reply must come from the address the client talked to, or a multi-homed appliance
 //!   answers from the wrong IP) and connected to the client, so stray packets from other ports
-//!   never reach it. A semaphore caps concurrent transfers; a request over the cap is dropped
-//!   (the client retries its RRQ) and reported as [`TransferOutcome::Busy`]. Every transfer has
-//!   a deadline. A retransmitted RRQ (the client gave up waiting for our first reply) starts a
+//!   never reach it. The pure [`super::admission`] table decides which request runs, which
+//!   waits for a slot (a full table holds requests rather than answering ERROR, which boot
+//!   firmware treats as final), which is dropped unanswered and reported as
+//!   [`TransferOutcome::Busy`] (over its client's cap, or waited out), and which stalled
+//!   transfer gives its slot to a waiting request ([`TransferOutcome::Reclaimed`]). Transfer
+//!   tasks report progress through an atomic the listener copies into the table before it
+//!   decides. Every transfer has a deadline. A retransmitted RRQ (the client gave up waiting for our first reply) starts a
 //!   second transfer; the client keeps the first reply's port and answers the other one with
 //!   ERROR 5, which ends it quietly. We keep no per-peer table, so a stuck transfer can never
 //!   block the same client's next request (the async-tftp failure).
@@ -31,7 +35,8 @@
 //!   consumer never stalls a transfer; drops are counted), a tracing span per transfer, and
 //!   `metrics` counters: `tftp_transfers_total{outcome}`, `tftp_bytes_delivered_total` (bytes
 //!   acknowledged by clients), `tftp_malformed_packets_total`, `tftp_unexpected_packets_total`,
-//!   `tftp_requests_dropped_total{reason}` and `tftp_events_dropped_total`.
+//!   `tftp_requests_dropped_total{reason}` (`per_client`, `queue_full`, `wait_expired`),
+//!   `tftp_transfers_reclaimed_total` and `tftp_events_dropped_total`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
