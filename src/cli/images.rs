@@ -112,7 +112,7 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), String> {
             inv.as_ref()
                 .map(|i| i.cluster.installer.factory_url.clone())
         })
-        .unwrap_or_else(|| inventory::load::DEFAULT_FACTORY_URL.to_string());
+        .unwrap_or_else(|| inventory::parts::DEFAULT_FACTORY_URL.to_string());
     let sets = arches
         .into_iter()
         .map(|a| SetId::new(&talos, &schematic, a))

@@ -19,10 +19,11 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use super::diag::{Diagnostics, Loc};
-use super::load::{
-    DEFAULT_FACTORY_URL, DEFAULT_LEASE, DEFAULT_POD_SUBNET, DEFAULT_SERVICE_SUBNET, Env, Parts,
-};
 use super::model::*;
+use super::parts::{
+    DEFAULT_FACTORY_URL, DEFAULT_LEASE, DEFAULT_POD_SUBNET, DEFAULT_SERVICE_SUBNET, Env, Parts,
+    count_items,
+};
 use super::read::{self, missing};
 use super::schematic::Schematic;
 use super::yaml::{MapReader, Node as Y, Value, index, join};
@@ -397,7 +398,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         .collect();
     if let Some(nodes) = r.get("nodes") {
         parts.nodes_loc = Some(nodes.loc.clone());
-        parts.nodes_written = super::load::count_items(nodes);
+        parts.nodes_written = count_items(nodes);
         parts.nodes = read::list(nodes, "nodes", d, false, |n, p, d| {
             let out = node(n, p, base, &groups, d)?;
             if let Some(v) = out.vip {
