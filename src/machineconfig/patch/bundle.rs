@@ -8,7 +8,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use yaml_serde::Value;
 
-use super::emit::emit_document;
+use super::emit::{EmitError, emit_document};
 use super::identity::{DocId, IdFault, V1ALPHA1, identify, position, shape};
 use crate::inventory::PatchBody;
 
@@ -93,11 +93,8 @@ pub enum BundleError {
     #[error("{0}")]
     TooDeep(#[from] crate::nesting::TooDeep),
     /// The YAML emitter failed.
-    #[error("cannot write the machine config as YAML: {message}")]
-    Emit {
-        /// The emitter's description.
-        message: String,
-    },
+    #[error("cannot write the machine config as YAML: {0}")]
+    Emit(#[from] EmitError),
 }
 
 /// Split multi-document YAML text into values, skipping empty documents (a leading or
@@ -162,7 +159,7 @@ impl ConfigBundle {
             if i > 0 {
                 out.push_str("---\n");
             }
-            emit_document(&mut out, doc).map_err(|message| BundleError::Emit { message })?;
+            emit_document(&mut out, doc)?;
         }
         Ok(out)
     }

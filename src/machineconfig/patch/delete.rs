@@ -3,7 +3,7 @@
 
 use yaml_serde::{Mapping, Value};
 
-use super::error::PatchProblem;
+use super::error::{Absence, PatchProblem};
 use super::identity::{DocId, IdFault, identify, scalar_text, shape};
 use super::rules::{Path, Seg, key_text};
 
@@ -192,23 +192,29 @@ pub(super) fn prepare(index: usize, doc: Value) -> Result<DocPatch, PatchProblem
 
 /// Walk `steps` (keys only) down from `cur`; the error names the first missing or non-mapping
 /// step.
-fn descend<'v>(mut cur: &'v mut Value, steps: &[Seg]) -> Result<&'v mut Value, String> {
+fn descend<'v>(mut cur: &'v mut Value, steps: &[Seg]) -> Result<&'v mut Value, Absence> {
     let mut walked = Path::default();
     for seg in steps {
         let Seg::Key(key) = seg else {
-            return Err(format!("`{walked}` is reached through a list"));
+            return Err(Absence::ThroughList {
+                walked: walked.to_string(),
+            });
         };
         walked.push_key(key);
         cur = match cur {
             Value::Mapping(m) => match m.get_mut(key) {
                 Some(next) => next,
-                None => return Err(format!("`{walked}` is not in the config")),
+                None => {
+                    return Err(Absence::NotInConfig {
+                        path: walked.to_string(),
+                    });
+                }
             },
             other => {
-                return Err(format!(
-                    "`{walked}` is inside a {}, not a mapping",
-                    shape(other)
-                ));
+                return Err(Absence::InsideNonMapping {
+                    walked: walked.to_string(),
+                    found: shape(other),
+                });
             }
         };
     }
@@ -221,7 +227,7 @@ pub(super) fn apply_selector(
     selector: &Selector,
     id: &DocId,
 ) -> Result<(), PatchProblem> {
-    let nothing = |why: String| PatchProblem::NothingToDelete {
+    let nothing = |why: Absence| PatchProblem::NothingToDelete {
         id: Box::new(id.clone()),
         path: selector.path().to_string(),
         why,
@@ -229,27 +235,28 @@ pub(super) fn apply_selector(
     match selector {
         Selector::Key(path) => {
             let Some((Seg::Key(last), parents)) = path.0.split_last() else {
-                return Err(nothing("the delete has no key".to_owned()));
+                return Err(nothing(Absence::NoKey));
             };
             let parent = descend(doc, parents).map_err(&nothing)?;
             match parent {
-                Value::Mapping(m) => m
-                    .shift_remove(last)
-                    .map(|_| ())
-                    .ok_or_else(|| nothing(format!("`{path}` is not in the config"))),
-                other => Err(nothing(format!(
-                    "the parent of `{path}` is a {}, not a mapping",
-                    shape(other)
-                ))),
+                Value::Mapping(m) => m.shift_remove(last).map(|_| ()).ok_or_else(|| {
+                    nothing(Absence::NotInConfig {
+                        path: path.to_string(),
+                    })
+                }),
+                other => Err(nothing(Absence::ParentNotMapping {
+                    path: path.to_string(),
+                    found: shape(other),
+                })),
             }
         }
         Selector::Element { list, key, value } => {
             let target = descend(doc, &list.0).map_err(&nothing)?;
             let Value::Sequence(items) = target else {
-                return Err(nothing(format!(
-                    "`{list}` is a {}, not a list",
-                    shape(target)
-                )));
+                return Err(nothing(Absence::NotAList {
+                    list: list.to_string(),
+                    found: shape(target),
+                }));
             };
             let hit = items.iter().position(|item| {
                 item.get(key).and_then(scalar_text).as_deref() == Some(value.as_str())
@@ -259,10 +266,11 @@ pub(super) fn apply_selector(
                     items.remove(i);
                     Ok(())
                 }
-                None => Err(nothing(format!(
-                    "no element of `{list}` has `{}: {value}`",
-                    key_text(key)
-                ))),
+                None => Err(nothing(Absence::NoElement {
+                    list: list.to_string(),
+                    key: key_text(key),
+                    value: value.clone(),
+                })),
             }
         }
     }

@@ -3,9 +3,24 @@
 //! libyaml (under yaml_serde) always writes lists flush with their key. We lay out the block
 //! structure ourselves and let yaml_serde render each scalar, so quoting stays libyaml's.
 
+use thiserror::Error;
 use yaml_serde::Value;
 
 use super::identity::shape;
+
+/// Why a document could not be written as YAML.
+#[derive(Debug, Error)]
+pub enum EmitError {
+    /// yaml_serde could not render a scalar.
+    #[error("{0}")]
+    Scalar(#[from] yaml_serde::Error),
+    /// A mapping key that block style cannot write on one line.
+    #[error("a mapping key must be a one-line scalar, found a {found}")]
+    Key {
+        /// What the key is.
+        found: &'static str,
+    },
+}
 
 fn indent_to(out: &mut String, column: usize) {
     out.extend(std::iter::repeat_n(' ', column));
@@ -23,7 +38,7 @@ fn block_container(v: &Value) -> Option<(&Value, Option<String>)> {
     }
 }
 
-pub(super) fn emit_document(out: &mut String, doc: &Value) -> Result<(), String> {
+pub(super) fn emit_document(out: &mut String, doc: &Value) -> Result<(), EmitError> {
     match block_container(doc) {
         Some((inner, tag)) => {
             if let Some(tag) = tag {
@@ -43,7 +58,7 @@ fn emit_block(
     v: &Value,
     column: usize,
     inline_first: bool,
-) -> Result<(), String> {
+) -> Result<(), EmitError> {
     match v {
         Value::Mapping(map) => {
             for (i, (key, value)) in map.iter().enumerate() {
@@ -94,8 +109,8 @@ fn emit_block(
 /// Write a scalar (or empty container) that continues the current line. Block scalars (`|`)
 /// come back from libyaml with content two columns in; shifting every later line by the
 /// parent's `column` keeps that relation, indentation indicators included.
-fn emit_scalar(out: &mut String, v: &Value, column: usize) -> Result<(), String> {
-    let text = yaml_serde::to_string(v).map_err(|e| e.to_string())?;
+fn emit_scalar(out: &mut String, v: &Value, column: usize) -> Result<(), EmitError> {
+    let text = yaml_serde::to_string(v)?;
     let text = text.strip_suffix('\n').unwrap_or(&text);
     for (i, line) in text.split('\n').enumerate() {
         if i > 0 && !line.is_empty() {
@@ -107,18 +122,15 @@ fn emit_scalar(out: &mut String, v: &Value, column: usize) -> Result<(), String>
     Ok(())
 }
 
-fn render_key(key: &Value) -> Result<String, String> {
+fn render_key(key: &Value) -> Result<String, EmitError> {
     let plain = matches!(
         key,
         Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Null
     );
-    let text = yaml_serde::to_string(key).map_err(|e| e.to_string())?;
+    let text = yaml_serde::to_string(key)?;
     let text = text.strip_suffix('\n').unwrap_or(&text);
     if !plain || text.contains('\n') {
-        return Err(format!(
-            "a mapping key must be a one-line scalar, found a {}",
-            shape(key)
-        ));
+        return Err(EmitError::Key { found: shape(key) });
     }
     Ok(text.to_owned())
 }

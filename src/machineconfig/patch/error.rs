@@ -150,7 +150,7 @@ pub enum PatchProblem {
         /// The path of the delete.
         path: String,
         /// What was missing.
-        why: String,
+        why: Absence,
     },
     /// A whole-document delete whose document is not in the config.
     #[error(
@@ -201,5 +201,63 @@ pub enum PatchProblem {
         path: String,
         /// What.
         reason: &'static str,
+    },
+}
+
+/// Why a `$patch: delete` found nothing to delete. Paths are the patch's own, as in
+/// [`PatchProblem`].
+#[derive(Debug, Error)]
+pub enum Absence {
+    /// The config has no document with the patch document's identity.
+    #[error("the config has no such document")]
+    NoDocument,
+    /// The delete names no key.
+    #[error("the delete has no key")]
+    NoKey,
+    /// A step on the way is a list position.
+    #[error("`{walked}` is reached through a list")]
+    ThroughList {
+        /// The path walked so far.
+        walked: String,
+    },
+    /// A key on the way, or the key to delete, is not there.
+    #[error("`{path}` is not in the config")]
+    NotInConfig {
+        /// The missing path.
+        path: String,
+    },
+    /// A step on the way is inside something other than a mapping.
+    #[error("`{walked}` is inside a {found}, not a mapping")]
+    InsideNonMapping {
+        /// The path walked so far.
+        walked: String,
+        /// What holds it.
+        found: &'static str,
+    },
+    /// The parent of the key to delete is not a mapping.
+    #[error("the parent of `{path}` is a {found}, not a mapping")]
+    ParentNotMapping {
+        /// The key to delete.
+        path: String,
+        /// What its parent is.
+        found: &'static str,
+    },
+    /// The list of an element delete is not a list.
+    #[error("`{list}` is a {found}, not a list")]
+    NotAList {
+        /// The path of the list.
+        list: String,
+        /// What it is.
+        found: &'static str,
+    },
+    /// No element of the list matches the selector.
+    #[error("no element of `{list}` has `{key}: {value}`")]
+    NoElement {
+        /// The path of the list.
+        list: String,
+        /// The selector's key.
+        key: String,
+        /// The selector's value.
+        value: String,
     },
 }

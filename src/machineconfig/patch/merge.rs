@@ -5,7 +5,7 @@
 use yaml_serde::{Mapping, Value};
 
 use super::delete::{apply_selector, prepare};
-use super::error::PatchProblem;
+use super::error::{Absence, PatchProblem};
 use super::identity::{DocId, V1ALPHA1, position, shape};
 use super::rules::{ListKey, Path, Rule, rule_for};
 
@@ -190,7 +190,7 @@ pub(super) fn apply_merge(docs: &mut Vec<Value>, patch: &[Value]) -> Result<(), 
             let at = position(docs, &p.id).ok_or_else(|| PatchProblem::NothingToDelete {
                 id: Box::new(p.id.clone()),
                 path: first.path().to_string(),
-                why: "the config has no such document".to_owned(),
+                why: Absence::NoDocument,
             })?;
             for selector in &p.selectors {
                 apply_selector(&mut docs[at], selector, &p.id)?;

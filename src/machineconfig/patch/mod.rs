@@ -81,7 +81,8 @@ mod rfc6902;
 mod rules;
 
 pub use bundle::{BundleError, ConfigBundle, parse_patch};
-pub use error::{PatchError, PatchProblem};
+pub use emit::EmitError;
+pub use error::{Absence, PatchError, PatchProblem};
 pub use identity::DocId;
 
 use yaml_serde::Value;
