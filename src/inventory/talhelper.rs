@@ -100,7 +100,7 @@ fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
     match &mut node.value {
         Value::Str(s) if s.contains('$') => match expand(s, env) {
             Ok(v) => *s = v,
-            Err(name) => d.error_hint(
+            Err(UnsetVariable(name)) => d.error_hint(
                 &node.loc,
                 path,
                 format!("environment variable `{name}` is unset or empty"),
@@ -122,8 +122,13 @@ fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
     }
 }
 
-/// Expand one string; on failure returns the variable that was unset or empty.
-pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
+/// A `${VAR}` whose variable is unset or empty (talhelper's rule: that is an error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable `{0}` is unset or empty")]
+pub struct UnsetVariable(pub String);
+
+/// Expand one string; on failure names the variable that was unset or empty.
+pub fn expand(s: &str, env: &dyn Env) -> Result<String, UnsetVariable> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -147,7 +152,7 @@ pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
             match (env.var(name).filter(|v| !v.is_empty()), default) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(def)) => out.push_str(def),
-                (None, None) => return Err(name.to_string()),
+                (None, None) => return Err(UnsetVariable(name.to_string())),
             }
             rest = &r[end + 1..];
         } else {
@@ -162,7 +167,7 @@ pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
             let name = &after[..len];
             match env.var(name).filter(|v| !v.is_empty()) {
                 Some(v) => out.push_str(&v),
-                None => return Err(name.to_string()),
+                None => return Err(UnsetVariable(name.to_string())),
             }
             rest = &after[len..];
         }
@@ -636,7 +641,7 @@ fn taint_map(n: &Y, path: &str, d: &mut Diagnostics) -> Vec<Taint> {
             match Taint::parse(&text) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    d.error_hint(&v.loc, p, e, "write key: value:NoSchedule");
+                    d.error_hint(&v.loc, p, e.to_string(), "write key: value:NoSchedule");
                     None
                 }
             }
@@ -1127,8 +1132,11 @@ mod tests {
         assert_eq!(expand("${B:-def}", &e).unwrap(), "def");
         assert_eq!(expand("${B-def}", &e).unwrap(), "def");
         assert_eq!(expand("$$A", &e).unwrap(), "$A");
-        assert_eq!(expand("${B}", &e).unwrap_err(), "B");
-        assert_eq!(expand("${EMPTY}", &e).unwrap_err(), "EMPTY");
+        assert_eq!(expand("${B}", &e).unwrap_err(), UnsetVariable("B".into()));
+        assert_eq!(
+            expand("${EMPTY}", &e).unwrap_err(),
+            UnsetVariable("EMPTY".into())
+        );
         assert_eq!(expand("cost: 5$", &e).unwrap(), "cost: 5$");
     }
 }
