@@ -110,7 +110,7 @@ pub struct Unservable {
     /// The file, as `<ipxe dir>/<name>`.
     pub path: PathBuf,
     /// Why (not found, dangling symlink and its target, not a regular file, unreadable).
-    pub cause: String,
+    pub cause: Unreadable,
     /// Which machines need it.
     pub needed_by: String,
 }
@@ -122,16 +122,35 @@ pub struct FirstStage {
     dir: PathBuf,
 }
 
-fn read_one(path: &Path) -> Result<Bytes, String> {
-    let describe = |e: std::io::Error| match std::fs::read_link(path) {
-        Ok(target) => format!("{e} (it is a symlink to {})", target.display()),
-        Err(_) => e.to_string(),
+/// Why a first-stage binary could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreadable {
+    /// Not found or unreadable.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// Not found or unreadable through a symlink (typically a dangling one).
+    #[error("{source} (it is a symlink to {})", .target.display())]
+    ViaLink {
+        /// What reading it said.
+        source: std::io::Error,
+        /// Where the link points.
+        target: PathBuf,
+    },
+    /// A directory or a device, say.
+    #[error("not a regular file")]
+    NotAFile,
+}
+
+fn read_one(path: &Path) -> Result<Bytes, Unreadable> {
+    let describe = |source: std::io::Error| match std::fs::read_link(path) {
+        Ok(target) => Unreadable::ViaLink { source, target },
+        Err(_) => Unreadable::Io(source),
     };
     // metadata() and read() follow symlinks: the operator's (and the package's) own links
     // are theirs to make.
     let meta = std::fs::metadata(path).map_err(describe)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(Unreadable::NotAFile);
     }
     std::fs::read(path).map(Bytes::from).map_err(describe)
 }

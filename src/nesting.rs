@@ -266,7 +266,9 @@ mod entry_points {
                 .unwrap_err()
                 .to_string();
             assert!(is_depth_message(&e), "{e}");
-            let e = crate::addons::values::values_from_yaml("values.yaml", &text).unwrap_err();
+            let e = crate::addons::values::values_from_yaml("values.yaml", &text)
+                .unwrap_err()
+                .to_string();
             assert!(
                 is_depth_message(&e) && e.starts_with("values.yaml: "),
                 "{e}"

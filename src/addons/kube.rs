@@ -272,15 +272,15 @@ impl Kube {
         Ok(out)
     }
 
-    async fn get_typed<K>(&self, ns: Option<&str>, name: &str) -> Result<Value, String>
+    async fn get_typed<K>(&self, ns: Option<&str>, name: &str) -> Result<Value, NotReady>
     where
         K: kube::Resource<DynamicType = ()>,
     {
         let ar = ApiResource::erase::<K>(&());
         match self.api(&ar, ns).get_opt(name).await {
             Ok(Some(o)) => Ok(serde_json::to_value(o).expect("objects serialise")),
-            Ok(None) => Err("not found".into()),
-            Err(e) => Err(e.to_string()),
+            Ok(None) => Err(NotReady::NotFound),
+            Err(e) => Err(NotReady::Request(e)),
         }
     }
 
@@ -291,7 +291,7 @@ impl Kube {
         name: &str,
         what: &str,
         timeout: Duration,
-        ready: fn(&Value) -> Result<(), String>,
+        ready: fn(&Value) -> Result<(), NotReady>,
     ) -> Result<(), KubeError>
     where
         K: kube::Resource<DynamicType = ()>,
@@ -303,13 +303,13 @@ impl Kube {
     }
 
     /// Every Node, as JSON values.
-    async fn list_nodes(&self) -> Result<Vec<Value>, String> {
+    async fn list_nodes(&self) -> Result<Vec<Value>, NotReady> {
         let ar = ApiResource::erase::<Node>(&());
         let list = self
             .api(&ar, None)
             .list(&ListParams::default())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(NotReady::Request)?;
         Ok(list
             .items
             .into_iter()
@@ -320,7 +320,7 @@ impl Kube {
     /// Polls the Node list until `ready` accepts it.
     async fn wait_nodes<F>(&self, what: &str, timeout: Duration, ready: F) -> Result<(), KubeError>
     where
-        F: Fn(&[Value]) -> Result<(), String>,
+        F: Fn(&[Value]) -> Result<(), NotReady>,
     {
         poll_until(what, timeout, self.poll_interval, || async {
             ready(&self.list_nodes().await?)
@@ -401,7 +401,7 @@ impl Kube {
 /// Polls `probe` every `interval` until it says ready, all inside one `timeout`: a request
 /// that hangs cannot stretch the wait. Probe errors count as "not yet" (the API server may
 /// blip while the CNI comes up) and are reported as the last state on timeout.
-async fn poll_until<F, Fut>(
+async fn poll_until<F, Fut, E>(
     what: &str,
     timeout: Duration,
     interval: Duration,
@@ -409,14 +409,15 @@ async fn poll_until<F, Fut>(
 ) -> Result<(), KubeError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), String>>,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     let last = Mutex::new(String::from("nothing yet"));
     let attempt = async {
         loop {
             match probe().await {
                 Ok(()) => return,
-                Err(state) => *last.lock().expect("last state") = state,
+                Err(state) => *last.lock().expect("last state") = state.to_string(),
             }
             tokio::time::sleep(interval).await;
         }
@@ -434,6 +435,84 @@ where
     }
 }
 
+/// Why an object (or the Node list) is not ready yet: what a wait reports as the last state
+/// seen when it times out.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// The object does not exist (yet).
+    #[error("not found")]
+    NotFound,
+    /// The API server did not answer the probe (it may blip while the CNI comes up).
+    #[error("{0}")]
+    Request(kube::Error),
+    /// The controller has not seen the current generation.
+    #[error("observedGeneration {observed} behind generation {generation}")]
+    GenerationBehind {
+        /// `status.observedGeneration`.
+        observed: i64,
+        /// `metadata.generation`.
+        generation: i64,
+    },
+    /// The CRD's `Established` condition is not `True`.
+    #[error("Established={0}")]
+    NotEstablished(String),
+    /// The CRD has no `Established` condition.
+    #[error("no Established condition yet")]
+    NoEstablishedCondition,
+    /// A Deployment's replicas are not all updated and available.
+    #[error("{updated} updated, {available} available of {want} replicas")]
+    Replicas {
+        /// Updated replicas.
+        updated: i64,
+        /// Available replicas.
+        available: i64,
+        /// Desired replicas.
+        want: i64,
+    },
+    /// A Deployment's `Available` condition is not `True`.
+    #[error("condition Available is not True")]
+    NotAvailable,
+    /// A DaemonSet is not on every node it is scheduled to.
+    #[error("{updated} updated, {available} available of {desired} scheduled")]
+    Scheduled {
+        /// Updated pods.
+        updated: i64,
+        /// Available pods.
+        available: i64,
+        /// Scheduled pods.
+        desired: i64,
+    },
+    /// A StatefulSet's replicas are not all updated and ready.
+    #[error("{updated} updated, {ready} ready of {want} replicas")]
+    ReadyReplicas {
+        /// Updated replicas.
+        updated: i64,
+        /// Ready replicas.
+        ready: i64,
+        /// Desired replicas.
+        want: i64,
+    },
+    /// A StatefulSet's current revision is not the update revision.
+    #[error("revision {current} not yet updated to {update}")]
+    Revision {
+        /// `status.currentRevision`.
+        current: String,
+        /// `status.updateRevision`.
+        update: String,
+    },
+    /// No Node has registered.
+    #[error("no Nodes registered")]
+    NoNodes,
+    /// Nodes missing or not Ready.
+    #[error("{}", node_problems(.missing, .not_ready))]
+    Nodes {
+        /// Named Nodes that have not registered.
+        missing: Vec<String>,
+        /// Nodes that are not Ready.
+        not_ready: Vec<String>,
+    },
+}
+
 fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
     obj["status"]["conditions"]
         .as_array()?
@@ -441,49 +520,52 @@ fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == kind)
 }
 
-fn generation_observed(obj: &Value) -> Result<(), String> {
+fn generation_observed(obj: &Value) -> Result<(), NotReady> {
     let generation = obj["metadata"]["generation"].as_i64().unwrap_or(0);
     let observed = obj["status"]["observedGeneration"].as_i64().unwrap_or(-1);
     if observed < generation {
-        return Err(format!(
-            "observedGeneration {observed} behind generation {generation}"
-        ));
+        return Err(NotReady::GenerationBehind {
+            observed,
+            generation,
+        });
     }
     Ok(())
 }
 
 /// A CRD is usable once its `Established` condition is `True`.
-pub fn crd_established(crd: &Value) -> Result<(), String> {
+pub fn crd_established(crd: &Value) -> Result<(), NotReady> {
     match condition(crd, "Established") {
         Some(c) if c["status"] == "True" => Ok(()),
-        Some(c) => Err(format!("Established={}", c["status"])),
-        None => Err("no Established condition yet".into()),
+        Some(c) => Err(NotReady::NotEstablished(c["status"].to_string())),
+        None => Err(NotReady::NoEstablishedCondition),
     }
 }
 
 /// A Deployment is available when the controller has seen its generation, every desired
 /// replica is updated and available, and its `Available` condition is `True`.
-pub fn deployment_available(d: &Value) -> Result<(), String> {
+pub fn deployment_available(d: &Value) -> Result<(), NotReady> {
     generation_observed(d)?;
     let want = d["spec"]["replicas"].as_i64().unwrap_or(1);
     let status = &d["status"];
     let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
     let available = status["availableReplicas"].as_i64().unwrap_or(0);
     if updated < want || available < want {
-        return Err(format!(
-            "{updated} updated, {available} available of {want} replicas"
-        ));
+        return Err(NotReady::Replicas {
+            updated,
+            available,
+            want,
+        });
     }
     match condition(d, "Available") {
         Some(c) if c["status"] == "True" => Ok(()),
-        _ => Err("condition Available is not True".into()),
+        _ => Err(NotReady::NotAvailable),
     }
 }
 
 /// A DaemonSet has rolled out when the controller has seen its generation and
 /// `updatedNumberScheduled == desiredNumberScheduled == numberAvailable` (kube-runtime has no
 /// such condition; this is what `kubectl rollout status` checks).
-pub fn daemonset_rolled_out(ds: &Value) -> Result<(), String> {
+pub fn daemonset_rolled_out(ds: &Value) -> Result<(), NotReady> {
     generation_observed(ds)?;
     let s = &ds["status"];
     let desired = s["desiredNumberScheduled"].as_i64().unwrap_or(0);
@@ -492,51 +574,61 @@ pub fn daemonset_rolled_out(ds: &Value) -> Result<(), String> {
     if updated == desired && available == desired {
         Ok(())
     } else {
-        Err(format!(
-            "{updated} updated, {available} available of {desired} scheduled"
-        ))
+        Err(NotReady::Scheduled {
+            updated,
+            available,
+            desired,
+        })
     }
 }
 
 /// A StatefulSet has rolled out when the controller has seen its generation, every desired
 /// replica is updated and ready, and (when reported) the current revision is the update
 /// revision, as `kubectl rollout status` checks for the RollingUpdate strategy.
-pub fn statefulset_rolled_out(sts: &Value) -> Result<(), String> {
+pub fn statefulset_rolled_out(sts: &Value) -> Result<(), NotReady> {
     generation_observed(sts)?;
     let want = sts["spec"]["replicas"].as_i64().unwrap_or(1);
     let s = &sts["status"];
     let ready = s["readyReplicas"].as_i64().unwrap_or(0);
     let updated = s["updatedReplicas"].as_i64().unwrap_or(0);
     if ready < want || updated < want {
-        return Err(format!(
-            "{updated} updated, {ready} ready of {want} replicas"
-        ));
+        return Err(NotReady::ReadyReplicas {
+            updated,
+            ready,
+            want,
+        });
     }
     match (s["currentRevision"].as_str(), s["updateRevision"].as_str()) {
-        (Some(c), Some(u)) if c != u => Err(format!("revision {c} not yet updated to {u}")),
+        (Some(c), Some(u)) if c != u => Err(NotReady::Revision {
+            current: c.to_owned(),
+            update: u.to_owned(),
+        }),
         _ => Ok(()),
     }
 }
 
 /// All Nodes are Ready (and there is at least one).
-pub fn nodes_ready(nodes: &[Value]) -> Result<(), String> {
+pub fn nodes_ready(nodes: &[Value]) -> Result<(), NotReady> {
     if nodes.is_empty() {
-        return Err("no Nodes registered".into());
+        return Err(NotReady::NoNodes);
     }
-    let not_ready: Vec<&str> = nodes
+    let not_ready: Vec<String> = nodes
         .iter()
         .filter(|n| !matches!(condition(n, "Ready"), Some(c) if c["status"] == "True"))
-        .map(|n| n["metadata"]["name"].as_str().unwrap_or("?"))
+        .map(|n| n["metadata"]["name"].as_str().unwrap_or("?").to_owned())
         .collect();
     if not_ready.is_empty() {
         Ok(())
     } else {
-        Err(format!("not Ready: {}", not_ready.join(", ")))
+        Err(NotReady::Nodes {
+            missing: Vec::new(),
+            not_ready,
+        })
     }
 }
 
 /// Every Node in `names` is registered and Ready (other Nodes do not matter).
-pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), String> {
+pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), NotReady> {
     let mut missing = Vec::new();
     let mut not_ready = Vec::new();
     for name in names {
@@ -544,13 +636,22 @@ pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), String
             .iter()
             .find(|n| n["metadata"]["name"].as_str() == Some(name.as_str()))
         {
-            None => missing.push(name.as_str()),
+            None => missing.push(name.clone()),
             Some(n) if !matches!(condition(n, "Ready"), Some(c) if c["status"] == "True") => {
-                not_ready.push(name.as_str())
+                not_ready.push(name.clone())
             }
             Some(_) => {}
         }
     }
+    if missing.is_empty() && not_ready.is_empty() {
+        Ok(())
+    } else {
+        Err(NotReady::Nodes { missing, not_ready })
+    }
+}
+
+/// `not registered: a, b; not Ready: c`, leaving out an empty half.
+fn node_problems(missing: &[String], not_ready: &[String]) -> String {
     let mut problems = Vec::new();
     if !missing.is_empty() {
         problems.push(format!("not registered: {}", missing.join(", ")));
@@ -558,11 +659,7 @@ pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), String
     if !not_ready.is_empty() {
         problems.push(format!("not Ready: {}", not_ready.join(", ")));
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
+    problems.join("; ")
 }
 
 #[cfg(test)]
@@ -588,6 +685,7 @@ mod tests {
         assert!(
             deployment_available(&d)
                 .unwrap_err()
+                .to_string()
                 .contains("observedGeneration")
         );
         d["status"]["observedGeneration"] = json!(2);
@@ -596,6 +694,7 @@ mod tests {
         assert!(
             deployment_available(&d)
                 .unwrap_err()
+                .to_string()
                 .contains("1 available of 2")
         );
         d["status"]["availableReplicas"] = json!(2);
@@ -622,6 +721,7 @@ mod tests {
         assert!(
             statefulset_rolled_out(&sts)
                 .unwrap_err()
+                .to_string()
                 .contains("revision a")
         );
         sts["status"]["currentRevision"] = json!("b");
@@ -639,13 +739,17 @@ mod tests {
             "status":{"conditions":[{"type":"Ready","status":"False"}]}});
         assert!(nodes_ready(std::slice::from_ref(&ready)).is_ok());
         assert_eq!(
-            nodes_ready(&[ready.clone(), not.clone()]).unwrap_err(),
+            nodes_ready(&[ready.clone(), not.clone()])
+                .unwrap_err()
+                .to_string(),
             "not Ready: b"
         );
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(named_nodes_ready(std::slice::from_ref(&ready), &names(&["a"])).is_ok());
         assert_eq!(
-            named_nodes_ready(&[ready.clone(), not.clone()], &names(&["a", "b", "c"])).unwrap_err(),
+            named_nodes_ready(&[ready.clone(), not.clone()], &names(&["a", "b", "c"]))
+                .unwrap_err()
+                .to_string(),
             "not registered: c; not Ready: b"
         );
         assert!(named_nodes_ready(&[ready, not], &names(&[])).is_ok());
@@ -675,7 +779,7 @@ mod tests {
             "hang",
             Duration::from_millis(20),
             Duration::from_millis(5),
-            std::future::pending::<Result<(), String>>,
+            std::future::pending::<Result<(), NotReady>>,
         )
         .await
         .unwrap_err();

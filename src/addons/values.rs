@@ -231,16 +231,49 @@ pub fn root_application(argocd_namespace: &str, app: &RootApp) -> Result<Value, 
     }))
 }
 
+/// Why operator values could not be read; each message starts with the values' source name.
+#[derive(Debug, thiserror::Error)]
+pub enum ValuesError {
+    /// The text nests deeper than talboot parses.
+    #[error("{source_name}: {source}")]
+    TooDeep {
+        /// Where the values came from.
+        source_name: String,
+        /// How deep.
+        source: crate::nesting::TooDeep,
+    },
+    /// The text is not YAML.
+    #[error("{source_name}: {source}")]
+    Yaml {
+        /// Where the values came from.
+        source_name: String,
+        /// The parser's description and position.
+        source: yaml_serde::Error,
+    },
+    /// The values are not a mapping.
+    #[error("{source_name}: values must be a mapping at the top")]
+    NotMapping {
+        /// Where the values came from.
+        source_name: String,
+    },
+}
+
 /// Converts operator values read from YAML into JSON values (maps only at the top).
-pub fn values_from_yaml(source_name: &str, text: &str) -> Result<Value, String> {
-    crate::nesting::check_yaml(text).map_err(|e| format!("{source_name}: {e}"))?;
-    let v: Value = yaml_serde::from_str(text).map_err(|e| format!("{source_name}: {e}"))?;
+pub fn values_from_yaml(source_name: &str, text: &str) -> Result<Value, ValuesError> {
+    crate::nesting::check_yaml(text).map_err(|source| ValuesError::TooDeep {
+        source_name: source_name.to_owned(),
+        source,
+    })?;
+    let v: Value = yaml_serde::from_str(text).map_err(|source| ValuesError::Yaml {
+        source_name: source_name.to_owned(),
+        source,
+    })?;
     match v {
         Value::Null => Ok(Value::Object(Map::new())),
         Value::Object(_) => Ok(v),
-        _ => Err(format!(
-            "{source_name}: values must be a mapping at the top"
-        )),
+        _ => Err(ValuesError::NotMapping {
+            source_name: source_name.to_owned(),
+        }),
     }
 }
 
@@ -393,6 +426,7 @@ mod tests {
         assert!(
             values_from_yaml("v", "- 1\n")
                 .unwrap_err()
+                .to_string()
                 .contains("mapping")
         );
     }

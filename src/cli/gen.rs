@@ -194,6 +194,25 @@ pub fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
         .collect()
 }
 
+/// Why `gen` could not write its output.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// The output directory could not be created.
+    #[error("cannot create {}: {source}", .dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file could not be written (the error names it).
+    #[error("{0}")]
+    Write(#[from] crate::fsutil::AtomicWriteError),
+    /// A talosconfig or kubeconfig could not be made.
+    #[error("{0}")]
+    Client(#[from] clients::ClientConfigError),
+}
+
 /// Writes node configs and the admin client configs into `dir` (created 0700 if missing).
 fn write_all(
     dir: &Path,
@@ -201,18 +220,20 @@ fn write_all(
     secrets: &SecretsBundle,
     rendered: &[(String, String)],
     now: OffsetDateTime,
-) -> Result<(), String> {
+) -> Result<(), WriteError> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            .map_err(|source| WriteError::CreateDir {
+                dir: dir.to_owned(),
+                source,
+            })?;
     }
     for (name, text) in rendered {
-        crate::fsutil::write_atomic(&dir.join(format!("{name}.yaml")), text.as_bytes(), 0o600)
-            .map_err(|e| e.to_string())?;
+        crate::fsutil::write_atomic(&dir.join(format!("{name}.yaml")), text.as_bytes(), 0o600)?;
     }
     // Talos API calls go to node addresses, never the VIP (it only exists after bootstrap).
     let endpoints: Vec<String> = inv
@@ -227,20 +248,16 @@ fn write_all(
         secrets,
         DEFAULT_CLIENT_CERT_TTL,
         now,
-    )
-    .map_err(|e| e.to_string())?;
-    crate::fsutil::write_atomic(&dir.join("talosconfig"), talosconfig.as_bytes(), 0o600)
-        .map_err(|e| e.to_string())?;
+    )?;
+    crate::fsutil::write_atomic(&dir.join("talosconfig"), talosconfig.as_bytes(), 0o600)?;
     let endpoint = &inv.cluster.endpoint.value;
     let host = match &endpoint.host {
         crate::inventory::EndpointHost::Ip(ip) => ip.to_string(),
         crate::inventory::EndpointHost::Name(n) => n.clone(),
     };
     let server = format!("https://{host}:{}", endpoint.port);
-    let kubeconfig = clients::kubeconfig(cluster, &server, secrets, DEFAULT_CLIENT_CERT_TTL, now)
-        .map_err(|e| e.to_string())?;
-    crate::fsutil::write_atomic(&dir.join("kubeconfig"), kubeconfig.as_bytes(), 0o600)
-        .map_err(|e| e.to_string())?;
+    let kubeconfig = clients::kubeconfig(cluster, &server, secrets, DEFAULT_CLIENT_CERT_TTL, now)?;
+    crate::fsutil::write_atomic(&dir.join("kubeconfig"), kubeconfig.as_bytes(), 0o600)?;
     Ok(())
 }
 

@@ -69,24 +69,62 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
+/// Why the flags (and inventory) do not say which sets to pull.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    /// `-c` names an inventory that does not load.
+    #[error("{source}; run `talboot check -c {}`", .path.display())]
+    Inventory {
+        /// The inventory file.
+        path: std::path::PathBuf,
+        /// Why it does not load.
+        source: inventory::LoadError,
+    },
+    /// `--talos` is not a version.
+    #[error("--talos {given}: {source}")]
+    Talos {
+        /// What was given.
+        given: String,
+        /// Why it is not a version.
+        source: semver::Error,
+    },
+    /// Neither `--talos` nor an inventory.
+    #[error("give --talos vX.Y.Z or -c INVENTORY")]
+    NoVersion,
+    /// `--schematic` is not a schematic ID.
+    #[error("--schematic {0}: expected 64 hex digits")]
+    Schematic(String),
+    /// `--arch` is not an architecture.
+    #[error("--arch {0}: use amd64 or arm64")]
+    Arch(String),
+}
+
 /// Work out which sets to pull from the flags and the optional inventory.
-fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), String> {
+fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), RequestError> {
     let inv = match &p.config {
         Some(path) => match inventory::load(path) {
             Ok(l) => Some(l.inventory),
-            Err(e) => return Err(format!("{e}; run `talboot check -c {}`", path.display())),
+            Err(source) => {
+                return Err(RequestError::Inventory {
+                    path: path.clone(),
+                    source,
+                });
+            }
         },
         None => None,
     };
     let talos: Version = match (&p.talos, &inv) {
-        (Some(t), _) => t.parse().map_err(|e| format!("--talos {t}: {e}"))?,
+        (Some(t), _) => t.parse().map_err(|source| RequestError::Talos {
+            given: t.clone(),
+            source,
+        })?,
         (None, Some(inv)) => inv.cluster.talos_version.value.clone(),
-        (None, None) => return Err("give --talos vX.Y.Z or -c INVENTORY".into()),
+        (None, None) => return Err(RequestError::NoVersion),
     };
     let schematic = match (&p.schematic, &inv) {
         (Some(s), _) => {
             if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!("--schematic {s}: expected 64 hex digits"));
+                return Err(RequestError::Schematic(s.clone()));
             }
             s.to_ascii_lowercase()
         }
@@ -95,7 +133,7 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), String> {
     };
     let mut arches: BTreeSet<Arch> = BTreeSet::new();
     for a in &p.arch {
-        arches.insert(Arch::parse(a).ok_or_else(|| format!("--arch {a}: use amd64 or arm64"))?);
+        arches.insert(Arch::parse(a).ok_or_else(|| RequestError::Arch(a.clone()))?);
     }
     if arches.is_empty() {
         match &inv {
@@ -112,7 +150,7 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), String> {
             inv.as_ref()
                 .map(|i| i.cluster.installer.factory_url.clone())
         })
-        .unwrap_or_else(|| inventory::load::DEFAULT_FACTORY_URL.to_string());
+        .unwrap_or_else(|| inventory::parts::DEFAULT_FACTORY_URL.to_string());
     let sets = arches
         .into_iter()
         .map(|a| SetId::new(&talos, &schematic, a))

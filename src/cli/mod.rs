@@ -101,10 +101,21 @@ pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool
     is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-fn init_logging(format: LogFormat, filter: &str) -> Result<(), String> {
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+enum LoggingError {
+    /// `--log` is not a tracing filter.
+    #[error("{0}")]
+    Filter(#[from] tracing_subscriber::filter::ParseError),
+    /// A global subscriber was already installed.
+    #[error("{0}")]
+    Init(Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn init_logging(format: LogFormat, filter: &str) -> Result<(), LoggingError> {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+    let filter = EnvFilter::try_new(filter)?;
     // Logs go to stderr, so stderr is what must be a terminal for colour.
     let colour = use_colour(
         std::io::stderr().is_terminal(),
@@ -118,7 +129,7 @@ fn init_logging(format: LogFormat, filter: &str) -> Result<(), String> {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
-    result.map_err(|e| e.to_string())
+    result.map_err(LoggingError::Init)
 }
 
 #[cfg(test)]

@@ -167,7 +167,7 @@ pub enum StartError {
     Provisioning(String),
     /// The `--schema` file cannot be used.
     #[error("{0}")]
-    Schema(String),
+    Schema(crate::machineconfig::schema::SchemaLoadError),
     /// A machine config to be served fails the Talos config schema.
     #[error(
         "machine configs fail the Talos config schema ({schema}):\n{}\nfix the inventory or \

@@ -72,7 +72,7 @@ pub enum AgeError {
         /// Where the text came from.
         location: String,
         /// What is wrong (a line number, never the content).
-        reason: String,
+        reason: BadIdentityLine,
     },
     /// A recipient string is not an X25519 age recipient.
     #[error("`{0}` is not an age recipient: expected an X25519 public key starting with `age1`")]
@@ -194,7 +194,25 @@ pub enum Outcome {
     /// The file exists but could not be read.
     Unreadable(String),
     /// The content is not a valid identity list (the reason never quotes key material).
-    Invalid(String),
+    Invalid(BadIdentityLine),
+}
+
+/// A keys.txt line that is not an identity talboot can use; names the line number, never the
+/// line (it may be key material).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadIdentityLine {
+    /// An `AGE-PLUGIN-…` identity.
+    #[error("line {line} is an age plugin identity, which talboot does not support")]
+    Plugin {
+        /// The line number, counting from 1.
+        line: usize,
+    },
+    /// Anything else that is not `AGE-SECRET-KEY-1…`.
+    #[error("line {line} is not an X25519 age identity (AGE-SECRET-KEY-1…)")]
+    NotX25519 {
+        /// The line number, counting from 1.
+        line: usize,
+    },
 }
 
 impl fmt::Display for Outcome {
@@ -388,7 +406,7 @@ fn read_identity_file(path: &Path) -> Result<Vec<x25519::Identity>, Outcome> {
 }
 
 /// Parses keys.txt content. The error names a line number, never the line.
-fn parse_identities(text: &str) -> Result<Vec<x25519::Identity>, String> {
+fn parse_identities(text: &str) -> Result<Vec<x25519::Identity>, BadIdentityLine> {
     let mut keys = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -398,16 +416,10 @@ fn parse_identities(text: &str) -> Result<Vec<x25519::Identity>, String> {
         match x25519::Identity::from_str(line) {
             Ok(k) => keys.push(k),
             Err(_) if line.starts_with("AGE-PLUGIN-") => {
-                return Err(format!(
-                    "line {} is an age plugin identity, which talboot does not support",
-                    n + 1
-                ));
+                return Err(BadIdentityLine::Plugin { line: n + 1 });
             }
             Err(_) => {
-                return Err(format!(
-                    "line {} is not an X25519 age identity (AGE-SECRET-KEY-1…)",
-                    n + 1
-                ));
+                return Err(BadIdentityLine::NotX25519 { line: n + 1 });
             }
         }
     }
@@ -556,7 +568,10 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("NOTAVALID"), "{err}");
-        let err = parse_identities("AGE-PLUGIN-YUBIKEY-1XYZ").err().unwrap();
+        let err = parse_identities("AGE-PLUGIN-YUBIKEY-1XYZ")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("plugin"), "{err}");
     }
 

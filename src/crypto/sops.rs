@@ -166,7 +166,7 @@ pub enum SopsError {
         /// The key path, e.g. `certs:etcd:key`.
         path: String,
         /// What failed.
-        reason: String,
+        reason: EncError,
     },
     /// A value the rules say is encrypted is stored in plaintext.
     #[error(
@@ -198,7 +198,7 @@ pub enum SopsError {
         /// The file.
         file: PathBuf,
         /// What failed.
-        reason: String,
+        reason: EncError,
     },
     /// The recomputed MAC differs from the stored one.
     #[error(
@@ -323,7 +323,7 @@ fn verify_mac(
     computed: &str,
     file: &Path,
 ) -> Result<(), SopsError> {
-    let unreadable = |reason: String| SopsError::MacUnreadable {
+    let unreadable = |reason: EncError| SopsError::MacUnreadable {
         file: file.to_path_buf(),
         reason,
     };
@@ -675,7 +675,7 @@ impl Walker<'_> {
                 path,
             });
         }
-        let value_err = |reason: String| SopsError::Value {
+        let value_err = |reason: EncError| SopsError::Value {
             file: self.file.to_path_buf(),
             path: path.clone(),
             reason,
@@ -739,29 +739,81 @@ struct EncValue {
     kind: Kind,
 }
 
+/// The shape sops writes an encrypted value in.
+const ENC_SHAPE: &str = "not of the form ENC[AES256_GCM,data:…,iv:…,tag:…,type:…]";
+
+/// Why one encrypted value (or the stored MAC) cannot be opened. Never quotes plaintext.
+#[derive(Debug, thiserror::Error)]
+pub enum EncError {
+    /// Not `ENC[…]`.
+    #[error("{shape}", shape = ENC_SHAPE)]
+    Shape,
+    /// A cipher other than AES256_GCM.
+    #[error("unsupported cipher `{0}` (sops uses AES256_GCM)")]
+    Cipher(String),
+    /// A field is missing or out of order.
+    #[error("{shape} (missing `{0}`)", shape = ENC_SHAPE)]
+    MissingField(&'static str),
+    /// A field is not base64.
+    #[error("`{field}` is not valid base64: {source}")]
+    Base64 {
+        /// `data`, `iv` or `tag`.
+        field: &'static str,
+        /// The decoder's description.
+        source: base64::DecodeError,
+    },
+    /// A `type:` sops does not write.
+    #[error("unknown value type `{0}`")]
+    UnknownType(String),
+    /// More fields after `type:`.
+    #[error("{shape} (extra fields)", shape = ENC_SHAPE)]
+    ExtraFields,
+    /// An IV of the wrong length.
+    #[error("the IV is {0} bytes; sops uses 32-byte IVs")]
+    IvLength(usize),
+    /// A tag of the wrong length.
+    #[error("the tag is {0} bytes, expected 16")]
+    TagLength(usize),
+    /// Wrong key, or the file was edited.
+    #[error("AES-GCM authentication failed")]
+    Authentication,
+    /// The plaintext is not text.
+    #[error("the plaintext is not UTF-8")]
+    NotUtf8,
+    /// `type:int` that is not an integer.
+    #[error("a value of type int is not an integer")]
+    NotInteger,
+    /// `type:float` that is not a number.
+    #[error("a value of type float is not a number")]
+    NotFloat,
+    /// `type:bool` that is not a boolean.
+    #[error("a value of type bool is not true or false")]
+    NotBool,
+    /// `type:comment` where a value belongs.
+    #[error("a comment is stored where a value belongs")]
+    Comment,
+}
+
 impl EncValue {
-    fn parse(s: &str) -> Result<Self, String> {
-        const SHAPE: &str = "not of the form ENC[AES256_GCM,data:…,iv:…,tag:…,type:…]";
+    fn parse(s: &str) -> Result<Self, EncError> {
         let body = s
             .strip_prefix("ENC[")
             .and_then(|r| r.strip_suffix(']'))
-            .ok_or(SHAPE)?;
+            .ok_or(EncError::Shape)?;
         let mut parts = body.split(',');
-        let cipher = parts.next().ok_or(SHAPE)?;
+        let cipher = parts.next().ok_or(EncError::Shape)?;
         if cipher != "AES256_GCM" {
-            return Err(format!(
-                "unsupported cipher `{cipher}` (sops uses AES256_GCM)"
-            ));
+            return Err(EncError::Cipher(cipher.to_owned()));
         }
-        let mut field = |name: &str| -> Result<&str, String> {
+        let mut field = |name: &'static str| -> Result<&str, EncError> {
             parts
                 .next()
                 .and_then(|p| p.strip_prefix(name))
-                .ok_or_else(|| format!("{SHAPE} (missing `{name}`)"))
+                .ok_or(EncError::MissingField(name))
         };
-        let b64 = |name: &str, text: &str| {
+        let b64 = |field: &'static str, text: &str| {
             B64.decode(text)
-                .map_err(|e| format!("`{name}` is not valid base64: {e}"))
+                .map_err(|source| EncError::Base64 { field, source })
         };
         let data = b64("data", field("data:")?)?;
         let iv_bytes = b64("iv", field("iv:")?)?;
@@ -774,15 +826,15 @@ impl EncValue {
             "bytes" => Kind::Bytes,
             "time" => Kind::Time,
             "comment" => Kind::Comment,
-            other => return Err(format!("unknown value type `{other}`")),
+            other => return Err(EncError::UnknownType(other.to_owned())),
         };
         if parts.next().is_some() {
-            return Err(format!("{SHAPE} (extra fields)"));
+            return Err(EncError::ExtraFields);
         }
         let iv = <[u8; 32]>::try_from(iv_bytes.as_slice())
-            .map_err(|_| format!("the IV is {} bytes; sops uses 32-byte IVs", iv_bytes.len()))?;
+            .map_err(|_| EncError::IvLength(iv_bytes.len()))?;
         let tag = <[u8; 16]>::try_from(tag_bytes.as_slice())
-            .map_err(|_| format!("the tag is {} bytes, expected 16", tag_bytes.len()))?;
+            .map_err(|_| EncError::TagLength(tag_bytes.len()))?;
         Ok(EncValue {
             data,
             iv,
@@ -793,7 +845,7 @@ impl EncValue {
 }
 
 /// Decrypts and authenticates one value.
-fn open(cipher: &SopsGcm, enc: &EncValue, aad: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+fn open(cipher: &SopsGcm, enc: &EncValue, aad: &[u8]) -> Result<Zeroizing<Vec<u8>>, EncError> {
     let mut buf = Zeroizing::new(enc.data.clone());
     cipher
         .decrypt_in_place_detached(
@@ -802,14 +854,14 @@ fn open(cipher: &SopsGcm, enc: &EncValue, aad: &[u8]) -> Result<Zeroizing<Vec<u8
             buf.as_mut_slice(),
             GenericArray::from_slice(&enc.tag),
         )
-        .map_err(|_| "AES-GCM authentication failed".to_string())?;
+        .map_err(|_| EncError::Authentication)?;
     Ok(buf)
 }
 
 /// Turns decrypted bytes back into a YAML value of their recorded type, and gives the bytes
 /// sops hashes for it (its `ToBytes` of the typed value).
-fn typed_value(kind: Kind, plain: &[u8]) -> Result<(Value, Zeroizing<Vec<u8>>), String> {
-    let text = || std::str::from_utf8(plain).map_err(|_| "the plaintext is not UTF-8".to_string());
+fn typed_value(kind: Kind, plain: &[u8]) -> Result<(Value, Zeroizing<Vec<u8>>), EncError> {
+    let text = || std::str::from_utf8(plain).map_err(|_| EncError::NotUtf8);
     let same = || Zeroizing::new(plain.to_vec());
     Ok(match kind {
         Kind::Str | Kind::Bytes | Kind::Time => (Value::String(text()?.to_string()), same()),
@@ -818,29 +870,24 @@ fn typed_value(kind: Kind, plain: &[u8]) -> Result<(Value, Zeroizing<Vec<u8>>), 
             let n = if let Ok(i) = t.parse::<i64>() {
                 Number::from(i)
             } else {
-                Number::from(
-                    t.parse::<u64>()
-                        .map_err(|_| "a value of type int is not an integer".to_string())?,
-                )
+                Number::from(t.parse::<u64>().map_err(|_| EncError::NotInteger)?)
             };
             let mac = Zeroizing::new(n.to_string().into_bytes());
             (Value::Number(n), mac)
         }
         Kind::Float => {
-            let f: f64 = go_parse_float(text()?)
-                .ok_or_else(|| "a value of type float is not a number".to_string())?;
+            let f: f64 = go_parse_float(text()?).ok_or(EncError::NotFloat)?;
             let mac = Zeroizing::new(go_float(f).into_bytes());
             (Value::Number(Number::from(f)), mac)
         }
         Kind::Bool => {
-            let b = go_parse_bool(text()?)
-                .ok_or_else(|| "a value of type bool is not true or false".to_string())?;
+            let b = go_parse_bool(text()?).ok_or(EncError::NotBool)?;
             (
                 Value::Bool(b),
                 Zeroizing::new(go_bool(b).as_bytes().to_vec()),
             )
         }
-        Kind::Comment => return Err("a comment is stored where a value belongs".into()),
+        Kind::Comment => return Err(EncError::Comment),
     })
 }
 
@@ -969,7 +1016,7 @@ mod tests {
             (ok.replace("]", ",extra:1]"), "extra fields"),
         ];
         for (input, want) in cases {
-            let err = EncValue::parse(&input).unwrap_err();
+            let err = EncValue::parse(&input).unwrap_err().to_string();
             assert!(err.contains(want), "{input}: {err}");
         }
     }

@@ -5,13 +5,15 @@
 //! that cannot be read is reported and left out, and cross-field validation then runs on what
 //! could be read, so one run of `talboot check` shows every problem in the file.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::diag::{Diagnostics, Loc};
 use super::model::*;
+use super::parts::{
+    DEFAULT_FACTORY_URL, DEFAULT_LEASE, DEFAULT_POD_SUBNET, DEFAULT_SERVICE_SUBNET, Env, Parts,
+    ProcessEnv, count_items,
+};
 use super::read::{self, missing};
 use super::validate;
 use super::yaml::{self, MapReader, Node as Y, Value, index};
@@ -44,28 +46,6 @@ pub struct Loaded {
     pub inventory: Inventory,
     /// Warnings (never errors).
     pub warnings: Diagnostics,
-}
-
-/// Where environment variables come from when a talhelper file uses `${VAR}`; a trait so tests
-/// need not change the process environment.
-pub trait Env {
-    /// The value of `name`, if set.
-    fn var(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn var(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
-impl Env for BTreeMap<String, String> {
-    fn var(&self, name: &str) -> Option<String> {
-        self.get(name).cloned()
-    }
 }
 
 /// Load and validate the inventory at `path`, detecting talboot or talhelper format, with
@@ -140,33 +120,6 @@ fn is_talhelper(root: &Y) -> bool {
         }
         _ => false,
     }
-}
-
-/// What a format reader produced: every section that could be read.
-#[derive(Debug, Default)]
-pub struct Parts {
-    /// Which format.
-    pub format: Option<SourceFormat>,
-    /// Cluster section.
-    pub cluster: Option<Cluster>,
-    /// Network section.
-    pub network: Option<Network>,
-    /// Boot section.
-    pub boot: Option<Boot>,
-    /// Role definitions as written.
-    pub roles: Vec<RoleDef>,
-    /// Nodes that could be read.
-    pub nodes: Vec<Node>,
-    /// Where the `nodes` list is (for "no control plane" and similar).
-    pub nodes_loc: Option<Loc>,
-    /// How many entries the `nodes` list has, including ones that could not be read; counts
-    /// that depend on every node (control-plane parity) are only judged when all were read.
-    pub nodes_written: usize,
-    /// Every node's `role` reference with its field path, including nodes that could not be
-    /// read completely, so a misspelled role is reported alongside the node's other problems.
-    pub role_refs: Vec<(String, Spanned<String>)>,
-    /// Add-ons.
-    pub addons: Addons,
 }
 
 fn assemble(path: &Path, parts: Parts, d: &mut Diagnostics) -> Option<Inventory> {
@@ -256,13 +209,6 @@ impl Default for Boot {
         }
     }
 }
-
-/// Kubernetes defaults Talos itself uses.
-pub const DEFAULT_POD_SUBNET: &str = "10.244.0.0/16";
-/// Default service network.
-pub const DEFAULT_SERVICE_SUBNET: &str = "10.96.0.0/12";
-/// Default Image Factory.
-pub const DEFAULT_FACTORY_URL: &str = "https://factory.talos.dev";
 
 const CLUSTER: &[&str] = &[
     "name",
@@ -522,9 +468,6 @@ const NETWORK: &[&str] = &[
     "advertise",
     "relays",
 ];
-
-/// Default lease time when the inventory gives none.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(3600);
 
 fn network(node: &Y, d: &mut Diagnostics) -> Option<Network> {
     let mut r = MapReader::new(node, "network", d)?;
@@ -820,14 +763,6 @@ const NODE: &[&str] = &[
     "taints",
     "interfaces",
 ];
-
-/// Number of items in a list node (0 for anything else).
-pub fn count_items(n: &Y) -> usize {
-    match &n.value {
-        Value::Seq(items) => items.len(),
-        _ => 0,
-    }
-}
 
 fn node(
     n: &Y,

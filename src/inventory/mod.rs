@@ -3,10 +3,24 @@
 //! `talboot.yaml` (or a talhelper `talconfig.yaml`) is parsed once into the typed values of
 //! [`model`]; every later stage reads those values and never re-parses strings. Loading reports
 //! every problem at once, each with file, line, column, field path and a hint ([`diag`]).
+//!
+//! # Layering
+//!
+//! Each module imports only the ones above it, so the imports form a DAG:
+//!
+//! 1. [`diag`] (locations and diagnostics) and [`schematic`] (Image Factory schematics);
+//! 2. [`yaml`] (the position-marked YAML tree) and [`model`] (the typed values);
+//! 3. [`read`] (field readers both formats share) and [`parts`] (what a format reader
+//!    produces, the shared defaults and the `${VAR}` environment);
+//! 4. [`talhelper`] (a `talconfig.yaml` read into [`parts::Parts`]) and [`validate`] (the
+//!    cross-field rules over [`parts::Parts`]);
+//! 5. [`load`], the entry: it detects the format, reads `talboot.yaml` itself or hands the
+//!    document to [`talhelper`], then runs [`validate`] and assembles the [`Inventory`].
 
 pub mod diag;
 pub mod load;
 pub mod model;
+pub mod parts;
 pub mod read;
 pub mod schematic;
 pub mod talhelper;

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 pub use ipnet::Ipv4Net;
 
+use thiserror::Error;
+
 use super::diag::Loc;
 
 /// A value with the place in the source it was read from.
@@ -251,15 +253,35 @@ pub struct Endpoint {
     pub port: u16,
 }
 
+/// What is wrong with an endpoint (each message quotes the part at fault).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EndpointError {
+    /// Not `https://`.
+    #[error("`{0}` must start with https://")]
+    NotHttps(String),
+    /// Something after the host and port.
+    #[error("`{0}` must not have a path")]
+    HasPath(String),
+    /// The port is not 1-65535.
+    #[error("`{0}` is not a port number")]
+    BadPort(String),
+    /// Nothing between `https://` and the port.
+    #[error("`{0}` has no host")]
+    NoHost(String),
+    /// The host is neither an address nor a name.
+    #[error("`{0}` is neither an IPv4 address nor a DNS name")]
+    BadHost(String),
+}
+
 impl Endpoint {
-    /// Parse `https://host[:port][/]`; returns a message saying what is wrong otherwise.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// Parse `https://host[:port][/]`; the error says what is wrong otherwise.
+    pub fn parse(s: &str) -> Result<Self, EndpointError> {
         let rest = s
             .strip_prefix("https://")
-            .ok_or_else(|| format!("`{s}` must start with https://"))?;
+            .ok_or_else(|| EndpointError::NotHttps(s.to_string()))?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains('/') {
-            return Err(format!("`{s}` must not have a path"));
+            return Err(EndpointError::HasPath(s.to_string()));
         }
         let (host, port) = match rest.rsplit_once(':') {
             Some((h, p)) => (
@@ -267,21 +289,17 @@ impl Endpoint {
                 p.parse::<u16>()
                     .ok()
                     .filter(|p| *p != 0)
-                    .ok_or_else(|| format!("`{p}` is not a port number"))?,
+                    .ok_or_else(|| EndpointError::BadPort(p.to_string()))?,
             ),
             None => (rest, 6443),
         };
         if host.is_empty() {
-            return Err(format!("`{s}` has no host"));
+            return Err(EndpointError::NoHost(s.to_string()));
         }
         let host = match host.parse::<Ipv4Addr>() {
             Ok(ip) => EndpointHost::Ip(ip),
             Err(_) if is_dns_name(host) => EndpointHost::Name(host.to_string()),
-            Err(_) => {
-                return Err(format!(
-                    "`{host}` is neither an IPv4 address nor a DNS name"
-                ));
-            }
+            Err(_) => return Err(EndpointError::BadHost(host.to_string())),
         };
         Ok(Self { host, port })
     }
@@ -358,24 +376,34 @@ pub struct Taint {
     pub effect: TaintEffect,
 }
 
+/// What is wrong with a taint (each message quotes the part at fault).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TaintError {
+    /// No `:Effect`.
+    #[error("`{0}` has no effect; write key=value:NoSchedule")]
+    NoEffect(String),
+    /// An effect Kubernetes does not know.
+    #[error("`{0}` is not a taint effect; use one of {words}", words = TaintEffect::WORDS.join(", "))]
+    BadEffect(String),
+    /// The key is not a label key.
+    #[error("`{0}` is not a valid taint key")]
+    BadKey(String),
+}
+
 impl Taint {
     /// Parse kubectl's `key[=value]:Effect` syntax.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, TaintError> {
         let (kv, effect) = s
             .rsplit_once(':')
-            .ok_or_else(|| format!("`{s}` has no effect; write key=value:NoSchedule"))?;
-        let effect = TaintEffect::parse(effect).ok_or_else(|| {
-            format!(
-                "`{effect}` is not a taint effect; use one of {}",
-                TaintEffect::WORDS.join(", ")
-            )
-        })?;
+            .ok_or_else(|| TaintError::NoEffect(s.to_string()))?;
+        let effect =
+            TaintEffect::parse(effect).ok_or_else(|| TaintError::BadEffect(effect.to_string()))?;
         let (key, value) = match kv.split_once('=') {
             Some((k, v)) => (k, Some(v.to_string())),
             None => (kv, None),
         };
         if !is_label_key(key) {
-            return Err(format!("`{key}` is not a valid taint key"));
+            return Err(TaintError::BadKey(key.to_string()));
         }
         Ok(Self {
             key: key.to_string(),

@@ -146,26 +146,43 @@ pub fn duration(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Duration
     parsed(node, path, d, "a duration", "12h", parse_duration).map(|s| s.value)
 }
 
+/// What is wrong with a duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// No digits before the unit.
+    #[error("expected a number")]
+    NotANumber,
+    /// A unit other than s, m, h, d.
+    #[error("unknown unit `{0}`; use s, m, h or d")]
+    UnknownUnit(String),
+    /// Zero.
+    #[error("must be greater than zero")]
+    Zero,
+    /// More seconds than a u64 holds.
+    #[error("too large")]
+    TooLarge,
+}
+
 /// Parses `3600`, `90s`, `30m`, `12h`, `7d`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: u64 = num.parse().map_err(|_| "expected a number".to_string())?;
+    let n: u64 = num.parse().map_err(|_| DurationError::NotANumber)?;
     let mult = match unit {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86400,
-        _ => return Err(format!("unknown unit `{unit}`; use s, m, h or d")),
+        _ => return Err(DurationError::UnknownUnit(unit.to_string())),
     };
     if n == 0 {
-        return Err("must be greater than zero".into());
+        return Err(DurationError::Zero);
     }
     n.checked_mul(mult)
         .map(Duration::from_secs)
-        .ok_or_else(|| "too large".into())
+        .ok_or(DurationError::TooLarge)
 }
 
 /// A list whose items are each read by `item`; a single scalar is accepted as a one-item list

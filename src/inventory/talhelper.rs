@@ -16,13 +16,14 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::diag::{Diagnostics, Loc};
-use super::load::{
-    DEFAULT_FACTORY_URL, DEFAULT_LEASE, DEFAULT_POD_SUBNET, DEFAULT_SERVICE_SUBNET, Env, Parts,
-};
 use super::model::*;
+use super::parts::{
+    DEFAULT_FACTORY_URL, DEFAULT_LEASE, DEFAULT_POD_SUBNET, DEFAULT_SERVICE_SUBNET, Env, Parts,
+    count_items,
+};
 use super::read::{self, missing};
 use super::schematic::Schematic;
 use super::yaml::{MapReader, Node as Y, Value, index, join};
@@ -99,7 +100,7 @@ fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
     match &mut node.value {
         Value::Str(s) if s.contains('$') => match expand(s, env) {
             Ok(v) => *s = v,
-            Err(name) => d.error_hint(
+            Err(UnsetVariable(name)) => d.error_hint(
                 &node.loc,
                 path,
                 format!("environment variable `{name}` is unset or empty"),
@@ -121,8 +122,13 @@ fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
     }
 }
 
-/// Expand one string; on failure returns the variable that was unset or empty.
-pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
+/// A `${VAR}` whose variable is unset or empty (talhelper's rule: that is an error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable `{0}` is unset or empty")]
+pub struct UnsetVariable(pub String);
+
+/// Expand one string; on failure names the variable that was unset or empty.
+pub fn expand(s: &str, env: &dyn Env) -> Result<String, UnsetVariable> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -146,7 +152,7 @@ pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
             match (env.var(name).filter(|v| !v.is_empty()), default) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(def)) => out.push_str(def),
-                (None, None) => return Err(name.to_string()),
+                (None, None) => return Err(UnsetVariable(name.to_string())),
             }
             rest = &r[end + 1..];
         } else {
@@ -161,7 +167,7 @@ pub fn expand(s: &str, env: &dyn Env) -> Result<String, String> {
             let name = &after[..len];
             match env.var(name).filter(|v| !v.is_empty()) {
                 Some(v) => out.push_str(&v),
-                None => return Err(name.to_string()),
+                None => return Err(UnsetVariable(name.to_string())),
             }
             rest = &after[len..];
         }
@@ -224,6 +230,9 @@ fn unsupported(d: &mut Diagnostics, r: &MapReader<'_>, node: &Y, supported: &[&s
     }
 }
 
+/// Translate a (substituted) talhelper document section by section, in the order `load` reads
+/// a talboot file: the cluster's own fields, the group settings as roles, the nodes, then what
+/// the nodes imply (the provisioning network, the cluster's VIP and installer).
 fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
     let mut parts = Parts {
         format: Some(SourceFormat::Talhelper),
@@ -234,11 +243,51 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
     };
     unsupported(d, &r, root, TOP_SUPPORTED);
     let loc = r.loc().clone();
+    let top = cluster(&mut r, &loc, base, d);
+    parts.roles = roles(&mut r, base, d);
+    let groups: BTreeMap<&str, &Y> = ["controlPlane", "worker"]
+        .iter()
+        .filter_map(|k| r.get(k).map(|n| (*k, n)))
+        .collect();
+    let mut found = nodes(&mut r, &loc, base, &groups, &mut parts, d);
+    group_images(&groups, &mut found, d);
+    parts.network = network(&parts.nodes, &found.gateways, &loc, d);
+    parts.boot = Some(Boot::default());
+    parts.cluster = top.assemble(found, base);
+    parts
+}
 
+/// The cluster fields talhelper writes at the top level; the rest of [`Cluster`] comes from
+/// the nodes ([`FromNodes`]).
+struct ClusterTop {
+    name: Option<Spanned<String>>,
+    talos_version: Option<Spanned<Version>>,
+    kubernetes_version: Option<Spanned<Version>>,
+    endpoint: Option<Spanned<Endpoint>>,
+    dns_domain: String,
+    allow_scheduling_on_control_planes: bool,
+    pod_subnets: Vec<Ipv4Net>,
+    service_subnets: Vec<Ipv4Net>,
+    patches: Vec<Patch>,
+    external_cni: bool,
+    factory_url: String,
+}
+
+/// What talhelper keeps per node that talboot keeps per cluster or network: the first VIP,
+/// schematic and installer image found, and every node's gateway.
+#[derive(Default)]
+struct FromNodes {
+    vip: Option<Spanned<Ipv4Addr>>,
+    gateways: Vec<Spanned<Ipv4Addr>>,
+    schematic: Option<String>,
+    installer_image: Option<String>,
+}
+
+fn cluster(r: &mut MapReader<'_>, loc: &Loc, base: &Path, d: &mut Diagnostics) -> ClusterTop {
     let name = match r.get("clusterName") {
         Some(n) => read::hostname(n, "clusterName", d),
         None => {
-            missing(d, &loc, "", "clusterName", "e.g. clusterName: homelab");
+            missing(d, loc, "", "clusterName", "e.g. clusterName: homelab");
             None
         }
     };
@@ -247,7 +296,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => {
             missing(
                 d,
-                &loc,
+                loc,
                 "",
                 "talosVersion",
                 "talboot needs it to pick boot artifacts, e.g. talosVersion: v1.13.9",
@@ -260,7 +309,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => {
             missing(
                 d,
-                &loc,
+                loc,
                 "",
                 "kubernetesVersion",
                 "e.g. kubernetesVersion: v1.36.3",
@@ -280,7 +329,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => {
             missing(
                 d,
-                &loc,
+                loc,
                 "",
                 "endpoint",
                 "e.g. endpoint: https://10.0.40.101:6443",
@@ -292,27 +341,96 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         .get("domain")
         .and_then(|n| read::string(n, "domain", d))
         .unwrap_or_else(|| "cluster.local".into());
-    let allow = ["allowSchedulingOnControlPlanes", "allowSchedulingOnMasters"]
-        .iter()
-        .filter_map(|k| r.get(k).and_then(|n| read::boolean(n, k, d)))
-        .any(|b| b);
-    let nets =
-        |r: &mut MapReader<'_>, key: &str, default: &str, d: &mut Diagnostics| match r.get(key) {
-            Some(n) => read::list(n, key, d, true, |n, p, d| {
-                read::ipv4_subnet(n, p, d).map(|s| s.value)
-            }),
-            None => vec![default.parse().expect("default subnet")],
-        };
-    let pod_subnets = nets(&mut r, "clusterPodNets", DEFAULT_POD_SUBNET, d);
-    let service_subnets = nets(&mut r, "clusterSvcNets", DEFAULT_SERVICE_SUBNET, d);
+    let allow_scheduling_on_control_planes =
+        ["allowSchedulingOnControlPlanes", "allowSchedulingOnMasters"]
+            .iter()
+            .filter_map(|k| r.get(k).and_then(|n| read::boolean(n, k, d)))
+            .any(|b| b);
+    let pod_subnets = subnets(r, "clusterPodNets", DEFAULT_POD_SUBNET, d);
+    let service_subnets = subnets(r, "clusterSvcNets", DEFAULT_SERVICE_SUBNET, d);
     let patches = r
         .get("patches")
         .map(|n| read::patches(n, "patches", base, d))
         .unwrap_or_default();
+    let external_cni = r.get("cniConfig").is_some_and(|n| cni(n, d));
+    let factory_url = r
+        .get("imageFactory")
+        .map(|n| image_factory(n, d))
+        .unwrap_or_else(|| DEFAULT_FACTORY_URL.to_string());
+    ClusterTop {
+        name,
+        talos_version,
+        kubernetes_version,
+        endpoint,
+        dns_domain,
+        allow_scheduling_on_control_planes,
+        pod_subnets,
+        service_subnets,
+        patches,
+        external_cni,
+        factory_url,
+    }
+}
+
+impl ClusterTop {
+    /// The cluster section, once the nodes have been read; `None` when a required top-level
+    /// field was missing or wrong (already reported).
+    fn assemble(self, found: FromNodes, base: &Path) -> Option<Cluster> {
+        Some(Cluster {
+            name: self.name?,
+            talos_version: self.talos_version?,
+            kubernetes_version: self.kubernetes_version?,
+            endpoint: self.endpoint?,
+            vip: found.vip,
+            pod_subnets: self.pod_subnets,
+            service_subnets: self.service_subnets,
+            dns_domain: self.dns_domain,
+            allow_scheduling_on_control_planes: self.allow_scheduling_on_control_planes,
+            secrets: Secrets {
+                file: secrets_file(base),
+                age_recipients: Vec::new(),
+            },
+            patches: self.patches,
+            installer: Installer {
+                schematic: found.schematic,
+                image: found.installer_image,
+                factory_url: self.factory_url,
+            },
+            external_cni: self.external_cni,
+        })
+    }
+}
+
+/// The secrets file next to the config.
+fn secrets_file(base: &Path) -> PathBuf {
+    [
+        // talhelper's search order; its loop keeps the last file that exists.
+        "talsecret.yaml",
+        "talsecret.sops.yaml",
+        "talsecret.yml",
+        "talsecret.sops.yml",
+    ]
+    .iter()
+    .map(|f| base.join(f))
+    .rfind(|p| p.exists())
+    .unwrap_or_else(|| base.join("talsecret.sops.yaml"))
+}
+
+/// `clusterPodNets` / `clusterSvcNets`, or Talos's default.
+fn subnets(r: &mut MapReader<'_>, key: &str, default: &str, d: &mut Diagnostics) -> Vec<Ipv4Net> {
+    match r.get(key) {
+        Some(n) => read::list(n, key, d, true, |n, p, d| {
+            read::ipv4_subnet(n, p, d).map(|s| s.value)
+        }),
+        None => vec![default.parse().expect("default subnet")],
+    }
+}
+
+/// Whether `cniConfig` says `name: none` (an external CNI); everything else in it is named in a
+/// warning.
+fn cni(cni: &Y, d: &mut Diagnostics) -> bool {
     let mut external_cni = false;
-    if let Some(cni) = r.get("cniConfig")
-        && let Value::Map(entries) = &cni.value
-    {
+    if let Value::Map(entries) = &cni.value {
         for (k, v) in entries {
             let is_none = k.name == "name" && v.scalar_text().as_deref() == Some("none");
             external_cni |= is_none;
@@ -326,12 +444,11 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
             }
         }
     }
-    let factory_url = r
-        .get("imageFactory")
-        .map(|n| image_factory(n, d))
-        .unwrap_or_else(|| DEFAULT_FACTORY_URL.to_string());
+    external_cni
+}
 
-    // Group settings become the two roles.
+/// The `controlPlane:` and `worker:` group settings, as the two roles.
+fn roles(r: &mut MapReader<'_>, base: &Path, d: &mut Diagnostics) -> Vec<RoleDef> {
     let mut roles = Vec::new();
     for (key, ty) in [
         ("controlPlane", MachineType::ControlPlane),
@@ -355,7 +472,7 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
                 "installDisk",
             ],
         );
-        let gpatches = g
+        let patches = g
             .get("patches")
             .map(|n| read::patches(n, &format!("{key}.patches"), base, d))
             .unwrap_or_default();
@@ -367,149 +484,109 @@ fn translate(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
             .get("nodeTaints")
             .map(|n| taint_map(n, &format!("{key}.nodeTaints"), d))
             .unwrap_or_default();
-        for f in [
-            "schematic",
-            "talosImageURL",
-            "installDiskSelector",
-            "installDisk",
-        ] {
-            g.get(f);
-        }
         roles.push(RoleDef {
             name: Spanned::new(ty.as_str().to_string(), group.loc.clone()),
             machine_type: Some(ty),
             extends: None,
-            patches: gpatches,
+            patches,
             labels,
             taints,
         });
     }
-    parts.roles = roles;
+    roles
+}
 
-    // Nodes.
-    let mut vip: Option<Spanned<Ipv4Addr>> = None;
-    let mut gateways: Vec<Spanned<Ipv4Addr>> = Vec::new();
-    let mut schematic: Option<String> = None;
-    let mut installer_image: Option<String> = None;
-    let groups: BTreeMap<&str, &Y> = ["controlPlane", "worker"]
-        .iter()
-        .filter_map(|k| r.get(k).map(|n| (*k, n)))
-        .collect();
-    if let Some(nodes) = r.get("nodes") {
-        parts.nodes_loc = Some(nodes.loc.clone());
-        parts.nodes_written = super::load::count_items(nodes);
-        parts.nodes = read::list(nodes, "nodes", d, false, |n, p, d| {
-            let out = node(n, p, base, &groups, d)?;
-            if let Some(v) = out.vip {
-                vip.get_or_insert(v);
-            }
-            gateways.extend(out.gateway.clone());
-            if let Some(s) = out.schematic {
-                schematic.get_or_insert(s);
-            }
-            if let Some(img) = out.image {
-                installer_image.get_or_insert(img);
-            }
-            Some(out.node)
-        });
-    } else {
-        missing(d, &loc, "", "nodes", "list the cluster's nodes");
-    }
+/// The `nodes` list into `parts`, collecting what the nodes say about the cluster.
+fn nodes(
+    r: &mut MapReader<'_>,
+    loc: &Loc,
+    base: &Path,
+    groups: &BTreeMap<&str, &Y>,
+    parts: &mut Parts,
+    d: &mut Diagnostics,
+) -> FromNodes {
+    let mut found = FromNodes::default();
+    let Some(nodes) = r.get("nodes") else {
+        missing(d, loc, "", "nodes", "list the cluster's nodes");
+        return found;
+    };
+    parts.nodes_loc = Some(nodes.loc.clone());
+    parts.nodes_written = count_items(nodes);
+    parts.nodes = read::list(nodes, "nodes", d, false, |n, p, d| {
+        let out = node(n, p, base, groups, d)?;
+        if let Some(v) = out.vip {
+            found.vip.get_or_insert(v);
+        }
+        found.gateways.extend(out.gateway.clone());
+        if let Some(s) = out.schematic {
+            found.schematic.get_or_insert(s);
+        }
+        if let Some(img) = out.image {
+            found.installer_image.get_or_insert(img);
+        }
+        Some(out.node)
+    });
+    found
+}
+
+/// The groups' schematic and installer image, where no node gave one.
+fn group_images(groups: &BTreeMap<&str, &Y>, found: &mut FromNodes, d: &mut Diagnostics) {
     for g in groups.values() {
         if let Some((s, img)) = group_image(g, d) {
             if let Some(s) = s {
-                schematic.get_or_insert(s);
+                found.schematic.get_or_insert(s);
             }
             if let Some(img) = img {
-                installer_image.get_or_insert(img);
+                found.installer_image.get_or_insert(img);
             }
         }
     }
+}
 
-    // The provisioning network, derived from the boot NICs' addresses.
-    let subnets: Vec<Ipv4Net> = {
-        let mut v: Vec<Ipv4Net> = parts
-            .nodes
-            .iter()
-            .map(|n| n.address.value.trunc())
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    if let Some(first) = subnets.first() {
-        let gateway = gateways.iter().find(|g| first.contains(&g.value)).cloned();
-        d.warning(
-            &loc,
-            "",
-            format!(
-                "talhelper files do not describe the provisioning network; talboot derived subnet {first}{} from the nodes (authoritative DHCP, no pool, push delivery)",
-                gateway.as_ref().map(|g| format!(", gateway {}", g.value)).unwrap_or_default()
-            ),
-            Some("run `talboot serve --interface IFACE`, or move to a talboot.yaml to set the network and boot sections".into()),
-        );
-        let relays = subnets[1..]
-            .iter()
-            .map(|s| RelaySubnet {
-                subnet: Spanned::new(*s, loc.clone()),
-                gateway: gateways.iter().find(|g| s.contains(&g.value)).cloned(),
-                pool: None,
-                dns: Vec::new(),
-            })
-            .collect();
-        parts.network = Some(Network {
-            interfaces: Vec::new(),
-            mode: NetworkMode::Authoritative,
-            subnet: Spanned::new(*first, loc.clone()),
-            gateway,
-            dns: Vec::new(),
-            ntp: Vec::new(),
-            domain: None,
+/// The provisioning network, derived from the boot NICs' addresses (talhelper has none): the
+/// first subnet served directly, the others as relays. `None` when no node was read.
+fn network(
+    nodes: &[Node],
+    gateways: &[Spanned<Ipv4Addr>],
+    loc: &Loc,
+    d: &mut Diagnostics,
+) -> Option<Network> {
+    let mut subnets: Vec<Ipv4Net> = nodes.iter().map(|n| n.address.value.trunc()).collect();
+    subnets.sort();
+    subnets.dedup();
+    let first = subnets.first()?;
+    let gateway = gateways.iter().find(|g| first.contains(&g.value)).cloned();
+    d.warning(
+        loc,
+        "",
+        format!(
+            "talhelper files do not describe the provisioning network; talboot derived subnet {first}{} from the nodes (authoritative DHCP, no pool, push delivery)",
+            gateway.as_ref().map(|g| format!(", gateway {}", g.value)).unwrap_or_default()
+        ),
+        Some("run `talboot serve --interface IFACE`, or move to a talboot.yaml to set the network and boot sections".into()),
+    );
+    let relays = subnets[1..]
+        .iter()
+        .map(|s| RelaySubnet {
+            subnet: Spanned::new(*s, loc.clone()),
+            gateway: gateways.iter().find(|g| s.contains(&g.value)).cloned(),
             pool: None,
-            lease_time: DEFAULT_LEASE,
-            advertise: None,
-            relays,
-        });
-    }
-    parts.boot = Some(Boot::default());
-    parts.cluster = (|| {
-        Some(Cluster {
-            name: name?,
-            talos_version: talos_version?,
-            kubernetes_version: kubernetes_version?,
-            endpoint: endpoint?,
-            vip,
-            pod_subnets,
-            service_subnets,
-            dns_domain,
-            allow_scheduling_on_control_planes: allow,
-            secrets: Secrets {
-                file: [
-                    // talhelper's search order; its loop keeps the last file that exists.
-                    "talsecret.yaml",
-                    "talsecret.sops.yaml",
-                    "talsecret.yml",
-                    "talsecret.sops.yml",
-                ]
-                .iter()
-                .map(|f| base.join(f))
-                .rfind(|p| p.exists())
-                .unwrap_or_else(|| base.join("talsecret.sops.yaml")),
-                age_recipients: Vec::new(),
-            },
-            patches,
-            installer: Installer {
-                schematic,
-                image: installer_image,
-                factory_url,
-            },
-            external_cni,
+            dns: Vec::new(),
         })
-    })();
-    for k in TOP_SUPPORTED {
-        r.get(k);
-    }
-    parts
+        .collect();
+    Some(Network {
+        interfaces: Vec::new(),
+        mode: NetworkMode::Authoritative,
+        subnet: Spanned::new(*first, loc.clone()),
+        gateway,
+        dns: Vec::new(),
+        ntp: Vec::new(),
+        domain: None,
+        pool: None,
+        lease_time: DEFAULT_LEASE,
+        advertise: None,
+        relays,
+    })
 }
 
 fn image_factory(n: &Y, d: &mut Diagnostics) -> String {
@@ -564,7 +641,7 @@ fn taint_map(n: &Y, path: &str, d: &mut Diagnostics) -> Vec<Taint> {
             match Taint::parse(&text) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    d.error_hint(&v.loc, p, e, "write key: value:NoSchedule");
+                    d.error_hint(&v.loc, p, e.to_string(), "write key: value:NoSchedule");
                     None
                 }
             }
@@ -1055,8 +1132,11 @@ mod tests {
         assert_eq!(expand("${B:-def}", &e).unwrap(), "def");
         assert_eq!(expand("${B-def}", &e).unwrap(), "def");
         assert_eq!(expand("$$A", &e).unwrap(), "$A");
-        assert_eq!(expand("${B}", &e).unwrap_err(), "B");
-        assert_eq!(expand("${EMPTY}", &e).unwrap_err(), "EMPTY");
+        assert_eq!(expand("${B}", &e).unwrap_err(), UnsetVariable("B".into()));
+        assert_eq!(
+            expand("${EMPTY}", &e).unwrap_err(),
+            UnsetVariable("EMPTY".into())
+        );
         assert_eq!(expand("cost: 5$", &e).unwrap(), "cost: 5$");
     }
 }

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
 use super::diag::{Diagnostics, Loc, did_you_mean};
-use super::load::Parts;
 use super::model::*;
+use super::parts::Parts;
 
 /// The roles that exist without being written: `controlplane` and `worker`.
 fn builtin(name: &str) -> Option<MachineType> {

@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
 use serde_json::Value as Json;
@@ -65,22 +65,40 @@ pub fn embedded() -> Arc<Schema> {
     EMBEDDED.clone()
 }
 
+/// Why `--schema` could not be used.
+#[derive(Debug, Error)]
+pub enum SchemaLoadError {
+    /// The file could not be read.
+    #[error(
+        "--schema {}: cannot read it: {source}; pass config.schema.json of the Talos release \
+         (pkg/machinery/config/schemas), or leave --schema out to use the embedded v1.13 facts",
+        path.display()
+    )]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a schema talboot can use.
+    #[error("--schema: {0}")]
+    Invalid(#[from] SchemaError),
+}
+
 /// The embedded facts, or the full upstream `config.schema.json` at `path` (`--schema`, for
 /// another Talos release). The error names the file and says what to pass.
-pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, String> {
+pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, SchemaLoadError> {
     let Some(path) = path else {
         return Ok(embedded());
     };
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "--schema {}: cannot read it: {e}; pass config.schema.json of the Talos release \
-             (pkg/machinery/config/schemas), or leave --schema out to use the embedded v1.13 facts",
-            path.display()
-        )
+    let text = std::fs::read_to_string(path).map_err(|source| SchemaLoadError::Read {
+        path: path.to_path_buf(),
+        source,
     })?;
-    Schema::from_text(&path.display().to_string(), &text)
-        .map(Arc::new)
-        .map_err(|e| format!("--schema: {e}"))
+    Ok(Arc::new(Schema::from_text(
+        &path.display().to_string(),
+        &text,
+    )?))
 }
 
 /// A v1alpha1 field Talos v1.13 still accepts but has deprecated, and what replaces it.
@@ -930,14 +948,14 @@ mod tests {
         assert!(Arc::ptr_eq(&load(None).unwrap(), &embedded()));
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("none.json");
-        let err = load(Some(&missing)).unwrap_err();
+        let err = load(Some(&missing)).unwrap_err().to_string();
         assert!(
             err.contains("none.json") && err.contains("cannot read"),
             "{err}"
         );
         let bad = dir.path().join("bad.json");
         std::fs::write(&bad, "{}").unwrap();
-        let err = load(Some(&bad)).unwrap_err();
+        let err = load(Some(&bad)).unwrap_err().to_string();
         assert!(
             err.contains("bad.json") && err.contains("not a Talos config schema"),
             "{err}"
