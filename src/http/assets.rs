@@ -3,14 +3,18 @@
 //!
 //! Only files recorded in the artifact catalog are served, and their paths are built from the
 //! catalog entry, never from the request, so there is nothing to traverse. The ETag is the
-//! recorded SHA-256, which is what a cache or a resuming firmware needs. Files are streamed in
-//! chunks and never read whole into memory (an initramfs is ~100 MB per concurrent client).
+//! recorded SHA-256, which is what a cache or a resuming firmware needs. A body is never read
+//! whole into memory (an initramfs is ~100 MB per concurrent client): the response carries the
+//! open file as a [`FileBody`], which talboot's server sends with `sendfile(2)`, beside a
+//! streaming body of the same bytes for anything that reads the response itself.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
+
+use super::server::FileBody;
 
 /// What to send for a request's `Range` header against a file of `size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,11 +125,15 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
             return (r, 0);
         }
     };
+    let mut file_body = None;
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
-        match open_at(&asset.path, start).await {
-            Ok(file) => Body::from_stream(ReaderStream::with_capacity(file.take(len), 64 * 1024)),
+        match open_at(&asset.path, start, len).await {
+            Ok((file, stream)) => {
+                file_body = Some(file);
+                Body::from_stream(ReaderStream::with_capacity(stream, 64 * 1024))
+            }
             Err(e) => {
                 tracing::error!(path = %asset.path.display(), error = %e, "cannot open artifact");
                 return (StatusCode::INTERNAL_SERVER_ERROR.into_response(), 0);
@@ -148,16 +156,37 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
             hv(&format!("bytes {start}-{}/{}", start + len - 1, asset.size)),
         );
     }
+    if let Some(f) = file_body {
+        r.extensions_mut().insert(f);
+    }
     let sent = if method == Method::HEAD { 0 } else { len };
     (r, sent)
 }
 
-async fn open_at(path: &std::path::Path, start: u64) -> std::io::Result<tokio::fs::File> {
-    let mut f = tokio::fs::File::open(path).await?;
-    if start > 0 {
-        f.seek(std::io::SeekFrom::Start(start)).await?;
-    }
-    Ok(f)
+/// The file at `path` as the [`FileBody`] `start..start + len`, and a reader of the same bytes
+/// (its own descriptor, so reading it never moves the offset `sendfile(2)` is given).
+async fn open_at(
+    path: &std::path::Path,
+    start: u64,
+    len: u64,
+) -> std::io::Result<(FileBody, tokio::io::Take<tokio::fs::File>)> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Seek;
+        let file = std::fs::File::open(&path)?;
+        let mut reader = file.try_clone()?;
+        reader.seek(std::io::SeekFrom::Start(start))?;
+        Ok((
+            FileBody {
+                file: std::sync::Arc::new(file),
+                offset: start,
+                len,
+            },
+            tokio::fs::File::from_std(reader).take(len),
+        ))
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 fn hv(s: &str) -> HeaderValue {
