@@ -474,3 +474,310 @@ async fn send_file(
     metrics::counter!("talboot_http_sendfile_bytes_total").increment(body.len);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::io::{Read as _, Write as _};
+
+    /// A bound on any wait in these tests, so a server that never acts fails instead of hanging.
+    const LONG: Duration = Duration::from_secs(20);
+
+    fn limits(header_ms: u64, idle_ms: u64, max: usize) -> Limits {
+        Limits {
+            timeouts: Timeouts {
+                header: Duration::from_millis(header_ms),
+                idle: Duration::from_millis(idle_ms),
+            },
+            max_connections: max,
+            sendfile_chunk: 4096,
+            ..Limits::default()
+        }
+    }
+
+    struct Running {
+        addr: SocketAddr,
+        stop: CancellationToken,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    /// `/hello` answers "hello"; `/file` answers with a [`FileBody`] of bytes 10..20010 of a
+    /// file and a different ordinary body, so only the sendfile path gives the right bytes.
+    async fn start(limits: Limits) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, file_bytes()).unwrap();
+        let file = Arc::new(std::fs::File::open(&path).unwrap());
+        let router = Router::new()
+            .route("/hello", get(|| async { "hello" }))
+            .route(
+                "/file",
+                get(move || {
+                    let file = file.clone();
+                    async move {
+                        let mut r = "not the file".into_response();
+                        r.headers_mut()
+                            .insert(header::CONTENT_LENGTH, "20000".parse().unwrap());
+                        r.extensions_mut().insert(FileBody {
+                            file,
+                            offset: 10,
+                            len: 20_000,
+                        });
+                        r
+                    }
+                }),
+            );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, router, limits, "test", stop.clone()));
+        Running {
+            addr,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    fn file_bytes() -> Vec<u8> {
+        (0..30_000u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn connect(addr: SocketAddr) -> std::net::TcpStream {
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        s
+    }
+
+    /// Everything until the server closes the connection.
+    fn read_to_close(s: &mut std::net::TcpStream) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 65536];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+                Err(e) => panic!("the server did not close the connection: {e}"),
+            }
+        }
+    }
+
+    /// One response: its head and `content-length` bytes of body.
+    fn read_response(s: &mut std::net::TcpStream) -> (String, Vec<u8>) {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            assert_eq!(s.read(&mut byte).unwrap(), 1, "closed mid-head: {buf:?}");
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8(buf).unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        (head, body)
+    }
+
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_slow_header_client_is_cut_at_the_header_timeout_however_it_trickles() {
+        let srv = start(limits(300, 60_000, 8)).await;
+        let addr = srv.addr;
+        let got = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n").unwrap();
+            // One more header line every 50 ms, for longer than the header timeout: a
+            // per-read timeout would never fire.
+            let mut w = s.try_clone().unwrap();
+            let trickle = std::thread::spawn(move || {
+                for _ in 0..400 {
+                    if w.write_all(b"X: y\r\n").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+            let got = read_to_close(&mut s);
+            drop(s);
+            trickle.join().unwrap();
+            got
+        })
+        .await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed() {
+        let srv = start(limits(300, 60_000, 8)).await;
+        let addr = srv.addr;
+        let got = blocking(move || read_to_close(&mut connect(addr))).await;
+        assert!(got.is_empty(), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed_after_serving() {
+        let srv = start(limits(60_000, 300, 8)).await;
+        let addr = srv.addr;
+        let (head, body, rest) = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let (head, body) = read_response(&mut s);
+            (head, body, read_to_close(&mut s))
+        })
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        assert_eq!(body, b"hello");
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order_and_http10_closes() {
+        let srv = start(limits(5_000, 5_000, 8)).await;
+        let addr = srv.addr;
+        let (a, b, tail) = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(
+                b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\nHEAD /file HTTP/1.1\r\nHost: a\r\n\r\nGET /hello HTTP/1.0\r\n\r\n",
+            )
+            .unwrap();
+            let a = read_response(&mut s);
+            // HEAD: the GET's length, no body (read_response would read it otherwise, so
+            // read the head alone).
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut byte).unwrap();
+                head.push(byte[0]);
+            }
+            (a, String::from_utf8(head).unwrap(), read_to_close(&mut s))
+        })
+        .await;
+        assert_eq!(a.1, b"hello");
+        assert!(b.starts_with("HTTP/1.1 200 OK\r\n"), "{b}");
+        assert!(b.contains("content-length: 20000\r\n"), "{b}");
+        let tail = String::from_utf8(tail).unwrap();
+        assert!(tail.starts_with("HTTP/1.1 200 OK\r\n"), "{tail}");
+        assert!(tail.contains("connection: close\r\n"), "{tail}");
+        assert!(tail.ends_with("\r\n\r\nhello"), "{tail}");
+    }
+
+    #[tokio::test]
+    async fn a_file_body_is_sent_from_the_file_across_several_sendfile_calls() {
+        // 20000 bytes with a 4096-byte chunk: five sendfile calls.
+        let srv = start(limits(5_000, 5_000, 8)).await;
+        let addr = srv.addr;
+        let (head, body) = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /file HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let r = read_response(&mut s);
+            // The connection is still usable after a sendfile body.
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            assert_eq!(read_response(&mut s).1, b"hello");
+            r
+        })
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert_eq!(body, &file_bytes()[10..20_010]);
+    }
+
+    #[tokio::test]
+    async fn garbage_gets_400_and_a_close() {
+        let srv = start(limits(5_000, 5_000, 8)).await;
+        let addr = srv.addr;
+        let got = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n")
+                .unwrap();
+            read_to_close(&mut s)
+        })
+        .await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn the_connection_over_the_cap_waits_until_one_closes() {
+        let srv = start(limits(30_000, 30_000, 2)).await;
+        let addr = srv.addr;
+        let (waited, got) = blocking(move || {
+            let mut a = connect(addr);
+            let mut b = connect(addr);
+            // Both are being served (each answers), and stay open.
+            for s in [&mut a, &mut b] {
+                s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+                assert_eq!(read_response(s).1, b"hello");
+            }
+            let mut c = connect(addr);
+            c.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            // The third is not answered while the two are open...
+            c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            let mut byte = [0u8; 1];
+            let waited = matches!(
+                c.read(&mut byte),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            );
+            // ...and is once one closes.
+            drop(a);
+            c.set_read_timeout(Some(LONG)).unwrap();
+            (waited, read_response(&mut c))
+        })
+        .await;
+        assert!(
+            waited,
+            "the third connection was served beside two at a cap of 2"
+        );
+        assert_eq!(got.1, b"hello");
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_connections_and_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let router = Router::new().route("/hello", get(|| async { "hello" }));
+        let server = tokio::spawn(serve(
+            listener,
+            router,
+            limits(60_000, 60_000, 8),
+            "test",
+            stop.clone(),
+        ));
+        let s = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            read_response(&mut s);
+            s
+        })
+        .await;
+        stop.cancel();
+        tokio::time::timeout(LONG, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let rest = blocking(move || read_to_close(&mut { s })).await;
+        assert!(rest.is_empty());
+        drop(dir);
+    }
+}

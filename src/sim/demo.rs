@@ -176,6 +176,7 @@ impl Relaunch {
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,
+            http_limits: Default::default(),
             tftp: Some((self.tftp, 1468)),
             dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
             ipv6_ra: None,
