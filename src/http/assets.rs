@@ -216,4 +216,33 @@ mod tests {
         assert_eq!(p("bytes=x-1"), Full);
         assert_eq!(plan_range(Some("bytes=0-"), 0), Unsatisfiable);
     }
+
+    #[tokio::test]
+    async fn file_responses_carry_the_file_slice_for_sendfile_and_the_same_bytes_as_a_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kernel");
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let asset = Asset {
+            path,
+            size: 5000,
+            sha256: "ab".into(),
+            content_type: "application/octet-stream",
+        };
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, HeaderValue::from_static("bytes=4990-"));
+        let (r, sent) = respond(&asset, &Method::GET, &h).await;
+        assert_eq!((r.status(), sent), (StatusCode::PARTIAL_CONTENT, 10));
+        let f = r.extensions().get::<FileBody>().expect("a file slice");
+        assert_eq!((f.offset, f.len), (4990, 10));
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(body.as_ref(), &bytes[4990..]);
+
+        let (r, sent) = respond(&asset, &Method::HEAD, &HeaderMap::new()).await;
+        assert_eq!((r.status(), sent), (StatusCode::OK, 0));
+        assert!(r.extensions().get::<FileBody>().is_none());
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "5000");
+    }
 }
