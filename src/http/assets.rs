@@ -11,7 +11,7 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use super::server::FileBody;
@@ -129,10 +129,10 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
-        match open_at(&asset.path, start, len).await {
-            Ok((file, stream)) => {
+        match open_at(&asset.path, start, len) {
+            Ok((file, body)) => {
                 file_body = Some(file);
-                Body::from_stream(ReaderStream::with_capacity(stream, 64 * 1024))
+                body
             }
             Err(e) => {
                 tracing::error!(path = %asset.path.display(), error = %e, "cannot open artifact");
@@ -163,30 +163,29 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
     (r, sent)
 }
 
-/// The file at `path` as the [`FileBody`] `start..start + len`, and a reader of the same bytes
-/// (its own descriptor, so reading it never moves the offset `sendfile(2)` is given).
-async fn open_at(
-    path: &std::path::Path,
-    start: u64,
-    len: u64,
-) -> std::io::Result<(FileBody, tokio::io::Take<tokio::fs::File>)> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        use std::io::Seek;
-        let file = std::fs::File::open(&path)?;
-        let mut reader = file.try_clone()?;
-        reader.seek(std::io::SeekFrom::Start(start))?;
-        Ok((
-            FileBody {
-                file: std::sync::Arc::new(file),
-                offset: start,
-                len,
-            },
-            tokio::fs::File::from_std(reader).take(len),
-        ))
-    })
-    .await
-    .map_err(std::io::Error::other)?
+/// The file at `path` as the [`FileBody`] `start..start + len`, and a body of the same bytes
+/// for readers other than talboot's server. The open is a plain `open(2)` (an artifact's
+/// directory entry is cached; nginx opens in its event loop too); the body's own descriptor
+/// and seek are made only if something reads it, and never move the offsets `sendfile(2)` is
+/// given.
+fn open_at(path: &std::path::Path, start: u64, len: u64) -> std::io::Result<(FileBody, Body)> {
+    use futures_util::TryStreamExt;
+    let file = std::sync::Arc::new(std::fs::File::open(path)?);
+    let reader = file.clone();
+    let open = async move {
+        let mut f = tokio::fs::File::from_std(reader.try_clone()?);
+        f.seek(std::io::SeekFrom::Start(start)).await?;
+        Ok::<_, std::io::Error>(ReaderStream::with_capacity(f.take(len), 64 * 1024))
+    };
+    let body = Body::from_stream(futures_util::stream::once(open).try_flatten());
+    Ok((
+        FileBody {
+            file,
+            offset: start,
+            len,
+        },
+        body,
+    ))
 }
 
 fn hv(s: &str) -> HeaderValue {
