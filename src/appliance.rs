@@ -65,6 +65,8 @@ pub struct Plan {
     /// Listen address of the admin API (`/api/*`, `/metrics`): loopback only (checked by
     /// [`Plan::bind`]), so the provisioning network never reaches it.
     pub admin: SocketAddr,
+    /// Timeouts and connection cap of both HTTP listeners (`serve --http-*`).
+    pub http_limits: http::server::Limits,
     /// TFTP listen address and settings, if TFTP runs.
     pub tftp: Option<(SocketAddr, TftpConfig)>,
     /// DHCP, if it runs.
@@ -255,6 +257,7 @@ impl Bound {
             .unwrap_or_default();
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        let http_limits = plan.http_limits;
 
         let app = Arc::new(HttpApp {
             inventory: inv.clone(),
@@ -274,7 +277,7 @@ impl Bound {
             tasks.spawn(async move {
                 // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
                 let router = http::router(app).merge(firststage::router(ipxe_http));
-                http::serve(http, router, cancel)
+                http::server::serve(http, router, http_limits, "provisioning", cancel)
                     .await
                     .map_err(|e| format!("http: {e}"))
             });
@@ -282,7 +285,7 @@ impl Bound {
         {
             let cancel = cancel.clone();
             tasks.spawn(async move {
-                http::serve(admin, http::admin_router(app), cancel)
+                http::server::serve(admin, http::admin_router(app), http_limits, "admin", cancel)
                     .await
                     .map_err(|e| format!("admin http: {e}"))
             });

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
 use talboot::events::{EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts};
 use talboot::inventory::{Delivery, load_with_env};
 use talboot::store::{NodePhase, NodeRecord, Store};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +29,10 @@ impl Drop for Env {
 }
 
 async fn start(delivery: Delivery) -> Env {
+    start_with(delivery, talboot::http::server::Limits::default()).await
+}
+
+async fn start_with(delivery: Delivery, limits: talboot::http::server::Limits) -> Env {
     talboot::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
     let mut inv = load_with_env(
@@ -93,7 +97,13 @@ async fn start(delivery: Delivery) -> Env {
         metrics: None,
     });
     let shutdown = CancellationToken::new();
-    tokio::spawn(serve(listener, router(app), shutdown.clone()));
+    tokio::spawn(talboot::http::server::serve(
+        listener,
+        router(app),
+        limits,
+        "provisioning",
+        shutdown.clone(),
+    ));
     Env {
         _tmp: tmp,
         base,
@@ -356,4 +366,117 @@ async fn a_script_from_another_address_than_the_lease_gets_no_token() {
             .await
             .is_some()
     );
+}
+
+/// `curl` from a blocking thread; stdout, panicking when curl fails.
+async fn curl(args: Vec<String>) -> Vec<u8> {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "20"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn artifact_bodies_are_byte_identical_full_and_ranged_across_sendfile_chunks() {
+    // The 200,000-byte kernel takes 13 sendfile calls of at most 16 KiB.
+    let env = start_with(
+        Delivery::Push,
+        talboot::http::server::Limits {
+            sendfile_chunk: 16 * 1024,
+            ..Default::default()
+        },
+    )
+    .await;
+    let url = format!("{}/assets/v1.13.9/{}/amd64/kernel", env.base, env.schematic);
+    let k = &env.kernel;
+    let n = k.len();
+    assert_eq!(curl(vec![url.clone()]).await, *k);
+    let cases: Vec<(&str, std::ops::Range<usize>)> = vec![
+        ("bytes=0-0", 0..1),
+        ("bytes=16383-16384", 16383..16385),
+        ("bytes=1000-", 1000..n),
+        ("bytes=-1", n - 1..n),
+        ("bytes=199999-199999", n - 1..n),
+        ("bytes=150000-900000", 150_000..n),
+        ("bytes=-200000", 0..n),
+        ("bytes=-300000", 0..n),
+    ];
+    for (range, want) in cases {
+        let out = curl(vec![
+            "-H".into(),
+            format!("range: {range}"),
+            "-D".into(),
+            "-".into(),
+            url.clone(),
+        ])
+        .await;
+        let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&out[..split]).to_lowercase();
+        assert!(head.starts_with("http/1.1 206"), "{range}: {head}");
+        assert!(
+            head.contains(&format!(
+                "content-range: bytes {}-{}/{n}\r\n",
+                want.start,
+                want.end - 1
+            )),
+            "{range}: {head}"
+        );
+        assert!(
+            head.contains(&format!("content-length: {}\r\n", want.len())),
+            "{range}: {head}"
+        );
+        assert_eq!(&out[split..], &k[want.clone()], "{range}");
+    }
+}
+
+#[tokio::test]
+async fn ipxe_fetches_kernel_then_initramfs_on_one_connection() {
+    let env = start(Delivery::Push).await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
+    let dir = tempfile::tempdir().unwrap();
+    let base = format!("{}/assets/v1.13.9/{}/amd64", env.base, env.schematic);
+    let (k, i) = (dir.path().join("k"), dir.path().join("i"));
+    // One curl, two URLs: curl reuses the connection when the server keeps it open, and
+    // `num_connects` says how many connections each transfer opened.
+    let out = curl(vec![
+        "-w".into(),
+        "%{num_connects}\n".into(),
+        "-o".into(),
+        k.display().to_string(),
+        format!("{base}/kernel"),
+        "-o".into(),
+        i.display().to_string(),
+        format!("{base}/initramfs.xz"),
+    ])
+    .await;
+    assert_eq!(String::from_utf8(out).unwrap(), "1\n0\n");
+    assert_eq!(std::fs::read(k).unwrap(), env.kernel);
+    assert_eq!(std::fs::read(i).unwrap(), vec![7u8; 50_000]);
+    // Both whole artifacts are boot steps on the node's timeline, as before.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let kinds: Vec<String> = env
+            .store
+            .events("k8s-ctrl-01", 0, 50)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        if kinds.iter().any(|k| k == "http.kernel") && kinds.iter().any(|k| k == "http.initramfs") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{kinds:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -395,3 +395,95 @@ fn node_rebuild_goes_through_a_running_serve() {
     assert!(row.contains("rebuilding"), "{table}");
     assert!(row.contains("node.phase: rebuilding"), "{table}");
 }
+
+/// `--http-max-connections`: the connection over the cap is held (not answered, not dropped),
+/// counted in `talboot_http_connections_over_cap_total`, logged, and answered once a slot frees.
+#[test]
+fn the_http_connection_over_the_cap_waits_and_is_counted() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    fake_images(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+        &tmp.path().join("images"),
+    );
+    let ipxe: PathBuf = tmp.path().join("ipxe");
+    std::fs::create_dir_all(&ipxe).unwrap();
+    std::fs::write(ipxe.join("ipxe.efi"), b"efi").unwrap();
+    std::fs::write(ipxe.join("undionly.kpxe"), b"kpxe").unwrap();
+    let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
+    let log = tmp.path().join("serve.err");
+    let mut args = with_admin(tmp.path(), http, tftp, admin);
+    args.extend(["--no-tftp", "--http-max-connections", "1"].map(String::from));
+    let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _served = Served { child: Some(child) };
+    let get = b"GET /boot.ipxe HTTP/1.1\r\nHost: t\r\n\r\n";
+    let connect = || {
+        let s = std::net::TcpStream::connect(("127.0.0.1", http))?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok::<_, std::io::Error>(s)
+    };
+    let answered = |s: &mut std::net::TcpStream| {
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).map(|_| buf.to_vec())
+    };
+
+    // The one slot, taken by a kept-alive connection (once serve answers on it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut first = loop {
+        if let Ok(mut s) = connect()
+            && s.write_all(get).is_ok()
+            && answered(&mut s).is_ok_and(|b| b == b"HTTP/1.1 200")
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut drain = [0u8; 4096];
+    first
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while first.read(&mut drain).is_ok_and(|n| n > 0) {}
+
+    let mut second = connect().unwrap();
+    second.write_all(get).unwrap();
+    let metric = "talboot_http_connections_over_cap_total{listener=\"provisioning\"} 1";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{admin}/metrics")])
+            .output()
+            .unwrap();
+        let m = String::from_utf8_lossy(&m.stdout);
+        if m.contains(metric) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no {metric}:\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Counted, and not answered while the slot is taken...
+    second
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        answered(&mut second).is_err(),
+        "answered beside the connection holding the only slot"
+    );
+    // ...then answered once it frees.
+    drop(first);
+    second
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(answered(&mut second).unwrap(), b"HTTP/1.1 200");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("HTTP connection cap reached"), "{log}");
+}

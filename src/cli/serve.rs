@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::artifacts::{self, Catalog};
 use crate::crypto::age::{Identities, IdentitySources, Secret};
 use crate::dhcp;
+use crate::http;
 use crate::inventory::{self, Inventory, NetworkMode};
 use crate::store;
 use crate::tftp::TftpConfig;
@@ -64,6 +65,18 @@ pub struct Args {
     /// provisioning network.
     #[arg(long, env = "TALBOOT_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
+    /// Seconds an HTTP client gets to send a whole request head (from connecting, or from the
+    /// first byte of a further request on a kept-alive connection); then it is cut.
+    #[arg(long, value_name = "SECONDS", default_value_t = http::server::DEFAULT_HEADER_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_header_timeout: u64,
+    /// Seconds a kept-alive HTTP connection may sit idle between requests, and a response
+    /// may go unread, before it is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = http::server::DEFAULT_IDLE_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout: u64,
+    /// HTTP connections served at once per listener; further ones wait (counted in
+    /// `talboot_http_connections_over_cap_total`).
+    #[arg(long, value_name = "N", default_value_t = http::server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections: u64,
     /// TFTP port.
     #[arg(long, default_value_t = 69)]
     pub tftp_port: u16,
@@ -373,6 +386,14 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         advertise,
         http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
         admin: args.admin_listen,
+        http_limits: http::server::Limits {
+            timeouts: http::conn::Timeouts {
+                header: std::time::Duration::from_secs(args.http_header_timeout),
+                idle: std::time::Duration::from_secs(args.http_idle_timeout),
+            },
+            max_connections: usize::try_from(args.http_max_connections).unwrap_or(usize::MAX),
+            ..http::server::Limits::default()
+        },
         tftp,
         dhcp,
         provisioning,

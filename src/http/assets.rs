@@ -3,14 +3,18 @@
 //!
 //! Only files recorded in the artifact catalog are served, and their paths are built from the
 //! catalog entry, never from the request, so there is nothing to traverse. The ETag is the
-//! recorded SHA-256, which is what a cache or a resuming firmware needs. Files are streamed in
-//! chunks and never read whole into memory (an initramfs is ~100 MB per concurrent client).
+//! recorded SHA-256, which is what a cache or a resuming firmware needs. A body is never read
+//! whole into memory (an initramfs is ~100 MB per concurrent client): the response carries the
+//! open file as a [`FileBody`], which talboot's server sends with `sendfile(2)`, beside a
+//! streaming body of the same bytes for anything that reads the response itself.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
+
+use super::server::FileBody;
 
 /// What to send for a request's `Range` header against a file of `size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,11 +125,15 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
             return (r, 0);
         }
     };
+    let mut file_body = None;
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
-        match open_at(&asset.path, start).await {
-            Ok(file) => Body::from_stream(ReaderStream::with_capacity(file.take(len), 64 * 1024)),
+        match open_at(&asset.path, start, len) {
+            Ok((file, body)) => {
+                file_body = Some(file);
+                body
+            }
             Err(e) => {
                 tracing::error!(path = %asset.path.display(), error = %e, "cannot open artifact");
                 return (StatusCode::INTERNAL_SERVER_ERROR.into_response(), 0);
@@ -148,16 +156,36 @@ pub async fn respond(asset: &Asset, method: &Method, headers: &HeaderMap) -> (Re
             hv(&format!("bytes {start}-{}/{}", start + len - 1, asset.size)),
         );
     }
+    if let Some(f) = file_body {
+        r.extensions_mut().insert(f);
+    }
     let sent = if method == Method::HEAD { 0 } else { len };
     (r, sent)
 }
 
-async fn open_at(path: &std::path::Path, start: u64) -> std::io::Result<tokio::fs::File> {
-    let mut f = tokio::fs::File::open(path).await?;
-    if start > 0 {
+/// The file at `path` as the [`FileBody`] `start..start + len`, and a body of the same bytes
+/// for readers other than talboot's server. The open is a plain `open(2)` (an artifact's
+/// directory entry is cached; nginx opens in its event loop too); the body's own descriptor
+/// and seek are made only if something reads it, and never move the offsets `sendfile(2)` is
+/// given.
+fn open_at(path: &std::path::Path, start: u64, len: u64) -> std::io::Result<(FileBody, Body)> {
+    use futures_util::TryStreamExt;
+    let file = std::sync::Arc::new(std::fs::File::open(path)?);
+    let reader = file.clone();
+    let open = async move {
+        let mut f = tokio::fs::File::from_std(reader.try_clone()?);
         f.seek(std::io::SeekFrom::Start(start)).await?;
-    }
-    Ok(f)
+        Ok::<_, std::io::Error>(ReaderStream::with_capacity(f.take(len), 64 * 1024))
+    };
+    let body = Body::from_stream(futures_util::stream::once(open).try_flatten());
+    Ok((
+        FileBody {
+            file,
+            offset: start,
+            len,
+        },
+        body,
+    ))
 }
 
 fn hv(s: &str) -> HeaderValue {
@@ -186,5 +214,34 @@ mod tests {
         assert_eq!(p("items=0-1"), Full);
         assert_eq!(p("bytes=x-1"), Full);
         assert_eq!(plan_range(Some("bytes=0-"), 0), Unsatisfiable);
+    }
+
+    #[tokio::test]
+    async fn file_responses_carry_the_file_slice_for_sendfile_and_the_same_bytes_as_a_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kernel");
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let asset = Asset {
+            path,
+            size: 5000,
+            sha256: "ab".into(),
+            content_type: "application/octet-stream",
+        };
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, HeaderValue::from_static("bytes=4990-"));
+        let (r, sent) = respond(&asset, &Method::GET, &h).await;
+        assert_eq!((r.status(), sent), (StatusCode::PARTIAL_CONTENT, 10));
+        let f = r.extensions().get::<FileBody>().expect("a file slice");
+        assert_eq!((f.offset, f.len), (4990, 10));
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(body.as_ref(), &bytes[4990..]);
+
+        let (r, sent) = respond(&asset, &Method::HEAD, &HeaderMap::new()).await;
+        assert_eq!((r.status(), sent), (StatusCode::OK, 0));
+        assert!(r.extensions().get::<FileBody>().is_none());
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "5000");
     }
 }

@@ -15,7 +15,9 @@
 //! [`crate::entitlement::judge`]); every boot step is a node event.
 
 pub mod assets;
+pub mod conn;
 pub mod script;
+pub mod server;
 pub mod tokens;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -117,17 +119,20 @@ pub fn admin_router(app: Arc<HttpApp>) -> Router {
         .with_state(app)
 }
 
-/// Serve `router` on `listener` until `shutdown` is cancelled.
+/// Serve `router` on `listener` with the default [`server::Limits`] until `shutdown` is
+/// cancelled.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(
+    server::serve(
         listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
+        router,
+        server::Limits::default(),
+        "http",
+        shutdown,
     )
-    .with_graceful_shutdown(async move { shutdown.cancelled().await })
     .await
 }
 

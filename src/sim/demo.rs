@@ -176,6 +176,7 @@ impl Relaunch {
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,
+            http_limits: Default::default(),
             tftp: Some((
                 self.tftp,
                 crate::tftp::TftpConfig {
