@@ -16,6 +16,7 @@
 //! drives all of it from bus events (`dhcp.ack`, `http.initramfs`, ...) and a poll timer.
 
 pub mod cluster;
+pub mod core;
 pub mod disks;
 pub mod node;
 pub mod steps;
