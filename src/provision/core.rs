@@ -508,8 +508,9 @@ pub fn step(state: &NodeState, obs: Observation, now: u64, ctx: &NodeCtx) -> (No
         now,
     };
     match obs {
+        // A binding of a MAC that is not the node's says nothing about the node.
+        Observation::Binding(Some(b)) if !ctx.macs.contains(&b.mac) => {}
         Observation::Binding(b) => {
-            let b = b.filter(|b| ctx.macs.contains(&b.mac));
             st.s.bound = b;
             if let Some(b) = b
                 && (st.s.rec.last_seen_addr != Some(b.ip) || st.s.rec.mac != Some(b.mac))

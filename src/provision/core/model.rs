@@ -74,14 +74,15 @@ enum Act {
 
 fn act() -> impl Strategy<Value = Act> {
     prop_oneof![
-        2 => (0u8..3).prop_map(Act::Binding),
+        3 => Just(Act::Binding(0)),
+        1 => (1u8..3).prop_map(Act::Binding),
         1 => Just(Act::BootSeen),
         6 => Just(Act::Poll),
         1 => Just(Act::Rebuild),
         5 => (0usize..4).prop_map(Act::Send),
         5 => (0usize..4, any::<bool>()).prop_map(|(i, d)| Act::Deliver(i, d)),
         1 => (0usize..4).prop_map(Act::Timeout),
-        1 => (0u8..20, any::<bool>()).prop_map(|(o, h)| Act::Forge(o, h)),
+        2 => (0u8..20, any::<bool>()).prop_map(|(o, h)| Act::Forge(o, h)),
         3 => Just(Act::WorldTick),
         1 => (0u8..200).prop_map(Act::Time),
         1 => Just(Act::Restart),
@@ -307,13 +308,22 @@ impl Run {
                 } else {
                     op as u64 + 1000
                 };
-                self.observe(Observation::Result {
-                    op,
-                    at,
-                    outcome: Outcome::StageRunning {
+                // The answer that would move the node furthest, whatever it waits for.
+                let outcome = match self.state.pending.map(|p| p.kind) {
+                    Some(CallKind::Probe | CallKind::ResolveApply | CallKind::WatchReset) => {
+                        Outcome::Maintenance {
+                            version: "forged".into(),
+                        }
+                    }
+                    Some(CallKind::ReadFacts) => Outcome::FactsOk {
+                        install_disk: "/dev/forged".into(),
+                    },
+                    Some(CallKind::Apply) => Outcome::ApplyAccepted,
+                    _ => Outcome::StageRunning {
                         version: "forged".into(),
                     },
-                })?;
+                };
+                self.observe(Observation::Result { op, at, outcome })?;
             }
             Act::WorldTick => self.world_tick(),
             Act::Time(s) => self.now += s as u64 * 10,
