@@ -90,6 +90,8 @@ pub struct Pending {
     /// The phase it was made in: a result that comes back after the phase changed (a
     /// rebuild command arrived meanwhile) is dropped.
     pub phase: NodePhase,
+    /// A reset that leaves etcd first.
+    pub graceful: bool,
 }
 
 /// A node's state: the persisted record and lifecycle, and (not persisted) the binding and
@@ -403,6 +405,7 @@ pub enum Effect {
 impl Effect {
     /// The call this effect makes, with its number and address.
     pub fn call(&self) -> Option<Pending> {
+        let mut graceful = false;
         let (op, kind, ip) = match *self {
             Effect::Probe { op, ip } => (op, CallKind::Probe, ip),
             Effect::ReadFacts { op, ip } => (op, CallKind::ReadFacts, ip),
@@ -410,7 +413,10 @@ impl Effect {
             Effect::ResolveApply { op, ip } => (op, CallKind::ResolveApply, ip),
             Effect::WatchInstall { op, ip } => (op, CallKind::WatchInstall, ip),
             Effect::PrepareReset { op, ip } => (op, CallKind::PrepareReset, ip),
-            Effect::Reset { op, ip, .. } => (op, CallKind::Reset, ip),
+            Effect::Reset { op, ip, graceful: g } => {
+                graceful = g;
+                (op, CallKind::Reset, ip)
+            }
             Effect::WatchReset { op, ip } => (op, CallKind::WatchReset, ip),
             _ => return None,
         };
@@ -419,6 +425,7 @@ impl Effect {
             kind,
             ip,
             phase: NodePhase::Unknown,
+            graceful,
         })
     }
 }
@@ -466,7 +473,13 @@ impl Step {
         let op = self.s.next_op;
         self.s.next_op += 1;
         let phase = self.s.rec.phase;
-        self.s.pending = Some(Pending { op, kind, ip, phase });
+        self.s.pending = Some(Pending {
+            op,
+            kind,
+            ip,
+            phase,
+            graceful,
+        });
         self.out.push(match kind {
             CallKind::Probe => Effect::Probe { op, ip },
             CallKind::ReadFacts => Effect::ReadFacts { op, ip },
@@ -649,7 +662,7 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
         (CallKind::ReadFacts, O::DiskRefused { why }) => {
             st.fail(format!("install disk refused: {why}"), FailCause::Disk)
         }
-        (CallKind::Apply, O::RenderFailed { why }) => {
+        (CallKind::ReadFacts | CallKind::Apply, O::RenderFailed { why }) => {
             st.fail(format!("config not rendered: {why}"), FailCause::Render)
         }
         (CallKind::Apply, O::ApplyAccepted) => {
@@ -727,6 +740,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             st.call(CallKind::Reset, p.ip, graceful);
         }
         (CallKind::Reset, O::ResetAccepted) => {
+            if !p.graceful {
+                // The last voting etcd member is wiped: its cluster's etcd with it.
+                st.out.push(Effect::ForgetBootstrap);
+            }
             st.s.rec.talos_version = None;
             st.out.push(Effect::Again);
         }

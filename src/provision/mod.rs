@@ -217,6 +217,14 @@ pub enum ProvisionError {
     /// A blocking store task died.
     #[error("internal: store task failed: {0}")]
     Join(String),
+    /// A step failed without a more specific error.
+    #[error("node {node}: {why}")]
+    Step {
+        /// The node.
+        node: String,
+        /// Why.
+        why: String,
+    },
 }
 
 /// What the run loop knows about probing one node in Unknown/Booting.
@@ -357,45 +365,6 @@ impl Provisioner {
         .await
     }
 
-    async fn save(&self, rec: &NodeRecord) -> Result<(), ProvisionError> {
-        let mut rec = rec.clone();
-        rec.updated_at_unix = self.now();
-        self.db(move |s| s.put_node(&rec)).await
-    }
-
-    /// Moves `rec` to `phase`, persists it and publishes the change.
-    async fn set_phase(
-        &self,
-        rec: &mut NodeRecord,
-        phase: NodePhase,
-        why: &str,
-    ) -> Result<(), ProvisionError> {
-        let from = rec.phase;
-        if from == NodePhase::Failed && phase != NodePhase::Failed {
-            let key = node::lifecycle_key(&rec.name);
-            self.db(move |s| {
-                let mut l = node::decode_lifecycle(s.get_meta(&key)?.as_deref());
-                if l.failure.take().is_some() {
-                    let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
-                    s.put_meta(&key, &json)?;
-                }
-                Ok(())
-            })
-            .await?;
-        }
-        rec.phase = phase;
-        rec.phase_since_unix = self.now();
-        let mut saved = rec.clone();
-        saved.updated_at_unix = self.now();
-        self.db_then_event(
-            move |s| s.put_node(&saved),
-            rec.name.clone(),
-            EventKind::Phase,
-            format!("{from} -> {phase}: {why}"),
-        )
-        .await
-    }
-
     /// Where the node is: the address talboot's own DHCP bound to one of its MACs (its lease
     /// in authoritative mode, its ProxyDHCP binding in proxy mode; see
     /// [`crate::entitlement`]), with that MAC. Nothing else: not where a script was last
@@ -509,20 +478,15 @@ impl Provisioner {
     }
 
     /// A boot signal for a node that is not being provisioned (yet, or any more) moves it to
-    /// Booting.
+    /// Booting (the core decides).
     async fn note_booting(&self, name: &str) {
-        let Ok(mut rec) = self.record(name).await else {
+        let Ok(node) = self.node_def(name).cloned() else {
             return;
         };
-        // A failed node whose window is still open (disk refused, render failed) gets a new
-        // attempt when it boots again, e.g. after the operator fixed the inventory.
-        if matches!(rec.phase, NodePhase::Unknown | NodePhase::Failed)
-            && rec.provisioning_window_open
-        {
-            let _ = self
-                .set_phase(&mut rec, NodePhase::Booting, "boot seen on the network")
-                .await;
-        }
+        let Ok(state) = self.load_state(name).await else {
+            return;
+        };
+        let _ = self.observe(&node, &state, core::Observation::BootSeen).await;
     }
 
     /// Whether the run loop should step `name` now. Nodes past Booting are always stepped
