@@ -148,6 +148,7 @@ impl World {
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
             metrics: None,
+            commands: None,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, router(app), shutdown.clone()));

@@ -91,6 +91,7 @@ async fn start(delivery: Delivery) -> Env {
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
         metrics: None,
+        commands: None,
     });
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(listener, router(app), shutdown.clone()));
