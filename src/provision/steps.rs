@@ -174,6 +174,16 @@ pub struct StepRecord {
     pub attempts: u32,
 }
 
+/// The persisted step record in `store`, if any (one this version cannot read counts as
+/// absent: every step re-checks its own facts).
+pub fn load_step_record(
+    store: &dyn crate::store::Store,
+) -> Result<Option<StepRecord>, crate::store::StoreError> {
+    Ok(store
+        .get_meta(STEP_KEY)?
+        .and_then(|b| serde_json::from_slice(&b).ok()))
+}
+
 /// What the next step needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Facts {
