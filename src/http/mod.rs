@@ -514,9 +514,9 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
             .as_ref()
             .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
         {
-            let key = crate::provision::node::lifecycle_key(n.name.as_str());
-            let raw = app.store.get_meta(&key).ok().flatten();
-            crate::provision::node::decode_lifecycle(raw.as_deref()).failure
+            crate::provision::node::Lifecycle::load(app.store.as_ref(), n.name.as_str())
+                .ok()
+                .and_then(|l| l.failure)
         } else {
             None
         };

@@ -181,8 +181,7 @@ pub fn observe_offline(
     };
     let rec = store.node(name)?;
     let fresh = rec.is_none();
-    let key = node::lifecycle_key(name);
-    let life = node::decode_lifecycle(store.get_meta(&key)?.as_deref());
+    let life = node::Lifecycle::load(store, name)?;
     let start = match rec {
         Some(r) => core::NodeState::from_persisted(r, life),
         None => core::NodeState::fresh(name, now),
@@ -193,11 +192,16 @@ pub fn observe_offline(
     }
     if fresh || state.persisted_differs(&start) {
         state.rec.updated_at_unix = now;
+        let mut parts = Vec::new();
         if state.life != start.life {
             let json = serde_json::to_vec(&state.life).expect("lifecycle record serialises");
-            store.put_meta(&key, &json)?;
+            parts.push((crate::store::NodePart::Lifecycle, json));
         }
-        store.put_node(&state.rec)?;
+        store.put_node_states(&[crate::store::NodeWrite {
+            name: name.to_owned(),
+            record: Some(state.rec.clone()),
+            parts,
+        }])?;
     }
     Ok(())
 }

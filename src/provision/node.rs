@@ -40,7 +40,7 @@ use super::disks::{self, DiskFacts};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
-use crate::store::{NodePhase, NodeRecord};
+use crate::store::{NodePart, NodePhase, NodeRecord, NodeWrite};
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage as MachineStage;
 use crate::talos::{TalosClient, TalosError};
@@ -79,23 +79,26 @@ pub struct NodeFacts {
 impl NodeFacts {
     /// The facts stored for `node`, if any.
     pub fn load(store: &dyn crate::store::Store, node: &str) -> Option<NodeFacts> {
-        let raw = store.get_meta(&facts_key(node)).ok().flatten()?;
+        let raw = store.node_part(node, NodePart::Facts).ok().flatten()?;
         serde_json::from_slice(&raw).ok()
     }
 }
 
-/// Store key of a node's hardware facts.
-pub fn facts_key(node: &str) -> String {
-    format!("node/{node}/facts")
-}
-
-/// Store key of a node's [`Lifecycle`] record.
-pub fn lifecycle_key(node: &str) -> String {
-    format!("node/{node}/lifecycle")
+impl Lifecycle {
+    /// The lifecycle stored for `node` (empty when there is none, or it is unreadable).
+    pub fn load(
+        store: &dyn crate::store::Store,
+        node: &str,
+    ) -> Result<Lifecycle, crate::store::StoreError> {
+        Ok(decode_lifecycle(
+            store.node_part(node, NodePart::Lifecycle)?.as_deref(),
+        ))
+    }
 }
 
 /// What the node state machine remembers across restarts besides the phase, stored as JSON
-/// under [`lifecycle_key`] (fields may be added; absent ones take their defaults).
+/// in the store's `node_lifecycle` table (fields may be added; absent ones take their
+/// defaults).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lifecycle {
     /// Why the node is Failed (what `talboot status` shows); cleared when it leaves Failed.
@@ -230,11 +233,18 @@ impl Provisioner {
             let bus = self.inner.bus.clone();
             let name = rec.name.clone();
             self.db(move |s| {
-                if let Some(l) = life {
-                    let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
-                    s.put_meta(&lifecycle_key(&name), &json)?;
-                }
-                s.put_node(&rec)?;
+                let parts = life
+                    .map(|l| {
+                        let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
+                        vec![(NodePart::Lifecycle, json)]
+                    })
+                    .unwrap_or_default();
+                // Record and lifecycle in one transaction: one fsync per state change.
+                s.put_node_states(&[NodeWrite {
+                    name: name.clone(),
+                    record: Some(rec),
+                    parts,
+                }])?;
                 for p in phases {
                     bus.publish(&name, EventKind::Phase, p);
                 }
@@ -373,9 +383,8 @@ impl Provisioner {
 
     /// The node's [`Lifecycle`] record.
     pub(crate) async fn lifecycle(&self, name: &str) -> Result<Lifecycle, ProvisionError> {
-        let key = lifecycle_key(name);
-        let raw = self.db(move |s| s.get_meta(&key)).await?;
-        Ok(decode_lifecycle(raw.as_deref()))
+        let name = name.to_owned();
+        self.db(move |s| Lifecycle::load(s, &name)).await
     }
 
     /// Performs one call effect of the core: the Talos calls, their events, and what they
@@ -498,8 +507,12 @@ impl Provisioner {
                 what: format!("facts of node {name}"),
                 source,
             })?;
-        let key = facts_key(&name);
-        self.db(move |s| s.put_meta(&key, &json)).await?;
+        let write = NodeWrite {
+            name: name.clone(),
+            record: None,
+            parts: vec![(NodePart::Facts, json)],
+        };
+        self.db(move |s| s.put_node_states(&[write])).await?;
         match self.inner.renderer.render(node) {
             Ok(c) => out.config = Some(std::sync::Arc::new(c)),
             Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),
