@@ -888,9 +888,11 @@ pub fn choose_bootstrap_node(
 /// What the bootstrap part of the cluster machine saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BootstrapObs {
-    /// What now? `ready`: the bootstrap node is Ready with a known address.
+    /// What now? `ready`: the bootstrap node `node` is Ready with a known address.
     Poll {
-        /// The bootstrap node is Ready.
+        /// The bootstrap node.
+        node: String,
+        /// It is Ready.
         ready: bool,
     },
     /// `EtcdMemberList` on the bootstrap node: this many members (0: none or no etcd).
@@ -927,11 +929,10 @@ pub fn bootstrap_step(state: &ClusterState, obs: BootstrapObs) -> (ClusterState,
     let mut s = state.clone();
     let effect = match obs {
         _ if s.bootstrap == BootstrapMark::Done => BootstrapEffect::Done,
-        BootstrapObs::Poll { ready: false } => BootstrapEffect::Wait(format!(
-            "bootstrap node {} is not configured yet",
-            s.bootstrap_node.as_deref().unwrap_or("?")
-        )),
-        BootstrapObs::Poll { ready: true } => {
+        BootstrapObs::Poll { node, ready: false } => {
+            BootstrapEffect::Wait(format!("bootstrap node {node} is not configured yet"))
+        }
+        BootstrapObs::Poll { ready: true, .. } => {
             s.bootstrap = BootstrapMark::Intent;
             BootstrapEffect::CheckEtcd
         }

@@ -392,8 +392,8 @@ impl Provisioner {
             last_error: None,
             attempts: 0,
         });
-        let kubeconfig_written = rec.step > ClusterStep::WaitingForControlPlanes
-            || self.meta(super::cluster::KUBECONFIG_KEY).await?.as_deref() == Some(b"done");
+        // The one place that says the bootstrap part is over.
+        let kubeconfig_written = self.cluster_state().await?.kubeconfig_written();
         let action = next_step(rec.step, self.facts(kubeconfig_written));
         let from = rec.step;
         let result = match action {

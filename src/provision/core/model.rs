@@ -464,7 +464,13 @@ fn cluster_step(
     }
     let ready = s.bootstrap_node.as_deref() == Some(name.as_str())
         && cps.iter().any(|(n, p)| *n == name && *p == NodePhase::Ready);
-    let (next, e) = bootstrap_step(s, BootstrapObs::Poll { ready });
+    let (next, e) = bootstrap_step(
+        s,
+        BootstrapObs::Poll {
+            node: name.clone(),
+            ready,
+        },
+    );
     *s = next;
     if e != BootstrapEffect::CheckEtcd {
         return;
@@ -544,7 +550,13 @@ fn rebuilding_the_last_etcd_member_bootstraps_again_on_the_same_node() {
     let cps = vec![("cp-2".to_owned(), NodePhase::Ready), ("cp-1".to_owned(), NodePhase::Installing)];
     // Rebuilt and not Failed: the same node is kept, and bootstrapped once it is Ready.
     assert_eq!(choose_bootstrap_node(&s, &cps), Some(Choice::Keep("cp-1".into())));
-    let (s, e) = bootstrap_step(&s, BootstrapObs::Poll { ready: true });
+    let (s, e) = bootstrap_step(
+        &s,
+        BootstrapObs::Poll {
+            node: "cp-1".into(),
+            ready: true,
+        },
+    );
     assert_eq!(e, BootstrapEffect::CheckEtcd);
     assert_eq!(s.bootstrap, BootstrapMark::Intent);
 }
