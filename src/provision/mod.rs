@@ -129,17 +129,20 @@ async fn recv_command(rx: &mut Option<tokio::sync::mpsc::Receiver<Command>>) -> 
     }
 }
 
+/// What a call task hands back to the writer.
+type CallResult = (
+    String,
+    core::Effect,
+    Result<(core::Outcome, node::Carry), ProvisionError>,
+);
+
 /// The run loop's own state: nodes with a call in flight (their in-memory state is the
 /// truth until the result is back), what the next call of a chain reuses, the nodes due.
 #[derive(Default)]
 struct Writer {
     in_flight: std::collections::HashMap<String, core::NodeState>,
     carries: std::collections::HashMap<String, node::Carry>,
-    calls: tokio::task::JoinSet<(
-        String,
-        core::Effect,
-        Result<(core::Outcome, node::Carry), ProvisionError>,
-    )>,
+    calls: tokio::task::JoinSet<CallResult>,
     due: std::collections::VecDeque<String>,
     queued: std::collections::HashSet<String>,
 }
@@ -580,10 +583,19 @@ impl Provisioner {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(done) = w.calls.join_next(), if !w.calls.is_empty() => {
-                    match done {
-                        Ok((name, effect, result)) => self.finish_call(&mut w, &name, effect, result).await,
-                        Err(e) => tracing::error!(error = %e, "a provisioning call task failed"),
+                    // Every result that is ready now goes into one group commit.
+                    let mut ready = vec![done];
+                    while let Some(more) = w.calls.try_join_next() {
+                        ready.push(more);
                     }
+                    let mut results = Vec::with_capacity(ready.len());
+                    for done in ready {
+                        match done {
+                            Ok(r) => results.push(r),
+                            Err(e) => tracing::error!(error = %e, "a provisioning call task failed"),
+                        }
+                    }
+                    self.finish_calls(&mut w, results).await;
                 }
                 Some(cmd) = recv_command(&mut commands) => self.command(&mut w, cmd).await,
                 ev = events.recv() => match ev {
@@ -691,39 +703,51 @@ impl Provisioner {
         }
     }
 
-    /// A call's result back in the writer: fed to the core, and what follows dispatched.
-    async fn finish_call(
-        &self,
-        w: &mut Writer,
-        name: &str,
-        effect: core::Effect,
-        result: Result<(core::Outcome, node::Carry), ProvisionError>,
-    ) {
-        let Some(state) = w.in_flight.remove(name) else {
-            return;
-        };
-        let Ok(node) = self.node_def(name).cloned() else {
-            return;
-        };
-        let Some(call) = effect.call() else { return };
-        let outcome = match result {
-            Ok((o, carry)) => {
-                w.carries.insert(name.to_owned(), carry);
-                o
+    /// Calls' results back in the writer: fed to the core, the new states committed
+    /// together, and what follows dispatched.
+    async fn finish_calls(&self, w: &mut Writer, results: Vec<CallResult>) {
+        let mut inputs = Vec::new();
+        for (name, effect, result) in results {
+            let Some(state) = w.in_flight.remove(&name) else {
+                continue;
+            };
+            let (Ok(node), Some(call)) = (self.node_def(&name).cloned(), effect.call()) else {
+                continue;
+            };
+            let outcome = match result {
+                Ok((o, carry)) => {
+                    w.carries.insert(name.clone(), carry);
+                    o
+                }
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "provisioning call failed");
+                    core::Outcome::NoAnswer { why: e.to_string() }
+                }
+            };
+            let obs = core::Observation::Result {
+                op: call.op,
+                at: call.ip,
+                outcome,
+            };
+            inputs.push((node, state, obs));
+        }
+        let batch = inputs
+            .iter()
+            .map(|(n, s, o)| (n, s, o.clone()))
+            .collect::<Vec<_>>();
+        match self.observe_many(batch).await {
+            Ok(outs) => {
+                for ((node, _, _), (next, effects)) in inputs.into_iter().zip(outs) {
+                    self.dispatch(w, node, next, effects).await;
+                }
             }
             Err(e) => {
-                tracing::warn!(node = name, error = %e, "provisioning call failed");
-                core::Outcome::NoAnswer { why: e.to_string() }
+                // Nothing was written: the nodes are looked at again from the store.
+                tracing::warn!(error = %e, "provisioning state not written");
+                for (node, _, _) in inputs {
+                    w.enqueue(node.name.as_str());
+                }
             }
-        };
-        let obs = core::Observation::Result {
-            op: call.op,
-            at: call.ip,
-            outcome,
-        };
-        match self.observe(&node, &state, obs).await {
-            Ok((next, effects)) => self.dispatch(w, node, next, effects).await,
-            Err(e) => tracing::warn!(node = name, error = %e, "provisioning step failed"),
         }
     }
 

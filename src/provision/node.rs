@@ -218,41 +218,58 @@ impl Provisioner {
         state: &NodeState,
         obs: Observation,
     ) -> Result<(NodeState, Vec<Effect>), ProvisionError> {
-        let (mut next, effects) = core::step(state, obs, self.now(), &self.node_ctx(node));
-        if next.persisted_differs(state) {
-            next.rec.updated_at_unix = self.now();
-            let rec = next.rec.clone();
-            let life = (next.life != state.life).then(|| next.life.clone());
-            let phases: Vec<String> = effects
-                .iter()
-                .filter_map(|e| match e {
-                    Effect::Phase { from, to, why } => Some(format!("{from} -> {to}: {why}")),
-                    _ => None,
-                })
-                .collect();
-            let bus = self.inner.bus.clone();
-            let name = rec.name.clone();
-            self.db(move |s| {
-                let parts = life
-                    .map(|l| {
-                        let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
-                        vec![(NodePart::Lifecycle, json)]
-                    })
-                    .unwrap_or_default();
-                // Record and lifecycle in one transaction: one fsync per state change.
-                s.put_node_states(&[NodeWrite {
-                    name: name.clone(),
-                    record: Some(rec),
+        let mut out = self.observe_many(vec![(node, state, obs)]).await?;
+        Ok(out.pop().expect("one observation, one result"))
+    }
+
+    /// [`Provisioner::observe`] for several nodes at once: every state that changed is
+    /// written in one transaction (group commit: one fsync for the lot), with its phase
+    /// events.
+    pub(crate) async fn observe_many(
+        &self,
+        batch: Vec<(&Node, &NodeState, Observation)>,
+    ) -> Result<Vec<(NodeState, Vec<Effect>)>, ProvisionError> {
+        let now = self.now();
+        let mut writes = Vec::new();
+        let mut phases = Vec::new();
+        let mut out = Vec::with_capacity(batch.len());
+        for (node, state, obs) in batch {
+            let (mut next, effects) = core::step(state, obs, now, &self.node_ctx(node));
+            if next.persisted_differs(state) {
+                next.rec.updated_at_unix = now;
+                let parts = if next.life != state.life {
+                    let json = serde_json::to_vec(&next.life).expect("lifecycle record serialises");
+                    vec![(NodePart::Lifecycle, json)]
+                } else {
+                    Vec::new()
+                };
+                writes.push(NodeWrite {
+                    name: next.rec.name.clone(),
+                    record: Some(next.rec.clone()),
                     parts,
-                }])?;
-                for p in phases {
+                });
+                for e in &effects {
+                    if let Effect::Phase { from, to, why } = e {
+                        phases.push((next.rec.name.clone(), format!("{from} -> {to}: {why}")));
+                    }
+                }
+            }
+            out.push((next, effects));
+        }
+        if !writes.is_empty() {
+            let bus = self.inner.bus.clone();
+            // Records, lifecycles and their phase events in one blocking task: a stop cannot
+            // separate a persisted transition from its timeline line.
+            self.db(move |s| {
+                s.put_node_states(&writes)?;
+                for (name, p) in phases {
                     bus.publish(&name, EventKind::Phase, p);
                 }
                 Ok(())
             })
             .await?;
         }
-        Ok((next, effects))
+        Ok(out)
     }
 
     /// One step of node `name`: its binding, then "what now?" to the core, and the calls
