@@ -298,7 +298,7 @@ struct SecretRenderer {
 }
 
 impl ConfigRenderer for SecretRenderer {
-    fn render(&self, _node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, _node: &Node) -> Result<Vec<u8>, talboot::provision::RenderError> {
         use base64::Engine as _;
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         Ok(format!(

@@ -571,7 +571,12 @@ async fn api_rebuild(
             return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
         }
     } else {
-        let (store, inv, node, now) = (app.store.clone(), app.inventory.clone(), name.clone(), now(&app));
+        let (store, inv, node, now) = (
+            app.store.clone(),
+            app.inventory.clone(),
+            name.clone(),
+            now(&app),
+        );
         let done = tokio::task::spawn_blocking(move || {
             crate::provision::observe_offline(
                 store.as_ref(),

@@ -413,7 +413,11 @@ impl Effect {
             Effect::ResolveApply { op, ip } => (op, CallKind::ResolveApply, ip),
             Effect::WatchInstall { op, ip } => (op, CallKind::WatchInstall, ip),
             Effect::PrepareReset { op, ip } => (op, CallKind::PrepareReset, ip),
-            Effect::Reset { op, ip, graceful: g } => {
+            Effect::Reset {
+                op,
+                ip,
+                graceful: g,
+            } => {
                 graceful = g;
                 (op, CallKind::Reset, ip)
             }
@@ -514,7 +518,12 @@ impl Step {
 }
 
 /// One step of the node machine; see the module docs.
-pub fn step(state: &NodeState, obs: Observation, now: u64, ctx: &NodeCtx) -> (NodeState, Vec<Effect>) {
+pub fn step(
+    state: &NodeState,
+    obs: Observation,
+    now: u64,
+    ctx: &NodeCtx,
+) -> (NodeState, Vec<Effect>) {
     let mut st = Step {
         s: state.clone(),
         out: Vec::new(),
@@ -595,9 +604,7 @@ fn poll(st: &mut Step) {
     }
     let Some(b) = st.s.bound else {
         match phase {
-            NodePhase::Unknown | NodePhase::Booting => {
-                st.wait("no DHCP lease or address seen yet")
-            }
+            NodePhase::Unknown | NodePhase::Booting => st.wait("no DHCP lease or address seen yet"),
             NodePhase::Rebuilding if st.s.life.reset_at_unix.is_some() => {
                 st.wait("reset requested; no address known to watch it come back")
             }
@@ -640,9 +647,9 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                 "already configured (secured API answers); waiting for machine stage running",
             );
         }
-        (CallKind::Probe, O::ConfiguredUnusable { why }) => {
-            st.wait(format!("configured node, secured API not usable yet: {why}"))
-        }
+        (CallKind::Probe, O::ConfiguredUnusable { why }) => st.wait(format!(
+            "configured node, secured API not usable yet: {why}"
+        )),
         (CallKind::ReadFacts, O::FactsOk { .. }) => {
             if !st.s.rec.provisioning_window_open {
                 st.wait("provisioning window closed");
@@ -652,7 +659,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             // maintenance mode".
             st.s.life.install_seen = false;
             // Intent first: the adapter persists Configuring before it makes the call.
-            st.set_phase(NodePhase::Configuring, "applying machine config (mode AUTO)");
+            st.set_phase(
+                NodePhase::Configuring,
+                "applying machine config (mode AUTO)",
+            );
             st.call(CallKind::Apply, p.ip, false);
         }
         (CallKind::ReadFacts, O::LeftMaintenance) => {
@@ -667,7 +677,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
         }
         (CallKind::Apply, O::ApplyAccepted) => {
             st.s.rec.provisioning_window_open = false;
-            st.advance(NodePhase::Installing, "config applied; installing and rebooting");
+            st.advance(
+                NodePhase::Installing,
+                "config applied; installing and rebooting",
+            );
         }
         (CallKind::Apply, O::ApplyRefused { why }) => {
             st.fail(format!("config refused: {why}"), FailCause::Talos)
@@ -680,7 +693,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
         }
         (CallKind::ResolveApply, O::LeftMaintenance | O::Configured { .. }) => {
             st.s.rec.provisioning_window_open = false;
-            st.advance(NodePhase::Installing, "node left maintenance: config applied");
+            st.advance(
+                NodePhase::Installing,
+                "node left maintenance: config applied",
+            );
         }
         (CallKind::ResolveApply, O::NoAnswer { why } | O::ConfiguredUnusable { why }) => {
             st.install_deadline(ctx, why)
@@ -754,7 +770,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
         (CallKind::WatchReset, O::Maintenance { .. }) => {
             st.s.life.reset_at_unix = None;
             st.s.life.install_seen = false;
-            st.advance(NodePhase::Maintenance, "reset done: back in maintenance mode");
+            st.advance(
+                NodePhase::Maintenance,
+                "reset done: back in maintenance mode",
+            );
         }
         (CallKind::WatchReset, O::ResetSequenceFailed { cause }) => {
             st.s.life.reset_at_unix = None;
@@ -782,7 +801,9 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                     FailCause::ResetFailed(cause),
                 );
             } else {
-                st.wait(format!("reset requested; waiting for maintenance mode: {still}"));
+                st.wait(format!(
+                    "reset requested; waiting for maintenance mode: {still}"
+                ));
             }
         }
         // Transient failures wait; hard ones are reported without a phase change.
@@ -864,7 +885,10 @@ pub fn choose_bootstrap_node(
             .unwrap_or(NodePhase::Unknown)
     };
     if let Some(name) = &state.bootstrap_node {
-        let intent = !matches!(state.bootstrap, BootstrapMark::None | BootstrapMark::Rebuilt);
+        let intent = !matches!(
+            state.bootstrap,
+            BootstrapMark::None | BootstrapMark::Rebuilt
+        );
         if intent || phase_of(name) != NodePhase::Failed {
             return Some(Choice::Keep(name.clone()));
         }

@@ -43,7 +43,45 @@ pub use steps::{ClusterStep, StepOutcome};
 pub trait ConfigRenderer: Send + Sync {
     /// The complete machine config for `node`, or why it cannot be made (shown to the
     /// operator as is).
-    fn render(&self, node: &Node) -> Result<Vec<u8>, String>;
+    fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError>;
+}
+
+/// Why a machine config was not rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The inventory and secrets do not make a config for the node (the renderer's error,
+    /// which names the field to fix).
+    #[error(transparent)]
+    Config(Box<dyn std::error::Error + Send + Sync>),
+    /// This renderer does not render configs (a command that never delivers one).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<String> for RenderError {
+    fn from(why: String) -> Self {
+        Self::Unavailable(why)
+    }
+}
+
+impl From<&str> for RenderError {
+    fn from(why: &str) -> Self {
+        Self::Unavailable(why.to_owned())
+    }
+}
+
+/// Why an operator command did not reach the running provisioner, or was refused by it.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// No provisioner takes commands.
+    #[error("the provisioner is not running")]
+    NotRunning,
+    /// It stopped before it answered.
+    #[error("the provisioner stopped before it answered")]
+    Stopped,
+    /// It refused the command (unknown node, store failure).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
@@ -63,14 +101,14 @@ impl BundleRenderer {
 }
 
 impl ConfigRenderer for BundleRenderer {
-    fn render(&self, node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError> {
         let bundle =
             crate::machineconfig::render::render_node(&self.inventory, &self.secrets, node)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| RenderError::Config(Box::new(e)))?;
         bundle
             .to_yaml()
             .map(String::into_bytes)
-            .map_err(|e| e.to_string())
+            .map_err(|e| RenderError::Config(Box::new(e)))
     }
 }
 
@@ -86,7 +124,7 @@ pub enum Command {
         /// The node.
         node: String,
         /// Once persisted (or why not).
-        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+        reply: tokio::sync::oneshot::Sender<Result<(), CommandError>>,
     },
 }
 
@@ -107,7 +145,7 @@ pub fn command_channel() -> (CommandSender, CommandReceiver) {
 
 impl CommandSender {
     /// Asks the provisioner to rebuild `node`; returns once it persisted the request.
-    pub async fn rebuild(&self, node: &str) -> Result<(), String> {
+    pub async fn rebuild(&self, node: &str) -> Result<(), CommandError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.0
             .send(Command::Rebuild {
@@ -115,10 +153,8 @@ impl CommandSender {
                 reply,
             })
             .await
-            .map_err(|_| "the provisioner is not running".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "the provisioner stopped".to_owned())?
+            .map_err(|_| CommandError::NotRunning)?;
+        answer.await.map_err(|_| CommandError::Stopped)?
     }
 }
 
@@ -650,7 +686,10 @@ impl Provisioner {
         let Ok(node) = self.node_def(name).cloned() else {
             return;
         };
-        if let Ok((next, _)) = self.observe(&node, &state, core::Observation::BootSeen).await {
+        if let Ok((next, _)) = self
+            .observe(&node, &state, core::Observation::BootSeen)
+            .await
+        {
             w.in_flight.insert(name.to_owned(), next);
         }
     }
@@ -677,7 +716,7 @@ impl Provisioner {
                 if result.is_ok() {
                     w.enqueue(&node);
                 }
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
             }
         }
     }
@@ -691,9 +730,7 @@ impl Provisioner {
             let (state, _) = self
                 .observe(&node, &state, core::Observation::Binding(bound))
                 .await?;
-            let (state, effects) = self
-                .observe(&node, &state, core::Observation::Poll)
-                .await?;
+            let (state, effects) = self.observe(&node, &state, core::Observation::Poll).await?;
             Ok::<_, ProvisionError>((node, state, effects))
         }
         .await;
@@ -855,7 +892,9 @@ impl Provisioner {
         else {
             return;
         };
-        let _ = self.observe(&node, &state, core::Observation::BootSeen).await;
+        let _ = self
+            .observe(&node, &state, core::Observation::BootSeen)
+            .await;
     }
 
     /// Whether the run loop should step `name` now. Nodes past Booting are always stepped

@@ -33,9 +33,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use super::core::{
-    self, Binding, Effect, FailCause, NodeCtx, NodeState, Observation, Outcome,
-};
+use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observation, Outcome};
 use super::disks::{self, DiskFacts};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
@@ -429,9 +427,7 @@ impl Provisioner {
                 }
             }
             Effect::WatchInstall { ip, .. } => self.io_watch_install(&name, ip, &mut out).await?,
-            Effect::PrepareReset { ip, .. } => {
-                self.io_prepare_reset(node, ip, &mut out).await?
-            }
+            Effect::PrepareReset { ip, .. } => self.io_prepare_reset(node, ip, &mut out).await?,
             Effect::Reset { ip, graceful, .. } => {
                 self.io_reset(&name, ip, graceful, carry, &mut out).await?
             }
@@ -454,11 +450,12 @@ impl Provisioner {
                 Outcome::Maintenance { version: tag }
             }
             // It holds a config already: nothing to push.
-            Err(TalosError::NotInMaintenance { .. }) => match self.secured_version(name, ip).await
-            {
-                Ok(tag) => Outcome::Configured { version: tag },
-                Err(e) => Outcome::ConfiguredUnusable { why: e.to_string() },
-            },
+            Err(TalosError::NotInMaintenance { .. }) => {
+                match self.secured_version(name, ip).await {
+                    Ok(tag) => Outcome::Configured { version: tag },
+                    Err(e) => Outcome::ConfiguredUnusable { why: e.to_string() },
+                }
+            }
             Err(e) => {
                 self.event(
                     name,
@@ -680,8 +677,8 @@ impl Provisioner {
         // fails is the node perhaps already back in maintenance (an earlier reset landed).
         match self.secured_route(&name, ip).await {
             Ok((client, _)) => {
-                let last_voter = self.node_ctx(node).control_plane
-                    && self.is_last_voter(&client).await;
+                let last_voter =
+                    self.node_ctx(node).control_plane && self.is_last_voter(&client).await;
                 out.client = Some(client);
                 Ok(Outcome::ResetTarget { last_voter })
             }

@@ -630,7 +630,10 @@ impl Store for RedbStore {
         }
 
         let mut parts = Map::new();
-        for (label, def) in [("node_facts", NODE_FACTS), ("node_lifecycle", NODE_LIFECYCLE)] {
+        for (label, def) in [
+            ("node_facts", NODE_FACTS),
+            ("node_lifecycle", NODE_LIFECYCLE),
+        ] {
             let mut rows = Map::new();
             let table = txn.open_table(def).map_err(|e| self.err(e))?;
             for row in table.iter().map_err(|e| self.err(e))? {

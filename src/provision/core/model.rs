@@ -146,7 +146,10 @@ impl Run {
         let s = &self.state;
         if s.rec.phase == NodePhase::Failed {
             prop_assert!(
-                s.life.failure.as_deref().is_some_and(|f| !f.trim().is_empty()),
+                s.life
+                    .failure
+                    .as_deref()
+                    .is_some_and(|f| !f.trim().is_empty()),
                 "Failed without a reason after {:?}",
                 obs
             );
@@ -463,7 +466,9 @@ fn cluster_step(
         return;
     }
     let ready = s.bootstrap_node.as_deref() == Some(name.as_str())
-        && cps.iter().any(|(n, p)| *n == name && *p == NodePhase::Ready);
+        && cps
+            .iter()
+            .any(|(n, p)| *n == name && *p == NodePhase::Ready);
     let (next, e) = bootstrap_step(
         s,
         BootstrapObs::Poll {
@@ -547,9 +552,15 @@ fn rebuilding_the_last_etcd_member_bootstraps_again_on_the_same_node() {
     };
     let s = forget_bootstrap(&s, "cp-1", 5);
     assert!(!s.kubeconfig_written());
-    let cps = vec![("cp-2".to_owned(), NodePhase::Ready), ("cp-1".to_owned(), NodePhase::Installing)];
+    let cps = vec![
+        ("cp-2".to_owned(), NodePhase::Ready),
+        ("cp-1".to_owned(), NodePhase::Installing),
+    ];
     // Rebuilt and not Failed: the same node is kept, and bootstrapped once it is Ready.
-    assert_eq!(choose_bootstrap_node(&s, &cps), Some(Choice::Keep("cp-1".into())));
+    assert_eq!(
+        choose_bootstrap_node(&s, &cps),
+        Some(Choice::Keep("cp-1".into()))
+    );
     let (s, e) = bootstrap_step(
         &s,
         BootstrapObs::Poll {
