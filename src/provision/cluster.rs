@@ -455,20 +455,27 @@ impl Provisioner {
         };
         let path = self.settings().state_dir.join(KUBECONFIG_FILE);
         let target = path.clone();
-        tokio::task::spawn_blocking(move || crate::fsutil::write_atomic(&target, &bytes, 0o600))
-            .await
-            .map_err(|e| ProvisionError::Join(e.to_string()))??;
-        self.db_then_event(
-            |s| s.put_meta(KUBECONFIG_KEY, DONE),
+        let (store, bus, node) = (
+            self.inner.store.clone(),
+            self.inner.bus.clone(),
             cp.to_owned(),
-            EventKind::Talos,
-            format!(
-                "Kubeconfig at {}: written to {} (0600)",
-                client.target(),
-                path.display()
-            ),
-        )
-        .await?;
+        );
+        let detail = format!(
+            "Kubeconfig at {}: written to {} (0600)",
+            client.target(),
+            path.display()
+        );
+        // File, mark and event in one blocking task, spawned in the same poll that got the
+        // reply: it runs to its end even when talboot stops right then, so a fetched
+        // kubeconfig is never fetched again.
+        tokio::task::spawn_blocking(move || {
+            crate::fsutil::write_atomic(&target, &bytes, 0o600)?;
+            store.put_meta(KUBECONFIG_KEY, DONE)?;
+            bus.publish(&node, EventKind::Talos, detail);
+            Ok::<_, ProvisionError>(())
+        })
+        .await
+        .map_err(|e| ProvisionError::Join(e.to_string()))??;
         Ok(ClusterProgress::KubeconfigWritten(path))
     }
 }
