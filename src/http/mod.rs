@@ -235,7 +235,16 @@ async fn boot_script(
     // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
     let mut entitled = None;
     if let Some(n) = node {
-        let verdict = entitlement_of(&app, n, peer_ip);
+        // The binding is a store read: off the async threads.
+        let verdict = {
+            let (app, name) = (app.clone(), n.name.to_string());
+            tokio::task::spawn_blocking(move || {
+                let n = app.inventory.node(&name).expect("node of this inventory");
+                entitlement_of(&app, n, peer_ip)
+            })
+            .await
+            .unwrap_or(Err(crate::entitlement::Refusal::NoBinding))
+        };
         match (&verdict, state) {
             (Ok(b), _) => entitled = Some(*b),
             (Err(refusal), NodeState::Provisioning) => {
@@ -506,6 +515,14 @@ struct NodeStatus {
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
+    // Every store read off the async threads.
+    match tokio::task::spawn_blocking(move || node_statuses(&app)).await {
+        Ok(out) => Json(out).into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
     let mut out = Vec::new();
     for n in &app.inventory.nodes {
         let rec = app.store.node(n.name.as_str()).ok().flatten();
@@ -544,7 +561,7 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
             failure,
         });
     }
-    Json(out).into_response()
+    out
 }
 
 /// Mark a node for rebuild while `serve` runs (the store is locked to this process, so
