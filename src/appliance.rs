@@ -259,7 +259,11 @@ impl Bound {
         let mut tasks = JoinSet::new();
         let http_limits = plan.http_limits;
 
+        // Operator commands (rebuild) from the admin API go to the provisioner, the only
+        // writer of node records while it runs.
+        let (commands, command_rx) = crate::provision::command_channel();
         let app = Arc::new(HttpApp {
+            commands: plan.provisioning.is_some().then_some(commands),
             inventory: inv.clone(),
             store: store.clone(),
             events: events.clone(),
@@ -350,7 +354,8 @@ impl Bound {
                 p.renderer,
                 p.creds,
                 p.settings,
-            );
+            )
+            .with_commands(command_rx);
             let c = cancel.clone();
             tasks.spawn(async move {
                 // On shutdown the provisioner is dropped where it stands, in-flight Talos call

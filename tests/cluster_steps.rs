@@ -23,8 +23,11 @@ use talboot::talos::ClientCreds;
 struct NoRenderer;
 
 impl ConfigRenderer for NoRenderer {
-    fn render(&self, node: &talboot::inventory::Node) -> Result<Vec<u8>, String> {
-        Err(format!("{} is not rendered in this test", node.name.value))
+    fn render(
+        &self,
+        node: &talboot::inventory::Node,
+    ) -> Result<Vec<u8>, talboot::provision::RenderError> {
+        Err(format!("{} is not rendered in this test", node.name.value).into())
     }
 }
 
@@ -530,7 +533,10 @@ mod from_talos {
     }
 
     impl ConfigRenderer for CpRenderer {
-        fn render(&self, _node: &talboot::inventory::Node) -> Result<Vec<u8>, String> {
+        fn render(
+            &self,
+            _node: &talboot::inventory::Node,
+        ) -> Result<Vec<u8>, talboot::provision::RenderError> {
             Ok(format!(
                 "version: v1alpha1\nmachine:\n  type: controlplane\n  token: \
                  abcdef.0123456789abcdef\n  ca:\n    crt: {crt}\n    key: \"{key}\"\n  \

@@ -140,6 +140,7 @@ async fn in_process_run_checks_what_helm_and_argocd_adopt() {
         config: rack(),
         workdir: dir.path().join("run"),
         print_events: false,
+        concurrency: talboot::provision::DEFAULT_CONCURRENCY,
     })
     .await
     .unwrap();
@@ -259,6 +260,7 @@ async fn restarts_at_every_step_repeat_nothing() {
         config: rack(),
         workdir: dir.path().join("run"),
         print_events: false,
+        concurrency: talboot::provision::DEFAULT_CONCURRENCY,
     })
     .await
     .unwrap();

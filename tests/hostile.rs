@@ -148,6 +148,7 @@ impl World {
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
             metrics: None,
+            commands: None,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, router(app), shutdown.clone()));
@@ -297,7 +298,7 @@ struct SecretRenderer {
 }
 
 impl ConfigRenderer for SecretRenderer {
-    fn render(&self, _node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, _node: &Node) -> Result<Vec<u8>, talboot::provision::RenderError> {
         use base64::Engine as _;
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         Ok(format!(

@@ -29,10 +29,14 @@ impl Drop for Env {
 }
 
 async fn start(delivery: Delivery) -> Env {
-    start_with(delivery, talboot::http::server::Limits::default()).await
+    start_with(delivery, talboot::http::server::Limits::default(), None).await
 }
 
-async fn start_with(delivery: Delivery, limits: talboot::http::server::Limits) -> Env {
+async fn start_with(
+    delivery: Delivery,
+    limits: talboot::http::server::Limits,
+    commands: Option<talboot::provision::CommandSender>,
+) -> Env {
     talboot::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
     let mut inv = load_with_env(
@@ -95,6 +99,7 @@ async fn start_with(delivery: Delivery, limits: talboot::http::server::Limits) -
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
         metrics: None,
+        commands,
     });
     let shutdown = CancellationToken::new();
     tokio::spawn(talboot::http::server::serve(
@@ -136,6 +141,37 @@ fn client_from(ip: &str) -> reqwest::Client {
         .local_address(ip.parse::<IpAddr>().unwrap())
         .build()
         .unwrap()
+}
+
+/// Issue 11: while a provisioner runs it is the only writer of node records; the script
+/// handler only publishes what it saw (it used to write back a record it had read before
+/// publishing, losing the provisioner's update in between).
+#[tokio::test]
+async fn with_a_provisioner_running_the_script_handler_writes_no_record() {
+    let (commands, _provisioner_end) = talboot::provision::command_channel();
+    let env = start_with(Delivery::Push, talboot::http::server::Limits::default(), Some(commands)).await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
+    let s = reqwest::Client::new()
+        .get(format!(
+            "{}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64&platform=efi",
+            env.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(s.contains("/amd64/kernel"), "{s}");
+    assert_eq!(env.store.node("k8s-ctrl-01").unwrap(), None);
+    // What it saw is on the node's timeline, for the provisioner.
+    loop {
+        let events = env.store.events("k8s-ctrl-01", 0, 100).unwrap();
+        if events.iter().any(|e| e.kind == "http.script") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
@@ -396,6 +432,7 @@ async fn artifact_bodies_are_byte_identical_full_and_ranged_across_sendfile_chun
             sendfile_chunk: 16 * 1024,
             ..Default::default()
         },
+        None,
     )
     .await;
     let url = format!("{}/assets/v1.13.9/{}/amd64/kernel", env.base, env.schematic);

@@ -37,7 +37,7 @@ struct TestRenderer {
 }
 
 impl ConfigRenderer for TestRenderer {
-    fn render(&self, node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, node: &Node) -> Result<Vec<u8>, talboot::provision::RenderError> {
         let cp = self.inventory.role_of(node).machine_type == MachineType::ControlPlane;
         let key = if cp {
             STANDARD.encode(self.ca.key_pem_talos_label())

@@ -11,12 +11,14 @@
 //! digest changes.
 //!
 //! Submodules: [`manifest`] (parse, order, markers, digest), [`helm`] (release records),
-//! [`values`] (Cilium/Argo CD values, sops-age Secret, root Application), [`source`]
+//! [`values`] (Cilium/Argo CD values, sops-age Secret, root Application), [`policy`]
+//! (upstream charts, `helm template` pinning, images, Argo CD setup), [`source`]
 //! (`helm template` or a rendered directory), [`kube`] (the API adapter and waits).
 
 pub mod helm;
 pub mod kube;
 pub mod manifest;
+pub mod policy;
 pub mod source;
 pub mod values;
 

@@ -30,6 +30,9 @@ pub struct Args {
     /// Print only the summary, not talboot's events as they happen.
     #[arg(short, long)]
     pub quiet: bool,
+    /// How many nodes the provisioner drives at once (Talos calls in flight, one per node).
+    #[arg(long, value_name = "N", default_value_t = crate::provision::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
 }
 
 /// Run the subcommand.
@@ -61,6 +64,7 @@ pub fn run(args: &Args) -> ExitCode {
         config: args.config.clone(),
         workdir: workdir.clone(),
         print_events: !args.quiet,
+        concurrency: args.concurrency,
     };
     let result = rt.block_on(demo::run(
         opts,

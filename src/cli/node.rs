@@ -61,7 +61,7 @@ pub struct RebuildArgs {
 struct NoRender;
 
 impl ConfigRenderer for NoRender {
-    fn render(&self, _node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, _node: &Node) -> Result<Vec<u8>, crate::provision::RenderError> {
         Err(
             "`talboot node rebuild` does not deliver configs; `talboot serve` provisions the \
              node on its next boot"

@@ -118,6 +118,10 @@ pub struct Args {
     /// (pinned chart from the inventory) instead of reading --addon-manifests.
     #[arg(long, env = "TALBOOT_HELM")]
     pub helm: Option<PathBuf>,
+    /// How many nodes push provisioning drives at once (Talos calls in flight, at most one
+    /// per node).
+    #[arg(long, value_name = "N", default_value_t = crate::provision::DEFAULT_CONCURRENCY)]
+    pub provision_concurrency: usize,
     /// age identity file for Argo CD's `sops-age` Secret when addons.argocd.ksops is on
     /// (default: the identities that decrypt the secrets bundle).
     #[arg(long, env = "TALBOOT_KSOPS_AGE_IDENTITY")]
@@ -323,6 +327,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
         settings.addon_manifests = args.addon_manifests.clone();
         settings.helm = args.helm.clone();
+        settings.concurrency = args.provision_concurrency.max(1);
         settings.ksops_age_identity = inputs.ksops_age_identity;
         Some(ProvisioningPlan {
             renderer: inputs.renderer,

@@ -96,8 +96,7 @@ pub fn table(
             })
             .unwrap_or_else(|| "-".into());
         let failure = if rec.as_ref().is_some_and(|r| r.phase == NodePhase::Failed) {
-            let key = crate::provision::node::lifecycle_key(&node.name);
-            crate::provision::node::decode_lifecycle(store.get_meta(&key)?.as_deref()).failure
+            crate::provision::node::Lifecycle::load(store, &node.name)?.failure
         } else {
             None
         };

@@ -75,6 +75,10 @@ pub struct HttpApp {
     pub configs: Arc<dyn ConfigSource>,
     /// Prometheus rendering, when metrics are installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The running provisioner's commands: with it, the provisioner is the only writer of
+    /// node records and the handlers only publish; without it (no push provisioning) the
+    /// handlers apply the core's rules themselves.
+    pub commands: Option<crate::provision::CommandSender>,
 }
 
 /// The request span: method and path, with a config token replaced by `<redacted>` (a token
@@ -197,7 +201,16 @@ async fn boot_script(
     let inv = &app.inventory;
     let node = inv.node_by_mac(mac);
     let peer_ip = peer_v4(&peer);
-    let record = node.and_then(|n| app.store.node(n.name.as_str()).ok().flatten());
+    let record = match node {
+        Some(n) => {
+            let (store, name) = (app.store.clone(), n.name.to_string());
+            tokio::task::spawn_blocking(move || store.node(&name).ok().flatten())
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
     let state = node_state(record.as_ref());
 
     // The set decides the factory command line, which is stored with the artifacts.
@@ -227,7 +240,16 @@ async fn boot_script(
     // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
     let mut entitled = None;
     if let Some(n) = node {
-        let verdict = entitlement_of(&app, n, peer_ip);
+        // The binding is a store read: off the async threads.
+        let verdict = {
+            let (app, name) = (app.clone(), n.name.to_string());
+            tokio::task::spawn_blocking(move || {
+                let n = app.inventory.node(&name).expect("node of this inventory");
+                entitlement_of(&app, n, peer_ip)
+            })
+            .await
+            .unwrap_or(Err(crate::entitlement::Refusal::NoBinding))
+        };
         match (&verdict, state) {
             (Ok(b), _) => entitled = Some(*b),
             (Err(refusal), NodeState::Provisioning) => {
@@ -292,8 +314,9 @@ async fn boot_script(
     }
     // Only an entitled requester is where the node is; a stranger's address is never
     // remembered (the push provisioner must not find it).
-    if let (Some(n), Some(b)) = (node, entitled) {
-        remember_address(&app, n.name.as_str(), b.mac, b.ip, record);
+    // With a provisioner running, the script event published above is its observation.
+    if let (Some(n), Some(b), None) = (node, entitled, &app.commands) {
+        remember_address(&app, n.name.as_str(), b.mac, b.ip).await;
     }
     metrics::counter!("talboot_http_scripts_total").increment(1);
     text(StatusCode::OK, app.scripts.plan(&plan, &app.base_url))
@@ -320,32 +343,28 @@ fn entitlement_of(
     crate::entitlement::judge(bound, requester)
 }
 
-/// Record where a node was last seen, creating its record on first sight.
-fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr, rec: Option<NodeRecord>) {
-    let now = now(app);
-    let rec = match rec {
-        Some(mut r) => {
-            r.last_seen_addr = Some(ip);
-            r.mac = Some(mac);
-            if r.phase == NodePhase::Unknown {
-                r.phase = NodePhase::Booting;
-                r.phase_since_unix = now;
-            }
-            r.updated_at_unix = now;
-            r
-        }
-        None => NodeRecord {
-            name: node.to_string(),
-            phase: NodePhase::Booting,
-            phase_since_unix: now,
-            last_seen_addr: Some(ip),
-            mac: Some(mac),
-            talos_version: None,
-            provisioning_window_open: true,
-            updated_at_unix: now,
-        },
-    };
-    if let Err(e) = app.store.put_node(&rec) {
+/// Record where a node was last seen, creating its record on first sight: the core's
+/// binding and boot rules, applied here only when no provisioner runs (which would otherwise
+/// be the writer), off the async threads, read and written in one go.
+async fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr) {
+    let (store, inv, name, now) = (
+        app.store.clone(),
+        app.inventory.clone(),
+        node.to_owned(),
+        now(app),
+    );
+    let observations = vec![
+        crate::provision::core::Observation::Binding(Some(crate::provision::core::Binding {
+            mac,
+            ip,
+        })),
+        crate::provision::core::Observation::BootSeen,
+    ];
+    let done = tokio::task::spawn_blocking(move || {
+        crate::provision::observe_offline(store.as_ref(), &inv, &name, observations, now)
+    })
+    .await;
+    if let Ok(Err(e)) = done {
         tracing::error!(node, error = %e, "cannot record node address");
     }
 }
@@ -501,6 +520,14 @@ struct NodeStatus {
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
+    // Every store read off the async threads.
+    match tokio::task::spawn_blocking(move || node_statuses(&app)).await {
+        Ok(out) => Json(out).into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
     let mut out = Vec::new();
     for n in &app.inventory.nodes {
         let rec = app.store.node(n.name.as_str()).ok().flatten();
@@ -509,9 +536,9 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
             .as_ref()
             .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
         {
-            let key = crate::provision::node::lifecycle_key(n.name.as_str());
-            let raw = app.store.get_meta(&key).ok().flatten();
-            crate::provision::node::decode_lifecycle(raw.as_deref()).failure
+            crate::provision::node::Lifecycle::load(app.store.as_ref(), n.name.as_str())
+                .ok()
+                .and_then(|l| l.failure)
         } else {
             None
         };
@@ -539,7 +566,7 @@ async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
             failure,
         });
     }
-    Json(out).into_response()
+    out
 }
 
 /// Mark a node for rebuild while `serve` runs (the store is locked to this process, so
@@ -560,33 +587,39 @@ async fn api_rebuild(
             format!("node {name:?} is not in the inventory\n"),
         );
     }
-    let now = now(&app);
-    let mut rec = match app.store.node(&name) {
-        Ok(Some(r)) => r,
-        Ok(None) => NodeRecord {
-            name: name.clone(),
-            phase: NodePhase::Unknown,
-            phase_since_unix: now,
-            last_seen_addr: None,
-            mac: None,
-            talos_version: None,
-            provisioning_window_open: true,
-            updated_at_unix: now,
-        },
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-    };
-    rec.provisioning_window_open = true;
-    rec.phase = NodePhase::Rebuilding;
-    rec.phase_since_unix = now;
-    rec.updated_at_unix = now;
-    if let Err(e) = app.store.put_node(&rec) {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
+    if let Some(commands) = &app.commands {
+        // The provisioner persists the request before it answers.
+        if let Err(e) = commands.rebuild(&name).await {
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
+        }
+    } else {
+        let (store, inv, node, now) = (
+            app.store.clone(),
+            app.inventory.clone(),
+            name.clone(),
+            now(&app),
+        );
+        let done = tokio::task::spawn_blocking(move || {
+            crate::provision::observe_offline(
+                store.as_ref(),
+                &inv,
+                &node,
+                vec![crate::provision::core::Observation::RebuildRequested],
+                now,
+            )
+        })
+        .await;
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+            Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        }
+        app.events.publish(
+            &name,
+            EventKind::Phase,
+            "rebuilding: rebuild requested by the operator",
+        );
     }
-    app.events.publish(
-        &name,
-        EventKind::Phase,
-        "rebuilding: rebuild requested by the operator",
-    );
     text(
         StatusCode::ACCEPTED,
         format!(

@@ -28,6 +28,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::core::{self, BootstrapEffect, BootstrapMark, BootstrapObs, Choice, ClusterState};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::EndpointHost;
@@ -96,52 +97,51 @@ impl std::fmt::Display for HealthReport {
 }
 
 impl Provisioner {
-    /// The persisted bootstrap node, if one was chosen.
-    pub(crate) async fn bootstrap_node_name(&self) -> Result<Option<String>, ProvisionError> {
-        let v = self.db(|s| s.get_meta(BOOTSTRAP_NODE_KEY)).await?;
-        Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    /// The cluster's progress as the core sees it: the bootstrap node, the bootstrap and
+    /// kubeconfig marks, the step record.
+    pub(crate) async fn cluster_state(&self) -> Result<ClusterState, ProvisionError> {
+        let (node, mark, kubeconfig, step) = self
+            .db(|s| {
+                Ok((
+                    s.get_meta(BOOTSTRAP_NODE_KEY)?,
+                    s.get_meta(BOOTSTRAP_KEY)?,
+                    s.get_meta(KUBECONFIG_KEY)?,
+                    super::steps::load_step_record(s)?,
+                ))
+            })
+            .await?;
+        Ok(ClusterState {
+            bootstrap_node: node.map(|b| String::from_utf8_lossy(&b).into_owned()),
+            bootstrap: match mark.as_deref() {
+                None => BootstrapMark::None,
+                Some(INTENT) => BootstrapMark::Intent,
+                Some(DONE) => BootstrapMark::Done,
+                Some(REBUILT) => BootstrapMark::Rebuilt,
+                // An unknown mark may hide a call that was made: treat it as an intent (the
+                // etcd check comes before any call).
+                Some(_) => BootstrapMark::Intent,
+            },
+            kubeconfig_done: kubeconfig.as_deref() == Some(DONE),
+            step,
+        })
     }
 
     /// The bootstrap node: the persisted choice, or the first Ready control plane in
     /// inventory order, persisted by compare-and-set so two racing runs agree. Until a control
     /// plane is Ready nothing is persisted and the first control plane that has not failed is
-    /// returned (for the relay, which needs it Ready anyway).
+    /// returned (for the relay, which needs it Ready anyway). The choice is the core's
+    /// ([`core::choose_bootstrap_node`]).
     pub async fn bootstrap_node(&self) -> Result<String, ProvisionError> {
-        let persisted = self.bootstrap_node_name().await?;
-        if let Some(name) = &persisted {
-            let intent = self.meta(BOOTSTRAP_KEY).await?;
-            let rebuilt = intent.as_deref() == Some(REBUILT);
-            if (intent.is_some() && !rebuilt) || self.record(name).await?.phase != NodePhase::Failed
-            {
-                return Ok(name.clone());
-            }
-        }
-        let mut fallback = None;
-        let mut ready = None;
+        let state = self.cluster_state().await?;
+        let mut cps = Vec::new();
         for cp in self.inventory().control_planes() {
             let phase = self.record(cp.name.as_str()).await?.phase;
-            if phase == NodePhase::Ready {
-                ready = Some(cp.name.to_string());
-                break;
-            }
-            if phase != NodePhase::Failed && fallback.is_none() {
-                fallback = Some(cp.name.to_string());
-            }
+            cps.push((cp.name.to_string(), phase));
         }
-        let Some(chosen) = ready else {
-            return match (fallback, persisted) {
-                (Some(f), _) => Ok(f),
-                // Every control plane failed: keep naming the persisted one (its failure is
-                // what the operator has to fix), else the first.
-                (None, Some(p)) => Ok(p),
-                (None, None) => Ok(self
-                    .inventory()
-                    .control_planes()
-                    .next()
-                    .ok_or(ProvisionError::NoControlPlane)?
-                    .name
-                    .to_string()),
-            };
+        let (chosen, persisted) = match core::choose_bootstrap_node(&state, &cps) {
+            None => return Err(ProvisionError::NoControlPlane),
+            Some(Choice::Keep(name)) => return Ok(name),
+            Some(Choice::Persist { name, replaces }) => (name, replaces),
         };
         let value = chosen.clone().into_bytes();
         let expected = persisted.clone().map(String::into_bytes);
@@ -172,14 +172,9 @@ impl Provisioner {
     /// recorded bootstrap, kubeconfig and cluster steps no longer hold. Marks them `rebuilt`
     /// (the store has no delete), so the cluster is bootstrapped again once `node` is Ready.
     pub(crate) async fn forget_bootstrap(&self, node: &str) -> Result<(), ProvisionError> {
-        let step = serde_json::to_vec(&super::steps::StepRecord {
-            step: super::steps::ClusterStep::WaitingForControlPlanes,
-            since_unix: self.now(),
-            reason: format!("{node}, the last etcd member, was rebuilt; bootstrapping again"),
-            last_error: None,
-            attempts: 0,
-        })
-        .expect("step record serialises");
+        let state = self.cluster_state().await?;
+        let forgotten = core::forget_bootstrap(&state, node, self.now());
+        let step = serde_json::to_vec(&forgotten.step).expect("step record serialises");
         self.db_then_event(
             move |s| {
                 s.put_meta(BOOTSTRAP_KEY, REBUILT)?;
@@ -225,11 +220,28 @@ impl Provisioner {
         self.write_kubeconfig(&cp).await
     }
 
+    /// The bootstrap, as the core decides it ([`core::bootstrap_step`]): intent persisted
+    /// before anything is called, etcd checked before Bootstrap, done after.
     async fn bootstrap_once(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
-        let Some(client) = self.bootstrap_client(cp).await? else {
-            return Ok(ClusterProgress::Waiting(format!(
-                "bootstrap node {cp} is not configured yet"
-            )));
+        let state = self.cluster_state().await?;
+        let client = self.bootstrap_client(cp).await?;
+        let (state, effect) = core::bootstrap_step(
+            &state,
+            BootstrapObs::Poll {
+                node: cp.to_owned(),
+                ready: client.is_some(),
+            },
+        );
+        let client = match (effect, client) {
+            (BootstrapEffect::CheckEtcd, Some(c)) => c,
+            (BootstrapEffect::Done, _) => return Ok(ClusterProgress::Bootstrapped),
+            (BootstrapEffect::Wait(why), _) => return Ok(ClusterProgress::Waiting(why)),
+            (other, _) => {
+                return Err(ProvisionError::Step {
+                    node: cp.to_owned(),
+                    why: format!("internal: unexpected bootstrap effect {other:?}"),
+                });
+            }
         };
         // Intent before the call; a stored intent from an earlier run is fine (same node).
         // After the last etcd member was rebuilt the key says so, and is swapped the same way.
@@ -250,34 +262,49 @@ impl Provisioner {
             );
         }
 
-        match client.etcd_member_list().await {
-            Ok(members) if !members.is_empty() => {
+        let members = match client.etcd_member_list().await {
+            Ok(members) => {
+                if !members.is_empty() {
+                    self.event(
+                        cp,
+                        EventKind::Talos,
+                        format!(
+                            "EtcdMemberList: {} member(s) already; bootstrap not called again",
+                            members.len()
+                        ),
+                    );
+                }
+                members.len()
+            }
+            Err(e) => {
                 self.event(
                     cp,
                     EventKind::Talos,
-                    format!(
-                        "EtcdMemberList: {} member(s) already; bootstrap not called again",
-                        members.len()
-                    ),
+                    format!("EtcdMemberList: no etcd yet ({e})"),
                 );
-                return self.mark_bootstrapped(cp).await;
+                0
             }
-            Ok(_) => {}
-            Err(e) => self.event(
-                cp,
-                EventKind::Talos,
-                format!("EtcdMemberList: no etcd yet ({e})"),
-            ),
+        };
+        let (state, effect) = core::bootstrap_step(&state, BootstrapObs::EtcdMembers(members));
+        match effect {
+            BootstrapEffect::Done => return self.mark_bootstrapped(cp).await,
+            BootstrapEffect::Bootstrap => {}
+            other => {
+                return Err(ProvisionError::Step {
+                    node: cp.to_owned(),
+                    why: format!("internal: unexpected bootstrap effect {other:?}"),
+                });
+            }
         }
 
-        match client.bootstrap().await {
+        let (obs, err) = match client.bootstrap().await {
             Ok(()) => {
                 self.event(
                     cp,
                     EventKind::Talos,
                     format!("Bootstrap at {}: ok", client.target()),
                 );
-                self.mark_bootstrapped(cp).await
+                (BootstrapObs::Bootstrapped, None)
             }
             Err(TalosError::AlreadyBootstrapped { message, .. }) => {
                 self.event(
@@ -288,7 +315,7 @@ impl Provisioner {
                         client.target()
                     ),
                 );
-                self.mark_bootstrapped(cp).await
+                (BootstrapObs::Bootstrapped, None)
             }
             Err(e) => {
                 self.event(
@@ -296,15 +323,28 @@ impl Provisioner {
                     EventKind::Talos,
                     format!("Bootstrap at {} failed: {e}", client.target()),
                 );
-                match &e {
-                    // "bootstrap is not available yet", "time is not in sync yet": retry later.
-                    TalosError::Remote { code, .. } if *code == tonic::Code::FailedPrecondition => {
-                        Ok(ClusterProgress::Waiting(e.to_string()))
-                    }
-                    e if e.is_transient() => Ok(ClusterProgress::Waiting(e.to_string())),
-                    _ => Err(self.talos_err(cp, e)),
-                }
+                // "bootstrap is not available yet", "time is not in sync yet": retry later.
+                let retry = matches!(&e, TalosError::Remote { code, .. } if *code == tonic::Code::FailedPrecondition)
+                    || e.is_transient();
+                (
+                    BootstrapObs::BootstrapFailed {
+                        retry,
+                        why: e.to_string(),
+                    },
+                    Some(e),
+                )
             }
+        };
+        match core::bootstrap_step(&state, obs).1 {
+            BootstrapEffect::Done => self.mark_bootstrapped(cp).await,
+            BootstrapEffect::Wait(why) => Ok(ClusterProgress::Waiting(why)),
+            other => Err(match err {
+                Some(e) => self.talos_err(cp, e),
+                None => ProvisionError::Step {
+                    node: cp.to_owned(),
+                    why: format!("internal: unexpected bootstrap effect {other:?}"),
+                },
+            }),
         }
     }
 
@@ -415,20 +455,27 @@ impl Provisioner {
         };
         let path = self.settings().state_dir.join(KUBECONFIG_FILE);
         let target = path.clone();
-        tokio::task::spawn_blocking(move || crate::fsutil::write_atomic(&target, &bytes, 0o600))
-            .await
-            .map_err(|e| ProvisionError::Join(e.to_string()))??;
-        self.db_then_event(
-            |s| s.put_meta(KUBECONFIG_KEY, DONE),
+        let (store, bus, node) = (
+            self.inner.store.clone(),
+            self.inner.bus.clone(),
             cp.to_owned(),
-            EventKind::Talos,
-            format!(
-                "Kubeconfig at {}: written to {} (0600)",
-                client.target(),
-                path.display()
-            ),
-        )
-        .await?;
+        );
+        let detail = format!(
+            "Kubeconfig at {}: written to {} (0600)",
+            client.target(),
+            path.display()
+        );
+        // File, mark and event in one blocking task, spawned in the same poll that got the
+        // reply: it runs to its end even when talboot stops right then, so a fetched
+        // kubeconfig is never fetched again.
+        tokio::task::spawn_blocking(move || {
+            crate::fsutil::write_atomic(&target, &bytes, 0o600)?;
+            store.put_meta(KUBECONFIG_KEY, DONE)?;
+            bus.publish(&node, EventKind::Talos, detail);
+            Ok::<_, ProvisionError>(())
+        })
+        .await
+        .map_err(|e| ProvisionError::Join(e.to_string()))??;
         Ok(ClusterProgress::KubeconfigWritten(path))
     }
 }

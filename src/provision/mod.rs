@@ -16,6 +16,7 @@
 //! drives all of it from bus events (`dhcp.ack`, `http.initramfs`, ...) and a poll timer.
 
 pub mod cluster;
+pub mod core;
 pub mod disks;
 pub mod node;
 pub mod steps;
@@ -42,7 +43,45 @@ pub use steps::{ClusterStep, StepOutcome};
 pub trait ConfigRenderer: Send + Sync {
     /// The complete machine config for `node`, or why it cannot be made (shown to the
     /// operator as is).
-    fn render(&self, node: &Node) -> Result<Vec<u8>, String>;
+    fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError>;
+}
+
+/// Why a machine config was not rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The inventory and secrets do not make a config for the node (the renderer's error,
+    /// which names the field to fix).
+    #[error(transparent)]
+    Config(Box<dyn std::error::Error + Send + Sync>),
+    /// This renderer does not render configs (a command that never delivers one).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<String> for RenderError {
+    fn from(why: String) -> Self {
+        Self::Unavailable(why)
+    }
+}
+
+impl From<&str> for RenderError {
+    fn from(why: &str) -> Self {
+        Self::Unavailable(why.to_owned())
+    }
+}
+
+/// Why an operator command did not reach the running provisioner, or was refused by it.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// No provisioner takes commands.
+    #[error("the provisioner is not running")]
+    NotRunning,
+    /// It stopped before it answered.
+    #[error("the provisioner stopped before it answered")]
+    Stopped,
+    /// It refused the command (unknown node, store failure).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
@@ -62,15 +101,148 @@ impl BundleRenderer {
 }
 
 impl ConfigRenderer for BundleRenderer {
-    fn render(&self, node: &Node) -> Result<Vec<u8>, String> {
+    fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError> {
         let bundle =
             crate::machineconfig::render::render_node(&self.inventory, &self.secrets, node)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| RenderError::Config(Box::new(e)))?;
         bundle
             .to_yaml()
             .map(String::into_bytes)
-            .map_err(|e| e.to_string())
+            .map_err(|e| RenderError::Config(Box::new(e)))
     }
+}
+
+/// Default of [`Settings::concurrency`]: a rack's worth of nodes in flight at once.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
+/// An operator action for the running provisioner, which applies it as the writer of node
+/// records.
+#[derive(Debug)]
+pub enum Command {
+    /// `talboot node rebuild NAME`: reopen the window, mark Rebuilding, reset the node.
+    Rebuild {
+        /// The node.
+        node: String,
+        /// Once persisted (or why not).
+        reply: tokio::sync::oneshot::Sender<Result<(), CommandError>>,
+    },
+}
+
+/// Sends [`Command`]s to a running provisioner.
+#[derive(Clone, Debug)]
+pub struct CommandSender(tokio::sync::mpsc::Sender<Command>);
+
+/// The provisioner's end of [`command_channel`].
+#[derive(Debug)]
+pub struct CommandReceiver(tokio::sync::mpsc::Receiver<Command>);
+
+/// A channel for operator commands: the sender goes to the admin API, the receiver to
+/// [`Provisioner::with_commands`].
+pub fn command_channel() -> (CommandSender, CommandReceiver) {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    (CommandSender(tx), CommandReceiver(rx))
+}
+
+impl CommandSender {
+    /// Asks the provisioner to rebuild `node`; returns once it persisted the request.
+    pub async fn rebuild(&self, node: &str) -> Result<(), CommandError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0
+            .send(Command::Rebuild {
+                node: node.to_owned(),
+                reply,
+            })
+            .await
+            .map_err(|_| CommandError::NotRunning)?;
+        answer.await.map_err(|_| CommandError::Stopped)?
+    }
+}
+
+async fn recv_command(rx: &mut Option<tokio::sync::mpsc::Receiver<Command>>) -> Option<Command> {
+    match rx {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a call task hands back to the writer.
+type CallResult = (
+    String,
+    core::Effect,
+    Result<(core::Outcome, node::Carry), ProvisionError>,
+);
+
+/// The run loop's own state: nodes with a call in flight (their in-memory state is the
+/// truth until the result is back), what the next call of a chain reuses, the nodes due.
+#[derive(Default)]
+struct Writer {
+    in_flight: std::collections::HashMap<String, core::NodeState>,
+    carries: std::collections::HashMap<String, node::Carry>,
+    calls: tokio::task::JoinSet<CallResult>,
+    due: std::collections::VecDeque<String>,
+    queued: std::collections::HashSet<String>,
+}
+
+impl Writer {
+    fn enqueue(&mut self, name: &str) {
+        if self.queued.insert(name.to_owned()) {
+            self.due.push_back(name.to_owned());
+        }
+    }
+
+    fn enqueue_front(&mut self, name: &str) {
+        if self.queued.insert(name.to_owned()) {
+            self.due.push_front(name.to_owned());
+        }
+    }
+}
+
+/// Feeds `observations` to the core for node `name` and persists the result: for the HTTP
+/// handlers when no provisioner runs (pull delivery, no push provisioning), so the rules
+/// are the core's either way. Synchronous; call it off the async threads.
+pub fn observe_offline(
+    store: &dyn Store,
+    inventory: &Inventory,
+    name: &str,
+    observations: Vec<core::Observation>,
+    now: u64,
+) -> Result<(), StoreError> {
+    let Some(node) = inventory.node(name) else {
+        return Ok(());
+    };
+    let ctx = core::NodeCtx {
+        macs: node.macs.iter().map(|m| m.value).collect(),
+        control_plane: inventory
+            .control_planes()
+            .any(|cp| cp.name.as_str() == name),
+        install_timeout: Duration::MAX,
+        reset_timeout: Duration::MAX,
+    };
+    let rec = store.node(name)?;
+    let fresh = rec.is_none();
+    let life = node::Lifecycle::load(store, name)?;
+    let start = match rec {
+        Some(r) => core::NodeState::from_persisted(r, life),
+        None => core::NodeState::fresh(name, now),
+    };
+    let mut state = start.clone();
+    for obs in observations {
+        state = core::step(&state, obs, now, &ctx).0;
+    }
+    if fresh || state.persisted_differs(&start) {
+        state.rec.updated_at_unix = now;
+        let mut parts = Vec::new();
+        if state.life != start.life {
+            let json = serde_json::to_vec(&state.life).expect("lifecycle record serialises");
+            parts.push((crate::store::NodePart::Lifecycle, json));
+        }
+        store.put_node_states(&[crate::store::NodeWrite {
+            name: name.to_owned(),
+            record: Some(state.rec.clone()),
+            parts,
+        }])?;
+    }
+    Ok(())
 }
 
 /// Knobs of the provisioner; [`Settings::new`] gives production defaults.
@@ -111,6 +283,8 @@ pub struct Settings {
     pub ksops_age_identity: Option<Arc<crate::crypto::age::Secret>>,
     /// Timeouts of the add-on waits (CRDs, rollouts, nodes Ready).
     pub addon_timeouts: crate::addons::Timeouts,
+    /// How many nodes' Talos calls run at once (each node has at most one in flight).
+    pub concurrency: usize,
 }
 
 impl Settings {
@@ -132,6 +306,7 @@ impl Settings {
             helm: None,
             ksops_age_identity: None,
             addon_timeouts: crate::addons::Timeouts::default(),
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
@@ -216,6 +391,14 @@ pub enum ProvisionError {
     /// A blocking store task died.
     #[error("internal: store task failed: {0}")]
     Join(String),
+    /// A step failed without a more specific error.
+    #[error("node {node}: {why}")]
+    Step {
+        /// The node.
+        node: String,
+        /// Why.
+        why: String,
+    },
 }
 
 /// What the run loop knows about probing one node in Unknown/Booting.
@@ -246,6 +429,8 @@ pub struct Provisioner {
 struct Inner {
     /// Which nodes booted Talos and when each may be probed next (run loop only).
     probes: std::sync::Mutex<std::collections::HashMap<String, ProbeState>>,
+    /// Operator commands for the running writer (taken by [`Provisioner::run`]).
+    commands: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Command>>>,
     inventory: Arc<Inventory>,
     store: Arc<dyn Store>,
     bus: EventBus,
@@ -267,6 +452,7 @@ impl Provisioner {
         Self {
             inner: Arc::new(Inner {
                 probes: Default::default(),
+                commands: Default::default(),
                 inventory,
                 store,
                 bus,
@@ -275,6 +461,12 @@ impl Provisioner {
                 settings,
             }),
         }
+    }
+
+    /// The provisioner takes its operator commands from `commands` (see [`command_channel`]).
+    pub fn with_commands(self, commands: CommandReceiver) -> Self {
+        *self.inner.commands.lock().expect("command lock") = Some(commands.0);
+        self
     }
 
     /// The inventory this provisioner works from.
@@ -356,45 +548,6 @@ impl Provisioner {
         .await
     }
 
-    async fn save(&self, rec: &NodeRecord) -> Result<(), ProvisionError> {
-        let mut rec = rec.clone();
-        rec.updated_at_unix = self.now();
-        self.db(move |s| s.put_node(&rec)).await
-    }
-
-    /// Moves `rec` to `phase`, persists it and publishes the change.
-    async fn set_phase(
-        &self,
-        rec: &mut NodeRecord,
-        phase: NodePhase,
-        why: &str,
-    ) -> Result<(), ProvisionError> {
-        let from = rec.phase;
-        if from == NodePhase::Failed && phase != NodePhase::Failed {
-            let key = node::lifecycle_key(&rec.name);
-            self.db(move |s| {
-                let mut l = node::decode_lifecycle(s.get_meta(&key)?.as_deref());
-                if l.failure.take().is_some() {
-                    let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
-                    s.put_meta(&key, &json)?;
-                }
-                Ok(())
-            })
-            .await?;
-        }
-        rec.phase = phase;
-        rec.phase_since_unix = self.now();
-        let mut saved = rec.clone();
-        saved.updated_at_unix = self.now();
-        self.db_then_event(
-            move |s| s.put_node(&saved),
-            rec.name.clone(),
-            EventKind::Phase,
-            format!("{from} -> {phase}: {why}"),
-        )
-        .await
-    }
-
     /// Where the node is: the address talboot's own DHCP bound to one of its MACs (its lease
     /// in authoritative mode, its ProxyDHCP binding in proxy mode; see
     /// [`crate::entitlement`]), with that MAC. Nothing else: not where a script was last
@@ -431,10 +584,14 @@ impl Provisioner {
         Ok(self.tune(TalosClient::secured(self.apid(ip), &self.inner.creds)?))
     }
 
-    /// Drives every node that is not settled, one step at a time until it waits, then the
-    /// cluster steps (which include the health wait, so they run in their own task).
-    /// Reacts at once to boot events of inventory nodes (`dhcp.ack`, `http.*`) and polls the
-    /// rest every `poll_interval`. Returns when `cancel` fires.
+    /// The writer: drives every node that is not settled through the pure core, with up to
+    /// `concurrency` Talos calls in flight at once (each node has at most one), and the
+    /// cluster steps in their own task (they include the health wait). This task is the only
+    /// writer of node records while it runs: boot events of inventory nodes (`dhcp.ack`,
+    /// `http.*`) and operator [`Command`]s become observations here, call results come back
+    /// here. Nodes are also polled every `poll_interval`; when the bus overflows, what was
+    /// missed is re-derived from the store (leases and timelines). Returns when `cancel`
+    /// fires.
     pub async fn run(self, cancel: CancellationToken) {
         // Aborted when `run` is dropped too (serve's shutdown drops it mid-step), so no
         // cluster step outlives the provisioner.
@@ -445,40 +602,250 @@ impl Provisioner {
                 me.run_cluster(cancel).await
             }))
         };
+        let mut commands = self.inner.commands.lock().expect("command lock").take();
         let mut events = self.inner.bus.subscribe();
         let mut tick = tokio::time::interval(self.settings().poll_interval);
+        let mut w = Writer::default();
+        let limit = self.settings().concurrency.max(1);
         loop {
+            while w.calls.len() < limit {
+                let Some(name) = w.due.pop_front() else { break };
+                w.queued.remove(&name);
+                if w.in_flight.contains_key(&name) {
+                    continue;
+                }
+                self.start_node(&mut w, &name).await;
+            }
             tokio::select! {
                 _ = cancel.cancelled() => break,
+                Some(done) = w.calls.join_next(), if !w.calls.is_empty() => {
+                    // Every result that is ready now goes into one group commit.
+                    let mut ready = vec![done];
+                    while let Some(more) = w.calls.try_join_next() {
+                        ready.push(more);
+                    }
+                    let mut results = Vec::with_capacity(ready.len());
+                    for done in ready {
+                        match done {
+                            Ok(r) => results.push(r),
+                            Err(e) => tracing::error!(error = %e, "a provisioning call task failed"),
+                        }
+                    }
+                    self.finish_calls(&mut w, results).await;
+                }
+                Some(cmd) = recv_command(&mut commands) => self.command(&mut w, cmd).await,
                 ev = events.recv() => match ev {
                     Ok(ev) if is_boot_signal(ev.kind) && self.inner.inventory.node(&ev.node).is_some() => {
-                        self.note_booting(&ev.node).await;
+                        self.note_booting_in(&mut w, &ev.node).await;
                         if is_talos_boot(ev.kind) {
                             self.mark_talos_booted(&ev.node);
                         }
                         if self.probe_due(&ev.node).await {
-                            self.drive_polled(&ev.node).await;
+                            w.enqueue(&ev.node);
                         }
                     }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "provisioner fell behind the event bus; polling catches up");
+                        // The missed boot events are in the store: forget what the probe table
+                        // learnt from the bus, so each node's next look re-reads its timeline
+                        // (and its lease), and look at every node now.
+                        tracing::warn!(missed = n, "provisioner fell behind the event bus; re-deriving from the store");
+                        self.inner.probes.lock().expect("probe table lock").clear();
+                        self.enqueue_due(&mut w).await;
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 },
-                _ = tick.tick() => {
-                    let names: Vec<String> = self.inner.inventory.nodes.iter().map(|n| n.name.to_string()).collect();
-                    for name in names {
-                        if cancel.is_cancelled() { break; }
-                        if self.probe_due(&name).await {
-                            self.drive_polled(&name).await;
-                        }
+                _ = tick.tick() => self.enqueue_due(&mut w).await,
+            }
+        }
+        w.calls.abort_all();
+        cluster.abort();
+        let _ = cluster.await;
+    }
+
+    async fn enqueue_due(&self, w: &mut Writer) {
+        let names: Vec<String> = self
+            .inner
+            .inventory
+            .nodes
+            .iter()
+            .map(|n| n.name.to_string())
+            .collect();
+        for name in names {
+            if !w.in_flight.contains_key(&name) && self.probe_due(&name).await {
+                w.enqueue(&name);
+            }
+        }
+    }
+
+    /// A boot signal, into the node's in-memory state when a call is in flight.
+    async fn note_booting_in(&self, w: &mut Writer, name: &str) {
+        let Some(state) = w.in_flight.get(name).cloned() else {
+            return self.note_booting(name).await;
+        };
+        let Ok(node) = self.node_def(name).cloned() else {
+            return;
+        };
+        if let Ok((next, _)) = self
+            .observe(&node, &state, core::Observation::BootSeen)
+            .await
+        {
+            w.in_flight.insert(name.to_owned(), next);
+        }
+    }
+
+    /// An operator command, applied by the writer (and so persisted before the reply).
+    async fn command(&self, w: &mut Writer, cmd: Command) {
+        match cmd {
+            Command::Rebuild { node, reply } => {
+                let result = async {
+                    let def = self.node_def(&node)?.clone();
+                    let state = match w.in_flight.get(&node) {
+                        Some(s) => s.clone(),
+                        None => self.load_state(&node).await?,
+                    };
+                    let (next, _) = self
+                        .observe(&def, &state, core::Observation::RebuildRequested)
+                        .await?;
+                    if next.pending.is_some() {
+                        w.in_flight.insert(node.clone(), next);
                     }
+                    Ok::<_, ProvisionError>(())
+                }
+                .await;
+                if result.is_ok() {
+                    w.enqueue(&node);
+                }
+                let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
+            }
+        }
+    }
+
+    /// Starts node `name`: its binding, then "what now?" to the core.
+    async fn start_node(&self, w: &mut Writer, name: &str) {
+        let result = async {
+            let node = self.node_def(name)?.clone();
+            let state = self.load_state(name).await?;
+            let bound = self.binding(&node).await?;
+            let (state, _) = self
+                .observe(&node, &state, core::Observation::Binding(bound))
+                .await?;
+            let (state, effects) = self.observe(&node, &state, core::Observation::Poll).await?;
+            Ok::<_, ProvisionError>((node, state, effects))
+        }
+        .await;
+        match result {
+            Ok((node, state, effects)) => self.dispatch(w, node, state, effects).await,
+            Err(e) => tracing::warn!(node = name, error = %e, "provisioning step failed"),
+        }
+    }
+
+    /// Calls' results back in the writer: fed to the core, the new states committed
+    /// together, and what follows dispatched.
+    async fn finish_calls(&self, w: &mut Writer, results: Vec<CallResult>) {
+        let mut inputs = Vec::new();
+        for (name, effect, result) in results {
+            let Some(state) = w.in_flight.remove(&name) else {
+                continue;
+            };
+            let (Ok(node), Some(call)) = (self.node_def(&name).cloned(), effect.call()) else {
+                continue;
+            };
+            let outcome = match result {
+                Ok((o, carry)) => {
+                    w.carries.insert(name.clone(), carry);
+                    o
+                }
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "provisioning call failed");
+                    core::Outcome::NoAnswer { why: e.to_string() }
+                }
+            };
+            let obs = core::Observation::Result {
+                op: call.op,
+                at: call.ip,
+                outcome,
+            };
+            inputs.push((node, state, obs));
+        }
+        let batch = inputs
+            .iter()
+            .map(|(n, s, o)| (n, s, o.clone()))
+            .collect::<Vec<_>>();
+        match self.observe_many(batch).await {
+            Ok(outs) => {
+                for ((node, _, _), (next, effects)) in inputs.into_iter().zip(outs) {
+                    self.dispatch(w, node, next, effects).await;
+                }
+            }
+            Err(e) => {
+                // Nothing was written: the nodes are looked at again from the store.
+                tracing::warn!(error = %e, "provisioning state not written");
+                for (node, _, _) in inputs {
+                    w.enqueue(node.name.as_str());
                 }
             }
         }
-        cluster.abort();
-        let _ = cluster.await;
+    }
+
+    /// Performs the bookkeeping effects and starts the call, if the core asked for one
+    /// (bounded by the writer's concurrency: it is counted in `calls`). Without a call the
+    /// chain ended: the node is looked at again at once when it advanced, else after its
+    /// probe backoff or the next tick.
+    async fn dispatch(
+        &self,
+        w: &mut Writer,
+        node: Node,
+        state: core::NodeState,
+        effects: Vec<core::Effect>,
+    ) {
+        let name = node.name.to_string();
+        let mut ending = node::Ending::default();
+        let mut call = None;
+        for e in effects {
+            if e.call().is_some() {
+                call = Some(e);
+                continue;
+            }
+            if let Err(err) = self.note_effect(&name, e, &mut ending).await {
+                tracing::warn!(node = %name, error = %err, "provisioning step failed");
+            }
+        }
+        if let Some(effect) = call {
+            let carry = w.carries.remove(&name).unwrap_or_default();
+            w.in_flight.insert(name.clone(), state);
+            let me = self.clone();
+            w.calls.spawn(async move {
+                let result = me.perform_call(&node, &effect, carry).await;
+                (node.name.to_string(), effect, result)
+            });
+            return;
+        }
+        w.carries.remove(&name);
+        if let Some((reason, _)) = &ending.fail {
+            tracing::warn!(node = %name, error = %reason, "provisioning step failed");
+        } else if let Some(why) = &ending.error {
+            tracing::warn!(node = %name, error = %why, "provisioning step failed");
+        }
+        if ending.again {
+            w.enqueue_front(&name);
+            return;
+        }
+        // Still Unknown/Booting afterwards: it did not answer, so its next probe waits longer.
+        let mut probes = self.inner.probes.lock().expect("probe table lock");
+        if let Some(p) = probes.get_mut(&name) {
+            if matches!(state.rec.phase, NodePhase::Unknown | NodePhase::Booting) {
+                p.misses = p.misses.saturating_add(1);
+                p.next_at = tokio::time::Instant::now()
+                    + probe_backoff(
+                        self.settings().poll_interval,
+                        p.misses,
+                        self.settings().probe_backoff_max,
+                    );
+            } else {
+                p.misses = 0;
+            }
+        }
     }
 
     /// The cluster steps until handed off: bootstrap, health and kubeconfig, then the
@@ -508,20 +875,26 @@ impl Provisioner {
     }
 
     /// A boot signal for a node that is not being provisioned (yet, or any more) moves it to
-    /// Booting.
+    /// Booting (the core decides).
     async fn note_booting(&self, name: &str) {
-        let Ok(mut rec) = self.record(name).await else {
+        let Ok(node) = self.node_def(name).cloned() else {
             return;
         };
-        // A failed node whose window is still open (disk refused, render failed) gets a new
-        // attempt when it boots again, e.g. after the operator fixed the inventory.
-        if matches!(rec.phase, NodePhase::Unknown | NodePhase::Failed)
-            && rec.provisioning_window_open
-        {
-            let _ = self
-                .set_phase(&mut rec, NodePhase::Booting, "boot seen on the network")
-                .await;
-        }
+        let Ok(state) = self.load_state(name).await else {
+            return;
+        };
+        let Ok(bound) = self.binding(&node).await else {
+            return;
+        };
+        let Ok((state, _)) = self
+            .observe(&node, &state, core::Observation::Binding(bound))
+            .await
+        else {
+            return;
+        };
+        let _ = self
+            .observe(&node, &state, core::Observation::BootSeen)
+            .await;
     }
 
     /// Whether the run loop should step `name` now. Nodes past Booting are always stepped
@@ -591,28 +964,6 @@ impl Provisioner {
                 next_at: tokio::time::Instant::now(),
             },
         );
-    }
-
-    /// [`Provisioner::drive_node`], then the backoff: a node still Unknown/Booting afterwards
-    /// did not answer, so its next probe waits longer.
-    async fn drive_polled(&self, name: &str) {
-        self.drive_node(name).await;
-        let phase = self.record(name).await.map(|r| r.phase);
-        let mut probes = self.inner.probes.lock().expect("probe table lock");
-        let Some(state) = probes.get_mut(name) else {
-            return;
-        };
-        if matches!(phase, Ok(NodePhase::Unknown | NodePhase::Booting)) {
-            state.misses = state.misses.saturating_add(1);
-            state.next_at = tokio::time::Instant::now()
-                + probe_backoff(
-                    self.settings().poll_interval,
-                    state.misses,
-                    self.settings().probe_backoff_max,
-                );
-        } else {
-            state.misses = 0;
-        }
     }
 
     /// Steps one node until it has to wait for something (or fails).

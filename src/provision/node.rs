@@ -1,8 +1,10 @@
-//! The per-node push state machine.
+//! The per-node push state machine's adapter: the Talos calls behind the effects of
+//! [`super::core`], and the persistence of what the core decides.
 //!
-//! Phases are persisted in the node's [`NodeRecord`]; [`Provisioner::step_node`] reads the
-//! record, does one step and writes the result, so a restart anywhere resumes from the last
-//! persisted phase:
+//! Phases are persisted in the node's [`NodeRecord`] (with its [`Lifecycle`]);
+//! [`Provisioner::step_node`] reads them, asks the core what now, performs the calls and
+//! feeds their outcomes back, writing each new state before the next call, so a restart
+//! anywhere resumes from the last persisted phase:
 //!
 //! | phase | step |
 //! |---|---|
@@ -31,11 +33,12 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observation, Outcome};
 use super::disks::{self, DiskFacts};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
-use crate::store::{NodePhase, NodeRecord};
+use crate::store::{NodePart, NodePhase, NodeRecord, NodeWrite};
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage as MachineStage;
 use crate::talos::{TalosClient, TalosError};
@@ -74,23 +77,26 @@ pub struct NodeFacts {
 impl NodeFacts {
     /// The facts stored for `node`, if any.
     pub fn load(store: &dyn crate::store::Store, node: &str) -> Option<NodeFacts> {
-        let raw = store.get_meta(&facts_key(node)).ok().flatten()?;
+        let raw = store.node_part(node, NodePart::Facts).ok().flatten()?;
         serde_json::from_slice(&raw).ok()
     }
 }
 
-/// Store key of a node's hardware facts.
-pub fn facts_key(node: &str) -> String {
-    format!("node/{node}/facts")
-}
-
-/// Store key of a node's [`Lifecycle`] record.
-pub fn lifecycle_key(node: &str) -> String {
-    format!("node/{node}/lifecycle")
+impl Lifecycle {
+    /// The lifecycle stored for `node` (empty when there is none, or it is unreadable).
+    pub fn load(
+        store: &dyn crate::store::Store,
+        node: &str,
+    ) -> Result<Lifecycle, crate::store::StoreError> {
+        Ok(decode_lifecycle(
+            store.node_part(node, NodePart::Lifecycle)?.as_deref(),
+        ))
+    }
 }
 
 /// What the node state machine remembers across restarts besides the phase, stored as JSON
-/// under [`lifecycle_key`] (fields may be added; absent ones take their defaults).
+/// in the store's `node_lifecycle` table (fields may be added; absent ones take their
+/// defaults).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lifecycle {
     /// Why the node is Failed (what `talboot status` shows); cleared when it leaves Failed.
@@ -138,38 +144,243 @@ fn version_tag(v: &crate::talos::api::machine::Version) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// What an I/O call keeps besides its outcome: the error behind a failure (for the typed
+/// error), and what the next call of the same chain reuses (the rendered config, the
+/// secured client a reset goes through).
+#[derive(Default)]
+pub(crate) struct Carry {
+    /// The Talos error behind a failure outcome.
+    pub(crate) talos: Option<TalosError>,
+    /// The disk refusal behind [`Outcome::DiskRefused`].
+    pub(crate) disk: Option<disks::DiskRefusal>,
+    /// The config rendered after the facts passed (for the Apply that follows).
+    pub(crate) config: Option<std::sync::Arc<Vec<u8>>>,
+    /// The secured client a reset goes through.
+    pub(crate) client: Option<TalosClient>,
+}
+
+/// How a chain of effects ended, for [`NodeStep`].
+#[derive(Default)]
+pub(crate) struct Ending {
+    pub(crate) again: bool,
+    pub(crate) wait: Option<String>,
+    pub(crate) fail: Option<(String, FailCause)>,
+    pub(crate) error: Option<String>,
+}
+
 impl Provisioner {
-    /// One step of node `name`'s state machine (see the module docs).
-    pub async fn step_node(&self, name: &str) -> Result<NodeStep, ProvisionError> {
-        let node = self.node_def(name)?.clone();
-        let mut rec = self.record(name).await?;
-        match rec.phase {
-            NodePhase::Ready | NodePhase::Failed => Ok(NodeStep::Settled),
-            NodePhase::Unknown | NodePhase::Booting => self.step_probe(&node, &mut rec).await,
-            NodePhase::Maintenance => self.step_apply(&node, &mut rec).await,
-            NodePhase::Configuring => self.step_resolve_apply(&node, &mut rec).await,
-            NodePhase::Installing => self.step_wait_configured(&node, &mut rec).await,
-            NodePhase::Rebuilding => self.step_reset(&node, &mut rec).await,
+    /// The core's view of the node: inventory facts and the settings' deadlines.
+    pub(crate) fn node_ctx(&self, node: &Node) -> NodeCtx {
+        NodeCtx {
+            macs: node.macs.iter().map(|m| m.value).collect(),
+            control_plane: self
+                .inventory()
+                .control_planes()
+                .any(|cp| cp.name.as_str() == node.name.as_str()),
+            install_timeout: self.settings().install_timeout,
+            reset_timeout: self.settings().reset_timeout,
         }
     }
 
-    /// The node's address, remembering it (and the MAC) in the record.
-    async fn locate(
+    /// The node's persisted state (record and lifecycle), nothing in flight.
+    pub(crate) async fn load_state(&self, name: &str) -> Result<NodeState, ProvisionError> {
+        let rec = self.record(name).await?;
+        let life = self.lifecycle(name).await?;
+        Ok(NodeState::from_persisted(rec, life))
+    }
+
+    /// The DHCP binding of the node now, as the core sees it.
+    pub(crate) async fn binding(&self, node: &Node) -> Result<Option<Binding>, ProvisionError> {
+        let rec = NodeRecord {
+            name: node.name.to_string(),
+            phase: NodePhase::Unknown,
+            phase_since_unix: 0,
+            last_seen_addr: None,
+            mac: None,
+            talos_version: None,
+            provisioning_window_open: true,
+            updated_at_unix: 0,
+        };
+        Ok(self
+            .address_of(node, &rec)
+            .await?
+            .and_then(|(ip, mac)| mac.map(|mac| Binding { mac, ip })))
+    }
+
+    /// Feeds `obs` to the core; persists the state when its persisted part changed, and the
+    /// phase events with it (one blocking task, so a stop cannot separate them); returns the
+    /// new state and the remaining effects.
+    pub(crate) async fn observe(
         &self,
         node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<Option<Ipv4Addr>, ProvisionError> {
-        let Some((ip, mac)) = self.address_of(node, rec).await? else {
-            return Ok(None);
-        };
-        if rec.last_seen_addr != Some(ip) || (mac.is_some() && rec.mac != mac) {
-            rec.last_seen_addr = Some(ip);
-            if mac.is_some() {
-                rec.mac = mac;
+        state: &NodeState,
+        obs: Observation,
+    ) -> Result<(NodeState, Vec<Effect>), ProvisionError> {
+        let mut out = self.observe_many(vec![(node, state, obs)]).await?;
+        Ok(out.pop().expect("one observation, one result"))
+    }
+
+    /// [`Provisioner::observe`] for several nodes at once: every state that changed is
+    /// written in one transaction (group commit: one fsync for the lot), with its phase
+    /// events.
+    pub(crate) async fn observe_many(
+        &self,
+        batch: Vec<(&Node, &NodeState, Observation)>,
+    ) -> Result<Vec<(NodeState, Vec<Effect>)>, ProvisionError> {
+        let now = self.now();
+        let mut writes = Vec::new();
+        let mut phases = Vec::new();
+        let mut out = Vec::with_capacity(batch.len());
+        for (node, state, obs) in batch {
+            let (mut next, effects) = core::step(state, obs, now, &self.node_ctx(node));
+            if next.persisted_differs(state) {
+                next.rec.updated_at_unix = now;
+                let parts = if next.life != state.life {
+                    let json = serde_json::to_vec(&next.life).expect("lifecycle record serialises");
+                    vec![(NodePart::Lifecycle, json)]
+                } else {
+                    Vec::new()
+                };
+                writes.push(NodeWrite {
+                    name: next.rec.name.clone(),
+                    record: Some(next.rec.clone()),
+                    parts,
+                });
+                for e in &effects {
+                    if let Effect::Phase { from, to, why } = e {
+                        phases.push((next.rec.name.clone(), format!("{from} -> {to}: {why}")));
+                    }
+                }
             }
-            self.save(rec).await?;
+            out.push((next, effects));
         }
-        Ok(Some(ip))
+        if !writes.is_empty() {
+            let bus = self.inner.bus.clone();
+            // Records, lifecycles and their phase events in one blocking task: a stop cannot
+            // separate a persisted transition from its timeline line.
+            self.db(move |s| {
+                s.put_node_states(&writes)?;
+                for (name, p) in phases {
+                    bus.publish(&name, EventKind::Phase, p);
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(out)
+    }
+
+    /// One step of node `name`: its binding, then "what now?" to the core, and the calls
+    /// that follow until the core waits (see the module docs).
+    pub async fn step_node(&self, name: &str) -> Result<NodeStep, ProvisionError> {
+        let node = self.node_def(name)?.clone();
+        let state = self.load_state(name).await?;
+        let bound = self.binding(&node).await?;
+        let (state, _) = self
+            .observe(&node, &state, Observation::Binding(bound))
+            .await?;
+        let (state, effects) = self.observe(&node, &state, Observation::Poll).await?;
+        self.drive_effects(&node, state, effects).await
+    }
+
+    /// Performs `effects` (and those their results bring) in order, then says how it ended.
+    async fn drive_effects(
+        &self,
+        node: &Node,
+        mut state: NodeState,
+        effects: Vec<Effect>,
+    ) -> Result<NodeStep, ProvisionError> {
+        let mut queue: std::collections::VecDeque<Effect> = effects.into();
+        let mut ending = Ending::default();
+        let mut carry = Carry::default();
+        while let Some(e) = queue.pop_front() {
+            if let Some(call) = e.call() {
+                let prev = std::mem::take(&mut carry);
+                let (outcome, c) = self.perform_call(node, &e, prev).await?;
+                carry = c;
+                let obs = Observation::Result {
+                    op: call.op,
+                    at: call.ip,
+                    outcome,
+                };
+                let (next, more) = self.observe(node, &state, obs).await?;
+                state = next;
+                queue.extend(more);
+                continue;
+            }
+            self.note_effect(node.name.as_str(), e, &mut ending).await?;
+        }
+        self.ending(node.name.as_str(), &state, ending, carry)
+    }
+
+    /// The bookkeeping effects (events, the bootstrap reset), and how the chain ends.
+    pub(crate) async fn note_effect(
+        &self,
+        name: &str,
+        e: Effect,
+        ending: &mut Ending,
+    ) -> Result<(), ProvisionError> {
+        match e {
+            Effect::Event { kind, detail } => self.event(name, kind, detail),
+            Effect::ForgetBootstrap => self.forget_bootstrap(name).await?,
+            Effect::Again => ending.again = true,
+            Effect::Wait { reason } => ending.wait = Some(reason),
+            Effect::Fail { reason, cause } => ending.fail = Some((reason, cause)),
+            Effect::Error { why } => ending.error = Some(why),
+            // Published with the state write.
+            Effect::Phase { .. } => {}
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The step's result from how its chain ended.
+    pub(crate) fn ending(
+        &self,
+        name: &str,
+        state: &NodeState,
+        ending: Ending,
+        carry: Carry,
+    ) -> Result<NodeStep, ProvisionError> {
+        let node = name.to_owned();
+        if let Some((reason, cause)) = ending.fail {
+            return Err(match cause {
+                FailCause::Disk => match carry.disk {
+                    Some(source) => ProvisionError::Disk { node, source },
+                    None => ProvisionError::Step { node, why: reason },
+                },
+                FailCause::Render => ProvisionError::Render {
+                    node,
+                    reason: reason
+                        .strip_prefix("config not rendered: ")
+                        .unwrap_or(&reason)
+                        .to_owned(),
+                },
+                FailCause::Talos => match carry.talos {
+                    Some(source) => ProvisionError::Talos { node, source },
+                    None => ProvisionError::Step { node, why: reason },
+                },
+                FailCause::InstallFailed(cause) => ProvisionError::InstallFailed { node, cause },
+                FailCause::InstallTimeout => ProvisionError::InstallTimeout {
+                    node,
+                    after: self.settings().install_timeout,
+                },
+                FailCause::ResetFailed(cause) => ProvisionError::ResetFailed { node, cause },
+            });
+        }
+        if let Some(why) = ending.error {
+            return Err(match carry.talos {
+                Some(source) => ProvisionError::Talos { node, source },
+                None => ProvisionError::Step { node, why },
+            });
+        }
+        if ending.again {
+            return Ok(NodeStep::Advanced(state.rec.phase));
+        }
+        if let Some(why) = ending.wait {
+            return Ok(NodeStep::Waiting(why));
+        }
+        Ok(NodeStep::Settled)
     }
 
     pub(super) fn talos_err(&self, node: &str, source: TalosError) -> ProvisionError {
@@ -185,161 +396,102 @@ impl Provisioner {
             .map_err(|e| self.talos_err(name, e))
     }
 
-    /// Moves `rec` to `phase` (persisted and published) and tells the caller to step again.
-    async fn advance(
-        &self,
-        rec: &mut NodeRecord,
-        phase: NodePhase,
-        why: &str,
-    ) -> Result<NodeStep, ProvisionError> {
-        self.set_phase(rec, phase, why).await?;
-        Ok(NodeStep::Advanced(phase))
-    }
-
-    /// Marks `rec` Failed (persisted and published, `why` in the timeline) and returns `err`:
-    /// the node needs an operator now.
-    async fn fail(
-        &self,
-        rec: &mut NodeRecord,
-        why: &str,
-        err: ProvisionError,
-    ) -> Result<NodeStep, ProvisionError> {
-        let reason = why.to_owned();
-        self.update_lifecycle(&rec.name, move |l| l.failure = Some(reason))
-            .await?;
-        self.set_phase(rec, NodePhase::Failed, why).await?;
-        Err(err)
-    }
-
     /// The node's [`Lifecycle`] record.
     pub(crate) async fn lifecycle(&self, name: &str) -> Result<Lifecycle, ProvisionError> {
-        let key = lifecycle_key(name);
-        let raw = self.db(move |s| s.get_meta(&key)).await?;
-        Ok(decode_lifecycle(raw.as_deref()))
+        let name = name.to_owned();
+        self.db(move |s| Lifecycle::load(s, &name)).await
     }
 
-    /// Changes the node's [`Lifecycle`] record with `f` and persists it.
-    async fn update_lifecycle(
-        &self,
-        name: &str,
-        f: impl FnOnce(&mut Lifecycle) + Send + 'static,
-    ) -> Result<(), ProvisionError> {
-        let key = lifecycle_key(name);
-        self.db(move |s| {
-            let mut l = decode_lifecycle(s.get_meta(&key)?.as_deref());
-            f(&mut l);
-            let json = serde_json::to_vec(&l).expect("lifecycle record serialises");
-            s.put_meta(&key, &json)
-        })
-        .await
-    }
-
-    async fn step_probe(
+    /// Performs one call effect of the core: the Talos calls, their events, and what they
+    /// found as an [`Outcome`].
+    pub(crate) async fn perform_call(
         &self,
         node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        let Some(ip) = self.locate(node, rec).await? else {
-            return Ok(NodeStep::Waiting(
-                "no DHCP lease or address seen yet".into(),
-            ));
+        effect: &Effect,
+        carry: Carry,
+    ) -> Result<(Outcome, Carry), ProvisionError> {
+        let name = node.name.to_string();
+        let mut out = Carry::default();
+        let outcome = match *effect {
+            Effect::Probe { ip, .. } => self.io_probe(&name, ip).await?,
+            Effect::ReadFacts { ip, .. } => self.io_read_facts(node, ip, &mut out).await?,
+            Effect::Apply { ip, .. } => self.io_apply(node, ip, carry, &mut out).await?,
+            Effect::ResolveApply { ip, .. } => {
+                let client = self.maintenance_probe(&name, ip)?;
+                match client.version().await {
+                    Ok(v) => Outcome::Maintenance {
+                        version: version_tag(&v),
+                    },
+                    Err(TalosError::NotInMaintenance { .. }) => Outcome::LeftMaintenance,
+                    Err(e) => Outcome::NoAnswer { why: e.to_string() },
+                }
+            }
+            Effect::WatchInstall { ip, .. } => self.io_watch_install(&name, ip, &mut out).await?,
+            Effect::PrepareReset { ip, .. } => self.io_prepare_reset(node, ip, &mut out).await?,
+            Effect::Reset { ip, graceful, .. } => {
+                self.io_reset(&name, ip, graceful, carry, &mut out).await?
+            }
+            Effect::WatchReset { ip, .. } => self.io_watch_reset(&name, ip).await?,
+            _ => unreachable!("perform_call gets call effects only"),
         };
-        let client = self.maintenance_probe(&name, ip)?;
-        match client.version().await {
+        Ok((outcome, out))
+    }
+
+    async fn io_probe(&self, name: &str, ip: Ipv4Addr) -> Result<Outcome, ProvisionError> {
+        let client = self.maintenance_probe(name, ip)?;
+        Ok(match client.version().await {
             Ok(v) => {
                 let tag = version_tag(&v);
                 self.event(
-                    &name,
+                    name,
                     EventKind::Talos,
                     format!("Version at {} (maintenance): {tag}", client.endpoint()),
                 );
-                rec.talos_version = Some(tag);
-                self.advance(rec, NodePhase::Maintenance, "maintenance API answers")
-                    .await
+                Outcome::Maintenance { version: tag }
             }
+            // It holds a config already: nothing to push.
             Err(TalosError::NotInMaintenance { .. }) => {
-                // It holds a config already: nothing to push. Whether it is installed (or
-                // still installing) is the Installing phase's question.
-                match self.secured_version(&name, ip).await {
-                    Ok(tag) => {
-                        rec.talos_version = Some(tag);
-                        rec.provisioning_window_open = false;
-                        self.update_lifecycle(&name, |l| l.install_seen = true)
-                            .await?;
-                        self.advance(
-                            rec,
-                            NodePhase::Installing,
-                            "already configured (secured API answers); waiting for machine \
-                             stage running",
-                        )
-                        .await
-                    }
-                    Err(e) => Ok(NodeStep::Waiting(format!(
-                        "configured node, secured API not usable yet: {e}"
-                    ))),
+                match self.secured_version(name, ip).await {
+                    Ok(tag) => Outcome::Configured { version: tag },
+                    Err(e) => Outcome::ConfiguredUnusable { why: e.to_string() },
                 }
             }
             Err(e) => {
                 self.event(
-                    &name,
+                    name,
                     EventKind::Talos,
                     format!("Version at {} (maintenance) failed: {e}", client.endpoint()),
                 );
-                Ok(NodeStep::Waiting(e.to_string()))
+                Outcome::NoAnswer { why: e.to_string() }
             }
-        }
+        })
     }
 
-    async fn step_apply(
+    async fn io_read_facts(
         &self,
         node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        if !rec.provisioning_window_open {
-            self.event(
-                &name,
-                EventKind::ConfigRefused,
-                "node is in maintenance mode but its provisioning window is closed; run \
-                 `talboot node rebuild` to reprovision it",
-            );
-            return Ok(NodeStep::Waiting("provisioning window closed".into()));
-        }
-        let Some(ip) = self.locate(node, rec).await? else {
-            return Ok(NodeStep::Waiting("no address known".into()));
-        };
+        ip: Ipv4Addr,
+        out: &mut Carry,
+    ) -> Result<Outcome, ProvisionError> {
+        let name = node.name.to_string();
         let client = self.maintenance_probe(&name, ip)?;
-
         let facts = match self.read_facts(&name, &client).await {
             Ok(f) => f,
-            Err(TalosError::NotInMaintenance { .. }) => {
-                // It left maintenance behind our back (someone else configured it).
-                return self
-                    .advance(
-                        rec,
-                        NodePhase::Booting,
-                        "maintenance API gone; probing again",
-                    )
-                    .await;
+            // It left maintenance behind our back (someone else configured it).
+            Err(TalosError::NotInMaintenance { .. }) => return Ok(Outcome::LeftMaintenance),
+            Err(e) if e.is_transient() => return Ok(Outcome::NoAnswer { why: e.to_string() }),
+            Err(e) => {
+                let why = e.to_string();
+                out.talos = Some(e);
+                return Ok(Outcome::CallFailed { why });
             }
-            Err(e) if e.is_transient() => return Ok(NodeStep::Waiting(e.to_string())),
-            Err(e) => return Err(self.talos_err(&name, e)),
         };
-
         let install_disk = match disks::choose_install_disk(&node.install, &facts.disks) {
             Ok(d) => d,
             Err(refusal) => {
-                return self
-                    .fail(
-                        rec,
-                        &format!("install disk refused: {refusal}"),
-                        ProvisionError::Disk {
-                            node: name,
-                            source: refusal,
-                        },
-                    )
-                    .await;
+                let why = refusal.to_string();
+                out.disk = Some(refusal);
+                return Ok(Outcome::DiskRefused { why });
             }
         };
         let chosen = facts
@@ -369,35 +521,36 @@ impl Provisioner {
                 what: format!("facts of node {name}"),
                 source,
             })?;
-        let key = super::node::facts_key(&name);
-        self.db(move |s| s.put_meta(&key, &json)).await?;
-
-        let config = match self.inner.renderer.render(node) {
-            Ok(c) => c,
-            Err(reason) => {
-                return self
-                    .fail(
-                        rec,
-                        &format!("config not rendered: {reason}"),
-                        ProvisionError::Render { node: name, reason },
-                    )
-                    .await;
-            }
+        let write = NodeWrite {
+            name: name.clone(),
+            record: None,
+            parts: vec![(NodePart::Facts, json)],
         };
+        self.db(move |s| s.put_node_states(&[write])).await?;
+        match self.inner.renderer.render(node) {
+            Ok(c) => out.config = Some(std::sync::Arc::new(c)),
+            Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),
+        }
+        Ok(Outcome::FactsOk { install_disk })
+    }
 
-        // A new install starts: only a secured answer after this apply counts as "left
-        // maintenance mode" (a rebuild that found the node in maintenance already kept the
-        // mark of the previous install).
-        self.update_lifecycle(&name, |l| l.install_seen = false)
-            .await?;
-        // Intent first: if we die during the call, the next run resolves it (Configuring).
-        self.set_phase(
-            rec,
-            NodePhase::Configuring,
-            "applying machine config (mode AUTO)",
-        )
-        .await?;
-        match client.apply_configuration(&config).await {
+    async fn io_apply(
+        &self,
+        node: &Node,
+        ip: Ipv4Addr,
+        carry: Carry,
+        out: &mut Carry,
+    ) -> Result<Outcome, ProvisionError> {
+        let name = node.name.to_string();
+        let client = self.maintenance_probe(&name, ip)?;
+        let config = match carry.config {
+            Some(c) => c,
+            None => match self.inner.renderer.render(node) {
+                Ok(c) => std::sync::Arc::new(c),
+                Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),
+            },
+        };
+        Ok(match client.apply_configuration(&config).await {
             Ok(outcome) => {
                 let used = outcome
                     .mode
@@ -416,13 +569,7 @@ impl Provisioner {
                 for w in &outcome.warnings {
                     self.event(&name, EventKind::Talos, format!("config warning: {w}"));
                 }
-                rec.provisioning_window_open = false;
-                self.advance(
-                    rec,
-                    NodePhase::Installing,
-                    "config applied; installing and rebooting",
-                )
-                .await
+                Outcome::ApplyAccepted
             }
             Err(e) => {
                 self.event(
@@ -433,18 +580,199 @@ impl Provisioner {
                 match &e {
                     // The node validated and refused the config: nothing will change by itself.
                     TalosError::Remote { code, .. } if *code == tonic::Code::InvalidArgument => {
-                        self.fail(
-                            rec,
-                            &format!("config refused: {e}"),
-                            self.talos_err(&name, e),
-                        )
-                        .await
+                        let why = e.to_string();
+                        out.talos = Some(e);
+                        Outcome::ApplyRefused { why }
                     }
                     // Lost reply or busy node: Configuring resolves it on the next step.
-                    _ => Ok(NodeStep::Waiting(e.to_string())),
+                    _ => Outcome::ApplyLost { why: e.to_string() },
                 }
             }
+        })
+    }
+
+    async fn io_watch_install(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        out: &mut Carry,
+    ) -> Result<Outcome, ProvisionError> {
+        let (client, tag) = match self.secured_route_quiet(name, ip, true).await {
+            Ok(route) => route,
+            Err(e @ TalosError::WrongCa { .. }) => {
+                // Either in maintenance mode (throwaway CA) or our CA is not the cluster's.
+                let probe = self.maintenance_probe(name, ip)?;
+                return Ok(match probe.version().await {
+                    Ok(_) => Outcome::BackInMaintenance,
+                    Err(TalosError::NotInMaintenance { .. }) => {
+                        // apid may have restarted between the two calls (maintenance → mTLS
+                        // right after the apply): only a second secured failure means our CA
+                        // is not the cluster's.
+                        match self.secured_route_quiet(name, ip, true).await {
+                            Err(e @ TalosError::WrongCa { .. }) => {
+                                let why = e.to_string();
+                                out.talos = Some(e);
+                                Outcome::WrongCa { why }
+                            }
+                            Err(e) => Outcome::NoAnswer { why: e.to_string() },
+                            Ok(_) => Outcome::JustRestarted,
+                        }
+                    }
+                    Err(_) => Outcome::NoAnswer { why: e.to_string() },
+                });
+            }
+            Err(e) => return Ok(Outcome::NoAnswer { why: e.to_string() }),
+        };
+        let status = match client.machine_status().await {
+            Ok(s) => s,
+            Err(e) => {
+                self.event(
+                    name,
+                    EventKind::Talos,
+                    format!("MachineStatus at {} failed: {e}", client.target()),
+                );
+                return Ok(Outcome::StatusUnknown { why: e.to_string() });
+            }
+        };
+        let stage = status.stage();
+        self.event(
+            name,
+            EventKind::Talos,
+            format!(
+                "MachineStatus at {}: stage {}",
+                client.target(),
+                stage_name(stage)
+            ),
+        );
+        if stage == MachineStage::MachineStageRunning {
+            return Ok(Outcome::StageRunning { version: tag });
         }
+        // A fatal sequence error sets the stage to rebooting (machine_status.go); the error
+        // itself is in the node's events until it reboots.
+        if stage == MachineStage::MachineStageRebooting {
+            match client.sequence_failures(EVENTS_IDLE).await {
+                Ok(failures) => {
+                    if let Some(f) = failures.iter().rev().find(|f| f.sequence == "install") {
+                        return Ok(Outcome::InstallFailed {
+                            cause: f.message.clone(),
+                        });
+                    }
+                }
+                Err(e) => tracing::debug!(node = %name, error = %e, "Events unavailable"),
+            }
+        }
+        Ok(Outcome::Stage {
+            name: stage_name(stage).to_owned(),
+        })
+    }
+
+    async fn io_prepare_reset(
+        &self,
+        node: &Node,
+        ip: Ipv4Addr,
+        out: &mut Carry,
+    ) -> Result<Outcome, ProvisionError> {
+        let name = node.name.to_string();
+        // Secured first: a configured node is what a rebuild normally finds. Only when that
+        // fails is the node perhaps already back in maintenance (an earlier reset landed).
+        match self.secured_route(&name, ip).await {
+            Ok((client, _)) => {
+                let last_voter =
+                    self.node_ctx(node).control_plane && self.is_last_voter(&client).await;
+                out.client = Some(client);
+                Ok(Outcome::ResetTarget { last_voter })
+            }
+            Err(secured_err) => {
+                let probe = self.maintenance_probe(&name, ip)?;
+                Ok(match probe.version().await {
+                    Ok(v) => Outcome::Maintenance {
+                        version: version_tag(&v),
+                    },
+                    Err(_) => Outcome::NoAnswer {
+                        why: secured_err.to_string(),
+                    },
+                })
+            }
+        }
+    }
+
+    async fn io_reset(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        graceful: bool,
+        carry: Carry,
+        out: &mut Carry,
+    ) -> Result<Outcome, ProvisionError> {
+        let client = match carry.client {
+            Some(c) => c,
+            None => match self.secured_route(name, ip).await {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    let why = e.to_string();
+                    out.talos = Some(e);
+                    return Ok(Outcome::ResetRefused { why });
+                }
+            },
+        };
+        Ok(match client.reset(graceful, true).await {
+            Ok(()) => {
+                let how = if graceful {
+                    "graceful".to_owned()
+                } else {
+                    "not graceful (last voting etcd member: it cannot leave etcd; the \
+                     cluster's etcd is wiped with it and bootstrapped again)"
+                        .to_owned()
+                };
+                self.event(
+                    name,
+                    EventKind::Talos,
+                    format!(
+                        "Reset at {}: {how}, wipe STATE+EPHEMERAL, reboot; waiting for it to \
+                         go down and come back in maintenance mode",
+                        client.target()
+                    ),
+                );
+                Outcome::ResetAccepted
+            }
+            Err(e) => {
+                self.event(
+                    name,
+                    EventKind::Talos,
+                    format!("Reset at {} failed: {e}", client.target()),
+                );
+                let why = e.to_string();
+                out.talos = Some(e);
+                Outcome::ResetRefused { why }
+            }
+        })
+    }
+
+    /// The Reset RPC answered: the sequence runs on the node afterwards. Done only when the
+    /// maintenance API answers (the node went down, wiped, and came back without a config);
+    /// the old secured API answering means it is still resetting, or the sequence failed and
+    /// it rebooted with its config.
+    async fn io_watch_reset(&self, name: &str, ip: Ipv4Addr) -> Result<Outcome, ProvisionError> {
+        let probe = self.maintenance_probe(name, ip)?;
+        Ok(match probe.version().await {
+            Ok(v) => Outcome::Maintenance {
+                version: version_tag(&v),
+            },
+            Err(TalosError::NotInMaintenance { .. }) => {
+                // Configured still: a failed reset sequence says why in the events.
+                if let Ok((client, _)) = self.secured_route_quiet(name, ip, true).await
+                    && let Ok(failures) = client.sequence_failures(EVENTS_IDLE).await
+                    && let Some(f) = failures.iter().rev().find(|f| f.sequence == "reset")
+                {
+                    Outcome::ResetSequenceFailed {
+                        cause: f.message.clone(),
+                    }
+                } else {
+                    Outcome::StillConfigured
+                }
+            }
+            Err(e) => Outcome::NoAnswer { why: e.to_string() },
+        })
     }
 
     async fn read_facts(&self, name: &str, client: &TalosClient) -> Result<NodeFacts, TalosError> {
@@ -493,162 +821,6 @@ impl Provisioner {
             disks,
             install_disk: String::new(),
         })
-    }
-
-    async fn step_resolve_apply(
-        &self,
-        node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        let Some(ip) = self.locate(node, rec).await? else {
-            return Ok(NodeStep::Waiting("no address known".into()));
-        };
-        let client = self.maintenance_probe(&name, ip)?;
-        match client.version().await {
-            Ok(_) => {
-                // Still in maintenance: the config did not land, so applying it is safe.
-                self.advance(
-                    rec,
-                    NodePhase::Maintenance,
-                    "config not taken; applying again",
-                )
-                .await
-            }
-            Err(TalosError::NotInMaintenance { .. }) => {
-                rec.provisioning_window_open = false;
-                self.advance(
-                    rec,
-                    NodePhase::Installing,
-                    "node left maintenance: config applied",
-                )
-                .await
-            }
-            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
-        }
-    }
-
-    async fn check_install_deadline(
-        &self,
-        rec: &mut NodeRecord,
-        waiting_for: String,
-    ) -> Result<NodeStep, ProvisionError> {
-        let limit = self.settings().install_timeout;
-        let elapsed = Duration::from_secs(self.now().saturating_sub(rec.phase_since_unix));
-        if elapsed >= limit {
-            let err = ProvisionError::InstallTimeout {
-                node: rec.name.clone(),
-                after: limit,
-            };
-            return self
-                .fail(rec, &format!("{err} (last: {waiting_for})"), err)
-                .await;
-        }
-        Ok(NodeStep::Waiting(waiting_for))
-    }
-
-    async fn step_wait_configured(
-        &self,
-        node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        let Some(ip) = self.locate(node, rec).await? else {
-            return Ok(NodeStep::Waiting("no address known".into()));
-        };
-        let (client, tag) = match self.secured_route_quiet(&name, ip, true).await {
-            Ok(route) => route,
-            Err(e @ TalosError::WrongCa { .. }) => {
-                // Either in maintenance mode (throwaway CA) or our CA is not the cluster's.
-                let probe = self.maintenance_probe(&name, ip)?;
-                return match probe.version().await {
-                    Ok(_) if self.lifecycle(&name).await?.install_seen => {
-                        // It had left maintenance mode with our config and is back there
-                        // without it: the install sequence failed and machined rebooted
-                        // (siderolabs/talos v1.13.9 internal/app/machined/main.go, handle).
-                        let why = "install failed: the node rebooted back into maintenance \
-                                   mode without its config (its console or `talosctl dmesg` \
-                                   shows the install error); run `talboot node rebuild` once \
-                                   fixed";
-                        let err = ProvisionError::InstallFailed {
-                            node: name.clone(),
-                            cause: why.into(),
-                        };
-                        self.fail(rec, why, err).await
-                    }
-                    Ok(_) => {
-                        self.check_install_deadline(rec, "still in maintenance mode".into())
-                            .await
-                    }
-                    Err(TalosError::NotInMaintenance { .. }) => {
-                        // apid may have restarted between the two calls (maintenance → mTLS
-                        // right after the apply): only a second secured failure means our CA
-                        // is not the cluster's.
-                        match self.secured_route_quiet(&name, ip, true).await {
-                            Err(e @ TalosError::WrongCa { .. }) => {
-                                self.fail(rec, &e.to_string(), self.talos_err(&name, e))
-                                    .await
-                            }
-                            Err(e) => self.check_install_deadline(rec, e.to_string()).await,
-                            Ok(_) => Ok(NodeStep::Waiting(
-                                "its API just restarted with mutual TLS".into(),
-                            )),
-                        }
-                    }
-                    Err(_) => self.check_install_deadline(rec, e.to_string()).await,
-                };
-            }
-            Err(e) => return self.check_install_deadline(rec, e.to_string()).await,
-        };
-        if !self.lifecycle(&name).await?.install_seen {
-            self.update_lifecycle(&name, |l| l.install_seen = true)
-                .await?;
-        }
-        let status = match client.machine_status().await {
-            Ok(s) => s,
-            Err(e) => {
-                self.event(
-                    &name,
-                    EventKind::Talos,
-                    format!("MachineStatus at {} failed: {e}", client.target()),
-                );
-                return self.check_install_deadline(rec, e.to_string()).await;
-            }
-        };
-        let stage = status.stage();
-        self.event(
-            &name,
-            EventKind::Talos,
-            format!(
-                "MachineStatus at {}: stage {}",
-                client.target(),
-                stage_name(stage)
-            ),
-        );
-        if stage == MachineStage::MachineStageRunning {
-            rec.talos_version = Some(tag.clone());
-            let why = format!("installed and booted from disk (machine stage running, {tag})");
-            return self.advance(rec, NodePhase::Ready, &why).await;
-        }
-        // A fatal sequence error sets the stage to rebooting (machine_status.go); the error
-        // itself is in the node's events until it reboots.
-        if stage == MachineStage::MachineStageRebooting {
-            match client.sequence_failures(EVENTS_IDLE).await {
-                Ok(failures) => {
-                    if let Some(f) = failures.iter().rev().find(|f| f.sequence == "install") {
-                        let why = format!("install failed: {}", f.message);
-                        let err = ProvisionError::InstallFailed {
-                            node: name.clone(),
-                            cause: f.message.clone(),
-                        };
-                        return self.fail(rec, &why, err).await;
-                    }
-                }
-                Err(e) => tracing::debug!(node = %name, error = %e, "Events unavailable"),
-            }
-        }
-        self.check_install_deadline(rec, format!("machine stage {}", stage_name(stage)))
-            .await
     }
 
     /// Secured `Version` of the node at `ip` (see [`Provisioner::secured_route`]).
@@ -745,99 +917,6 @@ impl Provisioner {
         })
     }
 
-    async fn step_reset(
-        &self,
-        node: &Node,
-        rec: &mut NodeRecord,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        let lifecycle = self.lifecycle(&name).await?;
-        let Some(ip) = self.locate(node, rec).await? else {
-            if lifecycle.reset_at_unix.is_some() {
-                return Ok(NodeStep::Waiting(
-                    "reset requested; no address known to watch it come back".into(),
-                ));
-            }
-            return self
-                .advance(
-                    rec,
-                    NodePhase::Booting,
-                    "no address known; waiting for its next boot",
-                )
-                .await;
-        };
-        if let Some(at) = lifecycle.reset_at_unix {
-            return self.step_await_reset(rec, ip, at).await;
-        }
-        // Secured first: a configured node is what a rebuild normally finds. Only when that
-        // fails is the node perhaps already back in maintenance (an earlier reset landed).
-        let client = match self.secured_route(&name, ip).await {
-            Ok((client, _)) => client,
-            Err(secured_err) => {
-                let probe = self.maintenance_probe(&name, ip)?;
-                if probe.version().await.is_ok() {
-                    return self
-                        .advance(rec, NodePhase::Maintenance, "already in maintenance mode")
-                        .await;
-                }
-                return Ok(NodeStep::Waiting(format!(
-                    "cannot reach its secured API to reset it: {secured_err}"
-                )));
-            }
-        };
-        let control_plane = self
-            .inventory()
-            .control_planes()
-            .any(|cp| cp.name.as_str() == name);
-        let last_voter = control_plane && self.is_last_voter(&client).await;
-        // A graceful reset leaves etcd first; etcd refuses to remove its last voting member,
-        // so on a single control plane the reset sequence would fail on the node after the
-        // RPC answered (siderolabs/talos v1.13.9 v1alpha1_sequencer.go, Reset: `leave`;
-        // internal/pkg/etcd/etcd.go, LeaveCluster). Rebuilding the only control plane means
-        // starting its cluster over, so it is reset without leaving, and bootstrapped again.
-        let graceful = !last_voter;
-        let now = self.now();
-        // Intent first: a restart after the call must wait for the reset, not call it again.
-        self.update_lifecycle(&name, move |l| l.reset_at_unix = Some(now))
-            .await?;
-        match client.reset(graceful, true).await {
-            Ok(()) => {
-                let how = if graceful {
-                    "graceful".to_owned()
-                } else {
-                    "not graceful (last voting etcd member: it cannot leave etcd; the \
-                     cluster's etcd is wiped with it and bootstrapped again)"
-                        .to_owned()
-                };
-                self.event(
-                    &name,
-                    EventKind::Talos,
-                    format!(
-                        "Reset at {}: {how}, wipe STATE+EPHEMERAL, reboot; waiting for it to \
-                         go down and come back in maintenance mode",
-                        client.target()
-                    ),
-                );
-                if last_voter {
-                    self.forget_bootstrap(&name).await?;
-                }
-                rec.talos_version = None;
-                self.save(rec).await?;
-                Ok(NodeStep::Advanced(NodePhase::Rebuilding))
-            }
-            Err(e) => {
-                self.update_lifecycle(&name, |l| l.reset_at_unix = None)
-                    .await?;
-                self.event(
-                    &name,
-                    EventKind::Talos,
-                    format!("Reset at {} failed: {e}", client.target()),
-                );
-                Err(self.talos_err(&name, e))
-            }
-        }
-    }
-
     /// Whether the node `client` talks to is the only voting etcd member.
     async fn is_last_voter(&self, client: &TalosClient) -> bool {
         match client.etcd_member_list().await {
@@ -847,93 +926,14 @@ impl Provisioner {
         }
     }
 
-    /// The Reset RPC answered at `reset_at`: the sequence runs on the node afterwards. Done
-    /// only when the maintenance API answers (the node went down, wiped, and came back
-    /// without a config); the old secured API answering means it is still resetting, or
-    /// the sequence failed and it rebooted with its config.
-    async fn step_await_reset(
-        &self,
-        rec: &mut NodeRecord,
-        ip: Ipv4Addr,
-        reset_at: u64,
-    ) -> Result<NodeStep, ProvisionError> {
-        let name = rec.name.clone();
-        let probe = self.maintenance_probe(&name, ip)?;
-        let still = match probe.version().await {
-            Ok(_) => {
-                self.update_lifecycle(&name, |l| {
-                    l.reset_at_unix = None;
-                    l.install_seen = false;
-                })
-                .await?;
-                return self
-                    .advance(
-                        rec,
-                        NodePhase::Maintenance,
-                        "reset done: back in maintenance mode",
-                    )
-                    .await;
-            }
-            Err(TalosError::NotInMaintenance { .. }) => {
-                // Configured still: a failed reset sequence says why in the events.
-                if let Ok((client, _)) = self.secured_route_quiet(&name, ip, true).await
-                    && let Ok(failures) = client.sequence_failures(EVENTS_IDLE).await
-                    && let Some(f) = failures.iter().rev().find(|f| f.sequence == "reset")
-                {
-                    let why = format!("reset failed on the node: {}", f.message);
-                    self.update_lifecycle(&name, |l| l.reset_at_unix = None)
-                        .await?;
-                    let err = ProvisionError::ResetFailed {
-                        node: name.clone(),
-                        cause: f.message.clone(),
-                    };
-                    return self.fail(rec, &why, err).await;
-                }
-                "still configured (resetting)".to_owned()
-            }
-            Err(e) => format!("down ({e})"),
-        };
-        let limit = self.settings().reset_timeout;
-        let elapsed = Duration::from_secs(self.now().saturating_sub(reset_at));
-        if elapsed >= limit {
-            self.update_lifecycle(&name, |l| l.reset_at_unix = None)
-                .await?;
-            let cause = format!(
-                "the node did not come back in maintenance mode within {limit:?} after Reset \
-                 answered (last: {still}); the reset did not happen"
-            );
-            let err = ProvisionError::ResetFailed {
-                node: name.clone(),
-                cause: cause.clone(),
-            };
-            return self
-                .fail(rec, &format!("rebuild failed: {cause}"), err)
-                .await;
-        }
-        Ok(NodeStep::Waiting(format!(
-            "reset requested; waiting for maintenance mode: {still}"
-        )))
-    }
-
     /// `talboot node rebuild NAME`: reopens the node's provisioning window, marks it
     /// Rebuilding (persisted before anything is called) and resets it, so its next boot gets
     /// its config again. Cluster steps already done (bootstrap) are not repeated.
     pub async fn rebuild(&self, name: &str) -> Result<NodeStep, ProvisionError> {
-        self.node_def(name)?;
-        let mut rec = self.record(name).await?;
-        rec.provisioning_window_open = true;
-        // A new rebuild: forget an earlier reset that never finished.
-        self.update_lifecycle(name, |l| {
-            l.reset_at_unix = None;
-            l.install_seen = false;
-        })
-        .await?;
-        self.set_phase(
-            &mut rec,
-            NodePhase::Rebuilding,
-            "rebuild requested by the operator",
-        )
-        .await?;
+        let node = self.node_def(name)?.clone();
+        let state = self.load_state(name).await?;
+        self.observe(&node, &state, Observation::RebuildRequested)
+            .await?;
         self.step_node(name).await
     }
 }

@@ -15,115 +15,34 @@
 //! CNI); Argo CD only after Cilium is installed and every node is Ready.
 //!
 //! An add-on's manifest is rendered with `helm template` when a `helm` binary is configured
-//! (chart from `addons.<name>.chart`, else the upstream repository; [`helm_template`] is the
-//! pure choice), else read from the rendered-manifest directory.
+//! (chart from `addons.<name>.chart`, else the upstream repository; the policy, chart names,
+//! images and Argo CD's setup, is [`crate::addons::policy`]), else read from the
+//! rendered-manifest directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::{ProvisionError, Provisioner};
-use crate::addons::helm::ChartMeta;
 use crate::addons::kube::{Kube, KubeError, client_from_kubeconfig};
 use crate::addons::manifest::ObjectRef;
-use crate::addons::source::{HelmTemplate, ManifestSource};
-use crate::addons::values::{ArgoCdOptions, CiliumOptions, KsopsOptions, RootApp};
-use crate::addons::{
-    AddonError, AddonSpec, ArgoCdSetup, argocd_addon, cilium_addon, install_addon,
+pub use crate::addons::policy::{
+    ARGOCD_CHART, CILIUM_CHART, KSOPS_IMAGE, UpstreamChart, argocd_setup, helm_template,
 };
-use crate::crypto::age::Secret;
+use crate::addons::policy::{chart_meta, operator_values};
+use crate::addons::source::ManifestSource;
+use crate::addons::values::CiliumOptions;
+use crate::addons::{AddonError, AddonSpec, argocd_addon, cilium_addon, install_addon};
 use crate::events::EventKind;
-use crate::inventory::{ArgoCdAddon, ChartRef, Version};
+use crate::inventory::{ChartRef, Version};
 
 /// Store key of the cluster step record (JSON).
 pub const STEP_KEY: &str = "cluster/step";
 /// Event timeline (node key) of the cluster steps.
 pub const CLUSTER_TIMELINE: &str = "cluster";
-/// KSOPS image used when the inventory enables KSOPS.
-pub const KSOPS_IMAGE: &str = "viaductoss/ksops:v4.5.1";
 /// Failed attempts after which a step is reported as stuck (it is still retried).
 pub const STUCK_AFTER: u32 = 5;
-
-/// An add-on's upstream chart: what `helm template` renders unless `addons.<name>.chart`
-/// says otherwise.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UpstreamChart {
-    /// The inventory key and manifest subdirectory (`cilium`, `argocd`).
-    pub addon: &'static str,
-    /// The chart's name in its repository.
-    pub name: &'static str,
-    /// The upstream chart repository.
-    pub repo: &'static str,
-}
-
-/// Cilium's chart (`cilium/cilium`).
-pub const CILIUM_CHART: UpstreamChart = UpstreamChart {
-    addon: "cilium",
-    name: "cilium",
-    repo: "https://helm.cilium.io",
-};
-
-/// Argo CD's chart (`argo/argo-cd`).
-pub const ARGOCD_CHART: UpstreamChart = UpstreamChart {
-    addon: "argocd",
-    name: "argo-cd",
-    repo: "https://argoproj.github.io/argo-helm",
-};
-
-/// What `helm template` renders for an add-on: the chart from `chart` (a repository URL
-/// keeps the chart's upstream name; an OCI reference or a local path is the chart itself)
-/// or else the upstream repository, at the pinned `version`, for Kubernetes `kube_version`
-/// with the cluster's `api_versions`.
-pub fn helm_template(
-    helm: &Path,
-    upstream: &UpstreamChart,
-    chart: Option<&ChartRef>,
-    version: &Version,
-    kube_version: &Version,
-    api_versions: Vec<String>,
-) -> HelmTemplate {
-    let (chart, repo) = match chart {
-        None => (upstream.name.to_owned(), Some(upstream.repo.to_owned())),
-        Some(ChartRef::Repo(url)) => (upstream.name.to_owned(), Some(url.clone())),
-        Some(ChartRef::Oci(r)) => (r.clone(), None),
-        Some(ChartRef::Local(p)) => (p.to_string_lossy().into_owned(), None),
-    };
-    HelmTemplate {
-        helm_bin: helm.to_owned(),
-        chart,
-        repo,
-        // Chart versions carry no `v`; `Version`'s Display adds one.
-        version: version.0.to_string(),
-        kube_version: kube_version.0.to_string(),
-        api_versions,
-    }
-}
-
-/// How Argo CD is set up from its inventory entry and the operator's KSOPS age identity.
-pub fn argocd_setup(a: &ArgoCdAddon, age_identity: Option<Arc<Secret>>) -> ArgoCdSetup {
-    ArgoCdSetup {
-        release: "argocd".into(),
-        namespace: "argocd".into(),
-        options: ArgoCdOptions {
-            domain: a.domain.clone().unwrap_or_default(),
-            insecure: a.insecure,
-            ksops: a.ksops.then(|| KsopsOptions {
-                image: KSOPS_IMAGE.into(),
-            }),
-        },
-        operator_values: operator_values(&a.values),
-        age_identity,
-        root_app: a.root_app.as_ref().map(|r| RootApp {
-            name: "root".into(),
-            repo_url: r.repo_url.clone(),
-            path: r.path.clone(),
-            revision: r.revision.clone(),
-        }),
-    }
-}
 
 /// The cluster steps, in order. The record holds the last one completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -172,6 +91,16 @@ pub struct StepRecord {
     pub last_error: Option<String>,
     /// Failed attempts of the next step since `step` was reached.
     pub attempts: u32,
+}
+
+/// The persisted step record in `store`, if any (one this version cannot read counts as
+/// absent: every step re-checks its own facts).
+pub fn load_step_record(
+    store: &dyn crate::store::Store,
+) -> Result<Option<StepRecord>, crate::store::StoreError> {
+    Ok(store
+        .get_meta(STEP_KEY)?
+        .and_then(|b| serde_json::from_slice(&b).ok()))
 }
 
 /// What the next step needs to know.
@@ -301,23 +230,6 @@ pub enum StepOutcome {
     Done,
 }
 
-/// Chart metadata for the release record; Helm chart versions carry no `v`.
-fn chart(name: &str, version: &semver::Version) -> ChartMeta {
-    ChartMeta {
-        name: name.into(),
-        version: version.to_string(),
-        app_version: version.to_string(),
-        description: String::new(),
-    }
-}
-
-fn operator_values(v: &yaml_serde::Value) -> Option<Value> {
-    match serde_json::to_value(v) {
-        Ok(Value::Object(m)) if !m.is_empty() => Some(Value::Object(m)),
-        _ => None,
-    }
-}
-
 impl Provisioner {
     /// The persisted step record, if any.
     pub async fn step_record(&self) -> Result<Option<StepRecord>, ProvisionError> {
@@ -382,8 +294,8 @@ impl Provisioner {
             last_error: None,
             attempts: 0,
         });
-        let kubeconfig_written = rec.step > ClusterStep::WaitingForControlPlanes
-            || self.meta(super::cluster::KUBECONFIG_KEY).await?.as_deref() == Some(b"done");
+        // The one place that says the bootstrap part is over.
+        let kubeconfig_written = self.cluster_state().await?.kubeconfig_written();
         let action = next_step(rec.step, self.facts(kubeconfig_written));
         let from = rec.step;
         let result = match action {
@@ -530,7 +442,7 @@ impl Provisioner {
             .await?;
         let spec = cilium_addon(
             &source,
-            chart("cilium", &c.version.value.0),
+            chart_meta("cilium", &c.version.value.0),
             CiliumOptions {
                 kube_proxy_replacement: c.kube_proxy_replacement,
             },
@@ -585,7 +497,7 @@ impl Provisioner {
             .manifest_source(&ARGOCD_CHART, a.chart.as_ref(), &a.version.value, &kube)
             .await?;
         let setup = argocd_setup(&a, self.settings().ksops_age_identity.clone());
-        let spec = argocd_addon(&source, chart("argo-cd", &a.version.value.0), &setup).await?;
+        let spec = argocd_addon(&source, chart_meta("argo-cd", &a.version.value.0), &setup).await?;
         self.install_spec(&kube, &spec, "Argo CD", &a.version.value.0)
             .await
     }
@@ -681,139 +593,5 @@ mod tests {
         assert_eq!(retry_after(p, 0), p);
         assert_eq!(retry_after(p, 3), Duration::from_secs(8));
         assert_eq!(retry_after(p, 40), Duration::from_secs(300));
-    }
-
-    fn v(s: &str) -> Version {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn helm_template_pins_chart_version_kube_version_and_chart_source() {
-        let helm = Path::new("/opt/helm/helm");
-        let apis = vec!["cilium.io/v2".to_owned()];
-        let t = helm_template(
-            helm,
-            &ARGOCD_CHART,
-            None,
-            &v("10.1.1"),
-            &v("v1.36.3"),
-            apis.clone(),
-        );
-        assert_eq!(
-            t,
-            HelmTemplate {
-                helm_bin: helm.into(),
-                chart: "argo-cd".into(),
-                repo: Some("https://argoproj.github.io/argo-helm".into()),
-                version: "10.1.1".into(),
-                kube_version: "1.36.3".into(),
-                api_versions: apis.clone(),
-            }
-        );
-        let mirror = ChartRef::Repo("https://mirror.lab/cilium".into());
-        let t = helm_template(
-            helm,
-            &CILIUM_CHART,
-            Some(&mirror),
-            &v("1.18.0"),
-            &v("1.36.3"),
-            Vec::new(),
-        );
-        assert_eq!(
-            (t.chart.as_str(), t.repo.as_deref()),
-            ("cilium", Some("https://mirror.lab/cilium"))
-        );
-        let default = helm_template(helm, &CILIUM_CHART, None, &v("1.18.0"), &v("1.36.3"), apis);
-        assert_eq!(default.repo.as_deref(), Some("https://helm.cilium.io"));
-        let oci = ChartRef::Oci("oci://quay.io/cilium/charts/cilium".into());
-        let t = helm_template(
-            helm,
-            &CILIUM_CHART,
-            Some(&oci),
-            &v("1.18.0"),
-            &v("1.36.3"),
-            vec![],
-        );
-        assert_eq!(
-            (t.chart.as_str(), t.repo),
-            ("oci://quay.io/cilium/charts/cilium", None)
-        );
-        let local = ChartRef::Local("/srv/charts/cilium-1.18.0.tgz".into());
-        let t = helm_template(
-            helm,
-            &CILIUM_CHART,
-            Some(&local),
-            &v("1.18.0"),
-            &v("1.36.3"),
-            vec![],
-        );
-        assert_eq!(
-            (t.chart.as_str(), t.repo),
-            ("/srv/charts/cilium-1.18.0.tgz", None)
-        );
-    }
-
-    fn argocd(insecure: bool, ksops: bool) -> ArgoCdAddon {
-        ArgoCdAddon {
-            enabled: true,
-            version: crate::inventory::Spanned::new(
-                v("10.1.1"),
-                crate::inventory::Loc {
-                    file: Arc::new(PathBuf::from("t.yaml")),
-                    line: 1,
-                    column: 1,
-                },
-            ),
-            values: yaml_serde::Value::Mapping(Default::default()),
-            domain: Some("cd.lab".into()),
-            ksops,
-            insecure,
-            root_app: None,
-            chart: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn argocd_setup_follows_insecure_and_passes_the_ksops_identity() {
-        for insecure in [false, true] {
-            let setup = argocd_setup(&argocd(insecure, false), None);
-            assert_eq!(setup.options.insecure, insecure);
-            let values = crate::addons::values::argocd_values(
-                &setup.options,
-                setup.operator_values.as_ref(),
-            );
-            assert_eq!(values["configs"]["params"]["server.insecure"], insecure);
-        }
-
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("a.yaml"),
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
-        )
-        .unwrap();
-        let src = ManifestSource::Dir(dir.path().to_owned());
-        let meta = chart("argo-cd", &v("10.1.1").0);
-        // Without an identity KSOPS cannot be set up ...
-        let err = argocd_addon(
-            &src,
-            meta.clone(),
-            &argocd_setup(&argocd(false, true), None),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, AddonError::KsopsWithoutIdentity(_)), "{err}");
-        // ... with one, it becomes the sops-age Secret applied before the workloads.
-        use ::age::secrecy::ExposeSecret;
-        let key = ::age::x25519::Identity::generate()
-            .to_string()
-            .expose_secret()
-            .to_owned();
-        let id = Arc::new(Secret::new(format!("# test\n{key}\n").into_bytes()));
-        let setup = argocd_setup(&argocd(false, true), Some(id));
-        let spec = argocd_addon(&src, meta, &setup).await.unwrap();
-        assert_eq!(spec.before.len(), 1);
-        assert_eq!(spec.before[0]["metadata"]["name"], "sops-age");
-        let shown = format!("{setup:?} {spec:?}");
-        assert!(!shown.contains(&key), "{shown}");
     }
 }

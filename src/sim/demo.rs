@@ -34,7 +34,7 @@ use crate::events::EventKind;
 use crate::inventory::{self, EndpointHost, Inventory};
 use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
 use crate::provision::Settings;
-use crate::provision::steps::{ClusterStep, STEP_KEY, StepRecord};
+use crate::provision::steps::{ClusterStep, StepRecord};
 use crate::store::{NodePhase, Store};
 
 /// The Cilium manifest set of the demo (an abridged rendering; see the file's header).
@@ -100,6 +100,8 @@ pub struct DemoOptions {
     pub workdir: PathBuf,
     /// Print talboot's events as they happen.
     pub print_events: bool,
+    /// How many nodes the provisioner drives at once ([`Settings::concurrency`]).
+    pub concurrency: usize,
 }
 
 /// One simulated machine as the demo tracks it.
@@ -473,6 +475,7 @@ impl Demo {
             .filter(|a| a.is_loopback())
             .unwrap_or(Ipv4Addr::LOCALHOST);
         let mut settings = Settings::new(p.state_dir.clone());
+        settings.concurrency = opts.concurrency;
         // An inventory with KSOPS gets a throwaway age identity for the `sops-age` Secret, as
         // an operator would pass one with `serve --ksops-age-identity`.
         if inv.addons.argocd.as_ref().is_some_and(|a| a.ksops) {
@@ -618,11 +621,9 @@ impl Demo {
 
     /// The persisted cluster step record.
     pub fn step_record(&self) -> Option<StepRecord> {
-        self.store()
-            .get_meta(STEP_KEY)
+        crate::provision::steps::load_step_record(self.store().as_ref())
             .ok()
             .flatten()
-            .and_then(|b| serde_json::from_slice(&b).ok())
     }
 
     /// Time since [`Demo::start`].
@@ -956,6 +957,7 @@ mod tests {
             config,
             workdir: workdir.join("run"),
             print_events: false,
+            concurrency: crate::provision::DEFAULT_CONCURRENCY,
         }
     }
 

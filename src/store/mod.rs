@@ -36,6 +36,36 @@ pub struct NewEvent {
     pub at_unix_ms: u64,
 }
 
+/// A typed per-node table besides the node record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodePart {
+    /// Hardware facts read in maintenance mode (`provision::node::NodeFacts`).
+    Facts,
+    /// What the node machine remembers besides the phase (`provision::node::Lifecycle`).
+    Lifecycle,
+}
+
+impl NodePart {
+    /// Where a build before the typed tables kept it in `cluster_meta`.
+    pub fn legacy_key(self, node: &str) -> String {
+        match self {
+            Self::Facts => format!("node/{node}/facts"),
+            Self::Lifecycle => format!("node/{node}/lifecycle"),
+        }
+    }
+}
+
+/// One node's state change, for [`Store::put_node_states`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeWrite {
+    /// The node.
+    pub name: String,
+    /// Its record, when it changed.
+    pub record: Option<NodeRecord>,
+    /// Its parts that changed (JSON).
+    pub parts: Vec<(NodePart, Vec<u8>)>,
+}
+
 /// One change to the lease records, for [`Store::apply_lease_writes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseWrite {
@@ -201,6 +231,13 @@ pub trait Store: Send + Sync {
 
     /// Every node record, ordered by name.
     fn nodes(&self) -> Result<Vec<NodeRecord>>;
+
+    /// Node `name`'s `part` (JSON), from its own table (or where an older build kept it).
+    fn node_part(&self, name: &str, part: NodePart) -> Result<Option<Vec<u8>>>;
+
+    /// Writes several nodes' records and parts in one durable transaction (one fsync for
+    /// the lot: the provisioner commits a burst of state changes together).
+    fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()>;
 
     /// Append an event to `node`'s timeline and return its sequence number.
     ///

@@ -34,8 +34,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NewEvent, NodeRecord, Result, SCHEMA_VERSION,
-    Store, StoreError, store_path,
+    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NewEvent, NodePart, NodeRecord, NodeWrite,
+    Result, SCHEMA_VERSION, Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -45,6 +45,18 @@ const LEASE_BY_MAC: TableDefinition<[u8; 6], u32> = TableDefinition::new("lease_
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 const EVENTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("events");
 const CLUSTER_META: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster_meta");
+/// Node hardware facts (JSON), by node name. Added within schema 1: a file without it gets
+/// it on open, and rows still under `cluster_meta`'s `node/<name>/facts` are read from there.
+const NODE_FACTS: TableDefinition<&str, &[u8]> = TableDefinition::new("node_facts");
+/// Node lifecycle (JSON), by node name; like [`NODE_FACTS`].
+const NODE_LIFECYCLE: TableDefinition<&str, &[u8]> = TableDefinition::new("node_lifecycle");
+
+fn part_table(part: NodePart) -> TableDefinition<'static, &'static str, &'static [u8]> {
+    match part {
+        NodePart::Facts => NODE_FACTS,
+        NodePart::Lifecycle => NODE_LIFECYCLE,
+    }
+}
 
 /// Key of the schema version in the `meta` table.
 const SCHEMA_KEY: &str = "schema_version";
@@ -137,6 +149,8 @@ impl RedbStore {
                 txn.open_table(NODES).map_err(|e| self.err(e))?;
                 txn.open_table(EVENTS).map_err(|e| self.err(e))?;
                 txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+                txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+                txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
                 Ok(())
             })?;
             info!(file = %self.path.display(), schema = SCHEMA_VERSION, "created state store");
@@ -171,6 +185,18 @@ impl RedbStore {
             return Err(self.corrupt(format!(
                 "schema version {found} requires table `{missing}`, which is missing"
             )));
+        }
+        // Tables added within schema 1 are created when missing (older files lack them).
+        if ["node_facts", "node_lifecycle"]
+            .iter()
+            .any(|n| !tables.iter().any(|t| t == *n))
+        {
+            drop(txn);
+            self.write(|txn| {
+                txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+                txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+                Ok(())
+            })?;
         }
         info!(file = %self.path.display(), schema = found, "opened state store");
         Ok(())
@@ -410,6 +436,54 @@ impl Store for RedbStore {
         })
     }
 
+    fn node_part(&self, name: &str, part: NodePart) -> Result<Option<Vec<u8>>> {
+        let txn = self.read_txn()?;
+        let table = txn.open_table(part_table(part)).map_err(|e| self.err(e))?;
+        if let Some(g) = table.get(name).map_err(|e| self.err(e))? {
+            return Ok(Some(g.value().to_vec()));
+        }
+        // Written by a build that kept it under `cluster_meta`.
+        let legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+        let value = legacy
+            .get(part.legacy_key(name).as_str())
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value().to_vec());
+        Ok(value)
+    }
+
+    fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()> {
+        let mut encoded = Vec::with_capacity(writes.len());
+        for w in writes {
+            let rec = match &w.record {
+                Some(r) => Some(self.encode(format_args!("node record {}", r.name), r)?),
+                None => None,
+            };
+            encoded.push(rec);
+        }
+        self.write(|txn| {
+            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+            let mut facts = txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+            let mut life = txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+            for (w, rec) in writes.iter().zip(&encoded) {
+                if let Some(bytes) = rec {
+                    nodes
+                        .insert(w.name.as_str(), bytes.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+                for (part, value) in &w.parts {
+                    let table = match part {
+                        NodePart::Facts => &mut facts,
+                        NodePart::Lifecycle => &mut life,
+                    };
+                    table
+                        .insert(w.name.as_str(), value.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let txn = self.read_txn()?;
         let nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
@@ -555,12 +629,31 @@ impl Store for RedbStore {
             meta.insert(k.value().to_string(), encoded);
         }
 
+        let mut parts = Map::new();
+        for (label, def) in [
+            ("node_facts", NODE_FACTS),
+            ("node_lifecycle", NODE_LIFECYCLE),
+        ] {
+            let mut rows = Map::new();
+            let table = txn.open_table(def).map_err(|e| self.err(e))?;
+            for row in table.iter().map_err(|e| self.err(e))? {
+                let (k, v) = row.map_err(|e| self.err(e))?;
+                rows.insert(
+                    k.value().to_string(),
+                    self.decode::<Value>(label, k.value(), v.value())?,
+                );
+            }
+            parts.insert(label.to_owned(), Value::Object(rows));
+        }
+
         Ok(serde_json::json!({
             "schema_version": schema,
             "leases": leases,
             "nodes": nodes,
             "events": events,
             "cluster_meta": meta,
+            "node_facts": parts["node_facts"],
+            "node_lifecycle": parts["node_lifecycle"],
         }))
     }
 }
@@ -1260,8 +1353,15 @@ mod tests {
         s.append_event("cp1", "ready", "node is ready", 42).unwrap();
         s.put_meta("text", b"bootstrap-done").unwrap();
         s.put_meta("bin", &[0xff, 0x00, 0x10]).unwrap();
+        s.put_node_states(&[NodeWrite {
+            name: "cp1".into(),
+            record: None,
+            parts: vec![(NodePart::Lifecycle, br#"{"install_seen":true}"#.to_vec())],
+        }])
+        .unwrap();
 
         let v = s.export_json().unwrap();
+        assert_eq!(v["node_lifecycle"]["cp1"]["install_seen"], true);
         assert_eq!(v["schema_version"], SCHEMA_VERSION);
         assert_eq!(v["leases"][0]["mac"], "52:54:00:00:00:01");
         assert_eq!(v["leases"][0]["state"], "bound");
@@ -1277,6 +1377,30 @@ mod tests {
             v["cluster_meta"]["bin"],
             serde_json::json!({"hex": "ff0010"})
         );
+    }
+
+    #[test]
+    fn node_parts_have_their_own_tables_and_read_legacy_rows() {
+        let (_d, s) = fresh();
+        // A row an older build kept under cluster_meta is still found ...
+        s.put_meta("node/w1/facts", br#"{"old":1}"#).unwrap();
+        assert_eq!(
+            s.node_part("w1", NodePart::Facts).unwrap().as_deref(),
+            Some(&br#"{"old":1}"#[..])
+        );
+        // ... and the typed table wins once written; the record and its parts commit together.
+        s.put_node_states(&[NodeWrite {
+            name: "w1".into(),
+            record: Some(node("w1", NodePhase::Maintenance, 3)),
+            parts: vec![(NodePart::Facts, br#"{"new":2}"#.to_vec())],
+        }])
+        .unwrap();
+        assert_eq!(
+            s.node_part("w1", NodePart::Facts).unwrap().as_deref(),
+            Some(&br#"{"new":2}"#[..])
+        );
+        assert_eq!(s.node("w1").unwrap().unwrap().phase, NodePhase::Maintenance);
+        assert_eq!(s.node_part("w1", NodePart::Lifecycle).unwrap(), None);
     }
 
     #[test]
