@@ -1204,7 +1204,7 @@ async fn accept_loop(
     firewall: Arc<Mutex<Option<IpAddr>>>,
 ) {
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let (tcp, peer) = match super::accept_like_go(&listener).await {
             Ok(conn) => conn,
             Err(e) => {
                 // E.g. out of file descriptors: back off instead of spinning.
@@ -3283,6 +3283,24 @@ mod tests {
         // A reset that does not leave etcd works on the same node.
         secured(node.addr()).reset(false, true).await.unwrap();
         node.wait_phase(Phase::Maintenance).await.unwrap();
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn served_connections_have_nagle_off_as_go_servers_do() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(FakeNodeConfig::new(ip(40), "nodelay"), &cluster)
+            .await
+            .unwrap();
+        // A bare TCP connection is enough: the option is set when the connection is
+        // accepted, before any TLS.
+        let client = TcpStream::connect(node.addr()).await.unwrap();
+        let served = crate::sim::probe::served_nodelay(node.addr(), client.local_addr().unwrap())
+            .await
+            .expect("the double accepts the connection");
+        assert!(served, "TCP_NODELAY is off on the served socket");
+        drop(client);
         node.shutdown().await;
     }
 
