@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
 use talboot::events::{EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::TokenIssuer};
 use talboot::inventory::{Delivery, load_with_env};
 use talboot::store::{NodePhase, NodeRecord, Store};
 use tokio_util::sync::CancellationToken;
@@ -90,6 +90,7 @@ async fn start(delivery: Delivery) -> Env {
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
+        tokens: TokenIssuer::start(store.clone()).0,
         metrics: None,
     });
     let shutdown = CancellationToken::new();

@@ -225,6 +225,10 @@ pub trait Store: Send + Sync {
     /// Store `value` under `key`, replacing any previous value.
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<()>;
 
+    /// Store every `(key, value)` as [`Store::put_meta`] does, all in one transaction (one
+    /// commit for a group of writers: all are durable, or none is).
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()>;
+
     /// Atomically store `new` under `key` only if the current value equals `expected`
     /// (`None`: only if the key is absent). This is how a non-repeatable step records its
     /// intent exactly once.

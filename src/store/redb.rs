@@ -487,6 +487,18 @@ impl Store for RedbStore {
         })
     }
 
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            for (key, value) in entries {
+                table
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
     fn compare_and_set_meta(
         &self,
         key: &str,
