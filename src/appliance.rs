@@ -103,6 +103,7 @@ pub struct Bound {
     plan: Plan,
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
+    store_closed: store::Closed,
     http: tokio::net::TcpListener,
     admin: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
@@ -136,7 +137,9 @@ impl Plan {
             &self.ipxe_dir,
             &firststage::needed(&self.inventory, transport),
         )?);
-        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
+        let mut opened = store::open(&self.state_dir)?;
+        let store_closed = opened.on_close();
+        let store: Arc<dyn Store> = Arc::new(opened);
         let admin = tokio::net::TcpListener::bind(self.admin)
             .await
             .map_err(|e| ApplianceError::Bind {
@@ -195,6 +198,7 @@ impl Plan {
             plan: self,
             ipxe,
             store,
+            store_closed,
             http,
             admin,
             tftp,
@@ -231,6 +235,7 @@ impl Bound {
             plan,
             ipxe,
             store,
+            store_closed,
             http,
             admin,
             tftp,
@@ -383,6 +388,7 @@ impl Bound {
             events,
             event_writer,
             store,
+            store_closed,
             base_url,
             admin_url,
             node_count: inv.nodes.len(),
@@ -406,6 +412,7 @@ pub struct Running {
     pub node_count: usize,
     tasks: JoinSet<Result<(), String>>,
     event_writer: tokio::task::JoinHandle<()>,
+    store_closed: store::Closed,
 }
 
 impl Running {
@@ -418,6 +425,7 @@ impl Running {
             mut tasks,
             event_writer,
             store,
+            store_closed,
             ..
         } = self;
         let mut failure = None;
@@ -463,13 +471,19 @@ impl Running {
         drop(events);
         let _ = event_writer.await;
         // A blocking store call started by a task that was aborted mid-await runs to its end
-        // and holds the store until then; the file lock goes with the last reference, and a
-        // restart must find it released. Store calls are short; this only waits for them.
-        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
-        while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        // and holds the store until then (so do the token writer's last commit and the
+        // handlers' state); the file lock goes with the last reference, and a restart must
+        // find it released. Store calls are short: this returns the moment the last one ends.
         drop(store);
+        if tokio::time::timeout(SHUTDOWN_GRACE, store_closed)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_s = SHUTDOWN_GRACE.as_secs(),
+                "the state store is still in use after the shutdown grace; returning anyway"
+            );
+        }
         match failure {
             Some(e) => Err(e),
             None => Ok(()),

@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
-pub use self::redb::RedbStore;
+pub use self::redb::{Closed, RedbStore};
 
 /// An event to append, for [`Store::append_events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
