@@ -39,8 +39,52 @@ pub enum ApplianceError {
         /// What.
         addr: String,
         /// Why.
-        cause: String,
+        #[source]
+        cause: BindCause,
     },
+}
+
+/// Why a socket of the plan cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum BindCause {
+    /// The admin API was asked for on a non-loopback address.
+    #[error(
+        "the admin API is served on loopback only (it lists every node and can wipe one); give \
+         --admin-listen a 127.0.0.0/8 or ::1 address and reach it through SSH"
+    )]
+    AdminNotLoopback,
+    /// The OS refused a TCP listener.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The TFTP socket or configuration.
+    #[error(transparent)]
+    Tftp(#[from] crate::tftp::ServerError),
+    /// The DHCP sockets.
+    #[error(transparent)]
+    Dhcp(#[from] crate::dhcp::server::ServerError),
+    /// The ICMPv6 socket for router advertisements.
+    #[error(transparent)]
+    Ra(#[from] crate::ndp::RaError),
+}
+
+/// Why a server stopped on its own (which stops the others): what [`Running::wait`] returns.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerFailure {
+    /// The provisioning HTTP server.
+    #[error("http: {0}")]
+    Http(#[source] std::io::Error),
+    /// The admin HTTP server.
+    #[error("admin http: {0}")]
+    Admin(#[source] std::io::Error),
+    /// The TFTP server.
+    #[error("tftp: {0}")]
+    Tftp(#[source] crate::tftp::ServerError),
+    /// The DHCP server.
+    #[error("dhcp: {0}")]
+    Dhcp(#[source] crate::dhcp::server::ServerError),
+    /// A task panicked.
+    #[error("task panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
 }
 
 /// Everything the appliance runs, decided (and checked) before any socket is bound. `serve`
@@ -121,10 +165,7 @@ impl Plan {
             // have yet: refuse rather than serve node MACs and rebuilds to a network.
             return Err(ApplianceError::Bind {
                 addr: format!("tcp {} (admin API)", self.admin),
-                cause: "the admin API is served on loopback only (it lists every node and \
-                        can wipe one); give --admin-listen a 127.0.0.0/8 or ::1 address and \
-                        reach it through SSH"
-                    .into(),
+                cause: BindCause::AdminNotLoopback,
             });
         }
         // The first-stage binaries are read now, as the user that can read them, and a
@@ -144,13 +185,13 @@ impl Plan {
             .await
             .map_err(|e| ApplianceError::Bind {
                 addr: format!("tcp {} (admin API)", self.admin),
-                cause: e.to_string(),
+                cause: e.into(),
             })?;
         let http = tokio::net::TcpListener::bind(self.http)
             .await
             .map_err(|e| ApplianceError::Bind {
                 addr: format!("tcp {}", self.http),
-                cause: e.to_string(),
+                cause: e.into(),
             })?;
         let tftp = match self.tftp {
             None => None,
@@ -160,7 +201,7 @@ impl Plan {
                         .await
                         .map_err(|e| ApplianceError::Bind {
                             addr: format!("udp {addr}"),
-                            cause: e.to_string(),
+                            cause: e.into(),
                         })?,
                 )
             }
@@ -171,14 +212,14 @@ impl Plan {
                 Some(DhcpServer::bind(iface, self.advertise, ports).map_err(|e| {
                     ApplianceError::Bind {
                         addr: format!("udp 0.0.0.0:67 on {iface}"),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     }
                 })?)
             }
             Some(DhcpPlan::Loopback(addr)) => Some(DhcpServer::bind_loopback(*addr).map_err(
                 |e| ApplianceError::Bind {
                     addr: format!("udp {addr}"),
-                    cause: e.to_string(),
+                    cause: e.into(),
                 },
             )?),
         };
@@ -188,7 +229,7 @@ impl Plan {
                 Some(
                     crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
                         addr: format!("icmpv6 on {iface}"),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     })?,
                 )
             }
@@ -282,7 +323,7 @@ impl Bound {
                 let router = http::router(app).merge(firststage::router(ipxe_http));
                 http::serve(http, router, cancel)
                     .await
-                    .map_err(|e| format!("http: {e}"))
+                    .map_err(ServerFailure::Http)
             });
         }
         {
@@ -290,7 +331,7 @@ impl Bound {
             tasks.spawn(async move {
                 http::serve(admin, http::admin_router(app), cancel)
                     .await
-                    .map_err(|e| format!("admin http: {e}"))
+                    .map_err(ServerFailure::Admin)
             });
         }
 
@@ -304,16 +345,11 @@ impl Bound {
             let server = TftpServer::with_files(config, ipxe.clone())
                 .map_err(|e| ApplianceError::Bind {
                     addr: format!("tftp {}", plan.ipxe_dir.display()),
-                    cause: e.to_string(),
+                    cause: e.into(),
                 })?
                 .with_events(tx);
             let c = cancel.clone();
-            tasks.spawn(async move {
-                server
-                    .serve(socket, c)
-                    .await
-                    .map_err(|e| format!("tftp: {e}"))
-            });
+            tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
             tasks.spawn(publish_tftp_events(
                 rx,
                 store.clone(),
@@ -333,7 +369,7 @@ impl Bound {
                 server
                     .run(ctx, FloodConfig::default(), store, events, c)
                     .await
-                    .map_err(|e| format!("dhcp: {e}"))
+                    .map_err(ServerFailure::Dhcp)
             });
         } else {
             tracing::info!(
@@ -410,7 +446,7 @@ pub struct Running {
     pub admin_url: String,
     /// Inventory nodes served.
     pub node_count: usize,
-    tasks: JoinSet<Result<(), String>>,
+    tasks: JoinSet<Result<(), ServerFailure>>,
     event_writer: tokio::task::JoinHandle<()>,
     store_closed: store::Closed,
 }
@@ -418,7 +454,7 @@ pub struct Running {
 impl Running {
     /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
     /// which cancels the rest), then flushes the event log. The first failure is returned.
-    pub async fn wait(self) -> Result<(), String> {
+    pub async fn wait(self) -> Result<(), ServerFailure> {
         let Running {
             cancel,
             events,
@@ -463,7 +499,7 @@ impl Running {
                 }
                 Err(e) if e.is_cancelled() => {}
                 Err(e) => {
-                    failure.get_or_insert(format!("task panicked: {e}"));
+                    failure.get_or_insert(ServerFailure::Panicked(e));
                     cancel.cancel();
                 }
             }
@@ -497,7 +533,7 @@ async fn publish_tftp_events(
     store: Arc<dyn Store>,
     inv: Arc<Inventory>,
     events: EventBus,
-) -> Result<(), String> {
+) -> Result<(), ServerFailure> {
     while let Some(ev) = rx.recv().await {
         let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
         match &ev.outcome {

@@ -80,7 +80,7 @@ use crate::talos::api::talos::resource::definitions::{block, hardware, runtime};
 use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
-use super::disks::{SimDisk, talos_install_disk, talos_order};
+use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
 
 /// apid's port; the default port of every fake node.
@@ -522,7 +522,7 @@ impl Shared {
 
     /// The disk Talos's install task picks for the last applied config (see
     /// [`talos_install_disk`]); `None` before a config was applied.
-    fn install_disk(&self) -> Option<Result<String, String>> {
+    fn install_disk(&self) -> Option<Result<String, InstallDiskError>> {
         let text = lock(&self.stats.last_config).clone()?;
         let mut install = yaml_serde::Value::Null;
         for doc in yaml_serde::Deserializer::from_str(&text) {
@@ -953,7 +953,7 @@ impl FakeTalosNode {
     /// The disk Talos would install to for the last accepted machine config, as its install
     /// task picks it (first match in ID order for a selector, symlinks resolved for a path), or
     /// why the install would fail; `None` before any config.
-    pub fn install_disk(&self) -> Option<Result<String, String>> {
+    pub fn install_disk(&self) -> Option<Result<String, InstallDiskError>> {
         self.shared.install_disk()
     }
 
