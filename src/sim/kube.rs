@@ -933,8 +933,8 @@ fn apply(
         );
     };
     let force = query.get("force").is_some_and(|f| f == "true");
-    let parsed: Result<Value, String> = serde_json::from_slice(body)
-        .or_else(|_| yaml_serde::from_slice(body).map_err(|e| e.to_string()));
+    // JSON first; a YAML body's error is the one reported, as the API server's YAML decoder.
+    let parsed = serde_json::from_slice::<Value>(body).or_else(|_| yaml_serde::from_slice(body));
     let mut obj = match parsed {
         Ok(v) if v.is_object() => v,
         Ok(_) => {
@@ -944,7 +944,7 @@ fn apply(
                 "body is not an object".into(),
             );
         }
-        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
     if obj["apiVersion"] != res.api_version().as_str() || obj["kind"] != res.kind.as_str() {
         return status(
