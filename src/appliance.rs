@@ -39,8 +39,52 @@ pub enum ApplianceError {
         /// What.
         addr: String,
         /// Why.
-        cause: String,
+        #[source]
+        cause: BindCause,
     },
+}
+
+/// Why a socket of the plan cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum BindCause {
+    /// The admin API was asked for on a non-loopback address.
+    #[error(
+        "the admin API is served on loopback only (it lists every node and can wipe one); give \
+         --admin-listen a 127.0.0.0/8 or ::1 address and reach it through SSH"
+    )]
+    AdminNotLoopback,
+    /// The OS refused a TCP listener.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The TFTP socket or configuration.
+    #[error(transparent)]
+    Tftp(#[from] crate::tftp::ServerError),
+    /// The DHCP sockets.
+    #[error(transparent)]
+    Dhcp(#[from] crate::dhcp::server::ServerError),
+    /// The ICMPv6 socket for router advertisements.
+    #[error(transparent)]
+    Ra(#[from] crate::ndp::RaError),
+}
+
+/// Why a server stopped on its own (which stops the others): what [`Running::wait`] returns.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerFailure {
+    /// The provisioning HTTP server.
+    #[error("http: {0}")]
+    Http(#[source] std::io::Error),
+    /// The admin HTTP server.
+    #[error("admin http: {0}")]
+    Admin(#[source] std::io::Error),
+    /// The TFTP server.
+    #[error("tftp: {0}")]
+    Tftp(#[source] crate::tftp::ServerError),
+    /// The DHCP server.
+    #[error("dhcp: {0}")]
+    Dhcp(#[source] crate::dhcp::server::ServerError),
+    /// A task panicked.
+    #[error("task panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
 }
 
 /// Everything the appliance runs, decided (and checked) before any socket is bound. `serve`
@@ -105,6 +149,7 @@ pub struct Bound {
     plan: Plan,
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
+    store_closed: store::Closed,
     http: tokio::net::TcpListener,
     admin: tokio::net::TcpListener,
     tftp: Option<tokio::net::UdpSocket>,
@@ -122,10 +167,7 @@ impl Plan {
             // have yet: refuse rather than serve node MACs and rebuilds to a network.
             return Err(ApplianceError::Bind {
                 addr: format!("tcp {} (admin API)", self.admin),
-                cause: "the admin API is served on loopback only (it lists every node and \
-                        can wipe one); give --admin-listen a 127.0.0.0/8 or ::1 address and \
-                        reach it through SSH"
-                    .into(),
+                cause: BindCause::AdminNotLoopback,
             });
         }
         // The first-stage binaries are read now, as the user that can read them, and a
@@ -138,18 +180,20 @@ impl Plan {
             &self.ipxe_dir,
             &firststage::needed(&self.inventory, transport),
         )?);
-        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir)?);
+        let mut opened = store::open(&self.state_dir)?;
+        let store_closed = opened.on_close();
+        let store: Arc<dyn Store> = Arc::new(opened);
         let admin = tokio::net::TcpListener::bind(self.admin)
             .await
             .map_err(|e| ApplianceError::Bind {
                 addr: format!("tcp {} (admin API)", self.admin),
-                cause: e.to_string(),
+                cause: e.into(),
             })?;
         let http = tokio::net::TcpListener::bind(self.http)
             .await
             .map_err(|e| ApplianceError::Bind {
                 addr: format!("tcp {}", self.http),
-                cause: e.to_string(),
+                cause: e.into(),
             })?;
         let tftp = match self.tftp {
             None => None,
@@ -159,7 +203,7 @@ impl Plan {
                         .await
                         .map_err(|e| ApplianceError::Bind {
                             addr: format!("udp {addr}"),
-                            cause: e.to_string(),
+                            cause: e.into(),
                         })?,
                 )
             }
@@ -170,14 +214,14 @@ impl Plan {
                 Some(DhcpServer::bind(iface, self.advertise, ports).map_err(|e| {
                     ApplianceError::Bind {
                         addr: format!("udp 0.0.0.0:67 on {iface}"),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     }
                 })?)
             }
             Some(DhcpPlan::Loopback(addr)) => Some(DhcpServer::bind_loopback(*addr).map_err(
                 |e| ApplianceError::Bind {
                     addr: format!("udp {addr}"),
-                    cause: e.to_string(),
+                    cause: e.into(),
                 },
             )?),
         };
@@ -187,7 +231,7 @@ impl Plan {
                 Some(
                     crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
                         addr: format!("icmpv6 on {iface}"),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     })?,
                 )
             }
@@ -197,6 +241,7 @@ impl Plan {
             plan: self,
             ipxe,
             store,
+            store_closed,
             http,
             admin,
             tftp,
@@ -233,6 +278,7 @@ impl Bound {
             plan,
             ipxe,
             store,
+            store_closed,
             http,
             admin,
             tftp,
@@ -272,6 +318,7 @@ impl Bound {
             base_url: base_url.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),
+            tokens: http::tokens::TokenIssuer::start(store.clone()).0,
             metrics,
         });
         {
@@ -283,7 +330,7 @@ impl Bound {
                 let router = http::router(app).merge(firststage::router(ipxe_http));
                 http::server::serve(http, router, http_limits, "provisioning", cancel)
                     .await
-                    .map_err(|e| format!("http: {e}"))
+                    .map_err(ServerFailure::Http)
             });
         }
         {
@@ -291,7 +338,7 @@ impl Bound {
             tasks.spawn(async move {
                 http::server::serve(admin, http::admin_router(app), http_limits, "admin", cancel)
                     .await
-                    .map_err(|e| format!("admin http: {e}"))
+                    .map_err(ServerFailure::Admin)
             });
         }
 
@@ -301,22 +348,21 @@ impl Bound {
             let server = TftpServer::with_files(config, ipxe.clone())
                 .map_err(|e| ApplianceError::Bind {
                     addr: format!("tftp {}", plan.ipxe_dir.display()),
-                    cause: e.to_string(),
+                    cause: e.into(),
                 })?
                 .with_events(tx);
             let c = cancel.clone();
-            tasks.spawn(async move {
-                server
-                    .serve(socket, c)
-                    .await
-                    .map_err(|e| format!("tftp: {e}"))
-            });
-            tasks.spawn(crate::tftp::report::publish_events(
+            tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
+            let report = crate::tftp::report::publish_events(
                 rx,
                 store.clone(),
                 inv.clone(),
                 events.clone(),
-            ));
+            );
+            tasks.spawn(async move {
+                report.await;
+                Ok(())
+            });
         }
 
         if let Some(server) = dhcp {
@@ -330,7 +376,7 @@ impl Bound {
                 server
                     .run(ctx, FloodConfig::default(), store, events, c)
                     .await
-                    .map_err(|e| format!("dhcp: {e}"))
+                    .map_err(ServerFailure::Dhcp)
             });
         } else {
             tracing::info!(
@@ -386,6 +432,7 @@ impl Bound {
             events,
             event_writer,
             store,
+            store_closed,
             base_url,
             admin_url,
             node_count: inv.nodes.len(),
@@ -407,20 +454,22 @@ pub struct Running {
     pub admin_url: String,
     /// Inventory nodes served.
     pub node_count: usize,
-    tasks: JoinSet<Result<(), String>>,
+    tasks: JoinSet<Result<(), ServerFailure>>,
     event_writer: tokio::task::JoinHandle<()>,
+    store_closed: store::Closed,
 }
 
 impl Running {
     /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
     /// which cancels the rest), then flushes the event log. The first failure is returned.
-    pub async fn wait(self) -> Result<(), String> {
+    pub async fn wait(self) -> Result<(), ServerFailure> {
         let Running {
             cancel,
             events,
             mut tasks,
             event_writer,
             store,
+            store_closed,
             ..
         } = self;
         let mut failure = None;
@@ -458,7 +507,7 @@ impl Running {
                 }
                 Err(e) if e.is_cancelled() => {}
                 Err(e) => {
-                    failure.get_or_insert(format!("task panicked: {e}"));
+                    failure.get_or_insert(ServerFailure::Panicked(e));
                     cancel.cancel();
                 }
             }
@@ -466,13 +515,19 @@ impl Running {
         drop(events);
         let _ = event_writer.await;
         // A blocking store call started by a task that was aborted mid-await runs to its end
-        // and holds the store until then; the file lock goes with the last reference, and a
-        // restart must find it released. Store calls are short; this only waits for them.
-        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
-        while Arc::strong_count(&store) > 1 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        // and holds the store until then (so do the token writer's last commit and the
+        // handlers' state); the file lock goes with the last reference, and a restart must
+        // find it released. Store calls are short: this returns the moment the last one ends.
         drop(store);
+        if tokio::time::timeout(SHUTDOWN_GRACE, store_closed)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_s = SHUTDOWN_GRACE.as_secs(),
+                "the state store is still in use after the shutdown grace; returning anyway"
+            );
+        }
         match failure {
             Some(e) => Err(e),
             None => Ok(()),

@@ -20,7 +20,7 @@ use talboot::artifacts::Catalog;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::TokenIssuer};
 use talboot::inventory::{Inventory, Mac, Node};
 use talboot::provision::{ConfigRenderer, Provisioner, Settings};
 use talboot::sim::pki::{SimCa, talos_label};
@@ -147,6 +147,7 @@ impl World {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
+            tokens: TokenIssuer::start(store.clone()).0,
             metrics: None,
             commands: None,
         });

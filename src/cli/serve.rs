@@ -227,7 +227,10 @@ impl From<ApplianceError> for StartError {
         match e {
             ApplianceError::Store(e) => StartError::Store(e),
             ApplianceError::Ipxe(e) => StartError::Ipxe(e),
-            ApplianceError::Bind { addr, cause } => StartError::Bind { addr, cause },
+            ApplianceError::Bind { addr, cause } => StartError::Bind {
+                addr,
+                cause: cause.to_string(),
+            },
         }
     }
 }
@@ -422,7 +425,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     });
     running.wait().await.map_err(|e| StartError::Bind {
         addr: "server".into(),
-        cause: e,
+        cause: e.to_string(),
     })
 }
 

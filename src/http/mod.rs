@@ -73,6 +73,8 @@ pub struct HttpApp {
     pub scripts: Scripts,
     /// Rendered machine configs for pull delivery.
     pub configs: Arc<dyn ConfigSource>,
+    /// Issues pull-delivery tokens (group commit, durable before the script is sent).
+    pub tokens: tokens::TokenIssuer,
     /// Prometheus rendering, when metrics are installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The running provisioner's commands: with it, the provisioner is the only writer of
@@ -273,12 +275,11 @@ async fn boot_script(
     if let (Some(n), Some(bound), NodeState::Provisioning, crate::inventory::Delivery::Pull) =
         (node, entitled, state, inv.boot.delivery)
     {
-        match tokens::TokenStore::new(app.store.as_ref()).issue(
-            n.name.as_str(),
-            mac,
-            bound.ip,
-            now(&app),
-        ) {
+        match app
+            .tokens
+            .issue(n.name.as_str(), mac, bound.ip, now(&app))
+            .await
+        {
             Ok(t) => config_url = Some(format!("{}/config/{t}", app.base_url)),
             Err(e) => tracing::error!(error = %e, "cannot issue a config token"),
         }

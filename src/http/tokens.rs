@@ -3,13 +3,19 @@
 //! A machine config carries the cluster's CA keys, so a token is bound to one node, its MAC and
 //! the address its current lease holds, is valid only while the node's provisioning window is
 //! open and until it expires, and releases the config exactly once. The decision is the pure
-//! [`judge`]; [`TokenStore`] persists tokens in the state store and consumes them with a
+//! [`judge`]; [`TokenIssuer`] owns the writing of new tokens: a writer task commits every token
+//! that has queued up in one transaction (group commit, as the event bus writer does), and a
+//! token is handed back only once its commit is durable, so the script that carries it is never
+//! sent before the token exists on disk. [`TokenStore`] reads tokens and consumes them with a
 //! compare-and-set, so two concurrent fetches cannot both win. The store keeps only each
 //! token's SHA-256, and no log line, event or error carries a token.
 
+use std::future::Future;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::inventory::Mac;
 use crate::store::{CasOutcome, Store, StoreError};
@@ -102,6 +108,123 @@ fn key(token: &str) -> String {
     )
 }
 
+/// A fresh token for `node` at `ip`: the token itself, its store key and the stored record.
+fn mint(node: &str, mac: Mac, ip: Ipv4Addr, now: u64) -> (String, String, Vec<u8>) {
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw).expect("the OS random source is available");
+    let token = crate::hex::lower(&raw);
+    let rec = Token {
+        node: node.to_string(),
+        mac,
+        ip,
+        issued_at: now,
+        expires_at: now + TOKEN_TTL_SECS,
+        used: false,
+    };
+    let value = serde_json::to_vec(&rec).expect("token serializes");
+    let key = key(&token);
+    (token, key, value)
+}
+
+/// Why no token was issued (the script then goes out without a config URL).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum IssueError {
+    /// The group commit that carried the token failed; nothing of it was written.
+    #[error("cannot store the config token: {0}")]
+    Store(Arc<StoreError>),
+    /// The writer has stopped (talboot is shutting down).
+    #[error("the config token writer has stopped")]
+    Stopped,
+}
+
+/// A token waiting for its commit.
+struct Pending {
+    key: String,
+    value: Vec<u8>,
+    done: oneshot::Sender<Result<(), IssueError>>,
+}
+
+/// Most tokens one commit carries; a larger queue is written in several commits.
+const MAX_GROUP: usize = 1024;
+
+/// Issues tokens with one commit per group of concurrent requests instead of one per request.
+///
+/// Durable before use: [`TokenIssuer::issue`] resolves only after the transaction holding the
+/// token has committed (redb `Durability::Immediate`), so a crash can lose only tokens no node
+/// has been told about. Cheap to clone; the writer ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct TokenIssuer {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+/// Where the writer commits a group: the store, or a test's observer of commits.
+trait Commit: Send + Sync + 'static {
+    fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError>;
+}
+
+impl Commit for Arc<dyn Store> {
+    fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        self.put_metas(entries)
+    }
+}
+
+impl TokenIssuer {
+    /// Starts the writer on the current runtime's blocking pool.
+    pub fn start(store: Arc<dyn Store>) -> (Self, tokio::task::JoinHandle<()>) {
+        Self::start_on(store)
+    }
+
+    fn start_on(store: impl Commit) -> (Self, tokio::task::JoinHandle<()>) {
+        let (queue, mut rx) = mpsc::unbounded_channel::<Pending>();
+        let writer = tokio::task::spawn_blocking(move || {
+            // Everything that queued up while the previous commit ran goes into the next one.
+            while let Some(first) = rx.blocking_recv() {
+                let mut group = vec![first];
+                while group.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(p) => group.push(p),
+                        Err(_) => break,
+                    }
+                }
+                let (entries, waiters): (Vec<_>, Vec<_>) = group
+                    .into_iter()
+                    .map(|p| ((p.key, p.value), p.done))
+                    .unzip();
+                let outcome = store.commit(&entries).map_err(|e| {
+                    tracing::error!(tokens = entries.len(), error = %e, "cannot store config tokens");
+                    IssueError::Store(Arc::new(e))
+                });
+                for done in waiters {
+                    // A request that gave up meanwhile does not need its answer.
+                    let _ = done.send(outcome.clone());
+                }
+            }
+        });
+        (Self { queue }, writer)
+    }
+
+    /// Issues a fresh token for `node` at `ip`. The token is queued at once (before the
+    /// returned future is first polled), and the future resolves once it is durable.
+    pub fn issue(
+        &self,
+        node: &str,
+        mac: Mac,
+        ip: Ipv4Addr,
+        now: u64,
+    ) -> impl Future<Output = Result<String, IssueError>> + Send + 'static {
+        let (token, key, value) = mint(node, mac, ip, now);
+        let (done, committed) = oneshot::channel();
+        let queued = self.queue.send(Pending { key, value, done }).is_ok();
+        async move {
+            if !queued {
+                return Err(IssueError::Stopped);
+            }
+            committed.await.map_err(|_| IssueError::Stopped)??;
+            Ok(token)
+        }
+    }
+}
+
 /// Tokens in the state store.
 pub struct TokenStore<'a> {
     store: &'a dyn Store,
@@ -111,32 +234,6 @@ impl<'a> TokenStore<'a> {
     /// Wrap a store.
     pub fn new(store: &'a dyn Store) -> Self {
         Self { store }
-    }
-
-    /// Issue a fresh token for `node` at `ip`.
-    pub fn issue(
-        &self,
-        node: &str,
-        mac: Mac,
-        ip: Ipv4Addr,
-        now: u64,
-    ) -> Result<String, StoreError> {
-        let mut raw = [0u8; 32];
-        getrandom::fill(&mut raw).expect("the OS random source is available");
-        let token = crate::hex::lower(&raw);
-        let rec = Token {
-            node: node.to_string(),
-            mac,
-            ip,
-            issued_at: now,
-            expires_at: now + TOKEN_TTL_SECS,
-            used: false,
-        };
-        self.store.put_meta(
-            &key(&token),
-            &serde_json::to_vec(&rec).expect("token serializes"),
-        )?;
-        Ok(token)
     }
 
     /// Look a token up.
@@ -236,32 +333,36 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_store_never_holds_a_token() {
+    fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
-        let t = TokenStore::new(&store)
-            .issue(
-                "cp-1",
-                "aa:00:00:00:00:01".parse().unwrap(),
-                "10.0.0.11".parse().unwrap(),
-                1000,
-            )
+        let store: Arc<dyn Store> = Arc::new(crate::store::open(dir.path()).unwrap());
+        (dir, store)
+    }
+
+    fn mac() -> Mac {
+        "aa:00:00:00:00:01".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_store_never_holds_a_token() {
+        let (_dir, store) = store();
+        let (issuer, _writer) = TokenIssuer::start(store.clone());
+        let t = issuer
+            .issue("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000)
+            .await
             .unwrap();
         let dump = serde_json::to_string(&store.export_json().unwrap()).unwrap();
         assert!(!dump.contains(&t), "{dump}");
-        assert!(TokenStore::new(&store).get(&t).unwrap().is_some());
+        assert!(TokenStore::new(store.as_ref()).get(&t).unwrap().is_some());
     }
 
-    #[test]
-    fn tokens_redeem_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
-        let ts = TokenStore::new(&store);
+    #[tokio::test]
+    async fn tokens_redeem_once() {
+        let (_dir, store) = store();
+        let (issuer, _writer) = TokenIssuer::start(store.clone());
+        let ts = TokenStore::new(store.as_ref());
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
-        let t = ts
-            .issue("cp-1", "aa:00:00:00:00:01".parse().unwrap(), ip, 1000)
-            .unwrap();
+        let t = issuer.issue("cp-1", mac(), ip, 1000).await.unwrap();
         assert!(well_formed(&t));
         assert!(
             ts.redeem(&t, "10.0.0.12".parse().unwrap(), 1001, |_| true)
@@ -279,5 +380,113 @@ mod tests {
                 .0,
             Refusal::Unknown
         );
+    }
+
+    /// Commits to a real store, records each group's size, and holds the first commit until
+    /// the test lets it go (so that requests pile up behind it, as under load).
+    struct Observed {
+        store: Arc<dyn Store>,
+        groups: Arc<std::sync::Mutex<Vec<usize>>>,
+        entered: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+        release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+        fail: bool,
+    }
+
+    impl Commit for Observed {
+        fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+            if let Some(entered) = self.entered.lock().unwrap().take() {
+                entered.send(()).unwrap();
+                let release = self.release.lock().unwrap().take().unwrap();
+                release.recv().unwrap();
+            }
+            self.groups.lock().unwrap().push(entries.len());
+            if self.fail {
+                return Err(StoreError::Corrupt {
+                    file: "state.redb".into(),
+                    cause: "disk on fire".into(),
+                });
+            }
+            self.store.put_metas(entries)
+        }
+    }
+
+    /// Starts an issuer on `Observed`; returns it, the group sizes, the signal that the first
+    /// commit has begun and the switch that lets it finish.
+    #[allow(clippy::type_complexity)]
+    fn observed(
+        store: Arc<dyn Store>,
+        fail: bool,
+    ) -> (
+        TokenIssuer,
+        Arc<std::sync::Mutex<Vec<usize>>>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let groups = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (issuer, _writer) = TokenIssuer::start_on(Observed {
+            store,
+            groups: groups.clone(),
+            entered: std::sync::Mutex::new(Some(entered_tx)),
+            release: std::sync::Mutex::new(Some(release_rx)),
+            fail,
+        });
+        (issuer, groups, entered_rx, release_tx)
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_one_commit_and_get_durable_tokens() {
+        let (_dir, store) = store();
+        let (issuer, groups, entered, release) = observed(store.clone(), false);
+        let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
+        let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        // 49 more requests arrive while the first commit is on its way to disk.
+        let rest: Vec<_> = (0..49)
+            .map(|_| tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000)))
+            .collect();
+        // None of them has its token before its commit.
+        assert!(!first.is_finished());
+        release.send(()).unwrap();
+        let mut tokens = vec![first.await.unwrap().unwrap()];
+        for r in rest {
+            tokens.push(r.await.unwrap().unwrap());
+        }
+        // Two commits for fifty tokens (one fsync each), not fifty.
+        assert_eq!(*groups.lock().unwrap(), [1, 49]);
+        let ts = TokenStore::new(store.as_ref());
+        for t in &tokens {
+            let rec = ts
+                .get(t)
+                .unwrap()
+                .expect("every returned token is in the store");
+            assert_eq!((rec.node.as_str(), rec.ip, rec.used), ("cp-1", ip, false));
+        }
+        let distinct: std::collections::BTreeSet<&String> = tokens.iter().collect();
+        assert_eq!(distinct.len(), 50);
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_hands_out_no_token() {
+        let (_dir, store) = store();
+        let (issuer, groups, entered, release) = observed(store.clone(), true);
+        let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
+        let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        let second = tokio::spawn(issuer.issue("cp-2", mac(), ip, 1000));
+        release.send(()).unwrap();
+        for r in [first, second] {
+            let err = r.await.unwrap().unwrap_err();
+            assert!(matches!(err, IssueError::Store(_)), "{err}");
+            assert!(err.to_string().contains("disk on fire"), "{err}");
+        }
+        assert_eq!(*groups.lock().unwrap(), [1, 1]);
+        let dump = serde_json::to_string(&store.export_json().unwrap()).unwrap();
+        assert!(!dump.contains("token/"), "{dump}");
     }
 }

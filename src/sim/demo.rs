@@ -73,7 +73,7 @@ pub enum DemoError {
     Start(#[from] ApplianceError),
     /// A simulated machine or API server could not start.
     #[error("simulation: {0}")]
-    Sim(String),
+    Sim(#[from] SimFailure),
     /// The flow did not finish in time.
     #[error("not handed off within {after:?}: {state}")]
     Timeout {
@@ -81,6 +81,48 @@ pub enum DemoError {
         after: Duration,
         /// Where it was stuck.
         state: String,
+    },
+}
+
+/// What of the simulation failed (see [`DemoError::Sim`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SimFailure {
+    /// The stand-in boot files' catalog cannot be read back.
+    #[error("{0}")]
+    Catalog(#[from] crate::artifacts::ArtifactError),
+    /// The throwaway cluster secrets.
+    #[error("cannot generate cluster secrets: {0}")]
+    Secrets(#[from] crate::machineconfig::secrets::SecretsError),
+    /// The admin talosconfig.
+    #[error("cannot make the admin talosconfig: {0}")]
+    Talosconfig(#[from] crate::machineconfig::clients::ClientConfigError),
+    /// The admin credentials from that talosconfig.
+    #[error("admin talosconfig: {0}")]
+    Creds(#[from] crate::talos::TalosError),
+    /// The Kubernetes API double.
+    #[error("Kubernetes API double: {0}")]
+    Kube(#[from] super::SimError),
+    /// talboot bound sockets without IPv4 addresses.
+    #[error("talboot's sockets have no IPv4 addresses")]
+    NoIpv4,
+    /// The HTTP client for the admin API cannot be built.
+    #[error("{0}")]
+    Client(reqwest::Error),
+    /// The rebuild request could not be made.
+    #[error("POST {url}: {source}")]
+    Request {
+        /// The admin API URL.
+        url: String,
+        /// What the HTTP client said.
+        source: reqwest::Error,
+    },
+    /// The rebuild request was refused.
+    #[error("POST {url}: HTTP {status}")]
+    Refused {
+        /// The admin API URL.
+        url: String,
+        /// The answer.
+        status: reqwest::StatusCode,
     },
 }
 
@@ -169,8 +211,7 @@ impl Relaunch {
     fn plan(&self) -> Result<Plan, DemoError> {
         Ok(Plan {
             inventory: self.inventory.clone(),
-            catalog: crate::artifacts::Catalog::load(&self.images)
-                .map_err(|e| DemoError::Sim(e.to_string()))?,
+            catalog: crate::artifacts::Catalog::load(&self.images).map_err(SimFailure::from)?,
             images_dir: self.images.clone(),
             ipxe_dir: self.tftp_root.clone(),
             configs: self.configs.clone(),
@@ -428,7 +469,7 @@ impl Demo {
                 service_account_key: ServiceAccountKeyKind::EcdsaP256,
             },
         )
-        .map_err(|e| DemoError::Sim(format!("cannot generate cluster secrets: {e}")))?;
+        .map_err(SimFailure::from)?;
         let endpoints: Vec<String> = inv
             .control_planes()
             .map(|n| n.address.value.addr().to_string())
@@ -441,7 +482,7 @@ impl Demo {
             time::Duration::days(1),
             now,
         )
-        .map_err(|e| DemoError::Sim(format!("cannot make the admin talosconfig: {e}")))?;
+        .map_err(SimFailure::from)?;
         let tc_path = opts.workdir.join("talosconfig");
         crate::fsutil::write_atomic(&tc_path, talosconfig.as_bytes(), 0o600)
             .map_err(|e| prep(&tc_path)(e.to_string()))?;
@@ -449,7 +490,7 @@ impl Demo {
             &talosconfig,
             Some(inv.cluster.name.as_str()),
         )
-        .map_err(|e| DemoError::Sim(format!("admin talosconfig: {e}")))?;
+        .map_err(SimFailure::from)?;
 
         let api_ip = p.api_ip;
         let kube = KubeDouble::start(DoubleOptions {
@@ -462,7 +503,7 @@ impl Demo {
             rollout_delay: Duration::from_millis(400),
         })
         .await
-        .map_err(|e| DemoError::Sim(format!("Kubernetes API double: {e}")))?;
+        .map_err(SimFailure::from)?;
         let kube = Arc::new(kube);
         let cluster = FakeCluster::new();
         cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
@@ -515,9 +556,7 @@ impl Demo {
             bound.tftp_addr(),
             bound.admin_addr(),
         ) else {
-            return Err(DemoError::Sim(
-                "talboot's sockets have no IPv4 addresses".into(),
-            ));
+            return Err(SimFailure::NoIpv4.into());
         };
         // A restart binds the same ports, as a restarted `serve` would.
         relaunch.http = http;
@@ -681,16 +720,20 @@ impl Demo {
         let resp = reqwest::Client::builder()
             .no_proxy()
             .build()
-            .map_err(|e| DemoError::Sim(e.to_string()))?
+            .map_err(SimFailure::Client)?
             .post(&url)
             .send()
             .await
-            .map_err(|e| DemoError::Sim(format!("POST {url}: {e}")))?;
+            .map_err(|source| SimFailure::Request {
+                url: url.clone(),
+                source,
+            })?;
         if !resp.status().is_success() {
-            return Err(DemoError::Sim(format!(
-                "POST {url}: HTTP {}",
-                resp.status()
-            )));
+            return Err(SimFailure::Refused {
+                url,
+                status: resp.status(),
+            }
+            .into());
         }
         Ok(())
     }

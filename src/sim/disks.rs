@@ -291,6 +291,30 @@ fn parse_bytes(s: &str) -> Option<u64> {
     (v < u64::MAX as f64).then_some(v as u64)
 }
 
+/// Why Talos's install task finds no disk, in its own words (the sources are those of
+/// [`talos_install_disk`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstallDiskError {
+    /// `diskSelector.name` (`DiskMatchExpression` refuses it).
+    #[error("failed to get disk match expression: selector on name is not supported")]
+    NameSelector,
+    /// `diskSelector.size` that `InstallDiskSizeMatcher` cannot parse.
+    #[error("failed to parse disk size {0}")]
+    Size(String),
+    /// `diskSelector.type` outside nvme, sd, hdd, ssd.
+    #[error("unsupported disk type {0:?}")]
+    Type(String),
+    /// The selector matches no disk.
+    #[error("no disks matched the expression")]
+    NoMatch,
+    /// Neither `disk` nor `diskSelector`.
+    #[error("either install disk or diskSelector should be defined")]
+    Unset,
+    /// `disk` names a path the node does not have (`filepath.EvalSymlinks`).
+    #[error("lstat {0}: no such file or directory")]
+    NoSuchPath(String),
+}
+
 /// The disk Talos's install task writes to for the applied `machine.install` section
 /// (siderolabs/talos v1.13.9 `internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go`,
 /// `Install`): a `diskSelector` wins over `disk`; it is compiled to the CEL expression of
@@ -301,7 +325,7 @@ fn parse_bytes(s: &str) -> Option<u64> {
 pub fn talos_install_disk(
     install: &yaml_serde::Value,
     disks: &[SimDisk],
-) -> Result<String, String> {
+) -> Result<String, InstallDiskError> {
     use yaml_serde::Value;
     let disks = talos_order(disks);
     if let Some(sel) = install.get("diskSelector").filter(|v| !v.is_null()) {
@@ -313,9 +337,7 @@ pub fn talos_install_disk(
             }
         };
         if !text("name").is_empty() {
-            return Err(
-                "failed to get disk match expression: selector on name is not supported".into(),
-            );
+            return Err(InstallDiskError::NameSelector);
         }
         let size = match sel.get("size") {
             None | Some(Value::Null) => None,
@@ -327,13 +349,13 @@ pub fn talos_install_disk(
                     .find_map(|op| cond.strip_prefix(op).map(|r| (*op, r)))
                     .unwrap_or(("==", cond.as_str()));
                 let n = parse_bytes(rest.trim())
-                    .ok_or_else(|| format!("failed to parse disk size {rest}"))?;
+                    .ok_or_else(|| InstallDiskError::Size(rest.to_owned()))?;
                 Some((op, n))
             }
         };
         let kind = text("type");
         if !matches!(kind.as_str(), "" | "nvme" | "sd" | "hdd" | "ssd") {
-            return Err(format!("unsupported disk type {kind:?}"));
+            return Err(InstallDiskError::Type(kind));
         }
         let globs = [
             ("uuid", text("uuid")),
@@ -375,18 +397,18 @@ pub fn talos_install_disk(
             .iter()
             .find(|d| matches(&d.spec))
             .map(|d| d.spec.dev_path.clone())
-            .ok_or_else(|| "no disks matched the expression".to_owned());
+            .ok_or(InstallDiskError::NoMatch);
     }
     let path = install
         .get("disk")
         .and_then(Value::as_str)
         .filter(|p| !p.is_empty())
-        .ok_or("either install disk or diskSelector should be defined")?;
+        .ok_or(InstallDiskError::Unset)?;
     disks
         .iter()
         .find(|d| d.spec.dev_path == path || d.spec.symlinks.iter().any(|s| s == path))
         .map(|d| d.spec.dev_path.clone())
-        .ok_or_else(|| format!("lstat {path}: no such file or directory"))
+        .ok_or_else(|| InstallDiskError::NoSuchPath(path.to_owned()))
 }
 
 #[cfg(test)]

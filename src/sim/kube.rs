@@ -380,7 +380,7 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let (tcp, peer) = match self.tcp.accept().await {
+            let (tcp, peer) = match super::accept_like_go(&self.tcp).await {
                 Ok(conn) => conn,
                 Err(e) => {
                     // E.g. out of file descriptors: back off instead of spinning.
@@ -933,8 +933,8 @@ fn apply(
         );
     };
     let force = query.get("force").is_some_and(|f| f == "true");
-    let parsed: Result<Value, String> = serde_json::from_slice(body)
-        .or_else(|_| yaml_serde::from_slice(body).map_err(|e| e.to_string()));
+    // JSON first; a YAML body's error is the one reported, as the API server's YAML decoder.
+    let parsed = serde_json::from_slice::<Value>(body).or_else(|_| yaml_serde::from_slice(body));
     let mut obj = match parsed {
         Ok(v) if v.is_object() => v,
         Ok(_) => {
@@ -944,7 +944,7 @@ fn apply(
                 "body is not an object".into(),
             );
         }
-        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
     if obj["apiVersion"] != res.api_version().as_str() || obj["kind"] != res.kind.as_str() {
         return status(
@@ -1204,6 +1204,21 @@ mod tests {
             ["127.0.0.1", "127.0.77.20", "kubernetes", "localhost"],
             "{sans:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn served_connections_have_nagle_off_as_go_servers_do() {
+        let double = KubeDouble::start(DoubleOptions {
+            bind: "127.0.77.22:0".parse().unwrap(),
+            ..DoubleOptions::default()
+        })
+        .await
+        .unwrap();
+        let client = TcpStream::connect(double.addr).await.unwrap();
+        let served = crate::sim::probe::served_nodelay(double.addr, client.local_addr().unwrap())
+            .await
+            .expect("the double accepts the connection");
+        assert!(served, "TCP_NODELAY is off on the served socket");
     }
 
     #[tokio::test]

@@ -18,6 +18,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use tokio::net::{TcpListener, TcpStream};
+
 pub mod assets;
 pub mod demo;
 pub mod disks;
@@ -63,4 +65,25 @@ pub enum SimError {
         /// What happened instead.
         reason: String,
     },
+}
+
+/// Accepts the next connection on `listener` the way the servers the doubles stand for do:
+/// with Nagle's algorithm off.
+///
+/// apid (siderolabs/talos v1.13.9, `internal/app/apid/service.go`: `net.ListenConfig.Listen(
+/// ctx, "tcp", ...)` served by `grpc.NewServer` from `pkg/grpc/factory/factory.go`) and
+/// kube-apiserver are Go servers, and Go's `net.TCPListener.Accept` sets TCP_NODELAY on every
+/// connection it returns (golang/go `src/net/tcpsock_posix.go` `TCPListener.accept` ->
+/// `newTCPConn` -> `setNoDelay(fd, true)` in `src/net/tcpsock.go`, the setsockopt in
+/// `src/net/tcpsockopt_posix.go`; `TCPConn.SetNoDelay`'s doc: "The default is true (no
+/// delay)"; Talos v1.13.9 builds with Go 1.26, see its `go.mod`). A tokio socket keeps the
+/// kernel default, Nagle on, so each small gRPC reply written in two pieces would wait for
+/// the client's delayed ACK (about 40 ms on Linux), a cost real Talos does not have.
+pub(crate) async fn accept_like_go(
+    listener: &TcpListener,
+) -> std::io::Result<(TcpStream, SocketAddr)> {
+    let (tcp, peer) = listener.accept().await?;
+    // Go ignores this error too (`newTCPConn`): a connection already reset fails on its own.
+    let _ = tcp.set_nodelay(true);
+    Ok((tcp, peer))
 }

@@ -215,23 +215,39 @@ pub fn talos_label(pem: &str) -> String {
         .replace("END PRIVATE KEY", "END ED25519 PRIVATE KEY")
 }
 
+/// Why a client certificate cannot be read, or is not one apid accepts.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// Not a DER X.509 certificate.
+    #[error("{0}")]
+    Der(#[from] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    /// A field of it cannot be decoded.
+    #[error("{0}")]
+    Field(#[from] x509_parser::error::X509Error),
+    /// No ExtKeyUsage extension.
+    #[error("client certificate has no ExtKeyUsage")]
+    NoExtKeyUsage,
+    /// An ExtKeyUsage other than exactly `[ClientAuth]`.
+    #[error("client certificate ExtKeyUsage must be exactly [ClientAuth]")]
+    NotClientOnly,
+}
+
 /// The Subject Organization values of a DER certificate: the Talos roles it carries.
-pub fn organizations(der: &[u8]) -> Result<Vec<String>, String> {
-    let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
+pub fn organizations(der: &[u8]) -> Result<Vec<String>, CertError> {
+    let (_, cert) = X509Certificate::from_der(der)?;
     cert.subject()
         .iter_organization()
-        .map(|o| o.as_str().map(str::to_owned).map_err(|e| e.to_string()))
+        .map(|o| Ok(o.as_str()?.to_owned()))
         .collect()
 }
 
 /// apid's `verifyExtKeyUsage`: a client certificate's ExtKeyUsage must be exactly
 /// `[ClientAuth]`. Returns why not, if not.
-pub fn check_client_only_eku(der: &[u8]) -> Result<(), String> {
-    let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
+pub fn check_client_only_eku(der: &[u8]) -> Result<(), CertError> {
+    let (_, cert) = X509Certificate::from_der(der)?;
     let eku = cert
-        .extended_key_usage()
-        .map_err(|e| e.to_string())?
-        .ok_or("client certificate has no ExtKeyUsage")?
+        .extended_key_usage()?
+        .ok_or(CertError::NoExtKeyUsage)?
         .value;
     let only_client = eku.client_auth
         && !eku.any
@@ -244,7 +260,7 @@ pub fn check_client_only_eku(der: &[u8]) -> Result<(), String> {
     if only_client {
         Ok(())
     } else {
-        Err("client certificate ExtKeyUsage must be exactly [ClientAuth]".into())
+        Err(CertError::NotClientOnly)
     }
 }
 

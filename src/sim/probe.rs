@@ -1,6 +1,7 @@
-//! Test helper: what a double's TLS server presents. Handshakes like a client that trusts
-//! any certificate (a double's may come from a throwaway CA) and offers a client certificate
-//! in case the server asks for one.
+//! Test helpers: what a double's TLS server presents (handshaking like a client that trusts
+//! any certificate, as a double's may come from a throwaway CA, and offers a client
+//! certificate in case the server asks for one), and the socket options of the connection a
+//! double accepted.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -47,4 +48,45 @@ pub(crate) async fn presented_sans(
             _ => None,
         })
         .collect()
+}
+
+/// Whether the connection a double in this process accepted from `client` on `server` has
+/// TCP_NODELAY set, read from the served socket itself: the doubles run in the test's own
+/// process, so the socket is among this process's descriptors, found by its two addresses.
+/// Waits (up to 10 s) for the accept; `None` if it never happens.
+pub(crate) async fn served_nodelay(server: SocketAddr, client: SocketAddr) -> Option<bool> {
+    for _ in 0..200 {
+        if let Some(on) = find_served_nodelay(server, client) {
+            return Some(on);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn find_served_nodelay(server: SocketAddr, client: SocketAddr) -> Option<bool> {
+    use nix::sys::socket::{SockaddrStorage, getpeername, getsockname, getsockopt, sockopt};
+    let v4 = |s: SockaddrStorage| {
+        s.as_sockaddr_in()
+            .map(|a| SocketAddr::V4(std::net::SocketAddrV4::from(*a)))
+    };
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let local = getsockname::<SockaddrStorage>(fd).ok().and_then(v4);
+        let peer = getpeername::<SockaddrStorage>(fd).ok().and_then(v4);
+        if local == Some(server) && peer == Some(client) {
+            // SAFETY: only borrowed for one getsockopt. Should another thread close the
+            // descriptor meanwhile, the call fails (EBADF) or reads another socket's flag;
+            // either way nothing is written and the test only reads a boolean.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            return getsockopt(&fd, sockopt::TcpNoDelay).ok();
+        }
+    }
+    None
 }

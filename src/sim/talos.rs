@@ -80,7 +80,7 @@ use crate::talos::api::talos::resource::definitions::{block, hardware, runtime};
 use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
-use super::disks::{SimDisk, talos_install_disk, talos_order};
+use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
 
 /// apid's port; the default port of every fake node.
@@ -522,7 +522,7 @@ impl Shared {
 
     /// The disk Talos's install task picks for the last applied config (see
     /// [`talos_install_disk`]); `None` before a config was applied.
-    fn install_disk(&self) -> Option<Result<String, String>> {
+    fn install_disk(&self) -> Option<Result<String, InstallDiskError>> {
         let text = lock(&self.stats.last_config).clone()?;
         let mut install = yaml_serde::Value::Null;
         for doc in yaml_serde::Deserializer::from_str(&text) {
@@ -953,7 +953,7 @@ impl FakeTalosNode {
     /// The disk Talos would install to for the last accepted machine config, as its install
     /// task picks it (first match in ID order for a selector, symlinks resolved for a path), or
     /// why the install would fail; `None` before any config.
-    pub fn install_disk(&self) -> Option<Result<String, String>> {
+    pub fn install_disk(&self) -> Option<Result<String, InstallDiskError>> {
         self.shared.install_disk()
     }
 
@@ -1204,7 +1204,7 @@ async fn accept_loop(
     firewall: Arc<Mutex<Option<IpAddr>>>,
 ) {
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let (tcp, peer) = match super::accept_like_go(&listener).await {
             Ok(conn) => conn,
             Err(e) => {
                 // E.g. out of file descriptors: back off instead of spinning.
@@ -1323,9 +1323,9 @@ fn boot_tls(shared: &Shared) -> Result<NextBoot, SimError> {
             };
             let (chain, key) = server_identity(&cert)?;
             let verifier =
-                TalosClientVerifier::new(&inst.ca_cert_pem).map_err(|reason| SimError::Tls {
+                TalosClientVerifier::new(&inst.ca_cert_pem).map_err(|e| SimError::Tls {
                     what: format!("client verifier of {}", shared.cfg.addr()),
-                    reason,
+                    reason: e.to_string(),
                 })?;
             let tls = builder
                 .with_client_cert_verifier(Arc::new(verifier))
@@ -1355,18 +1355,26 @@ struct TalosClientVerifier {
 }
 
 impl TalosClientVerifier {
-    fn new(ca_pem: &str) -> Result<Self, String> {
+    fn new(ca_pem: &str) -> Result<Self, VerifierError> {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            roots
-                .add(cert.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
+            roots.add(cert?)?;
         }
-        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-            .build()
-            .map_err(|e| e.to_string())?;
+        let inner =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
         Ok(Self { inner })
     }
+}
+
+/// Why the client verifier cannot be built from the machine config's CA.
+#[derive(Debug, thiserror::Error)]
+enum VerifierError {
+    #[error("{0}")]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error("{0}")]
+    Root(#[from] rustls::Error),
+    #[error("{0}")]
+    Build(#[from] rustls::server::VerifierBuilderError),
 }
 
 impl ClientCertVerifier for TalosClientVerifier {
@@ -1479,12 +1487,25 @@ fn multierror(errors: &[String]) -> String {
 /// siderolabs/net v0.4.0 `ValidateEndpointURI` on `cluster.controlPlane.endpoint` (after
 /// Go's lenient `url.Parse`): a host is required, a port must be numeric and in 1..=65535,
 /// an IPv6 host must be bracketed. The scheme is not checked.
-fn validate_endpoint(ep: &str) -> Result<(), String> {
+/// Why `ValidateEndpointURI` refuses an endpoint, in its wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum EndpointError {
+    #[error("IPv6 addresses MUST be enclosed by square brackets")]
+    UnbracketedIpv6,
+    #[error("hostname must not be blank")]
+    BlankHost,
+    #[error("port number must be numeric")]
+    PortNotNumeric,
+    #[error("port number must be between 1 and 65535")]
+    PortRange,
+}
+
+fn validate_endpoint(ep: &str) -> Result<(), EndpointError> {
     let rest = ep.split_once("://").map_or("", |(_, r)| r);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if host_port.matches(':').count() > 2 && !(host_port.contains('[') && host_port.contains(']')) {
-        return Err("IPv6 addresses MUST be enclosed by square brackets".into());
+        return Err(EndpointError::UnbracketedIpv6);
     }
     let (host, port) = if let Some(r) = host_port.strip_prefix('[') {
         let (h, tail) = r.split_once(']').unwrap_or((r, ""));
@@ -1496,17 +1517,33 @@ fn validate_endpoint(ep: &str) -> Result<(), String> {
         }
     };
     if host.is_empty() {
-        return Err("hostname must not be blank".into());
+        return Err(EndpointError::BlankHost);
     }
     if !port.is_empty() {
-        let n: u64 = port
-            .parse()
-            .map_err(|_| "port number must be numeric".to_owned())?;
+        let n: u64 = port.parse().map_err(|_| EndpointError::PortNotNumeric)?;
         if !(1..=65535).contains(&n) {
-            return Err("port number must be between 1 and 65535".into());
+            return Err(EndpointError::PortRange);
         }
     }
     Ok(())
+}
+
+/// Why the double's config loader and validator refuse a config: the message, in Talos's
+/// wording and multierror layout, that Talos puts in its InvalidArgument status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct ConfigRefused(String);
+
+impl From<String> for ConfigRefused {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<&str> for ConfigRefused {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
 }
 
 /// Loads and validates a machine config as `ApplyConfiguration` does before anything is
@@ -1526,7 +1563,10 @@ fn validate_endpoint(ep: &str) -> Result<(), String> {
 /// typed documents' own validation, network/disk/CNI rules. Line numbers are those of the
 /// document's start. Stricter than Talos, because the double needs them to serve TLS:
 /// `machine.ca.crt` must be one PEM certificate (Talos only fails later, at boot).
-fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConfig>, String> {
+fn parse_config(
+    data: &[u8],
+    requires_install: bool,
+) -> Result<Option<ParsedConfig>, ConfigRefused> {
     use yaml_serde::Value;
     let text = std::str::from_utf8(data)
         .map_err(|_| "decode error: yaml: invalid leading UTF-8 octet".to_owned())?;
@@ -1548,7 +1588,7 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
         let map = match &value {
             Value::Null => continue,
             Value::Mapping(m) => m,
-            _ => return Err(format!("expected a YAML document at line {line}")),
+            _ => return Err(format!("expected a YAML document at line {line}").into()),
         };
         let api_version = str_at(&value, "apiVersion").unwrap_or_default();
         let kind = str_at(&value, "kind").unwrap_or_default();
@@ -1558,11 +1598,10 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
             str_at(&value, "name").unwrap_or_default()
         );
         if !seen.insert(id.clone()) {
-            return Err(format!(
-                "duplicate document {id} is not allowed (line {line})"
-            ));
+            return Err(format!("duplicate document {id} is not allowed (line {line})").into());
         }
-        let fail = |e: String| format!("error decoding document {id} (line {line}): {e}");
+        let fail =
+            |e: String| ConfigRefused(format!("error decoding document {id} (line {line}): {e}"));
         // The v1alpha1 document is the one with any of its legacy top-level keys.
         let legacy = ["machine", "cluster", "debug", "persist"]
             .iter()
@@ -1610,11 +1649,13 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
              *v1alpha1.Config: {e}"
         )
     };
-    let b64 = |field: &str, s: &str| -> Result<String, String> {
+    let b64 = |field: &str, s: &str| -> Result<String, ConfigRefused> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(s.trim())
-            .map_err(|e| decode_error(format!("{field}: illegal base64 data: {e}")))?;
-        String::from_utf8(bytes).map_err(|_| format!("{field}: not PEM text"))
+            .map_err(|e| {
+                ConfigRefused(decode_error(format!("{field}: illegal base64 data: {e}")))
+            })?;
+        String::from_utf8(bytes).map_err(|_| ConfigRefused(format!("{field}: not PEM text")))
     };
     let ca_crt = text_at(&["machine", "ca", "crt"]).filter(|c| !c.is_empty());
     let ca_key = text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty());
@@ -1735,10 +1776,7 @@ fn parse_config(data: &[u8], requires_install: bool) -> Result<Option<ParsedConf
     }
     if !errors.is_empty() {
         // `container.Validate` prefixes the v1alpha1 errors and collects them again.
-        return Err(multierror(&[format!(
-            "v1alpha1.Config: {}",
-            multierror(&errors)
-        )]));
+        return Err(multierror(&[format!("v1alpha1.Config: {}", multierror(&errors))]).into());
     }
 
     // What the double itself needs to serve TLS with this config.
@@ -1853,7 +1891,7 @@ impl NodeApi {
         let leaf = certs
             .first()
             .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-        let orgs = pki::organizations(leaf).map_err(Status::unauthenticated)?;
+        let orgs = pki::organizations(leaf).map_err(|e| Status::unauthenticated(e.to_string()))?;
         let mut roles = parse_roles(orgs.iter().map(String::as_str));
         let meta = req.metadata();
         if roles.iter().any(|r| r == "os:impersonator") {
@@ -2291,7 +2329,8 @@ impl MachineService for NodeApi {
         // their message unchanged (`v1alpha1_server.go`, ApplyConfiguration). Install
         // instructions are required only while the machine is not installed yet
         // (`modeWrapper.RequiresInstall`).
-        let parsed = parse_config(&req.data, maintenance).map_err(Status::invalid_argument)?;
+        let parsed = parse_config(&req.data, maintenance)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let text = String::from_utf8_lossy(&req.data).into_owned();
         let Some(parsed) = parsed else {
             if !maintenance {
@@ -3283,6 +3322,24 @@ mod tests {
         // A reset that does not leave etcd works on the same node.
         secured(node.addr()).reset(false, true).await.unwrap();
         node.wait_phase(Phase::Maintenance).await.unwrap();
+        node.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn served_connections_have_nagle_off_as_go_servers_do() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(FakeNodeConfig::new(ip(40), "nodelay"), &cluster)
+            .await
+            .unwrap();
+        // A bare TCP connection is enough: the option is set when the connection is
+        // accepted, before any TLS.
+        let client = TcpStream::connect(node.addr()).await.unwrap();
+        let served = crate::sim::probe::served_nodelay(node.addr(), client.local_addr().unwrap())
+            .await
+            .expect("the double accepts the connection");
+        assert!(served, "TCP_NODELAY is off on the served socket");
+        drop(client);
         node.shutdown().await;
     }
 

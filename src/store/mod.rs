@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
-pub use self::redb::RedbStore;
+pub use self::redb::{Closed, RedbStore};
 
 /// An event to append, for [`Store::append_events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,6 +261,10 @@ pub trait Store: Send + Sync {
 
     /// Store `value` under `key`, replacing any previous value.
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<()>;
+
+    /// Store every `(key, value)` as [`Store::put_meta`] does, all in one transaction (one
+    /// commit for a group of writers: all are durable, or none is).
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()>;
 
     /// Atomically store `new` under `key` only if the current value equals `expected`
     /// (`None`: only if the key is absent). This is how a non-repeatable step records its

@@ -79,6 +79,26 @@ const CACHE_BYTES: usize = 32 * 1024 * 1024;
 pub struct RedbStore {
     db: Database,
     path: PathBuf,
+    /// Dropped after `db` (fields drop in declaration order), so its receiver, a
+    /// [`Closed`], resolves only once the file and its lock are released.
+    closing: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Resolves once the store it came from ([`RedbStore::on_close`]) is closed: the last
+/// reference is gone and the file lock released, so the state directory can be opened again.
+#[derive(Debug)]
+pub struct Closed(tokio::sync::oneshot::Receiver<()>);
+
+impl std::future::Future for Closed {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        // Nothing is ever sent: the sender going away with the store is the signal.
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
 }
 
 impl fmt::Debug for RedbStore {
@@ -90,6 +110,14 @@ impl fmt::Debug for RedbStore {
 }
 
 impl RedbStore {
+    /// A future that resolves when this store is closed (see [`Closed`]). Asking again
+    /// replaces the earlier one, which then resolves at once.
+    pub fn on_close(&mut self) -> Closed {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.closing = Some(tx);
+        Closed(rx)
+    }
+
     /// Open (or create) `talboot.redb` in `state_dir`; see [`super::open`].
     pub fn open(state_dir: &Path) -> Result<Self> {
         ensure_state_dir(state_dir)?;
@@ -118,7 +146,11 @@ impl RedbStore {
             .create(&path)
             .map_err(|e| classify(&path, e.into()))?;
 
-        let store = Self { db, path };
+        let store = Self {
+            db,
+            path,
+            closing: None,
+        };
         store.check_schema()?;
         Ok(store)
     }
@@ -557,6 +589,18 @@ impl Store for RedbStore {
         self.write(|txn| {
             let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
             table.insert(key, value).map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            for (key, value) in entries {
+                table
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
             Ok(())
         })
     }
@@ -1322,6 +1366,30 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("talboot.redb"), "{msg}");
         assert!(msg.contains("another talboot running"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn closed_fires_when_the_last_reference_goes_and_the_lock_with_it() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let mut store = open(&state).unwrap();
+        let mut closed = store.on_close();
+        let store: Arc<dyn Store> = Arc::new(store);
+        let user = store.clone();
+        drop(store);
+        // A user is left (a blocking call still running, say): not closed, still locked.
+        assert!((&mut closed).now_or_never().is_none());
+        assert!(matches!(open(&state), Err(StoreError::Locked { .. })));
+        let last = std::thread::spawn(move || {
+            user.put_meta("k", b"v").unwrap();
+            drop(user);
+        });
+        closed.await;
+        // Once it has fired, the state directory opens again, with what was written.
+        let again = open(&state).unwrap();
+        assert_eq!(again.get_meta("k").unwrap().as_deref(), Some(&b"v"[..]));
+        last.join().unwrap();
     }
 
     #[test]

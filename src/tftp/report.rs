@@ -183,14 +183,13 @@ pub async fn publish_events(
     store: Arc<dyn Store>,
     inv: Arc<Inventory>,
     events: EventBus,
-) -> Result<(), String> {
+) {
     while let Some(ev) = rx.recv().await {
         if let Some((kind, detail)) = node_event(&ev) {
             let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
             events.publish(&node, kind, detail);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
