@@ -353,12 +353,8 @@ impl Bound {
                 .with_events(tx);
             let c = cancel.clone();
             tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
-            let report = crate::tftp::report::publish_events(
-                rx,
-                store.clone(),
-                inv.clone(),
-                events.clone(),
-            );
+            let report =
+                crate::tftp::report::publish_events(rx, store.clone(), inv.clone(), events.clone());
             tasks.spawn(async move {
                 report.await;
                 Ok(())

@@ -150,7 +150,12 @@ fn client_from(ip: &str) -> reqwest::Client {
 #[tokio::test]
 async fn with_a_provisioner_running_the_script_handler_writes_no_record() {
     let (commands, _provisioner_end) = talboot::provision::command_channel();
-    let env = start_with(Delivery::Push, talboot::http::server::Limits::default(), Some(commands)).await;
+    let env = start_with(
+        Delivery::Push,
+        talboot::http::server::Limits::default(),
+        Some(commands),
+    )
+    .await;
     lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
     let s = reqwest::Client::new()
         .get(format!(
