@@ -489,20 +489,7 @@ impl Decider<'_> {
 
 /// Find a TLV sub-option in an encapsulated option (43 or 175 style).
 fn find_sub_option(data: &[u8], code: u8) -> Option<&[u8]> {
-    let mut i = 0;
-    while i < data.len() {
-        match data[i] {
-            0 => i += 1,
-            255 => return None,
-            c => {
-                let len = usize::from(*data.get(i + 1)?);
-                let value = data.get(i + 2..i + 2 + len)?;
-                if c == code {
-                    return Some(value);
-                }
-                i += 2 + len;
-            }
-        }
-    }
-    None
+    super::wire::option_values(data)
+        .find(|(c, _)| *c == code)
+        .map(|(_, value)| value)
 }

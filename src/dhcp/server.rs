@@ -889,21 +889,9 @@ fn peek_msg_type(b: &[u8]) -> Option<MessageType> {
     if b.len() < 240 || b[236..240] != [99, 130, 83, 99] {
         return None;
     }
-    let mut i = 240;
-    while i < b.len() {
-        match b[i] {
-            0 => i += 1,
-            255 => return None,
-            code => {
-                let len = usize::from(*b.get(i + 1)?);
-                if code == 53 && len == 1 {
-                    return Some(MessageType::from(*b.get(i + 2)?));
-                }
-                i += 2 + len;
-            }
-        }
-    }
-    None
+    super::wire::option_values(&b[240..])
+        .find(|(code, data)| *code == 53 && data.len() == 1)
+        .map(|(_, data)| MessageType::from(data[0]))
 }
 
 fn msg_type_label(t: MessageType) -> &'static str {
