@@ -1,6 +1,7 @@
 //! DHCPv4 for network boot: the pure core (no sockets here).
 //!
-//! A datagram flows `wire::parse` (checked decode, malformed input dropped with a reason) ->
+//! The socket adapter queues datagrams in `queue` (bounded, oldest dropped first). A datagram
+//! flows `wire::parse` (checked decode, malformed input dropped with a reason) ->
 //! `flood` (per-MAC token bucket) -> `classify` (PXE / UEFI HTTP / iPXE, arch, UUID) ->
 //! `decide` (authoritative, proxy, PXE boot server; relays) against the read-only
 //! [`DecideCtx`] and the mutable [`LeaseBook`] -> `reply` (encode, echo option 82, pad to

@@ -5,9 +5,14 @@
 //! - sockets on `0.0.0.0:67` (and `:4011` for PXE boot-server requests) pinned to the serving
 //!   interface with `SO_BINDTODEVICE`, so a multi-homed host neither hears nor answers other
 //!   segments, and a limited broadcast leaves through that interface;
+//! - a bounded receive queue ([`super::queue`]): the socket readers never wait, and under
+//!   overload the oldest datagram is dropped and counted, as Kea's packet queue does;
 //! - the store: the lease book is rebuilt from it at start, and every lease change a decision
-//!   makes is committed before the reply that announces it is sent (durable before
-//!   acknowledged; an ACK whose lease could not be stored is not sent);
+//!   makes is committed, with the timeline events that announce it, before the reply is sent
+//!   (group commit, one transaction per burst). A binding is synced to disk before its ACK
+//!   leaves (durable before acknowledged; an ACK whose lease could not be stored is not sent);
+//!   offers are committed without a sync, since no reply promises them. A retransmitted
+//!   REQUEST is answered from the book without a new write (see [`super::leases`]);
 //! - the RFC 2131 §4.1 destination chosen by [`reply_target`](super::reply_target): to the
 //!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
 //!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
