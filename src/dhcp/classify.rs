@@ -67,24 +67,9 @@ pub struct IpxeFeatures {
 impl IpxeFeatures {
     /// Parse the TLV sub-options of option 175, tolerating a truncated tail.
     pub fn parse(data: &[u8]) -> Self {
-        let mut sub_options = BTreeMap::new();
-        let mut i = 0;
-        while i < data.len() {
-            let code = data[i];
-            if code == 0 {
-                i += 1;
-                continue;
-            }
-            if code == 255 {
-                break;
-            }
-            let Some(&len) = data.get(i + 1) else { break };
-            let Some(value) = data.get(i + 2..i + 2 + usize::from(len)) else {
-                break;
-            };
-            sub_options.insert(code, value.to_vec());
-            i += 2 + usize::from(len);
-        }
+        let sub_options = super::wire::option_values(data)
+            .map(|(code, value)| (code, value.to_vec()))
+            .collect();
         Self { sub_options }
     }
 

@@ -199,7 +199,11 @@ impl Decider<'_> {
                     requested_ip(msg),
                     now,
                 ) {
-                    Ok((ip, changes)) => self.reply(MessageType::Offer, Some(ip), changes),
+                    Ok((ip, changes)) => self.reply(
+                        MessageType::Offer,
+                        Some((ip, self.subnet.lease_time)),
+                        changes,
+                    ),
                     Err(e) => {
                         debug!(%mac, error = %e, "no address to offer");
                         drop_(DropReason::NoAddress)
@@ -224,7 +228,16 @@ impl Decider<'_> {
                     return self.nak("requested address is not on this network");
                 }
                 match book.bind(mac, ip, self.subnet.lease_time, now) {
-                    Ok(changes) => self.reply(MessageType::Ack, Some(ip), changes),
+                    // A fresh binding has the whole lease time left; a reused one (a
+                    // retransmission, see `LeaseBook::bind`) what remains of it, rounded up
+                    // so that a retransmitted REQUEST gets the ACK it got the first time.
+                    Ok(changes) => {
+                        let left = book.remaining(ip, now);
+                        let left = Duration::from_secs(
+                            left.as_secs() + u64::from(left.subsec_nanos() > 0),
+                        );
+                        self.reply(MessageType::Ack, Some((ip, left)), changes)
+                    }
                     Err(e) => {
                         debug!(%mac, %ip, error = %e, "request refused");
                         self.nak(&e.to_string())
@@ -331,12 +344,12 @@ impl Decider<'_> {
         self.finish(m, Vec::new())
     }
 
-    /// Build an OFFER or ACK. `yiaddr` is the address leased (None for proxy, 4011 and INFORM
-    /// replies, which carry no lease).
+    /// Build an OFFER or ACK. `yiaddr` is the address leased and the lease time it announces
+    /// (None for proxy, 4011 and INFORM replies, which carry no lease).
     fn reply(
         &self,
         kind: MessageType,
-        yiaddr: Option<Ipv4Addr>,
+        yiaddr: Option<(Ipv4Addr, Duration)>,
         changes: Vec<LeaseChange>,
     ) -> Decision {
         let req = &self.req.msg;
@@ -345,9 +358,9 @@ impl Decider<'_> {
         if kind == MessageType::Ack {
             m.set_ciaddr(req.ciaddr());
         }
-        if let Some(ip) = yiaddr {
+        if let Some((ip, lease)) = yiaddr {
             m.set_yiaddr(ip);
-            let lease = secs(self.subnet.lease_time);
+            let lease = secs(lease);
             m.opts_mut().insert(DhcpOption::AddressLeaseTime(lease));
             m.opts_mut().insert(DhcpOption::Renewal(lease / 2));
             m.opts_mut()
@@ -476,20 +489,7 @@ impl Decider<'_> {
 
 /// Find a TLV sub-option in an encapsulated option (43 or 175 style).
 fn find_sub_option(data: &[u8], code: u8) -> Option<&[u8]> {
-    let mut i = 0;
-    while i < data.len() {
-        match data[i] {
-            0 => i += 1,
-            255 => return None,
-            c => {
-                let len = usize::from(*data.get(i + 1)?);
-                let value = data.get(i + 2..i + 2 + len)?;
-                if c == code {
-                    return Some(value);
-                }
-                i += 2 + len;
-            }
-        }
-    }
-    None
+    super::wire::option_values(data)
+        .find(|(c, _)| *c == code)
+        .map(|(_, value)| value)
 }

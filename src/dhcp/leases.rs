@@ -14,6 +14,15 @@
 //! - a declined address is quarantined for everyone, its reserving MAC included, until the
 //!   quarantine ends;
 //! - an address held (offered or bound, not expired) by one MAC is never given to another.
+//!
+//! A REQUEST for the binding a client already holds, made within the first quarter of its
+//! lease (a retransmission, or a client that asks again at once), reuses the binding as it
+//! is: no change to persist, and the ACK carries the remaining lease time. This is Kea's lease
+//! caching (`cache-threshold`, `AllocEngine::setLeaseReusable` in isc-projects/kea
+//! `src/lib/dhcpsrv/alloc_engine.cc` at Kea-2.2.0: age below `threshold * valid-lifetime`,
+//! remaining lifetime sent, no `updateLease4`), here always on with a threshold of 0.25 so
+//! that retransmissions under overload cost no disk write. A binding whose last write is known
+//! to have failed ([`LeaseBook::mark_not_durable`]) is never reused: it is written again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -161,6 +170,10 @@ pub const DEFAULT_OFFER_HOLD: Duration = Duration::from_secs(60);
 /// Default quarantine after a DECLINE.
 pub const DEFAULT_QUARANTINE: Duration = Duration::from_secs(600);
 
+/// A binding younger than `lease / REUSE_DIVISOR` is reused as it is (Kea `cache-threshold`
+/// 0.25; see the module docs).
+const REUSE_DIVISOR: u32 = 4;
+
 /// The addresses talboot hands out and who holds them.
 #[derive(Debug, Clone)]
 pub struct LeaseBook {
@@ -177,6 +190,8 @@ pub struct LeaseBook {
     /// never-used address without probing every recorded one on each DISCOVER (which made an
     /// offer cost grow with the number of leases). Lowered whenever a record is dropped.
     unrecorded_from: BTreeMap<(Ipv4Addr, Ipv4Addr), u64>,
+    /// Addresses whose latest change the store failed to write: never reused unwritten.
+    not_durable: BTreeSet<Ipv4Addr>,
 }
 
 impl LeaseBook {
@@ -195,12 +210,31 @@ impl LeaseBook {
             leases: BTreeMap::new(),
             by_mac: BTreeMap::new(),
             unrecorded_from: BTreeMap::new(),
+            not_durable: BTreeSet::new(),
         }
+    }
+
+    /// The store could not write the latest change of `ip`: the next REQUEST for it writes
+    /// the binding again instead of reusing it (the socket adapter calls this when a commit
+    /// fails).
+    pub fn mark_not_durable(&mut self, ip: Ipv4Addr) {
+        if self.leases.contains_key(&ip) {
+            self.not_durable.insert(ip);
+        }
+    }
+
+    /// Time left on the record of `ip` at `now` (zero when lapsed or absent).
+    pub fn remaining(&self, ip: Ipv4Addr, now: SystemTime) -> Duration {
+        self.leases
+            .get(&ip)
+            .and_then(|l| l.expires.duration_since(now).ok())
+            .unwrap_or_default()
     }
 
     /// Drop the record for `ip`, keeping the never-used hints below every unrecorded address.
     fn drop_record(&mut self, ip: Ipv4Addr) {
         self.leases.remove(&ip);
+        self.not_durable.remove(&ip);
         let at = u64::from(u32::from(ip));
         for ((start, _), from) in self.unrecorded_from.iter_mut() {
             if *start <= ip && at < *from {
@@ -275,7 +309,9 @@ impl LeaseBook {
     /// are removed; the removals are returned.
     pub fn reconfigure(&mut self, cfg: LeaseBookConfig) -> Vec<LeaseChange> {
         let records: Vec<Lease> = self.leases.values().cloned().collect();
-        let (book, mut changes) = Self::restore(cfg, records.clone());
+        let (mut book, mut changes) = Self::restore(cfg, records.clone());
+        book.not_durable = std::mem::take(&mut self.not_durable);
+        book.not_durable.retain(|ip| book.leases.contains_key(ip));
         for old in records {
             if !book.leases.contains_key(&old.ip) && !changes.contains(&LeaseChange::Remove(old.ip))
             {
@@ -384,6 +420,7 @@ impl LeaseBook {
             state,
             expires,
         };
+        self.not_durable.remove(&ip);
         self.leases.insert(ip, lease.clone());
         self.by_mac.insert(mac, ip);
         changes.push(LeaseChange::Upsert(lease));
@@ -428,7 +465,9 @@ impl LeaseBook {
         Ok((ip, self.take(ip, mac, LeaseState::Offered, expires)))
     }
 
-    /// Bind `ip` to `mac` for `lease_time` (DHCPREQUEST accepted).
+    /// Bind `ip` to `mac` for `lease_time` (DHCPREQUEST accepted). A binding `mac` already
+    /// holds on `ip` that is younger than a quarter of `lease_time` is reused unchanged (no
+    /// changes returned; [`Self::remaining`] is what the ACK promises).
     pub fn bind(
         &mut self,
         mac: Mac,
@@ -445,7 +484,26 @@ impl LeaseBook {
         {
             return Err(LeaseError::WrongAddress { ip, expected });
         }
+        if self.reusable(ip, mac, lease_time, now) {
+            return Ok(Vec::new());
+        }
         Ok(self.take(ip, mac, LeaseState::Bound, now + lease_time))
+    }
+
+    /// `mac`'s binding on `ip` may answer a REQUEST as it is: bound, written, not lapsed, and
+    /// less than a quarter of `lease_time` old (never longer than `lease_time` either, so a
+    /// shortened lease time is written at once).
+    fn reusable(&self, ip: Ipv4Addr, mac: Mac, lease_time: Duration, now: SystemTime) -> bool {
+        let Some(l) = self.leases.get(&ip) else {
+            return false;
+        };
+        if l.mac != mac || l.state != LeaseState::Bound || self.not_durable.contains(&ip) {
+            return false;
+        }
+        let Ok(left) = l.expires.duration_since(now) else {
+            return false;
+        };
+        left <= lease_time && left > lease_time - lease_time / REUSE_DIVISOR
     }
 
     /// DHCPRELEASE: `mac` gives `ip` back.
@@ -639,6 +697,32 @@ mod tests {
             matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Bound && l.expires == t(3601))
         );
         assert_eq!(b.holder(ip(50), t(2)), Some(mac(1)));
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_young_binding_is_reused_unwritten_unless_its_write_failed() {
+        let mut b = LeaseBook::new(cfg());
+        b.bind(mac(1), ip(50), LEASE, t(0)).unwrap();
+        // A retransmission, and a REQUEST up to a quarter of the lease later: nothing to write,
+        // and the ACK promises what is left.
+        assert_eq!(b.bind(mac(1), ip(50), LEASE, t(0)), Ok(vec![]));
+        assert_eq!(b.bind(mac(1), ip(50), LEASE, t(899)), Ok(vec![]));
+        assert_eq!(b.remaining(ip(50), t(899)), Duration::from_secs(2701));
+        // Older than a quarter (a renewal at T1, say): written with a fresh expiry.
+        let ch = b.bind(mac(1), ip(50), LEASE, t(900)).unwrap();
+        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.expires == t(4500)));
+        // A shorter lease time than the one left is written at once.
+        assert_eq!(
+            b.bind(mac(1), ip(50), Duration::from_secs(60), t(901))
+                .unwrap()
+                .len(),
+            1
+        );
+        // The store could not write it: the next REQUEST writes it again, then reuse resumes.
+        b.mark_not_durable(ip(50));
+        assert_eq!(b.bind(mac(1), ip(50), LEASE, t(902)).unwrap().len(), 1);
+        assert_eq!(b.bind(mac(1), ip(50), LEASE, t(902)), Ok(vec![]));
         b.check_invariants().unwrap();
     }
 

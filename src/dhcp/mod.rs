@@ -1,6 +1,7 @@
 //! DHCPv4 for network boot: the pure core (no sockets here).
 //!
-//! A datagram flows `wire::parse` (checked decode, malformed input dropped with a reason) ->
+//! The socket adapter queues datagrams in `queue` (bounded, oldest dropped first). A datagram
+//! flows `wire::parse` (checked decode, malformed input dropped with a reason) ->
 //! `flood` (per-MAC token bucket) -> `classify` (PXE / UEFI HTTP / iPXE, arch, UUID) ->
 //! `decide` (authoritative, proxy, PXE boot server; relays) against the read-only
 //! [`DecideCtx`] and the mutable [`LeaseBook`] -> `reply` (encode, echo option 82, pad to
@@ -12,6 +13,7 @@ pub mod ctx;
 pub mod decide;
 pub mod flood;
 pub mod leases;
+pub mod queue;
 pub mod reply;
 pub mod server;
 pub mod wire;
@@ -25,7 +27,7 @@ pub use ctx::{BootTargets, DecideCtx, Host, Subnet};
 pub use decide::{Decision, Silence, decide};
 pub use flood::{FloodConfig, FloodLimiter};
 pub use leases::{Lease, LeaseBook, LeaseBookConfig, LeaseChange, LeaseError, LeaseState};
-pub use reply::{Reply, ReplyTarget, reply_target};
+pub use reply::{Reply, ReplySummary, ReplyTarget, reply_target};
 pub use wire::{DropReason, Request, ServerPort};
 
 /// The clocks a packet is handled at: wall time for leases (they are persisted and survive
@@ -51,6 +53,8 @@ pub enum Outcome {
         lease_changes: Vec<LeaseChange>,
         /// The client, for events.
         client: Box<ClientInfo>,
+        /// The reply's type, address and boot file, for events and metrics.
+        summary: ReplySummary,
     },
     /// Persist `lease_changes`; nothing to send.
     Silent {
@@ -152,6 +156,7 @@ impl DhcpCore {
                     to,
                     lease_changes,
                     client,
+                    summary: reply.summary(),
                 },
                 Err(e) => {
                     tracing::error!(mac = %req.mac, error = %e, "dropping a reply talboot could not encode");

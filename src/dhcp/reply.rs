@@ -17,6 +17,35 @@ pub struct Reply {
     pub relay_agent_info: Option<Vec<u8>>,
 }
 
+/// What the socket adapter reports about a reply (events, metrics), taken from the message
+/// before it is encoded so that nothing has to decode talboot's own reply again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplySummary {
+    /// Option 53 of the reply.
+    pub kind: MessageType,
+    /// The address leased (unspecified for proxy, 4011, INFORM and NAK replies).
+    pub yiaddr: Ipv4Addr,
+    /// The `file` field: the boot file named in the reply ("" if none).
+    pub boot_file: String,
+}
+
+impl Reply {
+    /// The reply's type, leased address and boot file.
+    pub fn summary(&self) -> ReplySummary {
+        ReplySummary {
+            kind: self
+                .message
+                .opts()
+                .msg_type()
+                .unwrap_or(MessageType::Unknown(0)),
+            yiaddr: self.message.yiaddr(),
+            boot_file: String::from_utf8_lossy(self.message.fname().unwrap_or_default())
+                .trim_end_matches('\0')
+                .to_string(),
+        }
+    }
+}
+
 /// Why a reply could not be encoded.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot encode DHCP reply: {0}")]

@@ -5,9 +5,14 @@
 //! - sockets on `0.0.0.0:67` (and `:4011` for PXE boot-server requests) pinned to the serving
 //!   interface with `SO_BINDTODEVICE`, so a multi-homed host neither hears nor answers other
 //!   segments, and a limited broadcast leaves through that interface;
+//! - a bounded receive queue ([`super::queue`]): the socket readers never wait, and under
+//!   overload the oldest datagram is dropped and counted, as Kea's packet queue does;
 //! - the store: the lease book is rebuilt from it at start, and every lease change a decision
-//!   makes is committed before the reply that announces it is sent (durable before
-//!   acknowledged; an ACK whose lease could not be stored is not sent);
+//!   makes is committed, with the timeline events that announce it, before the reply is sent
+//!   (group commit, one transaction per burst). A binding is synced to disk before its ACK
+//!   leaves (durable before acknowledged; an ACK whose lease could not be stored is not sent);
+//!   offers are committed without a sync, since no reply promises them. A retransmitted
+//!   REQUEST is answered from the book without a new write (see [`super::leases`]);
 //! - the RFC 2131 §4.1 destination chosen by [`reply_target`](super::reply_target): to the
 //!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
 //!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
@@ -20,7 +25,7 @@
 //! simulated relay agent's for relayed requests (giaddr set, as a top-of-rack relay does).
 //! The RFC 2131 destination is still decided by the core and logged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -38,10 +43,14 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::decide::Silence;
 use super::leases::{Lease, LeaseChange, LeaseState};
-use super::{DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplyTarget, ServerPort};
-use crate::events::{EventBus, EventKind, unknown_node_key};
+use super::queue::{self, RxQueue};
+use super::{
+    DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplySummary, ReplyTarget,
+    ServerPort,
+};
+use crate::events::{EventBus, EventKind, NodeEvent, unknown_node_key};
 use crate::inventory::{Mac, NetworkMode};
-use crate::store::{self, LeaseWrite, Store, StoreError};
+use crate::store::{self, LeaseCommit, LeaseWrite, Store, StoreError};
 
 /// Standard DHCP server port.
 pub const DHCP_PORT: u16 = 67;
@@ -220,26 +229,27 @@ impl DhcpServer {
             events,
         });
         let (jobs, job_rx) = mpsc::channel::<Job>(COMMIT_QUEUE);
-        let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone()));
+        let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
+        let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone(), not_durable_tx));
         let mut adapter = Adapter {
             core: DhcpCore::new(ctx, book, flood),
             jobs,
             replier,
+            not_durable,
             proxied: std::collections::VecDeque::new(),
         };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
-        let (tx, mut rx) = mpsc::channel::<Datagram>(256);
+        let rx = Arc::new(RxQueue::<Datagram>::new(queue::DEFAULT_CAPACITY));
         let mut readers = Vec::new();
         for (port, sock) in &self.sockets {
             readers.push(tokio::spawn(read_loop(
                 *port,
                 sock.clone(),
-                tx.clone(),
+                rx.clone(),
                 cancel.clone(),
             )));
         }
-        drop(tx);
         let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -248,11 +258,11 @@ impl DhcpServer {
                 _ = sweep.tick() => {
                     let changes = adapter.core.book.expire(SystemTime::now());
                     if !changes.is_empty() {
-                        adapter.enqueue(lease_writes(&changes, &BTreeMap::new()), After::Nothing).await;
+                        let writes = lease_writes(&changes, &BTreeMap::new());
+                        adapter.enqueue(writes, Vec::new(), false, None, After::Nothing).await;
                     }
                 }
-                got = rx.recv() => {
-                    let Some(dgram) = got else { break };
+                dgram = rx.pop() => {
                     let sock = self
                         .sockets
                         .iter()
@@ -324,7 +334,7 @@ impl Datagram {
 async fn read_loop(
     port: ServerPort,
     sock: Arc<UdpSocket>,
-    tx: mpsc::Sender<Datagram>,
+    queue: Arc<RxQueue<Datagram>>,
     cancel: CancellationToken,
 ) {
     let mut buf = vec![0u8; RECV_BUF];
@@ -340,8 +350,10 @@ async fn read_loop(
                     bytes: buf[..n].to_vec(),
                     source,
                 };
-                if tx.send(dgram).await.is_err() {
-                    return;
+                // Never wait for the core: a full queue sheds its oldest datagram.
+                if let Some(old) = queue.push(dgram) {
+                    counter!("dhcp_dropped_total", "reason" => "queue_full").increment(1);
+                    debug!(xid = format_args!("{:08x}", peek_xid(&old.bytes)), src = %old.source, "receive queue full: oldest request dropped");
                 }
             }
             Ok((_, SocketAddr::V6(_))) => {}
@@ -355,9 +367,10 @@ async fn read_loop(
 }
 
 /// Replies (and events) wait here while their lease writes are committed; bounded so a flood
-/// that outruns the disk slows the receive loop down instead of growing memory.
+/// that outruns the disk stops the handling loop, and the receive queue then sheds the oldest
+/// requests, instead of growing memory.
 const COMMIT_QUEUE: usize = 1024;
-/// Most writes committed in one transaction.
+/// Most rows (lease writes and events) committed in one transaction.
 const COMMIT_BATCH: usize = 512;
 
 /// The handling half: the core, deciding one datagram at a time, and the queue to the
@@ -367,6 +380,8 @@ struct Adapter {
     core: DhcpCore,
     jobs: mpsc::Sender<Job>,
     replier: Arc<Replier>,
+    /// Addresses whose write the committer could not make; the book must write them again.
+    not_durable: mpsc::UnboundedReceiver<Ipv4Addr>,
     /// Proxy mode: the recent exchanges (chaddr, xid) talboot answered with boot
     /// information, so the client's REQUEST of the site server's offer in the same exchange
     /// can be recorded as its ProxyDHCP binding.
@@ -376,9 +391,20 @@ struct Adapter {
 /// How many answered proxy exchanges are remembered (a rack boots a few hundred machines).
 const PROXIED_REMEMBERED: usize = 4096;
 
-/// Lease writes and what to do once they are durable.
+/// One decision's store rows and what to do once they are committed.
 struct Job {
-    writes: Vec<LeaseWrite>,
+    /// Lease writes and the timeline rows announcing them, committed together.
+    commit: LeaseCommit,
+    /// The same events, broadcast once committed.
+    events: Vec<NodeEvent>,
+    /// The batch holding this job must be synced before its reply leaves (an ACK's binding,
+    /// a release or decline). Offers and expiry sweeps need not: Kea does not store a lease
+    /// for a DHCPOFFER at all (`fake_allocation_` in isc-projects/kea
+    /// `src/lib/dhcpsrv/alloc_engine.cc` at Kea-2.2.0).
+    durable: bool,
+    /// A reused binding (retransmitted REQUEST) this reply announces without writing it:
+    /// sent only if that address's last write did not fail.
+    relies_on: Option<Ipv4Addr>,
     after: After,
     span: tracing::Span,
 }
@@ -392,26 +418,22 @@ enum After {
         to: ReplyTarget,
         /// The request's source (where a loopback simulation replies).
         source: SocketAddrV4,
-        mac: Mac,
-        port: ServerPort,
+        kind: MessageType,
         /// Proxy mode: the client address of this exchange, persisted as the MAC's
         /// ProxyDHCP binding before the reply leaves ([`crate::entitlement`]).
-        bind: Option<Ipv4Addr>,
-    },
-    /// Record this event.
-    Event {
-        mac: Mac,
-        kind: EventKind,
-        detail: &'static str,
+        bind: Option<(Mac, Ipv4Addr)>,
     },
     /// Proxy mode: persist the MAC's ProxyDHCP binding ([`crate::entitlement`]).
     Bind { mac: Mac, ip: Ipv4Addr },
-    /// Nothing (expiry sweeps).
+    /// Nothing (expiry sweeps, releases, declines).
     Nothing,
 }
 
 impl Adapter {
     async fn handle(&mut self, dgram: Datagram, sock: &Arc<UdpSocket>) {
+        while let Ok(ip) = self.not_durable.try_recv() {
+            self.core.book.mark_not_durable(ip);
+        }
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
@@ -435,7 +457,8 @@ impl Adapter {
                     && let Some((mac, ip)) = selected_address(&dgram.bytes)
                     && self.proxied.contains(&(mac, peek_xid(&dgram.bytes)))
                 {
-                    self.enqueue(Vec::new(), After::Bind { mac, ip }).await;
+                    self.enqueue(Vec::new(), Vec::new(), false, None, After::Bind { mac, ip })
+                        .await;
                 }
             }
             Outcome::Silent {
@@ -443,56 +466,88 @@ impl Adapter {
                 lease_changes,
             } => {
                 let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
-                let after = match (mac, reason) {
-                    (Some(mac), Silence::Released) => After::Event {
+                let event = match (mac, reason) {
+                    (Some(mac), Silence::Released) => {
+                        Some((mac, EventKind::DhcpRelease, "released its address"))
+                    }
+                    (Some(mac), Silence::Declined) => Some((
                         mac,
-                        kind: EventKind::DhcpRelease,
-                        detail: "released its address",
-                    },
-                    (Some(mac), Silence::Declined) => After::Event {
-                        mac,
-                        kind: EventKind::DhcpDecline,
-                        detail: "declined its address (conflict); quarantined",
-                    },
-                    _ => After::Nothing,
+                        EventKind::DhcpDecline,
+                        "declined its address (conflict); quarantined",
+                    )),
+                    _ => None,
                 };
-                self.enqueue(writes, after).await;
+                let durable = event.is_some();
+                let events = event
+                    .map(|(mac, kind, detail)| {
+                        self.replier
+                            .events
+                            .stamp(&self.replier.node_key(mac), kind, detail)
+                    })
+                    .into_iter()
+                    .collect();
+                self.enqueue(writes, events, durable, None, After::Nothing)
+                    .await;
             }
             Outcome::Send {
                 bytes,
                 to,
                 lease_changes,
                 client,
+                summary,
             } => {
                 let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
                 // In proxy mode talboot hands out no lease: the address the client speaks from
                 // in the PXE exchange it answered is the only binding of its MAC it ever sees.
                 let bind = (self.replier.mode == NetworkMode::Proxy)
                     .then(|| proxy_request_address(&dgram.bytes, *dgram.source.ip()))
-                    .flatten();
+                    .flatten()
+                    .map(|ip| (client.mac, ip));
                 if self.replier.mode == NetworkMode::Proxy {
                     if self.proxied.len() >= PROXIED_REMEMBERED {
                         self.proxied.pop_front();
                     }
                     self.proxied.push_back((client.mac, peek_xid(&dgram.bytes)));
                 }
+                let ack = summary.kind == MessageType::Ack;
+                let durable = ack && !writes.is_empty();
+                let relies_on = (ack && writes.is_empty() && !summary.yiaddr.is_unspecified())
+                    .then_some(summary.yiaddr);
+                let events = self
+                    .replier
+                    .reply_event(client.mac, dgram.port, &summary, to)
+                    .into_iter()
+                    .collect();
                 let after = After::Reply {
                     sock: sock.clone(),
                     bytes,
                     to,
                     source: dgram.source,
-                    mac: client.mac,
-                    port: dgram.port,
+                    kind: summary.kind,
                     bind,
                 };
-                self.enqueue(writes, after).await;
+                self.enqueue(writes, events, durable, relies_on, after)
+                    .await;
             }
         }
     }
 
-    async fn enqueue(&self, writes: Vec<LeaseWrite>, after: After) {
+    async fn enqueue(
+        &self,
+        writes: Vec<LeaseWrite>,
+        events: Vec<NodeEvent>,
+        durable: bool,
+        relies_on: Option<Ipv4Addr>,
+        after: After,
+    ) {
         let job = Job {
-            writes,
+            commit: LeaseCommit {
+                writes,
+                events: events.iter().map(NodeEvent::row).collect(),
+            },
+            events,
+            durable,
+            relies_on,
             after,
             span: tracing::Span::current(),
         };
@@ -527,61 +582,99 @@ fn lease_writes(changes: &[LeaseChange], names: &BTreeMap<Mac, String>) -> Vec<L
         .collect()
 }
 
-/// Group commit: take every job waiting, write all their lease changes in one durable
-/// transaction, then send the replies of the jobs whose writes all succeeded, in order. One
-/// fsync is shared by a whole burst of requests, and no reply leaves before its lease is on
-/// disk (durable before acknowledged).
-async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier: Arc<Replier>) {
+/// The address a lease write is about.
+fn write_ip(w: &LeaseWrite) -> Ipv4Addr {
+    match w {
+        LeaseWrite::Put(l) => l.ip,
+        LeaseWrite::RemoveIp(ip) => *ip,
+    }
+}
+
+/// Group commit: take every job waiting, write all their lease changes and events in one
+/// transaction (synced when any of them needs it), then send the replies of the jobs whose
+/// writes all succeeded, in order. One commit is shared by a whole burst of requests, the
+/// timeline rows ride in it instead of taking redb's write slot again, and no reply leaves
+/// before the lease it announces is on disk (durable before acknowledged).
+async fn commit_loop(
+    mut rx: mpsc::Receiver<Job>,
+    store: Arc<dyn Store>,
+    replier: Arc<Replier>,
+    not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
+) {
+    // Addresses whose latest write failed; a reused binding on one of them is not announced.
+    let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        let mut count = batch[0].writes.len();
+        let size = |j: &Job| j.commit.writes.len() + j.commit.events.len();
+        let mut count = size(&batch[0]);
         while count < COMMIT_BATCH {
             match rx.try_recv() {
                 Ok(job) => {
-                    count += job.writes.len();
+                    count += size(&job);
                     batch.push(job);
                 }
                 Err(_) => break,
             }
         }
-        let writes: Vec<LeaseWrite> = batch
+        batch.retain(|job| match job.relies_on {
+            Some(ip) if not_durable.contains(&ip) => {
+                let _enter = job.span.enter();
+                counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
+                error!(%ip, "binding is not on disk (its write failed); reply not sent");
+                let _ = not_durable_tx.send(ip);
+                false
+            }
+            _ => true,
+        });
+        let durable = batch.iter().any(|j| j.durable);
+        let ips: Vec<Vec<Ipv4Addr>> = batch
             .iter()
-            .flat_map(|j| j.writes.iter().cloned())
+            .map(|j| j.commit.writes.iter().map(write_ip).collect())
             .collect();
-        let results = if writes.is_empty() {
-            Ok(Vec::new())
+        let groups: Vec<LeaseCommit> = batch
+            .iter_mut()
+            .map(|j| std::mem::take(&mut j.commit))
+            .collect();
+        let results = if groups
+            .iter()
+            .all(|g| g.writes.is_empty() && g.events.is_empty())
+        {
+            Ok(groups.iter().map(|_| Ok(())).collect())
         } else {
             let store = store.clone();
             let now = unix(SystemTime::now());
-            tokio::task::spawn_blocking(move || store.apply_lease_writes(&writes, now))
+            tokio::task::spawn_blocking(move || store.commit_leases(&groups, durable, now))
                 .await
                 .map_err(join_error)
                 .and_then(|r| r)
         };
-        let mut offset = 0;
-        for job in batch {
-            let n = job.writes.len();
-            let ok = match &results {
-                Ok(rs) => rs[offset..offset + n].iter().all(Result::is_ok),
-                Err(_) => n == 0,
-            };
-            offset += n;
+        for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();
+            let ok = match &results {
+                Ok(rs) => rs[i].is_ok(),
+                // Nothing of this job had to be written: its reply still goes, and its
+                // events are persisted by the bus instead.
+                Err(_) => ips.is_empty(),
+            };
             if !ok {
                 // The client retries; the next attempt is decided and written again.
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 match &results {
                     Err(e) => error!(error = %e, "cannot persist lease; reply not sent"),
                     Ok(rs) => {
-                        for e in rs[offset - n..offset]
-                            .iter()
-                            .filter_map(|r| r.as_ref().err())
-                        {
+                        if let Err(e) = &rs[i] {
                             error!(error = %e, "lease write refused; reply not sent");
                         }
                     }
                 }
+                for ip in ips {
+                    not_durable.insert(ip);
+                    let _ = not_durable_tx.send(ip);
+                }
                 continue;
+            }
+            for ip in &ips {
+                not_durable.remove(ip);
             }
             match job.after {
                 After::Reply {
@@ -589,39 +682,24 @@ async fn commit_loop(mut rx: mpsc::Receiver<Job>, store: Arc<dyn Store>, replier
                     bytes,
                     to,
                     source,
-                    mac,
-                    port,
+                    kind,
                     bind,
                 } => {
-                    if let Some(ip) = bind {
-                        let store = store.clone();
-                        let now = unix(SystemTime::now());
-                        let done = tokio::task::spawn_blocking(move || {
-                            crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
-                        })
-                        .await;
-                        match done {
-                            Ok(Ok(())) => debug!(%mac, %ip, "ProxyDHCP binding recorded"),
-                            Ok(Err(e)) => {
-                                error!(%mac, error = %e, "cannot record ProxyDHCP binding")
-                            }
-                            Err(e) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
-                        }
+                    if let Some((mac, ip)) = bind {
+                        record_binding(&store, mac, ip).await;
                     }
-                    let reply = Message::decode(&mut Decoder::new(&bytes)).ok();
-                    let reply_type = reply.as_ref().and_then(|m| m.opts().msg_type());
                     replier.send(&sock, &bytes, to, source).await;
-                    counter!("dhcp_replies_total", "type" => reply_type.map(msg_type_label).unwrap_or("none"))
-                        .increment(1);
-                    if let Some(reply) = reply {
-                        replier.publish_reply(mac, port, &reply, to);
-                    }
-                }
-                After::Event { mac, kind, detail } => {
-                    replier.events.publish(&replier.node_key(mac), kind, detail);
+                    counter!("dhcp_replies_total", "type" => msg_type_label(kind)).increment(1);
                 }
                 After::Bind { mac, ip } => record_binding(&store, mac, ip).await,
                 After::Nothing => {}
+            }
+            for ev in job.events {
+                if results.is_ok() {
+                    replier.events.announce(ev);
+                } else {
+                    replier.events.publish(&ev.node, ev.kind, ev.detail);
+                }
             }
         }
     }
@@ -669,28 +747,29 @@ impl Replier {
         }
     }
 
-    fn publish_reply(&self, mac: Mac, port: ServerPort, reply: &Message, to: ReplyTarget) {
+    /// The timeline event of a reply about to be sent.
+    fn reply_event(
+        &self,
+        mac: Mac,
+        port: ServerPort,
+        reply: &ReplySummary,
+        to: ReplyTarget,
+    ) -> Option<NodeEvent> {
         let proxy = self.mode == NetworkMode::Proxy || port == ServerPort::PxeBoot;
-        // dhcproto's decoder keeps the field's terminating NUL.
-        let file = reply
-            .fname_str()
-            .and_then(|r| r.ok())
-            .unwrap_or("")
-            .trim_end_matches('\0')
-            .to_string();
-        let kind = match reply.opts().msg_type() {
-            Some(MessageType::Offer | MessageType::Ack) if proxy => EventKind::ProxyOffer,
-            Some(MessageType::Offer) => EventKind::DhcpOffer,
-            Some(MessageType::Ack) => EventKind::DhcpAck,
-            Some(MessageType::Nak) => EventKind::DhcpNak,
-            _ => return,
+        let file = &reply.boot_file;
+        let kind = match reply.kind {
+            MessageType::Offer | MessageType::Ack if proxy => EventKind::ProxyOffer,
+            MessageType::Offer => EventKind::DhcpOffer,
+            MessageType::Ack => EventKind::DhcpAck,
+            MessageType::Nak => EventKind::DhcpNak,
+            _ => return None,
         };
         let detail = match kind {
             EventKind::ProxyOffer => format!("boot file `{file}` via {to:?}"),
             EventKind::DhcpNak => "request refused (NAK)".to_string(),
-            _ => format!("{} (boot file `{file}`)", reply.yiaddr()),
+            _ => format!("{} (boot file `{file}`)", reply.yiaddr),
         };
-        self.events.publish(&self.node_key(mac), kind, detail);
+        Some(self.events.stamp(&self.node_key(mac), kind, detail))
     }
 
     fn node_key(&self, mac: Mac) -> String {
@@ -815,21 +894,9 @@ fn peek_msg_type(b: &[u8]) -> Option<MessageType> {
     if b.len() < 240 || b[236..240] != [99, 130, 83, 99] {
         return None;
     }
-    let mut i = 240;
-    while i < b.len() {
-        match b[i] {
-            0 => i += 1,
-            255 => return None,
-            code => {
-                let len = usize::from(*b.get(i + 1)?);
-                if code == 53 && len == 1 {
-                    return Some(MessageType::from(*b.get(i + 2)?));
-                }
-                i += 2 + len;
-            }
-        }
-    }
-    None
+    super::wire::option_values(&b[240..])
+        .find(|(code, data)| *code == 53 && data.len() == 1)
+        .map(|(_, data)| MessageType::from(data[0]))
 }
 
 fn msg_type_label(t: MessageType) -> &'static str {

@@ -1377,4 +1377,5 @@ fn view_from_inventory() {
 
 // ---------- ProxyDHCP as iPXE and EDK2 read it ----------
 
+mod overload;
 mod proxy_conformance;

@@ -193,35 +193,116 @@ struct OptionScan {
     relay_agent_info: Option<Vec<u8>>,
 }
 
+/// One element of an option walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tlv<'a> {
+    /// Pad (code 0), one byte without a length.
+    Pad,
+    /// An option: its code and data.
+    Opt(u8, &'a [u8]),
+}
+
+/// Why an option walk stopped before End.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlvError {
+    /// A length byte is missing or runs past the data.
+    Overrun,
+    /// The data ended without an End (255).
+    NoEnd,
+}
+
+/// The one walk over DHCP-style TLVs, for the option area of a message (after the magic
+/// cookie) and for encapsulated options (43, 175) alike: no length is trusted, End (255)
+/// ends the walk, and after an error nothing more is yielded.
+pub fn options(bytes: &[u8]) -> Options<'_> {
+    Options {
+        bytes,
+        at: 0,
+        done: false,
+    }
+}
+
+/// The options (code and data) of `bytes`, Pad skipped, up to End or the first error: what
+/// a lenient reader of sub-options wants.
+pub fn option_values(bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    options(bytes)
+        .map_while(Result::ok)
+        .filter_map(|t| match t {
+            Tlv::Opt(code, data) => Some((code, data)),
+            Tlv::Pad => None,
+        })
+}
+
+/// Iterator of [`options`].
+#[derive(Debug, Clone)]
+pub struct Options<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    done: bool,
+}
+
+impl<'a> Iterator for Options<'a> {
+    type Item = Result<Tlv<'a>, TlvError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let Some(&code) = self.bytes.get(self.at) else {
+            self.done = true;
+            return Some(Err(TlvError::NoEnd));
+        };
+        match code {
+            0 => {
+                self.at += 1;
+                Some(Ok(Tlv::Pad))
+            }
+            255 => {
+                self.done = true;
+                None
+            }
+            _ => {
+                let data = self
+                    .bytes
+                    .get(self.at + 1)
+                    .and_then(|&len| self.bytes.get(self.at + 2..self.at + 2 + usize::from(len)));
+                match data {
+                    Some(data) => {
+                        self.at += 2 + data.len();
+                        Some(Ok(Tlv::Opt(code, data)))
+                    }
+                    None => {
+                        self.done = true;
+                        Some(Err(TlvError::Overrun))
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Walk the option section of `bytes` (which starts after the magic cookie) without trusting
 /// any length, merging adjacent same-code options the way dhcproto does (RFC 3396).
 fn scan_options(bytes: &[u8]) -> Result<OptionScan, DropReason> {
     let mut codes = BTreeSet::new();
     let mut relay_agent_info = None;
-    let mut i = 0;
     // The current run of adjacent same-code options: (code, concatenated length, data).
     let mut run: Option<(u8, usize, Vec<u8>)> = None;
-    loop {
-        let Some(&code) = bytes.get(i) else {
-            return Err(DropReason::MissingEnd);
+    for item in options(bytes) {
+        let item = item.map_err(|e| match e {
+            TlvError::NoEnd => DropReason::MissingEnd,
+            TlvError::Overrun => DropReason::OptionOverrun,
+        })?;
+        let (code, data) = match item {
+            Tlv::Pad => {
+                if let Some((c, len, data)) = run.take() {
+                    finish_run(c, len, data, &mut relay_agent_info)?;
+                }
+                continue;
+            }
+            Tlv::Opt(code, data) => (code, data),
         };
-        if code == 0 || code == 255 {
-            if let Some((c, len, data)) = run.take() {
-                finish_run(c, len, data, &mut relay_agent_info)?;
-            }
-            if code == 255 {
-                return Ok(OptionScan {
-                    codes,
-                    relay_agent_info,
-                });
-            }
-            i += 1;
-            continue;
-        }
-        let len = usize::from(*bytes.get(i + 1).ok_or(DropReason::OptionOverrun)?);
-        let data = bytes
-            .get(i + 2..i + 2 + len)
-            .ok_or(DropReason::OptionOverrun)?;
+        let len = data.len();
         codes.insert(code);
         run = match run.take() {
             Some((c, total, mut acc)) if c == code => {
@@ -234,8 +315,15 @@ fn scan_options(bytes: &[u8]) -> Result<OptionScan, DropReason> {
             }
             None => Some((code, len, data.to_vec())),
         };
-        i += 2 + len;
     }
+    // End.
+    if let Some((c, len, data)) = run.take() {
+        finish_run(c, len, data, &mut relay_agent_info)?;
+    }
+    Ok(OptionScan {
+        codes,
+        relay_agent_info,
+    })
 }
 
 /// Check one concatenated option against the lengths dhcproto can decode without tripping a
@@ -445,6 +533,30 @@ pub(crate) mod tests {
             req.relay_agent_info.as_deref(),
             Some(&[1, 2, b'a', b'b', 0x99, 1, 7][..])
         );
+    }
+
+    #[test]
+    fn the_option_walk_skips_pads_stops_at_end_and_names_truncation() {
+        fn walk(b: &[u8]) -> Vec<Result<Tlv<'_>, TlvError>> {
+            options(b).collect()
+        }
+        assert_eq!(
+            walk(&[0, 53, 1, 1, 255, 7, 7]),
+            [Ok(Tlv::Pad), Ok(Tlv::Opt(53, &[1][..]))]
+        );
+        assert_eq!(
+            walk(&[12, 2, b'a']),
+            [Err(TlvError::Overrun)],
+            "length past the data"
+        );
+        assert_eq!(walk(&[12]), [Err(TlvError::Overrun)], "no length byte");
+        assert_eq!(
+            walk(&[12, 0]),
+            [Ok(Tlv::Opt(12, &[][..])), Err(TlvError::NoEnd)]
+        );
+        // The lenient reader of sub-options keeps what came before a bad tail.
+        let subs: Vec<_> = option_values(&[1, 1, 9, 0, 2, 5, 1]).collect();
+        assert_eq!(subs, [(1, &[9][..])]);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! DHCP or TFTP handler never waits for an fsync; the bus keeps the order of publication.
 //! Machines not in the inventory are recorded under `mac-<aa-bb-cc-dd-ee-ff>` so discovery has a
 //! timeline too; [`node_key_by_peer`] names the timeline of a request that only brings its
-//! source address (TFTP, HTTP). The store folds an event identical (kind and detail) to the
+//! source address (TFTP, HTTP). The DHCP server persists its own events in the transaction of
+//! the lease change they announce and only [`EventBus::announce`]s them. The store folds an event identical (kind and detail) to the
 //! node's previous one into that row with a count, so a repeated probe failure is one line.
 
 use std::fmt;
@@ -107,6 +108,18 @@ pub struct NodeEvent {
     pub at_unix_ms: u64,
 }
 
+impl NodeEvent {
+    /// The row the store appends for this event.
+    pub fn row(&self) -> NewEvent {
+        NewEvent {
+            node: self.node.clone(),
+            kind: self.kind.as_str().to_string(),
+            detail: self.detail.clone(),
+            at_unix_ms: self.at_unix_ms,
+        }
+    }
+}
+
 /// The timeline key for a machine that is not in the inventory.
 pub fn unknown_node_key(mac: Mac) -> String {
     format!("mac-{}", mac.to_string().replace(':', "-"))
@@ -190,15 +203,7 @@ impl EventBus {
                         Err(_) => break,
                     }
                 }
-                let rows: Vec<NewEvent> = batch
-                    .iter()
-                    .map(|ev| NewEvent {
-                        node: ev.node.clone(),
-                        kind: ev.kind.as_str().to_string(),
-                        detail: ev.detail.clone(),
-                        at_unix_ms: ev.at_unix_ms,
-                    })
-                    .collect();
+                let rows: Vec<NewEvent> = batch.iter().map(NodeEvent::row).collect();
                 if let Err(e) = store.append_events(&rows) {
                     tracing::error!(events = rows.len(), error = %e, "cannot persist events");
                 }
@@ -213,16 +218,30 @@ impl EventBus {
 
     /// Publish an event now.
     pub fn publish(&self, node: &str, kind: EventKind, detail: impl Into<String>) {
-        let ev = NodeEvent {
-            node: node.to_string(),
-            kind,
-            detail: detail.into(),
-            at_unix_ms: self.clock.now_unix_ms(),
-        };
+        let ev = self.stamp(node, kind, detail);
         tracing::info!(node = %ev.node, kind = %ev.kind, detail = %ev.detail, "event");
         if self.queue.send(ev).is_err() {
             tracing::error!("event writer has stopped; event dropped");
         }
+    }
+
+    /// An event stamped with the bus's clock, for a publisher that persists it itself (in the
+    /// same transaction as the change it records) and then [`announce`](Self::announce)s it.
+    pub fn stamp(&self, node: &str, kind: EventKind, detail: impl Into<String>) -> NodeEvent {
+        NodeEvent {
+            node: node.to_string(),
+            kind,
+            detail: detail.into(),
+            at_unix_ms: self.clock.now_unix_ms(),
+        }
+    }
+
+    /// Broadcast an event its publisher has already persisted (the DHCP server commits a lease
+    /// change and its events together, so they do not take redb's write slot twice).
+    pub fn announce(&self, ev: NodeEvent) {
+        tracing::info!(node = %ev.node, kind = %ev.kind, detail = %ev.detail, "event");
+        // Nobody listening is fine.
+        let _ = self.live.send(ev);
     }
 
     /// Receive events published after this call (after they are persisted).

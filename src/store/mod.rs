@@ -66,6 +66,16 @@ pub struct NodeWrite {
     pub parts: Vec<(NodePart, Vec<u8>)>,
 }
 
+/// One DHCP decision's lease writes and the timeline events that announce it, for
+/// [`Store::commit_leases`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseCommit {
+    /// Lease changes, applied in order.
+    pub writes: Vec<LeaseWrite>,
+    /// Events appended only when every write of this group was applied.
+    pub events: Vec<NewEvent>,
+}
+
 /// One change to the lease records, for [`Store::apply_lease_writes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseWrite {
@@ -216,6 +226,25 @@ pub trait Store: Send + Sync {
     /// result: an [`StoreError::AddressHeld`] refusal skips that write only; any other error
     /// aborts the whole batch and is returned as the outer error.
     fn apply_lease_writes(&self, writes: &[LeaseWrite], now_unix: u64) -> Result<Vec<Result<()>>>;
+
+    /// Apply several groups of lease writes and their events in one transaction: the DHCP
+    /// server's group commit, so a lease change and the timeline rows that announce it are
+    /// written together and the DHCP path takes redb's single write slot once per burst
+    /// instead of twice. Each group gets one result: the first [`StoreError::AddressHeld`]
+    /// refusal among its writes (its other writes still apply, as in
+    /// [`Self::apply_lease_writes`]; its events are then not appended). Any other error aborts
+    /// everything and is the outer error.
+    ///
+    /// With `durable` false the commit is not synced to disk (the one exception to the
+    /// trait's durability rule): it becomes durable with the next durable commit, and a crash
+    /// before that loses it. The DHCP server uses this only for changes no reply promises to
+    /// be durable (offers, expiry sweeps), as Kea does not store a lease for a DHCPOFFER.
+    fn commit_leases(
+        &self,
+        groups: &[LeaseCommit],
+        durable: bool,
+        now_unix: u64,
+    ) -> Result<Vec<Result<()>>>;
 
     /// Remove the current lease of `mac`; returns it if there was one.
     fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>>;

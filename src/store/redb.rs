@@ -10,7 +10,8 @@
 //! - `cluster_meta`: `&str -> bytes`, the small key/value space behind `get_meta`.
 //!
 //! Every mutating method is exactly one write transaction committed with
-//! [`Durability::Immediate`], so the change is on disk when the method returns.
+//! [`Durability::Immediate`], so the change is on disk when the method returns; the one
+//! exception is [`Store::commit_leases`] called with `durable: false` (see there).
 //!
 //! The file is opened with redb's integrity check: every page checksum is verified before the
 //! store is used, so damage done outside redb is refused as [`StoreError::Corrupt`] (the file
@@ -34,8 +35,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, Event, Lease, LeaseState, LeaseWrite, NewEvent, NodePart, NodeRecord, NodeWrite,
-    Result, SCHEMA_VERSION, Store, StoreError, store_path,
+    CasOutcome, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent, NodePart, NodeRecord,
+    NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -241,10 +242,18 @@ impl RedbStore {
     /// Run `f` in one write transaction and commit it durably. An error from `f` drops the
     /// transaction, which aborts it: nothing of a failed call is written.
     fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+        self.write_with(Durability::Immediate, f)
+    }
+
+    /// [`Self::write`] with the durability asked for ([`Store::commit_leases`] only).
+    fn write_with<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&WriteTransaction) -> Result<T>,
+    ) -> Result<T> {
         let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
         // Immediate is redb's default; set it so that the guarantee does not hinge on a default.
-        txn.set_durability(Durability::Immediate)
-            .map_err(|e| self.err(e))?;
+        txn.set_durability(durability).map_err(|e| self.err(e))?;
         let out = f(&txn)?;
         txn.commit().map_err(|e| self.err(e))?;
         Ok(out)
@@ -525,6 +534,48 @@ impl Store for RedbStore {
             out.push(self.decode("nodes", k.value(), v.value())?);
         }
         Ok(out)
+    }
+
+    fn commit_leases(
+        &self,
+        groups: &[LeaseCommit],
+        durable: bool,
+        now_unix: u64,
+    ) -> Result<Vec<Result<()>>> {
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        self.write_with(durability, |txn| {
+            let mut results = Vec::with_capacity(groups.len());
+            for group in groups {
+                let mut refused = None;
+                for w in &group.writes {
+                    let r = match w {
+                        LeaseWrite::Put(lease) => self.put_lease_in(txn, lease, now_unix),
+                        LeaseWrite::RemoveIp(ip) => self.delete_ip_in(txn, *ip).map(|_| ()),
+                    };
+                    match r {
+                        Err(e @ StoreError::AddressHeld { .. }) => {
+                            refused.get_or_insert(e);
+                        }
+                        Err(e) => return Err(e),
+                        Ok(()) => {}
+                    }
+                }
+                match refused {
+                    Some(e) => results.push(Err(e)),
+                    None => {
+                        for e in &group.events {
+                            self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms)?;
+                        }
+                        results.push(Ok(()));
+                    }
+                }
+            }
+            Ok(results)
+        })
     }
 
     fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64> {
@@ -927,6 +978,59 @@ mod tests {
         assert_eq!(s.lease(mac(1)).unwrap().unwrap().ip, ip(10));
         assert_eq!(s.lease(mac(3)).unwrap(), None);
         assert_eq!(s.lease(mac(5)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_lease_commit_writes_leases_and_events_together_and_skips_the_events_of_a_refusal() {
+        let (_d, s) = fresh();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
+            .unwrap();
+        let ev = |node: &str, kind: &str| NewEvent {
+            node: node.into(),
+            kind: kind.into(),
+            detail: "d".into(),
+            at_unix_ms: 5,
+        };
+        let got = s
+            .commit_leases(
+                &[
+                    LeaseCommit {
+                        writes: vec![LeaseWrite::Put(lease(2, 20, LeaseState::Bound, 1000))],
+                        events: vec![ev("n2", "dhcp.ack")],
+                    },
+                    // Address 10 is held by client 1: refused, and its event is not written.
+                    LeaseCommit {
+                        writes: vec![LeaseWrite::Put(lease(3, 10, LeaseState::Bound, 1000))],
+                        events: vec![ev("n3", "dhcp.ack")],
+                    },
+                    LeaseCommit {
+                        writes: Vec::new(),
+                        events: vec![ev("n4", "dhcp.ack")],
+                    },
+                ],
+                true,
+                100,
+            )
+            .unwrap();
+        assert!(got[0].is_ok());
+        assert!(matches!(got[1], Err(StoreError::AddressHeld { .. })));
+        assert!(got[2].is_ok());
+        assert_eq!(s.lease(mac(2)).unwrap().unwrap().ip, ip(20));
+        assert_eq!(s.lease(mac(3)).unwrap(), None);
+        assert_eq!(s.events("n2", 0, 10).unwrap().len(), 1);
+        assert!(s.events("n3", 0, 10).unwrap().is_empty());
+        assert_eq!(s.events("n4", 0, 10).unwrap().len(), 1);
+        // A non-durable commit is visible at once and lasts once a durable one follows.
+        s.commit_leases(
+            &[LeaseCommit {
+                writes: vec![LeaseWrite::Put(lease(5, 50, LeaseState::Offered, 1000))],
+                events: Vec::new(),
+            }],
+            false,
+            100,
+        )
+        .unwrap();
+        assert_eq!(s.lease(mac(5)).unwrap().unwrap().ip, ip(50));
     }
 
     #[test]

@@ -1,0 +1,312 @@
+//! The socket adapter under retransmission and store failure, through a real (loopback)
+//! socket and a store double that records every commit: a lease is on disk before its ACK
+//! leaves, its timeline event is in the same transaction, and a retransmitted REQUEST is
+//! answered from the book without a second write, unless that write had failed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::events::{EventBus, SystemClock};
+use crate::store::{
+    self, CasOutcome, Event, LeaseCommit, LeaseWrite, NewEvent, NodeRecord, Store, StoreError,
+};
+
+/// One call of [`Store::commit_leases`] that returned Ok, as the double saw it.
+#[derive(Debug, Clone)]
+struct Commit {
+    durable: bool,
+    bound: Vec<Ipv4Addr>,
+    events: Vec<String>,
+}
+
+/// A redb store that records successful lease commits (after a pause, so that a reply sent
+/// before its commit returned would reach the client before the record exists) and can be
+/// told to fail the next durable one.
+struct Recorder {
+    inner: store::RedbStore,
+    log: Mutex<Vec<Commit>>,
+    appended: Mutex<Vec<String>>,
+    fail_next_durable: AtomicBool,
+    failed: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+impl Recorder {
+    fn commits(&self) -> Vec<Commit> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Store for Recorder {
+    fn commit_leases(
+        &self,
+        groups: &[LeaseCommit],
+        durable: bool,
+        now_unix: u64,
+    ) -> store::Result<Vec<store::Result<()>>> {
+        if durable && self.fail_next_durable.swap(false, Ordering::SeqCst) {
+            if let Some(tx) = self.failed.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            return Err(StoreError::Io {
+                file: "recorder".into(),
+                source: std::io::Error::other("injected commit failure"),
+            });
+        }
+        let out = self.inner.commit_leases(groups, durable, now_unix)?;
+        std::thread::sleep(Duration::from_millis(100));
+        let bound = groups
+            .iter()
+            .flat_map(|g| &g.writes)
+            .filter_map(|w| match w {
+                LeaseWrite::Put(l) if l.state == store::LeaseState::Bound => Some(l.ip),
+                _ => None,
+            })
+            .collect();
+        let events = groups
+            .iter()
+            .flat_map(|g| &g.events)
+            .map(|e| e.kind.clone())
+            .collect();
+        self.log.lock().unwrap().push(Commit {
+            durable,
+            bound,
+            events,
+        });
+        Ok(out)
+    }
+    fn append_events(&self, events: &[NewEvent]) -> store::Result<Vec<u64>> {
+        self.appended
+            .lock()
+            .unwrap()
+            .extend(events.iter().map(|e| e.kind.clone()));
+        self.inner.append_events(events)
+    }
+    fn lease(&self, mac: Mac) -> store::Result<Option<store::Lease>> {
+        self.inner.lease(mac)
+    }
+    fn lease_by_ip(&self, ip: Ipv4Addr) -> store::Result<Option<store::Lease>> {
+        self.inner.lease_by_ip(ip)
+    }
+    fn leases(&self) -> store::Result<Vec<store::Lease>> {
+        self.inner.leases()
+    }
+    fn put_lease(&self, lease: &store::Lease, now_unix: u64) -> store::Result<()> {
+        self.inner.put_lease(lease, now_unix)
+    }
+    fn apply_lease_writes(
+        &self,
+        writes: &[LeaseWrite],
+        now_unix: u64,
+    ) -> store::Result<Vec<store::Result<()>>> {
+        self.inner.apply_lease_writes(writes, now_unix)
+    }
+    fn delete_lease(&self, mac: Mac) -> store::Result<Option<store::Lease>> {
+        self.inner.delete_lease(mac)
+    }
+    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> store::Result<Option<store::Lease>> {
+        self.inner.delete_lease_by_ip(ip)
+    }
+    fn node(&self, name: &str) -> store::Result<Option<NodeRecord>> {
+        self.inner.node(name)
+    }
+    fn put_node(&self, node: &NodeRecord) -> store::Result<()> {
+        self.inner.put_node(node)
+    }
+    fn nodes(&self) -> store::Result<Vec<NodeRecord>> {
+        self.inner.nodes()
+    }
+    fn append_event(
+        &self,
+        node: &str,
+        kind: &str,
+        detail: &str,
+        at_unix_ms: u64,
+    ) -> store::Result<u64> {
+        self.inner.append_event(node, kind, detail, at_unix_ms)
+    }
+    fn events(&self, node: &str, since_seq: u64, limit: usize) -> store::Result<Vec<Event>> {
+        self.inner.events(node, since_seq, limit)
+    }
+    fn last_event(&self, node: &str) -> store::Result<Option<Event>> {
+        self.inner.last_event(node)
+    }
+    fn get_meta(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.get_meta(key)
+    }
+    fn put_meta(&self, key: &str, value: &[u8]) -> store::Result<()> {
+        self.inner.put_meta(key, value)
+    }
+    fn compare_and_set_meta(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> store::Result<CasOutcome> {
+        self.inner.compare_and_set_meta(key, expected, new)
+    }
+    fn export_json(&self) -> store::Result<serde_json::Value> {
+        self.inner.export_json()
+    }
+}
+
+struct Running {
+    _dir: tempfile::TempDir,
+    store: Arc<Recorder>,
+    server: SocketAddr,
+    client: tokio::net::UdpSocket,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start() -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Recorder {
+        inner: store::open(dir.path()).unwrap(),
+        log: Mutex::new(Vec::new()),
+        appended: Mutex::new(Vec::new()),
+        fail_next_durable: AtomicBool::new(false),
+        failed: Mutex::new(None),
+    });
+    let srv = server::DhcpServer::bind_loopback(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = srv.local_addr().unwrap();
+    let (bus, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (store, cancel): (Arc<dyn Store>, _) = (store.clone(), cancel.clone());
+        async move {
+            let ctx = ctx(NetworkMode::Authoritative, UnknownPolicy::Discover);
+            srv.run(ctx, FloodConfig::default(), store, bus, cancel)
+                .await
+                .unwrap();
+        }
+    });
+    let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    Running {
+        _dir: dir,
+        store,
+        server: addr,
+        client,
+        cancel,
+        task,
+    }
+}
+
+impl Running {
+    async fn send(&self, bytes: &[u8]) {
+        self.client.send_to(bytes, self.server).await.unwrap();
+    }
+
+    /// The next datagram, or None after `wait` (a client's retransmission timer).
+    async fn recv(&self, wait: Duration) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 1500];
+        match tokio::time::timeout(wait, self.client.recv(&mut buf)).await {
+            Ok(Ok(n)) => Some(buf[..n].to_vec()),
+            _ => None,
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+fn request_cp1() -> Vec<u8> {
+    with(
+        m(MessageType::Request, CP1),
+        [sid(SERVER), want("10.0.0.11")],
+    )
+    .to_vec()
+    .unwrap()
+}
+
+fn decoded(b: &[u8]) -> Message {
+    Message::decode(&mut dhcproto::Decoder::new(b)).unwrap()
+}
+
+/// Safety net for a reply that must come (a broken server fails the test instead of hanging).
+const MUST_ARRIVE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retransmitted_request_gets_the_same_ack_without_a_second_durable_write() {
+    let r = start().await;
+    let req = request_cp1();
+    r.send(&req).await;
+    let first = r.recv(MUST_ARRIVE).await.expect("ACK");
+    assert_eq!(decoded(&first).opts().msg_type(), Some(MessageType::Ack));
+    // On disk before it left: the double records a commit only after a pause once the commit
+    // returned, so an ACK sent any earlier would be here before the record.
+    let commits = r.store.commits();
+    let binding: Vec<&Commit> = commits
+        .iter()
+        .filter(|c| c.bound.contains(&ip("10.0.0.11")))
+        .collect();
+    assert_eq!(binding.len(), 1, "{commits:?}");
+    assert!(binding[0].durable);
+    // Its timeline event went in the same transaction, not through the bus's own writer.
+    assert!(binding[0].events.contains(&"dhcp.ack".to_string()));
+
+    r.send(&req).await;
+    let again = r.recv(MUST_ARRIVE).await.expect("second ACK");
+    assert_eq!(again, first, "the retransmission gets the same ACK");
+    let commits = r.store.commits();
+    assert_eq!(
+        commits
+            .iter()
+            .filter(|c| c.bound.contains(&ip("10.0.0.11")))
+            .count(),
+        1,
+        "no second write of the binding: {commits:?}"
+    );
+    assert!(
+        commits.iter().filter(|c| c.durable).count() == 1,
+        "no second durable commit: {commits:?}"
+    );
+    assert!(
+        !r.store
+            .appended
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|k| k == "dhcp.ack")
+    );
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_whose_write_failed_is_written_again_before_any_ack() {
+    let r = start().await;
+    let (tx, failed) = std::sync::mpsc::channel();
+    *r.store.failed.lock().unwrap() = Some(tx);
+    r.store.fail_next_durable.store(true, Ordering::SeqCst);
+    let req = request_cp1();
+    r.send(&req).await;
+    tokio::task::spawn_blocking(move || failed.recv().unwrap())
+        .await
+        .unwrap();
+    // The client retransmits until answered; whichever attempt is answered, its binding must
+    // have been written (durably) by then, never answered from the book alone.
+    let mut ack = None;
+    for _ in 0..20 {
+        r.send(&req).await;
+        if let Some(b) = r.recv(Duration::from_millis(500)).await {
+            ack = Some(b);
+            break;
+        }
+    }
+    let ack = ack.expect("an ACK once the store works again");
+    assert_eq!(decoded(&ack).opts().msg_type(), Some(MessageType::Ack));
+    assert!(
+        r.store
+            .commits()
+            .iter()
+            .any(|c| c.durable && c.bound.contains(&ip("10.0.0.11"))),
+        "ACK sent for a binding that is not on disk: {:?}",
+        r.store.commits()
+    );
+    r.stop().await;
+}
