@@ -119,6 +119,15 @@ impl Store for Recorder {
     fn nodes(&self) -> store::Result<Vec<NodeRecord>> {
         self.inner.nodes()
     }
+    fn node_part(&self, name: &str, part: store::NodePart) -> store::Result<Option<Vec<u8>>> {
+        self.inner.node_part(name, part)
+    }
+    fn put_node_states(&self, writes: &[store::NodeWrite]) -> store::Result<()> {
+        self.inner.put_node_states(writes)
+    }
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> store::Result<()> {
+        self.inner.put_metas(entries)
+    }
     fn append_event(
         &self,
         node: &str,
