@@ -622,9 +622,11 @@ mod from_talos {
             .unwrap();
         }
 
-        // Configure the node, a restart before every step.
+        // Configure the node, a restart before every step. The double installs
+        // asynchronously, so a waiting step is retried until the install is done; the
+        // iteration cap only guards against a hang.
         let mut settled = false;
-        for _ in 0..20 {
+        for _ in 0..600 {
             let t = boot(&world, &ca);
             let step = t.prov().step_node("cp1").await.unwrap();
             t.kill().await;
@@ -641,6 +643,7 @@ mod from_talos {
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         }
