@@ -22,7 +22,7 @@ use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the appliance could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +69,7 @@ pub enum BindCause {
 
 /// Why a server stopped on its own (which stops the others): what [`Running::wait`] returns.
 #[derive(Debug, thiserror::Error)]
-pub enum ServerFailure {
+pub(crate) enum ServerFailure {
     /// The provisioning HTTP server.
     #[error("http: {0}")]
     Http(#[source] std::io::Error),
@@ -89,7 +89,7 @@ pub enum ServerFailure {
 
 /// Everything the appliance runs, decided (and checked) before any socket is bound. `serve`
 /// builds one from its flags, `talboot demo` one for loopback.
-pub struct Plan {
+pub(crate) struct Plan {
     /// The validated inventory.
     pub inventory: Arc<Inventory>,
     /// The verified boot artifact catalog.
@@ -97,7 +97,7 @@ pub struct Plan {
     /// Where the artifacts are.
     pub images_dir: PathBuf,
     /// The iPXE binaries' directory, read once by [`Plan::bind`] (see [`crate::firststage`]).
-    pub ipxe_dir: PathBuf,
+    pub(crate) ipxe_dir: PathBuf,
     /// Rendered configs for pull delivery.
     pub configs: PathBuf,
     /// State directory (the store).
@@ -110,7 +110,7 @@ pub struct Plan {
     /// [`Plan::bind`]), so the provisioning network never reaches it.
     pub admin: SocketAddr,
     /// Timeouts and connection cap of both HTTP listeners (`serve --http-*`).
-    pub http_limits: http::server::Limits,
+    pub(crate) http_limits: http::server::Limits,
     /// TFTP listen address and settings, if TFTP runs.
     pub tftp: Option<(SocketAddr, TftpConfig)>,
     /// DHCP, if it runs.
@@ -122,7 +122,7 @@ pub struct Plan {
 }
 
 /// Where DHCP listens.
-pub enum DhcpPlan {
+pub(crate) enum DhcpPlan {
     /// A real segment: `0.0.0.0` on these ports, pinned to the interface.
     Interface {
         /// Interface name.
@@ -135,7 +135,7 @@ pub enum DhcpPlan {
 }
 
 /// What push provisioning needs.
-pub struct ProvisioningPlan {
+pub(crate) struct ProvisioningPlan {
     /// Machine config renderer.
     pub renderer: Arc<dyn crate::provision::ConfigRenderer>,
     /// Admin Talos credentials.
@@ -252,17 +252,17 @@ impl Plan {
 
 impl Bound {
     /// The bound HTTP address.
-    pub fn http_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn http_addr(&self) -> Option<SocketAddr> {
         self.http.local_addr().ok()
     }
 
     /// The bound admin API address.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.local_addr().ok()
     }
 
     /// The bound TFTP address.
-    pub fn tftp_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn tftp_addr(&self) -> Option<SocketAddr> {
         self.tftp.as_ref().and_then(|s| s.local_addr().ok())
     }
 
@@ -447,9 +447,9 @@ pub struct Running {
     /// `http://advertise:port`.
     pub base_url: String,
     /// `http://<admin listen address>`, where `/api/*` and `/metrics` are served.
-    pub admin_url: String,
+    pub(crate) admin_url: String,
     /// Inventory nodes served.
-    pub node_count: usize,
+    pub(crate) node_count: usize,
     tasks: JoinSet<Result<(), ServerFailure>>,
     event_writer: tokio::task::JoinHandle<()>,
     store_closed: store::Closed,

@@ -68,7 +68,7 @@ pub struct ProxyBinding {
     /// The client's address (ciaddr of its ProxyDHCP request).
     pub ip: Ipv4Addr,
     /// When it was seen, seconds since the epoch.
-    pub seen_at_unix: u64,
+    pub(crate) seen_at_unix: u64,
 }
 
 fn proxy_key(mac: Mac) -> String {
@@ -105,7 +105,7 @@ pub fn proxy_binding(store: &dyn Store, mac: Mac) -> Result<Option<ProxyBinding>
 /// The client address a ProxyDHCP request carries, if it has one worth binding: its `ciaddr`,
 /// else (not relayed) the source address of the datagram. A request from `0.0.0.0` with no
 /// `ciaddr` (the broadcast DISCOVER before the client has an address) binds nothing.
-pub fn proxy_client_address(
+pub(crate) fn proxy_client_address(
     ciaddr: Ipv4Addr,
     giaddr: Ipv4Addr,
     source: Ipv4Addr,
@@ -119,7 +119,7 @@ pub fn proxy_client_address(
 
 /// Pure: the binding among `leases` (authoritative) or `proxies` (proxy) of a node, in the
 /// order of the node's MACs. Only a `bound`, unexpired lease counts: an offer is not a binding.
-pub fn choose(
+pub(crate) fn choose(
     mode: NetworkMode,
     leases: &[Lease],
     proxies: &[ProxyBinding],
@@ -143,7 +143,7 @@ pub fn choose(
 }
 
 /// The address a node with `macs` may receive its config at, read from the store.
-pub fn bound_address(
+pub(crate) fn bound_address(
     store: &dyn Store,
     mode: NetworkMode,
     macs: &[Mac],
@@ -175,7 +175,7 @@ pub fn bound_address(
 
 /// Why a requester is not entitled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// talboot's DHCP has bound no address to the node.
     #[error("talboot's DHCP has bound no address to this node")]
     NoBinding,
@@ -191,7 +191,7 @@ pub enum Refusal {
 }
 
 /// Pure: may `requester` receive the node's script, token or config, given its binding?
-pub fn judge(bound: Option<Bound>, requester: Option<Ipv4Addr>) -> Result<Bound, Refusal> {
+pub(crate) fn judge(bound: Option<Bound>, requester: Option<Ipv4Addr>) -> Result<Bound, Refusal> {
     let bound = bound.ok_or(Refusal::NoBinding)?;
     let requester = requester.ok_or(Refusal::NotIpv4)?;
     if requester != bound.ip {

@@ -28,17 +28,17 @@ use crate::inventory::{Arch, Firmware, Inventory, UnknownPolicy};
 /// iPXE for legacy BIOS PXE ROMs (chains through the ROM's UNDI stack).
 pub const BIOS: &str = "undionly.kpxe";
 /// iPXE for x86-64 UEFI, with its own NIC drivers.
-pub const UEFI_X64: &str = "ipxe.efi";
+pub(crate) const UEFI_X64: &str = "ipxe.efi";
 /// iPXE for x86-64 UEFI using the firmware's SNP driver.
-pub const UEFI_X64_SNP: &str = "snponly.efi";
+pub(crate) const UEFI_X64_SNP: &str = "snponly.efi";
 /// iPXE for arm64 UEFI (not in Debian's `ipxe` package; build it or copy it in).
-pub const UEFI_ARM64: &str = "ipxe-arm64.efi";
+pub(crate) const UEFI_ARM64: &str = "ipxe-arm64.efi";
 
 /// Every name talboot serves; any other requested name is refused.
-pub const KNOWN: [&str; 4] = [BIOS, UEFI_X64, UEFI_X64_SNP, UEFI_ARM64];
+pub(crate) const KNOWN: [&str; 4] = [BIOS, UEFI_X64, UEFI_X64_SNP, UEFI_ARM64];
 
 /// The EFI binary for an architecture.
-pub fn efi_for(arch: Arch) -> &'static str {
+pub(crate) fn efi_for(arch: Arch) -> &'static str {
     match arch {
         Arch::Amd64 => UEFI_X64,
         Arch::Arm64 => UEFI_ARM64,
@@ -47,7 +47,7 @@ pub fn efi_for(arch: Arch) -> &'static str {
 
 /// How the first stage reaches machines: TFTP (PXE firmware) and/or HTTP (UEFI HTTP boot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// TFTP runs: every binary a PXE or HTTP-boot machine of the inventory may ask for.
     TftpAndHttp,
     /// `--no-tftp`: only what UEFI HTTP boot fetches over HTTP.
@@ -112,7 +112,7 @@ pub struct Unservable {
     /// Why (not found, dangling symlink and its target, not a regular file, unreadable).
     pub cause: Unreadable,
     /// Which machines need it.
-    pub needed_by: String,
+    pub(crate) needed_by: String,
 }
 
 /// The first-stage binaries as loaded at start: name to contents.

@@ -28,7 +28,7 @@ pub struct AtomicWriteError {
 /// The bytes go to a temporary file in the same directory (so the rename cannot cross
 /// filesystems), which is given `mode`, fsynced, renamed over `path`, and then the directory
 /// is fsynced so the rename itself is durable. On error the temporary file is removed.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
     let fail = |step: String| {
         let path = path.to_path_buf();
         move |source| AtomicWriteError { path, step, source }

@@ -20,7 +20,7 @@ pub fn lower(bytes: &[u8]) -> String {
 }
 
 /// Uppercase hex of `bytes`, two digits a byte.
-pub fn upper(bytes: &[u8]) -> String {
+pub(crate) fn upper(bytes: &[u8]) -> String {
     encode(bytes, UPPER)
 }
 

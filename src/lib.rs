@@ -5,21 +5,21 @@
 //! [`store`] persists what happened, and [`cli`] wires the subcommands.
 
 pub mod addons;
-pub mod appliance;
+pub(crate) mod appliance;
 pub mod artifacts;
 pub mod cli;
 pub mod crypto;
 pub mod dhcp;
 pub mod entitlement;
 pub mod events;
-pub mod firststage;
-pub mod fsutil;
+pub(crate) mod firststage;
+pub(crate) mod fsutil;
 pub mod hex;
 pub mod http;
 pub mod inventory;
 pub mod machineconfig;
 pub mod ndp;
-pub mod nesting;
+pub(crate) mod nesting;
 pub mod provision;
 pub mod sim;
 pub mod store;

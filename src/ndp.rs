@@ -22,15 +22,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// ICMPv6 type of a router solicitation.
-pub const ROUTER_SOLICITATION: u8 = 133;
+pub(crate) const ROUTER_SOLICITATION: u8 = 133;
 /// ICMPv6 type of a router advertisement.
-pub const ROUTER_ADVERTISEMENT: u8 = 134;
+pub(crate) const ROUTER_ADVERTISEMENT: u8 = 134;
 /// RFC 4861 §10: the least time between multicast advertisements.
-pub const MIN_DELAY_BETWEEN_RAS: Duration = Duration::from_secs(3);
+pub(crate) const MIN_DELAY_BETWEEN_RAS: Duration = Duration::from_secs(3);
 /// All-nodes, where the advertisement goes.
-pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+pub(crate) const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 /// All-routers, where solicitations go.
-pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+pub(crate) const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
 
 /// The router advertisement (ICMPv6 message, checksum left 0 for the kernel, RFC 3542 §3.1):
 /// hop limit unspecified, M = O = 0, router lifetime 0, reachable and retransmit times
@@ -61,7 +61,7 @@ pub fn advertisement(mac: [u8; 6]) -> Vec<u8> {
 }
 
 /// True for a well-formed router solicitation (RFC 4861 §6.1.1: code 0, at least 8 octets).
-pub fn is_solicitation(msg: &[u8]) -> bool {
+pub(crate) fn is_solicitation(msg: &[u8]) -> bool {
     msg.len() >= 8 && msg[0] == ROUTER_SOLICITATION && msg[1] == 0
 }
 
@@ -79,7 +79,7 @@ pub struct RaError {
 }
 
 /// A bound advertiser: the raw ICMPv6 socket on one interface.
-pub struct Advertiser {
+pub(crate) struct Advertiser {
     /// A raw ICMPv6 socket driven through tokio's datagram socket: `sendto`/`recvfrom` are
     /// the same calls for both.
     sock: tokio::net::UdpSocket,

@@ -19,7 +19,7 @@ use saphyr_parser::{Event, Parser};
 /// How many collections (mappings and sequences) may nest inside one another. A Talos machine
 /// config needs about 12, an inventory with Helm values about 20; both yaml_serde and
 /// serde_json give up at 128, so a file within this bound never reaches their limits.
-pub const MAX_DEPTH: usize = 100;
+pub(crate) const MAX_DEPTH: usize = 100;
 
 /// A text nested deeper than [`MAX_DEPTH`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,7 +47,7 @@ impl TooDeep {
 }
 
 /// Checks that no YAML document in `text` nests deeper than [`MAX_DEPTH`].
-pub fn check_yaml(text: &str) -> Result<(), TooDeep> {
+pub(crate) fn check_yaml(text: &str) -> Result<(), TooDeep> {
     check_yaml_limit(text, MAX_DEPTH)
 }
 
@@ -88,7 +88,7 @@ fn check_yaml_limit(text: &str, limit: usize) -> Result<(), TooDeep> {
 
 /// Checks that the JSON `text` nests no deeper than [`MAX_DEPTH`] (brackets inside strings do
 /// not count).
-pub fn check_json(text: &str) -> Result<(), TooDeep> {
+pub(crate) fn check_json(text: &str) -> Result<(), TooDeep> {
     check_json_limit(text, MAX_DEPTH)
 }
 

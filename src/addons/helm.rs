@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 /// Secret `type` of Helm release records.
-pub const RELEASE_SECRET_TYPE: &str = "helm.sh/release.v1";
+pub(crate) const RELEASE_SECRET_TYPE: &str = "helm.sh/release.v1";
 
 /// The zero time as Helm 3 writes `info.deleted` for a live release.
 const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
@@ -61,7 +61,7 @@ pub struct ChartMeta {
 /// Everything a revision-1 `deployed` release record is made of. `Debug` leaves out the
 /// values and manifest: they can hold Secrets and key material.
 #[derive(Clone)]
-pub struct ReleaseInput<'a> {
+pub(crate) struct ReleaseInput<'a> {
     /// Release name.
     pub name: &'a str,
     /// Release namespace (where the record Secret lives).
@@ -75,7 +75,7 @@ pub struct ReleaseInput<'a> {
     /// When the release was first deployed.
     pub first_deployed: OffsetDateTime,
     /// When it was last (re)written.
-    pub last_deployed: OffsetDateTime,
+    pub(crate) last_deployed: OffsetDateTime,
 }
 
 impl std::fmt::Debug for ReleaseInput<'_> {
@@ -92,7 +92,7 @@ impl std::fmt::Debug for ReleaseInput<'_> {
 }
 
 /// Name of the record Secret of `release` at `revision`.
-pub fn secret_name(release: &str, revision: u32) -> String {
+pub(crate) fn secret_name(release: &str, revision: u32) -> String {
     format!("sh.helm.release.v1.{release}.v{revision}")
 }
 
@@ -102,7 +102,7 @@ fn rfc3339(t: OffsetDateTime) -> Result<String, ReleaseError> {
 }
 
 /// The release JSON (Helm's `release.Release`) for revision 1, status `deployed`.
-pub fn release_json(input: &ReleaseInput<'_>) -> Result<Value, ReleaseError> {
+pub(crate) fn release_json(input: &ReleaseInput<'_>) -> Result<Value, ReleaseError> {
     Ok(json!({
         "name": input.name,
         "namespace": input.namespace,
@@ -139,7 +139,7 @@ pub fn release_json(input: &ReleaseInput<'_>) -> Result<Value, ReleaseError> {
 }
 
 /// base64(gzip(JSON)), the byte string Helm stores under `data.release`.
-pub fn encode_release(release: &Value) -> Vec<u8> {
+pub(crate) fn encode_release(release: &Value) -> Vec<u8> {
     let json = serde_json::to_vec(release).expect("a JSON value always serialises");
     let mut gz = GzEncoder::new(Vec::new(), Compression::best());
     gz.write_all(&json).expect("writing to a Vec cannot fail");
@@ -150,7 +150,7 @@ pub fn encode_release(release: &Value) -> Vec<u8> {
 /// The record Secret for revision 1, as a Kubernetes object ready to apply. Its
 /// `data.release` is base64 of [`encode_release`]'s bytes (the API's own base64 of Secret
 /// data, which is why `kubectl get -o yaml` shows the release base64'd twice).
-pub fn release_secret(input: &ReleaseInput<'_>) -> Result<Value, ReleaseError> {
+pub(crate) fn release_secret(input: &ReleaseInput<'_>) -> Result<Value, ReleaseError> {
     let release = release_json(input)?;
     let stored = encode_release(&release);
     let created = input.first_deployed.unix_timestamp().to_string();

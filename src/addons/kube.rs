@@ -27,7 +27,7 @@ use serde_json::Value;
 use super::manifest::ObjectRef;
 
 /// The field manager talboot applies with.
-pub const FIELD_MANAGER: &str = "talboot";
+pub(crate) const FIELD_MANAGER: &str = "talboot";
 
 /// Errors talking to the Kubernetes API.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +146,7 @@ impl Kube {
     }
 
     /// Forgets every resolved kind, so the next lookups see kinds added since (new CRDs).
-    pub fn refresh_discovery(&self) {
+    pub(crate) fn refresh_discovery(&self) {
         self.kinds.lock().expect("discovery cache").clear();
     }
 
@@ -256,7 +256,7 @@ impl Kube {
     /// Every `group/version` the API server serves (core `v1` included), sorted: what
     /// `helm install` would see as `.Capabilities.APIVersions`, for `helm template
     /// --api-versions`. CRD-provided APIs (e.g. `cilium.io/v2` once Cilium is in) count.
-    pub async fn api_versions(&self) -> Result<Vec<String>, KubeError> {
+    pub(crate) async fn api_versions(&self) -> Result<Vec<String>, KubeError> {
         let err = |e| request_err("discover", &"the served API versions", e);
         let mut out: Vec<String> = self
             .client
@@ -340,7 +340,7 @@ impl Kube {
     }
 
     /// Waits until the Deployment is available at its current generation.
-    pub async fn wait_deployment(
+    pub(crate) async fn wait_deployment(
         &self,
         ns: &str,
         name: &str,
@@ -352,7 +352,7 @@ impl Kube {
     }
 
     /// Waits until the DaemonSet has rolled out its current generation to every node.
-    pub async fn wait_daemonset(
+    pub(crate) async fn wait_daemonset(
         &self,
         ns: &str,
         name: &str,
@@ -364,7 +364,7 @@ impl Kube {
     }
 
     /// Waits until the StatefulSet has every replica updated and ready.
-    pub async fn wait_statefulset(
+    pub(crate) async fn wait_statefulset(
         &self,
         ns: &str,
         name: &str,
@@ -384,7 +384,7 @@ impl Kube {
 
     /// Waits until every Node named in `names` is registered and Ready: the inventory's
     /// machines, so a node still installing keeps the cluster from being called ready.
-    pub async fn wait_named_nodes_ready(
+    pub(crate) async fn wait_named_nodes_ready(
         &self,
         names: &[String],
         timeout: Duration,
@@ -438,7 +438,7 @@ where
 /// Why an object (or the Node list) is not ready yet: what a wait reports as the last state
 /// seen when it times out.
 #[derive(Debug, thiserror::Error)]
-pub enum NotReady {
+pub(crate) enum NotReady {
     /// The object does not exist (yet).
     #[error("not found")]
     NotFound,
@@ -533,7 +533,7 @@ fn generation_observed(obj: &Value) -> Result<(), NotReady> {
 }
 
 /// A CRD is usable once its `Established` condition is `True`.
-pub fn crd_established(crd: &Value) -> Result<(), NotReady> {
+pub(crate) fn crd_established(crd: &Value) -> Result<(), NotReady> {
     match condition(crd, "Established") {
         Some(c) if c["status"] == "True" => Ok(()),
         Some(c) => Err(NotReady::NotEstablished(c["status"].to_string())),
@@ -543,7 +543,7 @@ pub fn crd_established(crd: &Value) -> Result<(), NotReady> {
 
 /// A Deployment is available when the controller has seen its generation, every desired
 /// replica is updated and available, and its `Available` condition is `True`.
-pub fn deployment_available(d: &Value) -> Result<(), NotReady> {
+pub(crate) fn deployment_available(d: &Value) -> Result<(), NotReady> {
     generation_observed(d)?;
     let want = d["spec"]["replicas"].as_i64().unwrap_or(1);
     let status = &d["status"];
@@ -565,7 +565,7 @@ pub fn deployment_available(d: &Value) -> Result<(), NotReady> {
 /// A DaemonSet has rolled out when the controller has seen its generation and
 /// `updatedNumberScheduled == desiredNumberScheduled == numberAvailable` (kube-runtime has no
 /// such condition; this is what `kubectl rollout status` checks).
-pub fn daemonset_rolled_out(ds: &Value) -> Result<(), NotReady> {
+pub(crate) fn daemonset_rolled_out(ds: &Value) -> Result<(), NotReady> {
     generation_observed(ds)?;
     let s = &ds["status"];
     let desired = s["desiredNumberScheduled"].as_i64().unwrap_or(0);
@@ -585,7 +585,7 @@ pub fn daemonset_rolled_out(ds: &Value) -> Result<(), NotReady> {
 /// A StatefulSet has rolled out when the controller has seen its generation, every desired
 /// replica is updated and ready, and (when reported) the current revision is the update
 /// revision, as `kubectl rollout status` checks for the RollingUpdate strategy.
-pub fn statefulset_rolled_out(sts: &Value) -> Result<(), NotReady> {
+pub(crate) fn statefulset_rolled_out(sts: &Value) -> Result<(), NotReady> {
     generation_observed(sts)?;
     let want = sts["spec"]["replicas"].as_i64().unwrap_or(1);
     let s = &sts["status"];
@@ -608,7 +608,7 @@ pub fn statefulset_rolled_out(sts: &Value) -> Result<(), NotReady> {
 }
 
 /// All Nodes are Ready (and there is at least one).
-pub fn nodes_ready(nodes: &[Value]) -> Result<(), NotReady> {
+pub(crate) fn nodes_ready(nodes: &[Value]) -> Result<(), NotReady> {
     if nodes.is_empty() {
         return Err(NotReady::NoNodes);
     }
@@ -628,7 +628,7 @@ pub fn nodes_ready(nodes: &[Value]) -> Result<(), NotReady> {
 }
 
 /// Every Node in `names` is registered and Ready (other Nodes do not matter).
-pub fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), NotReady> {
+pub(crate) fn named_nodes_ready(nodes: &[Value], names: &[String]) -> Result<(), NotReady> {
     let mut missing = Vec::new();
     let mut not_ready = Vec::new();
     for name in names {

@@ -11,11 +11,11 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// Label Helm requires on every object it adopts.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Annotation naming the owning Helm release.
-pub const RELEASE_NAME_ANNOTATION: &str = "meta.helm.sh/release-name";
+pub(crate) const RELEASE_NAME_ANNOTATION: &str = "meta.helm.sh/release-name";
 /// Annotation naming the owning Helm release's namespace.
-pub const RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace";
+pub(crate) const RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace";
 
 /// Errors from reading a manifest set.
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +172,7 @@ pub fn phase(obj: &Value) -> Phase {
 
 /// Orders objects for applying: Namespaces, then CRDs, then the rest, each group keeping the
 /// order it was given in (a stable sort, so renders that list objects deliberately stay so).
-pub fn apply_order(mut objects: Vec<Value>) -> Vec<Value> {
+pub(crate) fn apply_order(mut objects: Vec<Value>) -> Vec<Value> {
     objects.sort_by_key(phase);
     objects
 }
@@ -180,7 +180,7 @@ pub fn apply_order(mut objects: Vec<Value>) -> Vec<Value> {
 /// Stamps Helm's ownership markers onto an object: label `app.kubernetes.io/managed-by=Helm`,
 /// annotations `meta.helm.sh/release-name` and `meta.helm.sh/release-namespace`. Without them
 /// `helm upgrade` refuses to adopt the object ("invalid ownership metadata").
-pub fn stamp_markers(obj: &mut Value, release: &str, release_namespace: &str) {
+pub(crate) fn stamp_markers(obj: &mut Value, release: &str, release_namespace: &str) {
     let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
         return;
     };
@@ -221,7 +221,7 @@ const TLS_KEYS: &[&str] = &["ca.crt", "ca.key", "tls.crt", "tls.key"];
 /// Whether a rendered object is a Secret holding only TLS material: the kind of Secret that
 /// Cilium's chart mints afresh on every offline render (Hubble and ClusterMesh CAs and
 /// leaves, because `lookup` cannot see the cluster during `helm template`).
-pub fn is_tls_secret(obj: &Value) -> bool {
+pub(crate) fn is_tls_secret(obj: &Value) -> bool {
     if obj["apiVersion"] != "v1" || obj["kind"] != "Secret" {
         return false;
     }
@@ -238,7 +238,12 @@ pub fn is_tls_secret(obj: &Value) -> bool {
 /// [`is_tls_secret`]) already exists in the cluster as an object of this release, the live
 /// `data` replaces the freshly minted one. Without this every re-render would rotate the
 /// Hubble CA and churn the cluster. Returns whether the live material was kept.
-pub fn carry_tls_material(rendered: &mut Value, live: &Value, release: &str, ns: &str) -> bool {
+pub(crate) fn carry_tls_material(
+    rendered: &mut Value,
+    live: &Value,
+    release: &str,
+    ns: &str,
+) -> bool {
     if !is_tls_secret(rendered) || !has_markers(live, release, ns) {
         return false;
     }
@@ -258,7 +263,7 @@ pub fn carry_tls_material(rendered: &mut Value, live: &Value, release: &str, ns:
 
 /// The manifest text recorded in the Helm release: every applied object as YAML, in apply
 /// order, each document preceded by `---`, as Helm joins rendered templates.
-pub fn manifest_text(objects: &[Value]) -> String {
+pub(crate) fn manifest_text(objects: &[Value]) -> String {
     let mut out = String::new();
     for obj in objects {
         out.push_str("---\n");
@@ -273,7 +278,7 @@ pub fn manifest_text(objects: &[Value]) -> String {
 }
 
 /// A stable digest (SHA-256, hex) of a manifest text: equal texts, equal digests.
-pub fn digest(manifest: &str) -> String {
+pub(crate) fn digest(manifest: &str) -> String {
     crate::hex::lower(&Sha256::digest(manifest.as_bytes()))
 }
 

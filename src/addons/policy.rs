@@ -96,7 +96,7 @@ pub fn argocd_setup(a: &ArgoCdAddon, age_identity: Option<Arc<Secret>>) -> ArgoC
 }
 
 /// Chart metadata for the release record; Helm chart versions carry no `v`.
-pub fn chart_meta(name: &str, version: &semver::Version) -> ChartMeta {
+pub(crate) fn chart_meta(name: &str, version: &semver::Version) -> ChartMeta {
     ChartMeta {
         name: name.into(),
         version: version.to_string(),

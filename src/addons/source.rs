@@ -23,11 +23,11 @@ pub struct HelmTemplate {
     /// Pinned chart version (`--version`).
     pub version: String,
     /// Kubernetes version to render for (`--kube-version`), e.g. `1.33.0`.
-    pub kube_version: String,
+    pub(crate) kube_version: String,
     /// Extra API versions the cluster serves (`--api-versions`), e.g.
     /// `monitoring.coreos.com/v1`; charts guard optional objects with
     /// `.Capabilities.APIVersions.Has` and silently drop them otherwise.
-    pub api_versions: Vec<String>,
+    pub(crate) api_versions: Vec<String>,
 }
 
 /// The source of an add-on's rendered manifest.
@@ -83,7 +83,7 @@ pub enum SourceError {
 }
 
 /// The `version` of a chart's Chart.yaml text (as `helm show chart` prints it).
-pub fn chart_yaml_version(text: &str) -> Option<String> {
+pub(crate) fn chart_yaml_version(text: &str) -> Option<String> {
     let doc: yaml_serde::Value = yaml_serde::from_str(text).ok()?;
     match doc.get("version")? {
         yaml_serde::Value::String(s) => Some(s.clone()),
@@ -96,7 +96,7 @@ pub fn chart_yaml_version(text: &str) -> Option<String> {
 /// The `helm template` argument list (without the binary) for `release` in `namespace`, with
 /// values read from `values_file`. Hooks stay in (argo-cd creates its Redis secret in one)
 /// and CRDs are included, so the output is everything the chart would install.
-pub fn helm_template_args(
+pub(crate) fn helm_template_args(
     t: &HelmTemplate,
     release: &str,
     namespace: &str,

@@ -10,13 +10,13 @@ use serde_json::{Map, Value, json};
 use crate::crypto::age::{Identities, Secret};
 
 /// KubePrism: the node-local API server load balancer Talos runs on every node.
-pub const KUBEPRISM_HOST: &str = "localhost";
+pub(crate) const KUBEPRISM_HOST: &str = "localhost";
 /// KubePrism's port.
-pub const KUBEPRISM_PORT: u16 = 7445;
+pub(crate) const KUBEPRISM_PORT: u16 = 7445;
 
 /// Deep-merges `overlay` into `base` as Helm coalesces values: maps merge key by key, anything
 /// else in `overlay` replaces what `base` had, and a `null` in `overlay` deletes the key.
-pub fn deep_merge(base: &mut Value, overlay: &Value) {
+pub(crate) fn deep_merge(base: &mut Value, overlay: &Value) {
     match (base, overlay) {
         (Value::Object(b), Value::Object(o)) => {
             for (k, v) in o {
@@ -48,7 +48,7 @@ pub struct CiliumOptions {
 /// Talos at `/sys/fs/cgroup`, and capabilities without `SYS_MODULE` (Talos forbids loading
 /// kernel modules from workloads). With kube-proxy replacement the agent talks to
 /// KubePrism (`localhost:7445`), because there is no kube-proxy to route the service IP.
-pub fn cilium_talos_values(opts: CiliumOptions) -> Value {
+pub(crate) fn cilium_talos_values(opts: CiliumOptions) -> Value {
     let mut v = json!({
         "ipam": { "mode": "kubernetes" },
         "kubeProxyReplacement": opts.kube_proxy_replacement,
@@ -69,7 +69,7 @@ pub fn cilium_talos_values(opts: CiliumOptions) -> Value {
 }
 
 /// Cilium values: the Talos settings with the operator's values merged on top (operator wins).
-pub fn cilium_values(opts: CiliumOptions, operator: Option<&Value>) -> Value {
+pub(crate) fn cilium_values(opts: CiliumOptions, operator: Option<&Value>) -> Value {
     let mut v = cilium_talos_values(opts);
     if let Some(o) = operator {
         deep_merge(&mut v, o);
@@ -78,7 +78,7 @@ pub fn cilium_values(opts: CiliumOptions, operator: Option<&Value>) -> Value {
 }
 
 /// Name of the Secret holding the age identity for KSOPS.
-pub const SOPS_AGE_SECRET: &str = "sops-age";
+pub(crate) const SOPS_AGE_SECRET: &str = "sops-age";
 /// Where the age identity is mounted in the repo-server.
 const SOPS_AGE_DIR: &str = "/.config/sops/age";
 
@@ -104,7 +104,7 @@ pub struct ArgoCdOptions {
 /// plugins and exec enabled for kustomize, an init container copying `ksops` and `kustomize`
 /// into a shared `custom-tools` volume mounted over `/usr/local/bin`, and the `sops-age`
 /// Secret mounted with `SOPS_AGE_KEY_FILE` pointing at it.
-pub fn argocd_talboot_values(opts: &ArgoCdOptions) -> Value {
+pub(crate) fn argocd_talboot_values(opts: &ArgoCdOptions) -> Value {
     let mut v = json!({
         "global": { "domain": opts.domain },
         "configs": { "params": { "server.insecure": opts.insecure } },
@@ -143,7 +143,7 @@ pub fn argocd_talboot_values(opts: &ArgoCdOptions) -> Value {
 }
 
 /// Argo CD values: talboot's settings with the operator's values merged on top.
-pub fn argocd_values(opts: &ArgoCdOptions, operator: Option<&Value>) -> Value {
+pub(crate) fn argocd_values(opts: &ArgoCdOptions, operator: Option<&Value>) -> Value {
     let mut v = argocd_talboot_values(opts);
     if let Some(o) = operator {
         deep_merge(&mut v, o);
@@ -168,7 +168,7 @@ pub enum ExtraError {
 /// The `sops-age` Secret (key `keys.txt`) in Argo CD's namespace, from the operator's age
 /// identity text. The text is checked to hold at least one identity first, so a wrong file
 /// fails here rather than as a decryption error inside Argo CD much later.
-pub fn sops_age_secret(namespace: &str, identity: &Secret) -> Result<Value, ExtraError> {
+pub(crate) fn sops_age_secret(namespace: &str, identity: &Secret) -> Result<Value, ExtraError> {
     let text = std::str::from_utf8(identity.expose())
         .map_err(|_| ExtraError::AgeIdentity("it is not UTF-8 text".into()))?;
     let ids = Identities::from_text("sops-age identity", text)
@@ -200,7 +200,7 @@ pub struct RootApp {
 
 /// The root Application object in Argo CD's namespace, syncing automatically into the
 /// cluster it runs in.
-pub fn root_application(argocd_namespace: &str, app: &RootApp) -> Result<Value, ExtraError> {
+pub(crate) fn root_application(argocd_namespace: &str, app: &RootApp) -> Result<Value, ExtraError> {
     for (field, value) in [
         ("name", &app.name),
         ("repository URL", &app.repo_url),

@@ -8,10 +8,10 @@
 use crate::inventory::{Arch, Version};
 
 /// Arguments Talos refuses to boot without.
-pub const REQUIRED: &[&str] = &["talos.platform=metal", "slab_nomerge", "pti=on"];
+pub(crate) const REQUIRED: &[&str] = &["talos.platform=metal", "slab_nomerge", "pti=on"];
 
 /// The default metal command line for `version` on `arch`.
-pub fn default_cmdline(version: &Version, arch: Arch) -> Vec<String> {
+pub(crate) fn default_cmdline(version: &Version, arch: Arch) -> Vec<String> {
     let v = &version.0;
     let at_least = |minor: u64| v.major > 1 || (v.major == 1 && v.minor >= minor);
     let mut args: Vec<&str> = vec!["talos.platform=metal"];

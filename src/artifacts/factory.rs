@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use super::{ArtifactError, Catalog, Entry, FileRecord, Kind, SetId, hash_file};
 
 /// The factory-side file name of `kind` for `arch`.
-pub fn remote_name(kind: Kind, arch: &str) -> String {
+pub(crate) fn remote_name(kind: Kind, arch: &str) -> String {
     match kind {
         Kind::Kernel => format!("kernel-{arch}"),
         Kind::Initramfs => format!("initramfs-{arch}.xz"),

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::inventory::{Arch, Version};
 
 /// File name of the catalog inside the images directory.
-pub const CATALOG_FILE: &str = "catalog.json";
+pub(crate) const CATALOG_FILE: &str = "catalog.json";
 
 /// The three files of a boot set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -229,7 +229,7 @@ pub fn required_sets(inv: &crate::inventory::Inventory) -> Vec<SetId> {
 }
 
 /// The command an operator runs to (re)fetch a set.
-pub fn pull_command(id: &SetId) -> String {
+pub(crate) fn pull_command(id: &SetId) -> String {
     format!(
         "talboot images pull --talos {} --schematic {} --arch {}",
         id.talos, id.schematic, id.arch

@@ -30,7 +30,7 @@ pub struct Args {
     pub images: PathBuf,
     /// Folder with the first-stage iPXE binaries served over TFTP.
     #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = super::serve::DEFAULT_IPXE_DIR)]
-    pub ipxe_dir: PathBuf,
+    pub(crate) ipxe_dir: PathBuf,
     /// Talos config schema (config.schema.json of another Talos release) to validate the
     /// rendered configs against, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
@@ -117,7 +117,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// Renders every node with a throwaway secrets bundle and validates the documents against
 /// `schema`: the warnings, or every problem.
-pub fn render_check(
+pub(crate) fn render_check(
     inv: &Inventory,
     schema: &crate::machineconfig::schema::Schema,
 ) -> Result<Vec<String>, Vec<String>> {

@@ -116,7 +116,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// What [`render_all`] produced.
 #[derive(Debug, Default)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     /// `(node name, YAML text)` in inventory order.
     pub configs: Vec<(String, String)>,
     /// Warnings for the operator (deprecated fields, one line per field), `warning: ...`.
@@ -125,7 +125,7 @@ pub struct Rendered {
 
 /// Renders every node and validates each document against `schema`: the configs with
 /// warnings, or every problem found across all nodes (structure and schema violations).
-pub fn render_all(
+pub(crate) fn render_all(
     inv: &Inventory,
     secrets: &SecretsBundle,
     schema: &Schema,
@@ -173,7 +173,7 @@ pub fn render_all(
 }
 
 /// One warning per deprecated field, naming every node whose config carries it.
-pub fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
+pub(crate) fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
     let mut fields: Vec<(&str, &str, Vec<&str>)> = Vec::new();
     for d in found {
         match fields.iter_mut().find(|(f, _, _)| *f == d.field) {
@@ -318,7 +318,7 @@ const CONTEXT: usize = 3;
 
 /// A line diff of `old` -> `new` in unified style (`-`/`+`/` ` prefixes, `@@` hunk headers with
 /// 1-based line numbers), from a longest-common-subsequence alignment. Empty when equal.
-pub fn line_diff(old: &str, new: &str) -> String {
+pub(crate) fn line_diff(old: &str, new: &str) -> String {
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
     // lcs[i][j] = length of the LCS of a[i..] and b[j..].

@@ -21,11 +21,11 @@ pub mod status;
 pub struct Cli {
     /// Log output format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 
     /// Log filter in RUST_LOG syntax (e.g. `info`, `talboot=debug,tower_http=warn`).
     #[arg(long = "log", global = true, env = "RUST_LOG", default_value = "info")]
-    pub log_filter: String,
+    pub(crate) log_filter: String,
 
     /// What to do.
     #[command(subcommand)]
@@ -34,7 +34,7 @@ pub struct Cli {
 
 /// How log lines are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -64,9 +64,9 @@ pub enum Command {
 }
 
 /// Exit code for invalid input.
-pub const EXIT_INVALID: u8 = 1;
+pub(crate) const EXIT_INVALID: u8 = 1;
 /// Exit code for usage and I/O errors.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 /// Parse arguments, set up logging and run the subcommand.
 pub fn run() -> ExitCode {
@@ -97,7 +97,7 @@ pub fn run() -> ExitCode {
 /// Whether log lines may carry ANSI colour: only when they go to a terminal, and never when
 /// `NO_COLOR` is set to a non-empty value (<https://no-color.org>). A file, a pipe or the
 /// journal gets plain text.
-pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+pub(crate) fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 

@@ -19,19 +19,19 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 pub struct Args {
     /// What to do with a node.
     #[command(subcommand)]
-    pub action: Action,
+    pub(crate) action: Action,
 }
 
 /// `talboot node` actions.
 #[derive(Debug, clap::Subcommand)]
-pub enum Action {
+pub(crate) enum Action {
     /// Reset the node (wiping STATE and EPHEMERAL) and reprovision it on its next boot.
     Rebuild(RebuildArgs),
 }
 
 /// Arguments of `talboot node rebuild`.
 #[derive(Debug, clap::Args)]
-pub struct RebuildArgs {
+pub(crate) struct RebuildArgs {
     /// Node name from the inventory.
     pub name: String,
     /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).

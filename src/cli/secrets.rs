@@ -46,7 +46,7 @@ pub struct InitArgs {
 
 /// Why the secrets bundle could not be read.
 #[derive(Debug, Error)]
-pub enum LoadBundleError {
+pub(crate) enum LoadBundleError {
     /// The file is missing or unreadable.
     #[error(
         "cannot read the secrets bundle {}: {source}; create it with `talboot secrets init -c <inventory>`",
@@ -98,7 +98,7 @@ pub enum LoadBundleError {
 
 /// Reads the inventory's secrets bundle: `.age` files are age-decrypted, YAML with a `sops:`
 /// key is SOPS-decrypted (talhelper's `talsecret.sops.yaml`); identities come from `sources`.
-pub fn load_bundle(
+pub(crate) fn load_bundle(
     inv: &Inventory,
     sources: &IdentitySources,
 ) -> Result<SecretsBundle, LoadBundleError> {
@@ -184,7 +184,7 @@ fn describe_sources(sources: &IdentitySources) -> String {
 
 /// Errors of `secrets init`.
 #[derive(Debug, Error)]
-pub enum InitError {
+pub(crate) enum InitError {
     /// The target exists.
     #[error(
         "{} already exists; talboot never overwrites a secrets bundle (a new one would orphan \
@@ -216,7 +216,7 @@ pub enum InitError {
 }
 
 /// Generates a bundle (CA validity from `now`) and writes it age-encrypted to `path`.
-pub fn init_bundle(
+pub(crate) fn init_bundle(
     path: &Path,
     recipients: &[String],
     now: OffsetDateTime,

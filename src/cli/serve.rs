@@ -20,10 +20,10 @@ use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
 use crate::artifacts::required_sets;
 
 /// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+pub(crate) const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 
 /// Where Debian's `ipxe` package installs them.
-pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
+pub(crate) const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 
 /// Arguments of `talboot serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -46,7 +46,7 @@ pub struct Args {
     /// snponly.efi, ipxe-arm64.efi), read once at start; symlinks are followed. `serve` refuses
     /// to start when one the inventory's machines need cannot be read.
     #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = DEFAULT_IPXE_DIR)]
-    pub ipxe_dir: PathBuf,
+    pub(crate) ipxe_dir: PathBuf,
     /// Rendered machine configs (`talboot gen -o DIR`), released to nodes in pull mode.
     #[arg(long, env = "TALBOOT_CONFIGS", default_value = "out")]
     pub configs: PathBuf,
@@ -59,7 +59,7 @@ pub struct Args {
     pub interface: Option<String>,
     /// HTTP port of the provisioning side (scripts, artifacts, pull configs).
     #[arg(long, default_value_t = 8080)]
-    pub http_port: u16,
+    pub(crate) http_port: u16,
     /// Where the admin API listens (`/api/nodes`, rebuilds, `/metrics`; used by `talboot
     /// status` and `talboot node rebuild`). Loopback only: it is never served to the
     /// provisioning network.
@@ -68,32 +68,32 @@ pub struct Args {
     /// Seconds an HTTP client gets to send a whole request head (from connecting, or from the
     /// first byte of a further request on a kept-alive connection); then it is cut.
     #[arg(long, value_name = "SECONDS", default_value_t = http::server::DEFAULT_HEADER_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
-    pub http_header_timeout: u64,
+    pub(crate) http_header_timeout: u64,
     /// Seconds a kept-alive HTTP connection may sit idle between requests, and a response
     /// may go unread, before it is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = http::server::DEFAULT_IDLE_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
-    pub http_idle_timeout: u64,
+    pub(crate) http_idle_timeout: u64,
     /// HTTP connections served at once per listener; further ones wait (counted in
     /// `talboot_http_connections_over_cap_total`).
     #[arg(long, value_name = "N", default_value_t = http::server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
-    pub http_max_connections: u64,
+    pub(crate) http_max_connections: u64,
     /// TFTP port.
     #[arg(long, default_value_t = 69)]
-    pub tftp_port: u16,
+    pub(crate) tftp_port: u16,
     /// Do not run the TFTP server (every machine boots iPXE from its NIC ROM or HTTP boot).
     #[arg(long)]
-    pub no_tftp: bool,
+    pub(crate) no_tftp: bool,
     /// TFTP transfers served at once; further requests wait for a slot. Default: sized from
     /// memory (1/32 of RAM at 256 KiB per transfer, at most half the open-file limit, 64..=4096).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
-    pub tftp_max_transfers: Option<u64>,
+    pub(crate) tftp_max_transfers: Option<u64>,
     /// TFTP transfers running or waiting at once for one client address (a UEFI boot needs 2);
     /// further requests from it are dropped unanswered, so one host cannot hold every slot.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=65536))]
-    pub tftp_max_per_client: u64,
+    pub(crate) tftp_max_per_client: u64,
     /// Do not run the DHCP server (another DHCP server hands out the boot options).
     #[arg(long)]
-    pub no_dhcp: bool,
+    pub(crate) no_dhcp: bool,
     /// Send IPv6 router advertisements with router lifetime 0 and no prefix on the serving
     /// interface, so iPXE's IPv6 autoconfiguration ends at once instead of waiting about 16 s
     /// on a segment without IPv6 routers (nothing gets an address or a default route from
@@ -105,7 +105,7 @@ pub struct Args {
     pub user: Option<String>,
     /// Do not provision nodes over the Talos API (push delivery): serve boot files only.
     #[arg(long)]
-    pub no_provision: bool,
+    pub(crate) no_provision: bool,
     /// Admin talosconfig for secured Talos API calls (default: `<configs>/talosconfig`, as
     /// `talboot gen -o` writes it).
     #[arg(long, env = "TALOSCONFIG")]
@@ -121,7 +121,7 @@ pub struct Args {
     /// How many nodes push provisioning drives at once (Talos calls in flight, at most one
     /// per node).
     #[arg(long, value_name = "N", default_value_t = crate::provision::DEFAULT_CONCURRENCY)]
-    pub provision_concurrency: usize,
+    pub(crate) provision_concurrency: usize,
     /// age identity file for Argo CD's `sops-age` Secret when addons.argocd.ksops is on
     /// (default: the identities that decrypt the secrets bundle).
     #[arg(long, env = "TALBOOT_KSOPS_AGE_IDENTITY")]
@@ -153,7 +153,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// Problems that stop `serve` before it starts, each with what to do about it.
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+pub(crate) enum StartError {
     /// The inventory is invalid or unreadable.
     #[error("{0}; run `talboot check -c {1}` for every problem")]
     Inventory(inventory::LoadError, PathBuf),
@@ -274,7 +274,7 @@ fn interface_mtu(iface: &str) -> Option<u32> {
 
 /// The largest TFTP block that fits one Ethernet frame: MTU minus IPv4 (20), UDP (8) and TFTP
 /// (4) headers, within RFC 2348's 512..=65464.
-pub fn max_blksize_for_mtu(mtu: u32) -> u16 {
+pub(crate) fn max_blksize_for_mtu(mtu: u32) -> u16 {
     mtu.saturating_sub(32).clamp(512, 65464) as u16
 }
 
@@ -441,7 +441,7 @@ struct ProvisioningInputs {
 /// identities `sources` yield, the ones that decrypt the secrets bundle. `None` when KSOPS is
 /// off. The file must hold at least one `AGE-SECRET-KEY-1…` identity; errors name the file or
 /// the flag, never key material.
-pub fn ksops_identity(
+pub(crate) fn ksops_identity(
     inv: &Inventory,
     flag: Option<&Path>,
     sources: &IdentitySources,

@@ -157,7 +157,7 @@ impl fmt::Debug for IdentitySources {
 impl IdentitySources {
     /// Reads `SOPS_AGE_KEY`, `SOPS_AGE_KEY_FILE`, `XDG_CONFIG_HOME` and `HOME` from the process
     /// environment (the adapter the CLI uses). Empty variables count as unset, as in sops.
-    pub fn from_process_env(explicit: Option<PathBuf>) -> Self {
+    pub(crate) fn from_process_env(explicit: Option<PathBuf>) -> Self {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
         Self {
             explicit,
@@ -171,7 +171,7 @@ impl IdentitySources {
 
     /// sops's default key file: `<user config dir>/sops/age/keys.txt`, where the user config
     /// dir is `$XDG_CONFIG_HOME` when set to an absolute path, else `$HOME/.config`.
-    pub fn default_keys_path(&self) -> Option<PathBuf> {
+    pub(crate) fn default_keys_path(&self) -> Option<PathBuf> {
         let config = match &self.xdg_config_home {
             Some(x) if x.is_absolute() => x.clone(),
             _ => self.home.as_ref()?.join(".config"),
@@ -331,7 +331,7 @@ impl Identities {
 
     /// Parses identity text (a keys.txt file: `#` comments, blank lines and
     /// `AGE-SECRET-KEY-1…` lines) held in memory; `location` names it in error messages.
-    pub fn from_text(location: &str, text: &str) -> Result<Self, AgeError> {
+    pub(crate) fn from_text(location: &str, text: &str) -> Result<Self, AgeError> {
         let keys = parse_identities(text).map_err(|reason| AgeError::InvalidIdentities {
             location: location.into(),
             reason,
@@ -367,7 +367,7 @@ impl Identities {
     }
 
     /// The tried locations as one line, for error messages.
-    pub fn describe_tried(&self) -> String {
+    pub(crate) fn describe_tried(&self) -> String {
         let parts: Vec<String> = self.tried.iter().map(Tried::to_string).collect();
         parts.join(", ")
     }
@@ -379,7 +379,7 @@ impl Identities {
 
     /// The loaded identities as keys.txt text (one `AGE-SECRET-KEY-1…` line each), for
     /// handing them to another consumer such as Argo CD's `sops-age` Secret.
-    pub fn to_keys_text(&self) -> Secret {
+    pub(crate) fn to_keys_text(&self) -> Secret {
         use ::age::secrecy::ExposeSecret;
         let mut text = Zeroizing::new(String::new());
         for k in &self.keys {

@@ -22,14 +22,14 @@ const OPT_IPXE: u8 = 175;
 /// iPXE feature sub-option codes inside option 175 (iPXE `include/ipxe/features.h`).
 mod ipxe_feature {
     pub const HTTP: u8 = 0x13;
-    pub const HTTPS: u8 = 0x14;
+    pub(crate) const HTTPS: u8 = 0x14;
     pub const TFTP: u8 = 0x15;
     pub const DNS: u8 = 0x17;
     pub const BZIMAGE: u8 = 0x18;
     pub const PXE: u8 = 0x21;
     pub const EFI: u8 = 0x24;
     /// iPXE version: major, minor, patch.
-    pub const VERSION: u8 = 0xeb;
+    pub(crate) const VERSION: u8 = 0xeb;
 }
 
 /// How the client boots, which decides what boot file it is handed.
@@ -52,7 +52,7 @@ pub enum BootKind {
 
 impl BootKind {
     /// True for every kind that wants boot information.
-    pub fn is_netboot(self) -> bool {
+    pub(crate) fn is_netboot(self) -> bool {
         self != Self::NotPxe
     }
 }
@@ -61,7 +61,7 @@ impl BootKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IpxeFeatures {
     /// Every sub-option code present, with its value (feature flags carry a version byte).
-    pub sub_options: BTreeMap<u8, Vec<u8>>,
+    pub(crate) sub_options: BTreeMap<u8, Vec<u8>>,
 }
 
 impl IpxeFeatures {
@@ -120,15 +120,15 @@ pub struct ClientInfo {
     /// Hardware address.
     pub mac: Mac,
     /// Raw option 93 value (first architecture listed), if sent.
-    pub arch_code: Option<u16>,
+    pub(crate) arch_code: Option<u16>,
     /// The Talos architecture this code maps to, if any.
     pub arch: Option<Arch>,
     /// How it boots.
     pub boot: BootKind,
     /// Option 60, as sent.
-    pub vendor_class: Option<Vec<u8>>,
+    pub(crate) vendor_class: Option<Vec<u8>>,
     /// Option 77, as sent.
-    pub user_class: Option<Vec<u8>>,
+    pub(crate) user_class: Option<Vec<u8>>,
     /// Option 97 GUID (16 bytes after the type byte), in wire byte order.
     pub uuid: Option<[u8; 16]>,
     /// Option 175 contents, when the client is iPXE and sent them.
@@ -137,7 +137,7 @@ pub struct ClientInfo {
 
 impl ClientInfo {
     /// The vendor class to echo in replies, as PXE 2.1 and UEFI HTTP boot require.
-    pub fn echo_vendor_class(&self) -> Option<&'static [u8]> {
+    pub(crate) fn echo_vendor_class(&self) -> Option<&'static [u8]> {
         match self.boot {
             BootKind::UefiHttp => Some(b"HTTPClient"),
             BootKind::BiosPxe | BootKind::UefiPxe => Some(b"PXEClient"),

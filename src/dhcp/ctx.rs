@@ -52,17 +52,17 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootTargets {
     /// TFTP server for PXE firmware (siaddr, option 66).
-    pub tftp_server: Ipv4Addr,
+    pub(crate) tftp_server: Ipv4Addr,
     /// Base URL of talboot's HTTP server, without trailing slash (e.g. `http://10.0.0.1:8080`).
-    pub http_base: String,
+    pub(crate) http_base: String,
     /// iPXE for legacy BIOS PXE ROMs.
-    pub bios_file: String,
+    pub(crate) bios_file: String,
     /// iPXE for x86-64 UEFI (`ipxe.efi` or `snponly.efi`).
-    pub uefi_x64_file: String,
+    pub(crate) uefi_x64_file: String,
     /// iPXE for arm64 UEFI.
-    pub arm64_file: String,
+    pub(crate) arm64_file: String,
     /// URL of the per-machine iPXE script; `mac` and `arch` query parameters are appended.
-    pub ipxe_script_url: String,
+    pub(crate) ipxe_script_url: String,
 }
 
 impl BootTargets {
@@ -171,7 +171,7 @@ impl DecideCtx {
     }
 
     /// The subnet containing `ip`.
-    pub fn subnet_of(&self, ip: Ipv4Addr) -> Option<&Subnet> {
+    pub(crate) fn subnet_of(&self, ip: Ipv4Addr) -> Option<&Subnet> {
         self.subnets.iter().find(|s| s.net.contains(&ip))
     }
 }

@@ -15,11 +15,11 @@ use crate::inventory::Mac;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FloodConfig {
     /// Requests a MAC may send at once.
-    pub burst: u32,
+    pub(crate) burst: u32,
     /// Sustained requests per second per MAC.
-    pub per_second: f64,
+    pub(crate) per_second: f64,
     /// Most MACs tracked at once.
-    pub max_clients: usize,
+    pub(crate) max_clients: usize,
 }
 
 impl Default for FloodConfig {

@@ -67,17 +67,17 @@ pub struct Lease {
     /// Current state.
     pub state: LeaseState,
     /// When the offer, binding or quarantine ends (for `Released`, when it was released).
-    pub expires: SystemTime,
+    pub(crate) expires: SystemTime,
 }
 
 impl Lease {
     /// Offered or bound and not yet expired at `now`.
-    pub fn is_held(&self, now: SystemTime) -> bool {
+    pub(crate) fn is_held(&self, now: SystemTime) -> bool {
         matches!(self.state, LeaseState::Offered | LeaseState::Bound) && self.expires > now
     }
 
     /// Quarantined and the quarantine has not ended at `now`.
-    pub fn is_quarantined(&self, now: SystemTime) -> bool {
+    pub(crate) fn is_quarantined(&self, now: SystemTime) -> bool {
         self.state == LeaseState::Quarantined && self.expires > now
     }
 }
@@ -145,13 +145,13 @@ pub enum LeaseError {
 #[derive(Clone, PartialEq, Eq)]
 pub struct LeaseBookConfig {
     /// Inventory reservations: boot MAC to address.
-    pub reservations: BTreeMap<Mac, Ipv4Addr>,
+    pub(crate) reservations: BTreeMap<Mac, Ipv4Addr>,
     /// Dynamic ranges, one per subnet that has one.
-    pub pools: Vec<Pool>,
+    pub(crate) pools: Vec<Pool>,
     /// How long an offered address is held for the client that was offered it.
-    pub offer_hold: Duration,
+    pub(crate) offer_hold: Duration,
     /// How long a declined address is kept out of use.
-    pub quarantine: Duration,
+    pub(crate) quarantine: Duration,
 }
 
 impl fmt::Debug for LeaseBookConfig {
@@ -166,9 +166,9 @@ impl fmt::Debug for LeaseBookConfig {
 }
 
 /// Default time an offer is held: long enough for slow PXE ROMs to send their REQUEST.
-pub const DEFAULT_OFFER_HOLD: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_OFFER_HOLD: Duration = Duration::from_secs(60);
 /// Default quarantine after a DECLINE.
-pub const DEFAULT_QUARANTINE: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_QUARANTINE: Duration = Duration::from_secs(600);
 
 /// A binding younger than `lease / REUSE_DIVISOR` is reused as it is (Kea `cache-threshold`
 /// 0.25; see the module docs).
@@ -217,14 +217,14 @@ impl LeaseBook {
     /// The store could not write the latest change of `ip`: the next REQUEST for it writes
     /// the binding again instead of reusing it (the socket adapter calls this when a commit
     /// fails).
-    pub fn mark_not_durable(&mut self, ip: Ipv4Addr) {
+    pub(crate) fn mark_not_durable(&mut self, ip: Ipv4Addr) {
         if self.leases.contains_key(&ip) {
             self.not_durable.insert(ip);
         }
     }
 
     /// Time left on the record of `ip` at `now` (zero when lapsed or absent).
-    pub fn remaining(&self, ip: Ipv4Addr, now: SystemTime) -> Duration {
+    pub(crate) fn remaining(&self, ip: Ipv4Addr, now: SystemTime) -> Duration {
         self.leases
             .get(&ip)
             .and_then(|l| l.expires.duration_since(now).ok())
@@ -279,7 +279,7 @@ impl LeaseBook {
     /// Rebuild a book from persisted records. Records that break the rules under the current
     /// configuration (address no longer managed or now reserved for someone else, a second
     /// record for the same MAC) are dropped, and their removals returned for the store.
-    pub fn restore(
+    pub(crate) fn restore(
         cfg: LeaseBookConfig,
         records: impl IntoIterator<Item = Lease>,
     ) -> (Self, Vec<LeaseChange>) {
@@ -351,7 +351,7 @@ impl LeaseBook {
     }
 
     /// True when `ip` is reserved for some machine.
-    pub fn is_reserved(&self, ip: Ipv4Addr) -> bool {
+    pub(crate) fn is_reserved(&self, ip: Ipv4Addr) -> bool {
         self.owners_by_ip.contains_key(&ip)
     }
 
@@ -525,7 +525,7 @@ impl LeaseBook {
 
     /// DHCPDECLINE: `mac` found `ip` in use on the wire. Only the holder may decline, so a
     /// hostile client cannot quarantine addresses it was never given.
-    pub fn decline(
+    pub(crate) fn decline(
         &mut self,
         mac: Mac,
         ip: Ipv4Addr,
@@ -545,7 +545,7 @@ impl LeaseBook {
     }
 
     /// The client chose another server: forget our outstanding offer to it (RFC 2131 §4.3.2).
-    pub fn cancel_offer(&mut self, mac: Mac) -> Vec<LeaseChange> {
+    pub(crate) fn cancel_offer(&mut self, mac: Mac) -> Vec<LeaseChange> {
         match self.by_mac.get(&mac).copied() {
             Some(ip)
                 if self
@@ -564,7 +564,7 @@ impl LeaseBook {
     /// Housekeeping: drop lapsed offers and quarantines, mark lapsed bindings released.
     /// Correctness never depends on calling this (every check looks at `now`); it keeps the
     /// book and the store small and the states honest.
-    pub fn expire(&mut self, now: SystemTime) -> Vec<LeaseChange> {
+    pub(crate) fn expire(&mut self, now: SystemTime) -> Vec<LeaseChange> {
         let mut changes = Vec::new();
         let lapsed: Vec<Ipv4Addr> = self
             .leases

@@ -13,7 +13,7 @@ pub mod ctx;
 pub mod decide;
 pub mod flood;
 pub mod leases;
-pub mod queue;
+pub(crate) mod queue;
 pub mod reply;
 pub mod server;
 pub mod wire;
@@ -69,7 +69,7 @@ pub enum Outcome {
 
 /// Counters of what the core did, for metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Replies sent.
     pub replies: u64,
     /// Messages handled without a reply.
@@ -79,6 +79,7 @@ pub struct Stats {
 }
 
 impl Stats {
+    #[cfg(test)]
     /// Drops whose datagram was malformed.
     pub fn malformed(&self) -> u64 {
         self.dropped
@@ -99,7 +100,7 @@ pub struct DhcpCore {
     /// Flood limiter.
     pub flood: FloodLimiter,
     /// Counters.
-    pub stats: Stats,
+    pub(crate) stats: Stats,
 }
 
 impl DhcpCore {

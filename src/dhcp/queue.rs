@@ -19,11 +19,11 @@ use tokio::sync::Notify;
 
 /// Default capacity: the pipeline behind the ring (decide, group commit, send) drains it in
 /// bursts of hundreds; Kea's default of 64 is sized for one packet at a time.
-pub const DEFAULT_CAPACITY: usize = 256;
+pub(crate) const DEFAULT_CAPACITY: usize = 256;
 
 /// A ring of at most `capacity` items; pushing onto a full ring evicts the oldest.
 #[derive(Debug)]
-pub struct Ring<T> {
+pub(crate) struct Ring<T> {
     items: VecDeque<T>,
     capacity: usize,
     dropped: u64,
@@ -53,20 +53,23 @@ impl<T> Ring<T> {
     }
 
     /// The oldest item.
-    pub fn pop(&mut self) -> Option<T> {
+    pub(crate) fn pop(&mut self) -> Option<T> {
         self.items.pop_front()
     }
 
+    #[cfg(test)]
     /// Items waiting.
     pub fn len(&self) -> usize {
         self.items.len()
     }
 
+    #[cfg(test)]
     /// Nothing waiting.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    #[cfg(test)]
     /// Items evicted so far.
     pub fn dropped(&self) -> u64 {
         self.dropped
@@ -76,7 +79,7 @@ impl<T> Ring<T> {
 /// A [`Ring`] shared by the socket readers (push, never wait) and the handling loop (pop,
 /// wait when empty).
 #[derive(Debug)]
-pub struct RxQueue<T> {
+pub(crate) struct RxQueue<T> {
     ring: Mutex<Ring<T>>,
     ready: Notify,
 }
@@ -99,7 +102,7 @@ impl<T> RxQueue<T> {
     }
 
     /// The oldest item, waiting for one if the queue is empty.
-    pub async fn pop(&self) -> T {
+    pub(crate) async fn pop(&self) -> T {
         loop {
             if let Some(item) = self.lock().pop() {
                 return item;
@@ -108,6 +111,7 @@ impl<T> RxQueue<T> {
         }
     }
 
+    #[cfg(test)]
     /// Items evicted so far.
     pub fn dropped(&self) -> u64 {
         self.lock().dropped()

@@ -14,7 +14,7 @@ pub struct Reply {
     /// The message (without option 82).
     pub message: Message,
     /// Option 82 from the request, echoed byte for byte (RFC 3046 §2.2).
-    pub relay_agent_info: Option<Vec<u8>>,
+    pub(crate) relay_agent_info: Option<Vec<u8>>,
 }
 
 /// What the socket adapter reports about a reply (events, metrics), taken from the message
@@ -26,7 +26,7 @@ pub struct ReplySummary {
     /// The address leased (unspecified for proxy, 4011, INFORM and NAK replies).
     pub yiaddr: Ipv4Addr,
     /// The `file` field: the boot file named in the reply ("" if none).
-    pub boot_file: String,
+    pub(crate) boot_file: String,
 }
 
 impl Reply {
@@ -100,7 +100,7 @@ pub enum ReplyTarget {
 
 impl ReplyTarget {
     /// The broadcast destination.
-    pub const BROADCAST_ADDR: SocketAddrV4 =
+    pub(crate) const BROADCAST_ADDR: SocketAddrV4 =
         SocketAddrV4::new(Ipv4Addr::BROADCAST, v4::CLIENT_PORT);
 
     /// The socket address to send to (ARP handling aside).

@@ -53,9 +53,9 @@ use crate::inventory::{Mac, NetworkMode};
 use crate::store::{self, LeaseCommit, LeaseWrite, Store, StoreError};
 
 /// Standard DHCP server port.
-pub const DHCP_PORT: u16 = 67;
+pub(crate) const DHCP_PORT: u16 = 67;
 /// PXE boot server port (PXE 2.1 §2.2.5).
-pub const PXE_PORT: u16 = 4011;
+pub(crate) const PXE_PORT: u16 = 4011;
 /// How often expired offers and leases are swept out of the book.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
 /// Largest datagram read; DHCP messages are far smaller, jumbo frames aside.

@@ -140,7 +140,7 @@ pub struct Request {
     /// The client's hardware address (checked to be 6-byte Ethernet).
     pub mac: Mac,
     /// Raw contents of option 82 (concatenated per RFC 3396), echoed verbatim in replies.
-    pub relay_agent_info: Option<Vec<u8>>,
+    pub(crate) relay_agent_info: Option<Vec<u8>>,
     /// The port the datagram arrived on.
     pub port: ServerPort,
     /// The datagram's source address (needed to answer on port 4011).
@@ -176,7 +176,7 @@ impl Request {
 }
 
 /// The client MAC from chaddr, if the message says it is 6-byte Ethernet.
-pub fn ethernet_mac(msg: &Message) -> Result<Mac, DropReason> {
+pub(crate) fn ethernet_mac(msg: &Message) -> Result<Mac, DropReason> {
     if msg.htype() != v4::HType::Eth || msg.hlen() != 6 {
         return Err(DropReason::NotEthernet);
     }
@@ -224,7 +224,7 @@ pub fn options(bytes: &[u8]) -> Options<'_> {
 
 /// The options (code and data) of `bytes`, Pad skipped, up to End or the first error: what
 /// a lenient reader of sub-options wants.
-pub fn option_values(bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+pub(crate) fn option_values(bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     options(bytes)
         .map_while(Result::ok)
         .filter_map(|t| match t {

@@ -129,7 +129,7 @@ pub fn unknown_node_key(mac: Mac) -> String {
 /// address is authoritative: its MAC names the inventory node, or the unknown machine
 /// ([`unknown_node_key`]). Without a lease, the inventory node last seen at the address;
 /// else `ip-<peer>`. A store that cannot be read counts as knowing nothing.
-pub fn node_key_by_peer(store: &dyn Store, inventory: &Inventory, peer: IpAddr) -> String {
+pub(crate) fn node_key_by_peer(store: &dyn Store, inventory: &Inventory, peer: IpAddr) -> String {
     let v4 = match peer {
         IpAddr::V4(v4) => Some(v4),
         IpAddr::V6(v6) => v6.to_ipv4_mapped(),
@@ -238,7 +238,7 @@ impl EventBus {
 
     /// Broadcast an event its publisher has already persisted (the DHCP server commits a lease
     /// change and its events together, so they do not take redb's write slot twice).
-    pub fn announce(&self, ev: NodeEvent) {
+    pub(crate) fn announce(&self, ev: NodeEvent) {
         tracing::info!(node = %ev.node, kind = %ev.kind, detail = %ev.detail, "event");
         // Nobody listening is fine.
         let _ = self.live.send(ev);
@@ -250,7 +250,7 @@ impl EventBus {
     }
 
     /// The bus's clock.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
 }

@@ -18,7 +18,7 @@ use super::server::FileBody;
 
 /// What to send for a request's `Range` header against a file of `size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangePlan {
+pub(crate) enum RangePlan {
     /// The whole file (no Range, or one we choose not to honour such as several ranges).
     Full,
     /// `206 Partial Content` for bytes `start..=end`.
@@ -34,7 +34,7 @@ pub enum RangePlan {
 
 /// Decide how to answer `range` (RFC 9110 §14): one `bytes=` range is honoured; several ranges
 /// are answered with the full file, which the RFC allows; syntax errors are ignored (full file).
-pub fn plan_range(range: Option<&str>, size: u64) -> RangePlan {
+pub(crate) fn plan_range(range: Option<&str>, size: u64) -> RangePlan {
     let Some(spec) = range.and_then(|r| r.trim().strip_prefix("bytes=")) else {
         return RangePlan::Full;
     };

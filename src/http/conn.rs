@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, header};
 
 /// At most this many request headers (hyper's default is 100 as well).
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 
 /// Size limits on what a client may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadLimits {
     /// The request line and headers together (nginx allows 4 x 8 KiB).
-    pub max_head_bytes: usize,
+    pub(crate) max_head_bytes: usize,
     /// A request body (only the admin API's POSTs carry one, and they carry nothing).
-    pub max_body_bytes: u64,
+    pub(crate) max_body_bytes: u64,
 }
 
 impl Default for HeadLimits {
@@ -37,7 +37,7 @@ impl Default for HeadLimits {
 
 /// A parsed request head.
 #[derive(Debug, Clone)]
-pub struct RequestHead {
+pub(crate) struct RequestHead {
     /// Method.
     pub method: Method,
     /// Request target as sent (origin form: path and query).
@@ -47,12 +47,12 @@ pub struct RequestHead {
     /// Headers.
     pub headers: HeaderMap,
     /// Length of the body that follows the head (`Content-Length`, else 0).
-    pub body_len: u64,
+    pub(crate) body_len: u64,
 }
 
 impl RequestHead {
     /// Whether the client asked for `100 Continue` before it sends the body.
-    pub fn expects_continue(&self) -> bool {
+    pub(crate) fn expects_continue(&self) -> bool {
         self.version == Version::HTTP_11
             && self.body_len > 0
             && self
@@ -63,14 +63,14 @@ impl RequestHead {
     }
 
     /// Whether the client lets the connection persist after this request.
-    pub fn keep_alive(&self) -> bool {
+    pub(crate) fn keep_alive(&self) -> bool {
         keep_alive(self.version, &self.headers)
     }
 }
 
 /// What [`parse_head`] found in the buffer.
 #[derive(Debug)]
-pub enum Parsed {
+pub(crate) enum Parsed {
     /// Not a whole head yet: read more.
     Partial,
     /// A whole head of `len` bytes.
@@ -84,7 +84,7 @@ pub enum Parsed {
 
 /// Why a request head is refused; every one of these ends the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeadError {
+pub(crate) enum HeadError {
     /// The head is longer than [`HeadLimits::max_head_bytes`] or has too many headers.
     #[error("request head too large")]
     TooLarge,
@@ -112,7 +112,7 @@ impl HeadError {
 }
 
 /// Parse the request head at the start of `buf`.
-pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Parsed, HeadError> {
+pub(crate) fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Parsed, HeadError> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut slots);
     let len = match req.parse(buf) {
@@ -177,7 +177,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Parsed, HeadError> 
 }
 
 /// Whether the connection may persist after a request with `version` and `headers`.
-pub fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
+pub(crate) fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
     let mut close = false;
     let mut keep = false;
     for v in headers.get_all(header::CONNECTION) {
@@ -196,7 +196,7 @@ pub fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
 
 /// Which limit a wait for request bytes is under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeoutKind {
+pub(crate) enum TimeoutKind {
     /// Between requests on a persistent connection, before the next request's first byte.
     Idle,
     /// From a connection's start, or the next request's first byte, to the end of its head
@@ -216,7 +216,7 @@ pub struct Timeouts {
 /// When the wait for the current request runs out, and under which limit. Deadlines are
 /// totals, not per read, so sending one byte at a time does not extend them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadClock {
+pub(crate) struct ReadClock {
     /// When the wait ends.
     pub deadline: Instant,
     /// Which limit that is.
@@ -234,7 +234,7 @@ impl ReadClock {
 
     /// After a response on a persistent connection; `buffered` says whether bytes of the next
     /// request (pipelined) are already there.
-    pub fn next_request(now: Instant, t: &Timeouts, buffered: bool) -> Self {
+    pub(crate) fn next_request(now: Instant, t: &Timeouts, buffered: bool) -> Self {
         if buffered {
             Self::fresh(now, t)
         } else {
@@ -246,7 +246,7 @@ impl ReadClock {
     }
 
     /// Bytes arrived at `now`: an idle wait becomes a header wait from here.
-    pub fn bytes_arrived(&mut self, now: Instant, t: &Timeouts) {
+    pub(crate) fn bytes_arrived(&mut self, now: Instant, t: &Timeouts) {
         if self.kind == TimeoutKind::Idle {
             *self = Self::fresh(now, t);
         }
@@ -255,7 +255,7 @@ impl ReadClock {
 
 /// How the response's `Connection` header is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Persistence {
+pub(crate) enum Persistence {
     /// The connection stays open (HTTP/1.1 default; no header).
     KeepAlive,
     /// Open for an HTTP/1.0 client that asked (`Connection: keep-alive`).
@@ -279,7 +279,7 @@ impl Persistence {
 /// write: `declared` is what the handler set, `body` the length of the body it produced.
 /// RFC 9110 §8.6 and §9.3.2: a HEAD response carries the length the GET would have and no
 /// body; 1xx, 204 and 304 carry neither.
-pub fn framing(
+pub(crate) fn framing(
     method: &Method,
     status: StatusCode,
     declared: Option<u64>,
@@ -299,7 +299,7 @@ pub fn framing(
 
 /// The bytes of a response head. `headers` are the handler's; framing and persistence headers
 /// in it are replaced by `content_length` and `persistence`.
-pub fn response_head(
+pub(crate) fn response_head(
     status: StatusCode,
     headers: &HeaderMap,
     date: &str,
@@ -340,7 +340,7 @@ pub fn response_head(
 }
 
 /// A bare response for a request that never reached the router (bad head, timeout).
-pub fn error_response(status: StatusCode, date: &str) -> Vec<u8> {
+pub(crate) fn error_response(status: StatusCode, date: &str) -> Vec<u8> {
     let body = format!("{}\n", status.canonical_reason().unwrap_or("error"));
     let mut h = HeaderMap::new();
     h.insert(
@@ -359,7 +359,7 @@ pub fn error_response(status: StatusCode, date: &str) -> Vec<u8> {
 }
 
 /// `t` as an IMF-fixdate (RFC 9110 §5.6.7), the `Date` header's form.
-pub fn http_date(t: time::OffsetDateTime) -> String {
+pub(crate) fn http_date(t: time::OffsetDateTime) -> String {
     const FMT: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
         "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
     );

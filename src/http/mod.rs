@@ -90,7 +90,7 @@ fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
 }
 
 /// `path` as it may be logged: everything after `/config/` is a token and is never written.
-pub fn redact_path(path: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn redact_path(path: &str) -> std::borrow::Cow<'_, str> {
     match path.strip_prefix("/config/") {
         Some(rest) if !rest.is_empty() => "/config/<redacted>".into(),
         _ => path.into(),
@@ -113,7 +113,7 @@ pub fn router(app: Arc<HttpApp>) -> Router {
 /// The admin router (`serve --admin-listen`, loopback by default): status, rebuild and
 /// metrics. Never served to the provisioning network: `/api/nodes` lists every node's MAC, and
 /// a rebuild wipes a machine.
-pub fn admin_router(app: Arc<HttpApp>) -> Router {
+pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
     Router::new()
         .route("/api/nodes", get(api_nodes))
         .route(

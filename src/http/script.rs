@@ -11,9 +11,9 @@ use crate::inventory::{Arch, Delivery, Inventory, Mac, UnknownPolicy};
 
 /// What iPXE told us about itself in the query string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientFacts {
+pub(crate) struct ClientFacts {
     /// `${buildarch}`: `x86_64`, `i386`, `arm64`…
-    pub buildarch: Option<String>,
+    pub(crate) buildarch: Option<String>,
     /// `${platform}`: `pcbios` or `efi`.
     pub platform: Option<String>,
 }
@@ -31,7 +31,7 @@ impl ClientFacts {
 
 /// Where a node is in its life, as far as booting is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeState {
+pub(crate) enum NodeState {
     /// New, or marked for rebuild: it must boot Talos from the network.
     Provisioning,
     /// Installed: booting the network image again would only waste time; boot the disk.
@@ -40,7 +40,7 @@ pub enum NodeState {
 
 /// The decision for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BootPlan {
+pub(crate) enum BootPlan {
     /// Boot Talos over the network.
     Talos {
         /// The inventory node, or `None` for a discovered machine.
@@ -64,7 +64,7 @@ pub enum BootPlan {
 
 /// Everything [`plan`] needs besides the inventory.
 #[derive(Debug, Clone)]
-pub struct PlanInput<'a> {
+pub(crate) struct PlanInput<'a> {
     /// The booting NIC.
     pub mac: Mac,
     /// The node's state, when the MAC belongs to an inventory node.
@@ -72,13 +72,13 @@ pub struct PlanInput<'a> {
     /// What iPXE reported.
     pub facts: &'a ClientFacts,
     /// The factory command line of the boot set, if stored with the artifacts.
-    pub factory_cmdline: Option<Vec<String>>,
+    pub(crate) factory_cmdline: Option<Vec<String>>,
     /// `talos.config=` URL for pull delivery (with its one-time token), if issued.
     pub config_url: Option<String>,
 }
 
 /// Decide what the machine with `input.mac` boots.
-pub fn plan(inv: &Inventory, input: &PlanInput<'_>) -> BootPlan {
+pub(crate) fn plan(inv: &Inventory, input: &PlanInput<'_>) -> BootPlan {
     let talos = &inv.cluster.talos_version.value;
     let schematic = inv.cluster.installer.schematic_id();
     let Some(node) = inv.node_by_mac(input.mac) else {
@@ -211,7 +211,7 @@ impl Scripts {
     }
 
     /// Render a plan.
-    pub fn plan(&self, plan: &BootPlan, base: &str) -> String {
+    pub(crate) fn plan(&self, plan: &BootPlan, base: &str) -> String {
         match plan {
             BootPlan::Talos { node, set, cmdline } => {
                 let dir = format!("{base}/assets/{}/{}/{}", set.talos, set.schematic, set.arch);

@@ -44,11 +44,11 @@ const MAX_COLLECTED_BODY: usize = 64 * 1024 * 1024;
 /// response's extensions by the handler, beside an ordinary streaming body of the same bytes
 /// (which servers other than this one, and tests calling the router directly, read instead).
 #[derive(Debug, Clone)]
-pub struct FileBody {
+pub(crate) struct FileBody {
     /// The open file.
     pub file: Arc<std::fs::File>,
     /// First byte.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// Number of bytes.
     pub len: u64,
 }
@@ -83,12 +83,12 @@ impl Default for Limits {
 
 /// Default header timeout (nginx's `client_header_timeout` is 60 s; a boot request head is one
 /// packet).
-pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+pub(crate) const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
 /// Default idle timeout (nginx's `keepalive_timeout` is 75 s).
-pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
+pub(crate) const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Default connection cap (nginx's `worker_connections` is 512 per worker). A connection
 /// costs a task and a 4 KiB read buffer; artifact bodies take no userspace memory.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Serve `router` on `listener` with `limits` until `shutdown` is cancelled, then finish the
 /// responses in progress and return. `name` labels the metrics and logs (`provisioning`,

@@ -22,11 +22,11 @@ use crate::store::{CasOutcome, Store, StoreError};
 
 /// How long an issued token stays valid. Talos retries a failing config fetch for three hours,
 /// but a token is issued per boot, so a short lifetime is enough.
-pub const TOKEN_TTL_SECS: u64 = 30 * 60;
+pub(crate) const TOKEN_TTL_SECS: u64 = 30 * 60;
 
 /// A stored token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Token {
+pub(crate) struct Token {
     /// The node it was issued for.
     pub node: String,
     /// The node's boot MAC.
@@ -34,16 +34,16 @@ pub struct Token {
     /// The only address that may redeem it.
     pub ip: Ipv4Addr,
     /// Seconds since the epoch.
-    pub issued_at: u64,
+    pub(crate) issued_at: u64,
     /// Seconds since the epoch.
-    pub expires_at: u64,
+    pub(crate) expires_at: u64,
     /// Set once the config was released.
     pub used: bool,
 }
 
 /// Why a config request was refused. Every refusal is a 403 with no config in the body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No such token.
     #[error("unknown token")]
     Unknown,
@@ -67,7 +67,7 @@ pub enum Refusal {
 }
 
 /// Decide whether `token` may be redeemed by `peer` at `now`.
-pub fn judge(
+pub(crate) fn judge(
     token: Option<&Token>,
     peer: Ipv4Addr,
     now: u64,
@@ -94,7 +94,7 @@ pub fn judge(
 
 /// True when `s` has the shape of a token (64 lowercase hex digits); anything else is refused
 /// before touching the store.
-pub fn well_formed(s: &str) -> bool {
+pub(crate) fn well_formed(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -226,7 +226,7 @@ impl TokenIssuer {
 }
 
 /// Tokens in the state store.
-pub struct TokenStore<'a> {
+pub(crate) struct TokenStore<'a> {
     store: &'a dyn Store,
 }
 

@@ -27,7 +27,7 @@ impl Loc {
     }
 
     /// A location that names only a file (for problems with the file as a whole).
-    pub fn file_only(file: &Path) -> Self {
+    pub(crate) fn file_only(file: &Path) -> Self {
         Self {
             file: Arc::new(file.to_path_buf()),
             line: 0,
@@ -59,9 +59,9 @@ pub enum Severity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
     /// Error or warning.
-    pub severity: Severity,
+    pub(crate) severity: Severity,
     /// Where in which file.
-    pub loc: Loc,
+    pub(crate) loc: Loc,
     /// Field path from the document root, e.g. `nodes[3].macs[0]`.
     pub path: String,
     /// What is wrong.
@@ -106,7 +106,7 @@ impl Diagnostics {
     }
 
     /// Record an error with a hint saying what would be valid.
-    pub fn error_hint(
+    pub(crate) fn error_hint(
         &mut self,
         loc: &Loc,
         path: impl Into<String>,
@@ -156,12 +156,12 @@ impl Diagnostics {
     }
 
     /// True when at least one diagnostic is an error.
-    pub fn has_errors(&self) -> bool {
+    pub(crate) fn has_errors(&self) -> bool {
         self.items.iter().any(|d| d.severity == Severity::Error)
     }
 
     /// Number of errors.
-    pub fn error_count(&self) -> usize {
+    pub(crate) fn error_count(&self) -> usize {
         self.items
             .iter()
             .filter(|d| d.severity == Severity::Error)
@@ -199,7 +199,7 @@ impl Diagnostics {
 }
 
 /// Suggest the closest of `candidates` to a misspelled `word`, if one is close enough.
-pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|c| {

@@ -20,11 +20,11 @@
 pub mod diag;
 pub mod load;
 pub mod model;
-pub mod parts;
+pub(crate) mod parts;
 pub mod read;
 pub mod schematic;
 pub mod talhelper;
-pub mod validate;
+pub(crate) mod validate;
 pub mod yaml;
 
 pub use diag::{Diagnostic, Diagnostics, Loc, Severity};

@@ -25,7 +25,7 @@ pub struct Spanned<T> {
     /// The value.
     pub value: T,
     /// Where it was written.
-    pub loc: Loc,
+    pub(crate) loc: Loc,
 }
 
 impl<T> Spanned<T> {
@@ -107,7 +107,7 @@ macro_rules! word_enum {
 
         impl $name {
             /// Every accepted spelling, in declaration order.
-            pub const WORDS: &'static [&'static str] = &[$($text),+];
+            pub(crate) const WORDS: &'static [&'static str] = &[$($text),+];
 
             /// The inventory spelling of this value.
             pub fn as_str(self) -> &'static str {
@@ -315,12 +315,12 @@ impl fmt::Display for Endpoint {
 }
 
 /// True for an RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens.
-pub fn is_dns_name(s: &str) -> bool {
+pub(crate) fn is_dns_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// True for one RFC 1123 label (1–63 chars, alphanumerics and inner hyphens).
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
@@ -332,14 +332,14 @@ pub fn is_dns_label(s: &str) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Patch {
     /// Where the patch came from (for error messages and provenance).
-    pub origin: PatchOrigin,
+    pub(crate) origin: PatchOrigin,
     /// The patch content.
     pub body: PatchBody,
 }
 
 /// Where a patch was written.
 #[derive(Debug, Clone, PartialEq)]
-pub enum PatchOrigin {
+pub(crate) enum PatchOrigin {
     /// Inline in the inventory at this location.
     Inline(Loc),
     /// In this file (absolute, or relative to the working directory).
@@ -373,7 +373,7 @@ pub struct Taint {
     /// Optional value.
     pub value: Option<String>,
     /// Effect.
-    pub effect: TaintEffect,
+    pub(crate) effect: TaintEffect,
 }
 
 /// What is wrong with a taint (each message quotes the part at fault).
@@ -424,7 +424,7 @@ impl fmt::Display for Taint {
 
 /// True for a Kubernetes label/taint key: optional DNS prefix and `/`, then a name of at most 63
 /// alphanumerics, `-`, `_` or `.`, starting and ending alphanumeric.
-pub fn is_label_key(s: &str) -> bool {
+pub(crate) fn is_label_key(s: &str) -> bool {
     let (prefix, name) = match s.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, s),
@@ -560,11 +560,11 @@ pub struct Cluster {
     /// Shared virtual IP for the control planes (Talos layer-2 VIP).
     pub vip: Option<Spanned<Ipv4Addr>>,
     /// Pod networks.
-    pub pod_subnets: Vec<Ipv4Net>,
+    pub(crate) pod_subnets: Vec<Ipv4Net>,
     /// Service networks.
-    pub service_subnets: Vec<Ipv4Net>,
+    pub(crate) service_subnets: Vec<Ipv4Net>,
     /// Kubernetes DNS domain.
-    pub dns_domain: String,
+    pub(crate) dns_domain: String,
     /// Whether control planes also run workloads.
     pub allow_scheduling_on_control_planes: bool,
     /// Secrets bundle location and age recipients.
@@ -575,7 +575,7 @@ pub struct Cluster {
     pub installer: Installer,
     /// The operator installs the CNI (talhelper's `cniConfig: {name: none}`): machine
     /// configs carry `cni: none` even when talboot's Cilium add-on is not enabled.
-    pub external_cni: bool,
+    pub(crate) external_cni: bool,
 }
 
 /// Where the cluster secrets bundle lives.
@@ -584,7 +584,7 @@ pub struct Secrets {
     /// Path of the (age- or SOPS-encrypted) bundle, resolved against the inventory's folder.
     pub file: PathBuf,
     /// age recipients (`age1…`) the bundle is encrypted to.
-    pub age_recipients: Vec<String>,
+    pub(crate) age_recipients: Vec<String>,
 }
 
 /// Installer image selection.
@@ -595,7 +595,7 @@ pub struct Installer {
     /// Full installer image reference without tag, overriding the factory URL.
     pub image: Option<String>,
     /// Image Factory base URL (mirrors and air gaps set their own).
-    pub factory_url: String,
+    pub(crate) factory_url: String,
 }
 
 /// The schematic ID of the empty schematic (`customization: {}`), i.e. vanilla Talos.
@@ -649,11 +649,11 @@ pub struct Boot {
     /// Push or pull config delivery.
     pub delivery: Delivery,
     /// Policy for MACs not in the inventory.
-    pub unknown_machines: UnknownPolicy,
+    pub(crate) unknown_machines: UnknownPolicy,
     /// Architecture assumed when neither the node nor DHCP says.
     pub default_arch: Arch,
     /// Extra kernel arguments for every node.
-    pub kernel_args: Vec<String>,
+    pub(crate) kernel_args: Vec<String>,
 }
 
 /// A role as written in the inventory (before `extends` is resolved).
@@ -664,13 +664,13 @@ pub struct RoleDef {
     /// Machine type; inherited from the parent when absent.
     pub machine_type: Option<MachineType>,
     /// Parent role.
-    pub extends: Option<Spanned<String>>,
+    pub(crate) extends: Option<Spanned<String>>,
     /// Patches of this role (applied after the parent's).
     pub patches: Vec<Patch>,
     /// Node labels.
     pub labels: BTreeMap<String, String>,
     /// Node taints.
-    pub taints: Vec<Taint>,
+    pub(crate) taints: Vec<Taint>,
 }
 
 /// A role with its `extends` chain folded in.
@@ -688,7 +688,7 @@ pub struct ResolvedRole {
     pub labels: BTreeMap<String, String>,
     /// Taints, union over the chain (a later role replaces an earlier taint with the same key
     /// and effect).
-    pub taints: Vec<Taint>,
+    pub(crate) taints: Vec<Taint>,
 }
 
 /// An additional NIC of a node (not used for booting), configured statically.
@@ -699,7 +699,7 @@ pub struct ExtraInterface {
     /// Addresses with prefix.
     pub addresses: Vec<Spanned<Ipv4Net>>,
     /// MTU.
-    pub mtu: Option<u32>,
+    pub(crate) mtu: Option<u32>,
 }
 
 /// One machine.
@@ -842,14 +842,14 @@ impl Inventory {
     }
 
     /// Nodes whose role makes them control planes, in file order.
-    pub fn control_planes(&self) -> impl Iterator<Item = &Node> {
+    pub(crate) fn control_planes(&self) -> impl Iterator<Item = &Node> {
         self.nodes
             .iter()
             .filter(|n| self.role_of(n).machine_type == MachineType::ControlPlane)
     }
 
     /// The node that owns boot MAC `mac`.
-    pub fn node_by_mac(&self, mac: Mac) -> Option<&Node> {
+    pub(crate) fn node_by_mac(&self, mac: Mac) -> Option<&Node> {
         self.nodes
             .iter()
             .find(|n| n.macs.iter().any(|m| m.value == mac))
@@ -861,7 +861,7 @@ impl Inventory {
     }
 
     /// The architecture `node` boots.
-    pub fn arch_of(&self, node: &Node) -> Arch {
+    pub(crate) fn arch_of(&self, node: &Node) -> Arch {
         node.arch.unwrap_or(self.boot.default_arch)
     }
 

@@ -18,7 +18,7 @@ pub trait Env {
 }
 
 /// The process environment.
-pub struct ProcessEnv;
+pub(crate) struct ProcessEnv;
 
 impl Env for ProcessEnv {
     fn var(&self, name: &str) -> Option<String> {
@@ -48,29 +48,29 @@ pub struct Parts {
     /// Nodes that could be read.
     pub nodes: Vec<Node>,
     /// Where the `nodes` list is (for "no control plane" and similar).
-    pub nodes_loc: Option<Loc>,
+    pub(crate) nodes_loc: Option<Loc>,
     /// How many entries the `nodes` list has, including ones that could not be read; counts
     /// that depend on every node (control-plane parity) are only judged when all were read.
-    pub nodes_written: usize,
+    pub(crate) nodes_written: usize,
     /// Every node's `role` reference with its field path, including nodes that could not be
     /// read completely, so a misspelled role is reported alongside the node's other problems.
-    pub role_refs: Vec<(String, Spanned<String>)>,
+    pub(crate) role_refs: Vec<(String, Spanned<String>)>,
     /// Add-ons.
     pub addons: Addons,
 }
 
 /// Kubernetes defaults Talos itself uses.
-pub const DEFAULT_POD_SUBNET: &str = "10.244.0.0/16";
+pub(crate) const DEFAULT_POD_SUBNET: &str = "10.244.0.0/16";
 /// Default service network.
-pub const DEFAULT_SERVICE_SUBNET: &str = "10.96.0.0/12";
+pub(crate) const DEFAULT_SERVICE_SUBNET: &str = "10.96.0.0/12";
 /// Default Image Factory.
-pub const DEFAULT_FACTORY_URL: &str = "https://factory.talos.dev";
+pub(crate) const DEFAULT_FACTORY_URL: &str = "https://factory.talos.dev";
 
 /// Default lease time when the inventory gives none.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(3600);
 
 /// Number of items in a list node (0 for anything else).
-pub fn count_items(n: &Y) -> usize {
+pub(crate) fn count_items(n: &Y) -> usize {
     match &n.value {
         Value::Seq(items) => items.len(),
         _ => 0,

@@ -32,7 +32,7 @@ pub fn string(node: &Node, path: &str, d: &mut Diagnostics) -> Option<String> {
 }
 
 /// A boolean field.
-pub fn boolean(node: &Node, path: &str, d: &mut Diagnostics) -> Option<bool> {
+pub(crate) fn boolean(node: &Node, path: &str, d: &mut Diagnostics) -> Option<bool> {
     match &node.value {
         Value::Bool(b) => Some(*b),
         _ => {
@@ -79,14 +79,14 @@ pub fn mac(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Mac>>
 }
 
 /// An IPv4 address.
-pub fn ipv4(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Ipv4Addr>> {
+pub(crate) fn ipv4(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Ipv4Addr>> {
     parsed(node, path, d, "an IPv4 address", "10.0.40.1", |s| {
         s.parse::<Ipv4Addr>()
     })
 }
 
 /// An address with prefix length, e.g. `10.0.40.11/24` (host bits allowed).
-pub fn ipv4_net(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Ipv4Net>> {
+pub(crate) fn ipv4_net(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Ipv4Net>> {
     parsed(
         node,
         path,
@@ -98,7 +98,11 @@ pub fn ipv4_net(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<
 }
 
 /// A network in CIDR form whose host bits are zero, e.g. `10.0.40.0/24`.
-pub fn ipv4_subnet(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<Ipv4Net>> {
+pub(crate) fn ipv4_subnet(
+    node: &Node,
+    path: &str,
+    d: &mut Diagnostics,
+) -> Option<Spanned<Ipv4Net>> {
     let net = ipv4_net(node, path, d)?;
     if net.value != net.value.trunc() {
         d.error_hint(
@@ -142,13 +146,13 @@ pub fn word<T>(
 }
 
 /// A duration: whole seconds, or a number followed by `s`, `m`, `h` or `d`.
-pub fn duration(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Duration> {
+pub(crate) fn duration(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Duration> {
     parsed(node, path, d, "a duration", "12h", parse_duration).map(|s| s.value)
 }
 
 /// What is wrong with a duration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DurationError {
+pub(crate) enum DurationError {
     /// No digits before the unit.
     #[error("expected a number")]
     NotANumber,
@@ -164,7 +168,7 @@ pub enum DurationError {
 }
 
 /// Parses `3600`, `90s`, `30m`, `12h`, `7d`.
-pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => s.split_at(i),
         None => (s, "s"),
@@ -270,7 +274,7 @@ fn is_label_value(s: &str) -> bool {
 }
 
 /// Kubernetes taints in kubectl syntax: a list of `key[=value]:Effect`.
-pub fn taints(node: &Node, path: &str, d: &mut Diagnostics) -> Vec<Taint> {
+pub(crate) fn taints(node: &Node, path: &str, d: &mut Diagnostics) -> Vec<Taint> {
     list(node, path, d, false, |n, p, d| {
         parsed(
             n,
@@ -301,7 +305,7 @@ pub fn hostname(node: &Node, path: &str, d: &mut Diagnostics) -> Option<Spanned<
 }
 
 /// Kernel arguments: a list of strings, or one space-separated string.
-pub fn kernel_args(node: &Node, path: &str, d: &mut Diagnostics) -> Vec<String> {
+pub(crate) fn kernel_args(node: &Node, path: &str, d: &mut Diagnostics) -> Vec<String> {
     let args: Vec<String> = match &node.value {
         Value::Str(s) => s.split_whitespace().map(str::to_string).collect(),
         _ => list(node, path, d, false, string),
@@ -319,7 +323,7 @@ pub fn kernel_args(node: &Node, path: &str, d: &mut Diagnostics) -> Vec<String> 
 }
 
 /// An install disk selector.
-pub fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Option<DiskSelector> {
+pub(crate) fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Option<DiskSelector> {
     let mut r = MapReader::new(node, path, d)?;
     let mut sel = DiskSelector::default();
     let text = |r: &mut MapReader<'_>, key: &str, d: &mut Diagnostics| {
@@ -588,7 +592,7 @@ fn check_json_op(op: &Node, path: &str, d: &mut Diagnostics) -> bool {
 }
 
 /// Resolve a path written in the inventory against the inventory's folder.
-pub fn relative_path(base: &Path, s: &str) -> PathBuf {
+pub(crate) fn relative_path(base: &Path, s: &str) -> PathBuf {
     base.join(s)
 }
 

@@ -10,22 +10,22 @@ use sha2::{Digest, Sha256};
 
 /// The parts of a schematic talboot understands.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Schematic {
+pub(crate) struct Schematic {
     /// Overlay image and name (SBC overlays); options are not supported.
-    pub overlay: Option<(String, String)>,
+    pub(crate) overlay: Option<(String, String)>,
     /// Extra kernel arguments baked into the image.
-    pub extra_kernel_args: Vec<String>,
+    pub(crate) extra_kernel_args: Vec<String>,
     /// Initial META values (`key`, `value`).
     pub meta: Vec<(u8, String)>,
     /// Official system extensions, e.g. `siderolabs/qemu-guest-agent`.
-    pub official_extensions: Vec<String>,
+    pub(crate) official_extensions: Vec<String>,
     /// SecureBoot: include well-known UEFI certificates.
-    pub include_well_known_certificates: bool,
+    pub(crate) include_well_known_certificates: bool,
 }
 
 impl Schematic {
     /// The canonical YAML the Image Factory hashes.
-    pub fn canonical_yaml(&self) -> String {
+    pub(crate) fn canonical_yaml(&self) -> String {
         let mut out = String::new();
         if let Some((image, name)) = &self.overlay {
             out.push_str("overlay:\n");

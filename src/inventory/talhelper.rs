@@ -125,10 +125,10 @@ fn substitute(node: &mut Y, path: &str, env: &dyn Env, d: &mut Diagnostics) {
 /// A `${VAR}` whose variable is unset or empty (talhelper's rule: that is an error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("environment variable `{0}` is unset or empty")]
-pub struct UnsetVariable(pub String);
+pub(crate) struct UnsetVariable(pub String);
 
 /// Expand one string; on failure names the variable that was unset or empty.
-pub fn expand(s: &str, env: &dyn Env) -> Result<String, UnsetVariable> {
+pub(crate) fn expand(s: &str, env: &dyn Env) -> Result<String, UnsetVariable> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {

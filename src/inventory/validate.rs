@@ -19,7 +19,10 @@ fn builtin(name: &str) -> Option<MachineType> {
 
 /// Fold every role's `extends` chain. Unknown parents and cycles are reported; roles that
 /// cannot be resolved are left out of the result.
-pub fn resolve_roles(defs: &[RoleDef], d: &mut Diagnostics) -> BTreeMap<String, ResolvedRole> {
+pub(crate) fn resolve_roles(
+    defs: &[RoleDef],
+    d: &mut Diagnostics,
+) -> BTreeMap<String, ResolvedRole> {
     let by_name: HashMap<&str, &RoleDef> = defs.iter().map(|r| (r.name.as_str(), r)).collect();
     let mut out = BTreeMap::new();
     for word in MachineType::WORDS {

@@ -17,7 +17,7 @@ use super::diag::{Diagnostics, Loc, did_you_mean};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     /// Where the node starts.
-    pub loc: Loc,
+    pub(crate) loc: Loc,
     /// What it holds.
     pub value: Value,
 }
@@ -47,7 +47,7 @@ pub struct Key {
     /// The key's text.
     pub name: String,
     /// Where the key is written.
-    pub loc: Loc,
+    pub(crate) loc: Loc,
 }
 
 impl Node {
@@ -65,7 +65,7 @@ impl Node {
     }
 
     /// The scalar as text, whatever its YAML type (so `version: 1.10` reads as "1.10").
-    pub fn scalar_text(&self) -> Option<String> {
+    pub(crate) fn scalar_text(&self) -> Option<String> {
         match &self.value {
             Value::Str(s) => Some(s.clone()),
             Value::Int(i) => Some(i.to_string()),
@@ -76,7 +76,7 @@ impl Node {
     }
 
     /// Convert to a plain `yaml_serde::Value` (positions dropped, key order kept).
-    pub fn to_yaml(&self) -> yaml_serde::Value {
+    pub(crate) fn to_yaml(&self) -> yaml_serde::Value {
         use yaml_serde::Value as Y;
         match &self.value {
             Value::Null => Y::Null,
@@ -101,7 +101,7 @@ impl Node {
 #[error("{loc}: error: invalid YAML: {message}")]
 pub struct SyntaxError {
     /// Where the parser stopped.
-    pub loc: Loc,
+    pub(crate) loc: Loc,
     /// The parser's description.
     pub message: String,
 }
@@ -199,7 +199,7 @@ pub fn index(path: &str, i: usize) -> String {
 
 /// Reads the fields of one mapping, remembering which were read so that the rest can be
 /// reported as unknown (with a "did you mean" suggestion from the fields that exist).
-pub struct MapReader<'a> {
+pub(crate) struct MapReader<'a> {
     node: &'a Node,
     entries: &'a [(Key, Node)],
     used: Vec<bool>,
@@ -229,7 +229,7 @@ impl<'a> MapReader<'a> {
     }
 
     /// Where the mapping starts.
-    pub fn loc(&self) -> &Loc {
+    pub(crate) fn loc(&self) -> &Loc {
         &self.node.loc
     }
 

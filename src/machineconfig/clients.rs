@@ -21,14 +21,14 @@ use super::pki::{LeafSpec, PkiError};
 use super::secrets::{SecretsBundle, SecretsError};
 
 /// Default lifetime of admin client certificates (Talos: one year for both files).
-pub const DEFAULT_CLIENT_CERT_TTL: time::Duration = time::Duration::days(365);
+pub(crate) const DEFAULT_CLIENT_CERT_TTL: time::Duration = time::Duration::days(365);
 
 /// Subject O= that grants full Talos API access.
-pub const TALOS_ADMIN_ROLE: &str = "os:admin";
+pub(crate) const TALOS_ADMIN_ROLE: &str = "os:admin";
 /// Subject O= that grants Kubernetes cluster-admin.
-pub const KUBERNETES_ADMIN_GROUP: &str = "system:masters";
+pub(crate) const KUBERNETES_ADMIN_GROUP: &str = "system:masters";
 /// Subject CN= of the admin kubeconfig user.
-pub const KUBERNETES_ADMIN_USER: &str = "admin";
+pub(crate) const KUBERNETES_ADMIN_USER: &str = "admin";
 
 /// Errors from building or writing client configs.
 #[derive(Debug, thiserror::Error)]

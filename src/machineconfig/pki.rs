@@ -30,22 +30,22 @@ use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 /// PEM label of X.509 certificates.
-pub const PEM_CERTIFICATE: &str = "CERTIFICATE";
+pub(crate) const PEM_CERTIFICATE: &str = "CERTIFICATE";
 /// PEM label Talos uses for Ed25519 private keys (PKCS#8 DER inside).
-pub const PEM_ED25519_PRIVATE_KEY: &str = "ED25519 PRIVATE KEY";
+pub(crate) const PEM_ED25519_PRIVATE_KEY: &str = "ED25519 PRIVATE KEY";
 /// PEM label Talos uses for ECDSA private keys (SEC1 DER inside).
-pub const PEM_EC_PRIVATE_KEY: &str = "EC PRIVATE KEY";
+pub(crate) const PEM_EC_PRIVATE_KEY: &str = "EC PRIVATE KEY";
 /// PEM label Talos uses for RSA private keys (PKCS#1 DER inside).
-pub const PEM_RSA_PRIVATE_KEY: &str = "RSA PRIVATE KEY";
+pub(crate) const PEM_RSA_PRIVATE_KEY: &str = "RSA PRIVATE KEY";
 /// Generic PKCS#8 private key label; accepted on input.
-pub const PEM_PRIVATE_KEY: &str = "PRIVATE KEY";
+pub(crate) const PEM_PRIVATE_KEY: &str = "PRIVATE KEY";
 
 /// How far back a leaf certificate's `notBefore` is set, so that a node whose clock is a little
 /// behind ours still accepts a certificate we have just issued.
-pub const LEAF_BACKDATE: time::Duration = time::Duration::minutes(5);
+pub(crate) const LEAF_BACKDATE: time::Duration = time::Duration::minutes(5);
 
 /// Size of the RSA service-account key Talos generates for contracts newer than v1.6.
-pub const RSA_SERVICE_ACCOUNT_BITS: usize = 4096;
+pub(crate) const RSA_SERVICE_ACCOUNT_BITS: usize = 4096;
 
 const OID_ED25519: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
 const OID_EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
@@ -111,7 +111,7 @@ pub enum PkiError {
 
 /// Private key algorithms the appliance can load and sign with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyAlgorithm {
+pub(crate) enum KeyAlgorithm {
     /// Ed25519 (Talos OS CA and talosconfig client certificates).
     Ed25519,
     /// ECDSA on P-256 with SHA-256 (Kubernetes, aggregator and etcd CAs; kubeconfig clients).
@@ -159,7 +159,7 @@ impl fmt::Debug for PemCertAndKey {
 }
 
 /// A loaded private key: its algorithm and a signer usable by rcgen.
-pub struct PrivateKey {
+pub(crate) struct PrivateKey {
     algorithm: KeyAlgorithm,
     key_pair: KeyPair,
 }
@@ -249,19 +249,20 @@ impl PrivateKey {
         })
     }
 
+    #[cfg(test)]
     /// The key's algorithm.
     pub fn algorithm(&self) -> KeyAlgorithm {
         self.algorithm
     }
 
     /// The raw public key (what a certificate's subjectPublicKey BIT STRING holds).
-    pub fn public_key_raw(&self) -> &[u8] {
+    pub(crate) fn public_key_raw(&self) -> &[u8] {
         self.key_pair.public_key_raw()
     }
 
     /// Serializes the key as Talos does: Ed25519 as PKCS#8 v1 under `ED25519 PRIVATE KEY`,
     /// ECDSA as SEC1 under `EC PRIVATE KEY`, RSA as PKCS#1 under `RSA PRIVATE KEY`.
-    pub fn to_talos_pem(&self) -> Result<String, PkiError> {
+    pub(crate) fn to_talos_pem(&self) -> Result<String, PkiError> {
         let pkcs8 = self.key_pair.serialized_der();
         let (label, der) = match self.algorithm {
             KeyAlgorithm::Ed25519 => (PEM_ED25519_PRIVATE_KEY, ed25519_pkcs8_v1(pkcs8)?),
@@ -289,7 +290,7 @@ impl PrivateKey {
 /// Generates an RSA private key of `bits` bits and returns it as Talos writes it
 /// (PKCS#1 under `RSA PRIVATE KEY`). Used for the Kubernetes service-account key; this is slow
 /// (seconds for 4096 bits) because it searches for two large primes.
-pub fn generate_rsa_private_key_pem(bits: usize) -> Result<String, PkiError> {
+pub(crate) fn generate_rsa_private_key_pem(bits: usize) -> Result<String, PkiError> {
     let rng = SystemRandom::new();
     let key = rsa::PrivateKey::new(&mut RingRng(&rng), bits)
         .map_err(|e| PkiError::Crypto(format!("RSA key generation: {e}")))?;
@@ -337,7 +338,7 @@ impl rsa::rand_core::TryRng for RingRng<'_> {
 impl rsa::rand_core::TryCryptoRng for RingRng<'_> {}
 
 /// Encodes DER as PEM the way Go's `pem.EncodeToMemory` does: 64-column lines, LF endings.
-pub fn encode_pem(label: &str, der: Vec<u8>) -> String {
+pub(crate) fn encode_pem(label: &str, der: Vec<u8>) -> String {
     pem::encode_config(
         &pem::Pem::new(label, der),
         pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
@@ -435,22 +436,22 @@ fn whole_seconds(t: OffsetDateTime) -> OffsetDateTime {
 
 /// What a new self-signed CA looks like.
 #[derive(Debug, Clone)]
-pub struct CaSpec {
+pub(crate) struct CaSpec {
     /// Subject O= (Talos: `etcd`, `kubernetes`, `talos`).
-    pub organization: Option<String>,
+    pub(crate) organization: Option<String>,
     /// Subject CN= (Talos: `front-proxy` for the aggregator CA).
-    pub common_name: Option<String>,
+    pub(crate) common_name: Option<String>,
     /// Key algorithm.
-    pub algorithm: KeyAlgorithm,
+    pub(crate) algorithm: KeyAlgorithm,
     /// Start of validity (Talos: the generation time, not backdated).
-    pub not_before: OffsetDateTime,
+    pub(crate) not_before: OffsetDateTime,
     /// End of validity (Talos: `not_before` + 87600 h).
-    pub not_after: OffsetDateTime,
+    pub(crate) not_after: OffsetDateTime,
 }
 
 /// Generates a self-signed CA certificate and key as Talos makes them; the key is returned in
 /// Talos's PEM label for its algorithm.
-pub fn generate_ca(spec: &CaSpec) -> Result<PemCertAndKey, PkiError> {
+pub(crate) fn generate_ca(spec: &CaSpec) -> Result<PemCertAndKey, PkiError> {
     let not_before = whole_seconds(spec.not_before);
     let not_after = whole_seconds(spec.not_after);
     if not_after <= not_before {
@@ -495,24 +496,24 @@ pub enum ExtKeyUsage {
 
 /// What a leaf certificate should say.
 #[derive(Debug, Clone)]
-pub struct LeafSpec {
+pub(crate) struct LeafSpec {
     /// Subject CN=, if any.
-    pub common_name: Option<String>,
+    pub(crate) common_name: Option<String>,
     /// Subject O= (Talos and Kubernetes read roles/groups from it). At most one value.
-    pub organizations: Vec<String>,
+    pub(crate) organizations: Vec<String>,
     /// DNS subjectAltNames.
-    pub dns_names: Vec<String>,
+    pub(crate) dns_names: Vec<String>,
     /// IP subjectAltNames.
-    pub ip_addresses: Vec<IpAddr>,
+    pub(crate) ip_addresses: Vec<IpAddr>,
     /// Extended key usages; Talos requires exactly `[ClientAuth]` on API client certificates.
-    pub usages: Vec<ExtKeyUsage>,
+    pub(crate) usages: Vec<ExtKeyUsage>,
     /// Key algorithm of the new key; `None` means the CA's family, as siderolabs/crypto picks it
     /// (an RSA CA gets ECDSA P-256 leaves, since ring cannot generate RSA keys).
-    pub key_algorithm: Option<KeyAlgorithm>,
+    pub(crate) key_algorithm: Option<KeyAlgorithm>,
     /// Start of validity.
-    pub not_before: OffsetDateTime,
+    pub(crate) not_before: OffsetDateTime,
     /// End of validity.
-    pub not_after: OffsetDateTime,
+    pub(crate) not_after: OffsetDateTime,
 }
 
 impl LeafSpec {
@@ -537,7 +538,7 @@ impl LeafSpec {
 }
 
 /// A CA certificate parsed from PEM, with the facts import validation needs.
-pub struct CaCertificate {
+pub(crate) struct CaCertificate {
     pem: String,
     der: Vec<u8>,
     public_key_raw: Vec<u8>,
@@ -583,19 +584,14 @@ impl CaCertificate {
         })
     }
 
-    /// The certificate's expiry.
-    pub fn not_after(&self) -> OffsetDateTime {
-        self.not_after
-    }
-
     /// The PEM text as given.
-    pub fn pem(&self) -> &str {
+    pub(crate) fn pem(&self) -> &str {
         &self.pem
     }
 }
 
 /// A CA that can issue leaf certificates: its certificate plus the matching private key.
-pub struct CertificateAuthority {
+pub(crate) struct CertificateAuthority {
     cert: CaCertificate,
     algorithm: KeyAlgorithm,
     issuer: Issuer<'static, KeyPair>,
@@ -639,6 +635,7 @@ impl CertificateAuthority {
         })
     }
 
+    #[cfg(test)]
     /// Loads a CA from PEM certificate and key text (any Talos key label).
     pub fn from_pem(crt: &str, key: &str) -> Result<Self, PkiError> {
         Self::new(CaCertificate::from_pem(crt)?, PrivateKey::from_pem(key)?)
@@ -649,14 +646,10 @@ impl CertificateAuthority {
         self.cert.pem()
     }
 
+    #[cfg(test)]
     /// The CA key's algorithm.
     pub fn algorithm(&self) -> KeyAlgorithm {
         self.algorithm
-    }
-
-    /// The CA certificate's expiry.
-    pub fn not_after(&self) -> OffsetDateTime {
-        self.cert.not_after
     }
 
     /// Issues a leaf certificate with a fresh key. The key is returned under its Talos label.

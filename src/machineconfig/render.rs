@@ -57,11 +57,11 @@ use crate::inventory::{
 };
 
 /// KubePrism's default port (`DefaultKubePrismPort`).
-pub const KUBEPRISM_PORT: u16 = 7445;
+pub(crate) const KUBEPRISM_PORT: u16 = 7445;
 /// Install disk `talosctl gen config` defaults to (`--install-disk`).
-pub const DEFAULT_INSTALL_DISK: &str = "/dev/sda";
+pub(crate) const DEFAULT_INSTALL_DISK: &str = "/dev/sda";
 /// Alias the boot NIC gets (`LinkAliasConfig`); extra NICs get `net1`, `net2`, ...
-pub const BOOT_LINK: &str = "net0";
+pub(crate) const BOOT_LINK: &str = "net0";
 
 /// Why a node's config could not be rendered.
 #[derive(Debug, Error)]
@@ -117,7 +117,7 @@ pub struct StructuralError {
     /// Dotted field path.
     pub field: String,
     /// What is wrong and how to fix it.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 /// Convert a JSON value built with `json!` (ordered) to a YAML value.
@@ -137,7 +137,7 @@ fn cert_and_key(pair: &PemCertAndKey, with_key: bool) -> Json {
 
 /// The installer image: the inventory's image, else the Image Factory `metal-installer` for the
 /// cluster's schematic, tagged with the Talos version.
-pub fn installer_image(inv: &Inventory) -> String {
+pub(crate) fn installer_image(inv: &Inventory) -> String {
     let talos = &inv.cluster.talos_version.value;
     let installer = &inv.cluster.installer;
     match &installer.image {
@@ -204,7 +204,7 @@ fn admission_control() -> Json {
 
 /// The base config for `machine_type`: what `talosctl gen config` emits for the v1.13
 /// contract with this cluster's name, endpoint, versions, subnets and secrets.
-pub fn base_config(
+pub(crate) fn base_config(
     inv: &Inventory,
     secrets: &SecretsBundle,
     machine_type: MachineType,
@@ -416,7 +416,7 @@ fn taints(inv: &Inventory, node: &Node) -> Vec<Taint> {
 
 /// The generated per-node patch (step 4 of the order): hostname, boot NIC address and route,
 /// extra NICs, resolvers, VIP on control planes, install target and image, labels, taints.
-pub fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
+pub(crate) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
     let role = inv.role_of(node);
     let cp = role.machine_type == MachineType::ControlPlane;
 
@@ -534,7 +534,7 @@ pub fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError
 
 /// Renders `node`'s complete config: base, common patches, role chain patches, the generated
 /// node patch, the node's own patches; then runs [`check_structure`].
-pub fn render_node(
+pub(crate) fn render_node(
     inv: &Inventory,
     secrets: &SecretsBundle,
     node: &Node,
@@ -643,7 +643,7 @@ fn kubelet_may_set_label(key: &str) -> bool {
 /// Checks that need no schema: exactly one install disk choice; control-plane-only fields,
 /// CA keys, `nodeTaints` and the VIP only on control planes; worker labels NodeRestriction
 /// allows.
-pub fn check_structure(
+pub(crate) fn check_structure(
     node: &str,
     machine_type: MachineType,
     bundle: &ConfigBundle,

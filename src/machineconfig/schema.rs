@@ -48,10 +48,10 @@ use super::patch::ConfigBundle;
 
 /// The committed Talos v1.13 schema facts (see the module docs; regenerate with
 /// `scripts/derive-schema-facts <config.schema.json> src/machineconfig/talos-v1.13.schema-facts.json`).
-pub const EMBEDDED_FACTS: &str = include_str!("talos-v1.13.schema-facts.json");
+pub(crate) const EMBEDDED_FACTS: &str = include_str!("talos-v1.13.schema-facts.json");
 
 /// How messages name the embedded facts.
-pub const EMBEDDED_NAME: &str = "talboot's embedded Talos v1.13 schema facts";
+pub(crate) const EMBEDDED_NAME: &str = "talboot's embedded Talos v1.13 schema facts";
 
 static EMBEDDED: LazyLock<Arc<Schema>> = LazyLock::new(|| {
     Arc::new(
@@ -103,19 +103,19 @@ pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, SchemaLoadError> {
 
 /// A v1alpha1 field Talos v1.13 still accepts but has deprecated, and what replaces it.
 #[derive(Debug, Clone, Copy)]
-pub struct DeprecatedField {
+pub(crate) struct DeprecatedField {
     /// Key path inside the v1alpha1 document.
     pub path: &'static [&'static str],
     /// What to use instead (our words).
     pub replacement: &'static str,
     /// Warn about it (false for `persist`, which upstream's own generator still writes).
-    pub warn: bool,
+    pub(crate) warn: bool,
 }
 
 /// Every v1alpha1 field marked `docgen:nodoc` and `Deprecated:` in siderolabs/talos v1.13.9
 /// `pkg/machinery/config/types/v1alpha1/v1alpha1_types.go` (line of the field in brackets).
 /// None of them is in the v1.13 schema (tested against the embedded facts).
-pub const DEPRECATED: &[DeprecatedField] = &[
+pub(crate) const DEPRECATED: &[DeprecatedField] = &[
     // [189] "Deprecated: Not supported anymore." Still written by talosctl gen config
     // (pkg/machinery/config/generate/init.go:22, worker.go:24), so no warning.
     DeprecatedField {
@@ -207,7 +207,7 @@ pub const DEPRECATED: &[DeprecatedField] = &[
     "node {node}: v1alpha1 `{field}` is deprecated since Talos v1.13 (not in its config \
      schema); use {replacement} instead"
 )]
-pub struct Deprecation {
+pub(crate) struct Deprecation {
     /// The node whose config it is.
     pub node: String,
     /// Dotted field path in the v1alpha1 document.
@@ -253,7 +253,7 @@ pub enum SchemaError {
 /// One schema violation.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("node {node}: {document} `{field}`: {message}")]
-pub struct Violation {
+pub(crate) struct Violation {
     /// The node whose config it is.
     pub node: String,
     /// Document kind, with its name for named kinds (e.g. `UserVolumeConfig garage-data`).
@@ -266,11 +266,11 @@ pub struct Violation {
 
 /// The result of validating one node's config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Schema violations.
-    pub violations: Vec<Violation>,
+    pub(crate) violations: Vec<Violation>,
     /// Fields Talos accepts but the schema omits; present, not checked.
-    pub unchecked: Vec<String>,
+    pub(crate) unchecked: Vec<String>,
     /// Deprecated fields present (warnings; also not checked).
     pub deprecated: Vec<Deprecation>,
 }
@@ -309,7 +309,7 @@ fn enum_value<'a>(def: &'a Json, prop: &str) -> Option<&'a str> {
 impl Schema {
     /// Parses schema text (`source_name` is used in messages) and compiles a validator per
     /// document type.
-    pub fn from_text(source_name: &str, text: &str) -> Result<Self, SchemaError> {
+    pub(crate) fn from_text(source_name: &str, text: &str) -> Result<Self, SchemaError> {
         crate::nesting::check_json(text).map_err(|e| SchemaError::Parse {
             source_name: source_name.to_owned(),
             reason: e.to_string(),
@@ -385,7 +385,7 @@ impl Schema {
     }
 
     /// Where the schema came from (a file, or [`EMBEDDED_NAME`]).
-    pub fn source_name(&self) -> &str {
+    pub(crate) fn source_name(&self) -> &str {
         &self.source_name
     }
 
@@ -395,7 +395,7 @@ impl Schema {
     }
 
     /// Validates every document of `node`'s config.
-    pub fn validate(&self, node: &str, bundle: &ConfigBundle) -> Report {
+    pub(crate) fn validate(&self, node: &str, bundle: &ConfigBundle) -> Report {
         let mut report = Report::default();
         for doc in &bundle.docs {
             self.validate_doc(node, doc, &mut report);

@@ -30,7 +30,7 @@ use super::pki::{
 };
 
 /// Lifetime of every CA Talos generates (`secrets.CAValidityTime`, 87600 h = 10 years).
-pub const CA_VALIDITY: time::Duration = time::Duration::hours(87600);
+pub(crate) const CA_VALIDITY: time::Duration = time::Duration::hours(87600);
 
 /// Size in bytes of the random cluster id, cluster secret and secretbox key.
 const RANDOM_SECRET_BYTES: usize = 32;
@@ -81,7 +81,7 @@ pub enum SecretsError {
 
 /// The etcd-at-rest encryption key; exactly one kind is set in a bundle.
 #[derive(Clone, PartialEq, Eq)]
-pub enum EncryptionSecret {
+pub(crate) enum EncryptionSecret {
     /// `secrets.secretboxencryptionsecret` (Talos contracts newer than v1.2): 32 bytes, base64.
     Secretbox(String),
     /// `secrets.aescbcencryptionsecret` (contracts up to v1.2): 16/24/32 bytes, base64.
@@ -90,7 +90,7 @@ pub enum EncryptionSecret {
 
 /// Which service-account key to generate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ServiceAccountKeyKind {
+pub(crate) enum ServiceAccountKeyKind {
     /// RSA-4096, PKCS#1: what Talos generates for contracts newer than v1.6 (the default).
     #[default]
     Rsa4096,
@@ -102,7 +102,7 @@ pub enum ServiceAccountKeyKind {
 #[derive(Debug, Clone, Default)]
 pub struct GenerateOptions {
     /// Service-account key type.
-    pub service_account_key: ServiceAccountKeyKind,
+    pub(crate) service_account_key: ServiceAccountKeyKind,
 }
 
 /// A validated cluster secrets bundle. All certificate and key fields hold PEM text.
@@ -199,7 +199,7 @@ impl SecretsBundle {
 
     /// Parses and validates a bundle written by `talosctl gen secrets`, `talhelper gensecret`
     /// or [`SecretsBundle::to_yaml`].
-    pub fn from_yaml(text: &str) -> Result<Self, SecretsError> {
+    pub(crate) fn from_yaml(text: &str) -> Result<Self, SecretsError> {
         crate::nesting::check_yaml(text).map_err(|e| SecretsError::Yaml(e.to_string()))?;
         let wire: Wire = yaml_serde::from_str(text).map_err(yaml_error)?;
         let bundle = Self::from_wire(wire)?;
@@ -210,7 +210,7 @@ impl SecretsBundle {
 
     /// Writes the bundle in the exact layout `talosctl gen secrets` uses (go-yaml, 4-space
     /// indentation, Talos's key order, base64 of PEM for certificates and keys).
-    pub fn to_yaml(&self) -> String {
+    pub(crate) fn to_yaml(&self) -> String {
         let mut out = String::new();
         let mut line = |indent: usize, key: &str, value: Option<&str>| {
             out.push_str(&" ".repeat(indent * 4));
@@ -257,7 +257,7 @@ impl SecretsBundle {
     }
 
     /// Checks every field the way import does. Useful after building a bundle by hand.
-    pub fn validate(&self) -> Result<(), SecretsError> {
+    pub(crate) fn validate(&self) -> Result<(), SecretsError> {
         require("cluster.id", &self.cluster_id)?;
         require("cluster.secret", &self.cluster_secret)?;
         require("secrets.bootstraptoken", &self.bootstrap_token)?;
@@ -348,32 +348,32 @@ impl SecretsBundle {
     }
 
     /// `cluster.id` (discovery cluster id).
-    pub fn cluster_id(&self) -> &str {
+    pub(crate) fn cluster_id(&self) -> &str {
         &self.cluster_id
     }
 
     /// `cluster.secret` (discovery encryption secret).
-    pub fn cluster_secret(&self) -> &str {
+    pub(crate) fn cluster_secret(&self) -> &str {
         &self.cluster_secret
     }
 
     /// `secrets.bootstraptoken` (`cluster.token` in the machine config).
-    pub fn bootstrap_token(&self) -> &str {
+    pub(crate) fn bootstrap_token(&self) -> &str {
         &self.bootstrap_token
     }
 
     /// The etcd-at-rest encryption key.
-    pub fn encryption_secret(&self) -> &EncryptionSecret {
+    pub(crate) fn encryption_secret(&self) -> &EncryptionSecret {
         &self.encryption
     }
 
     /// `trustdinfo.token` (`machine.token` in the machine config).
-    pub fn trustd_token(&self) -> &str {
+    pub(crate) fn trustd_token(&self) -> &str {
         &self.trustd_token
     }
 
     /// `certs.etcd`: the etcd CA.
-    pub fn etcd_ca(&self) -> &PemCertAndKey {
+    pub(crate) fn etcd_ca(&self) -> &PemCertAndKey {
         &self.etcd
     }
 
@@ -383,12 +383,12 @@ impl SecretsBundle {
     }
 
     /// `certs.k8saggregator`: the front-proxy CA.
-    pub fn k8s_aggregator_ca(&self) -> &PemCertAndKey {
+    pub(crate) fn k8s_aggregator_ca(&self) -> &PemCertAndKey {
         &self.k8s_aggregator
     }
 
     /// `certs.k8sserviceaccount.key`: the service-account signing key (PEM).
-    pub fn k8s_service_account_key(&self) -> &str {
+    pub(crate) fn k8s_service_account_key(&self) -> &str {
         &self.k8s_service_account_key
     }
 
@@ -398,12 +398,12 @@ impl SecretsBundle {
     }
 
     /// The Talos API CA, ready to issue talosconfig client certificates.
-    pub fn os_authority(&self) -> Result<CertificateAuthority, SecretsError> {
+    pub(crate) fn os_authority(&self) -> Result<CertificateAuthority, SecretsError> {
         load_ca("certs.os", "certs.os.crt", "certs.os.key", &self.os)
     }
 
     /// The Kubernetes CA, ready to issue kubeconfig client certificates.
-    pub fn k8s_authority(&self) -> Result<CertificateAuthority, SecretsError> {
+    pub(crate) fn k8s_authority(&self) -> Result<CertificateAuthority, SecretsError> {
         load_ca("certs.k8s", "certs.k8s.crt", "certs.k8s.key", &self.k8s)
     }
 }

@@ -66,11 +66,11 @@ pub enum ClusterProgress {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthReport {
     /// Voting etcd members seen by the bootstrap node.
-    pub etcd_members: usize,
+    pub(crate) etcd_members: usize,
     /// Control planes in the inventory.
-    pub control_planes: usize,
+    pub(crate) control_planes: usize,
     /// Whether the API server endpoint accepted a connection.
-    pub api_answers: bool,
+    pub(crate) api_answers: bool,
 }
 
 impl HealthReport {
@@ -361,7 +361,7 @@ impl Provisioner {
 
     /// One health check: etcd members seen by the bootstrap node against the inventory's
     /// control planes, and a TCP connection to the API server endpoint.
-    pub async fn check_health(&self) -> Result<HealthReport, ProvisionError> {
+    pub(crate) async fn check_health(&self) -> Result<HealthReport, ProvisionError> {
         let cp = self.bootstrap_node().await?;
         let control_planes = self.inventory().control_planes().count();
         let etcd_members = match self.bootstrap_client(&cp).await? {
@@ -406,7 +406,10 @@ impl Provisioner {
 
     /// Checks health until it passes or `timeout` runs out; the timeout bounds the whole
     /// wait, including checks in flight. Publishes the outcome either way.
-    pub async fn wait_healthy(&self, timeout: Duration) -> Result<HealthReport, ProvisionError> {
+    pub(crate) async fn wait_healthy(
+        &self,
+        timeout: Duration,
+    ) -> Result<HealthReport, ProvisionError> {
         let cp = self.bootstrap_node().await?;
         let (last_tx, last_rx) = tokio::sync::watch::channel(String::from("no check finished"));
         let pause = self.settings().poll_interval;

@@ -50,9 +50,9 @@ pub struct NodeCtx {
     /// The node's MACs (a binding of any other MAC is ignored).
     pub macs: Vec<Mac>,
     /// The node is a control plane (a reset may have to skip leaving etcd).
-    pub control_plane: bool,
+    pub(crate) control_plane: bool,
     /// From ApplyConfiguration until machine stage running.
-    pub install_timeout: Duration,
+    pub(crate) install_timeout: Duration,
     /// From the Reset reply until the maintenance API answers.
     pub reset_timeout: Duration,
 }
@@ -105,14 +105,14 @@ pub struct NodeState {
     /// The current DHCP binding (re-derived from the store after a restart).
     pub bound: Option<Binding>,
     /// The call in flight, if any.
-    pub pending: Option<Pending>,
+    pub(crate) pending: Option<Pending>,
     /// The next operation number.
-    pub next_op: u64,
+    pub(crate) next_op: u64,
 }
 
 impl NodeState {
     /// The state of a node read from the store (or new: `rec` fresh), nothing in flight.
-    pub fn from_persisted(rec: NodeRecord, life: Lifecycle) -> Self {
+    pub(crate) fn from_persisted(rec: NodeRecord, life: Lifecycle) -> Self {
         Self {
             rec,
             life,
@@ -140,7 +140,7 @@ impl NodeState {
     }
 
     /// Whether the persisted part differs from `other`'s (the adapter writes only then).
-    pub fn persisted_differs(&self, other: &NodeState) -> bool {
+    pub(crate) fn persisted_differs(&self, other: &NodeState) -> bool {
         self.rec != other.rec || self.life != other.life
     }
 }
@@ -820,7 +820,7 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
 
 /// Where the bootstrap is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BootstrapMark {
+pub(crate) enum BootstrapMark {
     /// Not started.
     None,
     /// Intent recorded: the call may have been made.
@@ -834,20 +834,20 @@ pub enum BootstrapMark {
 /// The cluster's progress, one value: the bootstrap node, the bootstrap mark, whether the
 /// kubeconfig was written, and the step record of the later steps.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterState {
+pub(crate) struct ClusterState {
     /// The chosen bootstrap node.
     pub bootstrap_node: Option<String>,
     /// The bootstrap mark.
     pub bootstrap: BootstrapMark,
     /// The kubeconfig was written (and not undone by a rebuild of the last etcd member).
-    pub kubeconfig_done: bool,
+    pub(crate) kubeconfig_done: bool,
     /// The later steps' record.
     pub step: Option<StepRecord>,
 }
 
 impl ClusterState {
     /// Bootstrap, health wait and kubeconfig are over: the one place that says so.
-    pub fn kubeconfig_written(&self) -> bool {
+    pub(crate) fn kubeconfig_written(&self) -> bool {
         self.kubeconfig_done
             || self
                 .step
@@ -858,7 +858,7 @@ impl ClusterState {
 
 /// The bootstrap node choice.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Choice {
+pub(crate) enum Choice {
     /// Keep (or report) this node; nothing to persist.
     Keep(String),
     /// Persist this node (it replaces `replaces`, which failed).
@@ -873,7 +873,7 @@ pub enum Choice {
 /// Choose the bootstrap node: the persisted one, unless it Failed before any intent; else the
 /// first Ready control plane in inventory order (persisted); until one is Ready, the first
 /// control plane that did not fail (not persisted). `None`: no control plane at all.
-pub fn choose_bootstrap_node(
+pub(crate) fn choose_bootstrap_node(
     state: &ClusterState,
     control_planes: &[(String, NodePhase)],
 ) -> Option<Choice> {
@@ -911,7 +911,7 @@ pub fn choose_bootstrap_node(
 
 /// What the bootstrap part of the cluster machine saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BootstrapObs {
+pub(crate) enum BootstrapObs {
     /// What now? `ready`: the bootstrap node `node` is Ready with a known address.
     Poll {
         /// The bootstrap node.
@@ -934,7 +934,7 @@ pub enum BootstrapObs {
 
 /// What the bootstrap part of the cluster machine does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BootstrapEffect {
+pub(crate) enum BootstrapEffect {
     /// Wait.
     Wait(String),
     /// Ask etcd on the bootstrap node whether it has members (after the intent is persisted).
@@ -949,7 +949,10 @@ pub enum BootstrapEffect {
 
 /// One step of the bootstrap: intent before the call, etcd checked before calling, done
 /// after; `AlreadyBootstrapped` counts as done.
-pub fn bootstrap_step(state: &ClusterState, obs: BootstrapObs) -> (ClusterState, BootstrapEffect) {
+pub(crate) fn bootstrap_step(
+    state: &ClusterState,
+    obs: BootstrapObs,
+) -> (ClusterState, BootstrapEffect) {
     let mut s = state.clone();
     let effect = match obs {
         _ if s.bootstrap == BootstrapMark::Done => BootstrapEffect::Done,
@@ -980,7 +983,7 @@ pub fn bootstrap_step(state: &ClusterState, obs: BootstrapObs) -> (ClusterState,
 
 /// The last voting etcd member was reset: bootstrap, kubeconfig and later steps no longer
 /// hold (the bootstrap node stays: it is the node that comes back).
-pub fn forget_bootstrap(state: &ClusterState, node: &str, now: u64) -> ClusterState {
+pub(crate) fn forget_bootstrap(state: &ClusterState, node: &str, now: u64) -> ClusterState {
     ClusterState {
         bootstrap_node: state.bootstrap_node.clone(),
         bootstrap: BootstrapMark::Rebuilt,

@@ -76,7 +76,7 @@ pub struct DiskFacts {
     /// Whether these facts come from the COSI `block.Disk` resource (transport, rotational
     /// and links known), not only from `storage.Disks`.
     #[serde(default)]
-    pub from_cosi: bool,
+    pub(crate) from_cosi: bool,
 }
 
 /// `/dev/<name>` for a bare kernel name; a path is kept as it is (never `/dev//dev/sda`).
@@ -161,7 +161,7 @@ impl DiskFacts {
 
 /// Sorts disks as Talos lists them: by resource ID, i.e. by kernel name. Every `dev_path` is
 /// `/dev/` + ID, so comparing paths bytewise is comparing IDs (Go compares strings bytewise).
-pub fn talos_order(disks: &mut [DiskFacts]) {
+pub(crate) fn talos_order(disks: &mut [DiskFacts]) {
     disks.sort_by(|a, b| a.dev_path.cmp(&b.dev_path));
 }
 
@@ -171,7 +171,7 @@ mod kind_name {
 
     use crate::inventory::DiskType;
 
-    pub fn serialize<S: Serializer>(k: &Option<DiskType>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(k: &Option<DiskType>, s: S) -> Result<S::Ok, S::Error> {
         match k {
             Some(k) => s.serialize_some(k.as_str()),
             None => s.serialize_none(),
@@ -263,7 +263,7 @@ impl fmt::Display for DiskRefusal {
 impl std::error::Error for DiskRefusal {}
 
 /// One line describing a disk, for refusals and events.
-pub fn describe(d: &DiskFacts) -> String {
+pub(crate) fn describe(d: &DiskFacts) -> String {
     let or_dash = |s: &str| {
         let s = s.trim();
         if s.is_empty() {
@@ -314,7 +314,7 @@ fn clean_path(p: &str) -> String {
 
 /// Picks the install disk for `target` among `disks`: the device path Talos will install to,
 /// or a refusal. See the module docs for the rules.
-pub fn choose_install_disk(
+pub(crate) fn choose_install_disk(
     target: &InstallTarget,
     disks: &[DiskFacts],
 ) -> Result<String, DiskRefusal> {
@@ -426,16 +426,16 @@ impl<'a> Matcher<'a> {
 
 /// A size comparison from a selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SizeExpr {
+pub(crate) struct SizeExpr {
     /// The comparison.
-    pub op: SizeOp,
+    pub(crate) op: SizeOp,
     /// The size in bytes.
     pub bytes: u64,
 }
 
 /// Comparison operators a selector size may start with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SizeOp {
+pub(crate) enum SizeOp {
     /// `==` or no operator.
     Eq,
     /// `<`.
@@ -467,7 +467,7 @@ impl SizeExpr {
 /// `,` (commas dropped) read as a float, then a case-insensitive unit (`B`, `k`/`kB`...`E`/`EB`
 /// powers of 1000, `Ki`/`KiB`...`Ei`/`EiB` powers of 1024, none = bytes), the product
 /// truncated to whole bytes.
-pub fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
+pub(crate) fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
     let s = s.trim();
     let (op, rest) = [
         (">=", SizeOp::Ge),
@@ -485,7 +485,7 @@ pub fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
 }
 
 /// `humanize.ParseBytes` (dustin/go-humanize v1.0.1 `bytes.go`).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
         .unwrap_or(s.len());
@@ -525,7 +525,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// ryanuber/go-glob v1.0.0 `Glob`: `*` matches any run of characters, every other character
 /// (`?` and `[` included) only itself; an empty pattern matches only the empty string.
-pub fn glob(pattern: &str, subj: &str) -> bool {
+pub(crate) fn glob(pattern: &str, subj: &str) -> bool {
     if pattern.is_empty() {
         return subj.is_empty();
     }

@@ -85,7 +85,7 @@ pub enum CommandError {
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
-pub struct BundleRenderer {
+pub(crate) struct BundleRenderer {
     inventory: Arc<Inventory>,
     secrets: crate::machineconfig::secrets::SecretsBundle,
 }
@@ -200,7 +200,7 @@ impl Writer {
 /// Feeds `observations` to the core for node `name` and persists the result: for the HTTP
 /// handlers when no provisioner runs (pull delivery, no push provisioning), so the rules
 /// are the core's either way. Synchronous; call it off the async threads.
-pub fn observe_offline(
+pub(crate) fn observe_offline(
     store: &dyn Store,
     inventory: &Inventory,
     name: &str,
@@ -249,18 +249,18 @@ pub fn observe_offline(
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// TCP port of apid on every node (50000; tests may move it).
-    pub apid_port: u16,
+    pub(crate) apid_port: u16,
     /// Where the kubeconfig is written.
     pub state_dir: PathBuf,
     /// How long a node may take from ApplyConfiguration until it runs installed from disk
     /// (machine stage `running`).
-    pub install_timeout: Duration,
+    pub(crate) install_timeout: Duration,
     /// How long a rebuilt node may take from the Reset reply until its maintenance API
     /// answers; past it the rebuild is Failed (the reset did not happen).
     pub reset_timeout: Duration,
     /// Longest pause between maintenance probes of a node that booted Talos but does not
     /// answer yet (the pause doubles from `poll_interval` up to this).
-    pub probe_backoff_max: Duration,
+    pub(crate) probe_backoff_max: Duration,
     /// How long the health wait may take, in total.
     pub health_timeout: Duration,
     /// Pause between polls of nodes and between health checks.
@@ -269,7 +269,7 @@ pub struct Settings {
     /// and a step never blocks the loop on one slow node).
     pub retry: RetryPolicy,
     /// Per-call deadlines.
-    pub deadlines: Deadlines,
+    pub(crate) deadlines: Deadlines,
     /// Directory of rendered add-on manifests, with subdirectories `cilium/` and `argocd/`
     /// (see docs/addons.md); used when no `helm` binary is configured.
     pub addon_manifests: Option<PathBuf>,
@@ -415,7 +415,7 @@ struct ProbeState {
 
 /// The pause after `misses` unanswered probes: the poll interval doubled per miss, at most
 /// `max`.
-pub fn probe_backoff(poll: Duration, misses: u32, max: Duration) -> Duration {
+pub(crate) fn probe_backoff(poll: Duration, misses: u32, max: Duration) -> Duration {
     poll.saturating_mul(1u32 << misses.min(16))
         .min(max.max(poll))
 }
@@ -464,7 +464,7 @@ impl Provisioner {
     }
 
     /// The provisioner takes its operator commands from `commands` (see [`command_channel`]).
-    pub fn with_commands(self, commands: CommandReceiver) -> Self {
+    pub(crate) fn with_commands(self, commands: CommandReceiver) -> Self {
         *self.inner.commands.lock().expect("command lock") = Some(commands.0);
         self
     }

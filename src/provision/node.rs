@@ -65,7 +65,7 @@ pub struct NodeFacts {
     /// SMBIOS manufacturer (`None` without SMBIOS).
     pub manufacturer: Option<String>,
     /// SMBIOS product name (`None` without SMBIOS).
-    pub product_name: Option<String>,
+    pub(crate) product_name: Option<String>,
     /// SMBIOS serial number (`None` without SMBIOS).
     pub serial_number: Option<String>,
     /// The disks, in Talos's list order.
@@ -105,16 +105,16 @@ pub struct Lifecycle {
     /// The secured API answered since the config was applied: the node left maintenance
     /// mode, so finding it in maintenance again means the install failed.
     #[serde(default)]
-    pub install_seen: bool,
+    pub(crate) install_seen: bool,
     /// When the Reset RPC answered (Unix seconds); the rebuild waits for the node to come
     /// back in maintenance mode until the reset timeout after it.
     #[serde(default)]
-    pub reset_at_unix: Option<u64>,
+    pub(crate) reset_at_unix: Option<u64>,
 }
 
 /// Decodes a stored [`Lifecycle`]; an unreadable one counts as empty (it only refines
 /// what the phase already says).
-pub fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
+pub(crate) fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
     raw.and_then(|b| serde_json::from_slice(b).ok())
         .unwrap_or_default()
 }

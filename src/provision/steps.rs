@@ -42,7 +42,7 @@ pub const STEP_KEY: &str = "cluster/step";
 /// Event timeline (node key) of the cluster steps.
 pub const CLUSTER_TIMELINE: &str = "cluster";
 /// Failed attempts after which a step is reported as stuck (it is still retried).
-pub const STUCK_AFTER: u32 = 5;
+pub(crate) const STUCK_AFTER: u32 = 5;
 
 /// The cluster steps, in order. The record holds the last one completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -95,7 +95,7 @@ pub struct StepRecord {
 
 /// The persisted step record in `store`, if any (one this version cannot read counts as
 /// absent: every step re-checks its own facts).
-pub fn load_step_record(
+pub(crate) fn load_step_record(
     store: &dyn crate::store::Store,
 ) -> Result<Option<StepRecord>, crate::store::StoreError> {
     Ok(store
@@ -105,9 +105,9 @@ pub fn load_step_record(
 
 /// What the next step needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// Bootstrap, health wait and kubeconfig are done (`cluster::KUBECONFIG_KEY`).
-    pub kubeconfig_written: bool,
+    pub(crate) kubeconfig_written: bool,
     /// `addons.cilium.enabled` in the inventory.
     pub cilium: bool,
     /// `addons.argocd.enabled` in the inventory.
@@ -116,7 +116,7 @@ pub struct Facts {
 
 /// What to do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Run the bootstrap / health / kubeconfig steps.
     Bootstrap,
     /// Record that the kubeconfig exists.
@@ -136,7 +136,7 @@ pub enum Action {
 }
 
 /// The pure decision: what follows the completed step `current`, given `facts`.
-pub fn next_step(current: ClusterStep, facts: Facts) -> Action {
+pub(crate) fn next_step(current: ClusterStep, facts: Facts) -> Action {
     use ClusterStep as S;
     match current {
         S::WaitingForControlPlanes if facts.kubeconfig_written => Action::MarkBootstrapped,
@@ -160,14 +160,14 @@ pub fn next_step(current: ClusterStep, facts: Facts) -> Action {
 
 /// How long to wait before retrying a step that failed `attempts` times: the poll interval
 /// doubled per failure, at most five minutes.
-pub fn retry_after(poll: Duration, attempts: u32) -> Duration {
+pub(crate) fn retry_after(poll: Duration, attempts: u32) -> Duration {
     let factor = 1u32 << attempts.min(16);
     poll.saturating_mul(factor).min(Duration::from_secs(300))
 }
 
 /// Why a cluster step failed. Each message names what to fix.
 #[derive(Debug, thiserror::Error)]
-pub enum StepError {
+pub(crate) enum StepError {
     /// An add-on is enabled but neither a helm binary nor a manifest directory is configured.
     #[error(
         "add-on {addon} is enabled but talboot has no way to get its manifest: start \

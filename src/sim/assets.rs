@@ -18,16 +18,16 @@ use crate::inventory::Inventory;
 use crate::tftp::IPXE_BINARIES;
 
 /// Size of a simulated kernel.
-pub const KERNEL_BYTES: usize = 2 << 20;
+pub(crate) const KERNEL_BYTES: usize = 2 << 20;
 /// Size of a simulated initramfs.
-pub const INITRAMFS_BYTES: usize = 8 << 20;
+pub(crate) const INITRAMFS_BYTES: usize = 8 << 20;
 /// Size of a simulated iPXE binary.
-pub const IPXE_BYTES: usize = 96 << 10;
+pub(crate) const IPXE_BYTES: usize = 96 << 10;
 
 /// Why the simulated boot files could not be written.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write simulated boot files to {}: {cause}", path.display())]
-pub struct AssetError {
+pub(crate) struct AssetError {
     /// The file or directory.
     pub path: PathBuf,
     /// What failed.
@@ -35,7 +35,7 @@ pub struct AssetError {
 }
 
 /// `len` bytes: `header`, a newline, then an xorshift stream seeded from the header.
-pub fn filler(header: &str, len: usize) -> Vec<u8> {
+pub(crate) fn filler(header: &str, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len);
     out.extend_from_slice(header.as_bytes());
     out.push(b'\n');
@@ -68,7 +68,11 @@ fn write(path: &Path, bytes: &[u8]) -> Result<FileRecord, AssetError> {
 
 /// Writes a boot set for every set `inv` needs under `images` and records them in its
 /// catalog, with the default Talos kernel command line as the `cmdline` file.
-pub fn write_boot_sets(images: &Path, inv: &Inventory, now_unix: u64) -> Result<(), AssetError> {
+pub(crate) fn write_boot_sets(
+    images: &Path,
+    inv: &Inventory,
+    now_unix: u64,
+) -> Result<(), AssetError> {
     let mut catalog = Catalog::load(images).map_err(|e| AssetError {
         path: images.to_owned(),
         cause: e.to_string(),
@@ -120,7 +124,7 @@ fn cmdline_for(inv: &Inventory, id: &SetId) -> String {
 }
 
 /// Writes stand-ins for the iPXE binaries into `dir` (the simulation's TFTP root).
-pub fn write_ipxe_binaries(dir: &Path) -> Result<(), AssetError> {
+pub(crate) fn write_ipxe_binaries(dir: &Path) -> Result<(), AssetError> {
     for name in IPXE_BINARIES {
         write(
             &dir.join(name),

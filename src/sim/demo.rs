@@ -151,7 +151,7 @@ pub struct SimNode {
     /// The machine.
     pub machine: Machine,
     /// Its inventory address on the rack network.
-    pub rack_address: Ipv4Addr,
+    pub(crate) rack_address: Ipv4Addr,
     /// Its role.
     pub role: String,
     talos: Mutex<Option<Arc<FakeTalosNode>>>,
@@ -179,7 +179,7 @@ pub struct Demo {
     /// talboot's HTTP base URL (provisioning side).
     pub base_url: String,
     /// talboot's admin API URL (for the rebuild API).
-    pub admin_url: String,
+    pub(crate) admin_url: String,
     started: Instant,
     relaunch: Relaunch,
     running: Option<Running>,

@@ -26,7 +26,7 @@ pub struct SimDisk {
 
 /// `humanize.Bytes` (dustin/go-humanize v1.0.1 `bytes.go`, pinned by Talos v1.13.9's
 /// go.mod), which `DiskSpec.SetSize` uses for `pretty_size`: SI units, one decimal below 10.
-pub fn humanize_bytes(size: u64) -> String {
+pub(crate) fn humanize_bytes(size: u64) -> String {
     const SIZES: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
     if size < 10 {
         return format!("{size} B");
@@ -152,7 +152,7 @@ impl SimDisk {
     }
 
     /// An SD card / eMMC `mmcblk<index>` (transport `mmc` from the name); no model file.
-    pub fn mmc(index: u8, serial: &str, size: u64) -> Self {
+    pub(crate) fn mmc(index: u8, serial: &str, size: u64) -> Self {
         let id = format!("mmcblk{index}");
         let mut spec = Self::base(&id, size);
         spec.serial = serial.to_owned();
@@ -188,7 +188,7 @@ impl SimDisk {
     }
 
     /// The same disk under another kernel name (enumeration changed): ID and `dev_path`.
-    pub fn renamed(mut self, id: &str) -> Self {
+    pub(crate) fn renamed(mut self, id: &str) -> Self {
         self.spec.dev_path = format!("/dev/{id}");
         self.id = id.to_owned();
         self
@@ -235,7 +235,7 @@ impl SimDisk {
 /// The disks in the order Talos lists them: COSI's in-memory state returns a List sorted by
 /// resource ID (cosi-project/runtime v1.14.1 `pkg/state/impl/inmem/collection.go`, `List`),
 /// and both `storage.Disks` and the install task's `MatchDisks` iterate that list.
-pub fn talos_order(disks: &[SimDisk]) -> Vec<SimDisk> {
+pub(crate) fn talos_order(disks: &[SimDisk]) -> Vec<SimDisk> {
     let mut v = disks.to_vec();
     v.sort_by(|a, b| a.id.cmp(&b.id));
     v
@@ -322,7 +322,7 @@ pub enum InstallDiskError {
 /// evaluated over every disk in list order, the first match (`matchedDisks[0].DevPath`) is
 /// taken, none is an error; a `disk` path goes through `filepath.EvalSymlinks`, which on the
 /// node resolves a `/dev/disk/...` link to its device (and fails for a path that is not there).
-pub fn talos_install_disk(
+pub(crate) fn talos_install_disk(
     install: &yaml_serde::Value,
     disks: &[SimDisk],
 ) -> Result<String, InstallDiskError> {

@@ -57,7 +57,7 @@ pub enum ScriptError {
 pub type Settings = BTreeMap<String, String>;
 
 /// Expands `${name}` and `${name:type}` references; unknown settings become "".
-pub fn expand(text: &str, settings: &Settings) -> String {
+pub(crate) fn expand(text: &str, settings: &Settings) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {

@@ -46,7 +46,7 @@ use super::SimError;
 use super::pki::{PkiError, SimCa};
 
 /// The Ready condition message of a kubelet whose node has no CNI yet.
-pub const CNI_NOT_READY: &str = "container runtime network not ready: NetworkReady=false \
+pub(crate) const CNI_NOT_READY: &str = "container runtime network not ready: NetworkReady=false \
      reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
 
 /// Locks the double's state; a poisoned lock means a handler already panicked.
@@ -605,7 +605,7 @@ impl KubeDouble {
     /// ([`CNI_NOT_READY`]) until that DaemonSet exists and has rolled out, and its pod has
     /// started on this node (the rollout delay after registration). Registering a name again
     /// restarts that node's start-up.
-    pub fn register_node(&self, name: &str) {
+    pub(crate) fn register_node(&self, name: &str) {
         let mut c = lock(&self.state);
         if c.opts.cni_daemonset.is_none() {
             drop(c);

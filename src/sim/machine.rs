@@ -37,7 +37,7 @@ const MAX_CHAINS: usize = 8;
 
 /// Why a network boot failed.
 #[derive(Debug, thiserror::Error)]
-pub enum BootError {
+pub(crate) enum BootError {
     /// A socket failed.
     #[error("{what}: {source}")]
     Io {
@@ -80,11 +80,11 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BootError {
 /// Where talboot's servers are; the DHCP port and TFTP port are the simulation's (talboot
 /// runs unprivileged), everything else the machine learns from DHCP.
 #[derive(Debug, Clone, Copy)]
-pub struct Wire {
+pub(crate) struct Wire {
     /// talboot's DHCP socket.
     pub dhcp: SocketAddrV4,
     /// The TFTP port on the next-server DHCP names.
-    pub tftp_port: u16,
+    pub(crate) tftp_port: u16,
 }
 
 /// One simulated machine: its identity and hardware as its inventory entry describes it.
@@ -186,7 +186,7 @@ impl Machine {
     }
 
     /// One complete network boot: firmware DHCP, first stage, iPXE DHCP, scripts, images.
-    pub async fn network_boot(&self, wire: Wire) -> Result<Booted, BootError> {
+    pub(crate) async fn network_boot(&self, wire: Wire) -> Result<Booted, BootError> {
         let first = self.dhcp(wire, false).await?;
         let script_url = if first.file.starts_with("http://") {
             // UEFI HTTP boot: the firmware fetched iPXE over HTTP itself.
@@ -622,7 +622,7 @@ fn disk_named(dev: &str, serial: &str) -> SimDisk {
 /// path, a `/dev/disk/...` link of one of its disks, or one disk matching the selector as
 /// Talos matches it) and a second drive that is *not* it, so the provisioner's disk check
 /// has a real choice to make.
-pub fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
+pub(crate) fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
     let serial = |n: u8| format!("S{:08X}{n}", fnv(name) as u32);
     let data_disk = |index: u8| {
         SimDisk::nvme(

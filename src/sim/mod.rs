@@ -29,7 +29,7 @@ pub mod machine;
 pub mod pki;
 #[cfg(test)]
 mod probe;
-pub mod relocate;
+pub(crate) mod relocate;
 pub mod talos;
 
 /// Why a simulated machine or server could not start or did not behave.

@@ -191,7 +191,7 @@ impl SimCa {
 
 /// A fresh self-signed ECDSA P-256 certificate (the kind of client cert a kubeconfig
 /// carries: CN=admin, O=system:masters).
-pub fn kube_admin_cert() -> Result<CertKey, PkiError> {
+pub(crate) fn kube_admin_cert() -> Result<CertKey, PkiError> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(generate("P-256 key"))?;
     let mut params =
         CertificateParams::new(Vec::<String>::new()).map_err(generate("admin parameters"))?;
@@ -217,7 +217,7 @@ pub fn talos_label(pem: &str) -> String {
 
 /// Why a client certificate cannot be read, or is not one apid accepts.
 #[derive(Debug, thiserror::Error)]
-pub enum CertError {
+pub(crate) enum CertError {
     /// Not a DER X.509 certificate.
     #[error("{0}")]
     Der(#[from] x509_parser::nom::Err<x509_parser::error::X509Error>),
@@ -233,7 +233,7 @@ pub enum CertError {
 }
 
 /// The Subject Organization values of a DER certificate: the Talos roles it carries.
-pub fn organizations(der: &[u8]) -> Result<Vec<String>, CertError> {
+pub(crate) fn organizations(der: &[u8]) -> Result<Vec<String>, CertError> {
     let (_, cert) = X509Certificate::from_der(der)?;
     cert.subject()
         .iter_organization()
@@ -243,7 +243,7 @@ pub fn organizations(der: &[u8]) -> Result<Vec<String>, CertError> {
 
 /// apid's `verifyExtKeyUsage`: a client certificate's ExtKeyUsage must be exactly
 /// `[ClientAuth]`. Returns why not, if not.
-pub fn check_client_only_eku(der: &[u8]) -> Result<(), CertError> {
+pub(crate) fn check_client_only_eku(der: &[u8]) -> Result<(), CertError> {
     let (_, cert) = X509Certificate::from_der(der)?;
     let eku = cert
         .extended_key_usage()?

@@ -51,12 +51,14 @@ fn image(net: Ipv4Net) -> Ipv4Net {
 
 impl Relocation {
     /// The map for every subnet `inv` serves (the main one and the relayed ones).
-    pub fn for_inventory(inv: &Inventory) -> Result<Self, RelocateError> {
+    pub(crate) fn for_inventory(inv: &Inventory) -> Result<Self, RelocateError> {
         Self::for_subnets(inv.network.subnets().map(|s| s.value))
     }
 
     /// The map for these subnets.
-    pub fn for_subnets(nets: impl IntoIterator<Item = Ipv4Net>) -> Result<Self, RelocateError> {
+    pub(crate) fn for_subnets(
+        nets: impl IntoIterator<Item = Ipv4Net>,
+    ) -> Result<Self, RelocateError> {
         let mut subnets: Vec<(Ipv4Net, Ipv4Net)> = Vec::new();
         for net in nets {
             if net.prefix_len() < 16 {
@@ -75,7 +77,7 @@ impl Relocation {
     }
 
     /// The loopback image of a rack address, if it is inside a served subnet.
-    pub fn to_loopback(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+    pub(crate) fn to_loopback(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
         self.subnets
             .iter()
             .find(|(net, _)| net.contains(&ip))
@@ -83,7 +85,7 @@ impl Relocation {
     }
 
     /// The rack address a loopback address stands for.
-    pub fn to_rack(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+    pub(crate) fn to_rack(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
         self.subnets
             .iter()
             .find(|(_, lo)| lo.contains(&ip))
@@ -93,7 +95,7 @@ impl Relocation {
     }
 
     /// The loopback subnets, in inventory order.
-    pub fn loopback_subnets(&self) -> impl Iterator<Item = (Ipv4Net, Ipv4Net)> + '_ {
+    pub(crate) fn loopback_subnets(&self) -> impl Iterator<Item = (Ipv4Net, Ipv4Net)> + '_ {
         self.subnets.iter().copied()
     }
 

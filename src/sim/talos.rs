@@ -84,7 +84,7 @@ use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
 
 /// apid's port; the default port of every fake node.
-pub const APID_PORT: u16 = 50000;
+pub(crate) const APID_PORT: u16 = 50000;
 
 /// Why a simulated machine is booting again (what [`BootHook`] is told).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub enum BootReason {
 /// awaited after the old listener is torn down (phase Booting) and before the next one is
 /// bound. Never called for the first boot; the caller boots the machine before
 /// [`FakeTalosNode::start`].
-pub type BootHook =
+pub(crate) type BootHook =
     Arc<dyn Fn(BootReason) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Locks a mutex of the double; a poisoned one means a handler already panicked.
@@ -127,7 +127,7 @@ pub struct FakeNodeConfig {
     /// network while it listens on loopback): they are SANs of every server certificate it
     /// presents, `node` headers naming them are relayed to it, and etcd lists its first
     /// alias as its peer address.
-    pub aliases: Vec<IpAddr>,
+    pub(crate) aliases: Vec<IpAddr>,
     /// Hostname (also registered as a `node` target).
     pub hostname: String,
     /// The machine's disks as `block.Disk` resources; COSI `Disks.block.talos.dev` lists them
@@ -160,13 +160,13 @@ pub struct FakeNodeConfig {
 pub struct LifecycleTiming {
     /// ApplyConfiguration answered → apid serves mTLS with certificates from the config's CA
     /// (secrets `APICertSANs`/`API` controllers, then `APIServiceConfigController`).
-    pub apid_restart: Duration,
+    pub(crate) apid_restart: Duration,
     /// Pulling the installer image (inside the `install` phase).
     pub installer_pull: Duration,
     /// Running the installer (partitioning, writing the boot assets).
     pub install: Duration,
     /// `meta`, `saveMeta`, `volumeFinalize`, `stopEverything` and `kexec` phases.
-    pub kexec: Duration,
+    pub(crate) kexec: Duration,
     /// Booted from disk → the `boot` sequence finished (stage `running`).
     pub boot: Duration,
     /// Reset sequence: drain, cleanup, leave etcd, stop services, wipe, then reboot.
@@ -178,11 +178,11 @@ pub struct LifecycleTiming {
 
 /// The scale [`FakeNodeConfig::new`] applies to [`LifecycleTiming::realistic`]: 1/200, so a
 /// 75 s install takes under 0.4 s.
-pub const DEFAULT_TIME_SCALE: f64 = 1.0 / 200.0;
+pub(crate) const DEFAULT_TIME_SCALE: f64 = 1.0 / 200.0;
 
 impl LifecycleTiming {
     /// Durations of the order a real machine on a lab network shows.
-    pub fn realistic() -> Self {
+    pub(crate) fn realistic() -> Self {
         Self {
             apid_restart: Duration::from_secs(1),
             installer_pull: Duration::from_secs(30),
@@ -195,7 +195,7 @@ impl LifecycleTiming {
     }
 
     /// Every duration multiplied by `factor`.
-    pub fn scaled(self, factor: f64) -> Self {
+    pub(crate) fn scaled(self, factor: f64) -> Self {
         let f = |d: Duration| d.mul_f64(factor);
         Self {
             apid_restart: f(self.apid_restart),
@@ -345,7 +345,7 @@ impl FakeCluster {
     /// From now on the Kubeconfig RPC of every control plane of the cluster streams
     /// `kubeconfig` (e.g. one for an in-process Kubernetes API double) instead of minting an
     /// admin kubeconfig for the config's endpoint; `None` goes back to minting.
-    pub fn set_kubeconfig(&self, kubeconfig: Option<String>) {
+    pub(crate) fn set_kubeconfig(&self, kubeconfig: Option<String>) {
         lock(&self.inner).kubeconfig = kubeconfig;
     }
 
@@ -888,7 +888,7 @@ impl FakeTalosNode {
 
     /// Every phase change from now on (e.g. for a progress display); the receiver holds the
     /// current phase at once.
-    pub fn subscribe_phase(&self) -> watch::Receiver<Phase> {
+    pub(crate) fn subscribe_phase(&self) -> watch::Receiver<Phase> {
         self.shared.phase.subscribe()
     }
 

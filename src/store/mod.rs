@@ -47,7 +47,7 @@ pub enum NodePart {
 
 impl NodePart {
     /// Where a build before the typed tables kept it in `cluster_meta`.
-    pub fn legacy_key(self, node: &str) -> String {
+    pub(crate) fn legacy_key(self, node: &str) -> String {
         match self {
             Self::Facts => format!("node/{node}/facts"),
             Self::Lifecycle => format!("node/{node}/lifecycle"),
@@ -63,7 +63,7 @@ pub struct NodeWrite {
     /// Its record, when it changed.
     pub record: Option<NodeRecord>,
     /// Its parts that changed (JSON).
-    pub parts: Vec<(NodePart, Vec<u8>)>,
+    pub(crate) parts: Vec<(NodePart, Vec<u8>)>,
 }
 
 /// One DHCP decision's lease writes and the timeline events that announce it, for
@@ -87,13 +87,13 @@ pub enum LeaseWrite {
 use crate::inventory::Mac;
 
 /// Default state directory (`--state-dir`).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/talboot";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/talboot";
 
 /// File name of the redb database inside the state directory.
-pub const STORE_FILE_NAME: &str = "talboot.redb";
+pub(crate) const STORE_FILE_NAME: &str = "talboot.redb";
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: u64 = 1;
+pub(crate) const SCHEMA_VERSION: u64 = 1;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -310,7 +310,7 @@ pub trait Store: Send + Sync {
 }
 
 /// Path of the database file inside `state_dir`.
-pub fn store_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn store_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STORE_FILE_NAME)
 }
 

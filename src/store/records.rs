@@ -69,7 +69,7 @@ impl Lease {
     ///
     /// A released lease holds nothing; any other state holds the address until it expires
     /// (for `Declined` that is the end of the quarantine).
-    pub fn holds_address(&self, now_unix: u64) -> bool {
+    pub(crate) fn holds_address(&self, now_unix: u64) -> bool {
         self.state != LeaseState::Released && self.expires_at_unix > now_unix
     }
 }
@@ -143,7 +143,7 @@ pub struct NodeRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     /// Position in the node's timeline: 1 for the first event, then +1, never reused.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// When it happened, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
     /// Node name the event belongs to.
@@ -160,7 +160,7 @@ pub struct Event {
     /// When the last folded repeat happened (milliseconds since the Unix epoch); absent
     /// while `count` is 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_at_unix_ms: Option<u64>,
+    pub(crate) last_at_unix_ms: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -173,7 +173,7 @@ fn is_one(n: &u32) -> bool {
 
 impl Event {
     /// The detail with the repeat count, as timelines show it: `detail (x3, last at ...)`.
-    pub fn display_detail(&self) -> String {
+    pub(crate) fn display_detail(&self) -> String {
         if self.count > 1 {
             format!("{} (x{})", self.detail, self.count)
         } else {
@@ -196,7 +196,7 @@ pub enum CasOutcome {
 
 impl CasOutcome {
     /// True when the write happened.
-    pub fn is_swapped(&self) -> bool {
+    pub(crate) fn is_swapped(&self) -> bool {
         matches!(self, Self::Swapped)
     }
 }

@@ -113,7 +113,7 @@ impl fmt::Debug for RedbStore {
 impl RedbStore {
     /// A future that resolves when this store is closed (see [`Closed`]). Asking again
     /// replaces the earlier one, which then resolves at once.
-    pub fn on_close(&mut self) -> Closed {
+    pub(crate) fn on_close(&mut self) -> Closed {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.closing = Some(tx);
         Closed(rx)

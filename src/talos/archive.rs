@@ -8,11 +8,11 @@ use std::io::Read;
 
 /// The largest kubeconfig we accept once decompressed; a real one is a few KiB, and a limit
 /// keeps a broken or hostile stream from exhausting memory.
-pub const MAX_KUBECONFIG: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_KUBECONFIG: u64 = 4 * 1024 * 1024;
 
 /// Why the archive could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ArchiveError {
+pub(crate) enum ArchiveError {
     /// The stream was empty.
     #[error("the kubeconfig stream carried no bytes")]
     Empty,
@@ -31,7 +31,7 @@ pub enum ArchiveError {
 }
 
 /// Extracts the `kubeconfig` file from a Talos kubeconfig archive (`.tar.gz`).
-pub fn kubeconfig_from_archive(archive: &[u8]) -> Result<Vec<u8>, ArchiveError> {
+pub(crate) fn kubeconfig_from_archive(archive: &[u8]) -> Result<Vec<u8>, ArchiveError> {
     if archive.is_empty() {
         return Err(ArchiveError::Empty);
     }
@@ -78,7 +78,7 @@ pub fn kubeconfig_from_archive(archive: &[u8]) -> Result<Vec<u8>, ArchiveError> 
 /// then the file's bytes, and nothing after them: Talos closes the gzip writer but never the
 /// tar writer, so the last block is not padded to 512 bytes and there is no end-of-archive
 /// marker. Used by the simulated node and the tests.
-pub fn kubeconfig_archive(kubeconfig: &[u8]) -> std::io::Result<Vec<u8>> {
+pub(crate) fn kubeconfig_archive(kubeconfig: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let mut header = tar::Header::new_ustar();
     header.set_path("kubeconfig")?;

@@ -42,7 +42,7 @@ use super::tls::{MaintenanceVerifier, check_cert_pem, check_key_pem, normalize_k
 use super::{APID_PORT, MAX_MESSAGE_SIZE};
 
 /// The gRPC metadata key apid reads to relay a call to one other node.
-pub const NODE_HEADER: &str = "node";
+pub(crate) const NODE_HEADER: &str = "node";
 
 /// Admin client credentials: the cluster OS CA certificate (to verify nodes) and a client
 /// certificate/key pair signed by it (roles in the Organization, e.g. `os:admin`). All PEM;
@@ -110,7 +110,7 @@ pub struct ApplyOutcome {
 
 /// A runtime sequence that failed on the node (from its `Events` stream).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SequenceFailure {
+pub(crate) struct SequenceFailure {
     /// The sequence, e.g. `install`, `reset`, `boot`.
     pub sequence: String,
     /// Talos's message, e.g. `sequence failed: ... error pulling image ...`.
@@ -246,7 +246,7 @@ impl TalosClient {
 
     /// Replaces the deadlines for calls made from now on (the connect deadline applies to
     /// clients built afterwards, as the endpoint is fixed at construction).
-    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+    pub(crate) fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
         self.deadlines = deadlines;
         self
     }
@@ -492,7 +492,7 @@ impl TalosClient {
     /// task events (siderolabs/talos v1.13.9
     /// `internal/app/machined/pkg/controllers/runtime/machine_status.go`). Served in
     /// maintenance mode and configured alike.
-    pub async fn machine_status(&self) -> Result<runtime::MachineStatusSpec, TalosError> {
+    pub(crate) async fn machine_status(&self) -> Result<runtime::MachineStatusSpec, TalosError> {
         let res = self
             .cosi_get("runtime", "MachineStatuses.runtime.talos.dev", "machine")
             .await?;
@@ -508,7 +508,7 @@ impl TalosClient {
     /// CANCELED errors are not failures (machined ignores them too, `internal/app/machined/main.go`).
     /// The stream never ends by itself (it keeps watching), so it is read until `idle` passes
     /// without a new event, under the call deadline.
-    pub async fn sequence_failures(
+    pub(crate) async fn sequence_failures(
         &self,
         idle: Duration,
     ) -> Result<Vec<SequenceFailure>, TalosError> {
@@ -570,7 +570,7 @@ impl TalosClient {
     }
 
     /// COSI `State.List` of every resource of a type.
-    pub async fn cosi_list(
+    pub(crate) async fn cosi_list(
         &self,
         namespace: &str,
         kind: &str,

@@ -85,7 +85,7 @@ impl Rpc {
 
     /// Whether the call needs more than `os:reader`, i.e. is refused in maintenance mode
     /// (v1.13: PermissionDenied; v1.11/v1.12: Unimplemented).
-    pub fn needs_more_than_reader(self) -> bool {
+    pub(crate) fn needs_more_than_reader(self) -> bool {
         matches!(
             self,
             Self::Bootstrap | Self::Kubeconfig | Self::Reboot | Self::Reset
@@ -94,7 +94,7 @@ impl Rpc {
 
     /// Whether repeating the call cannot change the outcome of the first one. Only these are
     /// retried automatically; apply, bootstrap, reset and reboot never are.
-    pub fn idempotent(self) -> bool {
+    pub(crate) fn idempotent(self) -> bool {
         matches!(
             self,
             Self::EtcdMemberList
@@ -302,7 +302,7 @@ pub enum TalosError {
 impl TalosError {
     /// Whether waiting and trying again may succeed (the node is rebooting, busy or briefly
     /// unreachable). Used only for idempotent calls.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable { .. } | Self::Timeout { .. } => true,
             Self::Remote { code, .. } => matches!(

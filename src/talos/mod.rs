@@ -20,8 +20,8 @@ pub use error::TalosError;
 
 /// TCP port of apid, where every Talos API call goes, in maintenance mode and after
 /// (`constants.ApidPort`).
-pub const APID_PORT: u16 = 50000;
+pub(crate) const APID_PORT: u16 = 50000;
 
 /// Largest gRPC message Talos sends or accepts (`GRPCMaxMessageSize`, 32 MiB); tonic's
 /// default decode limit is 4 MiB, which a long disk or service list could exceed.
-pub const MAX_MESSAGE_SIZE: usize = 32 * 1024 * 1024;
+pub(crate) const MAX_MESSAGE_SIZE: usize = 32 * 1024 * 1024;

@@ -46,7 +46,7 @@ impl RetryPolicy {
     /// The delay before retry number `retry` (0 = the first retry), given a random
     /// `fraction` in [0, 1). "Equal jitter": half the exponential step is fixed, the other
     /// half random, so clients that failed together do not retry together yet still back off.
-    pub fn delay(&self, retry: u32, fraction: f64) -> Duration {
+    pub(crate) fn delay(&self, retry: u32, fraction: f64) -> Duration {
         let factor = 2u32.saturating_pow(retry.min(31));
         let step = self.base.saturating_mul(factor).min(self.max);
         let half = step / 2;
@@ -69,7 +69,7 @@ fn random_fraction() -> f64 {
 
 /// Runs `op` until it succeeds, fails with a non-transient error, or the policy's attempts
 /// are used up; sleeps with backoff and jitter between attempts. `what` names the call in logs.
-pub async fn retry_idempotent<T, F, Fut>(
+pub(crate) async fn retry_idempotent<T, F, Fut>(
     policy: RetryPolicy,
     what: &str,
     mut op: F,

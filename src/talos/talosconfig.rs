@@ -31,7 +31,7 @@ struct Context {
 impl ClientCreds {
     /// The credentials of `context` (or the file's current `context` when `None`) in a
     /// talosconfig. Errors name the part that is missing or unreadable, never key material.
-    pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<Self, TalosError> {
+    pub(crate) fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<Self, TalosError> {
         let bad = |what: &'static str, reason: String| TalosError::Credentials { what, reason };
         crate::nesting::check_yaml(yaml)
             .map_err(|e| bad("talosconfig", format!("not a talosconfig YAML file: {e}")))?;

@@ -76,7 +76,7 @@ impl ServerCertVerifier for MaintenanceVerifier {
 /// `ED25519 PRIVATE KEY` (siderolabs/crypto); rustls only reads `PRIVATE KEY`,
 /// `EC PRIVATE KEY` and `RSA PRIVATE KEY`. The body is plain PKCS#8, so relabelling is all
 /// it takes. Other labels pass through unchanged.
-pub fn normalize_key_pem(pem: &[u8]) -> Vec<u8> {
+pub(crate) fn normalize_key_pem(pem: &[u8]) -> Vec<u8> {
     const TALOS_BEGIN: &[u8] = b"-----BEGIN ED25519 PRIVATE KEY-----";
     const TALOS_END: &[u8] = b"-----END ED25519 PRIVATE KEY-----";
     let replaced = replace_all(pem, TALOS_BEGIN, b"-----BEGIN PRIVATE KEY-----");
@@ -96,7 +96,7 @@ fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 }
 
 /// Checks that `pem` holds at least one certificate; `what` names it in the error.
-pub fn check_cert_pem(what: &'static str, pem: &[u8]) -> Result<(), TalosError> {
+pub(crate) fn check_cert_pem(what: &'static str, pem: &[u8]) -> Result<(), TalosError> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|e| TalosError::Credentials {
@@ -114,7 +114,7 @@ pub fn check_cert_pem(what: &'static str, pem: &[u8]) -> Result<(), TalosError> 
 
 /// Checks that `pem` (already normalised) holds a private key rustls can use. The error
 /// names the problem, never the key.
-pub fn check_key_pem(pem: &[u8]) -> Result<(), TalosError> {
+pub(crate) fn check_key_pem(pem: &[u8]) -> Result<(), TalosError> {
     let key = PrivateKeyDer::from_pem_slice(pem).map_err(|_| TalosError::Credentials {
         what: "client key",
         reason: "no PKCS#8, SEC1 (EC) or PKCS#1 (RSA) private key in PEM form found".into(),

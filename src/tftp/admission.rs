@@ -39,25 +39,25 @@ use std::time::Duration;
 
 /// The admission limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// Transfers running at once.
     pub max_transfers: usize,
     /// Transfers running or waiting at once for one source address.
-    pub max_per_client: usize,
+    pub(crate) max_per_client: usize,
     /// Requests waiting for a slot at once.
-    pub max_waiting: usize,
+    pub(crate) max_waiting: usize,
     /// How long a waiting request is kept after its last (re)transmission.
     pub wait: Duration,
     /// How long a transfer may go without progress before a waiting request may take its slot.
-    pub reclaim_after: Duration,
+    pub(crate) reclaim_after: Duration,
 }
 
 /// A transfer's handle in the table.
-pub type Id = u64;
+pub(crate) type Id = u64;
 
 /// Why a request was dropped without a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Its source address already has [`Policy::max_per_client`] transfers running or waiting.
     PerClient,
     /// The table is full and so is the queue.
@@ -79,7 +79,7 @@ impl Refusal {
 
 /// What the caller must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<T> {
+pub(crate) enum Step<T> {
     /// Start `request` as transfer `id`.
     Start {
         /// The new transfer's handle (report it back to [`Admission::finished`]).
@@ -118,7 +118,7 @@ struct Waiting<T> {
 
 /// The transfer table: running transfers and waiting requests (see the module documentation).
 #[derive(Debug, Clone)]
-pub struct Admission<T> {
+pub(crate) struct Admission<T> {
     policy: Policy,
     next_id: Id,
     active: HashMap<Id, Active>,
@@ -210,13 +210,13 @@ impl<T> Admission<T> {
     }
 
     /// Time passed: drop requests that waited too long, reclaim stalled slots for the rest.
-    pub fn tick(&mut self, now: Duration, out: &mut Vec<Step<T>>) {
+    pub(crate) fn tick(&mut self, now: Duration, out: &mut Vec<Step<T>>) {
         self.expire(now, out);
         self.fill(now, out);
     }
 
     /// The earliest time at which [`Admission::tick`] may do something, if any.
-    pub fn next_wakeup(&self) -> Option<Duration> {
+    pub(crate) fn next_wakeup(&self) -> Option<Duration> {
         let expiry = self
             .waiting
             .iter()
@@ -237,7 +237,7 @@ impl<T> Admission<T> {
     }
 
     /// Transfers running.
-    pub fn active(&self) -> usize {
+    pub(crate) fn active(&self) -> usize {
         self.active.len()
     }
 
@@ -246,6 +246,7 @@ impl<T> Admission<T> {
         self.waiting.len()
     }
 
+    #[cfg(test)]
     /// Transfers running or waiting for `client`.
     pub fn of_client(&self, client: IpAddr) -> usize {
         self.per_client.get(&client).copied().unwrap_or(0)

@@ -41,7 +41,7 @@ pub struct TftpConfig {
 /// window of 64 blocks of 1468 bytes keeps about 94 KB of it queued), the 64 KiB read-ahead of
 /// a file served from the root, one packet buffer (blksize + 4) and the task itself, rounded up.
 /// Files served from memory (the appliance's fixed set) are shared, not copied per transfer.
-pub const TRANSFER_COST_BYTES: u64 = 256 * 1024;
+pub(crate) const TRANSFER_COST_BYTES: u64 = 256 * 1024;
 
 /// The concurrency cap for a host with `mem_total` bytes of memory and an open-file limit of
 /// `nofile`: TFTP may use 1/32 of memory at [`TRANSFER_COST_BYTES`] per transfer (the appliance
@@ -50,7 +50,7 @@ pub const TRANSFER_COST_BYTES: u64 = 256 * 1024;
 /// (the fixed cap before it was sized) nor above 4096 (a rack boots in waves far smaller; the
 /// admission table is scanned when full). A 2 GiB host gets 256, 8 GiB 1024; the
 /// 24 GB benchmark machine (23.5 GiB) 3013.
-pub fn max_transfers_for(mem_total: u64, nofile: u64) -> usize {
+pub(crate) fn max_transfers_for(mem_total: u64, nofile: u64) -> usize {
     let by_memory = mem_total / 32 / TRANSFER_COST_BYTES;
     let by_files = nofile / 2;
     by_memory.min(by_files).clamp(64, 4096) as usize
@@ -58,7 +58,7 @@ pub fn max_transfers_for(mem_total: u64, nofile: u64) -> usize {
 
 /// [`max_transfers_for`] this host (`MemTotal` of /proc/meminfo, `RLIMIT_NOFILE`), read once.
 /// Unknown values count as 2 GiB and 1024 files.
-pub fn host_max_transfers() -> usize {
+pub(crate) fn host_max_transfers() -> usize {
     static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| {
         let mem = std::fs::read_to_string("/proc/meminfo")
@@ -105,7 +105,7 @@ impl Default for TftpConfig {
 
 impl TftpConfig {
     /// The admission limits these settings make (see [`super::admission`]).
-    pub fn admission(&self) -> super::admission::Policy {
+    pub(crate) fn admission(&self) -> super::admission::Policy {
         super::admission::Policy {
             max_transfers: self.max_transfers,
             max_per_client: self.max_per_client,
@@ -118,7 +118,7 @@ impl TftpConfig {
     }
 
     /// Check every field is usable, naming the first that is not.
-    pub fn validate(&self) -> Result<(), ServerError> {
+    pub(crate) fn validate(&self) -> Result<(), ServerError> {
         let bad = |field, value: String, hint| Err(ServerError::Config { field, value, hint });
         if !(MIN_BLKSIZE..=MAX_BLKSIZE).contains(&self.max_blksize) {
             return bad(

@@ -108,7 +108,7 @@ impl TftpServer {
 
     /// A server for exactly the files in `files`, by name. No request ever reaches the
     /// filesystem.
-    pub fn with_files(
+    pub(crate) fn with_files(
         config: TftpConfig,
         files: Arc<crate::firststage::FirstStage>,
     ) -> Result<Self, ServerError> {

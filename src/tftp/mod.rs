@@ -17,7 +17,7 @@
 //! We do not use async-tftp: it ignores a client's ERROR after the OACK (the tsize probe every
 //! EDK2 firmware makes), keeps retransmitting, and blocks the same peer's real request meanwhile.
 
-pub mod admission;
+pub(crate) mod admission;
 pub mod config;
 mod driver;
 pub mod listener;
@@ -38,7 +38,7 @@ pub use report::{TransferEvent, TransferOutcome};
 pub const IPXE_BINARIES: [&str; 4] = crate::firststage::KNOWN;
 
 /// iPXE binaries missing from `dir`, among `names`.
-pub fn missing_ipxe_binaries<'a>(
+pub(crate) fn missing_ipxe_binaries<'a>(
     dir: &std::path::Path,
     names: impl IntoIterator<Item = &'a str>,
 ) -> Vec<&'a str> {

@@ -26,13 +26,13 @@ const OP_ERROR: u16 = 5;
 const OP_OACK: u16 = 6;
 
 /// Smallest block size a client may ask for (RFC 2348).
-pub const MIN_BLKSIZE: u16 = 8;
+pub(crate) const MIN_BLKSIZE: u16 = 8;
 /// Largest block size a client may ask for (RFC 2348): 65535 minus IP and UDP headers.
-pub const MAX_BLKSIZE: u16 = 65464;
+pub(crate) const MAX_BLKSIZE: u16 = 65464;
 /// Block size when no `blksize` option was negotiated (RFC 1350).
-pub const DEFAULT_BLKSIZE: u16 = 512;
+pub(crate) const DEFAULT_BLKSIZE: u16 = 512;
 /// Length of the DATA header (opcode and block number) in front of every block.
-pub const DATA_HEADER_LEN: usize = 4;
+pub(crate) const DATA_HEADER_LEN: usize = 4;
 
 /// Transfer mode named in a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,7 +416,7 @@ impl Packet {
 }
 
 /// The 4-byte header of a DATA packet, so a sender can read file bytes straight after it.
-pub fn data_header(block: u16) -> [u8; DATA_HEADER_LEN] {
+pub(crate) fn data_header(block: u16) -> [u8; DATA_HEADER_LEN] {
     let [a, b] = OP_DATA.to_be_bytes();
     let [c, d] = block.to_be_bytes();
     [a, b, c, d]

@@ -163,7 +163,7 @@ pub(super) fn report(shared: &Shared, event: TransferEvent) {
 /// The node event a finished request becomes on the per-node boot timeline, if any: a
 /// completed file, or a failure naming how it ended. The UEFI size probe ends with the
 /// client's ERROR 8 and every client abort is the client's own choice, so neither is a failure.
-pub fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
+pub(crate) fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
     match &event.outcome {
         TransferOutcome::Completed => Some((
             EventKind::TftpFile,
@@ -178,7 +178,7 @@ pub fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
 }
 
 /// Publishes finished TFTP transfers as node events (the node found by its lease address).
-pub async fn publish_events(
+pub(crate) async fn publish_events(
     mut rx: tokio::sync::mpsc::Receiver<TransferEvent>,
     store: Arc<dyn Store>,
     inv: Arc<Inventory>,

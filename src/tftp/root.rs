@@ -98,7 +98,7 @@ pub enum NameError {
 }
 
 /// Check a requested name and turn it into a relative path, without touching the filesystem.
-pub fn check_name(name: &str) -> Result<PathBuf, NameError> {
+pub(crate) fn check_name(name: &str) -> Result<PathBuf, NameError> {
     if name.contains('\\') {
         return Err(NameError::Backslash);
     }
@@ -131,7 +131,7 @@ pub fn lookup(
 }
 
 /// Resolve a requested name to a regular file under the canonical `root`.
-pub async fn resolve(root: &Path, name: &str) -> Result<PathBuf, ResolveError> {
+pub(crate) async fn resolve(root: &Path, name: &str) -> Result<PathBuf, ResolveError> {
     let rel = check_name(name)?;
     let canonical = tokio::fs::canonicalize(root.join(&rel))
         .await

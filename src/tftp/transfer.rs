@@ -39,18 +39,18 @@ use super::packet::{DEFAULT_BLKSIZE, ErrorCode, MIN_BLKSIZE, Options};
 pub struct Limits {
     /// Largest block size granted; the caller sets it to the interface MTU minus 32 (IPv4 and
     /// UDP headers plus the 4-byte DATA header) so blocks are never IP-fragmented.
-    pub max_blksize: u16,
+    pub(crate) max_blksize: u16,
     /// Largest window granted.
-    pub max_windowsize: u16,
+    pub(crate) max_windowsize: u16,
     /// Retransmission timeout when the client does not ask for one.
-    pub default_timeout: Duration,
+    pub(crate) default_timeout: Duration,
     /// Longest retransmission timeout a client may ask for (see [`negotiate`]).
-    pub max_timeout: Duration,
+    pub(crate) max_timeout: Duration,
 }
 
 /// The parameters one transfer runs with, after negotiation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Negotiated {
+pub(crate) struct Negotiated {
     /// Data bytes per block.
     pub blksize: u16,
     /// Blocks sent before waiting for an ACK (1 is RFC 1350 lockstep).
@@ -71,7 +71,7 @@ pub struct Negotiated {
 /// value or not acknowledge the option, and EDK2 rejects an OACK whose timeout differs from
 /// its request (`Mtftp4RrqOackValid()`, tianocore/edk2 NetworkPkg/Mtftp4Dxe/Mtftp4Rrq.c,
 /// edk2-stable202211), so a lowered value would end the transfer.
-pub fn negotiate(requested: &Options, file_size: u64, limits: &Limits) -> Negotiated {
+pub(crate) fn negotiate(requested: &Options, file_size: u64, limits: &Limits) -> Negotiated {
     let max_blksize = limits.max_blksize.max(MIN_BLKSIZE);
     let max_windowsize = limits.max_windowsize.max(1);
     let asked_timeout = requested.timeout.map(|s| Duration::from_secs(u64::from(s)));
@@ -111,13 +111,13 @@ pub enum Event {
 
 /// One block of file data to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DataBlock {
+pub(crate) struct DataBlock {
     /// 1-based block index that never wraps (for logs and tests).
     pub index: u64,
     /// Block number on the wire (`index` modulo 65536).
     pub block: u16,
     /// Byte offset of the block in the file.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// Number of bytes; below `blksize` only for the last block, and 0 when the file size is a
     /// multiple of `blksize`.
     pub len: usize,
@@ -125,7 +125,7 @@ pub struct DataBlock {
 
 /// Why a transfer ended without completing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AbortReason {
+pub(crate) enum AbortReason {
     /// The client sent ERROR. Nothing is sent back.
     PeerError {
         /// The client's error code.
@@ -142,7 +142,7 @@ pub enum AbortReason {
 
 /// What the caller must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Send an OACK with these options.
     SendOack(Options),
     /// Send this block of the file.
@@ -165,7 +165,7 @@ enum Phase {
 
 /// The state of one read transfer (see the module documentation for the rules).
 #[derive(Debug, Clone)]
-pub struct Transfer {
+pub(crate) struct Transfer {
     blksize: u64,
     windowsize: u64,
     timeout: Duration,
@@ -307,15 +307,16 @@ impl Transfer {
     }
 
     /// How long to wait after a send before reporting [`Event::Timeout`].
-    pub fn retransmit_timeout(&self) -> Duration {
+    pub(crate) fn retransmit_timeout(&self) -> Duration {
         self.timeout
     }
 
     /// Bytes of the file the client has acknowledged.
-    pub fn bytes_acknowledged(&self) -> u64 {
+    pub(crate) fn bytes_acknowledged(&self) -> u64 {
         (self.acked * self.blksize).min(self.file_size)
     }
 
+    #[cfg(test)]
     /// Whether the transfer completed or was aborted.
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished

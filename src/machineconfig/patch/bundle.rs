@@ -153,7 +153,7 @@ impl ConfigBundle {
     /// Multi-document YAML: documents separated by `---`, two-space indentation (lists indented
     /// under their key, as `talosctl` and talhelper write them), keys in the order they were
     /// written.
-    pub fn to_yaml(&self) -> Result<String, BundleError> {
+    pub(crate) fn to_yaml(&self) -> Result<String, BundleError> {
         let mut out = String::new();
         for (i, doc) in self.docs.iter().enumerate() {
             if i > 0 {

@@ -13,7 +13,7 @@ pub struct PatchError {
     /// Position of the failing patch in the list, counting from 0.
     pub index: usize,
     /// What is wrong.
-    pub problem: PatchProblem,
+    pub(crate) problem: PatchProblem,
 }
 
 /// What is wrong with a patch. Paths are the patch's own (`machine.network.interfaces[0]`,

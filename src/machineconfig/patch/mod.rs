@@ -103,7 +103,7 @@ pub fn apply(bundle: &mut ConfigBundle, patch: &PatchBody) -> Result<(), PatchEr
 
 /// Apply patches in order (common, then role, then node: later patches win). All or nothing:
 /// on error the bundle is unchanged and the error names the failing patch's position.
-pub fn apply_all<'a, I>(bundle: &mut ConfigBundle, patches: I) -> Result<(), PatchError>
+pub(crate) fn apply_all<'a, I>(bundle: &mut ConfigBundle, patches: I) -> Result<(), PatchError>
 where
     I: IntoIterator<Item = &'a PatchBody>,
 {
