@@ -124,19 +124,7 @@ impl NodeState {
 
     /// A node never seen: Unknown with its provisioning window open.
     pub fn fresh(name: &str, now: u64) -> Self {
-        Self::from_persisted(
-            NodeRecord {
-                name: name.to_owned(),
-                phase: NodePhase::Unknown,
-                phase_since_unix: now,
-                last_seen_addr: None,
-                mac: None,
-                talos_version: None,
-                provisioning_window_open: true,
-                updated_at_unix: now,
-            },
-            Lifecycle::default(),
-        )
+        Self::from_persisted(NodeRecord::unseen(name, now), Lifecycle::default())
     }
 
     /// Whether the persisted part differs from `other`'s (the adapter writes only then).

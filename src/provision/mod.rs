@@ -534,16 +534,8 @@ impl Provisioner {
         let owned = name.to_owned();
         let now = self.now();
         self.db(move |s| {
-            Ok(s.node(&owned)?.unwrap_or(NodeRecord {
-                name: owned.clone(),
-                phase: NodePhase::Unknown,
-                phase_since_unix: now,
-                last_seen_addr: None,
-                mac: None,
-                talos_version: None,
-                provisioning_window_open: true,
-                updated_at_unix: now,
-            }))
+            Ok(s.node(&owned)?
+                .unwrap_or_else(|| NodeRecord::unseen(&owned, now)))
         })
         .await
     }
@@ -555,7 +547,6 @@ impl Provisioner {
     async fn address_of(
         &self,
         node: &Node,
-        _rec: &NodeRecord,
     ) -> Result<Option<(Ipv4Addr, Option<crate::inventory::Mac>)>, ProvisionError> {
         let macs: Vec<_> = node.macs.iter().map(|m| m.value).collect();
         let now = self.now();

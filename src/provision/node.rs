@@ -38,7 +38,7 @@ use super::disks::{self, DiskFacts};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
-use crate::store::{NodePart, NodePhase, NodeRecord, NodeWrite};
+use crate::store::{NodePart, NodePhase, NodeWrite};
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage as MachineStage;
 use crate::talos::{TalosClient, TalosError};
@@ -191,18 +191,8 @@ impl Provisioner {
 
     /// The DHCP binding of the node now, as the core sees it.
     pub(crate) async fn binding(&self, node: &Node) -> Result<Option<Binding>, ProvisionError> {
-        let rec = NodeRecord {
-            name: node.name.to_string(),
-            phase: NodePhase::Unknown,
-            phase_since_unix: 0,
-            last_seen_addr: None,
-            mac: None,
-            talos_version: None,
-            provisioning_window_open: true,
-            updated_at_unix: 0,
-        };
         Ok(self
-            .address_of(node, &rec)
+            .address_of(node)
             .await?
             .and_then(|(ip, mac)| mac.map(|mac| Binding { mac, ip })))
     }

@@ -139,6 +139,23 @@ pub struct NodeRecord {
     pub updated_at_unix: u64,
 }
 
+impl NodeRecord {
+    /// A node never seen before: Unknown, with its provisioning window open (a new node may
+    /// receive its config).
+    pub fn unseen(name: &str, now_unix: u64) -> Self {
+        Self {
+            name: name.to_owned(),
+            phase: NodePhase::Unknown,
+            phase_since_unix: now_unix,
+            last_seen_addr: None,
+            mac: None,
+            talos_version: None,
+            provisioning_window_open: true,
+            updated_at_unix: now_unix,
+        }
+    }
+}
+
 /// One entry of a node's append-only timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
