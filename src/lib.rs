@@ -20,6 +20,7 @@ pub mod inventory;
 pub mod machineconfig;
 pub mod ndp;
 pub(crate) mod nesting;
+pub mod power;
 pub mod provision;
 pub mod sim;
 pub mod store;
