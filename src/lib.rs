@@ -9,6 +9,7 @@ pub(crate) mod appliance;
 pub mod artifacts;
 pub mod cli;
 pub mod crypto;
+pub mod daytwo;
 pub mod dhcp;
 pub mod entitlement;
 pub mod events;

@@ -305,6 +305,15 @@ pub trait Store: Send + Sync {
         new: &[u8],
     ) -> Result<CasOutcome>;
 
+    /// The stored record of a day-two rollout (`apply/<plan>`, `upgrade-talos/<version>`, ...).
+    fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Replace the record of a rollout, durably (a resumed run trusts it).
+    fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()>;
+
+    /// Keys of every stored rollout, in key order.
+    fn rollout_keys(&self) -> Result<Vec<String>>;
+
     /// A consistent JSON snapshot of everything stored, for backups and debugging.
     fn export_json(&self) -> Result<serde_json::Value>;
 }

@@ -51,6 +51,9 @@ const CLUSTER_META: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster
 const NODE_FACTS: TableDefinition<&str, &[u8]> = TableDefinition::new("node_facts");
 /// Node lifecycle (JSON), by node name; like [`NODE_FACTS`].
 const NODE_LIFECYCLE: TableDefinition<&str, &[u8]> = TableDefinition::new("node_lifecycle");
+/// Day-two rollouts (`talboot apply`, `talboot upgrade`): key `kind/id`, value the JSON of a
+/// `daytwo::rollout::RolloutRecord`, so a restarted run resumes where it stopped.
+const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
 
 fn part_table(part: NodePart) -> TableDefinition<'static, &'static str, &'static [u8]> {
     match part {
@@ -184,6 +187,7 @@ impl RedbStore {
                 txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+                txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
                 Ok(())
             })?;
             info!(file = %self.path.display(), schema = SCHEMA_VERSION, "created state store");
@@ -220,7 +224,7 @@ impl RedbStore {
             )));
         }
         // Tables added within schema 1 are created when missing (older files lack them).
-        if ["node_facts", "node_lifecycle"]
+        if ["node_facts", "node_lifecycle", "rollouts"]
             .iter()
             .any(|n| !tables.iter().any(|t| t == *n))
         {
@@ -228,6 +232,7 @@ impl RedbStore {
             self.write(|txn| {
                 txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+                txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
                 Ok(())
             })?;
         }
@@ -677,6 +682,35 @@ impl Store for RedbStore {
         })
     }
 
+    fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let txn = self.read_txn()?;
+        let table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
+        let value = table
+            .get(key)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value().to_vec());
+        Ok(value)
+    }
+
+    fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
+            table.insert(key, value).map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn rollout_keys(&self) -> Result<Vec<String>> {
+        let txn = self.read_txn()?;
+        let table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
+        let mut keys = Vec::new();
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, _) = row.map_err(|e| self.err(e))?;
+            keys.push(k.value().to_string());
+        }
+        Ok(keys)
+    }
+
     fn export_json(&self) -> Result<Value> {
         // One read transaction: the export is a consistent snapshot even while writers run.
         let txn = self.read_txn()?;
@@ -728,6 +762,7 @@ impl Store for RedbStore {
         for (label, def) in [
             ("node_facts", NODE_FACTS),
             ("node_lifecycle", NODE_LIFECYCLE),
+            ("rollouts", ROLLOUTS),
         ] {
             let mut rows = Map::new();
             let table = txn.open_table(def).map_err(|e| self.err(e))?;
@@ -749,6 +784,7 @@ impl Store for RedbStore {
             "cluster_meta": meta,
             "node_facts": parts["node_facts"],
             "node_lifecycle": parts["node_lifecycle"],
+            "rollouts": parts["rollouts"],
         }))
     }
 }
@@ -934,6 +970,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir.path().join("state")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn rollout_records_survive_a_reopen_and_are_exported() {
+        let (dir, store) = fresh();
+        assert_eq!(store.rollout("apply/abc").unwrap(), None);
+        store.put_rollout("apply/abc", b"{\"v\":1}").unwrap();
+        store.put_rollout("apply/abc", b"{\"v\":2}").unwrap();
+        store.put_rollout("upgrade-talos/v1.13.9", b"{}").unwrap();
+        drop(store);
+        let store = open(&dir.path().join("state")).unwrap();
+        assert_eq!(
+            store.rollout("apply/abc").unwrap().as_deref(),
+            Some(&b"{\"v\":2}"[..])
+        );
+        assert_eq!(
+            store.rollout_keys().unwrap(),
+            vec!["apply/abc".to_string(), "upgrade-talos/v1.13.9".to_string()]
+        );
+        let export = store.export_json().unwrap();
+        assert_eq!(export["rollouts"]["apply/abc"]["v"], 2);
     }
 
     #[test]

@@ -157,6 +157,15 @@ impl Store for Recorder {
     ) -> store::Result<CasOutcome> {
         self.inner.compare_and_set_meta(key, expected, new)
     }
+    fn rollout(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.rollout(key)
+    }
+    fn put_rollout(&self, key: &str, value: &[u8]) -> store::Result<()> {
+        self.inner.put_rollout(key, value)
+    }
+    fn rollout_keys(&self) -> store::Result<Vec<String>> {
+        self.inner.rollout_keys()
+    }
     fn export_json(&self) -> store::Result<serde_json::Value> {
         self.inner.export_json()
     }

@@ -1,0 +1,7 @@
+//! Day two: changes to a running cluster (`talboot plan`, `apply`, `upgrade`) and drift.
+//!
+//! Every rack-wide change goes through one rolling engine, [`rollout`], which decides which
+//! node changes next and when a health gate must pass; the per-operation modules say what a
+//! change of one node is (apply a config, upgrade Talos, upgrade a Kubernetes component).
+
+pub mod rollout;
