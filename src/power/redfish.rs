@@ -462,6 +462,16 @@ impl Redfish {
     }
 }
 
+impl Redfish {
+    /// After Talos is installed: boot from disk on every boot from now on, so a later
+    /// power cycle never reinstalls the node even with a network-first firmware order (and
+    /// a one-time `Pxe` override left by `rack up` is replaced).
+    pub async fn boot_from_disk_after_install(&self) -> Result<(), PowerError> {
+        self.set_boot_device(BootDevice::Disk, BootPersistence::Persistent)
+            .await
+    }
+}
+
 /// An error and its sources on one line (reqwest's top-level message alone says only
 /// "error sending request").
 fn error_chain(e: &dyn std::error::Error) -> String {
