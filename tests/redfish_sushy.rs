@@ -117,15 +117,11 @@ async fn discovers_the_system_resets_it_and_sets_a_one_time_network_boot() {
     rf.wait_for(PowerState::Off, SETTLE).await.unwrap();
 
     // After install: a persistent boot from disk.
-    rf.set_boot_device(BootDevice::Disk, BootPersistence::Persistent)
-        .await
-        .unwrap();
+    rf.boot_from_disk_after_install().await.unwrap();
     let sys = raw_get(&bmc, &opts, &format!("/redfish/v1/Systems/{UUID_A}")).await;
     assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Hdd", "{sys}");
-    assert_eq!(
-        sys["Boot"]["BootSourceOverrideEnabled"], "Continuous",
-        "{sys}"
-    );
+    // (BootSourceOverrideEnabled always reads back Continuous on sushy, whatever was sent, so
+    // it proves nothing here; the body sent is checked in power::redfish::tests.)
 }
 
 #[tokio::test]
