@@ -190,7 +190,10 @@ async fn a_wrong_secret_is_refused_and_no_secret_reaches_errors_or_logs() {
         .with_writer(move || sink.clone())
         .with_ansi(false)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    // Process-wide: a thread-local default can miss callsites whose interest the other
+    // tests of this binary, running in parallel, already cached without a subscriber. Only
+    // this test installs one; the other tests' lines land here too, which is harmless.
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
 
     let dir = work("auth");
     let opts = SushyOptions {
