@@ -37,6 +37,15 @@ async fn start_with(
     limits: talboot::http::server::Limits,
     commands: Option<talboot::provision::CommandSender>,
 ) -> Env {
+    start_edited(delivery, limits, commands, |_| {}).await
+}
+
+async fn start_edited(
+    delivery: Delivery,
+    limits: talboot::http::server::Limits,
+    commands: Option<talboot::provision::CommandSender>,
+    edit: fn(&mut talboot::inventory::Inventory),
+) -> Env {
     talboot::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
     let mut inv = load_with_env(
@@ -46,6 +55,7 @@ async fn start_with(
     .unwrap()
     .inventory;
     inv.boot.delivery = delivery;
+    edit(&mut inv);
     let schematic = inv.cluster.installer.schematic_id().to_string();
     let images = tmp.path().join("images");
     let id = SetId::new(
@@ -233,6 +243,39 @@ async fn scripts_chain_then_boot_talos() {
     assert!(
         s.contains("booting from local disk") && s.contains("\nexit\n"),
         "{s}"
+    );
+}
+
+/// The `http404` local-boot method: an installed node's per-MAC script is a 404 (so iPXE's
+/// chain fails and it exits to the firmware), while a node being provisioned still gets Talos.
+#[tokio::test]
+async fn an_installed_node_with_http404_local_boot_gets_a_404() {
+    let env = start_edited(
+        Delivery::Push,
+        talboot::http::server::Limits::default(),
+        None,
+        |inv| inv.boot.local_boot = talboot::inventory::LocalBoot::Http404,
+    )
+    .await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
+    let c = reqwest::Client::new();
+    let url = format!("{}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64", env.base);
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rec = env.store.node("k8s-ctrl-01").unwrap().unwrap();
+    env.store
+        .put_node(&NodeRecord {
+            phase: NodePhase::Ready,
+            provisioning_window_open: false,
+            ..rec
+        })
+        .unwrap();
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    assert!(
+        !body.starts_with("#!ipxe") && body.contains("k8s-ctrl-01"),
+        "{body}"
     );
 }
 

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod r#gen;
 pub mod images;
 pub mod node;
+pub mod proxmox;
 pub mod secrets;
 pub mod serve;
 pub mod status;
@@ -61,6 +62,8 @@ pub enum Command {
     Node(node::Args),
     /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
     Demo(demo::Args),
+    /// Create or destroy the inventory's Proxmox VE VMs (home labs).
+    Proxmox(proxmox::Args),
 }
 
 /// Exit code for invalid input.
@@ -91,6 +94,7 @@ pub fn run() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Proxmox(args) => proxmox::run(&args),
     }
 }
 

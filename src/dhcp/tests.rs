@@ -1269,6 +1269,7 @@ fn view_from_inventory() {
         arch: None,
         firmware: fw,
         kernel_args: vec![],
+        local_boot: None,
         patches: vec![],
         labels: BTreeMap::new(),
         taints: vec![],
@@ -1325,6 +1326,7 @@ fn view_from_inventory() {
             unknown_machines: UnknownPolicy::Ignore,
             default_arch: Arch::Arm64,
             kernel_args: vec![],
+            local_boot: LocalBoot::Exit,
         },
         roles: BTreeMap::new(),
         nodes: vec![

@@ -320,7 +320,12 @@ async fn boot_script(
         remember_address(&app, n.name.as_str(), b.mac, b.ip).await;
     }
     metrics::counter!("talboot_http_scripts_total").increment(1);
-    text(StatusCode::OK, app.scripts.plan(&plan, &app.base_url))
+    let status = if plan.is_not_found() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    text(status, app.scripts.plan(&plan, &app.base_url))
 }
 
 /// The entitlement verdict of `requester` for node `n` (a store that cannot be read entitles

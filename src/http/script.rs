@@ -7,7 +7,7 @@
 use minijinja::{Environment, context};
 
 use crate::artifacts::{SetId, cmdline};
-use crate::inventory::{Arch, Delivery, Inventory, Mac, UnknownPolicy};
+use crate::inventory::{Arch, Delivery, Inventory, LocalBoot, Mac, UnknownPolicy};
 
 /// What iPXE told us about itself in the query string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,16 +50,31 @@ pub(crate) enum BootPlan {
         /// The whole kernel command line.
         cmdline: Vec<String>,
     },
-    /// Boot from the local disk (exit to firmware).
+    /// Boot from the local disk, the node's way.
     LocalDisk {
         /// The node.
         node: String,
+        /// How: `exit`, `sanboot` of the first disk, or a 404.
+        method: LocalBoot,
     },
     /// Do not boot this machine.
     Refuse {
         /// Why (shown on the machine's console).
         reason: String,
     },
+}
+
+impl BootPlan {
+    /// The plan is answered with HTTP 404 (the `http404` local-boot method) instead of a script.
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            BootPlan::LocalDisk {
+                method: LocalBoot::Http404,
+                ..
+            }
+        )
+    }
 }
 
 /// Everything [`plan`] needs besides the inventory.
@@ -108,6 +123,7 @@ pub(crate) fn plan(inv: &Inventory, input: &PlanInput<'_>) -> BootPlan {
     if input.state == NodeState::Installed {
         return BootPlan::LocalDisk {
             node: node.name.value.clone(),
+            method: inv.local_boot_of(node),
         };
     }
     let arch = inv.arch_of(node);
@@ -240,9 +256,9 @@ impl Scripts {
                     },
                 )
             }
-            BootPlan::LocalDisk { node } => self.render(
+            BootPlan::LocalDisk { node, method } => self.render(
                 "local",
-                context! { node, reason => "its provisioning window is closed" },
+                context! { node, method => method.as_str(), reason => "its provisioning window is closed" },
             ),
             BootPlan::Refuse { reason } => self.render("refuse", context! { reason }),
         }
@@ -348,11 +364,63 @@ mod tests {
         assert_eq!(
             p,
             BootPlan::LocalDisk {
-                node: "k8s-ctrl-02".into()
+                node: "k8s-ctrl-02".into(),
+                method: LocalBoot::Exit,
             }
         );
         let s = Scripts::new().plan(&p, "http://x");
         assert!(s.contains("\nexit\n"), "{s}");
+        assert!(!s.contains("sanboot"), "{s}");
+    }
+
+    /// Each local-boot method, from the boot section's default and a node's own setting.
+    #[test]
+    fn installed_nodes_boot_their_disk_the_configured_way() {
+        let mut inv = inv("lab.yaml");
+        let f = facts("x86_64");
+        let mac: Mac = "bc:24:11:40:00:02".parse().unwrap();
+        let installed = |inv: &Inventory| {
+            plan(
+                inv,
+                &PlanInput {
+                    mac,
+                    state: NodeState::Installed,
+                    facts: &f,
+                    factory_cmdline: None,
+                    config_url: None,
+                },
+            )
+        };
+        inv.boot.local_boot = LocalBoot::Sanboot;
+        let p = installed(&inv);
+        assert!(
+            matches!(
+                p,
+                BootPlan::LocalDisk {
+                    method: LocalBoot::Sanboot,
+                    ..
+                }
+            ),
+            "{p:?}"
+        );
+        let s = Scripts::new().plan(&p, "http://x");
+        assert!(
+            s.contains("\nsanboot --no-describe --drive 0x80 || exit\n"),
+            "{s}"
+        );
+        // A node's own setting wins over the boot section's.
+        let i = inv
+            .nodes
+            .iter()
+            .position(|n| n.name.as_str() == "k8s-ctrl-02")
+            .unwrap();
+        inv.nodes[i].local_boot = Some(LocalBoot::Http404);
+        let p = installed(&inv);
+        assert!(p.is_not_found(), "{p:?}");
+        let s = Scripts::new().plan(&p, "http://x");
+        assert!(!s.starts_with("#!ipxe"), "a 404 body is no script: {s}");
+        inv.nodes[i].local_boot = Some(LocalBoot::Exit);
+        assert!(!installed(&inv).is_not_found());
     }
 
     #[test]
@@ -403,5 +471,16 @@ mod tests {
     fn chain_script_uses_ipxe_variables() {
         let s = Scripts::new().chain("http://10.0.40.5:8080");
         assert!(s.contains("chain --replace --autofree http://10.0.40.5:8080/boot.ipxe?mac=${netX/mac:hexhyp}&arch=${buildarch}&platform=${platform}"), "{s}");
+    }
+
+    /// The fallback retries the per-MAC script, then exits: a bare `/boot.ipxe` would answer
+    /// this chain script again, and a 404 (`http404` local boot) would loop forever.
+    #[test]
+    fn chain_script_gives_up_to_the_firmware_after_one_retry() {
+        let s = Scripts::new().chain("http://h:1");
+        let chains: Vec<&str> = s.lines().filter(|l| l.starts_with("chain ")).collect();
+        assert_eq!(chains.len(), 2, "{s}");
+        assert!(chains.iter().all(|l| l.contains("/boot.ipxe?mac=")), "{s}");
+        assert!(chains[1].ends_with("|| exit"), "{s}");
     }
 }

@@ -206,6 +206,7 @@ impl Default for Boot {
             unknown_machines: UnknownPolicy::Ignore,
             default_arch: Arch::Amd64,
             kernel_args: Vec::new(),
+            local_boot: LocalBoot::Exit,
         }
     }
 }
@@ -669,8 +670,18 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
         .get("kernelArgs")
         .map(|n| read::kernel_args(n, "boot.kernelArgs", d))
         .unwrap_or_default();
+    let local_boot = match r.get("localBoot") {
+        Some(n) => read::word(n, "boot.localBoot", d, LocalBoot::WORDS, LocalBoot::parse),
+        None => Some(defaults.local_boot),
+    };
     r.finish(
-        &["delivery", "unknownMachines", "defaultArch", "kernelArgs"],
+        &[
+            "delivery",
+            "unknownMachines",
+            "defaultArch",
+            "kernelArgs",
+            "localBoot",
+        ],
         d,
     );
     Some(Boot {
@@ -678,6 +689,7 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
         unknown_machines: unknown?,
         default_arch: arch?,
         kernel_args,
+        local_boot: local_boot?,
     })
 }
 
@@ -758,6 +770,7 @@ const NODE: &[&str] = &[
     "arch",
     "firmware",
     "kernelArgs",
+    "localBoot",
     "patches",
     "labels",
     "taints",
@@ -877,6 +890,9 @@ fn node(
         .get("kernelArgs")
         .map(|n| read::kernel_args(n, &f("kernelArgs"), d))
         .unwrap_or_default();
+    let local_boot = r
+        .get("localBoot")
+        .and_then(|n| read::word(n, &f("localBoot"), d, LocalBoot::WORDS, LocalBoot::parse));
     let patches = r
         .get("patches")
         .map(|n| read::patches(n, &f("patches"), base, d))
@@ -907,6 +923,7 @@ fn node(
         arch,
         firmware,
         kernel_args,
+        local_boot,
         patches,
         labels,
         taints,

@@ -182,6 +182,20 @@ word_enum!(
 );
 
 word_enum!(
+    /// How an installed node's boot script sends it to its disk (the firmware's boot order
+    /// stays network-first, so the script must end the network boot; see docs/inventory.md).
+    LocalBoot {
+        /// `exit`: iPXE returns to the firmware, which tries its next boot entry.
+        Exit = "exit",
+        /// `sanboot --no-describe --drive 0x80`: iPXE boots the first BIOS disk itself (for
+        /// firmware that would not move on after `exit`); falls back to `exit`.
+        Sanboot = "sanboot",
+        /// The per-MAC script answers HTTP 404: the chain fails and iPXE exits to the firmware.
+        Http404 = "http404",
+    }
+);
+
+word_enum!(
     /// What happens to a machine whose MAC the inventory does not list.
     UnknownPolicy {
         /// It gets no answer at all.
@@ -654,6 +668,8 @@ pub struct Boot {
     pub default_arch: Arch,
     /// Extra kernel arguments for every node.
     pub(crate) kernel_args: Vec<String>,
+    /// How installed nodes boot their disk, unless a node says otherwise.
+    pub local_boot: LocalBoot,
 }
 
 /// A role as written in the inventory (before `extends` is resolved).
@@ -723,6 +739,8 @@ pub struct Node {
     pub firmware: Option<Firmware>,
     /// Extra kernel arguments for this node.
     pub kernel_args: Vec<String>,
+    /// How this node boots its disk once installed (the boot section's when absent).
+    pub local_boot: Option<LocalBoot>,
     /// Node-specific patches (applied last).
     pub patches: Vec<Patch>,
     /// Extra labels for this node.
@@ -863,6 +881,11 @@ impl Inventory {
     /// The architecture `node` boots.
     pub(crate) fn arch_of(&self, node: &Node) -> Arch {
         node.arch.unwrap_or(self.boot.default_arch)
+    }
+
+    /// How `node` boots its disk once installed.
+    pub fn local_boot_of(&self, node: &Node) -> LocalBoot {
+        node.local_boot.unwrap_or(self.boot.local_boot)
     }
 
     /// The gateway `node` uses (its own, else the network's).

@@ -849,6 +849,7 @@ fn node(
         arch: None,
         firmware: None,
         kernel_args: Vec::new(),
+        local_boot: None,
         patches,
         labels,
         taints,

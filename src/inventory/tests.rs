@@ -943,3 +943,26 @@ fn deep_inventory_patch_and_talenv_are_located_errors() {
 fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
+
+#[test]
+fn local_boot_defaults_to_exit_and_a_node_may_override_it() {
+    let case = Case::new();
+    let inv = case.load(BASE).unwrap().inventory;
+    assert_eq!(inv.boot.local_boot, LocalBoot::Exit);
+    assert_eq!(inv.local_boot_of(&inv.nodes[0]), LocalBoot::Exit);
+
+    let text = with(
+        "    address: 10.0.40.21/24\n",
+        "    address: 10.0.40.21/24\n    localBoot: http404\n",
+    ) + "boot:\n  localBoot: sanboot\n";
+    let inv = case.load(&text).unwrap().inventory;
+    assert_eq!(inv.local_boot_of(&inv.nodes[0]), LocalBoot::Sanboot);
+    assert_eq!(inv.local_boot_of(&inv.nodes[3]), LocalBoot::Http404);
+
+    let bad = diags(&(BASE.to_string() + "boot:\n  localBoot: grub\n"));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].contains("boot.localBoot") && bad[0].contains("`grub` is not a valid value"),
+        "{bad:?}"
+    );
+}

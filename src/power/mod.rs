@@ -144,3 +144,6 @@ mod tests {
         assert_eq!(c.expose(), "hunter2-bmc");
     }
 }
+
+pub mod proxmox;
+pub mod redfish;

@@ -29,6 +29,7 @@ pub mod machine;
 pub mod pki;
 #[cfg(test)]
 mod probe;
+pub mod proxmox;
 pub(crate) mod relocate;
 pub mod talos;
 

@@ -6,3 +6,4 @@
 pub mod images;
 pub mod netns;
 pub mod qemu;
+pub mod sushy;

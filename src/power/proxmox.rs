@@ -1,0 +1,536 @@
+//! The Proxmox VE driver: a small client of the PVE REST API (`/api2/json`) owning one VM's
+//! power and boot order, plus the few calls `talboot proxmox create|destroy` needs (create,
+//! config, list, delete), with API-token auth and task (UPID) polling.
+//!
+//! Written from the Proxmox VE API reference (pve.proxmox.com/pve-docs/api-viewer) and its
+//! sources; each behaviour relied on has a row in docs/conformance.md:
+//! - auth: header `Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`
+//!   (proxmox/pve-http-server src/PVE/APIServer/AnyEvent.pm);
+//! - JSON answers are `{"data": ...}`; errors keep the HTTP status and add `message` (and
+//!   `errors`, per parameter, for 400) (src/PVE/APIServer/Formatter/Standard.pm);
+//! - `GET /nodes/{node}/qemu/{vmid}/status/current` -> `status` `running`|`stopped`;
+//!   `POST .../status/{start,stop,reset}`, `POST /nodes/{node}/qemu` (create),
+//!   `POST .../config` and `DELETE /nodes/{node}/qemu/{vmid}` answer a task UPID
+//!   (proxmox/qemu-server PVE/API2/Qemu.pm);
+//! - `GET /nodes/{node}/tasks/{upid}/status` -> `status` `running`|`stopped` and, once
+//!   stopped, `exitstatus` `OK` or the error (proxmox/pve-manager PVE/API2/Tasks.pm).
+//!
+//! Proxmox has no one-time boot device: the boot order (`boot: order=net0;scsi0`) is the
+//! VM's config, so [`BootPersistence::Once`] is carried out as a persistent order (logged).
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use super::{BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState};
+
+/// The tag `talboot proxmox create` puts on every VM it creates; `destroy` touches no other.
+pub const TALBOOT_TAG: &str = "talboot";
+
+/// How to reach a Proxmox VE API.
+#[derive(Debug, Clone)]
+pub struct ProxmoxApiConfig {
+    /// `https://pve.example:8006` (no path).
+    pub api_url: String,
+    /// `USER@REALM!TOKENID`.
+    pub token_id: String,
+    /// The token's secret (a UUID).
+    pub secret: Credential,
+    pub verify_tls: bool,
+    pub ca_pem: Option<Vec<u8>>,
+    pub timeout: Duration,
+}
+
+impl ProxmoxApiConfig {
+    pub fn new(
+        api_url: impl Into<String>,
+        token_id: impl Into<String>,
+        secret: Credential,
+    ) -> Self {
+        Self {
+            api_url: api_url.into(),
+            token_id: token_id.into(),
+            secret,
+            verify_tls: true,
+            ca_pem: None,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `USER@REALM!TOKENID` is the token id's shape (pve-access-control PVE/AccessControl.pm,
+/// `pve_verify_tokenid`): a user id with a realm, then `!` and the token name.
+pub fn check_token_id(id: &str) -> Result<(), String> {
+    let (user, token) = id
+        .split_once('!')
+        .ok_or_else(|| format!("token id `{id}` has no `!TOKENID`; write USER@REALM!TOKENID"))?;
+    let (name, realm) = user
+        .split_once('@')
+        .ok_or_else(|| format!("token id `{id}` has no `@REALM`; write USER@REALM!TOKENID"))?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    if name.is_empty() || !ok(realm) || !ok(token) {
+        return Err(format!("token id `{id}` is not USER@REALM!TOKENID"));
+    }
+    Ok(())
+}
+
+/// The `Authorization` header value.
+pub fn auth_header(token_id: &str, secret: &Credential) -> String {
+    format!("PVEAPIToken={token_id}={}", secret.expose())
+}
+
+/// The VM config `boot` value that puts `device` first (network: the first NIC, then the
+/// disk; disk: the other way round).
+pub fn boot_order(device: BootDevice, net: &str, disk: &str) -> String {
+    match device {
+        BootDevice::Network => format!("order={net};{disk}"),
+        BootDevice::Disk => format!("order={disk};{net}"),
+    }
+}
+
+/// `application/x-www-form-urlencoded`, the body PVE takes for POST/PUT parameters.
+pub fn form_body(params: &[(&str, String)]) -> String {
+    let mut u = reqwest::Url::parse("http://x/").expect("static URL");
+    u.query_pairs_mut()
+        .extend_pairs(params.iter().map(|(k, v)| (*k, v.as_str())));
+    u.query().unwrap_or("").to_string()
+}
+
+/// Why a PVE answer was an error: `message` and any per-parameter `errors`.
+pub fn error_text(status: StatusCode, body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let mut s = v
+        .get("message")
+        .and_then(Value::as_str)
+        .map(|m| m.trim().to_string())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    if let Some(errs) = v.get("errors").and_then(Value::as_object) {
+        let parts: Vec<String> = errs
+            .iter()
+            .map(|(k, e)| format!("{k}: {}", e.as_str().unwrap_or("").trim()))
+            .collect();
+        s.push_str(&format!(" ({})", parts.join("; ")));
+    }
+    s
+}
+
+/// A task's state from `tasks/{upid}/status`: `None` while running, else the exit status.
+pub fn task_outcome(data: &Value) -> Result<Option<Result<(), String>>, String> {
+    match data.get("status").and_then(Value::as_str) {
+        Some("running") => Ok(None),
+        Some("stopped") => match data.get("exitstatus").and_then(Value::as_str) {
+            Some("OK") => Ok(Some(Ok(()))),
+            Some(other) => Ok(Some(Err(other.to_string()))),
+            None => Err("a stopped task without exitstatus".into()),
+        },
+        other => Err(format!("unexpected task status {other:?}")),
+    }
+}
+
+/// A UPID, `UPID:NODE:PID:PSTART:STARTTIME:TYPE:ID:USER:`, is what async calls return.
+pub fn is_upid(s: &str) -> bool {
+    s.starts_with("UPID:") && s.ends_with(':') && s.split(':').count() >= 9
+}
+
+/// A Proxmox VE API client.
+pub struct ProxmoxApi {
+    cfg: ProxmoxApiConfig,
+    base: reqwest::Url,
+    client: reqwest::Client,
+    /// How often a task's status is polled.
+    pub poll: Duration,
+    /// How long a task may run.
+    pub task_limit: Duration,
+}
+
+impl std::fmt::Debug for ProxmoxApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxmoxApi")
+            .field("api_url", &self.cfg.api_url)
+            .field("token_id", &self.cfg.token_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxmoxApi {
+    pub fn new(cfg: ProxmoxApiConfig) -> Result<Self, PowerError> {
+        let bad = |reason: String| PowerError::Protocol {
+            target: cfg.api_url.clone(),
+            reason,
+        };
+        check_token_id(&cfg.token_id).map_err(bad)?;
+        let base = reqwest::Url::parse(&cfg.api_url).map_err(|e| {
+            bad(format!(
+                "the API URL is not a URL ({e}); write https://HOST:8006"
+            ))
+        })?;
+        if !matches!(base.scheme(), "https" | "http")
+            || base.host_str().is_none()
+            || !base.username().is_empty()
+            || base.password().is_some()
+        {
+            return Err(PowerError::Protocol {
+                target: format!("{}://{}", base.scheme(), base.host_str().unwrap_or("")),
+                reason: "the API URL must be https://HOST:8006 with no user info".into(),
+            });
+        }
+        crate::install_crypto_provider();
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
+            .timeout(cfg.timeout)
+            .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(pem) = &cfg.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| bad(format!("the CA bundle is not PEM certificates: {e}")))?;
+            builder = builder.tls_certs_only(certs);
+        }
+        if !cfg.verify_tls {
+            tracing::warn!(api = %cfg.api_url, "Proxmox TLS verification is off");
+            builder = builder.tls_danger_accept_invalid_certs(true);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| bad(format!("cannot build the HTTP client: {}", e.without_url())))?;
+        Ok(Self {
+            cfg,
+            base,
+            client,
+            poll: Duration::from_millis(500),
+            task_limit: Duration::from_secs(300),
+        })
+    }
+
+    fn target(&self) -> String {
+        self.cfg.api_url.clone()
+    }
+
+    /// Call `/api2/json{path}` and return its `data`.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> Result<Value, PowerError> {
+        let mut url =
+            self.base
+                .join(&format!("/api2/json{path}"))
+                .map_err(|e| PowerError::Protocol {
+                    target: self.target(),
+                    reason: format!("bad API path {path:?}: {e}"),
+                })?;
+        let mut req;
+        if method == Method::GET || method == Method::DELETE {
+            if !params.is_empty() {
+                url.set_query(Some(&form_body(params)));
+            }
+            req = self.client.request(method.clone(), url);
+        } else {
+            req = self
+                .client
+                .request(method.clone(), url)
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded",
+                )
+                .body(form_body(params));
+        }
+        req = req.header(
+            reqwest::header::AUTHORIZATION,
+            auth_header(&self.cfg.token_id, &self.cfg.secret),
+        );
+        let resp = req.send().await.map_err(|e| PowerError::Unreachable {
+            target: self.target(),
+            reason: e.without_url().to_string(),
+        })?;
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        tracing::debug!(api = %self.cfg.api_url, %method, path, status = status.as_u16(), "proxmox");
+        if status == StatusCode::UNAUTHORIZED {
+            return Err(PowerError::Unauthorized {
+                target: self.target(),
+            });
+        }
+        if !status.is_success() {
+            return Err(PowerError::Protocol {
+                target: self.target(),
+                reason: format!("{method} {path}: {status}: {}", error_text(status, &body)),
+            });
+        }
+        let v: Value = serde_json::from_str(&body).map_err(|e| PowerError::Protocol {
+            target: self.target(),
+            reason: format!("{method} {path}: not JSON ({e})"),
+        })?;
+        Ok(v.get("data").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Call an endpoint that starts a task and wait for the task to end.
+    pub async fn call_task(
+        &self,
+        node: &str,
+        method: Method,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> Result<(), PowerError> {
+        let data = self.call(method.clone(), path, params).await?;
+        let upid = data
+            .as_str()
+            .filter(|s| is_upid(s))
+            .ok_or_else(|| PowerError::Protocol {
+                target: self.target(),
+                reason: format!("{method} {path}: expected a task UPID, got {data}"),
+            })?;
+        self.wait_task(node, upid).await
+    }
+
+    /// Poll `GET /nodes/{node}/tasks/{upid}/status` until the task stops.
+    pub async fn wait_task(&self, node: &str, upid: &str) -> Result<(), PowerError> {
+        let start = tokio::time::Instant::now();
+        let path = format!("/nodes/{node}/tasks/{}/status", encode_segment(upid));
+        loop {
+            let data = self.call(Method::GET, &path, &[]).await?;
+            match task_outcome(&data).map_err(|reason| PowerError::Protocol {
+                target: self.target(),
+                reason,
+            })? {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(exit)) => {
+                    return Err(PowerError::Protocol {
+                        target: self.target(),
+                        reason: format!("task {upid} failed: {exit}"),
+                    });
+                }
+                None => {}
+            }
+            if start.elapsed() >= self.task_limit {
+                return Err(PowerError::Timeout {
+                    target: self.target(),
+                    what: format!("task {upid}"),
+                    waited: self.task_limit,
+                });
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
+    /// `GET /nodes/{node}/qemu`: the node's VMs.
+    pub async fn list_vms(&self, node: &str) -> Result<Vec<VmSummary>, PowerError> {
+        let data = self
+            .call(Method::GET, &format!("/nodes/{node}/qemu"), &[])
+            .await?;
+        let list = data.as_array().cloned().unwrap_or_default();
+        Ok(list
+            .iter()
+            .filter_map(|v| {
+                Some(VmSummary {
+                    vmid: v.get("vmid")?.as_u64()? as u32,
+                    name: v
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    running: v.get("status").and_then(Value::as_str) == Some("running"),
+                    tags: parse_tags(v.get("tags").and_then(Value::as_str).unwrap_or("")),
+                })
+            })
+            .collect())
+    }
+
+    /// `GET /nodes/{node}/qemu/{vmid}/config`.
+    pub async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value, PowerError> {
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/qemu/{vmid}/config"),
+            &[],
+        )
+        .await
+    }
+
+    /// A driver for one VM.
+    pub fn vm(self: &std::sync::Arc<Self>, node: &str, vmid: u32) -> ProxmoxVm {
+        ProxmoxVm {
+            api: self.clone(),
+            node: node.to_string(),
+            vmid,
+            net: "net0".into(),
+            disk: "scsi0".into(),
+        }
+    }
+}
+
+/// A VM as `GET /nodes/{node}/qemu` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSummary {
+    pub vmid: u32,
+    pub name: String,
+    pub running: bool,
+    pub tags: Vec<String>,
+}
+
+/// PVE keeps tags as one string separated by `;` (also `,` or spaces on input).
+pub fn parse_tags(s: &str) -> Vec<String> {
+    s.split([';', ',', ' '])
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn encode_segment(s: &str) -> String {
+    // UPIDs hold only [A-Za-z0-9:@!._-]; `:` and `@` are legal in a path segment, `!` too.
+    s.to_string()
+}
+
+/// One VM's power and boot order: the Proxmox power driver.
+#[derive(Debug, Clone)]
+pub struct ProxmoxVm {
+    api: std::sync::Arc<ProxmoxApi>,
+    pub node: String,
+    pub vmid: u32,
+    /// The boot NIC and disk named in the boot order.
+    pub net: String,
+    pub disk: String,
+}
+
+impl ProxmoxVm {
+    fn path(&self, tail: &str) -> String {
+        format!("/nodes/{}/qemu/{}{tail}", self.node, self.vmid)
+    }
+
+    pub async fn power_state(&self) -> Result<PowerState, PowerError> {
+        let data = self
+            .api
+            .call(Method::GET, &self.path("/status/current"), &[])
+            .await?;
+        Ok(match data.get("status").and_then(Value::as_str) {
+            Some("running") => PowerState::On,
+            Some("stopped") => PowerState::Off,
+            _ => PowerState::Unknown,
+        })
+    }
+
+    pub async fn set_power(&self, action: PowerAction) -> Result<(), PowerError> {
+        let state = self.power_state().await?;
+        let call = match (action, state) {
+            (PowerAction::On, PowerState::On) | (PowerAction::Off, PowerState::Off) => None,
+            (PowerAction::On, _) | (PowerAction::Cycle, PowerState::Off) => Some("start"),
+            (PowerAction::Off, _) => Some("stop"),
+            (PowerAction::Cycle, _) => Some("reset"),
+        };
+        let Some(call) = call else {
+            return Ok(());
+        };
+        tracing::info!(node = %self.node, vmid = self.vmid, call, "proxmox power");
+        self.api
+            .call_task(
+                &self.node,
+                Method::POST,
+                &self.path(&format!("/status/{call}")),
+                &[],
+            )
+            .await
+    }
+
+    pub async fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> Result<(), PowerError> {
+        if persistence == BootPersistence::Once {
+            tracing::info!(
+                vmid = self.vmid,
+                "Proxmox has no one-time boot device; setting the boot order"
+            );
+        }
+        // PUT config is the synchronous form (POST would start a task).
+        self.api
+            .call(
+                Method::PUT,
+                &self.path("/config"),
+                &[("boot", boot_order(device, &self.net, &self.disk))],
+            )
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn token_ids_are_user_realm_bang_token() {
+        assert!(check_token_id("talboot@pve!power").is_ok());
+        assert!(check_token_id("root@pam!t-1").is_ok());
+        for bad in [
+            "talboot@pve",
+            "talboot!power",
+            "@pve!x",
+            "a@pve!",
+            "a@p v e!x",
+        ] {
+            assert!(check_token_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_auth_header_is_pveapitoken() {
+        let h = auth_header("u@pve!t", &Credential::new("0000-1111"));
+        assert_eq!(h, "PVEAPIToken=u@pve!t=0000-1111");
+    }
+
+    #[test]
+    fn boot_orders_and_forms() {
+        assert_eq!(
+            boot_order(BootDevice::Network, "net0", "scsi0"),
+            "order=net0;scsi0"
+        );
+        assert_eq!(
+            boot_order(BootDevice::Disk, "net0", "scsi0"),
+            "order=scsi0;net0"
+        );
+        assert_eq!(
+            form_body(&[
+                ("boot", "order=net0;scsi0".into()),
+                ("net0", "virtio=BC:24:11:00:00:01,bridge=vmbr0".into())
+            ]),
+            "boot=order%3Dnet0%3Bscsi0&net0=virtio%3DBC%3A24%3A11%3A00%3A00%3A01%2Cbridge%3Dvmbr0"
+        );
+    }
+
+    #[test]
+    fn errors_and_tasks_read_as_pve_writes_them() {
+        let e = error_text(
+            StatusCode::BAD_REQUEST,
+            r#"{"data":null,"message":"Parameter verification failed.\n","errors":{"memory":"type check ('integer') failed\n"}}"#,
+        );
+        assert_eq!(
+            e,
+            "Parameter verification failed. (memory: type check ('integer') failed)"
+        );
+        assert_eq!(
+            error_text(StatusCode::NOT_IMPLEMENTED, "garbage"),
+            "Not Implemented"
+        );
+        assert_eq!(task_outcome(&json!({"status": "running"})), Ok(None));
+        assert_eq!(
+            task_outcome(&json!({"status": "stopped", "exitstatus": "OK"})),
+            Ok(Some(Ok(())))
+        );
+        assert_eq!(
+            task_outcome(&json!({"status": "stopped", "exitstatus": "VM 100 already running"})),
+            Ok(Some(Err("VM 100 already running".into())))
+        );
+        assert!(task_outcome(&json!({})).is_err());
+        assert!(is_upid(
+            "UPID:pve:0001A2B3:00C0FFEE:65F00000:qmstart:100:talboot@pve!power:"
+        ));
+        assert!(!is_upid("OK"));
+        assert_eq!(parse_tags("talboot;k8s"), vec!["talboot", "k8s"]);
+    }
+}
