@@ -1273,6 +1273,7 @@ fn view_from_inventory() {
         labels: BTreeMap::new(),
         taints: vec![],
         interfaces: vec![],
+        power: None,
     };
     let inv = Inventory {
         path: PathBuf::from("talboot.yaml"),

@@ -7,6 +7,13 @@
 //! commands. Credentials travel as [`Credential`], whose `Debug` never shows the secret, so a
 //! driver error or a log line cannot leak them.
 
+pub mod credentials;
+pub mod dispatch;
+pub mod ipmi;
+pub mod wol;
+
+pub use dispatch::{PowerDriver, ProbeAnswer};
+
 use std::fmt;
 use std::time::Duration;
 
@@ -113,7 +120,9 @@ pub enum PowerError {
     #[error("{target}: cannot reach the power controller: {reason}")]
     Unreachable { target: String, reason: String },
     /// The controller refused the credentials.
-    #[error("{target}: the power controller refused the credentials (check the user and secret in the secrets bundle or environment)")]
+    #[error(
+        "{target}: the power controller refused the credentials (check the user and secret in the secrets bundle or environment)"
+    )]
     Unauthorized { target: String },
     /// The controller answered, but not with what the protocol says it should.
     #[error("{target}: unexpected answer from the power controller: {reason}")]
