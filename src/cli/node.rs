@@ -27,6 +27,10 @@ pub struct Args {
 pub(crate) enum Action {
     /// Reset the node (wiping STATE and EPHEMERAL) and reprovision it on its next boot.
     Rebuild(RebuildArgs),
+    /// Power the node on, off or cycle it, or read its power state (inventory `power:`).
+    Power(super::power::PowerArgs),
+    /// Choose the node's next boot device: network (PXE) or disk, once or `--persistent`.
+    Boot(super::power::BootArgs),
 }
 
 /// Arguments of `talboot node rebuild`.
@@ -74,6 +78,8 @@ impl ConfigRenderer for NoRender {
 pub fn run(args: &Args) -> ExitCode {
     match &args.action {
         Action::Rebuild(a) => rebuild(a),
+        Action::Power(a) => super::power::run_power(a),
+        Action::Boot(a) => super::power::run_boot(a),
     }
 }
 

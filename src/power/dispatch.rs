@@ -131,3 +131,37 @@ impl PowerDriver {
         }
     }
 }
+
+/// One operator request, as the CLI, the admin API and the provisioner pass it around.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerRequest {
+    /// Power on, off or cycle.
+    Set(PowerAction),
+    /// Read the power state.
+    Status,
+    /// Choose the next boot's device.
+    Boot(BootDevice, BootPersistence),
+}
+
+/// What a [`PowerRequest`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerReply {
+    /// The action or boot choice was accepted by the controller.
+    Done(PowerRequest),
+    /// The power state read.
+    State(PowerState),
+}
+
+impl PowerDriver {
+    /// Carry out `req`.
+    pub async fn run(&self, req: PowerRequest) -> Result<PowerReply, PowerError> {
+        match req {
+            PowerRequest::Set(a) => self.set_power(a).await.map(|()| PowerReply::Done(req)),
+            PowerRequest::Status => self.power_state().await.map(PowerReply::State),
+            PowerRequest::Boot(d, p) => self
+                .set_boot_device(d, p)
+                .await
+                .map(|()| PowerReply::Done(req)),
+        }
+    }
+}
