@@ -500,3 +500,61 @@ fn rack_up_boots_each_node_from_the_network_once_and_powers_it_on() {
         net,
     );
 }
+
+/// A talosconfig for a throwaway CA (the node never answers, so it is never used on the
+/// wire; `node rebuild` only needs one to build its client).
+fn talosconfig(dir: &Path) -> PathBuf {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = talboot::sim::pki::SimCa::new_os_ca().unwrap();
+    let admin = ca.admin().unwrap();
+    let p = dir.join("talosconfig");
+    std::fs::write(
+        &p,
+        format!(
+            "context: t\ncontexts:\n  t:\n    endpoints: []\n    ca: {}\n    crt: {}\n    key: {}\n",
+            b64(&ca.cert_pem),
+            b64(&admin.cert_pem),
+            b64(&talboot::sim::pki::talos_label(&admin.key_pem))
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    talboot::install_crypto_provider();
+    let net = "10.98.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16233);
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    let tc = talosconfig(dir.path());
+    // Nothing listens at 10.98.0.22:50000 (no such host on the segment).
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &[
+            "node",
+            "rebuild",
+            "wk-ipmi",
+            "--talosconfig",
+            tc.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(
+        stdout(&o).contains("set a one-time network boot and power-cycled it"),
+        "{}",
+        describe(&o)
+    );
+    // PXE first, then the cycle (off; on again once the BMC sees it off).
+    bmc.wait_log(&["boot pxe", "power 0", "power 1"]);
+}

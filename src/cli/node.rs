@@ -138,6 +138,10 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     };
     let settings = Settings::new(args.state_dir.clone());
     let name = args.name.clone();
+    let inventory_for_power = Arc::new(inventory.clone());
+    // Asked before the rebuild: a node that answers is reset over its API, never cycled too.
+    let power_fallback =
+        super::power::rebuild_needs_power(&inventory_for_power, &name, crate::talos::APID_PORT);
     rt.block_on(async move {
         let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
         let prov = Provisioner::new(
@@ -151,6 +155,17 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         let result = prov.rebuild(&name).await;
         drop(prov);
         let _ = writer.await;
+        if power_fallback {
+            match super::power::rebuild_by_power(&inventory_for_power, &name).await {
+                Ok(done) => {
+                    println!(
+                        "{name}: marked for rebuild; {done}; its next boot gets its config again"
+                    );
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => eprintln!("talboot: {name}: power control failed: {e}"),
+            }
+        }
         match result {
             Ok(crate::provision::NodeStep::Waiting(why)) => {
                 eprintln!(

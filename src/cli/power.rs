@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory};
 use crate::power::credentials::Resolver;
-use crate::power::dispatch::{PowerReply, PowerRequest};
+use crate::power::dispatch::PowerRequest;
 use crate::power::{BootDevice, BootPersistence, PowerAction, PowerDriver};
 use crate::store::{self, NodePhase, Store};
 
@@ -170,6 +170,62 @@ pub(crate) fn drivers(
     out
 }
 
+/// The drivers `serve`'s provisioner gets: the usable ones; a node whose credentials do
+/// not resolve is logged (naming the variable or file, never a value) and left out.
+pub(crate) fn serve_drivers(
+    inv: &Inventory,
+    age_identity: Option<PathBuf>,
+) -> BTreeMap<String, PowerDriver> {
+    drivers(inv, IdentitySources::from_process_env(age_identity))
+        .into_iter()
+        .filter_map(|(name, d)| match d {
+            Ok(d) => Some((name, d)),
+            Err(e) => {
+                tracing::warn!(node = %name, "power control unavailable: {e}");
+                None
+            }
+        })
+        .collect()
+}
+
+/// How long a rebuild waits for the Talos API before it uses power control instead.
+const API_WAIT: Duration = Duration::from_secs(3);
+
+/// Whether `node rebuild NAME` should use power control: the node has a controller and its
+/// Talos API does not answer (asked before the rebuild, so a node that resets itself is
+/// never power-cycled as well).
+pub(crate) fn rebuild_needs_power(inv: &Inventory, name: &str, apid_port: u16) -> bool {
+    let Some(node) = inv.node(name).filter(|n| n.power.is_some()) else {
+        return false;
+    };
+    let Ok(rt) = runtime() else { return false };
+    let addr = std::net::SocketAddr::new(node.address.value.addr().into(), apid_port);
+    !rt.block_on(crate::power::dispatch::tcp_answers(addr, API_WAIT))
+}
+
+/// The rebuild of a node whose Talos API does not answer: a one-time network boot and a
+/// power cycle send it to talboot, which provisions it again (the rebuild reopened its
+/// window). What was done, or why it failed.
+pub(crate) async fn rebuild_by_power(inv: &Inventory, name: &str) -> Result<String, String> {
+    let config = inv
+        .node(name)
+        .and_then(|n| n.power.as_ref())
+        .ok_or_else(|| format!("node {name} has no power controller"))?;
+    let env = |v: &str| std::env::var(v).ok();
+    let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
+    let driver = PowerDriver::from(r.config(name, config).map_err(|e| e.to_string())?);
+    driver
+        .reboot_into_network()
+        .await
+        .map(|()| {
+            format!(
+                "its Talos API did not answer: set a one-time network boot and power-cycled it through {}",
+                driver.target()
+            )
+        })
+        .map_err(|e| e.to_string())
+}
+
 fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
     inventory::load(config).map(|l| l.inventory).map_err(|e| {
         if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
@@ -300,7 +356,12 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
             };
             let r = rt.block_on(driver.run(req));
             if let Ok(reply) = &r {
-                let _ = store.append_event(name, "power", &reply.to_string(), now_ms());
+                let _ = store.append_event(
+                    name,
+                    crate::events::EventKind::Power.as_str(),
+                    &reply.to_string(),
+                    now_ms(),
+                );
             }
             r.map(|reply| reply.to_string()).map_err(|e| e.to_string())
         }
@@ -439,7 +500,12 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
                 Some(store) => {
                     let r = rt.block_on(driver.run(step));
                     if let Ok(reply) = &r {
-                        let _ = store.append_event(name, "power", &reply.to_string(), now_ms());
+                        let _ = store.append_event(
+                            name,
+                            crate::events::EventKind::Power.as_str(),
+                            &reply.to_string(),
+                            now_ms(),
+                        );
                     }
                     r.map(|x| x.to_string()).map_err(|e| e.to_string())
                 }
@@ -539,26 +605,6 @@ pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> usize
         }
     }
     failed
-}
-
-impl std::fmt::Display for PowerReply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PowerReply::Done(PowerRequest::Set(a)) => write!(f, "power {} sent", a.as_str()),
-            PowerReply::Done(PowerRequest::Boot(d, p)) => write!(
-                f,
-                "next boot: {}{}",
-                d.as_str(),
-                if *p == BootPersistence::Persistent {
-                    " (persistent)"
-                } else {
-                    " (once)"
-                }
-            ),
-            PowerReply::Done(PowerRequest::Status) => f.write_str("status read"),
-            PowerReply::State(s) => write!(f, "power {}", s.as_str()),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -165,3 +165,45 @@ impl PowerDriver {
         }
     }
 }
+
+impl std::fmt::Display for PowerReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Done(PowerRequest::Set(a)) => write!(f, "power {} sent", a.as_str()),
+            Self::Done(PowerRequest::Boot(d, p)) => write!(
+                f,
+                "next boot: {}{}",
+                d.as_str(),
+                if *p == BootPersistence::Persistent {
+                    " (persistent)"
+                } else {
+                    " (once)"
+                }
+            ),
+            Self::Done(PowerRequest::Status) => f.write_str("status read"),
+            Self::State(s) => write!(f, "power {}", s.as_str()),
+        }
+    }
+}
+
+impl PowerDriver {
+    /// A one-time network boot, then a power cycle: how a node whose OS no longer answers
+    /// (a rebuild that cannot reset it over the Talos API) is sent back to talboot's DHCP,
+    /// TFTP and HTTP. Wake-on-LAN cannot choose the device; it only wakes the machine.
+    pub async fn reboot_into_network(&self) -> Result<(), PowerError> {
+        if self.can_set_boot_device() {
+            self.set_boot_device(BootDevice::Network, BootPersistence::Once)
+                .await?;
+        }
+        self.set_power(PowerAction::Cycle).await
+    }
+}
+
+/// Whether something accepts TCP connections at `addr` within `wait` (the Talos API's
+/// liveness, before a rebuild falls back to power control).
+pub async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Duration) -> bool {
+    matches!(
+        tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
