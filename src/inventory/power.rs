@@ -478,7 +478,7 @@ impl Merged<'_> {
 
 /// Lay the blocks over each other (role chain root first, the node's last): a layer that names
 /// another kind drops what came before it.
-fn merge<'a>(layers: &[&'a PowerBlock]) -> BTreeMap<String, Field> {
+fn merge(layers: &[&PowerBlock]) -> BTreeMap<String, Field> {
     let mut out: BTreeMap<String, Field> = BTreeMap::new();
     let mut kind: Option<String> = None;
     for layer in layers {
