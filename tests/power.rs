@@ -558,3 +558,146 @@ fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
     // PXE first, then the cycle (off; on again once the BMC sees it off).
     bmc.wait_log(&["boot pxe", "power 0", "power 1"]);
 }
+
+/// `talboot node power|boot` while push-mode `serve` holds the store: the command goes to
+/// serve's admin API, its provisioner runs it on the node's driver (credentials resolved at
+/// serve's start) and records a `power.action` event.
+#[test]
+fn power_commands_go_through_a_running_serve() {
+    if !require_tool("ipmi_sim", "IPMI_SIM")
+        || !require_tool("ip", "NETNS")
+        || !require_tool("age-keygen", "AGE")
+    {
+        return;
+    }
+    let net = "10.99.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16234);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let key = d.join("key.txt");
+    run_ok(Command::new("age-keygen").arg("-o").arg(&key));
+    let recipient = String::from_utf8(
+        Command::new("age-keygen")
+            .arg("-y")
+            .arg(&key)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let inv = inventory(d, net, &ipmi_node(net, bmc.port));
+    let text = std::fs::read_to_string(&inv).unwrap().replace(
+        "  endpoint:",
+        &format!(
+            "  secrets: {{file: secrets.age, ageRecipients: [{}]}}\n  endpoint:",
+            recipient.trim()
+        ),
+    );
+    std::fs::write(&inv, text).unwrap();
+    let tb = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(args)
+            .arg("-c")
+            .arg(&inv)
+            .env("SOPS_AGE_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+    };
+    tb(&["secrets", "init"]);
+    tb(&["gen", "-o", d.join("out").to_str().unwrap()]);
+    support::images::fake_images(&inv, &d.join("images"));
+    std::fs::create_dir_all(d.join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe", "snponly.efi"] {
+        std::fs::write(d.join("ipxe").join(name), name).unwrap();
+    }
+    let state = d.join("state");
+    let log = d.join("serve.log");
+    let admin = "127.0.0.1:16299";
+    let child = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .arg("serve")
+        .arg("-c")
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(d.join("images"))
+        .arg("--ipxe-dir")
+        .arg(d.join("ipxe"))
+        .arg("--configs")
+        .arg(d.join("out"))
+        .args(["--advertise", &lab.server_ip(), "--no-dhcp"])
+        .args(["--http-port", "18080", "--tftp-port", "16969"])
+        .args(["--admin-listen", admin])
+        .env("SOPS_AGE_KEY_FILE", &key)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    lab.children.push(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = lab
+            .in_srv("curl")
+            .args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                &format!("http://{admin}/api/nodes"),
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The CLI has no password in its environment: serve's provisioner holds the driver.
+    let via = |args: &[&str]| {
+        let o = lab
+            .in_srv(env!("CARGO_BIN_EXE_talboot"))
+            .args(args)
+            .arg("-c")
+            .arg(&inv)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--admin", admin])
+            .env_remove("TB_TEST_BMC_PASS")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        assert!(!describe(&o).contains(BMC_PASS));
+        stdout(&o)
+    };
+    assert!(
+        via(&["node", "boot", "wk-ipmi", "network"]).contains("wk-ipmi: next boot: network (once)")
+    );
+    assert!(via(&["node", "power", "wk-ipmi", "on"]).contains("wk-ipmi: power on sent"));
+    assert!(via(&["node", "power", "wk-ipmi", "status"]).contains("wk-ipmi: power on"));
+    bmc.wait_log(&["boot pxe", "power 1"]);
+    // The provisioner recorded each request on the node's timeline.
+    let nodes = lab
+        .in_srv("curl")
+        .args(["-sf", &format!("http://{admin}/api/nodes")])
+        .output()
+        .unwrap();
+    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).unwrap();
+    let last = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "wk-ipmi")
+        .map(|n| n["last_event"].as_str().unwrap_or_default().to_owned());
+    assert_eq!(last.as_deref(), Some("power.action: power on"));
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+}
