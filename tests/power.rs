@@ -684,6 +684,17 @@ fn power_commands_go_through_a_running_serve() {
     assert!(via(&["node", "power", "wk-ipmi", "on"]).contains("wk-ipmi: power on sent"));
     assert!(via(&["node", "power", "wk-ipmi", "status"]).contains("wk-ipmi: power on"));
     bmc.wait_log(&["boot pxe", "power 1"]);
+    // `rack up` through serve: wk-ipmi is not provisioned (phase unknown), so it gets the
+    // one-time network boot and power on again; cp-1 has no controller.
+    let out = via(&["rack", "up", "--stagger", "0"]);
+    for line in [
+        "cp-1: skipped (no power controller in the inventory)",
+        "wk-ipmi: next boot: network (once)",
+        "wk-ipmi: power on sent",
+    ] {
+        assert!(out.contains(line), "missing {line:?}:\n{out}");
+    }
+    bmc.wait_log(&["boot pxe", "power 1", "boot pxe", "power 1"]);
     // The provisioner recorded each request on the node's timeline.
     let nodes = lab
         .in_srv("curl")
@@ -697,7 +708,7 @@ fn power_commands_go_through_a_running_serve() {
         .iter()
         .find(|n| n["name"] == "wk-ipmi")
         .map(|n| n["last_event"].as_str().unwrap_or_default().to_owned());
-    assert_eq!(last.as_deref(), Some("power.action: power on"));
+    assert_eq!(last.as_deref(), Some("power.action: power on sent"));
     let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
 }

@@ -463,10 +463,15 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
             }
         },
     };
-    let drivers = drivers(
-        &inv,
-        IdentitySources::from_process_env(a.common.age_identity.clone()),
-    );
+    // Standalone the drivers are built here; through serve, serve's provisioner holds them
+    // (and the credentials), so only the inventory is consulted.
+    let drivers = match &local {
+        Some(_) => drivers(
+            &inv,
+            IdentitySources::from_process_env(a.common.age_identity.clone()),
+        ),
+        None => BTreeMap::new(),
+    };
     let mut failed = 0usize;
     let mut first = true;
     for node in &inv.nodes {
@@ -479,25 +484,27 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
             );
             continue;
         }
-        let driver = match drivers.get(name) {
-            None => {
-                println!("{name}: skipped (no power controller in the inventory)");
-                continue;
-            }
-            Some(Err(e)) => {
+        let Some(config) = &node.power else {
+            println!("{name}: skipped (no power controller in the inventory)");
+            continue;
+        };
+        let driver = match (&local, drivers.get(name)) {
+            (Some(_), Some(Err(e))) => {
                 println!("{name}: failed: {e}");
                 failed += 1;
                 continue;
             }
-            Some(Ok(d)) => d,
+            (Some(_), Some(Ok(d))) => Some(d),
+            _ => None,
         };
         if !first && !a.stagger.is_zero() {
             std::thread::sleep(a.stagger);
         }
         first = false;
-        for step in rack_up_steps(driver.can_set_boot_device()) {
-            let r = match &local {
-                Some(store) => {
+        let can_boot = !matches!(config, crate::inventory::PowerConfig::Wol(_));
+        for step in rack_up_steps(can_boot) {
+            let r = match (&local, driver) {
+                (Some(store), Some(driver)) => {
                     let r = rt.block_on(driver.run(step));
                     if let Ok(reply) = &r {
                         let _ = store.append_event(
@@ -509,7 +516,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
                     }
                     r.map(|x| x.to_string()).map_err(|e| e.to_string())
                 }
-                None => rt.block_on(through_serve(a.common.admin, name, step)),
+                _ => rt.block_on(through_serve(a.common.admin, name, step)),
             };
             match r {
                 Ok(text) => println!("{name}: {text}"),
