@@ -244,14 +244,21 @@ struct Bmc {
 
 impl Bmc {
     fn start(lab: &mut Lab, port: u16) -> Self {
+        Self::start_with(lab, port, None)
+    }
+
+    /// `vm_port`: the BMC is the BMC of a QEMU VM (TCG, `ipmi-bmc-extern` connecting back to
+    /// ipmi_sim's system interface on that port): power 1 starts it with the recorded boot
+    /// device (`pxe`: `-boot once=n`, `default`: `-boot order=c`), power 0 kills it, and
+    /// `get power` is whether it runs.
+    fn start_with(lab: &mut Lab, port: u16, vm_port: Option<u16>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let cc = d.join("chassis-control");
         // Called as `chassis-control DIR get power boot` / `... set power 1 boot pxe`
         // (OpenIPMI lanserv/bmc_chassis.c chassis_prog; lanserv/ipmi_sim_chassiscontrol).
-        std::fs::write(
-            &cc,
-            "#!/bin/sh\n\
+        let script = match vm_port {
+            None => "#!/bin/sh\n\
              dir=$1; op=$2; shift 2\n\
              case $op in\n\
              get) for p in \"$@\"; do case $p in\n\
@@ -260,9 +267,35 @@ impl Bmc {
                esac; done;;\n\
              set) while [ $# -gt 0 ]; do echo \"$1 $2\" >> $dir/log; case $1 in\n\
                power) echo $2 > $dir/power;; boot) echo $2 > $dir/boot;; esac; shift 2; done;;\n\
-             esac\n",
-        )
-        .unwrap();
+             esac\n"
+                .to_owned(),
+            Some(vm) => format!(
+                "#!/bin/sh\n\
+                 dir=$1; op=$2; shift 2\n\
+                 running() {{ [ -f $dir/qemu.pid ] && kill -0 $(cat $dir/qemu.pid) 2>/dev/null; }}\n\
+                 case $op in\n\
+                 get) for p in \"$@\"; do case $p in\n\
+                   power) if running; then echo power:1; else echo power:0; fi;;\n\
+                   boot) echo \"boot:$(cat $dir/boot 2>/dev/null || echo none)\";;\n\
+                   esac; done;;\n\
+                 set) while [ $# -gt 0 ]; do echo \"$1 $2\" >> $dir/log; case $1 in\n\
+                   boot) echo $2 > $dir/boot;;\n\
+                   power) if [ $2 = 1 ]; then\n\
+                       running && {{ shift 2; continue; }}\n\
+                       case $(cat $dir/boot 2>/dev/null) in pxe) b=once=n;; *) b=order=c;; esac\n\
+                       qemu-system-x86_64 -machine pc,accel=tcg -m 64 -display none -nodefaults \\\n\
+                         -boot $b -chardev socket,id=ipmi0,host=127.0.0.1,port={vm},reconnect=10 \\\n\
+                         -device ipmi-bmc-extern,id=bmc0,chardev=ipmi0 -device isa-ipmi-kcs,bmc=bmc0 \\\n\
+                         -daemonize -pidfile $dir/qemu.pid\n\
+                     else\n\
+                       running && kill $(cat $dir/qemu.pid)\n\
+                       while running; do sleep 0.05; done\n\
+                     fi;;\n\
+                   esac; shift 2; done;;\n\
+                 esac\n"
+            ),
+        };
+        std::fs::write(&cc, script).unwrap();
         run_ok(Command::new("chmod").arg("+x").arg(&cc));
         std::fs::write(
             d.join("lan.conf"),
@@ -279,9 +312,13 @@ impl Bmc {
                  \x20   guid a123456789abcdefa123456789abcdef\n\
                  \x20 endlan\n\
                  \x20 chassis_control \"{} {}\"\n\
+                 {}\
                  \x20 user 2 true \"{BMC_USER}\" \"{BMC_PASS}\" admin 10 none md2 md5 straight\n",
                 cc.display(),
-                d.display()
+                d.display(),
+                vm_port
+                    .map(|p| format!("  serial 15 127.0.0.1 {p} codec VM\n"))
+                    .unwrap_or_default()
             ),
         )
         .unwrap();
@@ -711,4 +748,61 @@ fn power_commands_go_through_a_running_serve() {
     assert_eq!(last.as_deref(), Some("power.action: power on sent"));
     let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+}
+
+/// The pid of the VM the BMC runs, once its QEMU process is up.
+fn vm_cmdline(bmc: &Bmc) -> Option<String> {
+    let pid = std::fs::read_to_string(bmc.dir.path().join("qemu.pid")).ok()?;
+    std::fs::read(format!("/proc/{}/cmdline", pid.trim()))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ipmi_sim_as_the_bmc_of_a_qemu_vm_powers_it_and_picks_its_boot_device() {
+    if !require_tool("ipmi_sim", "IPMI_SIM")
+        || !require_tool("ip", "NETNS")
+        || !require_tool("qemu-system-x86_64", "QEMU")
+    {
+        return;
+    }
+    let net = "10.100.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start_with(&mut lab, 16235, Some(16236));
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    let tb = |args: &[&str]| {
+        let o = talboot(&lab, &inv, &state, BMC_PASS, args);
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        stdout(&o)
+    };
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power off"));
+    tb(&["node", "boot", "wk-ipmi", "network"]);
+    tb(&["node", "power", "wk-ipmi", "on"]);
+    wait_until("the VM starting", || vm_cmdline(&bmc).is_some());
+    let cmd = vm_cmdline(&bmc).unwrap();
+    assert!(
+        cmd.contains("-boot once=n") && cmd.contains("ipmi-bmc-extern"),
+        "{cmd}"
+    );
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power on"));
+    tb(&["node", "power", "wk-ipmi", "off"]);
+    wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power off"));
+    tb(&["node", "boot", "wk-ipmi", "disk"]);
+    tb(&["node", "power", "wk-ipmi", "on"]);
+    wait_until("the VM starting from disk", || {
+        vm_cmdline(&bmc).is_some_and(|c| c.contains("-boot order=c"))
+    });
+    tb(&["node", "power", "wk-ipmi", "off"]);
+    wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
 }
