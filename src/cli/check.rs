@@ -35,6 +35,13 @@ pub struct Args {
     /// rendered configs against, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
+    /// Also reach every node's power controller (Redfish, IPMI, Proxmox) and report what
+    /// answered; Wake-on-LAN is send-only and reported as such, nothing is sent.
+    #[arg(long)]
+    pub probe: bool,
+    /// age identity for the power credentials file (with --probe).
+    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
+    pub age_identity: Option<PathBuf>,
 }
 
 /// Run the subcommand.
@@ -72,6 +79,15 @@ pub fn run(args: &Args) -> ExitCode {
             }
             print!("{}", summary(&loaded.inventory));
             readiness_notes(&loaded.inventory, args);
+            if args.probe {
+                let failed = super::power::probe_all(&loaded.inventory, args.age_identity.clone());
+                if failed > 0 {
+                    eprintln!(
+                        "talboot: check --probe: {failed} power controller(s) did not answer"
+                    );
+                    return ExitCode::from(EXIT_INVALID);
+                }
+            }
             let warnings = loaded.warnings.len();
             println!(
                 "valid: {} node{} in {} role{}, {warnings} warning{}",

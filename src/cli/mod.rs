@@ -11,6 +11,7 @@ pub mod demo;
 pub mod r#gen;
 pub mod images;
 pub mod node;
+pub mod power;
 pub mod proxmox;
 pub mod secrets;
 pub mod serve;
@@ -58,8 +59,10 @@ pub enum Command {
     Secrets(secrets::Args),
     /// Show each node's phase, address, Talos version and last event.
     Status(status::Args),
-    /// Act on one node (rebuild).
+    /// Act on one node (rebuild, power, next boot device).
     Node(node::Args),
+    /// Act on the whole rack (`rack up`: power on every node not provisioned yet).
+    Rack(power::RackArgs),
     /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
     Demo(demo::Args),
     /// Create or destroy the inventory's Proxmox VE VMs (home labs).
@@ -93,6 +96,7 @@ pub fn run() -> ExitCode {
         Command::Secrets(args) => secrets::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
+        Command::Rack(args) => power::run_rack(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Proxmox(args) => proxmox::run(&args),
     }

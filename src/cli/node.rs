@@ -27,6 +27,10 @@ pub struct Args {
 pub(crate) enum Action {
     /// Reset the node (wiping STATE and EPHEMERAL) and reprovision it on its next boot.
     Rebuild(RebuildArgs),
+    /// Power the node on, off or cycle it, or read its power state (inventory `power:`).
+    Power(super::power::PowerArgs),
+    /// Choose the node's next boot device: network (PXE) or disk, once or `--persistent`.
+    Boot(super::power::BootArgs),
 }
 
 /// Arguments of `talboot node rebuild`.
@@ -74,6 +78,8 @@ impl ConfigRenderer for NoRender {
 pub fn run(args: &Args) -> ExitCode {
     match &args.action {
         Action::Rebuild(a) => rebuild(a),
+        Action::Power(a) => super::power::run_power(a),
+        Action::Boot(a) => super::power::run_boot(a),
     }
 }
 
@@ -132,6 +138,10 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     };
     let settings = Settings::new(args.state_dir.clone());
     let name = args.name.clone();
+    let inventory_for_power = Arc::new(inventory.clone());
+    // Asked before the rebuild: a node that answers is reset over its API, never cycled too.
+    let power_fallback =
+        super::power::rebuild_needs_power(&inventory_for_power, &name, crate::talos::APID_PORT);
     rt.block_on(async move {
         let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
         let prov = Provisioner::new(
@@ -145,6 +155,17 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         let result = prov.rebuild(&name).await;
         drop(prov);
         let _ = writer.await;
+        if power_fallback {
+            match super::power::rebuild_by_power(&inventory_for_power, &name).await {
+                Ok(done) => {
+                    println!(
+                        "{name}: marked for rebuild; {done}; its next boot gets its config again"
+                    );
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => eprintln!("talboot: {name}: power control failed: {e}"),
+            }
+        }
         match result {
             Ok(crate::provision::NodeStep::Waiting(why)) => {
                 eprintln!(

@@ -332,6 +332,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         settings.helm = args.helm.clone();
         settings.concurrency = args.provision_concurrency.max(1);
         settings.ksops_age_identity = inputs.ksops_age_identity;
+        settings.power = Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()));
         Some(ProvisioningPlan {
             renderer: inputs.renderer,
             creds: inputs.creds,

@@ -1274,6 +1274,7 @@ fn view_from_inventory() {
         labels: BTreeMap::new(),
         taints: vec![],
         interfaces: vec![],
+        power: None,
     };
     let inv = Inventory {
         path: PathBuf::from("talboot.yaml"),

@@ -61,6 +61,8 @@ pub enum EventKind {
     Talos,
     /// A cluster step.
     Cluster,
+    /// A power or boot-device request to the node's controller and its outcome.
+    Power,
 }
 
 impl EventKind {
@@ -85,6 +87,7 @@ impl EventKind {
             Self::Phase => "node.phase",
             Self::Talos => "talos.call",
             Self::Cluster => "cluster.step",
+            Self::Power => "power.action",
         }
     }
 }

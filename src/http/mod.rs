@@ -16,6 +16,7 @@
 
 pub mod assets;
 pub mod conn;
+pub(crate) mod power;
 pub mod script;
 pub mod server;
 pub mod tokens;
@@ -119,6 +120,14 @@ pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
         .route(
             "/api/nodes/{name}/rebuild",
             axum::routing::post(api_rebuild),
+        )
+        .route(
+            "/api/nodes/{name}/power/{op}",
+            axum::routing::post(power::api_power),
+        )
+        .route(
+            "/api/nodes/{name}/boot/{device}",
+            axum::routing::post(power::api_boot),
         )
         .route("/metrics", get(metrics))
         .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))

@@ -101,7 +101,7 @@ pub fn load_with_env(path: &Path, env: &dyn Env) -> Result<Loaded, LoadError> {
     } else {
         read_talboot(root, &base, &mut d)
     };
-    let inventory = assemble(path, parts, &mut d);
+    let inventory = assemble(path, &base, parts, &mut d);
     match inventory {
         Some(inventory) if !d.has_errors() => Ok(Loaded {
             inventory,
@@ -122,9 +122,17 @@ fn is_talhelper(root: &Y) -> bool {
     }
 }
 
-fn assemble(path: &Path, parts: Parts, d: &mut Diagnostics) -> Option<Inventory> {
+fn assemble(path: &Path, base: &Path, mut parts: Parts, d: &mut Diagnostics) -> Option<Inventory> {
     let roles = validate::resolve_roles(&parts.roles, d);
     validate::check(&parts, &roles, d);
+    super::power::resolve(
+        &mut parts.nodes,
+        &parts.node_power,
+        &parts.role_power,
+        &roles,
+        base,
+        d,
+    );
     Some(Inventory {
         path: path.to_path_buf(),
         format: parts.format.unwrap_or(SourceFormat::Talboot),
@@ -172,16 +180,18 @@ fn read_talboot(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => Some(Boot::default()),
     };
     if let Some(n) = r.get("roles") {
-        parts.roles = roles(n, base, d);
+        parts.roles = roles(n, base, &mut parts.role_power, d);
     }
     match r.get("nodes") {
         Some(n) => {
             parts.nodes_loc = Some(n.loc.clone());
             parts.nodes_written = count_items(n);
             let mut refs = Vec::new();
+            let mut power = std::collections::BTreeMap::new();
             parts.nodes = read::list(n, "nodes", d, false, |n, p, d| {
-                node(n, p, base, &mut refs, d)
+                node(n, p, base, &mut refs, &mut power, d)
             });
+            parts.node_power = power;
             parts.role_refs = refs;
         }
         None => missing(
@@ -693,7 +703,12 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
     })
 }
 
-fn roles(node: &Y, base: &Path, d: &mut Diagnostics) -> Vec<RoleDef> {
+fn roles(
+    node: &Y,
+    base: &Path,
+    power: &mut std::collections::BTreeMap<String, super::power::PowerBlock>,
+    d: &mut Diagnostics,
+) -> Vec<RoleDef> {
     let Value::Map(entries) = &node.value else {
         d.error_hint(
             &node.loc,
@@ -745,7 +760,16 @@ fn roles(node: &Y, base: &Path, d: &mut Diagnostics) -> Vec<RoleDef> {
             .get("taints")
             .map(|n| read::taints(n, &format!("{path}.taints"), d))
             .unwrap_or_default();
-        r.finish(&["type", "extends", "patches", "labels", "taints"], d);
+        if let Some(b) = r
+            .get("power")
+            .and_then(|n| super::power::PowerBlock::read(n, &format!("{path}.power"), d))
+        {
+            power.insert(key.name.clone(), b);
+        }
+        r.finish(
+            &["type", "extends", "patches", "labels", "taints", "power"],
+            d,
+        );
         out.push(RoleDef {
             name: Spanned::new(key.name.clone(), key.loc.clone()),
             machine_type,
@@ -775,6 +799,7 @@ const NODE: &[&str] = &[
     "labels",
     "taints",
     "interfaces",
+    "power",
 ];
 
 fn node(
@@ -782,6 +807,7 @@ fn node(
     path: &str,
     base: &Path,
     role_refs: &mut Vec<(String, Spanned<String>)>,
+    power: &mut std::collections::BTreeMap<String, super::power::PowerBlock>,
     d: &mut Diagnostics,
 ) -> Option<Node> {
     let mut r = MapReader::new(n, path, d)?;
@@ -909,6 +935,13 @@ fn node(
         .get("interfaces")
         .map(|n| read::list(n, &f("interfaces"), d, false, extra_interface))
         .unwrap_or_default();
+    if let (Some(b), Some(name)) = (
+        r.get("power")
+            .and_then(|n| super::power::PowerBlock::read(n, &f("power"), d)),
+        &name,
+    ) {
+        power.insert(name.value.clone(), b);
+    }
     r.finish(NODE, d);
     if macs.is_empty() {
         return None;
@@ -928,6 +961,7 @@ fn node(
         labels,
         taints,
         interfaces,
+        power: None,
     })
 }
 

@@ -21,6 +21,7 @@ pub mod diag;
 pub mod load;
 pub mod model;
 pub(crate) mod parts;
+pub mod power;
 pub mod read;
 pub mod schematic;
 pub mod talhelper;
@@ -30,6 +31,7 @@ pub mod yaml;
 pub use diag::{Diagnostic, Diagnostics, Loc, Severity};
 pub use load::{LoadError, Loaded, load, load_with_env};
 pub use model::*;
+pub use power::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, SecretRef, WolTarget};
 
 #[cfg(test)]
 mod tests;

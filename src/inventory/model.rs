@@ -749,6 +749,9 @@ pub struct Node {
     pub taints: Vec<Taint>,
     /// Additional NICs.
     pub interfaces: Vec<ExtraInterface>,
+    /// Power and boot-device control (the node's `power:` over its role's); `None` for
+    /// `kind: none` or no block anywhere.
+    pub power: Option<super::power::PowerConfig>,
 }
 
 /// The Cilium add-on.

@@ -57,6 +57,10 @@ pub struct Parts {
     pub(crate) role_refs: Vec<(String, Spanned<String>)>,
     /// Add-ons.
     pub addons: Addons,
+    /// Each node's own `power:` block, by node name (resolved over its role's at assembly).
+    pub(crate) node_power: BTreeMap<String, super::power::PowerBlock>,
+    /// Each role's `power:` default, by role name.
+    pub(crate) role_power: BTreeMap<String, super::power::PowerBlock>,
 }
 
 /// Kubernetes defaults Talos itself uses.

@@ -854,6 +854,7 @@ fn node(
         labels,
         taints,
         interfaces: extras,
+        power: None,
     };
     if node.macs.is_empty() {
         return None;

@@ -7,6 +7,16 @@
 //! commands. Credentials travel as [`Credential`], whose `Debug` never shows the secret, so a
 //! driver error or a log line cannot leak them.
 
+pub mod credentials;
+pub mod dispatch;
+pub mod ipmi;
+pub mod wol;
+
+#[cfg(test)]
+mod command_tests;
+
+pub use dispatch::{PowerDriver, ProbeAnswer};
+
 use std::fmt;
 use std::time::Duration;
 

@@ -126,6 +126,17 @@ pub enum Command {
         /// Once persisted (or why not).
         reply: tokio::sync::oneshot::Sender<Result<(), CommandError>>,
     },
+    /// `talboot node power|boot NAME ...`: a request to the node's power controller, run
+    /// off the writer loop (a BMC may take seconds) and recorded as a `power.action` event.
+    Power {
+        /// The node.
+        node: String,
+        /// What to ask.
+        request: crate::power::dispatch::PowerRequest,
+        /// The controller's answer (or why not).
+        reply:
+            tokio::sync::oneshot::Sender<Result<crate::power::dispatch::PowerReply, CommandError>>,
+    },
 }
 
 /// Sends [`Command`]s to a running provisioner.
@@ -150,6 +161,25 @@ impl CommandSender {
         self.0
             .send(Command::Rebuild {
                 node: node.to_owned(),
+                reply,
+            })
+            .await
+            .map_err(|_| CommandError::NotRunning)?;
+        answer.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Asks the provisioner to run a power request for `node`; returns the controller's
+    /// answer.
+    pub async fn power(
+        &self,
+        node: &str,
+        request: crate::power::dispatch::PowerRequest,
+    ) -> Result<crate::power::dispatch::PowerReply, CommandError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0
+            .send(Command::Power {
+                node: node.to_owned(),
+                request,
                 reply,
             })
             .await
@@ -285,6 +315,8 @@ pub struct Settings {
     pub addon_timeouts: crate::addons::Timeouts,
     /// How many nodes' Talos calls run at once (each node has at most one in flight).
     pub concurrency: usize,
+    /// Each node's power driver, credentials resolved (nodes without `power:` are absent).
+    pub power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
 }
 
 impl Settings {
@@ -307,6 +339,7 @@ impl Settings {
             ksops_age_identity: None,
             addon_timeouts: crate::addons::Timeouts::default(),
             concurrency: DEFAULT_CONCURRENCY,
+            power: Arc::default(),
         }
     }
 }
@@ -706,10 +739,64 @@ impl Provisioner {
                 .await;
                 if result.is_ok() {
                     w.enqueue(&node);
+                    self.rebuild_by_power(&node);
                 }
                 let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
             }
+            Command::Power {
+                node,
+                request,
+                reply,
+            } => {
+                let Some(driver) = self.settings().power.get(&node).cloned() else {
+                    let _ = reply.send(Err(CommandError::Refused(format!(
+                        "node {node} has no usable power controller (no `power:` block, or its credentials did not resolve when serve started)"
+                    ))));
+                    return;
+                };
+                let bus = self.inner.bus.clone();
+                tokio::spawn(async move {
+                    let result = driver.run(request).await;
+                    let detail = match &result {
+                        Ok(r) => r.to_string(),
+                        Err(e) => format!("failed: {e}"),
+                    };
+                    bus.publish(&node, EventKind::Power, detail);
+                    let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
+                });
+            }
         }
+    }
+
+    /// A rebuilt node whose Talos API does not answer cannot be reset over it: with a power
+    /// controller, a one-time network boot and a power cycle send it to talboot, and the
+    /// reopened window provisions it again (the core's normal rebuild path then sees it in
+    /// maintenance mode). Off the writer loop: the check waits for a TCP answer.
+    fn rebuild_by_power(&self, name: &str) {
+        let (Some(driver), Ok(node)) = (
+            self.settings().power.get(name).cloned(),
+            self.node_def(name),
+        ) else {
+            return;
+        };
+        let addr = SocketAddr::new(
+            IpAddr::V4(node.address.value.addr()),
+            self.settings().apid_port,
+        );
+        let (bus, name) = (self.inner.bus.clone(), name.to_owned());
+        tokio::spawn(async move {
+            if crate::power::dispatch::tcp_answers(addr, Duration::from_secs(3)).await {
+                return;
+            }
+            let detail = match driver.reboot_into_network().await {
+                Ok(()) => format!(
+                    "Talos API at {addr} did not answer: one-time network boot and power cycle through {}",
+                    driver.target()
+                ),
+                Err(e) => format!("Talos API at {addr} did not answer; power control failed: {e}"),
+            };
+            bus.publish(&name, EventKind::Power, detail);
+        });
     }
 
     /// Starts node `name`: its binding, then "what now?" to the core.

@@ -1,0 +1,673 @@
+//! Power commands: `talboot node power NAME on|off|cycle|status`, `talboot node boot NAME
+//! network|disk [--persistent]` and `talboot rack up`, plus the per-node driver set the
+//! other commands (`check --probe`, `node rebuild`, `serve`) build from the inventory.
+//!
+//! Standalone, a command talks to the node's controller itself. When `talboot serve` holds
+//! the state store, the command goes to serve's admin API instead, whose provisioner (the one
+//! writer of node state) runs it and records the event. Credentials are resolved here, from
+//! the environment or the encrypted credentials file, and never printed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::crypto::age::IdentitySources;
+use crate::inventory::{self, Inventory};
+use crate::power::credentials::Resolver;
+use crate::power::dispatch::PowerRequest;
+use crate::power::{BootDevice, BootPersistence, PowerAction, PowerDriver};
+use crate::store::{self, NodePhase, Store};
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+/// Where a power command finds the inventory, the state store and a running serve.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Common {
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// State directory holding talboot.redb (when serve holds it, the command goes to serve).
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`).
+    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
+    pub admin: std::net::SocketAddr,
+    /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
+    /// SOPS_AGE_KEY, then sops's keys.txt).
+    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
+    pub age_identity: Option<PathBuf>,
+}
+
+/// `on`, `off`, `cycle` or `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PowerOp {
+    /// Power on.
+    On,
+    /// Hard power off.
+    Off,
+    /// Off, then on.
+    Cycle,
+    /// Read the power state.
+    Status,
+}
+
+impl PowerOp {
+    fn request(self) -> PowerRequest {
+        match self {
+            Self::On => PowerRequest::Set(PowerAction::On),
+            Self::Off => PowerRequest::Set(PowerAction::Off),
+            Self::Cycle => PowerRequest::Set(PowerAction::Cycle),
+            Self::Status => PowerRequest::Status,
+        }
+    }
+}
+
+/// Arguments of `talboot node power`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PowerArgs {
+    /// Node name from the inventory.
+    pub name: String,
+    /// What to do.
+    #[arg(value_enum)]
+    pub op: PowerOp,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// `network` or `disk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DeviceArg {
+    /// PXE / network boot.
+    Network,
+    /// The first local disk.
+    Disk,
+}
+
+/// Arguments of `talboot node boot`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BootArgs {
+    /// Node name from the inventory.
+    pub name: String,
+    /// Where the next boot goes.
+    #[arg(value_enum)]
+    pub device: DeviceArg,
+    /// Every later boot too, not only the next one.
+    #[arg(long)]
+    pub persistent: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// Arguments of `talboot rack`.
+#[derive(Debug, clap::Args)]
+pub struct RackArgs {
+    /// What to do with the rack.
+    #[command(subcommand)]
+    pub(crate) command: RackCommand,
+}
+
+/// `talboot rack` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum RackCommand {
+    /// Power on every inventory node that is not provisioned yet, each with a one-time
+    /// network boot first, one after another with a pause between them (to limit inrush).
+    Up(RackUpArgs),
+}
+
+/// Arguments of `talboot rack up`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RackUpArgs {
+    /// Pause between two nodes' power-on (`2s`, `500ms`, `0`).
+    #[arg(long, default_value = "2s", value_parser = parse_pause)]
+    pub stagger: Duration,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// `2s`, `500ms`, `1m` or `0`.
+fn parse_pause(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("`{s}` needs a unit: ms, s or m (e.g. 2s)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a pause such as 2s or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("`{s}`: unit must be ms, s or m")),
+    }
+}
+
+/// Every node's driver (or why it has none usable), credentials resolved.
+pub(crate) fn drivers(
+    inv: &Inventory,
+    sources: IdentitySources,
+) -> BTreeMap<String, Result<PowerDriver, String>> {
+    let env = |name: &str| std::env::var(name).ok();
+    let mut resolver = Resolver::new(&env, sources);
+    let mut out = BTreeMap::new();
+    for node in &inv.nodes {
+        let Some(config) = &node.power else { continue };
+        let d = resolver
+            .config(node.name.as_str(), config)
+            .map(PowerDriver::from)
+            .map_err(|e| e.to_string());
+        out.insert(node.name.to_string(), d);
+    }
+    out
+}
+
+/// The drivers `serve`'s provisioner gets: the usable ones; a node whose credentials do
+/// not resolve is logged (naming the variable or file, never a value) and left out.
+pub(crate) fn serve_drivers(
+    inv: &Inventory,
+    age_identity: Option<PathBuf>,
+) -> BTreeMap<String, PowerDriver> {
+    drivers(inv, IdentitySources::from_process_env(age_identity))
+        .into_iter()
+        .filter_map(|(name, d)| match d {
+            Ok(d) => Some((name, d)),
+            Err(e) => {
+                tracing::warn!(node = %name, "power control unavailable: {e}");
+                None
+            }
+        })
+        .collect()
+}
+
+/// How long a rebuild waits for the Talos API before it uses power control instead.
+const API_WAIT: Duration = Duration::from_secs(3);
+
+/// Whether `node rebuild NAME` should use power control: the node has a controller and its
+/// Talos API does not answer (asked before the rebuild, so a node that resets itself is
+/// never power-cycled as well).
+pub(crate) fn rebuild_needs_power(inv: &Inventory, name: &str, apid_port: u16) -> bool {
+    let Some(node) = inv.node(name).filter(|n| n.power.is_some()) else {
+        return false;
+    };
+    let Ok(rt) = runtime() else { return false };
+    let addr = std::net::SocketAddr::new(node.address.value.addr().into(), apid_port);
+    !rt.block_on(crate::power::dispatch::tcp_answers(addr, API_WAIT))
+}
+
+/// The rebuild of a node whose Talos API does not answer: a one-time network boot and a
+/// power cycle send it to talboot, which provisions it again (the rebuild reopened its
+/// window). What was done, or why it failed.
+pub(crate) async fn rebuild_by_power(inv: &Inventory, name: &str) -> Result<String, String> {
+    let config = inv
+        .node(name)
+        .and_then(|n| n.power.as_ref())
+        .ok_or_else(|| format!("node {name} has no power controller"))?;
+    let env = |v: &str| std::env::var(v).ok();
+    let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
+    let driver = PowerDriver::from(r.config(name, config).map_err(|e| e.to_string())?);
+    driver
+        .reboot_into_network()
+        .await
+        .map(|()| {
+            format!(
+                "its Talos API did not answer: set a one-time network boot and power-cycled it through {}",
+                driver.target()
+            )
+        })
+        .map_err(|e| e.to_string())
+}
+
+fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
+    inventory::load(config).map(|l| l.inventory).map_err(|e| {
+        if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
+            for d in diagnostics.sorted() {
+                eprintln!("{d}");
+            }
+        }
+        eprintln!("talboot: {e}");
+        ExitCode::from(EXIT_INVALID)
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("talboot: cannot start the async runtime: {e}");
+            ExitCode::from(EXIT_USAGE)
+        })
+}
+
+/// Whether serve holds the store (then commands go through its admin API).
+fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<store::RedbStore>, ExitCode> {
+    match store::open(state_dir) {
+        Ok(s) => Ok(Some(s)),
+        Err(store::StoreError::Locked { .. }) => Ok(None),
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
+/// The one driver of node `name`, or the message saying why there is none.
+fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver, ExitCode> {
+    let Some(node) = inv.node(name) else {
+        eprintln!(
+            "talboot: node {name:?} is not in {}; `talboot check` lists the node names",
+            common.config.display()
+        );
+        return Err(ExitCode::from(EXIT_INVALID));
+    };
+    let Some(config) = &node.power else {
+        eprintln!(
+            "talboot: node {name} has no power controller; add a `power:` block (kind redfish, ipmi, proxmox or wol) to it or its role"
+        );
+        return Err(ExitCode::from(EXIT_INVALID));
+    };
+    let env = |v: &str| std::env::var(v).ok();
+    let mut r = Resolver::new(
+        &env,
+        IdentitySources::from_process_env(common.age_identity.clone()),
+    );
+    r.config(name, config).map(PowerDriver::from).map_err(|e| {
+        eprintln!("talboot: {e}");
+        ExitCode::from(EXIT_INVALID)
+    })
+}
+
+/// The admin API path of `req` for node `name`.
+fn api_path(name: &str, req: PowerRequest) -> String {
+    match req {
+        PowerRequest::Set(a) => format!("/api/nodes/{name}/power/{}", a.as_str()),
+        PowerRequest::Status => format!("/api/nodes/{name}/power/status"),
+        PowerRequest::Boot(d, BootPersistence::Once) => {
+            format!("/api/nodes/{name}/boot/{}", d.as_str())
+        }
+        PowerRequest::Boot(d, BootPersistence::Persistent) => {
+            format!("/api/nodes/{name}/boot/{}?persistent=true", d.as_str())
+        }
+    }
+}
+
+/// Sends `req` for `name` to serve's admin API; its answer text, or why not.
+async fn through_serve(
+    admin: std::net::SocketAddr,
+    name: &str,
+    req: PowerRequest,
+) -> Result<String, String> {
+    let url = format!("http://{admin}{}", api_path(name, req));
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?
+        .post(&url)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "the state store is in use (is `talboot serve` running?) and {url} did not answer: {e}; pass --admin if serve's --admin-listen is elsewhere"
+            )
+        })?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if status.is_success() {
+        Ok(body.trim_end().to_owned())
+    } else {
+        Err(format!(
+            "talboot serve refused it ({status}): {}",
+            body.trim()
+        ))
+    }
+}
+
+/// One request for one node: standalone, or through serve when it holds the store.
+fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
+    let inv = match load(&common.config) {
+        Ok(i) => i,
+        Err(c) => return c,
+    };
+    let local = match serve_holds_store(&common.state_dir) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    crate::install_crypto_provider();
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(c) => return c,
+    };
+    let result = match local {
+        None => rt.block_on(through_serve(common.admin, name, req)),
+        Some(store) => {
+            let driver = match driver_of(&inv, name, common) {
+                Ok(d) => d,
+                Err(c) => return c,
+            };
+            let r = rt.block_on(driver.run(req));
+            if let Ok(reply) = &r {
+                let _ = store.append_event(
+                    name,
+                    crate::events::EventKind::Power.as_str(),
+                    &reply.to_string(),
+                    now_ms(),
+                );
+            }
+            r.map(|reply| reply.to_string()).map_err(|e| e.to_string())
+        }
+    };
+    match result {
+        Ok(text) => {
+            println!("{name}: {text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot: {name}: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `talboot node power`.
+pub(crate) fn run_power(a: &PowerArgs) -> ExitCode {
+    one(&a.name, a.op.request(), &a.common)
+}
+
+/// `talboot node boot`.
+pub(crate) fn run_boot(a: &BootArgs) -> ExitCode {
+    let device = match a.device {
+        DeviceArg::Network => BootDevice::Network,
+        DeviceArg::Disk => BootDevice::Disk,
+    };
+    let persistence = if a.persistent {
+        BootPersistence::Persistent
+    } else {
+        BootPersistence::Once
+    };
+    one(&a.name, PowerRequest::Boot(device, persistence), &a.common)
+}
+
+/// Whether `rack up` powers a node in `phase` on: never seen, or failed (an operator retry);
+/// a node booting, being configured, installed or rebuilt is already on its way.
+pub(crate) fn needs_power_on(phase: Option<NodePhase>) -> bool {
+    matches!(phase, None | Some(NodePhase::Unknown | NodePhase::Failed))
+}
+
+/// The steps `rack up` takes for one node, in order.
+pub(crate) fn rack_up_steps(driver_can_boot: bool) -> Vec<PowerRequest> {
+    let mut steps = Vec::new();
+    if driver_can_boot {
+        steps.push(PowerRequest::Boot(
+            BootDevice::Network,
+            BootPersistence::Once,
+        ));
+    }
+    steps.push(PowerRequest::Set(PowerAction::On));
+    steps
+}
+
+/// Run `talboot rack`.
+pub fn run_rack(args: &RackArgs) -> ExitCode {
+    match &args.command {
+        RackCommand::Up(a) => rack_up(a),
+    }
+}
+
+fn rack_up(a: &RackUpArgs) -> ExitCode {
+    let inv = match load(&a.common.config) {
+        Ok(i) => i,
+        Err(c) => return c,
+    };
+    let local = match serve_holds_store(&a.common.state_dir) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    crate::install_crypto_provider();
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(c) => return c,
+    };
+    let phases: BTreeMap<String, NodePhase> = match &local {
+        Some(store) => match store.nodes() {
+            Ok(recs) => recs
+                .into_iter()
+                .map(|r| (r.name.clone(), r.phase))
+                .collect(),
+            Err(e) => {
+                eprintln!("talboot: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => match rt.block_on(serve_phases(a.common.admin)) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("talboot: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    // Standalone the drivers are built here; through serve, serve's provisioner holds them
+    // (and the credentials), so only the inventory is consulted.
+    let drivers = match &local {
+        Some(_) => drivers(
+            &inv,
+            IdentitySources::from_process_env(a.common.age_identity.clone()),
+        ),
+        None => BTreeMap::new(),
+    };
+    let mut failed = 0usize;
+    let mut first = true;
+    for node in &inv.nodes {
+        let name = node.name.as_str();
+        let phase = phases.get(name).copied();
+        if !needs_power_on(phase) {
+            println!(
+                "{name}: skipped ({})",
+                phase.map(|p| p.as_str()).unwrap_or("unknown")
+            );
+            continue;
+        }
+        let Some(config) = &node.power else {
+            println!("{name}: skipped (no power controller in the inventory)");
+            continue;
+        };
+        let driver = match (&local, drivers.get(name)) {
+            (Some(_), Some(Err(e))) => {
+                println!("{name}: failed: {e}");
+                failed += 1;
+                continue;
+            }
+            (Some(_), Some(Ok(d))) => Some(d),
+            _ => None,
+        };
+        if !first && !a.stagger.is_zero() {
+            std::thread::sleep(a.stagger);
+        }
+        first = false;
+        let can_boot = !matches!(config, crate::inventory::PowerConfig::Wol(_));
+        for step in rack_up_steps(can_boot) {
+            let r = match (&local, driver) {
+                (Some(store), Some(driver)) => {
+                    let r = rt.block_on(driver.run(step));
+                    if let Ok(reply) = &r {
+                        let _ = store.append_event(
+                            name,
+                            crate::events::EventKind::Power.as_str(),
+                            &reply.to_string(),
+                            now_ms(),
+                        );
+                    }
+                    r.map(|x| x.to_string()).map_err(|e| e.to_string())
+                }
+                _ => rt.block_on(through_serve(a.common.admin, name, step)),
+            };
+            match r {
+                Ok(text) => println!("{name}: {text}"),
+                Err(e) => {
+                    println!("{name}: failed: {e}");
+                    failed += 1;
+                    break;
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("talboot: rack up: {failed} node(s) failed; see above");
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+const ALL_PHASES: [NodePhase; 8] = [
+    NodePhase::Unknown,
+    NodePhase::Booting,
+    NodePhase::Maintenance,
+    NodePhase::Configuring,
+    NodePhase::Installing,
+    NodePhase::Ready,
+    NodePhase::Rebuilding,
+    NodePhase::Failed,
+];
+
+/// Node phases from a running serve's `/api/nodes`.
+async fn serve_phases(admin: std::net::SocketAddr) -> Result<BTreeMap<String, NodePhase>, String> {
+    let url = format!("http://{admin}/api/nodes");
+    let v: serde_json::Value = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("the state store is in use and {url} did not answer: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("{url}: {e}"))
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{url}: {e}")))?;
+    let mut out = BTreeMap::new();
+    for n in v.as_array().into_iter().flatten() {
+        if let (Some(name), Some(phase)) = (n["name"].as_str(), n["phase"].as_str())
+            && let Some(p) = ALL_PHASES.iter().copied().find(|p| p.as_str() == phase)
+        {
+            out.insert(name.to_owned(), p);
+        }
+    }
+    Ok(out)
+}
+
+/// `check --probe`: reach every configured controller and say what answered.
+pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> usize {
+    crate::install_crypto_provider();
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(_) => return 1,
+    };
+    let drivers = drivers(inv, IdentitySources::from_process_env(age_identity));
+    if drivers.is_empty() {
+        println!("probe: no node has a power controller");
+        return 0;
+    }
+    let mut failed = 0;
+    for (name, d) in &drivers {
+        match d {
+            Err(e) => {
+                println!("probe {name}: not probed: {e}");
+                failed += 1;
+            }
+            Ok(d) => match rt.block_on(d.probe()) {
+                Ok(crate::power::ProbeAnswer::Answered(state)) => println!(
+                    "probe {name}: {} {} answered: power {}",
+                    d.kind(),
+                    d.target(),
+                    state.as_str()
+                ),
+                Ok(crate::power::ProbeAnswer::SendOnly) => println!(
+                    "probe {name}: {} {}: send-only (nothing to ask)",
+                    d.kind(),
+                    d.target()
+                ),
+                Err(e) => {
+                    println!("probe {name}: {} did not answer: {e}", d.kind());
+                    failed += 1;
+                }
+            },
+        }
+    }
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rack_up_takes_only_nodes_not_provisioned() {
+        assert!(needs_power_on(None));
+        assert!(needs_power_on(Some(NodePhase::Unknown)));
+        assert!(needs_power_on(Some(NodePhase::Failed)));
+        for p in [
+            NodePhase::Booting,
+            NodePhase::Maintenance,
+            NodePhase::Configuring,
+            NodePhase::Installing,
+            NodePhase::Ready,
+            NodePhase::Rebuilding,
+        ] {
+            assert!(!needs_power_on(Some(p)), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn rack_up_sets_a_one_time_network_boot_before_power_on() {
+        assert_eq!(
+            rack_up_steps(true),
+            [
+                PowerRequest::Boot(BootDevice::Network, BootPersistence::Once),
+                PowerRequest::Set(PowerAction::On)
+            ]
+        );
+        assert_eq!(rack_up_steps(false), [PowerRequest::Set(PowerAction::On)]);
+    }
+
+    #[test]
+    fn pauses_parse() {
+        assert_eq!(parse_pause("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_pause("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_pause("0"), Ok(Duration::ZERO));
+        assert!(parse_pause("2").is_err());
+        assert!(parse_pause("2h").is_err());
+    }
+
+    #[test]
+    fn api_paths() {
+        assert_eq!(
+            api_path("n1", PowerRequest::Set(PowerAction::Cycle)),
+            "/api/nodes/n1/power/cycle"
+        );
+        assert_eq!(
+            api_path(
+                "n1",
+                PowerRequest::Boot(BootDevice::Disk, BootPersistence::Persistent)
+            ),
+            "/api/nodes/n1/boot/disk?persistent=true"
+        );
+    }
+}

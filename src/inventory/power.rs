@@ -1,0 +1,899 @@
+//! The inventory's `power:` block: how talboot reaches a machine's power and boot-device
+//! control (Redfish, IPMI 2.0 LAN, Proxmox VE, Wake-on-LAN, or none).
+//!
+//! A role may carry a default block and a node its own; the node's fields override the role
+//! chain's field by field (root role first), and a layer naming another `kind` starts afresh,
+//! so a rack-wide `{kind: ipmi, user: admin, passwordEnv: BMC_PASS}` on a role and
+//! `{host: 10.0.50.11}` on each node make one IPMI target per node.
+//!
+//! Credentials are never written in the inventory: a field holds the *name* of where the
+//! secret is (`passwordEnv: BMC_PASS`, or `passwordKey: rack1` in the age- or SOPS-encrypted
+//! `credentialsFile`). A clear-text `password:` is an error that says how to move it, and the
+//! error never repeats the value. Resolving a [`SecretRef`] into a
+//! [`crate::power::Credential`] happens only when a driver is built
+//! ([`crate::power::credentials`]), so `talboot check` needs neither the environment nor an
+//! age identity.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use super::diag::{Diagnostics, Loc, did_you_mean};
+use super::model::{Mac, Node, ResolvedRole};
+use super::read;
+use super::yaml::{Node as Y, Value, join};
+use crate::power::Credential;
+
+/// Where a secret is kept; never the secret itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretRef {
+    /// In this environment variable of the talboot process.
+    Env(String),
+    /// Under `key` in the age- or SOPS-encrypted YAML mapping `file` (resolved against the
+    /// inventory's folder).
+    File {
+        /// The encrypted credentials file.
+        file: PathBuf,
+        /// The key of the secret in that file's mapping.
+        key: String,
+    },
+}
+
+impl std::fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Env(v) => write!(f, "environment variable {v}"),
+            Self::File { file, key } => write!(f, "key `{key}` of {}", file.display()),
+        }
+    }
+}
+
+/// A Redfish BMC. `P` is [`SecretRef`] in the inventory and [`Credential`] once resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedfishTarget<P = Credential> {
+    /// Service root, e.g. `https://10.0.50.11` (the driver appends `/redfish/v1`).
+    pub endpoint: String,
+    /// `Systems/<id>` member; discovered (the only member) when absent.
+    pub system_id: Option<String>,
+    /// Verify the BMC's TLS certificate (on unless the inventory turns it off).
+    pub verify_tls: bool,
+    /// CA bundle (PEM) the BMC's certificate chains to, instead of the system roots.
+    pub ca: Option<PathBuf>,
+    /// BMC user.
+    pub user: String,
+    /// BMC password.
+    pub password: P,
+}
+
+/// An IPMI 2.0 BMC reached over LAN (RMCP+).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpmiTarget<P = Credential> {
+    /// BMC address or name.
+    pub host: String,
+    /// UDP port (623 by default, RMCP's well-known port).
+    pub port: u16,
+    /// BMC user.
+    pub user: String,
+    /// BMC password.
+    pub password: P,
+}
+
+/// A Proxmox VE virtual machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxmoxTarget<P = Credential> {
+    /// API base, e.g. `https://pve.lab:8006/api2/json`.
+    pub api_url: String,
+    /// Proxmox cluster node the VM lives on.
+    pub node: String,
+    /// VM id.
+    pub vmid: u32,
+    /// API token id, `user@realm!tokenname`.
+    pub token_id: String,
+    /// API token secret.
+    pub token_secret: P,
+    /// Verify the API's TLS certificate.
+    pub verify_tls: bool,
+    /// CA bundle (PEM) for the API's certificate.
+    pub ca: Option<PathBuf>,
+}
+
+/// Wake-on-LAN: a magic packet to a broadcast address. Send-only: no state, no boot device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WolTarget {
+    /// The NIC to wake (the node's first boot MAC unless written).
+    pub mac: Mac,
+    /// Where the packet goes (the node's subnet broadcast unless written).
+    pub broadcast: Ipv4Addr,
+    /// UDP port (9, "discard", by default).
+    pub port: u16,
+}
+
+/// A node's power controller. `P` is [`SecretRef`] as loaded, [`Credential`] once resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PowerConfig<P = SecretRef> {
+    /// Redfish BMC.
+    Redfish(RedfishTarget<P>),
+    /// IPMI 2.0 LAN BMC.
+    Ipmi(IpmiTarget<P>),
+    /// Proxmox VE VM.
+    Proxmox(ProxmoxTarget<P>),
+    /// Wake-on-LAN.
+    Wol(WolTarget),
+}
+
+impl<P> PowerConfig<P> {
+    /// The inventory spelling of the kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Redfish(_) => "redfish",
+            Self::Ipmi(_) => "ipmi",
+            Self::Proxmox(_) => "proxmox",
+            Self::Wol(_) => "wol",
+        }
+    }
+
+    /// The controller's address for messages (never a credential).
+    pub fn target(&self) -> String {
+        match self {
+            Self::Redfish(t) => t.endpoint.clone(),
+            Self::Ipmi(t) => format!("ipmi://{}:{}", t.host, t.port),
+            Self::Proxmox(t) => format!("{} vm {}/{}", t.api_url, t.node, t.vmid),
+            Self::Wol(t) => format!("wol {} via {}:{}", t.mac, t.broadcast, t.port),
+        }
+    }
+
+    /// The same controller with every secret mapped by `f` (how references become
+    /// credentials).
+    pub fn try_map_secrets<Q, E>(
+        self,
+        mut f: impl FnMut(P) -> Result<Q, E>,
+    ) -> Result<PowerConfig<Q>, E> {
+        Ok(match self {
+            Self::Redfish(t) => PowerConfig::Redfish(RedfishTarget {
+                endpoint: t.endpoint,
+                system_id: t.system_id,
+                verify_tls: t.verify_tls,
+                ca: t.ca,
+                user: t.user,
+                password: f(t.password)?,
+            }),
+            Self::Ipmi(t) => PowerConfig::Ipmi(IpmiTarget {
+                host: t.host,
+                port: t.port,
+                user: t.user,
+                password: f(t.password)?,
+            }),
+            Self::Proxmox(t) => PowerConfig::Proxmox(ProxmoxTarget {
+                api_url: t.api_url,
+                node: t.node,
+                vmid: t.vmid,
+                token_id: t.token_id,
+                token_secret: f(t.token_secret)?,
+                verify_tls: t.verify_tls,
+                ca: t.ca,
+            }),
+            Self::Wol(t) => PowerConfig::Wol(t),
+        })
+    }
+}
+
+/// The kinds a `power:` block accepts.
+const KINDS: &[&str] = &["redfish", "ipmi", "proxmox", "wol", "none"];
+
+/// One `power:` block as written (on a role or a node), kept as its fields so a node's block
+/// can be laid over its role's before the fields are read.
+#[derive(Debug, Clone)]
+pub(crate) struct PowerBlock {
+    loc: Loc,
+    path: String,
+    fields: Vec<(String, Loc, Y)>,
+}
+
+impl PowerBlock {
+    /// Keep the block at `path`; a block that is not a mapping is reported here.
+    pub(crate) fn read(n: &Y, path: &str, d: &mut Diagnostics) -> Option<Self> {
+        match &n.value {
+            Value::Map(entries) => Some(Self {
+                loc: n.loc.clone(),
+                path: path.to_owned(),
+                fields: entries
+                    .iter()
+                    .map(|(k, v)| (k.name.clone(), k.loc.clone(), v.clone()))
+                    .collect(),
+            }),
+            Value::Str(s) if s == "none" => Some(Self {
+                loc: n.loc.clone(),
+                path: path.to_owned(),
+                fields: vec![("kind".into(), n.loc.clone(), n.clone())],
+            }),
+            _ => {
+                d.error_hint(
+                    &n.loc,
+                    path,
+                    format!("expected a mapping, found {}", n.kind()),
+                    "e.g. power: {kind: ipmi, host: 10.0.50.11, user: admin, passwordEnv: BMC_PASS}",
+                );
+                None
+            }
+        }
+    }
+
+    fn kind(&self) -> Option<String> {
+        self.fields
+            .iter()
+            .find(|(k, _, _)| k == "kind")
+            .and_then(|(_, _, v)| v.scalar_text())
+    }
+}
+
+/// A field of the merged block: its value and the path it was written at.
+struct Field {
+    path: String,
+    loc: Loc,
+    value: Y,
+}
+
+/// The fields each kind reads (secret references included).
+fn fields_of(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "redfish" => &[
+            "kind",
+            "endpoint",
+            "systemId",
+            "verifyTls",
+            "ca",
+            "user",
+            "passwordEnv",
+            "passwordKey",
+            "credentialsFile",
+        ],
+        "ipmi" => &[
+            "kind",
+            "host",
+            "port",
+            "user",
+            "passwordEnv",
+            "passwordKey",
+            "credentialsFile",
+        ],
+        "proxmox" => &[
+            "kind",
+            "apiUrl",
+            "node",
+            "vmid",
+            "tokenId",
+            "tokenSecretEnv",
+            "tokenSecretKey",
+            "credentialsFile",
+            "verifyTls",
+            "ca",
+        ],
+        "wol" => &["kind", "mac", "broadcast", "port"],
+        _ => &["kind"],
+    }
+}
+
+/// Fields that would hold a secret in clear: refused, with the way to move it.
+const CLEAR_SECRETS: &[(&str, &str)] = &[
+    ("password", "password"),
+    ("pass", "password"),
+    ("tokenSecret", "tokenSecret"),
+    ("token", "tokenSecret"),
+    ("secret", "password"),
+];
+
+/// The merged fields of a node's blocks, role chain first.
+struct Merged<'a> {
+    fields: BTreeMap<String, Field>,
+    /// Where the node's own block is, else the node's (for missing fields).
+    loc: &'a Loc,
+    path: String,
+}
+
+impl Merged<'_> {
+    fn take(&mut self, key: &str) -> Option<Field> {
+        self.fields
+            .remove(key)
+            .filter(|f| f.value.value != Value::Null)
+    }
+
+    fn string(&mut self, key: &str, d: &mut Diagnostics) -> Option<(String, Loc)> {
+        let f = self.take(key)?;
+        let s = read::string(&f.value, &f.path, d)?;
+        if s.trim().is_empty() {
+            d.error(&f.loc, &f.path, "must not be empty");
+            return None;
+        }
+        Some((s.trim().to_owned(), f.loc))
+    }
+
+    fn required(&mut self, key: &str, hint: &str, d: &mut Diagnostics) -> Option<String> {
+        match self.string(key, d) {
+            Some((s, _)) => Some(s),
+            None if self.fields.contains_key(key) => None,
+            None => {
+                read::missing(d, self.loc, &self.path, key, hint);
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, key: &str, default: bool, d: &mut Diagnostics) -> Option<bool> {
+        match self.take(key) {
+            Some(f) => read::boolean(&f.value, &f.path, d),
+            None => Some(default),
+        }
+    }
+
+    fn port(&mut self, default: u16, d: &mut Diagnostics) -> Option<u16> {
+        let Some(f) = self.take("port") else {
+            return Some(default);
+        };
+        read::parsed(&f.value, &f.path, d, "a port", "623", |s| {
+            s.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or("expected a number from 1 to 65535")
+        })
+        .map(|p| p.value)
+    }
+
+    fn path(&mut self, key: &str, base: &Path, d: &mut Diagnostics) -> Option<PathBuf> {
+        self.string(key, d).map(|(s, _)| base.join(s))
+    }
+
+    fn url(&mut self, key: &str, example: &str, d: &mut Diagnostics) -> Option<String> {
+        let f = match self.take(key) {
+            Some(f) => f,
+            None => {
+                read::missing(
+                    d,
+                    self.loc,
+                    &self.path,
+                    key,
+                    &format!("e.g. {key}: {example}"),
+                );
+                return None;
+            }
+        };
+        read::parsed(
+            &f.value,
+            &f.path,
+            d,
+            "an https:// or http:// URL",
+            example,
+            |s| {
+                let rest = s
+                    .strip_prefix("https://")
+                    .or_else(|| s.strip_prefix("http://"))
+                    .ok_or("must start with https:// (or http:// for a lab)")?;
+                if rest.is_empty() || rest.starts_with('/') {
+                    return Err("has no host");
+                }
+                if rest.contains('@') {
+                    return Err("must not carry credentials; use the user and secret fields");
+                }
+                Ok(s.trim_end_matches('/').to_owned())
+            },
+        )
+        .map(|s| s.value)
+    }
+
+    /// The reference for secret `field` (`<field>Env` or `<field>Key` + `credentialsFile`).
+    fn secret(
+        &mut self,
+        field: &str,
+        credentials_file: Option<&(PathBuf, Loc, String)>,
+        d: &mut Diagnostics,
+    ) -> Option<SecretRef> {
+        let env_key = format!("{field}Env");
+        let file_key = format!("{field}Key");
+        let env = self.string(&env_key, d);
+        let key = self.string(&file_key, d);
+        match (env, key) {
+            (Some((_, loc)), Some(_)) => {
+                d.error_hint(
+                    &loc,
+                    join(&self.path, &env_key),
+                    format!("both {env_key} and {file_key} are set"),
+                    format!(
+                        "keep one: {env_key} names an environment variable, {file_key} a key of credentialsFile"
+                    ),
+                );
+                None
+            }
+            (Some((var, loc)), None) => {
+                let valid = var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    && !var.as_bytes()[0].is_ascii_digit();
+                if !valid {
+                    d.error_hint(
+                        &loc,
+                        join(&self.path, &env_key),
+                        "is not an environment variable name",
+                        format!("write the variable's name, e.g. {env_key}: BMC_PASS"),
+                    );
+                    return None;
+                }
+                Some(SecretRef::Env(var))
+            }
+            (None, Some((key, loc))) => match credentials_file {
+                Some((file, _, _)) => Some(SecretRef::File {
+                    file: file.clone(),
+                    key,
+                }),
+                None => {
+                    d.error_hint(
+                        &loc,
+                        join(&self.path, &file_key),
+                        format!("{file_key} needs credentialsFile"),
+                        "add credentialsFile: power.sops.yaml (an age- or SOPS-encrypted YAML mapping of key to secret), here or on the role",
+                    );
+                    None
+                }
+            },
+            (None, None) => {
+                d.error_hint(
+                    self.loc,
+                    join(&self.path, &env_key),
+                    format!("no {field}: the secret is missing"),
+                    format!(
+                        "set {env_key}: VAR (an environment variable of talboot), or {file_key}: NAME with credentialsFile: FILE (age- or SOPS-encrypted)"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// Every field left is unknown for `kind`.
+    fn finish(self, kind: &str, d: &mut Diagnostics) {
+        let known = fields_of(kind);
+        for (name, f) in self.fields {
+            if let Some((_, secret)) = CLEAR_SECRETS.iter().find(|(k, _)| *k == name) {
+                // Never quote the value: it is a secret.
+                d.error_hint(
+                    &f.loc,
+                    &f.path,
+                    "a clear-text secret in the inventory is refused (the value is not shown)",
+                    format!(
+                        "remove it, rotate it if the file was shared, and use {secret}Env: VAR (an environment variable) or {secret}Key: NAME with credentialsFile: FILE (an age- or SOPS-encrypted YAML mapping)"
+                    ),
+                );
+                continue;
+            }
+            if known.contains(&name.as_str()) {
+                continue;
+            }
+            let hint = match did_you_mean(&name, known) {
+                Some(s) => format!(
+                    "did you mean `{s}`? a {kind} power block has: {}",
+                    known.join(", ")
+                ),
+                None => format!("a {kind} power block has: {}", known.join(", ")),
+            };
+            d.error_hint(&f.loc, &f.path, format!("unknown field `{name}`"), hint);
+        }
+    }
+}
+
+/// Lay the blocks over each other (role chain root first, the node's last): a layer that names
+/// another kind drops what came before it.
+fn merge(layers: &[&PowerBlock]) -> BTreeMap<String, Field> {
+    let mut out: BTreeMap<String, Field> = BTreeMap::new();
+    let mut kind: Option<String> = None;
+    for layer in layers {
+        if let Some(k) = layer.kind()
+            && kind.as_deref().is_some_and(|old| old != k)
+        {
+            out.clear();
+        }
+        if let Some(k) = layer.kind() {
+            kind = Some(k);
+        }
+        for (name, loc, value) in &layer.fields {
+            out.insert(
+                name.clone(),
+                Field {
+                    path: join(&layer.path, name),
+                    loc: loc.clone(),
+                    value: value.clone(),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Resolve every node's `power:` (its own block over its role chain's) into
+/// [`Node::power`]. Reports each problem at the field that has it.
+pub(crate) fn resolve(
+    nodes: &mut [Node],
+    node_blocks: &BTreeMap<String, PowerBlock>,
+    role_blocks: &BTreeMap<String, PowerBlock>,
+    roles: &BTreeMap<String, ResolvedRole>,
+    base: &Path,
+    d: &mut Diagnostics,
+) {
+    for node in nodes {
+        let mut layers: Vec<&PowerBlock> = Vec::new();
+        if let Some(role) = roles.get(node.role.as_str()) {
+            layers.extend(role.chain.iter().filter_map(|r| role_blocks.get(r)));
+        }
+        let own = node_blocks.get(node.name.as_str());
+        layers.extend(own);
+        if layers.is_empty() {
+            continue;
+        }
+        let (loc, path) = match own {
+            Some(b) => (&b.loc, b.path.clone()),
+            None => (&node.name.loc, format!("node {}.power", node.name.as_str())),
+        };
+        let merged = Merged {
+            fields: merge(&layers),
+            loc,
+            path,
+        };
+        node.power = config(merged, node, base, d);
+    }
+}
+
+fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> Option<PowerConfig> {
+    let kind = match m.take("kind") {
+        Some(f) => {
+            let s = read::string(&f.value, &f.path, d)?;
+            if !KINDS.contains(&s.as_str()) {
+                let hint = match did_you_mean(&s, KINDS) {
+                    Some(w) => format!("did you mean `{w}`? valid kinds: {}", KINDS.join(", ")),
+                    None => format!("valid kinds: {}", KINDS.join(", ")),
+                };
+                d.error_hint(&f.loc, &f.path, format!("`{s}` is not a power kind"), hint);
+                return None;
+            }
+            s
+        }
+        None => {
+            read::missing(
+                d,
+                m.loc,
+                &m.path,
+                "kind",
+                "one of redfish, ipmi, proxmox, wol, none",
+            );
+            m.finish("", d);
+            return None;
+        }
+    };
+    let creds_file = m
+        .take("credentialsFile")
+        .and_then(|f| read::string(&f.value, &f.path, d).map(|s| (base.join(s), f.loc, f.path)));
+    let needs_file = matches!(kind.as_str(), "redfish" | "ipmi" | "proxmox");
+    if !needs_file && let Some((_, loc, path)) = &creds_file {
+        d.error(
+            loc,
+            path,
+            format!("a {kind} power block has no secret to read"),
+        );
+    }
+    let out = match kind.as_str() {
+        "redfish" => {
+            let endpoint = m.url("endpoint", "https://10.0.50.11", d);
+            let system_id = m.string("systemId", d).map(|(s, _)| s);
+            let verify_tls = m.boolean("verifyTls", true, d);
+            let ca = m.path("ca", base, d);
+            let user = m.required("user", "the BMC user, e.g. user: admin", d);
+            let password = m.secret("password", creds_file.as_ref(), d);
+            Some(PowerConfig::Redfish(RedfishTarget {
+                endpoint: endpoint?,
+                system_id,
+                verify_tls: verify_tls?,
+                ca,
+                user: user?,
+                password: password?,
+            }))
+        }
+        "ipmi" => {
+            let host = m.required("host", "the BMC's address, e.g. host: 10.0.50.11", d);
+            let port = m.port(623, d);
+            let user = m.required("user", "the BMC user, e.g. user: admin", d);
+            let password = m.secret("password", creds_file.as_ref(), d);
+            Some(PowerConfig::Ipmi(IpmiTarget {
+                host: host?,
+                port: port?,
+                user: user?,
+                password: password?,
+            }))
+        }
+        "proxmox" => {
+            let api_url = m.url("apiUrl", "https://pve.lab:8006/api2/json", d);
+            let pve_node = m.required("node", "the Proxmox node the VM is on, e.g. node: pve", d);
+            let vmid = match m.take("vmid") {
+                Some(f) => read::parsed(&f.value, &f.path, d, "a VM id", "101", |s| {
+                    s.parse::<u32>()
+                        .ok()
+                        .filter(|v| (100..=999_999_999).contains(v))
+                        .ok_or("Proxmox VM ids are 100 to 999999999")
+                })
+                .map(|v| v.value),
+                None => {
+                    read::missing(d, m.loc, &m.path, "vmid", "the VM id, e.g. vmid: 101");
+                    None
+                }
+            };
+            let token_id = m.required(
+                "tokenId",
+                "the API token id, e.g. tokenId: talboot@pve!power",
+                d,
+            );
+            let token_secret = m.secret("tokenSecret", creds_file.as_ref(), d);
+            let verify_tls = m.boolean("verifyTls", true, d);
+            let ca = m.path("ca", base, d);
+            Some(PowerConfig::Proxmox(ProxmoxTarget {
+                api_url: api_url?,
+                node: pve_node?,
+                vmid: vmid?,
+                token_id: token_id?,
+                token_secret: token_secret?,
+                verify_tls: verify_tls?,
+                ca,
+            }))
+        }
+        "wol" => {
+            let mac = match m.take("mac") {
+                Some(f) => read::mac(&f.value, &f.path, d).map(|m| m.value),
+                None => node.macs.first().map(|m| m.value),
+            };
+            let broadcast = match m.take("broadcast") {
+                Some(f) => read::parsed(
+                    &f.value,
+                    &f.path,
+                    d,
+                    "an IPv4 broadcast address",
+                    "10.0.40.255",
+                    |s| s.parse::<Ipv4Addr>(),
+                )
+                .map(|b| b.value),
+                None => Some(node.address.value.broadcast()),
+            };
+            let port = m.port(9, d);
+            Some(PowerConfig::Wol(WolTarget {
+                mac: mac?,
+                broadcast: broadcast?,
+                port: port?,
+            }))
+        }
+        _ => None,
+    };
+    m.finish(&kind, d);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::inventory::{LoadError, Loaded, load_with_env};
+
+    const HEAD: &str = "\
+cluster:
+  name: t
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://10.0.40.11:6443
+network:
+  interfaces: [eth0]
+  subnet: 10.0.40.0/24
+roles:
+  rack:
+    extends: worker
+    power: {kind: ipmi, user: admin, passwordEnv: BMC_PASS}
+nodes:
+  - name: cp-1
+    mac: aa:00:00:00:00:01
+    role: controlplane
+    address: 10.0.40.11/24
+    installDisk: /dev/sda
+";
+
+    fn load(nodes: &str) -> (tempfile::TempDir, Result<Loaded, LoadError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("talboot.yaml");
+        std::fs::write(&p, format!("{HEAD}{nodes}")).unwrap();
+        let r = load_with_env(&p, &BTreeMap::new());
+        (dir, r)
+    }
+
+    fn errors(nodes: &str) -> Vec<String> {
+        match load(nodes).1 {
+            Ok(_) => panic!("loaded"),
+            Err(LoadError::Invalid { diagnostics, .. }) => {
+                diagnostics.sorted().iter().map(|d| d.to_string()).collect()
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_node_inherits_its_roles_block_and_overrides_fields() {
+        let (_d, r) = load(
+            "  - name: wk-1
+    mac: aa:00:00:00:00:04
+    role: rack
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {host: 10.0.50.21}
+  - name: wk-2
+    mac: aa:00:00:00:00:05
+    macs: [aa:00:00:00:00:06]
+    role: rack
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+    power: {kind: wol}
+  - name: wk-3
+    mac: aa:00:00:00:00:07
+    role: rack
+    address: 10.0.40.23/24
+    installDisk: /dev/sda
+    power: none
+",
+        );
+        let inv = r.unwrap().inventory;
+        assert_eq!(inv.node("cp-1").unwrap().power, None);
+        assert_eq!(
+            inv.node("wk-1").unwrap().power,
+            Some(PowerConfig::Ipmi(IpmiTarget {
+                host: "10.0.50.21".into(),
+                port: 623,
+                user: "admin".into(),
+                password: SecretRef::Env("BMC_PASS".into()),
+            }))
+        );
+        // Another kind on the node starts afresh: the role's user and password are dropped.
+        assert_eq!(
+            inv.node("wk-2").unwrap().power,
+            Some(PowerConfig::Wol(WolTarget {
+                mac: "aa:00:00:00:00:05".parse().unwrap(),
+                broadcast: "10.0.40.255".parse().unwrap(),
+                port: 9,
+            }))
+        );
+        assert_eq!(inv.node("wk-3").unwrap().power, None);
+    }
+
+    #[test]
+    fn all_four_kinds_read_their_fields() {
+        let (dir, r) = load(
+            "  - name: rf
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power:
+      kind: redfish
+      endpoint: https://10.0.50.21/
+      ca: bmc-ca.pem
+      user: root
+      passwordKey: rf
+      credentialsFile: power.sops.yaml
+  - name: pve
+    mac: aa:00:00:00:00:05
+    role: worker
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+    power:
+      kind: proxmox
+      apiUrl: https://pve.lab:8006/api2/json
+      node: pve
+      vmid: 101
+      tokenId: talboot@pve!power
+      tokenSecretEnv: PVE_TOKEN
+      verifyTls: false
+  - name: wol
+    mac: aa:00:00:00:00:06
+    role: worker
+    address: 10.0.40.23/24
+    installDisk: /dev/sda
+    power: {kind: wol, mac: aa:00:00:00:00:99, broadcast: 255.255.255.255, port: 7}
+",
+        );
+        let inv = r.unwrap().inventory;
+        assert_eq!(
+            inv.node("rf").unwrap().power,
+            Some(PowerConfig::Redfish(RedfishTarget {
+                endpoint: "https://10.0.50.21".into(),
+                system_id: None,
+                verify_tls: true,
+                ca: Some(dir.path().join("bmc-ca.pem")),
+                user: "root".into(),
+                password: SecretRef::File {
+                    file: dir.path().join("power.sops.yaml"),
+                    key: "rf".into()
+                },
+            }))
+        );
+        assert_eq!(
+            inv.node("pve").unwrap().power,
+            Some(PowerConfig::Proxmox(ProxmoxTarget {
+                api_url: "https://pve.lab:8006/api2/json".into(),
+                node: "pve".into(),
+                vmid: 101,
+                token_id: "talboot@pve!power".into(),
+                token_secret: SecretRef::Env("PVE_TOKEN".into()),
+                verify_tls: false,
+                ca: None,
+            }))
+        );
+        assert_eq!(
+            inv.node("wol").unwrap().power,
+            Some(PowerConfig::Wol(WolTarget {
+                mac: "aa:00:00:00:00:99".parse().unwrap(),
+                broadcast: Ipv4Addr::BROADCAST,
+                port: 7,
+            }))
+        );
+    }
+
+    #[test]
+    fn a_clear_text_password_is_refused_without_repeating_it() {
+        let e = errors(
+            "  - name: wk-1
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {kind: ipmi, host: 10.0.50.21, user: admin, password: hunter2-in-clear, passwordEnv: BMC_PASS}
+",
+        );
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(
+            e[0].contains("talboot.yaml:24:")
+                && e[0].contains("nodes[1].power.password")
+                && e[0].contains("clear-text")
+                && e[0].contains("passwordEnv")
+                && e[0].contains("credentialsFile"),
+            "{}",
+            e[0]
+        );
+        assert!(!e[0].contains("hunter2"), "{}", e[0]);
+    }
+
+    #[test]
+    fn problems_name_the_field_and_the_fix() {
+        let e = errors(
+            "  - name: wk-1
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {kind: ipmy}
+  - name: wk-2
+    mac: aa:00:00:00:00:05
+    role: rack
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+  - name: wk-3
+    mac: aa:00:00:00:00:06
+    role: worker
+    address: 10.0.40.23/24
+    installDisk: /dev/sda
+    power: {kind: ipmi, host: h, user: u, passwordKey: k, port: 70000}
+  - name: wk-4
+    mac: aa:00:00:00:00:07
+    role: worker
+    address: 10.0.40.24/24
+    installDisk: /dev/sda
+    power: {kind: wol, host: h}
+",
+        )
+        .join("\n");
+        for want in [
+            "nodes[1].power.kind: `ipmy` is not a power kind\n  hint: did you mean `ipmi`?",
+            "node wk-2.power.host: required field `host` is missing",
+            "nodes[3].power.passwordKey: passwordKey needs credentialsFile",
+            "nodes[3].power.port: `70000` is not a port",
+            "nodes[4].power.host: unknown field `host`",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+    }
+}

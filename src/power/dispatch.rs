@@ -1,0 +1,279 @@
+//! The driver for one node's power controller, chosen by its inventory `power:` kind: one
+//! enum, one `match` per operation, no trait objects (the drivers are few and known).
+//!
+//! The inventory's resolved targets are mapped onto each driver's own config here, so the
+//! drivers stay independent of the inventory model. A driver is built per request: building
+//! is cheap (one HTTP client), and a BMC whose certificate or address changed is picked up
+//! without a restart.
+
+use crate::inventory::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget};
+
+use super::{
+    BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState, ipmi,
+    proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},
+    redfish::{Redfish, RedfishConfig},
+    wol,
+};
+
+/// A node's power driver with its credentials resolved.
+#[derive(Debug, Clone)]
+pub enum PowerDriver {
+    /// Redfish BMC.
+    Redfish(RedfishTarget),
+    /// IPMI 2.0 LAN BMC.
+    Ipmi(IpmiTarget),
+    /// Proxmox VE VM.
+    Proxmox(ProxmoxTarget),
+    /// Wake-on-LAN (send-only).
+    Wol(WolTarget),
+}
+
+impl From<PowerConfig<Credential>> for PowerDriver {
+    fn from(c: PowerConfig<Credential>) -> Self {
+        match c {
+            PowerConfig::Redfish(t) => Self::Redfish(t),
+            PowerConfig::Ipmi(t) => Self::Ipmi(t),
+            PowerConfig::Proxmox(t) => Self::Proxmox(t),
+            PowerConfig::Wol(t) => Self::Wol(t),
+        }
+    }
+}
+
+/// What `check --probe` learnt from a controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// The controller answered and reported this power state.
+    Answered(PowerState),
+    /// The protocol has no answer (Wake-on-LAN): nothing was sent.
+    SendOnly,
+}
+
+impl PowerDriver {
+    /// The inventory spelling of the kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Redfish(_) => "redfish",
+            Self::Ipmi(_) => "ipmi",
+            Self::Proxmox(_) => "proxmox",
+            Self::Wol(_) => "wol",
+        }
+    }
+
+    /// The controller's address, for messages.
+    pub fn target(&self) -> String {
+        match self {
+            Self::Redfish(t) => t.endpoint.clone(),
+            Self::Ipmi(t) => ipmi::describe(t),
+            Self::Proxmox(t) => format!("{} vm {}/{}", t.api_url, t.node, t.vmid),
+            Self::Wol(t) => wol::describe(t),
+        }
+    }
+
+    /// Power on, off or cycle.
+    pub async fn set_power(&self, action: PowerAction) -> Result<(), PowerError> {
+        match self {
+            Self::Redfish(t) => redfish(t)?.set_power(action).await,
+            Self::Proxmox(t) => proxmox(t)?.set_power(action).await,
+            Self::Ipmi(t) => ipmi::set_power(t, action).await,
+            Self::Wol(t) => match action {
+                // A machine woken while on ignores the packet; one that is off starts, which
+                // is all a cycle can do without a way to turn it off.
+                PowerAction::On | PowerAction::Cycle => wol::wake(t).await,
+                PowerAction::Off => Err(PowerError::Unsupported {
+                    target: wol::describe(t),
+                    what: "power off".into(),
+                }),
+            },
+        }
+    }
+
+    /// The current power state (`Unknown` for Wake-on-LAN).
+    pub async fn power_state(&self) -> Result<PowerState, PowerError> {
+        match self {
+            Self::Redfish(t) => redfish(t)?.power_state().await,
+            Self::Proxmox(t) => proxmox(t)?.power_state().await,
+            Self::Ipmi(t) => ipmi::power_state(t).await,
+            Self::Wol(_) => Ok(PowerState::Unknown),
+        }
+    }
+
+    /// The next boot's device (once or persistently).
+    pub async fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> Result<(), PowerError> {
+        match self {
+            Self::Redfish(t) => redfish(t)?.set_boot_device(device, persistence).await,
+            Self::Proxmox(t) => proxmox(t)?.set_boot_device(device, persistence).await,
+            Self::Ipmi(t) => ipmi::set_boot_device(t, device, persistence).await,
+            Self::Wol(t) => Err(PowerError::Unsupported {
+                target: wol::describe(t),
+                what: "choosing the boot device".into(),
+            }),
+        }
+    }
+
+    /// Whether the driver can choose the boot device (flows skip that step otherwise).
+    pub fn can_set_boot_device(&self) -> bool {
+        !matches!(self, Self::Wol(_))
+    }
+
+    /// Reach the controller without changing anything: its power state, or `SendOnly`.
+    pub async fn probe(&self) -> Result<ProbeAnswer, PowerError> {
+        match self {
+            Self::Wol(_) => Ok(ProbeAnswer::SendOnly),
+            _ => self.power_state().await.map(ProbeAnswer::Answered),
+        }
+    }
+}
+
+/// Reads a controller's CA bundle; the error names the file, never a credential.
+fn read_ca(path: Option<&std::path::Path>, target: &str) -> Result<Option<Vec<u8>>, PowerError> {
+    path.map(|p| {
+        std::fs::read(p).map_err(|e| PowerError::Unreachable {
+            target: target.to_string(),
+            reason: format!(
+                "cannot read the CA bundle {}: {e} (fix `power.ca` in the inventory)",
+                p.display()
+            ),
+        })
+    })
+    .transpose()
+}
+
+fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
+    let mut cfg = RedfishConfig::new(t.endpoint.clone(), t.user.clone(), t.password.clone());
+    cfg.system_id = t.system_id.clone();
+    cfg.verify_tls = t.verify_tls;
+    cfg.ca_pem = read_ca(t.ca.as_deref(), &t.endpoint)?;
+    Redfish::new(cfg)
+}
+
+/// The inventory documents the API base with or without Proxmox's `/api2/json` suffix; the
+/// client adds it itself.
+fn proxmox_base(api_url: &str) -> &str {
+    let trimmed = api_url.trim_end_matches('/');
+    trimmed.strip_suffix("/api2/json").unwrap_or(trimmed)
+}
+
+fn proxmox(t: &ProxmoxTarget) -> Result<ProxmoxVm, PowerError> {
+    let base = proxmox_base(&t.api_url);
+    let mut cfg = ProxmoxApiConfig::new(base, t.token_id.clone(), t.token_secret.clone());
+    cfg.verify_tls = t.verify_tls;
+    cfg.ca_pem = read_ca(t.ca.as_deref(), base)?;
+    let api = std::sync::Arc::new(ProxmoxApi::new(cfg)?);
+    Ok(api.vm(&t.node, t.vmid))
+}
+
+/// One operator request, as the CLI, the admin API and the provisioner pass it around.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerRequest {
+    /// Power on, off or cycle.
+    Set(PowerAction),
+    /// Read the power state.
+    Status,
+    /// Choose the next boot's device.
+    Boot(BootDevice, BootPersistence),
+}
+
+/// What a [`PowerRequest`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerReply {
+    /// The action or boot choice was accepted by the controller.
+    Done(PowerRequest),
+    /// The power state read.
+    State(PowerState),
+}
+
+impl PowerDriver {
+    /// Carry out `req`.
+    pub async fn run(&self, req: PowerRequest) -> Result<PowerReply, PowerError> {
+        match req {
+            PowerRequest::Set(a) => self.set_power(a).await.map(|()| PowerReply::Done(req)),
+            PowerRequest::Status => self.power_state().await.map(PowerReply::State),
+            PowerRequest::Boot(d, p) => self
+                .set_boot_device(d, p)
+                .await
+                .map(|()| PowerReply::Done(req)),
+        }
+    }
+}
+
+impl std::fmt::Display for PowerReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Done(PowerRequest::Set(a)) => write!(f, "power {} sent", a.as_str()),
+            Self::Done(PowerRequest::Boot(d, p)) => write!(
+                f,
+                "next boot: {}{}",
+                d.as_str(),
+                if *p == BootPersistence::Persistent {
+                    " (persistent)"
+                } else {
+                    " (once)"
+                }
+            ),
+            Self::Done(PowerRequest::Status) => f.write_str("status read"),
+            Self::State(s) => write!(f, "power {}", s.as_str()),
+        }
+    }
+}
+
+impl PowerDriver {
+    /// A one-time network boot, then a power cycle: how a node whose OS no longer answers
+    /// (a rebuild that cannot reset it over the Talos API) is sent back to talboot's DHCP,
+    /// TFTP and HTTP. Wake-on-LAN cannot choose the device; it only wakes the machine.
+    pub async fn reboot_into_network(&self) -> Result<(), PowerError> {
+        if self.can_set_boot_device() {
+            self.set_boot_device(BootDevice::Network, BootPersistence::Once)
+                .await?;
+        }
+        self.set_power(PowerAction::Cycle).await
+    }
+}
+
+/// Whether something accepts TCP connections at `addr` within `wait` (the Talos API's
+/// liveness, before a rebuild falls back to power control).
+pub async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Duration) -> bool {
+    matches!(
+        tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+#[cfg(test)]
+mod wiring_tests {
+    use super::*;
+
+    #[test]
+    fn the_proxmox_base_drops_the_api_suffix_either_way() {
+        assert_eq!(
+            proxmox_base("https://pve:8006/api2/json"),
+            "https://pve:8006"
+        );
+        assert_eq!(
+            proxmox_base("https://pve:8006/api2/json/"),
+            "https://pve:8006"
+        );
+        assert_eq!(proxmox_base("https://pve:8006"), "https://pve:8006");
+    }
+
+    #[test]
+    fn an_unreadable_ca_is_named_and_no_secret_is_shown() {
+        let t = RedfishTarget {
+            endpoint: "https://10.0.50.11".into(),
+            system_id: None,
+            verify_tls: true,
+            ca: Some("/nonexistent/bmc-ca.pem".into()),
+            user: "admin".into(),
+            password: Credential::new("s3cret-bmc"),
+        };
+        let err = redfish(&t)
+            .err()
+            .expect("a missing CA is an error")
+            .to_string();
+        assert!(err.contains("/nonexistent/bmc-ca.pem"), "{err}");
+        assert!(!err.contains("s3cret-bmc"), "{err}");
+    }
+}

@@ -1,0 +1,808 @@
+//! Power control against real peers, all inside network namespaces the tests create:
+//! Wake-on-LAN captured with a raw socket on the segment and checked byte by byte; IPMI 2.0
+//! LAN (RMCP+, cipher suite 3) against OpenIPMI's `ipmi_sim` whose chassis-control program
+//! records every power and boot-device change; `rack up` over both; `check --probe`; and no
+//! credential in any output of a failing or succeeding run.
+//!
+//! Needs root, iproute2 and `ipmi_sim` (Debian `openipmi`, from scripts/test-deps).
+
+mod support;
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::netns::{Lab, require_tool};
+
+const BMC_PASS: &str = "bmc-Pass-7c1e9";
+const BMC_USER: &str = "admin";
+const WOL_MAC: [u8; 6] = [0xaa, 0x00, 0x00, 0x00, 0x00, 0x21];
+
+fn inventory(dir: &Path, net: &str, nodes: &str) -> PathBuf {
+    let text = format!(
+        "cluster:
+  name: t
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://{net}.11:6443
+network:
+  interfaces: [br0]
+  subnet: {net}.0/24
+nodes:
+  - name: cp-1
+    mac: aa:00:00:00:00:01
+    role: controlplane
+    address: {net}.11/24
+    installDisk: /dev/sda
+{nodes}"
+    );
+    let p = dir.join("talboot.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn wol_node(net: &str) -> String {
+    format!(
+        "  - name: wk-wol
+    mac: aa:00:00:00:00:21
+    role: worker
+    address: {net}.21/24
+    installDisk: /dev/sda
+    power: {{kind: wol}}
+"
+    )
+}
+
+fn ipmi_node(net: &str, port: u16) -> String {
+    format!(
+        "  - name: wk-ipmi
+    mac: aa:00:00:00:00:22
+    role: worker
+    address: {net}.22/24
+    installDisk: /dev/sda
+    power: {{kind: ipmi, host: 127.0.0.1, port: {port}, user: {BMC_USER}, passwordEnv: TB_TEST_BMC_PASS}}
+"
+    )
+}
+
+/// `talboot ARGS` inside the lab's server namespace, with the BMC password in its
+/// environment (as an operator would export it).
+fn talboot(lab: &Lab, inv: &Path, state: &Path, pass: &str, args: &[&str]) -> Output {
+    let out = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["--log", "debug"])
+        .args(args)
+        .arg("-c")
+        .arg(inv)
+        .arg("--state-dir")
+        .arg(state)
+        .env("TB_TEST_BMC_PASS", pass)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run talboot");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Whatever the outcome, the secret is in no line talboot printed or logged.
+    assert!(
+        !all.contains(pass),
+        "talboot {args:?} printed the BMC password:\n{all}"
+    );
+    out
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn describe(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A raw UDP socket in the lab's client namespace, ready before this returns; the thread
+/// hands back the first datagram to UDP port `port` (IP header included).
+fn capture_udp(lab: &Lab, port: u16) -> mpsc::Receiver<Vec<u8>> {
+    let path = PathBuf::from("/run/netns").join(&lab.cli);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).unwrap();
+        // SAFETY: setns on a valid namespace fd changes only this thread's namespace.
+        let rc = unsafe { nix::libc::setns(ns.as_raw_fd(), nix::libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        let sock = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::UDP),
+        )
+        .expect("raw UDP socket");
+        sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        ready_tx.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 2048];
+        while Instant::now() < deadline {
+            let Ok(n) = sock.recv(&mut buf) else { continue };
+            // SAFETY: recv initialised the first n bytes.
+            let pkt: Vec<u8> = buf[..n]
+                .iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            let ihl = usize::from(pkt[0] & 0x0f) * 4;
+            if pkt.len() >= ihl + 8 && u16::from_be_bytes([pkt[ihl + 2], pkt[ihl + 3]]) == port {
+                let _ = tx.send(pkt);
+                return;
+            }
+        }
+    });
+    ready_rx.recv().unwrap();
+    rx
+}
+
+fn wol_lab(net: &str) -> Lab {
+    let mut lab = Lab::new(net);
+    lab.add_client("eth0", "aa:00:00:00:00:21");
+    lab.ip_cli(&["addr", "add", &format!("{net}.21/24"), "dev", "eth0"]);
+    lab
+}
+
+/// Checks a captured IPv4+UDP datagram is the magic packet for [`WOL_MAC`] to the subnet
+/// broadcast, port 9.
+fn assert_magic_packet(pkt: &[u8], net: &str) {
+    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let dst = Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]);
+    assert_eq!(dst, format!("{net}.255").parse::<Ipv4Addr>().unwrap());
+    let udp = &pkt[ihl..];
+    assert_eq!(u16::from_be_bytes([udp[2], udp[3]]), 9, "UDP port");
+    assert_eq!(
+        usize::from(u16::from_be_bytes([udp[4], udp[5]])),
+        8 + 102,
+        "UDP length"
+    );
+    let payload = &udp[8..];
+    assert_eq!(payload.len(), 102);
+    for (i, b) in payload[..6].iter().enumerate() {
+        assert_eq!(*b, 0xff, "sync byte {i}");
+    }
+    for rep in 0..16 {
+        for (j, want) in WOL_MAC.iter().enumerate() {
+            assert_eq!(payload[6 + rep * 6 + j], *want, "MAC copy {rep} byte {j}");
+        }
+    }
+}
+
+#[test]
+fn wake_on_lan_sends_the_magic_packet_to_the_segment() {
+    if !require_tool("ip", "NETNS") {
+        return;
+    }
+    let net = "10.94.0";
+    let lab = wol_lab(net);
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &wol_node(net));
+    let state = dir.path().join("state");
+
+    let rx = capture_udp(&lab, 9);
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &["node", "power", "wk-wol", "on"],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(
+        stdout(&o).contains("wk-wol: power on sent"),
+        "{}",
+        describe(&o)
+    );
+    let pkt = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("no magic packet captured");
+    assert_magic_packet(&pkt, net);
+
+    // Send-only: no state to read, no way to power off or pick a boot device.
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &["node", "power", "wk-wol", "status"],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(stdout(&o).contains("power unknown"), "{}", describe(&o));
+    for args in [
+        &["node", "power", "wk-wol", "off"][..],
+        &["node", "boot", "wk-wol", "network"][..],
+    ] {
+        let o = talboot(&lab, &inv, &state, BMC_PASS, args);
+        assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("not supported"),
+            "{}",
+            describe(&o)
+        );
+    }
+}
+
+/// `ipmi_sim` in the lab's server namespace on 127.0.0.1:`port`, with a chassis-control
+/// program that keeps the power and boot device in files and appends every `set` to `log`.
+struct Bmc {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Bmc {
+    fn start(lab: &mut Lab, port: u16) -> Self {
+        Self::start_with(lab, port, None)
+    }
+
+    /// `vm_port`: the BMC is the BMC of a QEMU VM (TCG, `ipmi-bmc-extern` connecting back to
+    /// ipmi_sim's system interface on that port): power 1 starts it with the recorded boot
+    /// device (`pxe`: `-boot once=n`, `default`: `-boot order=c`), power 0 kills it, and
+    /// `get power` is whether it runs.
+    fn start_with(lab: &mut Lab, port: u16, vm_port: Option<u16>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let cc = d.join("chassis-control");
+        // Called as `chassis-control DIR get power boot` / `... set power 1 boot pxe`
+        // (OpenIPMI lanserv/bmc_chassis.c chassis_prog; lanserv/ipmi_sim_chassiscontrol).
+        let script = match vm_port {
+            None => "#!/bin/sh\n\
+             dir=$1; op=$2; shift 2\n\
+             case $op in\n\
+             get) for p in \"$@\"; do case $p in\n\
+               power) echo \"power:$(cat $dir/power 2>/dev/null || echo 0)\";;\n\
+               boot) echo \"boot:$(cat $dir/boot 2>/dev/null || echo none)\";;\n\
+               esac; done;;\n\
+             set) while [ $# -gt 0 ]; do echo \"$1 $2\" >> $dir/log; case $1 in\n\
+               power) echo $2 > $dir/power;; boot) echo $2 > $dir/boot;; esac; shift 2; done;;\n\
+             esac\n"
+                .to_owned(),
+            Some(vm) => format!(
+                "#!/bin/sh\n\
+                 dir=$1; op=$2; shift 2\n\
+                 running() {{ [ -f $dir/qemu.pid ] && kill -0 $(cat $dir/qemu.pid) 2>/dev/null; }}\n\
+                 case $op in\n\
+                 get) for p in \"$@\"; do case $p in\n\
+                   power) if running; then echo power:1; else echo power:0; fi;;\n\
+                   boot) echo \"boot:$(cat $dir/boot 2>/dev/null || echo none)\";;\n\
+                   esac; done;;\n\
+                 set) while [ $# -gt 0 ]; do echo \"$1 $2\" >> $dir/log; case $1 in\n\
+                   boot) echo $2 > $dir/boot;;\n\
+                   power) if [ $2 = 1 ]; then\n\
+                       running && {{ shift 2; continue; }}\n\
+                       case $(cat $dir/boot 2>/dev/null) in pxe) b=once=n;; *) b=order=c;; esac\n\
+                       qemu-system-x86_64 -machine pc,accel=tcg -m 64 -display none -nodefaults \\\n\
+                         -boot $b -chardev socket,id=ipmi0,host=127.0.0.1,port={vm},reconnect=10 \\\n\
+                         -device ipmi-bmc-extern,id=bmc0,chardev=ipmi0 -device isa-ipmi-kcs,bmc=bmc0 \\\n\
+                         -daemonize -pidfile $dir/qemu.pid\n\
+                     else\n\
+                       running && kill $(cat $dir/qemu.pid)\n\
+                       while running; do sleep 0.05; done\n\
+                     fi;;\n\
+                   esac; shift 2; done;;\n\
+                 esac\n"
+            ),
+        };
+        std::fs::write(&cc, script).unwrap();
+        run_ok(Command::new("chmod").arg("+x").arg(&cc));
+        std::fs::write(
+            d.join("lan.conf"),
+            format!(
+                "name \"tb\"\n\
+                 set_working_mc 0x20\n\
+                 \x20 startlan 1\n\
+                 \x20   addr 127.0.0.1 {port}\n\
+                 \x20   priv_limit admin\n\
+                 \x20   allowed_auths_callback none md2 md5 straight\n\
+                 \x20   allowed_auths_user none md2 md5 straight\n\
+                 \x20   allowed_auths_operator none md2 md5 straight\n\
+                 \x20   allowed_auths_admin none md2 md5 straight\n\
+                 \x20   guid a123456789abcdefa123456789abcdef\n\
+                 \x20 endlan\n\
+                 \x20 chassis_control \"{} {}\"\n\
+                 {}\
+                 \x20 user 2 true \"{BMC_USER}\" \"{BMC_PASS}\" admin 10 none md2 md5 straight\n",
+                cc.display(),
+                d.display(),
+                vm_port
+                    .map(|p| format!("  serial 15 127.0.0.1 {p} codec VM\n"))
+                    .unwrap_or_default()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("bmc.emu"),
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nmc_enable 0x20\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(d.join("state")).unwrap();
+        let log = std::fs::File::create(d.join("ipmi_sim.log")).unwrap();
+        let child = lab
+            .in_srv("ipmi_sim")
+            .arg("-c")
+            .arg(d.join("lan.conf"))
+            .arg("-f")
+            .arg(d.join("bmc.emu"))
+            .arg("-s")
+            .arg(d.join("state"))
+            .args(["-n", "-d"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start ipmi_sim");
+        lab.children.push(child);
+        let bmc = Self { dir, port };
+        bmc.wait_listening(lab);
+        bmc
+    }
+
+    /// Until the simulator's UDP port is bound in the namespace.
+    fn wait_listening(&self, lab: &Lab) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let needle = format!("127.0.0.1:{}", self.port);
+        loop {
+            let out = lab.in_srv("ss").args(["-Hnul"]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains(&needle) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ipmi_sim did not listen:\n{}",
+                std::fs::read_to_string(self.dir.path().join("ipmi_sim.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every `set` the chassis-control program received, in order.
+    fn log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn wait_log(&self, want: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.log() != want {
+            assert!(
+                Instant::now() < deadline,
+                "chassis control log {:?}, want {want:?}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn run_ok(c: &mut Command) {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{c:?}: {}", describe(&o));
+}
+
+#[test]
+fn ipmi_power_and_one_time_boot_reach_the_bmc() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    let net = "10.95.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16230);
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    let tb = |args: &[&str]| {
+        let o = talboot(&lab, &inv, &state, BMC_PASS, args);
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        stdout(&o)
+    };
+
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("wk-ipmi: power off"));
+    assert!(tb(&["node", "boot", "wk-ipmi", "network"]).contains("next boot: network (once)"));
+    bmc.wait_log(&["boot pxe"]);
+    assert!(tb(&["node", "power", "wk-ipmi", "on"]).contains("power on sent"));
+    bmc.wait_log(&["boot pxe", "power 1"]);
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power on"));
+    // A cycle is off now and on again once the BMC sees it off (ipmi_sim's 1 s timer).
+    tb(&["node", "power", "wk-ipmi", "cycle"]);
+    bmc.wait_log(&["boot pxe", "power 1", "power 0", "power 1"]);
+    tb(&["node", "power", "wk-ipmi", "off"]);
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power off"));
+    tb(&["node", "boot", "wk-ipmi", "disk", "--persistent"]);
+    bmc.wait_log(&[
+        "boot pxe",
+        "power 1",
+        "power 0",
+        "power 1",
+        "power 0",
+        "boot default",
+    ]);
+
+    // `check --probe` reaches the BMC without changing it.
+    let o = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["check", "--probe", "-c"])
+        .arg(&inv)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&o).contains("probe wk-ipmi: ipmi ipmi://127.0.0.1:16230 answered: power off"),
+        "{}",
+        describe(&o)
+    );
+    assert!(!describe(&o).contains(BMC_PASS));
+    assert_eq!(bmc.log().len(), 6, "probe changed the chassis");
+}
+
+#[test]
+fn a_wrong_or_missing_bmc_password_fails_without_showing_it() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    let net = "10.96.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16231);
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    // A wrong password: refused by RAKP, reported as refused credentials; `talboot` (the
+    // helper) asserts neither the wrong nor the right password is in any output line.
+    let wrong = "wrong-Pass-31337";
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        wrong,
+        &["node", "power", "wk-ipmi", "on"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    assert!(
+        describe(&o).contains("refused the credentials"),
+        "{}",
+        describe(&o)
+    );
+    assert!(!describe(&o).contains(BMC_PASS));
+    assert!(
+        bmc.log().is_empty(),
+        "a refused session changed the chassis"
+    );
+    // No variable at all: the error names the variable.
+    let o = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["node", "power", "wk-ipmi", "status", "-c"])
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .env_remove("TB_TEST_BMC_PASS")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    assert!(
+        describe(&o)
+            .contains("environment variable TB_TEST_BMC_PASS (its power secret) is not set"),
+        "{}",
+        describe(&o)
+    );
+}
+
+#[test]
+fn rack_up_boots_each_node_from_the_network_once_and_powers_it_on() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    let net = "10.97.0";
+    let mut lab = wol_lab(net);
+    let bmc = Bmc::start(&mut lab, 16232);
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = format!("{}{}", ipmi_node(net, bmc.port), wol_node(net));
+    let inv = inventory(dir.path(), net, &nodes);
+    let state = dir.path().join("state");
+    let rx = capture_udp(&lab, 9);
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &["rack", "up", "--stagger", "100ms"],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    let out = stdout(&o);
+    for line in [
+        "cp-1: skipped (no power controller in the inventory)",
+        "wk-ipmi: next boot: network (once)",
+        "wk-ipmi: power on sent",
+        "wk-wol: power on sent",
+    ] {
+        assert!(out.contains(line), "missing {line:?}:\n{out}");
+    }
+    bmc.wait_log(&["boot pxe", "power 1"]);
+    assert_magic_packet(
+        &rx.recv_timeout(Duration::from_secs(30))
+            .expect("no magic packet"),
+        net,
+    );
+}
+
+/// A talosconfig for a throwaway CA (the node never answers, so it is never used on the
+/// wire; `node rebuild` only needs one to build its client).
+fn talosconfig(dir: &Path) -> PathBuf {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = talboot::sim::pki::SimCa::new_os_ca().unwrap();
+    let admin = ca.admin().unwrap();
+    let p = dir.join("talosconfig");
+    std::fs::write(
+        &p,
+        format!(
+            "context: t\ncontexts:\n  t:\n    endpoints: []\n    ca: {}\n    crt: {}\n    key: {}\n",
+            b64(&ca.cert_pem),
+            b64(&admin.cert_pem),
+            b64(&talboot::sim::pki::talos_label(&admin.key_pem))
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    talboot::install_crypto_provider();
+    let net = "10.98.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16233);
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    let tc = talosconfig(dir.path());
+    // Nothing listens at 10.98.0.22:50000 (no such host on the segment).
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &[
+            "node",
+            "rebuild",
+            "wk-ipmi",
+            "--talosconfig",
+            tc.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(
+        stdout(&o).contains("set a one-time network boot and power-cycled it"),
+        "{}",
+        describe(&o)
+    );
+    // PXE first, then the cycle (off; on again once the BMC sees it off).
+    bmc.wait_log(&["boot pxe", "power 0", "power 1"]);
+}
+
+/// `talboot node power|boot` while push-mode `serve` holds the store: the command goes to
+/// serve's admin API, its provisioner runs it on the node's driver (credentials resolved at
+/// serve's start) and records a `power.action` event.
+#[test]
+fn power_commands_go_through_a_running_serve() {
+    if !require_tool("ipmi_sim", "IPMI_SIM")
+        || !require_tool("ip", "NETNS")
+        || !require_tool("age-keygen", "AGE")
+    {
+        return;
+    }
+    let net = "10.99.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start(&mut lab, 16234);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let key = d.join("key.txt");
+    run_ok(Command::new("age-keygen").arg("-o").arg(&key));
+    let recipient = String::from_utf8(
+        Command::new("age-keygen")
+            .arg("-y")
+            .arg(&key)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let inv = inventory(d, net, &ipmi_node(net, bmc.port));
+    let text = std::fs::read_to_string(&inv).unwrap().replace(
+        "  endpoint:",
+        &format!(
+            "  secrets: {{file: secrets.age, ageRecipients: [{}]}}\n  endpoint:",
+            recipient.trim()
+        ),
+    );
+    std::fs::write(&inv, text).unwrap();
+    let tb = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(args)
+            .arg("-c")
+            .arg(&inv)
+            .env("SOPS_AGE_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+    };
+    tb(&["secrets", "init"]);
+    tb(&["gen", "-o", d.join("out").to_str().unwrap()]);
+    support::images::fake_images(&inv, &d.join("images"));
+    std::fs::create_dir_all(d.join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe", "snponly.efi"] {
+        std::fs::write(d.join("ipxe").join(name), name).unwrap();
+    }
+    let state = d.join("state");
+    let log = d.join("serve.log");
+    let admin = "127.0.0.1:16299";
+    let child = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .arg("serve")
+        .arg("-c")
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(d.join("images"))
+        .arg("--ipxe-dir")
+        .arg(d.join("ipxe"))
+        .arg("--configs")
+        .arg(d.join("out"))
+        .args(["--advertise", &lab.server_ip(), "--no-dhcp"])
+        .args(["--http-port", "18080", "--tftp-port", "16969"])
+        .args(["--admin-listen", admin])
+        .env("SOPS_AGE_KEY_FILE", &key)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    lab.children.push(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = lab
+            .in_srv("curl")
+            .args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                &format!("http://{admin}/api/nodes"),
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The CLI has no password in its environment: serve's provisioner holds the driver.
+    let via = |args: &[&str]| {
+        let o = lab
+            .in_srv(env!("CARGO_BIN_EXE_talboot"))
+            .args(args)
+            .arg("-c")
+            .arg(&inv)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--admin", admin])
+            .env_remove("TB_TEST_BMC_PASS")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        assert!(!describe(&o).contains(BMC_PASS));
+        stdout(&o)
+    };
+    assert!(
+        via(&["node", "boot", "wk-ipmi", "network"]).contains("wk-ipmi: next boot: network (once)")
+    );
+    assert!(via(&["node", "power", "wk-ipmi", "on"]).contains("wk-ipmi: power on sent"));
+    assert!(via(&["node", "power", "wk-ipmi", "status"]).contains("wk-ipmi: power on"));
+    bmc.wait_log(&["boot pxe", "power 1"]);
+    // `rack up` through serve: wk-ipmi is not provisioned (phase unknown), so it gets the
+    // one-time network boot and power on again; cp-1 has no controller.
+    let out = via(&["rack", "up", "--stagger", "0"]);
+    for line in [
+        "cp-1: skipped (no power controller in the inventory)",
+        "wk-ipmi: next boot: network (once)",
+        "wk-ipmi: power on sent",
+    ] {
+        assert!(out.contains(line), "missing {line:?}:\n{out}");
+    }
+    bmc.wait_log(&["boot pxe", "power 1", "boot pxe", "power 1"]);
+    // The provisioner recorded each request on the node's timeline.
+    let nodes = lab
+        .in_srv("curl")
+        .args(["-sf", &format!("http://{admin}/api/nodes")])
+        .output()
+        .unwrap();
+    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).unwrap();
+    let last = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "wk-ipmi")
+        .map(|n| n["last_event"].as_str().unwrap_or_default().to_owned());
+    assert_eq!(last.as_deref(), Some("power.action: power on sent"));
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+}
+
+/// The pid of the VM the BMC runs, once its QEMU process is up.
+fn vm_cmdline(bmc: &Bmc) -> Option<String> {
+    let pid = std::fs::read_to_string(bmc.dir.path().join("qemu.pid")).ok()?;
+    std::fs::read(format!("/proc/{}/cmdline", pid.trim()))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ipmi_sim_as_the_bmc_of_a_qemu_vm_powers_it_and_picks_its_boot_device() {
+    if !require_tool("ipmi_sim", "IPMI_SIM")
+        || !require_tool("ip", "NETNS")
+        || !require_tool("qemu-system-x86_64", "QEMU")
+    {
+        return;
+    }
+    let net = "10.100.0";
+    let mut lab = Lab::new(net);
+    let bmc = Bmc::start_with(&mut lab, 16235, Some(16236));
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
+    let state = dir.path().join("state");
+    let tb = |args: &[&str]| {
+        let o = talboot(&lab, &inv, &state, BMC_PASS, args);
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        stdout(&o)
+    };
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power off"));
+    tb(&["node", "boot", "wk-ipmi", "network"]);
+    tb(&["node", "power", "wk-ipmi", "on"]);
+    wait_until("the VM starting", || vm_cmdline(&bmc).is_some());
+    let cmd = vm_cmdline(&bmc).unwrap();
+    assert!(
+        cmd.contains("-boot once=n") && cmd.contains("ipmi-bmc-extern"),
+        "{cmd}"
+    );
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power on"));
+    tb(&["node", "power", "wk-ipmi", "off"]);
+    wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
+    assert!(tb(&["node", "power", "wk-ipmi", "status"]).contains("power off"));
+    tb(&["node", "boot", "wk-ipmi", "disk"]);
+    tb(&["node", "power", "wk-ipmi", "on"]);
+    wait_until("the VM starting from disk", || {
+        vm_cmdline(&bmc).is_some_and(|c| c.contains("-boot order=c"))
+    });
+    tb(&["node", "power", "wk-ipmi", "off"]);
+    wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
+}
