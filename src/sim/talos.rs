@@ -81,6 +81,8 @@ use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
 
+#[cfg(test)]
+mod apply_e2e;
 mod machine_config;
 use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};

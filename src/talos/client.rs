@@ -663,13 +663,19 @@ impl TalosClient {
     /// `pkg/machinery/resources/config/machine_config.go`), from the spec's
     /// `yaml_marshalled` (field 1), else the YAML spec.
     pub async fn machine_config(&self) -> Result<String, TalosError> {
+        self.machine_config_id("v1alpha1").await
+    }
+
+    /// One `MachineConfigs.config.talos.dev` resource: `v1alpha1` (active) or `persistent`
+    /// (on STATE, loaded at the next boot; differs after a staged apply).
+    pub async fn machine_config_id(&self, id: &str) -> Result<String, TalosError> {
         #[derive(Clone, PartialEq, prost::Message)]
         struct MachineConfigSpec {
             #[prost(bytes = "vec", tag = "1")]
             yaml_marshalled: Vec<u8>,
         }
         let r = self
-            .cosi_get("config", "MachineConfigs.config.talos.dev", "v1alpha1")
+            .cosi_get("config", "MachineConfigs.config.talos.dev", id)
             .await?;
         let spec = r.spec.unwrap_or_default();
         match <MachineConfigSpec as prost::Message>::decode(spec.proto_spec.as_slice()) {

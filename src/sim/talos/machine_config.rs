@@ -149,8 +149,8 @@ impl super::FakeTalosNode {
         lock(&self.shared.configs).boots
     }
 
-    /// The next ApplyConfiguration on the configured node fails with `reason` (codes.Unknown,
-    /// as a failing `SetPersistedConfig` surfaces) and changes nothing.
+    /// The next ApplyConfiguration on the configured node that is not a dry run fails with
+    /// `reason` (codes.Unknown, as a failing `SetPersistedConfig` surfaces) and changes nothing.
     pub fn refuse_next_apply(&self, reason: &str) {
         lock(&self.shared.configs).refuse_next = Some(reason.to_owned());
     }
@@ -258,9 +258,6 @@ pub(crate) fn apply_configured(
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
     let requested = Mode::try_from(req.mode)
         .map_err(|_| Status::unknown(format!("incorrect mode '{}' specified", req.mode)))?;
-    if let Some(reason) = lock(&shared.configs).refuse_next.take() {
-        return Err(Status::unknown(reason));
-    }
     if requested != Mode::Try {
         lock(&shared.configs).rollback_generation += 1;
     }
@@ -323,6 +320,10 @@ pub(crate) fn apply_configured(
         )));
     }
 
+    // Where a failing `SetPersistedConfig` would surface: after validation and the dry run.
+    if let Some(reason) = lock(&shared.configs).refuse_next.take() {
+        return Err(Status::unknown(reason));
+    }
     let take_effect = |shared: &Shared| {
         if let NodeState::Installed(inst) = &mut *lock(&shared.state) {
             inst.config = parsed.clone();
@@ -460,7 +461,7 @@ pub(crate) fn cosi_get(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
