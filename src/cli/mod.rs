@@ -11,6 +11,7 @@ pub mod demo;
 pub mod r#gen;
 pub mod images;
 pub mod node;
+pub mod plan;
 pub mod secrets;
 pub mod serve;
 pub mod status;
@@ -61,6 +62,11 @@ pub enum Command {
     Node(node::Args),
     /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
     Demo(demo::Args),
+    /// Diff what each running node has against what the inventory renders (exit 0 no
+    /// changes, 1 changes, 2 errors).
+    Plan(plan::PlanArgs),
+    /// Apply the plan to the running nodes, one control plane at a time (resumable).
+    Apply(plan::ApplyArgs),
 }
 
 /// Exit code for invalid input.
@@ -91,6 +97,8 @@ pub fn run() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Plan(args) => plan::run_plan(&args),
+        Command::Apply(args) => plan::run_apply(&args),
     }
 }
 

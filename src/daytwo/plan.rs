@@ -174,3 +174,39 @@ pub fn exit_code(plans: &[NodePlan]) -> u8 {
         0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(name: &str, running: &str, rendered: &str) -> NodePlan {
+        NodePlan {
+            name: name.into(),
+            role: Role::Worker,
+            diff: diff::diff(running, rendered).map_err(|e| e.to_string()),
+            mode: Some(Mode::NoReboot),
+            dry_run: None,
+        }
+    }
+
+    #[test]
+    fn exit_codes_and_text() {
+        let a = "machine:\n  nodeLabels: {x: a}\n";
+        let b = "machine:\n  nodeLabels: {x: b}\n";
+        let same = [plan("n1", a, a)];
+        assert_eq!(exit_code(&same), 0);
+        assert_eq!(render(&same), "n1: no changes\n");
+        let changed = [plan("n1", a, a), plan("n2", a, b)];
+        assert_eq!(exit_code(&changed), 1);
+        assert_eq!(
+            render(&changed),
+            "n1: no changes\nn2: 1 change(s); needs apply mode no-reboot\n  document \
+             v1alpha1:\n    ~ machine.nodeLabels.x: a -> b\n"
+        );
+        let removed = [plan("n3", b, "machine: {}\n")];
+        assert!(render(&removed).contains("includes REMOVALS"));
+        let broken = [plan("n1", a, b), plan("n4", a, "x: [")];
+        assert_eq!(exit_code(&broken), 2);
+        assert!(render(&broken).contains("n4: ERROR rendered config:"));
+    }
+}
