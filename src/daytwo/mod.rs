@@ -6,5 +6,6 @@
 
 pub mod apply;
 pub mod diff;
+pub mod drift;
 pub mod plan;
 pub mod rollout;

@@ -61,6 +61,9 @@ pub enum EventKind {
     Talos,
     /// A cluster step.
     Cluster,
+    /// Drift appeared or cleared: the node's running config and the inventory's rendering
+    /// differ (or agree again).
+    Drift,
 }
 
 impl EventKind {
@@ -85,6 +88,7 @@ impl EventKind {
             Self::Phase => "node.phase",
             Self::Talos => "talos.call",
             Self::Cluster => "cluster.step",
+            Self::Drift => "node.drift",
         }
     }
 }

@@ -3,7 +3,8 @@
 //! changes on an unchanged rack; a label patch shows exactly that field on exactly the
 //! affected nodes and applies without a reboot; a change needing a reboot is refused in
 //! no-reboot mode and staged in staged mode; a refused apply stops the rollout and the
-//! next run resumes without applying to finished nodes again; drift shows up in the plan.
+//! next run resumes without applying to finished nodes again; drift shows up in the plan
+//! and serve's drift watcher announces it appearing and clearing.
 
 use std::time::Duration;
 
@@ -237,6 +238,49 @@ async fn plan_and_apply_on_a_configured_rack() {
     let plans = plan_all(&conn, &relabelled).await;
     assert_eq!(exit_code(&plans), 1);
     assert!(plans[1].changed() && !plans[0].changed() && !plans[2].changed());
+
+    // serve's drift watcher announces it, once, and announces when it clears.
+    let events_dir = tempfile::tempdir().unwrap();
+    let events_store: std::sync::Arc<dyn Store> =
+        std::sync::Arc::new(crate::store::open(events_dir.path()).unwrap());
+    let (bus, _writer) = crate::events::EventBus::start(
+        events_store,
+        std::sync::Arc::new(crate::events::SystemClock),
+    );
+    let mut rx = bus.subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::daytwo::drift::watch(
+        conn.clone(),
+        relabelled.clone(),
+        bus.clone(),
+        Duration::from_millis(50),
+        cancel.clone(),
+    ));
+    let mut next_drift = async || loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("no drift event within 30 s")
+            .unwrap();
+        if ev.kind == crate::events::EventKind::Drift {
+            return ev;
+        }
+    };
+    let appeared = next_drift().await;
+    assert_eq!(appeared.node, "rack1-st-01");
+    assert!(
+        appeared.detail.starts_with("drift: "),
+        "{}",
+        appeared.detail
+    );
+    nodes[1].set_running_config(&relabelled[1].rendered);
+    let cleared = next_drift().await;
+    assert_eq!(cleared.node, "rack1-st-01");
+    assert!(
+        cleared.detail.starts_with("drift cleared"),
+        "{}",
+        cleared.detail
+    );
+    cancel.cancel();
 
     for n in nodes {
         n.shutdown().await;
