@@ -74,7 +74,8 @@ pub async fn watch(
     cancel: CancellationToken,
 ) {
     let mut tracker = DriftTracker::default();
-    let mut tick = tokio::time::interval(interval);
+    // The first check one interval after start: the nodes are still being provisioned then.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
