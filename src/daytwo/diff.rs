@@ -371,8 +371,9 @@ mod tests {
         /// that kind, and nothing else changes.
         #[test]
         fn label_maps_diff_exactly(
-            old in proptest::collection::btree_map("[a-z]{1,4}", "[a-z]{1,4}", 0..6),
-            new in proptest::collection::btree_map("[a-z]{1,4}", "[a-z]{1,4}", 0..6),
+            // Keys end in `x`, so none is a secret name (those are redacted, tested below).
+            old in proptest::collection::btree_map("[a-z]{1,4}x", "[a-z]{1,4}", 0..6),
+            new in proptest::collection::btree_map("[a-z]{1,4}x", "[a-z]{1,4}", 0..6),
         ) {
             let render = |m: &BTreeMap<String, String>| {
                 let mut s = String::from("version: v1alpha1\nmachine:\n  type: worker\n  nodeLabels:");
