@@ -246,3 +246,15 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// What keeps a standalone apply from racing a running serve: the store of a state
+    /// directory opens once (serve holds it for its lifetime).
+    #[test]
+    fn a_second_opener_of_the_store_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _serve = crate::store::open(dir.path()).unwrap();
+        assert!(crate::store::open(dir.path()).is_err());
+    }
+}
