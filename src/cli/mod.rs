@@ -11,6 +11,7 @@ pub mod demo;
 pub mod r#gen;
 pub mod images;
 pub mod node;
+pub mod plan;
 pub mod power;
 pub mod proxmox;
 pub mod secrets;
@@ -67,6 +68,11 @@ pub enum Command {
     Demo(demo::Args),
     /// Create or destroy the inventory's Proxmox VE VMs (home labs).
     Proxmox(proxmox::Args),
+    /// Diff what each running node has against what the inventory renders (exit 0 no
+    /// changes, 1 changes, 2 errors).
+    Plan(plan::PlanArgs),
+    /// Apply the plan to the running nodes, one control plane at a time (resumable).
+    Apply(plan::ApplyArgs),
 }
 
 /// Exit code for invalid input.
@@ -99,6 +105,8 @@ pub fn run() -> ExitCode {
         Command::Rack(args) => power::run_rack(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Proxmox(args) => proxmox::run(&args),
+        Command::Plan(args) => plan::run_plan(&args),
+        Command::Apply(args) => plan::run_apply(&args),
     }
 }
 

@@ -106,6 +106,10 @@ pub struct Args {
     /// Do not provision nodes over the Talos API (push delivery): serve boot files only.
     #[arg(long)]
     pub(crate) no_provision: bool,
+    /// Seconds between drift checks (each node's running MachineConfig against what the
+    /// inventory renders; `talboot_node_drift` gauge and `node.drift` events); 0 disables.
+    #[arg(long = "drift-interval", default_value_t = 300)]
+    pub drift_interval: u64,
     /// Admin talosconfig for secured Talos API calls (default: `<configs>/talosconfig`, as
     /// `talboot gen -o` writes it).
     #[arg(long, env = "TALOSCONFIG")]
@@ -325,6 +329,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     }
     // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
     // stops `serve` now rather than when the first machine boots.
+    let mut drift = None;
     let provisioning = if push {
         let inputs = provisioning_inputs(&args, &inv, &schema)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
@@ -333,6 +338,14 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         settings.concurrency = args.provision_concurrency.max(1);
         settings.ksops_age_identity = inputs.ksops_age_identity;
         settings.power = Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()));
+        if args.drift_interval > 0 {
+            drift = Some(drift_targets(
+                &inv,
+                inputs.renderer.as_ref(),
+                &inputs.creds,
+                &settings,
+            ));
+        }
         Some(ProvisioningPlan {
             renderer: inputs.renderer,
             creds: inputs.creds,
@@ -418,6 +431,15 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         "talboot serving {} nodes; boot script {}/boot.ipxe",
         running.node_count, running.base_url
     );
+    if let Some((conn, targets)) = drift {
+        tokio::spawn(crate::daytwo::drift::watch(
+            conn,
+            targets,
+            running.events.clone(),
+            std::time::Duration::from_secs(args.drift_interval),
+            running.cancel.clone(),
+        ));
+    }
     let shutdown = running.cancel.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -428,6 +450,51 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         addr: "server".into(),
         cause: e.to_string(),
     })
+}
+
+/// What the drift watcher compares: every node's rendered config, reached at its inventory
+/// address (relayed by the control planes when it cannot be reached directly).
+fn drift_targets(
+    inv: &Inventory,
+    renderer: &dyn crate::provision::ConfigRenderer,
+    creds: &crate::talos::ClientCreds,
+    settings: &crate::provision::Settings,
+) -> (
+    crate::daytwo::plan::Connector,
+    Vec<crate::daytwo::plan::NodeTarget>,
+) {
+    use crate::daytwo::rollout::Role;
+    let mut targets = Vec::new();
+    for node in &inv.nodes {
+        let Ok(bytes) = renderer.render(node) else {
+            continue;
+        };
+        let ip = std::net::IpAddr::V4(node.address.value.addr());
+        targets.push(crate::daytwo::plan::NodeTarget {
+            name: node.name.value.clone(),
+            role: if node.role.value == "controlplane" {
+                Role::ControlPlane
+            } else {
+                Role::Worker
+            },
+            addr: std::net::SocketAddr::new(ip, settings.apid_port),
+            node_ip: ip,
+            rendered: String::from_utf8_lossy(&bytes).into_owned(),
+        });
+    }
+    let relays = targets
+        .iter()
+        .filter(|t| t.role == Role::ControlPlane)
+        .map(|t| t.addr)
+        .collect();
+    (
+        crate::daytwo::plan::Connector {
+            creds: creds.clone(),
+            relays,
+            retry: crate::talos::retry::RetryPolicy::NONE,
+        },
+        targets,
+    )
 }
 
 /// What push provisioning needs, loaded before anything is served.

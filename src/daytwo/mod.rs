@@ -4,4 +4,8 @@
 //! node changes next and when a health gate must pass; the per-operation modules say what a
 //! change of one node is (apply a config, upgrade Talos, upgrade a Kubernetes component).
 
+pub mod apply;
+pub mod diff;
+pub mod drift;
+pub mod plan;
 pub mod rollout;

@@ -63,6 +63,9 @@ pub enum EventKind {
     Cluster,
     /// A power or boot-device request to the node's controller and its outcome.
     Power,
+    /// Drift appeared or cleared: the node's running config and the inventory's rendering
+    /// differ (or agree again).
+    Drift,
 }
 
 impl EventKind {
@@ -88,6 +91,7 @@ impl EventKind {
             Self::Talos => "talos.call",
             Self::Cluster => "cluster.step",
             Self::Power => "power.action",
+            Self::Drift => "node.drift",
         }
     }
 }

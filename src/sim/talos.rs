@@ -80,8 +80,13 @@ use crate::talos::api::talos::resource::definitions::{block, hardware, runtime};
 use crate::talos::archive::kubeconfig_archive;
 
 use super::SimError;
+
+#[cfg(test)]
+mod apply_e2e;
+mod machine_config;
 use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
+pub use machine_config::ApplyRecord;
 
 /// apid's port; the default port of every fake node.
 pub(crate) const APID_PORT: u16 = 50000;
@@ -510,6 +515,8 @@ struct Shared {
     live_events: tokio::sync::broadcast::Sender<machine::Event>,
     /// Fires when the owner stops the node: running sequences end with it.
     stopped: watch::Receiver<bool>,
+    /// The running and persisted machine config (see [`machine_config`]).
+    configs: Mutex<machine_config::Configs>,
 }
 
 impl Shared {
@@ -837,6 +844,7 @@ impl FakeTalosNode {
             phase,
             lifecycle,
             stats: Stats::default(),
+            configs: Mutex::default(),
         });
         // The first boot is set up here, so that its failures reach the caller.
         // A new node starts in maintenance mode, which needs no certificate from anyone.
@@ -1112,6 +1120,7 @@ async fn supervise(
         tracing::debug!(node = %shared.cfg.ip, phase = ?boot.phase, "simulated node up");
         if std::mem::take(&mut rebooted) {
             lock(&shared.events).clear();
+            lock(&shared.configs).on_boot(matches!(&*lock(&shared.state), NodeState::Maintenance));
             match &*lock(&shared.state) {
                 NodeState::Maintenance => {
                     shared.set_stage(runtime::RuntimeMachineStage::MachineStageMaintenance)
@@ -2320,6 +2329,9 @@ impl MachineService for NodeApi {
         stats.apply_calls.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
         *lock(&stats.last_apply_mode) = Some(req.mode);
+        if !maintenance {
+            return machine_config::apply_configured(&self.shared, req);
+        }
         if req.dry_run {
             return Err(Status::unimplemented(
                 "dry run is not simulated by the test double",
@@ -2357,6 +2369,7 @@ impl MachineService for NodeApi {
         {
             return Err(Status::invalid_argument("machine type can't be changed"));
         }
+        lock(&self.shared.configs).installed(text.clone());
         *lock(&stats.last_config) = Some(text);
         let current = self.shared.installed();
         let installed = Installed {
@@ -2773,6 +2786,9 @@ impl cosi::state_server::State for NodeApi {
     ) -> Result<Response<cosi::GetResponse>, Status> {
         route_or_forward!(self, req, unary, "/cosi.resource.State/Get", READ);
         let r = req.into_inner();
+        if let Some(reply) = machine_config::cosi_get(&self.shared, &r) {
+            return reply.map(Response::new);
+        }
         if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
             == ("runtime", "MachineStatuses.runtime.talos.dev", "machine")
         {
@@ -2885,7 +2901,7 @@ mod tests {
     use crate::talos::retry::RetryPolicy;
     use crate::talos::{ClientCreds, TalosClient};
 
-    fn ip(last: u8) -> IpAddr {
+    pub(super) fn ip(last: u8) -> IpAddr {
         IpAddr::from([127, 0, 77, last])
     }
 
@@ -2907,19 +2923,19 @@ mod tests {
     }
 
     /// `node`'s config as `talboot gen` renders it (YAML).
-    fn rendered(node: &str) -> String {
+    pub(super) fn rendered(node: &str) -> String {
         let (inv, secrets) = rack();
         let node = inv.node(node).unwrap_or_else(|| panic!("no node {node}"));
         render_node(inv, secrets, node).unwrap().to_yaml().unwrap()
     }
 
     /// The rack address of an inventory node.
-    fn rack_ip(node: &str) -> IpAddr {
+    pub(super) fn rack_ip(node: &str) -> IpAddr {
         IpAddr::V4(rack().0.node(node).unwrap().address.addr())
     }
 
     /// Credentials from the admin talosconfig `talboot gen` writes for the bundle.
-    fn admin_creds() -> ClientCreds {
+    pub(super) fn admin_creds() -> ClientCreds {
         let (inv, secrets) = rack();
         let talosconfig = clients::talosconfig(
             inv.cluster.name.as_str(),
@@ -2933,19 +2949,19 @@ mod tests {
         ClientCreds::from_talosconfig(&talosconfig, None).unwrap()
     }
 
-    fn maintenance(addr: SocketAddr) -> TalosClient {
+    pub(super) fn maintenance(addr: SocketAddr) -> TalosClient {
         TalosClient::maintenance(addr)
             .unwrap()
             .with_retry(RetryPolicy::NONE)
     }
 
-    fn secured(addr: SocketAddr) -> TalosClient {
+    pub(super) fn secured(addr: SocketAddr) -> TalosClient {
         TalosClient::secured(addr, &admin_creds())
             .unwrap()
             .with_retry(RetryPolicy::NONE)
     }
 
-    fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
+    pub(super) fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
         let mut cfg = FakeNodeConfig::new(ip(last), name);
         cfg.aliases = vec![rack_ip(name)];
         cfg

@@ -624,6 +624,68 @@ impl TalosClient {
         })
     }
 
+    /// `ApplyConfiguration` on a configured node with an explicit mode, optionally as a dry
+    /// run (the node answers with its own diff in `mode_details` and changes nothing) and a
+    /// `try_mode_timeout` for TRY. Made exactly once, as [`Self::apply_configuration`].
+    pub async fn apply_configuration_with(
+        &self,
+        config: &[u8],
+        mode: apply_configuration_request::Mode,
+        dry_run: bool,
+        try_timeout: Option<Duration>,
+    ) -> Result<ApplyOutcome, TalosError> {
+        let req = ApplyConfigurationRequest {
+            data: config.to_vec(),
+            mode: mode as i32,
+            dry_run,
+            try_mode_timeout: try_timeout.map(|d| prost_types::Duration {
+                seconds: d.as_secs() as i64,
+                nanos: d.subsec_nanos() as i32,
+            }),
+        };
+        let entry = self
+            .unary(
+                Rpc::ApplyConfiguration,
+                self.machine(),
+                req,
+                |mut c, r| async move { c.apply_configuration(r).await },
+            )
+            .await?;
+        Ok(ApplyOutcome {
+            mode: apply_configuration_request::Mode::try_from(entry.mode).ok(),
+            mode_details: entry.mode_details,
+            warnings: entry.warnings,
+        })
+    }
+
+    /// The config the node runs: COSI `MachineConfigs.config.talos.dev` `v1alpha1` in
+    /// namespace `config` (siderolabs/talos v1.13.9
+    /// `pkg/machinery/resources/config/machine_config.go`), from the spec's
+    /// `yaml_marshalled` (field 1), else the YAML spec.
+    pub async fn machine_config(&self) -> Result<String, TalosError> {
+        self.machine_config_id("v1alpha1").await
+    }
+
+    /// One `MachineConfigs.config.talos.dev` resource: `v1alpha1` (active) or `persistent`
+    /// (on STATE, loaded at the next boot; differs after a staged apply).
+    pub async fn machine_config_id(&self, id: &str) -> Result<String, TalosError> {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct MachineConfigSpec {
+            #[prost(bytes = "vec", tag = "1")]
+            yaml_marshalled: Vec<u8>,
+        }
+        let r = self
+            .cosi_get("config", "MachineConfigs.config.talos.dev", id)
+            .await?;
+        let spec = r.spec.unwrap_or_default();
+        match <MachineConfigSpec as prost::Message>::decode(spec.proto_spec.as_slice()) {
+            Ok(s) if !s.yaml_marshalled.is_empty() => {
+                Ok(String::from_utf8_lossy(&s.yaml_marshalled).into_owned())
+            }
+            _ => Ok(spec.yaml_spec),
+        }
+    }
+
     /// `Bootstrap`: start etcd on this (first control-plane) node. Made exactly once;
     /// a second call answers [`TalosError::AlreadyBootstrapped`], which callers treat as done.
     pub async fn bootstrap(&self) -> Result<(), TalosError> {

@@ -1,0 +1,260 @@
+//! `talboot plan` and `talboot apply`: the day-two config change of a running rack.
+//!
+//! `plan` renders every node as `gen` does, reads what each node runs (its `MachineConfig`
+//! resource over mTLS with the admin talosconfig, relayed by a control plane when the node is
+//! not reachable directly) and prints the per-node diff with the apply mode the node's own
+//! dry run says the change needs. Exit 0 no changes, 1 changes, 2 errors.
+//!
+//! `apply` carries the plan out through the rolling engine (`daytwo::apply`). It runs
+//! standalone against the state directory's store, which records progress so a second run
+//! resumes. While `serve` runs it holds the store (redb locks the file), so a standalone
+//! apply refuses to start rather than race it: stop serve, or (not built yet) use serve's
+//! admin API.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::crypto::age::IdentitySources;
+use crate::daytwo::apply::{ApplyOptions, ApplyOutcome};
+use crate::daytwo::plan::{Connector, NodeTarget};
+use crate::daytwo::rollout::Role;
+use crate::machineconfig::schema;
+use crate::talos::ClientCreds;
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::retry::RetryPolicy;
+
+use super::EXIT_USAGE;
+use super::secrets::{load_bundle, load_inventory};
+
+/// Arguments shared by `plan` and `apply`.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    /// Admin talosconfig (as `talboot gen -o DIR` writes it to `DIR/talosconfig`).
+    #[arg(long, env = "TALOSCONFIG", default_value = "out/talosconfig")]
+    pub talosconfig: PathBuf,
+    /// age identity file for the secrets bundle.
+    #[arg(long = "age-identity")]
+    pub age_identity: Option<PathBuf>,
+    /// apid port of the nodes.
+    #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
+    pub apid_port: u16,
+}
+
+/// Arguments of `talboot plan`.
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Also print each node's own dry-run text (Talos's diff).
+    #[arg(long)]
+    pub talos_diff: bool,
+}
+
+/// `--mode` of `talboot apply`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ModeArg {
+    Auto,
+    NoReboot,
+    Reboot,
+    Staged,
+    Try,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Auto => Mode::Auto,
+            ModeArg::NoReboot => Mode::NoReboot,
+            ModeArg::Reboot => Mode::Reboot,
+            ModeArg::Staged => Mode::Staged,
+            ModeArg::Try => Mode::Try,
+        }
+    }
+}
+
+/// Arguments of `talboot apply`.
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// How nodes take the change (`auto`: without a reboot where Talos can, else reboot).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub mode: ModeArg,
+    /// For `--mode try`: Talos rolls the config back after this long unless confirmed
+    /// (Talos's default: 1m). Seconds.
+    #[arg(long = "try-timeout")]
+    pub try_timeout: Option<u64>,
+    /// Workers changed at once (control planes always go one at a time).
+    #[arg(long = "worker-concurrency", default_value_t = 1)]
+    pub worker_concurrency: usize,
+    /// State directory (the store where progress is kept).
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = crate::store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// How long a node may take to come back healthy with the new config. Seconds.
+    #[arg(long = "gate-timeout", default_value_t = 600)]
+    pub gate_timeout: u64,
+}
+
+/// Everything the plan needs, or the exit code of why not.
+fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
+    let inv = load_inventory(&c.config)?;
+    let usage = |m: String| {
+        eprintln!("talboot: {m}");
+        ExitCode::from(EXIT_USAGE)
+    };
+    let schema = schema::load(None).map_err(|e| usage(e.to_string()))?;
+    let sources = IdentitySources::from_process_env(c.age_identity.clone());
+    let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
+    let rendered = super::r#gen::render_all(&inv, &secrets, &schema).map_err(|problems| {
+        usage(format!(
+            "the inventory does not render:\n  {}",
+            problems.join("\n  ")
+        ))
+    })?;
+    let yaml = std::fs::read_to_string(&c.talosconfig).map_err(|e| {
+        usage(format!(
+            "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o out`",
+            c.talosconfig.display(),
+            c.config.display()
+        ))
+    })?;
+    let creds = ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
+        .map_err(|e| usage(format!("{}: {e}", c.talosconfig.display())))?;
+    let mut targets = Vec::new();
+    for (node, (name, text)) in inv.nodes.iter().zip(rendered.configs) {
+        let ip = IpAddr::V4(node.address.value.addr());
+        let role = if node.role.value == "controlplane" {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        };
+        targets.push(NodeTarget {
+            name,
+            role,
+            addr: SocketAddr::new(ip, c.apid_port),
+            node_ip: ip,
+            rendered: text,
+        });
+    }
+    let relays = targets
+        .iter()
+        .filter(|t| t.role == Role::ControlPlane)
+        .map(|t| t.addr)
+        .collect();
+    Ok((
+        Connector {
+            creds,
+            relays,
+            retry: RetryPolicy::default(),
+        },
+        targets,
+    ))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Run `talboot plan`.
+pub fn run_plan(args: &PlanArgs) -> ExitCode {
+    crate::install_crypto_provider();
+    let (conn, targets) = match load(&args.common) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let plans = runtime().block_on(crate::daytwo::plan::plan_all(&conn, &targets));
+    print!("{}", crate::daytwo::plan::render(&plans));
+    if args.talos_diff {
+        for p in &plans {
+            if let Some(d) = &p.dry_run {
+                println!("--- {} (Talos dry run)\n{d}", p.name);
+            }
+        }
+    }
+    ExitCode::from(crate::daytwo::plan::exit_code(&plans))
+}
+
+/// Run `talboot apply`.
+pub fn run_apply(args: &ApplyArgs) -> ExitCode {
+    crate::install_crypto_provider();
+    let (conn, targets) = match load(&args.common) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let store = match crate::store::open(&args.state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "talboot: cannot open the store in {}: {e}\n  if `talboot serve` is running on \
+                 this state directory, stop it first: two processes must not roll one rack",
+                args.state_dir.display()
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if args.worker_concurrency == 0 {
+        eprintln!("talboot: --worker-concurrency must be at least 1");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let opts = ApplyOptions {
+        mode: args.mode.into(),
+        try_timeout: args.try_timeout.map(Duration::from_secs),
+        worker_concurrency: args.worker_concurrency,
+        gate_timeout: Duration::from_secs(args.gate_timeout),
+        gate_poll: Duration::from_secs(2),
+    };
+    let out = runtime().block_on(crate::daytwo::apply::apply(&store, &conn, &targets, &opts));
+    match out {
+        Ok(ApplyOutcome::NoChanges) => {
+            println!("no changes: every node runs what the inventory renders");
+            ExitCode::SUCCESS
+        }
+        Ok(ApplyOutcome::Finished { key, nodes }) => {
+            println!(
+                "applied to {} node(s): {} ({key})",
+                nodes.len(),
+                nodes.join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(ApplyOutcome::Stopped { key, node, reason }) => {
+            let at = node.map_or("before any node (cluster check)".to_owned(), |n| {
+                format!("at node {n}")
+            });
+            eprintln!(
+                "talboot: apply stopped {at}: {reason}\n  fix the cause and run the same \
+                 `talboot apply` again: it resumes {key} and does not re-apply finished nodes"
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What keeps a standalone apply from racing a running serve: the store of a state
+    /// directory opens once (serve holds it for its lifetime).
+    #[test]
+    fn a_second_opener_of_the_store_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _serve = crate::store::open(dir.path()).unwrap();
+        assert!(crate::store::open(dir.path()).is_err());
+    }
+}

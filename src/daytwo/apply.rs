@@ -1,0 +1,320 @@
+//! `talboot apply`'s I/O side: carries out the actions of the rolling engine
+//! ([`super::rollout`]) for a config apply. A change is one ApplyConfiguration with the
+//! operator's mode; a node's gate is "back (Version answers), running (or, staged, holding)
+//! the rendered config, and for a control plane etcd lists every control plane"; a
+//! reconcile asks the node which config it has instead of applying twice. The record is
+//! persisted in the store (`apply/<plan digest>`) before each batch of actions runs, so a
+//! restarted run resumes the same plan and never applies it twice to one node.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::store::Store;
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::{TalosClient, TalosError};
+
+use super::plan::{Connector, NodeTarget};
+use super::rollout::{Action, Event, Gate, Role, Rollout, RolloutRecord, Target};
+
+/// How an apply runs.
+#[derive(Clone, Debug)]
+pub struct ApplyOptions {
+    pub mode: Mode,
+    pub try_timeout: Option<Duration>,
+    pub worker_concurrency: usize,
+    /// How long a node gate waits for the node to come back with the new config.
+    pub gate_timeout: Duration,
+    /// How often a gate asks again.
+    pub gate_poll: Duration,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// Nothing to apply.
+    NoChanges,
+    /// Every changed node has the config and is healthy.
+    Finished { key: String, nodes: Vec<String> },
+    /// Stopped at a failure; run `talboot apply` again (same inventory) to resume.
+    Stopped {
+        key: String,
+        node: Option<String>,
+        reason: String,
+    },
+}
+
+/// Errors before the rollout runs.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("store: {0}")]
+    Store(String),
+    #[error("stored rollout {key}: {reason}")]
+    Record { key: String, reason: String },
+    #[error("node {node}: {reason}")]
+    Plan { node: String, reason: String },
+}
+
+/// The store key of a plan: every node's rendered config and the mode, so the same
+/// inventory and mode resume the same rollout and any change to them starts a new one.
+pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
+    let mut h = Sha256::new();
+    for t in targets {
+        h.update(t.name.as_bytes());
+        h.update([0]);
+        h.update(t.rendered.as_bytes());
+        h.update([0]);
+    }
+    h.update(super::plan::mode_name(opts.mode).as_bytes());
+    format!("apply/{}", crate::hex::lower(&h.finalize()[..8]))
+}
+
+/// Runs (or resumes) the apply of `targets`' rendered configs.
+pub async fn apply(
+    store: &dyn Store,
+    conn: &Connector,
+    targets: &[NodeTarget],
+    opts: &ApplyOptions,
+) -> Result<ApplyOutcome, ApplyError> {
+    let key = plan_key(targets, opts);
+    let stored = store
+        .rollout(&key)
+        .map_err(|e| ApplyError::Store(e.to_string()))?;
+    let mut engine = match stored {
+        Some(bytes) => {
+            let record: RolloutRecord =
+                serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })?;
+            tracing::info!(%key, "resuming a stored apply");
+            Rollout::resume(record).map_err(|e| ApplyError::Record {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?
+        }
+        None => {
+            let plans = super::plan::plan_all(conn, targets).await;
+            let mut changed = Vec::new();
+            for p in plans {
+                match p.diff {
+                    Err(reason) => {
+                        return Err(ApplyError::Plan {
+                            node: p.name,
+                            reason,
+                        });
+                    }
+                    Ok(d) if !d.is_empty() => changed.push(Target {
+                        node: p.name,
+                        role: p.role,
+                    }),
+                    Ok(_) => {}
+                }
+            }
+            if changed.is_empty() {
+                return Ok(ApplyOutcome::NoChanges);
+            }
+            Rollout::new(changed, opts.worker_concurrency).map_err(|e| ApplyError::Record {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?
+        }
+    };
+    let persist = |engine: &Rollout| -> Result<(), ApplyError> {
+        let bytes = serde_json::to_vec(engine.record()).expect("a rollout record serializes");
+        store
+            .put_rollout(&key, &bytes)
+            .map_err(|e| ApplyError::Store(e.to_string()))
+    };
+    let mut actions = engine.start();
+    loop {
+        persist(&engine)?;
+        let mut finished = None;
+        let mut work = Vec::new();
+        for a in actions.drain(..) {
+            match a {
+                Action::Finished => finished = Some(None),
+                Action::Stopped { node, reason } => finished = Some(Some((node, reason))),
+                other => work.push(other),
+            }
+        }
+        if let Some(end) = finished {
+            return Ok(match end {
+                None => ApplyOutcome::Finished {
+                    key,
+                    nodes: engine
+                        .record()
+                        .targets
+                        .iter()
+                        .map(|t| t.node.clone())
+                        .collect(),
+                },
+                Some((node, reason)) => ApplyOutcome::Stopped { key, node, reason },
+            });
+        }
+        if work.is_empty() {
+            // The engine always asks for something until it ends.
+            return Ok(ApplyOutcome::Stopped {
+                key,
+                node: None,
+                reason: "the rollout engine stalled".into(),
+            });
+        }
+        let events =
+            futures_util::future::join_all(work.into_iter().map(|a| act(conn, targets, opts, a)))
+                .await;
+        for e in events {
+            actions.extend(engine.on(e));
+        }
+    }
+}
+
+fn target<'a>(targets: &'a [NodeTarget], node: &str) -> Option<&'a NodeTarget> {
+    targets.iter().find(|t| t.name == node)
+}
+
+async fn act(conn: &Connector, targets: &[NodeTarget], opts: &ApplyOptions, a: Action) -> Event {
+    match a {
+        Action::CheckHealth(Gate::Cluster) => match cluster_healthy(conn, targets).await {
+            Ok(()) => Event::Healthy(Gate::Cluster),
+            Err(reason) => Event::Unhealthy {
+                gate: Gate::Cluster,
+                reason,
+            },
+        },
+        Action::CheckHealth(Gate::Node(node)) => {
+            let gate = Gate::Node(node.clone());
+            match node_gate(conn, targets, opts, &node).await {
+                Ok(()) => Event::Healthy(gate),
+                Err(reason) => Event::Unhealthy { gate, reason },
+            }
+        }
+        Action::Change { node } => {
+            let Some(t) = target(targets, &node) else {
+                return Event::ChangeFailed {
+                    reason: "no longer in the inventory".into(),
+                    node,
+                };
+            };
+            let result = match conn.client(t).await {
+                Ok(c) => c
+                    .apply_configuration_with(
+                        t.rendered.as_bytes(),
+                        opts.mode,
+                        false,
+                        opts.try_timeout,
+                    )
+                    .await
+                    .map(|out| {
+                        tracing::info!(node = %node, details = %out.mode_details, "applied");
+                    }),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => Event::Changed { node },
+                Err(e) => Event::ChangeFailed {
+                    reason: format!("ApplyConfiguration failed: {e}"),
+                    node,
+                },
+            }
+        }
+        Action::Reconcile { node } => {
+            let Some(t) = target(targets, &node) else {
+                return Event::ChangeFailed {
+                    reason: "no longer in the inventory".into(),
+                    node,
+                };
+            };
+            match has_config(conn, t, opts.mode).await {
+                Ok(true) => Event::Changed { node },
+                Ok(false) => Event::NotChanged { node },
+                Err(e) => Event::ChangeFailed {
+                    reason: format!("cannot tell whether the earlier apply took effect: {e}"),
+                    node,
+                },
+            }
+        }
+        Action::Finished | Action::Stopped { .. } => unreachable!("handled by the caller"),
+    }
+}
+
+/// Whether the node holds the rendered config: running it, or for STAGED on STATE for the
+/// next boot (COSI id `persistent`).
+async fn has_config(conn: &Connector, t: &NodeTarget, mode: Mode) -> Result<bool, TalosError> {
+    let c = conn.client(t).await?;
+    let id = if mode == Mode::Staged {
+        "persistent"
+    } else {
+        "v1alpha1"
+    };
+    Ok(c.machine_config_id(id).await? == t.rendered)
+}
+
+async fn etcd_complete(c: &TalosClient, targets: &[NodeTarget]) -> Result<(), String> {
+    let want = targets
+        .iter()
+        .filter(|t| t.role == Role::ControlPlane)
+        .count();
+    let members = c
+        .etcd_member_list()
+        .await
+        .map_err(|e| format!("etcd member list: {e}"))?;
+    if members.len() < want {
+        return Err(format!(
+            "etcd lists {} of {want} control planes",
+            members.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Before anything changes: every node answers and etcd lists every control plane.
+async fn cluster_healthy(conn: &Connector, targets: &[NodeTarget]) -> Result<(), String> {
+    for t in targets {
+        let c = conn
+            .client(t)
+            .await
+            .map_err(|e| format!("node {} does not answer: {e}", t.name))?;
+        if t.role == Role::ControlPlane {
+            etcd_complete(&c, targets)
+                .await
+                .map_err(|e| format!("node {}: {e}", t.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// After a node's change: back, holding the config, etcd complete (control planes). Asks
+/// again every `gate_poll` (a REBOOT apply takes the node down first) up to `gate_timeout`.
+async fn node_gate(
+    conn: &Connector,
+    targets: &[NodeTarget],
+    opts: &ApplyOptions,
+    node: &str,
+) -> Result<(), String> {
+    let Some(t) = target(targets, node) else {
+        return Err("no longer in the inventory".into());
+    };
+    let deadline = tokio::time::Instant::now() + opts.gate_timeout;
+    let mut last;
+    loop {
+        last = match conn.client(t).await {
+            Err(e) => format!("not back: {e}"),
+            Ok(c) => match has_config(conn, t, opts.mode).await {
+                Ok(true) if t.role == Role::ControlPlane => {
+                    match etcd_complete(&c, targets).await {
+                        Ok(()) => return Ok(()),
+                        Err(e) => e,
+                    }
+                }
+                Ok(true) => return Ok(()),
+                Ok(false) => "does not run the applied config".into(),
+                Err(e) => format!("cannot read its config: {e}"),
+            },
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("health gate: {last}"));
+        }
+        tokio::time::sleep(opts.gate_poll).await;
+    }
+}

@@ -1,0 +1,288 @@
+//! `daytwo::plan` and `daytwo::apply` against configured doubles (one control plane, two
+//! workers, one of them reachable only through the control plane's `node` relay): no
+//! changes on an unchanged rack; a label patch shows exactly that field on exactly the
+//! affected nodes and applies without a reboot; a change needing a reboot is refused in
+//! no-reboot mode and staged in staged mode; a refused apply stops the rollout and the
+//! next run resumes without applying to finished nodes again; drift shows up in the plan
+//! and serve's drift watcher announces it appearing and clearing.
+
+use std::time::Duration;
+
+use yaml_serde::Value;
+
+use super::machine_config::tests::with_machine;
+use super::tests::{maintenance, node_cfg, rack_ip, rendered};
+use super::{FakeCluster, FakeTalosNode, Phase};
+use crate::daytwo::apply::{ApplyOptions, ApplyOutcome, apply};
+use crate::daytwo::diff::{DocChange, FieldChange};
+use crate::daytwo::plan::{Connector, NodeTarget, exit_code, plan_all};
+use crate::daytwo::rollout::Role;
+use crate::store::Store;
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::retry::RetryPolicy;
+
+const NODES: [(u8, &str, Role); 3] = [
+    (61, "rack1-cp-01", Role::ControlPlane),
+    (62, "rack1-st-01", Role::Worker),
+    (63, "rack1-st-02", Role::Worker),
+];
+
+/// `text` with the node label `team=v` added to the labels it has.
+fn label(text: &str, v: &str) -> String {
+    let doc = text
+        .split("---\n")
+        .find_map(|d| {
+            yaml_serde::from_str::<Value>(d)
+                .ok()
+                .filter(|v| v.get("machine").is_some())
+        })
+        .unwrap();
+    let mut labels = doc["machine"]
+        .get("nodeLabels")
+        .cloned()
+        .unwrap_or(Value::Mapping(Default::default()));
+    if let Value::Mapping(m) = &mut labels {
+        m.insert("team".into(), v.into());
+    }
+    with_machine(text, "nodeLabels", labels)
+}
+
+fn opts(mode: Mode) -> ApplyOptions {
+    ApplyOptions {
+        mode,
+        try_timeout: None,
+        worker_concurrency: 2,
+        gate_timeout: Duration::from_secs(30),
+        gate_poll: Duration::from_millis(50),
+    }
+}
+
+#[tokio::test]
+async fn plan_and_apply_on_a_configured_rack() {
+    crate::install_crypto_provider();
+    let cluster = FakeCluster::new();
+    let mut nodes = Vec::new();
+    for (last, name, _) in NODES {
+        let node = FakeTalosNode::start(node_cfg(last, name), &cluster)
+            .await
+            .unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered(name).as_bytes())
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    for n in &nodes {
+        n.wait_phase(Phase::Secured).await.unwrap();
+    }
+    let cp_addr = nodes[0].addr();
+    super::tests::secured(cp_addr).bootstrap().await.unwrap();
+    // The second worker only answers its control plane.
+    nodes[2].restrict_to(Some(nodes[0].ip()));
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::open(dir.path()).unwrap();
+    let conn = Connector {
+        creds: super::tests::admin_creds(),
+        relays: vec![cp_addr],
+        retry: RetryPolicy::NONE,
+    };
+    let targets = |f: &dyn Fn(&str, String) -> String| -> Vec<NodeTarget> {
+        NODES
+            .iter()
+            .zip(&nodes)
+            .map(|((_, name, role), n)| NodeTarget {
+                name: (*name).into(),
+                role: *role,
+                addr: n.addr(),
+                node_ip: rack_ip(name),
+                rendered: f(name, rendered(name)),
+            })
+            .collect()
+    };
+
+    // Unchanged: no changes, exit 0, and apply has nothing to do.
+    let same = targets(&|_, t| t);
+    let plans = plan_all(&conn, &same).await;
+    assert_eq!(
+        exit_code(&plans),
+        0,
+        "{}",
+        crate::daytwo::plan::render(&plans)
+    );
+    let out = apply(&store, &conn, &same, &opts(Mode::NoReboot))
+        .await
+        .unwrap();
+    assert_eq!(out, ApplyOutcome::NoChanges);
+
+    // A label patch on the two workers: exactly that field, there, mode no-reboot.
+    let patched = targets(&|name, t| {
+        if name == "rack1-cp-01" {
+            t
+        } else {
+            label(&t, "a")
+        }
+    });
+    let plans = plan_all(&conn, &patched).await;
+    assert_eq!(exit_code(&plans), 1);
+    assert!(!plans[0].changed());
+    for p in &plans[1..] {
+        let d = p.diff.as_ref().unwrap();
+        assert_eq!(
+            d.docs,
+            vec![DocChange::Changed {
+                doc: "v1alpha1".into(),
+                fields: vec![FieldChange::Added {
+                    path: "machine.nodeLabels.team".into(),
+                    value: "a".into()
+                }]
+            }],
+            "{}",
+            p.name
+        );
+        assert_eq!(p.mode, Some(Mode::NoReboot));
+    }
+    let boots: Vec<usize> = nodes.iter().map(|n| n.configured_boots()).collect();
+    let out = apply(&store, &conn, &patched, &opts(Mode::NoReboot))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, ApplyOutcome::Finished { nodes: n, .. } if n.len() == 2),
+        "{out:?}"
+    );
+    assert!(nodes[0].apply_records().iter().all(|r| r.dry_run));
+    for n in &nodes[1..] {
+        let real: Vec<_> = n
+            .apply_records()
+            .into_iter()
+            .filter(|r| !r.dry_run)
+            .collect();
+        assert_eq!(real.len(), 1);
+        assert_eq!(
+            (real[0].effective, real[0].rebooted),
+            (Mode::NoReboot, false)
+        );
+    }
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n.configured_boots())
+            .collect::<Vec<_>>(),
+        boots
+    );
+    // Running it again finds the stored, finished rollout: nothing is applied twice.
+    let before: usize = nodes.iter().map(|n| n.apply_calls()).sum();
+    apply(&store, &conn, &patched, &opts(Mode::NoReboot))
+        .await
+        .unwrap();
+    assert_eq!(nodes.iter().map(|n| n.apply_calls()).sum::<usize>(), before);
+
+    // A change that needs a reboot: refused in no-reboot mode...
+    let env = |t: String| {
+        with_machine(
+            &label(&t, "a"),
+            "env",
+            yaml_serde::from_str::<Value>("{HTTP_PROXY: http://p:3128}").unwrap(),
+        )
+    };
+    let rebooting = targets(&|name, t| if name == "rack1-cp-01" { t } else { env(t) });
+    let plans = plan_all(&conn, &rebooting).await;
+    assert_eq!(plans[1].mode, Some(Mode::Reboot));
+    let out = apply(&store, &conn, &rebooting, &opts(Mode::NoReboot))
+        .await
+        .unwrap();
+    let ApplyOutcome::Stopped { node, reason, .. } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(node.as_deref(), Some("rack1-st-01"));
+    assert!(
+        reason.contains("can't be applied in immediate mode"),
+        "{reason}"
+    );
+    // ...and staged in staged mode (running unchanged until the next boot).
+    let out = apply(&store, &conn, &rebooting, &opts(Mode::Staged))
+        .await
+        .unwrap();
+    assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
+    for (n, t) in nodes[1..].iter().zip(&rebooting[1..]) {
+        assert_eq!(n.persisted_config().as_deref(), Some(t.rendered.as_str()));
+        assert_ne!(n.running_config().as_deref(), Some(t.rendered.as_str()));
+    }
+
+    // A node refusing the apply stops the rollout; the next run resumes without applying
+    // to the node that finished.
+    let relabelled = targets(&|_, t| label(&t, "b"));
+    nodes[2].refuse_next_apply("simulated failure");
+    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto))
+        .await
+        .unwrap();
+    let ApplyOutcome::Stopped { node, reason, .. } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(node.as_deref(), Some("rack1-st-02"));
+    assert!(reason.contains("simulated failure"), "{reason}");
+    let applied = |n: &FakeTalosNode| n.apply_records().iter().filter(|r| !r.dry_run).count();
+    let done_before = [applied(&nodes[0]), applied(&nodes[1])];
+    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto))
+        .await
+        .unwrap();
+    assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
+    assert_eq!([applied(&nodes[0]), applied(&nodes[1])], done_before);
+    assert_eq!(
+        nodes[2].running_config().as_deref(),
+        Some(relabelled[2].rendered.as_str())
+    );
+    assert!(store.rollout_keys().unwrap().len() >= 3);
+
+    // Drift: the running config changed behind talboot's back shows up in the plan.
+    nodes[1].set_running_config(&label(&relabelled[1].rendered, "rogue"));
+    let plans = plan_all(&conn, &relabelled).await;
+    assert_eq!(exit_code(&plans), 1);
+    assert!(plans[1].changed() && !plans[0].changed() && !plans[2].changed());
+
+    // serve's drift watcher announces it, once, and announces when it clears.
+    let events_dir = tempfile::tempdir().unwrap();
+    let events_store: std::sync::Arc<dyn Store> =
+        std::sync::Arc::new(crate::store::open(events_dir.path()).unwrap());
+    let (bus, _writer) = crate::events::EventBus::start(
+        events_store,
+        std::sync::Arc::new(crate::events::SystemClock),
+    );
+    let mut rx = bus.subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::daytwo::drift::watch(
+        conn.clone(),
+        relabelled.clone(),
+        bus.clone(),
+        Duration::from_millis(50),
+        cancel.clone(),
+    ));
+    let mut next_drift = async || loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("no drift event within 30 s")
+            .unwrap();
+        if ev.kind == crate::events::EventKind::Drift {
+            return ev;
+        }
+    };
+    let appeared = next_drift().await;
+    assert_eq!(appeared.node, "rack1-st-01");
+    assert!(
+        appeared.detail.starts_with("drift: "),
+        "{}",
+        appeared.detail
+    );
+    nodes[1].set_running_config(&relabelled[1].rendered);
+    let cleared = next_drift().await;
+    assert_eq!(cleared.node, "rack1-st-01");
+    assert!(
+        cleared.detail.starts_with("drift cleared"),
+        "{}",
+        cleared.detail
+    );
+    cancel.cancel();
+
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
