@@ -17,9 +17,20 @@ struct Env {
     _tmp: tempfile::TempDir,
     base: String,
     store: Arc<dyn Store>,
+    /// The read view the HTTP side reads: a test that writes the store directly is the
+    /// writer, and republishes.
+    view: Arc<talboot::provision::view::StateView>,
+    inv: Arc<talboot::inventory::Inventory>,
     shutdown: CancellationToken,
     kernel: Vec<u8>,
     schematic: String,
+}
+
+impl Env {
+    /// Publish what the test wrote to the store, as the store's writers do after a commit.
+    fn publish(&self) {
+        self.view.reload(self.store.as_ref(), &self.inv).unwrap();
+    }
 }
 
 impl Drop for Env {
@@ -89,9 +100,12 @@ async fn start_with(
     let (events, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
+    let inv = Arc::new(inv);
+    let view = Arc::new(talboot::provision::view::StateView::new());
     let app = Arc::new(HttpApp {
-        inventory: Arc::new(inv),
+        inventory: inv.clone(),
         store: store.clone(),
+        view: view.clone(),
         events,
         images_dir: images,
         catalog,
@@ -114,6 +128,8 @@ async fn start_with(
         _tmp: tmp,
         base,
         store,
+        view,
+        inv,
         shutdown,
         kernel,
         schematic,
@@ -135,6 +151,7 @@ fn lease(env: &Env, mac: &str, ip: &str) {
             0,
         )
         .unwrap();
+    env.publish();
 }
 
 fn client_from(ip: &str) -> reqwest::Client {
@@ -222,6 +239,7 @@ async fn scripts_chain_then_boot_talos() {
             ..rec
         })
         .unwrap();
+    env.publish();
     let s = c
         .get(format!("{}/boot.ipxe?mac=bc:24:11:40:00:01", env.base))
         .send()
@@ -353,6 +371,7 @@ async fn pull_configs_are_released_once_to_the_entitled_node() {
     let mut rec = env.store.node("k8s-ctrl-02").unwrap().unwrap();
     rec.provisioning_window_open = false;
     env.store.put_node(&rec).unwrap();
+    env.publish();
     let r = client_from("127.0.0.12").get(&url2).send().await.unwrap();
     assert_eq!(r.status(), 403);
 
