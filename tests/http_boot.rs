@@ -542,3 +542,55 @@ async fn ipxe_fetches_kernel_then_initramfs_on_one_connection() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Issue 11 (read view): the HTTP side reads bindings from the view the DHCP server
+/// publishes to, and a view that lags the store fails closed. When the node's binding moves,
+/// its old address is refused from the moment the DHCP commit begins (script and config),
+/// the new one only once the commit is published.
+#[tokio::test]
+async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lands() {
+    use talboot::store::{Lease, LeaseCommit, LeaseState, LeaseWrite};
+    let env = start(Delivery::Pull).await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.21");
+    let url = script_token(&env, "127.0.0.21", "bc:24:11:40:00:01")
+        .await
+        .expect("entitled at the first address");
+
+    // The DHCP server's commit of the move, step by step as its commit loop does it.
+    let moved = [LeaseCommit {
+        writes: vec![LeaseWrite::Put(Lease {
+            mac: "bc:24:11:40:00:01".parse().unwrap(),
+            ip: "127.0.0.22".parse().unwrap(),
+            hostname: None,
+            state: LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })],
+        events: vec![],
+    }];
+    let script_status = |from: &'static str| {
+        let base = env.base.clone();
+        async move {
+            client_from(from)
+                .get(format!("{base}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let touch = env.view.begin_leases(&moved);
+    // In flight, and committed but not yet published: nobody is entitled.
+    assert_eq!(script_status("127.0.0.21").await, 403, "old address, in flight");
+    assert_eq!(script_status("127.0.0.22").await, 403, "new address, in flight");
+    env.store.commit_leases(&moved, true, 0).unwrap();
+    assert_eq!(script_status("127.0.0.21").await, 403, "old address, unpublished");
+    assert_eq!(script_status("127.0.0.22").await, 403, "new address, unpublished");
+    touch.refresh(&env.view, env.store.as_ref());
+    assert_eq!(script_status("127.0.0.21").await, 403, "old address, published");
+    assert_eq!(script_status("127.0.0.22").await, 200, "new address, published");
+    // The token issued at the old address does not outlive its binding.
+    let r = client_from("127.0.0.21").get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+}
