@@ -42,16 +42,43 @@ use self::script::{BootPlan, ClientFacts, NodeState, PlanInput, Scripts};
 /// Where pull delivery gets a node's rendered machine config from.
 pub trait ConfigSource: Send + Sync {
     /// The machine config for `node`, or why there is none.
-    fn config_for(&self, node: &str) -> Result<Vec<u8>, String>;
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, ConfigError>;
+}
+
+/// Why a node's rendered config is not available for pull delivery.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The rendered config file cannot be read.
+    #[error(
+        "cannot read the rendered config of {node} at {}: {source}; render it with \
+         `talboot gen -o {}` (serve --configs points at that directory)",
+        path.display(),
+        dir.display()
+    )]
+    Read {
+        /// The node.
+        node: String,
+        /// The file.
+        path: PathBuf,
+        /// The configs directory.
+        dir: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
 }
 
 /// Rendered configs in a directory, `<dir>/<node>.yaml` (as `talboot gen -o DIR` writes them).
 pub struct ConfigDir(pub PathBuf);
 
 impl ConfigSource for ConfigDir {
-    fn config_for(&self, node: &str) -> Result<Vec<u8>, String> {
-        let p = self.0.join(format!("{node}.yaml"));
-        std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, ConfigError> {
+        let path = self.0.join(format!("{node}.yaml"));
+        std::fs::read(&path).map_err(|source| ConfigError::Read {
+            node: node.to_owned(),
+            path,
+            dir: self.0.clone(),
+            source,
+        })
     }
 }
 
@@ -627,6 +654,23 @@ async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::redact_path;
+
+    #[test]
+    fn a_missing_rendered_config_names_the_file_and_the_fix() {
+        use super::{ConfigDir, ConfigError, ConfigSource};
+        let dir = tempfile::tempdir().unwrap();
+        let e = ConfigDir(dir.path().to_path_buf())
+            .config_for("cp-1")
+            .unwrap_err();
+        let ConfigError::Read { node, path, .. } = &e;
+        assert_eq!((node.as_str(), path), ("cp-1", &dir.path().join("cp-1.yaml")));
+        let msg = e.to_string();
+        assert!(msg.contains("cp-1.yaml"), "{msg}");
+        assert!(
+            msg.contains(&format!("`talboot gen -o {}`", dir.path().display())),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn config_tokens_are_redacted_from_logged_paths() {

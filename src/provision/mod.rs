@@ -57,6 +57,14 @@ pub enum RenderError {
     /// This renderer does not render configs (a command that never delivers one).
     #[error("{0}")]
     Unavailable(String),
+    /// A command that never delivers a config was asked for one.
+    #[error("`{command}` does not deliver configs; {instead}")]
+    NotDelivered {
+        /// The command (`talboot node rebuild`).
+        command: &'static str,
+        /// What delivers the config instead.
+        instead: &'static str,
+    },
 }
 
 impl From<String> for RenderError {
