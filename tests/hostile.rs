@@ -199,10 +199,12 @@ impl World {
             .await
     }
 
-    /// Tokens in the store (each one a key `token/...`).
+    /// Tokens in the store (rows of its `pull_tokens` table, or `token/...` keys of an older
+    /// build's `cluster_meta`).
     fn tokens(&self) -> usize {
-        let dump = self.store.export_json().unwrap().to_string();
-        dump.matches("token/").count()
+        let dump = self.store.export_json().unwrap();
+        let typed = dump["pull_tokens"].as_object().map_or(0, |t| t.len());
+        typed + dump["cluster_meta"].to_string().matches("token/").count()
     }
 
     async fn events(&self) -> Vec<String> {
