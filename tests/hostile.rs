@@ -12,12 +12,12 @@
 
 mod support;
 
-use talboot::provision::view::StateView;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talboot::artifacts::Catalog;
+use talboot::provision::view::StateView;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};

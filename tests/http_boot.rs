@@ -572,7 +572,9 @@ async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lan
         let base = env.base.clone();
         async move {
             client_from(from)
-                .get(format!("{base}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64"))
+                .get(format!(
+                    "{base}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64"
+                ))
                 .send()
                 .await
                 .unwrap()
@@ -582,14 +584,38 @@ async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lan
     };
     let touch = env.view.begin_leases(&moved);
     // In flight, and committed but not yet published: nobody is entitled.
-    assert_eq!(script_status("127.0.0.21").await, 403, "old address, in flight");
-    assert_eq!(script_status("127.0.0.22").await, 403, "new address, in flight");
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, in flight"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        403,
+        "new address, in flight"
+    );
     env.store.commit_leases(&moved, true, 0).unwrap();
-    assert_eq!(script_status("127.0.0.21").await, 403, "old address, unpublished");
-    assert_eq!(script_status("127.0.0.22").await, 403, "new address, unpublished");
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, unpublished"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        403,
+        "new address, unpublished"
+    );
     touch.refresh(&env.view, env.store.as_ref());
-    assert_eq!(script_status("127.0.0.21").await, 403, "old address, published");
-    assert_eq!(script_status("127.0.0.22").await, 200, "new address, published");
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, published"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        200,
+        "new address, published"
+    );
     // The token issued at the old address does not outlive its binding.
     let r = client_from("127.0.0.21").get(&url).send().await.unwrap();
     assert_eq!(r.status(), 403);

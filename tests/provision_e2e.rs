@@ -587,7 +587,14 @@ async fn bootstrap_intent_from_a_crashed_run_is_not_repeated_and_health_timeout_
         world.provision(m.name).await;
     }
     // A run recorded its intent, made the call, and died before recording "done".
-    world.with_store(|s| s.put_row(talboot::store::ClusterTable::Progress, BOOTSTRAP_KEY, b"intent").unwrap());
+    world.with_store(|s| {
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            BOOTSTRAP_KEY,
+            b"intent",
+        )
+        .unwrap()
+    });
     let cp1 = world.node("cp-1");
     TalosClient::secured(cp1.addr(), &world.creds)
         .unwrap()

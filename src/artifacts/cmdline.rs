@@ -66,7 +66,7 @@ pub fn merge(base: &[String], extra: &[String]) -> Result<Vec<String>, CmdlineEr
         {
             return Err(CmdlineError::ConflictsWithRequired {
                 arg: arg.clone(),
-                required: *req,
+                required: req,
             });
         }
         if key != "console" {

@@ -675,9 +675,9 @@ async fn commit_loop(
                 }
                 r
             })
-                .await
-                .map_err(join_error)
-                .and_then(|r| r)
+            .await
+            .map_err(join_error)
+            .and_then(|r| r)
         };
         for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();

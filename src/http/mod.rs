@@ -343,9 +343,7 @@ fn entitlement_of(
     requester: Option<Ipv4Addr>,
 ) -> Result<crate::entitlement::Bound, crate::entitlement::Refusal> {
     let macs: Vec<Mac> = n.macs.iter().map(|m| m.value).collect();
-    let bound = app
-        .view
-        .bound(app.inventory.network.mode, &macs, now(app));
+    let bound = app.view.bound(app.inventory.network.mode, &macs, now(app));
     crate::entitlement::judge(bound, requester)
 }
 
@@ -362,8 +360,7 @@ async fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr) {
         })),
         crate::provision::core::Observation::BootSeen,
     ];
-    if let (Some(n), (Some((rec, life)), false)) =
-        (app.inventory.node(node), app.view.node(node))
+    if let (Some(n), (Some((rec, life)), false)) = (app.inventory.node(node), app.view.node(node))
         && !crate::provision::changes_offline(&app.inventory, n, rec, life, &observations, now)
     {
         return;
@@ -663,7 +660,10 @@ mod tests {
             .config_for("cp-1")
             .unwrap_err();
         let ConfigError::Read { node, path, .. } = &e;
-        assert_eq!((node.as_str(), path), ("cp-1", &dir.path().join("cp-1.yaml")));
+        assert_eq!(
+            (node.as_str(), path),
+            ("cp-1", &dir.path().join("cp-1.yaml"))
+        );
         let msg = e.to_string();
         assert!(msg.contains("cp-1.yaml"), "{msg}");
         assert!(

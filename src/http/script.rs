@@ -178,8 +178,8 @@ fn finish_cmdline(
     node: Option<(&str, &[String])>,
     config_url: Option<&str>,
 ) -> Result<Vec<String>, CmdlineRefusal> {
-    let line = cmdline::merge(&base, cluster_args)
-        .map_err(|source| CmdlineRefusal::Cluster { source })?;
+    let line =
+        cmdline::merge(&base, cluster_args).map_err(|source| CmdlineRefusal::Cluster { source })?;
     let line = match node {
         Some((name, args)) => {
             cmdline::merge(&line, args).map_err(|source| CmdlineRefusal::Node {
@@ -467,7 +467,8 @@ mod tests {
             panic!()
         };
         assert!(
-            reason.ends_with("which Talos requires; remove it from the inventory's boot.kernelArgs"),
+            reason
+                .ends_with("which Talos requires; remove it from the inventory's boot.kernelArgs"),
             "{reason}"
         );
     }

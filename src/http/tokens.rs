@@ -339,13 +339,14 @@ mod tests {
     fn a_token_left_in_cluster_meta_is_still_redeemed_once() {
         let (_dir, store) = store();
         let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
-        store
-            .put_meta(&TOKENS.legacy_key(&key), &value)
-            .unwrap();
+        store.put_meta(&TOKENS.legacy_key(&key), &value).unwrap();
         let tokens = TokenStore::new(store.as_ref());
         assert_eq!(tokens.get(&token).unwrap().unwrap().node, "cp-1");
         let ip = "10.0.0.11".parse().unwrap();
-        assert!(matches!(tokens.redeem(&token, ip, 1001, |_| true), Ok(Ok(_))));
+        assert!(matches!(
+            tokens.redeem(&token, ip, 1001, |_| true),
+            Ok(Ok(_))
+        ));
         assert!(matches!(
             tokens.redeem(&token, ip, 1002, |_| true),
             Ok(Err((Refusal::Reused, _)))

@@ -148,7 +148,9 @@ impl Provisioner {
         let value = chosen.clone().into_bytes();
         let expected = persisted.clone().map(String::into_bytes);
         let outcome = self
-            .db(move |s| s.compare_and_set_row(PROGRESS, BOOTSTRAP_NODE_KEY, expected.as_deref(), &value))
+            .db(move |s| {
+                s.compare_and_set_row(PROGRESS, BOOTSTRAP_NODE_KEY, expected.as_deref(), &value)
+            })
             .await?;
         Ok(match outcome {
             CasOutcome::Swapped => {
@@ -255,7 +257,9 @@ impl Provisioner {
         // After the last etcd member was rebuilt the key says so, and is swapped the same way.
         let rebuilt = self.meta(BOOTSTRAP_KEY).await?.as_deref() == Some(REBUILT);
         let outcome = self
-            .db(move |s| s.compare_and_set_row(PROGRESS, BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT))
+            .db(move |s| {
+                s.compare_and_set_row(PROGRESS, BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT)
+            })
             .await?;
         if let CasOutcome::Mismatch { current } = &outcome
             && current.as_deref() == Some(DONE)

@@ -493,7 +493,9 @@ pub(crate) fn parse_size_expr(s: &str) -> Result<SizeExpr, SizeError> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
     /// No number where the size starts.
-    #[error("failed to parse disk size {text:?}: {text:?} does not start with a number (e.g. `<= 600GB`)")]
+    #[error(
+        "failed to parse disk size {text:?}: {text:?} does not start with a number (e.g. `<= 600GB`)"
+    )]
     NotANumber {
         /// The size as written (after the comparison).
         text: String,

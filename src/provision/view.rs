@@ -31,8 +31,7 @@ use std::sync::RwLock;
 use crate::entitlement::{Bound, ProxyBinding};
 use crate::inventory::{Inventory, Mac, NetworkMode};
 use crate::store::{
-    Lease, LeaseCommit, LeaseState, LeaseWrite, NodePart, NodeRecord, NodeWrite, Store,
-    StoreError,
+    Lease, LeaseCommit, LeaseState, LeaseWrite, NodePart, NodeRecord, NodeWrite, Store, StoreError,
 };
 
 use super::node::{Lifecycle, decode_lifecycle};
@@ -217,7 +216,10 @@ impl StateView {
     }
 
     /// [`Self::begin_leases`] for a plain list of writes.
-    pub fn begin_lease_writes<'a>(&self, writes: impl Iterator<Item = &'a LeaseWrite>) -> LeaseTouch {
+    pub fn begin_lease_writes<'a>(
+        &self,
+        writes: impl Iterator<Item = &'a LeaseWrite>,
+    ) -> LeaseTouch {
         let mut touch = LeaseTouch::default();
         let mut inner = self.write();
         for w in writes {
@@ -389,12 +391,24 @@ mod tests {
         let g = [put(&new)];
         let touch = view.begin_leases(&g);
         // Commit in flight: the store still has the old address, the view entitles nobody.
-        assert!(!judge(&view, [10, 0, 0, 5], 10), "old address while in flight");
-        assert!(!judge(&view, [10, 0, 0, 6], 10), "new address before the commit");
+        assert!(
+            !judge(&view, [10, 0, 0, 5], 10),
+            "old address while in flight"
+        );
+        assert!(
+            !judge(&view, [10, 0, 0, 6], 10),
+            "new address before the commit"
+        );
         store.commit_leases(&g, true, 0).unwrap();
-        assert!(!judge(&view, [10, 0, 0, 5], 10), "old address after the commit");
+        assert!(
+            !judge(&view, [10, 0, 0, 5], 10),
+            "old address after the commit"
+        );
         touch.refresh(&view, &store);
-        assert!(!judge(&view, [10, 0, 0, 5], 10), "old address once published");
+        assert!(
+            !judge(&view, [10, 0, 0, 5], 10),
+            "old address once published"
+        );
         assert!(judge(&view, [10, 0, 0, 6], 10));
         assert_eq!(view.mac_at([10, 0, 0, 6].into()), Some(mac(1)));
         assert_eq!(view.mac_at([10, 0, 0, 5].into()), None);

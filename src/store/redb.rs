@@ -35,8 +35,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent, NodePart, NodeRecord,
-    NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
+    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent,
+    NodePart, NodeRecord, NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -1693,7 +1693,9 @@ mod tests {
         s.put_meta("cluster/bootstrap", b"intent").unwrap();
         s.put_meta("token/abc", br#"{"old":1}"#).unwrap();
         assert_eq!(
-            s.row(ClusterTable::Progress, "bootstrap").unwrap().as_deref(),
+            s.row(ClusterTable::Progress, "bootstrap")
+                .unwrap()
+                .as_deref(),
             Some(&b"intent"[..])
         );
         assert_eq!(
@@ -1711,8 +1713,13 @@ mod tests {
             }
         );
         assert_eq!(
-            s.compare_and_set_row(ClusterTable::Progress, "bootstrap", Some(b"intent"), b"done")
-                .unwrap(),
+            s.compare_and_set_row(
+                ClusterTable::Progress,
+                "bootstrap",
+                Some(b"intent"),
+                b"done"
+            )
+            .unwrap(),
             CasOutcome::Swapped
         );
         // ... and the typed row replaces it, in the table and in the export.
