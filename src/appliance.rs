@@ -324,6 +324,7 @@ impl Bound {
             events: events.clone(),
             images_dir: plan.images_dir.clone(),
             catalog: plan.catalog,
+            cmdlines: Default::default(),
             base_url: base_url.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),

@@ -152,6 +152,7 @@ impl World {
             events: bus.clone(),
             images_dir: images.clone(),
             catalog: Catalog::load(&images).unwrap(),
+            cmdlines: Default::default(),
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),

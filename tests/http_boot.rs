@@ -109,6 +109,7 @@ async fn start_with(
         events,
         images_dir: images,
         catalog,
+        cmdlines: Default::default(),
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),

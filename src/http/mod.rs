@@ -82,6 +82,41 @@ impl ConfigSource for ConfigDir {
     }
 }
 
+/// The factory command lines of the catalog's boot sets, read from the artifact cache once per
+/// set: the catalog is loaded (and verified) once per process, so the files it names do not
+/// change under it, and the script path does no file read per request.
+#[derive(Debug, Default)]
+pub struct FactoryCmdlines(
+    std::sync::RwLock<std::collections::HashMap<SetId, Option<Vec<String>>>>,
+);
+
+impl FactoryCmdlines {
+    /// The factory command line of `set`, if the catalog has the set and its cmdline file.
+    fn get(&self, app: &HttpApp, set: &SetId) -> Option<Vec<String>> {
+        if let Some(known) = self.0.read().unwrap_or_else(|e| e.into_inner()).get(set) {
+            return known.clone();
+        }
+        // First request for the set: one small file read.
+        let line = app
+            .catalog
+            .find(set)
+            .and_then(|_| {
+                std::fs::read_to_string(
+                    app.images_dir
+                        .join(set.rel_dir())
+                        .join(Kind::Cmdline.file_name()),
+                )
+                .ok()
+            })
+            .map(|s| crate::artifacts::cmdline::parse(&s));
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set.clone(), line.clone());
+        line
+    }
+}
+
 /// Everything the handlers share.
 pub struct HttpApp {
     /// The validated inventory.
@@ -97,6 +132,8 @@ pub struct HttpApp {
     pub images_dir: PathBuf,
     /// Its catalog, loaded (and verified) at start.
     pub catalog: Catalog,
+    /// The catalog's factory command lines, read once per set.
+    pub cmdlines: FactoryCmdlines,
     /// `http://<advertise>:<port>`, the base of every URL handed to machines.
     pub base_url: String,
     /// Script templates.
@@ -246,18 +283,7 @@ async fn boot_script(
         inv.cluster.installer.schematic_id(),
         arch,
     );
-    let factory_cmdline = app
-        .catalog
-        .find(&set)
-        .and_then(|_| {
-            std::fs::read_to_string(
-                app.images_dir
-                    .join(set.rel_dir())
-                    .join(Kind::Cmdline.file_name()),
-            )
-            .ok()
-        })
-        .map(|s| crate::artifacts::cmdline::parse(&s));
+    let factory_cmdline = app.cmdlines.get(&app, &set);
 
     // A node being provisioned gets its script (and, in pull mode, a token bound to its
     // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
