@@ -149,6 +149,7 @@ pub struct Bound {
     plan: Plan,
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
+    view: Arc<crate::provision::view::StateView>,
     store_closed: store::Closed,
     http: tokio::net::TcpListener,
     admin: tokio::net::TcpListener,
@@ -183,6 +184,11 @@ impl Plan {
         let mut opened = store::open(&self.state_dir)?;
         let store_closed = opened.on_close();
         let store: Arc<dyn Store> = Arc::new(opened);
+        // The request paths' read view, loaded before any writer starts.
+        let view = Arc::new(crate::provision::view::StateView::load(
+            store.as_ref(),
+            &self.inventory,
+        )?);
         let admin = tokio::net::TcpListener::bind(self.admin)
             .await
             .map_err(|e| ApplianceError::Bind {
@@ -241,6 +247,7 @@ impl Plan {
             plan: self,
             ipxe,
             store,
+            view,
             store_closed,
             http,
             admin,
@@ -278,6 +285,7 @@ impl Bound {
             plan,
             ipxe,
             store,
+            view,
             store_closed,
             http,
             admin,
@@ -312,9 +320,11 @@ impl Bound {
             commands: plan.provisioning.is_some().then_some(commands),
             inventory: inv.clone(),
             store: store.clone(),
+            view: view.clone(),
             events: events.clone(),
             images_dir: plan.images_dir.clone(),
             catalog: plan.catalog,
+            cmdlines: Default::default(),
             base_url: base_url.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),
@@ -354,7 +364,7 @@ impl Bound {
             let c = cancel.clone();
             tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
             let report =
-                crate::tftp::report::publish_events(rx, store.clone(), inv.clone(), events.clone());
+                crate::tftp::report::publish_events(rx, view.clone(), inv.clone(), events.clone());
             tasks.spawn(async move {
                 report.await;
                 Ok(())
@@ -367,9 +377,11 @@ impl Bound {
                 plan.advertise,
                 BootTargets::standard(plan.advertise, http_port),
             );
-            let (store, events, c) = (store.clone(), events.clone(), cancel.clone());
+            let (store, events, c, view) =
+                (store.clone(), events.clone(), cancel.clone(), view.clone());
             tasks.spawn(async move {
                 server
+                    .with_view(view)
                     .run(ctx, FloodConfig::default(), store, events, c)
                     .await
                     .map_err(ServerFailure::Dhcp)
@@ -397,7 +409,8 @@ impl Bound {
                 p.creds,
                 p.settings,
             )
-            .with_commands(command_rx);
+            .with_commands(command_rx)
+            .with_view(view.clone());
             let c = cancel.clone();
             tasks.spawn(async move {
                 // On shutdown the provisioner is dropped where it stands, in-flight Talos call

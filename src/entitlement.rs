@@ -76,13 +76,14 @@ fn proxy_key(mac: Mac) -> String {
 }
 
 /// Persist the ProxyDHCP binding of `mac` to `ip` (the DHCP server's proxy path calls this
-/// before its reply leaves, so the script request that follows finds it).
+/// before its reply leaves, so the script request that follows finds it); returns what was
+/// stored, for the read view.
 pub fn record_proxy_binding(
     store: &dyn Store,
     mac: Mac,
     ip: Ipv4Addr,
     now_unix: u64,
-) -> Result<(), StoreError> {
+) -> Result<ProxyBinding, StoreError> {
     let rec = ProxyBinding {
         mac,
         ip,
@@ -92,7 +93,8 @@ pub fn record_proxy_binding(
         what: format!("ProxyDHCP binding of {mac}"),
         source,
     })?;
-    store.put_meta(&proxy_key(mac), &json)
+    store.put_meta(&proxy_key(mac), &json)?;
+    Ok(rec)
 }
 
 /// The persisted ProxyDHCP binding of `mac`.

@@ -66,8 +66,18 @@ impl World {
         // Where the bootstrap steps leave things: both recorded done, kubeconfig written.
         std::fs::write(state.join(KUBECONFIG_FILE), double.kubeconfig()).unwrap();
         let s = store::open(&state).unwrap();
-        s.put_meta(BOOTSTRAP_KEY, b"done").unwrap();
-        s.put_meta(KUBECONFIG_KEY, b"done").unwrap();
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            BOOTSTRAP_KEY,
+            b"done",
+        )
+        .unwrap();
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            KUBECONFIG_KEY,
+            b"done",
+        )
+        .unwrap();
         drop(s);
         World {
             dir,
@@ -123,15 +133,19 @@ impl World {
 
     fn record(&self) -> Option<StepRecord> {
         let s = store::open(&self.state_dir()).unwrap();
-        s.get_meta(STEP_KEY)
+        s.row(talboot::store::ClusterTable::Progress, STEP_KEY)
             .unwrap()
             .map(|b| serde_json::from_slice(&b).unwrap())
     }
 
     fn put_record(&self, rec: &StepRecord) {
         let s = store::open(&self.state_dir()).unwrap();
-        s.put_meta(STEP_KEY, &serde_json::to_vec(rec).unwrap())
-            .unwrap();
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            STEP_KEY,
+            &serde_json::to_vec(rec).unwrap(),
+        )
+        .unwrap();
     }
 
     fn events(&self) -> Vec<String> {

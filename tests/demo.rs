@@ -116,7 +116,12 @@ fn the_binary_runs_the_rack_and_a_rebuild() {
 
     // The store the run leaves says the same thing.
     let s = store::open(&workdir.join("state")).unwrap();
-    let rec: StepRecord = serde_json::from_slice(&s.get_meta(STEP_KEY).unwrap().unwrap()).unwrap();
+    let rec: StepRecord = serde_json::from_slice(
+        &s.row(talboot::store::ClusterTable::Progress, STEP_KEY)
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(rec.step, ClusterStep::HandedOff);
     for node in NODES {
         let r = s.node(node).unwrap().unwrap();

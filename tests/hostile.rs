@@ -17,6 +17,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talboot::artifacts::Catalog;
+use talboot::provision::view::StateView;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
@@ -95,7 +96,9 @@ fn bind(store: &dyn Store, mode: Mode, mac: Mac, ip: Ipv4Addr) {
                 now,
             )
             .unwrap(),
-        Mode::Proxy => talboot::entitlement::record_proxy_binding(store, mac, ip, now).unwrap(),
+        Mode::Proxy => {
+            talboot::entitlement::record_proxy_binding(store, mac, ip, now).unwrap();
+        }
     }
 }
 
@@ -105,6 +108,9 @@ struct World {
     inventory: Arc<Inventory>,
     base: String,
     store: Arc<dyn Store>,
+    /// The read view the HTTP side reads; a test that writes the store directly acts as the
+    /// writer and republishes it.
+    view: Arc<StateView>,
     bus: EventBus,
     shutdown: CancellationToken,
 }
@@ -138,12 +144,15 @@ impl World {
             .await
             .unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let view = Arc::new(StateView::new());
         let app = Arc::new(HttpApp {
             inventory: inventory.clone(),
             store: store.clone(),
+            view: view.clone(),
             events: bus.clone(),
             images_dir: images.clone(),
             catalog: Catalog::load(&images).unwrap(),
+            cmdlines: Default::default(),
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
@@ -158,9 +167,18 @@ impl World {
             inventory,
             base,
             store,
+            view,
             bus,
             shutdown,
         }
+    }
+
+    /// [`bind`], then publish it to the view as talboot's DHCP server does after its commit.
+    fn bind(&self, mode: Mode, mac: Mac, ip: Ipv4Addr) {
+        bind(self.store.as_ref(), mode, mac, ip);
+        self.view
+            .reload(self.store.as_ref(), &self.inventory)
+            .unwrap();
     }
 
     /// GET `path` from `from`: status and body.
@@ -182,10 +200,12 @@ impl World {
             .await
     }
 
-    /// Tokens in the store (each one a key `token/...`).
+    /// Tokens in the store (rows of its `pull_tokens` table, or `token/...` keys of an older
+    /// build's `cluster_meta`).
     fn tokens(&self) -> usize {
-        let dump = self.store.export_json().unwrap().to_string();
-        dump.matches("token/").count()
+        let dump = self.store.export_json().unwrap();
+        let typed = dump["pull_tokens"].as_object().map_or(0, |t| t.len());
+        typed + dump["cluster_meta"].to_string().matches("token/").count()
     }
 
     async fn events(&self) -> Vec<String> {
@@ -215,7 +235,7 @@ async fn pull_case(net: u8, mode: Mode, with_binding: bool) {
     let w = World::start(net, mode, Delivery::Pull).await;
     let (node, stranger, mac) = (node_ip(net), stranger_ip(net), node_mac(net));
     if with_binding {
-        bind(w.store.as_ref(), mode, mac, node);
+        w.bind(mode, mac, node);
     }
 
     let (status, body) = w.script(stranger, mac).await;
@@ -331,7 +351,7 @@ async fn push_case(net: u8, mode: Mode, with_binding: bool) {
     .await
     .unwrap();
     if with_binding {
-        bind(w.store.as_ref(), mode, mac, node);
+        w.bind(mode, mac, node);
     }
 
     let (status, body) = w.script(stranger, mac).await;
@@ -429,7 +449,7 @@ async fn proxy_exchange_records_the_binding_the_http_side_honours() {
             .unwrap();
     let dhcp_addr = dhcp.local_addr().unwrap();
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(dhcp.run(
+    let task = tokio::spawn(dhcp.with_view(w.view.clone()).run(
         ctx,
         talboot::dhcp::FloodConfig::default(),
         w.store.clone(),

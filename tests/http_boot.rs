@@ -17,9 +17,20 @@ struct Env {
     _tmp: tempfile::TempDir,
     base: String,
     store: Arc<dyn Store>,
+    /// The read view the HTTP side reads: a test that writes the store directly is the
+    /// writer, and republishes.
+    view: Arc<talboot::provision::view::StateView>,
+    inv: Arc<talboot::inventory::Inventory>,
     shutdown: CancellationToken,
     kernel: Vec<u8>,
     schematic: String,
+}
+
+impl Env {
+    /// Publish what the test wrote to the store, as the store's writers do after a commit.
+    fn publish(&self) {
+        self.view.reload(self.store.as_ref(), &self.inv).unwrap();
+    }
 }
 
 impl Drop for Env {
@@ -99,12 +110,16 @@ async fn start_edited(
     let (events, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
+    let inv = Arc::new(inv);
+    let view = Arc::new(talboot::provision::view::StateView::new());
     let app = Arc::new(HttpApp {
-        inventory: Arc::new(inv),
+        inventory: inv.clone(),
         store: store.clone(),
+        view: view.clone(),
         events,
         images_dir: images,
         catalog,
+        cmdlines: Default::default(),
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
@@ -124,6 +139,8 @@ async fn start_edited(
         _tmp: tmp,
         base,
         store,
+        view,
+        inv,
         shutdown,
         kernel,
         schematic,
@@ -145,6 +162,7 @@ fn lease(env: &Env, mac: &str, ip: &str) {
             0,
         )
         .unwrap();
+    env.publish();
 }
 
 fn client_from(ip: &str) -> reqwest::Client {
@@ -232,6 +250,7 @@ async fn scripts_chain_then_boot_talos() {
             ..rec
         })
         .unwrap();
+    env.publish();
     let s = c
         .get(format!("{}/boot.ipxe?mac=bc:24:11:40:00:01", env.base))
         .send()
@@ -396,6 +415,7 @@ async fn pull_configs_are_released_once_to_the_entitled_node() {
     let mut rec = env.store.node("k8s-ctrl-02").unwrap().unwrap();
     rec.provisioning_window_open = false;
     env.store.put_node(&rec).unwrap();
+    env.publish();
     let r = client_from("127.0.0.12").get(&url2).send().await.unwrap();
     assert_eq!(r.status(), 403);
 
@@ -565,4 +585,82 @@ async fn ipxe_fetches_kernel_then_initramfs_on_one_connection() {
         assert!(std::time::Instant::now() < deadline, "{kinds:?}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Issue 11 (read view): the HTTP side reads bindings from the view the DHCP server
+/// publishes to, and a view that lags the store fails closed. When the node's binding moves,
+/// its old address is refused from the moment the DHCP commit begins (script and config),
+/// the new one only once the commit is published.
+#[tokio::test]
+async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lands() {
+    use talboot::store::{Lease, LeaseCommit, LeaseState, LeaseWrite};
+    let env = start(Delivery::Pull).await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.21");
+    let url = script_token(&env, "127.0.0.21", "bc:24:11:40:00:01")
+        .await
+        .expect("entitled at the first address");
+
+    // The DHCP server's commit of the move, step by step as its commit loop does it.
+    let moved = [LeaseCommit {
+        writes: vec![LeaseWrite::Put(Lease {
+            mac: "bc:24:11:40:00:01".parse().unwrap(),
+            ip: "127.0.0.22".parse().unwrap(),
+            hostname: None,
+            state: LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })],
+        events: vec![],
+    }];
+    let script_status = |from: &'static str| {
+        let base = env.base.clone();
+        async move {
+            client_from(from)
+                .get(format!(
+                    "{base}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64"
+                ))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let touch = env.view.begin_leases(&moved);
+    // In flight, and committed but not yet published: nobody is entitled.
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, in flight"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        403,
+        "new address, in flight"
+    );
+    env.store.commit_leases(&moved, true, 0).unwrap();
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, unpublished"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        403,
+        "new address, unpublished"
+    );
+    touch.refresh(&env.view, env.store.as_ref());
+    assert_eq!(
+        script_status("127.0.0.21").await,
+        403,
+        "old address, published"
+    );
+    assert_eq!(
+        script_status("127.0.0.22").await,
+        200,
+        "new address, published"
+    );
+    // The token issued at the old address does not outlive its binding.
+    let r = client_from("127.0.0.21").get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 403);
 }

@@ -587,7 +587,14 @@ async fn bootstrap_intent_from_a_crashed_run_is_not_repeated_and_health_timeout_
         world.provision(m.name).await;
     }
     // A run recorded its intent, made the call, and died before recording "done".
-    world.with_store(|s| s.put_meta(BOOTSTRAP_KEY, b"intent").unwrap());
+    world.with_store(|s| {
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            BOOTSTRAP_KEY,
+            b"intent",
+        )
+        .unwrap()
+    });
     let cp1 = world.node("cp-1");
     TalosClient::secured(cp1.addr(), &world.creds)
         .unwrap()
@@ -1215,8 +1222,12 @@ async fn bootstrap_node_is_chosen_among_healthy_control_planes() {
     .await;
     // An earlier run had chosen cp-1 (the first control plane) before it failed.
     world.with_store(|s| {
-        s.put_meta(talboot::provision::cluster::BOOTSTRAP_NODE_KEY, b"cp-1")
-            .unwrap()
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            talboot::provision::cluster::BOOTSTRAP_NODE_KEY,
+            b"cp-1",
+        )
+        .unwrap()
     });
     let t = world.boot();
     t.prov().step_node("cp-1").await.unwrap();

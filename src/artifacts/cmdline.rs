@@ -56,7 +56,7 @@ pub fn parse(text: &str) -> Vec<String> {
 /// key (so an operator's `console=ttyS1,115200n8` is not shadowed), except `console=`, which the
 /// kernel accepts several times (the last one becomes /dev/console). An extra argument that
 /// would change one Talos requires is refused, since the node would then refuse to boot.
-pub fn merge(base: &[String], extra: &[String]) -> Result<Vec<String>, String> {
+pub fn merge(base: &[String], extra: &[String]) -> Result<Vec<String>, CmdlineError> {
     let key_of = |a: &str| a.split('=').next().unwrap_or(a).to_string();
     let mut out: Vec<String> = base.to_vec();
     for arg in extra {
@@ -64,9 +64,10 @@ pub fn merge(base: &[String], extra: &[String]) -> Result<Vec<String>, String> {
         if let Some(req) = REQUIRED.iter().find(|r| key_of(r) == key)
             && *req != arg
         {
-            return Err(format!(
-                "kernel argument `{arg}` conflicts with `{req}`, which Talos requires"
-            ));
+            return Err(CmdlineError::ConflictsWithRequired {
+                arg: arg.clone(),
+                required: req,
+            });
         }
         if key != "console" {
             out.retain(|a| key_of(a) != key);
@@ -74,6 +75,19 @@ pub fn merge(base: &[String], extra: &[String]) -> Result<Vec<String>, String> {
         out.push(arg.clone());
     }
     Ok(out)
+}
+
+/// Why extra kernel arguments cannot be merged into a boot set's command line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CmdlineError {
+    /// An argument sets a key Talos requires to another value.
+    #[error("kernel argument `{arg}` conflicts with `{required}`, which Talos requires")]
+    ConflictsWithRequired {
+        /// The argument as written in the inventory.
+        arg: String,
+        /// The argument Talos requires.
+        required: &'static str,
+    },
 }
 
 #[cfg(test)]
@@ -125,6 +139,13 @@ mod tests {
         let err = merge(&base, &parse("pti=off")).unwrap_err();
         assert_eq!(
             err,
+            CmdlineError::ConflictsWithRequired {
+                arg: "pti=off".into(),
+                required: "pti=on"
+            }
+        );
+        assert_eq!(
+            err.to_string(),
             "kernel argument `pti=off` conflicts with `pti=on`, which Talos requires"
         );
     }

@@ -66,11 +66,10 @@ struct NoRender;
 
 impl ConfigRenderer for NoRender {
     fn render(&self, _node: &Node) -> Result<Vec<u8>, crate::provision::RenderError> {
-        Err(
-            "`talboot node rebuild` does not deliver configs; `talboot serve` provisions the \
-             node on its next boot"
-                .into(),
-        )
+        Err(crate::provision::RenderError::NotDelivered {
+            command: "talboot node rebuild",
+            instead: "`talboot serve` provisions the node on its next boot",
+        })
     }
 }
 
@@ -235,5 +234,33 @@ fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
             );
             ExitCode::from(EXIT_USAGE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebuild_never_renders_and_says_what_delivers_the_config() {
+        let inv = crate::inventory::load_with_env(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"),
+            &std::collections::BTreeMap::new(),
+        )
+        .unwrap()
+        .inventory;
+        let e = NoRender.render(&inv.nodes[0]).unwrap_err();
+        assert!(matches!(
+            e,
+            crate::provision::RenderError::NotDelivered {
+                command: "talboot node rebuild",
+                ..
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "`talboot node rebuild` does not deliver configs; `talboot serve` provisions the node \
+             on its next boot"
+        );
     }
 }

@@ -25,6 +25,7 @@
 //! simulated relay agent's for relayed requests (giaddr set, as a top-of-rack relay does).
 //! The RFC 2131 destination is still decided by the core and logged.
 
+use crate::provision::view::StateView;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
 use std::io;
@@ -98,6 +99,8 @@ pub struct DhcpServer {
     server_ip: Ipv4Addr,
     sockets: Vec<(ServerPort, Arc<UdpSocket>)>,
     transport: Transport,
+    /// Where committed bindings are published for the request paths.
+    view: Option<Arc<StateView>>,
 }
 
 /// How replies reach clients.
@@ -138,6 +141,7 @@ impl DhcpServer {
             server_ip,
             sockets,
             transport: Transport::Segment,
+            view: None,
         })
     }
 
@@ -170,6 +174,7 @@ impl DhcpServer {
             server_ip: *addr.ip(),
             sockets: vec![(ServerPort::Dhcp, Arc::new(sock))],
             transport: Transport::ReplyToSource,
+            view: None,
         })
     }
 
@@ -179,6 +184,13 @@ impl DhcpServer {
             Some((_, s)) => s.local_addr(),
             None => Err(io::Error::new(io::ErrorKind::NotConnected, "no sockets")),
         }
+    }
+
+    /// Publish every lease commit and ProxyDHCP binding to `view` (see
+    /// [`crate::provision::view`]).
+    pub fn with_view(mut self, view: Arc<StateView>) -> Self {
+        self.view = Some(view);
+        self
     }
 
     /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
@@ -210,7 +222,16 @@ impl DhcpServer {
             let writes = lease_writes(&removals, &BTreeMap::new());
             let store = store.clone();
             let now = unix(SystemTime::now());
-            match tokio::task::spawn_blocking(move || store.apply_lease_writes(&writes, now)).await
+            let view = self.view.clone();
+            let publish = view.as_ref().map(|v| v.begin_lease_writes(writes.iter()));
+            match tokio::task::spawn_blocking(move || {
+                let r = store.apply_lease_writes(&writes, now);
+                if let (Some(v), Some(p)) = (view, publish) {
+                    p.refresh(&v, store.as_ref());
+                }
+                r
+            })
+            .await
             {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => error!(error = %e, "cannot remove stale leases from the state store"),
@@ -227,6 +248,7 @@ impl DhcpServer {
                 .map(|(m, h)| (*m, h.name.clone()))
                 .collect(),
             events,
+            view: self.view.clone(),
         });
         let (jobs, job_rx) = mpsc::channel::<Job>(COMMIT_QUEUE);
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
@@ -643,10 +665,19 @@ async fn commit_loop(
         } else {
             let store = store.clone();
             let now = unix(SystemTime::now());
-            tokio::task::spawn_blocking(move || store.commit_leases(&groups, durable, now))
-                .await
-                .map_err(join_error)
-                .and_then(|r| r)
+            // The view retracts what the commit touches now and publishes the result after.
+            let view = replier.view.clone();
+            let publish = view.as_ref().map(|v| v.begin_leases(&groups));
+            tokio::task::spawn_blocking(move || {
+                let r = store.commit_leases(&groups, durable, now);
+                if let (Some(v), Some(p)) = (view, publish) {
+                    p.refresh(&v, store.as_ref());
+                }
+                r
+            })
+            .await
+            .map_err(join_error)
+            .and_then(|r| r)
         };
         for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();
@@ -686,12 +717,14 @@ async fn commit_loop(
                     bind,
                 } => {
                     if let Some((mac, ip)) = bind {
-                        record_binding(&store, mac, ip).await;
+                        record_binding(&store, replier.view.as_deref(), mac, ip).await;
                     }
                     replier.send(&sock, &bytes, to, source).await;
                     counter!("dhcp_replies_total", "type" => msg_type_label(kind)).increment(1);
                 }
-                After::Bind { mac, ip } => record_binding(&store, mac, ip).await,
+                After::Bind { mac, ip } => {
+                    record_binding(&store, replier.view.as_deref(), mac, ip).await
+                }
                 After::Nothing => {}
             }
             for ev in job.events {
@@ -713,6 +746,7 @@ struct Replier {
     mode: NetworkMode,
     hosts: BTreeMap<Mac, String>,
     events: EventBus,
+    view: Option<Arc<StateView>>,
 }
 
 impl Replier {
@@ -826,15 +860,23 @@ fn from_store(l: &store::Lease) -> Lease {
 }
 
 /// Persist the ProxyDHCP binding of `mac` to `ip`.
-async fn record_binding(store: &Arc<dyn Store>, mac: Mac, ip: Ipv4Addr) {
+async fn record_binding(store: &Arc<dyn Store>, view: Option<&StateView>, mac: Mac, ip: Ipv4Addr) {
     let store = store.clone();
     let now = unix(SystemTime::now());
+    if let Some(v) = view {
+        v.retract_proxy(mac);
+    }
     let done = tokio::task::spawn_blocking(move || {
         crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
     })
     .await;
     match done {
-        Ok(Ok(())) => debug!(%mac, %ip, "ProxyDHCP binding recorded"),
+        Ok(Ok(binding)) => {
+            if let Some(v) = view {
+                v.publish_proxy(binding);
+            }
+            debug!(%mac, %ip, "ProxyDHCP binding recorded")
+        }
         Ok(Err(e)) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
         Err(e) => error!(%mac, error = %e, "cannot record ProxyDHCP binding"),
     }

@@ -135,8 +135,13 @@ pub fn unknown_node_key(mac: Mac) -> String {
 /// The timeline key of the machine that sent a request from `peer`. The DHCP lease on the
 /// address is authoritative: its MAC names the inventory node, or the unknown machine
 /// ([`unknown_node_key`]). Without a lease, the inventory node last seen at the address;
-/// else `ip-<peer>`. A store that cannot be read counts as knowing nothing.
-pub(crate) fn node_key_by_peer(store: &dyn Store, inventory: &Inventory, peer: IpAddr) -> String {
+/// else `ip-<peer>`. Read from the in-memory view the writers publish to, never the store
+/// (it runs per TFTP transfer and per HTTP asset).
+pub(crate) fn node_key_by_peer(
+    view: &crate::provision::view::StateView,
+    inventory: &Inventory,
+    peer: IpAddr,
+) -> String {
     let v4 = match peer {
         IpAddr::V4(v4) => Some(v4),
         IpAddr::V6(v6) => v6.to_ipv4_mapped(),
@@ -144,17 +149,13 @@ pub(crate) fn node_key_by_peer(store: &dyn Store, inventory: &Inventory, peer: I
     let Some(ip) = v4 else {
         return format!("ip-{peer}");
     };
-    if let Ok(Some(lease)) = store.lease_by_ip(ip) {
+    if let Some(mac) = view.mac_at(ip) {
         return inventory
-            .node_by_mac(lease.mac)
+            .node_by_mac(mac)
             .map(|n| n.name.value.clone())
-            .unwrap_or_else(|| unknown_node_key(lease.mac));
+            .unwrap_or_else(|| unknown_node_key(mac));
     }
-    store
-        .nodes()
-        .ok()
-        .and_then(|records| records.into_iter().find(|r| r.last_seen_addr == Some(ip)))
-        .map(|r| r.name)
+    view.node_last_seen_at(ip)
         .unwrap_or_else(|| format!("ip-{peer}"))
 }
 
@@ -339,7 +340,8 @@ mod tests {
             })
             .unwrap();
 
-        let key = |ip: &str| node_key_by_peer(&store, &inv, ip.parse().unwrap());
+        let view = crate::provision::view::StateView::load(&store, &inv).unwrap();
+        let key = |ip: &str| node_key_by_peer(&view, &inv, ip.parse().unwrap());
         assert_eq!(key("10.9.0.1"), known.name.value);
         assert_eq!(key("::ffff:10.9.0.1"), known.name.value);
         assert_eq!(key("10.9.0.2"), "mac-aa-bb-cc-00-00-09");

@@ -36,23 +36,85 @@ use tokio_util::sync::CancellationToken;
 use crate::artifacts::{Catalog, Kind, SetId};
 use crate::events::{EventBus, EventKind, node_key_by_peer, unknown_node_key};
 use crate::inventory::{Inventory, Mac};
-use crate::store::{NodePhase, NodeRecord, Store};
+use crate::store::Store;
 
 use self::script::{BootPlan, ClientFacts, NodeState, PlanInput, Scripts};
 
 /// Where pull delivery gets a node's rendered machine config from.
 pub trait ConfigSource: Send + Sync {
     /// The machine config for `node`, or why there is none.
-    fn config_for(&self, node: &str) -> Result<Vec<u8>, String>;
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, ConfigError>;
+}
+
+/// Why a node's rendered config is not available for pull delivery.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The rendered config file cannot be read.
+    #[error(
+        "cannot read the rendered config of {node} at {}: {source}; render it with \
+         `talboot gen -o {}` (serve --configs points at that directory)",
+        path.display(),
+        dir.display()
+    )]
+    Read {
+        /// The node.
+        node: String,
+        /// The file.
+        path: PathBuf,
+        /// The configs directory.
+        dir: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
 }
 
 /// Rendered configs in a directory, `<dir>/<node>.yaml` (as `talboot gen -o DIR` writes them).
 pub struct ConfigDir(pub PathBuf);
 
 impl ConfigSource for ConfigDir {
-    fn config_for(&self, node: &str) -> Result<Vec<u8>, String> {
-        let p = self.0.join(format!("{node}.yaml"));
-        std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))
+    fn config_for(&self, node: &str) -> Result<Vec<u8>, ConfigError> {
+        let path = self.0.join(format!("{node}.yaml"));
+        std::fs::read(&path).map_err(|source| ConfigError::Read {
+            node: node.to_owned(),
+            path,
+            dir: self.0.clone(),
+            source,
+        })
+    }
+}
+
+/// The factory command lines of the catalog's boot sets, read from the artifact cache once per
+/// set: the catalog is loaded (and verified) once per process, so the files it names do not
+/// change under it, and the script path does no file read per request.
+#[derive(Debug, Default)]
+pub struct FactoryCmdlines(
+    std::sync::RwLock<std::collections::HashMap<SetId, Option<Vec<String>>>>,
+);
+
+impl FactoryCmdlines {
+    /// The factory command line of `set`, if the catalog has the set and its cmdline file.
+    fn get(&self, app: &HttpApp, set: &SetId) -> Option<Vec<String>> {
+        if let Some(known) = self.0.read().unwrap_or_else(|e| e.into_inner()).get(set) {
+            return known.clone();
+        }
+        // First request for the set: one small file read.
+        let line = app
+            .catalog
+            .find(set)
+            .and_then(|_| {
+                std::fs::read_to_string(
+                    app.images_dir
+                        .join(set.rel_dir())
+                        .join(Kind::Cmdline.file_name()),
+                )
+                .ok()
+            })
+            .map(|s| crate::artifacts::cmdline::parse(&s));
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set.clone(), line.clone());
+        line
     }
 }
 
@@ -62,12 +124,17 @@ pub struct HttpApp {
     pub inventory: Arc<Inventory>,
     /// The state store.
     pub store: Arc<dyn Store>,
+    /// The in-memory view of node records and DHCP bindings the request paths read (their
+    /// writers publish to it; no request path reads the store for them).
+    pub view: Arc<crate::provision::view::StateView>,
     /// Event publication.
     pub events: EventBus,
     /// The artifact cache.
     pub images_dir: PathBuf,
     /// Its catalog, loaded (and verified) at start.
     pub catalog: Catalog,
+    /// The catalog's factory command lines, read once per set.
+    pub cmdlines: FactoryCmdlines,
     /// `http://<advertise>:<port>`, the base of every URL handed to machines.
     pub base_url: String,
     /// Script templates.
@@ -179,12 +246,11 @@ struct BootQuery {
 }
 
 /// The node's boot state from its record: no record, or an open window, means provisioning.
-fn node_state(rec: Option<&NodeRecord>) -> NodeState {
-    match rec {
-        Some(r) if !r.provisioning_window_open && r.phase == NodePhase::Ready => {
-            NodeState::Installed
-        }
-        _ => NodeState::Provisioning,
+fn node_state(app: &HttpApp, node: &str) -> NodeState {
+    if app.view.installed(node) {
+        NodeState::Installed
+    } else {
+        NodeState::Provisioning
     }
 }
 
@@ -212,17 +278,9 @@ async fn boot_script(
     let inv = &app.inventory;
     let node = inv.node_by_mac(mac);
     let peer_ip = peer_v4(&peer);
-    let record = match node {
-        Some(n) => {
-            let (store, name) = (app.store.clone(), n.name.to_string());
-            tokio::task::spawn_blocking(move || store.node(&name).ok().flatten())
-                .await
-                .ok()
-                .flatten()
-        }
-        None => None,
-    };
-    let state = node_state(record.as_ref());
+    let state = node
+        .map(|n| node_state(&app, n.name.as_str()))
+        .unwrap_or(NodeState::Provisioning);
 
     // The set decides the factory command line, which is stored with the artifacts.
     let arch = node
@@ -234,33 +292,13 @@ async fn boot_script(
         inv.cluster.installer.schematic_id(),
         arch,
     );
-    let factory_cmdline = app
-        .catalog
-        .find(&set)
-        .and_then(|_| {
-            std::fs::read_to_string(
-                app.images_dir
-                    .join(set.rel_dir())
-                    .join(Kind::Cmdline.file_name()),
-            )
-            .ok()
-        })
-        .map(|s| crate::artifacts::cmdline::parse(&s));
+    let factory_cmdline = app.cmdlines.get(&app, &set);
 
     // A node being provisioned gets its script (and, in pull mode, a token bound to its
     // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
     let mut entitled = None;
     if let Some(n) = node {
-        // The binding is a store read: off the async threads.
-        let verdict = {
-            let (app, name) = (app.clone(), n.name.to_string());
-            tokio::task::spawn_blocking(move || {
-                let n = app.inventory.node(&name).expect("node of this inventory");
-                entitlement_of(&app, n, peer_ip)
-            })
-            .await
-            .unwrap_or(Err(crate::entitlement::Refusal::NoBinding))
-        };
+        let verdict = entitlement_of(&app, n, peer_ip);
         match (&verdict, state) {
             (Ok(b), _) => entitled = Some(*b),
             (Err(refusal), NodeState::Provisioning) => {
@@ -337,37 +375,24 @@ async fn boot_script(
     text(status, app.scripts.plan(&plan, &app.base_url))
 }
 
-/// The entitlement verdict of `requester` for node `n` (a store that cannot be read entitles
-/// nobody).
+/// The entitlement verdict of `requester` for node `n`, from the published bindings (a
+/// binding whose commit is in flight entitles nobody).
 fn entitlement_of(
     app: &HttpApp,
     n: &crate::inventory::Node,
     requester: Option<Ipv4Addr>,
 ) -> Result<crate::entitlement::Bound, crate::entitlement::Refusal> {
     let macs: Vec<Mac> = n.macs.iter().map(|m| m.value).collect();
-    let bound = crate::entitlement::bound_address(
-        app.store.as_ref(),
-        app.inventory.network.mode,
-        &macs,
-        now(app),
-    )
-    .unwrap_or_else(|e| {
-        tracing::error!(node = %n.name.as_str(), error = %e, "cannot read the node's DHCP binding");
-        None
-    });
+    let bound = app.view.bound(app.inventory.network.mode, &macs, now(app));
     crate::entitlement::judge(bound, requester)
 }
 
 /// Record where a node was last seen, creating its record on first sight: the core's
 /// binding and boot rules, applied here only when no provisioner runs (which would otherwise
-/// be the writer), off the async threads, read and written in one go.
+/// be the writer). The core is asked first over the published record; only a change goes to
+/// the store (off the async threads, read and written in one go, published to the view).
 async fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr) {
-    let (store, inv, name, now) = (
-        app.store.clone(),
-        app.inventory.clone(),
-        node.to_owned(),
-        now(app),
-    );
+    let now = now(app);
     let observations = vec![
         crate::provision::core::Observation::Binding(Some(crate::provision::core::Binding {
             mac,
@@ -375,8 +400,26 @@ async fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr) {
         })),
         crate::provision::core::Observation::BootSeen,
     ];
+    if let (Some(n), (Some((rec, life)), false)) = (app.inventory.node(node), app.view.node(node))
+        && !crate::provision::changes_offline(&app.inventory, n, rec, life, &observations, now)
+    {
+        return;
+    }
+    let (store, inv, name, view) = (
+        app.store.clone(),
+        app.inventory.clone(),
+        node.to_owned(),
+        app.view.clone(),
+    );
     let done = tokio::task::spawn_blocking(move || {
-        crate::provision::observe_offline(store.as_ref(), &inv, &name, observations, now)
+        crate::provision::observe_offline(
+            store.as_ref(),
+            &inv,
+            &name,
+            observations,
+            now,
+            Some(&view),
+        )
     })
     .await;
     if let Ok(Err(e)) = done {
@@ -431,7 +474,7 @@ async fn asset(
             Kind::Cmdline => None,
         };
         if let Some(ev) = event {
-            let who = node_key_by_peer(app.store.as_ref(), &app.inventory, ip.into());
+            let who = node_key_by_peer(&app.view, &app.inventory, ip.into());
             app.events
                 .publish(&who, ev, format!("{file} of {id} ({bytes} bytes) to {ip}"));
         }
@@ -462,14 +505,7 @@ async fn config(
         metrics::counter!("talboot_entitlement_refused_total", "what" => "config").increment(1);
         return forbidden();
     }
-    let store = app.store.clone();
-    let window = |node: &str| {
-        store
-            .node(node)
-            .ok()
-            .flatten()
-            .is_none_or(|r| r.provisioning_window_open)
-    };
+    let window = |node: &str| app.view.window_open(node);
     let outcome = tokens::TokenStore::new(app.store.as_ref()).redeem(&token, ip, now(&app), window);
     match outcome {
         Ok(Ok(tok)) => match app.configs.config_for(&tok.node) {
@@ -608,11 +644,12 @@ async fn api_rebuild(
             return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
         }
     } else {
-        let (store, inv, node, now) = (
+        let (store, inv, node, now, view) = (
             app.store.clone(),
             app.inventory.clone(),
             name.clone(),
             now(&app),
+            app.view.clone(),
         );
         let done = tokio::task::spawn_blocking(move || {
             crate::provision::observe_offline(
@@ -621,6 +658,7 @@ async fn api_rebuild(
                 &node,
                 vec![crate::provision::core::Observation::RebuildRequested],
                 now,
+                Some(&view),
             )
         })
         .await;
@@ -653,6 +691,26 @@ async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::redact_path;
+
+    #[test]
+    fn a_missing_rendered_config_names_the_file_and_the_fix() {
+        use super::{ConfigDir, ConfigError, ConfigSource};
+        let dir = tempfile::tempdir().unwrap();
+        let e = ConfigDir(dir.path().to_path_buf())
+            .config_for("cp-1")
+            .unwrap_err();
+        let ConfigError::Read { node, path, .. } = &e;
+        assert_eq!(
+            (node.as_str(), path),
+            ("cp-1", &dir.path().join("cp-1.yaml"))
+        );
+        let msg = e.to_string();
+        assert!(msg.contains("cp-1.yaml"), "{msg}");
+        assert!(
+            msg.contains(&format!("`talboot gen -o {}`", dir.path().display())),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn config_tokens_are_redacted_from_logged_paths() {

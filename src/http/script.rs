@@ -108,14 +108,16 @@ pub(crate) fn plan(inv: &Inventory, input: &PlanInput<'_>) -> BootPlan {
                     .clone()
                     .unwrap_or_else(|| cmdline::default_cmdline(talos, arch));
                 // No talos.config: Talos waits in maintenance mode to be discovered.
-                let cmdline = finish_cmdline(base, &inv.boot.kernel_args, &[], None);
+                let cmdline = finish_cmdline(base, &inv.boot.kernel_args, None, None);
                 match cmdline {
                     Ok(cmdline) => BootPlan::Talos {
                         node: None,
                         set: SetId::new(talos, schematic, arch),
                         cmdline,
                     },
-                    Err(reason) => BootPlan::Refuse { reason },
+                    Err(e) => BootPlan::Refuse {
+                        reason: e.to_string(),
+                    },
                 }
             }
         };
@@ -147,30 +149,70 @@ pub(crate) fn plan(inv: &Inventory, input: &PlanInput<'_>) -> BootPlan {
         Delivery::Pull => input.config_url.as_deref(),
         Delivery::Push => None,
     };
-    match finish_cmdline(base, &inv.boot.kernel_args, &node.kernel_args, config_url) {
+    match finish_cmdline(
+        base,
+        &inv.boot.kernel_args,
+        Some((node.name.as_str(), node.kernel_args.as_slice())),
+        config_url,
+    ) {
         Ok(cmdline) => BootPlan::Talos {
             node: Some(node.name.value.clone()),
             set: SetId::new(talos, schematic, arch),
             cmdline,
         },
-        Err(reason) => BootPlan::Refuse { reason },
+        Err(e) => BootPlan::Refuse {
+            reason: e.to_string(),
+        },
     }
 }
 
+/// Why a node's kernel command line cannot be made: an inventory argument conflicts with one
+/// Talos requires. Shown on the machine's console (a refuse script) and names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CmdlineRefusal {
+    /// The argument is in the cluster-wide `boot.kernelArgs`.
+    #[error("{source}; remove it from the inventory's boot.kernelArgs")]
+    Cluster {
+        /// The conflict.
+        source: cmdline::CmdlineError,
+    },
+    /// The argument is in the node's own `kernelArgs`.
+    #[error("{source}; remove it from the kernelArgs of node {node}")]
+    Node {
+        /// The node.
+        node: String,
+        /// The conflict.
+        source: cmdline::CmdlineError,
+    },
+}
+
+/// `base` with the cluster's, then the node's (`node`: its name and arguments), then
+/// talboot's own arguments merged in.
 fn finish_cmdline(
     base: Vec<String>,
     cluster_args: &[String],
-    node_args: &[String],
+    node: Option<(&str, &[String])>,
     config_url: Option<&str>,
-) -> Result<Vec<String>, String> {
-    let mut extra: Vec<String> = cluster_args.iter().chain(node_args).cloned().collect();
+) -> Result<Vec<String>, CmdlineRefusal> {
+    let line =
+        cmdline::merge(&base, cluster_args).map_err(|source| CmdlineRefusal::Cluster { source })?;
+    let line = match node {
+        Some((name, args)) => {
+            cmdline::merge(&line, args).map_err(|source| CmdlineRefusal::Node {
+                node: name.to_owned(),
+                source,
+            })?
+        }
+        None => line,
+    };
+    let mut ours = Vec::new();
     if let Some(url) = config_url {
-        extra.push(format!("talos.config={url}"));
+        ours.push(format!("talos.config={url}"));
     }
     // UEFI iPXE hands the initrd to the kernel's EFI stub only when the command line names it;
     // the argument is harmless on BIOS.
-    extra.push("initrd=initramfs.xz".into());
-    cmdline::merge(&base, &extra)
+    ours.push("initrd=initramfs.xz".into());
+    Ok(cmdline::merge(&line, &ours).expect("talboot's own arguments are not Talos-required keys"))
 }
 
 const CHAIN: &str = include_str!("../../ipxe/chain.ipxe");
@@ -463,6 +505,38 @@ mod tests {
         };
         assert!(
             reason.contains("amd64 in the inventory but this iPXE is arm64"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn a_kernel_argument_against_talos_is_refused_naming_the_field() {
+        let mut inv = inv("lab.yaml");
+        let f = facts("x86_64");
+        let input = PlanInput {
+            mac: "bc:24:11:40:00:01".parse().unwrap(),
+            state: NodeState::Provisioning,
+            facts: &f,
+            factory_cmdline: None,
+            config_url: None,
+        };
+        inv.nodes[0].kernel_args = vec!["pti=off".into()];
+        let BootPlan::Refuse { reason } = plan(&inv, &input) else {
+            panic!()
+        };
+        assert_eq!(
+            reason,
+            "kernel argument `pti=off` conflicts with `pti=on`, which Talos requires; \
+             remove it from the kernelArgs of node k8s-ctrl-01"
+        );
+        inv.nodes[0].kernel_args.clear();
+        inv.boot.kernel_args = vec!["slab_nomerge=0".into()];
+        let BootPlan::Refuse { reason } = plan(&inv, &input) else {
+            panic!()
+        };
+        assert!(
+            reason
+                .ends_with("which Talos requires; remove it from the inventory's boot.kernelArgs"),
             "{reason}"
         );
     }

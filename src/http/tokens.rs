@@ -98,14 +98,14 @@ pub(crate) fn well_formed(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// The store's table of tokens.
+const TOKENS: crate::store::ClusterTable = crate::store::ClusterTable::PullTokens;
+
 /// The store key of a token: its SHA-256, so the store (and any export or backup of it)
 /// never holds a usable token.
 fn key(token: &str) -> String {
     use sha2::Digest;
-    format!(
-        "token/{}",
-        crate::hex::lower(&sha2::Sha256::digest(token.as_bytes()))
-    )
+    crate::hex::lower(&sha2::Sha256::digest(token.as_bytes()))
 }
 
 /// A fresh token for `node` at `ip`: the token itself, its store key and the stored record.
@@ -164,7 +164,7 @@ trait Commit: Send + Sync + 'static {
 
 impl Commit for Arc<dyn Store> {
     fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
-        self.put_metas(entries)
+        self.put_rows(TOKENS, entries)
     }
 }
 
@@ -243,7 +243,7 @@ impl<'a> TokenStore<'a> {
         }
         Ok(self
             .store
-            .get_meta(&key(token))?
+            .row(TOKENS, &key(token))?
             .and_then(|b| serde_json::from_slice(&b).ok()))
     }
 
@@ -258,7 +258,7 @@ impl<'a> TokenStore<'a> {
         if !well_formed(token) {
             return Ok(Err((Refusal::Unknown, None)));
         }
-        let Some(raw) = self.store.get_meta(&key(token))? else {
+        let Some(raw) = self.store.row(TOKENS, &key(token))? else {
             return Ok(Err((Refusal::Unknown, None)));
         };
         let Ok(rec) = serde_json::from_slice::<Token>(&raw) else {
@@ -274,7 +274,7 @@ impl<'a> TokenStore<'a> {
         let new = serde_json::to_vec(&used).expect("token serializes");
         match self
             .store
-            .compare_and_set_meta(&key(token), Some(&raw), &new)?
+            .compare_and_set_row(TOKENS, &key(token), Some(&raw), &new)?
         {
             CasOutcome::Swapped => Ok(Ok(used)),
             // Someone redeemed it between our read and our write.
@@ -331,6 +331,26 @@ mod tests {
             judge(Some(&tok()), ip, 150, |_| false),
             Err(Refusal::WindowClosed("cp-1".into()))
         );
+    }
+
+    /// A token an older build stored under `cluster_meta`'s `token/<sha256>` is still
+    /// found, and redeemed exactly once.
+    #[test]
+    fn a_token_left_in_cluster_meta_is_still_redeemed_once() {
+        let (_dir, store) = store();
+        let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
+        store.put_meta(&TOKENS.legacy_key(&key), &value).unwrap();
+        let tokens = TokenStore::new(store.as_ref());
+        assert_eq!(tokens.get(&token).unwrap().unwrap().node, "cp-1");
+        let ip = "10.0.0.11".parse().unwrap();
+        assert!(matches!(
+            tokens.redeem(&token, ip, 1001, |_| true),
+            Ok(Ok(_))
+        ));
+        assert!(matches!(
+            tokens.redeem(&token, ip, 1002, |_| true),
+            Ok(Err((Refusal::Reused, _)))
+        ));
     }
 
     fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
@@ -406,7 +426,7 @@ mod tests {
                     cause: "disk on fire".into(),
                 });
             }
-            self.store.put_metas(entries)
+            self.store.put_rows(TOKENS, entries)
         }
     }
 
@@ -486,7 +506,8 @@ mod tests {
             assert!(err.to_string().contains("disk on fire"), "{err}");
         }
         assert_eq!(*groups.lock().unwrap(), [1, 1]);
-        let dump = serde_json::to_string(&store.export_json().unwrap()).unwrap();
-        assert!(!dump.contains("token/"), "{dump}");
+        let dump = store.export_json().unwrap();
+        assert_eq!(dump["pull_tokens"], serde_json::json!({}), "{dump}");
+        assert_eq!(dump["cluster_meta"], serde_json::json!({}), "{dump}");
     }
 }

@@ -367,7 +367,7 @@ pub(crate) fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Opt
 /// Talos size matchers, read exactly as Talos reads them (`InstallDiskSizeMatcher`, see
 /// [`crate::provision::disks::parse_size_expr`]): an optional comparison, then a size that
 /// `humanize.ParseBytes` accepts.
-fn check_size(s: &str) -> Result<String, String> {
+fn check_size(s: &str) -> Result<String, crate::provision::disks::SizeError> {
     crate::provision::disks::parse_size_expr(s).map(|_| s.to_string())
 }
 
@@ -628,6 +628,24 @@ mod tests {
         for bad in ["big", ">= GB", "=> 5GB", "5XB"] {
             assert!(check_size(bad).is_err(), "{bad}");
         }
+        use crate::provision::disks::SizeError;
+        let e = check_size(">= 5XB").unwrap_err();
+        assert_eq!(
+            e,
+            SizeError::UnknownUnit {
+                text: "5XB".into(),
+                unit: "xb".into()
+            }
+        );
+        assert!(
+            e.to_string()
+                .starts_with("failed to parse disk size \"5XB\": unknown unit \"xb\"; use B, kB"),
+            "{e}"
+        );
+        assert!(matches!(
+            check_size(">= GB"),
+            Err(SizeError::NotANumber { .. })
+        ));
     }
 
     #[test]

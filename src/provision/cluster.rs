@@ -35,12 +35,14 @@ use crate::inventory::EndpointHost;
 use crate::store::{CasOutcome, NodePhase};
 use crate::talos::{TalosClient, TalosError};
 
-/// Store key of the chosen bootstrap node's name.
-pub const BOOTSTRAP_NODE_KEY: &str = "cluster/bootstrap-node";
-/// Store key of the bootstrap step: `intent`, then `done`.
-pub const BOOTSTRAP_KEY: &str = "cluster/bootstrap";
-/// Store key of the kubeconfig step: `done` once written.
-pub const KUBECONFIG_KEY: &str = "cluster/kubeconfig";
+/// Row (in the store's cluster progress table) of the chosen bootstrap node's name.
+pub const BOOTSTRAP_NODE_KEY: &str = "bootstrap-node";
+/// Row of the bootstrap step: `intent`, then `done`.
+pub const BOOTSTRAP_KEY: &str = "bootstrap";
+/// Row of the kubeconfig step: `done` once written.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The cluster progress table those rows live in.
+const PROGRESS: crate::store::ClusterTable = crate::store::ClusterTable::Progress;
 /// File name of the admin kubeconfig in the state directory.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
 
@@ -103,9 +105,9 @@ impl Provisioner {
         let (node, mark, kubeconfig, step) = self
             .db(|s| {
                 Ok((
-                    s.get_meta(BOOTSTRAP_NODE_KEY)?,
-                    s.get_meta(BOOTSTRAP_KEY)?,
-                    s.get_meta(KUBECONFIG_KEY)?,
+                    s.row(PROGRESS, BOOTSTRAP_NODE_KEY)?,
+                    s.row(PROGRESS, BOOTSTRAP_KEY)?,
+                    s.row(PROGRESS, KUBECONFIG_KEY)?,
                     super::steps::load_step_record(s)?,
                 ))
             })
@@ -146,7 +148,9 @@ impl Provisioner {
         let value = chosen.clone().into_bytes();
         let expected = persisted.clone().map(String::into_bytes);
         let outcome = self
-            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_NODE_KEY, expected.as_deref(), &value))
+            .db(move |s| {
+                s.compare_and_set_row(PROGRESS, BOOTSTRAP_NODE_KEY, expected.as_deref(), &value)
+            })
             .await?;
         Ok(match outcome {
             CasOutcome::Swapped => {
@@ -177,9 +181,15 @@ impl Provisioner {
         let step = serde_json::to_vec(&forgotten.step).expect("step record serialises");
         self.db_then_event(
             move |s| {
-                s.put_meta(BOOTSTRAP_KEY, REBUILT)?;
-                s.put_meta(KUBECONFIG_KEY, REBUILT)?;
-                s.put_meta(super::steps::STEP_KEY, &step)
+                // One commit: the three marks cannot be separated by a stop.
+                s.put_rows(
+                    PROGRESS,
+                    &[
+                        (BOOTSTRAP_KEY.to_owned(), REBUILT.to_vec()),
+                        (KUBECONFIG_KEY.to_owned(), REBUILT.to_vec()),
+                        (super::steps::STEP_KEY.to_owned(), step),
+                    ],
+                )
             },
             node.to_owned(),
             EventKind::Cluster,
@@ -189,7 +199,7 @@ impl Provisioner {
     }
 
     pub(crate) async fn meta(&self, key: &'static str) -> Result<Option<Vec<u8>>, ProvisionError> {
-        self.db(move |s| s.get_meta(key)).await
+        self.db(move |s| s.row(PROGRESS, key)).await
     }
 
     /// A secured client to the bootstrap node, if it is Ready.
@@ -247,7 +257,9 @@ impl Provisioner {
         // After the last etcd member was rebuilt the key says so, and is swapped the same way.
         let rebuilt = self.meta(BOOTSTRAP_KEY).await?.as_deref() == Some(REBUILT);
         let outcome = self
-            .db(move |s| s.compare_and_set_meta(BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT))
+            .db(move |s| {
+                s.compare_and_set_row(PROGRESS, BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT)
+            })
             .await?;
         if let CasOutcome::Mismatch { current } = &outcome
             && current.as_deref() == Some(DONE)
@@ -350,7 +362,7 @@ impl Provisioner {
 
     async fn mark_bootstrapped(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
         self.db_then_event(
-            |s| s.put_meta(BOOTSTRAP_KEY, DONE),
+            |s| s.put_row(PROGRESS, BOOTSTRAP_KEY, DONE),
             cp.to_owned(),
             EventKind::Cluster,
             "bootstrap done (recorded)".into(),
@@ -473,7 +485,7 @@ impl Provisioner {
         // kubeconfig is never fetched again.
         tokio::task::spawn_blocking(move || {
             crate::fsutil::write_atomic(&target, &bytes, 0o600)?;
-            store.put_meta(KUBECONFIG_KEY, DONE)?;
+            store.put_row(PROGRESS, KUBECONFIG_KEY, DONE)?;
             bus.publish(&node, EventKind::Talos, detail);
             Ok::<_, ProvisionError>(())
         })

@@ -387,7 +387,12 @@ struct Matcher<'a> {
 
 impl<'a> Matcher<'a> {
     fn compile(sel: &'a DiskSelector) -> Result<Self, String> {
-        let size = sel.size.as_deref().map(parse_size_expr).transpose()?;
+        let size = sel
+            .size
+            .as_deref()
+            .map(parse_size_expr)
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let mut globs: Vec<(&str, Field)> = Vec::new();
         // Empty strings are not criteria: `if selector.Model != ""`.
         let fields: [(&Option<String>, Field); 4] = [
@@ -467,7 +472,7 @@ impl SizeExpr {
 /// `,` (commas dropped) read as a float, then a case-insensitive unit (`B`, `k`/`kB`...`E`/`EB`
 /// powers of 1000, `Ki`/`KiB`...`Ei`/`EiB` powers of 1024, none = bytes), the product
 /// truncated to whole bytes.
-pub(crate) fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
+pub(crate) fn parse_size_expr(s: &str) -> Result<SizeExpr, SizeError> {
     let s = s.trim();
     let (op, rest) = [
         (">=", SizeOp::Ge),
@@ -479,20 +484,50 @@ pub(crate) fn parse_size_expr(s: &str) -> Result<SizeExpr, String> {
     .iter()
     .find_map(|(p, op)| s.strip_prefix(p).map(|r| (*op, r)))
     .unwrap_or((SizeOp::Eq, s));
-    let bytes = parse_bytes(rest.trim())
-        .map_err(|why| format!("failed to parse disk size {:?}: {why}", rest.trim()))?;
+    let bytes = parse_bytes(rest.trim())?;
     Ok(SizeExpr { op, bytes })
 }
 
+/// Why a selector size is not one Talos reads; the message starts as Talos's own
+/// (`failed to parse disk size`) and says what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// No number where the size starts.
+    #[error(
+        "failed to parse disk size {text:?}: {text:?} does not start with a number (e.g. `<= 600GB`)"
+    )]
+    NotANumber {
+        /// The size as written (after the comparison).
+        text: String,
+    },
+    /// A unit `humanize.ParseBytes` does not know.
+    #[error(
+        "failed to parse disk size {text:?}: unknown unit {unit:?}; use B, kB, MB, GB, TB \
+         (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+    )]
+    UnknownUnit {
+        /// The size as written.
+        text: String,
+        /// The unit, lower-cased.
+        unit: String,
+    },
+    /// More bytes than 64 bits hold.
+    #[error("failed to parse disk size {text:?}: too large: {text}")]
+    TooLarge {
+        /// The size as written.
+        text: String,
+    },
+}
+
 /// `humanize.ParseBytes` (dustin/go-humanize v1.0.1 `bytes.go`).
-pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, SizeError> {
     let end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
         .unwrap_or(s.len());
     let num = s[..end].replace(',', "");
     let f: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?} does not start with a number (e.g. `<= 600GB`)"))?;
+        .map_err(|_| SizeError::NotANumber { text: s.to_owned() })?;
     let unit = s[end..].trim().to_lowercase();
     let mult: u64 = match unit.as_str() {
         "" | "b" => 1,
@@ -509,15 +544,15 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
         "pi" | "pib" => 1 << 50,
         "ei" | "eib" => 1 << 60,
         other => {
-            return Err(format!(
-                "unknown unit {other:?}; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, \
-                 GiB, TiB (powers of 1024)"
-            ));
+            return Err(SizeError::UnknownUnit {
+                text: s.to_owned(),
+                unit: other.to_owned(),
+            });
         }
     };
     let v = f * mult as f64;
     if v >= u64::MAX as f64 {
-        return Err(format!("too large: {s}"));
+        return Err(SizeError::TooLarge { text: s.to_owned() });
     }
     // Go's uint64(f) truncates toward zero.
     Ok(v as u64)

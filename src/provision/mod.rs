@@ -20,6 +20,7 @@ pub mod core;
 pub mod disks;
 pub mod node;
 pub mod steps;
+pub mod view;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -56,6 +57,14 @@ pub enum RenderError {
     /// This renderer does not render configs (a command that never delivers one).
     #[error("{0}")]
     Unavailable(String),
+    /// A command that never delivers a config was asked for one.
+    #[error("`{command}` does not deliver configs; {instead}")]
+    NotDelivered {
+        /// The command (`talboot node rebuild`).
+        command: &'static str,
+        /// What delivers the config instead.
+        instead: &'static str,
+    },
 }
 
 impl From<String> for RenderError {
@@ -236,18 +245,12 @@ pub(crate) fn observe_offline(
     name: &str,
     observations: Vec<core::Observation>,
     now: u64,
+    view: Option<&view::StateView>,
 ) -> Result<(), StoreError> {
     let Some(node) = inventory.node(name) else {
         return Ok(());
     };
-    let ctx = core::NodeCtx {
-        macs: node.macs.iter().map(|m| m.value).collect(),
-        control_plane: inventory
-            .control_planes()
-            .any(|cp| cp.name.as_str() == name),
-        install_timeout: Duration::MAX,
-        reset_timeout: Duration::MAX,
-    };
+    let ctx = offline_ctx(inventory, node);
     let rec = store.node(name)?;
     let fresh = rec.is_none();
     let life = node::Lifecycle::load(store, name)?;
@@ -266,13 +269,54 @@ pub(crate) fn observe_offline(
             let json = serde_json::to_vec(&state.life).expect("lifecycle record serialises");
             parts.push((crate::store::NodePart::Lifecycle, json));
         }
-        store.put_node_states(&[crate::store::NodeWrite {
+        let writes = [crate::store::NodeWrite {
             name: name.to_owned(),
             record: Some(state.rec.clone()),
             parts,
-        }])?;
+        }];
+        // The view hears of the commit before and after it (it fails closed meanwhile).
+        if let Some(v) = view {
+            v.begin_nodes(&writes);
+        }
+        let done = store.put_node_states(&writes);
+        if let Some(v) = view {
+            v.end_nodes(&writes, done.is_ok());
+        }
+        done?;
     }
     Ok(())
+}
+
+/// The core's context for `node` when no provisioner runs (no timeouts: nothing waits).
+fn offline_ctx(inventory: &Inventory, node: &Node) -> core::NodeCtx {
+    core::NodeCtx {
+        macs: node.macs.iter().map(|m| m.value).collect(),
+        control_plane: inventory
+            .control_planes()
+            .any(|cp| cp.name.as_str() == node.name.as_str()),
+        install_timeout: Duration::MAX,
+        reset_timeout: Duration::MAX,
+    }
+}
+
+/// Pure: whether [`observe_offline`] of `observations` would write anything for `node`,
+/// whose committed record and lifecycle are `rec` and `life`. The HTTP handler asks this of
+/// the read view first, so a request that changes nothing touches no store.
+pub(crate) fn changes_offline(
+    inventory: &Inventory,
+    node: &Node,
+    rec: NodeRecord,
+    life: node::Lifecycle,
+    observations: &[core::Observation],
+    now: u64,
+) -> bool {
+    let ctx = offline_ctx(inventory, node);
+    let start = core::NodeState::from_persisted(rec, life);
+    let mut state = start.clone();
+    for obs in observations {
+        state = core::step(&state, obs.clone(), now, &ctx).0;
+    }
+    state.persisted_differs(&start)
 }
 
 /// Knobs of the provisioner; [`Settings::new`] gives production defaults.
@@ -470,6 +514,8 @@ struct Inner {
     renderer: Arc<dyn ConfigRenderer>,
     creds: ClientCreds,
     settings: Settings,
+    /// The read view this provisioner publishes its commits to (when serve reads one).
+    view: std::sync::OnceLock<Arc<view::StateView>>,
 }
 
 impl Provisioner {
@@ -492,8 +538,17 @@ impl Provisioner {
                 renderer,
                 creds,
                 settings,
+                view: Default::default(),
             }),
         }
+    }
+
+    /// Publish every committed node record and lifecycle to `view` (the HTTP and TFTP
+    /// request paths read it instead of the store).
+    pub fn with_view(self, view: Arc<view::StateView>) -> Self {
+        // Set once, before the provisioner runs; a second call keeps the first view.
+        let _ = self.inner.view.set(view);
+        self
     }
 
     /// The provisioner takes its operator commands from `commands` (see [`command_channel`]).

@@ -248,8 +248,18 @@ impl Provisioner {
             let bus = self.inner.bus.clone();
             // Records, lifecycles and their phase events in one blocking task: a stop cannot
             // separate a persisted transition from its timeline line.
+            let view = self.inner.view.get().cloned();
             self.db(move |s| {
-                s.put_node_states(&writes)?;
+                // The view hears of the commit before and after it (it fails closed
+                // meanwhile: a node with a commit in flight has its window closed).
+                if let Some(v) = &view {
+                    v.begin_nodes(&writes);
+                }
+                let done = s.put_node_states(&writes);
+                if let Some(v) = &view {
+                    v.end_nodes(&writes, done.is_ok());
+                }
+                done?;
                 for (name, p) in phases {
                     bus.publish(&name, EventKind::Phase, p);
                 }

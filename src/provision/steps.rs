@@ -37,8 +37,8 @@ use crate::addons::{AddonError, AddonSpec, argocd_addon, cilium_addon, install_a
 use crate::events::EventKind;
 use crate::inventory::{ChartRef, Version};
 
-/// Store key of the cluster step record (JSON).
-pub const STEP_KEY: &str = "cluster/step";
+/// Row (in the store's cluster progress table) of the cluster step record (JSON).
+pub const STEP_KEY: &str = "step";
 /// Event timeline (node key) of the cluster steps.
 pub const CLUSTER_TIMELINE: &str = "cluster";
 /// Failed attempts after which a step is reported as stuck (it is still retried).
@@ -99,7 +99,7 @@ pub(crate) fn load_step_record(
     store: &dyn crate::store::Store,
 ) -> Result<Option<StepRecord>, crate::store::StoreError> {
     Ok(store
-        .get_meta(STEP_KEY)?
+        .row(crate::store::ClusterTable::Progress, STEP_KEY)?
         .and_then(|b| serde_json::from_slice(&b).ok()))
 }
 
@@ -248,7 +248,7 @@ impl Provisioner {
     ) -> Result<(), ProvisionError> {
         let bytes = serde_json::to_vec(rec).expect("step record serialises");
         self.db_then_event(
-            move |s| s.put_meta(STEP_KEY, &bytes),
+            move |s| s.put_row(crate::store::ClusterTable::Progress, STEP_KEY, &bytes),
             CLUSTER_TIMELINE.to_owned(),
             EventKind::Cluster,
             detail,
@@ -512,6 +512,24 @@ mod tests {
         cilium: true,
         argocd: true,
     };
+
+    /// A store an older build wrote has the step record under `cluster_meta`'s
+    /// `cluster/step` only: it is still the cluster's progress.
+    #[test]
+    fn a_step_record_left_in_cluster_meta_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(dir.path()).unwrap();
+        let rec = StepRecord {
+            step: ClusterStep::HandedOff,
+            since_unix: 7,
+            reason: "old build".into(),
+            last_error: None,
+            attempts: 0,
+        };
+        crate::store::Store::put_meta(&store, "cluster/step", &serde_json::to_vec(&rec).unwrap())
+            .unwrap();
+        assert_eq!(load_step_record(&store).unwrap(), Some(rec));
+    }
 
     #[test]
     fn steps_run_in_order_with_everything_enabled() {

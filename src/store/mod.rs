@@ -55,6 +55,27 @@ impl NodePart {
     }
 }
 
+/// A typed cluster-wide table (rows by key) besides the node tables: what used to be bytes
+/// under prefixed keys in `cluster_meta`. Rows an older build left there are still read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClusterTable {
+    /// Cluster progress (`provision::cluster`, `provision::steps`): the bootstrap node, the
+    /// bootstrap and kubeconfig marks, the step record.
+    Progress,
+    /// Pull-delivery tokens (`http::tokens`), by the SHA-256 of the token.
+    PullTokens,
+}
+
+impl ClusterTable {
+    /// Where a build before the typed tables kept row `key` in `cluster_meta`.
+    pub(crate) fn legacy_key(self, key: &str) -> String {
+        match self {
+            Self::Progress => format!("cluster/{key}"),
+            Self::PullTokens => format!("token/{key}"),
+        }
+    }
+}
+
 /// One node's state change, for [`Store::put_node_states`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeWrite {
@@ -300,6 +321,27 @@ pub trait Store: Send + Sync {
     /// intent exactly once.
     fn compare_and_set_meta(
         &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome>;
+
+    /// Row `key` of `table` (or where an older build kept it in `cluster_meta`).
+    fn row(&self, table: ClusterTable, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Store every `(key, value)` in `table`, all in one durable transaction.
+    fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()>;
+
+    /// [`Store::put_rows`] of one row.
+    fn put_row(&self, table: ClusterTable, key: &str, value: &[u8]) -> Result<()> {
+        self.put_rows(table, &[(key.to_owned(), value.to_vec())])
+    }
+
+    /// Atomically store `new` as row `key` of `table` only if its current value (an older
+    /// build's row counts) equals `expected` (`None`: only if there is none).
+    fn compare_and_set_row(
+        &self,
+        table: ClusterTable,
         key: &str,
         expected: Option<&[u8]>,
         new: &[u8],

@@ -35,8 +35,8 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent, NodePart, NodeRecord,
-    NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
+    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent,
+    NodePart, NodeRecord, NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
 
@@ -54,6 +54,20 @@ const NODE_LIFECYCLE: TableDefinition<&str, &[u8]> = TableDefinition::new("node_
 /// Day-two rollouts (`talboot apply`, `talboot upgrade`): key `kind/id`, value the JSON of a
 /// `daytwo::rollout::RolloutRecord`, so a restarted run resumes where it stopped.
 const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
+
+/// Cluster progress rows, by key ([`ClusterTable::Progress`]); added within schema 1 like
+/// [`NODE_FACTS`], with older rows read from `cluster_meta`'s `cluster/<key>`.
+const CLUSTER_PROGRESS: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster_progress");
+/// Pull-delivery tokens (JSON) by the hex SHA-256 of the token ([`ClusterTable::PullTokens`]);
+/// older rows are read from `cluster_meta`'s `token/<sha256>`.
+const PULL_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("pull_tokens");
+
+fn cluster_table(table: ClusterTable) -> TableDefinition<'static, &'static str, &'static [u8]> {
+    match table {
+        ClusterTable::Progress => CLUSTER_PROGRESS,
+        ClusterTable::PullTokens => PULL_TOKENS,
+    }
+}
 
 fn part_table(part: NodePart) -> TableDefinition<'static, &'static str, &'static [u8]> {
     match part {
@@ -187,6 +201,8 @@ impl RedbStore {
                 txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+                txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
+                txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
                 txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
                 Ok(())
             })?;
@@ -224,14 +240,22 @@ impl RedbStore {
             )));
         }
         // Tables added within schema 1 are created when missing (older files lack them).
-        if ["node_facts", "node_lifecycle", "rollouts"]
-            .iter()
-            .any(|n| !tables.iter().any(|t| t == *n))
+        if [
+            "node_facts",
+            "node_lifecycle",
+            "cluster_progress",
+            "pull_tokens",
+            "rollouts",
+        ]
+        .iter()
+        .any(|n| !tables.iter().any(|t| t == *n))
         {
             drop(txn);
             self.write(|txn| {
                 txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
                 txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+                txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
+                txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
                 txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
                 Ok(())
             })?;
@@ -682,6 +706,76 @@ impl Store for RedbStore {
         })
     }
 
+    fn row(&self, table: ClusterTable, key: &str) -> Result<Option<Vec<u8>>> {
+        let txn = self.read_txn()?;
+        let typed = txn
+            .open_table(cluster_table(table))
+            .map_err(|e| self.err(e))?;
+        if let Some(g) = typed.get(key).map_err(|e| self.err(e))? {
+            return Ok(Some(g.value().to_vec()));
+        }
+        // Written by a build that kept it under `cluster_meta`.
+        let legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+        let value = legacy
+            .get(table.legacy_key(key).as_str())
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value().to_vec());
+        Ok(value)
+    }
+
+    fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()> {
+        self.write(|txn| {
+            let mut typed = txn
+                .open_table(cluster_table(table))
+                .map_err(|e| self.err(e))?;
+            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            for (key, value) in entries {
+                typed
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(|e| self.err(e))?;
+                // The older row is superseded: gone with the same commit.
+                legacy
+                    .remove(table.legacy_key(key).as_str())
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn compare_and_set_row(
+        &self,
+        table: ClusterTable,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome> {
+        self.write(|txn| {
+            let mut typed = txn
+                .open_table(cluster_table(table))
+                .map_err(|e| self.err(e))?;
+            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            let legacy_key = table.legacy_key(key);
+            let mut current = typed
+                .get(key)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value().to_vec());
+            if current.is_none() {
+                current = legacy
+                    .get(legacy_key.as_str())
+                    .map_err(|e| self.err(e))?
+                    .map(|g| g.value().to_vec());
+            }
+            if current.as_deref() != expected {
+                return Ok(CasOutcome::Mismatch { current });
+            }
+            typed.insert(key, new).map_err(|e| self.err(e))?;
+            legacy
+                .remove(legacy_key.as_str())
+                .map_err(|e| self.err(e))?;
+            Ok(CasOutcome::Swapped)
+        })
+    }
+
     fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let txn = self.read_txn()?;
         let table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
@@ -758,10 +852,24 @@ impl Store for RedbStore {
             meta.insert(k.value().to_string(), encoded);
         }
 
+        // Progress rows are short marks or JSON: text when UTF-8, hex otherwise, as above.
+        let mut progress = Map::new();
+        let table = txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let bytes = v.value();
+            let encoded = match std::str::from_utf8(bytes) {
+                Ok(text) => serde_json::json!({ "text": text }),
+                Err(_) => serde_json::json!({ "hex": crate::hex::lower(bytes) }),
+            };
+            progress.insert(k.value().to_string(), encoded);
+        }
+
         let mut parts = Map::new();
         for (label, def) in [
             ("node_facts", NODE_FACTS),
             ("node_lifecycle", NODE_LIFECYCLE),
+            ("pull_tokens", PULL_TOKENS),
             ("rollouts", ROLLOUTS),
         ] {
             let mut rows = Map::new();
@@ -784,6 +892,8 @@ impl Store for RedbStore {
             "cluster_meta": meta,
             "node_facts": parts["node_facts"],
             "node_lifecycle": parts["node_lifecycle"],
+            "cluster_progress": progress,
+            "pull_tokens": parts["pull_tokens"],
             "rollouts": parts["rollouts"],
         }))
     }
@@ -1630,6 +1740,55 @@ mod tests {
         );
         assert_eq!(s.node("w1").unwrap().unwrap().phase, NodePhase::Maintenance);
         assert_eq!(s.node_part("w1", NodePart::Lifecycle).unwrap(), None);
+    }
+
+    /// Issue 11: cluster progress and pull tokens have their own tables; a store that has
+    /// only the rows an older build wrote under `cluster_meta` is still read, compared and
+    /// superseded (the old row goes with the commit that replaces it).
+    #[test]
+    fn cluster_rows_have_their_own_tables_and_read_legacy_rows() {
+        let (_d, s) = fresh();
+        s.put_meta("cluster/bootstrap", b"intent").unwrap();
+        s.put_meta("token/abc", br#"{"old":1}"#).unwrap();
+        assert_eq!(
+            s.row(ClusterTable::Progress, "bootstrap")
+                .unwrap()
+                .as_deref(),
+            Some(&b"intent"[..])
+        );
+        assert_eq!(
+            s.row(ClusterTable::PullTokens, "abc").unwrap().as_deref(),
+            Some(&br#"{"old":1}"#[..])
+        );
+        // Tables do not mix: a progress key is no token.
+        assert_eq!(s.row(ClusterTable::PullTokens, "bootstrap").unwrap(), None);
+        // Compare-and-set sees the old row ...
+        assert_eq!(
+            s.compare_and_set_row(ClusterTable::Progress, "bootstrap", None, b"done")
+                .unwrap(),
+            CasOutcome::Mismatch {
+                current: Some(b"intent".to_vec())
+            }
+        );
+        assert_eq!(
+            s.compare_and_set_row(
+                ClusterTable::Progress,
+                "bootstrap",
+                Some(b"intent"),
+                b"done"
+            )
+            .unwrap(),
+            CasOutcome::Swapped
+        );
+        // ... and the typed row replaces it, in the table and in the export.
+        assert_eq!(s.get_meta("cluster/bootstrap").unwrap(), None);
+        s.put_row(ClusterTable::PullTokens, "abc", br#"{"new":2}"#)
+            .unwrap();
+        assert_eq!(s.get_meta("token/abc").unwrap(), None);
+        let dump = s.export_json().unwrap();
+        assert_eq!(dump["cluster_progress"]["bootstrap"]["text"], "done");
+        assert_eq!(dump["pull_tokens"]["abc"]["new"], 2);
+        assert_eq!(dump["cluster_meta"], serde_json::json!({}));
     }
 
     #[test]

@@ -15,7 +15,6 @@ use super::listener::Shared;
 use super::packet::ErrorCode;
 use crate::events::{EventBus, EventKind};
 use crate::inventory::Inventory;
-use crate::store::Store;
 
 /// How one request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,16 +176,17 @@ pub(crate) fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
     }
 }
 
-/// Publishes finished TFTP transfers as node events (the node found by its lease address).
+/// Publishes finished TFTP transfers as node events (the node found by its lease address,
+/// in the read view: no store read per transfer).
 pub(crate) async fn publish_events(
     mut rx: tokio::sync::mpsc::Receiver<TransferEvent>,
-    store: Arc<dyn Store>,
+    view: Arc<crate::provision::view::StateView>,
     inv: Arc<Inventory>,
     events: EventBus,
 ) {
     while let Some(ev) = rx.recv().await {
         if let Some((kind, detail)) = node_event(&ev) {
-            let node = crate::events::node_key_by_peer(store.as_ref(), &inv, ev.peer.ip());
+            let node = crate::events::node_key_by_peer(&view, &inv, ev.peer.ip());
             events.publish(&node, kind, detail);
         }
     }

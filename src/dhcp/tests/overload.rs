@@ -143,6 +143,25 @@ impl Store for Recorder {
     fn last_event(&self, node: &str) -> store::Result<Option<Event>> {
         self.inner.last_event(node)
     }
+    fn row(&self, table: store::ClusterTable, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.row(table, key)
+    }
+    fn put_rows(
+        &self,
+        table: store::ClusterTable,
+        entries: &[(String, Vec<u8>)],
+    ) -> store::Result<()> {
+        self.inner.put_rows(table, entries)
+    }
+    fn compare_and_set_row(
+        &self,
+        table: store::ClusterTable,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> store::Result<store::CasOutcome> {
+        self.inner.compare_and_set_row(table, key, expected, new)
+    }
     fn get_meta(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
         self.inner.get_meta(key)
     }
