@@ -348,7 +348,11 @@ fn origin(e: &artifacts::Entry) -> String {
             timestamp(e.pulled_at),
             kernel.display(),
             initramfs.display(),
-            cmdline
+            if cmdline == artifacts::import::INLINE {
+                "the --cmdline text"
+            } else {
+                cmdline
+            }
         ),
     }
 }
