@@ -405,7 +405,7 @@ fn import_list_verify_and_refuse_a_different_file_offline() {
     );
     assert!(listed.contains("gzip"), "{listed}");
     assert!(
-        listed.contains(&format!("imported at 20"))
+        listed.contains("imported at 20")
             && listed.contains(&format!("from {}", s.kernel.display())),
         "{listed}"
     );

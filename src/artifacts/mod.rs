@@ -183,8 +183,8 @@ pub enum ArtifactError {
     /// A file is missing, has the wrong size, or the wrong digest.
     #[error("{} of {id} is damaged ({problem}); {fix}", path.display())]
     Damaged {
-        /// The set.
-        id: SetId,
+        /// The set (boxed: this is the largest variant).
+        id: Box<SetId>,
         /// The file.
         path: PathBuf,
         /// What is wrong.
@@ -296,7 +296,7 @@ pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactE
     for kind in Kind::ALL {
         let path = dir.join(id.rel_dir()).join(kind.file_name());
         let damaged = |problem: String| ArtifactError::Damaged {
-            id: id.clone(),
+            id: Box::new(id.clone()),
             path: path.clone(),
             problem,
             fix: fix.clone(),
