@@ -173,7 +173,7 @@ pub enum ArtifactError {
         cause: String,
     },
     /// A set the inventory needs was never pulled.
-    #[error("{id} is not in {}; run: {}", dir.display(), pull_command(id))]
+    #[error("{id} is not in {}; run: {} (without internet: {} --kernel FILE --initramfs FILE --cmdline-file FILE)", dir.display(), pull_command(id), import::import_command(id, &Origin::Pulled))]
     Missing {
         /// The set.
         id: SetId,
@@ -405,7 +405,11 @@ mod tests {
         let c = Catalog::load(dir.path()).unwrap();
         let err = verify(dir.path(), &c, &set()).unwrap_err();
         assert!(matches!(err, ArtifactError::Missing { .. }));
-        assert!(err.to_string().ends_with("--arch amd64"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("run: talboot images pull --talos v1.13.9 --schematic 376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba --arch amd64 (without internet: talboot images import --talos v1.13.9"),
+            "{msg}"
+        );
     }
 
     #[test]
