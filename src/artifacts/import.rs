@@ -6,8 +6,10 @@
 //! bad, or if the set is already there with the same bytes), then again while copying it to a
 //! temporary file beside its final place, whose digest must match the first pass (a file that
 //! changed in between is refused). Only when all three copies are complete and fsynced are they
-//! renamed into place and the catalog saved, so an error leaves the cache as it was. Whether to
-//! write at all is the pure [`decide`].
+//! renamed into place and the catalog saved, so an error while reading or copying leaves the
+//! cache as it was. (The three renames are not one atomic step: should one of them fail, the
+//! files no longer match the catalog and `images verify` and `serve` say so.) Whether to write
+//! at all is the pure [`decide`].
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
