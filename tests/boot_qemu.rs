@@ -225,7 +225,14 @@ fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) -> Pat
     let mut files = std::collections::BTreeMap::new();
     for kind in Kind::ALL {
         let (size, sha256) = hash_file(&dir.join(kind.file_name())).unwrap();
-        files.insert(kind, FileRecord { size, sha256 });
+        files.insert(
+            kind,
+            FileRecord {
+                size,
+                sha256,
+                compression: None,
+            },
+        );
     }
     let mut c = Catalog::load(&images).unwrap();
     c.upsert(Entry {
@@ -233,6 +240,7 @@ fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) -> Pat
         source: "test".into(),
         pulled_at: 0,
         files,
+        origin: Default::default(),
     });
     c.save(&images).unwrap();
     images

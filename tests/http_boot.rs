@@ -88,7 +88,14 @@ async fn start_edited(
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, bytes).unwrap();
         let (size, sha256) = hash_file(&p).unwrap();
-        files.insert(kind, FileRecord { size, sha256 });
+        files.insert(
+            kind,
+            FileRecord {
+                size,
+                sha256,
+                compression: None,
+            },
+        );
     }
     let mut catalog = Catalog::load(&images).unwrap();
     catalog.upsert(Entry {
@@ -96,6 +103,7 @@ async fn start_edited(
         source: "test".into(),
         pulled_at: 0,
         files,
+        origin: Default::default(),
     });
     let configs = tmp.path().join("configs");
     std::fs::create_dir_all(&configs).unwrap();

@@ -257,3 +257,353 @@ fn missing_version_at_the_factory_is_reported() {
     let out = h.talboot(&["pull", "--arch", "amd64"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+// ---- `images import`: air-gapped sites -------------------------------------------------
+
+/// A port nothing listens on: every factory URL and proxy of the import tests points there, so
+/// an import that touched the network would fail instead of passing by luck.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The lab inventory, copied with its factory URL at a closed port.
+fn offline_inventory(dir: &std::path::Path, port: u16) -> PathBuf {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let lab = std::fs::read_to_string(config.join("lab.yaml")).unwrap();
+    let edited = lab.replacen(
+        "  installer:\n",
+        &format!("  installer:\n    factoryUrl: http://127.0.0.1:{port}\n"),
+        1,
+    );
+    assert_ne!(edited, lab);
+    for sub in ["patches", "secrets"] {
+        std::os::unix::fs::symlink(config.join(sub), dir.join(sub)).unwrap();
+    }
+    let path = dir.join("lab.yaml");
+    std::fs::write(&path, edited).unwrap();
+    path
+}
+
+/// The lab inventory's schematic.
+const LAB_SCHEMATIC: &str = "ce4c980550dd2ab1b17bbf2b08801c7eb59418eafe8f279833297925d67c7515";
+
+/// A USB stick's worth of files: a gzip initramfs (not named `.xz`), a kernel, a cmdline.
+struct Stick {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    images: PathBuf,
+    inventory: PathBuf,
+    port: u16,
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    cmdline: PathBuf,
+}
+
+impl Stick {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let usb = root.join("usb");
+        std::fs::create_dir_all(&usb).unwrap();
+        let kernel = usb.join("vmlinuz-amd64");
+        std::fs::write(
+            &kernel,
+            (0..250_000u32)
+                .map(|i| (i * 11 % 239) as u8)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(
+            &mut gz,
+            &(0..400_000u32).map(|i| (i % 97) as u8).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let initramfs = usb.join("initramfs-amd64.img");
+        std::fs::write(&initramfs, gz.finish().unwrap()).unwrap();
+        let cmdline = usb.join("cmdline-metal-amd64");
+        std::fs::write(
+            &cmdline,
+            "talos.platform=metal console=tty0 slab_nomerge pti=on\n",
+        )
+        .unwrap();
+        let port = closed_port();
+        let inventory = offline_inventory(&root, port);
+        Self {
+            images: root.join("images"),
+            _tmp: tmp,
+            root,
+            inventory,
+            port,
+            kernel,
+            initramfs,
+            cmdline,
+        }
+    }
+
+    fn talboot(&self, args: &[&str]) -> Output {
+        let proxy = format!("http://127.0.0.1:{}", self.port);
+        Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .current_dir(&self.root)
+            .arg("images")
+            .arg("--dir")
+            .arg(&self.images)
+            .args(args)
+            .env("HTTP_PROXY", &proxy)
+            .env("HTTPS_PROXY", &proxy)
+            .env("ALL_PROXY", &proxy)
+            .output()
+            .unwrap()
+    }
+
+    fn import(&self, extra: &[&str]) -> Output {
+        let mut args = vec![
+            "import",
+            "-c",
+            self.inventory.to_str().unwrap(),
+            "--kernel",
+            self.kernel.to_str().unwrap(),
+            "--initramfs",
+            self.initramfs.to_str().unwrap(),
+            "--cmdline-file",
+            self.cmdline.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        self.talboot(&args)
+    }
+
+    fn set_dir(&self) -> PathBuf {
+        self.images
+            .join("v1.13.9")
+            .join(LAB_SCHEMATIC)
+            .join("amd64")
+    }
+}
+
+#[test]
+fn import_list_verify_and_refuse_a_different_file_offline() {
+    let s = Stick::new();
+    let out = s.import(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("imported Talos v1.13.9 amd64 schematic"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(gzip)"), "{stdout}");
+    // Stored byte for byte under the slot name the boot script asks for.
+    assert_eq!(
+        std::fs::read(s.set_dir().join("initramfs.xz")).unwrap(),
+        std::fs::read(&s.initramfs).unwrap()
+    );
+
+    let listed = text(&s.talboot(&["list"]).stdout);
+    assert!(
+        listed.contains(&format!("v1.13.9   amd64  {LAB_SCHEMATIC}")),
+        "{listed}"
+    );
+    assert!(listed.contains("gzip"), "{listed}");
+    assert!(
+        listed.contains("imported at 20")
+            && listed.contains(&format!("from {}", s.kernel.display())),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&s.initramfs.display().to_string()),
+        "{listed}"
+    );
+
+    let out = s.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+
+    // The same files again: nothing to do, and said so.
+    let catalog = std::fs::read(s.images.join("catalog.json")).unwrap();
+    let out = s.import(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("nothing to do"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read(s.images.join("catalog.json")).unwrap(),
+        catalog
+    );
+
+    // A different initramfs (xz this time) for the same set: refused without --force.
+    std::fs::write(&s.initramfs, b"\xfd7zXZ\0\0\x04 other").unwrap();
+    let out = s.import(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("different initramfs") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(s.images.join("catalog.json")).unwrap(),
+        catalog
+    );
+    let out = s.import(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("replaced"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&s.talboot(&["list"]).stdout).contains(" xz "));
+
+    // Truncated on the cache after import: verify catches it and names the import command.
+    let stored = s.set_dir().join("initramfs.xz");
+    let bytes = std::fs::read(&stored).unwrap();
+    std::fs::write(&stored, &bytes[..bytes.len() - 3]).unwrap();
+    let out = s.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("DAMAGED") && stdout.contains("size"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("import it again: talboot images import --talos v1.13.9"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_bad_initramfs_is_refused_naming_the_file_and_nothing_is_written() {
+    let s = Stick::new();
+    std::fs::write(&s.initramfs, b"<html>404</html>").unwrap();
+    let out = s.import(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{} is not an initramfs", s.initramfs.display())),
+        "{stderr}"
+    );
+    assert!(!s.images.exists(), "nothing may be written");
+    // Neither a command line file nor --cmdline: a usage error.
+    let out = s.talboot(&[
+        "import",
+        "--talos",
+        "v1.13.9",
+        "--kernel",
+        s.kernel.to_str().unwrap(),
+        "--initramfs",
+        s.initramfs.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+/// An imported set (gzip initramfs) served by talboot's HTTP side to a booting machine: the
+/// per-MAC script points at it and the kernel and initramfs arrive byte for byte.
+#[test]
+fn an_imported_set_boots_over_http() {
+    let s = Stick::new();
+    let out = s.import(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::TokenIssuer};
+        talboot::install_crypto_provider();
+        let inv =
+            talboot::inventory::load_with_env(&s.inventory, &std::collections::BTreeMap::new())
+                .unwrap()
+                .inventory;
+        let catalog = talboot::artifacts::Catalog::load(&s.images).unwrap();
+        for id in talboot::artifacts::required_sets(&inv) {
+            talboot::artifacts::verify(&s.images, &catalog, &id).unwrap();
+        }
+        let configs = s.root.join("configs");
+        std::fs::create_dir_all(&configs).unwrap();
+        let store: Arc<dyn talboot::store::Store> =
+            Arc::new(talboot::store::open(&s.root.join("state")).unwrap());
+        let (events, _writer) =
+            talboot::events::EventBus::start(store.clone(), Arc::new(talboot::events::SystemClock));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let inv = Arc::new(inv);
+        let view = Arc::new(talboot::provision::view::StateView::new());
+        let app = Arc::new(HttpApp {
+            inventory: inv.clone(),
+            store: store.clone(),
+            view: view.clone(),
+            events,
+            images_dir: s.images.clone(),
+            catalog,
+            cmdlines: Default::default(),
+            base_url: base.clone(),
+            scripts: Scripts::new(),
+            configs: Arc::new(ConfigDir(configs)),
+            tokens: TokenIssuer::start(store.clone()).0,
+            metrics: None,
+            commands: None,
+        });
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(talboot::http::server::serve(
+            listener,
+            router(app),
+            talboot::http::server::Limits::default(),
+            "provisioning",
+            shutdown.clone(),
+        ));
+        store
+            .put_lease(
+                &talboot::store::Lease {
+                    mac: "bc:24:11:40:00:01".parse().unwrap(),
+                    ip: "127.0.0.1".parse().unwrap(),
+                    hostname: None,
+                    state: talboot::store::LeaseState::Bound,
+                    expires_at_unix: u64::MAX / 2,
+                    updated_at_unix: 0,
+                },
+                0,
+            )
+            .unwrap();
+        // The lease was written behind the DHCP server's back: publish it to the read view
+        // the HTTP handlers consult, as the DHCP server does after its commit.
+        view.reload(store.as_ref(), &inv).unwrap();
+        let c = reqwest::Client::new();
+        let script = c
+            .get(format!(
+                "{base}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64&platform=efi"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        // The URLs the firmware is told to fetch, taken from the script itself.
+        let url_after = |word: &str| -> String {
+            let line = script
+                .lines()
+                .find(|l| l.trim_start().starts_with(word))
+                .unwrap_or_else(|| panic!("no `{word}` line in {script}"));
+            line.split_whitespace()
+                .find(|w| w.starts_with("http://"))
+                .unwrap()
+                .to_string()
+        };
+        let kernel_url = url_after("kernel ");
+        let initrd_url = url_after("initrd ");
+        assert!(
+            kernel_url.contains(&format!("/v1.13.9/{LAB_SCHEMATIC}/amd64/")),
+            "{script}"
+        );
+        assert!(
+            script.contains("talos.platform=metal console=tty0 slab_nomerge pti=on"),
+            "{script}"
+        );
+        for (url, file) in [(&kernel_url, &s.kernel), (&initrd_url, &s.initramfs)] {
+            let body = c.get(url).send().await.unwrap().bytes().await.unwrap();
+            assert_eq!(
+                body.as_ref(),
+                std::fs::read(file).unwrap().as_slice(),
+                "{url}"
+            );
+        }
+        shutdown.cancel();
+    });
+}

@@ -84,13 +84,27 @@ pub async fn pull(
             source,
         })?;
         tracing::info!(url = %u, size, sha256 = %sha256, "pulled");
-        files.insert(kind, FileRecord { size, sha256 });
+        // Recorded for `images list`; a pulled initramfs the kernel would not recognise is
+        // not refused here (the factory is the reference), it just shows no compression.
+        let compression = match kind {
+            Kind::Initramfs => super::compression::sniff(&target),
+            _ => None,
+        };
+        files.insert(
+            kind,
+            FileRecord {
+                size,
+                sha256,
+                compression,
+            },
+        );
     }
     let entry = Entry {
         id: req.id.clone(),
         source: req.base_url.clone(),
         pulled_at: now_unix,
         files,
+        origin: super::Origin::Pulled,
     };
     let mut catalog = Catalog::load(&req.dir)?;
     catalog.upsert(entry.clone());

@@ -5,10 +5,20 @@
 //!
 //! Layout: `images/<version>/<schematic>/<arch>/{kernel,initramfs.xz,cmdline}` and
 //! `images/catalog.json`. The Image Factory publishes no digests, so the digest recorded at pull
-//! time is the reference from then on (trust on first use; pull over HTTPS).
+//! time is the reference from then on (trust on first use; pull over HTTPS). Sets can also be
+//! imported from local files ([`import`]) for sites without internet; the catalog records where
+//! each set came from ([`Origin`]).
+//!
+//! `initramfs.xz` is the fixed name of the initramfs slot, not a claim about its compression:
+//! the kernel finds the compression from the file's magic bytes ([`compression`]), so an
+//! imported gzip or zstd initramfs is stored and served byte for byte under the same name.
 
 pub mod cmdline;
+pub mod compression;
 pub mod factory;
+pub mod import;
+
+pub use compression::Compression;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -94,6 +104,35 @@ pub struct FileRecord {
     pub size: u64,
     /// Lowercase hex SHA-256.
     pub sha256: String,
+    /// The initramfs's compression as detected from its magic bytes (absent for other files
+    /// and in catalogs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+}
+
+/// How a boot set came into the cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "how", rename_all = "lowercase")]
+pub enum Origin {
+    /// Downloaded from the Image Factory (or a mirror) named in [`Entry::source`]; catalogs
+    /// written before imports existed hold only pulls, hence the default.
+    #[default]
+    Pulled,
+    /// Copied from local files by `talboot images import`.
+    Imported {
+        /// The kernel file it was copied from.
+        kernel: PathBuf,
+        /// The initramfs file it was copied from.
+        initramfs: PathBuf,
+        /// The command line file it was copied from, or `--cmdline` when given inline.
+        cmdline: String,
+    },
+}
+
+impl Origin {
+    fn is_pulled(&self) -> bool {
+        matches!(self, Origin::Pulled)
+    }
 }
 
 /// One boot set in the catalog.
@@ -102,12 +141,15 @@ pub struct Entry {
     /// Which set.
     #[serde(flatten)]
     pub id: SetId,
-    /// Where it was pulled from.
+    /// Where it was pulled from (the factory URL), or for an import the initramfs file.
     pub source: String,
-    /// Unix time of the pull.
+    /// Unix time of the pull or import.
     pub pulled_at: u64,
     /// The files.
     pub files: BTreeMap<Kind, FileRecord>,
+    /// Pulled or imported (and from which files).
+    #[serde(default, skip_serializing_if = "Origin::is_pulled")]
+    pub origin: Origin,
 }
 
 /// The catalog file.
@@ -131,7 +173,7 @@ pub enum ArtifactError {
         cause: String,
     },
     /// A set the inventory needs was never pulled.
-    #[error("{id} is not in {}; run: {}", dir.display(), pull_command(id))]
+    #[error("{id} is not in {}; run: {} (without internet: {} --kernel FILE --initramfs FILE --cmdline-file FILE)", dir.display(), pull_command(id), import::import_command(id, &Origin::Pulled))]
     Missing {
         /// The set.
         id: SetId,
@@ -139,14 +181,16 @@ pub enum ArtifactError {
         dir: PathBuf,
     },
     /// A file is missing, has the wrong size, or the wrong digest.
-    #[error("{} of {id} is damaged ({problem}); pull it again: {}", path.display(), pull_command(id))]
+    #[error("{} of {id} is damaged ({problem}); {fix}", path.display())]
     Damaged {
-        /// The set.
-        id: SetId,
+        /// The set (boxed: this is the largest variant).
+        id: Box<SetId>,
         /// The file.
         path: PathBuf,
         /// What is wrong.
         problem: String,
+        /// How to get a good copy: pull it again, or import it again from where it came from.
+        fix: String,
     },
     /// I/O error.
     #[error("{}: {source}", path.display())]
@@ -242,12 +286,20 @@ pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactE
         id: id.clone(),
         dir: dir.to_path_buf(),
     })?;
+    let fix = match &entry.origin {
+        Origin::Pulled => format!("pull it again: {}", pull_command(id)),
+        Origin::Imported { .. } => format!(
+            "import it again: {}",
+            import::import_command(id, &entry.origin)
+        ),
+    };
     for kind in Kind::ALL {
         let path = dir.join(id.rel_dir()).join(kind.file_name());
         let damaged = |problem: String| ArtifactError::Damaged {
-            id: id.clone(),
+            id: Box::new(id.clone()),
             path: path.clone(),
             problem,
+            fix: fix.clone(),
         };
         let Some(rec) = entry.files.get(&kind) else {
             return Err(damaged("not recorded in the catalog".into()));
@@ -305,7 +357,14 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(&p, format!("{kind:?} bytes")).unwrap();
             let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
+            files.insert(
+                kind,
+                FileRecord {
+                    size,
+                    sha256,
+                    compression: None,
+                },
+            );
         }
         let mut c = Catalog::load(dir).unwrap();
         c.upsert(Entry {
@@ -313,6 +372,7 @@ mod tests {
             source: "test".into(),
             pulled_at: 0,
             files,
+            origin: Origin::Pulled,
         });
         c.save(dir).unwrap();
         c
@@ -345,7 +405,11 @@ mod tests {
         let c = Catalog::load(dir.path()).unwrap();
         let err = verify(dir.path(), &c, &set()).unwrap_err();
         assert!(matches!(err, ArtifactError::Missing { .. }));
-        assert!(err.to_string().ends_with("--arch amd64"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("run: talboot images pull --talos v1.13.9 --schematic 376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba --arch amd64 (without internet: talboot images import --talos v1.13.9"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `talboot images`: pull boot sets from the Image Factory into the artifact cache, list them,
-//! and verify their digests.
+//! `talboot images`: pull boot sets from the Image Factory into the artifact cache, import
+//! them from local files (air-gapped sites), list them with where they came from, and verify
+//! their digests.
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -29,7 +30,10 @@ pub enum ImagesCommand {
     /// Fetch kernel, initramfs and kernel command line for a Talos version, schematic and
     /// architectures (defaults from the inventory given with -c).
     Pull(PullArgs),
-    /// List the boot sets in the cache.
+    /// Register a kernel, initramfs and kernel command line from local files (a USB stick at
+    /// an air-gapped site) as the boot set of a Talos version, schematic and architecture.
+    Import(ImportArgs),
+    /// List the boot sets in the cache and where each came from.
     List,
     /// Check every cached file against its recorded size and SHA-256.
     Verify,
@@ -55,10 +59,44 @@ pub struct PullArgs {
     pub factory: Option<String>,
 }
 
+/// Arguments of `images import`.
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// Take version and schematic (and the architecture, if all nodes share one) from this
+    /// inventory.
+    #[arg(short = 'c', long = "config")]
+    pub config: Option<PathBuf>,
+    /// Talos version, e.g. v1.13.9.
+    #[arg(long)]
+    pub talos: Option<String>,
+    /// Image Factory schematic ID (default: the inventory's, else vanilla).
+    #[arg(long)]
+    pub schematic: Option<String>,
+    /// Architecture: amd64 or arm64.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// The kernel (the factory's kernel-<arch>, or vmlinuz).
+    #[arg(long)]
+    pub kernel: PathBuf,
+    /// The initramfs, any name, compressed with anything the kernel unpacks.
+    #[arg(long)]
+    pub initramfs: PathBuf,
+    /// A file holding the kernel command line (the factory's cmdline-metal-<arch>).
+    #[arg(long, conflicts_with = "cmdline", required_unless_present = "cmdline")]
+    pub cmdline_file: Option<PathBuf>,
+    /// The kernel command line itself.
+    #[arg(long)]
+    pub cmdline: Option<String>,
+    /// Replace a set that is already there with different files.
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
     match &args.command {
         ImagesCommand::Pull(p) => pull(&args.dir, p),
+        ImagesCommand::Import(i) => import(&args.dir, i),
         ImagesCommand::List => list(&args.dir),
         ImagesCommand::Verify => verify(&args.dir),
     }
@@ -183,21 +221,8 @@ fn pull(dir: &std::path::Path, p: &PullArgs) -> ExitCode {
             dir: dir.to_path_buf(),
             progress,
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        match rt.block_on(factory::pull(&client, &req, now)) {
-            Ok(entry) => {
-                for (kind, rec) in &entry.files {
-                    println!(
-                        "  {:<12} {:>11} bytes  sha256 {}",
-                        kind_name(*kind),
-                        rec.size,
-                        rec.sha256
-                    );
-                }
-            }
+        match rt.block_on(factory::pull(&client, &req, now_unix())) {
+            Ok(entry) => print_files(&entry),
             Err(e) => {
                 eprintln!("talboot images pull: {e}");
                 return ExitCode::from(EXIT_INVALID);
@@ -205,6 +230,131 @@ fn pull(dir: &std::path::Path, p: &PullArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
+    // The same rules as `pull` for version, schematic and architecture; no factory is used.
+    let p = PullArgs {
+        config: i.config.clone(),
+        talos: i.talos.clone(),
+        schematic: i.schematic.clone(),
+        arch: i.arch.iter().cloned().collect(),
+        factory: None,
+    };
+    let id = match requested_sets(&p) {
+        Ok((sets, _)) if sets.len() == 1 => sets.into_iter().next().expect("one set"),
+        Ok((sets, _)) => {
+            let arches: Vec<&str> = sets.iter().map(|s| s.arch.as_str()).collect();
+            return usage(format!(
+                "the inventory has nodes of several architectures ({}); import one at a time with --arch",
+                arches.join(", ")
+            ));
+        }
+        Err(e) => return usage(e),
+    };
+    let req = artifacts::import::ImportRequest {
+        id: id.clone(),
+        kernel: i.kernel.clone(),
+        initramfs: i.initramfs.clone(),
+        cmdline: match (&i.cmdline_file, &i.cmdline) {
+            (Some(f), _) => artifacts::import::CmdlineSource::File(f.clone()),
+            (None, Some(s)) => artifacts::import::CmdlineSource::Inline(s.clone()),
+            (None, None) => return usage("give --cmdline-file FILE or --cmdline TEXT"),
+        },
+        force: i.force,
+    };
+    use artifacts::import::Outcome;
+    match artifacts::import::import(dir, &req, now_unix()) {
+        Ok((entry, outcome)) => {
+            match outcome {
+                Outcome::Unchanged => {
+                    println!(
+                        "{id} is already in {} with these files; nothing to do",
+                        dir.display()
+                    );
+                    return ExitCode::SUCCESS;
+                }
+                Outcome::Imported => println!("imported {id} into {}", dir.display()),
+                Outcome::Repaired => println!(
+                    "repaired {id} in {}: its files were damaged and have been copied again",
+                    dir.display()
+                ),
+                Outcome::Replaced(kinds) => println!(
+                    "replaced {id} in {} (--force; new {})",
+                    dir.display(),
+                    kinds
+                        .iter()
+                        .map(|k| kind_name(*k))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+            print_files(&entry);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot images import: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+fn print_files(entry: &artifacts::Entry) {
+    for (kind, rec) in &entry.files {
+        let compression = rec
+            .compression
+            .map(|c| format!("  ({c})"))
+            .unwrap_or_default();
+        println!(
+            "  {:<12} {:>11} bytes  sha256 {}{compression}",
+            kind_name(*kind),
+            rec.size,
+            rec.sha256
+        );
+    }
+}
+
+/// `2026-12-01T18:00:00Z` for a Unix time.
+fn timestamp(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
+/// Where a set came from, for `images list`.
+fn origin(e: &artifacts::Entry) -> String {
+    match &e.origin {
+        artifacts::Origin::Pulled => {
+            format!("pulled from {} at {}", e.source, timestamp(e.pulled_at))
+        }
+        artifacts::Origin::Imported {
+            kernel,
+            initramfs,
+            cmdline,
+        } => format!(
+            "imported at {} from {}, {}, {}",
+            timestamp(e.pulled_at),
+            kernel.display(),
+            initramfs.display(),
+            if cmdline == artifacts::import::INLINE {
+                "the --cmdline text"
+            } else {
+                cmdline
+            }
+        ),
+    }
 }
 
 fn kind_name(k: artifacts::Kind) -> &'static str {
@@ -221,14 +371,24 @@ fn list(dir: &std::path::Path) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!(
-        "{:<9} {:<6} {:<64} {:>12}  SOURCE",
-        "TALOS", "ARCH", "SCHEMATIC", "BYTES"
+        "{:<9} {:<6} {:<64} {:>12}  {:<6}  ORIGIN",
+        "TALOS", "ARCH", "SCHEMATIC", "BYTES", "INITRD"
     );
     for e in &catalog.entries {
         let bytes: u64 = e.files.values().map(|f| f.size).sum();
+        let compression = e
+            .files
+            .get(&artifacts::Kind::Initramfs)
+            .and_then(|f| f.compression)
+            .map_or("?", |c| c.name());
         println!(
-            "{:<9} {:<6} {:<64} {:>12}  {}",
-            e.id.talos, e.id.arch, e.id.schematic, bytes, e.source
+            "{:<9} {:<6} {:<64} {:>12}  {:<6}  {}",
+            e.id.talos,
+            e.id.arch,
+            e.id.schematic,
+            bytes,
+            compression,
+            origin(e)
         );
     }
     ExitCode::SUCCESS

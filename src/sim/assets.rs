@@ -63,6 +63,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<FileRecord, AssetError> {
     Ok(FileRecord {
         size: bytes.len() as u64,
         sha256: crate::hex::lower(&Sha256::digest(bytes)),
+        compression: None,
     })
 }
 
@@ -105,6 +106,7 @@ pub(crate) fn write_boot_sets(
             source: "talboot demo (simulated)".into(),
             pulled_at: now_unix,
             files,
+            origin: Default::default(),
         });
     }
     catalog.save(images).map_err(|e| AssetError {

@@ -19,7 +19,14 @@ pub fn fake_images(inventory: &Path, images: &Path) {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(&p, format!("{kind:?} of {id}")).unwrap();
             let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(kind, FileRecord { size, sha256 });
+            files.insert(
+                kind,
+                FileRecord {
+                    size,
+                    sha256,
+                    compression: None,
+                },
+            );
         }
         let mut c = Catalog::load(images).unwrap();
         c.upsert(Entry {
@@ -27,6 +34,7 @@ pub fn fake_images(inventory: &Path, images: &Path) {
             source: "test".into(),
             pulled_at: 0,
             files,
+            origin: Default::default(),
         });
         c.save(images).unwrap();
     }

@@ -117,7 +117,14 @@ pub fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) ->
     let mut files = std::collections::BTreeMap::new();
     for kind in Kind::ALL {
         let (size, sha256) = hash_file(&dir.join(kind.file_name())).unwrap();
-        files.insert(kind, FileRecord { size, sha256 });
+        files.insert(
+            kind,
+            FileRecord {
+                size,
+                sha256,
+                compression: None,
+            },
+        );
     }
     let mut c = Catalog::load(&images).unwrap();
     c.upsert(Entry {
@@ -125,6 +132,7 @@ pub fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) ->
         source: "test".into(),
         pulled_at: 0,
         files,
+        origin: Default::default(),
     });
     c.save(&images).unwrap();
     images

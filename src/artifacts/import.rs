@@ -1,0 +1,711 @@
+//! `images import`: registering a boot set from local files (a USB stick at an air-gapped
+//! site) into the same cache and catalog `images pull` fills, so `serve`, `check` and
+//! `images verify` treat it exactly like a pulled set.
+//!
+//! Each source is read twice: once to validate and hash it (nothing is written if any file is
+//! bad, or if the set is already there with the same bytes), then again while copying it to a
+//! temporary file beside its final place, whose digest must match the first pass (a file that
+//! changed in between is refused). Only when all three copies are complete and fsynced are they
+//! renamed into place and the catalog saved, so an error while reading or copying leaves the
+//! cache as it was. (The three renames are not one atomic step: should one of them fail, the
+//! files no longer match the catalog and `images verify` and `serve` say so.) Whether to write
+//! at all is the pure [`decide`].
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::{ArtifactError, Catalog, Compression, Entry, FileRecord, Kind, Origin, SetId};
+
+/// Where the kernel command line comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmdlineSource {
+    /// A file holding it (the factory's `cmdline-metal-<arch>`).
+    File(PathBuf),
+    /// Given on the command line.
+    Inline(String),
+}
+
+/// What to import.
+#[derive(Debug, Clone)]
+pub struct ImportRequest {
+    /// The set to register the files as.
+    pub id: SetId,
+    /// The kernel file.
+    pub kernel: PathBuf,
+    /// The initramfs file, any name and any compression the kernel unpacks.
+    pub initramfs: PathBuf,
+    /// The kernel command line.
+    pub cmdline: CmdlineSource,
+    /// Replace a set that is already there with different files.
+    pub force: bool,
+}
+
+/// What [`import`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The set was new and is now in the cache.
+    Imported,
+    /// The set was there with the same bytes; nothing was written.
+    Unchanged,
+    /// The set was there with the same digests but damaged files, which were rewritten.
+    Repaired,
+    /// The set was there with these files different, and `--force` replaced it.
+    Replaced(Vec<Kind>),
+}
+
+/// Whether to write, from what the catalog holds and what is being imported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Copy the files in (the outcome it will be).
+    Write(Outcome),
+    /// Nothing to do.
+    Unchanged,
+    /// Refused: these files differ from the recorded set and `--force` was not given.
+    Conflict(Vec<Kind>),
+}
+
+/// Decide what an import does. `store_intact` says whether the recorded set's files verify.
+pub fn decide(
+    existing: Option<&BTreeMap<Kind, FileRecord>>,
+    incoming: &BTreeMap<Kind, FileRecord>,
+    store_intact: bool,
+    force: bool,
+) -> Decision {
+    let Some(existing) = existing else {
+        return Decision::Write(Outcome::Imported);
+    };
+    let differing: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .filter(|k| {
+            let (a, b) = (existing.get(k), incoming.get(k));
+            a.map(|r| (r.size, &r.sha256)) != b.map(|r| (r.size, &r.sha256))
+        })
+        .collect();
+    match (differing.is_empty(), store_intact, force) {
+        (true, true, _) => Decision::Unchanged,
+        (true, false, _) => Decision::Write(Outcome::Repaired),
+        (false, _, true) => Decision::Write(Outcome::Replaced(differing)),
+        (false, _, false) => Decision::Conflict(differing),
+    }
+}
+
+/// Why an import was refused or failed; each names the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A source file cannot be read.
+    #[error("cannot read the {what} {}: {source}; check the path (and that the stick is mounted)", path.display())]
+    Read {
+        /// Which file of the set.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A source file is empty.
+    #[error("the {what} {} is empty; copy it again from a good source", path.display())]
+    Empty {
+        /// Which file of the set.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+    },
+    /// The initramfs is nothing the kernel unpacks.
+    #[error("{} is not an initramfs the kernel can unpack (it starts with {head}); give the Talos initramfs (xz, zstd, gzip, lz4, bzip2, lzma, lzo, or an uncompressed newc cpio)", path.display())]
+    NotInitramfs {
+        /// The file.
+        path: PathBuf,
+        /// Its first bytes, in hex.
+        head: String,
+    },
+    /// The command line is not one line of text.
+    #[error(
+        "the kernel command line {origin} {problem}; give the factory's cmdline-metal-<arch> file or the line itself with --cmdline"
+    )]
+    Cmdline {
+        /// The file, or `--cmdline`.
+        origin: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A source changed between hashing and copying.
+    #[error("the {what} {} changed while it was being imported; make sure nothing is writing it and run the import again", path.display())]
+    Changed {
+        /// Which file of the set.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+    },
+    /// The set is there with different files.
+    #[error("{id} is already in {} with a different {}; to replace it run the same command with --force (or import under another version/schematic)", dir.display(), names(kinds))]
+    Conflict {
+        /// The set.
+        id: SetId,
+        /// The images directory.
+        dir: PathBuf,
+        /// Which files differ.
+        kinds: Vec<Kind>,
+    },
+    /// Writing into the cache failed.
+    #[error(transparent)]
+    Store(#[from] ArtifactError),
+}
+
+fn names(kinds: &[Kind]) -> String {
+    kinds
+        .iter()
+        .map(|k| what(*k))
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+fn what(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Kernel => "kernel",
+        Kind::Initramfs => "initramfs",
+        Kind::Cmdline => "command line",
+    }
+}
+
+/// The command that imports the set again from where it came from (for damage reports).
+pub(crate) fn import_command(id: &SetId, origin: &Origin) -> String {
+    let mut cmd = format!(
+        "talboot images import --talos {} --schematic {} --arch {}",
+        id.talos, id.schematic, id.arch
+    );
+    if let Origin::Imported {
+        kernel,
+        initramfs,
+        cmdline,
+    } = origin
+    {
+        cmd.push_str(&format!(
+            " --kernel {} --initramfs {}",
+            kernel.display(),
+            initramfs.display()
+        ));
+        if cmdline == INLINE {
+            cmd.push_str(" --cmdline TEXT --force");
+        } else {
+            cmd.push_str(&format!(" --cmdline-file {cmdline} --force"));
+        }
+    }
+    cmd
+}
+
+/// What [`Origin::Imported::cmdline`] holds when the line was given with `--cmdline`.
+pub const INLINE: &str = "--cmdline";
+
+/// Opens a source file; a parameter so tests can make a source fail or change mid-import.
+pub type Opener<'a> = &'a dyn Fn(&Path) -> std::io::Result<Box<dyn Read>>;
+
+fn open_file(path: &Path) -> std::io::Result<Box<dyn Read>> {
+    Ok(Box::new(std::fs::File::open(path)?))
+}
+
+/// Import a set from local files (see the module doc). `now_unix` is recorded as its time.
+pub fn import(
+    dir: &Path,
+    req: &ImportRequest,
+    now_unix: u64,
+) -> Result<(Entry, Outcome), ImportError> {
+    import_with(dir, req, now_unix, &open_file)
+}
+
+/// One source: where it is read from (a path, or the inline command line).
+enum Source<'a> {
+    Path(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+impl Source<'_> {
+    fn open(&self, open: Opener<'_>) -> std::io::Result<Box<dyn Read + '_>> {
+        match self {
+            Source::Path(p) => open(p),
+            Source::Bytes(b) => Ok(Box::new(*b)),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        match self {
+            Source::Path(p) => p.to_path_buf(),
+            Source::Bytes(_) => PathBuf::from(INLINE),
+        }
+    }
+}
+
+/// [`import`] with the way sources are opened given.
+pub fn import_with(
+    dir: &Path,
+    req: &ImportRequest,
+    now_unix: u64,
+    open: Opener<'_>,
+) -> Result<(Entry, Outcome), ImportError> {
+    let inline;
+    let sources: [(Kind, Source<'_>); 3] = [
+        (Kind::Kernel, Source::Path(&req.kernel)),
+        (Kind::Initramfs, Source::Path(&req.initramfs)),
+        (
+            Kind::Cmdline,
+            match &req.cmdline {
+                CmdlineSource::File(p) => Source::Path(p),
+                CmdlineSource::Inline(s) => {
+                    inline = format!("{}\n", s.trim());
+                    Source::Bytes(inline.as_bytes())
+                }
+            },
+        ),
+    ];
+
+    // Pass 1: validate and hash; nothing is written yet.
+    let mut incoming = BTreeMap::new();
+    for (kind, src) in &sources {
+        let rec = hash_and_check(*kind, src, open)?;
+        incoming.insert(*kind, rec);
+    }
+
+    let mut catalog = Catalog::load(dir)?;
+    let existing = catalog.find(&req.id);
+    let intact = existing.is_some() && super::verify(dir, &catalog, &req.id).is_ok();
+    let outcome = match decide(existing.map(|e| &e.files), &incoming, intact, req.force) {
+        Decision::Unchanged => {
+            let entry = existing.cloned().expect("unchanged implies an entry");
+            return Ok((entry, Outcome::Unchanged));
+        }
+        Decision::Conflict(kinds) => {
+            return Err(ImportError::Conflict {
+                id: req.id.clone(),
+                dir: dir.to_path_buf(),
+                kinds,
+            });
+        }
+        Decision::Write(outcome) => outcome,
+    };
+
+    // Pass 2: copy beside the final place, checking the copy is what pass 1 validated.
+    let set_dir = dir.join(req.id.rel_dir());
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ArtifactError::Io { path, source }
+    };
+    std::fs::create_dir_all(&set_dir).map_err(io(&set_dir))?;
+    let mut staged = Vec::new();
+    for (kind, src) in &sources {
+        let tmp = copy_to_temp(*kind, src, &set_dir, &incoming[kind], open)?;
+        staged.push((*kind, tmp));
+    }
+    for (kind, tmp) in staged {
+        let target = set_dir.join(kind.file_name());
+        tmp.persist(&target).map_err(|e| io(&target)(e.error))?;
+    }
+    std::fs::File::open(&set_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(&set_dir))?;
+
+    let entry = Entry {
+        id: req.id.clone(),
+        source: req.initramfs.display().to_string(),
+        pulled_at: now_unix,
+        files: incoming,
+        origin: Origin::Imported {
+            kernel: req.kernel.clone(),
+            initramfs: req.initramfs.clone(),
+            cmdline: match &req.cmdline {
+                CmdlineSource::File(p) => p.display().to_string(),
+                CmdlineSource::Inline(_) => INLINE.to_string(),
+            },
+        },
+    };
+    catalog.upsert(entry.clone());
+    catalog.save(dir)?;
+    tracing::info!(set = %req.id, ?outcome, "imported");
+    Ok((entry, outcome))
+}
+
+fn read_err(kind: Kind, src: &Source<'_>) -> impl FnOnce(std::io::Error) -> ImportError {
+    let path = src.path();
+    move |source| ImportError::Read {
+        what: what(kind),
+        path,
+        source,
+    }
+}
+
+/// Pass 1 for one file: hash it and check it is plausible for its kind.
+fn hash_and_check(
+    kind: Kind,
+    src: &Source<'_>,
+    open: Opener<'_>,
+) -> Result<FileRecord, ImportError> {
+    let mut r = src.open(open).map_err(read_err(kind, src))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut head = Vec::new();
+    let mut size = 0u64;
+    // The whole command line is kept to check it; it is small (refused past 64 KiB).
+    let mut text = Vec::new();
+    loop {
+        let n = r.read(&mut buf).map_err(read_err(kind, src))?;
+        if n == 0 {
+            break;
+        }
+        if head.len() < 8 {
+            head.extend(&buf[..n.min(8 - head.len())]);
+        }
+        if kind == Kind::Cmdline {
+            text.extend(&buf[..n]);
+            if text.len() > 1 << 16 {
+                return Err(cmdline_err(src, "is longer than 64 KiB"));
+            }
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    if size == 0 {
+        return Err(match kind {
+            Kind::Cmdline => cmdline_err(src, "is empty"),
+            _ => ImportError::Empty {
+                what: what(kind),
+                path: src.path(),
+            },
+        });
+    }
+    let mut compression = None;
+    match kind {
+        Kind::Initramfs => match Compression::detect(&head) {
+            Some(c) => compression = Some(c),
+            None => {
+                return Err(ImportError::NotInitramfs {
+                    path: src.path(),
+                    head: super::hex(&head),
+                });
+            }
+        },
+        Kind::Cmdline => {
+            let Ok(s) = std::str::from_utf8(&text) else {
+                return Err(cmdline_err(src, "is not UTF-8 text"));
+            };
+            if s.trim().is_empty() {
+                return Err(cmdline_err(src, "is empty"));
+            }
+            if s.trim_end().contains('\n') {
+                return Err(cmdline_err(src, "has more than one line"));
+            }
+        }
+        Kind::Kernel => {}
+    }
+    Ok(FileRecord {
+        size,
+        sha256: super::hex(&hasher.finalize()),
+        compression,
+    })
+}
+
+fn cmdline_err(src: &Source<'_>, problem: &'static str) -> ImportError {
+    ImportError::Cmdline {
+        origin: match src {
+            Source::Path(p) => p.display().to_string(),
+            Source::Bytes(_) => "given with --cmdline".into(),
+        },
+        problem,
+    }
+}
+
+/// Pass 2 for one file: copy it to a temporary file in `set_dir` and check its digest. The
+/// temporary file is deleted when dropped, so an error here leaves nothing behind.
+fn copy_to_temp(
+    kind: Kind,
+    src: &Source<'_>,
+    set_dir: &Path,
+    expect: &FileRecord,
+    open: Opener<'_>,
+) -> Result<tempfile::NamedTempFile, ImportError> {
+    let io = |source| {
+        ImportError::Store(ArtifactError::Io {
+            path: set_dir.to_path_buf(),
+            source,
+        })
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".import-")
+        .suffix(".tmp")
+        .tempfile_in(set_dir)
+        .map_err(io)?;
+    let mut r = src.open(open).map_err(read_err(kind, src))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = r.read(&mut buf).map_err(read_err(kind, src))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        tmp.write_all(&buf[..n]).map_err(io)?;
+        size += n as u64;
+    }
+    if size != expect.size || super::hex(&hasher.finalize()) != expect.sha256 {
+        return Err(ImportError::Changed {
+            what: what(kind),
+            path: src.path(),
+        });
+    }
+    tmp.as_file().sync_all().map_err(io)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io)?;
+    }
+    Ok(tmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::cell::Cell;
+
+    const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+
+    struct Files {
+        tmp: tempfile::TempDir,
+        req: ImportRequest,
+    }
+
+    impl Files {
+        fn images(&self) -> PathBuf {
+            self.tmp.path().join("images")
+        }
+        fn set_dir(&self) -> PathBuf {
+            self.images().join(self.req.id.rel_dir())
+        }
+        /// Every file under the set's folder, sorted.
+        fn listing(&self) -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(self.set_dir())
+                .map(|d| {
+                    d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        }
+    }
+
+    fn files(initramfs: &[u8]) -> Files {
+        let tmp = tempfile::tempdir().unwrap();
+        let usb = tmp.path().join("usb");
+        std::fs::create_dir_all(&usb).unwrap();
+        std::fs::write(usb.join("vmlinuz"), b"MZ kernel bytes").unwrap();
+        std::fs::write(usb.join("initrd.img"), initramfs).unwrap();
+        std::fs::write(usb.join("cmdline"), b"talos.platform=metal console=tty0\n").unwrap();
+        let req = ImportRequest {
+            id: SetId {
+                talos: "v1.13.9".into(),
+                schematic: SCHEMATIC.into(),
+                arch: "amd64".into(),
+            },
+            kernel: usb.join("vmlinuz"),
+            initramfs: usb.join("initrd.img"),
+            cmdline: CmdlineSource::File(usb.join("cmdline")),
+            force: false,
+        };
+        Files { tmp, req }
+    }
+
+    const ZSTD: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3, 4, 5, 6];
+
+    #[test]
+    fn imports_records_compression_and_reimport_is_a_no_op() {
+        let f = files(ZSTD);
+        let (entry, outcome) = import(&f.images(), &f.req, 42).unwrap();
+        assert_eq!(outcome, Outcome::Imported);
+        assert_eq!(
+            entry.files[&Kind::Initramfs].compression,
+            Some(Compression::Zstd)
+        );
+        assert_eq!(
+            std::fs::read(f.set_dir().join("initramfs.xz")).unwrap(),
+            ZSTD
+        );
+        assert_eq!(f.listing(), ["cmdline", "initramfs.xz", "kernel"]);
+        let catalog = Catalog::load(&f.images()).unwrap();
+        super::super::verify(&f.images(), &catalog, &f.req.id).unwrap();
+        assert!(matches!(
+            catalog.find(&f.req.id).unwrap().origin,
+            Origin::Imported { .. }
+        ));
+
+        let before = std::fs::metadata(f.set_dir().join("kernel"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        let (_, outcome) = import(&f.images(), &f.req, 43).unwrap();
+        assert_eq!(outcome, Outcome::Unchanged);
+        let after = std::fs::metadata(f.set_dir().join("kernel"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(before, after);
+        assert_eq!(
+            Catalog::load(&f.images())
+                .unwrap()
+                .find(&f.req.id)
+                .unwrap()
+                .pulled_at,
+            42
+        );
+    }
+
+    #[test]
+    fn a_different_file_is_refused_without_force() {
+        let f = files(ZSTD);
+        import(&f.images(), &f.req, 1).unwrap();
+        std::fs::write(&f.req.kernel, b"MZ another kernel").unwrap();
+        let err = import(&f.images(), &f.req, 2).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ImportError::Conflict { ref kinds, .. } if kinds == &[Kind::Kernel]),
+            "{msg}"
+        );
+        assert!(msg.contains("--force"), "{msg}");
+        let mut forced = f.req.clone();
+        forced.force = true;
+        let (_, outcome) = import(&f.images(), &forced, 3).unwrap();
+        assert_eq!(outcome, Outcome::Replaced(vec![Kind::Kernel]));
+        assert_eq!(
+            std::fs::read(f.set_dir().join("kernel")).unwrap(),
+            b"MZ another kernel"
+        );
+    }
+
+    #[test]
+    fn bad_sources_are_refused_naming_the_file_and_nothing_is_written() {
+        let f = files(b"<html>not found</html>");
+        let err = import(&f.images(), &f.req, 1).unwrap_err().to_string();
+        assert!(err.contains("initrd.img"), "{err}");
+        assert!(err.contains("3c68746d"), "{err}");
+        assert!(!f.images().exists(), "nothing may be written: {err}");
+
+        let mut r = files(ZSTD).req;
+        r.kernel = PathBuf::from("/nonexistent/vmlinuz");
+        let err = import(&f.images(), &r, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("cannot read the kernel /nonexistent/vmlinuz"),
+            "{err}"
+        );
+
+        let mut r = f.req.clone();
+        std::fs::write(&r.initramfs, ZSTD).unwrap();
+        r.cmdline = CmdlineSource::Inline("a\nb".into());
+        let err = import(&f.images(), &r, 1).unwrap_err().to_string();
+        assert!(err.contains("more than one line"), "{err}");
+        assert!(!f.images().exists());
+    }
+
+    /// A read error or a changed source during the copy leaves the old set (files and catalog)
+    /// exactly as it was and no temporary file behind.
+    #[test]
+    fn a_failure_while_copying_leaves_the_cache_as_it_was() {
+        let f = files(ZSTD);
+        import(&f.images(), &f.req, 1).unwrap();
+        let catalog = std::fs::read(f.images().join("catalog.json")).unwrap();
+        let old_initramfs = std::fs::read(f.set_dir().join("initramfs.xz")).unwrap();
+        std::fs::write(&f.req.kernel, b"MZ new kernel").unwrap();
+        std::fs::write(&f.req.initramfs, [0x1f, 0x8b, 8, 0, 9, 9, 9, 9]).unwrap();
+        let mut forced = f.req.clone();
+        forced.force = true;
+
+        struct FailAfter(usize);
+        impl Read for FailAfter {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(std::io::Error::other("USB stick pulled out"));
+                }
+                let n = buf.len().min(self.0);
+                buf[..n].fill(0x1f);
+                self.0 -= n;
+                Ok(n)
+            }
+        }
+        for fault in ["read error", "changed"] {
+            let opens = Cell::new(0);
+            let initramfs = forced.initramfs.clone();
+            let opener = |p: &Path| -> std::io::Result<Box<dyn Read>> {
+                if p == initramfs {
+                    opens.set(opens.get() + 1);
+                    if opens.get() == 2 {
+                        return Ok(match fault {
+                            "read error" => Box::new(FailAfter(3)),
+                            _ => Box::new(&[0x1f, 0x8b, 8, 0, 9, 9, 9, 0][..]),
+                        });
+                    }
+                }
+                open_file(p)
+            };
+            let err = import_with(&f.images(), &forced, 2, &opener).unwrap_err();
+            match fault {
+                "read error" => assert!(err.to_string().contains("USB stick pulled out"), "{err}"),
+                _ => assert!(matches!(err, ImportError::Changed { .. }), "{err}"),
+            }
+            assert_eq!(
+                std::fs::read(f.images().join("catalog.json")).unwrap(),
+                catalog
+            );
+            assert_eq!(
+                std::fs::read(f.set_dir().join("initramfs.xz")).unwrap(),
+                old_initramfs
+            );
+            assert_eq!(
+                std::fs::read(f.set_dir().join("kernel")).unwrap(),
+                b"MZ kernel bytes"
+            );
+            assert_eq!(f.listing(), ["cmdline", "initramfs.xz", "kernel"]);
+        }
+    }
+
+    #[test]
+    fn damaged_store_with_identical_sources_is_repaired() {
+        let f = files(ZSTD);
+        import(&f.images(), &f.req, 1).unwrap();
+        std::fs::write(f.set_dir().join("kernel"), b"MZ kernel byte").unwrap();
+        let (_, outcome) = import(&f.images(), &f.req, 2).unwrap();
+        assert_eq!(outcome, Outcome::Repaired);
+        let catalog = Catalog::load(&f.images()).unwrap();
+        super::super::verify(&f.images(), &catalog, &f.req.id).unwrap();
+    }
+
+    fn rec(n: u8) -> FileRecord {
+        FileRecord {
+            size: u64::from(n),
+            sha256: format!("{n:02x}"),
+            compression: None,
+        }
+    }
+
+    proptest! {
+        /// Writing happens exactly when the set is new, damaged, or forced over a difference;
+        /// a difference without force is always refused, naming exactly the differing files.
+        #[test]
+        fn decide_writes_only_when_it_should(old in proptest::array::uniform3(0u8..3), new in proptest::array::uniform3(0u8..3), present: bool, intact: bool, force: bool) {
+            let map = |v: [u8; 3]| Kind::ALL.into_iter().zip(v).map(|(k, n)| (k, rec(n))).collect::<BTreeMap<_, _>>();
+            let (old_m, new_m) = (map(old), map(new));
+            let d = decide(present.then_some(&old_m), &new_m, intact, force);
+            let differing: Vec<Kind> = Kind::ALL.into_iter().zip(old.iter().zip(new.iter())).filter(|(_, (a, b))| a != b).map(|(k, _)| k).collect();
+            let expected = if !present {
+                Decision::Write(Outcome::Imported)
+            } else if differing.is_empty() {
+                if intact { Decision::Unchanged } else { Decision::Write(Outcome::Repaired) }
+            } else if force {
+                Decision::Write(Outcome::Replaced(differing))
+            } else {
+                Decision::Conflict(differing)
+            };
+            prop_assert_eq!(d, expected);
+        }
+    }
+}
