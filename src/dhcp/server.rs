@@ -6,7 +6,8 @@
 //!   interface with `SO_BINDTODEVICE`, so a multi-homed host neither hears nor answers other
 //!   segments, and a limited broadcast leaves through that interface;
 //! - a bounded receive queue ([`super::queue`]): the socket readers never wait, and under
-//!   overload the oldest datagram is dropped and counted, as Kea's packet queue does;
+//!   overload the oldest DISCOVER is dropped (a REQUEST only when nothing but REQUESTs
+//!   waits) and counted; REQUESTs are handled first;
 //! - the store: the lease book is rebuilt from it at start, and every lease change a decision
 //!   makes is committed, with the timeline events that announce it, before the reply is sent
 //!   (group commit, one transaction per burst). A binding is synced to disk before its ACK
@@ -43,7 +44,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::decide::Silence;
 use super::leases::{Lease, LeaseChange, LeaseState};
-use super::queue::{self, RxQueue};
+use super::queue::{self, Lane, RxQueue};
 use super::{
     DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplySummary, ReplyTarget,
     ServerPort,
@@ -98,6 +99,25 @@ pub struct DhcpServer {
     server_ip: Ipv4Addr,
     sockets: Vec<(ServerPort, Arc<UdpSocket>)>,
     transport: Transport,
+    queues: Queues,
+}
+
+/// Sizes of the two bounded queues of the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queues {
+    /// Datagrams received and not yet decided ([`RxQueue`]).
+    pub(crate) rx: usize,
+    /// Decisions waiting for their commit.
+    pub(crate) commit: usize,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Self {
+            rx: queue::DEFAULT_CAPACITY,
+            commit: COMMIT_QUEUE,
+        }
+    }
 }
 
 /// How replies reach clients.
@@ -138,6 +158,7 @@ impl DhcpServer {
             server_ip,
             sockets,
             transport: Transport::Segment,
+            queues: Queues::default(),
         })
     }
 
@@ -170,7 +191,15 @@ impl DhcpServer {
             server_ip: *addr.ip(),
             sockets: vec![(ServerPort::Dhcp, Arc::new(sock))],
             transport: Transport::ReplyToSource,
+            queues: Queues::default(),
         })
+    }
+
+    /// Use queues of these sizes instead of the defaults (tests overflow them on purpose).
+    #[cfg(test)]
+    pub(crate) fn with_queues(mut self, queues: Queues) -> Self {
+        self.queues = queues;
+        self
     }
 
     /// The address of the first socket (its port is the real one when bound to port 0).
@@ -228,7 +257,7 @@ impl DhcpServer {
                 .collect(),
             events,
         });
-        let (jobs, job_rx) = mpsc::channel::<Job>(COMMIT_QUEUE);
+        let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
         let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone(), not_durable_tx));
         let mut adapter = Adapter {
@@ -240,7 +269,7 @@ impl DhcpServer {
         };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
-        let rx = Arc::new(RxQueue::<Datagram>::new(queue::DEFAULT_CAPACITY));
+        let rx = Arc::new(RxQueue::<Datagram>::new(self.queues.rx));
         let mut readers = Vec::new();
         for (port, sock) in &self.sockets {
             readers.push(tokio::spawn(read_loop(
@@ -350,10 +379,16 @@ async fn read_loop(
                     bytes: buf[..n].to_vec(),
                     source,
                 };
-                // Never wait for the core: a full queue sheds its oldest datagram.
-                if let Some(old) = queue.push(dgram) {
-                    counter!("dhcp_dropped_total", "reason" => "queue_full").increment(1);
-                    debug!(xid = format_args!("{:08x}", peek_xid(&old.bytes)), src = %old.source, "receive queue full: oldest request dropped");
+                // Never wait for the core: a full queue sheds the oldest DISCOVER.
+                let lane = Lane::of(peek_msg_type(&dgram.bytes));
+                if let Some((old, lane)) = queue.push(dgram, lane) {
+                    let lane = match lane {
+                        Lane::Finish => "finish",
+                        Lane::Start => "start",
+                    };
+                    counter!("dhcp_dropped_total", "reason" => "queue_full", "lane" => lane)
+                        .increment(1);
+                    debug!(xid = format_args!("{:08x}", peek_xid(&old.bytes)), src = %old.source, lane, "receive queue full: datagram dropped");
                 }
             }
             Ok((_, SocketAddr::V6(_))) => {}

@@ -113,7 +113,9 @@ pub enum PowerError {
     #[error("{target}: cannot reach the power controller: {reason}")]
     Unreachable { target: String, reason: String },
     /// The controller refused the credentials.
-    #[error("{target}: the power controller refused the credentials (check the user and secret in the secrets bundle or environment)")]
+    #[error(
+        "{target}: the power controller refused the credentials (check the user and secret in the secrets bundle or environment)"
+    )]
     Unauthorized { target: String },
     /// The controller answered, but not with what the protocol says it should.
     #[error("{target}: unexpected answer from the power controller: {reason}")]
