@@ -36,7 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dhcproto::v4::{Message, MessageType};
 use dhcproto::{Decodable, Decoder};
-use metrics::counter;
+use metrics::{counter, histogram};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -403,10 +403,13 @@ async fn read_loop(
 
 /// Replies (and events) wait here while their lease writes are committed; bounded so a flood
 /// that outruns the disk stops the handling loop, and the receive queue then sheds the oldest
-/// requests, instead of growing memory.
-const COMMIT_QUEUE: usize = 1024;
-/// Most rows (lease writes and events) committed in one transaction.
-const COMMIT_BATCH: usize = 512;
+/// DISCOVERs, instead of growing memory. Sized to ride out one slow fsync at 15,000 decisions
+/// a second: this VM's disk was measured at up to 180 ms for one `fdatasync` while other
+/// processes wrote (docs/benchmarks.md), which filled the 1,024 of before.
+const COMMIT_QUEUE: usize = 4096;
+/// Most rows (lease writes and events) committed in one transaction: a whole backlog, so that
+/// after a slow fsync the queue drains with one more sync instead of one per 512 rows.
+const COMMIT_BATCH: usize = 8192;
 
 /// The handling half: the core, deciding one datagram at a time, and the queue to the
 /// committer. Decisions are made in order and never wait for the disk; the committer makes
@@ -553,6 +556,19 @@ impl Adapter {
                     .reply_event(client.mac, dgram.port, &summary, to)
                     .into_iter()
                     .collect();
+                if !durable && relies_on.is_none() && bind.is_none() {
+                    // Nothing this reply says needs to be on disk (an OFFER: Kea does not even
+                    // store one; a NAK; an INFORM's ACK): it leaves now, and its record and
+                    // event ride in the next commit. So a slow fsync delays only the ACKs that
+                    // must wait for it, never the DISCOVERs behind them (the stall at
+                    // 3,000/s, docs/benchmarks.md).
+                    self.replier.send(sock, &bytes, to, dgram.source).await;
+                    counter!("dhcp_replies_total", "type" => msg_type_label(summary.kind))
+                        .increment(1);
+                    self.enqueue(writes, events, false, None, After::Nothing)
+                        .await;
+                    return;
+                }
                 let after = After::Reply {
                     sock: sock.clone(),
                     bytes,
@@ -586,8 +602,14 @@ impl Adapter {
             after,
             span: tracing::Span::current(),
         };
+        let waited = Instant::now();
         if self.jobs.send(job).await.is_err() {
             error!("DHCP committer has stopped; reply dropped");
+        }
+        let waited = waited.elapsed();
+        if waited > Duration::from_millis(5) {
+            // The committer is behind: datagrams now pile up in the receive queue.
+            debug!(target: "talboot::dhcp::commit", waited_us = waited.as_micros() as u64, "handler waited for the committer");
         }
     }
 
@@ -678,10 +700,30 @@ async fn commit_loop(
         } else {
             let store = store.clone();
             let now = unix(SystemTime::now());
-            tokio::task::spawn_blocking(move || store.commit_leases(&groups, durable, now))
-                .await
-                .map_err(join_error)
-                .and_then(|r| r)
+            let (jobs, rows) = (groups.len(), count);
+            let queued = Instant::now();
+            let done = tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
+                let r = store.commit_leases(&groups, durable, now);
+                (r, started)
+            })
+            .await;
+            let total = queued.elapsed();
+            match done {
+                Ok((r, started)) => {
+                    let wait = started.duration_since(queued);
+                    // Where a slow reply's time goes: the wait for a blocking thread, and the
+                    // commit itself (redb's write slot, page writes, the fsync when durable).
+                    histogram!("dhcp_commit_seconds", "durable" => if durable { "yes" } else { "no" })
+                        .record(total.as_secs_f64());
+                    histogram!("dhcp_commit_jobs").record(jobs as f64);
+                    debug!(target: "talboot::dhcp::commit", jobs, rows, durable,
+                        wait_us = wait.as_micros() as u64,
+                        commit_us = (total - wait).as_micros() as u64, "lease commit");
+                    r
+                }
+                Err(e) => Err(join_error(e)),
+            }
         };
         for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();

@@ -431,3 +431,48 @@ async fn a_receive_queue_overflow_sheds_discovers_and_answers_every_request() {
     );
     r.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_does_not_wait_for_a_slow_durable_commit() {
+    let r = start().await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    // The ACK's binding commit is held, as a slow fsync holds it.
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    r.send(&discover_from(7)).await;
+    let offer = r
+        .recv(MUST_ARRIVE)
+        .await
+        .expect("an OFFER while the commit is held");
+    let offer = decoded(&offer);
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(offer.chaddr()[5], 7);
+    open.send(()).unwrap();
+    let ack = r
+        .recv(MUST_ARRIVE)
+        .await
+        .expect("the ACK once its commit returns");
+    assert_eq!(decoded(&ack).opts().msg_type(), Some(MessageType::Ack));
+    // Still durable before acknowledged, and the offer's record and event were committed too.
+    let commits = r.store.commits();
+    assert!(
+        commits
+            .iter()
+            .any(|c| c.durable && c.bound.contains(&ip("10.0.0.11"))),
+        "{commits:?}"
+    );
+    // Stopping lets the committer finish what was queued behind the ACK.
+    let store = r.store.clone();
+    r.stop().await;
+    let commits = store.commits();
+    assert!(
+        commits
+            .iter()
+            .any(|c| !c.durable && c.events.iter().any(|e| e == "dhcp.offer")),
+        "the OFFER's record and event are committed (without a sync): {commits:?}"
+    );
+}
