@@ -32,6 +32,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dhcproto::v4::{Message, MessageType};
@@ -109,6 +110,8 @@ pub(crate) struct Queues {
     pub(crate) rx: usize,
     /// Decisions waiting for their commit.
     pub(crate) commit: usize,
+    /// Replies waiting for a durable commit (ACKs) above which DISCOVERs are not answered.
+    pub(crate) ack_backlog: usize,
 }
 
 impl Default for Queues {
@@ -116,6 +119,7 @@ impl Default for Queues {
         Self {
             rx: queue::DEFAULT_CAPACITY,
             commit: COMMIT_QUEUE,
+            ack_backlog: ACK_BACKLOG,
         }
     }
 }
@@ -259,13 +263,22 @@ impl DhcpServer {
         });
         let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
-        let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone(), not_durable_tx));
+        let waiting_replies = Arc::new(AtomicUsize::new(0));
+        let committer = tokio::spawn(commit_loop(
+            job_rx,
+            store,
+            replier.clone(),
+            not_durable_tx,
+            waiting_replies.clone(),
+        ));
         let mut adapter = Adapter {
             core: DhcpCore::new(ctx, book, flood),
             jobs,
             replier,
             not_durable,
             proxied: std::collections::VecDeque::new(),
+            waiting_replies,
+            ack_backlog: self.queues.ack_backlog,
         };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
@@ -407,6 +420,9 @@ async fn read_loop(
 /// a second: this VM's disk was measured at up to 180 ms for one `fdatasync` while other
 /// processes wrote (docs/benchmarks.md), which filled the 1,024 of before.
 const COMMIT_QUEUE: usize = 4096;
+/// Replies waiting for their commit above which DISCOVERs are shed: about one slow fsync's
+/// worth of REQUESTs at 3,000/s, and a bound on how stale an ACK may get under overload.
+const ACK_BACKLOG: usize = 512;
 /// Most rows (lease writes and events) committed in one transaction: a whole backlog, so that
 /// after a slow fsync the queue drains with one more sync instead of one per 512 rows.
 const COMMIT_BATCH: usize = 8192;
@@ -424,6 +440,10 @@ struct Adapter {
     /// information, so the client's REQUEST of the site server's offer in the same exchange
     /// can be recorded as its ProxyDHCP binding.
     proxied: std::collections::VecDeque<(Mac, u32)>,
+    /// Replies queued behind a commit and not sent yet (shared with the committer).
+    waiting_replies: Arc<AtomicUsize>,
+    /// Above this many waiting replies, DISCOVERs are shed ([`ACK_BACKLOG`]).
+    ack_backlog: usize,
 }
 
 /// How many answered proxy exchanges are remembered (a rack boots a few hundred machines).
@@ -475,6 +495,17 @@ impl Adapter {
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
+        if Lane::of(request_type) == Lane::Start
+            && self.waiting_replies.load(Ordering::Relaxed) >= self.ack_backlog
+        {
+            // Admission control: the durable path is behind, so a new exchange would only
+            // produce a REQUEST it cannot answer in time. Kea gets this for free by answering
+            // one datagram at a time; here OFFERs leave without waiting for the disk, so it
+            // has to be said.
+            counter!("dhcp_dropped_total", "reason" => "ack_backlog").increment(1);
+            debug!("ACKs waiting for the disk: DISCOVER not answered");
+            return;
+        }
         let mac = peek_mac(&dgram.bytes);
         let now = Now {
             wall: SystemTime::now(),
@@ -591,6 +622,9 @@ impl Adapter {
         relies_on: Option<Ipv4Addr>,
         after: After,
     ) {
+        if matches!(after, After::Reply { .. }) {
+            self.waiting_replies.fetch_add(1, Ordering::Relaxed);
+        }
         let job = Job {
             commit: LeaseCommit {
                 writes,
@@ -657,6 +691,7 @@ async fn commit_loop(
     store: Arc<dyn Store>,
     replier: Arc<Replier>,
     not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
+    waiting_replies: Arc<AtomicUsize>,
 ) {
     // Addresses whose latest write failed; a reused binding on one of them is not announced.
     let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
@@ -673,6 +708,10 @@ async fn commit_loop(
                 Err(_) => break,
             }
         }
+        let replies = batch
+            .iter()
+            .filter(|j| matches!(j.after, After::Reply { .. }))
+            .count();
         batch.retain(|job| match job.relies_on {
             Some(ip) if not_durable.contains(&ip) => {
                 let _enter = job.span.enter();
@@ -779,6 +818,7 @@ async fn commit_loop(
                 }
             }
         }
+        waiting_replies.fetch_sub(replies, Ordering::Relaxed);
     }
 }
 

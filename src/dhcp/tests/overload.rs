@@ -366,7 +366,12 @@ fn discover_from(n: u8) -> Vec<u8> {
 async fn a_receive_queue_overflow_sheds_discovers_and_answers_every_request() {
     // A receive queue of 3 and room for one decision before the committer: while the first
     // commit is held, the handler takes at most two more datagrams, and the rest overflow.
-    let r = start_with(server::Queues { rx: 3, commit: 1 }).await;
+    let r = start_with(server::Queues {
+        rx: 3,
+        commit: 1,
+        ..server::Queues::default()
+    })
+    .await;
     let port = r.server.port();
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (open, open_rx) = std::sync::mpsc::channel();
@@ -475,4 +480,35 @@ async fn an_offer_does_not_wait_for_a_slow_durable_commit() {
             .any(|c| !c.durable && c.events.iter().any(|e| e == "dhcp.offer")),
         "the OFFER's record and event are committed (without a sync): {commits:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovers_are_not_answered_while_acks_wait_for_the_disk() {
+    // Admission control: with one ACK waiting for its durable commit (the limit here), a new
+    // exchange is not started, so OFFERs cannot outrun what the disk can acknowledge.
+    let r = start_with(server::Queues {
+        ack_backlog: 1,
+        ..server::Queues::default()
+    })
+    .await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    r.send(&discover_from(20)).await;
+    drained(r.server.port()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open.send(()).unwrap();
+    // An OFFER to the first DISCOVER would have left at once, before this ACK.
+    let first = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
+    assert_eq!(first.opts().msg_type(), Some(MessageType::Ack));
+    // With nothing waiting any more, the next DISCOVER is answered.
+    r.send(&discover_from(21)).await;
+    let next = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
+    assert_eq!(next.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(next.chaddr()[5], 21, "the shed DISCOVER stays unanswered");
+    r.stop().await;
 }
