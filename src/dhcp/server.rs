@@ -708,13 +708,12 @@ async fn commit_loop(
                 Err(_) => break,
             }
         }
-        let replies = batch
-            .iter()
-            .filter(|j| matches!(j.after, After::Reply { .. }))
-            .count();
         batch.retain(|job| match job.relies_on {
             Some(ip) if not_durable.contains(&ip) => {
                 let _enter = job.span.enter();
+                if matches!(job.after, After::Reply { .. }) {
+                    waiting_replies.fetch_sub(1, Ordering::Relaxed);
+                }
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 error!(%ip, "binding is not on disk (its write failed); reply not sent");
                 let _ = not_durable_tx.send(ip);
@@ -766,6 +765,10 @@ async fn commit_loop(
         };
         for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();
+            // Its commit is done: this reply no longer waits for the disk, sent or not.
+            if matches!(job.after, After::Reply { .. }) {
+                waiting_replies.fetch_sub(1, Ordering::Relaxed);
+            }
             let ok = match &results {
                 Ok(rs) => rs[i].is_ok(),
                 // Nothing of this job had to be written: its reply still goes, and its
@@ -818,7 +821,6 @@ async fn commit_loop(
                 }
             }
         }
-        waiting_replies.fetch_sub(replies, Ordering::Relaxed);
     }
 }
 
