@@ -1,76 +1,128 @@
-//! The bounded receive queue between the DHCP sockets and the core: a ring that, when full,
-//! drops its oldest datagram to make room for the newest, and counts the drop.
+//! The bounded receive queue between the DHCP sockets and the core: two lanes sharing one
+//! capacity, so that under overload a REQUEST (the second half of an exchange the server has
+//! already paid for with an OFFER) is kept and answered before a DISCOVER (the start of a new
+//! one), and every drop is counted.
 //!
-//! This is Kea's congestion handling (`dhcp-queue-control`, queue type `kea-ring4`):
-//! a receiver reads the sockets into a ring buffer that the server thread drains, and "once
-//! it reaches capacity, new packets get added to the back of the queue by discarding packets
-//! from the front of the queue" (isc-projects/kea `doc/sphinx/arm/congestion-handling.rst`
-//! and `src/lib/dhcp/packet_queue_ring.h`, `PacketQueueRing::pushPacket` on a
-//! `boost::circular_buffer`, at Kea-2.2.0). Under overload the oldest request is the one whose
-//! client has most likely retransmitted or given up already; answering the newest keeps the
-//! replies useful instead of letting every client time out behind a stale backlog. The
-//! readers never wait for the core, so the kernel's socket buffer (which drops the newest)
-//! stays empty and this ring is the one place load is shed.
+//! The policy, for a queue of capacity `n` (REQUESTs, RELEASEs, DECLINEs and INFORMs are the
+//! `Finish` lane; DISCOVERs and anything without a readable message type the `Start` lane):
+//! - while fewer than `n` datagrams wait, every datagram is queued;
+//! - when full, a new datagram evicts the oldest waiting `Start` one; when none waits, a new
+//!   `Start` datagram is itself dropped, and a new `Finish` one evicts the oldest `Finish`;
+//! - the handler takes the oldest `Finish` datagram first, then the oldest `Start` one.
+//!
+//! Why, from Kea: Kea 2.2.0 by default has no queue at all (`dhcp-queue-control`
+//! `enable-queue` defaults to `false`, and multi-threading is off:
+//! isc-projects/kea `src/lib/dhcpsrv/parsers/simple_parser4.cc` at Kea-2.2.0), so its
+//! datagrams wait in the kernel socket buffer, which drops the newest when full; with the
+//! queue enabled (`kea-ring4`, default capacity 64) it is a `boost::circular_buffer` that
+//! "discards packets from the front" (`src/lib/dhcp/packet_queue_ring.h`,
+//! `PacketQueueRing::pushPacket`, and `doc/sphinx/arm/congestion-handling.rst`). Neither looks
+//! at the message type (the ring's `shouldDropPacket` and `eatPackets` hooks are left to
+//! derived queues and do nothing by default). Kea loses fewer REQUESTs than a type-blind
+//! oldest-first ring of talboot's did because it answers each datagram before reading the
+//! next (a REQUEST comes only after its OFFER left, and waits behind at most a socket buffer
+//! of DISCOVERs), not because of its queue. Here decisions and commits are pipelined, so a
+//! burst of DISCOVERs queued ahead of a REQUEST could push that REQUEST out: the lanes make
+//! the REQUEST win. Starving DISCOVERs cannot run away: a REQUEST normally follows an OFFER,
+//! so when only REQUESTs are answered, no new REQUESTs are caused.
+//!
+//! Oldest-first eviction within the `Start` lane is kept from Kea's ring: the oldest DISCOVER's
+//! client has most likely retransmitted already. The readers never wait for the core, so the
+//! kernel's socket buffer stays empty and this queue is the one place load is shed.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-/// Default capacity: the pipeline behind the ring (decide, group commit, send) drains it in
+/// Default capacity: the pipeline behind the queue (decide, group commit, send) drains it in
 /// bursts of hundreds; Kea's default of 64 is sized for one packet at a time.
 pub(crate) const DEFAULT_CAPACITY: usize = 256;
 
-/// A ring of at most `capacity` items; pushing onto a full ring evicts the oldest.
+/// Which lane a datagram waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Lane {
+    /// Continues or ends an exchange the server already answered (REQUEST, RELEASE,
+    /// DECLINE, INFORM): kept first, answered first.
+    Finish,
+    /// Starts an exchange (DISCOVER), or has no readable message type: shed first.
+    Start,
+}
+
+impl Lane {
+    /// The lane of a datagram with DHCP message type `kind` (option 53, read from the raw
+    /// bytes; `None` when it cannot be read).
+    pub(crate) fn of(kind: Option<dhcproto::v4::MessageType>) -> Self {
+        use dhcproto::v4::MessageType as T;
+        match kind {
+            Some(T::Request | T::Release | T::Decline | T::Inform) => Self::Finish,
+            _ => Self::Start,
+        }
+    }
+}
+
+/// Two lanes of at most `capacity` items in all (see the module docs for the policy).
 #[derive(Debug)]
 pub(crate) struct Ring<T> {
-    items: VecDeque<T>,
+    finish: VecDeque<T>,
+    start: VecDeque<T>,
     capacity: usize,
     dropped: u64,
 }
 
 impl<T> Ring<T> {
-    /// An empty ring (a capacity of 0 is raised to 1).
+    /// An empty queue (a capacity of 0 is raised to 1).
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Self {
-            items: VecDeque::with_capacity(capacity),
+            finish: VecDeque::new(),
+            start: VecDeque::with_capacity(capacity),
             capacity,
             dropped: 0,
         }
     }
 
-    /// Append `item`; when the ring is full, the oldest item is removed, counted and returned.
-    pub fn push(&mut self, item: T) -> Option<T> {
-        let evicted = if self.items.len() >= self.capacity {
-            self.dropped += 1;
-            self.items.pop_front()
-        } else {
+    /// Queue `item` in `lane`; when the queue is full, the item the policy sheds (an older
+    /// one, or `item` itself) is counted and returned with its lane.
+    pub fn push(&mut self, item: T, lane: Lane) -> Option<(T, Lane)> {
+        let shed = if self.len() < self.capacity {
             None
+        } else if let Some(old) = self.start.pop_front() {
+            Some((old, Lane::Start))
+        } else if lane == Lane::Start {
+            self.dropped += 1;
+            return Some((item, Lane::Start));
+        } else {
+            self.finish.pop_front().map(|old| (old, Lane::Finish))
         };
-        self.items.push_back(item);
-        evicted
+        if shed.is_some() {
+            self.dropped += 1;
+        }
+        match lane {
+            Lane::Finish => self.finish.push_back(item),
+            Lane::Start => self.start.push_back(item),
+        }
+        shed
     }
 
-    /// The oldest item.
+    /// The oldest `Finish` item, else the oldest `Start` item.
     pub(crate) fn pop(&mut self) -> Option<T> {
-        self.items.pop_front()
+        self.finish.pop_front().or_else(|| self.start.pop_front())
     }
 
-    #[cfg(test)]
     /// Items waiting.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.finish.len() + self.start.len()
     }
 
     #[cfg(test)]
     /// Nothing waiting.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.len() == 0
     }
 
     #[cfg(test)]
-    /// Items evicted so far.
+    /// Items shed so far.
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
@@ -93,15 +145,15 @@ impl<T> RxQueue<T> {
         }
     }
 
-    /// Queue `item` without waiting; returns the oldest item if it had to be dropped.
-    pub fn push(&self, item: T) -> Option<T> {
-        let evicted = self.lock().push(item);
+    /// Queue `item` in `lane` without waiting; returns what had to be shed, if anything.
+    pub fn push(&self, item: T, lane: Lane) -> Option<(T, Lane)> {
+        let shed = self.lock().push(item, lane);
         // A stored permit wakes the next `pop` even if nobody is waiting yet.
         self.ready.notify_one();
-        evicted
+        shed
     }
 
-    /// The oldest item, waiting for one if the queue is empty.
+    /// The next item by the lane order, waiting for one if the queue is empty.
     pub(crate) async fn pop(&self) -> T {
         loop {
             if let Some(item) = self.lock().pop() {
@@ -112,7 +164,7 @@ impl<T> RxQueue<T> {
     }
 
     #[cfg(test)]
-    /// Items evicted so far.
+    /// Items shed so far.
     pub fn dropped(&self) -> u64 {
         self.lock().dropped()
     }
@@ -127,49 +179,127 @@ impl<T> RxQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Lane::{Finish, Start};
+    use dhcproto::v4::MessageType;
     use proptest::prelude::*;
 
     #[test]
-    fn a_full_ring_drops_the_oldest_and_counts_it() {
+    fn message_types_choose_their_lane() {
+        for t in [
+            MessageType::Request,
+            MessageType::Release,
+            MessageType::Decline,
+            MessageType::Inform,
+        ] {
+            assert_eq!(Lane::of(Some(t)), Finish, "{t:?}");
+        }
+        assert_eq!(Lane::of(Some(MessageType::Discover)), Start);
+        assert_eq!(Lane::of(None), Start);
+    }
+
+    #[test]
+    fn a_full_queue_sheds_the_oldest_discover_for_anything_new() {
         let mut r = Ring::new(3);
         for i in 0..3 {
-            assert_eq!(r.push(i), None);
+            assert_eq!(r.push(i, Start), None);
         }
-        assert_eq!(r.push(3), Some(0));
-        assert_eq!(r.push(4), Some(1));
+        assert_eq!(r.push(3, Start), Some((0, Start)));
+        assert_eq!(r.push(10, Finish), Some((1, Start)));
         assert_eq!(r.dropped(), 2);
         assert_eq!(r.len(), 3);
         let rest: Vec<_> = std::iter::from_fn(|| r.pop()).collect();
-        assert_eq!(rest, [2, 3, 4]);
+        // The REQUEST first, then the DISCOVERs oldest first.
+        assert_eq!(rest, [10, 2, 3]);
         assert!(r.is_empty());
     }
 
+    #[test]
+    fn a_queue_full_of_requests_refuses_a_discover_and_sheds_its_oldest_request_for_a_request() {
+        let mut r = Ring::new(2);
+        r.push(1, Finish);
+        r.push(2, Finish);
+        assert_eq!(r.push(100, Start), Some((100, Start)));
+        assert_eq!(r.push(3, Finish), Some((1, Finish)));
+        assert_eq!(r.dropped(), 2);
+        let rest: Vec<_> = std::iter::from_fn(|| r.pop()).collect();
+        assert_eq!(rest, [2, 3]);
+    }
+
     #[tokio::test]
-    async fn queue_overflow_keeps_the_newest_and_a_waiting_pop_is_woken() {
+    async fn a_waiting_pop_is_woken_and_requests_overtake_discovers() {
         let q = std::sync::Arc::new(RxQueue::new(2));
         let waiter = tokio::spawn({
             let q = q.clone();
             async move { q.pop().await }
         });
         tokio::task::yield_now().await;
-        q.push("a");
+        q.push("a", Start);
         assert_eq!(waiter.await.unwrap(), "a");
-        q.push("b");
-        q.push("c");
-        assert_eq!(q.push("d"), Some("b"));
+        q.push("d1", Start);
+        q.push("d2", Start);
+        assert_eq!(q.push("r", Finish), Some(("d1", Start)));
         assert_eq!(q.dropped(), 1);
-        assert_eq!(q.pop().await, "c");
-        assert_eq!(q.pop().await, "d");
+        assert_eq!(q.pop().await, "r");
+        assert_eq!(q.pop().await, "d2");
+    }
+
+    /// The policy restated over a whole arrival sequence (no pops): which items a queue of
+    /// `cap` holds at the end, by lane.
+    fn model(cap: usize, arrivals: &[(usize, Lane)]) -> (Vec<usize>, Vec<usize>) {
+        let (mut fin, mut st) = (Vec::new(), Vec::new());
+        for &(i, lane) in arrivals {
+            if fin.len() + st.len() >= cap {
+                if !st.is_empty() {
+                    st.remove(0);
+                } else if lane == Start {
+                    continue;
+                } else {
+                    fin.remove(0);
+                }
+            }
+            match lane {
+                Finish => fin.push(i),
+                Start => st.push(i),
+            }
+        }
+        (fin, st)
+    }
+
+    fn lanes() -> impl Strategy<Value = Vec<Lane>> {
+        proptest::collection::vec(prop_oneof![Just(Finish), Just(Start)], 0..60)
     }
 
     proptest! {
         #[test]
-        fn the_ring_holds_the_last_capacity_items_in_order(
-            cap in 1usize..8, n in 0usize..40
+        fn requests_are_kept_over_discovers_and_each_lane_keeps_its_newest(
+            cap in 1usize..8, lanes in lanes()
         ) {
+            let arrivals: Vec<(usize, Lane)> = lanes.into_iter().enumerate().collect();
+            let mut r = Ring::new(cap);
+            let mut shed = Vec::new();
+            for &(i, lane) in &arrivals {
+                shed.extend(r.push(i, lane));
+            }
+            let kept: Vec<_> = std::iter::from_fn(|| r.pop()).collect();
+            let (fin, st) = model(cap, &arrivals);
+            // Never more than the capacity; REQUESTs come out before DISCOVERs, each in order.
+            prop_assert_eq!(&kept, &fin.iter().chain(&st).copied().collect::<Vec<_>>());
+            // Nothing lost without being counted.
+            prop_assert_eq!(kept.len() + shed.len(), arrivals.len());
+            prop_assert_eq!(r.dropped(), shed.len() as u64);
+            // A REQUEST is shed only when no DISCOVER was waiting: the kept REQUESTs are the
+            // newest min(cap, #requests).
+            let requests: Vec<usize> =
+                arrivals.iter().filter(|(_, l)| *l == Finish).map(|(i, _)| *i).collect();
+            let want = requests[requests.len().saturating_sub(cap)..].to_vec();
+            prop_assert_eq!(fin, want);
+        }
+
+        #[test]
+        fn with_discovers_only_it_is_kea_s_ring(cap in 1usize..8, n in 0usize..40) {
             let mut r = Ring::new(cap);
             for i in 0..n {
-                r.push(i);
+                r.push(i, Start);
             }
             let kept: Vec<_> = std::iter::from_fn(|| r.pop()).collect();
             let want: Vec<_> = (n.saturating_sub(cap)..n).collect();

@@ -6,7 +6,8 @@
 //!   interface with `SO_BINDTODEVICE`, so a multi-homed host neither hears nor answers other
 //!   segments, and a limited broadcast leaves through that interface;
 //! - a bounded receive queue ([`super::queue`]): the socket readers never wait, and under
-//!   overload the oldest datagram is dropped and counted, as Kea's packet queue does;
+//!   overload the oldest DISCOVER is dropped (a REQUEST only when nothing but REQUESTs
+//!   waits) and counted; REQUESTs are handled first;
 //! - the store: the lease book is rebuilt from it at start, and every lease change a decision
 //!   makes is committed, with the timeline events that announce it, before the reply is sent
 //!   (group commit, one transaction per burst). A binding is synced to disk before its ACK
@@ -32,11 +33,12 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dhcproto::v4::{Message, MessageType};
 use dhcproto::{Decodable, Decoder};
-use metrics::counter;
+use metrics::{counter, histogram};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -44,7 +46,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::decide::Silence;
 use super::leases::{Lease, LeaseChange, LeaseState};
-use super::queue::{self, RxQueue};
+use super::queue::{self, Lane, RxQueue};
 use super::{
     DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplySummary, ReplyTarget,
     ServerPort,
@@ -101,6 +103,28 @@ pub struct DhcpServer {
     transport: Transport,
     /// Where committed bindings are published for the request paths.
     view: Option<Arc<StateView>>,
+    queues: Queues,
+}
+
+/// Sizes of the two bounded queues of the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queues {
+    /// Datagrams received and not yet decided ([`RxQueue`]).
+    pub(crate) rx: usize,
+    /// Decisions waiting for their commit.
+    pub(crate) commit: usize,
+    /// Replies waiting for a durable commit (ACKs) above which DISCOVERs are not answered.
+    pub(crate) ack_backlog: usize,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Self {
+            rx: queue::DEFAULT_CAPACITY,
+            commit: COMMIT_QUEUE,
+            ack_backlog: ACK_BACKLOG,
+        }
+    }
 }
 
 /// How replies reach clients.
@@ -142,6 +166,7 @@ impl DhcpServer {
             sockets,
             transport: Transport::Segment,
             view: None,
+            queues: Queues::default(),
         })
     }
 
@@ -175,7 +200,15 @@ impl DhcpServer {
             sockets: vec![(ServerPort::Dhcp, Arc::new(sock))],
             transport: Transport::ReplyToSource,
             view: None,
+            queues: Queues::default(),
         })
+    }
+
+    /// Use queues of these sizes instead of the defaults (tests overflow them on purpose).
+    #[cfg(test)]
+    pub(crate) fn with_queues(mut self, queues: Queues) -> Self {
+        self.queues = queues;
+        self
     }
 
     /// The address of the first socket (its port is the real one when bound to port 0).
@@ -250,19 +283,28 @@ impl DhcpServer {
             events,
             view: self.view.clone(),
         });
-        let (jobs, job_rx) = mpsc::channel::<Job>(COMMIT_QUEUE);
+        let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
-        let committer = tokio::spawn(commit_loop(job_rx, store, replier.clone(), not_durable_tx));
+        let waiting_replies = Arc::new(AtomicUsize::new(0));
+        let committer = tokio::spawn(commit_loop(
+            job_rx,
+            store,
+            replier.clone(),
+            not_durable_tx,
+            waiting_replies.clone(),
+        ));
         let mut adapter = Adapter {
             core: DhcpCore::new(ctx, book, flood),
             jobs,
             replier,
             not_durable,
             proxied: std::collections::VecDeque::new(),
+            waiting_replies,
+            ack_backlog: self.queues.ack_backlog,
         };
         info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
-        let rx = Arc::new(RxQueue::<Datagram>::new(queue::DEFAULT_CAPACITY));
+        let rx = Arc::new(RxQueue::<Datagram>::new(self.queues.rx));
         let mut readers = Vec::new();
         for (port, sock) in &self.sockets {
             readers.push(tokio::spawn(read_loop(
@@ -372,10 +414,16 @@ async fn read_loop(
                     bytes: buf[..n].to_vec(),
                     source,
                 };
-                // Never wait for the core: a full queue sheds its oldest datagram.
-                if let Some(old) = queue.push(dgram) {
-                    counter!("dhcp_dropped_total", "reason" => "queue_full").increment(1);
-                    debug!(xid = format_args!("{:08x}", peek_xid(&old.bytes)), src = %old.source, "receive queue full: oldest request dropped");
+                // Never wait for the core: a full queue sheds the oldest DISCOVER.
+                let lane = Lane::of(peek_msg_type(&dgram.bytes));
+                if let Some((old, lane)) = queue.push(dgram, lane) {
+                    let lane = match lane {
+                        Lane::Finish => "finish",
+                        Lane::Start => "start",
+                    };
+                    counter!("dhcp_dropped_total", "reason" => "queue_full", "lane" => lane)
+                        .increment(1);
+                    debug!(xid = format_args!("{:08x}", peek_xid(&old.bytes)), src = %old.source, lane, "receive queue full: datagram dropped");
                 }
             }
             Ok((_, SocketAddr::V6(_))) => {}
@@ -390,10 +438,16 @@ async fn read_loop(
 
 /// Replies (and events) wait here while their lease writes are committed; bounded so a flood
 /// that outruns the disk stops the handling loop, and the receive queue then sheds the oldest
-/// requests, instead of growing memory.
-const COMMIT_QUEUE: usize = 1024;
-/// Most rows (lease writes and events) committed in one transaction.
-const COMMIT_BATCH: usize = 512;
+/// DISCOVERs, instead of growing memory. Sized to ride out one slow fsync at 15,000 decisions
+/// a second: this VM's disk was measured at up to 180 ms for one `fdatasync` while other
+/// processes wrote (docs/benchmarks.md), which filled the 1,024 of before.
+const COMMIT_QUEUE: usize = 4096;
+/// Replies waiting for their commit above which DISCOVERs are shed: about one slow fsync's
+/// worth of REQUESTs at 3,000/s, and a bound on how stale an ACK may get under overload.
+const ACK_BACKLOG: usize = 512;
+/// Most rows (lease writes and events) committed in one transaction: a whole backlog, so that
+/// after a slow fsync the queue drains with one more sync instead of one per 512 rows.
+const COMMIT_BATCH: usize = 8192;
 
 /// The handling half: the core, deciding one datagram at a time, and the queue to the
 /// committer. Decisions are made in order and never wait for the disk; the committer makes
@@ -408,6 +462,10 @@ struct Adapter {
     /// information, so the client's REQUEST of the site server's offer in the same exchange
     /// can be recorded as its ProxyDHCP binding.
     proxied: std::collections::VecDeque<(Mac, u32)>,
+    /// Replies queued behind a commit and not sent yet (shared with the committer).
+    waiting_replies: Arc<AtomicUsize>,
+    /// Above this many waiting replies, DISCOVERs are shed ([`ACK_BACKLOG`]).
+    ack_backlog: usize,
 }
 
 /// How many answered proxy exchanges are remembered (a rack boots a few hundred machines).
@@ -459,6 +517,17 @@ impl Adapter {
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
+        if Lane::of(request_type) == Lane::Start
+            && self.waiting_replies.load(Ordering::Relaxed) >= self.ack_backlog
+        {
+            // Admission control: the durable path is behind, so a new exchange would only
+            // produce a REQUEST it cannot answer in time. Kea gets this for free by answering
+            // one datagram at a time; here OFFERs leave without waiting for the disk, so it
+            // has to be said.
+            counter!("dhcp_dropped_total", "reason" => "ack_backlog").increment(1);
+            debug!("ACKs waiting for the disk: DISCOVER not answered");
+            return;
+        }
         let mac = peek_mac(&dgram.bytes);
         let now = Now {
             wall: SystemTime::now(),
@@ -540,6 +609,19 @@ impl Adapter {
                     .reply_event(client.mac, dgram.port, &summary, to)
                     .into_iter()
                     .collect();
+                if !durable && relies_on.is_none() && bind.is_none() {
+                    // Nothing this reply says needs to be on disk (an OFFER: Kea does not even
+                    // store one; a NAK; an INFORM's ACK): it leaves now, and its record and
+                    // event ride in the next commit. So a slow fsync delays only the ACKs that
+                    // must wait for it, never the DISCOVERs behind them (the stall at
+                    // 3,000/s, docs/benchmarks.md).
+                    self.replier.send(sock, &bytes, to, dgram.source).await;
+                    counter!("dhcp_replies_total", "type" => msg_type_label(summary.kind))
+                        .increment(1);
+                    self.enqueue(writes, events, false, None, After::Nothing)
+                        .await;
+                    return;
+                }
                 let after = After::Reply {
                     sock: sock.clone(),
                     bytes,
@@ -562,6 +644,9 @@ impl Adapter {
         relies_on: Option<Ipv4Addr>,
         after: After,
     ) {
+        if matches!(after, After::Reply { .. }) {
+            self.waiting_replies.fetch_add(1, Ordering::Relaxed);
+        }
         let job = Job {
             commit: LeaseCommit {
                 writes,
@@ -573,8 +658,14 @@ impl Adapter {
             after,
             span: tracing::Span::current(),
         };
+        let waited = Instant::now();
         if self.jobs.send(job).await.is_err() {
             error!("DHCP committer has stopped; reply dropped");
+        }
+        let waited = waited.elapsed();
+        if waited > Duration::from_millis(5) {
+            // The committer is behind: datagrams now pile up in the receive queue.
+            debug!(target: "talboot::dhcp::commit", waited_us = waited.as_micros() as u64, "handler waited for the committer");
         }
     }
 
@@ -622,6 +713,7 @@ async fn commit_loop(
     store: Arc<dyn Store>,
     replier: Arc<Replier>,
     not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
+    waiting_replies: Arc<AtomicUsize>,
 ) {
     // Addresses whose latest write failed; a reused binding on one of them is not announced.
     let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
@@ -641,6 +733,9 @@ async fn commit_loop(
         batch.retain(|job| match job.relies_on {
             Some(ip) if not_durable.contains(&ip) => {
                 let _enter = job.span.enter();
+                if matches!(job.after, After::Reply { .. }) {
+                    waiting_replies.fetch_sub(1, Ordering::Relaxed);
+                }
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 error!(%ip, "binding is not on disk (its write failed); reply not sent");
                 let _ = not_durable_tx.send(ip);
@@ -668,19 +763,40 @@ async fn commit_loop(
             // The view retracts what the commit touches now and publishes the result after.
             let view = replier.view.clone();
             let publish = view.as_ref().map(|v| v.begin_leases(&groups));
-            tokio::task::spawn_blocking(move || {
+            let (jobs, rows) = (groups.len(), count);
+            let queued = Instant::now();
+            let done = tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
                 let r = store.commit_leases(&groups, durable, now);
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
                 }
-                r
+                (r, started)
             })
-            .await
-            .map_err(join_error)
-            .and_then(|r| r)
+            .await;
+            let total = queued.elapsed();
+            match done {
+                Ok((r, started)) => {
+                    let wait = started.duration_since(queued);
+                    // Where a slow reply's time goes: the wait for a blocking thread, and the
+                    // commit itself (redb's write slot, page writes, the fsync when durable).
+                    histogram!("dhcp_commit_seconds", "durable" => if durable { "yes" } else { "no" })
+                        .record(total.as_secs_f64());
+                    histogram!("dhcp_commit_jobs").record(jobs as f64);
+                    debug!(target: "talboot::dhcp::commit", jobs, rows, durable,
+                        wait_us = wait.as_micros() as u64,
+                        commit_us = (total - wait).as_micros() as u64, "lease commit");
+                    r
+                }
+                Err(e) => Err(join_error(e)),
+            }
         };
         for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
             let _enter = job.span.enter();
+            // Its commit is done: this reply no longer waits for the disk, sent or not.
+            if matches!(job.after, After::Reply { .. }) {
+                waiting_replies.fetch_sub(1, Ordering::Relaxed);
+            }
             let ok = match &results {
                 Ok(rs) => rs[i].is_ok(),
                 // Nothing of this job had to be written: its reply still goes, and its

@@ -32,6 +32,9 @@ struct Recorder {
     appended: Mutex<Vec<String>>,
     fail_next_durable: AtomicBool,
     failed: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// When set, the next commit says it has started (first) and then waits for the second
+    /// to be signalled: the test holds the pipeline still while it fills the receive queue.
+    gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
 }
 
 impl Recorder {
@@ -47,6 +50,11 @@ impl Store for Recorder {
         durable: bool,
         now_unix: u64,
     ) -> store::Result<Vec<store::Result<()>>> {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some((entered, open)) = gate {
+            let _ = entered.send(());
+            let _ = open.recv();
+        }
         if durable && self.fail_next_durable.swap(false, Ordering::SeqCst) {
             if let Some(tx) = self.failed.lock().unwrap().take() {
                 let _ = tx.send(());
@@ -200,6 +208,10 @@ struct Running {
 }
 
 async fn start() -> Running {
+    start_with(server::Queues::default()).await
+}
+
+async fn start_with(queues: server::Queues) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Recorder {
         inner: store::open(dir.path()).unwrap(),
@@ -207,8 +219,11 @@ async fn start() -> Running {
         appended: Mutex::new(Vec::new()),
         fail_next_durable: AtomicBool::new(false),
         failed: Mutex::new(None),
+        gate: Mutex::new(None),
     });
-    let srv = server::DhcpServer::bind_loopback(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let srv = server::DhcpServer::bind_loopback(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .with_queues(queues);
     let addr = srv.local_addr().unwrap();
     let (bus, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
     let cancel = CancellationToken::new();
@@ -345,5 +360,183 @@ async fn a_binding_whose_write_failed_is_written_again_before_any_ack() {
         "ACK sent for a binding that is not on disk: {:?}",
         r.store.commits()
     );
+    r.stop().await;
+}
+
+/// Until the kernel holds no unread datagram for the server's socket (`rx_queue` of its row in
+/// /proc/net/udp is 0): every datagram sent so far has reached the server's receive queue.
+async fn drained(port: u16) {
+    let local = format!("0100007F:{port:04X}");
+    for _ in 0..400 {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap();
+        let rx_queue = table.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str())).then(|| f[4].split(':').nth(1).map(str::to_owned))
+        });
+        match rx_queue.flatten() {
+            Some(q) if u64::from_str_radix(&q, 16).unwrap() == 0 => break,
+            Some(_) => {}
+            None => panic!("no /proc/net/udp row for {local}"),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // The reader pushes what it read before its next receive.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+fn discover_from(n: u8) -> Vec<u8> {
+    let mut msg = m(MessageType::Discover, Mac([0x02, 0, 0, 0, 1, n]));
+    msg.set_xid(0x1000 + u32::from(n));
+    msg.to_vec().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_queue_overflow_sheds_discovers_and_answers_every_request() {
+    // A receive queue of 3 and room for one decision before the committer: while the first
+    // commit is held, the handler takes at most two more datagrams, and the rest overflow.
+    let r = start_with(server::Queues {
+        rx: 3,
+        commit: 1,
+        ..server::Queues::default()
+    })
+    .await;
+    let port = r.server.port();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&discover_from(0)).await;
+    let entered = tokio::task::spawn_blocking(move || entered.recv().unwrap());
+    entered.await.unwrap();
+    // Two more to stall the handler, then three REQUESTs (reserved machines, SELECTING)
+    // followed by eight DISCOVERs: an oldest-first ring keeps the last three DISCOVERs and
+    // loses every REQUEST the handler had not taken yet.
+    r.send(&discover_from(1)).await;
+    r.send(&discover_from(2)).await;
+    let requests = [
+        (CP1, "10.0.0.11"),
+        (ARM, "10.0.0.13"),
+        (HTTPNODE, "10.0.0.14"),
+    ];
+    for (mac, addr) in requests {
+        r.send(
+            &with(m(MessageType::Request, mac), [sid(SERVER), want(addr)])
+                .to_vec()
+                .unwrap(),
+        )
+        .await;
+    }
+    for n in 3..11 {
+        r.send(&discover_from(n)).await;
+    }
+    drained(port).await;
+    open.send(()).unwrap();
+
+    let (mut acks, mut offers) = (Vec::new(), Vec::new());
+    while acks.len() < requests.len() {
+        let Some(b) = r.recv(MUST_ARRIVE).await else {
+            break;
+        };
+        let msg = decoded(&b);
+        match msg.opts().msg_type() {
+            Some(MessageType::Ack) => {
+                acks.push((Mac(msg.chaddr()[..6].try_into().unwrap()), msg.yiaddr()))
+            }
+            Some(MessageType::Offer) => offers.push(msg.chaddr()[5]),
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    while let Some(b) = r.recv(Duration::from_millis(500)).await {
+        let msg = decoded(&b);
+        assert_eq!(msg.opts().msg_type(), Some(MessageType::Offer));
+        offers.push(msg.chaddr()[5]);
+    }
+    acks.sort();
+    let mut want: Vec<(Mac, Ipv4Addr)> = requests.iter().map(|(m, a)| (*m, ip(a))).collect();
+    want.sort();
+    assert_eq!(acks, want, "every REQUEST is answered");
+    // The handler took at most two datagrams while held; whatever room REQUESTs it took left
+    // in the queue went to the newest DISCOVERs: at most two of the eight burst DISCOVERs.
+    let burst = offers.iter().filter(|n| **n >= 3).count();
+    assert!(burst <= 2, "offers to the burst: {offers:?}");
+    assert!(
+        offers.contains(&0),
+        "the held DISCOVER is answered: {offers:?}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_does_not_wait_for_a_slow_durable_commit() {
+    let r = start().await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    // The ACK's binding commit is held, as a slow fsync holds it.
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    r.send(&discover_from(7)).await;
+    let offer = r
+        .recv(MUST_ARRIVE)
+        .await
+        .expect("an OFFER while the commit is held");
+    let offer = decoded(&offer);
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(offer.chaddr()[5], 7);
+    open.send(()).unwrap();
+    let ack = r
+        .recv(MUST_ARRIVE)
+        .await
+        .expect("the ACK once its commit returns");
+    assert_eq!(decoded(&ack).opts().msg_type(), Some(MessageType::Ack));
+    // Still durable before acknowledged, and the offer's record and event were committed too.
+    let commits = r.store.commits();
+    assert!(
+        commits
+            .iter()
+            .any(|c| c.durable && c.bound.contains(&ip("10.0.0.11"))),
+        "{commits:?}"
+    );
+    // Stopping lets the committer finish what was queued behind the ACK.
+    let store = r.store.clone();
+    r.stop().await;
+    let commits = store.commits();
+    assert!(
+        commits
+            .iter()
+            .any(|c| !c.durable && c.events.iter().any(|e| e == "dhcp.offer")),
+        "the OFFER's record and event are committed (without a sync): {commits:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovers_are_not_answered_while_acks_wait_for_the_disk() {
+    // Admission control: with one ACK waiting for its durable commit (the limit here), a new
+    // exchange is not started, so OFFERs cannot outrun what the disk can acknowledge.
+    let r = start_with(server::Queues {
+        ack_backlog: 1,
+        ..server::Queues::default()
+    })
+    .await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    r.send(&discover_from(20)).await;
+    drained(r.server.port()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open.send(()).unwrap();
+    // An OFFER to the first DISCOVER would have left at once, before this ACK.
+    let first = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
+    assert_eq!(first.opts().msg_type(), Some(MessageType::Ack));
+    // With nothing waiting any more, the next DISCOVER is answered.
+    r.send(&discover_from(21)).await;
+    let next = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
+    assert_eq!(next.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(next.chaddr()[5], 21, "the shed DISCOVER stays unanswered");
     r.stop().await;
 }
