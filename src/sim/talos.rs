@@ -334,6 +334,8 @@ struct ClusterInner {
     names: HashMap<String, SocketAddr>,
     nodes: HashMap<SocketAddr, Weak<Shared>>,
     kubeconfig: Option<String>,
+    /// When nodes went down and came back (see [`upgrade`]).
+    availability: upgrade::AvailabilityLog,
 }
 
 impl FakeCluster {
@@ -486,6 +488,7 @@ struct Stats {
     kubeconfig_calls: AtomicUsize,
     reset_calls: AtomicUsize,
     reboot_calls: AtomicUsize,
+    upgrade_calls: AtomicUsize,
     last_config: Mutex<Option<String>>,
     last_apply_mode: Mutex<Option<i32>>,
     last_kubeconfig: Mutex<Option<Vec<u8>>>,
@@ -510,12 +513,15 @@ struct Shared {
     live_events: tokio::sync::broadcast::Sender<machine::Event>,
     /// Fires when the owner stops the node: running sequences end with it.
     stopped: watch::Receiver<bool>,
+    /// Running and next-boot versions, upgrade failures (see [`upgrade`]).
+    versions: Mutex<upgrade::Versions>,
 }
 
 impl Shared {
     /// Marks the node as going down now (before the reply leaves), so a test waiting for
     /// the next phase never sees the stale one, then tells the supervisor.
     fn go_down(&self, what: Lifecycle) {
+        upgrade::on_go_down(self, &what);
         self.phase.send_replace(Phase::Booting);
         let _ = self.lifecycle.send(what);
     }
@@ -720,6 +726,7 @@ async fn boot_sequence(shared: Arc<Shared>) {
     if *stage == runtime::RuntimeMachineStage::MachineStageBooting && on_disk {
         *stage = runtime::RuntimeMachineStage::MachineStageRunning;
         drop(stage);
+        upgrade::on_running(&shared);
         shared.sequence_event("boot", machine::sequence_event::Action::Stop);
     }
 }
@@ -837,6 +844,7 @@ impl FakeTalosNode {
             phase,
             lifecycle,
             stats: Stats::default(),
+            versions: Mutex::new(upgrade::Versions::default()),
         });
         // The first boot is set up here, so that its failures reach the caller.
         // A new node starts in maintenance mode, which needs no certificate from anyone.
@@ -1104,6 +1112,7 @@ async fn supervise(
                         .max_decoding_message_size(32 * 1024 * 1024),
                 )
                 .add_service(StorageServiceServer::new(api.clone()))
+                .add_service(upgrade::service(api.clone()))
                 .add_service(cosi::state_server::StateServer::new(api))
                 .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
                     let _ = down_rx.await;
@@ -1172,6 +1181,7 @@ async fn run_boot_hook(
 ) -> bool {
     shared.phase.send_replace(Phase::Booting);
     shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
+    upgrade::on_reboot(shared, reason);
     if let Some(hook) = shared.cfg.boot_hook.clone() {
         tracing::debug!(node = %shared.cfg.ip, ?reason, "simulated network boot");
         tokio::select! {
@@ -2672,7 +2682,9 @@ impl MachineService for NodeApi {
             messages: vec![machine::Version {
                 metadata: None,
                 version: Some(machine::VersionInfo {
-                    tag: TALOS_TAG.into(),
+                    // The version the running system booted (after an upgrade and a
+                    // reboot, the new one: see [`upgrade`]).
+                    tag: upgrade::running(&self.shared),
                     // The Makefile's `git describe --always --abbrev=8` of the tag's commit.
                     sha: "3ebd10a7".into(),
                     built: String::new(),
@@ -2864,6 +2876,9 @@ impl cosi::state_server::State for NodeApi {
     }
 }
 
+mod upgrade;
+pub use upgrade::{Availability, UpgradeFailure, max_down};
+
 #[cfg(test)]
 mod tests {
     //! The double against talboot's real renderer and talosconfig, and the hooks the demo
@@ -2891,7 +2906,7 @@ mod tests {
 
     /// The rack inventory and one freshly generated secrets bundle for all tests here
     /// (P-256 service-account key: RSA-4096 generation would only make the tests slow).
-    fn rack() -> &'static (Inventory, SecretsBundle) {
+    pub(super) fn rack() -> &'static (Inventory, SecretsBundle) {
         static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
         RACK.get_or_init(|| {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
@@ -2907,7 +2922,7 @@ mod tests {
     }
 
     /// `node`'s config as `talboot gen` renders it (YAML).
-    fn rendered(node: &str) -> String {
+    pub(super) fn rendered(node: &str) -> String {
         let (inv, secrets) = rack();
         let node = inv.node(node).unwrap_or_else(|| panic!("no node {node}"));
         render_node(inv, secrets, node).unwrap().to_yaml().unwrap()
@@ -2933,19 +2948,19 @@ mod tests {
         ClientCreds::from_talosconfig(&talosconfig, None).unwrap()
     }
 
-    fn maintenance(addr: SocketAddr) -> TalosClient {
+    pub(super) fn maintenance(addr: SocketAddr) -> TalosClient {
         TalosClient::maintenance(addr)
             .unwrap()
             .with_retry(RetryPolicy::NONE)
     }
 
-    fn secured(addr: SocketAddr) -> TalosClient {
+    pub(super) fn secured(addr: SocketAddr) -> TalosClient {
         TalosClient::secured(addr, &admin_creds())
             .unwrap()
             .with_retry(RetryPolicy::NONE)
     }
 
-    fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
+    pub(super) fn node_cfg(last: u8, name: &str) -> FakeNodeConfig {
         let mut cfg = FakeNodeConfig::new(ip(last), name);
         cfg.aliases = vec![rack_ip(name)];
         cfg
