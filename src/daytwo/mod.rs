@@ -5,3 +5,4 @@
 //! change of one node is (apply a config, upgrade Talos, upgrade a Kubernetes component).
 
 pub mod rollout;
+pub mod upgrade;
