@@ -14,6 +14,7 @@ pub mod node;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod upgrade;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -61,6 +62,7 @@ pub enum Command {
     Node(node::Args),
     /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
     Demo(demo::Args),
+    Upgrade(upgrade::Args),
 }
 
 /// Exit code for invalid input.
@@ -91,6 +93,7 @@ pub fn run() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Upgrade(args) => upgrade::run(&args),
     }
 }
 
