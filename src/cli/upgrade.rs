@@ -248,7 +248,7 @@ async fn ensure_boot_sets(
     arches.dedup();
     let mut catalog = Catalog::load(dir)?;
     for arch in arches {
-        let id = SetId::new(version, &schematic, arch);
+        let id = SetId::new(version, schematic, arch);
         match artifacts::verify(dir, &catalog, &id) {
             Ok(()) => continue,
             Err(ArtifactError::Missing { .. }) => {}

@@ -571,7 +571,7 @@ mod tests {
         assert_eq!(cp.addr.to_string(), "10.20.0.11:50000");
         assert!(cp.image.ends_with(":v1.14.0"), "{}", cp.image);
         assert!(
-            cp.image.contains(&inv.cluster.installer.schematic_id()),
+            cp.image.contains(inv.cluster.installer.schematic_id()),
             "{}",
             cp.image
         );
