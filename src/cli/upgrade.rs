@@ -21,8 +21,15 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 pub struct Args {
     /// The Talos version to upgrade to (default: the inventory's `cluster.talosVersion`, for
     /// when it was bumped there).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kubernetes")]
     pub talos: Option<String>,
+    /// Upgrade Kubernetes to this version instead, in talosctl's order (with --dry-run:
+    /// list the steps).
+    #[arg(long)]
+    pub kubernetes: Option<String>,
+    /// With --kubernetes: list every step and what is checked after it; change nothing.
+    #[arg(long, requires = "kubernetes")]
+    pub dry_run: bool,
     /// Write the new version for the next boot without rebooting now.
     #[arg(long)]
     pub stage: bool,
@@ -63,6 +70,9 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(l) => l.inventory,
         Err(e) => return fail(EXIT_INVALID, e),
     };
+    if let Some(k) = &args.kubernetes {
+        return kubernetes(&inv, k, args.dry_run);
+    }
     let version: Version = match &args.talos {
         Some(t) => match t.parse() {
             Ok(v) => v,
@@ -274,4 +284,34 @@ async fn ensure_boot_sets(
         artifacts::verify(dir, &catalog, &id)?;
     }
     Ok(())
+}
+
+/// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]).
+fn kubernetes(inv: &Inventory, to: &str, dry_run: bool) -> ExitCode {
+    let to: Version = match to.parse() {
+        Ok(v) => v,
+        Err(e) => {
+            return fail(
+                EXIT_USAGE,
+                format!("--kubernetes {to:?} is not a version like 1.36.3: {e}"),
+            );
+        }
+    };
+    let steps = crate::daytwo::upgrade_k8s::plan(inv);
+    if !dry_run {
+        return fail(
+            EXIT_USAGE,
+            "applying a Kubernetes upgrade needs ApplyConfiguration on configured nodes, which \
+             this build does not have yet; --dry-run lists the steps",
+        );
+    }
+    println!(
+        "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
+        inv.cluster.kubernetes_version.value,
+        steps.len()
+    );
+    for (i, step) in steps.iter().enumerate() {
+        println!("{:>3}. {}", i + 1, step.describe(&to));
+    }
+    ExitCode::SUCCESS
 }

@@ -6,3 +6,4 @@
 
 pub mod rollout;
 pub mod upgrade;
+pub mod upgrade_k8s;
