@@ -23,7 +23,10 @@ use crate::inventory::{Inventory, MachineType, Version};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum K8sStep {
     /// Patch a control-plane static pod's image on one node, then wait for the pod.
-    StaticPod { component: &'static str, node: String },
+    StaticPod {
+        component: &'static str,
+        node: String,
+    },
     /// Patch kube-proxy's image into one control plane's config (no wait).
     KubeProxy { node: String },
     /// Patch the kubelet image on one node, then wait for the restart and the Node version.
@@ -146,6 +149,10 @@ mod tests {
         assert_eq!(kubelets, order);
         assert_eq!(steps.last(), Some(&K8sStep::Manifests));
         let v: Version = "v1.36.4".parse().unwrap();
-        assert!(steps[0].describe(&v).contains("cluster.apiServer image to v1.36.4"));
+        assert!(
+            steps[0]
+                .describe(&v)
+                .contains("cluster.apiServer image to v1.36.4")
+        );
     }
 }
