@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "google/rpc/status.proto",
     "common/common.proto",
     "machine/machine.proto",
+    "machine/lifecycle.proto",
     "storage/storage.proto",
     "cosi/resource.proto",
     "cosi/state.proto",

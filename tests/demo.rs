@@ -415,9 +415,31 @@ fn other_inventories_and_a_refusal() {
     );
 }
 
+/// `talboot demo --upgrade`: after hand-off every node is upgraded, one control plane at a
+/// time by the doubles' own record.
+fn the_binary_rolls_an_upgrade_across_the_rack() {
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["demo", "--quiet", "--upgrade", "--timeout", "180", "-c"])
+        .arg(rack())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("upgraded 13 nodes to Talos v1.14.0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("at most 1 control plane(s) and "),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
+    the_binary_rolls_an_upgrade_across_the_rack();
     other_inventories_and_a_refusal();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -33,6 +33,13 @@ pub struct Args {
     /// How many nodes the provisioner drives at once (Talos calls in flight, one per node).
     #[arg(long, value_name = "N", default_value_t = crate::provision::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
+    /// After hand-off, roll a Talos minor-version bump across the rack with
+    /// `talboot upgrade`'s rolling engine, printing progress per node.
+    #[arg(long)]
+    pub upgrade: bool,
+    /// Workers upgraded at once by `--upgrade`.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub upgrade_workers: usize,
 }
 
 /// Run the subcommand.
@@ -70,6 +77,7 @@ pub fn run(args: &Args) -> ExitCode {
         opts,
         Duration::from_secs(args.timeout),
         args.rebuild.clone(),
+        args.upgrade.then_some(args.upgrade_workers.max(1)),
     ));
     match result {
         Ok(summary) => {
@@ -89,7 +97,7 @@ pub fn run(args: &Args) -> ExitCode {
                 | DemoError::Relocate(_)
                 | DemoError::Unsupported(_)
                 | DemoError::UnknownNode(..) => ExitCode::from(EXIT_INVALID),
-                DemoError::Timeout { .. } => ExitCode::from(EXIT_INVALID),
+                DemoError::Timeout { .. } | DemoError::Upgrade(_) => ExitCode::from(EXIT_INVALID),
                 _ => ExitCode::from(EXIT_USAGE),
             }
         }

@@ -17,6 +17,7 @@ pub mod proxmox;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod upgrade;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -73,6 +74,7 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Apply the plan to the running nodes, one control plane at a time (resumable).
     Apply(plan::ApplyArgs),
+    Upgrade(upgrade::Args),
 }
 
 /// Exit code for invalid input.
@@ -107,6 +109,7 @@ pub fn run() -> ExitCode {
         Command::Proxmox(args) => proxmox::run(&args),
         Command::Plan(args) => plan::run_plan(&args),
         Command::Apply(args) => plan::run_apply(&args),
+        Command::Upgrade(args) => upgrade::run(&args),
     }
 }
 

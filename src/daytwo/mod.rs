@@ -9,3 +9,5 @@ pub mod diff;
 pub mod drift;
 pub mod plan;
 pub mod rollout;
+pub mod upgrade;
+pub mod upgrade_k8s;

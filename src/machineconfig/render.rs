@@ -138,7 +138,11 @@ fn cert_and_key(pair: &PemCertAndKey, with_key: bool) -> Json {
 /// The installer image: the inventory's image, else the Image Factory `metal-installer` for the
 /// cluster's schematic, tagged with the Talos version.
 pub(crate) fn installer_image(inv: &Inventory) -> String {
-    let talos = &inv.cluster.talos_version.value;
+    installer_image_at(inv, &inv.cluster.talos_version.value)
+}
+
+/// [`installer_image`] at another Talos version (the target of `talboot upgrade --talos`).
+pub(crate) fn installer_image_at(inv: &Inventory, talos: &crate::inventory::Version) -> String {
     let installer = &inv.cluster.installer;
     match &installer.image {
         Some(image) => format!("{image}:{talos}"),

@@ -48,6 +48,9 @@ const KUBE_API_PORT: u16 = 6443;
 /// Why the demo could not run to the end.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
+    /// The rolling upgrade after hand-off could not run (see [`upgrade`]).
+    #[error("upgrade: {0}")]
+    Upgrade(String),
     /// The inventory is invalid.
     #[error("{0}; run `talboot check -c {1}` for every problem")]
     Inventory(inventory::LoadError, PathBuf),
@@ -176,6 +179,8 @@ pub struct Demo {
     pub nodes: Vec<Arc<SimNode>>,
     /// The Kubernetes API double.
     pub kube: Arc<KubeDouble>,
+    /// The Talos doubles' registry (their availability record).
+    pub(crate) cluster: FakeCluster,
     /// talboot's HTTP base URL (provisioning side).
     pub base_url: String,
     /// talboot's admin API URL (for the rebuild API).
@@ -612,6 +617,7 @@ impl Demo {
             workdir: opts.workdir,
             nodes,
             kube,
+            cluster: cluster.clone(),
             base_url: running.base_url.clone(),
             admin_url: running.admin_url.clone(),
             started,
@@ -927,12 +933,15 @@ fn apply_counts(demo: &Demo) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// Runs the demo to the end: hand-off, the optional rebuild, the summary.
+/// Runs the demo to the end: hand-off, the optional rebuild, the optional rolling Talos
+/// upgrade (a minor-version bump, `upgrade` workers at a time), the summary.
 pub async fn run(
     opts: DemoOptions,
     timeout: Duration,
     rebuild: Option<String>,
+    upgrade: Option<usize>,
 ) -> Result<String, DemoError> {
+    let print = opts.print_events;
     let demo = Demo::start(opts).await?;
     if let Some(name) = &rebuild
         && demo.inventory.node(name).is_none()
@@ -979,6 +988,21 @@ pub async fn run(
                     .join(", ")
             ));
         }
+        if let Some(workers) = upgrade {
+            let to = upgrade::minor_bump(&demo.inventory.cluster.talos_version.value);
+            if print {
+                println!(
+                    "\nrolling Talos {} -> {to} across the rack (one control plane at a time, \
+                     {workers} worker(s) at once)",
+                    demo.inventory.cluster.talos_version.value
+                );
+            }
+            let report = demo.upgrade_talos(&to, workers, print).await?;
+            out.push_str(&format!("{report}\n"));
+            if let Outcome::Stopped { .. } = report.outcome {
+                return Err(DemoError::Upgrade(report.to_string()));
+            }
+        }
         out.push_str(&demo.summary());
         Ok(out)
     }
@@ -986,6 +1010,10 @@ pub async fn run(
     demo.shutdown().await;
     result
 }
+
+mod upgrade;
+use crate::daytwo::upgrade::Outcome;
+pub use upgrade::UpgradeReport;
 
 #[cfg(test)]
 mod tests {

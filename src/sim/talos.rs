@@ -339,6 +339,8 @@ struct ClusterInner {
     names: HashMap<String, SocketAddr>,
     nodes: HashMap<SocketAddr, Weak<Shared>>,
     kubeconfig: Option<String>,
+    /// When nodes went down and came back (see [`upgrade`]).
+    availability: upgrade::AvailabilityLog,
 }
 
 impl FakeCluster {
@@ -491,6 +493,7 @@ struct Stats {
     kubeconfig_calls: AtomicUsize,
     reset_calls: AtomicUsize,
     reboot_calls: AtomicUsize,
+    upgrade_calls: AtomicUsize,
     last_config: Mutex<Option<String>>,
     last_apply_mode: Mutex<Option<i32>>,
     last_kubeconfig: Mutex<Option<Vec<u8>>>,
@@ -517,12 +520,15 @@ struct Shared {
     stopped: watch::Receiver<bool>,
     /// The running and persisted machine config (see [`machine_config`]).
     configs: Mutex<machine_config::Configs>,
+    /// Running and next-boot versions, upgrade failures (see [`upgrade`]).
+    versions: Mutex<upgrade::Versions>,
 }
 
 impl Shared {
     /// Marks the node as going down now (before the reply leaves), so a test waiting for
     /// the next phase never sees the stale one, then tells the supervisor.
     fn go_down(&self, what: Lifecycle) {
+        upgrade::on_go_down(self, &what);
         self.phase.send_replace(Phase::Booting);
         let _ = self.lifecycle.send(what);
     }
@@ -727,6 +733,7 @@ async fn boot_sequence(shared: Arc<Shared>) {
     if *stage == runtime::RuntimeMachineStage::MachineStageBooting && on_disk {
         *stage = runtime::RuntimeMachineStage::MachineStageRunning;
         drop(stage);
+        upgrade::on_running(&shared);
         shared.sequence_event("boot", machine::sequence_event::Action::Stop);
     }
 }
@@ -845,6 +852,7 @@ impl FakeTalosNode {
             lifecycle,
             stats: Stats::default(),
             configs: Mutex::default(),
+            versions: Mutex::new(upgrade::Versions::default()),
         });
         // The first boot is set up here, so that its failures reach the caller.
         // A new node starts in maintenance mode, which needs no certificate from anyone.
@@ -1112,6 +1120,7 @@ async fn supervise(
                         .max_decoding_message_size(32 * 1024 * 1024),
                 )
                 .add_service(StorageServiceServer::new(api.clone()))
+                .add_service(upgrade::service(api.clone()))
                 .add_service(cosi::state_server::StateServer::new(api))
                 .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
                     let _ = down_rx.await;
@@ -1181,6 +1190,7 @@ async fn run_boot_hook(
 ) -> bool {
     shared.phase.send_replace(Phase::Booting);
     shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
+    upgrade::on_reboot(shared, reason);
     if let Some(hook) = shared.cfg.boot_hook.clone() {
         tracing::debug!(node = %shared.cfg.ip, ?reason, "simulated network boot");
         tokio::select! {
@@ -2685,7 +2695,9 @@ impl MachineService for NodeApi {
             messages: vec![machine::Version {
                 metadata: None,
                 version: Some(machine::VersionInfo {
-                    tag: TALOS_TAG.into(),
+                    // The version the running system booted (after an upgrade and a
+                    // reboot, the new one: see [`upgrade`]).
+                    tag: upgrade::running(&self.shared),
                     // The Makefile's `git describe --always --abbrev=8` of the tag's commit.
                     sha: "3ebd10a7".into(),
                     built: String::new(),
@@ -2880,6 +2892,9 @@ impl cosi::state_server::State for NodeApi {
     }
 }
 
+mod upgrade;
+pub use upgrade::{Availability, UpgradeFailure, max_down};
+
 #[cfg(test)]
 mod tests {
     //! The double against talboot's real renderer and talosconfig, and the hooks the demo
@@ -2907,7 +2922,7 @@ mod tests {
 
     /// The rack inventory and one freshly generated secrets bundle for all tests here
     /// (P-256 service-account key: RSA-4096 generation would only make the tests slow).
-    fn rack() -> &'static (Inventory, SecretsBundle) {
+    pub(super) fn rack() -> &'static (Inventory, SecretsBundle) {
         static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
         RACK.get_or_init(|| {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");

@@ -29,8 +29,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::api::common;
 use super::api::cosi::resource as cosi;
 use super::api::machine::{
-    self, ApplyConfigurationRequest, BootstrapRequest, EtcdMemberListRequest, RebootRequest,
-    ResetPartitionSpec, ResetRequest, apply_configuration_request, machine_service_client,
+    self, ApplyConfigurationRequest, BootstrapRequest, EtcdMemberListRequest,
+    InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
+    ResetRequest, apply_configuration_request, lifecycle_service_client, machine_service_client,
     reboot_request, reset_request,
 };
 use super::api::storage::{self, storage_service_client};
@@ -40,6 +41,10 @@ use super::error::{CallContext, Rpc, TalosError, Target, classify, classify_code
 use super::retry::{RetryPolicy, retry_idempotent};
 use super::tls::{MaintenanceVerifier, check_cert_pem, check_key_pem, normalize_key_pem};
 use super::{APID_PORT, MAX_MESSAGE_SIZE};
+
+/// How long one `LifecycleService.Upgrade` stream may run (the installer writes a whole
+/// system image).
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The gRPC metadata key apid reads to relay a call to one other node.
 pub(crate) const NODE_HEADER: &str = "node";
@@ -755,6 +760,48 @@ impl TalosClient {
         })
         .await?;
         Ok(())
+    }
+
+    /// `LifecycleService.Upgrade`: the node runs `image`'s installer against its system disk;
+    /// the new version runs from the next boot (the caller reboots, as talosctl does:
+    /// siderolabs/talos v1.13.9 `cmd/talosctl/cmd/talos/upgrade.go`). Reads the progress
+    /// stream to its end; each message is handed to `on_message` as it arrives. A non-zero
+    /// exit code is no gRPC error upstream, so it is returned, not mapped. Made exactly once.
+    pub async fn lifecycle_upgrade(
+        &self,
+        image: &str,
+        mut on_message: impl FnMut(&str) + Send,
+    ) -> Result<i32, TalosError> {
+        use super::api::machine::lifecycle_service_install_progress::Response as P;
+        let rpc = Rpc::Upgrade;
+        let d = UPGRADE_DEADLINE;
+        let req = LifecycleServiceUpgradeRequest {
+            containerd: Some(common::ContainerdInstance {
+                driver: common::ContainerDriver::Containerd as i32,
+                namespace: common::ContainerdNamespace::NsSystem as i32,
+            }),
+            source: Some(InstallArtifactsSource {
+                image_name: image.to_owned(),
+            }),
+        };
+        let mut client =
+            lifecycle_service_client::LifecycleServiceClient::new(self.channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE);
+        let request = self.request(req, d);
+        let read = async {
+            let mut stream = client.upgrade(request).await?.into_inner();
+            let mut exit = None;
+            while let Some(msg) = stream.message().await? {
+                match msg.progress.and_then(|p| p.response) {
+                    Some(P::Message(m)) => on_message(&m),
+                    Some(P::ExitCode(code)) => exit = Some(code),
+                    None => {}
+                }
+            }
+            Ok(Response::new(exit))
+        };
+        let exit = self.once(rpc, d, read).await?;
+        exit.ok_or_else(|| malformed(&self.ctx(rpc, d), "the stream ended without an exit code"))
     }
 
     /// `ServiceList`: the node's services and their health.

@@ -56,6 +56,8 @@ pub enum Rpc {
     ServiceList,
     /// `/machine.MachineService/Version`
     Version,
+    /// `/machine.LifecycleService/Upgrade`
+    Upgrade,
     /// `/storage.StorageService/Disks`
     Disks,
     /// `/cosi.resource.State/Get`
@@ -77,6 +79,7 @@ impl Rpc {
             Self::Reset => "/machine.MachineService/Reset",
             Self::ServiceList => "/machine.MachineService/ServiceList",
             Self::Version => "/machine.MachineService/Version",
+            Self::Upgrade => "/machine.LifecycleService/Upgrade",
             Self::Disks => "/storage.StorageService/Disks",
             Self::CosiGet => "/cosi.resource.State/Get",
             Self::CosiList => "/cosi.resource.State/List",
@@ -88,7 +91,7 @@ impl Rpc {
     pub(crate) fn needs_more_than_reader(self) -> bool {
         matches!(
             self,
-            Self::Bootstrap | Self::Kubeconfig | Self::Reboot | Self::Reset
+            Self::Bootstrap | Self::Kubeconfig | Self::Reboot | Self::Reset | Self::Upgrade
         )
     }
 
@@ -793,6 +796,7 @@ mod tests {
             Rpc::Bootstrap,
             Rpc::Reset,
             Rpc::Reboot,
+            Rpc::Upgrade,
         ] {
             assert!(!rpc.idempotent(), "{rpc}");
         }

@@ -1,0 +1,317 @@
+//! `talboot upgrade --talos vX.Y.Z`: a rolling Talos upgrade of every inventory node through
+//! [`crate::daytwo::upgrade`] (one control plane at a time, workers with bounded concurrency,
+//! stop at the first failure, resumable from the store). The boot sets of the new version are
+//! pulled and verified first, so a node that network-boots during or after the upgrade finds
+//! them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
+use crate::daytwo::rollout::{Event, Gate, RolloutRecord};
+use crate::daytwo::upgrade::{Outcome, Progress, TalosOps, TalosUpgrade, drive, rollout_key};
+use crate::inventory::{self, Inventory, Version};
+use crate::store::{self, Store};
+use crate::talos::ClientCreds;
+
+use super::{EXIT_INVALID, EXIT_USAGE};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The Talos version to upgrade to (default: the inventory's `cluster.talosVersion`, for
+    /// when it was bumped there).
+    #[arg(long, conflicts_with = "kubernetes")]
+    pub talos: Option<String>,
+    /// Upgrade Kubernetes to this version instead, in talosctl's order (with --dry-run:
+    /// list the steps).
+    #[arg(long)]
+    pub kubernetes: Option<String>,
+    /// With --kubernetes: list every step and what is checked after it; change nothing.
+    #[arg(long, requires = "kubernetes")]
+    pub dry_run: bool,
+    /// Write the new version for the next boot without rebooting now.
+    #[arg(long)]
+    pub stage: bool,
+    /// Workers upgraded at once (control planes are always one at a time).
+    #[arg(long, default_value_t = 1)]
+    pub worker_concurrency: usize,
+    /// How long a node may take to come back healthy after its upgrade, in seconds.
+    #[arg(long, default_value_t = 900)]
+    pub node_timeout: u64,
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "TALBOOT_CONFIG",
+        default_value = "talboot.yaml"
+    )]
+    pub config: PathBuf,
+    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Boot artifact cache (see `talboot images`).
+    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
+    pub images: PathBuf,
+    #[arg(long, env = "TALOSCONFIG")]
+    pub talosconfig: Option<PathBuf>,
+    #[arg(long)]
+    pub context: Option<String>,
+    /// apid's port on every node.
+    #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
+    pub apid_port: u16,
+}
+
+fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("talboot upgrade: {msg}");
+    ExitCode::from(code)
+}
+
+pub fn run(args: &Args) -> ExitCode {
+    let inv = match inventory::load(&args.config) {
+        Ok(l) => l.inventory,
+        Err(e) => return fail(EXIT_INVALID, e),
+    };
+    if let Some(k) = &args.kubernetes {
+        return kubernetes(&inv, k, args.dry_run);
+    }
+    let version: Version = match &args.talos {
+        Some(t) => match t.parse() {
+            Ok(v) => v,
+            Err(e) => {
+                return fail(
+                    EXIT_USAGE,
+                    format!("--talos {t:?} is not a version like v1.13.9: {e}"),
+                );
+            }
+        },
+        None => inv.cluster.talos_version.value.clone(),
+    };
+    if args.worker_concurrency == 0 {
+        return fail(EXIT_USAGE, "--worker-concurrency must be at least 1");
+    }
+    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+        Ok(s) => Arc::new(s),
+        Err(e @ store::StoreError::Locked { .. }) => {
+            return fail(
+                EXIT_USAGE,
+                format!(
+                    "{e}\n`talboot upgrade` does not go through a running serve yet: stop serve \
+                     for the upgrade and start it again afterwards"
+                ),
+            );
+        }
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let tc_path = args
+        .talosconfig
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("talosconfig"));
+    let creds = match std::fs::read_to_string(&tc_path)
+        .map_err(|e| e.to_string())
+        .and_then(|y| {
+            ClientCreds::from_talosconfig(&y, args.context.as_deref()).map_err(|e| e.to_string())
+        }) {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(
+                EXIT_USAGE,
+                format!(
+                    "cannot use talosconfig {}: {e}; pass --talosconfig",
+                    tc_path.display()
+                ),
+            );
+        }
+    };
+    crate::install_crypto_provider();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
+    };
+    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images)) {
+        return fail(
+            EXIT_INVALID,
+            format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
+        );
+    }
+    let plan = TalosUpgrade::plan(&inv, &version, args.stage, args.apid_port);
+    let mut ops = TalosOps::new(
+        plan.clone(),
+        creds,
+        Arc::new(|node, line| println!("  {node}: {line}")),
+    );
+    ops.wait = std::time::Duration::from_secs(args.node_timeout);
+    match rt.block_on(upgrade(
+        &plan,
+        Arc::new(ops),
+        store.as_ref(),
+        args.worker_concurrency,
+        true,
+    )) {
+        Ok(Outcome::Finished) => {
+            let verb = if args.stage {
+                "staged on"
+            } else {
+                "running on"
+            };
+            println!("Talos {version} {verb} every node");
+            if version != inv.cluster.talos_version.value {
+                println!(
+                    "set `talosVersion: {version}` in {} so that network boots serve {version} \
+                     (serve boots the inventory's version)",
+                    args.config.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Outcome::Stopped { node, reason }) => {
+            let at = node.map_or("the pre-flight check".to_owned(), |n| format!("node {n}"));
+            fail(
+                EXIT_INVALID,
+                format!(
+                    "stopped at {at}: {reason}\nfix it and run the same command again: finished \
+                     nodes are not upgraded again"
+                ),
+            )
+        }
+        Err(e) => fail(EXIT_USAGE, e),
+    }
+}
+
+/// Runs (or resumes) the rollout of `plan`, its record in the store, printing progress.
+pub(crate) async fn upgrade(
+    plan: &TalosUpgrade,
+    ops: Arc<dyn crate::daytwo::upgrade::NodeOps>,
+    store: &dyn Store,
+    worker_concurrency: usize,
+    print: bool,
+) -> Result<Outcome, String> {
+    let key = rollout_key(&plan.version);
+    let stored: Option<RolloutRecord> = match store.rollout(&key).map_err(|e| e.to_string())? {
+        Some(bytes) => Some(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("stored rollout {key} is unreadable: {e}"))?,
+        ),
+        None => None,
+    };
+    if stored.is_some() && print {
+        println!("resuming {key} from the store");
+    }
+    let rollout = plan
+        .rollout(stored, worker_concurrency)
+        .map_err(|e| e.to_string())?;
+    drive(
+        rollout,
+        ops,
+        |r| {
+            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+            store.put_rollout(&key, &json).map_err(|e| e.to_string())
+        },
+        |p| {
+            if print {
+                print_progress(&plan.version, p)
+            }
+        },
+    )
+    .await
+}
+
+fn print_progress(version: &Version, p: &Progress) {
+    match p {
+        Progress::Checking(Gate::Cluster) => println!("checking the cluster before upgrading"),
+        Progress::Checking(Gate::Node(n)) => {
+            println!("{n}: waiting until it is back on {version} and healthy")
+        }
+        Progress::Changing(n) => println!("{n}: upgrading to {version}"),
+        Progress::Reconciling(n) => {
+            println!("{n}: an earlier run started its upgrade; checking whether it took effect")
+        }
+        Progress::Observed(Event::Healthy(Gate::Node(n))) => println!("{n}: done"),
+        Progress::Observed(Event::Healthy(Gate::Cluster)) => println!("cluster healthy"),
+        Progress::Observed(Event::Changed { node }) => {
+            println!("{node}: installed; rebooting into it")
+        }
+        Progress::Observed(Event::NotChanged { node }) => {
+            println!("{node}: not upgraded yet; upgrading now")
+        }
+        Progress::Observed(Event::ChangeFailed { node, reason }) => {
+            println!("{node}: FAILED: {reason}")
+        }
+        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
+            Gate::Node(n) => println!("{n}: FAILED: {reason}"),
+            Gate::Cluster => println!("cluster not healthy: {reason}"),
+        },
+    }
+}
+
+/// Every boot set of `version` the inventory's nodes need: verified, or pulled from the
+/// inventory's Image Factory and then verified.
+async fn ensure_boot_sets(
+    inv: &Inventory,
+    version: &Version,
+    dir: &std::path::Path,
+) -> Result<(), ArtifactError> {
+    let schematic = inv.cluster.installer.schematic_id();
+    let mut arches: Vec<_> = inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
+    arches.sort();
+    arches.dedup();
+    let mut catalog = Catalog::load(dir)?;
+    for arch in arches {
+        let id = SetId::new(version, schematic, arch);
+        match artifacts::verify(dir, &catalog, &id) {
+            Ok(()) => continue,
+            Err(ArtifactError::Missing { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        println!(
+            "pulling {id} from {}",
+            inv.cluster.installer.factory_url.as_str()
+        );
+        let req = factory::PullRequest {
+            base_url: inv.cluster.installer.factory_url.clone(),
+            id: id.clone(),
+            dir: dir.to_path_buf(),
+            progress: false,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        // `pull` records the set in the catalog file itself.
+        factory::pull(&factory::client()?, &req, now).await?;
+        catalog = Catalog::load(dir)?;
+        artifacts::verify(dir, &catalog, &id)?;
+    }
+    Ok(())
+}
+
+/// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]).
+fn kubernetes(inv: &Inventory, to: &str, dry_run: bool) -> ExitCode {
+    let to: Version = match to.parse() {
+        Ok(v) => v,
+        Err(e) => {
+            return fail(
+                EXIT_USAGE,
+                format!("--kubernetes {to:?} is not a version like 1.36.3: {e}"),
+            );
+        }
+    };
+    let steps = crate::daytwo::upgrade_k8s::plan(inv);
+    if !dry_run {
+        return fail(
+            EXIT_USAGE,
+            "applying a Kubernetes upgrade needs ApplyConfiguration on configured nodes, which \
+             this build does not have yet; --dry-run lists the steps",
+        );
+    }
+    println!(
+        "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
+        inv.cluster.kubernetes_version.value,
+        steps.len()
+    );
+    for (i, step) in steps.iter().enumerate() {
+        println!("{:>3}. {}", i + 1, step.describe(&to));
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,723 @@
+//! `talboot upgrade --talos`: which nodes get which installer, and what upgrading one node
+//! means (the operation the rolling engine [`super::rollout`] drives). Owns the per-node
+//! upgrade plan, the driver loop that feeds the engine and persists its record before acting,
+//! and the Talos side of one node's change, reconcile and health gate.
+//!
+//! One node's upgrade is what talosctl does at siderolabs/talos v1.13.9
+//! (`cmd/talosctl/cmd/talos/upgrade.go`, `upgradeViaLifecycleService`):
+//! `LifecycleService.Upgrade` with the installer image (streamed installer output, then an
+//! exit code; non-zero is a failure but no gRPC error), then `Reboot` unless staged. The gate
+//! after it waits until the node answers again, reports the new version (`Version` tag), its
+//! boot finished (`MachineStatus` stage `running`) and, for a control plane, etcd lists it.
+//! Reconcile after a restart: the node already reports the target version.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::inventory::{Inventory, MachineType, Version};
+use crate::talos::{ClientCreds, TalosClient, TalosError};
+
+use super::rollout::{Action, Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
+
+/// The store key of a Talos upgrade's rollout record.
+pub fn rollout_key(version: &Version) -> String {
+    format!("upgrade-talos/{version}")
+}
+
+/// One node to upgrade.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeNode {
+    pub name: String,
+    pub role: Role,
+    /// Its apid (`address:50000`).
+    pub addr: SocketAddr,
+    /// The installer for its schematic and architecture at the target version.
+    pub image: String,
+    pub arch: crate::inventory::Arch,
+}
+
+/// A Talos upgrade of the whole inventory.
+#[derive(Debug, Clone)]
+pub struct TalosUpgrade {
+    pub version: Version,
+    /// Write the new version for the next boot, no reboot now.
+    pub stage: bool,
+    pub nodes: Vec<UpgradeNode>,
+}
+
+impl TalosUpgrade {
+    /// Every inventory node, in file order, with its installer at `version`. The installer
+    /// is the inventory's (`cluster.installer.image`) or the Image Factory `metal-installer`
+    /// of the cluster's schematic, as `gen` renders it into `machine.install.image`; the
+    /// factory serves one multi-architecture image per schematic and version, so each
+    /// node's architecture (recorded here, and the boot sets checked for it) picks its
+    /// platform from it.
+    pub fn plan(inv: &Inventory, version: &Version, stage: bool, apid_port: u16) -> Self {
+        let image = crate::machineconfig::render::installer_image_at(inv, version);
+        let nodes = inv
+            .nodes
+            .iter()
+            .map(|n| UpgradeNode {
+                name: n.name.as_str().to_owned(),
+                role: if inv.role_of(n).machine_type == MachineType::ControlPlane {
+                    Role::ControlPlane
+                } else {
+                    Role::Worker
+                },
+                addr: SocketAddr::new(n.address.addr().into(), apid_port),
+                image: image.clone(),
+                arch: inv.arch_of(n),
+            })
+            .collect();
+        Self {
+            version: version.clone(),
+            stage,
+            nodes,
+        }
+    }
+
+    /// The engine's targets, in order.
+    pub fn targets(&self) -> Vec<Target> {
+        self.nodes
+            .iter()
+            .map(|n| Target {
+                node: n.name.clone(),
+                role: n.role,
+            })
+            .collect()
+    }
+
+    /// A new rollout, or the stored one resumed (its nodes must be this plan's).
+    pub fn rollout(
+        &self,
+        stored: Option<RolloutRecord>,
+        worker_concurrency: usize,
+    ) -> Result<Rollout, RolloutError> {
+        match stored {
+            Some(mut record) => {
+                if record.targets != self.targets() {
+                    return Err(RolloutError::Mismatch(
+                        "the inventory's nodes changed since this upgrade started".into(),
+                    ));
+                }
+                record.worker_concurrency = worker_concurrency;
+                Rollout::resume(record)
+            }
+            None => Rollout::new(self.targets(), worker_concurrency),
+        }
+    }
+}
+
+/// What upgrading one node means; the driver calls these from its own tasks.
+#[tonic::async_trait]
+pub trait NodeOps: Send + Sync + 'static {
+    /// Carry out the change: [`Event::Changed`] or [`Event::ChangeFailed`].
+    async fn change(&self, node: &str) -> Event;
+    /// Without changing anything: did an earlier run's change take effect?
+    async fn reconcile(&self, node: &str) -> Event;
+    /// The health gate: [`Event::Healthy`] or [`Event::Unhealthy`].
+    async fn check(&self, gate: &Gate) -> Event;
+}
+
+/// What the driver reports as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    Checking(Gate),
+    Changing(String),
+    Reconciling(String),
+    Observed(Event),
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Finished,
+    Stopped {
+        node: Option<String>,
+        reason: String,
+    },
+}
+
+/// Drives `rollout` to its end. The record is handed to `persist` before any action it
+/// led to is carried out (the write-ahead rule of [`super::rollout`]); a failed persist ends
+/// the run before anything else is changed.
+pub async fn drive<P, R>(
+    mut rollout: Rollout,
+    ops: Arc<dyn NodeOps>,
+    mut persist: P,
+    mut report: R,
+) -> Result<Outcome, String>
+where
+    P: FnMut(&RolloutRecord) -> Result<(), String>,
+    R: FnMut(&Progress),
+{
+    let mut actions: VecDeque<Action> = rollout.start().into();
+    persist(rollout.record())?;
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        while let Some(action) = actions.pop_front() {
+            let ops = ops.clone();
+            match action {
+                Action::CheckHealth(gate) => {
+                    report(&Progress::Checking(gate.clone()));
+                    tasks.spawn(async move { ops.check(&gate).await });
+                }
+                Action::Change { node } => {
+                    report(&Progress::Changing(node.clone()));
+                    tasks.spawn(async move { ops.change(&node).await });
+                }
+                Action::Reconcile { node } => {
+                    report(&Progress::Reconciling(node.clone()));
+                    tasks.spawn(async move { ops.reconcile(&node).await });
+                }
+                Action::Finished => return Ok(Outcome::Finished),
+                Action::Stopped { node, reason } => return Ok(Outcome::Stopped { node, reason }),
+            }
+        }
+        let event = match tasks.join_next().await {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => return Err(format!("a rollout task failed: {e}")),
+            None => return Err("the rollout engine stopped without an end".into()),
+        };
+        report(&Progress::Observed(event.clone()));
+        let next = rollout.on(event);
+        persist(rollout.record())?;
+        actions.extend(next);
+    }
+}
+
+/// Per-node progress lines from the installer.
+pub type InstallerOutput = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// [`NodeOps`] over the Talos API, each node reached directly at its apid.
+pub struct TalosOps {
+    upgrade: TalosUpgrade,
+    by_name: HashMap<String, usize>,
+    creds: ClientCreds,
+    /// How long a node may take to come back healthy after its change.
+    pub wait: Duration,
+    /// How often a gate asks again.
+    pub poll: Duration,
+    output: InstallerOutput,
+}
+
+impl TalosOps {
+    pub fn new(upgrade: TalosUpgrade, creds: ClientCreds, output: InstallerOutput) -> Self {
+        let by_name = upgrade
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
+        Self {
+            upgrade,
+            by_name,
+            creds,
+            wait: Duration::from_secs(900),
+            poll: Duration::from_secs(2),
+            output,
+        }
+    }
+
+    fn node(&self, name: &str) -> Result<&UpgradeNode, String> {
+        self.by_name
+            .get(name)
+            .map(|&i| &self.upgrade.nodes[i])
+            .ok_or_else(|| format!("{name} is not in the upgrade plan"))
+    }
+
+    fn client(&self, node: &UpgradeNode) -> Result<TalosClient, TalosError> {
+        TalosClient::secured(node.addr, &self.creds)
+            .map(|c| c.with_retry(crate::talos::retry::RetryPolicy::NONE))
+    }
+
+    fn target_tag(&self) -> String {
+        self.upgrade.version.to_string()
+    }
+
+    /// One look at the node: its version tag and whether its boot finished.
+    async fn look(&self, node: &UpgradeNode) -> Result<(String, bool), TalosError> {
+        let client = self.client(node)?;
+        let tag = client
+            .version()
+            .await?
+            .version
+            .map(|v| v.tag)
+            .unwrap_or_default();
+        let running = client.machine_status().await?.stage
+            == crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage::MachineStageRunning
+                as i32;
+        Ok((tag, running))
+    }
+
+    /// The node is up, booted, on the version the gate wants, and (control plane) in etcd.
+    async fn node_gate(&self, node: &UpgradeNode) -> Result<(), String> {
+        let want = (!self.upgrade.stage).then(|| self.target_tag());
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let mut wrong = 0;
+        let mut last: String;
+        loop {
+            match self.look(node).await {
+                Ok((tag, true)) if want.as_ref().is_none_or(|w| *w == tag) => {
+                    if node.role == Role::Worker {
+                        return Ok(());
+                    }
+                    match self.etcd_has(node).await {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => last = "etcd does not list it yet".into(),
+                        Err(e) => last = format!("etcd members: {e}"),
+                    }
+                }
+                Ok((tag, true)) => {
+                    // Booted to the end on another version: the new one did not boot and
+                    // the A-B scheme fell back. Seen on a few polls in a row, not one.
+                    wrong += 1;
+                    last = format!(
+                        "it booted {tag}, not {}: the new version did not boot and Talos \
+                         rolled back to the previous one",
+                        self.target_tag()
+                    );
+                    if wrong >= 3 {
+                        return Err(last);
+                    }
+                }
+                Ok((tag, false)) => {
+                    wrong = 0;
+                    last = format!("{tag} is still booting");
+                }
+                Err(e) => {
+                    wrong = 0;
+                    last = e.to_string();
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "not back and healthy within {:?}: {last}",
+                    self.wait
+                ));
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
+    async fn etcd_has(&self, node: &UpgradeNode) -> Result<bool, TalosError> {
+        let members = self.client(node)?.etcd_member_list().await?;
+        Ok(members.iter().any(|m| m.hostname == node.name))
+    }
+
+    async fn cluster_gate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for node in &self.upgrade.nodes {
+            match self.look(node).await {
+                Ok((_, true)) => {}
+                Ok((tag, false)) => problems.push(format!("{} ({tag}) is not running", node.name)),
+                Err(e) => problems.push(format!("{}: {e}", node.name)),
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the cluster is not healthy before the upgrade: {}",
+                problems.join("; ")
+            ))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl NodeOps for TalosOps {
+    async fn change(&self, name: &str) -> Event {
+        let failed = |reason: String| Event::ChangeFailed {
+            node: name.to_owned(),
+            reason,
+        };
+        let node = match self.node(name) {
+            Ok(n) => n,
+            Err(e) => return failed(e),
+        };
+        let client = match self.client(node) {
+            Ok(c) => c,
+            Err(e) => return failed(e.to_string()),
+        };
+        let output = self.output.clone();
+        let code = match client
+            .lifecycle_upgrade(&node.image, |m| output(name, m.trim_end()))
+            .await
+        {
+            Ok(code) => code,
+            Err(e) => return failed(format!("upgrade with {}: {e}", node.image)),
+        };
+        if code != 0 {
+            return failed(format!(
+                "the installer {} exited with code {code}",
+                node.image
+            ));
+        }
+        if !self.upgrade.stage
+            && let Err(e) = client.reboot().await
+        {
+            return failed(format!("reboot into {}: {e}", self.target_tag()));
+        }
+        Event::Changed {
+            node: name.to_owned(),
+        }
+    }
+
+    async fn reconcile(&self, name: &str) -> Event {
+        // A staged version cannot be read back over the API: stage it again (harmless).
+        let done = match self.node(name) {
+            Ok(node) if !self.upgrade.stage => {
+                matches!(self.look(node).await, Ok((tag, _)) if tag == self.target_tag())
+            }
+            _ => false,
+        };
+        if done {
+            Event::Changed {
+                node: name.to_owned(),
+            }
+        } else {
+            Event::NotChanged {
+                node: name.to_owned(),
+            }
+        }
+    }
+
+    async fn check(&self, gate: &Gate) -> Event {
+        let result = match gate {
+            Gate::Cluster => self.cluster_gate().await,
+            Gate::Node(name) => match self.node(name) {
+                Ok(node) => self.node_gate(node).await,
+                Err(e) => Err(e),
+            },
+        };
+        match result {
+            Ok(()) => Event::Healthy(gate.clone()),
+            Err(reason) => Event::Unhealthy {
+                gate: gate.clone(),
+                reason,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a rack of fake Talos nodes installed from talboot's rendered configs, on
+    //! 127.0.78.x (no other test uses it). The double's own availability record is the
+    //! witness of how many nodes were down at once.
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+
+    use time::OffsetDateTime;
+
+    use super::*;
+    use crate::daytwo::rollout::NodeStatus;
+    use crate::inventory;
+    use crate::machineconfig::clients;
+    use crate::machineconfig::render::render_node;
+    use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
+    use crate::sim::talos::{
+        FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG, UpgradeFailure, max_down,
+    };
+    use crate::store::Store;
+
+    const NODES: [&str; 5] = [
+        "rack1-cp-01",
+        "rack1-cp-02",
+        "rack1-cp-03",
+        "rack1-wk-01",
+        "rack1-wk-04",
+    ];
+
+    fn rack() -> &'static (Inventory, SecretsBundle) {
+        static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
+        RACK.get_or_init(|| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+            let inv = inventory::load_with_env(&path, &BTreeMap::new())
+                .unwrap()
+                .inventory;
+            let options = GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            };
+            let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
+            (inv, secrets)
+        })
+    }
+
+    fn creds() -> ClientCreds {
+        let (inv, secrets) = rack();
+        let tc = clients::talosconfig(
+            inv.cluster.name.as_str(),
+            &["10.20.0.11".into()],
+            &[],
+            secrets,
+            time::Duration::hours(1),
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
+        ClientCreds::from_talosconfig(&tc, None).unwrap()
+    }
+
+    struct Rack {
+        cluster: FakeCluster,
+        nodes: Vec<FakeTalosNode>,
+        upgrade: TalosUpgrade,
+    }
+
+    impl Rack {
+        fn node(&self, name: &str) -> &FakeTalosNode {
+            self.nodes.iter().find(|n| n.hostname() == name).unwrap()
+        }
+    }
+
+    /// Five nodes installed and running, etcd bootstrapped, and the upgrade plan to
+    /// `v1.14.0` pointed at their loopback addresses.
+    async fn rack_up(third: u8) -> Rack {
+        crate::install_crypto_provider();
+        let (inv, secrets) = rack();
+        let cluster = FakeCluster::new();
+        let mut nodes = Vec::new();
+        for (i, name) in NODES.iter().enumerate() {
+            let ip = std::net::IpAddr::from([127, 0, 78, third + i as u8]);
+            let mut cfg = FakeNodeConfig::new(ip, name);
+            cfg.aliases = vec![std::net::IpAddr::V4(inv.node(name).unwrap().address.addr())];
+            let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+            let config = render_node(inv, secrets, inv.node(name).unwrap())
+                .unwrap()
+                .to_yaml()
+                .unwrap();
+            TalosClient::maintenance(node.addr())
+                .unwrap()
+                .apply_configuration(config.as_bytes())
+                .await
+                .unwrap();
+            nodes.push(node);
+        }
+        for n in &nodes {
+            n.wait_phase(Phase::Secured).await.unwrap();
+        }
+        // ... and their boot sequence finished (stage running), as the double records it.
+        for _ in 0..3000 {
+            let up = cluster.availability().iter().filter(|a| !a.down).count();
+            if up >= nodes.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        TalosClient::secured(nodes[0].addr(), &creds())
+            .unwrap()
+            .bootstrap()
+            .await
+            .unwrap();
+        let version: Version = "v1.14.0".parse().unwrap();
+        let mut upgrade = TalosUpgrade::plan(inv, &version, false, 50000);
+        upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
+        for n in &mut upgrade.nodes {
+            n.addr = nodes
+                .iter()
+                .find(|f| f.hostname() == n.name)
+                .unwrap()
+                .addr();
+        }
+        Rack {
+            cluster,
+            nodes,
+            upgrade,
+        }
+    }
+
+    fn ops(rack: &Rack) -> Arc<dyn NodeOps> {
+        let mut ops = TalosOps::new(rack.upgrade.clone(), creds(), Arc::new(|_, _| {}));
+        ops.wait = Duration::from_secs(60);
+        ops.poll = Duration::from_millis(20);
+        Arc::new(ops)
+    }
+
+    async fn run(rack: &Rack, store: &dyn Store, concurrency: usize) -> Outcome {
+        let key = rollout_key(&rack.upgrade.version);
+        let stored = store
+            .rollout(&key)
+            .unwrap()
+            .map(|b| serde_json::from_slice(&b).unwrap());
+        let rollout = rack.upgrade.rollout(stored, concurrency).unwrap();
+        drive(
+            rollout,
+            ops(rack),
+            |r| {
+                store
+                    .put_rollout(&key, &serde_json::to_vec(r).unwrap())
+                    .map_err(|e| e.to_string())
+            },
+            |_| {},
+        )
+        .await
+        .unwrap()
+    }
+
+    #[test]
+    fn the_plan_has_every_node_with_the_installer_at_the_target_version() {
+        let (inv, _) = rack();
+        let v: Version = "v1.14.0".parse().unwrap();
+        let plan = TalosUpgrade::plan(inv, &v, false, 50000);
+        assert_eq!(plan.nodes.len(), inv.nodes.len());
+        let cp = &plan.nodes[0];
+        assert_eq!(cp.role, Role::ControlPlane);
+        assert_eq!(cp.addr.to_string(), "10.20.0.11:50000");
+        assert!(cp.image.ends_with(":v1.14.0"), "{}", cp.image);
+        assert!(
+            cp.image.contains(inv.cluster.installer.schematic_id()),
+            "{}",
+            cp.image
+        );
+        assert_eq!(rollout_key(&v), "upgrade-talos/v1.14.0");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rolling_upgrade_never_has_two_control_planes_down() {
+        let rack = rack_up(1).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(dir.path()).unwrap();
+        let since = Instant::now();
+        assert_eq!(run(&rack, &store, 2).await, Outcome::Finished);
+        for n in &rack.nodes {
+            assert_eq!(n.running_version(), "v1.14.0", "{}", n.hostname());
+            assert_eq!(n.upgrade_calls(), 1, "{}", n.hostname());
+        }
+        let log = rack.cluster.availability();
+        assert_eq!(max_down(&log, since, true), 1, "{log:#?}");
+        assert!(max_down(&log, since, false) <= 2, "{log:#?}");
+        // Every control plane went down (and came back) before any worker went down.
+        let first_worker_down = log
+            .iter()
+            .position(|a| a.at >= since && a.down && !a.control_plane)
+            .unwrap();
+        let last_cp_up = log
+            .iter()
+            .rposition(|a| a.at >= since && !a.down && a.control_plane)
+            .unwrap();
+        assert!(last_cp_up < first_worker_down, "{log:#?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_node_stops_the_upgrade_and_a_restart_resumes_without_repeating() {
+        let rack = rack_up(11).await;
+        let dir = tempfile::tempdir().unwrap();
+        let since = Instant::now();
+        rack.node("rack1-cp-02")
+            .fail_upgrades(Some(UpgradeFailure::Installer));
+        {
+            let store = crate::store::open(dir.path()).unwrap();
+            match run(&rack, &store, 2).await {
+                Outcome::Stopped { node, reason } => {
+                    assert_eq!(node.as_deref(), Some("rack1-cp-02"));
+                    assert!(reason.contains("exited with code 1"), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+            let record: RolloutRecord = serde_json::from_slice(
+                &store
+                    .rollout(&rollout_key(&rack.upgrade.version))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(record.status["rack1-cp-01"], NodeStatus::Done);
+            assert!(matches!(
+                record.status["rack1-cp-02"],
+                NodeStatus::Failed { .. }
+            ));
+            assert_eq!(record.status["rack1-cp-03"], NodeStatus::Pending);
+        }
+        assert_eq!(rack.node("rack1-cp-01").running_version(), "v1.14.0");
+        assert_eq!(rack.node("rack1-cp-02").running_version(), TALOS_TAG);
+        assert_eq!(rack.node("rack1-cp-03").upgrade_calls(), 0);
+
+        // The operator fixes the node; talboot starts again from the store.
+        rack.node("rack1-cp-02").fail_upgrades(None);
+        let store = crate::store::open(dir.path()).unwrap();
+        assert_eq!(run(&rack, &store, 2).await, Outcome::Finished);
+        assert_eq!(
+            rack.node("rack1-cp-01").upgrade_calls(),
+            1,
+            "not upgraded again"
+        );
+        assert_eq!(rack.node("rack1-cp-02").upgrade_calls(), 2);
+        for n in &rack.nodes {
+            assert_eq!(n.running_version(), "v1.14.0", "{}", n.hostname());
+        }
+        assert_eq!(max_down(&rack.cluster.availability(), since, true), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rolled_back_node_fails_its_gate() {
+        let rack = rack_up(21).await;
+        let dir = tempfile::tempdir().unwrap();
+        rack.node("rack1-cp-01")
+            .fail_upgrades(Some(UpgradeFailure::BootRollback));
+        let store = crate::store::open(dir.path()).unwrap();
+        match run(&rack, &store, 1).await {
+            Outcome::Stopped { node, reason } => {
+                assert_eq!(node.as_deref(), Some("rack1-cp-01"));
+                assert!(reason.contains("rolled back"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rack.node("rack1-cp-02").upgrade_calls(), 0);
+    }
+
+    /// The ops record what they were asked, so the driver's persist-before-act rule can be
+    /// checked without a network.
+    #[tokio::test]
+    async fn the_record_is_persisted_before_each_change() {
+        struct Ops(Arc<Mutex<Vec<String>>>);
+        #[tonic::async_trait]
+        impl NodeOps for Ops {
+            async fn change(&self, node: &str) -> Event {
+                self.0.lock().unwrap().push(format!("change {node}"));
+                Event::Changed { node: node.into() }
+            }
+            async fn reconcile(&self, node: &str) -> Event {
+                Event::NotChanged { node: node.into() }
+            }
+            async fn check(&self, gate: &Gate) -> Event {
+                Event::Healthy(gate.clone())
+            }
+        }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let targets = vec![
+            Target {
+                node: "a".into(),
+                role: Role::ControlPlane,
+            },
+            Target {
+                node: "b".into(),
+                role: Role::Worker,
+            },
+        ];
+        let persisted = log.clone();
+        let out = drive(
+            Rollout::new(targets, 1).unwrap(),
+            Arc::new(Ops(log.clone())),
+            move |r| {
+                let s: Vec<_> = r.status.iter().map(|(n, s)| format!("{n}={s:?}")).collect();
+                persisted.lock().unwrap().push(s.join(","));
+                Ok(())
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, Outcome::Finished);
+        let log = log.lock().unwrap();
+        let i = log.iter().position(|l| l == "change a").unwrap();
+        assert!(log[i - 1].contains("a=Changing"), "{log:?}");
+        let j = log.iter().position(|l| l == "change b").unwrap();
+        assert!(log[j - 1].contains("b=Changing"), "{log:?}");
+    }
+}
