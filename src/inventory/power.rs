@@ -184,7 +184,7 @@ fn vm_shape(f: &Field, d: &mut Diagnostics) -> Option<VmShape> {
                 Some(())
             }),
             "bridges" => {
-                let list = read::list(v, &path, d, true, |n, p, d| read::string(n, p, d));
+                let list = read::list(v, &path, d, true, read::string);
                 if list.is_empty() {
                     d.error_hint(
                         &v.loc,

@@ -273,10 +273,10 @@ mod wiring_tests {
             user: "admin".into(),
             password: Credential::new("s3cret-bmc"),
         };
-        let err = redfish(&t)
-            .err()
-            .expect("a missing CA is an error")
-            .to_string();
+        let Err(err) = redfish(&t).map(|_| ()) else {
+            panic!("a missing CA is an error")
+        };
+        let err = err.to_string();
         assert!(err.contains("/nonexistent/bmc-ca.pem"), "{err}");
         assert!(!err.contains("s3cret-bmc"), "{err}");
     }
