@@ -474,4 +474,18 @@ nodes:
             CreateStep::Refuse(_)
         ));
     }
+
+    #[test]
+    fn the_token_secret_is_resolved_like_every_power_secret() {
+        let s = spec();
+        let empty = |_: &str| None;
+        let mut r = Resolver::new(&empty, IdentitySources::default());
+        let Err(e) = connect(&mut r, &s) else {
+            panic!("connected without a secret")
+        };
+        assert!(e.contains("PVE_TOKEN") && e.contains("cp-1"), "{e}");
+        let set = |v: &str| (v == "PVE_TOKEN").then(|| "pve-secret-1".to_string());
+        let mut r = Resolver::new(&set, IdentitySources::default());
+        assert!(connect(&mut r, &s).is_ok());
+    }
 }
