@@ -158,6 +158,12 @@ pub fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>) -> Cre
         .filter(|(k, _)| k != "scsi0")
         .filter(|(k, v)| match k.as_str() {
             // PVE writes tags back sorted and `;`-separated; the NIC line may carry defaults.
+            // Disk first is what serve sets once the node is installed (persistent disk
+            // boot); a re-run of create must not send an installed VM back to reinstalling.
+            "boot" => !matches!(
+                have(k).as_deref(),
+                Some("order=net0;scsi0" | "order=scsi0;net0")
+            ),
             "tags" => !parse_tags(&have(k).unwrap_or_default())
                 .iter()
                 .any(|t| t == TALBOOT_TAG),
@@ -453,7 +459,14 @@ nodes:
             CreateStep::Unchanged
         );
         let mut changed = cfg.clone();
-        changed["boot"] = json!("order=scsi0;net0");
+        // Disk first (set after install) is left alone; another order is brought back.
+        let mut disk_first = cfg.clone();
+        disk_first["boot"] = json!("order=scsi0;net0");
+        assert_eq!(
+            create_step(&s, Some((&summary, &disk_first))),
+            CreateStep::Unchanged
+        );
+        changed["boot"] = json!("order=ide2;net0");
         changed["net1"] = json!("virtio=BC:24:11:00:99:99,bridge=vmbr1");
         assert_eq!(
             create_step(&s, Some((&summary, &changed))),
