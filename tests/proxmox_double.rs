@@ -160,6 +160,49 @@ async fn pve_errors_reach_the_operator_and_the_secret_does_not() {
     assert!(err.contains("failed: VM 150 not running"), "{err}");
 }
 
+const HEAD: &str = "\
+cluster:
+  name: lab
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://10.0.40.11:6443
+network:
+  interfaces: [eth0]
+  subnet: 10.0.40.0/24
+nodes:
+";
+
+/// The inventory of docs/operations.md's Proxmox walkthrough is one `talboot check` accepts,
+/// so the typed `power:` names the walkthrough shows are the ones the loader reads.
+#[test]
+fn the_walkthrough_inventory_passes_check() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let section = &doc[doc.find("## A Proxmox VE home lab").expect("walkthrough")..];
+    let start = section.find("```yaml\n").expect("its inventory") + "```yaml\n".len();
+    let yaml: String = section[start..start + section[start..].find("```").unwrap()]
+        .lines()
+        .map(|l| l.strip_prefix("   ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(yaml.contains("vm: {memory: 4096"), "{yaml}");
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("talboot.yaml");
+    std::fs::write(&inv, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .arg("check")
+        .arg("-c")
+        .arg(&inv)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn talboot(inv: &std::path::Path, secret: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(["proxmox"])
@@ -186,16 +229,23 @@ async fn proxmox_create_is_idempotent_and_destroy_touches_only_talboot_vms() {
     let inv = dir.path().join("talboot.yaml");
     let block = |vmid: u32| {
         format!(
-            "    power:\n      kind: proxmox\n      api: {}\n      node: pve\n      vmid: {vmid}\n      tokenId: {}\n      vm: {{memory: 2048, cores: 2, diskGib: 20, bridges: [vmbr0]}}\n",
+            "    power:\n      kind: proxmox\n      apiUrl: {}\n      node: pve\n      vmid: {vmid}\n      tokenId: {}\n      tokenSecretEnv: TALBOOT_PROXMOX_TOKEN_SECRET\n      verifyTls: false\n      vm: {{memory: 2048, cores: 2, diskGib: 20, bridges: [vmbr0]}}\n",
             pve.url(),
             pve.opts.token_id
+        )
+    };
+    let node = |name: &str, mac: &str, ip: &str, role: &str| {
+        format!(
+            "  - name: {name}\n    mac: {mac}\n    role: {role}\n    address: {ip}/24\n    installDisk: /dev/sda\n"
         )
     };
     std::fs::write(
         &inv,
         format!(
-            "nodes:\n  - name: cp-1\n    mac: bc:24:11:00:00:01\n{}  - name: wk-1\n    mac: bc:24:11:00:00:02\n    interfaces: [{{mac: bc:24:11:00:01:02}}]\n{}",
+            "{HEAD}{}{}{}    interfaces: [{{mac: bc:24:11:00:01:02, addresses: [10.0.41.21/24]}}]\n{}",
+            node("cp-1", "bc:24:11:00:00:01", "10.0.40.11", "controlplane"),
             block(201),
+            node("wk-1", "bc:24:11:00:00:02", "10.0.40.21", "worker"),
             block(202)
         ),
     )
@@ -240,7 +290,7 @@ async fn proxmox_create_is_idempotent_and_destroy_touches_only_talboot_vms() {
     std::fs::write(
         &inv,
         std::fs::read_to_string(&inv).unwrap()
-            + "  - name: other\n    mac: bc:24:11:00:00:03\n"
+            + &node("other", "bc:24:11:00:00:03", "10.0.40.22", "worker")
             + &block(150),
     )
     .unwrap();

@@ -315,3 +315,195 @@ async fn tls_is_verified_by_default_and_a_ca_option_trusts_the_bmc() {
     );
     let _ = Path::new(&bmc.log);
 }
+
+/// Renders the minimal control-plane config the fake Talos node accepts (its OS CA).
+struct CpRenderer {
+    ca: talboot::sim::pki::SimCa,
+}
+
+impl talboot::provision::ConfigRenderer for CpRenderer {
+    fn render(
+        &self,
+        _node: &talboot::inventory::Node,
+    ) -> Result<Vec<u8>, talboot::provision::RenderError> {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        Ok(format!(
+            "version: v1alpha1\nmachine:\n  type: controlplane\n  token: \
+             abcdef.0123456789abcdef\n  ca:\n    crt: {crt}\n    key: \"{key}\"\n  \
+             install:\n    disk: /dev/sda\ncluster:\n  clusterName: db\n  \
+             controlPlane:\n    endpoint: https://127.0.65.100:6443\n  ca:\n    \
+             crt: {crt}\n    key: \"{key}\"\n",
+            crt = b64(self.ca.cert_pem.as_bytes()),
+            key = b64(self.ca.key_pem_talos_label().as_bytes()),
+        )
+        .into_bytes())
+    }
+}
+
+/// Issue 14 (local boot): once the provisioner sees a node installed (machine stage running,
+/// from the fake Talos node), it sets the node's persistent boot device to the disk through
+/// its Redfish BMC (sushy) and records it as a `power.action` event on the node's timeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use talboot::events::{EventBus, SystemClock};
+    use talboot::inventory::RedfishTarget;
+    use talboot::power::PowerDriver;
+    use talboot::provision::{NodeStep, Provisioner, Settings};
+    use talboot::sim::pki::{SimCa, talos_label};
+    use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+    use talboot::store::{self, Lease, LeaseState, Store};
+
+    if !support::sushy::available() {
+        return;
+    }
+    talboot::install_crypto_provider();
+    let dir = work("diskboot");
+    let opts = SushyOptions {
+        config: systems(&[(UUID_A, "cp1", "On")]),
+        ..Default::default()
+    };
+    let bmc = Sushy::start(dir.path(), &opts);
+    let sys_path = format!("/redfish/v1/Systems/{UUID_A}");
+    // As `rack up` leaves it: a one-time network boot (the emulator starts at Hdd).
+    Redfish::new(config(&bmc, &opts))
+        .unwrap()
+        .set_boot_device(BootDevice::Network, BootPersistence::Once)
+        .await
+        .unwrap();
+    let before = raw_get(&bmc, &opts, &sys_path).await;
+    assert_eq!(
+        before["Boot"]["BootSourceOverrideTarget"], "Pxe",
+        "{before}"
+    );
+
+    let inv_path = dir.path().join("talboot.yaml");
+    std::fs::write(
+        &inv_path,
+        "cluster:\n  name: db\n  talosVersion: v1.13.9\n  kubernetesVersion: 1.36.3\n  \
+         endpoint: https://127.0.65.100:6443\n  vip: 127.0.65.100\n  secrets:\n    file: secrets.age\nnetwork:\n  \
+         interfaces: [lo]\n  mode: authoritative\n  subnet: 127.0.65.0/24\nboot:\n  \
+         delivery: push\nnodes:\n  - name: cp1\n    mac: \"02:00:00:41:00:0b\"\n    \
+         role: controlplane\n    address: 127.0.65.11/24\n    installDisk: /dev/sda\n",
+    )
+    .unwrap();
+    let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
+    let state_dir = dir.path().join("talboot-state");
+    std::fs::create_dir(&state_dir).unwrap();
+    let node_ip = Ipv4Addr::new(127, 0, 65, 11);
+    let cluster = FakeCluster::new();
+    let node = FakeTalosNode::start(FakeNodeConfig::new(IpAddr::V4(node_ip), "cp1"), &cluster)
+        .await
+        .unwrap();
+    {
+        let s = store::open(&state_dir).unwrap();
+        let now = talboot::events::Clock::now_unix(&SystemClock);
+        s.put_lease(
+            &Lease {
+                mac: "02:00:00:41:00:0b".parse().unwrap(),
+                ip: node_ip,
+                hostname: Some("cp1".into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            },
+            now,
+        )
+        .unwrap();
+    }
+    let ca = SimCa::new_os_ca().unwrap();
+    let admin = ca.admin().unwrap();
+    let creds = talboot::talos::ClientCreds {
+        ca_pem: ca.cert_pem.clone().into_bytes(),
+        crt_pem: admin.cert_pem.into_bytes(),
+        key_pem: talos_label(&admin.key_pem).into_bytes(),
+    };
+    let store: Arc<dyn Store> = Arc::new(store::open(&state_dir).unwrap());
+    let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let mut settings = Settings::new(state_dir.clone());
+    settings.poll_interval = Duration::from_millis(50);
+    settings.power = Arc::new(std::collections::BTreeMap::from([(
+        "cp1".to_string(),
+        PowerDriver::Redfish(RedfishTarget {
+            endpoint: bmc.endpoint.clone(),
+            system_id: None,
+            verify_tls: true,
+            ca: None,
+            user: opts.user.clone(),
+            password: Credential::new(opts.password.clone()),
+        }),
+    )]));
+    let events_of = {
+        let store = store.clone();
+        move || -> Vec<String> {
+            store
+                .events("cp1", 0, 1000)
+                .unwrap()
+                .into_iter()
+                .map(|e| format!("{} {}", e.kind, e.detail))
+                .collect()
+        }
+    };
+    let prov = Provisioner::new(
+        inventory,
+        store,
+        bus.clone(),
+        Arc::new(CpRenderer { ca: ca.clone() }),
+        creds,
+        settings,
+    );
+    // Step until the node is Ready; the double installs asynchronously. The cap only guards
+    // against a hang.
+    let mut settled = false;
+    for _ in 0..600 {
+        match prov.step_node("cp1").await.unwrap() {
+            NodeStep::Settled => {
+                settled = true;
+                break;
+            }
+            NodeStep::Advanced(_) => {}
+            NodeStep::Waiting(_) => {
+                for _ in 0..600 {
+                    if node.phase() != Phase::Booting {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(settled, "cp1 never settled");
+    // Off the writer loop: wait for the BMC to hold the disk boot device.
+    let mut sys = Value::Null;
+    for _ in 0..300 {
+        sys = raw_get(&bmc, &opts, &sys_path).await;
+        if sys["Boot"]["BootSourceOverrideTarget"] == "Hdd" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Hdd", "{sys}");
+    // The event is published after the BMC answered; give the bus its turn, then flush it.
+    let mut events = Vec::new();
+    for _ in 0..100 {
+        events = events_of();
+        if events
+            .iter()
+            .any(|e| e.starts_with("power.action installed: persistent boot device set to disk"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(prov);
+    drop(bus);
+    writer.await.unwrap();
+    let disk: Vec<_> = events
+        .iter()
+        .filter(|e| e.contains("boot device set to disk"))
+        .collect();
+    assert_eq!(disk.len(), 1, "{events:#?}");
+    assert!(!events.iter().any(|e| e.contains(&opts.password)));
+}

@@ -4,24 +4,27 @@
 //! memory and bridge per NIC given, tagged `talboot`; run again, it changes only what differs
 //! and creates nothing twice. `destroy` removes only VMs carrying the `talboot` tag.
 //!
-//! The inventory is read here through a small lenient view of the `nodes[].power` block
-//! (the typed `power:` block belongs to the inventory; the two are reconciled at merge). The
-//! token secret comes from the environment (`tokenSecretEnv`, default
-//! `TALBOOT_PROXMOX_TOKEN_SECRET`), never from the file. The decisions (`create_params`,
+//! The inventory is loaded and validated by the normal loader, so `talboot check` and this
+//! command read the same typed `power:` block (`vm:` included); MACs are the node's boot MACs
+//! then its extra interfaces'. The token secret is resolved like every power secret
+//! ([`crate::power::credentials`]: environment variable or a key of the age/SOPS credentials
+//! file), never read from the inventory. The decisions (`specs`, `create_params`,
 //! `create_step`) are pure; `run` is the adapter.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Subcommand;
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
-use crate::power::proxmox::{ProxmoxApi, ProxmoxApiConfig, TALBOOT_TAG, VmSummary, parse_tags};
-use crate::power::{Credential, PowerAction};
+use crate::crypto::age::IdentitySources;
+use crate::inventory::{self, Inventory, PowerConfig, ProxmoxTarget, SecretRef};
+use crate::power::PowerAction;
+use crate::power::credentials::Resolver;
+use crate::power::proxmox::{ProxmoxApi, TALBOOT_TAG, VmSummary, parse_tags};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -42,6 +45,7 @@ pub struct Common {
     /// Inventory file.
     #[arg(
         long = "config",
+        short = 'c',
         env = "TALBOOT_CONFIG",
         default_value = "talboot.yaml"
     )]
@@ -49,196 +53,56 @@ pub struct Common {
     /// Only these nodes (by name); all `kind: proxmox` nodes when absent.
     #[arg(long = "node")]
     pub nodes: Vec<String>,
+    /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
+    /// SOPS_AGE_KEY, then sops's keys.txt).
+    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
+    pub age_identity: Option<PathBuf>,
 }
 
-/// The part of the inventory this command reads.
-#[derive(Debug, Deserialize)]
-struct InvFile {
-    #[serde(default)]
-    nodes: Vec<InvNode>,
-}
-
-#[derive(Debug, Deserialize)]
-struct InvNode {
-    name: String,
-    mac: Option<String>,
-    #[serde(default)]
-    macs: Vec<String>,
-    #[serde(default)]
-    interfaces: Vec<Iface>,
-    power: Option<PowerBlock>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Iface {
-    mac: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PowerBlock {
-    kind: String,
-    api: Option<String>,
-    node: Option<String>,
-    vmid: Option<u32>,
-    token_id: Option<String>,
-    token_secret_env: Option<String>,
-    #[serde(default = "yes")]
-    tls_verify: bool,
-    ca_file: Option<PathBuf>,
-    #[serde(default)]
-    vm: VmShape,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// The VM's shape (`power.vm`), with home-lab defaults.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", default)]
-pub struct VmShape {
-    /// MiB.
-    pub memory: u32,
-    pub cores: u32,
-    /// GiB of the first disk (`scsi0`).
-    pub disk_gib: u32,
-    pub storage: String,
-    /// Bridge per NIC, in NIC order; the last one is reused for further NICs.
-    pub bridges: Vec<String>,
-}
-
-impl Default for VmShape {
-    fn default() -> Self {
-        Self {
-            memory: 4096,
-            cores: 2,
-            disk_gib: 32,
-            storage: "local-lvm".into(),
-            bridges: vec!["vmbr0".into()],
-        }
-    }
-}
-
-/// One VM to create, resolved from a node.
+/// One VM to create, from a node whose `power:` is `kind: proxmox`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmSpec {
+    /// The node (and VM) name.
     pub name: String,
-    pub api: String,
-    pub pve_node: String,
-    pub vmid: u32,
-    pub token_id: String,
-    pub secret_env: String,
-    pub tls_verify: bool,
-    pub ca_file: Option<PathBuf>,
-    /// Boot NIC first, then the node's other interfaces.
+    /// The node's Proxmox target as the inventory has it (secret still a reference).
+    pub target: ProxmoxTarget<SecretRef>,
+    /// Boot NICs first, then the node's other interfaces, `AA:BB:..` as Proxmox writes them.
     pub macs: Vec<String>,
-    pub shape: VmShape,
 }
 
-fn spec_of(file: &Path, i: usize, n: &InvNode) -> Result<Option<VmSpec>, String> {
-    let Some(p) = &n.power else { return Ok(None) };
-    if p.kind != "proxmox" {
-        return Ok(None);
-    }
-    let field = |f: &str| format!("{}: nodes[{i}] ({}).power.{f}", file.display(), n.name);
-    let need = |v: &Option<String>, f: &str, eg: &str| {
-        v.clone()
-            .ok_or_else(|| format!("{} is missing (e.g. {f}: {eg})", field(f)))
-    };
-    let api = need(&p.api, "api", "https://pve.lan:8006")?;
-    let pve_node = need(&p.node, "node", "pve")?;
-    let token_id = need(&p.token_id, "tokenId", "talboot@pve!lab")?;
-    crate::power::proxmox::check_token_id(&token_id)
-        .map_err(|e| format!("{}: {e}", field("tokenId")))?;
-    let vmid = p
-        .vmid
-        .ok_or_else(|| format!("{} is missing (e.g. vmid: 201)", field("vmid")))?;
-    if vmid < 100 {
-        return Err(format!(
-            "{}: {vmid} is below 100, the lowest VM id Proxmox takes",
-            field("vmid")
-        ));
-    }
-    let mut macs: Vec<String> = n
-        .mac
+/// The `kind: proxmox` nodes of a loaded inventory.
+pub fn specs(inv: &Inventory) -> Vec<VmSpec> {
+    inv.nodes
         .iter()
-        .cloned()
-        .chain(n.macs.iter().cloned())
-        .collect();
-    macs.extend(n.interfaces.iter().map(|f| f.mac.clone()));
-    let mut seen = std::collections::BTreeSet::new();
-    macs.retain(|m| seen.insert(m.to_ascii_lowercase()));
-    if macs.is_empty() {
-        return Err(format!(
-            "{}: nodes[{i}] ({}) has no mac",
-            file.display(),
-            n.name
-        ));
-    }
-    for m in &mut macs {
-        let ok = m.len() == 17
-            && m.split([':', '-'])
-                .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()));
-        if !ok {
-            return Err(format!(
-                "{}: nodes[{i}] ({}): `{m}` is not a MAC address",
-                file.display(),
-                n.name
-            ));
-        }
-        *m = m.replace('-', ":").to_ascii_uppercase();
-    }
-    if p.vm.bridges.is_empty() {
-        return Err(format!(
-            "{} is empty; give a bridge per NIC (e.g. [vmbr0])",
-            field("vm.bridges")
-        ));
-    }
-    if p.vm.memory < 2048 {
-        return Err(format!(
-            "{}: {} MiB is below the 2048 MiB Talos needs",
-            field("vm.memory"),
-            p.vm.memory
-        ));
-    }
-    Ok(Some(VmSpec {
-        name: n.name.clone(),
-        api,
-        pve_node,
-        vmid,
-        token_id,
-        secret_env: p
-            .token_secret_env
-            .clone()
-            .unwrap_or_else(|| "TALBOOT_PROXMOX_TOKEN_SECRET".into()),
-        tls_verify: p.tls_verify,
-        ca_file: p.ca_file.clone(),
-        macs,
-        shape: p.vm.clone(),
-    }))
-}
-
-/// The `kind: proxmox` nodes of an inventory file's text.
-pub fn specs(file: &Path, text: &str) -> Result<Vec<VmSpec>, String> {
-    let inv: InvFile =
-        yaml_serde::from_str(text).map_err(|e| format!("{}: {e}", file.display()))?;
-    let mut out = Vec::new();
-    for (i, n) in inv.nodes.iter().enumerate() {
-        if let Some(s) = spec_of(file, i, n)? {
-            out.push(s);
-        }
-    }
-    Ok(out)
+        .filter_map(|n| {
+            let Some(PowerConfig::Proxmox(t)) = &n.power else {
+                return None;
+            };
+            let mut seen = std::collections::BTreeSet::new();
+            let macs = n
+                .macs
+                .iter()
+                .map(|m| m.value)
+                .chain(n.interfaces.iter().map(|i| i.mac.value))
+                .filter(|m| seen.insert(*m))
+                .map(|m| m.to_string().to_ascii_uppercase())
+                .collect();
+            Some(VmSpec {
+                name: n.name.to_string(),
+                target: t.clone(),
+                macs,
+            })
+        })
+        .collect()
 }
 
 /// The VM config talboot wants for `spec` (the parameters of `POST /nodes/{node}/qemu`,
 /// qemu-server PVE/API2/Qemu.pm create_vm), without `vmid`.
 pub fn create_params(spec: &VmSpec) -> Vec<(String, String)> {
-    let s = &spec.shape;
+    let s = &spec.target.vm;
     let mut p = vec![
         ("name".to_string(), spec.name.clone()),
-        ("memory".into(), s.memory.to_string()),
+        ("memory".into(), s.memory_mib.to_string()),
         ("cores".into(), s.cores.to_string()),
         // Talos needs x86-64-v2; `host` passes the CPU through.
         ("cpu".into(), "host".into()),
@@ -280,7 +144,7 @@ pub fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>) -> Cre
     if !summary.tags.iter().any(|t| t == TALBOOT_TAG) {
         return CreateStep::Refuse(format!(
             "VM {} ({}) exists and is not tagged `{TALBOOT_TAG}`; pick another vmid or tag it yourself",
-            spec.vmid, summary.name
+            spec.target.vmid, summary.name
         ));
     }
     let have = |k: &str| -> Option<String> {
@@ -294,6 +158,12 @@ pub fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>) -> Cre
         .filter(|(k, _)| k != "scsi0")
         .filter(|(k, v)| match k.as_str() {
             // PVE writes tags back sorted and `;`-separated; the NIC line may carry defaults.
+            // Disk first is what serve sets once the node is installed (persistent disk
+            // boot); a re-run of create must not send an installed VM back to reinstalling.
+            "boot" => !matches!(
+                have(k).as_deref(),
+                Some("order=net0;scsi0" | "order=scsi0;net0")
+            ),
             "tags" => !parse_tags(&have(k).unwrap_or_default())
                 .iter()
                 .any(|t| t == TALBOOT_TAG),
@@ -318,20 +188,19 @@ pub fn run(args: &Args) -> ExitCode {
         Action::Create(c) => (c, false),
         Action::Destroy(c) => (c, true),
     };
-    let text = match std::fs::read_to_string(&common.config) {
-        Ok(t) => t,
+    let inv = match inventory::load(&common.config) {
+        Ok(l) => l.inventory,
         Err(e) => {
-            eprintln!("talboot: {}: {e}", common.config.display());
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let mut specs = match specs(&common.config, &text) {
-        Ok(s) => s,
-        Err(e) => {
+            if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
+                for d in diagnostics.sorted() {
+                    eprintln!("{d}");
+                }
+            }
             eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_INVALID);
         }
     };
+    let mut specs = specs(&inv);
     if !common.nodes.is_empty() {
         specs.retain(|s| common.nodes.contains(&s.name));
     }
@@ -357,14 +226,19 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let env = |v: &str| std::env::var(v).ok();
+    let mut resolver = Resolver::new(
+        &env,
+        IdentitySources::from_process_env(common.age_identity.clone()),
+    );
     let ok = rt.block_on(async {
         let mut apis: BTreeMap<(String, String), Arc<ProxmoxApi>> = BTreeMap::new();
         let mut all_ok = true;
         for spec in &specs {
-            let key = (spec.api.clone(), spec.token_id.clone());
+            let key = (spec.target.api_url.clone(), spec.target.token_id.clone());
             let api = match apis.get(&key) {
                 Some(a) => a.clone(),
-                None => match connect(spec) {
+                None => match connect(&mut resolver, spec) {
                     Ok(a) => {
                         apis.insert(key, a.clone());
                         a
@@ -398,34 +272,27 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-fn connect(spec: &VmSpec) -> Result<Arc<ProxmoxApi>, String> {
-    let secret = std::env::var(&spec.secret_env).map_err(|_| {
-        format!(
-            "the API token secret is not in ${} (set it, or name another variable in power.tokenSecretEnv)",
-            spec.secret_env
-        )
-    })?;
-    let mut cfg = ProxmoxApiConfig::new(&spec.api, &spec.token_id, Credential::new(secret));
-    cfg.verify_tls = spec.tls_verify;
-    if let Some(ca) = &spec.ca_file {
-        cfg.ca_pem =
-            Some(std::fs::read(ca).map_err(|e| format!("power.caFile {}: {e}", ca.display()))?);
-    }
-    ProxmoxApi::new(cfg)
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
+/// The API client for `spec`, its token secret resolved (environment or credentials file).
+fn connect(resolver: &mut Resolver<'_>, spec: &VmSpec) -> Result<Arc<ProxmoxApi>, String> {
+    let cfg = resolver
+        .config(&spec.name, &PowerConfig::Proxmox(spec.target.clone()))
+        .map_err(|e| e.to_string())?;
+    let PowerConfig::Proxmox(t) = cfg else {
+        unreachable!("resolving keeps the kind")
+    };
+    crate::power::dispatch::proxmox_api(&t).map_err(|e| e.to_string())
 }
 
 async fn existing(api: &ProxmoxApi, spec: &VmSpec) -> Result<Option<(VmSummary, Value)>, String> {
     let list = api
-        .list_vms(&spec.pve_node)
+        .list_vms(&spec.target.node)
         .await
         .map_err(|e| e.to_string())?;
-    let Some(summary) = list.into_iter().find(|v| v.vmid == spec.vmid) else {
+    let Some(summary) = list.into_iter().find(|v| v.vmid == spec.target.vmid) else {
         return Ok(None);
     };
     let config = api
-        .vm_config(&spec.pve_node, spec.vmid)
+        .vm_config(&spec.target.node, spec.target.vmid)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Some((summary, config)))
@@ -434,18 +301,18 @@ async fn existing(api: &ProxmoxApi, spec: &VmSpec) -> Result<Option<(VmSummary, 
 async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, String> {
     let have = existing(api, spec).await?;
     let step = create_step(spec, have.as_ref().map(|(s, c)| (s, c)));
-    let node_path = format!("/nodes/{}/qemu", spec.pve_node);
+    let node_path = format!("/nodes/{}/qemu", spec.target.node);
     match step {
         CreateStep::Create(params) => {
-            let mut p: Vec<(&str, String)> = vec![("vmid", spec.vmid.to_string())];
+            let mut p: Vec<(&str, String)> = vec![("vmid", spec.target.vmid.to_string())];
             p.extend(params.iter().map(|(k, v)| (k.as_str(), v.clone())));
-            api.call_task(&spec.pve_node, reqwest::Method::POST, &node_path, &p)
+            api.call_task(&spec.target.node, reqwest::Method::POST, &node_path, &p)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(format!(
                 "created VM {} on {} ({})",
-                spec.vmid,
-                spec.pve_node,
+                spec.target.vmid,
+                spec.target.node,
                 spec.macs.join(", ")
             ))
         }
@@ -456,44 +323,48 @@ async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, Stri
                 .collect();
             api.call(
                 reqwest::Method::PUT,
-                &format!("{node_path}/{}/config", spec.vmid),
+                &format!("{node_path}/{}/config", spec.target.vmid),
                 &p,
             )
             .await
             .map_err(|e| e.to_string())?;
             let keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
-            Ok(format!("VM {} updated ({})", spec.vmid, keys.join(", ")))
+            Ok(format!(
+                "VM {} updated ({})",
+                spec.target.vmid,
+                keys.join(", ")
+            ))
         }
-        CreateStep::Unchanged => Ok(format!("VM {} already as wanted", spec.vmid)),
+        CreateStep::Unchanged => Ok(format!("VM {} already as wanted", spec.target.vmid)),
         CreateStep::Refuse(why) => Err(why),
     }
 }
 
 async fn destroy_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, String> {
     let Some((summary, _)) = existing(api, spec).await? else {
-        return Ok(format!("VM {} does not exist", spec.vmid));
+        return Ok(format!("VM {} does not exist", spec.target.vmid));
     };
     if !summary.tags.iter().any(|t| t == TALBOOT_TAG) {
         return Err(format!(
             "VM {} ({}) is not tagged `{TALBOOT_TAG}`; talboot did not create it and leaves it alone",
-            spec.vmid, summary.name
+            spec.target.vmid, summary.name
         ));
     }
     if summary.running {
-        api.vm(&spec.pve_node, spec.vmid)
+        api.vm(&spec.target.node, spec.target.vmid)
             .set_power(PowerAction::Off)
             .await
             .map_err(|e| e.to_string())?;
     }
     api.call_task(
-        &spec.pve_node,
+        &spec.target.node,
         reqwest::Method::DELETE,
-        &format!("/nodes/{}/qemu/{}", spec.pve_node, spec.vmid),
+        &format!("/nodes/{}/qemu/{}", spec.target.node, spec.target.vmid),
         &[],
     )
     .await
     .map_err(|e| e.to_string())?;
-    Ok(format!("destroyed VM {}", spec.vmid))
+    Ok(format!("destroyed VM {}", spec.target.vmid))
 }
 
 #[cfg(test)]
@@ -502,30 +373,54 @@ mod tests {
     use serde_json::json;
 
     const INV: &str = "
-cluster: {name: lab}
+cluster:
+  name: lab
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://10.0.40.11:6443
+network:
+  interfaces: [eth0]
+  subnet: 10.0.40.0/24
 nodes:
   - name: cp-1
     mac: bc:24:11:00:00:01
-    interfaces: [{mac: bc-24-11-00-01-01}]
+    role: controlplane
+    address: 10.0.40.11/24
+    installDisk: /dev/sda
+    interfaces: [{mac: bc:24:11:00:01:01, addresses: [10.0.41.11/24]}]
     power:
       kind: proxmox
-      api: https://pve.lan:8006
+      apiUrl: https://pve.lan:8006
       node: pve
       vmid: 201
       tokenId: talboot@pve!lab
+      tokenSecretEnv: PVE_TOKEN
       vm: {memory: 4096, cores: 4, diskGib: 40, bridges: [vmbr0, vmbr1]}
   - name: wk-1
     mac: bc:24:11:00:00:02
-    power: {kind: wol, mac: bc:24:11:00:00:02}
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {kind: wol}
 ";
 
+    fn all() -> Vec<VmSpec> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("talboot.yaml");
+        std::fs::write(&p, INV).unwrap();
+        let inv = inventory::load_with_env(&p, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        specs(&inv)
+    }
+
     fn spec() -> VmSpec {
-        specs(Path::new("t.yaml"), INV).unwrap().remove(0)
+        all().remove(0)
     }
 
     #[test]
     fn only_proxmox_nodes_become_vms_with_their_nics_pinned() {
-        let all = specs(Path::new("t.yaml"), INV).unwrap();
+        let all = all();
         assert_eq!(all.len(), 1);
         let p = create_params(&all[0]);
         let get = |k: &str| p.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str());
@@ -535,25 +430,8 @@ nodes:
         assert_eq!(get("cpu"), Some("host"));
         assert_eq!(get("scsi0"), Some("local-lvm:40"));
         assert_eq!(get("memory"), Some("4096"));
+        assert_eq!(get("cores"), Some("4"));
         assert_eq!(get("tags"), Some("talboot"));
-    }
-
-    #[test]
-    fn missing_or_bad_fields_name_the_file_and_field() {
-        let e = specs(Path::new("t.yaml"), &INV.replace("      vmid: 201\n", "")).unwrap_err();
-        assert!(e.contains("t.yaml") && e.contains("power.vmid"), "{e}");
-        let e = specs(
-            Path::new("t.yaml"),
-            &INV.replace("talboot@pve!lab", "talboot"),
-        )
-        .unwrap_err();
-        assert!(e.contains("power.tokenId"), "{e}");
-        let e = specs(
-            Path::new("t.yaml"),
-            &INV.replace("memory: 4096", "memory: 512"),
-        )
-        .unwrap_err();
-        assert!(e.contains("vm.memory") && e.contains("2048"), "{e}");
     }
 
     #[test]
@@ -581,7 +459,14 @@ nodes:
             CreateStep::Unchanged
         );
         let mut changed = cfg.clone();
-        changed["boot"] = json!("order=scsi0;net0");
+        // Disk first (set after install) is left alone; another order is brought back.
+        let mut disk_first = cfg.clone();
+        disk_first["boot"] = json!("order=scsi0;net0");
+        assert_eq!(
+            create_step(&s, Some((&summary, &disk_first))),
+            CreateStep::Unchanged
+        );
+        changed["boot"] = json!("order=ide2;net0");
         changed["net1"] = json!("virtio=BC:24:11:00:99:99,bridge=vmbr1");
         assert_eq!(
             create_step(&s, Some((&summary, &changed))),
@@ -601,5 +486,19 @@ nodes:
             create_step(&s, Some((&foreign, &cfg))),
             CreateStep::Refuse(_)
         ));
+    }
+
+    #[test]
+    fn the_token_secret_is_resolved_like_every_power_secret() {
+        let s = spec();
+        let empty = |_: &str| None;
+        let mut r = Resolver::new(&empty, IdentitySources::default());
+        let Err(e) = connect(&mut r, &s) else {
+            panic!("connected without a secret")
+        };
+        assert!(e.contains("PVE_TOKEN") && e.contains("cp-1"), "{e}");
+        let set = |v: &str| (v == "PVE_TOKEN").then(|| "pve-secret-1".to_string());
+        let mut r = Resolver::new(&set, IdentitySources::default());
+        assert!(connect(&mut r, &s).is_ok());
     }
 }

@@ -31,7 +31,10 @@ pub mod yaml;
 pub use diag::{Diagnostic, Diagnostics, Loc, Severity};
 pub use load::{LoadError, Loaded, load, load_with_env};
 pub use model::*;
-pub use power::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, SecretRef, WolTarget};
+pub use power::{
+    IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, SecretRef, TALOS_MIN_MEMORY_MIB,
+    VmShape, WolTarget,
+};
 
 #[cfg(test)]
 mod tests;

@@ -95,6 +95,124 @@ pub struct ProxmoxTarget<P = Credential> {
     pub verify_tls: bool,
     /// CA bundle (PEM) for the API's certificate.
     pub ca: Option<PathBuf>,
+    /// The VM's shape for `talboot proxmox create` (`vm:`; home-lab defaults when absent).
+    pub vm: VmShape,
+}
+
+/// The least memory `vm.memory` takes: the 2 GiB Talos's System Requirements page gives as the
+/// minimum for a control-plane node (a smaller VM fails to boot the Talos image).
+pub const TALOS_MIN_MEMORY_MIB: u32 = 2048;
+
+/// The shape of the VM `talboot proxmox create` makes for a node (`power.vm`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmShape {
+    /// Memory in MiB (`memory`).
+    pub memory_mib: u32,
+    /// CPU cores (`cores`).
+    pub cores: u32,
+    /// GiB of the first disk, `scsi0` (`diskGib`).
+    pub disk_gib: u32,
+    /// Proxmox storage the disk is allocated on (`storage`).
+    pub storage: String,
+    /// Bridge per NIC, in NIC order; the last one is reused for further NICs (`bridges`).
+    pub bridges: Vec<String>,
+}
+
+impl Default for VmShape {
+    fn default() -> Self {
+        Self {
+            memory_mib: 4096,
+            cores: 2,
+            disk_gib: 32,
+            storage: "local-lvm".into(),
+            bridges: vec!["vmbr0".into()],
+        }
+    }
+}
+
+/// The fields a `vm:` block has.
+const VM_FIELDS: &[&str] = &["memory", "cores", "diskGib", "storage", "bridges"];
+
+/// Read a `power.vm` block over the defaults; each problem is reported at its field.
+fn vm_shape(f: &Field, d: &mut Diagnostics) -> Option<VmShape> {
+    let Value::Map(entries) = &f.value.value else {
+        d.error_hint(
+            &f.loc,
+            &f.path,
+            format!("expected a mapping, found {}", f.value.kind()),
+            "e.g. vm: {memory: 4096, cores: 2, diskGib: 32, storage: local-lvm, bridges: [vmbr0]}",
+        );
+        return None;
+    };
+    let mut shape = VmShape::default();
+    let mut ok = true;
+    let number = |v: &Y, path: &str, d: &mut Diagnostics, what: &str, eg: &str| {
+        read::parsed(v, path, d, what, eg, |s| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or("expected a whole number above 0")
+        })
+        .map(|n| n.value)
+    };
+    for (k, v) in entries {
+        let path = join(&f.path, &k.name);
+        let got = match k.name.as_str() {
+            "memory" => number(v, &path, d, "MiB of memory", "4096").and_then(|n| {
+                if n < TALOS_MIN_MEMORY_MIB {
+                    d.error_hint(
+                        &v.loc,
+                        &path,
+                        format!("{n} MiB is below the {TALOS_MIN_MEMORY_MIB} MiB Talos needs"),
+                        "give it at least 2048, e.g. memory: 4096 (MiB)",
+                    );
+                    return None;
+                }
+                shape.memory_mib = n;
+                Some(())
+            }),
+            "cores" => number(v, &path, d, "a core count", "2").map(|n| shape.cores = n),
+            "diskGib" => {
+                number(v, &path, d, "a disk size in GiB", "32").map(|n| shape.disk_gib = n)
+            }
+            "storage" => read::string(v, &path, d).and_then(|s| {
+                if s.trim().is_empty() {
+                    d.error(&v.loc, &path, "must not be empty");
+                    return None;
+                }
+                shape.storage = s.trim().to_owned();
+                Some(())
+            }),
+            "bridges" => {
+                let list = read::list(v, &path, d, true, read::string);
+                if list.is_empty() {
+                    d.error_hint(
+                        &v.loc,
+                        &path,
+                        "is empty",
+                        "give a bridge per NIC, e.g. bridges: [vmbr0]",
+                    );
+                    None
+                } else {
+                    shape.bridges = list;
+                    Some(())
+                }
+            }
+            other => {
+                let hint = match did_you_mean(other, VM_FIELDS) {
+                    Some(s) => format!(
+                        "did you mean `{s}`? a vm block has: {}",
+                        VM_FIELDS.join(", ")
+                    ),
+                    None => format!("a vm block has: {}", VM_FIELDS.join(", ")),
+                };
+                d.error_hint(&k.loc, &path, format!("unknown field `{other}`"), hint);
+                None
+            }
+        };
+        ok &= got.is_some();
+    }
+    ok.then_some(shape)
 }
 
 /// Wake-on-LAN: a magic packet to a broadcast address. Send-only: no state, no boot device.
@@ -171,6 +289,7 @@ impl<P> PowerConfig<P> {
                 token_secret: f(t.token_secret)?,
                 verify_tls: t.verify_tls,
                 ca: t.ca,
+                vm: t.vm,
             }),
             Self::Wol(t) => PowerConfig::Wol(t),
         })
@@ -267,6 +386,7 @@ fn fields_of(kind: &str) -> &'static [&'static str] {
             "credentialsFile",
             "verifyTls",
             "ca",
+            "vm",
         ],
         "wol" => &["kind", "mac", "broadcast", "port"],
         _ => &["kind"],
@@ -627,6 +747,10 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
             let token_secret = m.secret("tokenSecret", creds_file.as_ref(), d);
             let verify_tls = m.boolean("verifyTls", true, d);
             let ca = m.path("ca", base, d);
+            let vm = match m.take("vm") {
+                Some(f) => vm_shape(&f, d),
+                None => Some(VmShape::default()),
+            };
             Some(PowerConfig::Proxmox(ProxmoxTarget {
                 api_url: api_url?,
                 node: pve_node?,
@@ -635,6 +759,7 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
                 token_secret: token_secret?,
                 verify_tls: verify_tls?,
                 ca,
+                vm: vm?,
             }))
         }
         "wol" => {
@@ -788,6 +913,7 @@ nodes:
       tokenId: talboot@pve!power
       tokenSecretEnv: PVE_TOKEN
       verifyTls: false
+      vm: {memory: 8192, cores: 4, diskGib: 40, storage: fast, bridges: [vmbr0, vmbr1]}
   - name: wol
     mac: aa:00:00:00:00:06
     role: worker
@@ -821,6 +947,13 @@ nodes:
                 token_secret: SecretRef::Env("PVE_TOKEN".into()),
                 verify_tls: false,
                 ca: None,
+                vm: VmShape {
+                    memory_mib: 8192,
+                    cores: 4,
+                    disk_gib: 40,
+                    storage: "fast".into(),
+                    bridges: vec!["vmbr0".into(), "vmbr1".into()],
+                },
             }))
         );
         assert_eq!(
@@ -883,6 +1016,19 @@ nodes:
     address: 10.0.40.24/24
     installDisk: /dev/sda
     power: {kind: wol, host: h}
+  - name: pve
+    mac: aa:00:00:00:00:08
+    role: worker
+    address: 10.0.40.25/24
+    installDisk: /dev/sda
+    power:
+      kind: proxmox
+      apiUrl: https://pve.lab:8006
+      node: pve
+      vmid: 101
+      tokenId: talboot@pve!power
+      tokenSecretEnv: PVE_TOKEN
+      vm: {memory: 512, cores: 0, bridges: [], disk: 10}
 ",
         )
         .join("\n");
@@ -892,6 +1038,10 @@ nodes:
             "nodes[3].power.passwordKey: passwordKey needs credentialsFile",
             "nodes[3].power.port: `70000` is not a port",
             "nodes[4].power.host: unknown field `host`",
+            "nodes[5].power.vm.memory: 512 MiB is below the 2048 MiB Talos needs",
+            "nodes[5].power.vm.cores: `0` is not a core count",
+            "nodes[5].power.vm.bridges: is empty",
+            "nodes[5].power.vm.disk: unknown field `disk`\n  hint: did you mean `diskGib`?",
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }

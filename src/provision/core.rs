@@ -55,6 +55,9 @@ pub struct NodeCtx {
     pub(crate) install_timeout: Duration,
     /// From the Reset reply until the maintenance API answers.
     pub reset_timeout: Duration,
+    /// The node has a power controller that sets boot devices (Redfish, IPMI, Proxmox; not
+    /// Wake-on-LAN): once installed, its persistent boot device becomes the disk.
+    pub disk_boot: bool,
 }
 
 /// Which call is in flight.
@@ -353,6 +356,11 @@ pub enum Effect {
     },
     /// The last voting etcd member was reset: the cluster is bootstrapped again.
     ForgetBootstrap,
+    /// The node is installed: set its persistent boot device to the disk through its power
+    /// controller (issue 14: no boot loop after install without touching the BIOS order).
+    /// Emitted once per install; its intent (`disk_boot_set`) is in the state, so a restart
+    /// does not repeat it. A failure is the adapter's event, not the node's.
+    SetDiskBoot,
     /// A phase change, for the timeline (`from -> to: why`).
     Phase {
         /// Before.
@@ -543,6 +551,9 @@ pub fn step(
             // A new rebuild: forget an earlier reset that never finished.
             st.s.life.reset_at_unix = None;
             st.s.life.install_seen = false;
+            // The reinstall sets the disk boot device again (a one-time network boot may
+            // have replaced it).
+            st.s.life.disk_boot_set = false;
             st.set_phase(NodePhase::Rebuilding, "rebuild requested by the operator");
         }
         Observation::Poll => poll(&mut st),
@@ -694,6 +705,10 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             let why = format!("installed and booted from disk (machine stage running, {version})");
             st.s.rec.talos_version = Some(version);
             st.advance(NodePhase::Ready, why);
+            if ctx.disk_boot && !st.s.life.disk_boot_set {
+                st.s.life.disk_boot_set = true;
+                st.out.push(Effect::SetDiskBoot);
+            }
         }
         (CallKind::WatchInstall, O::Stage { name }) => {
             st.s.life.install_seen = true;

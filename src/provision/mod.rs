@@ -296,6 +296,8 @@ fn offline_ctx(inventory: &Inventory, node: &Node) -> core::NodeCtx {
             .any(|cp| cp.name.as_str() == node.name.as_str()),
         install_timeout: Duration::MAX,
         reset_timeout: Duration::MAX,
+        // No provisioner, no power drivers: serve's provisioner sets disk boot.
+        disk_boot: false,
     }
 }
 
@@ -821,6 +823,35 @@ impl Provisioner {
                 });
             }
         }
+    }
+
+    /// [`core::Effect::SetDiskBoot`]: the persistent boot device of an installed node becomes
+    /// its disk. Off the writer loop (a BMC may take seconds); the outcome is a `power.action`
+    /// event, and a failure is only that: the node is installed either way.
+    fn set_disk_boot(&self, name: &str) {
+        let Some(driver) = self.settings().power.get(name).cloned() else {
+            return;
+        };
+        let (bus, name) = (self.inner.bus.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let detail = match driver
+                .set_boot_device(
+                    crate::power::BootDevice::Disk,
+                    crate::power::BootPersistence::Persistent,
+                )
+                .await
+            {
+                Ok(()) => format!(
+                    "installed: persistent boot device set to disk through {}",
+                    driver.target()
+                ),
+                Err(e) => {
+                    tracing::warn!(node = %name, "setting the disk boot device failed: {e}");
+                    format!("installed; setting the persistent disk boot device failed: {e}")
+                }
+            };
+            bus.publish(&name, EventKind::Power, detail);
+        });
     }
 
     /// A rebuilt node whose Talos API does not answer cannot be reset over it: with a power

@@ -110,6 +110,10 @@ pub struct Lifecycle {
     /// back in maintenance mode until the reset timeout after it.
     #[serde(default)]
     pub(crate) reset_at_unix: Option<u64>,
+    /// The persistent disk boot device was asked for after this install
+    /// ([`core::Effect::SetDiskBoot`]); cleared by a rebuild.
+    #[serde(default)]
+    pub(crate) disk_boot_set: bool,
 }
 
 /// Decodes a stored [`Lifecycle`]; an unreadable one counts as empty (it only refines
@@ -179,6 +183,11 @@ impl Provisioner {
                 .any(|cp| cp.name.as_str() == node.name.as_str()),
             install_timeout: self.settings().install_timeout,
             reset_timeout: self.settings().reset_timeout,
+            disk_boot: self
+                .settings()
+                .power
+                .get(node.name.as_str())
+                .is_some_and(|d| d.can_set_boot_device()),
         }
     }
 
@@ -323,6 +332,7 @@ impl Provisioner {
         match e {
             Effect::Event { kind, detail } => self.event(name, kind, detail),
             Effect::ForgetBootstrap => self.forget_bootstrap(name).await?,
+            Effect::SetDiskBoot => self.set_disk_boot(name),
             Effect::Again => ending.again = true,
             Effect::Wait { reason } => ending.wait = Some(reason),
             Effect::Fail { reason, cause } => ending.fail = Some((reason, cause)),

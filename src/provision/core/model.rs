@@ -102,10 +102,13 @@ struct Run {
     now: u64,
     /// Apply calls that reached the machine per boot.
     applies: std::collections::HashMap<u64, u32>,
+    /// `SetDiskBoot` effects in all, and since the last rebuild.
+    disk_boots: u32,
+    disk_boots_since_rebuild: u32,
 }
 
 impl Run {
-    fn new(w: World) -> Self {
+    fn new(w: World, disk_boot: bool) -> Self {
         let state = NodeState::fresh("n1", 1000);
         Self {
             ctx: NodeCtx {
@@ -113,6 +116,7 @@ impl Run {
                 control_plane: true,
                 install_timeout: Duration::from_secs(1200),
                 reset_timeout: Duration::from_secs(900),
+                disk_boot,
             },
             persisted: (state.rec.clone(), state.life.clone()),
             state,
@@ -121,6 +125,8 @@ impl Run {
             replies: Vec::new(),
             now: 1000,
             applies: Default::default(),
+            disk_boots: 0,
+            disk_boots_since_rebuild: 0,
         }
     }
 
@@ -141,6 +147,23 @@ impl Run {
             }
             if let Effect::Reset { graceful, .. } = e {
                 prop_assert_eq!(*graceful, !self.world.last_voter);
+            }
+            if *e == Effect::SetDiskBoot {
+                // Only with a controller that sets boot devices, only as the node becomes
+                // Ready (installed, booted from disk), and once per install even across
+                // restarts.
+                prop_assert!(self.ctx.disk_boot, "disk boot without a controller");
+                prop_assert!(
+                    self.state.rec.phase == NodePhase::Ready && before != NodePhase::Ready,
+                    "disk boot outside the step into Ready: {:?}",
+                    obs
+                );
+                self.disk_boots += 1;
+                self.disk_boots_since_rebuild += 1;
+                prop_assert!(
+                    self.disk_boots_since_rebuild <= 1,
+                    "disk boot set twice for one install"
+                );
             }
         }
         let s = &self.state;
@@ -263,6 +286,7 @@ impl Run {
             Act::BootSeen => self.observe(Observation::BootSeen)?,
             Act::Poll => self.observe(Observation::Poll)?,
             Act::Rebuild => {
+                self.disk_boots_since_rebuild = 0;
                 self.observe(Observation::RebuildRequested)?;
             }
             Act::Send(i) if !self.queued.is_empty() => {
@@ -378,6 +402,7 @@ proptest! {
         install_fails in proptest::bool::weighted(0.15),
         last_voter in any::<bool>(),
         starts_down in any::<bool>(),
+        disk_boot in any::<bool>(),
     ) {
         let mut run = Run::new(World {
             mode: if starts_down { Mode::Down } else { Mode::Maintenance },
@@ -387,7 +412,7 @@ proptest! {
             bad_disk,
             install_fails,
             last_voter,
-        });
+        }, disk_boot);
         for a in acts {
             run.apply(a)?;
         }
@@ -403,6 +428,11 @@ proptest! {
         );
         if phase == NodePhase::Ready {
             prop_assert_eq!(run.world.mode, Mode::Running);
+            // An installed node with a boot-device controller was asked to boot its disk.
+            prop_assert_eq!(run.disk_boots_since_rebuild, u32::from(disk_boot));
+        }
+        if !disk_boot {
+            prop_assert_eq!(run.disk_boots, 0);
         }
         if phase == NodePhase::Maintenance {
             // Only a node whose window closed waits in maintenance (a config is never pushed
@@ -570,4 +600,63 @@ fn rebuilding_the_last_etcd_member_bootstraps_again_on_the_same_node() {
     );
     assert_eq!(e, BootstrapEffect::CheckEtcd);
     assert_eq!(s.bootstrap, BootstrapMark::Intent);
+}
+
+/// An installed node: `SetDiskBoot` comes once, with the step into Ready, only with a
+/// controller that sets boot devices; the node restarted Ready does not ask again, and a
+/// rebuild's reinstall asks again.
+#[test]
+fn disk_boot_is_set_once_when_the_node_is_installed() {
+    let bound = Some(Binding {
+        mac: NODE_MAC,
+        ip: NODE_IP,
+    });
+    let installed = |disk_boot: bool, start: &NodeState| {
+        let ctx = NodeCtx {
+            macs: vec![NODE_MAC],
+            control_plane: false,
+            install_timeout: Duration::from_secs(1200),
+            reset_timeout: Duration::from_secs(900),
+            disk_boot,
+        };
+        let mut s = start.clone();
+        s.rec.phase = NodePhase::Installing;
+        s.bound = bound;
+        let (s, e) = step(&s, Observation::Poll, 1010, &ctx);
+        let Some(Effect::WatchInstall { op, ip }) = e.first().cloned() else {
+            panic!("{e:?}")
+        };
+        let obs = Observation::Result {
+            op,
+            at: ip,
+            outcome: Outcome::StageRunning {
+                version: "v1.13.9".into(),
+            },
+        };
+        let (s, e) = step(&s, obs, 1020, &ctx);
+        assert_eq!(s.rec.phase, NodePhase::Ready);
+        (s, e, ctx)
+    };
+    let count = |e: &[Effect]| e.iter().filter(|e| **e == Effect::SetDiskBoot).count();
+
+    let (s, e, ctx) = installed(true, &NodeState::fresh("n1", 1000));
+    assert_eq!(count(&e), 1, "{e:?}");
+    // Restarted: the persisted part only, Ready; polls and bindings ask nothing again.
+    let mut again = NodeState::from_persisted(s.rec.clone(), s.life.clone());
+    for obs in [
+        Observation::Binding(bound),
+        Observation::Poll,
+        Observation::Poll,
+    ] {
+        let (next, e) = step(&again, obs, 1030, &ctx);
+        assert_eq!(count(&e), 0, "{e:?}");
+        again = next;
+    }
+    // A rebuild reinstalls: disk boot is set again after it.
+    let (rebuilt, _) = step(&again, Observation::RebuildRequested, 1040, &ctx);
+    let (_, e, _) = installed(true, &rebuilt);
+    assert_eq!(count(&e), 1, "{e:?}");
+    // Wake-on-LAN or no controller: never.
+    let (_, e, _) = installed(false, &NodeState::fresh("n1", 1000));
+    assert_eq!(count(&e), 0, "{e:?}");
 }
