@@ -297,6 +297,8 @@ async fn an_installed_node_with_http404_local_boot_gets_a_404() {
             ..rec
         })
         .unwrap();
+    // Written behind the provisioner's back: publish it to the read view, as it would.
+    env.publish();
     let r = c.get(&url).send().await.unwrap();
     assert_eq!(r.status(), 404);
     let body = r.text().await.unwrap();
