@@ -113,6 +113,27 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// The admin client credentials for `node`/`upgrade`: `--talosconfig`, else the one `gen`
+/// wrote into the state directory. The error names the file and the fix.
+pub(crate) fn talosconfig_creds(
+    talosconfig: Option<&std::path::Path>,
+    state_dir: &std::path::Path,
+    context: Option<&str>,
+) -> Result<crate::talos::ClientCreds, String> {
+    let path = talosconfig.map_or_else(|| state_dir.join("talosconfig"), |p| p.to_path_buf());
+    std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|y| {
+            crate::talos::ClientCreds::from_talosconfig(&y, context).map_err(|e| e.to_string())
+        })
+        .map_err(|e| {
+            format!(
+                "cannot use talosconfig {}: {e}; pass --talosconfig",
+                path.display()
+            )
+        })
+}
+
 /// Whether log lines may carry ANSI colour: only when they go to a terminal, and never when
 /// `NO_COLOR` is set to a non-empty value (<https://no-color.org>). A file, a pipe or the
 /// journal gets plain text.

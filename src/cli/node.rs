@@ -10,7 +10,6 @@ use crate::events::{EventBus, SystemClock};
 use crate::inventory::{self, Node};
 use crate::provision::{ConfigRenderer, Provisioner, Settings};
 use crate::store::{self, Store};
-use crate::talos::ClientCreds;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 
@@ -106,21 +105,14 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let tc_path = args
-        .talosconfig
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("talosconfig"));
-    let creds = match std::fs::read_to_string(&tc_path)
-        .map_err(|e| e.to_string())
-        .and_then(|y| {
-            ClientCreds::from_talosconfig(&y, args.context.as_deref()).map_err(|e| e.to_string())
-        }) {
+    let creds = match super::talosconfig_creds(
+        args.talosconfig.as_deref(),
+        &args.state_dir,
+        args.context.as_deref(),
+    ) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!(
-                "talboot: cannot use talosconfig {}: {e}; pass --talosconfig",
-                tc_path.display()
-            );
+            eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };

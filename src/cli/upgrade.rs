@@ -13,7 +13,6 @@ use crate::daytwo::rollout::{Event, Gate, RolloutRecord};
 use crate::daytwo::upgrade::{Outcome, Progress, TalosOps, TalosUpgrade, drive, rollout_key};
 use crate::inventory::{self, Inventory, Version};
 use crate::store::{self, Store};
-use crate::talos::ClientCreds;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 
@@ -101,25 +100,13 @@ pub fn run(args: &Args) -> ExitCode {
         }
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let tc_path = args
-        .talosconfig
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("talosconfig"));
-    let creds = match std::fs::read_to_string(&tc_path)
-        .map_err(|e| e.to_string())
-        .and_then(|y| {
-            ClientCreds::from_talosconfig(&y, args.context.as_deref()).map_err(|e| e.to_string())
-        }) {
+    let creds = match super::talosconfig_creds(
+        args.talosconfig.as_deref(),
+        &args.state_dir,
+        args.context.as_deref(),
+    ) {
         Ok(c) => c,
-        Err(e) => {
-            return fail(
-                EXIT_USAGE,
-                format!(
-                    "cannot use talosconfig {}: {e}; pass --talosconfig",
-                    tc_path.display()
-                ),
-            );
-        }
+        Err(e) => return fail(EXIT_USAGE, e),
     };
     crate::install_crypto_provider();
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -142,6 +142,41 @@ pub enum PowerError {
     },
 }
 
+/// The HTTP client a power driver talks to its controller with (Redfish BMC, Proxmox API):
+/// talboot's user agent, bounded connect and request times, trust limited to `ca_pem` when
+/// given, verification off only when the operator said so (warned about). The error is the
+/// reason alone; the driver wraps it with its target.
+pub(crate) fn http_client(
+    what: &str,
+    target: &str,
+    timeout: Duration,
+    ca_pem: Option<&[u8]>,
+    verify_tls: bool,
+    redirect: reqwest::redirect::Policy,
+) -> Result<reqwest::Client, String> {
+    crate::install_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .timeout(timeout)
+        .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
+        .redirect(redirect);
+    if let Some(pem) = ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| format!("the CA bundle is not PEM certificates: {e}"))?;
+        if certs.is_empty() {
+            return Err("the CA bundle holds no certificate".into());
+        }
+        builder = builder.tls_certs_only(certs);
+    }
+    if !verify_tls {
+        tracing::warn!(%target, "{what} TLS verification is off");
+        builder = builder.tls_danger_accept_invalid_certs(true);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {}", e.without_url()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

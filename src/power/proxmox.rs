@@ -179,24 +179,15 @@ impl ProxmoxApi {
                 reason: "the API URL must be https://HOST:8006 with no user info".into(),
             });
         }
-        crate::install_crypto_provider();
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
-            .timeout(cfg.timeout)
-            .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none());
-        if let Some(pem) = &cfg.ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| bad(format!("the CA bundle is not PEM certificates: {e}")))?;
-            builder = builder.tls_certs_only(certs);
-        }
-        if !cfg.verify_tls {
-            tracing::warn!(api = %cfg.api_url, "Proxmox TLS verification is off");
-            builder = builder.tls_danger_accept_invalid_certs(true);
-        }
-        let client = builder
-            .build()
-            .map_err(|e| bad(format!("cannot build the HTTP client: {}", e.without_url())))?;
+        let client = super::http_client(
+            "Proxmox",
+            &cfg.api_url,
+            cfg.timeout,
+            cfg.ca_pem.as_deref(),
+            cfg.verify_tls,
+            reqwest::redirect::Policy::none(),
+        )
+        .map_err(bad)?;
         Ok(Self {
             cfg,
             base,

@@ -248,39 +248,28 @@ impl Redfish {
                 reason: "the endpoint carries user info; put the user in `user:` and the password in the secrets".into(),
             });
         }
-        crate::install_crypto_provider();
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
-            .timeout(cfg.timeout)
-            .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
-            // Same-host redirects only (sushy answers /Systems/<name> with a 307 to the UUID
-            // URL); a redirect elsewhere would take the Basic credentials with it.
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let same = attempt
-                    .previous()
-                    .first()
-                    .is_some_and(|first| first.origin() == attempt.url().origin());
-                if same && attempt.previous().len() < 5 {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }));
-        if let Some(pem) = &cfg.ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| bad(format!("the CA bundle is not PEM certificates: {e}")))?;
-            if certs.is_empty() {
-                return Err(bad("the CA bundle holds no certificate".into()));
+        // Same-host redirects only (sushy answers /Systems/<name> with a 307 to the UUID
+        // URL); a redirect elsewhere would take the Basic credentials with it.
+        let redirect = reqwest::redirect::Policy::custom(|attempt| {
+            let same = attempt
+                .previous()
+                .first()
+                .is_some_and(|first| first.origin() == attempt.url().origin());
+            if same && attempt.previous().len() < 5 {
+                attempt.follow()
+            } else {
+                attempt.stop()
             }
-            builder = builder.tls_certs_only(certs);
-        }
-        if !cfg.verify_tls {
-            tracing::warn!(endpoint = %cfg.endpoint, "Redfish TLS verification is off for this BMC");
-            builder = builder.tls_danger_accept_invalid_certs(true);
-        }
-        let client = builder
-            .build()
-            .map_err(|e| bad(format!("cannot build the HTTP client: {}", e.without_url())))?;
+        });
+        let client = super::http_client(
+            "Redfish",
+            &cfg.endpoint,
+            cfg.timeout,
+            cfg.ca_pem.as_deref(),
+            cfg.verify_tls,
+            redirect,
+        )
+        .map_err(bad)?;
         Ok(Self {
             cfg,
             base,
