@@ -2357,7 +2357,8 @@ impl MachineService for NodeApi {
         let Some(parsed) = parsed else {
             if !maintenance {
                 return Err(Status::invalid_argument(
-                    "the applied machine configuration doesn't contain v1alpha1 config, did                      you mean to patch the machine config instead?",
+                    "the applied machine configuration doesn't contain v1alpha1 config, did you \
+                     mean to patch the machine config instead?",
                 ));
             }
             // Maintenance accepts documents without a machine config and keeps waiting;
