@@ -1304,3 +1304,61 @@ async fn run_loop_probes_only_talos_boots_and_backs_off() {
     let n = refused[0].count;
     assert!((2..=8).contains(&n), "{n} probes: {refused:#?}");
 }
+
+/// Talos keeps serving maintenance mode for a moment after an ApplyConfiguration (until the
+/// acquire controller tears the maintenance service down), and a second apply then is
+/// refused. A talboot that died after the apply's reply but before it recorded Installing
+/// must see from the node that the config landed, not apply it again: at most one apply per
+/// boot. (Seen in the demo's restart test; the window is stretched here to make it certain.)
+#[tokio::test]
+async fn a_restart_right_after_the_apply_does_not_apply_twice() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start(38, &machines, |cfg| {
+        cfg.timing.apid_restart = Duration::from_secs(30);
+    })
+    .await;
+    let node = world.node("cp-1");
+    let t = world.boot();
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Maintenance)
+    );
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Installing)
+    );
+    t.kill().await;
+    assert_eq!(node.apply_calls(), 1);
+    // The crash: the Installing commit never happened, the intent (Configuring) is what the
+    // store holds.
+    world.with_store(|s| {
+        let mut rec = s.node("cp-1").unwrap().unwrap();
+        rec.phase = NodePhase::Configuring;
+        rec.provisioning_window_open = true;
+        s.put_node(&rec).unwrap();
+    });
+    // Still the maintenance API (the window is open) ...
+    TalosClient::maintenance(node.addr())
+        .unwrap()
+        .version()
+        .await
+        .expect("maintenance API still answers after the apply");
+    // ... and a second apply there is refused, as Talos refuses it.
+    let again = TalosClient::maintenance(node.addr())
+        .unwrap()
+        .apply_configuration(b"version: v1alpha1\nmachine:\n  type: controlplane\n")
+        .await;
+    assert!(
+        matches!(&again, Err(TalosError::ConfigAlreadyApplied { .. })),
+        "{again:?}"
+    );
+    let t = world.boot();
+    let step = t.prov().step_node("cp-1").await.unwrap();
+    assert_eq!(step, NodeStep::Advanced(NodePhase::Installing), "{step:?}");
+    for _ in 0..3 {
+        t.prov().step_node("cp-1").await.unwrap();
+    }
+    t.kill().await;
+    assert_eq!(node.apply_calls(), 1, "applied twice in one boot");
+    assert_eq!(world.phase("cp-1"), NodePhase::Installing);
+}

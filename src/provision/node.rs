@@ -10,7 +10,7 @@
 //! |---|---|
 //! | Unknown / Booting | probe `<lease ip>:50000` without a client cert: answers → Maintenance; asks for a cert → already configured (Ready if the secured API answers) |
 //! | Maintenance | read version, disks, system information; record them; check the install disk; render; persist Configuring; ApplyConfiguration (mode AUTO) once; → Installing |
-//! | Configuring | the apply's outcome is unknown (restart or lost reply): maintenance still answering → Maintenance (the node has no config, applying again is safe); else → Installing |
+//! | Configuring | the apply's outcome is unknown (restart or lost reply): maintenance still answering with machine type `unknown` → Maintenance (the node has no config, applying again is safe); a machine type, or the maintenance API gone → Installing |
 //! | Installing | secured API (directly, or relayed through the bootstrap control plane) reports machine stage `running` → Ready; a failed `install` sequence in its events, or the node back in maintenance mode after its secured API was seen, → Failed with the cause; past the install timeout → Failed |
 //! | Rebuilding | secured API answers → Reset (wipe STATE+EPHEMERAL, reboot; graceful unless it is the last voting etcd member) and the time is recorded; then maintenance answers → Maintenance; a failed `reset` sequence or no maintenance API within the reset timeout → Failed |
 //!
@@ -429,8 +429,19 @@ impl Provisioner {
             Effect::ResolveApply { ip, .. } => {
                 let client = self.maintenance_probe(&name, ip)?;
                 match client.version().await {
-                    Ok(v) => Outcome::Maintenance {
-                        version: version_tag(&v),
+                    // The maintenance API answering does not mean the config did not land:
+                    // apid keeps serving maintenance mode for a moment after the apply
+                    // (until the acquire controller tears the maintenance service down),
+                    // and a second apply then is refused. The machine type is what tells.
+                    Ok(v) => match client.machine_type().await {
+                        Ok(t) if t == "unknown" => Outcome::Maintenance {
+                            version: version_tag(&v),
+                        },
+                        Ok(_) => Outcome::LeftMaintenance,
+                        Err(TalosError::NotInMaintenance { .. }) => Outcome::LeftMaintenance,
+                        Err(e) => Outcome::NoAnswer {
+                            why: format!("machine type unreadable in maintenance mode: {e}"),
+                        },
                     },
                     Err(TalosError::NotInMaintenance { .. }) => Outcome::LeftMaintenance,
                     Err(e) => Outcome::NoAnswer { why: e.to_string() },

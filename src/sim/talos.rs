@@ -165,7 +165,7 @@ pub struct FakeNodeConfig {
 pub struct LifecycleTiming {
     /// ApplyConfiguration answered → apid serves mTLS with certificates from the config's CA
     /// (secrets `APICertSANs`/`API` controllers, then `APIServiceConfigController`).
-    pub(crate) apid_restart: Duration,
+    pub apid_restart: Duration,
     /// Pulling the installer image (inside the `install` phase).
     pub installer_pull: Duration,
     /// Running the installer (partitioning, writing the boot assets).
@@ -2323,7 +2323,13 @@ impl MachineService for NodeApi {
         &self,
         req: Request<machine::ApplyConfigurationRequest>,
     ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-        let maintenance = self.shared.installed().is_none();
+        // `inMaintenance := !ConfigCompleteForBoot()`: false from the moment an earlier
+        // maintenance apply's SetConfig returned, though apid still serves maintenance
+        // mode (reader role) until the acquire controller tears the maintenance service
+        // down (`internal/app/machined/pkg/controllers/config/acquire.go`,
+        // stateMaintenanceLeave). A second apply in that window is refused.
+        let maintenance =
+            self.shared.installed().is_none() && !lock(&self.shared.configs).complete_for_boot();
         // The rule admits os:admin and os:reader; the handler then refuses anyone but
         // os:admin once the node is configured (`v1alpha1_server.go`, ApplyConfiguration:
         // `!inMaintenance && !roles.Includes(role.Admin)` -> ErrNotAuthorized), which is the
@@ -2380,7 +2386,7 @@ impl MachineService for NodeApi {
         {
             return Err(Status::invalid_argument("machine type can't be changed"));
         }
-        lock(&self.shared.configs).installed(text.clone());
+        lock(&self.shared.configs).installed(text.clone(), &parsed.machine_type);
         *lock(&stats.last_config) = Some(text);
         let current = self.shared.installed();
         let installed = Installed {

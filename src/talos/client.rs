@@ -691,6 +691,38 @@ impl TalosClient {
         }
     }
 
+    /// COSI `config/MachineTypes.config.talos.dev/machine-type` (siderolabs/talos v1.13.9
+    /// `pkg/machinery/resources/config/machine_type.go`; not sensitive, so a maintenance
+    /// client may read it): `unknown` until the node's active config has a machine section,
+    /// then its type. It is the one thing a maintenance client can read that tells whether a
+    /// config has landed before apid leaves maintenance mode (the `MachineType` controller
+    /// follows the active config). The spec is `MachineTypeSpec { MachineType machine_type =
+    /// 1 }` (`api/resource/config/config.proto`); the YAML spec is the type's name.
+    pub async fn machine_type(&self) -> Result<String, TalosError> {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct MachineTypeSpec {
+            #[prost(int32, tag = "1")]
+            machine_type: i32,
+        }
+        let r = self
+            .cosi_get("config", "MachineTypes.config.talos.dev", "machine-type")
+            .await?;
+        let spec = r.spec.unwrap_or_default();
+        let by_number = <MachineTypeSpec as prost::Message>::decode(spec.proto_spec.as_slice())
+            .ok()
+            .and_then(|s| match s.machine_type {
+                0 => Some("unknown"),
+                1 => Some("init"),
+                2 => Some("controlplane"),
+                3 => Some("worker"),
+                _ => None,
+            });
+        Ok(match by_number {
+            Some(t) if !spec.proto_spec.is_empty() => t.to_owned(),
+            _ => spec.yaml_spec.trim().to_owned(),
+        })
+    }
+
     /// `Bootstrap`: start etcd on this (first control-plane) node. Made exactly once;
     /// a second call answers [`TalosError::AlreadyBootstrapped`], which callers treat as done.
     pub async fn bootstrap(&self) -> Result<(), TalosError> {

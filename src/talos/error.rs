@@ -193,6 +193,21 @@ pub enum TalosError {
         /// The refused call.
         rpc: Rpc,
     },
+    /// ApplyConfiguration over the maintenance API refused with PermissionDenied: Talos
+    /// lets a maintenance (os:reader) caller apply only while no complete config is active
+    /// (`v1alpha1_server.go`, ApplyConfiguration: `inMaintenance :=
+    /// !ConfigCompleteForBoot()`), so an earlier apply has landed and the node is leaving
+    /// maintenance mode.
+    #[error(
+        "{rpc} refused by {target}: the node already holds a complete machine config (an \
+         earlier apply landed) and is leaving maintenance mode"
+    )]
+    ConfigAlreadyApplied {
+        /// Where the call went.
+        target: Target,
+        /// The refused call.
+        rpc: Rpc,
+    },
     /// The endpoint was asked to relay (`node` header) but its apid cannot forward: only a
     /// control plane's apid holds the client certificate to dial other nodes with, so a
     /// worker answers PermissionDenied "no request forwarding" (Talos v1.13.9
@@ -348,6 +363,12 @@ pub(crate) fn classify_code(code: Code, message: &str, ctx: &CallContext) -> Tal
             rpc: ctx.rpc,
             message,
         },
+        Code::PermissionDenied if ctx.maintenance && ctx.rpc == Rpc::ApplyConfiguration => {
+            TalosError::ConfigAlreadyApplied {
+                target,
+                rpc: ctx.rpc,
+            }
+        }
         Code::PermissionDenied if ctx.maintenance => TalosError::Maintenance {
             target,
             rpc: ctx.rpc,

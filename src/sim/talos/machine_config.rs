@@ -17,6 +17,12 @@
 //!   "MachineConfigs.config.talos.dev"`, `V1Alpha1ID = "v1alpha1"`, namespace `config`, spec
 //!   `MachineConfigSpec { bytes yaml_marshalled = 1 }`.
 //! - `pkg/machinery/constants/constants.go`: `ConfigTryTimeout = time.Minute`.
+//! - `pkg/machinery/resources/config/machine_type.go` and
+//!   `internal/app/machined/pkg/controllers/config/machine_type.go`: the `MachineType`
+//!   resource (`MachineTypes.config.talos.dev/machine-type`, not sensitive, so a maintenance
+//!   client may read it), `unknown` until the active config has a machine section, then that
+//!   config's type; spec `MachineTypeSpec { MachineType machine_type = 1 }`
+//!   (`api/resource/config/config.proto`: UNKNOWN 0, INIT 1, CONTROL_PLANE 2, WORKER 3).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +42,9 @@ pub(crate) const MACHINE_CONFIG_TYPE: &str = "MachineConfigs.config.talos.dev";
 pub(crate) const MACHINE_CONFIG_NAMESPACE: &str = "config";
 pub(crate) const ACTIVE_ID: &str = "v1alpha1";
 pub(crate) const PERSISTENT_ID: &str = "persistent";
+/// COSI type and ID of the machine type resource (namespace `config` too).
+pub(crate) const MACHINE_TYPE_TYPE: &str = "MachineTypes.config.talos.dev";
+pub(crate) const MACHINE_TYPE_ID: &str = "machine-type";
 
 /// `constants.ConfigTryTimeout`.
 pub(crate) const CONFIG_TRY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -93,8 +102,12 @@ pub struct ApplyRecord {
 /// What the node runs and will boot with.
 #[derive(Default)]
 pub(crate) struct Configs {
-    /// The active config (COSI id `v1alpha1`); None in maintenance mode.
+    /// The active config (COSI id `v1alpha1`); None in maintenance mode until an apply
+    /// of a complete config lands (then Talos's `ConfigCompleteForBoot` is true, while the
+    /// maintenance API still answers for a moment).
     running: Option<String>,
+    /// The active config's `machine.type`, which the `MachineType` controller publishes.
+    running_type: Option<String>,
     /// The config on STATE, loaded at the next boot (COSI id `persistent`).
     persisted: Option<String>,
     /// Bumped on every cancel, so a rollback timer that fires late does nothing.
@@ -108,9 +121,17 @@ pub(crate) struct Configs {
 
 impl Configs {
     /// The maintenance-mode apply of a full config: active and persisted alike.
-    pub(crate) fn installed(&mut self, text: String) {
+    pub(crate) fn installed(&mut self, text: String, machine_type: &str) {
         self.persisted = Some(text.clone());
         self.running = Some(text);
+        self.running_type = Some(machine_type.to_owned());
+    }
+
+    /// Whether the active config is complete for boot (`Runtime.ConfigCompleteForBoot`):
+    /// from the moment a maintenance apply's `SetConfig` returns, before apid leaves
+    /// maintenance mode.
+    pub(crate) fn complete_for_boot(&self) -> bool {
+        self.running.is_some()
     }
 
     /// A boot: machined loads the persisted config; in maintenance mode there is none.
@@ -119,6 +140,7 @@ impl Configs {
         if maintenance {
             self.running = None;
             self.persisted = None;
+            self.running_type = None;
         } else {
             self.boots += 1;
             self.running = self.persisted.clone();
@@ -423,11 +445,51 @@ pub struct MachineConfigSpec {
     pub yaml_marshalled: Vec<u8>,
 }
 
+/// `MachineTypeSpec` (api/resource/config/config.proto), the enum as its number.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MachineTypeSpec {
+    #[prost(int32, tag = "1")]
+    pub machine_type: i32,
+}
+
+/// The `MachineType` enum number of a `machine.type` string (`machine.Type` in
+/// pkg/machinery/config/machine/machine.go: unknown, init, controlplane, worker).
+fn machine_type_number(t: &str) -> i32 {
+    match t {
+        "init" => 1,
+        "controlplane" => 2,
+        "worker" => 3,
+        _ => 0,
+    }
+}
+
 /// COSI Get of the machine config resources; None for any other resource.
 pub(crate) fn cosi_get(
     shared: &Shared,
     r: &cosi::GetRequest,
 ) -> Option<Result<cosi::GetResponse, Status>> {
+    if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
+        == (MACHINE_CONFIG_NAMESPACE, MACHINE_TYPE_TYPE, MACHINE_TYPE_ID)
+    {
+        // The controller writes the resource at boot (unknown) and on every config change.
+        let t = lock(&shared.configs)
+            .running_type
+            .clone()
+            .or_else(|| shared.installed().map(|i| i.config.machine_type))
+            .unwrap_or_else(|| "unknown".to_owned());
+        let spec = MachineTypeSpec {
+            machine_type: machine_type_number(&t),
+        };
+        return Some(Ok(cosi::GetResponse {
+            resource: Some(super::resource(
+                &r.namespace,
+                &r.r#type,
+                &r.id,
+                spec.encode_to_vec(),
+                format!("{t}\n"),
+            )),
+        }));
+    }
     if (r.namespace.as_str(), r.r#type.as_str()) != (MACHINE_CONFIG_NAMESPACE, MACHINE_CONFIG_TYPE)
     {
         return None;
