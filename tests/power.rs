@@ -806,3 +806,121 @@ fn ipmi_sim_as_the_bmc_of_a_qemu_vm_powers_it_and_picks_its_boot_device() {
     tb(&["node", "power", "wk-ipmi", "off"]);
     wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
 }
+
+/// An IPMI node `name` (MAC suffix and address `.{n}`) behind the BMC on `port`.
+fn ipmi_node_named(net: &str, name: &str, n: u8, port: u16) -> String {
+    format!(
+        "  - name: {name}
+    mac: aa:00:00:00:00:{n:02x}
+    role: worker
+    address: {net}.{n}/24
+    installDisk: /dev/sda
+    power: {{kind: ipmi, host: 127.0.0.1, port: {port}, user: {BMC_USER}, passwordEnv: TB_TEST_BMC_PASS}}
+"
+    )
+}
+
+/// `serve --power-on`: once serving, every node not provisioned yet gets a one-time network
+/// boot and power on, one after another with the stagger between them; a node the store
+/// has as installed is left alone; each answer is on the node's timeline.
+#[test]
+fn serve_power_on_boots_unprovisioned_nodes_from_the_network_once_staggered() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    use talboot::store::{NodePhase, NodeRecord, Store};
+    let net = "10.101.0";
+    let mut lab = Lab::new(net);
+    let first = Bmc::start(&mut lab, 16240);
+    let done = Bmc::start(&mut lab, 16241);
+    let second = Bmc::start(&mut lab, 16242);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let nodes = format!(
+        "{}{}{}",
+        ipmi_node_named(net, "wk-a", 0x31, first.port),
+        ipmi_node_named(net, "wk-done", 0x32, done.port),
+        ipmi_node_named(net, "wk-b", 0x33, second.port)
+    );
+    let inv = inventory(d, net, &nodes);
+    support::images::fake_images(&inv, &d.join("images"));
+    std::fs::create_dir_all(d.join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe", "snponly.efi"] {
+        std::fs::write(d.join("ipxe").join(name), name).unwrap();
+    }
+    let state = d.join("state");
+    {
+        // wk-done was installed in an earlier run.
+        let store = talboot::store::open(&state).unwrap();
+        let mut r = NodeRecord::unseen("wk-done", 1);
+        r.phase = NodePhase::Ready;
+        r.provisioning_window_open = false;
+        store.put_node(&r).unwrap();
+    }
+    let stagger = Duration::from_millis(1500);
+    let log = d.join("serve.log");
+    let child = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["--log", "debug", "serve", "-c"])
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(d.join("images"))
+        .arg("--ipxe-dir")
+        .arg(d.join("ipxe"))
+        .args([
+            "--advertise",
+            &lab.server_ip(),
+            "--no-dhcp",
+            "--no-provision",
+        ])
+        .args(["--http-port", "18081", "--tftp-port", "16970"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--power-on", "--power-on-stagger", "1500ms"])
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    lab.children.push(child);
+    support::netns::wait_for_text(&log, "power-on: round done", Duration::from_secs(60));
+    first.wait_log(&["boot pxe", "power 1"]);
+    second.wait_log(&["boot pxe", "power 1"]);
+    assert!(done.log().is_empty(), "an installed node was powered on");
+    for c in &mut lab.children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let _ = c.wait();
+    }
+    lab.children.clear();
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+    assert!(
+        serve_log.contains("power-on: skipped (ready)"),
+        "{serve_log}"
+    );
+
+    let store = talboot::store::open(&state).unwrap();
+    let power = |node: &str| -> Vec<(u64, String)> {
+        store
+            .events(node, 0, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "power.action")
+            .map(|e| (e.at_unix_ms, e.detail))
+            .collect()
+    };
+    let (a, b) = (power("wk-a"), power("wk-b"));
+    let details = |v: &[(u64, String)]| v.iter().map(|e| e.1.clone()).collect::<Vec<_>>();
+    let want = ["next boot: network (once)", "power on sent"];
+    assert_eq!(details(&a), want, "{serve_log}");
+    assert_eq!(details(&b), want, "{serve_log}");
+    assert!(power("wk-done").is_empty());
+    // Staggered: the second node's first request came at least the pause after the first
+    // node's power-on was answered (a lower bound the sleep guarantees, not a speed).
+    let gap = Duration::from_millis(b[0].0.saturating_sub(a[1].0));
+    assert!(gap >= stagger - Duration::from_millis(5), "gap {gap:?}");
+}
