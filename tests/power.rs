@@ -887,6 +887,17 @@ fn serve_power_on_boots_unprovisioned_nodes_from_the_network_once_staggered() {
 /// the test kernel, whose marker and command line appear on its serial console.
 #[test]
 fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
+    boot_vm_behind_ipmi(false);
+}
+
+/// The same machine powered on by `serve --power-on` itself (pull delivery, no
+/// provisioner: serve's power-on round holds the driver).
+#[test]
+fn serve_power_on_boots_a_vm_behind_ipmi_through_talboot() {
+    boot_vm_behind_ipmi(true);
+}
+
+fn boot_vm_behind_ipmi(power_on: bool) {
     if !require_tool("ipmi_sim", "IPMI_SIM")
         || !require_tool("ip", "NETNS")
         || !require_tool("qemu-system-x86_64", "QEMU")
@@ -894,7 +905,11 @@ fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
     {
         return;
     }
-    let net = "10.102.0";
+    let (net, bmc_port, admin) = if power_on {
+        ("10.103.0", 16245, "127.0.0.1:16296")
+    } else {
+        ("10.102.0", 16243, "127.0.0.1:16297")
+    };
     let mut lab = Lab::new(net);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -911,8 +926,13 @@ fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
          -device e1000,netdev=n0,mac=aa:00:00:00:00:22 -serial file:{}",
         console.display()
     );
-    let bmc = Bmc::start_vm(&mut lab, 16243, Some((16244, 512, extra)));
+    let bmc = Bmc::start_vm(&mut lab, bmc_port, Some((bmc_port + 1, 512, extra)));
     let (inv, key) = push_inventory(d, net, &ipmi_node(net, bmc.port));
+    if power_on {
+        // Pull delivery of the rendered config: serve runs no provisioner.
+        let text = std::fs::read_to_string(&inv).unwrap();
+        std::fs::write(&inv, format!("{text}boot:\n  delivery: pull\n")).unwrap();
+    }
     let loaded = talboot::inventory::load_with_env(&inv, &std::collections::BTreeMap::new())
         .unwrap()
         .inventory;
@@ -926,36 +946,50 @@ fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
     );
     let state = d.join("state");
     let log = d.join("serve.log");
-    let admin = "127.0.0.1:16297";
-    let child = support::qemu::die_with_parent(
-        lab.in_srv(env!("CARGO_BIN_EXE_talboot"))
-            .arg("serve")
-            .arg("-c")
-            .arg(&inv)
-            .arg("--state-dir")
-            .arg(&state)
-            .arg("--images")
-            .arg(&images)
-            .arg("--configs")
-            .arg(d.join("out"))
-            .args(["--advertise", &lab.server_ip()])
-            .args(["--admin-listen", admin])
-            .env("SOPS_AGE_KEY_FILE", &key)
-            .env("TB_TEST_BMC_PASS", BMC_PASS)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap()),
-    )
-    .spawn()
-    .unwrap();
-    lab.children.push(child);
-    wait_for_admin(&lab, admin, &log);
-
-    let o = lab
-        .in_srv(env!("CARGO_BIN_EXE_talboot"))
-        .args(["rack", "up", "--stagger", "0", "-c"])
+    let mut serve = lab.in_srv(env!("CARGO_BIN_EXE_talboot"));
+    serve
+        .args(["--log", "debug", "serve", "-c"])
         .arg(&inv)
         .arg("--state-dir")
         .arg(&state)
+        .arg("--images")
+        .arg(&images)
+        .arg("--configs")
+        .arg(d.join("out"))
+        .args(["--advertise", &lab.server_ip()])
+        .args(["--admin-listen", admin])
+        .env("SOPS_AGE_KEY_FILE", &key)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if power_on {
+        serve.args(["--no-provision", "--power-on"]);
+    }
+    let child = support::qemu::die_with_parent(&mut serve).spawn().unwrap();
+    lab.children.push(child);
+    wait_for_admin(&lab, admin, &log);
+
+    if power_on {
+        support::netns::wait_for_text(&log, "power-on: round done", Duration::from_secs(60));
+        bmc.wait_log(&["boot pxe", "power 1"]);
+    } else {
+        rack_up_through(&lab, &inv, &state, admin);
+    }
+    wait_until("the VM starting", || vm_cmdline(&bmc).is_some());
+    let cmd = vm_cmdline(&bmc).unwrap_or_default();
+    assert!(cmd.contains("-boot once=n"), "{cmd}");
+    wait_for_marker(&console, &log);
+}
+
+/// `talboot rack up` while serve holds the store (so through its admin API).
+fn rack_up_through(lab: &Lab, inv: &Path, state: &Path, admin: &str) {
+    let o = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["rack", "up", "--stagger", "0", "-c"])
+        .arg(inv)
+        .arg("--state-dir")
+        .arg(state)
         .args(["--admin", admin])
         .env_remove("TB_TEST_BMC_PASS")
         .output()
@@ -972,21 +1006,22 @@ fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
             describe(&o)
         );
     }
-    wait_until("the VM starting", || vm_cmdline(&bmc).is_some());
-    let cmd = vm_cmdline(&bmc).unwrap_or_default();
-    assert!(cmd.contains("-boot once=n"), "{cmd}");
+}
 
+/// Until the test kernel's marker is on the VM's console; then checks it booted with
+/// talboot's command line, that talboot saw the VM, and that serve logged no password.
+fn wait_for_marker(console: &Path, log: &Path) {
     // TCG boots through iPXE take 15-40 s here; several times the slowest seen.
     let deadline = Instant::now() + Duration::from_secs(240);
     let text = loop {
-        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        let text = std::fs::read_to_string(console).unwrap_or_default();
         if text.contains(support::qemu::KERNEL_MARKER) {
             break text;
         }
         assert!(
             Instant::now() < deadline,
             "the VM did not boot the test kernel through talboot:\nconsole:\n{text}\nserve:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+            std::fs::read_to_string(log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(250));
     };
@@ -995,7 +1030,7 @@ fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
         .find(|l| l.contains(support::qemu::KERNEL_MARKER))
         .unwrap();
     assert!(line.contains("talos.platform=metal"), "{line}");
-    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    let serve_log = std::fs::read_to_string(log).unwrap_or_default();
     assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
     assert!(
         serve_log.contains("aa:00:00:00:00:22"),
