@@ -724,6 +724,22 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Whatever ETag a BMC sends: its own value first, the last attempt without
+        /// If-Match, and nothing but the tag, its strong form and none in between.
+        #[test]
+        fn if_match_attempts_start_with_the_tag_and_end_without(
+            weak in proptest::bool::ANY, opaque in "[A-Za-z0-9]{0,12}"
+        ) {
+            let tag = format!("{}\"{opaque}\"", if weak { "W/" } else { "" });
+            let a = if_match_attempts(Some(&tag));
+            proptest::prop_assert_eq!(a.first().cloned().flatten(), Some(tag.clone()));
+            proptest::prop_assert_eq!(a.last().cloned(), Some(None));
+            proptest::prop_assert_eq!(a.len(), if weak { 3 } else { 2 });
+            if weak {
+                proptest::prop_assert_eq!(a[1].clone(), Some(format!("\"{opaque}\"")));
+            }
+        }
+
         /// Whatever a service allows, a plan only ever uses values it allows.
         #[test]
         fn plans_use_only_allowed_values(
