@@ -247,17 +247,24 @@ impl Bmc {
         Self::start_with(lab, port, None)
     }
 
+    /// The BMC of a QEMU VM (see [`Bmc::start_vm`]) with 64 MiB and no devices.
+    fn start_with(lab: &mut Lab, port: u16, vm_port: Option<u16>) -> Self {
+        Self::start_vm(lab, port, vm_port.map(|p| (p, 64, String::new())))
+    }
+
     /// `vm_port`: the BMC is the BMC of a QEMU VM (TCG, `ipmi-bmc-extern` connecting back to
     /// ipmi_sim's system interface on that port): power 1 starts it with the recorded boot
     /// device (`pxe`: `-boot once=n`, `default`: `-boot order=c`), power 0 kills it, and
-    /// `get power` is whether it runs.
-    fn start_with(lab: &mut Lab, port: u16, vm_port: Option<u16>) -> Self {
+    /// `get power` is whether it runs. `vm`: that port, the VM's memory in MiB and more QEMU
+    /// arguments (a NIC, a serial console).
+    fn start_vm(lab: &mut Lab, port: u16, vm: Option<(u16, u32, String)>) -> Self {
+        let vm_port = vm.as_ref().map(|v| v.0);
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let cc = d.join("chassis-control");
         // Called as `chassis-control DIR get power boot` / `... set power 1 boot pxe`
         // (OpenIPMI lanserv/bmc_chassis.c chassis_prog; lanserv/ipmi_sim_chassiscontrol).
-        let script = match vm_port {
+        let script = match vm {
             None => "#!/bin/sh\n\
              dir=$1; op=$2; shift 2\n\
              case $op in\n\
@@ -269,7 +276,7 @@ impl Bmc {
                power) echo $2 > $dir/power;; boot) echo $2 > $dir/boot;; esac; shift 2; done;;\n\
              esac\n"
                 .to_owned(),
-            Some(vm) => format!(
+            Some((vm, mem, extra)) => format!(
                 "#!/bin/sh\n\
                  dir=$1; op=$2; shift 2\n\
                  running() {{ [ -f $dir/qemu.pid ] && kill -0 $(cat $dir/qemu.pid) 2>/dev/null; }}\n\
@@ -283,7 +290,7 @@ impl Bmc {
                    power) if [ $2 = 1 ]; then\n\
                        running && {{ shift 2; continue; }}\n\
                        case $(cat $dir/boot 2>/dev/null) in pxe) b=once=n;; *) b=order=c;; esac\n\
-                       qemu-system-x86_64 -machine pc,accel=tcg -m 64 -display none -nodefaults \\\n\
+                       qemu-system-x86_64 -machine pc,accel=tcg -m {mem} -display none -nodefaults {extra} \\\n\
                          -boot $b -chardev socket,id=ipmi0,host=127.0.0.1,port={vm},reconnect=10 \\\n\
                          -device ipmi-bmc-extern,id=bmc0,chardev=ipmi0 -device isa-ipmi-kcs,bmc=bmc0 \\\n\
                          -daemonize -pidfile $dir/qemu.pid\n\
@@ -612,38 +619,7 @@ fn power_commands_go_through_a_running_serve() {
     let bmc = Bmc::start(&mut lab, 16234);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let key = d.join("key.txt");
-    run_ok(Command::new("age-keygen").arg("-o").arg(&key));
-    let recipient = String::from_utf8(
-        Command::new("age-keygen")
-            .arg("-y")
-            .arg(&key)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let inv = inventory(d, net, &ipmi_node(net, bmc.port));
-    let text = std::fs::read_to_string(&inv).unwrap().replace(
-        "  endpoint:",
-        &format!(
-            "  secrets: {{file: secrets.age, ageRecipients: [{}]}}\n  endpoint:",
-            recipient.trim()
-        ),
-    );
-    std::fs::write(&inv, text).unwrap();
-    let tb = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_talboot"))
-            .args(args)
-            .arg("-c")
-            .arg(&inv)
-            .env("SOPS_AGE_KEY_FILE", &key)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
-    };
-    tb(&["secrets", "init"]);
-    tb(&["gen", "-o", d.join("out").to_str().unwrap()]);
+    let (inv, key) = push_inventory(d, net, &ipmi_node(net, bmc.port));
     support::images::fake_images(&inv, &d.join("images"));
     std::fs::create_dir_all(d.join("ipxe")).unwrap();
     for name in ["ipxe.efi", "undionly.kpxe", "snponly.efi"] {
@@ -675,29 +651,7 @@ fn power_commands_go_through_a_running_serve() {
         .spawn()
         .unwrap();
     lab.children.push(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let up = lab
-            .in_srv("curl")
-            .args([
-                "-sf",
-                "-o",
-                "/dev/null",
-                &format!("http://{admin}/api/nodes"),
-            ])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if up {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not come up:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_admin(&lab, admin, &log);
     // The CLI has no password in its environment: serve's provisioner holds the driver.
     let via = |args: &[&str]| {
         let o = lab
@@ -805,4 +759,351 @@ fn ipmi_sim_as_the_bmc_of_a_qemu_vm_powers_it_and_picks_its_boot_device() {
     });
     tb(&["node", "power", "wk-ipmi", "off"]);
     wait_until("the VM stopping", || vm_cmdline(&bmc).is_none());
+}
+
+/// An IPMI node `name` (MAC suffix and address `.{n}`) behind the BMC on `port`.
+fn ipmi_node_named(net: &str, name: &str, n: u8, port: u16) -> String {
+    format!(
+        "  - name: {name}
+    mac: aa:00:00:00:00:{n:02x}
+    role: worker
+    address: {net}.{n}/24
+    installDisk: /dev/sda
+    power: {{kind: ipmi, host: 127.0.0.1, port: {port}, user: {BMC_USER}, passwordEnv: TB_TEST_BMC_PASS}}
+"
+    )
+}
+
+/// `serve --power-on`: once serving, every node not provisioned yet gets a one-time network
+/// boot and power on, one after another with the stagger between them; a node the store
+/// has as installed is left alone; each answer is on the node's timeline.
+#[test]
+fn serve_power_on_boots_unprovisioned_nodes_from_the_network_once_staggered() {
+    if !require_tool("ipmi_sim", "IPMI_SIM") || !require_tool("ip", "NETNS") {
+        return;
+    }
+    use talboot::store::{NodePhase, NodeRecord, Store};
+    let net = "10.101.0";
+    let mut lab = Lab::new(net);
+    let first = Bmc::start(&mut lab, 16240);
+    let done = Bmc::start(&mut lab, 16241);
+    let second = Bmc::start(&mut lab, 16242);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let nodes = format!(
+        "{}{}{}",
+        ipmi_node_named(net, "wk-a", 0x31, first.port),
+        ipmi_node_named(net, "wk-done", 0x32, done.port),
+        ipmi_node_named(net, "wk-b", 0x33, second.port)
+    );
+    let inv = inventory(d, net, &nodes);
+    support::images::fake_images(&inv, &d.join("images"));
+    std::fs::create_dir_all(d.join("ipxe")).unwrap();
+    for name in ["ipxe.efi", "undionly.kpxe", "snponly.efi"] {
+        std::fs::write(d.join("ipxe").join(name), name).unwrap();
+    }
+    let state = d.join("state");
+    {
+        // wk-done was installed in an earlier run.
+        let store = talboot::store::open(&state).unwrap();
+        let mut r = NodeRecord::unseen("wk-done", 1);
+        r.phase = NodePhase::Ready;
+        r.provisioning_window_open = false;
+        store.put_node(&r).unwrap();
+    }
+    let stagger = Duration::from_millis(1500);
+    let log = d.join("serve.log");
+    let child = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["--log", "debug", "serve", "-c"])
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(d.join("images"))
+        .arg("--ipxe-dir")
+        .arg(d.join("ipxe"))
+        .args([
+            "--advertise",
+            &lab.server_ip(),
+            "--no-dhcp",
+            "--no-provision",
+        ])
+        .args(["--http-port", "18081", "--tftp-port", "16970"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--power-on", "--power-on-stagger", "1500ms"])
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    lab.children.push(child);
+    support::netns::wait_for_text(&log, "power-on: round done", Duration::from_secs(60));
+    first.wait_log(&["boot pxe", "power 1"]);
+    second.wait_log(&["boot pxe", "power 1"]);
+    assert!(done.log().is_empty(), "an installed node was powered on");
+    for c in &mut lab.children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let _ = c.wait();
+    }
+    lab.children.clear();
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+    assert!(
+        serve_log.contains("power-on: skipped (ready)"),
+        "{serve_log}"
+    );
+
+    let store = talboot::store::open(&state).unwrap();
+    let power = |node: &str| -> Vec<(u64, String)> {
+        store
+            .events(node, 0, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "power.action")
+            .map(|e| (e.at_unix_ms, e.detail))
+            .collect()
+    };
+    let (a, b) = (power("wk-a"), power("wk-b"));
+    let details = |v: &[(u64, String)]| v.iter().map(|e| e.1.clone()).collect::<Vec<_>>();
+    let want = ["next boot: network (once)", "power on sent"];
+    assert_eq!(details(&a), want, "{serve_log}");
+    assert_eq!(details(&b), want, "{serve_log}");
+    assert!(power("wk-done").is_empty());
+    // Staggered: the second node's first request came at least the pause after the first
+    // node's power-on was answered (a lower bound the sleep guarantees, not a speed).
+    let gap = Duration::from_millis(b[0].0.saturating_sub(a[1].0));
+    assert!(gap >= stagger - Duration::from_millis(5), "gap {gap:?}");
+}
+
+/// `rack up` with a real machine behind the BMC: `ipmi_sim` is the BMC of a QEMU VM (TCG,
+/// SeaBIOS + the iPXE NIC ROM, a NIC on the lab's bridge, no disk) and push-mode `serve`
+/// holds the store, so `rack up` goes through serve's provisioner. The BMC starts QEMU with
+/// `-boot once=n` only because of the one-time network boot `rack up` set (otherwise
+/// `order=c`, a disk it does not have); the VM then boots through talboot's DHCP and HTTP to
+/// the test kernel, whose marker and command line appear on its serial console.
+#[test]
+fn rack_up_boots_a_vm_behind_ipmi_through_talboot() {
+    boot_vm_behind_ipmi(false);
+}
+
+/// The same machine powered on by `serve --power-on` itself (pull delivery, no
+/// provisioner: serve's power-on round holds the driver).
+#[test]
+fn serve_power_on_boots_a_vm_behind_ipmi_through_talboot() {
+    boot_vm_behind_ipmi(true);
+}
+
+fn boot_vm_behind_ipmi(power_on: bool) {
+    if !require_tool("ipmi_sim", "IPMI_SIM")
+        || !require_tool("ip", "NETNS")
+        || !require_tool("qemu-system-x86_64", "QEMU")
+        || !require_tool("age-keygen", "AGE")
+    {
+        return;
+    }
+    let (net, bmc_port, admin) = if power_on {
+        ("10.103.0", 16245, "127.0.0.1:16296")
+    } else {
+        ("10.102.0", 16243, "127.0.0.1:16297")
+    };
+    let mut lab = Lab::new(net);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for args in [
+        &["tuntap", "add", "dev", "tap0", "mode", "tap"][..],
+        &["link", "set", "tap0", "master", "br0"],
+        &["link", "set", "tap0", "up"],
+    ] {
+        run_ok(Command::new("ip").args(["-n", &lab.srv]).args(args));
+    }
+    let console = d.join("console.log");
+    let extra = format!(
+        "-netdev tap,id=n0,ifname=tap0,script=no,downscript=no \
+         -device e1000,netdev=n0,mac=aa:00:00:00:00:22 -serial file:{}",
+        console.display()
+    );
+    let bmc = Bmc::start_vm(&mut lab, bmc_port, Some((bmc_port + 1, 512, extra)));
+    let (inv, key) = push_inventory(d, net, &ipmi_node(net, bmc.port));
+    if power_on {
+        // Pull delivery of the rendered config: serve runs no provisioner.
+        let text = std::fs::read_to_string(&inv).unwrap();
+        std::fs::write(&inv, format!("{text}boot:\n  delivery: pull\n")).unwrap();
+    }
+    let loaded = talboot::inventory::load_with_env(&inv, &std::collections::BTreeMap::new())
+        .unwrap()
+        .inventory;
+    let vmlinuz = support::qemu::vmlinuz(d);
+    let initramfs = support::qemu::marker_initramfs(d);
+    let images = support::qemu::images(
+        d,
+        &vmlinuz,
+        &initramfs,
+        loaded.cluster.installer.schematic_id(),
+    );
+    let state = d.join("state");
+    let log = d.join("serve.log");
+    let mut serve = lab.in_srv(env!("CARGO_BIN_EXE_talboot"));
+    serve
+        .args(["--log", "debug", "serve", "-c"])
+        .arg(&inv)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--images")
+        .arg(&images)
+        .arg("--configs")
+        .arg(d.join("out"))
+        .args(["--advertise", &lab.server_ip()])
+        .args(["--admin-listen", admin])
+        .env("SOPS_AGE_KEY_FILE", &key)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if power_on {
+        serve.args(["--no-provision", "--power-on"]);
+    }
+    let child = support::qemu::die_with_parent(&mut serve).spawn().unwrap();
+    lab.children.push(child);
+    wait_for_admin(&lab, admin, &log);
+
+    if power_on {
+        support::netns::wait_for_text(&log, "power-on: round done", Duration::from_secs(60));
+        bmc.wait_log(&["boot pxe", "power 1"]);
+    } else {
+        rack_up_through(&lab, &inv, &state, admin);
+    }
+    wait_until("the VM starting", || vm_cmdline(&bmc).is_some());
+    let cmd = vm_cmdline(&bmc).unwrap_or_default();
+    assert!(cmd.contains("-boot once=n"), "{cmd}");
+    wait_for_marker(&console, &log);
+}
+
+/// `talboot rack up` while serve holds the store (so through its admin API).
+fn rack_up_through(lab: &Lab, inv: &Path, state: &Path, admin: &str) {
+    let o = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["rack", "up", "--stagger", "0", "-c"])
+        .arg(inv)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--admin", admin])
+        .env_remove("TB_TEST_BMC_PASS")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(!describe(&o).contains(BMC_PASS));
+    for line in [
+        "wk-ipmi: next boot: network (once)",
+        "wk-ipmi: power on sent",
+    ] {
+        assert!(
+            stdout(&o).contains(line),
+            "missing {line:?}: {}",
+            describe(&o)
+        );
+    }
+}
+
+/// Until the test kernel's marker is on the VM's console; then checks it booted with
+/// talboot's command line, that talboot saw the VM, and that serve logged no password.
+fn wait_for_marker(console: &Path, log: &Path) {
+    // TCG boots through iPXE take 15-40 s here; several times the slowest seen.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let text = loop {
+        let text = std::fs::read_to_string(console).unwrap_or_default();
+        if text.contains(support::qemu::KERNEL_MARKER) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the VM did not boot the test kernel through talboot:\nconsole:\n{text}\nserve:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let line = text
+        .lines()
+        .find(|l| l.contains(support::qemu::KERNEL_MARKER))
+        .unwrap();
+    assert!(line.contains("talos.platform=metal"), "{line}");
+    let serve_log = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(!serve_log.contains(BMC_PASS), "serve logged the password");
+    assert!(
+        serve_log.contains("aa:00:00:00:00:22"),
+        "talboot never saw the VM:\n{serve_log}"
+    );
+}
+
+/// Until serve's admin API answers.
+fn wait_for_admin(lab: &Lab, admin: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = lab
+            .in_srv("curl")
+            .args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                &format!("http://{admin}/api/nodes"),
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if up {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not come up:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An inventory of cp-1 and `nodes` with an age-encrypted secrets bundle and rendered
+/// configs (`out/`), as push-mode `serve` needs; returns it and the age key file.
+fn push_inventory(d: &Path, net: &str, nodes: &str) -> (PathBuf, PathBuf) {
+    let key = d.join("key.txt");
+    run_ok(Command::new("age-keygen").arg("-o").arg(&key));
+    let recipient = String::from_utf8(
+        Command::new("age-keygen")
+            .arg("-y")
+            .arg(&key)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let inv = inventory(d, net, nodes);
+    let text = std::fs::read_to_string(&inv).unwrap().replace(
+        "  endpoint:",
+        &format!(
+            "  secrets: {{file: secrets.age, ageRecipients: [{}]}}\n  endpoint:",
+            recipient.trim()
+        ),
+    );
+    std::fs::write(&inv, text).unwrap();
+    for args in [
+        vec!["secrets".to_owned(), "init".to_owned()],
+        vec![
+            "gen".to_owned(),
+            "-o".to_owned(),
+            d.join("out").display().to_string(),
+        ],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(&args)
+            .arg("-c")
+            .arg(&inv)
+            .env("SOPS_AGE_KEY_FILE", &key)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+    }
+    (inv, key)
 }

@@ -106,6 +106,15 @@ pub struct Args {
     /// Do not provision nodes over the Talos API (push delivery): serve boot files only.
     #[arg(long)]
     pub(crate) no_provision: bool,
+    /// Once serving, power on every inventory node with a power controller that is not
+    /// provisioned yet (never seen, or failed), each with a one-time network boot first,
+    /// one after another: what `talboot rack up` does, recorded on each node's timeline.
+    #[arg(long)]
+    pub(crate) power_on: bool,
+    /// Pause between two nodes' power-on with --power-on (`2s`, `500ms`, `0`), to limit
+    /// inrush current.
+    #[arg(long, default_value = "2s", value_parser = super::power::parse_pause)]
+    pub(crate) power_on_stagger: std::time::Duration,
     /// Seconds between drift checks (each node's running MachineConfig against what the
     /// inventory renders; `talboot_node_drift` gauge and `node.drift` events); 0 disables.
     #[arg(long = "drift-interval", default_value_t = 300)]
@@ -330,6 +339,12 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
     // stops `serve` now rather than when the first machine boots.
     let mut drift = None;
+    // One driver set (credentials resolved once) for the provisioner and --power-on.
+    let power = if push || args.power_on {
+        Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()))
+    } else {
+        Arc::default()
+    };
     let provisioning = if push {
         let inputs = provisioning_inputs(&args, &inv, &schema)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
@@ -337,7 +352,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         settings.helm = args.helm.clone();
         settings.concurrency = args.provision_concurrency.max(1);
         settings.ksops_age_identity = inputs.ksops_age_identity;
-        settings.power = Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()));
+        settings.power = power.clone();
         if args.drift_interval > 0 {
             drift = Some(drift_targets(
                 &inv,
@@ -397,6 +412,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     } else {
         None
     };
+    let power_on_inventory = inv.clone();
     let plan = Plan {
         ipv6_ra,
         inventory: inv,
@@ -440,6 +456,9 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             running.cancel.clone(),
         ));
     }
+    if args.power_on {
+        start_power_on(&args, &power_on_inventory, power, &running)?;
+    }
     let shutdown = running.cancel.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -450,6 +469,35 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         addr: "server".into(),
         cause: e.to_string(),
     })
+}
+
+/// `--power-on`: the round is planned from the store as serve found it (so a node that
+/// boots meanwhile is not powered on again) and runs in the background.
+fn start_power_on(
+    args: &Args,
+    inv: &Inventory,
+    drivers: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
+    running: &crate::appliance::Running,
+) -> Result<(), StartError> {
+    let phases = running
+        .store
+        .nodes()?
+        .into_iter()
+        .map(|r| (r.name, r.phase))
+        .collect();
+    let kinds = drivers
+        .iter()
+        .map(|(name, d)| (name.clone(), d.kind()))
+        .collect();
+    let plan = super::power::power_on_plan(inv, &phases, &kinds);
+    tokio::spawn(super::power::power_on_round(
+        plan,
+        drivers,
+        args.power_on_stagger,
+        running.events.clone(),
+        running.cancel.clone(),
+    ));
+    Ok(())
 }
 
 /// What the drift watcher compares: every node's rendered config, reached at its inventory

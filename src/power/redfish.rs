@@ -15,6 +15,10 @@
 //! - `Boot/BootSourceOverrideTarget` (`Pxe`, `Hdd`) with `BootSourceOverrideEnabled` (`Once`,
 //!   `Continuous`) is PATCHed on the ComputerSystem; `PowerState` is `On`, `Off`, `PoweringOn`
 //!   or `PoweringOff` (`Paused` since v1.13).
+//!
+//! A BMC that sends an `ETag` with the ComputerSystem gets it back as `If-Match` on the boot
+//! PATCH (many refuse a PATCH without it: 428, RFC 6585 section 3), with sushy's fallbacks
+//! after a 412 ([`if_match_attempts`]).
 
 use std::time::Duration;
 
@@ -208,6 +212,40 @@ pub fn error_message(body: &str) -> Option<String> {
         .map(|m| m.chars().take(300).collect())
 }
 
+/// The `If-Match` values a PATCH of a resource is tried with, in order, given the `ETag` its
+/// GET answered (the order of openstack/sushy 5.8.0, sushy/connector.py `_etag_handler`,
+/// which ironic drives real BMCs with):
+/// - no ETag: one attempt without `If-Match` (sushy-tools 2.2.0 and many BMCs send none);
+/// - a strong ETag: itself, then (after a 412) without `If-Match`;
+/// - a weak ETag `W/"x"`: itself, then its strong form `"x"` (RFC 7232 section 3.1 compares
+///   `If-Match` strongly, so a weak tag never matches there; BMCs that hand out weak tags take
+///   the strong form), then without `If-Match`.
+///
+/// A 412 moves to the next attempt; the last answer is the result.
+pub fn if_match_attempts(etag: Option<&str>) -> Vec<Option<String>> {
+    let Some(tag) = etag.map(str::trim).filter(|t| !t.is_empty()) else {
+        return vec![None];
+    };
+    let mut out = vec![Some(tag.to_owned())];
+    if let Some(strong) = tag.strip_prefix("W/")
+        && strong.len() >= 2
+        && strong.starts_with('"')
+        && strong.ends_with('"')
+    {
+        out.push(Some(strong.to_owned()));
+    }
+    out.push(None);
+    out
+}
+
+/// What one request answered.
+struct Answer {
+    status: StatusCode,
+    url: reqwest::Url,
+    text: String,
+    etag: Option<String>,
+}
+
 /// A Redfish BMC, with its system path found on first use.
 pub struct Redfish {
     cfg: RedfishConfig,
@@ -282,12 +320,15 @@ impl Redfish {
         self.cfg.endpoint.clone()
     }
 
-    async fn call(
+    /// One request; `if_match` becomes the `If-Match` header. Answers the status, final URL,
+    /// body and `ETag` header whatever the status, except refused credentials.
+    async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<(StatusCode, reqwest::Url, String), PowerError> {
+        if_match: Option<&str>,
+    ) -> Result<Answer, PowerError> {
         let url = self.base.join(path).map_err(|e| PowerError::Protocol {
             target: self.target(),
             reason: format!("bad resource path {path:?}: {e}"),
@@ -303,40 +344,77 @@ impl Redfish {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(b.to_string());
         }
+        if let Some(tag) = if_match {
+            req = req.header(reqwest::header::IF_MATCH, tag);
+        }
         let resp = req.send().await.map_err(|e| PowerError::Unreachable {
             target: self.target(),
             // without_url: the URL is ours and harmless, but keep the message short and sure.
             reason: error_chain(&e.without_url()),
         })?;
         let status = resp.status();
-        let final_url = resp.url().clone();
+        let url = resp.url().clone();
+        let etag = resp
+            .headers()
+            .get(reqwest::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp.text().await.unwrap_or_default();
-        tracing::debug!(endpoint = %self.cfg.endpoint, %method, path, status = status.as_u16(), "redfish");
+        tracing::debug!(endpoint = %self.cfg.endpoint, %method, path, status = status.as_u16(), if_match, "redfish");
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PowerError::Unauthorized {
                 target: self.target(),
             });
         }
-        if !status.is_success() {
-            let why = error_message(&text).unwrap_or_default();
-            return Err(PowerError::Protocol {
-                target: self.target(),
-                reason: format!(
-                    "{method} {path} answered {status}{}{why}",
-                    if why.is_empty() { "" } else { ": " }
-                ),
-            });
+        Ok(Answer {
+            status,
+            url,
+            text,
+            etag,
+        })
+    }
+
+    /// The refusal of a request that did not succeed, with the BMC's own message.
+    fn refused(&self, method: &Method, path: &str, a: &Answer) -> PowerError {
+        let why = error_message(&a.text).unwrap_or_default();
+        PowerError::Protocol {
+            target: self.target(),
+            reason: format!(
+                "{method} {path} answered {}{}{why}",
+                a.status,
+                if why.is_empty() { "" } else { ": " }
+            ),
         }
-        Ok((status, final_url, text))
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Answer, PowerError> {
+        let a = self.send(method.clone(), path, body, None).await?;
+        if !a.status.is_success() {
+            return Err(self.refused(&method, path, &a));
+        }
+        Ok(a)
     }
 
     async fn get_json(&self, path: &str) -> Result<(reqwest::Url, Value), PowerError> {
-        let (_, url, text) = self.call(Method::GET, path, None).await?;
-        let v = serde_json::from_str(&text).map_err(|e| PowerError::Protocol {
+        self.get_json_tagged(path).await.map(|(url, v, _)| (url, v))
+    }
+
+    /// GET `path` as JSON, with the resource's `ETag` when the service sent one.
+    async fn get_json_tagged(
+        &self,
+        path: &str,
+    ) -> Result<(reqwest::Url, Value, Option<String>), PowerError> {
+        let a = self.call(Method::GET, path, None).await?;
+        let v = serde_json::from_str(&a.text).map_err(|e| PowerError::Protocol {
             target: self.target(),
             reason: format!("GET {path}: not JSON ({e})"),
         })?;
-        Ok((url, v))
+        Ok((a.url, v, a.etag))
     }
 
     /// The ComputerSystem's path: the configured id (following the service's redirect to its
@@ -365,9 +443,14 @@ impl Redfish {
 
     /// Read the ComputerSystem resource.
     pub async fn system(&self) -> Result<SystemView, PowerError> {
+        Ok(self.system_tagged().await?.0)
+    }
+
+    /// The ComputerSystem resource and its `ETag`, if the service sent one.
+    async fn system_tagged(&self) -> Result<(SystemView, Option<String>), PowerError> {
         let path = self.system_path().await?.to_string();
-        let (_, v) = self.get_json(&path).await?;
-        Ok(system_view(&v, &path))
+        let (_, v, etag) = self.get_json_tagged(&path).await?;
+        Ok((system_view(&v, &path), etag))
     }
 
     pub async fn power_state(&self) -> Result<PowerState, PowerError> {
@@ -431,7 +514,7 @@ impl Redfish {
         device: BootDevice,
         persistence: BootPersistence,
     ) -> Result<(), PowerError> {
-        let sys = self.system().await?;
+        let (sys, etag) = self.system_tagged().await?;
         if let Some(allowed) = &sys.allowed_boot_targets
             && !allowed.iter().any(|t| t == boot_target(device))
         {
@@ -445,9 +528,30 @@ impl Redfish {
         }
         let path = self.system_path().await?.to_string();
         tracing::info!(endpoint = %self.cfg.endpoint, device = device.as_str(), ?persistence, "redfish boot override");
-        self.call(Method::PATCH, &path, Some(&boot_patch(device, persistence)))
-            .await
-            .map(|_| ())
+        let body = boot_patch(device, persistence);
+        let mut attempts = if_match_attempts(etag.as_deref()).into_iter().peekable();
+        while let Some(tag) = attempts.next() {
+            let a = self
+                .send(Method::PATCH, &path, Some(&body), tag.as_deref())
+                .await?;
+            if a.status.is_success() {
+                return Ok(());
+            }
+            if a.status == StatusCode::PRECONDITION_FAILED && attempts.peek().is_some() {
+                tracing::warn!(endpoint = %self.cfg.endpoint, if_match = tag.as_deref(), "redfish: If-Match refused (412); trying the next form");
+                continue;
+            }
+            let mut e = self.refused(&Method::PATCH, &path, &a);
+            if a.status == StatusCode::PRECONDITION_REQUIRED
+                && let PowerError::Protocol { reason, .. } = &mut e
+            {
+                reason.push_str(
+                    " (the BMC requires If-Match but sent no ETag with the ComputerSystem)",
+                );
+            }
+            return Err(e);
+        }
+        unreachable!("if_match_attempts always has an attempt")
     }
 }
 
@@ -581,6 +685,20 @@ mod tests {
     }
 
     #[test]
+    fn if_match_follows_the_etag_the_bmc_sent() {
+        assert_eq!(if_match_attempts(None), [None]);
+        assert_eq!(if_match_attempts(Some("")), [None]);
+        assert_eq!(
+            if_match_attempts(Some("\"abc\"")),
+            [Some("\"abc\"".to_owned()), None]
+        );
+        assert_eq!(
+            if_match_attempts(Some("W/\"7\"")),
+            [Some("W/\"7\"".to_owned()), Some("\"7\"".to_owned()), None]
+        );
+    }
+
+    #[test]
     fn error_bodies_give_their_message() {
         let ext = r#"{"error":{"code":"Base.1.0.GeneralError","message":"outer","@Message.ExtendedInfo":[{"Message":"inner"}]}}"#;
         assert_eq!(error_message(ext).as_deref(), Some("inner"));
@@ -606,6 +724,22 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Whatever ETag a BMC sends: its own value first, the last attempt without
+        /// If-Match, and nothing but the tag, its strong form and none in between.
+        #[test]
+        fn if_match_attempts_start_with_the_tag_and_end_without(
+            weak in proptest::bool::ANY, opaque in "[A-Za-z0-9]{0,12}"
+        ) {
+            let tag = format!("{}\"{opaque}\"", if weak { "W/" } else { "" });
+            let a = if_match_attempts(Some(&tag));
+            proptest::prop_assert_eq!(a.first().cloned().flatten(), Some(tag.clone()));
+            proptest::prop_assert_eq!(a.last().cloned(), Some(None));
+            proptest::prop_assert_eq!(a.len(), if weak { 3 } else { 2 });
+            if weak {
+                proptest::prop_assert_eq!(a[1].clone(), Some(format!("\"{opaque}\"")));
+            }
+        }
+
         /// Whatever a service allows, a plan only ever uses values it allows.
         #[test]
         fn plans_use_only_allowed_values(

@@ -172,7 +172,19 @@ pub struct Vm {
 impl Vm {
     /// Start QEMU through `launcher` (e.g. `ip netns exec NS`), on the tap `tap`, with a
     /// virtio NIC `mac` booted by `fw`. `work` holds the UEFI variable store copy.
-    pub fn start(mut launcher: Command, work: &Path, tap: &str, mac: &str, fw: Firmware) -> Vm {
+    pub fn start(launcher: Command, work: &Path, tap: &str, mac: &str, fw: Firmware) -> Vm {
+        Self::start_with(launcher, work, tap, mac, fw, &[])
+    }
+
+    /// [`Vm::start`] with more QEMU arguments (a disk, say) after the NIC.
+    pub fn start_with(
+        mut launcher: Command,
+        work: &Path,
+        tap: &str,
+        mac: &str,
+        fw: Firmware,
+        extra: &[&str],
+    ) -> Vm {
         let qemu = &mut launcher;
         qemu.arg("qemu-system-x86_64")
             .args(["-accel", "tcg", "-M", "q35", "-m", "512", "-smp", "1"])
@@ -212,6 +224,7 @@ impl Vm {
                 vars.display()
             ));
         }
+        qemu.args(extra);
         die_with_parent(qemu);
         let mut child = qemu
             .stdin(Stdio::null())
