@@ -531,6 +531,9 @@ impl Demo {
             settings.ksops_age_identity =
                 Some(Arc::new(crate::crypto::age::Secret::new(text.into_bytes())));
         }
+        // Power controllers from the inventory's `power:` blocks, as `serve` builds them (the
+        // example rack has none; an inventory with one gets the dashboard's power actions).
+        settings.power = Arc::new(crate::cli::power::serve_drivers(&inv, None));
         settings.poll_interval = Duration::from_millis(250);
         settings.install_timeout = Duration::from_secs(60);
         settings.health_timeout = Duration::from_secs(60);
