@@ -665,7 +665,7 @@ mod tests {
     async fn a_streamed_body_is_sent_as_produced_and_ends_at_shutdown() {
         let (tx, rx) =
             tokio::sync::mpsc::channel::<Result<&'static str, std::convert::Infallible>>(4);
-        let rx = std::sync::Mutex::new(Some(rx));
+        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
         let router = Router::new().route(
             "/events",
             get(move || {
