@@ -30,6 +30,8 @@ const browser = await chromium.launch({
 let failed = false;
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  // Eight helpers' builds share two cores: no step is timed, only bounded.
+  page.setDefaultTimeout(LONG);
   const foreign = [];
   const posts = [];
   const problems = [];
