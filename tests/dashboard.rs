@@ -208,11 +208,16 @@ fn the_dashboard_in_chromium_follows_the_demo_and_acts_after_confirmation() {
 
 /// The first line of the answer to `method path` at `addr` (`HTTP/1.1 404 Not Found`).
 fn status_line(addr: SocketAddr, method: &str, path: &str) -> String {
+    status_line_as(addr, method, path, &addr.to_string(), "")
+}
+
+/// [`status_line`] with `host` as `Host` and `extra` header lines.
+fn status_line_as(addr: SocketAddr, method: &str, path: &str, host: &str, extra: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut line = String::new();
@@ -230,7 +235,8 @@ fn free_port() -> u16 {
 
 /// Every admin route answers on the admin listener and none on the provisioning port, which
 /// machines on the provisioning network reach: there, `/api/nodes` would list every MAC and a
-/// rebuild would wipe a machine.
+/// rebuild would wipe a machine. And the admin listener refuses what a browser's other tabs
+/// could send it.
 #[test]
 fn the_provisioning_port_serves_no_admin_api() {
     let tmp = tempfile::tempdir().unwrap();
@@ -296,5 +302,26 @@ fn the_provisioning_port_serves_no_admin_api() {
             "the provisioning port answers {method} {path}: {here}"
         );
     }
+    // The admin listener's guard, on the wire: a rebound DNS name and another site's POST
+    // are refused; the same POST from the dashboard's own origin is not.
+    let rebuild = format!("/api/nodes/{node}/rebuild");
+    let rebound = status_line_as(admin, "GET", "/api/nodes", "evil.example:8081", "");
+    assert!(rebound.starts_with("HTTP/1.1 403 "), "{rebound}");
+    let cross = status_line_as(
+        admin,
+        "POST",
+        &rebuild,
+        &admin.to_string(),
+        "Origin: https://evil.example\r\nSec-Fetch-Site: cross-site\r\n",
+    );
+    assert!(cross.starts_with("HTTP/1.1 403 "), "{cross}");
+    let own = status_line_as(
+        admin,
+        "POST",
+        &rebuild,
+        &admin.to_string(),
+        &format!("Origin: http://{admin}\r\nSec-Fetch-Site: same-origin\r\n"),
+    );
+    assert!(own.starts_with("HTTP/1.1 202 "), "{own}");
     drop(served);
 }
