@@ -40,6 +40,10 @@ pub struct Args {
     /// Workers upgraded at once by `--upgrade`.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub upgrade_workers: usize,
+    /// After the summary, keep talboot and the simulated rack running (the dashboard on the
+    /// admin address printed at the start stays up) until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub stay: bool,
 }
 
 /// Run the subcommand.
@@ -73,15 +77,33 @@ pub fn run(args: &Args) -> ExitCode {
         print_events: !args.quiet,
         concurrency: args.concurrency,
     };
-    let result = rt.block_on(demo::run(
+    let hold: Option<demo::Hold> = args.stay.then(|| -> demo::Hold {
+        Box::pin(async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        })
+    });
+    let result = rt.block_on(demo::run_and_hold(
         opts,
         Duration::from_secs(args.timeout),
         args.rebuild.clone(),
         args.upgrade.then_some(args.upgrade_workers.max(1)),
+        hold,
     ));
     match result {
         Ok(summary) => {
-            println!("{summary}");
+            if !summary.is_empty() {
+                println!("{summary}");
+            }
             if args.workdir.is_some() {
                 println!(
                     "kept in {}: state/ (store, kubeconfig), talosconfig, config/ (relocated inventory)",

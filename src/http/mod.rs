@@ -3,7 +3,8 @@
 //!   (`/boot.ipxe`), boot artifacts (`/assets/...`) and machine configs for pull delivery
 //!   behind one-time tokens (`/config/<token>`);
 //! - the **admin** router, served on the admin listener only (loopback by default): node
-//!   status as JSON (`/api/nodes`), rebuild requests and Prometheus metrics (`/metrics`).
+//!   status as JSON (`/api/nodes`), rebuild requests, Prometheus metrics (`/metrics`) and the
+//!   dashboard with its snapshot and event stream ([`dashboard`]).
 //!
 //! A node's script (with its token in pull mode) and its config go only to the address
 //! talboot's DHCP bound to the node ([`crate::entitlement`]); anyone else is refused with a
@@ -16,6 +17,7 @@
 
 pub mod assets;
 pub mod conn;
+pub mod dashboard;
 pub(crate) mod power;
 pub mod script;
 pub mod server;
@@ -197,6 +199,8 @@ pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
             axum::routing::post(power::api_boot),
         )
         .route("/metrics", get(metrics))
+        .merge(dashboard::routes())
+        .layer(axum::middleware::from_fn(dashboard::guard))
         .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(app)
 }

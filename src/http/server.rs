@@ -6,8 +6,10 @@
 //! sends, so talboot parses request heads itself (`httparse`, the parser hyper uses) and writes
 //! responses itself. A response that carries a [`FileBody`] extension (see
 //! [`super::assets::respond`]) is sent with `sendfile(2)` from the file to the socket, without
-//! a userspace copy; every other response body is small (scripts, configs, JSON, metrics, the
-//! iPXE binaries) and is collected and written with its head.
+//! a userspace copy; a response marked [`Streamed`] (the admin listener's server-sent events)
+//! is written as its body produces bytes, until the body ends, the client goes or shutdown;
+//! every other response body is small (scripts, configs, JSON, metrics, the iPXE binaries)
+//! and is collected and written with its head.
 //!
 //! Limits, all from `serve`'s flags ([`Limits`]): a connection must deliver each request head
 //! within the header timeout (a total, so trickling bytes does not help), may sit idle between
@@ -52,6 +54,12 @@ pub(crate) struct FileBody {
     /// Number of bytes.
     pub len: u64,
 }
+
+/// Marks a response whose body is a live stream (server-sent events): it is sent as the body
+/// produces it, framed by closing the connection (RFC 9112 §6.3, the last rule), and it ends
+/// at shutdown so a watching browser does not hold `serve` open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Streamed;
 
 /// Connection limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,12 +270,21 @@ async fn connection(
             .headers()
             .get(header::CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
+            || response.extensions().get::<Streamed>().is_some()
         {
             Persistence::Close
         } else {
             persistence
         };
-        write_response(&mut stream, &method, response, persistence, &limits).await?;
+        write_response(
+            &mut stream,
+            &method,
+            response,
+            persistence,
+            &limits,
+            &shutdown,
+        )
+        .await?;
         if persistence == Persistence::Close {
             let _ = stream.shutdown().await;
             return Ok(());
@@ -356,6 +373,7 @@ async fn write_response(
     response: Response<Body>,
     persistence: Persistence,
     limits: &Limits,
+    shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     let stall = limits.timeouts.idle;
     let (parts, body) = response.into_parts();
@@ -375,6 +393,26 @@ async fn write_response(
         // The head goes with MSG_MORE so it leaves in one segment with the file's first bytes.
         send_more(stream, &head, stall).await?;
         return send_file(stream, file, limits.sendfile_chunk, stall).await;
+    }
+    if parts.extensions.get::<Streamed>().is_some() {
+        let head = conn::response_head(parts.status, &parts.headers, &date, None, persistence);
+        write_timed(stream, &head, stall).await?;
+        if *method == Method::HEAD {
+            return Ok(());
+        }
+        use futures_util::StreamExt;
+        let mut data = body.into_data_stream();
+        loop {
+            let chunk = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                c = data.next() => c,
+            };
+            match chunk {
+                Some(Ok(bytes)) => write_timed(stream, &bytes, stall).await?,
+                Some(Err(e)) => return Err(std::io::Error::other(format!("response body: {e}"))),
+                None => return Ok(()),
+            }
+        }
     }
     let size_hint = axum::body::HttpBody::size_hint(&body).exact();
     let bytes = if *method == Method::HEAD {
@@ -619,6 +657,58 @@ mod tests {
         .await;
         let got = String::from_utf8_lossy(&got);
         assert!(got.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{got}");
+    }
+
+    /// A streamed response's first bytes arrive while its body is still open (a collected
+    /// body would never be sent), the connection closes after it, and shutdown ends it.
+    #[tokio::test]
+    async fn a_streamed_body_is_sent_as_produced_and_ends_at_shutdown() {
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<Result<&'static str, std::convert::Infallible>>(4);
+        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+        let router = Router::new().route(
+            "/events",
+            get(move || {
+                let rx = rx.lock().unwrap().take().expect("one request");
+                async move {
+                    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+                    let mut r = Response::new(body);
+                    r.extensions_mut().insert(Streamed);
+                    r
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(
+            listener,
+            router,
+            limits(5_000, 5_000, 8),
+            "test",
+            stop.clone(),
+        ));
+        tx.send(Ok("data: one\n\n")).await.unwrap();
+        let (head, first, mut s) = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let (head, _) = read_response(&mut s);
+            let mut first = vec![0u8; "data: one\n\n".len()];
+            s.read_exact(&mut first).unwrap();
+            (head, first, s)
+        })
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("connection: close\r\n"), "{head}");
+        assert!(!head.contains("content-length"), "{head}");
+        assert_eq!(first, b"data: one\n\n");
+        // The body is still open (tx lives); shutdown ends the stream and the server.
+        stop.cancel();
+        let rest = blocking(move || read_to_close(&mut s)).await;
+        assert!(rest.is_empty(), "{rest:?}");
+        served.await.unwrap().unwrap();
+        drop(tx);
     }
 
     #[tokio::test]

@@ -531,6 +531,9 @@ impl Demo {
             settings.ksops_age_identity =
                 Some(Arc::new(crate::crypto::age::Secret::new(text.into_bytes())));
         }
+        // Power controllers from the inventory's `power:` blocks, as `serve` builds them (the
+        // example rack has none; an inventory with one gets the dashboard's power actions).
+        settings.power = Arc::new(crate::cli::power::serve_drivers(&inv, None));
         settings.poll_interval = Duration::from_millis(250);
         settings.install_timeout = Duration::from_secs(60);
         settings.health_timeout = Duration::from_secs(60);
@@ -573,6 +576,9 @@ impl Demo {
             tftp_port: tftp.port(),
         };
         let running = bound.start()?;
+        if opts.print_events {
+            println!("dashboard: {}/\n", running.admin_url);
+        }
         let printer = opts.print_events.then(|| spawn_printer(&running, started));
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -941,6 +947,21 @@ pub async fn run(
     rebuild: Option<String>,
     upgrade: Option<usize>,
 ) -> Result<String, DemoError> {
+    run_and_hold(opts, timeout, rebuild, upgrade, None).await
+}
+
+/// What ends a demo that keeps serving after its summary (`demo --stay`): Ctrl-C, SIGTERM.
+pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// [`run`], and with `hold` print the summary, keep talboot (and the simulated rack) running
+/// for the dashboard until `hold` completes, then stop; the summary returned is then empty.
+pub async fn run_and_hold(
+    opts: DemoOptions,
+    timeout: Duration,
+    rebuild: Option<String>,
+    upgrade: Option<usize>,
+    hold: Option<Hold>,
+) -> Result<String, DemoError> {
     let print = opts.print_events;
     let demo = Demo::start(opts).await?;
     if let Some(name) = &rebuild
@@ -1007,6 +1028,18 @@ pub async fn run(
         Ok(out)
     }
     .await;
+    let result = match (result, hold) {
+        (Ok(summary), Some(hold)) => {
+            println!("{summary}");
+            println!(
+                "talboot keeps serving the simulated rack; dashboard at {}/ (Ctrl-C to stop)",
+                demo.admin_url
+            );
+            hold.await;
+            Ok(String::new())
+        }
+        (result, _) => result,
+    };
     demo.shutdown().await;
     result
 }
