@@ -248,6 +248,30 @@ fn isos_without_a_usable_grub_entry_are_refused_and_nothing_is_written() {
 }
 
 #[test]
+fn an_iso_of_another_talos_version_is_refused() {
+    let s = Site::new();
+    // The dual-boot ISO's UKI says v1.13.9; the operator claims v1.13.8.
+    let out = s.talboot(&[
+        "import",
+        "--talos",
+        "v1.13.8",
+        "--schematic",
+        SCHEMATIC,
+        "--arch",
+        "amd64",
+        "--iso",
+        s.iso.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is Talos v1.13.9") && err.contains("--talos v1.13.9"),
+        "{err}"
+    );
+    assert!(!s.images().join("v1.13.8").exists());
+}
+
+#[test]
 fn iso_and_file_flags_do_not_mix() {
     let s = Site::new();
     let out = s.import(&s.iso, &["--kernel", "/dev/null"]);

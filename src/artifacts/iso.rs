@@ -167,6 +167,20 @@ pub fn parse_grub_cfg(text: &str) -> Result<BootEntry, GrubError> {
     })
 }
 
+/// The Talos version an ISO names in its UKI's file name, `EFI/Linux/Talos-<version>.efi`
+/// (v1.13.9 `pkg/imager/iso/uefi.go`, present on dual-boot and SecureBoot ISOs), from
+/// `xorriso -find` output (one quoted path a line). `None` for a GRUB-only ISO, or when the
+/// names disagree.
+pub fn uki_version(find_output: &str) -> Option<String> {
+    let mut versions = find_output.lines().filter_map(|l| {
+        let name = l.trim().trim_matches('\'').rsplit('/').next()?;
+        let v = name.strip_prefix("Talos-")?.strip_suffix(".efi")?;
+        (!v.is_empty()).then(|| v.to_string())
+    });
+    let first = versions.next()?;
+    versions.all(|v| v == first).then_some(first)
+}
+
 /// Why an ISO could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum IsoError {
@@ -223,6 +237,8 @@ pub struct Extracted {
     pub initramfs: PathBuf,
     /// What the entry boots.
     pub entry: BootEntry,
+    /// The Talos version the ISO's UKI is named for, if it has one ([`uki_version`]).
+    pub version: Option<String>,
 }
 
 /// Copy `inside` (a path in the ISO) to `to` with xorriso.
@@ -300,12 +316,21 @@ pub fn extract(iso: &Path, scratch_in: &Path) -> Result<Extracted, IsoError> {
             });
         }
     }
-    tracing::debug!(iso = %iso.display(), kernel = %entry.kernel, initramfs = %entry.initramfs, "read the ISO's default boot entry");
+    // A GRUB-only ISO has no /EFI/Linux: xorriso then fails, which only means no version.
+    let version = Command::new("xorriso")
+        .arg("-indev")
+        .arg(iso)
+        .args(["-find", "/EFI/Linux", "-name", "Talos-*.efi"])
+        .output()
+        .ok()
+        .and_then(|o| uki_version(&String::from_utf8_lossy(&o.stdout)));
+    tracing::debug!(iso = %iso.display(), kernel = %entry.kernel, initramfs = %entry.initramfs, ?version, "read the ISO's default boot entry");
     Ok(Extracted {
         _scratch: scratch,
         kernel,
         initramfs,
         entry,
+        version,
     })
 }
 
@@ -387,6 +412,20 @@ mod tests {
         let cfg = "menuentry 'y' {\n linux /k a\\;b 'c d' \"e\\\"f\" g\\\\h\n initrd /i\n}\n";
         let e = parse_grub_cfg(cfg).unwrap();
         assert_eq!(e.cmdline, "a;b c d e\"f g\\h");
+    }
+
+    #[test]
+    fn the_version_comes_from_the_uki_name() {
+        assert_eq!(
+            uki_version("'/EFI/Linux/Talos-v1.13.9.efi'\n").as_deref(),
+            Some("v1.13.9")
+        );
+        assert_eq!(uki_version(""), None);
+        assert_eq!(uki_version("'/EFI/Linux/other.efi'\n"), None);
+        assert_eq!(
+            uki_version("'/EFI/Linux/Talos-v1.13.9.efi'\n'/EFI/Linux/Talos-v1.13.8.efi'\n"),
+            None
+        );
     }
 
     proptest! {

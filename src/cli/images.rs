@@ -275,6 +275,15 @@ fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
                 return ExitCode::from(EXIT_INVALID);
             }
         };
+        if let Some(v) = x.version.as_deref().filter(|v| *v != id.talos) {
+            eprintln!(
+                "talboot images import: {} is Talos {v} (its UKI is /EFI/Linux/Talos-{v}.efi), not {}; import it with --talos {v}, or use the ISO of {}",
+                iso.display(),
+                id.talos,
+                id.talos
+            );
+            return ExitCode::from(EXIT_INVALID);
+        }
         println!(
             "{}: entry `{}` boots {} with {}",
             iso.display(),
