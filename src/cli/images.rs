@@ -275,7 +275,10 @@ fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
                 return ExitCode::from(EXIT_INVALID);
             }
         };
-        if let Some(v) = x.version.as_deref().filter(|v| *v != id.talos) {
+        // The imager names the UKI after `version.Tag` (`v1.13.9`); a name without the `v`
+        // is the same version.
+        let same = |v: &str| v.trim_start_matches('v') == id.talos.trim_start_matches('v');
+        if let Some(v) = x.version.as_deref().filter(|v| !same(v)) {
             eprintln!(
                 "talboot images import: {} is Talos {v} (its UKI is /EFI/Linux/Talos-{v}.efi), not {}; import it with --talos {v}, or use the ISO of {}",
                 iso.display(),
