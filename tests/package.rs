@@ -233,6 +233,15 @@ fn the_debian_package_installs_verifies_runs_and_purges_cleanly() {
     let verify = run(Command::new("dpkg").args(["-V", "talboot"]));
     assert_eq!(text(&verify.stdout), "");
 
+    // Remove: the program goes, the configuration, the state and the user stay.
+    run(Command::new("dpkg").args(["-r", "talboot"]));
+    assert!(!Path::new("/usr/bin/talboot").exists());
+    assert!(!Path::new(&unit).exists());
+    for kept in ["/etc/default/talboot", "/etc/talboot", "/var/lib/talboot"] {
+        assert!(Path::new(kept).exists(), "{kept} removed before purge");
+    }
+    assert!(id_of("passwd", "talboot").is_some());
+
     // Purge: the files, the state, the configuration directory and the user are gone.
     run(Command::new("dpkg").args(["--purge", "talboot"]));
     assert!(!installed());
