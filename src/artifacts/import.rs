@@ -41,6 +41,20 @@ pub struct ImportRequest {
     pub cmdline: CmdlineSource,
     /// Replace a set that is already there with different files.
     pub force: bool,
+    /// Where the files really came from when they were copied out of an ISO first (the
+    /// request's paths are then scratch copies); `None` records the request's paths.
+    pub iso: Option<IsoSource>,
+}
+
+/// The ISO an import's files were read from, for the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsoSource {
+    /// The ISO file.
+    pub iso: PathBuf,
+    /// The kernel's path inside it.
+    pub kernel: String,
+    /// The initramfs's path inside it.
+    pub initramfs: String,
 }
 
 /// What [`import`] did.
@@ -176,6 +190,9 @@ pub(crate) fn import_command(id: &SetId, origin: &Origin) -> String {
         "talboot images import --talos {} --schematic {} --arch {}",
         id.talos, id.schematic, id.arch
     );
+    if let Origin::Iso { iso, .. } = origin {
+        cmd.push_str(&format!(" --iso {} --force", iso.display()));
+    }
     if let Origin::Imported {
         kernel,
         initramfs,
@@ -305,19 +322,33 @@ pub fn import_with(
         .and_then(|d| d.sync_all())
         .map_err(io(&set_dir))?;
 
+    let (source, origin) = match &req.iso {
+        Some(iso) => (
+            iso.iso.display().to_string(),
+            Origin::Iso {
+                iso: iso.iso.clone(),
+                kernel: iso.kernel.clone(),
+                initramfs: iso.initramfs.clone(),
+            },
+        ),
+        None => (
+            req.initramfs.display().to_string(),
+            Origin::Imported {
+                kernel: req.kernel.clone(),
+                initramfs: req.initramfs.clone(),
+                cmdline: match &req.cmdline {
+                    CmdlineSource::File(p) => p.display().to_string(),
+                    CmdlineSource::Inline(_) => INLINE.to_string(),
+                },
+            },
+        ),
+    };
     let entry = Entry {
         id: req.id.clone(),
-        source: req.initramfs.display().to_string(),
+        source,
         pulled_at: now_unix,
         files: incoming,
-        origin: Origin::Imported {
-            kernel: req.kernel.clone(),
-            initramfs: req.initramfs.clone(),
-            cmdline: match &req.cmdline {
-                CmdlineSource::File(p) => p.display().to_string(),
-                CmdlineSource::Inline(_) => INLINE.to_string(),
-            },
-        },
+        origin,
     };
     catalog.upsert(entry.clone());
     catalog.save(dir)?;
@@ -513,6 +544,7 @@ mod tests {
             initramfs: usb.join("initrd.img"),
             cmdline: CmdlineSource::File(usb.join("cmdline")),
             force: false,
+            iso: None,
         };
         Files { tmp, req }
     }

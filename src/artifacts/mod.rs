@@ -17,6 +17,7 @@ pub mod cmdline;
 pub mod compression;
 pub mod factory;
 pub mod import;
+pub mod iso;
 
 pub use compression::Compression;
 
@@ -126,6 +127,15 @@ pub enum Origin {
         initramfs: PathBuf,
         /// The command line file it was copied from, or `--cmdline` when given inline.
         cmdline: String,
+    },
+    /// Read out of a Talos ISO by `talboot images import --iso`.
+    Iso {
+        /// The ISO file.
+        iso: PathBuf,
+        /// The kernel's path inside the ISO.
+        kernel: String,
+        /// The initramfs's path inside the ISO.
+        initramfs: String,
     },
 }
 
@@ -288,7 +298,7 @@ pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactE
     })?;
     let fix = match &entry.origin {
         Origin::Pulled => format!("pull it again: {}", pull_command(id)),
-        Origin::Imported { .. } => format!(
+        Origin::Imported { .. } | Origin::Iso { .. } => format!(
             "import it again: {}",
             import::import_command(id, &entry.origin)
         ),

@@ -30,8 +30,9 @@ pub enum ImagesCommand {
     /// Fetch kernel, initramfs and kernel command line for a Talos version, schematic and
     /// architectures (defaults from the inventory given with -c).
     Pull(PullArgs),
-    /// Register a kernel, initramfs and kernel command line from local files (a USB stick at
-    /// an air-gapped site) as the boot set of a Talos version, schematic and architecture.
+    /// Register a kernel, initramfs and kernel command line from local files, or the ones a
+    /// Talos ISO boots (a USB stick at an air-gapped site), as the boot set of a Talos
+    /// version, schematic and architecture.
     Import(ImportArgs),
     /// List the boot sets in the cache and where each came from.
     List,
@@ -75,14 +76,18 @@ pub struct ImportArgs {
     /// Architecture: amd64 or arm64.
     #[arg(long)]
     pub arch: Option<String>,
+    /// A Talos ISO (metal, GRUB or dual-boot): its default boot entry's kernel, initramfs
+    /// and command line are imported (needs xorriso).
+    #[arg(long, conflicts_with_all = ["kernel", "initramfs", "cmdline_file", "cmdline"])]
+    pub iso: Option<PathBuf>,
     /// The kernel (the factory's kernel-<arch>, or vmlinuz).
-    #[arg(long)]
-    pub kernel: PathBuf,
+    #[arg(long, required_unless_present = "iso")]
+    pub kernel: Option<PathBuf>,
     /// The initramfs, any name, compressed with anything the kernel unpacks.
-    #[arg(long)]
-    pub initramfs: PathBuf,
+    #[arg(long, required_unless_present = "iso")]
+    pub initramfs: Option<PathBuf>,
     /// A file holding the kernel command line (the factory's cmdline-metal-<arch>).
-    #[arg(long, conflicts_with = "cmdline", required_unless_present = "cmdline")]
+    #[arg(long, conflicts_with = "cmdline", required_unless_present_any = ["cmdline", "iso"])]
     pub cmdline_file: Option<PathBuf>,
     /// The kernel command line itself.
     #[arg(long)]
@@ -259,16 +264,66 @@ fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
         }
         Err(e) => return usage(e),
     };
-    let req = artifacts::import::ImportRequest {
-        id: id.clone(),
-        kernel: i.kernel.clone(),
-        initramfs: i.initramfs.clone(),
-        cmdline: match (&i.cmdline_file, &i.cmdline) {
-            (Some(f), _) => artifacts::import::CmdlineSource::File(f.clone()),
-            (None, Some(s)) => artifacts::import::CmdlineSource::Inline(s.clone()),
-            (None, None) => return usage("give --cmdline-file FILE or --cmdline TEXT"),
-        },
-        force: i.force,
+    // An ISO's files are copied out to a scratch folder first (removed when `_extracted`
+    // drops, after the import has copied them again into the set).
+    let _extracted;
+    let req = if let Some(iso) = &i.iso {
+        let x = match artifacts::iso::extract(iso, dir) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("talboot images import: {e}");
+                return ExitCode::from(EXIT_INVALID);
+            }
+        };
+        // The imager names the UKI after `version.Tag` (`v1.13.9`); a name without the `v`
+        // is the same version.
+        let same = |v: &str| v.trim_start_matches('v') == id.talos.trim_start_matches('v');
+        if let Some(v) = x.version.as_deref().filter(|v| !same(v)) {
+            eprintln!(
+                "talboot images import: {} is Talos {v} (its UKI is /EFI/Linux/Talos-{v}.efi), not {}; import it with --talos {v}, or use the ISO of {}",
+                iso.display(),
+                id.talos,
+                id.talos
+            );
+            return ExitCode::from(EXIT_INVALID);
+        }
+        println!(
+            "{}: entry `{}` boots {} with {}",
+            iso.display(),
+            x.entry.title,
+            x.entry.kernel,
+            x.entry.initramfs
+        );
+        let req = artifacts::import::ImportRequest {
+            id: id.clone(),
+            kernel: x.kernel.clone(),
+            initramfs: x.initramfs.clone(),
+            cmdline: artifacts::import::CmdlineSource::Inline(x.entry.cmdline.clone()),
+            force: i.force,
+            iso: Some(artifacts::import::IsoSource {
+                iso: iso.clone(),
+                kernel: x.entry.kernel.clone(),
+                initramfs: x.entry.initramfs.clone(),
+            }),
+        };
+        _extracted = x;
+        req
+    } else {
+        let (Some(kernel), Some(initramfs)) = (&i.kernel, &i.initramfs) else {
+            return usage("give --kernel FILE and --initramfs FILE, or --iso FILE");
+        };
+        artifacts::import::ImportRequest {
+            id: id.clone(),
+            kernel: kernel.clone(),
+            initramfs: initramfs.clone(),
+            cmdline: match (&i.cmdline_file, &i.cmdline) {
+                (Some(f), _) => artifacts::import::CmdlineSource::File(f.clone()),
+                (None, Some(s)) => artifacts::import::CmdlineSource::Inline(s.clone()),
+                (None, None) => return usage("give --cmdline-file FILE or --cmdline TEXT"),
+            },
+            force: i.force,
+            iso: None,
+        }
     };
     use artifacts::import::Outcome;
     match artifacts::import::import(dir, &req, now_unix()) {
@@ -353,6 +408,16 @@ fn origin(e: &artifacts::Entry) -> String {
             } else {
                 cmdline
             }
+        ),
+        artifacts::Origin::Iso {
+            iso,
+            kernel,
+            initramfs,
+        } => format!(
+            "imported at {} from ISO {} ({kernel}, {initramfs}, {})",
+            timestamp(e.pulled_at),
+            iso.display(),
+            artifacts::iso::GRUB_CFG
         ),
     }
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub mod check;
 pub mod demo;
 pub mod r#gen;
+pub mod generate;
 pub mod images;
 pub mod node;
 pub mod plan;
@@ -75,6 +76,10 @@ pub enum Command {
     /// Apply the plan to the running nodes, one control plane at a time (resumable).
     Apply(plan::ApplyArgs),
     Upgrade(upgrade::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Write the man pages (talboot.1 and one per subcommand) into a directory.
+    Man(generate::ManArgs),
 }
 
 /// Exit code for invalid input.
@@ -110,6 +115,8 @@ pub fn run() -> ExitCode {
         Command::Plan(args) => plan::run_plan(&args),
         Command::Apply(args) => plan::run_apply(&args),
         Command::Upgrade(args) => upgrade::run(&args),
+        Command::Completions(args) => generate::completions(&args),
+        Command::Man(args) => generate::man(&args),
     }
 }
 
