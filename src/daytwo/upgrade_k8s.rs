@@ -1,22 +1,47 @@
 //! `talboot upgrade --kubernetes`: the steps of a Kubernetes upgrade, in the order talosctl
-//! takes them, and what it checks between them. Pure: the plan is computed from the
-//! inventory and printed by `--dry-run`.
+//! takes them, what is checked between them, and carrying them out through the rolling
+//! engine [`super::rollout`] (health-gated, stop at the first failure, resumable from the
+//! store). Owns the step plan, the machine-config patch of each step, and the Kubernetes side
+//! of each step's gate.
 //!
 //! From siderolabs/talos v1.13.9 `pkg/cluster/kubernetes/talos_managed.go` (`Upgrade`, called
-//! by `cmd/talosctl/cmd/talos/upgrade-k8s.go`): after the version-compatibility and
-//! pre-upgrade checks (and the optional image pre-pull), for each of kube-apiserver,
-//! kube-controller-manager, kube-scheduler in that order, every control plane node one after
-//! the other (`upgradeStaticPod`): patch the node's machine config with the new image, then
-//! wait until the static pod's config-version annotation matches and the pod is Ready
-//! (`checkPodStatus`); then kube-proxy's image is patched into every control plane's config
-//! (`upgradeKubeProxy`, no wait); then the kubelet of every control plane, then of every
-//! worker (`kubelet.go`, `upgradeKubelet`: patch, wait for the kubelet service to restart,
-//! wait until the Node reports the new kubelet version); last, the bootstrap manifests are
-//! synced (`PerformManifestsSync`).
+//! by `cmd/talosctl/cmd/talos/upgrade-k8s.go`): the upgrade path must be supported
+//! (`upgrade.Path.IsSupported` of siderolabs/go-kubernetes: the same minor or the next one),
+//! then the pre-upgrade checks; for each of kube-apiserver, kube-controller-manager,
+//! kube-scheduler in that order, every control plane node one after the other
+//! (`upgradeStaticPod`): patch the node's machine config with the new image
+//! (`patch.go`, `patchNodeConfig`: read the running `MachineConfig`, patch, ApplyConfiguration
+//! mode NO_REBOOT; a node already on the image is skipped, `errUpdateSkipped`), then wait until
+//! the static pod (label `k8s-app=<component>`, `status.hostIP` the node) runs the new config
+//! and is Ready (`checkPodStatus`, at most 5 minutes); then kube-proxy's image is patched into
+//! every control plane's config (`upgradeKubeProxy`, no wait); then the kubelet of every
+//! control plane, then of every worker, one after the other (`kubelet.go`, `upgradeKubelet`:
+//! patch `machine.kubelet.image`, wait for the kubelet to restart, then until the Node
+//! reports the new `kubeletVersion` and is Ready, at most 3 minutes); last, the bootstrap
+//! manifests are synced (`PerformManifestsSync`).
 //!
-//! Applying the steps needs the configured-node ApplyConfiguration of the Talos double (the
-//! apply helper's part); until that is merged, only the dry run exists.
+//! Each step is one target of the rolling engine, all in the one-at-a-time lane, so the
+//! order above is kept and a failed step stops everything after it. Where talboot differs:
+//! the static-pod gate compares the pod's image (talosctl compares the
+//! `talos.dev/config-version` annotation with the component's COSI config resource version,
+//! which talboot does not read); the kubelet gate finds the Node by name (talosctl by
+//! address); the pre-upgrade checks are "every node's Talos API answers and every Node is
+//! Ready" (talosctl also checks removed APIs and Talos/Kubernetes version compatibility); the
+//! bootstrap manifest sync is not done (listed by the dry run; `talosctl upgrade-k8s` run
+//! afterwards skips every node already on the version and syncs only the manifests); images
+//! are not pre-pulled.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::Store;
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::{ClientCreds, TalosClient, TalosError};
+
+use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
+use super::upgrade::{NodeOps, Outcome, Progress, drive};
 use crate::inventory::{Inventory, MachineType, Version};
 
 /// One step of a Kubernetes upgrade.
@@ -98,6 +123,577 @@ pub fn plan(inv: &Inventory) -> Vec<K8sStep> {
     }
     steps.push(K8sStep::Manifests);
     steps
+}
+
+/// The store key of a Kubernetes upgrade's rollout record.
+pub fn rollout_key(to: &Version) -> String {
+    format!("upgrade-k8s/{to}")
+}
+
+/// talosctl's default images (siderolabs/talos v1.13.9 `pkg/machinery/constants/
+/// constants.go`: `KubernetesAPIServerImage`, `KubernetesControllerManagerImage`,
+/// `KubernetesSchedulerImage`, `KubeProxyImage`, `KubeletImage`), the same ones `gen` renders.
+pub fn image_repo(component: &str) -> &'static str {
+    match component {
+        "kube-apiserver" => "registry.k8s.io/kube-apiserver",
+        "kube-controller-manager" => "registry.k8s.io/kube-controller-manager",
+        "kube-scheduler" => "registry.k8s.io/kube-scheduler",
+        "kube-proxy" => "registry.k8s.io/kube-proxy",
+        _ => "ghcr.io/siderolabs/kubelet",
+    }
+}
+
+/// Where each step's image lives in the v1alpha1 document.
+fn image_path(step: &K8sStep) -> &'static [&'static str] {
+    match step {
+        K8sStep::StaticPod { component, .. } => match *component {
+            "kube-apiserver" => &["cluster", "apiServer", "image"],
+            "kube-controller-manager" => &["cluster", "controllerManager", "image"],
+            _ => &["cluster", "scheduler", "image"],
+        },
+        K8sStep::KubeProxy { .. } => &["cluster", "proxy", "image"],
+        K8sStep::Kubelet { .. } => &["machine", "kubelet", "image"],
+        K8sStep::Manifests => &[],
+    }
+}
+
+/// The upgrade path talosctl accepts (siderolabs/go-kubernetes `kubernetes/upgrade/path.go`,
+/// `IsSupported`: every listed path is `1.N->1.N` or `1.N->1.N+1`). Downgrades are refused too.
+pub fn path_supported(from: &Version, to: &Version) -> Result<(), String> {
+    let (f, t) = (&from.0, &to.0);
+    let ok = f.major == t.major && (t.minor == f.minor || t.minor == f.minor + 1) && t >= f;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "unsupported upgrade path {}.{}->{}.{} (from {from} to {to}): Kubernetes upgrades \
+             go one minor version at a time; upgrade to v{}.{}.x first",
+            f.major,
+            f.minor,
+            t.major,
+            t.minor,
+            f.major,
+            f.minor + 1
+        ))
+    }
+}
+
+impl K8sStep {
+    /// The step's name in the rollout record: `<component>/<node>`.
+    pub fn id(&self) -> String {
+        match self {
+            Self::StaticPod { component, node } => format!("{component}/{node}"),
+            Self::KubeProxy { node } => format!("kube-proxy/{node}"),
+            Self::Kubelet { node } => format!("kubelet/{node}"),
+            Self::Manifests => "manifests".into(),
+        }
+    }
+
+    fn node(&self) -> Option<&str> {
+        match self {
+            Self::StaticPod { node, .. } | Self::KubeProxy { node } | Self::Kubelet { node } => {
+                Some(node)
+            }
+            Self::Manifests => None,
+        }
+    }
+}
+
+/// One node a Kubernetes upgrade touches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sNode {
+    pub name: String,
+    pub role: Role,
+    /// Its apid (`address:50000`).
+    pub addr: SocketAddr,
+    /// Its address as Kubernetes sees it (a static pod's `status.hostIP`).
+    pub ip: IpAddr,
+}
+
+/// A Kubernetes upgrade of the whole inventory.
+#[derive(Debug, Clone)]
+pub struct K8sUpgrade {
+    pub from: Version,
+    pub to: Version,
+    pub nodes: Vec<K8sNode>,
+    /// The steps carried out, in order (every step of [`plan`] but the manifest sync).
+    pub steps: Vec<K8sStep>,
+}
+
+impl K8sUpgrade {
+    /// The upgrade of the inventory's cluster from its `kubernetesVersion` to `to`; refused
+    /// when talosctl would refuse the path.
+    pub fn plan(inv: &Inventory, to: &Version, apid_port: u16) -> Result<Self, String> {
+        let from = inv.cluster.kubernetes_version.value.clone();
+        path_supported(&from, to)?;
+        let nodes = inv
+            .nodes
+            .iter()
+            .map(|n| K8sNode {
+                name: n.name.as_str().to_owned(),
+                role: if inv.role_of(n).machine_type == MachineType::ControlPlane {
+                    Role::ControlPlane
+                } else {
+                    Role::Worker
+                },
+                addr: SocketAddr::new(n.address.addr().into(), apid_port),
+                ip: n.address.addr().into(),
+            })
+            .collect();
+        let steps = plan(inv)
+            .into_iter()
+            .filter(|s| *s != K8sStep::Manifests)
+            .collect();
+        Ok(Self {
+            from,
+            to: to.clone(),
+            nodes,
+            steps,
+        })
+    }
+
+    /// The engine's targets: every step in the one-at-a-time lane, so talosctl's order holds.
+    pub fn targets(&self) -> Vec<Target> {
+        self.steps
+            .iter()
+            .map(|s| Target {
+                node: s.id(),
+                role: Role::ControlPlane,
+            })
+            .collect()
+    }
+
+    /// A new rollout, or the stored one resumed (its steps must be this plan's).
+    pub fn rollout(&self, stored: Option<RolloutRecord>) -> Result<Rollout, RolloutError> {
+        match stored {
+            Some(record) => {
+                if record.targets != self.targets() {
+                    return Err(RolloutError::Mismatch(
+                        "the inventory's nodes changed since this upgrade started".into(),
+                    ));
+                }
+                Rollout::resume(record)
+            }
+            None => Rollout::new(self.targets(), 1),
+        }
+    }
+
+    /// The image `step` sets: `<repo>:v<to>`; the kubelet keeps a `-fat`/`-slim` suffix of
+    /// its current tag (`kubelet.go`, `extractKubeletVersionSuffix`).
+    pub fn image_for(&self, step: &K8sStep, current: Option<&str>) -> String {
+        let repo = match step {
+            K8sStep::StaticPod { component, .. } => image_repo(component),
+            K8sStep::KubeProxy { .. } => image_repo("kube-proxy"),
+            _ => image_repo("kubelet"),
+        };
+        let suffix = match (step, current) {
+            (K8sStep::Kubelet { .. }, Some(cur)) => {
+                let cur = cur.split('@').next().unwrap_or(cur);
+                ["-fat", "-slim"]
+                    .into_iter()
+                    .find(|s| cur.ends_with(s))
+                    .unwrap_or("")
+            }
+            _ => "",
+        };
+        format!("{repo}:{}{suffix}", self.to)
+    }
+}
+
+/// Errors of reading or patching a node's machine config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    #[error("the running config has no v1alpha1 document")]
+    NoV1alpha1,
+    #[error("the running config is not valid YAML: {0}")]
+    Yaml(String),
+}
+
+/// The v1alpha1 document's string at `path`.
+fn read_at(text: &str, path: &[&str]) -> Result<Option<String>, PatchError> {
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| PatchError::Yaml(e.to_string()))?;
+        if v.get("version").and_then(|v| v.as_str()) != Some("v1alpha1") {
+            continue;
+        }
+        let mut cur = &v;
+        for key in path {
+            match cur.get(*key) {
+                Some(next) => cur = next,
+                None => return Ok(None),
+            }
+        }
+        return Ok(cur.as_str().map(str::to_owned));
+    }
+    Err(PatchError::NoV1alpha1)
+}
+
+/// `text` with the v1alpha1 document's `path` set to `value` (every other document as it
+/// was), as talosctl's `PatchV1Alpha1` does before the NO_REBOOT apply.
+fn patch_at(text: &str, path: &[&str], value: &str) -> Result<String, PatchError> {
+    let mut docs = Vec::new();
+    let mut found = false;
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let mut v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| PatchError::Yaml(e.to_string()))?;
+        if !found && v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1") {
+            found = true;
+            let mut cur = &mut v;
+            for key in path {
+                let map = match cur {
+                    yaml_serde::Value::Mapping(m) => m,
+                    other => {
+                        *other = yaml_serde::Value::Mapping(Default::default());
+                        match other {
+                            yaml_serde::Value::Mapping(m) => m,
+                            _ => unreachable!("just made a mapping"),
+                        }
+                    }
+                };
+                cur = map
+                    .entry(yaml_serde::Value::String((*key).to_owned()))
+                    .or_insert(yaml_serde::Value::Null);
+            }
+            *cur = yaml_serde::Value::String(value.to_owned());
+        }
+        docs.push(yaml_serde::to_string(&v).map_err(|e| PatchError::Yaml(e.to_string()))?);
+    }
+    if !found {
+        return Err(PatchError::NoV1alpha1);
+    }
+    Ok(docs.join("---\n"))
+}
+
+/// [`NodeOps`] of a Kubernetes upgrade: each target is one step.
+pub struct K8sOps {
+    upgrade: K8sUpgrade,
+    steps: HashMap<String, K8sStep>,
+    nodes: HashMap<String, K8sNode>,
+    creds: ClientCreds,
+    kube: kube::Client,
+    /// How long a static pod may take to run the new image and be Ready (talosctl: 5 min).
+    pub pod_wait: Duration,
+    /// How long a Node may take to report the new kubelet and be Ready (talosctl: 3 min).
+    pub node_wait: Duration,
+    /// How often a gate asks again.
+    pub poll: Duration,
+}
+
+impl K8sOps {
+    /// Ops for `upgrade`, Kubernetes reached with the admin kubeconfig the first control
+    /// plane hands out (Talos `Kubeconfig`).
+    pub async fn connect(upgrade: K8sUpgrade, creds: ClientCreds) -> Result<Self, String> {
+        let cp = upgrade
+            .nodes
+            .iter()
+            .find(|n| n.role == Role::ControlPlane)
+            .ok_or("the inventory has no control plane")?;
+        let kubeconfig = TalosClient::secured(cp.addr, &creds)
+            .map_err(|e| e.to_string())?
+            .kubeconfig()
+            .await
+            .map_err(|e| format!("admin kubeconfig from {}: {e}", cp.name))?;
+        let kube = crate::addons::kube::client_from_kubeconfig(&kubeconfig)
+            .await
+            .map_err(|e| e.to_string())?;
+        let steps = upgrade.steps.iter().map(|s| (s.id(), s.clone())).collect();
+        let nodes = upgrade
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.clone()))
+            .collect();
+        Ok(Self {
+            upgrade,
+            steps,
+            nodes,
+            creds,
+            kube,
+            pod_wait: Duration::from_secs(300),
+            node_wait: Duration::from_secs(180),
+            poll: Duration::from_secs(2),
+        })
+    }
+
+    fn step(&self, id: &str) -> Result<(&K8sStep, &K8sNode), String> {
+        let step = self
+            .steps
+            .get(id)
+            .ok_or_else(|| format!("{id} is not a step of this upgrade"))?;
+        let node = step
+            .node()
+            .and_then(|n| self.nodes.get(n))
+            .ok_or_else(|| format!("{id}: its node is not in the inventory"))?;
+        Ok((step, node))
+    }
+
+    fn client(&self, node: &K8sNode) -> Result<TalosClient, TalosError> {
+        TalosClient::secured(node.addr, &self.creds)
+            .map(|c| c.with_retry(crate::talos::retry::RetryPolicy::NONE))
+    }
+
+    async fn running(&self, node: &K8sNode) -> Result<String, String> {
+        self.client(node)
+            .map_err(|e| e.to_string())?
+            .machine_config()
+            .await
+            .map_err(|e| format!("reading the running config: {e}"))
+    }
+
+    /// The step's image on the node now, and the one it should have.
+    async fn images(&self, step: &K8sStep, node: &K8sNode) -> Result<(Option<String>, String), String> {
+        let text = self.running(node).await?;
+        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let want = self.upgrade.image_for(step, current.as_deref());
+        Ok((current, want))
+    }
+
+    async fn change_step(&self, id: &str) -> Result<(), String> {
+        let (step, node) = self.step(id)?;
+        let text = self.running(node).await?;
+        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let want = self.upgrade.image_for(step, current.as_deref());
+        if current.as_deref() == Some(want.as_str()) {
+            // talosctl's errUpdateSkipped: nothing to apply, only the wait.
+            tracing::info!(step = id, image = %want, "already on the image");
+            return Ok(());
+        }
+        let patched = patch_at(&text, image_path(step), &want).map_err(|e| e.to_string())?;
+        self.client(node)
+            .map_err(|e| e.to_string())?
+            .apply_configuration_with(patched.as_bytes(), Mode::NoReboot, false, None)
+            .await
+            .map_err(|e| format!("applying {want} (no reboot): {e}"))?;
+        Ok(())
+    }
+
+    /// Every node's Talos API answers with its config and every Node is Ready.
+    async fn cluster_gate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for node in &self.upgrade.nodes {
+            if let Err(e) = self.running(node).await {
+                problems.push(format!("{}: {e}", node.name));
+            }
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.clone());
+        match api.list(&Default::default()).await {
+            Ok(list) => {
+                for node in &self.upgrade.nodes {
+                    match list
+                        .items
+                        .iter()
+                        .find(|n| n.metadata.name.as_deref() == Some(node.name.as_str()))
+                    {
+                        None => problems.push(format!("Node {} is not registered", node.name)),
+                        Some(n) if !node_ready(n) => {
+                            problems.push(format!("Node {} is not Ready", node.name))
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("listing Nodes: {e}")),
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the cluster is not healthy before the upgrade: {}",
+                problems.join("; ")
+            ))
+        }
+    }
+
+    /// One look at the step's result; `Ok(None)` when done, `Ok(Some(why))` when not yet.
+    async fn look(&self, step: &K8sStep, node: &K8sNode) -> Result<Option<String>, String> {
+        let want = self.images(step, node).await?.1;
+        match step {
+            K8sStep::StaticPod { component, .. } => {
+                let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                    kube::Api::namespaced(self.kube.clone(), "kube-system");
+                let pods = api
+                    .list(&kube::api::ListParams::default().labels(&format!("k8s-app={component}")))
+                    .await
+                    .map_err(|e| format!("listing {component} pods: {e}"))?;
+                let ip = node.ip.to_string();
+                // The label is matched here too: a server that ignores the selector must not
+                // make another component's pod pass.
+                let pod = pods.items.iter().find(|p| {
+                    p.status.as_ref().and_then(|s| s.host_ip.as_deref()) == Some(ip.as_str())
+                        && p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app"))
+                            == Some(&component.to_string())
+                });
+                let Some(pod) = pod else {
+                    return Ok(Some(format!("no {component} pod on {ip} yet")));
+                };
+                let image = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .and_then(|c| c.image.clone())
+                    .unwrap_or_default();
+                if image != want {
+                    return Ok(Some(format!("the {component} pod runs {image}, not {want}")));
+                }
+                let ready = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                Ok((!ready).then(|| format!("the {component} pod is not Ready")))
+            }
+            K8sStep::KubeProxy { .. } => {
+                let (current, want) = self.images(step, node).await?;
+                Ok((current.as_deref() != Some(want.as_str()))
+                    .then(|| format!("the config does not have {want}")))
+            }
+            K8sStep::Kubelet { .. } => {
+                let api: kube::Api<k8s_openapi::api::core::v1::Node> =
+                    kube::Api::all(self.kube.clone());
+                let n = api
+                    .get(&node.name)
+                    .await
+                    .map_err(|e| format!("Node {}: {e}", node.name))?;
+                let version = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.kubelet_version.clone())
+                    .unwrap_or_default();
+                let to = self.upgrade.to.to_string();
+                if version != to {
+                    return Ok(Some(format!(
+                        "node version mismatch: got {version:?}, expected {to:?}"
+                    )));
+                }
+                Ok((!node_ready(&n)).then(|| "node is not ready".to_owned()))
+            }
+            K8sStep::Manifests => Ok(None),
+        }
+    }
+
+    async fn step_gate(&self, id: &str) -> Result<(), String> {
+        let (step, node) = self.step(id)?;
+        let wait = match step {
+            K8sStep::Kubelet { .. } => self.node_wait,
+            _ => self.pod_wait,
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let last = match self.look(step, node).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(why)) => why,
+                Err(e) => e,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("not done within {wait:?}: {last}"));
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+}
+
+fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tonic::async_trait]
+impl NodeOps for K8sOps {
+    async fn change(&self, id: &str) -> Event {
+        match self.change_step(id).await {
+            Ok(()) => Event::Changed { node: id.to_owned() },
+            Err(reason) => Event::ChangeFailed {
+                node: id.to_owned(),
+                reason,
+            },
+        }
+    }
+
+    async fn reconcile(&self, id: &str) -> Event {
+        // Took effect when the node's running config already has the step's image.
+        let done = match self.step(id) {
+            Ok((step, node)) => matches!(
+                self.images(step, node).await,
+                Ok((Some(cur), want)) if cur == want
+            ),
+            Err(_) => false,
+        };
+        if done {
+            Event::Changed { node: id.to_owned() }
+        } else {
+            Event::NotChanged { node: id.to_owned() }
+        }
+    }
+
+    async fn check(&self, gate: &Gate) -> Event {
+        let result = match gate {
+            Gate::Cluster => self.cluster_gate().await,
+            Gate::Node(id) => self.step_gate(id).await,
+        };
+        match result {
+            Ok(()) => Event::Healthy(gate.clone()),
+            Err(reason) => Event::Unhealthy {
+                gate: gate.clone(),
+                reason,
+            },
+        }
+    }
+}
+
+/// Errors that end a run before or outside the rollout.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sUpgradeError {
+    #[error("store: {0}")]
+    Store(String),
+    #[error("stored rollout {key}: {reason}")]
+    Record { key: String, reason: String },
+    #[error("{0}")]
+    Drive(String),
+}
+
+/// Runs (or resumes) the Kubernetes upgrade `plan` with `ops`, its record in `store` under
+/// [`rollout_key`] (written before each step is carried out), reporting progress. The one
+/// entry point for the CLI and for a rollout run inside `serve`.
+pub async fn run(
+    plan: &K8sUpgrade,
+    ops: Arc<dyn NodeOps>,
+    store: &dyn Store,
+    report: impl FnMut(&Progress),
+) -> Result<Outcome, K8sUpgradeError> {
+    let key = rollout_key(&plan.to);
+    let stored = match store
+        .rollout(&key)
+        .map_err(|e| K8sUpgradeError::Store(e.to_string()))?
+    {
+        Some(bytes) => Some(serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
+            K8sUpgradeError::Record {
+                key: key.clone(),
+                reason: format!("unreadable: {e}"),
+            }
+        })?),
+        None => None,
+    };
+    if stored.is_some() {
+        tracing::info!(%key, "resuming a stored Kubernetes upgrade");
+    }
+    let rollout = plan.rollout(stored).map_err(|e| K8sUpgradeError::Record {
+        key: key.clone(),
+        reason: e.to_string(),
+    })?;
+    drive(
+        rollout,
+        ops,
+        |r| {
+            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+            store.put_rollout(&key, &json).map_err(|e| e.to_string())
+        },
+        report,
+    )
+    .await
+    .map_err(K8sUpgradeError::Drive)
 }
 
 #[cfg(test)]

@@ -164,6 +164,25 @@ impl super::FakeTalosNode {
     }
 }
 
+/// A handle on what one node runs, for the simulated kubelet ([`crate::sim::kubelet`]), which
+/// follows the running config as the real kubelet and static pods follow machined's.
+#[derive(Clone)]
+pub struct RunningConfig(Arc<Shared>);
+
+impl RunningConfig {
+    /// The running config now (None in maintenance mode).
+    pub fn get(&self) -> Option<String> {
+        lock(&self.0.configs).running.clone()
+    }
+}
+
+impl super::FakeTalosNode {
+    /// A handle on the running config that does not borrow the node.
+    pub fn running_config_handle(&self) -> RunningConfig {
+        RunningConfig(self.shared.clone())
+    }
+}
+
 /// The v1alpha1 document of a config text (None if there is none or it does not parse).
 fn v1alpha1_doc(text: &str) -> Option<Value> {
     for doc in yaml_serde::Deserializer::from_str(text) {
