@@ -441,7 +441,11 @@ impl K8sOps {
     }
 
     /// The step's image on the node now, and the one it should have.
-    async fn images(&self, step: &K8sStep, node: &K8sNode) -> Result<(Option<String>, String), String> {
+    async fn images(
+        &self,
+        step: &K8sStep,
+        node: &K8sNode,
+    ) -> Result<(Option<String>, String), String> {
         let text = self.running(node).await?;
         let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
         let want = self.upgrade.image_for(step, current.as_deref());
@@ -533,7 +537,9 @@ impl K8sOps {
                     .and_then(|c| c.image.clone())
                     .unwrap_or_default();
                 if image != want {
-                    return Ok(Some(format!("the {component} pod runs {image}, not {want}")));
+                    return Ok(Some(format!(
+                        "the {component} pod runs {image}, not {want}"
+                    )));
                 }
                 let ready = pod
                     .status
@@ -604,7 +610,9 @@ fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
 impl NodeOps for K8sOps {
     async fn change(&self, id: &str) -> Event {
         match self.change_step(id).await {
-            Ok(()) => Event::Changed { node: id.to_owned() },
+            Ok(()) => Event::Changed {
+                node: id.to_owned(),
+            },
             Err(reason) => Event::ChangeFailed {
                 node: id.to_owned(),
                 reason,
@@ -622,9 +630,13 @@ impl NodeOps for K8sOps {
             Err(_) => false,
         };
         if done {
-            Event::Changed { node: id.to_owned() }
+            Event::Changed {
+                node: id.to_owned(),
+            }
         } else {
-            Event::NotChanged { node: id.to_owned() }
+            Event::NotChanged {
+                node: id.to_owned(),
+            }
         }
     }
 
@@ -668,12 +680,14 @@ pub async fn run(
         .rollout(&key)
         .map_err(|e| K8sUpgradeError::Store(e.to_string()))?
     {
-        Some(bytes) => Some(serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
-            K8sUpgradeError::Record {
-                key: key.clone(),
-                reason: format!("unreadable: {e}"),
-            }
-        })?),
+        Some(bytes) => Some(
+            serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
+                K8sUpgradeError::Record {
+                    key: key.clone(),
+                    reason: format!("unreadable: {e}"),
+                }
+            })?,
+        ),
         None => None,
     };
     if stored.is_some() {
@@ -702,6 +716,72 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn talosctls_upgrade_paths() {
+        let v = |s: &str| s.parse::<Version>().unwrap();
+        assert!(path_supported(&v("1.36.3"), &v("1.36.4")).is_ok());
+        assert!(path_supported(&v("1.36.3"), &v("1.37.0")).is_ok());
+        let err = path_supported(&v("1.36.3"), &v("1.38.0")).unwrap_err();
+        assert!(err.contains("1.36->1.38"), "{err}");
+        assert!(path_supported(&v("1.36.3"), &v("1.35.0")).is_err());
+        assert!(path_supported(&v("1.36.3"), &v("2.0.0")).is_err());
+    }
+
+    #[test]
+    fn a_patch_changes_only_the_one_field() {
+        let text = "version: v1alpha1\nmachine:\n  type: worker\n  kubelet:\n    image: \
+                    ghcr.io/siderolabs/kubelet:v1.36.3\ncluster:\n  id: x\n---\n\
+                    apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n";
+        let path = &["machine", "kubelet", "image"];
+        let out = patch_at(text, path, "k:v2").unwrap();
+        assert_eq!(read_at(&out, path).unwrap().as_deref(), Some("k:v2"));
+        assert_eq!(
+            read_at(&out, &["machine", "type"]).unwrap().as_deref(),
+            Some("worker")
+        );
+        assert!(out.contains("kind: HostnameConfig"), "{out}");
+        // A missing parent is created, as PatchV1Alpha1 does for a nil ProxyConfig.
+        let out = patch_at(text, &["cluster", "proxy", "image"], "p:v2").unwrap();
+        assert_eq!(
+            read_at(&out, &["cluster", "proxy", "image"])
+                .unwrap()
+                .as_deref(),
+            Some("p:v2")
+        );
+        assert_eq!(
+            patch_at("kind: HostnameConfig\n", path, "x"),
+            Err(PatchError::NoV1alpha1)
+        );
+    }
+
+    #[test]
+    fn images_keep_the_kubelet_flavour() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let up = K8sUpgrade::plan(&inv, &"1.36.4".parse().unwrap(), 50000).unwrap();
+        let kubelet = K8sStep::Kubelet { node: "n".into() };
+        assert_eq!(
+            up.image_for(
+                &kubelet,
+                Some("ghcr.io/siderolabs/kubelet:v1.36.3-fat@sha256:ab")
+            ),
+            "ghcr.io/siderolabs/kubelet:v1.36.4-fat"
+        );
+        let api = K8sStep::StaticPod {
+            component: "kube-apiserver",
+            node: "n".into(),
+        };
+        assert_eq!(
+            up.image_for(&api, None),
+            "registry.k8s.io/kube-apiserver:v1.36.4"
+        );
+        assert!(!up.steps.contains(&K8sStep::Manifests));
+        assert!(up.targets().iter().all(|t| t.role == Role::ControlPlane));
+        assert!(K8sUpgrade::plan(&inv, &"1.38.0".parse().unwrap(), 50000).is_err());
+    }
 
     #[test]
     fn the_dry_run_lists_talosctls_order() {
@@ -750,5 +830,375 @@ mod tests {
                 .describe(&v)
                 .contains("cluster.apiServer image to v1.36.4")
         );
+    }
+
+    /// Against five Talos doubles installed from talboot's rendered configs (127.0.79.x, no
+    /// other test uses it), the Kubernetes double, and the simulated kubelets between them.
+    mod rack {
+        use std::sync::OnceLock;
+
+        use time::OffsetDateTime;
+
+        use super::*;
+        use crate::daytwo::rollout::NodeStatus;
+        use crate::inventory::Inventory;
+        use crate::machineconfig::clients;
+        use crate::machineconfig::render::render_node;
+        use crate::machineconfig::secrets::{
+            GenerateOptions, SecretsBundle, ServiceAccountKeyKind,
+        };
+        use crate::sim::kube::{DoubleOptions, KubeDouble};
+        use crate::sim::kubelet::{KubeletNode, KubeletOptions, Kubelets};
+        use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+
+        const NODES: [&str; 5] = [
+            "rack1-cp-01",
+            "rack1-cp-02",
+            "rack1-cp-03",
+            "rack1-wk-01",
+            "rack1-wk-04",
+        ];
+
+        fn inv_secrets() -> &'static (Inventory, SecretsBundle) {
+            static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
+            RACK.get_or_init(|| {
+                let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+                let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+                    .unwrap()
+                    .inventory;
+                let options = GenerateOptions {
+                    service_account_key: ServiceAccountKeyKind::EcdsaP256,
+                };
+                let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
+                (inv, secrets)
+            })
+        }
+
+        fn creds() -> ClientCreds {
+            let (inv, secrets) = inv_secrets();
+            let tc = clients::talosconfig(
+                inv.cluster.name.as_str(),
+                &["10.20.0.11".into()],
+                &[],
+                secrets,
+                time::Duration::hours(1),
+                OffsetDateTime::now_utc(),
+            )
+            .unwrap();
+            ClientCreds::from_talosconfig(&tc, None).unwrap()
+        }
+
+        struct Rack {
+            _cluster: FakeCluster,
+            nodes: Vec<FakeTalosNode>,
+            kube: Arc<KubeDouble>,
+            kubelets: Kubelets,
+            upgrade: K8sUpgrade,
+        }
+
+        impl Rack {
+            fn node(&self, name: &str) -> &FakeTalosNode {
+                self.nodes.iter().find(|n| n.hostname() == name).unwrap()
+            }
+
+            /// Configured applies each node had (maintenance installs are not counted).
+            fn applies(&self, name: &str) -> usize {
+                self.node(name).apply_records().len()
+            }
+
+            fn kubelet_version(&self, name: &str) -> String {
+                self.kube
+                    .object("v1", "Node", "", name)
+                    .unwrap()["status"]["nodeInfo"]["kubeletVersion"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            }
+
+            fn pod_image(&self, component: &str, node: &str) -> String {
+                self.kube
+                    .object("v1", "Pod", "kube-system", &format!("{component}-{node}"))
+                    .unwrap()["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            }
+        }
+
+        async fn rack_up(third: u8) -> Rack {
+            crate::install_crypto_provider();
+            let (inv, secrets) = inv_secrets();
+            let cluster = FakeCluster::new();
+            let kube = Arc::new(
+                KubeDouble::start(DoubleOptions {
+                    nodes: NODES.iter().map(|n| (n.to_string(), true)).collect(),
+                    ..DoubleOptions::default()
+                })
+                .await
+                .unwrap(),
+            );
+            cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
+            let mut nodes = Vec::new();
+            let mut followed = Vec::new();
+            for (i, name) in NODES.iter().enumerate() {
+                let ip = IpAddr::from([127, 0, 79, third + i as u8]);
+                let inv_ip: IpAddr = inv.node(name).unwrap().address.addr().into();
+                let mut cfg = FakeNodeConfig::new(ip, name);
+                cfg.aliases = vec![inv_ip];
+                let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+                let config = render_node(inv, secrets, inv.node(name).unwrap())
+                    .unwrap()
+                    .to_yaml()
+                    .unwrap();
+                TalosClient::maintenance(node.addr())
+                    .unwrap()
+                    .apply_configuration(config.as_bytes())
+                    .await
+                    .unwrap();
+                followed.push(KubeletNode {
+                    hostname: name.to_string(),
+                    ip: inv_ip,
+                    config: node.running_config_handle(),
+                });
+                nodes.push(node);
+            }
+            for n in &nodes {
+                n.wait_phase(Phase::Secured).await.unwrap();
+            }
+            let kubelets = Kubelets::start(
+                followed,
+                kube.clone(),
+                KubeletOptions {
+                    restart: Duration::from_millis(60),
+                    poll: Duration::from_millis(10),
+                },
+            );
+            let mut upgrade = K8sUpgrade::plan(inv, &"1.37.0".parse().unwrap(), 50000).unwrap();
+            upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
+            upgrade
+                .steps
+                .retain(|s| s.node().is_some_and(|n| NODES.contains(&n)));
+            for n in &mut upgrade.nodes {
+                n.addr = nodes
+                    .iter()
+                    .find(|f| f.hostname() == n.name)
+                    .unwrap()
+                    .addr();
+            }
+            Rack {
+                _cluster: cluster,
+                nodes,
+                kube,
+                kubelets,
+                upgrade,
+            }
+        }
+
+        async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
+            let mut ops = K8sOps::connect(rack.upgrade.clone(), creds())
+                .await
+                .unwrap();
+            ops.pod_wait = Duration::from_secs(3);
+            ops.node_wait = Duration::from_secs(3);
+            ops.poll = Duration::from_millis(20);
+            run(&rack.upgrade, Arc::new(ops), store, |_| {})
+                .await
+                .unwrap()
+        }
+
+        fn record(store: &dyn Store, rack: &Rack) -> RolloutRecord {
+            serde_json::from_slice(
+                &store
+                    .rollout(&rollout_key(&rack.upgrade.to))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_step_applies_in_talosctls_order_without_a_reboot() {
+            let rack = rack_up(1).await;
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(rack.kubelet_version("rack1-wk-01"), "v1.36.3");
+            let boots: Vec<usize> = NODES
+                .iter()
+                .map(|n| rack.node(n).configured_boots())
+                .collect();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            for cp in &NODES[..3] {
+                for (c, _) in crate::sim::kubelet::STATIC_PODS {
+                    assert_eq!(rack.pod_image(c, cp), format!("{}:v1.37.0", image_repo(c)));
+                }
+                let cfg = rack.node(cp).running_config().unwrap();
+                assert_eq!(
+                    read_at(&cfg, &["cluster", "proxy", "image"])
+                        .unwrap()
+                        .as_deref(),
+                    Some("registry.k8s.io/kube-proxy:v1.37.0")
+                );
+                // Three static pods, kube-proxy and the kubelet: five no-reboot applies.
+                assert_eq!(rack.applies(cp), 5, "{cp}");
+            }
+            for (i, n) in NODES.into_iter().enumerate() {
+                assert_eq!(rack.kubelet_version(n), "v1.37.0", "{n}");
+                assert_eq!(rack.node(n).configured_boots(), boots[i], "{n} rebooted");
+                for a in rack.node(n).apply_records() {
+                    assert_eq!(a.effective, Mode::NoReboot, "{n}");
+                }
+            }
+            assert_eq!(rack.applies("rack1-wk-04"), 1);
+            // The order, from the doubles' own apply records: every apiserver before any
+            // controller-manager, ..., every control plane's kubelet before any worker's.
+            let mut applies: Vec<(std::time::Instant, String, String)> = Vec::new();
+            for n in NODES {
+                let mut prev: Option<String> = None;
+                for a in rack.node(n).apply_records() {
+                    let cfg = a.config.clone();
+                    let what = ["apiServer", "controllerManager", "scheduler", "proxy"]
+                        .into_iter()
+                        .find(|k| {
+                            read_at(&cfg, &["cluster", k, "image"]).unwrap()
+                                != prev
+                                    .as_deref()
+                                    .and_then(|p| read_at(p, &["cluster", k, "image"]).unwrap())
+                        })
+                        .unwrap_or("kubelet");
+                    applies.push((a.at, what.to_owned(), n.to_owned()));
+                    prev = Some(cfg);
+                }
+            }
+            applies.sort();
+            let order: Vec<String> = applies.iter().map(|(_, w, n)| format!("{w}/{n}")).collect();
+            let want: Vec<String> = rack
+                .upgrade
+                .steps
+                .iter()
+                .map(|s| match s {
+                    K8sStep::StaticPod { component, node } => format!(
+                        "{}/{node}",
+                        crate::sim::kubelet::STATIC_PODS
+                            .iter()
+                            .find(|(c, _)| c == component)
+                            .unwrap()
+                            .1
+                    ),
+                    K8sStep::KubeProxy { node } => format!("proxy/{node}"),
+                    K8sStep::Kubelet { node } => format!("kubelet/{node}"),
+                    K8sStep::Manifests => unreachable!(),
+                })
+                .collect();
+            assert_eq!(order, want);
+            assert!(
+                record(&store, &rack)
+                    .status
+                    .values()
+                    .all(|s| *s == NodeStatus::Done)
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failing_node_stops_the_upgrade_and_a_restart_resumes_without_repeating() {
+            let rack = rack_up(11).await;
+            let dir = tempfile::tempdir().unwrap();
+            // cp-02's controller-manager never comes back after its change.
+            rack.kubelets
+                .never_ready("rack1-cp-02", "kube-controller-manager");
+            {
+                let store = crate::store::open(dir.path()).unwrap();
+                match run_once(&rack, &store).await {
+                    Outcome::Stopped { node, reason } => {
+                        assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-02"));
+                        assert!(reason.contains("not Ready"), "{reason}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+                let rec = record(&store, &rack);
+                assert_eq!(rec.status["kube-apiserver/rack1-cp-03"], NodeStatus::Done);
+                assert_eq!(
+                    rec.status["kube-controller-manager/rack1-cp-01"],
+                    NodeStatus::Done
+                );
+                assert!(matches!(
+                    rec.status["kube-controller-manager/rack1-cp-02"],
+                    NodeStatus::Failed { .. }
+                ));
+                assert_eq!(
+                    rec.status["kube-controller-manager/rack1-cp-03"],
+                    NodeStatus::Pending
+                );
+            }
+            // Nothing after the failing step was touched.
+            assert_eq!(rack.applies("rack1-cp-01"), 2);
+            assert_eq!(rack.applies("rack1-cp-02"), 2);
+            assert_eq!(rack.applies("rack1-cp-03"), 1);
+            assert_eq!(rack.applies("rack1-wk-01"), 0);
+            assert_eq!(rack.kubelet_version("rack1-cp-01"), "v1.36.3");
+
+            // Also refuse cp-03's next apply: the resumed run stops there, at the patch.
+            rack.kubelets.heal();
+            rack.node("rack1-cp-03").refuse_next_apply("disk full");
+            {
+                let store = crate::store::open(dir.path()).unwrap();
+                match run_once(&rack, &store).await {
+                    Outcome::Stopped { node, reason } => {
+                        assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-03"));
+                        assert!(reason.contains("disk full"), "{reason}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            // cp-02's step was reconciled (its config already had the image), not applied again.
+            assert_eq!(rack.applies("rack1-cp-02"), 2);
+
+            // Fixed; a new process resumes from the store and finishes.
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            assert_eq!(rack.applies("rack1-cp-01"), 5, "no step applied twice");
+            assert_eq!(rack.applies("rack1-cp-02"), 5, "no step applied twice");
+            assert_eq!(rack.applies("rack1-wk-01"), 1);
+            for n in NODES {
+                assert_eq!(rack.kubelet_version(n), "v1.37.0", "{n}");
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_kubelet_that_never_reports_the_new_version_fails_its_gate() {
+            let rack = rack_up(21).await;
+            let dir = tempfile::tempdir().unwrap();
+            rack.kubelets
+                .never_ready("rack1-wk-01", crate::sim::kubelet::KUBELET);
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node, reason } => {
+                    assert_eq!(node.as_deref(), Some("kubelet/rack1-wk-01"));
+                    assert!(reason.contains("node version mismatch"), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                rack.applies("rack1-wk-04"),
+                0,
+                "the next worker was not touched"
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_cluster_with_a_not_ready_node_is_not_upgraded() {
+            let rack = rack_up(31).await;
+            rack.kube.set_node_ready("rack1-wk-04", false);
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node: None, reason } => {
+                    assert!(reason.contains("Node rack1-wk-04 is not Ready"), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+            for n in NODES {
+                assert_eq!(rack.applies(n), 0, "{n}");
+            }
+        }
     }
 }

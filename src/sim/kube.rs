@@ -656,7 +656,12 @@ impl KubeDouble {
         let mut c = lock(&self.state);
         c.rv += 1;
         let rv = c.rv.to_string();
-        let key = (String::new(), "nodes".into(), String::new(), name.to_owned());
+        let key = (
+            String::new(),
+            "nodes".into(),
+            String::new(),
+            name.to_owned(),
+        );
         if let Some(s) = c.objects.get_mut(&key) {
             s.obj["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
             s.obj["metadata"]["resourceVersion"] = json!(rv);

@@ -225,8 +225,14 @@ mod tests {
 
     #[test]
     fn image_tags() {
-        assert_eq!(image_tag("registry.k8s.io/kube-apiserver:v1.36.3"), "v1.36.3");
-        assert_eq!(image_tag("localhost:5000/kubelet:v1.36.3@sha256:ab"), "v1.36.3");
+        assert_eq!(
+            image_tag("registry.k8s.io/kube-apiserver:v1.36.3"),
+            "v1.36.3"
+        );
+        assert_eq!(
+            image_tag("localhost:5000/kubelet:v1.36.3@sha256:ab"),
+            "v1.36.3"
+        );
         assert_eq!(image_tag("localhost:5000/kubelet"), "");
     }
 

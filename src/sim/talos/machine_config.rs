@@ -88,6 +88,9 @@ pub struct ApplyRecord {
     pub dry_run: bool,
     /// Whether the node rebooted for it.
     pub rebooted: bool,
+    /// The config sent (for tests asserting what changed, and in which order across nodes).
+    pub config: String,
+    pub at: std::time::Instant,
 }
 
 /// What the node runs and will boot with.
@@ -318,11 +321,16 @@ pub(crate) fn apply_configured(
         },
         Mode::Reboot => {}
     }
-    let record = |rebooted| ApplyRecord {
-        requested,
-        effective: mode,
-        dry_run: req.dry_run,
-        rebooted,
+    let record = {
+        let (config, dry_run) = (text.clone(), req.dry_run);
+        move |rebooted| ApplyRecord {
+            requested,
+            effective: mode,
+            dry_run,
+            rebooted,
+            config: config.clone(),
+            at: std::time::Instant::now(),
+        }
     };
 
     if req.dry_run {
