@@ -278,8 +278,12 @@ pub(crate) fn apply_configured(
     shared: &Arc<Shared>,
     req: machine::ApplyConfigurationRequest,
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-    let requested = Mode::try_from(req.mode)
-        .map_err(|_| Status::unknown(format!("incorrect mode '{}' specified", req.mode)))?;
+    let requested = Mode::try_from(req.mode).map_err(|_| {
+        Status::unknown(format!(
+            "incorrect mode '{}' specified for the apply config call",
+            req.mode
+        ))
+    })?;
     if requested != Mode::Try {
         lock(&shared.configs).rollback_generation += 1;
     }
@@ -541,6 +545,38 @@ pub(super) mod tests {
 
     fn env() -> Value {
         yaml_serde::from_str("{HTTP_PROXY: http://proxy:3128}").unwrap()
+    }
+
+    /// An unknown mode number is refused with `ApplyConfiguration`'s default-branch error
+    /// text (siderolabs/talos v1.13.9 `v1alpha1_server.go`: "incorrect mode '%s' specified
+    /// for the apply config call", a plain error, so codes.Unknown).
+    #[tokio::test]
+    async fn an_unknown_mode_is_refused_with_talos_text() {
+        use crate::sim::talos::tests::{node_cfg, rendered};
+        use crate::sim::talos::{FakeCluster, FakeTalosNode, Phase};
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(node_cfg(42, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        let base = rendered("rack1-cp-01");
+        crate::sim::talos::tests::maintenance(node.addr())
+            .apply_configuration(base.as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let req = machine::ApplyConfigurationRequest {
+            data: base.into_bytes(),
+            mode: 42,
+            dry_run: false,
+            try_mode_timeout: None,
+        };
+        let err = apply_configured(&node.shared, req).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unknown);
+        assert_eq!(
+            err.message(),
+            "incorrect mode '42' specified for the apply config call"
+        );
     }
 
     #[tokio::test]
