@@ -278,7 +278,7 @@ async fn ensure_boot_sets(
 /// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]); with
 /// `--dry-run` only listed, else carried out one at a time, health-gated and resumable.
 fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
-    use crate::daytwo::upgrade_k8s::{self, K8sOps, K8sUpgrade};
+    use crate::daytwo::upgrade_k8s::{self, K8sUpgrade};
     let to: Version = match to.parse() {
         Ok(v) => v,
         Err(e) => {
@@ -342,16 +342,21 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    let outcome = rt.block_on(async {
-        let mut ops = K8sOps::connect(plan.clone(), creds).await?;
-        ops.pod_wait = std::time::Duration::from_secs(args.node_timeout.min(300));
-        ops.node_wait = std::time::Duration::from_secs(args.node_timeout.min(180));
-        upgrade_k8s::run(&plan, Arc::new(ops), store.as_ref(), |p| {
-            print_k8s_progress(&plan, p)
-        })
-        .await
-        .map_err(|e| e.to_string())
-    });
+    let opts = upgrade_k8s::K8sOptions {
+        apid_port: args.apid_port,
+        pod_wait: std::time::Duration::from_secs(args.node_timeout.min(300)),
+        node_wait: std::time::Duration::from_secs(args.node_timeout.min(180)),
+    };
+    let outcome = rt
+        .block_on(upgrade_k8s::upgrade(
+            inv,
+            &to,
+            creds,
+            store.as_ref(),
+            &opts,
+            |p| print_k8s_progress(&plan, p),
+        ))
+        .map_err(|e| e.to_string());
     match outcome {
         Ok(Outcome::Finished) => {
             println!("Kubernetes {to} on every node");

@@ -54,9 +54,9 @@ pub enum K8sStep {
     },
     /// Patch kube-proxy's image into one control plane's config (no wait).
     KubeProxy { node: String },
-    /// Patch the kubelet image on one node, then wait for the restart and the Node version.
+    /// Patch the kubelet image on one node, then wait until the Node reports its version.
     Kubelet { node: String },
-    /// Sync the bootstrap manifests.
+    /// Sync the bootstrap manifests (listed by the dry run; talboot leaves it to talosctl).
     Manifests,
 }
 
@@ -85,8 +85,8 @@ impl K8sStep {
                 format!("{node}: patch cluster.proxy image to {v}")
             }
             Self::Kubelet { node } => format!(
-                "{node}: patch machine.kubelet image to {v}; wait for the kubelet to restart \
-                 and the Node to report {v}"
+                "{node}: patch machine.kubelet image to {v}; wait until the Node reports \
+                 kubelet {v} and is Ready"
             ),
             Self::Manifests => "sync the bootstrap manifests".to_owned(),
         }
@@ -658,12 +658,60 @@ impl NodeOps for K8sOps {
 /// Errors that end a run before or outside the rollout.
 #[derive(Debug, thiserror::Error)]
 pub enum K8sUpgradeError {
+    /// The upgrade cannot be planned (e.g. an unsupported path).
+    #[error("{0}")]
+    Plan(String),
+    /// Kubernetes or the first control plane could not be reached.
+    #[error("{0}")]
+    Connect(String),
     #[error("store: {0}")]
     Store(String),
     #[error("stored rollout {key}: {reason}")]
     Record { key: String, reason: String },
     #[error("{0}")]
     Drive(String),
+}
+
+/// How a whole Kubernetes upgrade runs, for callers that start one from the inventory (the
+/// CLI, a rollout command inside `serve`).
+#[derive(Debug, Clone)]
+pub struct K8sOptions {
+    /// apid's port on every node.
+    pub apid_port: u16,
+    /// Longest wait for a static pod (talosctl: 5 min).
+    pub pod_wait: Duration,
+    /// Longest wait for a Node's new kubelet version (talosctl: 3 min).
+    pub node_wait: Duration,
+}
+
+impl Default for K8sOptions {
+    fn default() -> Self {
+        K8sOptions {
+            apid_port: crate::talos::APID_PORT,
+            pod_wait: Duration::from_secs(300),
+            node_wait: Duration::from_secs(180),
+        }
+    }
+}
+
+/// Plans, connects and runs (or resumes) the upgrade of `inv`'s cluster to Kubernetes `to`:
+/// the one call a new rollout kind needs (`Rollout::Kubernetes { to }` in serve's provisioner
+/// maps to this with serve's store and a progress sink).
+pub async fn upgrade(
+    inv: &Inventory,
+    to: &Version,
+    creds: ClientCreds,
+    store: &dyn Store,
+    opts: &K8sOptions,
+    report: impl FnMut(&Progress),
+) -> Result<Outcome, K8sUpgradeError> {
+    let plan = K8sUpgrade::plan(inv, to, opts.apid_port).map_err(K8sUpgradeError::Plan)?;
+    let mut ops = K8sOps::connect(plan.clone(), creds)
+        .await
+        .map_err(K8sUpgradeError::Connect)?;
+    ops.pod_wait = opts.pod_wait;
+    ops.node_wait = opts.node_wait;
+    run(&plan, Arc::new(ops), store, report).await
 }
 
 /// Runs (or resumes) the Kubernetes upgrade `plan` with `ops`, its record in `store` under
