@@ -31,8 +31,8 @@ pub struct Args {
     /// With --kubernetes: list every step and what is checked after it; change nothing.
     #[arg(long, requires = "kubernetes")]
     pub dry_run: bool,
-    /// Write the new version for the next boot without rebooting now.
-    #[arg(long)]
+    /// Write the new version for the next boot without rebooting now (Talos only).
+    #[arg(long, conflicts_with = "kubernetes")]
     pub stage: bool,
     /// Workers upgraded at once (control planes are always one at a time).
     #[arg(long, default_value_t = 1)]
