@@ -25,8 +25,9 @@
 //! the static-pod gate compares the pod's image (talosctl compares the
 //! `talos.dev/config-version` annotation with the component's COSI config resource version,
 //! which talboot does not read); the kubelet gate finds the Node by name (talosctl by
-//! address); the pre-upgrade checks are "every node's Talos API answers and every Node is
-//! Ready" (talosctl also checks removed APIs and Talos/Kubernetes version compatibility); the
+//! address); the pre-upgrade checks are "every node's Talos API answers, its Talos runs the
+//! target (`compat.go`, `VerifyVersionCompatibility`) and every Node is Ready" (talosctl also
+//! checks for removed APIs in use); the
 //! bootstrap manifest sync is not done (listed by the dry run; `talosctl upgrade-k8s` run
 //! afterwards skips every node already on the version and syncs only the manifests); images
 //! are not pre-pulled.
@@ -176,6 +177,54 @@ pub fn path_supported(from: &Version, to: &Version) -> Result<(), String> {
             f.minor + 1
         ))
     }
+}
+
+/// The Kubernetes versions each Talos minor runs, as talosctl v1.13.9 knows them
+/// (siderolabs/talos v1.13.9 `pkg/machinery/compatibility/talos1{10,11,12,13}/*.go`,
+/// `MinimumKubernetesVersion` and `MaximumKubernetesVersion`): (Talos minor, lowest, the
+/// first version that is too new). Older minors are not listed here.
+/// major, minor, patch.
+type Triple = (u64, u64, u64);
+
+const TALOS_K8S: [(u64, Triple, Triple); 4] = [
+    (10, (1, 28, 0), (1, 33, 99)),
+    (11, (1, 29, 0), (1, 34, 99)),
+    (12, (1, 30, 0), (1, 35, 99)),
+    (13, (1, 31, 0), (1, 36, 99)),
+];
+
+/// Whether Kubernetes `k8s` may run on a node with Talos `talos_tag`, with talosctl's texts
+/// (`pkg/machinery/compatibility/kubernetes_version.go`, `SupportedWith`: below the minimum is
+/// "too old", at or above the maximum "too new", a Talos minor it has no table for "not
+/// supported").
+pub fn supported_with(k8s: &Version, talos_tag: &str) -> Result<(), String> {
+    let talos: Version = talos_tag
+        .parse()
+        .map_err(|e| format!("Talos version {talos_tag:?}: {e}"))?;
+    let t = &talos.0;
+    let row = TALOS_K8S
+        .iter()
+        .find(|(minor, _, _)| t.major == 1 && t.minor == *minor);
+    let Some((_, min, max)) = row else {
+        return Err(format!(
+            "compatibility with version {} is not supported",
+            talos.0
+        ));
+    };
+    let v = (k8s.0.major, k8s.0.minor, k8s.0.patch);
+    if v < *min {
+        return Err(format!(
+            "version of Kubernetes {} is too old to be used with Talos {}",
+            k8s.0, talos.0
+        ));
+    }
+    if v >= *max {
+        return Err(format!(
+            "version of Kubernetes {} is too new to be used with Talos {}",
+            k8s.0, talos.0
+        ));
+    }
+    Ok(())
 }
 
 impl K8sStep {
@@ -477,6 +526,21 @@ impl K8sOps {
         for node in &self.upgrade.nodes {
             if let Err(e) = self.running(node).await {
                 problems.push(format!("{}: {e}", node.name));
+                continue;
+            }
+            // talosctl's VerifyVersionCompatibility: every node's Talos runs the target.
+            let tag = match self.client(node) {
+                Ok(c) => c.version().await.map(|v| v.version.map(|v| v.tag)),
+                Err(e) => Err(e),
+            };
+            match tag {
+                Ok(Some(tag)) => {
+                    if let Err(e) = supported_with(&self.upgrade.to, &tag) {
+                        problems.push(format!("node {}: {e}", node.name));
+                    }
+                }
+                Ok(None) => problems.push(format!("{}: no version reported", node.name)),
+                Err(e) => problems.push(format!("{}: version: {e}", node.name)),
             }
         }
         let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.clone());
@@ -777,6 +841,27 @@ mod tests {
     }
 
     #[test]
+    fn talosctls_compatibility_table() {
+        let v = |s: &str| s.parse::<Version>().unwrap();
+        assert!(supported_with(&v("1.36.4"), "v1.13.9").is_ok());
+        assert!(supported_with(&v("1.31.0"), "v1.13.0").is_ok());
+        assert_eq!(
+            supported_with(&v("1.37.0"), "v1.13.9").unwrap_err(),
+            "version of Kubernetes 1.37.0 is too new to be used with Talos 1.13.9"
+        );
+        assert_eq!(
+            supported_with(&v("1.30.5"), "v1.13.9").unwrap_err(),
+            "version of Kubernetes 1.30.5 is too old to be used with Talos 1.13.9"
+        );
+        assert!(supported_with(&v("1.35.2"), "v1.12.4").is_ok());
+        assert!(supported_with(&v("1.36.0"), "v1.12.4").is_err());
+        assert_eq!(
+            supported_with(&v("1.36.4"), "v1.14.0").unwrap_err(),
+            "compatibility with version 1.14.0 is not supported"
+        );
+    }
+
+    #[test]
     fn a_patch_changes_only_the_one_field() {
         let text = "version: v1alpha1\nmachine:\n  type: worker\n  kubelet:\n    image: \
                     ghcr.io/siderolabs/kubelet:v1.36.3\ncluster:\n  id: x\n---\n\
@@ -973,7 +1058,8 @@ mod tests {
             }
         }
 
-        async fn rack_up(third: u8) -> Rack {
+        /// The rack, planned for an upgrade to Kubernetes `to`.
+        async fn rack_up_to(third: u8, to: &str) -> Rack {
             crate::install_crypto_provider();
             let (inv, secrets) = inv_secrets();
             let cluster = FakeCluster::new();
@@ -1021,7 +1107,7 @@ mod tests {
                     poll: Duration::from_millis(10),
                 },
             );
-            let mut upgrade = K8sUpgrade::plan(inv, &"1.37.0".parse().unwrap(), 50000).unwrap();
+            let mut upgrade = K8sUpgrade::plan(inv, &to.parse().unwrap(), 50000).unwrap();
             upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
             upgrade
                 .steps
@@ -1040,6 +1126,11 @@ mod tests {
                 kubelets,
                 upgrade,
             }
+        }
+
+        /// The rack, planned for 1.36.3 -> 1.36.4 (Talos v1.13 runs Kubernetes up to 1.36).
+        async fn rack_up(third: u8) -> Rack {
+            rack_up_to(third, "1.36.4").await
         }
 
         async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
@@ -1069,6 +1160,13 @@ mod tests {
             let rack = rack_up(1).await;
             let dir = tempfile::tempdir().unwrap();
             let store = crate::store::open(dir.path()).unwrap();
+            // The simulated kubelets post their version once they have seen the config.
+            for _ in 0..1000 {
+                if rack.kubelet_version("rack1-wk-01") == "v1.36.3" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             assert_eq!(rack.kubelet_version("rack1-wk-01"), "v1.36.3");
             let boots: Vec<usize> = NODES
                 .iter()
@@ -1077,20 +1175,20 @@ mod tests {
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             for cp in &NODES[..3] {
                 for (c, _) in crate::sim::kubelet::STATIC_PODS {
-                    assert_eq!(rack.pod_image(c, cp), format!("{}:v1.37.0", image_repo(c)));
+                    assert_eq!(rack.pod_image(c, cp), format!("{}:v1.36.4", image_repo(c)));
                 }
                 let cfg = rack.node(cp).running_config().unwrap();
                 assert_eq!(
                     read_at(&cfg, &["cluster", "proxy", "image"])
                         .unwrap()
                         .as_deref(),
-                    Some("registry.k8s.io/kube-proxy:v1.37.0")
+                    Some("registry.k8s.io/kube-proxy:v1.36.4")
                 );
                 // Three static pods, kube-proxy and the kubelet: five no-reboot applies.
                 assert_eq!(rack.applies(cp), 5, "{cp}");
             }
             for (i, n) in NODES.into_iter().enumerate() {
-                assert_eq!(rack.kubelet_version(n), "v1.37.0", "{n}");
+                assert_eq!(rack.kubelet_version(n), "v1.36.4", "{n}");
                 assert_eq!(rack.node(n).configured_boots(), boots[i], "{n} rebooted");
                 for a in rack.node(n).apply_records() {
                     assert_eq!(a.effective, Mode::NoReboot, "{n}");
@@ -1207,7 +1305,7 @@ mod tests {
             assert_eq!(rack.applies("rack1-cp-02"), 5, "no step applied twice");
             assert_eq!(rack.applies("rack1-wk-01"), 1);
             for n in NODES {
-                assert_eq!(rack.kubelet_version(n), "v1.37.0", "{n}");
+                assert_eq!(rack.kubelet_version(n), "v1.36.4", "{n}");
             }
         }
 
@@ -1230,6 +1328,27 @@ mod tests {
                 0,
                 "the next worker was not touched"
             );
+        }
+
+        /// talosctl refuses a Kubernetes its Talos does not run before any change.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_kubernetes_the_nodes_talos_does_not_run_is_refused() {
+            let rack = rack_up_to(41, "1.37.0").await;
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node: None, reason } => assert!(
+                    reason.contains(
+                        "node rack1-cp-01: version of Kubernetes 1.37.0 is too new to be used \
+                         with Talos 1.13.9"
+                    ),
+                    "{reason}"
+                ),
+                other => panic!("{other:?}"),
+            }
+            for n in NODES {
+                assert_eq!(rack.applies(n), 0, "{n}");
+            }
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

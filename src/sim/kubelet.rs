@@ -144,7 +144,9 @@ impl Kubelets {
                             c.config_version += 1;
                             c.ready_at = now + opts.restart;
                         }
-                        let ready = now >= c.ready_at && !faulty.contains(&key);
+                        // A fault bites at the first change, not on the version it started on.
+                        let stuck = faulty.contains(&key) && c.config_version > 1;
+                        let ready = now >= c.ready_at && !stuck;
                         let want = (c.image.clone(), c.config_version, ready);
                         if c.written.as_ref() == Some(&want) {
                             continue;
