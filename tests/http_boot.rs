@@ -66,45 +66,54 @@ async fn start_edited(
     .unwrap()
     .inventory;
     inv.boot.delivery = delivery;
+    let before = inv.cluster.talos_version.value.clone();
     edit(&mut inv);
     let schematic = inv.cluster.installer.schematic_id().to_string();
     let images = tmp.path().join("images");
-    let id = SetId::new(
-        &inv.cluster.talos_version.value,
-        &schematic,
-        talboot::inventory::Arch::Amd64,
-    );
     let kernel: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
-    let mut files = BTreeMap::new();
-    for (kind, bytes) in [
-        (Kind::Kernel, kernel.clone()),
-        (Kind::Initramfs, vec![7u8; 50_000]),
-        (
-            Kind::Cmdline,
-            b"talos.platform=metal console=tty0 slab_nomerge pti=on".to_vec(),
-        ),
-    ] {
-        let p = images.join(id.rel_dir()).join(kind.file_name());
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, bytes).unwrap();
-        let (size, sha256) = hash_file(&p).unwrap();
-        files.insert(
-            kind,
-            FileRecord {
-                size,
-                sha256,
-                compression: None,
-            },
-        );
-    }
     let mut catalog = Catalog::load(&images).unwrap();
-    catalog.upsert(Entry {
-        id,
-        source: "test".into(),
-        pulled_at: 0,
-        files,
-        origin: Default::default(),
-    });
+    let mut sets = vec![(
+        inv.cluster.talos_version.value.clone(),
+        kernel.clone(),
+        vec![7u8; 50_000],
+    )];
+    // An edit that changed the version leaves the cache as `talboot upgrade --talos` does:
+    // the new version's set pulled next to the old one (whose kernel differs).
+    if before != inv.cluster.talos_version.value {
+        sets.push((before, vec![1u8; 100_000], vec![2u8; 50_000]));
+    }
+    for (version, kernel, initramfs) in sets {
+        let id = SetId::new(&version, &schematic, talboot::inventory::Arch::Amd64);
+        let mut files = BTreeMap::new();
+        for (kind, bytes) in [
+            (Kind::Kernel, kernel),
+            (Kind::Initramfs, initramfs),
+            (
+                Kind::Cmdline,
+                b"talos.platform=metal console=tty0 slab_nomerge pti=on".to_vec(),
+            ),
+        ] {
+            let p = images.join(id.rel_dir()).join(kind.file_name());
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, bytes).unwrap();
+            let (size, sha256) = hash_file(&p).unwrap();
+            files.insert(
+                kind,
+                FileRecord {
+                    size,
+                    sha256,
+                    compression: None,
+                },
+            );
+        }
+        catalog.upsert(Entry {
+            id,
+            source: "test".into(),
+            pulled_at: 0,
+            files,
+            origin: Default::default(),
+        });
+    }
     let configs = tmp.path().join("configs");
     std::fs::create_dir_all(&configs).unwrap();
     for n in &inv.nodes {
@@ -271,6 +280,62 @@ async fn scripts_chain_then_boot_talos() {
         s.contains("booting from local disk") && s.contains("\nexit\n"),
         "{s}"
     );
+}
+
+/// After a Talos upgrade (the new version's boot set pulled next to the old one, and
+/// `talosVersion` bumped in the inventory as `talboot upgrade --talos` asks), a node that
+/// network-boots (a rebuild, a replaced disk) gets the new version's kernel and initramfs.
+#[tokio::test]
+async fn a_node_that_network_boots_after_a_talos_upgrade_gets_the_new_version() {
+    let env = start_edited(
+        Delivery::Push,
+        talboot::http::server::Limits::default(),
+        None,
+        |inv| inv.cluster.talos_version.value = "v1.14.0".parse().unwrap(),
+    )
+    .await;
+    lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
+    let c = reqwest::Client::new();
+    let s = c
+        .get(format!(
+            "{}/boot.ipxe?mac=bc-24-11-40-00-01&arch=x86_64&platform=efi",
+            env.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let assets = format!("{}/assets/v1.14.0/{}/amd64", env.base, env.schematic);
+    assert!(s.contains(&format!("kernel {assets}/kernel ")), "{s}");
+    assert!(
+        s.contains(&format!("initrd --name initramfs.xz {assets}/initramfs.xz")),
+        "{s}"
+    );
+    assert!(!s.contains("v1.13.9"), "{s}");
+    let get = |url: String| {
+        let c = c.clone();
+        async move {
+            c.get(url)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+                .to_vec()
+        }
+    };
+    assert!(get(format!("{assets}/kernel")).await == env.kernel);
+    assert!(get(format!("{assets}/initramfs.xz")).await == vec![7u8; 50_000]);
+    // The old set is still there, and different: the script's choice is what decides.
+    let old = get(format!(
+        "{}/assets/v1.13.9/{}/amd64/kernel",
+        env.base, env.schematic
+    ))
+    .await;
+    assert!(old == vec![1u8; 100_000], "the old set is served too");
 }
 
 /// The `http404` local-boot method: an installed node's per-MAC script is a 404 (so iPXE's

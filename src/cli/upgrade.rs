@@ -2,7 +2,8 @@
 //! [`crate::daytwo::upgrade`] (one control plane at a time, workers with bounded concurrency,
 //! stop at the first failure, resumable from the store). The boot sets of the new version are
 //! pulled and verified first, so a node that network-boots during or after the upgrade finds
-//! them.
+//! them. `--kubernetes vX.Y.Z` runs [`crate::daytwo::upgrade_k8s`] the same way (one step at
+//! a time, in talosctl's order, record `upgrade-k8s/<version>` in the store).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,15 +23,16 @@ pub struct Args {
     /// when it was bumped there).
     #[arg(long, conflicts_with = "kubernetes")]
     pub talos: Option<String>,
-    /// Upgrade Kubernetes to this version instead, in talosctl's order (with --dry-run:
-    /// list the steps).
+    /// Upgrade Kubernetes to this version instead: talosctl's steps one at a time, each
+    /// machine-config patch (no reboot) followed by its gate; resumable (with --dry-run: list
+    /// the steps).
     #[arg(long)]
     pub kubernetes: Option<String>,
     /// With --kubernetes: list every step and what is checked after it; change nothing.
     #[arg(long, requires = "kubernetes")]
     pub dry_run: bool,
-    /// Write the new version for the next boot without rebooting now.
-    #[arg(long)]
+    /// Write the new version for the next boot without rebooting now (Talos only).
+    #[arg(long, conflicts_with = "kubernetes")]
     pub stage: bool,
     /// Workers upgraded at once (control planes are always one at a time).
     #[arg(long, default_value_t = 1)]
@@ -70,7 +72,7 @@ pub fn run(args: &Args) -> ExitCode {
         Err(e) => return fail(EXIT_INVALID, e),
     };
     if let Some(k) = &args.kubernetes {
-        return kubernetes(&inv, k, args.dry_run);
+        return kubernetes(&inv, k, args);
     }
     let version: Version = match &args.talos {
         Some(t) => match t.parse() {
@@ -273,8 +275,10 @@ async fn ensure_boot_sets(
     Ok(())
 }
 
-/// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]).
-fn kubernetes(inv: &Inventory, to: &str, dry_run: bool) -> ExitCode {
+/// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]); with
+/// `--dry-run` only listed, else carried out one at a time, health-gated and resumable.
+fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
+    use crate::daytwo::upgrade_k8s::{self, K8sUpgrade};
     let to: Version = match to.parse() {
         Ok(v) => v,
         Err(e) => {
@@ -284,21 +288,126 @@ fn kubernetes(inv: &Inventory, to: &str, dry_run: bool) -> ExitCode {
             );
         }
     };
-    let steps = crate::daytwo::upgrade_k8s::plan(inv);
-    if !dry_run {
-        return fail(
-            EXIT_USAGE,
-            "applying a Kubernetes upgrade needs ApplyConfiguration on configured nodes, which \
-             this build does not have yet; --dry-run lists the steps",
+    if args.dry_run {
+        let steps = upgrade_k8s::plan(inv);
+        if let Err(e) = upgrade_k8s::path_supported(&inv.cluster.kubernetes_version.value, &to) {
+            return fail(EXIT_USAGE, e);
+        }
+        println!(
+            "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
+            inv.cluster.kubernetes_version.value,
+            steps.len()
         );
+        for (i, step) in steps.iter().enumerate() {
+            let note = if *step == upgrade_k8s::K8sStep::Manifests {
+                " (not done by talboot yet: run `talosctl upgrade-k8s --to <version>` afterwards; \
+                 it skips every node already on the version)"
+            } else {
+                ""
+            };
+            println!("{:>3}. {}{note}", i + 1, step.describe(&to));
+        }
+        return ExitCode::SUCCESS;
     }
-    println!(
-        "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
-        inv.cluster.kubernetes_version.value,
-        steps.len()
-    );
-    for (i, step) in steps.iter().enumerate() {
-        println!("{:>3}. {}", i + 1, step.describe(&to));
+    let plan = match K8sUpgrade::plan(inv, &to, args.apid_port) {
+        Ok(p) => p,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+        Ok(s) => Arc::new(s),
+        Err(e @ store::StoreError::Locked { .. }) => {
+            return fail(
+                EXIT_USAGE,
+                format!(
+                    "{e}\n`talboot upgrade --kubernetes` does not go through a running serve \
+                     in this build: stop serve for the upgrade"
+                ),
+            );
+        }
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let creds = match super::talosconfig_creds(
+        args.talosconfig.as_deref(),
+        &args.state_dir,
+        args.context.as_deref(),
+    ) {
+        Ok(c) => c,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    crate::install_crypto_provider();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
+    };
+    let opts = upgrade_k8s::K8sOptions {
+        apid_port: args.apid_port,
+        pod_wait: std::time::Duration::from_secs(args.node_timeout.min(300)),
+        node_wait: std::time::Duration::from_secs(args.node_timeout.min(180)),
+    };
+    let outcome = rt
+        .block_on(upgrade_k8s::upgrade(
+            inv,
+            &to,
+            creds,
+            store.as_ref(),
+            &opts,
+            |p| print_k8s_progress(&plan, p),
+        ))
+        .map_err(|e| e.to_string());
+    match outcome {
+        Ok(Outcome::Finished) => {
+            println!("Kubernetes {to} on every node");
+            println!(
+                "set `kubernetesVersion: {}` in {} so that configs rendered from now on \
+                 carry it; the bootstrap manifests are not synced by talboot (see the docs)",
+                to.0,
+                args.config.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(Outcome::Stopped { node, reason }) => {
+            let at = node.map_or("the pre-flight check".to_owned(), |n| format!("step {n}"));
+            fail(
+                EXIT_INVALID,
+                format!(
+                    "stopped at {at}: {reason}\nfix it and run the same command again: finished \
+                     steps are not applied again"
+                ),
+            )
+        }
+        Err(e) => fail(EXIT_USAGE, e),
     }
-    ExitCode::SUCCESS
+}
+
+fn print_k8s_progress(plan: &crate::daytwo::upgrade_k8s::K8sUpgrade, p: &Progress) {
+    let describe = |id: &str| {
+        plan.steps
+            .iter()
+            .find(|s| s.id() == id)
+            .map_or_else(|| id.to_owned(), |s| s.describe(&plan.to))
+    };
+    match p {
+        Progress::Checking(Gate::Cluster) => println!("checking the cluster before upgrading"),
+        Progress::Checking(Gate::Node(id)) => println!("{id}: waiting"),
+        Progress::Changing(id) => println!("{}", describe(id)),
+        Progress::Reconciling(id) => {
+            println!("{id}: an earlier run started this step; checking whether it took effect")
+        }
+        Progress::Observed(Event::Healthy(Gate::Node(id))) => println!("{id}: done"),
+        Progress::Observed(Event::Healthy(Gate::Cluster)) => println!("cluster healthy"),
+        Progress::Observed(Event::Changed { node }) => println!("{node}: config patched"),
+        Progress::Observed(Event::NotChanged { node }) => {
+            println!("{node}: not applied yet; applying now")
+        }
+        Progress::Observed(Event::ChangeFailed { node, reason }) => {
+            println!("{node}: FAILED: {reason}")
+        }
+        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
+            Gate::Node(n) => println!("{n}: FAILED: {reason}"),
+            Gate::Cluster => println!("cluster not healthy: {reason}"),
+        },
+    }
 }

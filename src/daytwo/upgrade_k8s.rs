@@ -1,22 +1,48 @@
 //! `talboot upgrade --kubernetes`: the steps of a Kubernetes upgrade, in the order talosctl
-//! takes them, and what it checks between them. Pure: the plan is computed from the
-//! inventory and printed by `--dry-run`.
+//! takes them, what is checked between them, and carrying them out through the rolling
+//! engine [`super::rollout`] (health-gated, stop at the first failure, resumable from the
+//! store). Owns the step plan, the machine-config patch of each step, and the Kubernetes side
+//! of each step's gate.
 //!
 //! From siderolabs/talos v1.13.9 `pkg/cluster/kubernetes/talos_managed.go` (`Upgrade`, called
-//! by `cmd/talosctl/cmd/talos/upgrade-k8s.go`): after the version-compatibility and
-//! pre-upgrade checks (and the optional image pre-pull), for each of kube-apiserver,
-//! kube-controller-manager, kube-scheduler in that order, every control plane node one after
-//! the other (`upgradeStaticPod`): patch the node's machine config with the new image, then
-//! wait until the static pod's config-version annotation matches and the pod is Ready
-//! (`checkPodStatus`); then kube-proxy's image is patched into every control plane's config
-//! (`upgradeKubeProxy`, no wait); then the kubelet of every control plane, then of every
-//! worker (`kubelet.go`, `upgradeKubelet`: patch, wait for the kubelet service to restart,
-//! wait until the Node reports the new kubelet version); last, the bootstrap manifests are
-//! synced (`PerformManifestsSync`).
+//! by `cmd/talosctl/cmd/talos/upgrade-k8s.go`): the upgrade path must be supported
+//! (`upgrade.Path.IsSupported` of siderolabs/go-kubernetes: the same minor or the next one),
+//! then the pre-upgrade checks; for each of kube-apiserver, kube-controller-manager,
+//! kube-scheduler in that order, every control plane node one after the other
+//! (`upgradeStaticPod`): patch the node's machine config with the new image
+//! (`patch.go`, `patchNodeConfig`: read the running `MachineConfig`, patch, ApplyConfiguration
+//! mode NO_REBOOT; a node already on the image is skipped, `errUpdateSkipped`), then wait until
+//! the static pod (label `k8s-app=<component>`, `status.hostIP` the node) runs the new config
+//! and is Ready (`checkPodStatus`, at most 5 minutes); then kube-proxy's image is patched into
+//! every control plane's config (`upgradeKubeProxy`, no wait); then the kubelet of every
+//! control plane, then of every worker, one after the other (`kubelet.go`, `upgradeKubelet`:
+//! patch `machine.kubelet.image`, wait for the kubelet to restart, then until the Node
+//! reports the new `kubeletVersion` and is Ready, at most 3 minutes); last, the bootstrap
+//! manifests are synced (`PerformManifestsSync`).
 //!
-//! Applying the steps needs the configured-node ApplyConfiguration of the Talos double (the
-//! apply helper's part); until that is merged, only the dry run exists.
+//! Each step is one target of the rolling engine, all in the one-at-a-time lane, so the
+//! order above is kept and a failed step stops everything after it. Where talboot differs:
+//! the static-pod gate compares the pod's image (talosctl compares the
+//! `talos.dev/config-version` annotation with the component's COSI config resource version,
+//! which talboot does not read); the kubelet gate finds the Node by name (talosctl by
+//! address); the pre-upgrade checks are "every node's Talos API answers, its Talos runs the
+//! target (`compat.go`, `VerifyVersionCompatibility`) and every Node is Ready" (talosctl also
+//! checks for removed APIs in use); the
+//! bootstrap manifest sync is not done (listed by the dry run; `talosctl upgrade-k8s` run
+//! afterwards skips every node already on the version and syncs only the manifests); images
+//! are not pre-pulled.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::Store;
+use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::talos::{ClientCreds, TalosClient, TalosError};
+
+use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
+use super::upgrade::{NodeOps, Outcome, Progress, drive};
 use crate::inventory::{Inventory, MachineType, Version};
 
 /// One step of a Kubernetes upgrade.
@@ -29,9 +55,9 @@ pub enum K8sStep {
     },
     /// Patch kube-proxy's image into one control plane's config (no wait).
     KubeProxy { node: String },
-    /// Patch the kubelet image on one node, then wait for the restart and the Node version.
+    /// Patch the kubelet image on one node, then wait until the Node reports its version.
     Kubelet { node: String },
-    /// Sync the bootstrap manifests.
+    /// Sync the bootstrap manifests (listed by the dry run; talboot leaves it to talosctl).
     Manifests,
 }
 
@@ -60,8 +86,8 @@ impl K8sStep {
                 format!("{node}: patch cluster.proxy image to {v}")
             }
             Self::Kubelet { node } => format!(
-                "{node}: patch machine.kubelet image to {v}; wait for the kubelet to restart \
-                 and the Node to report {v}"
+                "{node}: patch machine.kubelet image to {v}; wait until the Node reports \
+                 kubelet {v} and is Ready"
             ),
             Self::Manifests => "sync the bootstrap manifests".to_owned(),
         }
@@ -100,12 +126,795 @@ pub fn plan(inv: &Inventory) -> Vec<K8sStep> {
     steps
 }
 
+/// The store key of a Kubernetes upgrade's rollout record.
+pub fn rollout_key(to: &Version) -> String {
+    format!("upgrade-k8s/{to}")
+}
+
+/// talosctl's default images (siderolabs/talos v1.13.9 `pkg/machinery/constants/
+/// constants.go`: `KubernetesAPIServerImage`, `KubernetesControllerManagerImage`,
+/// `KubernetesSchedulerImage`, `KubeProxyImage`, `KubeletImage`), the same ones `gen` renders.
+pub fn image_repo(component: &str) -> &'static str {
+    match component {
+        "kube-apiserver" => "registry.k8s.io/kube-apiserver",
+        "kube-controller-manager" => "registry.k8s.io/kube-controller-manager",
+        "kube-scheduler" => "registry.k8s.io/kube-scheduler",
+        "kube-proxy" => "registry.k8s.io/kube-proxy",
+        _ => "ghcr.io/siderolabs/kubelet",
+    }
+}
+
+/// Where each step's image lives in the v1alpha1 document.
+fn image_path(step: &K8sStep) -> &'static [&'static str] {
+    match step {
+        K8sStep::StaticPod { component, .. } => match *component {
+            "kube-apiserver" => &["cluster", "apiServer", "image"],
+            "kube-controller-manager" => &["cluster", "controllerManager", "image"],
+            _ => &["cluster", "scheduler", "image"],
+        },
+        K8sStep::KubeProxy { .. } => &["cluster", "proxy", "image"],
+        K8sStep::Kubelet { .. } => &["machine", "kubelet", "image"],
+        K8sStep::Manifests => &[],
+    }
+}
+
+/// The upgrade path talosctl accepts (siderolabs/go-kubernetes `kubernetes/upgrade/path.go`,
+/// `IsSupported`: every listed path is `1.N->1.N` or `1.N->1.N+1`). Downgrades are refused too.
+pub fn path_supported(from: &Version, to: &Version) -> Result<(), String> {
+    let (f, t) = (&from.0, &to.0);
+    let ok = f.major == t.major && (t.minor == f.minor || t.minor == f.minor + 1) && t >= f;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "unsupported upgrade path {}.{}->{}.{} (from {from} to {to}): Kubernetes upgrades \
+             go one minor version at a time; upgrade to v{}.{}.x first",
+            f.major,
+            f.minor,
+            t.major,
+            t.minor,
+            f.major,
+            f.minor + 1
+        ))
+    }
+}
+
+/// The Kubernetes versions each Talos minor runs, as talosctl v1.13.9 knows them
+/// (siderolabs/talos v1.13.9 `pkg/machinery/compatibility/talos1{10,11,12,13}/*.go`,
+/// `MinimumKubernetesVersion` and `MaximumKubernetesVersion`): (Talos minor, lowest, the
+/// first version that is too new). Older minors are not listed here.
+/// major, minor, patch.
+type Triple = (u64, u64, u64);
+
+const TALOS_K8S: [(u64, Triple, Triple); 4] = [
+    (10, (1, 28, 0), (1, 33, 99)),
+    (11, (1, 29, 0), (1, 34, 99)),
+    (12, (1, 30, 0), (1, 35, 99)),
+    (13, (1, 31, 0), (1, 36, 99)),
+];
+
+/// Whether Kubernetes `k8s` may run on a node with Talos `talos_tag`, with talosctl's texts
+/// (`pkg/machinery/compatibility/kubernetes_version.go`, `SupportedWith`: below the minimum is
+/// "too old", at or above the maximum "too new", a Talos minor it has no table for "not
+/// supported").
+pub fn supported_with(k8s: &Version, talos_tag: &str) -> Result<(), String> {
+    let talos: Version = talos_tag
+        .parse()
+        .map_err(|e| format!("Talos version {talos_tag:?}: {e}"))?;
+    let t = &talos.0;
+    let row = TALOS_K8S
+        .iter()
+        .find(|(minor, _, _)| t.major == 1 && t.minor == *minor);
+    let Some((_, min, max)) = row else {
+        return Err(format!(
+            "compatibility with version {} is not supported",
+            talos.0
+        ));
+    };
+    let v = (k8s.0.major, k8s.0.minor, k8s.0.patch);
+    if v < *min {
+        return Err(format!(
+            "version of Kubernetes {} is too old to be used with Talos {}",
+            k8s.0, talos.0
+        ));
+    }
+    if v >= *max {
+        return Err(format!(
+            "version of Kubernetes {} is too new to be used with Talos {}",
+            k8s.0, talos.0
+        ));
+    }
+    Ok(())
+}
+
+impl K8sStep {
+    /// The step's name in the rollout record: `<component>/<node>`.
+    pub fn id(&self) -> String {
+        match self {
+            Self::StaticPod { component, node } => format!("{component}/{node}"),
+            Self::KubeProxy { node } => format!("kube-proxy/{node}"),
+            Self::Kubelet { node } => format!("kubelet/{node}"),
+            Self::Manifests => "manifests".into(),
+        }
+    }
+
+    fn node(&self) -> Option<&str> {
+        match self {
+            Self::StaticPod { node, .. } | Self::KubeProxy { node } | Self::Kubelet { node } => {
+                Some(node)
+            }
+            Self::Manifests => None,
+        }
+    }
+}
+
+/// One node a Kubernetes upgrade touches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sNode {
+    pub name: String,
+    pub role: Role,
+    /// Its apid (`address:50000`).
+    pub addr: SocketAddr,
+    /// Its address as Kubernetes sees it (a static pod's `status.hostIP`).
+    pub ip: IpAddr,
+}
+
+/// A Kubernetes upgrade of the whole inventory.
+#[derive(Debug, Clone)]
+pub struct K8sUpgrade {
+    pub from: Version,
+    pub to: Version,
+    pub nodes: Vec<K8sNode>,
+    /// The steps carried out, in order (every step of [`plan`] but the manifest sync).
+    pub steps: Vec<K8sStep>,
+}
+
+impl K8sUpgrade {
+    /// The upgrade of the inventory's cluster from its `kubernetesVersion` to `to`; refused
+    /// when talosctl would refuse the path.
+    pub fn plan(inv: &Inventory, to: &Version, apid_port: u16) -> Result<Self, String> {
+        let from = inv.cluster.kubernetes_version.value.clone();
+        path_supported(&from, to)?;
+        let nodes = inv
+            .nodes
+            .iter()
+            .map(|n| K8sNode {
+                name: n.name.as_str().to_owned(),
+                role: if inv.role_of(n).machine_type == MachineType::ControlPlane {
+                    Role::ControlPlane
+                } else {
+                    Role::Worker
+                },
+                addr: SocketAddr::new(n.address.addr().into(), apid_port),
+                ip: n.address.addr().into(),
+            })
+            .collect();
+        let steps = plan(inv)
+            .into_iter()
+            .filter(|s| *s != K8sStep::Manifests)
+            .collect();
+        Ok(Self {
+            from,
+            to: to.clone(),
+            nodes,
+            steps,
+        })
+    }
+
+    /// The engine's targets: every step in the one-at-a-time lane, so talosctl's order holds.
+    pub fn targets(&self) -> Vec<Target> {
+        self.steps
+            .iter()
+            .map(|s| Target {
+                node: s.id(),
+                role: Role::ControlPlane,
+            })
+            .collect()
+    }
+
+    /// A new rollout, or the stored one resumed (its steps must be this plan's).
+    pub fn rollout(&self, stored: Option<RolloutRecord>) -> Result<Rollout, RolloutError> {
+        match stored {
+            Some(record) => {
+                if record.targets != self.targets() {
+                    return Err(RolloutError::Mismatch(
+                        "the inventory's nodes changed since this upgrade started".into(),
+                    ));
+                }
+                Rollout::resume(record)
+            }
+            None => Rollout::new(self.targets(), 1),
+        }
+    }
+
+    /// The image `step` sets: `<repo>:v<to>`; the kubelet keeps a `-fat`/`-slim` suffix of
+    /// its current tag (`kubelet.go`, `extractKubeletVersionSuffix`).
+    pub fn image_for(&self, step: &K8sStep, current: Option<&str>) -> String {
+        let repo = match step {
+            K8sStep::StaticPod { component, .. } => image_repo(component),
+            K8sStep::KubeProxy { .. } => image_repo("kube-proxy"),
+            _ => image_repo("kubelet"),
+        };
+        let suffix = match (step, current) {
+            (K8sStep::Kubelet { .. }, Some(cur)) => {
+                let cur = cur.split('@').next().unwrap_or(cur);
+                ["-fat", "-slim"]
+                    .into_iter()
+                    .find(|s| cur.ends_with(s))
+                    .unwrap_or("")
+            }
+            _ => "",
+        };
+        format!("{repo}:{}{suffix}", self.to)
+    }
+}
+
+/// Errors of reading or patching a node's machine config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    #[error("the running config has no v1alpha1 document")]
+    NoV1alpha1,
+    #[error("the running config is not valid YAML: {0}")]
+    Yaml(String),
+}
+
+/// The v1alpha1 document's string at `path`.
+fn read_at(text: &str, path: &[&str]) -> Result<Option<String>, PatchError> {
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| PatchError::Yaml(e.to_string()))?;
+        if v.get("version").and_then(|v| v.as_str()) != Some("v1alpha1") {
+            continue;
+        }
+        let mut cur = &v;
+        for key in path {
+            match cur.get(*key) {
+                Some(next) => cur = next,
+                None => return Ok(None),
+            }
+        }
+        return Ok(cur.as_str().map(str::to_owned));
+    }
+    Err(PatchError::NoV1alpha1)
+}
+
+/// `text` with the v1alpha1 document's `path` set to `value` (every other document as it
+/// was), as talosctl's `PatchV1Alpha1` does before the NO_REBOOT apply.
+fn patch_at(text: &str, path: &[&str], value: &str) -> Result<String, PatchError> {
+    let mut docs = Vec::new();
+    let mut found = false;
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let mut v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| PatchError::Yaml(e.to_string()))?;
+        if !found && v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1") {
+            found = true;
+            let mut cur = &mut v;
+            for key in path {
+                let map = match cur {
+                    yaml_serde::Value::Mapping(m) => m,
+                    other => {
+                        *other = yaml_serde::Value::Mapping(Default::default());
+                        match other {
+                            yaml_serde::Value::Mapping(m) => m,
+                            _ => unreachable!("just made a mapping"),
+                        }
+                    }
+                };
+                cur = map
+                    .entry(yaml_serde::Value::String((*key).to_owned()))
+                    .or_insert(yaml_serde::Value::Null);
+            }
+            *cur = yaml_serde::Value::String(value.to_owned());
+        }
+        docs.push(yaml_serde::to_string(&v).map_err(|e| PatchError::Yaml(e.to_string()))?);
+    }
+    if !found {
+        return Err(PatchError::NoV1alpha1);
+    }
+    Ok(docs.join("---\n"))
+}
+
+/// [`NodeOps`] of a Kubernetes upgrade: each target is one step.
+pub struct K8sOps {
+    upgrade: K8sUpgrade,
+    steps: HashMap<String, K8sStep>,
+    nodes: HashMap<String, K8sNode>,
+    creds: ClientCreds,
+    kube: kube::Client,
+    /// How long a static pod may take to run the new image and be Ready (talosctl: 5 min).
+    pub pod_wait: Duration,
+    /// How long a Node may take to report the new kubelet and be Ready (talosctl: 3 min).
+    pub node_wait: Duration,
+    /// How often a gate asks again.
+    pub poll: Duration,
+}
+
+impl K8sOps {
+    /// Ops for `upgrade`, Kubernetes reached with the admin kubeconfig the first control
+    /// plane hands out (Talos `Kubeconfig`).
+    pub async fn connect(upgrade: K8sUpgrade, creds: ClientCreds) -> Result<Self, String> {
+        let cp = upgrade
+            .nodes
+            .iter()
+            .find(|n| n.role == Role::ControlPlane)
+            .ok_or("the inventory has no control plane")?;
+        let kubeconfig = TalosClient::secured(cp.addr, &creds)
+            .map_err(|e| e.to_string())?
+            .kubeconfig()
+            .await
+            .map_err(|e| format!("admin kubeconfig from {}: {e}", cp.name))?;
+        let kube = crate::addons::kube::client_from_kubeconfig(&kubeconfig)
+            .await
+            .map_err(|e| e.to_string())?;
+        let steps = upgrade.steps.iter().map(|s| (s.id(), s.clone())).collect();
+        let nodes = upgrade
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.clone()))
+            .collect();
+        Ok(Self {
+            upgrade,
+            steps,
+            nodes,
+            creds,
+            kube,
+            pod_wait: Duration::from_secs(300),
+            node_wait: Duration::from_secs(180),
+            poll: Duration::from_secs(2),
+        })
+    }
+
+    fn step(&self, id: &str) -> Result<(&K8sStep, &K8sNode), String> {
+        let step = self
+            .steps
+            .get(id)
+            .ok_or_else(|| format!("{id} is not a step of this upgrade"))?;
+        let node = step
+            .node()
+            .and_then(|n| self.nodes.get(n))
+            .ok_or_else(|| format!("{id}: its node is not in the inventory"))?;
+        Ok((step, node))
+    }
+
+    fn client(&self, node: &K8sNode) -> Result<TalosClient, TalosError> {
+        TalosClient::secured(node.addr, &self.creds)
+            .map(|c| c.with_retry(crate::talos::retry::RetryPolicy::NONE))
+    }
+
+    async fn running(&self, node: &K8sNode) -> Result<String, String> {
+        self.client(node)
+            .map_err(|e| e.to_string())?
+            .machine_config()
+            .await
+            .map_err(|e| format!("reading the running config: {e}"))
+    }
+
+    /// The step's image on the node now, and the one it should have.
+    async fn images(
+        &self,
+        step: &K8sStep,
+        node: &K8sNode,
+    ) -> Result<(Option<String>, String), String> {
+        let text = self.running(node).await?;
+        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let want = self.upgrade.image_for(step, current.as_deref());
+        Ok((current, want))
+    }
+
+    async fn change_step(&self, id: &str) -> Result<(), String> {
+        let (step, node) = self.step(id)?;
+        let text = self.running(node).await?;
+        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let want = self.upgrade.image_for(step, current.as_deref());
+        if current.as_deref() == Some(want.as_str()) {
+            // talosctl's errUpdateSkipped: nothing to apply, only the wait.
+            tracing::info!(step = id, image = %want, "already on the image");
+            return Ok(());
+        }
+        let patched = patch_at(&text, image_path(step), &want).map_err(|e| e.to_string())?;
+        self.client(node)
+            .map_err(|e| e.to_string())?
+            .apply_configuration_with(patched.as_bytes(), Mode::NoReboot, false, None)
+            .await
+            .map_err(|e| format!("applying {want} (no reboot): {e}"))?;
+        Ok(())
+    }
+
+    /// Every node's Talos API answers with its config and every Node is Ready.
+    async fn cluster_gate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for node in &self.upgrade.nodes {
+            if let Err(e) = self.running(node).await {
+                problems.push(format!("{}: {e}", node.name));
+                continue;
+            }
+            // talosctl's VerifyVersionCompatibility: every node's Talos runs the target.
+            let tag = match self.client(node) {
+                Ok(c) => c.version().await.map(|v| v.version.map(|v| v.tag)),
+                Err(e) => Err(e),
+            };
+            match tag {
+                Ok(Some(tag)) => {
+                    if let Err(e) = supported_with(&self.upgrade.to, &tag) {
+                        problems.push(format!("node {}: {e}", node.name));
+                    }
+                }
+                Ok(None) => problems.push(format!("{}: no version reported", node.name)),
+                Err(e) => problems.push(format!("{}: version: {e}", node.name)),
+            }
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.kube.clone());
+        match api.list(&Default::default()).await {
+            Ok(list) => {
+                for node in &self.upgrade.nodes {
+                    match list
+                        .items
+                        .iter()
+                        .find(|n| n.metadata.name.as_deref() == Some(node.name.as_str()))
+                    {
+                        None => problems.push(format!("Node {} is not registered", node.name)),
+                        Some(n) if !node_ready(n) => {
+                            problems.push(format!("Node {} is not Ready", node.name))
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("listing Nodes: {e}")),
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the cluster is not healthy before the upgrade: {}",
+                problems.join("; ")
+            ))
+        }
+    }
+
+    /// One look at the step's result; `Ok(None)` when done, `Ok(Some(why))` when not yet.
+    async fn look(&self, step: &K8sStep, node: &K8sNode) -> Result<Option<String>, String> {
+        let want = self.images(step, node).await?.1;
+        match step {
+            K8sStep::StaticPod { component, .. } => {
+                let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                    kube::Api::namespaced(self.kube.clone(), "kube-system");
+                let pods = api
+                    .list(&kube::api::ListParams::default().labels(&format!("k8s-app={component}")))
+                    .await
+                    .map_err(|e| format!("listing {component} pods: {e}"))?;
+                let ip = node.ip.to_string();
+                // The label is matched here too: a server that ignores the selector must not
+                // make another component's pod pass.
+                let pod = pods.items.iter().find(|p| {
+                    p.status.as_ref().and_then(|s| s.host_ip.as_deref()) == Some(ip.as_str())
+                        && p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app"))
+                            == Some(&component.to_string())
+                });
+                let Some(pod) = pod else {
+                    return Ok(Some(format!("no {component} pod on {ip} yet")));
+                };
+                let image = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .and_then(|c| c.image.clone())
+                    .unwrap_or_default();
+                if image != want {
+                    return Ok(Some(format!(
+                        "the {component} pod runs {image}, not {want}"
+                    )));
+                }
+                let ready = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                Ok((!ready).then(|| format!("the {component} pod is not Ready")))
+            }
+            K8sStep::KubeProxy { .. } => {
+                let (current, want) = self.images(step, node).await?;
+                Ok((current.as_deref() != Some(want.as_str()))
+                    .then(|| format!("the config does not have {want}")))
+            }
+            K8sStep::Kubelet { .. } => {
+                let api: kube::Api<k8s_openapi::api::core::v1::Node> =
+                    kube::Api::all(self.kube.clone());
+                let n = api
+                    .get(&node.name)
+                    .await
+                    .map_err(|e| format!("Node {}: {e}", node.name))?;
+                let version = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.kubelet_version.clone())
+                    .unwrap_or_default();
+                let to = self.upgrade.to.to_string();
+                if version != to {
+                    return Ok(Some(format!(
+                        "node version mismatch: got {version:?}, expected {to:?}"
+                    )));
+                }
+                Ok((!node_ready(&n)).then(|| "node is not ready".to_owned()))
+            }
+            K8sStep::Manifests => Ok(None),
+        }
+    }
+
+    async fn step_gate(&self, id: &str) -> Result<(), String> {
+        let (step, node) = self.step(id)?;
+        let wait = match step {
+            K8sStep::Kubelet { .. } => self.node_wait,
+            _ => self.pod_wait,
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let last = match self.look(step, node).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(why)) => why,
+                Err(e) => e,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("not done within {wait:?}: {last}"));
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+}
+
+fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tonic::async_trait]
+impl NodeOps for K8sOps {
+    async fn change(&self, id: &str) -> Event {
+        match self.change_step(id).await {
+            Ok(()) => Event::Changed {
+                node: id.to_owned(),
+            },
+            Err(reason) => Event::ChangeFailed {
+                node: id.to_owned(),
+                reason,
+            },
+        }
+    }
+
+    async fn reconcile(&self, id: &str) -> Event {
+        // Took effect when the node's running config already has the step's image.
+        let done = match self.step(id) {
+            Ok((step, node)) => matches!(
+                self.images(step, node).await,
+                Ok((Some(cur), want)) if cur == want
+            ),
+            Err(_) => false,
+        };
+        if done {
+            Event::Changed {
+                node: id.to_owned(),
+            }
+        } else {
+            Event::NotChanged {
+                node: id.to_owned(),
+            }
+        }
+    }
+
+    async fn check(&self, gate: &Gate) -> Event {
+        let result = match gate {
+            Gate::Cluster => self.cluster_gate().await,
+            Gate::Node(id) => self.step_gate(id).await,
+        };
+        match result {
+            Ok(()) => Event::Healthy(gate.clone()),
+            Err(reason) => Event::Unhealthy {
+                gate: gate.clone(),
+                reason,
+            },
+        }
+    }
+}
+
+/// Errors that end a run before or outside the rollout.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sUpgradeError {
+    /// The upgrade cannot be planned (e.g. an unsupported path).
+    #[error("{0}")]
+    Plan(String),
+    /// Kubernetes or the first control plane could not be reached.
+    #[error("{0}")]
+    Connect(String),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("stored rollout {key}: {reason}")]
+    Record { key: String, reason: String },
+    #[error("{0}")]
+    Drive(String),
+}
+
+/// How a whole Kubernetes upgrade runs, for callers that start one from the inventory (the
+/// CLI, a rollout command inside `serve`).
+#[derive(Debug, Clone)]
+pub struct K8sOptions {
+    /// apid's port on every node.
+    pub apid_port: u16,
+    /// Longest wait for a static pod (talosctl: 5 min).
+    pub pod_wait: Duration,
+    /// Longest wait for a Node's new kubelet version (talosctl: 3 min).
+    pub node_wait: Duration,
+}
+
+impl Default for K8sOptions {
+    fn default() -> Self {
+        K8sOptions {
+            apid_port: crate::talos::APID_PORT,
+            pod_wait: Duration::from_secs(300),
+            node_wait: Duration::from_secs(180),
+        }
+    }
+}
+
+/// Plans, connects and runs (or resumes) the upgrade of `inv`'s cluster to Kubernetes `to`:
+/// the one call a new rollout kind needs (`Rollout::Kubernetes { to }` in serve's provisioner
+/// maps to this with serve's store and a progress sink).
+pub async fn upgrade(
+    inv: &Inventory,
+    to: &Version,
+    creds: ClientCreds,
+    store: &dyn Store,
+    opts: &K8sOptions,
+    report: impl FnMut(&Progress),
+) -> Result<Outcome, K8sUpgradeError> {
+    let plan = K8sUpgrade::plan(inv, to, opts.apid_port).map_err(K8sUpgradeError::Plan)?;
+    let mut ops = K8sOps::connect(plan.clone(), creds)
+        .await
+        .map_err(K8sUpgradeError::Connect)?;
+    ops.pod_wait = opts.pod_wait;
+    ops.node_wait = opts.node_wait;
+    run(&plan, Arc::new(ops), store, report).await
+}
+
+/// Runs (or resumes) the Kubernetes upgrade `plan` with `ops`, its record in `store` under
+/// [`rollout_key`] (written before each step is carried out), reporting progress. The one
+/// entry point for the CLI and for a rollout run inside `serve`.
+pub async fn run(
+    plan: &K8sUpgrade,
+    ops: Arc<dyn NodeOps>,
+    store: &dyn Store,
+    report: impl FnMut(&Progress),
+) -> Result<Outcome, K8sUpgradeError> {
+    let key = rollout_key(&plan.to);
+    let stored = match store
+        .rollout(&key)
+        .map_err(|e| K8sUpgradeError::Store(e.to_string()))?
+    {
+        Some(bytes) => Some(
+            serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
+                K8sUpgradeError::Record {
+                    key: key.clone(),
+                    reason: format!("unreadable: {e}"),
+                }
+            })?,
+        ),
+        None => None,
+    };
+    if stored.is_some() {
+        tracing::info!(%key, "resuming a stored Kubernetes upgrade");
+    }
+    let rollout = plan.rollout(stored).map_err(|e| K8sUpgradeError::Record {
+        key: key.clone(),
+        reason: e.to_string(),
+    })?;
+    drive(
+        rollout,
+        ops,
+        |r| {
+            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+            store.put_rollout(&key, &json).map_err(|e| e.to_string())
+        },
+        report,
+    )
+    .await
+    .map_err(K8sUpgradeError::Drive)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn talosctls_upgrade_paths() {
+        let v = |s: &str| s.parse::<Version>().unwrap();
+        assert!(path_supported(&v("1.36.3"), &v("1.36.4")).is_ok());
+        assert!(path_supported(&v("1.36.3"), &v("1.37.0")).is_ok());
+        let err = path_supported(&v("1.36.3"), &v("1.38.0")).unwrap_err();
+        assert!(err.contains("1.36->1.38"), "{err}");
+        assert!(path_supported(&v("1.36.3"), &v("1.35.0")).is_err());
+        assert!(path_supported(&v("1.36.3"), &v("2.0.0")).is_err());
+    }
+
+    #[test]
+    fn talosctls_compatibility_table() {
+        let v = |s: &str| s.parse::<Version>().unwrap();
+        assert!(supported_with(&v("1.36.4"), "v1.13.9").is_ok());
+        assert!(supported_with(&v("1.31.0"), "v1.13.0").is_ok());
+        assert_eq!(
+            supported_with(&v("1.37.0"), "v1.13.9").unwrap_err(),
+            "version of Kubernetes 1.37.0 is too new to be used with Talos 1.13.9"
+        );
+        assert_eq!(
+            supported_with(&v("1.30.5"), "v1.13.9").unwrap_err(),
+            "version of Kubernetes 1.30.5 is too old to be used with Talos 1.13.9"
+        );
+        assert!(supported_with(&v("1.35.2"), "v1.12.4").is_ok());
+        assert!(supported_with(&v("1.36.0"), "v1.12.4").is_err());
+        assert_eq!(
+            supported_with(&v("1.36.4"), "v1.14.0").unwrap_err(),
+            "compatibility with version 1.14.0 is not supported"
+        );
+    }
+
+    #[test]
+    fn a_patch_changes_only_the_one_field() {
+        let text = "version: v1alpha1\nmachine:\n  type: worker\n  kubelet:\n    image: \
+                    ghcr.io/siderolabs/kubelet:v1.36.3\ncluster:\n  id: x\n---\n\
+                    apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n";
+        let path = &["machine", "kubelet", "image"];
+        let out = patch_at(text, path, "k:v2").unwrap();
+        assert_eq!(read_at(&out, path).unwrap().as_deref(), Some("k:v2"));
+        assert_eq!(
+            read_at(&out, &["machine", "type"]).unwrap().as_deref(),
+            Some("worker")
+        );
+        assert!(out.contains("kind: HostnameConfig"), "{out}");
+        // A missing parent is created, as PatchV1Alpha1 does for a nil ProxyConfig.
+        let out = patch_at(text, &["cluster", "proxy", "image"], "p:v2").unwrap();
+        assert_eq!(
+            read_at(&out, &["cluster", "proxy", "image"])
+                .unwrap()
+                .as_deref(),
+            Some("p:v2")
+        );
+        assert_eq!(
+            patch_at("kind: HostnameConfig\n", path, "x"),
+            Err(PatchError::NoV1alpha1)
+        );
+    }
+
+    #[test]
+    fn images_keep_the_kubelet_flavour() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let up = K8sUpgrade::plan(&inv, &"1.36.4".parse().unwrap(), 50000).unwrap();
+        let kubelet = K8sStep::Kubelet { node: "n".into() };
+        assert_eq!(
+            up.image_for(
+                &kubelet,
+                Some("ghcr.io/siderolabs/kubelet:v1.36.3-fat@sha256:ab")
+            ),
+            "ghcr.io/siderolabs/kubelet:v1.36.4-fat"
+        );
+        let api = K8sStep::StaticPod {
+            component: "kube-apiserver",
+            node: "n".into(),
+        };
+        assert_eq!(
+            up.image_for(&api, None),
+            "registry.k8s.io/kube-apiserver:v1.36.4"
+        );
+        assert!(!up.steps.contains(&K8sStep::Manifests));
+        assert!(up.targets().iter().all(|t| t.role == Role::ControlPlane));
+        assert!(K8sUpgrade::plan(&inv, &"1.38.0".parse().unwrap(), 50000).is_err());
+    }
 
     #[test]
     fn the_dry_run_lists_talosctls_order() {
@@ -154,5 +963,409 @@ mod tests {
                 .describe(&v)
                 .contains("cluster.apiServer image to v1.36.4")
         );
+    }
+
+    /// Against five Talos doubles installed from talboot's rendered configs (127.0.79.x, no
+    /// other test uses it), the Kubernetes double, and the simulated kubelets between them.
+    mod rack {
+        use std::sync::OnceLock;
+
+        use time::OffsetDateTime;
+
+        use super::*;
+        use crate::daytwo::rollout::NodeStatus;
+        use crate::inventory::Inventory;
+        use crate::machineconfig::clients;
+        use crate::machineconfig::render::render_node;
+        use crate::machineconfig::secrets::{
+            GenerateOptions, SecretsBundle, ServiceAccountKeyKind,
+        };
+        use crate::sim::kube::{DoubleOptions, KubeDouble};
+        use crate::sim::kubelet::{KubeletNode, KubeletOptions, Kubelets};
+        use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+
+        const NODES: [&str; 5] = [
+            "rack1-cp-01",
+            "rack1-cp-02",
+            "rack1-cp-03",
+            "rack1-wk-01",
+            "rack1-wk-04",
+        ];
+
+        fn inv_secrets() -> &'static (Inventory, SecretsBundle) {
+            static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
+            RACK.get_or_init(|| {
+                let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+                let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+                    .unwrap()
+                    .inventory;
+                let options = GenerateOptions {
+                    service_account_key: ServiceAccountKeyKind::EcdsaP256,
+                };
+                let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
+                (inv, secrets)
+            })
+        }
+
+        fn creds() -> ClientCreds {
+            let (inv, secrets) = inv_secrets();
+            let tc = clients::talosconfig(
+                inv.cluster.name.as_str(),
+                &["10.20.0.11".into()],
+                &[],
+                secrets,
+                time::Duration::hours(1),
+                OffsetDateTime::now_utc(),
+            )
+            .unwrap();
+            ClientCreds::from_talosconfig(&tc, None).unwrap()
+        }
+
+        struct Rack {
+            _cluster: FakeCluster,
+            nodes: Vec<FakeTalosNode>,
+            kube: Arc<KubeDouble>,
+            kubelets: Kubelets,
+            upgrade: K8sUpgrade,
+        }
+
+        impl Rack {
+            fn node(&self, name: &str) -> &FakeTalosNode {
+                self.nodes.iter().find(|n| n.hostname() == name).unwrap()
+            }
+
+            /// Configured applies each node had (maintenance installs are not counted).
+            fn applies(&self, name: &str) -> usize {
+                self.node(name).apply_records().len()
+            }
+
+            fn kubelet_version(&self, name: &str) -> String {
+                self.kube
+                    .object("v1", "Node", "", name)
+                    .unwrap()["status"]["nodeInfo"]["kubeletVersion"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            }
+
+            fn pod_image(&self, component: &str, node: &str) -> String {
+                self.kube
+                    .object("v1", "Pod", "kube-system", &format!("{component}-{node}"))
+                    .unwrap()["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            }
+        }
+
+        /// The rack, planned for an upgrade to Kubernetes `to`.
+        async fn rack_up_to(third: u8, to: &str) -> Rack {
+            crate::install_crypto_provider();
+            let (inv, secrets) = inv_secrets();
+            let cluster = FakeCluster::new();
+            let kube = Arc::new(
+                KubeDouble::start(DoubleOptions {
+                    nodes: NODES.iter().map(|n| (n.to_string(), true)).collect(),
+                    ..DoubleOptions::default()
+                })
+                .await
+                .unwrap(),
+            );
+            cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
+            let mut nodes = Vec::new();
+            let mut followed = Vec::new();
+            for (i, name) in NODES.iter().enumerate() {
+                let ip = IpAddr::from([127, 0, 79, third + i as u8]);
+                let inv_ip: IpAddr = inv.node(name).unwrap().address.addr().into();
+                let mut cfg = FakeNodeConfig::new(ip, name);
+                cfg.aliases = vec![inv_ip];
+                let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+                let config = render_node(inv, secrets, inv.node(name).unwrap())
+                    .unwrap()
+                    .to_yaml()
+                    .unwrap();
+                TalosClient::maintenance(node.addr())
+                    .unwrap()
+                    .apply_configuration(config.as_bytes())
+                    .await
+                    .unwrap();
+                followed.push(KubeletNode {
+                    hostname: name.to_string(),
+                    ip: inv_ip,
+                    config: node.running_config_handle(),
+                });
+                nodes.push(node);
+            }
+            for n in &nodes {
+                n.wait_phase(Phase::Secured).await.unwrap();
+            }
+            let kubelets = Kubelets::start(
+                followed,
+                kube.clone(),
+                KubeletOptions {
+                    restart: Duration::from_millis(60),
+                    poll: Duration::from_millis(10),
+                },
+            );
+            let mut upgrade = K8sUpgrade::plan(inv, &to.parse().unwrap(), 50000).unwrap();
+            upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
+            upgrade
+                .steps
+                .retain(|s| s.node().is_some_and(|n| NODES.contains(&n)));
+            for n in &mut upgrade.nodes {
+                n.addr = nodes
+                    .iter()
+                    .find(|f| f.hostname() == n.name)
+                    .unwrap()
+                    .addr();
+            }
+            Rack {
+                _cluster: cluster,
+                nodes,
+                kube,
+                kubelets,
+                upgrade,
+            }
+        }
+
+        /// The rack, planned for 1.36.3 -> 1.36.4 (Talos v1.13 runs Kubernetes up to 1.36).
+        async fn rack_up(third: u8) -> Rack {
+            rack_up_to(third, "1.36.4").await
+        }
+
+        async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
+            let mut ops = K8sOps::connect(rack.upgrade.clone(), creds())
+                .await
+                .unwrap();
+            ops.pod_wait = Duration::from_secs(3);
+            ops.node_wait = Duration::from_secs(3);
+            ops.poll = Duration::from_millis(20);
+            run(&rack.upgrade, Arc::new(ops), store, |_| {})
+                .await
+                .unwrap()
+        }
+
+        fn record(store: &dyn Store, rack: &Rack) -> RolloutRecord {
+            serde_json::from_slice(
+                &store
+                    .rollout(&rollout_key(&rack.upgrade.to))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_step_applies_in_talosctls_order_without_a_reboot() {
+            let rack = rack_up(1).await;
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            // The simulated kubelets post their version once they have seen the config.
+            for _ in 0..1000 {
+                if rack.kubelet_version("rack1-wk-01") == "v1.36.3" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(rack.kubelet_version("rack1-wk-01"), "v1.36.3");
+            let boots: Vec<usize> = NODES
+                .iter()
+                .map(|n| rack.node(n).configured_boots())
+                .collect();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            for cp in &NODES[..3] {
+                for (c, _) in crate::sim::kubelet::STATIC_PODS {
+                    assert_eq!(rack.pod_image(c, cp), format!("{}:v1.36.4", image_repo(c)));
+                }
+                let cfg = rack.node(cp).running_config().unwrap();
+                assert_eq!(
+                    read_at(&cfg, &["cluster", "proxy", "image"])
+                        .unwrap()
+                        .as_deref(),
+                    Some("registry.k8s.io/kube-proxy:v1.36.4")
+                );
+                // Three static pods, kube-proxy and the kubelet: five no-reboot applies.
+                assert_eq!(rack.applies(cp), 5, "{cp}");
+            }
+            for (i, n) in NODES.into_iter().enumerate() {
+                assert_eq!(rack.kubelet_version(n), "v1.36.4", "{n}");
+                assert_eq!(rack.node(n).configured_boots(), boots[i], "{n} rebooted");
+                for a in rack.node(n).apply_records() {
+                    assert_eq!(a.effective, Mode::NoReboot, "{n}");
+                }
+            }
+            assert_eq!(rack.applies("rack1-wk-04"), 1);
+            // The order, from the doubles' own apply records: every apiserver before any
+            // controller-manager, ..., every control plane's kubelet before any worker's.
+            let mut applies: Vec<(std::time::Instant, String, String)> = Vec::new();
+            for n in NODES {
+                let mut prev: Option<String> = None;
+                for a in rack.node(n).apply_records() {
+                    let cfg = a.config.clone();
+                    let what = ["apiServer", "controllerManager", "scheduler", "proxy"]
+                        .into_iter()
+                        .find(|k| {
+                            read_at(&cfg, &["cluster", k, "image"]).unwrap()
+                                != prev
+                                    .as_deref()
+                                    .and_then(|p| read_at(p, &["cluster", k, "image"]).unwrap())
+                        })
+                        .unwrap_or("kubelet");
+                    applies.push((a.at, what.to_owned(), n.to_owned()));
+                    prev = Some(cfg);
+                }
+            }
+            applies.sort();
+            let order: Vec<String> = applies.iter().map(|(_, w, n)| format!("{w}/{n}")).collect();
+            let want: Vec<String> = rack
+                .upgrade
+                .steps
+                .iter()
+                .map(|s| match s {
+                    K8sStep::StaticPod { component, node } => format!(
+                        "{}/{node}",
+                        crate::sim::kubelet::STATIC_PODS
+                            .iter()
+                            .find(|(c, _)| c == component)
+                            .unwrap()
+                            .1
+                    ),
+                    K8sStep::KubeProxy { node } => format!("proxy/{node}"),
+                    K8sStep::Kubelet { node } => format!("kubelet/{node}"),
+                    K8sStep::Manifests => unreachable!(),
+                })
+                .collect();
+            assert_eq!(order, want);
+            assert!(
+                record(&store, &rack)
+                    .status
+                    .values()
+                    .all(|s| *s == NodeStatus::Done)
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failing_node_stops_the_upgrade_and_a_restart_resumes_without_repeating() {
+            let rack = rack_up(11).await;
+            let dir = tempfile::tempdir().unwrap();
+            // cp-02's controller-manager never comes back after its change.
+            rack.kubelets
+                .never_ready("rack1-cp-02", "kube-controller-manager");
+            {
+                let store = crate::store::open(dir.path()).unwrap();
+                match run_once(&rack, &store).await {
+                    Outcome::Stopped { node, reason } => {
+                        assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-02"));
+                        assert!(reason.contains("not Ready"), "{reason}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+                let rec = record(&store, &rack);
+                assert_eq!(rec.status["kube-apiserver/rack1-cp-03"], NodeStatus::Done);
+                assert_eq!(
+                    rec.status["kube-controller-manager/rack1-cp-01"],
+                    NodeStatus::Done
+                );
+                assert!(matches!(
+                    rec.status["kube-controller-manager/rack1-cp-02"],
+                    NodeStatus::Failed { .. }
+                ));
+                assert_eq!(
+                    rec.status["kube-controller-manager/rack1-cp-03"],
+                    NodeStatus::Pending
+                );
+            }
+            // Nothing after the failing step was touched.
+            assert_eq!(rack.applies("rack1-cp-01"), 2);
+            assert_eq!(rack.applies("rack1-cp-02"), 2);
+            assert_eq!(rack.applies("rack1-cp-03"), 1);
+            assert_eq!(rack.applies("rack1-wk-01"), 0);
+            assert_eq!(rack.kubelet_version("rack1-cp-01"), "v1.36.3");
+
+            // Also refuse cp-03's next apply: the resumed run stops there, at the patch.
+            rack.kubelets.heal();
+            rack.node("rack1-cp-03").refuse_next_apply("disk full");
+            {
+                let store = crate::store::open(dir.path()).unwrap();
+                match run_once(&rack, &store).await {
+                    Outcome::Stopped { node, reason } => {
+                        assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-03"));
+                        assert!(reason.contains("disk full"), "{reason}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            // cp-02's step was reconciled (its config already had the image), not applied again.
+            assert_eq!(rack.applies("rack1-cp-02"), 2);
+
+            // Fixed; a new process resumes from the store and finishes.
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            assert_eq!(rack.applies("rack1-cp-01"), 5, "no step applied twice");
+            assert_eq!(rack.applies("rack1-cp-02"), 5, "no step applied twice");
+            assert_eq!(rack.applies("rack1-wk-01"), 1);
+            for n in NODES {
+                assert_eq!(rack.kubelet_version(n), "v1.36.4", "{n}");
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_kubelet_that_never_reports_the_new_version_fails_its_gate() {
+            let rack = rack_up(21).await;
+            let dir = tempfile::tempdir().unwrap();
+            rack.kubelets
+                .never_ready("rack1-wk-01", crate::sim::kubelet::KUBELET);
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node, reason } => {
+                    assert_eq!(node.as_deref(), Some("kubelet/rack1-wk-01"));
+                    assert!(reason.contains("node version mismatch"), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                rack.applies("rack1-wk-04"),
+                0,
+                "the next worker was not touched"
+            );
+        }
+
+        /// talosctl refuses a Kubernetes its Talos does not run before any change.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_kubernetes_the_nodes_talos_does_not_run_is_refused() {
+            let rack = rack_up_to(41, "1.37.0").await;
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node: None, reason } => assert!(
+                    reason.contains(
+                        "node rack1-cp-01: version of Kubernetes 1.37.0 is too new to be used \
+                         with Talos 1.13.9"
+                    ),
+                    "{reason}"
+                ),
+                other => panic!("{other:?}"),
+            }
+            for n in NODES {
+                assert_eq!(rack.applies(n), 0, "{n}");
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_cluster_with_a_not_ready_node_is_not_upgraded() {
+            let rack = rack_up(31).await;
+            rack.kube.set_node_ready("rack1-wk-04", false);
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            match run_once(&rack, &store).await {
+                Outcome::Stopped { node: None, reason } => {
+                    assert!(reason.contains("Node rack1-wk-04 is not Ready"), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+            for n in NODES {
+                assert_eq!(rack.applies(n), 0, "{n}");
+            }
+        }
     }
 }

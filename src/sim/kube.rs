@@ -138,6 +138,7 @@ fn builtins() -> Vec<Res> {
     vec![
         Res::new("", "v1", "Namespace", "namespaces", false),
         Res::new("", "v1", "Node", "nodes", false),
+        Res::new("", "v1", "Pod", "pods", true),
         Res::new("", "v1", "Secret", "secrets", true),
         Res::new("", "v1", "ConfigMap", "configmaps", true),
         Res::new("", "v1", "Service", "services", true),
@@ -332,7 +333,9 @@ impl Cluster {
                     json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
                            "message": CNI_NOT_READY})
                 };
-                obj["status"] = json!({"conditions": [condition]});
+                // Only the condition is computed; what the kubelet posted besides it
+                // (nodeInfo, see [`KubeDouble::set_kubelet_version`]) stays.
+                obj["status"]["conditions"] = json!([condition]);
             }
             ("apps", "statefulsets") => {
                 let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -627,6 +630,42 @@ impl KubeDouble {
             },
         );
         c.kubelet_nodes.insert(name.into());
+    }
+
+    /// Stores `obj` (e.g. a static pod's mirror Pod, as the kubelet creates it) under
+    /// `group`/`plural`/`ns`/`name` with a fresh resourceVersion, replacing what was there.
+    pub(crate) fn put_object(&self, group: &str, plural: &str, ns: &str, name: &str, obj: Value) {
+        let mut c = lock(&self.state);
+        c.rv += 1;
+        let mut obj = obj;
+        obj["metadata"]["resourceVersion"] = json!(c.rv.to_string());
+        c.objects.insert(
+            (group.into(), plural.into(), ns.into(), name.into()),
+            Stored {
+                obj,
+                manager: "kubelet".into(),
+                ready_at: Instant::now(),
+            },
+        );
+    }
+
+    /// The kubelet on Node `name` reports `version` in `status.nodeInfo.kubeletVersion` (as
+    /// a restarted kubelet does when it posts its node status; k8s.io/api core/v1
+    /// `NodeSystemInfo.KubeletVersion`). No-op for a Node that does not exist.
+    pub(crate) fn set_kubelet_version(&self, name: &str, version: &str) {
+        let mut c = lock(&self.state);
+        c.rv += 1;
+        let rv = c.rv.to_string();
+        let key = (
+            String::new(),
+            "nodes".into(),
+            String::new(),
+            name.to_owned(),
+        );
+        if let Some(s) = c.objects.get_mut(&key) {
+            s.obj["status"]["nodeInfo"]["kubeletVersion"] = json!(version);
+            s.obj["metadata"]["resourceVersion"] = json!(rv);
+        }
     }
 
     /// When the CRD `name` became (or becomes) Established.

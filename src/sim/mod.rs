@@ -25,6 +25,7 @@ pub mod demo;
 pub mod disks;
 pub mod ipxe;
 pub mod kube;
+pub mod kubelet;
 pub mod machine;
 pub mod pki;
 #[cfg(test)]

@@ -86,7 +86,7 @@ mod apply_e2e;
 mod machine_config;
 use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
-pub use machine_config::ApplyRecord;
+pub use machine_config::{ApplyRecord, RunningConfig};
 
 /// apid's port; the default port of every fake node.
 pub(crate) const APID_PORT: u16 = 50000;

@@ -97,6 +97,9 @@ pub struct ApplyRecord {
     pub dry_run: bool,
     /// Whether the node rebooted for it.
     pub rebooted: bool,
+    /// The config sent (for tests asserting what changed, and in which order across nodes).
+    pub config: String,
+    pub at: std::time::Instant,
 }
 
 /// What the node runs and will boot with.
@@ -183,6 +186,25 @@ impl super::FakeTalosNode {
         let mut c = lock(&self.shared.configs);
         c.running = Some(text.to_owned());
         c.persisted = Some(text.to_owned());
+    }
+}
+
+/// A handle on what one node runs, for the simulated kubelet ([`crate::sim::kubelet`]), which
+/// follows the running config as the real kubelet and static pods follow machined's.
+#[derive(Clone)]
+pub struct RunningConfig(Arc<Shared>);
+
+impl RunningConfig {
+    /// The running config now (None in maintenance mode).
+    pub fn get(&self) -> Option<String> {
+        lock(&self.0.configs).running.clone()
+    }
+}
+
+impl super::FakeTalosNode {
+    /// A handle on the running config that does not borrow the node.
+    pub fn running_config_handle(&self) -> RunningConfig {
+        RunningConfig(self.shared.clone())
     }
 }
 
@@ -278,8 +300,12 @@ pub(crate) fn apply_configured(
     shared: &Arc<Shared>,
     req: machine::ApplyConfigurationRequest,
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-    let requested = Mode::try_from(req.mode)
-        .map_err(|_| Status::unknown(format!("incorrect mode '{}' specified", req.mode)))?;
+    let requested = Mode::try_from(req.mode).map_err(|_| {
+        Status::unknown(format!(
+            "incorrect mode '{}' specified for the apply config call",
+            req.mode
+        ))
+    })?;
     if requested != Mode::Try {
         lock(&shared.configs).rollback_generation += 1;
     }
@@ -321,11 +347,16 @@ pub(crate) fn apply_configured(
         },
         Mode::Reboot => {}
     }
-    let record = |rebooted| ApplyRecord {
-        requested,
-        effective: mode,
-        dry_run: req.dry_run,
-        rebooted,
+    let record = {
+        let (config, dry_run) = (text.clone(), req.dry_run);
+        move |rebooted| ApplyRecord {
+            requested,
+            effective: mode,
+            dry_run,
+            rebooted,
+            config: config.clone(),
+            at: std::time::Instant::now(),
+        }
     };
 
     if req.dry_run {
@@ -576,6 +607,38 @@ pub(super) mod tests {
 
     fn env() -> Value {
         yaml_serde::from_str("{HTTP_PROXY: http://proxy:3128}").unwrap()
+    }
+
+    /// An unknown mode number is refused with `ApplyConfiguration`'s default-branch error
+    /// text (siderolabs/talos v1.13.9 `v1alpha1_server.go`: "incorrect mode '%s' specified
+    /// for the apply config call", a plain error, so codes.Unknown).
+    #[tokio::test]
+    async fn an_unknown_mode_is_refused_with_talos_text() {
+        use crate::sim::talos::tests::{node_cfg, rendered};
+        use crate::sim::talos::{FakeCluster, FakeTalosNode, Phase};
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let node = FakeTalosNode::start(node_cfg(42, "rack1-cp-01"), &cluster)
+            .await
+            .unwrap();
+        let base = rendered("rack1-cp-01");
+        crate::sim::talos::tests::maintenance(node.addr())
+            .apply_configuration(base.as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let req = machine::ApplyConfigurationRequest {
+            data: base.into_bytes(),
+            mode: 42,
+            dry_run: false,
+            try_mode_timeout: None,
+        };
+        let err = apply_configured(&node.shared, req).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unknown);
+        assert_eq!(
+            err.message(),
+            "incorrect mode '42' specified for the apply config call"
+        );
     }
 
     #[tokio::test]
