@@ -21,7 +21,7 @@ use talboot::provision::view::StateView;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::TokenIssuer};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::Tokens};
 use talboot::inventory::{Inventory, Mac, Node};
 use talboot::provision::{ConfigRenderer, Provisioner, Settings};
 use talboot::sim::pki::{SimCa, talos_label};
@@ -156,7 +156,7 @@ impl World {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: TokenIssuer::start(store.clone()).0,
+            tokens: Tokens::start(store.clone()).0,
             metrics: None,
             commands: None,
         });

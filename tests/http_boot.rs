@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
 use talboot::events::{EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::TokenIssuer};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::Tokens};
 use talboot::inventory::{Delivery, load_with_env};
 use talboot::store::{NodePhase, NodeRecord, Store};
 use tokio_util::sync::CancellationToken;
@@ -131,7 +131,7 @@ async fn start_edited(
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
-        tokens: TokenIssuer::start(store.clone()).0,
+        tokens: Tokens::start(store.clone()).0,
         metrics: None,
         commands,
     });

@@ -505,7 +505,7 @@ fn an_imported_set_boots_over_http() {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::TokenIssuer};
+        use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::Tokens};
         talboot::install_crypto_provider();
         let inv =
             talboot::inventory::load_with_env(&s.inventory, &std::collections::BTreeMap::new())
@@ -536,7 +536,7 @@ fn an_imported_set_boots_over_http() {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: TokenIssuer::start(store.clone()).0,
+            tokens: Tokens::start(store.clone()).0,
             metrics: None,
             commands: None,
         });
