@@ -85,13 +85,13 @@ fn bind(store: &dyn Store, mode: Mode, mac: Mac, ip: Ipv4Addr) {
     match mode {
         Mode::Authoritative => store
             .put_lease(&Lease {
-                    mac,
-                    ip,
-                    hostname: Some("cp-1".into()),
-                    state: LeaseState::Bound,
-                    expires_at_unix: now + 3600,
-                    updated_at_unix: now,
-                })
+                mac,
+                ip,
+                hostname: Some("cp-1".into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            })
             .unwrap(),
         Mode::Proxy => {
             talboot::entitlement::record_proxy_binding(store, mac, ip, now).unwrap();

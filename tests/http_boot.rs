@@ -159,13 +159,13 @@ async fn start_edited(
 fn lease(env: &Env, mac: &str, ip: &str) {
     env.store
         .put_lease(&talboot::store::Lease {
-                mac: mac.parse().unwrap(),
-                ip: ip.parse().unwrap(),
-                hostname: None,
-                state: talboot::store::LeaseState::Bound,
-                expires_at_unix: u64::MAX / 2,
-                updated_at_unix: 0,
-            })
+            mac: mac.parse().unwrap(),
+            ip: ip.parse().unwrap(),
+            hostname: None,
+            state: talboot::store::LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })
         .unwrap();
     env.publish();
 }
@@ -600,7 +600,7 @@ async fn ipxe_fetches_kernel_then_initramfs_on_one_connection() {
 /// the new one only once the commit is published.
 #[tokio::test]
 async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lands() {
-    use talboot::store::{Lease, LeaseCommit, LeaseState, LeaseChange};
+    use talboot::store::{Lease, LeaseChange, LeaseCommit, LeaseState};
     let env = start(Delivery::Pull).await;
     lease(&env, "bc:24:11:40:00:01", "127.0.0.21");
     let url = script_token(&env, "127.0.0.21", "bc:24:11:40:00:01")

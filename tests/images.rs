@@ -550,13 +550,13 @@ fn an_imported_set_boots_over_http() {
         ));
         store
             .put_lease(&talboot::store::Lease {
-                    mac: "bc:24:11:40:00:01".parse().unwrap(),
-                    ip: "127.0.0.1".parse().unwrap(),
-                    hostname: None,
-                    state: talboot::store::LeaseState::Bound,
-                    expires_at_unix: u64::MAX / 2,
-                    updated_at_unix: 0,
-                })
+                mac: "bc:24:11:40:00:01".parse().unwrap(),
+                ip: "127.0.0.1".parse().unwrap(),
+                hostname: None,
+                state: talboot::store::LeaseState::Bound,
+                expires_at_unix: u64::MAX / 2,
+                updated_at_unix: 0,
+            })
             .unwrap();
         // The lease was written behind the DHCP server's back: publish it to the read view
         // the HTTP handlers consult, as the DHCP server does after its commit.

@@ -202,13 +202,13 @@ impl World {
             };
             store
                 .put_lease(&Lease {
-                        mac: mac(net, m.last).parse().unwrap(),
-                        ip: v4,
-                        hostname: Some(m.name.into()),
-                        state: LeaseState::Bound,
-                        expires_at_unix: now + 3600,
-                        updated_at_unix: now,
-                    })
+                    mac: mac(net, m.last).parse().unwrap(),
+                    ip: v4,
+                    hostname: Some(m.name.into()),
+                    state: LeaseState::Bound,
+                    expires_at_unix: now + 3600,
+                    updated_at_unix: now,
+                })
                 .unwrap();
         }
         world

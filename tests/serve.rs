@@ -46,13 +46,13 @@ fn lease_ctrl_01_at_loopback(tmp: &Path) {
     let store = talboot::store::open(&tmp.join("state")).unwrap();
     store
         .put_lease(&talboot::store::Lease {
-                mac: "bc:24:11:40:00:01".parse().unwrap(),
-                ip: "127.0.0.1".parse().unwrap(),
-                hostname: None,
-                state: talboot::store::LeaseState::Bound,
-                expires_at_unix: u64::MAX / 2,
-                updated_at_unix: 0,
-            })
+            mac: "bc:24:11:40:00:01".parse().unwrap(),
+            ip: "127.0.0.1".parse().unwrap(),
+            hostname: None,
+            state: talboot::store::LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })
         .unwrap();
 }
 

@@ -339,8 +339,7 @@ impl LeaseBook {
         for lease in records {
             let valid = !book.leases.contains_key(&lease.ip)
                 && book.managed_for(lease.ip, lease.mac)
-                && (lease.state == LeaseState::Declined
-                    || !book.by_mac.contains_key(&lease.mac));
+                && (lease.state == LeaseState::Declined || !book.by_mac.contains_key(&lease.mac));
             if valid {
                 if lease.state != LeaseState::Declined {
                     book.by_mac.insert(lease.mac, lease.ip);

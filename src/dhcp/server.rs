@@ -669,7 +669,6 @@ impl Adapter {
             debug!(target: "talboot::dhcp::commit", waited_us = waited.as_micros() as u64, "handler waited for the committer");
         }
     }
-
 }
 
 /// The address a lease write is about.

@@ -31,7 +31,7 @@ use std::sync::RwLock;
 use crate::entitlement::{Bound, ProxyBinding};
 use crate::inventory::{Inventory, Mac, NetworkMode};
 use crate::store::{
-    Lease, LeaseCommit, LeaseState, LeaseChange, NodePart, NodeRecord, NodeWrite, Store, StoreError,
+    Lease, LeaseChange, LeaseCommit, LeaseState, NodePart, NodeRecord, NodeWrite, Store, StoreError,
 };
 
 use super::node::{Lifecycle, decode_lifecycle};

@@ -845,7 +845,10 @@ impl RedbStore {
             None => None,
         };
         for mac in replaced.into_iter().chain([lease.mac]) {
-            let indexed = by_mac.get(mac.0).map_err(|e| self.err(e))?.map(|g| g.value());
+            let indexed = by_mac
+                .get(mac.0)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value());
             if indexed == Some(ip) {
                 by_mac.remove(mac.0).map_err(|e| self.err(e))?;
             }
@@ -1087,7 +1090,8 @@ mod tests {
             LeaseState::Declined
         );
         s.put_lease(&lease(2, 11, LeaseState::Bound, 200)).unwrap();
-        s.put_lease(&lease(3, 11, LeaseState::Offered, 900)).unwrap();
+        s.put_lease(&lease(3, 11, LeaseState::Offered, 900))
+            .unwrap();
         assert_eq!(s.lease(mac(2)).unwrap(), None);
         assert_eq!(s.lease(mac(3)).unwrap().unwrap().ip, ip(11));
     }
@@ -1527,8 +1531,7 @@ mod tests {
     #[test]
     fn export_contains_every_table() {
         let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000))
-            .unwrap();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000)).unwrap();
         s.put_node(&node("cp1", NodePhase::Ready, 1)).unwrap();
         s.append_event("cp1", "ready", "node is ready", 42).unwrap();
         s.put_meta("text", b"bootstrap-done").unwrap();

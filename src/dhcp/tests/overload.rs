@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::events::{EventBus, SystemClock};
 use crate::store::{
-    self, CasOutcome, Event, LeaseCommit, LeaseChange, NewEvent, NodeRecord, Store, StoreError,
+    self, CasOutcome, Event, LeaseChange, LeaseCommit, NewEvent, NodeRecord, Store, StoreError,
 };
 
 /// One call of [`Store::commit_leases`] that returned Ok, as the double saw it.
@@ -44,11 +44,7 @@ impl Recorder {
 }
 
 impl Store for Recorder {
-    fn commit_leases(
-        &self,
-        groups: &[LeaseCommit],
-        durable: bool,
-    ) -> store::Result<()> {
+    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> store::Result<()> {
         let gate = self.gate.lock().unwrap().take();
         if let Some((entered, open)) = gate {
             let _ = entered.send(());
