@@ -328,7 +328,7 @@ impl Bound {
             base_url: base_url.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),
-            tokens: http::tokens::TokenIssuer::start(store.clone()).0,
+            tokens: http::tokens::Tokens::start(store.clone()).0,
             metrics,
         });
         {

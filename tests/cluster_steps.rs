@@ -622,17 +622,14 @@ mod from_talos {
         {
             let s = store::open(&world.state_dir()).unwrap();
             let now = talboot::events::Clock::now_unix(&SystemClock);
-            s.put_lease(
-                &Lease {
-                    mac: "02:00:00:3d:00:0b".parse().unwrap(),
-                    ip: node_ip,
-                    hostname: Some("cp1".into()),
-                    state: LeaseState::Bound,
-                    expires_at_unix: now + 3600,
-                    updated_at_unix: now,
-                },
-                now,
-            )
+            s.put_lease(&Lease {
+                mac: "02:00:00:3d:00:0b".parse().unwrap(),
+                ip: node_ip,
+                hostname: Some("cp1".into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            })
             .unwrap();
         }
 

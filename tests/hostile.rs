@@ -21,7 +21,7 @@ use talboot::provision::view::StateView;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::TokenIssuer};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::Tokens};
 use talboot::inventory::{Inventory, Mac, Node};
 use talboot::provision::{ConfigRenderer, Provisioner, Settings};
 use talboot::sim::pki::{SimCa, talos_label};
@@ -84,17 +84,14 @@ fn bind(store: &dyn Store, mode: Mode, mac: Mac, ip: Ipv4Addr) {
     let now = SystemClock.now_unix();
     match mode {
         Mode::Authoritative => store
-            .put_lease(
-                &Lease {
-                    mac,
-                    ip,
-                    hostname: Some("cp-1".into()),
-                    state: LeaseState::Bound,
-                    expires_at_unix: now + 3600,
-                    updated_at_unix: now,
-                },
-                now,
-            )
+            .put_lease(&Lease {
+                mac,
+                ip,
+                hostname: Some("cp-1".into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            })
             .unwrap(),
         Mode::Proxy => {
             talboot::entitlement::record_proxy_binding(store, mac, ip, now).unwrap();
@@ -156,7 +153,7 @@ impl World {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: TokenIssuer::start(store.clone()).0,
+            tokens: Tokens::start(store.clone()).0,
             metrics: None,
             commands: None,
         });

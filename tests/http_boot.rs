@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use talboot::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, hash_file};
 use talboot::events::{EventBus, SystemClock};
-use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::TokenIssuer};
+use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::Tokens};
 use talboot::inventory::{Delivery, load_with_env};
 use talboot::store::{NodePhase, NodeRecord, Store};
 use tokio_util::sync::CancellationToken;
@@ -140,7 +140,7 @@ async fn start_edited(
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
-        tokens: TokenIssuer::start(store.clone()).0,
+        tokens: Tokens::start(store.clone()).0,
         metrics: None,
         commands,
     });
@@ -167,17 +167,14 @@ async fn start_edited(
 /// The lease talboot's DHCP would have bound for `mac` (scripts and configs go only there).
 fn lease(env: &Env, mac: &str, ip: &str) {
     env.store
-        .put_lease(
-            &talboot::store::Lease {
-                mac: mac.parse().unwrap(),
-                ip: ip.parse().unwrap(),
-                hostname: None,
-                state: talboot::store::LeaseState::Bound,
-                expires_at_unix: u64::MAX / 2,
-                updated_at_unix: 0,
-            },
-            0,
-        )
+        .put_lease(&talboot::store::Lease {
+            mac: mac.parse().unwrap(),
+            ip: ip.parse().unwrap(),
+            hostname: None,
+            state: talboot::store::LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })
         .unwrap();
     env.publish();
 }
@@ -668,7 +665,7 @@ async fn ipxe_fetches_kernel_then_initramfs_on_one_connection() {
 /// the new one only once the commit is published.
 #[tokio::test]
 async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lands() {
-    use talboot::store::{Lease, LeaseCommit, LeaseState, LeaseWrite};
+    use talboot::store::{Lease, LeaseChange, LeaseCommit, LeaseState};
     let env = start(Delivery::Pull).await;
     lease(&env, "bc:24:11:40:00:01", "127.0.0.21");
     let url = script_token(&env, "127.0.0.21", "bc:24:11:40:00:01")
@@ -677,7 +674,7 @@ async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lan
 
     // The DHCP server's commit of the move, step by step as its commit loop does it.
     let moved = [LeaseCommit {
-        writes: vec![LeaseWrite::Put(Lease {
+        writes: vec![LeaseChange::Upsert(Lease {
             mac: "bc:24:11:40:00:01".parse().unwrap(),
             ip: "127.0.0.22".parse().unwrap(),
             hostname: None,
@@ -713,7 +710,7 @@ async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lan
         403,
         "new address, in flight"
     );
-    env.store.commit_leases(&moved, true, 0).unwrap();
+    env.store.commit_leases(&moved, true).unwrap();
     assert_eq!(
         script_status("127.0.0.21").await,
         403,

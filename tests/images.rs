@@ -505,7 +505,7 @@ fn an_imported_set_boots_over_http() {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::TokenIssuer};
+        use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, tokens::Tokens};
         talboot::install_crypto_provider();
         let inv =
             talboot::inventory::load_with_env(&s.inventory, &std::collections::BTreeMap::new())
@@ -536,7 +536,7 @@ fn an_imported_set_boots_over_http() {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: TokenIssuer::start(store.clone()).0,
+            tokens: Tokens::start(store.clone()).0,
             metrics: None,
             commands: None,
         });
@@ -549,17 +549,14 @@ fn an_imported_set_boots_over_http() {
             shutdown.clone(),
         ));
         store
-            .put_lease(
-                &talboot::store::Lease {
-                    mac: "bc:24:11:40:00:01".parse().unwrap(),
-                    ip: "127.0.0.1".parse().unwrap(),
-                    hostname: None,
-                    state: talboot::store::LeaseState::Bound,
-                    expires_at_unix: u64::MAX / 2,
-                    updated_at_unix: 0,
-                },
-                0,
-            )
+            .put_lease(&talboot::store::Lease {
+                mac: "bc:24:11:40:00:01".parse().unwrap(),
+                ip: "127.0.0.1".parse().unwrap(),
+                hostname: None,
+                state: talboot::store::LeaseState::Bound,
+                expires_at_unix: u64::MAX / 2,
+                updated_at_unix: 0,
+            })
             .unwrap();
         // The lease was written behind the DHCP server's back: publish it to the read view
         // the HTTP handlers consult, as the DHCP server does after its commit.

@@ -201,17 +201,14 @@ impl World {
                 unreachable!()
             };
             store
-                .put_lease(
-                    &Lease {
-                        mac: mac(net, m.last).parse().unwrap(),
-                        ip: v4,
-                        hostname: Some(m.name.into()),
-                        state: LeaseState::Bound,
-                        expires_at_unix: now + 3600,
-                        updated_at_unix: now,
-                    },
-                    now,
-                )
+                .put_lease(&Lease {
+                    mac: mac(net, m.last).parse().unwrap(),
+                    ip: v4,
+                    hostname: Some(m.name.into()),
+                    state: LeaseState::Bound,
+                    expires_at_unix: now + 3600,
+                    updated_at_unix: now,
+                })
                 .unwrap();
         }
         world

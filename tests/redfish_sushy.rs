@@ -399,17 +399,14 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
     {
         let s = store::open(&state_dir).unwrap();
         let now = talboot::events::Clock::now_unix(&SystemClock);
-        s.put_lease(
-            &Lease {
-                mac: "02:00:00:41:00:0b".parse().unwrap(),
-                ip: node_ip,
-                hostname: Some("cp1".into()),
-                state: LeaseState::Bound,
-                expires_at_unix: now + 3600,
-                updated_at_unix: now,
-            },
-            now,
-        )
+        s.put_lease(&Lease {
+            mac: "02:00:00:41:00:0b".parse().unwrap(),
+            ip: node_ip,
+            hostname: Some("cp1".into()),
+            state: LeaseState::Bound,
+            expires_at_unix: now + 3600,
+            updated_at_unix: now,
+        })
         .unwrap();
     }
     let ca = SimCa::new_os_ca().unwrap();

@@ -45,17 +45,14 @@ fn lease_ctrl_01_at_loopback(tmp: &Path) {
     use talboot::store::Store;
     let store = talboot::store::open(&tmp.join("state")).unwrap();
     store
-        .put_lease(
-            &talboot::store::Lease {
-                mac: "bc:24:11:40:00:01".parse().unwrap(),
-                ip: "127.0.0.1".parse().unwrap(),
-                hostname: None,
-                state: talboot::store::LeaseState::Bound,
-                expires_at_unix: u64::MAX / 2,
-                updated_at_unix: 0,
-            },
-            0,
-        )
+        .put_lease(&talboot::store::Lease {
+            mac: "bc:24:11:40:00:01".parse().unwrap(),
+            ip: "127.0.0.1".parse().unwrap(),
+            hostname: None,
+            state: talboot::store::LeaseState::Bound,
+            expires_at_unix: u64::MAX / 2,
+            updated_at_unix: 0,
+        })
         .unwrap();
 }
 

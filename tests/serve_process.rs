@@ -273,17 +273,14 @@ nodes:
             .unwrap()
             .as_secs();
         store
-            .put_lease(
-                &Lease {
-                    mac: mac.parse().unwrap(),
-                    ip: node_ip,
-                    hostname: Some("cp-1".into()),
-                    state: LeaseState::Bound,
-                    expires_at_unix: now + 3600,
-                    updated_at_unix: now,
-                },
-                now,
-            )
+            .put_lease(&Lease {
+                mac: mac.parse().unwrap(),
+                ip: node_ip,
+                hostname: Some("cp-1".into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            })
             .unwrap();
         store
             .put_node(&NodeRecord {

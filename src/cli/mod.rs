@@ -120,25 +120,42 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// Why [`talosconfig_creds`] found no usable credentials; the message names the file and
+/// the fix.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TalosconfigError {
+    /// The file could not be read.
+    #[error("cannot use talosconfig {}: {source}; pass --talosconfig", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a usable talosconfig (its message never carries key material).
+    #[error("cannot use talosconfig {}: {source}; pass --talosconfig", path.display())]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is missing or wrong.
+        source: crate::talos::TalosError,
+    },
+}
+
 /// The admin client credentials for `node`/`upgrade`: `--talosconfig`, else the one `gen`
-/// wrote into the state directory. The error names the file and the fix.
+/// wrote into the state directory.
 pub(crate) fn talosconfig_creds(
     talosconfig: Option<&std::path::Path>,
     state_dir: &std::path::Path,
     context: Option<&str>,
-) -> Result<crate::talos::ClientCreds, String> {
+) -> Result<crate::talos::ClientCreds, TalosconfigError> {
     let path = talosconfig.map_or_else(|| state_dir.join("talosconfig"), |p| p.to_path_buf());
-    std::fs::read_to_string(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|y| {
-            crate::talos::ClientCreds::from_talosconfig(&y, context).map_err(|e| e.to_string())
-        })
-        .map_err(|e| {
-            format!(
-                "cannot use talosconfig {}: {e}; pass --talosconfig",
-                path.display()
-            )
-        })
+    let yaml = match std::fs::read_to_string(&path) {
+        Ok(y) => y,
+        Err(source) => return Err(TalosconfigError::Read { path, source }),
+    };
+    crate::talos::ClientCreds::from_talosconfig(&yaml, context)
+        .map_err(|source| TalosconfigError::Invalid { path, source })
 }
 
 /// Whether log lines may carry ANSI colour: only when they go to a terminal, and never when
@@ -194,5 +211,24 @@ mod tests {
         assert!(!use_colour(true, Some(OsStr::new("1"))));
         assert!(!use_colour(false, None));
         assert!(!use_colour(false, Some(OsStr::new("1"))));
+    }
+
+    /// The loader's errors say which file and which part, as a type the callers can match.
+    #[test]
+    fn talosconfig_errors_are_typed_and_name_the_file() {
+        use super::{TalosconfigError, talosconfig_creds};
+        let dir = tempfile::tempdir().unwrap();
+        let err = talosconfig_creds(None, dir.path(), None).unwrap_err();
+        let want = dir.path().join("talosconfig");
+        assert!(matches!(&err, TalosconfigError::Read { path, .. } if *path == want));
+        assert!(err.to_string().contains("pass --talosconfig"), "{err}");
+        let file = dir.path().join("tc.yaml");
+        std::fs::write(&file, "context: x\ncontexts: {}\n").unwrap();
+        let err = talosconfig_creds(Some(&file), dir.path(), None).unwrap_err();
+        assert!(matches!(&err, TalosconfigError::Invalid { path, .. } if *path == file));
+        assert!(
+            err.to_string().contains(&file.display().to_string()),
+            "{err}"
+        );
     }
 }

@@ -203,27 +203,44 @@ pub(crate) fn rebuild_needs_power(inv: &Inventory, name: &str, apid_port: u16) -
     !rt.block_on(crate::power::dispatch::tcp_answers(addr, API_WAIT))
 }
 
+/// Why [`rebuild_by_power`] could not send a node to network boot.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RebuildByPowerError {
+    /// The node has no `power:` block.
+    #[error("node {node} has no power controller")]
+    NoController {
+        /// The node.
+        node: String,
+    },
+    /// Its power credentials did not resolve.
+    #[error(transparent)]
+    Credentials(#[from] crate::power::credentials::CredentialError),
+    /// The controller did not do it.
+    #[error(transparent)]
+    Power(#[from] crate::power::PowerError),
+}
+
 /// The rebuild of a node whose Talos API does not answer: a one-time network boot and a
 /// power cycle send it to talboot, which provisions it again (the rebuild reopened its
 /// window). What was done, or why it failed.
-pub(crate) async fn rebuild_by_power(inv: &Inventory, name: &str) -> Result<String, String> {
+pub(crate) async fn rebuild_by_power(
+    inv: &Inventory,
+    name: &str,
+) -> Result<String, RebuildByPowerError> {
     let config = inv
         .node(name)
         .and_then(|n| n.power.as_ref())
-        .ok_or_else(|| format!("node {name} has no power controller"))?;
+        .ok_or_else(|| RebuildByPowerError::NoController {
+            node: name.to_string(),
+        })?;
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
-    let driver = PowerDriver::from(r.config(name, config).map_err(|e| e.to_string())?);
-    driver
-        .reboot_into_network()
-        .await
-        .map(|()| {
-            format!(
-                "its Talos API did not answer: set a one-time network boot and power-cycled it through {}",
-                driver.target()
-            )
-        })
-        .map_err(|e| e.to_string())
+    let driver = PowerDriver::from(r.config(name, config)?);
+    driver.reboot_into_network().await?;
+    Ok(format!(
+        "its Talos API did not answer: set a one-time network boot and power-cycled it through {}",
+        driver.target()
+    ))
 }
 
 fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {

@@ -204,6 +204,7 @@ pub(crate) async fn upgrade(
         },
     )
     .await
+    .map_err(String::from)
 }
 
 fn print_progress(version: &Version, p: &Progress) {

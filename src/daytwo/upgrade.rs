@@ -140,21 +140,43 @@ pub enum Outcome {
     },
 }
 
+/// Why [`drive`] ended without an [`Outcome`]. `E` is the persist callback's error.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError<E: std::fmt::Display> {
+    /// The record could not be persisted; nothing after it was carried out.
+    #[error("{0}")]
+    Persist(E),
+    /// A node task panicked or was cancelled.
+    #[error("a rollout task failed: {0}")]
+    Task(tokio::task::JoinError),
+    /// The machine asked for nothing more and gave no end (a bug of the engine).
+    #[error("the rollout engine stopped without an end")]
+    NoEnd,
+}
+
+/// For callers that report the run's failure as text.
+impl<E: std::fmt::Display> From<DriveError<E>> for String {
+    fn from(e: DriveError<E>) -> Self {
+        e.to_string()
+    }
+}
+
 /// Drives `rollout` to its end. The record is handed to `persist` before any action it
 /// led to is carried out (the write-ahead rule of [`super::rollout`]); a failed persist ends
 /// the run before anything else is changed.
-pub async fn drive<P, R>(
+pub async fn drive<P, R, E>(
     mut rollout: Rollout,
     ops: Arc<dyn NodeOps>,
     mut persist: P,
     mut report: R,
-) -> Result<Outcome, String>
+) -> Result<Outcome, DriveError<E>>
 where
-    P: FnMut(&RolloutRecord) -> Result<(), String>,
+    P: FnMut(&RolloutRecord) -> Result<(), E>,
     R: FnMut(&Progress),
+    E: std::fmt::Display,
 {
     let mut actions: VecDeque<Action> = rollout.start().into();
-    persist(rollout.record())?;
+    persist(rollout.record()).map_err(DriveError::Persist)?;
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         while let Some(action) = actions.pop_front() {
@@ -178,12 +200,12 @@ where
         }
         let event = match tasks.join_next().await {
             Some(Ok(event)) => event,
-            Some(Err(e)) => return Err(format!("a rollout task failed: {e}")),
-            None => return Err("the rollout engine stopped without an end".into()),
+            Some(Err(e)) => return Err(DriveError::Task(e)),
+            None => return Err(DriveError::NoEnd),
         };
         report(&Progress::Observed(event.clone()));
         let next = rollout.on(event);
-        persist(rollout.record())?;
+        persist(rollout.record()).map_err(DriveError::Persist)?;
         actions.extend(next);
     }
 }
@@ -549,11 +571,7 @@ mod tests {
         drive(
             rollout,
             ops(rack),
-            |r| {
-                store
-                    .put_rollout(&key, &serde_json::to_vec(r).unwrap())
-                    .map_err(|e| e.to_string())
-            },
+            |r| store.put_rollout(&key, &serde_json::to_vec(r).unwrap()),
             |_| {},
         )
         .await
@@ -671,24 +689,25 @@ mod tests {
         assert_eq!(rack.node("rack1-cp-02").upgrade_calls(), 0);
     }
 
-    /// The ops record what they were asked, so the driver's persist-before-act rule can be
+    /// Ops that record what they were asked, so the driver's persist-before-act rule can be
     /// checked without a network.
+    struct Ops(Arc<Mutex<Vec<String>>>);
+    #[tonic::async_trait]
+    impl NodeOps for Ops {
+        async fn change(&self, node: &str) -> Event {
+            self.0.lock().unwrap().push(format!("change {node}"));
+            Event::Changed { node: node.into() }
+        }
+        async fn reconcile(&self, node: &str) -> Event {
+            Event::NotChanged { node: node.into() }
+        }
+        async fn check(&self, gate: &Gate) -> Event {
+            Event::Healthy(gate.clone())
+        }
+    }
+
     #[tokio::test]
     async fn the_record_is_persisted_before_each_change() {
-        struct Ops(Arc<Mutex<Vec<String>>>);
-        #[tonic::async_trait]
-        impl NodeOps for Ops {
-            async fn change(&self, node: &str) -> Event {
-                self.0.lock().unwrap().push(format!("change {node}"));
-                Event::Changed { node: node.into() }
-            }
-            async fn reconcile(&self, node: &str) -> Event {
-                Event::NotChanged { node: node.into() }
-            }
-            async fn check(&self, gate: &Gate) -> Event {
-                Event::Healthy(gate.clone())
-            }
-        }
         let log = Arc::new(Mutex::new(Vec::new()));
         let targets = vec![
             Target {
@@ -707,7 +726,7 @@ mod tests {
             move |r| {
                 let s: Vec<_> = r.status.iter().map(|(n, s)| format!("{n}={s:?}")).collect();
                 persisted.lock().unwrap().push(s.join(","));
-                Ok(())
+                Ok::<(), String>(())
             },
             |_| {},
         )
@@ -719,5 +738,34 @@ mod tests {
         assert!(log[i - 1].contains("a=Changing"), "{log:?}");
         let j = log.iter().position(|l| l == "change b").unwrap();
         assert!(log[j - 1].contains("b=Changing"), "{log:?}");
+    }
+
+    /// A record that cannot be persisted ends the run before anything is done, as the
+    /// persist callback's own error (typed, not text).
+    #[tokio::test]
+    async fn a_failed_persist_stops_before_any_action_with_its_own_error() {
+        #[derive(Debug, PartialEq)]
+        struct DiskFull;
+        impl std::fmt::Display for DiskFull {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("disk full")
+            }
+        }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let targets = vec![Target {
+            node: "a".into(),
+            role: Role::Worker,
+        }];
+        let err = drive(
+            Rollout::new(targets, 1).unwrap(),
+            Arc::new(Ops(log.clone())),
+            |_| Err(DiskFull),
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, DriveError::Persist(DiskFull)));
+        assert_eq!(String::from(err), "disk full");
+        assert!(log.lock().unwrap().is_empty());
     }
 }

@@ -164,6 +164,11 @@ impl DecideCtx {
     pub fn lease_book_config(&self) -> LeaseBookConfig {
         LeaseBookConfig {
             reservations: self.hosts.iter().map(|(m, h)| (*m, h.ip)).collect(),
+            hostnames: self
+                .hosts
+                .iter()
+                .map(|(m, h)| (*m, h.name.clone()))
+                .collect(),
             pools: self.subnets.iter().filter_map(|s| s.pool).collect(),
             offer_hold: DEFAULT_OFFER_HOLD,
             quarantine: DEFAULT_QUARANTINE,

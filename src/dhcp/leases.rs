@@ -1,9 +1,13 @@
-//! The lease book: which address belongs to which MAC, right now.
+//! The lease model: the one lease record type ([`Lease`]) and the book that owns every rule
+//! about it and the index of who holds what ([`LeaseBook`]): which address belongs to which
+//! MAC, right now.
 //!
 //! Pure in-memory state with the clock passed in. Every mutation returns the lease records it
 //! changed ([`LeaseChange`]) so the store adapter can persist exactly those before the reply
 //! that depends on them is sent; [`LeaseBook::restore`] rebuilds the book from persisted
-//! records after a restart.
+//! records after a restart. The state store only persists these records and changes as they
+//! are (it checks no lease rule of its own); its by-MAC lookup table is this book's index
+//! written down, so readers outside the DHCP server find a MAC's lease without a scan.
 //!
 //! Rules the book enforces (and the property tests check):
 //! - one record per address, and at most one live (offered/bound/released) record per MAC;
@@ -27,62 +31,97 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 use crate::inventory::{Ipv4Net, Mac, Pool};
 
 /// State of one address record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LeaseState {
-    /// Offered in a DHCPOFFER and held for the client until `expires`.
+    /// Offered in a DHCPOFFER and held for the client until it expires.
     Offered,
-    /// Bound by a DHCPACK until `expires`.
+    /// Bound by a DHCPACK until it expires.
     Bound,
     /// Given back (RELEASE) or lapsed; kept so the same MAC gets the same address again.
     Released,
-    /// Declined (address conflict on the wire); nobody gets it until `expires`.
-    Quarantined,
+    /// Declined (address conflict on the wire): quarantined, nobody gets it until it expires.
+    Declined,
 }
 
 impl LeaseState {
-    /// Stable lowercase name for storage and logs.
+    /// Stable lowercase name, as stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Offered => "offered",
             Self::Bound => "bound",
             Self::Released => "released",
-            Self::Quarantined => "quarantined",
+            Self::Declined => "declined",
         }
     }
 }
 
-/// One address record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One address record: the one lease type, decided by the [`LeaseBook`] and persisted as it
+/// is by the state store (`crate::store` re-exports it; its JSON shape is the stored one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
-    /// The address.
-    pub ip: Ipv4Addr,
-    /// The client it was (or is) leased to; for a quarantined address, the client that
+    /// The client it was (or is) leased to; for a declined address, the client that
     /// declined it.
     pub mac: Mac,
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// The inventory name of the client, when it has one.
+    pub hostname: Option<String>,
     /// Current state.
     pub state: LeaseState,
-    /// When the offer, binding or quarantine ends (for `Released`, when it was released).
-    pub(crate) expires: SystemTime,
+    /// When the offer, binding or quarantine ends (for `Released`, when it was released),
+    /// seconds since the Unix epoch.
+    pub expires_at_unix: u64,
+    /// When the book last changed this record, seconds since the Unix epoch.
+    pub updated_at_unix: u64,
+}
+
+/// Whole seconds since the epoch (records keep seconds; DHCP lease times are seconds).
+pub(crate) fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Lease {
+    /// When the offer, binding or quarantine ends.
+    pub fn expires(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.expires_at_unix)
+    }
+
     /// Offered or bound and not yet expired at `now`.
     pub(crate) fn is_held(&self, now: SystemTime) -> bool {
-        matches!(self.state, LeaseState::Offered | LeaseState::Bound) && self.expires > now
+        matches!(self.state, LeaseState::Offered | LeaseState::Bound) && self.expires() > now
     }
 
     /// Quarantined and the quarantine has not ended at `now`.
     pub(crate) fn is_quarantined(&self, now: SystemTime) -> bool {
-        self.state == LeaseState::Quarantined && self.expires > now
+        self.state == LeaseState::Declined && self.expires() > now
+    }
+
+    /// Whether this record keeps its address from being given to another client at
+    /// `now_unix`: any state but released, until it expires (for `Declined` that is the end
+    /// of the quarantine).
+    pub(crate) fn holds_address(&self, now_unix: u64) -> bool {
+        self.state != LeaseState::Released && self.expires_at_unix > now_unix
     }
 }
 
-/// One record change for the store to persist.
+/// One record change: what the book decided, and what the store writes as it is (the
+/// store's [`LeaseCommit`](crate::store::LeaseCommit) carries these).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseChange {
     /// Insert or replace the record for `lease.ip`.
@@ -146,6 +185,8 @@ pub enum LeaseError {
 pub struct LeaseBookConfig {
     /// Inventory reservations: boot MAC to address.
     pub(crate) reservations: BTreeMap<Mac, Ipv4Addr>,
+    /// Inventory names by boot MAC, written into each record as its hostname.
+    pub(crate) hostnames: BTreeMap<Mac, String>,
     /// Dynamic ranges, one per subnet that has one.
     pub(crate) pools: Vec<Pool>,
     /// How long an offered address is held for the client that was offered it.
@@ -158,6 +199,7 @@ impl fmt::Debug for LeaseBookConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseBookConfig")
             .field("reservations", &self.reservations.len())
+            .field("hostnames", &self.hostnames.len())
             .field("pools", &self.pools)
             .field("offer_hold", &self.offer_hold)
             .field("quarantine", &self.quarantine)
@@ -178,6 +220,7 @@ const REUSE_DIVISOR: u32 = 4;
 #[derive(Debug, Clone)]
 pub struct LeaseBook {
     reserved_by_mac: BTreeMap<Mac, Ipv4Addr>,
+    hostnames: BTreeMap<Mac, String>,
     owners_by_ip: BTreeMap<Ipv4Addr, BTreeSet<Mac>>,
     pools: Vec<Pool>,
     offer_hold: Duration,
@@ -203,6 +246,7 @@ impl LeaseBook {
         }
         Self {
             reserved_by_mac: cfg.reservations,
+            hostnames: cfg.hostnames,
             owners_by_ip,
             pools: cfg.pools,
             offer_hold: cfg.offer_hold,
@@ -227,7 +271,7 @@ impl LeaseBook {
     pub(crate) fn remaining(&self, ip: Ipv4Addr, now: SystemTime) -> Duration {
         self.leases
             .get(&ip)
-            .and_then(|l| l.expires.duration_since(now).ok())
+            .and_then(|l| l.expires().duration_since(now).ok())
             .unwrap_or_default()
     }
 
@@ -286,15 +330,18 @@ impl LeaseBook {
         let mut book = Self::new(cfg);
         let mut records: Vec<Lease> = records.into_iter().collect();
         // Newest first, so the MAC keeps its most recent record.
-        records.sort_by(|a, b| b.expires.cmp(&a.expires).then(a.ip.cmp(&b.ip)));
+        records.sort_by(|a, b| {
+            b.expires_at_unix
+                .cmp(&a.expires_at_unix)
+                .then(a.ip.cmp(&b.ip))
+        });
         let mut changes = Vec::new();
         for lease in records {
             let valid = !book.leases.contains_key(&lease.ip)
                 && book.managed_for(lease.ip, lease.mac)
-                && (lease.state == LeaseState::Quarantined
-                    || !book.by_mac.contains_key(&lease.mac));
+                && (lease.state == LeaseState::Declined || !book.by_mac.contains_key(&lease.mac));
             if valid {
-                if lease.state != LeaseState::Quarantined {
+                if lease.state != LeaseState::Declined {
                     book.by_mac.insert(lease.mac, lease.ip);
                 }
                 book.leases.insert(lease.ip, lease);
@@ -400,6 +447,7 @@ impl LeaseBook {
         mac: Mac,
         state: LeaseState,
         expires: SystemTime,
+        now: SystemTime,
     ) -> Vec<LeaseChange> {
         let mut changes = Vec::new();
         if let Some(old_ip) = self.by_mac.get(&mac).copied()
@@ -415,10 +463,12 @@ impl LeaseBook {
             self.by_mac.remove(&prev.mac);
         }
         let lease = Lease {
-            ip,
             mac,
+            ip,
+            hostname: self.hostnames.get(&mac).cloned(),
             state,
-            expires,
+            expires_at_unix: unix(expires),
+            updated_at_unix: unix(now),
         };
         self.not_durable.remove(&ip);
         self.leases.insert(ip, lease.clone());
@@ -443,7 +493,7 @@ impl LeaseBook {
             .usable_reservation(mac, now)
             .filter(|ip| net.contains(ip))
         {
-            return Ok((ip, self.take(ip, mac, LeaseState::Offered, expires)));
+            return Ok((ip, self.take(ip, mac, LeaseState::Offered, expires, now)));
         }
         let pool = pool.ok_or(LeaseError::NoFreeAddress)?;
         // Pool addresses only: a reserved address (even this MAC's own, which is unusable if we
@@ -459,10 +509,10 @@ impl LeaseBook {
             .or_else(|| {
                 pool_addrs(pool)
                     .filter(|ip| free(self, *ip))
-                    .min_by_key(|ip| self.leases.get(ip).map(|l| l.expires))
+                    .min_by_key(|ip| self.leases.get(ip).map(|l| l.expires_at_unix))
             });
         let ip = pick.ok_or(LeaseError::NoFreeAddress)?;
-        Ok((ip, self.take(ip, mac, LeaseState::Offered, expires)))
+        Ok((ip, self.take(ip, mac, LeaseState::Offered, expires, now)))
     }
 
     /// Bind `ip` to `mac` for `lease_time` (DHCPREQUEST accepted). A binding `mac` already
@@ -487,7 +537,7 @@ impl LeaseBook {
         if self.reusable(ip, mac, lease_time, now) {
             return Ok(Vec::new());
         }
-        Ok(self.take(ip, mac, LeaseState::Bound, now + lease_time))
+        Ok(self.take(ip, mac, LeaseState::Bound, now + lease_time, now))
     }
 
     /// `mac`'s binding on `ip` may answer a REQUEST as it is: bound, written, not lapsed, and
@@ -500,7 +550,7 @@ impl LeaseBook {
         if l.mac != mac || l.state != LeaseState::Bound || self.not_durable.contains(&ip) {
             return false;
         }
-        let Ok(left) = l.expires.duration_since(now) else {
+        let Ok(left) = l.expires().duration_since(now) else {
             return false;
         };
         left <= lease_time && left > lease_time - lease_time / REUSE_DIVISOR
@@ -516,7 +566,8 @@ impl LeaseBook {
         match self.leases.get_mut(&ip) {
             Some(l) if l.mac == mac && l.is_held(now) => {
                 l.state = LeaseState::Released;
-                l.expires = now;
+                l.expires_at_unix = unix(now);
+                l.updated_at_unix = unix(now);
                 Ok(vec![LeaseChange::Upsert(l.clone())])
             }
             _ => Err(LeaseError::NotHeld { ip }),
@@ -534,8 +585,9 @@ impl LeaseBook {
         let until = now + self.quarantine;
         match self.leases.get_mut(&ip) {
             Some(l) if l.mac == mac && l.is_held(now) => {
-                l.state = LeaseState::Quarantined;
-                l.expires = until;
+                l.state = LeaseState::Declined;
+                l.expires_at_unix = unix(until);
+                l.updated_at_unix = unix(now);
                 let lease = l.clone();
                 self.by_mac.remove(&mac);
                 Ok(vec![LeaseChange::Upsert(lease)])
@@ -569,7 +621,7 @@ impl LeaseBook {
         let lapsed: Vec<Ipv4Addr> = self
             .leases
             .values()
-            .filter(|l| l.state != LeaseState::Released && l.expires <= now)
+            .filter(|l| l.state != LeaseState::Released && l.expires() <= now)
             .map(|l| l.ip)
             .collect();
         for ip in lapsed {
@@ -579,6 +631,7 @@ impl LeaseBook {
             match l.state {
                 LeaseState::Bound => {
                     l.state = LeaseState::Released;
+                    l.updated_at_unix = unix(now);
                     changes.push(LeaseChange::Upsert(l.clone()));
                 }
                 LeaseState::Offered => {
@@ -587,7 +640,7 @@ impl LeaseBook {
                     self.by_mac.remove(&mac);
                     changes.push(LeaseChange::Remove(ip));
                 }
-                LeaseState::Quarantined => {
+                LeaseState::Declined => {
                     self.drop_record(ip);
                     changes.push(LeaseChange::Remove(ip));
                 }
@@ -611,10 +664,10 @@ impl LeaseBook {
                 ));
             }
             let indexed = self.by_mac.get(&l.mac) == Some(ip);
-            if l.state == LeaseState::Quarantined && indexed {
+            if l.state == LeaseState::Declined && indexed {
                 return Err(format!("quarantined {ip} indexed as {}'s lease", l.mac));
             }
-            if l.state != LeaseState::Quarantined && !indexed {
+            if l.state != LeaseState::Declined && !indexed {
                 return Err(format!("{}'s record {ip} is not its indexed lease", l.mac));
             }
         }
@@ -680,6 +733,7 @@ mod tests {
             reservations: [(mac(0), ip(12)), (mac(1), ip(50)), (mac(2), ip(50))]
                 .into_iter()
                 .collect(),
+            hostnames: [(mac(1), "cp-1".to_string())].into_iter().collect(),
             pools: vec![pool()],
             offer_hold: Duration::from_secs(60),
             quarantine: Duration::from_secs(600),
@@ -694,9 +748,15 @@ mod tests {
         assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Offered));
         let ch = b.bind(mac(1), ip(50), LEASE, t(1)).unwrap();
         assert!(
-            matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Bound && l.expires == t(3601))
+            matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Bound && l.expires() == t(3601))
         );
         assert_eq!(b.holder(ip(50), t(2)), Some(mac(1)));
+        // The record is complete as the store keeps it: inventory name, time of the change.
+        let l = b.lease_of(mac(1)).unwrap();
+        assert_eq!(
+            (l.hostname.as_deref(), l.updated_at_unix),
+            (Some("cp-1"), unix(t(1)))
+        );
         b.check_invariants().unwrap();
     }
 
@@ -711,7 +771,7 @@ mod tests {
         assert_eq!(b.remaining(ip(50), t(899)), Duration::from_secs(2701));
         // Older than a quarter (a renewal at T1, say): written with a fresh expiry.
         let ch = b.bind(mac(1), ip(50), LEASE, t(900)).unwrap();
-        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.expires == t(4500)));
+        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.expires() == t(4500)));
         // A shorter lease time than the one left is written at once.
         assert_eq!(
             b.bind(mac(1), ip(50), Duration::from_secs(60), t(901))
@@ -798,7 +858,7 @@ mod tests {
             Err(LeaseError::NotHeld { ip: a })
         );
         let ch = b.decline(mac(7), a, t(1)).unwrap();
-        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Quarantined));
+        assert!(matches!(&ch[..], [LeaseChange::Upsert(l)] if l.state == LeaseState::Declined));
         let (next, _) = b.offer(mac(7), net(), Some(pool()), None, t(2)).unwrap();
         assert_ne!(next, a);
         assert_eq!(
@@ -834,20 +894,26 @@ mod tests {
         let good = Lease {
             ip: ip(50),
             mac: mac(1),
+            hostname: None,
             state: LeaseState::Bound,
-            expires: t(100),
+            expires_at_unix: unix(t(100)),
+            updated_at_unix: 0,
         };
         let stolen = Lease {
             ip: ip(12),
             mac: mac(9),
+            hostname: None,
             state: LeaseState::Bound,
-            expires: t(100),
+            expires_at_unix: unix(t(100)),
+            updated_at_unix: 0,
         };
         let older_dup = Lease {
             ip: ip(10),
             mac: mac(1),
+            hostname: None,
             state: LeaseState::Released,
-            expires: t(50),
+            expires_at_unix: unix(t(50)),
+            updated_at_unix: 0,
         };
         let (b, ch) = LeaseBook::restore(cfg(), [good.clone(), stolen, older_dup]);
         assert_eq!(b.lease_of(mac(1)), Some(&good));
@@ -934,7 +1000,7 @@ mod tests {
             .or_else(|| {
                 pool_addrs(p)
                     .filter(free)
-                    .min_by_key(|a| b.leases.get(a).map(|l| l.expires))
+                    .min_by_key(|a| b.leases.get(a).map(|l| l.expires_at_unix))
             })
     }
 
@@ -1019,8 +1085,10 @@ mod tests {
             let records = recs.into_iter().map(|(m, i, s, e)| Lease {
                 ip: ip(i),
                 mac: mac(m),
-                state: [LeaseState::Offered, LeaseState::Bound, LeaseState::Released, LeaseState::Quarantined][usize::from(s)],
-                expires: t(e),
+                hostname: None,
+                state: [LeaseState::Offered, LeaseState::Bound, LeaseState::Released, LeaseState::Declined][usize::from(s)],
+                expires_at_unix: unix(t(e)),
+                updated_at_unix: 0,
             });
             let (b, _) = LeaseBook::restore(cfg(), records);
             if let Err(e) = b.check_invariants() {

@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::decide::Silence;
-use super::leases::{Lease, LeaseChange, LeaseState};
+use super::leases::LeaseChange;
 use super::queue::{self, Lane, RxQueue};
 use super::{
     DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplySummary, ReplyTarget,
@@ -53,7 +53,7 @@ use super::{
 };
 use crate::events::{EventBus, EventKind, NodeEvent, unknown_node_key};
 use crate::inventory::{Mac, NetworkMode};
-use crate::store::{self, LeaseCommit, LeaseWrite, Store, StoreError};
+use crate::store::{LeaseCommit, Store, StoreError};
 
 /// Standard DHCP server port.
 pub(crate) const DHCP_PORT: u16 = 67;
@@ -244,21 +244,23 @@ impl DhcpServer {
                 .map_err(|e| ServerError::Restore(join_error(e)))?
                 .map_err(ServerError::Restore)?
         };
-        let restored: Vec<Lease> = records.iter().map(from_store).collect();
-        let count = restored.len();
-        let (book, removals) = LeaseBook::restore(ctx.lease_book_config(), restored);
+        let count = records.len();
+        let (book, removals) = LeaseBook::restore(ctx.lease_book_config(), records);
+        let removed = removals.len();
         if !removals.is_empty() {
             info!(
                 removed = removals.len(),
                 "dropping persisted leases the inventory no longer allows"
             );
-            let writes = lease_writes(&removals, &BTreeMap::new());
             let store = store.clone();
-            let now = unix(SystemTime::now());
             let view = self.view.clone();
-            let publish = view.as_ref().map(|v| v.begin_lease_writes(writes.iter()));
+            let publish = view.as_ref().map(|v| v.begin_lease_writes(removals.iter()));
             match tokio::task::spawn_blocking(move || {
-                let r = store.apply_lease_writes(&writes, now);
+                let group = LeaseCommit {
+                    writes: removals,
+                    events: Vec::new(),
+                };
+                let r = store.commit_leases(&[group], true);
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
                 }
@@ -302,7 +304,7 @@ impl DhcpServer {
             waiting_replies,
             ack_backlog: self.queues.ack_backlog,
         };
-        info!(restored = count - removals.len(), iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
+        info!(restored = count - removed, iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
 
         let rx = Arc::new(RxQueue::<Datagram>::new(self.queues.rx));
         let mut readers = Vec::new();
@@ -322,8 +324,7 @@ impl DhcpServer {
                 _ = sweep.tick() => {
                     let changes = adapter.core.book.expire(SystemTime::now());
                     if !changes.is_empty() {
-                        let writes = lease_writes(&changes, &BTreeMap::new());
-                        adapter.enqueue(writes, Vec::new(), false, None, After::Nothing).await;
+                        adapter.enqueue(changes, Vec::new(), false, None, After::Nothing).await;
                     }
                 }
                 dgram = rx.pop() => {
@@ -556,7 +557,7 @@ impl Adapter {
                 reason,
                 lease_changes,
             } => {
-                let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                let writes = lease_changes;
                 let event = match (mac, reason) {
                     (Some(mac), Silence::Released) => {
                         Some((mac, EventKind::DhcpRelease, "released its address"))
@@ -587,7 +588,7 @@ impl Adapter {
                 client,
                 summary,
             } => {
-                let writes = lease_writes(&lease_changes, &self.names(&lease_changes));
+                let writes = lease_changes;
                 // In proxy mode talboot hands out no lease: the address the client speaks from
                 // in the PXE exchange it answered is the only binding of its MAC it ever sees.
                 let bind = (self.replier.mode == NetworkMode::Proxy)
@@ -638,7 +639,7 @@ impl Adapter {
 
     async fn enqueue(
         &self,
-        writes: Vec<LeaseWrite>,
+        writes: Vec<LeaseChange>,
         events: Vec<NodeEvent>,
         durable: bool,
         relies_on: Option<Ipv4Addr>,
@@ -668,38 +669,13 @@ impl Adapter {
             debug!(target: "talboot::dhcp::commit", waited_us = waited.as_micros() as u64, "handler waited for the committer");
         }
     }
-
-    /// Inventory names of the MACs in `changes`, stored as the lease's hostname.
-    fn names(&self, changes: &[LeaseChange]) -> BTreeMap<Mac, String> {
-        changes
-            .iter()
-            .filter_map(|c| match c {
-                LeaseChange::Upsert(l) => Some((l.mac, self.replier.hosts.get(&l.mac)?.clone())),
-                LeaseChange::Remove(_) => None,
-            })
-            .collect()
-    }
-}
-
-/// The book's changes as store writes, with the inventory name as hostname.
-fn lease_writes(changes: &[LeaseChange], names: &BTreeMap<Mac, String>) -> Vec<LeaseWrite> {
-    let now_unix = unix(SystemTime::now());
-    changes
-        .iter()
-        .map(|c| match c {
-            LeaseChange::Upsert(l) => {
-                LeaseWrite::Put(to_store(l, names.get(&l.mac).cloned(), now_unix))
-            }
-            LeaseChange::Remove(ip) => LeaseWrite::RemoveIp(*ip),
-        })
-        .collect()
 }
 
 /// The address a lease write is about.
-fn write_ip(w: &LeaseWrite) -> Ipv4Addr {
+fn write_ip(w: &LeaseChange) -> Ipv4Addr {
     match w {
-        LeaseWrite::Put(l) => l.ip,
-        LeaseWrite::RemoveIp(ip) => *ip,
+        LeaseChange::Upsert(l) => l.ip,
+        LeaseChange::Remove(ip) => *ip,
     }
 }
 
@@ -756,10 +732,9 @@ async fn commit_loop(
             .iter()
             .all(|g| g.writes.is_empty() && g.events.is_empty())
         {
-            Ok(groups.iter().map(|_| Ok(())).collect())
+            Ok(())
         } else {
             let store = store.clone();
-            let now = unix(SystemTime::now());
             // The view retracts what the commit touches now and publishes the result after.
             let view = replier.view.clone();
             let publish = view.as_ref().map(|v| v.begin_leases(&groups));
@@ -767,7 +742,7 @@ async fn commit_loop(
             let queued = Instant::now();
             let done = tokio::task::spawn_blocking(move || {
                 let started = Instant::now();
-                let r = store.commit_leases(&groups, durable, now);
+                let r = store.commit_leases(&groups, durable);
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
                 }
@@ -791,29 +766,18 @@ async fn commit_loop(
                 Err(e) => Err(join_error(e)),
             }
         };
-        for (i, (job, ips)) in batch.into_iter().zip(ips).enumerate() {
+        for (job, ips) in batch.into_iter().zip(ips) {
             let _enter = job.span.enter();
             // Its commit is done: this reply no longer waits for the disk, sent or not.
             if matches!(job.after, After::Reply { .. }) {
                 waiting_replies.fetch_sub(1, Ordering::Relaxed);
             }
-            let ok = match &results {
-                Ok(rs) => rs[i].is_ok(),
-                // Nothing of this job had to be written: its reply still goes, and its
-                // events are persisted by the bus instead.
-                Err(_) => ips.is_empty(),
-            };
-            if !ok {
+            // A job with nothing to write still gets its reply when the commit failed; its
+            // events are then persisted by the bus instead.
+            if let (Err(e), false) = (&results, ips.is_empty()) {
                 // The client retries; the next attempt is decided and written again.
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
-                match &results {
-                    Err(e) => error!(error = %e, "cannot persist lease; reply not sent"),
-                    Ok(rs) => {
-                        if let Err(e) = &rs[i] {
-                            error!(error = %e, "lease write refused; reply not sent");
-                        }
-                    }
-                }
+                error!(error = %e, "cannot persist lease; reply not sent");
                 for ip in ips {
                     not_durable.insert(ip);
                     let _ = not_durable_tx.send(ip);
@@ -941,38 +905,6 @@ fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// The book's record as the store keeps it.
-fn to_store(l: &Lease, hostname: Option<String>, now_unix: u64) -> store::Lease {
-    store::Lease {
-        mac: l.mac,
-        ip: l.ip,
-        hostname,
-        state: match l.state {
-            LeaseState::Offered => store::LeaseState::Offered,
-            LeaseState::Bound => store::LeaseState::Bound,
-            LeaseState::Released => store::LeaseState::Released,
-            LeaseState::Quarantined => store::LeaseState::Declined,
-        },
-        expires_at_unix: unix(l.expires),
-        updated_at_unix: now_unix,
-    }
-}
-
-/// A stored record as the book keeps it.
-fn from_store(l: &store::Lease) -> Lease {
-    Lease {
-        ip: l.ip,
-        mac: l.mac,
-        state: match l.state {
-            store::LeaseState::Offered => LeaseState::Offered,
-            store::LeaseState::Bound => LeaseState::Bound,
-            store::LeaseState::Released => LeaseState::Released,
-            store::LeaseState::Declined => LeaseState::Quarantined,
-        },
-        expires: UNIX_EPOCH + Duration::from_secs(l.expires_at_unix),
-    }
 }
 
 /// Persist the ProxyDHCP binding of `mac` to `ip`.
@@ -1139,27 +1071,6 @@ mod tests {
         let mut trunc = b[..240].to_vec();
         trunc.extend_from_slice(&[12, 200, 1]);
         assert_eq!(peek_msg_type(&trunc), None);
-    }
-
-    #[test]
-    fn lease_records_round_trip_between_book_and_store() {
-        for state in [
-            LeaseState::Offered,
-            LeaseState::Bound,
-            LeaseState::Released,
-            LeaseState::Quarantined,
-        ] {
-            let l = Lease {
-                ip: Ipv4Addr::new(10, 0, 0, 5),
-                mac: Mac([2, 0, 0, 0, 0, 1]),
-                state,
-                expires: UNIX_EPOCH + Duration::from_secs(1_900_000_000),
-            };
-            let s = to_store(&l, Some("n1".into()), 5);
-            assert_eq!(s.expires_at_unix, 1_900_000_000);
-            assert_eq!(s.hostname.as_deref(), Some("n1"));
-            assert_eq!(from_store(&s), l);
-        }
     }
 
     #[tokio::test]

@@ -459,7 +459,7 @@ fn renew_is_unicast_to_ciaddr_and_rebind_of_a_taken_address_is_naked() {
         g.to,
         ReplyTarget::Unicast(SocketAddrV4::new(ip("10.0.0.11"), 68))
     );
-    assert!(matches!(&g.changes[..], [LeaseChange::Upsert(l)] if l.expires == t(1800) + LEASE));
+    assert!(matches!(&g.changes[..], [LeaseChange::Upsert(l)] if l.expires() == t(1800) + LEASE));
 
     // Rebinding (broadcast) a pool address another client holds.
     let g = reply(run(&c, &mut b, m(MessageType::Discover, STRANGER), t(0)));
@@ -550,7 +550,7 @@ fn decline_quarantines_and_the_next_discover_gets_another_address() {
     };
     assert_eq!(
         lease_state(&lease_changes, "10.0.0.100"),
-        Some(LeaseState::Quarantined)
+        Some(LeaseState::Declined)
     );
     let next = reply(run(&c, &mut b, m(MessageType::Discover, STRANGER), t(3)))
         .msg

@@ -314,12 +314,8 @@ mod tests {
             expires_at_unix: 2_000,
             updated_at_unix: 1_000,
         };
-        store
-            .put_lease(&lease(known_mac, "10.9.0.1"), 1_000)
-            .unwrap();
-        store
-            .put_lease(&lease(stranger, "10.9.0.2"), 1_000)
-            .unwrap();
+        store.put_lease(&lease(known_mac, "10.9.0.1")).unwrap();
+        store.put_lease(&lease(stranger, "10.9.0.2")).unwrap();
         // The stranger's lease outranks the inventory node last seen at its address.
         let rec = NodeRecord {
             name: inv.nodes[1].name.value.clone(),

@@ -143,8 +143,9 @@ pub struct HttpApp {
     pub scripts: Scripts,
     /// Rendered machine configs for pull delivery.
     pub configs: Arc<dyn ConfigSource>,
-    /// Issues pull-delivery tokens (group commit, durable before the script is sent).
-    pub tokens: tokens::TokenIssuer,
+    /// Issues and redeems pull-delivery tokens (the token table's one writer, group commit,
+    /// durable before the script or the config is sent).
+    pub tokens: tokens::Tokens,
     /// Prometheus rendering, when metrics are installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The running provisioner's commands: with it, the provisioner is the only writer of
@@ -497,7 +498,7 @@ async fn config(
     };
     // The token names its node; the requester must also be where talboot's DHCP bound that
     // node now (a token does not outlive the binding it was issued for).
-    if let Ok(Some(tok)) = tokens::TokenStore::new(app.store.as_ref()).get(&token)
+    if let Ok(Some(tok)) = app.tokens.get(&token).await
         && let Some(n) = app.inventory.node(&tok.node)
         && let Err(refusal) = entitlement_of(&app, n, Some(ip))
     {
@@ -509,8 +510,11 @@ async fn config(
         metrics::counter!("talboot_entitlement_refused_total", "what" => "config").increment(1);
         return forbidden();
     }
-    let window = |node: &str| app.view.window_open(node);
-    let outcome = tokens::TokenStore::new(app.store.as_ref()).redeem(&token, ip, now(&app), window);
+    // Decided and made durable by the token writer, off the async threads; the window is
+    // asked there, at the moment of redemption.
+    let viewer = app.clone();
+    let window = move |node: &str| viewer.view.window_open(node);
+    let outcome = app.tokens.redeem(&token, ip, now(&app), window).await;
     match outcome {
         Ok(Ok(tok)) => match app.configs.config_for(&tok.node) {
             Ok(body) => {

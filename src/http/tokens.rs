@@ -3,12 +3,14 @@
 //! A machine config carries the cluster's CA keys, so a token is bound to one node, its MAC and
 //! the address its current lease holds, is valid only while the node's provisioning window is
 //! open and until it expires, and releases the config exactly once. The decision is the pure
-//! [`judge`]; [`TokenIssuer`] owns the writing of new tokens: a writer task commits every token
-//! that has queued up in one transaction (group commit, as the event bus writer does), and a
-//! token is handed back only once its commit is durable, so the script that carries it is never
-//! sent before the token exists on disk. [`TokenStore`] reads tokens and consumes them with a
-//! compare-and-set, so two concurrent fetches cannot both win. The store keeps only each
-//! token's SHA-256, and no log line, event or error carries a token.
+//! [`judge`]; [`Tokens`] is the one writer of the token table, on a blocking thread: every
+//! issue and redemption that has queued up is decided in order and committed in one
+//! transaction (group commit, as the event bus writer does). A token is handed back only once
+//! its commit is durable, so the script that carries it is never sent before the token exists
+//! on disk; a redemption is granted only once the record marking the token used is durable, so
+//! the config leaves at most once, and two concurrent fetches cannot both win because the
+//! writer decides them one after the other. No store call runs on the async runtime's threads.
+//! The store keeps only each token's SHA-256, and no log line, event or error carries a token.
 
 use std::future::Future;
 use std::net::Ipv4Addr;
@@ -18,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::inventory::Mac;
-use crate::store::{CasOutcome, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// How long an issued token stays valid. Talos retries a failing config fetch for three hours,
 /// but a token is issued per boot, so a short lifetime is enough.
@@ -126,9 +128,10 @@ fn mint(node: &str, mac: Mac, ip: Ipv4Addr, now: u64) -> (String, String, Vec<u8
     (token, key, value)
 }
 
-/// Why no token was issued (the script then goes out without a config URL).
+/// Why no token was issued (the script then goes out without a config URL), or why a
+/// redemption could not be decided (the config request then gets a 500, nothing released).
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum IssueError {
+pub enum TokenError {
     /// The group commit that carried the token failed; nothing of it was written.
     #[error("cannot store the config token: {0}")]
     Store(Arc<StoreError>),
@@ -137,46 +140,112 @@ pub enum IssueError {
     Stopped,
 }
 
+/// What a redemption decided: the token's record, marked used and durable, or the refusal
+/// (with the record when there was one).
+pub(crate) type Redemption = Result<Token, (Refusal, Option<Token>)>;
+
+/// Whether a node's provisioning window is open, asked on the writer thread at the moment
+/// of redemption (so a window that closes meanwhile is seen).
+pub(crate) type WindowCheck = Box<dyn FnOnce(&str) -> bool + Send>;
+
 /// A token waiting for its commit.
 struct Pending {
     key: String,
     value: Vec<u8>,
-    done: oneshot::Sender<Result<(), IssueError>>,
+    done: oneshot::Sender<Result<(), TokenError>>,
 }
 
-/// Most tokens one commit carries; a larger queue is written in several commits.
+/// A redemption waiting for its decision and, when granted, its commit.
+struct Redeem {
+    token: String,
+    peer: Ipv4Addr,
+    now: u64,
+    window_open: WindowCheck,
+    done: oneshot::Sender<Result<Redemption, TokenError>>,
+}
+
+/// One request to the writer.
+enum Job {
+    Issue(Pending),
+    Redeem(Redeem),
+}
+
+/// Most requests one commit carries; a larger queue is written in several commits.
 const MAX_GROUP: usize = 1024;
 
-/// Issues tokens with one commit per group of concurrent requests instead of one per request.
+/// The one owner of the token table: issues tokens and redeems them, with one commit per
+/// group of concurrent requests instead of one per request, on a blocking thread (never on
+/// the async runtime's threads).
 ///
-/// Durable before use: [`TokenIssuer::issue`] resolves only after the transaction holding the
+/// Durable before use: [`Tokens::issue`] resolves only after the transaction holding the
 /// token has committed (redb `Durability::Immediate`), so a crash can lose only tokens no node
-/// has been told about. Cheap to clone; the writer ends when the last clone is dropped.
+/// has been told about; [`Tokens::redeem`] grants a token only after the transaction marking
+/// it used has committed, so a config leaves at most once even across a crash. Exactly once
+/// without a compare-and-set: the writer is the table's only writer and decides the requests
+/// of a group in order, each seeing the ones before it. Cheap to clone; the writer ends when
+/// the last clone is dropped.
 #[derive(Clone)]
-pub struct TokenIssuer {
-    queue: mpsc::UnboundedSender<Pending>,
+pub struct Tokens {
+    queue: mpsc::UnboundedSender<Job>,
+    table: Arc<dyn Table>,
 }
 
-/// Where the writer commits a group: the store, or a test's observer of commits.
-trait Commit: Send + Sync + 'static {
+/// Where the writer reads and commits tokens: the store, or a test's observer of commits.
+trait Table: Send + Sync + 'static {
+    fn row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError>;
 }
 
-impl Commit for Arc<dyn Store> {
+impl Table for Arc<dyn Store> {
+    fn row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Store::row(self.as_ref(), TOKENS, key)
+    }
     fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
         self.put_rows(TOKENS, entries)
     }
 }
 
-impl TokenIssuer {
+/// Decide one redemption against the table as the group has left it so far (`staged`), and
+/// stage the used record when granted.
+fn decide_redeem(
+    table: &dyn Table,
+    staged: &mut std::collections::HashMap<String, Vec<u8>>,
+    window_open: WindowCheck,
+    token: &str,
+    peer: Ipv4Addr,
+    now: u64,
+) -> Result<Redemption, StoreError> {
+    if !well_formed(token) {
+        return Ok(Err((Refusal::Unknown, None)));
+    }
+    let key = key(token);
+    let raw = match staged.get(&key) {
+        Some(v) => Some(v.clone()),
+        None => table.row(&key)?,
+    };
+    let Some(rec) = raw.and_then(|b| serde_json::from_slice::<Token>(&b).ok()) else {
+        return Ok(Err((Refusal::Unknown, None)));
+    };
+    if let Err(refusal) = judge(Some(&rec), peer, now, window_open) {
+        return Ok(Err((refusal, Some(rec))));
+    }
+    let used = Token { used: true, ..rec };
+    staged.insert(key, serde_json::to_vec(&used).expect("token serializes"));
+    Ok(Ok(used))
+}
+
+impl Tokens {
     /// Starts the writer on the current runtime's blocking pool.
     pub fn start(store: Arc<dyn Store>) -> (Self, tokio::task::JoinHandle<()>) {
         Self::start_on(store)
     }
 
-    fn start_on(store: impl Commit) -> (Self, tokio::task::JoinHandle<()>) {
-        let (queue, mut rx) = mpsc::unbounded_channel::<Pending>();
+    fn start_on(table: impl Table) -> (Self, tokio::task::JoinHandle<()>) {
+        let table: Arc<dyn Table> = Arc::new(table);
+        let (queue, mut rx) = mpsc::unbounded_channel::<Job>();
+        let writer_table = table.clone();
         let writer = tokio::task::spawn_blocking(move || {
+            let table = writer_table;
             // Everything that queued up while the previous commit ran goes into the next one.
             while let Some(first) = rx.blocking_recv() {
                 let mut group = vec![first];
@@ -186,21 +255,10 @@ impl TokenIssuer {
                         Err(_) => break,
                     }
                 }
-                let (entries, waiters): (Vec<_>, Vec<_>) = group
-                    .into_iter()
-                    .map(|p| ((p.key, p.value), p.done))
-                    .unzip();
-                let outcome = store.commit(&entries).map_err(|e| {
-                    tracing::error!(tokens = entries.len(), error = %e, "cannot store config tokens");
-                    IssueError::Store(Arc::new(e))
-                });
-                for done in waiters {
-                    // A request that gave up meanwhile does not need its answer.
-                    let _ = done.send(outcome.clone());
-                }
+                run_group(table.as_ref(), group);
             }
         });
-        (Self { queue }, writer)
+        (Self { queue, table }, writer)
     }
 
     /// Issues a fresh token for `node` at `ip`. The token is queued at once (before the
@@ -211,75 +269,112 @@ impl TokenIssuer {
         mac: Mac,
         ip: Ipv4Addr,
         now: u64,
-    ) -> impl Future<Output = Result<String, IssueError>> + Send + 'static {
+    ) -> impl Future<Output = Result<String, TokenError>> + Send + 'static {
         let (token, key, value) = mint(node, mac, ip, now);
         let (done, committed) = oneshot::channel();
-        let queued = self.queue.send(Pending { key, value, done }).is_ok();
+        let queued = self
+            .queue
+            .send(Job::Issue(Pending { key, value, done }))
+            .is_ok();
         async move {
             if !queued {
-                return Err(IssueError::Stopped);
+                return Err(TokenError::Stopped);
             }
-            committed.await.map_err(|_| IssueError::Stopped)??;
+            committed.await.map_err(|_| TokenError::Stopped)??;
             Ok(token)
         }
     }
-}
 
-/// Tokens in the state store.
-pub(crate) struct TokenStore<'a> {
-    store: &'a dyn Store,
-}
-
-impl<'a> TokenStore<'a> {
-    /// Wrap a store.
-    pub fn new(store: &'a dyn Store) -> Self {
-        Self { store }
-    }
-
-    /// Look a token up.
-    pub fn get(&self, token: &str) -> Result<Option<Token>, StoreError> {
-        if !well_formed(token) {
-            return Ok(None);
-        }
-        Ok(self
-            .store
-            .row(TOKENS, &key(token))?
-            .and_then(|b| serde_json::from_slice(&b).ok()))
-    }
-
-    /// Judge and, if allowed, mark the token used, atomically. Returns the token's record.
-    pub fn redeem(
+    /// Judges `token` for `peer` at `now` and, if allowed, marks it used. A granted
+    /// redemption resolves only once the record marking it used is durable; of any number
+    /// of concurrent redemptions of one token, at most one is granted.
+    pub(crate) fn redeem(
         &self,
         token: &str,
         peer: Ipv4Addr,
         now: u64,
-        window_open: impl FnOnce(&str) -> bool,
-    ) -> Result<Result<Token, (Refusal, Option<Token>)>, StoreError> {
+        window_open: impl FnOnce(&str) -> bool + Send + 'static,
+    ) -> impl Future<Output = Result<Redemption, TokenError>> + Send + 'static {
+        let (done, decided) = oneshot::channel();
+        let queued = self
+            .queue
+            .send(Job::Redeem(Redeem {
+                token: token.to_string(),
+                peer,
+                now,
+                window_open: Box::new(window_open),
+                done,
+            }))
+            .is_ok();
+        async move {
+            if !queued {
+                return Err(TokenError::Stopped);
+            }
+            decided.await.map_err(|_| TokenError::Stopped)?
+        }
+    }
+
+    /// Looks a token up (a read on the blocking pool, off the async threads).
+    pub(crate) async fn get(&self, token: &str) -> Result<Option<Token>, TokenError> {
         if !well_formed(token) {
-            return Ok(Err((Refusal::Unknown, None)));
+            return Ok(None);
         }
-        let Some(raw) = self.store.row(TOKENS, &key(token))? else {
-            return Ok(Err((Refusal::Unknown, None)));
-        };
-        let Ok(rec) = serde_json::from_slice::<Token>(&raw) else {
-            return Ok(Err((Refusal::Unknown, None)));
-        };
-        if let Err(r) = judge(Some(&rec), peer, now, window_open) {
-            return Ok(Err((r, Some(rec))));
+        let (table, key) = (self.table.clone(), key(token));
+        let raw = tokio::task::spawn_blocking(move || table.row(&key))
+            .await
+            .map_err(|_| TokenError::Stopped)?
+            .map_err(|e| TokenError::Store(Arc::new(e)))?;
+        Ok(raw.and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+}
+
+/// Decide and commit one group: issues and granted redemptions go into one transaction, and
+/// every answer is sent after it (a refusal does not wait on anything, but answering it with
+/// the rest keeps the order simple).
+fn run_group(table: &dyn Table, group: Vec<Job>) {
+    let mut staged: std::collections::HashMap<String, Vec<u8>> = Default::default();
+    let mut entries = Vec::new();
+    let mut issued = Vec::new();
+    let mut redeemed = Vec::new();
+    let mut failed_reads = Vec::new();
+    for job in group {
+        match job {
+            Job::Issue(p) => {
+                entries.push((p.key, p.value));
+                issued.push(p.done);
+            }
+            Job::Redeem(r) => {
+                match decide_redeem(table, &mut staged, r.window_open, &r.token, r.peer, r.now) {
+                    Ok(decision) => redeemed.push((decision, r.done)),
+                    Err(e) => failed_reads.push((e, r.done)),
+                }
+            }
         }
-        let used = Token {
-            used: true,
-            ..rec.clone()
+    }
+    entries.extend(staged);
+    let outcome = if entries.is_empty() {
+        Ok(())
+    } else {
+        table.commit(&entries).map_err(|e| {
+            tracing::error!(rows = entries.len(), error = %e, "cannot store config tokens");
+            TokenError::Store(Arc::new(e))
+        })
+    };
+    // A request that gave up meanwhile does not need its answer.
+    for done in issued {
+        let _ = done.send(outcome.clone());
+    }
+    for (decision, done) in redeemed {
+        let answer = match (&decision, &outcome) {
+            // Granted but not durable: nothing leaves (the token may be tried again).
+            (Ok(_), Err(e)) => Err(e.clone()),
+            _ => Ok(decision),
         };
-        let new = serde_json::to_vec(&used).expect("token serializes");
-        match self
-            .store
-            .compare_and_set_row(TOKENS, &key(token), Some(&raw), &new)?
-        {
-            CasOutcome::Swapped => Ok(Ok(used)),
-            // Someone redeemed it between our read and our write.
-            CasOutcome::Mismatch { .. } => Ok(Err((Refusal::Reused, Some(rec)))),
-        }
+        let _ = done.send(answer);
+    }
+    for (e, done) in failed_reads {
+        tracing::error!(error = %e, "cannot read a config token");
+        let _ = done.send(Err(TokenError::Store(Arc::new(e))));
     }
 }
 
@@ -335,20 +430,20 @@ mod tests {
 
     /// A token an older build stored under `cluster_meta`'s `token/<sha256>` is still
     /// found, and redeemed exactly once.
-    #[test]
-    fn a_token_left_in_cluster_meta_is_still_redeemed_once() {
+    #[tokio::test]
+    async fn a_token_left_in_cluster_meta_is_still_redeemed_once() {
         let (_dir, store) = store();
         let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
         store.put_meta(&TOKENS.legacy_key(&key), &value).unwrap();
-        let tokens = TokenStore::new(store.as_ref());
-        assert_eq!(tokens.get(&token).unwrap().unwrap().node, "cp-1");
+        let (tokens, _writer) = Tokens::start(store.clone());
+        assert_eq!(tokens.get(&token).await.unwrap().unwrap().node, "cp-1");
         let ip = "10.0.0.11".parse().unwrap();
         assert!(matches!(
-            tokens.redeem(&token, ip, 1001, |_| true),
+            tokens.redeem(&token, ip, 1001, |_| true).await,
             Ok(Ok(_))
         ));
         assert!(matches!(
-            tokens.redeem(&token, ip, 1002, |_| true),
+            tokens.redeem(&token, ip, 1002, |_| true).await,
             Ok(Err((Refusal::Reused, _)))
         ));
     }
@@ -366,35 +461,40 @@ mod tests {
     #[tokio::test]
     async fn the_store_never_holds_a_token() {
         let (_dir, store) = store();
-        let (issuer, _writer) = TokenIssuer::start(store.clone());
+        let (issuer, _writer) = Tokens::start(store.clone());
         let t = issuer
             .issue("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000)
             .await
             .unwrap();
         let dump = serde_json::to_string(&store.export_json().unwrap()).unwrap();
         assert!(!dump.contains(&t), "{dump}");
-        assert!(TokenStore::new(store.as_ref()).get(&t).unwrap().is_some());
+        assert!(issuer.get(&t).await.unwrap().is_some());
     }
 
     #[tokio::test]
     async fn tokens_redeem_once() {
         let (_dir, store) = store();
-        let (issuer, _writer) = TokenIssuer::start(store.clone());
-        let ts = TokenStore::new(store.as_ref());
+        let (ts, _writer) = Tokens::start(store.clone());
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
-        let t = issuer.issue("cp-1", mac(), ip, 1000).await.unwrap();
+        let t = ts.issue("cp-1", mac(), ip, 1000).await.unwrap();
         assert!(well_formed(&t));
         assert!(
             ts.redeem(&t, "10.0.0.12".parse().unwrap(), 1001, |_| true)
+                .await
                 .unwrap()
                 .is_err()
         );
-        let ok = ts.redeem(&t, ip, 1001, |_| true).unwrap().unwrap();
+        let ok = ts.redeem(&t, ip, 1001, |_| true).await.unwrap().unwrap();
         assert!(ok.used);
-        let again = ts.redeem(&t, ip, 1002, |_| true).unwrap().unwrap_err();
+        let again = ts
+            .redeem(&t, ip, 1002, |_| true)
+            .await
+            .unwrap()
+            .unwrap_err();
         assert_eq!(again.0, Refusal::Reused);
         assert_eq!(
             ts.redeem("../etc", ip, 1002, |_| true)
+                .await
                 .unwrap()
                 .unwrap_err()
                 .0,
@@ -410,10 +510,16 @@ mod tests {
         entered: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
         release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
         fail: bool,
+        /// The thread the last commit ran on.
+        writer_thread: Arc<std::sync::Mutex<Option<std::thread::ThreadId>>>,
     }
 
-    impl Commit for Observed {
+    impl Table for Observed {
+        fn row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            Store::row(self.store.as_ref(), TOKENS, key)
+        }
         fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+            *self.writer_thread.lock().unwrap() = Some(std::thread::current().id());
             if let Some(entered) = self.entered.lock().unwrap().take() {
                 entered.send(()).unwrap();
                 let release = self.release.lock().unwrap().take().unwrap();
@@ -437,28 +543,31 @@ mod tests {
         store: Arc<dyn Store>,
         fail: bool,
     ) -> (
-        TokenIssuer,
+        Tokens,
         Arc<std::sync::Mutex<Vec<usize>>>,
         std::sync::mpsc::Receiver<()>,
         std::sync::mpsc::Sender<()>,
+        Arc<std::sync::Mutex<Option<std::thread::ThreadId>>>,
     ) {
         let (entered_tx, entered_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel();
         let groups = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (issuer, _writer) = TokenIssuer::start_on(Observed {
+        let writer_thread = Arc::new(std::sync::Mutex::new(None));
+        let (issuer, _writer) = Tokens::start_on(Observed {
             store,
             groups: groups.clone(),
             entered: std::sync::Mutex::new(Some(entered_tx)),
             release: std::sync::Mutex::new(Some(release_rx)),
             fail,
+            writer_thread: writer_thread.clone(),
         });
-        (issuer, groups, entered_rx, release_tx)
+        (issuer, groups, entered_rx, release_tx, writer_thread)
     }
 
     #[tokio::test]
     async fn concurrent_requests_share_one_commit_and_get_durable_tokens() {
         let (_dir, store) = store();
-        let (issuer, groups, entered, release) = observed(store.clone(), false);
+        let (issuer, groups, entered, release, _) = observed(store.clone(), false);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
@@ -477,10 +586,10 @@ mod tests {
         }
         // Two commits for fifty tokens (one fsync each), not fifty.
         assert_eq!(*groups.lock().unwrap(), [1, 49]);
-        let ts = TokenStore::new(store.as_ref());
         for t in &tokens {
-            let rec = ts
+            let rec = issuer
                 .get(t)
+                .await
                 .unwrap()
                 .expect("every returned token is in the store");
             assert_eq!((rec.node.as_str(), rec.ip, rec.used), ("cp-1", ip, false));
@@ -492,7 +601,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_commit_hands_out_no_token() {
         let (_dir, store) = store();
-        let (issuer, groups, entered, release) = observed(store.clone(), true);
+        let (issuer, groups, entered, release, _) = observed(store.clone(), true);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
@@ -502,12 +611,79 @@ mod tests {
         release.send(()).unwrap();
         for r in [first, second] {
             let err = r.await.unwrap().unwrap_err();
-            assert!(matches!(err, IssueError::Store(_)), "{err}");
+            assert!(matches!(err, TokenError::Store(_)), "{err}");
             assert!(err.to_string().contains("disk on fire"), "{err}");
         }
         assert_eq!(*groups.lock().unwrap(), [1, 1]);
         let dump = store.export_json().unwrap();
         assert_eq!(dump["pull_tokens"], serde_json::json!({}), "{dump}");
         assert_eq!(dump["cluster_meta"], serde_json::json!({}), "{dump}");
+    }
+
+    /// A token written straight to the store (so the observer's first held commit is the
+    /// redemption's).
+    fn stored_token(store: &Arc<dyn Store>) -> String {
+        let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
+        store.put_rows(TOKENS, &[(key, value)]).unwrap();
+        token
+    }
+
+    /// The config handler awaits this on the async runtime: the redemption's store write
+    /// must run on the writer's thread (not the runtime's, which the handler used to block
+    /// with a synchronous compare-and-set), and the grant must wait for its commit.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_redemption_is_granted_only_once_durable_and_never_on_the_runtime_thread() {
+        let (_dir, store) = store();
+        let token = stored_token(&store);
+        let (tokens, groups, entered, release, writer_thread) = observed(store.clone(), false);
+        let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
+        let first = tokio::spawn(tokens.redeem(&token, ip, 1001, |_| true));
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        // Its commit is under way and held: the runtime still runs (this test does), and no
+        // grant has been given yet.
+        assert!(!first.is_finished());
+        let rest: Vec<_> = (0..19)
+            .map(|_| tokio::spawn(tokens.redeem(&token, ip, 1001, |_| true)))
+            .collect();
+        release.send(()).unwrap();
+        let granted = first.await.unwrap().unwrap().unwrap();
+        assert!(granted.used);
+        // Exactly once: every other concurrent fetch of the same token is refused.
+        for r in rest {
+            let refused = r.await.unwrap().unwrap().unwrap_err();
+            assert_eq!(refused.0, Refusal::Reused);
+        }
+        assert_ne!(
+            *writer_thread.lock().unwrap(),
+            Some(std::thread::current().id())
+        );
+        // Durable: the record on disk says used (one commit, the grant's).
+        assert_eq!(*groups.lock().unwrap(), [1]);
+        let on_disk: Token = serde_json::from_slice(
+            &Store::row(store.as_ref(), TOKENS, &key(&token))
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(on_disk.used);
+    }
+
+    /// A redemption whose commit fails releases nothing and leaves the token unspent.
+    #[tokio::test]
+    async fn a_failed_redemption_commit_grants_nothing() {
+        let (_dir, store) = store();
+        let token = stored_token(&store);
+        let (tokens, _groups, entered, release, _) = observed(store.clone(), true);
+        let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
+        let pending = tokio::spawn(tokens.redeem(&token, ip, 1001, |_| true));
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        release.send(()).unwrap();
+        let err = pending.await.unwrap().unwrap_err();
+        assert!(matches!(err, TokenError::Store(_)), "{err}");
+        assert!(!tokens.get(&token).await.unwrap().unwrap().used);
     }
 }

@@ -142,10 +142,24 @@ pub enum PowerError {
     },
 }
 
+/// Why [`http_client`] could not build a client. The message is the reason alone; the driver
+/// wraps it with its target.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HttpClientError {
+    /// `ca_file` does not parse as PEM certificates.
+    #[error("the CA bundle is not PEM certificates: {0}")]
+    CaNotPem(reqwest::Error),
+    /// `ca_file` parses but holds no certificate.
+    #[error("the CA bundle holds no certificate")]
+    CaEmpty,
+    /// The TLS backend refused the settings.
+    #[error("cannot build the HTTP client: {0}")]
+    Build(reqwest::Error),
+}
+
 /// The HTTP client a power driver talks to its controller with (Redfish BMC, Proxmox API):
 /// talboot's user agent, bounded connect and request times, trust limited to `ca_pem` when
-/// given, verification off only when the operator said so (warned about). The error is the
-/// reason alone; the driver wraps it with its target.
+/// given, verification off only when the operator said so (warned about).
 pub(crate) fn http_client(
     what: &str,
     target: &str,
@@ -153,7 +167,7 @@ pub(crate) fn http_client(
     ca_pem: Option<&[u8]>,
     verify_tls: bool,
     redirect: reqwest::redirect::Policy,
-) -> Result<reqwest::Client, String> {
+) -> Result<reqwest::Client, HttpClientError> {
     crate::install_crypto_provider();
     let mut builder = reqwest::Client::builder()
         .connect_timeout(timeout.min(Duration::from_secs(10)))
@@ -161,10 +175,10 @@ pub(crate) fn http_client(
         .user_agent(concat!("talboot/", env!("CARGO_PKG_VERSION")))
         .redirect(redirect);
     if let Some(pem) = ca_pem {
-        let certs = reqwest::Certificate::from_pem_bundle(pem)
-            .map_err(|e| format!("the CA bundle is not PEM certificates: {e}"))?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(pem).map_err(HttpClientError::CaNotPem)?;
         if certs.is_empty() {
-            return Err("the CA bundle holds no certificate".into());
+            return Err(HttpClientError::CaEmpty);
         }
         builder = builder.tls_certs_only(certs);
     }
@@ -174,12 +188,35 @@ pub(crate) fn http_client(
     }
     builder
         .build()
-        .map_err(|e| format!("cannot build the HTTP client: {}", e.without_url()))
+        .map_err(|e| HttpClientError::Build(e.without_url()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_ca_bundle_is_a_typed_error() {
+        let client = |pem: &[u8]| {
+            http_client(
+                "Redfish",
+                "https://bmc",
+                Duration::from_secs(5),
+                Some(pem),
+                true,
+                reqwest::redirect::Policy::none(),
+            )
+        };
+        assert!(matches!(
+            client(b"no certificate here"),
+            Err(HttpClientError::CaEmpty)
+        ));
+        assert!(matches!(
+            client(b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n"),
+            Err(HttpClientError::CaNotPem(_) | HttpClientError::CaEmpty)
+        ));
+        assert!(client(b"").is_err());
+    }
 
     #[test]
     fn a_credential_never_formats_its_secret() {

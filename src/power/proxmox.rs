@@ -187,7 +187,7 @@ impl ProxmoxApi {
             cfg.verify_tls,
             reqwest::redirect::Policy::none(),
         )
-        .map_err(bad)?;
+        .map_err(|e| bad(e.to_string()))?;
         Ok(Self {
             cfg,
             base,

@@ -307,7 +307,7 @@ impl Redfish {
             cfg.verify_tls,
             redirect,
         )
-        .map_err(bad)?;
+        .map_err(|e| bad(e.to_string()))?;
         Ok(Self {
             cfg,
             base,

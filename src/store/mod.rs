@@ -87,24 +87,17 @@ pub struct NodeWrite {
     pub(crate) parts: Vec<(NodePart, Vec<u8>)>,
 }
 
-/// One DHCP decision's lease writes and the timeline events that announce it, for
-/// [`Store::commit_leases`].
+/// One DHCP decision's lease changes (as the lease book decided them) and the timeline
+/// events that announce it, for [`Store::commit_leases`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseCommit {
-    /// Lease changes, applied in order.
-    pub writes: Vec<LeaseWrite>,
-    /// Events appended only when every write of this group was applied.
+    /// The book's changes, applied in order.
+    pub writes: Vec<LeaseChange>,
+    /// Events appended with them.
     pub events: Vec<NewEvent>,
 }
 
-/// One change to the lease records, for [`Store::apply_lease_writes`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseWrite {
-    /// [`Store::put_lease`].
-    Put(Lease),
-    /// [`Store::delete_lease_by_ip`].
-    RemoveIp(Ipv4Addr),
-}
+pub use crate::dhcp::leases::LeaseChange;
 use crate::inventory::Mac;
 
 /// Default state directory (`--state-dir`).
@@ -191,22 +184,6 @@ pub enum StoreError {
         source: serde_json::Error,
     },
 
-    /// The address is held by another client's lease or is quarantined.
-    #[error(
-        "address {ip} is held by {holder} (lease {state} until unix time {expires_at_unix}); \
-         choose another address, or delete that lease first"
-    )]
-    AddressHeld {
-        /// The address asked for.
-        ip: Ipv4Addr,
-        /// MAC of the record holding it.
-        holder: Mac,
-        /// State of that record.
-        state: LeaseState,
-        /// When that record stops holding the address.
-        expires_at_unix: u64,
-    },
-
     /// Any other failure of the storage engine (disk full, I/O error during a commit, ...).
     #[error("state file {}: storage error: {source}", file.display())]
     Backend {
@@ -233,45 +210,30 @@ pub trait Store: Send + Sync {
     /// Every lease record, ordered by address.
     fn leases(&self) -> Result<Vec<Lease>>;
 
-    /// Insert or replace a lease record.
-    ///
-    /// Fails with [`StoreError::AddressHeld`] when another MAC's record still holds `lease.ip`
-    /// at `now_unix` (see [`Lease::holds_address`]); a stale record there is replaced. For any
-    /// state but `Declined`, the record becomes the MAC's current lease and the MAC's previous
-    /// lease at another address is removed. A `Declined` record quarantines its address and
-    /// leaves the MAC's current lease alone.
-    fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()>;
-
-    /// Apply several lease writes in one durable transaction (one fsync for the lot, which is
-    /// what lets the DHCP server commit a burst of requests together). Each write gets its own
-    /// result: an [`StoreError::AddressHeld`] refusal skips that write only; any other error
-    /// aborts the whole batch and is returned as the outer error.
-    fn apply_lease_writes(&self, writes: &[LeaseWrite], now_unix: u64) -> Result<Vec<Result<()>>>;
-
-    /// Apply several groups of lease writes and their events in one transaction: the DHCP
+    /// Persist the lease book's changes and their events in one transaction: the DHCP
     /// server's group commit, so a lease change and the timeline rows that announce it are
     /// written together and the DHCP path takes redb's single write slot once per burst
-    /// instead of twice. Each group gets one result: the first [`StoreError::AddressHeld`]
-    /// refusal among its writes (its other writes still apply, as in
-    /// [`Self::apply_lease_writes`]; its events are then not appended). Any other error aborts
-    /// everything and is the outer error.
+    /// instead of twice. The changes are written as they are: the lease rules (who may hold
+    /// which address, one lease per MAC) belong to [`crate::dhcp::LeaseBook`], which decided
+    /// them; the store checks none and keeps its by-MAC lookup equal to the records.
     ///
     /// With `durable` false the commit is not synced to disk (the one exception to the
     /// trait's durability rule): it becomes durable with the next durable commit, and a crash
     /// before that loses it. The DHCP server uses this only for changes no reply promises to
     /// be durable (offers, expiry sweeps), as Kea does not store a lease for a DHCPOFFER.
-    fn commit_leases(
-        &self,
-        groups: &[LeaseCommit],
-        durable: bool,
-        now_unix: u64,
-    ) -> Result<Vec<Result<()>>>;
+    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> Result<()>;
 
-    /// Remove the current lease of `mac`; returns it if there was one.
-    fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>>;
-
-    /// Remove the record occupying `ip` (lifts a quarantine); returns it if there was one.
-    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>>;
+    /// Persist one record as it is, durably (tests and tools that seed a state directory;
+    /// the DHCP server restores it through its book, which drops what the rules forbid).
+    fn put_lease(&self, lease: &Lease) -> Result<()> {
+        self.commit_leases(
+            &[LeaseCommit {
+                writes: vec![LeaseChange::Upsert(lease.clone())],
+                events: Vec::new(),
+            }],
+            true,
+        )
+    }
 
     /// The record of node `name`.
     fn node(&self, name: &str) -> Result<Option<NodeRecord>>;

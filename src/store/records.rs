@@ -11,68 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::inventory::Mac;
 
-/// Where a DHCP lease is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseState {
-    /// Offered in a DHCPOFFER, not yet requested.
-    Offered,
-    /// Acknowledged; the client holds the address until `expires_at_unix`.
-    Bound,
-    /// The client gave the address back (DHCPRELEASE); the address is free again.
-    Released,
-    /// The client reported the address in use by someone else (DHCPDECLINE); the address is
-    /// quarantined until `expires_at_unix` and must not be handed out.
-    Declined,
-}
-
-impl LeaseState {
-    /// Lower-case name, as stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Offered => "offered",
-            Self::Bound => "bound",
-            Self::Released => "released",
-            Self::Declined => "declined",
-        }
-    }
-}
-
-impl fmt::Display for LeaseState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One address assignment (or quarantine) in the lease book.
-///
-/// The store keeps at most one record per address. A record other than `Declined` is also the
-/// current lease of its MAC; a `Declined` record only blocks its address.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    /// Client hardware address.
-    pub mac: Mac,
-    /// Assigned (or quarantined) address.
-    pub ip: Ipv4Addr,
-    /// Hostname given to or sent by the client.
-    pub hostname: Option<String>,
-    /// Lease state.
-    pub state: LeaseState,
-    /// When the lease (or quarantine) ends, seconds since the Unix epoch.
-    pub expires_at_unix: u64,
-    /// When this record was last written, seconds since the Unix epoch.
-    pub updated_at_unix: u64,
-}
-
-impl Lease {
-    /// Whether this record keeps its address from being given to another client at `now_unix`.
-    ///
-    /// A released lease holds nothing; any other state holds the address until it expires
-    /// (for `Declined` that is the end of the quarantine).
-    pub(crate) fn holds_address(&self, now_unix: u64) -> bool {
-        self.state != LeaseState::Released && self.expires_at_unix > now_unix
-    }
-}
+/// The lease record is the DHCP lease book's own type: the book decides every record and the
+/// store persists it as it is.
+pub use crate::dhcp::leases::{Lease, LeaseState};
 
 /// Provisioning phase of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

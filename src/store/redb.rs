@@ -4,7 +4,8 @@
 //! - `meta`: `&str -> u64`, holds `schema_version`; written once when the file is created;
 //! - `leases`: IPv4 address (`u32`) -> JSON [`Lease`]. Keyed by address so that one address
 //!   has exactly one record and a `Declined` quarantine blocks it whoever declined it;
-//! - `lease_by_mac`: MAC -> address of that MAC's current (non-declined) lease;
+//! - `lease_by_mac`: MAC -> address of that MAC's current (non-declined) lease: the lease
+//!   book's index written down, following the records it is given (no rule of its own);
 //! - `nodes`: node name -> JSON [`NodeRecord`];
 //! - `events`: `(node, seq)` -> JSON [`Event`], so one node's timeline is one key range;
 //! - `cluster_meta`: `&str -> bytes`, the small key/value space behind `get_meta`.
@@ -35,7 +36,7 @@ use serde_json::{Map, Value};
 use tracing::{info, warn};
 
 use super::{
-    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, LeaseState, LeaseWrite, NewEvent,
+    CasOutcome, ClusterTable, Event, Lease, LeaseChange, LeaseCommit, LeaseState, NewEvent,
     NodePart, NodeRecord, NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
 };
 use crate::inventory::Mac;
@@ -433,59 +434,6 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn put_lease(&self, lease: &Lease, now_unix: u64) -> Result<()> {
-        self.write(|txn| self.put_lease_in(txn, lease, now_unix))
-    }
-
-    fn apply_lease_writes(&self, writes: &[LeaseWrite], now_unix: u64) -> Result<Vec<Result<()>>> {
-        self.write(|txn| {
-            let mut results = Vec::with_capacity(writes.len());
-            for w in writes {
-                let r = match w {
-                    LeaseWrite::Put(lease) => self.put_lease_in(txn, lease, now_unix),
-                    LeaseWrite::RemoveIp(ip) => self.delete_ip_in(txn, *ip).map(|_| ()),
-                };
-                match r {
-                    // A refused write changed nothing; the others still commit.
-                    Err(e @ StoreError::AddressHeld { .. }) => results.push(Err(e)),
-                    Err(e) => return Err(e),
-                    Ok(()) => results.push(Ok(())),
-                }
-            }
-            Ok(results)
-        })
-    }
-
-    fn delete_lease(&self, mac: Mac) -> Result<Option<Lease>> {
-        self.write(|txn| {
-            let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
-            let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
-            let Some(ip) = by_mac
-                .remove(mac.0)
-                .map_err(|e| self.err(e))?
-                .map(|g| g.value())
-            else {
-                return Ok(None);
-            };
-            let record = match leases.get(ip).map_err(|e| self.err(e))? {
-                Some(g) => Some(self.decode_lease(ip, g.value())?),
-                None => None,
-            };
-            match record {
-                Some(lease) if lease.mac == mac => {
-                    leases.remove(ip).map_err(|e| self.err(e))?;
-                    Ok(Some(lease))
-                }
-                // A dangling index entry: dropping it is the whole repair.
-                _ => Ok(None),
-            }
-        })
-    }
-
-    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {
-        self.write(|txn| self.delete_ip_in(txn, ip))
-    }
-
     fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
         let txn = self.read_txn()?;
         let nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
@@ -565,45 +513,22 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn commit_leases(
-        &self,
-        groups: &[LeaseCommit],
-        durable: bool,
-        now_unix: u64,
-    ) -> Result<Vec<Result<()>>> {
+    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> Result<()> {
         let durability = if durable {
             Durability::Immediate
         } else {
             Durability::None
         };
         self.write_with(durability, |txn| {
-            let mut results = Vec::with_capacity(groups.len());
             for group in groups {
-                let mut refused = None;
-                for w in &group.writes {
-                    let r = match w {
-                        LeaseWrite::Put(lease) => self.put_lease_in(txn, lease, now_unix),
-                        LeaseWrite::RemoveIp(ip) => self.delete_ip_in(txn, *ip).map(|_| ()),
-                    };
-                    match r {
-                        Err(e @ StoreError::AddressHeld { .. }) => {
-                            refused.get_or_insert(e);
-                        }
-                        Err(e) => return Err(e),
-                        Ok(()) => {}
-                    }
+                for change in &group.writes {
+                    self.apply_lease_change_in(txn, change)?;
                 }
-                match refused {
-                    Some(e) => results.push(Err(e)),
-                    None => {
-                        for e in &group.events {
-                            self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms)?;
-                        }
-                        results.push(Ok(()));
-                    }
+                for e in &group.events {
+                    self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms)?;
                 }
             }
-            Ok(results)
+            Ok(())
         })
     }
 
@@ -900,58 +825,36 @@ impl Store for RedbStore {
 }
 
 impl RedbStore {
-    /// [`Store::put_lease`] inside an open write transaction. Checks come before any change, so
-    /// an `AddressHeld` refusal leaves the transaction untouched.
-    fn put_lease_in(&self, txn: &WriteTransaction, lease: &Lease, now_unix: u64) -> Result<()> {
+    /// One of the book's changes, inside an open write transaction: the record written as it
+    /// is, and the by-MAC table kept equal to the records (a MAC maps to the address of its
+    /// non-declined record). The rules (who may hold what) are the book's; none is checked
+    /// here.
+    fn apply_lease_change_in(&self, txn: &WriteTransaction, change: &LeaseChange) -> Result<()> {
+        let lease = match change {
+            LeaseChange::Upsert(lease) => lease,
+            LeaseChange::Remove(ip) => return self.delete_ip_in(txn, *ip).map(|_| ()),
+        };
         let ip = u32::from(lease.ip);
-        let mac = lease.mac.0;
         let bytes = self.encode(format_args!("lease for {}", lease.ip), lease)?;
-
         let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
         let mut by_mac = txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
-
-        let existing = match leases.get(ip).map_err(|e| self.err(e))? {
-            Some(g) => Some(self.decode_lease(ip, g.value())?),
+        // The record replaced may be another MAC's (a lapsed one the book displaced): its
+        // index entry goes with it.
+        let replaced = match leases.get(ip).map_err(|e| self.err(e))? {
+            Some(g) => Some(self.decode_lease(ip, g.value())?.mac),
             None => None,
         };
-        if let Some(existing) = existing.filter(|x| x.mac != lease.mac) {
-            if existing.holds_address(now_unix) {
-                return Err(StoreError::AddressHeld {
-                    ip: lease.ip,
-                    holder: existing.mac,
-                    state: existing.state,
-                    expires_at_unix: existing.expires_at_unix,
-                });
-            }
-            // The other client's record is stale; it loses the address, and its index
-            // entry if that pointed here.
+        for mac in replaced.into_iter().chain([lease.mac]) {
             let indexed = by_mac
-                .get(existing.mac.0)
+                .get(mac.0)
                 .map_err(|e| self.err(e))?
                 .map(|g| g.value());
             if indexed == Some(ip) {
-                by_mac.remove(existing.mac.0).map_err(|e| self.err(e))?;
+                by_mac.remove(mac.0).map_err(|e| self.err(e))?;
             }
         }
-
-        let current = by_mac.get(mac).map_err(|e| self.err(e))?.map(|g| g.value());
-        if lease.state == LeaseState::Declined {
-            // A quarantine is not the client's lease any more.
-            if current == Some(ip) {
-                by_mac.remove(mac).map_err(|e| self.err(e))?;
-            }
-        } else {
-            // One client, one lease: moving to a new address frees the old one.
-            if let Some(prev) = current.filter(|&p| p != ip) {
-                let prev_mac = match leases.get(prev).map_err(|e| self.err(e))? {
-                    Some(g) => Some(self.decode_lease(prev, g.value())?.mac),
-                    None => None,
-                };
-                if prev_mac == Some(lease.mac) {
-                    leases.remove(prev).map_err(|e| self.err(e))?;
-                }
-            }
-            by_mac.insert(mac, ip).map_err(|e| self.err(e))?;
+        if lease.state != LeaseState::Declined {
+            by_mac.insert(lease.mac.0, ip).map_err(|e| self.err(e))?;
         }
         leases
             .insert(ip, bytes.as_slice())
@@ -959,7 +862,7 @@ impl RedbStore {
         Ok(())
     }
 
-    /// [`Store::delete_lease_by_ip`] inside an open write transaction.
+    /// [`LeaseChange::Remove`] inside an open write transaction.
     fn delete_ip_in(&self, txn: &WriteTransaction, ip: Ipv4Addr) -> Result<Option<Lease>> {
         let key = u32::from(ip);
 
@@ -1107,209 +1010,151 @@ mod tests {
     fn lease_round_trip_by_mac_and_ip() {
         let (_d, s) = fresh();
         let l = lease(1, 10, LeaseState::Bound, 1000);
-        s.put_lease(&l, 100).unwrap();
+        s.put_lease(&l).unwrap();
         assert_eq!(s.lease(mac(1)).unwrap(), Some(l.clone()));
         assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(l.clone()));
         assert_eq!(s.lease(mac(2)).unwrap(), None);
         assert_eq!(s.lease_by_ip(ip(11)).unwrap(), None);
 
         let l2 = lease(2, 3, LeaseState::Offered, 1000);
-        s.put_lease(&l2, 100).unwrap();
+        s.put_lease(&l2).unwrap();
         // Ordered by address.
         assert_eq!(s.leases().unwrap(), vec![l2, l]);
     }
 
     #[test]
-    fn batched_writes_commit_together_and_refuse_one_by_one() {
+    fn a_lease_commit_writes_changes_and_events_together_in_order() {
         let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
-            .unwrap();
-        s.put_lease(&lease(5, 50, LeaseState::Bound, 1000), 100)
-            .unwrap();
-        let results = s
-            .apply_lease_writes(
-                &[
-                    LeaseWrite::Put(lease(2, 20, LeaseState::Offered, 1000)),
-                    // Held by mac 1: refused, and the batch goes on.
-                    LeaseWrite::Put(lease(3, 10, LeaseState::Offered, 1000)),
-                    LeaseWrite::RemoveIp(ip(50)),
-                    LeaseWrite::Put(lease(4, 40, LeaseState::Bound, 1000)),
-                ],
-                200,
-            )
-            .unwrap();
-        assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok());
-        assert!(matches!(results[1], Err(StoreError::AddressHeld { .. })));
-        let ips: Vec<Ipv4Addr> = s.leases().unwrap().into_iter().map(|l| l.ip).collect();
-        assert_eq!(ips, [ip(10), ip(20), ip(40)]);
-        assert_eq!(s.lease(mac(1)).unwrap().unwrap().ip, ip(10));
-        assert_eq!(s.lease(mac(3)).unwrap(), None);
-        assert_eq!(s.lease(mac(5)).unwrap(), None);
-    }
-
-    #[test]
-    fn a_lease_commit_writes_leases_and_events_together_and_skips_the_events_of_a_refusal() {
-        let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
-            .unwrap();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000)).unwrap();
+        s.put_lease(&lease(5, 50, LeaseState::Bound, 1000)).unwrap();
         let ev = |node: &str, kind: &str| NewEvent {
             node: node.into(),
             kind: kind.into(),
             detail: "d".into(),
             at_unix_ms: 5,
         };
-        let got = s
-            .commit_leases(
-                &[
-                    LeaseCommit {
-                        writes: vec![LeaseWrite::Put(lease(2, 20, LeaseState::Bound, 1000))],
-                        events: vec![ev("n2", "dhcp.ack")],
-                    },
-                    // Address 10 is held by client 1: refused, and its event is not written.
-                    LeaseCommit {
-                        writes: vec![LeaseWrite::Put(lease(3, 10, LeaseState::Bound, 1000))],
-                        events: vec![ev("n3", "dhcp.ack")],
-                    },
-                    LeaseCommit {
-                        writes: Vec::new(),
-                        events: vec![ev("n4", "dhcp.ack")],
-                    },
-                ],
-                true,
-                100,
-            )
-            .unwrap();
-        assert!(got[0].is_ok());
-        assert!(matches!(got[1], Err(StoreError::AddressHeld { .. })));
-        assert!(got[2].is_ok());
-        assert_eq!(s.lease(mac(2)).unwrap().unwrap().ip, ip(20));
-        assert_eq!(s.lease(mac(3)).unwrap(), None);
-        assert_eq!(s.events("n2", 0, 10).unwrap().len(), 1);
-        assert!(s.events("n3", 0, 10).unwrap().is_empty());
-        assert_eq!(s.events("n4", 0, 10).unwrap().len(), 1);
+        s.commit_leases(
+            &[
+                LeaseCommit {
+                    writes: vec![LeaseChange::Upsert(lease(2, 20, LeaseState::Bound, 1000))],
+                    events: vec![ev("n2", "dhcp.ack")],
+                },
+                // Client 1 moves from .10 to .30 (the book removes its old record first), and
+                // .50 is removed.
+                LeaseCommit {
+                    writes: vec![
+                        LeaseChange::Remove(ip(10)),
+                        LeaseChange::Upsert(lease(1, 30, LeaseState::Bound, 1000)),
+                        LeaseChange::Remove(ip(50)),
+                    ],
+                    events: vec![ev("n1", "dhcp.ack")],
+                },
+                LeaseCommit {
+                    writes: Vec::new(),
+                    events: vec![ev("n4", "dhcp.ack")],
+                },
+            ],
+            true,
+        )
+        .unwrap();
+        let ips: Vec<Ipv4Addr> = s.leases().unwrap().into_iter().map(|l| l.ip).collect();
+        assert_eq!(ips, [ip(20), ip(30)]);
+        assert_eq!(s.lease(mac(1)).unwrap().unwrap().ip, ip(30));
+        assert_eq!(s.lease(mac(5)).unwrap(), None);
+        for n in ["n1", "n2", "n4"] {
+            assert_eq!(s.events(n, 0, 10).unwrap().len(), 1, "{n}");
+        }
         // A non-durable commit is visible at once and lasts once a durable one follows.
         s.commit_leases(
             &[LeaseCommit {
-                writes: vec![LeaseWrite::Put(lease(5, 50, LeaseState::Offered, 1000))],
+                writes: vec![LeaseChange::Upsert(lease(5, 50, LeaseState::Offered, 1000))],
                 events: Vec::new(),
             }],
             false,
-            100,
         )
         .unwrap();
         assert_eq!(s.lease(mac(5)).unwrap().unwrap().ip, ip(50));
     }
 
+    /// A declined record only blocks its address: it is nobody's lease, and the by-MAC
+    /// lookup forgets it; a record written over another MAC's takes the address from it.
     #[test]
-    fn moving_a_client_frees_its_old_address() {
+    fn the_by_mac_lookup_follows_the_records() {
         let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Offered, 1000), 100)
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 200)).unwrap();
+        s.put_lease(&lease(1, 10, LeaseState::Declined, 1000))
             .unwrap();
-        let moved = lease(1, 20, LeaseState::Bound, 2000);
-        s.put_lease(&moved, 100).unwrap();
-        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), None);
-        assert_eq!(s.lease(mac(1)).unwrap(), Some(moved.clone()));
-        assert_eq!(s.leases().unwrap(), vec![moved]);
-    }
-
-    #[test]
-    fn address_held_by_another_client_is_refused_and_nothing_is_written() {
-        let (_d, s) = fresh();
-        let holder = lease(1, 10, LeaseState::Bound, 1000);
-        s.put_lease(&holder, 100).unwrap();
-        // The second client already has a lease elsewhere; the failed call must not move it.
-        let other = lease(2, 11, LeaseState::Bound, 1000);
-        s.put_lease(&other, 100).unwrap();
-
-        let err = s
-            .put_lease(&lease(2, 10, LeaseState::Offered, 1000), 999)
-            .unwrap_err();
-        match &err {
-            StoreError::AddressHeld {
-                ip: a,
-                holder: h,
-                state,
-                expires_at_unix,
-            } => {
-                assert_eq!(
-                    (*a, *h, *state, *expires_at_unix),
-                    (ip(10), mac(1), LeaseState::Bound, 1000)
-                );
-            }
-            e => panic!("unexpected error {e:?}"),
-        }
-        assert!(
-            err.to_string()
-                .contains("10.0.0.10 is held by 52:54:00:00:00:01")
+        assert_eq!(s.lease(mac(1)).unwrap(), None);
+        assert_eq!(
+            s.lease_by_ip(ip(10)).unwrap().unwrap().state,
+            LeaseState::Declined
         );
-        assert_eq!(s.lease(mac(1)).unwrap(), Some(holder));
-        assert_eq!(s.lease(mac(2)).unwrap(), Some(other));
+        s.put_lease(&lease(2, 11, LeaseState::Bound, 200)).unwrap();
+        s.put_lease(&lease(3, 11, LeaseState::Offered, 900))
+            .unwrap();
+        assert_eq!(s.lease(mac(2)).unwrap(), None);
+        assert_eq!(s.lease(mac(3)).unwrap().unwrap().ip, ip(11));
     }
 
-    #[test]
-    fn expired_or_released_records_give_way() {
-        let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Bound, 500), 100)
-            .unwrap();
-        // At 500 the lease has expired; client 2 may take the address.
-        let taker = lease(2, 10, LeaseState::Offered, 900);
-        s.put_lease(&taker, 500).unwrap();
-        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(taker));
-        // Client 1 lost its address, and with it its current lease.
-        assert_eq!(s.lease(mac(1)).unwrap(), None);
+    mod follows_the_book {
+        use super::*;
+        use crate::dhcp::{LeaseBook, LeaseBookConfig};
+        use crate::inventory::{Ipv4Net, Pool};
+        use proptest::prelude::*;
+        use std::time::{Duration, SystemTime};
 
-        s.put_lease(&lease(3, 30, LeaseState::Released, 9999), 100)
-            .unwrap();
-        s.put_lease(&lease(4, 30, LeaseState::Bound, 9999), 100)
-            .unwrap();
-        assert_eq!(s.lease_by_ip(ip(30)).unwrap().unwrap().mac, mac(4));
-    }
-
-    #[test]
-    fn declined_address_is_quarantined() {
-        let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Offered, 200), 100)
-            .unwrap();
-        // Client 1 declines .10 (someone else answers ARP for it) and is offered .11.
-        let quarantine = lease(1, 10, LeaseState::Declined, 1000);
-        s.put_lease(&quarantine, 110).unwrap();
-        assert_eq!(s.lease(mac(1)).unwrap(), None);
-        let next = lease(1, 11, LeaseState::Offered, 300);
-        s.put_lease(&next, 120).unwrap();
-        // The new lease did not lift the quarantine.
-        assert_eq!(s.lease(mac(1)).unwrap(), Some(next));
-        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), Some(quarantine.clone()));
-
-        // Nobody else gets .10 while quarantined.
-        let err = s
-            .put_lease(&lease(2, 10, LeaseState::Offered, 300), 130)
-            .unwrap_err();
-        assert!(matches!(
-            err,
-            StoreError::AddressHeld {
-                state: LeaseState::Declined,
-                ..
+        fn cfg() -> LeaseBookConfig {
+            LeaseBookConfig {
+                reservations: [(mac(0), ip(12)), (mac(1), ip(50)), (mac(2), ip(50))]
+                    .into_iter()
+                    .collect(),
+                hostnames: [(mac(1), "cp-1".to_string())].into_iter().collect(),
+                pools: vec![Pool {
+                    start: ip(10),
+                    end: ip(13),
+                }],
+                offer_hold: Duration::from_secs(60),
+                quarantine: Duration::from_secs(600),
             }
-        ));
-        // Lifting it by address frees it.
-        assert_eq!(s.delete_lease_by_ip(ip(10)).unwrap(), Some(quarantine));
-        s.put_lease(&lease(2, 10, LeaseState::Offered, 300), 130)
-            .unwrap();
-    }
+        }
 
-    #[test]
-    fn delete_lease_clears_both_lookups() {
-        let (_d, s) = fresh();
-        let l = lease(1, 10, LeaseState::Bound, 1000);
-        s.put_lease(&l, 100).unwrap();
-        assert_eq!(s.delete_lease(mac(1)).unwrap(), Some(l.clone()));
-        assert_eq!(s.delete_lease(mac(1)).unwrap(), None);
-        assert_eq!(s.lease_by_ip(ip(10)).unwrap(), None);
-
-        s.put_lease(&l, 100).unwrap();
-        assert_eq!(s.delete_lease_by_ip(ip(10)).unwrap(), Some(l));
-        assert_eq!(s.lease(mac(1)).unwrap(), None);
-        assert!(s.leases().unwrap().is_empty());
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            /// The store persists the book: after every operation's changes are committed,
+            /// the store's records and its by-MAC lookup are the book's, and a book restored
+            /// from the store is the same book.
+            #[test]
+            fn the_store_holds_exactly_what_the_book_decided(
+                ops in proptest::collection::vec((0u8..6, 0u8..7, prop_oneof![9u8..=14, 50u8..=51], 0u64..2000), 1..40)
+            ) {
+                let (_d, s) = fresh();
+                let net: Ipv4Net = "10.0.0.0/24".parse().unwrap();
+                let pool = cfg().pools[0];
+                let mut book = LeaseBook::new(cfg());
+                let mut now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+                for (kind, m, a, secs) in ops {
+                    let (m, a) = (mac(m), ip(a));
+                    let changes = match kind {
+                        0 => book.offer(m, net, Some(pool), Some(a), now).map(|(_, c)| c).unwrap_or_default(),
+                        1 => book.bind(m, a, Duration::from_secs(3600), now).unwrap_or_default(),
+                        2 => book.release(m, a, now).unwrap_or_default(),
+                        3 => book.decline(m, a, now).unwrap_or_default(),
+                        4 => book.expire(now),
+                        _ => { now += Duration::from_secs(secs); Vec::new() }
+                    };
+                    s.commit_leases(&[LeaseCommit { writes: changes, events: Vec::new() }], false).unwrap();
+                    let want: Vec<Lease> = book.iter().cloned().collect();
+                    prop_assert_eq!(s.leases().unwrap(), want);
+                    for n in 0..7 {
+                        let stored = s.lease(mac(n)).unwrap();
+                        prop_assert_eq!(stored.as_ref(), book.lease_of(mac(n)));
+                    }
+                }
+                let (restored, removals) = LeaseBook::restore(cfg(), s.leases().unwrap());
+                prop_assert!(removals.is_empty());
+                prop_assert_eq!(restored.iter().collect::<Vec<_>>(), book.iter().collect::<Vec<_>>());
+            }
+        }
     }
 
     #[test]
@@ -1404,7 +1249,7 @@ mod tests {
         let n = node("cp1", NodePhase::Configuring, 10);
         {
             let s = open(&state).unwrap();
-            s.put_lease(&l, 100).unwrap();
+            s.put_lease(&l).unwrap();
             s.put_node(&n).unwrap();
             s.put_meta("cluster.bootstrap", b"done").unwrap();
             assert_eq!(s.append_event("cp1", "a", "", 1).unwrap(), 1);
@@ -1686,8 +1531,7 @@ mod tests {
     #[test]
     fn export_contains_every_table() {
         let (_d, s) = fresh();
-        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000), 100)
-            .unwrap();
+        s.put_lease(&lease(1, 10, LeaseState::Bound, 1000)).unwrap();
         s.put_node(&node("cp1", NodePhase::Ready, 1)).unwrap();
         s.append_event("cp1", "ready", "node is ready", 42).unwrap();
         s.put_meta("text", b"bootstrap-done").unwrap();
@@ -1831,10 +1675,27 @@ mod tests {
             })
             .collect();
 
+        let mut prev: Option<Ipv4Addr> = None;
         for i in 1..=WRITES {
             let mut l = lease(1, (i % 10) as u8 + 1, LeaseState::Bound, 10_000);
             l.updated_at_unix = i;
-            s.put_lease(&l, 100).unwrap();
+            // A move as the lease book decides it: the old record removed, the new written,
+            // in one commit.
+            let mut writes: Vec<LeaseChange> = prev
+                .filter(|p| *p != l.ip)
+                .map(LeaseChange::Remove)
+                .into_iter()
+                .collect();
+            prev = Some(l.ip);
+            writes.push(LeaseChange::Upsert(l));
+            s.commit_leases(
+                &[LeaseCommit {
+                    writes,
+                    events: Vec::new(),
+                }],
+                true,
+            )
+            .unwrap();
             assert_eq!(s.append_event("n", "tick", &i.to_string(), i).unwrap(), i);
         }
         done.store(true, Ordering::Release);

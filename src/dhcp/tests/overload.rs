@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::events::{EventBus, SystemClock};
 use crate::store::{
-    self, CasOutcome, Event, LeaseCommit, LeaseWrite, NewEvent, NodeRecord, Store, StoreError,
+    self, CasOutcome, Event, LeaseChange, LeaseCommit, NewEvent, NodeRecord, Store, StoreError,
 };
 
 /// One call of [`Store::commit_leases`] that returned Ok, as the double saw it.
@@ -44,12 +44,7 @@ impl Recorder {
 }
 
 impl Store for Recorder {
-    fn commit_leases(
-        &self,
-        groups: &[LeaseCommit],
-        durable: bool,
-        now_unix: u64,
-    ) -> store::Result<Vec<store::Result<()>>> {
+    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> store::Result<()> {
         let gate = self.gate.lock().unwrap().take();
         if let Some((entered, open)) = gate {
             let _ = entered.send(());
@@ -64,13 +59,13 @@ impl Store for Recorder {
                 source: std::io::Error::other("injected commit failure"),
             });
         }
-        let out = self.inner.commit_leases(groups, durable, now_unix)?;
+        self.inner.commit_leases(groups, durable)?;
         std::thread::sleep(Duration::from_millis(100));
         let bound = groups
             .iter()
             .flat_map(|g| &g.writes)
             .filter_map(|w| match w {
-                LeaseWrite::Put(l) if l.state == store::LeaseState::Bound => Some(l.ip),
+                LeaseChange::Upsert(l) if l.state == store::LeaseState::Bound => Some(l.ip),
                 _ => None,
             })
             .collect();
@@ -84,7 +79,7 @@ impl Store for Recorder {
             bound,
             events,
         });
-        Ok(out)
+        Ok(())
     }
     fn append_events(&self, events: &[NewEvent]) -> store::Result<Vec<u64>> {
         self.appended
@@ -101,22 +96,6 @@ impl Store for Recorder {
     }
     fn leases(&self) -> store::Result<Vec<store::Lease>> {
         self.inner.leases()
-    }
-    fn put_lease(&self, lease: &store::Lease, now_unix: u64) -> store::Result<()> {
-        self.inner.put_lease(lease, now_unix)
-    }
-    fn apply_lease_writes(
-        &self,
-        writes: &[LeaseWrite],
-        now_unix: u64,
-    ) -> store::Result<Vec<store::Result<()>>> {
-        self.inner.apply_lease_writes(writes, now_unix)
-    }
-    fn delete_lease(&self, mac: Mac) -> store::Result<Option<store::Lease>> {
-        self.inner.delete_lease(mac)
-    }
-    fn delete_lease_by_ip(&self, ip: Ipv4Addr) -> store::Result<Option<store::Lease>> {
-        self.inner.delete_lease_by_ip(ip)
     }
     fn node(&self, name: &str) -> store::Result<Option<NodeRecord>> {
         self.inner.node(name)
