@@ -733,7 +733,7 @@ pub enum K8sUpgradeError {
     #[error("stored rollout {key}: {reason}")]
     Record { key: String, reason: String },
     #[error("{0}")]
-    Drive(String),
+    Drive(#[from] crate::daytwo::upgrade::DriveError<String>),
 }
 
 /// How a whole Kubernetes upgrade runs, for callers that start one from the inventory (the
@@ -819,7 +819,7 @@ pub async fn run(
         report,
     )
     .await
-    .map_err(K8sUpgradeError::Drive)
+    .map_err(K8sUpgradeError::from)
 }
 
 #[cfg(test)]
