@@ -6,7 +6,8 @@
 //! plan shows exactly that field on exactly the three storage nodes -> `talboot apply
 //! --mode no-reboot` finds the store held and goes through serve's admin API, changing
 //! exactly those nodes, none rebooted -> plan is clean -> a node's running config changed
-//! behind talboot's back shows in plan and, from serve's drift watcher, in `talboot status`.
+//! behind talboot's back shows in plan and, from serve's drift watcher, in `talboot status`
+//! -> `talboot upgrade --talos` goes through serve too, and a second run upgrades nothing.
 //!
 //! One test: the rack's loopback addresses allow one simulated rack at a time.
 
@@ -58,7 +59,11 @@ impl Cli {
             }
             _ => {}
         }
-        if matches!(sub, "apply" | "status") {
+        if sub == "upgrade" {
+            cmd.arg("--images")
+                .arg(self.state_dir.parent().unwrap().join("images"));
+        }
+        if matches!(sub, "apply" | "status" | "upgrade") {
             cmd.arg("--state-dir")
                 .arg(&self.state_dir)
                 .args(["--admin", &self.admin]);
@@ -280,6 +285,56 @@ async fn day_two(demo: &Demo) {
     };
     let header = status.stdout.lines().next().unwrap();
     assert!(header.contains(" DRIFT "), "{status}");
+
+    // A Talos upgrade while serve holds the store: through its admin API as well, the
+    // installer's output streamed back, every node upgraded once.
+    demo.add_boot_sets(&"v1.14.0".parse().unwrap()).unwrap();
+    let upgrade = cli
+        .run(
+            "upgrade",
+            &[
+                "--talos",
+                "v1.14.0",
+                "--worker-concurrency",
+                "4",
+                "--node-timeout",
+                "120",
+            ],
+        )
+        .await;
+    assert_eq!(upgrade.code, Some(0), "{upgrade}");
+    for want in [
+        "talboot serve holds the store; upgrading through its admin API",
+        "serve runs upgrade-talos/v1.14.0",
+        "rack1-cp-01: upgrading to v1.14.0",
+        "rack1-cp-01: installed; rebooting into it",
+        "Talos v1.14.0 running on every node",
+    ] {
+        assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
+    }
+    assert!(
+        upgrade
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("  rack1-wk-01: ") && l.contains("v1.14.0")),
+        "no installer output: {upgrade}"
+    );
+    for n in &names {
+        assert_eq!(talos(n).upgrade_calls(), 1, "{n}: {upgrade}");
+    }
+    // Run again: the record in serve's store says every node is done; nothing is upgraded
+    // a second time.
+    let again = cli
+        .run("upgrade", &["--talos", "v1.14.0", "--node-timeout", "120"])
+        .await;
+    assert_eq!(again.code, Some(0), "{again}");
+    assert!(
+        again.stdout.contains("resuming upgrade-talos/v1.14.0"),
+        "{again}"
+    );
+    for n in &names {
+        assert_eq!(talos(n).upgrade_calls(), 1, "{n}: {again}");
+    }
 }
 
 #[test]

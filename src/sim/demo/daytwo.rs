@@ -52,6 +52,18 @@ impl std::fmt::Display for ConfigChangeReport {
 }
 
 impl Demo {
+    /// Writes stand-in boot sets of Talos `version` into the demo's image cache (`DIR/images`)
+    /// as `talboot images pull` would leave them, so `talboot upgrade --talos VERSION
+    /// --images DIR/images` finds them ready: the simulation has no Image Factory to pull
+    /// from.
+    pub fn add_boot_sets(&self, version: &crate::inventory::Version) -> Result<(), DemoError> {
+        let mut inv = (*self.inventory).clone();
+        inv.cluster.talos_version.value = version.clone();
+        let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+        crate::sim::assets::write_boot_sets(&self.relaunch.images, &inv, now)
+            .map_err(|e| DemoError::DayTwo(e.cause))
+    }
+
     /// Runs serve's drift watcher against the running talboot (its event bus and the admin
     /// API's drift board), every `interval`, until talboot stops.
     pub fn watch_drift(&self, interval: Duration) {
