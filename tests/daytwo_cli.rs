@@ -7,7 +7,8 @@
 //! --mode no-reboot` finds the store held and goes through serve's admin API, changing
 //! exactly those nodes, none rebooted -> plan is clean -> a node's running config changed
 //! behind talboot's back shows in plan and, from serve's drift watcher, in `talboot status`
-//! -> `talboot upgrade --talos` goes through serve too, and a second run upgrades nothing.
+//! -> `talboot upgrade --talos` goes through serve too: it stops at a failing control plane,
+//! resumes without upgrading finished nodes again, and a further run upgrades nothing.
 //!
 //! One test: the rack's loopback addresses allow one simulated rack at a time.
 
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use talboot::sim::demo::{Demo, DemoOptions};
+use talboot::sim::talos::UpgradeFailure;
 
 const STORAGE: [&str; 3] = ["rack1-st-01", "rack1-st-02", "rack1-st-03"];
 
@@ -289,6 +291,33 @@ async fn day_two(demo: &Demo) {
     // A Talos upgrade while serve holds the store: through its admin API as well, the
     // installer's output streamed back, every node upgraded once.
     demo.add_boot_sets(&"v1.14.0".parse().unwrap()).unwrap();
+    // The second control plane's installer fails: serve stops there, the CLI says where and
+    // exits 1; the first control plane is upgraded, no worker is touched.
+    talos("rack1-cp-02").fail_upgrades(Some(UpgradeFailure::Installer));
+    let failed = cli
+        .run("upgrade", &["--talos", "v1.14.0", "--node-timeout", "120"])
+        .await;
+    assert_eq!(failed.code, Some(1), "{failed}");
+    for want in [
+        "talboot serve holds the store; upgrading through its admin API",
+        "serve runs upgrade-talos/v1.14.0",
+        "rack1-cp-01: upgrading to v1.14.0",
+        "rack1-cp-01: installed; rebooting into it",
+        "rack1-cp-01: done",
+        "rack1-cp-02: FAILED: the installer",
+    ] {
+        assert!(failed.stdout.contains(want), "{want}: {failed}");
+    }
+    assert!(
+        failed
+            .stderr
+            .contains("stopped at node rack1-cp-02: the installer"),
+        "{failed}"
+    );
+    assert_eq!(talos("rack1-cp-01").upgrade_calls(), 1);
+    assert_eq!(talos("rack1-wk-01").upgrade_calls(), 0);
+    talos("rack1-cp-02").fail_upgrades(None);
+    // Fixed, the same command resumes through serve: finished nodes are not upgraded again.
     let upgrade = cli
         .run(
             "upgrade",
@@ -306,8 +335,8 @@ async fn day_two(demo: &Demo) {
     for want in [
         "talboot serve holds the store; upgrading through its admin API",
         "serve runs upgrade-talos/v1.14.0",
-        "rack1-cp-01: upgrading to v1.14.0",
-        "rack1-cp-01: installed; rebooting into it",
+        "rack1-cp-02: upgrading to v1.14.0",
+        "rack1-cp-02: installed; rebooting into it",
         "Talos v1.14.0 running on every node",
     ] {
         assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
@@ -320,8 +349,13 @@ async fn day_two(demo: &Demo) {
         "no installer output: {upgrade}"
     );
     for n in &names {
-        assert_eq!(talos(n).upgrade_calls(), 1, "{n}: {upgrade}");
+        let want = if n == "rack1-cp-02" { 2 } else { 1 };
+        assert_eq!(talos(n).upgrade_calls(), want, "{n}: {upgrade}");
     }
+    assert!(
+        upgrade.stdout.contains("resuming upgrade-talos/v1.14.0"),
+        "{upgrade}"
+    );
     // Run again: the record in serve's store says every node is done; nothing is upgraded
     // a second time.
     let again = cli
@@ -333,7 +367,8 @@ async fn day_two(demo: &Demo) {
         "{again}"
     );
     for n in &names {
-        assert_eq!(talos(n).upgrade_calls(), 1, "{n}: {again}");
+        let want = if n == "rack1-cp-02" { 2 } else { 1 };
+        assert_eq!(talos(n).upgrade_calls(), want, "{n}: {again}");
     }
 }
 
