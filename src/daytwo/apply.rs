@@ -2,9 +2,12 @@
 //! ([`super::rollout`]) for a config apply. A change is one ApplyConfiguration with the
 //! operator's mode; a node's gate is "back (Version answers), running (or, staged, holding)
 //! the rendered config, and for a control plane etcd lists every control plane"; a
-//! reconcile asks the node which config it has instead of applying twice. The record is
-//! persisted in the store (`apply/<plan digest>`) before each batch of actions runs, so a
-//! restarted run resumes the same plan and never applies it twice to one node.
+//! reconcile asks the node which config it has instead of applying twice. The engine is
+//! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
+//! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
+//! carried out, so a restarted run resumes the same plan and never applies it twice to one
+//! node. The same function runs in the CLI (standalone) and in serve (an apply through its
+//! admin API, [`super::remote`]); each step is reported as a progress line.
 
 use std::sync::Arc;
 use std::time::Duration;

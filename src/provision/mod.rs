@@ -171,7 +171,7 @@ pub struct CommandSender(tokio::sync::mpsc::Sender<Command>);
 
 /// The provisioner's end of [`command_channel`].
 #[derive(Debug)]
-pub struct CommandReceiver(tokio::sync::mpsc::Receiver<Command>);
+pub struct CommandReceiver(pub(crate) tokio::sync::mpsc::Receiver<Command>);
 
 /// A channel for operator commands: the sender goes to the admin API, the receiver to
 /// [`Provisioner::with_commands`].
