@@ -330,6 +330,33 @@ fn mirror_config(
     Ok(dest.join(file))
 }
 
+/// Writes `bundle` age-encrypted to `file` and the identity that decrypts it to `identity`,
+/// when `file` is inside `workdir` and does not exist yet: an inventory naming its bundle by
+/// an absolute path points at the operator's real bundle, which the demo never touches.
+/// Returns whether it wrote.
+fn write_bundle(
+    workdir: &Path,
+    file: &Path,
+    identity: &Path,
+    bundle: &SecretsBundle,
+) -> Result<bool, DemoError> {
+    if !file.starts_with(workdir) || file.exists() {
+        return Ok(false);
+    }
+    use age::secrecy::ExposeSecret;
+    let id = age::x25519::Identity::generate();
+    let text = format!("{}\n", id.to_string().expose_secret());
+    crate::fsutil::write_atomic(identity, text.as_bytes(), 0o600)
+        .map_err(|e| prep(identity)(e.to_string()))?;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| prep(dir)(e.to_string()))?;
+    }
+    let plain = zeroize::Zeroizing::new(bundle.to_yaml());
+    crate::crypto::age::write_encrypted(file, plain.as_bytes(), &[id.to_public().to_string()])
+        .map_err(|e| prep(file)(e.to_string()))?;
+    Ok(true)
+}
+
 fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
     let original = inventory::load(&opts.config)
         .map_err(|e| DemoError::Inventory(e, opts.config.clone()))?
@@ -507,24 +534,12 @@ impl Demo {
         // to a throwaway identity kept beside it (0600), so that `talboot plan`/`apply` run
         // against the simulated rack render exactly what the demo's talboot renders.
         let age_identity = opts.workdir.join("age-identity.txt");
-        {
-            use age::secrecy::ExposeSecret;
-            let id = age::x25519::Identity::generate();
-            let text = format!("{}\n", id.to_string().expose_secret());
-            crate::fsutil::write_atomic(&age_identity, text.as_bytes(), 0o600)
-                .map_err(|e| prep(&age_identity)(e.to_string()))?;
-            let file = &inv.cluster.secrets.file;
-            if let Some(dir) = file.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| prep(dir)(e.to_string()))?;
-            }
-            let plain = zeroize::Zeroizing::new(bundle.to_yaml());
-            crate::crypto::age::write_encrypted(
-                file,
-                plain.as_bytes(),
-                &[id.to_public().to_string()],
-            )
-            .map_err(|e| prep(file)(e.to_string()))?;
-        }
+        write_bundle(
+            &opts.workdir,
+            &inv.cluster.secrets.file,
+            &age_identity,
+            &bundle,
+        )?;
         let tc_path = opts.workdir.join("talosconfig");
         crate::fsutil::write_atomic(&tc_path, talosconfig.as_bytes(), 0o600)
             .map_err(|e| prep(&tc_path)(e.to_string()))?;
@@ -1090,6 +1105,39 @@ mod tests {
             print_events: false,
             concurrency: crate::provision::DEFAULT_CONCURRENCY,
         }
+    }
+
+    #[test]
+    fn the_demo_writes_its_bundle_only_inside_its_work_directory() {
+        let work = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let bundle = SecretsBundle::generate(
+            time::OffsetDateTime::now_utc(),
+            &GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            },
+        )
+        .unwrap();
+        let id = work.path().join("age-identity.txt");
+        // The operator's own bundle, named by an absolute path: untouched.
+        let theirs = elsewhere.path().join("rack1.age");
+        assert!(!write_bundle(work.path(), &theirs, &id, &bundle).unwrap());
+        assert!(!theirs.exists() && !id.exists());
+        // In the work directory: written, and the identity decrypts it to the same bundle.
+        let ours = work.path().join("config/secrets/rack1.age");
+        assert!(write_bundle(work.path(), &ours, &id, &bundle).unwrap());
+        let sources = crate::crypto::age::IdentitySources {
+            explicit: Some(id.clone()),
+            ..Default::default()
+        };
+        let ids = crate::crypto::age::Identities::load(&sources).unwrap();
+        let plain = crate::crypto::age::decrypt(&std::fs::read(&ours).unwrap(), &ids).unwrap();
+        assert_eq!(
+            SecretsBundle::from_yaml(std::str::from_utf8(plain.expose()).unwrap()).unwrap(),
+            bundle
+        );
+        // Never over an existing file.
+        assert!(!write_bundle(work.path(), &ours, &id, &bundle).unwrap());
     }
 
     #[test]
