@@ -129,7 +129,7 @@ pub enum StartError {
     /// Another rollout runs (one at a time per rack).
     #[error(
         "another rollout is running on this rack ({0}); wait until it ends (its progress is \
-         in the terminal that started it, and in the nodes' timelines)"
+         in the terminal that started it, and in serve's log)"
     )]
     Busy(String),
     /// The request does not fit serve's inventory or is malformed.
