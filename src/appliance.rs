@@ -22,6 +22,10 @@ use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
+/// The largest request body the admin listener reads: a rollout of a few hundred nodes'
+/// rendered configs (`POST /api/rollouts`). Loopback only, so no stranger can send it.
+const ADMIN_MAX_BODY: u64 = 32 * 1024 * 1024;
+
 pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the appliance could not start.
@@ -345,10 +349,24 @@ impl Bound {
         }
         {
             let cancel = cancel.clone();
+            // A rollout request carries every node's rendered config (tens of KiB each).
+            let admin_limits = http::server::Limits {
+                head: http::conn::HeadLimits {
+                    max_body_bytes: ADMIN_MAX_BODY,
+                    ..http_limits.head
+                },
+                ..http_limits
+            };
             tasks.spawn(async move {
-                http::server::serve(admin, http::admin_router(app), http_limits, "admin", cancel)
-                    .await
-                    .map_err(ServerFailure::Admin)
+                http::server::serve(
+                    admin,
+                    http::admin_router(app),
+                    admin_limits,
+                    "admin",
+                    cancel,
+                )
+                .await
+                .map_err(ServerFailure::Admin)
             });
         }
 
@@ -441,6 +459,7 @@ impl Bound {
             events,
             event_writer,
             store,
+            view,
             store_closed,
             base_url,
             admin_url,
@@ -457,6 +476,8 @@ pub struct Running {
     pub events: EventBus,
     /// The state store.
     pub store: Arc<dyn Store>,
+    /// The read view the request paths and the admin API read (drift included).
+    pub view: Arc<crate::provision::view::StateView>,
     /// `http://advertise:port`.
     pub base_url: String,
     /// `http://<admin listen address>`, where `/api/*` and `/metrics` are served.

@@ -416,7 +416,8 @@ fn other_inventories_and_a_refusal() {
 }
 
 /// `talboot demo --upgrade`: after hand-off every node is upgraded, one control plane at a
-/// time by the doubles' own record.
+/// time by the doubles' own record; then a config change reaches every node through the
+/// admin API without a reboot.
 fn the_binary_rolls_an_upgrade_across_the_rack() {
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(["demo", "--quiet", "--upgrade", "--timeout", "180", "-c"])
@@ -433,6 +434,19 @@ fn the_binary_rolls_an_upgrade_across_the_rack() {
     assert!(
         stdout.contains("at most 1 control plane(s) and "),
         "{stdout}"
+    );
+    // Then a config change without reboot, through talboot's admin API.
+    let change = stdout
+        .lines()
+        .find(|l| l.starts_with("applied `machine.sysctls.fs.inotify.max_user_watches"))
+        .unwrap_or_else(|| panic!("no config change line:\n{stdout}"));
+    assert!(
+        change.contains("to 13 nodes through serve's admin API (mode no-reboot)"),
+        "{change}"
+    );
+    assert!(
+        change.contains("; 0 reboot(s), at most 0 control plane(s) down"),
+        "{change}"
     );
 }
 

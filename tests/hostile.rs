@@ -744,7 +744,13 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
 
     // The API is not on the provisioning listener, from any address; it is on the admin one.
     for from in [&node, &stranger, &"127.0.0.1".to_string()] {
-        for p in ["/api/nodes", "/metrics", "/api/nodes/cp-1/rebuild"] {
+        for p in [
+            "/api/nodes",
+            "/metrics",
+            "/api/nodes/cp-1/rebuild",
+            "/api/rollouts",
+            "/api/rollouts/1",
+        ] {
             let (code, body) = curl(&["--interface", from, &format!("http://127.0.0.1:{http}{p}")]);
             assert_eq!(code, "404", "{p} from {from}: {body}");
             assert!(!body.contains(&node_mac(net).to_string()), "{body}");
@@ -753,6 +759,17 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
     let (code, body) = curl(&[&format!("http://127.0.0.1:{admin}/api/nodes")]);
     assert_eq!(code, "200");
     assert!(body.contains(&node_mac(net).to_string()), "{body}");
+    // A pull-mode serve has no admin Talos credentials: it refuses rollouts (`talboot
+    // apply`/`upgrade` through serve) with the reason, before reading the request.
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        "--data",
+        "{}",
+        &format!("http://127.0.0.1:{admin}/api/rollouts"),
+    ]);
+    assert_eq!(code, "503", "{body}");
+    assert!(body.contains("does not provision nodes"), "{body}");
 
     // `status` reads the admin listener while serve holds the store.
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))

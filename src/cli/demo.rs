@@ -34,7 +34,9 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = crate::provision::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// After hand-off, roll a Talos minor-version bump across the rack with
-    /// `talboot upgrade`'s rolling engine, printing progress per node.
+    /// `talboot upgrade`'s rolling engine, then apply a config change without reboot through
+    /// talboot's admin API (as `talboot apply` does while serve runs), printing progress per
+    /// node.
     #[arg(long)]
     pub upgrade: bool,
     /// Workers upgraded at once by `--upgrade`.
@@ -119,7 +121,9 @@ pub fn run(args: &Args) -> ExitCode {
                 | DemoError::Relocate(_)
                 | DemoError::Unsupported(_)
                 | DemoError::UnknownNode(..) => ExitCode::from(EXIT_INVALID),
-                DemoError::Timeout { .. } | DemoError::Upgrade(_) => ExitCode::from(EXIT_INVALID),
+                DemoError::Timeout { .. } | DemoError::Upgrade(_) | DemoError::DayTwo(_) => {
+                    ExitCode::from(EXIT_INVALID)
+                }
                 _ => ExitCode::from(EXIT_USAGE),
             }
         }

@@ -5,11 +5,12 @@
 //! not reachable directly) and prints the per-node diff with the apply mode the node's own
 //! dry run says the change needs. Exit 0 no changes, 1 changes, 2 errors.
 //!
-//! `apply` carries the plan out through the rolling engine (`daytwo::apply`). It runs
-//! standalone against the state directory's store, which records progress so a second run
-//! resumes. While `serve` runs it holds the store (redb locks the file), so a standalone
-//! apply refuses to start rather than race it: stop serve, or (not built yet) use serve's
-//! admin API.
+//! `apply` carries the plan out through the rolling engine (`daytwo::apply`). Standalone it
+//! runs against the state directory's store, which records progress so a second run
+//! resumes. While `serve` runs it holds the store (redb locks the file), so apply hands the
+//! rollout to serve's admin API instead (`--admin`, see [`crate::daytwo::remote`]): serve
+//! runs it with its own store and credentials, one rollout at a time, and the progress comes
+//! back here line by line. Two processes never roll one rack.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use crate::crypto::age::IdentitySources;
 use crate::daytwo::apply::{ApplyOptions, ApplyOutcome};
 use crate::daytwo::plan::{Connector, NodeTarget};
+use crate::daytwo::remote::{ApplyRequest, NodeConfig, RemoteOutcome, RolloutKind, RolloutRequest};
 use crate::daytwo::rollout::Role;
 use crate::machineconfig::schema;
 use crate::talos::ClientCreds;
@@ -103,6 +105,10 @@ pub struct ApplyArgs {
     /// How long a node may take to come back healthy with the new config. Seconds.
     #[arg(long = "gate-timeout", default_value_t = 600)]
     pub gate_timeout: u64,
+    /// Admin API of the `talboot serve` that holds the state directory's store (its
+    /// `--admin-listen`): while serve runs, the apply goes through it.
+    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
+    pub admin: SocketAddr,
 }
 
 /// Everything the plan needs, or the exit code of why not.
@@ -194,17 +200,6 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let store = match crate::store::open(&args.state_dir) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "talboot: cannot open the store in {}: {e}\n  if `talboot serve` is running on \
-                 this state directory, stop it first: two processes must not roll one rack",
-                args.state_dir.display()
-            );
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
     if args.worker_concurrency == 0 {
         eprintln!("talboot: --worker-concurrency must be at least 1");
         return ExitCode::from(EXIT_USAGE);
@@ -216,13 +211,80 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         gate_timeout: Duration::from_secs(args.gate_timeout),
         gate_poll: Duration::from_secs(2),
     };
-    let out = runtime().block_on(crate::daytwo::apply::apply(&store, &conn, &targets, &opts));
+    let store = match crate::store::open(&args.state_dir) {
+        Ok(s) => s,
+        Err(crate::store::StoreError::Locked { .. }) => {
+            return apply_through_serve(args.admin, &targets, &opts);
+        }
+        Err(e) => {
+            eprintln!(
+                "talboot: cannot open the store in {}: {e}",
+                args.state_dir.display()
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let out = runtime().block_on(crate::daytwo::apply::apply(
+        &store,
+        &conn,
+        &targets,
+        &opts,
+        |p| println!("{}", crate::daytwo::apply::progress_line(p)),
+    ));
     match out {
-        Ok(ApplyOutcome::NoChanges) => {
+        Ok(ApplyOutcome::NoChanges) => report(RemoteOutcome::NoChanges),
+        Ok(ApplyOutcome::Finished { key, nodes }) => report(RemoteOutcome::Finished { key, nodes }),
+        Ok(ApplyOutcome::Stopped { key, node, reason }) => {
+            report(RemoteOutcome::Stopped { key, node, reason })
+        }
+        Err(e) => report(RemoteOutcome::Failed {
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// The request serve runs for this apply: every node's rendering and the options.
+pub(crate) fn apply_request(targets: &[NodeTarget], opts: &ApplyOptions) -> RolloutRequest {
+    RolloutRequest {
+        worker_concurrency: opts.worker_concurrency,
+        kind: RolloutKind::Apply(ApplyRequest {
+            mode: crate::daytwo::plan::mode_name(opts.mode).to_owned(),
+            try_timeout_secs: opts.try_timeout.map(|d| d.as_secs()),
+            gate_timeout_secs: opts.gate_timeout.as_secs(),
+            gate_poll_ms: u64::try_from(opts.gate_poll.as_millis()).unwrap_or(u64::MAX),
+            configs: targets
+                .iter()
+                .map(|t| NodeConfig {
+                    node: t.name.clone(),
+                    rendered: t.rendered.clone(),
+                })
+                .collect(),
+        }),
+    }
+}
+
+/// serve holds the store: hand the apply to it and print its progress as it comes.
+fn apply_through_serve(admin: SocketAddr, targets: &[NodeTarget], opts: &ApplyOptions) -> ExitCode {
+    println!("talboot serve holds the store; applying through its admin API at {admin}");
+    let request = apply_request(targets, opts);
+    let base = super::remote::base_url(admin);
+    match runtime().block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
+        Ok(outcome) => report(outcome),
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// How an apply ended, for the operator, and its exit code.
+fn report(outcome: RemoteOutcome) -> ExitCode {
+    match outcome {
+        RemoteOutcome::NoChanges => {
             println!("no changes: every node runs what the inventory renders");
             ExitCode::SUCCESS
         }
-        Ok(ApplyOutcome::Finished { key, nodes }) => {
+        RemoteOutcome::Finished { key, nodes } => {
             println!(
                 "applied to {} node(s): {} ({key})",
                 nodes.len(),
@@ -230,7 +292,7 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Ok(ApplyOutcome::Stopped { key, node, reason }) => {
+        RemoteOutcome::Stopped { key, node, reason } => {
             let at = node.map_or("before any node (cluster check)".to_owned(), |n| {
                 format!("at node {n}")
             });
@@ -240,8 +302,8 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
             );
             ExitCode::from(1)
         }
-        Err(e) => {
-            eprintln!("talboot: {e}");
+        RemoteOutcome::Failed { reason } => {
+            eprintln!("talboot: {reason}");
             ExitCode::from(EXIT_USAGE)
         }
     }

@@ -354,11 +354,11 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         settings.ksops_age_identity = inputs.ksops_age_identity;
         settings.power = power.clone();
         if args.drift_interval > 0 {
-            drift = Some(drift_targets(
+            drift = Some(crate::daytwo::drift::targets(
                 &inv,
                 inputs.renderer.as_ref(),
                 &inputs.creds,
-                &settings,
+                settings.apid_port,
             ));
         }
         Some(ProvisioningPlan {
@@ -452,6 +452,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
             conn,
             targets,
             running.events.clone(),
+            running.view.drift.clone(),
             std::time::Duration::from_secs(args.drift_interval),
             running.cancel.clone(),
         ));
@@ -498,51 +499,6 @@ fn start_power_on(
         running.cancel.clone(),
     ));
     Ok(())
-}
-
-/// What the drift watcher compares: every node's rendered config, reached at its inventory
-/// address (relayed by the control planes when it cannot be reached directly).
-fn drift_targets(
-    inv: &Inventory,
-    renderer: &dyn crate::provision::ConfigRenderer,
-    creds: &crate::talos::ClientCreds,
-    settings: &crate::provision::Settings,
-) -> (
-    crate::daytwo::plan::Connector,
-    Vec<crate::daytwo::plan::NodeTarget>,
-) {
-    use crate::daytwo::rollout::Role;
-    let mut targets = Vec::new();
-    for node in &inv.nodes {
-        let Ok(bytes) = renderer.render(node) else {
-            continue;
-        };
-        let ip = std::net::IpAddr::V4(node.address.value.addr());
-        targets.push(crate::daytwo::plan::NodeTarget {
-            name: node.name.value.clone(),
-            role: if node.role.value == "controlplane" {
-                Role::ControlPlane
-            } else {
-                Role::Worker
-            },
-            addr: std::net::SocketAddr::new(ip, settings.apid_port),
-            node_ip: ip,
-            rendered: String::from_utf8_lossy(&bytes).into_owned(),
-        });
-    }
-    let relays = targets
-        .iter()
-        .filter(|t| t.role == Role::ControlPlane)
-        .map(|t| t.addr)
-        .collect();
-    (
-        crate::daytwo::plan::Connector {
-            creds: creds.clone(),
-            relays,
-            retry: crate::talos::retry::RetryPolicy::NONE,
-        },
-        targets,
-    )
 }
 
 /// What push provisioning needs, loaded before anything is served.

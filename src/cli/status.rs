@@ -1,7 +1,8 @@
 //! `talboot status`: one line per inventory node from the state store: role, phase, address,
 //! Talos version, the disk Talos installs to (as talboot computed it from the node's disks)
 //! and the last event -- or, for a Failed node, why it failed (the last event of a failed
-//! node is often a later, unrelated probe).
+//! node is often a later, unrelated probe). While serve runs (it holds the store) the rows
+//! come from its admin API, with each node's drift as serve's drift watcher last saw it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,6 +76,7 @@ pub fn table(
         "ADDRESS".into(),
         "TALOS".into(),
         "DISK".into(),
+        "DRIFT".into(),
         "LAST EVENT".into(),
     ]];
     for node in &inventory.nodes {
@@ -117,6 +119,8 @@ pub fn table(
             rec.and_then(|r| r.talos_version)
                 .unwrap_or_else(|| "-".into()),
             install_disk(store, node.name.as_str()),
+            // Only a running serve's drift watcher knows; `talboot plan` checks now.
+            "-".into(),
             last,
         ]);
     }
@@ -132,8 +136,8 @@ fn install_disk(store: &dyn Store, node: &str) -> String {
 }
 
 /// Align the rows into columns (the last column is left ragged).
-fn render(rows: &[[String; 7]]) -> String {
-    let mut widths = [0usize; 6];
+fn render(rows: &[[String; COLUMNS]]) -> String {
+    let mut widths = [0usize; COLUMNS - 1];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
             *w = (*w).max(cell.chars().count());
@@ -142,7 +146,7 @@ fn render(rows: &[[String; 7]]) -> String {
     let mut out = String::new();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
-            if i < 6 {
+            if i < COLUMNS - 1 {
                 out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
             } else {
                 out.push_str(cell);
@@ -198,6 +202,7 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
         "ADDRESS".into(),
         "TALOS".into(),
         "DISK".into(),
+        "DRIFT".into(),
         "LAST EVENT".into(),
     ]];
     for n in &nodes {
@@ -208,6 +213,7 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
             field(n, "last_seen"),
             field(n, "talos_version"),
             field(n, "install_disk"),
+            drift_cell(n.get("drift")),
             match n.get("failure").and_then(|v| v.as_str()) {
                 Some(why) => format!("failed: {}", first_line(why)),
                 None => field(n, "last_event"),
@@ -218,7 +224,48 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Columns of the status table.
+const COLUMNS: usize = 8;
+
+/// The DRIFT cell of a node from `/api/nodes`: `-` until serve's drift watcher could read
+/// the node, `no` in sync, `yes (N)` with the number of differences (`talboot plan` lists
+/// them).
+fn drift_cell(drift: Option<&serde_json::Value>) -> String {
+    let Some(d) = drift.filter(|d| !d.is_null()) else {
+        return "-".into();
+    };
+    match (
+        d.get("drifted").and_then(|v| v.as_bool()),
+        d.get("changes").and_then(|v| v.as_u64()),
+    ) {
+        (Some(true), Some(n)) => format!("yes ({n})"),
+        (Some(true), None) => "yes".into(),
+        (Some(false), _) => "no".into(),
+        (None, _) => "-".into(),
+    }
+}
+
 /// Long details (a disk refusal lists every disk) are cut to their first line.
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drift_cell;
+    use serde_json::json;
+
+    #[test]
+    fn the_drift_cell_says_what_serve_knows() {
+        assert_eq!(drift_cell(None), "-");
+        assert_eq!(drift_cell(Some(&json!(null))), "-");
+        assert_eq!(
+            drift_cell(Some(&json!({"drifted": false, "changes": 0}))),
+            "no"
+        );
+        assert_eq!(
+            drift_cell(Some(&json!({"drifted": true, "changes": 2}))),
+            "yes (2)"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
+use crate::daytwo::remote::{RemoteOutcome, RolloutKind, RolloutRequest, TalosUpgradeRequest};
 use crate::daytwo::rollout::{Event, Gate, RolloutRecord};
 use crate::daytwo::upgrade::{Outcome, Progress, TalosOps, TalosUpgrade, drive, rollout_key};
 use crate::inventory::{self, Inventory, Version};
@@ -56,6 +57,10 @@ pub struct Args {
     pub talosconfig: Option<PathBuf>,
     #[arg(long)]
     pub context: Option<String>,
+    /// Admin API of the `talboot serve` that holds the state directory's store (its
+    /// `--admin-listen`): while serve runs, the upgrade goes through it.
+    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
+    pub admin: std::net::SocketAddr,
     /// apid's port on every node.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
@@ -89,18 +94,14 @@ pub fn run(args: &Args) -> ExitCode {
     if args.worker_concurrency == 0 {
         return fail(EXIT_USAGE, "--worker-concurrency must be at least 1");
     }
-    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
-        Ok(s) => Arc::new(s),
-        Err(e @ store::StoreError::Locked { .. }) => {
-            return fail(
-                EXIT_USAGE,
-                format!(
-                    "{e}\n`talboot upgrade` does not go through a running serve yet: stop serve \
-                     for the upgrade and start it again afterwards"
-                ),
-            );
-        }
+    let store: Option<Arc<dyn Store>> = match store::open(&args.state_dir) {
+        Ok(s) => Some(Arc::new(s)),
+        // serve holds the store: the upgrade goes through its admin API.
+        Err(store::StoreError::Locked { .. }) => None,
         Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let Some(store) = store else {
+        return upgrade_through_serve(args, &inv, &version);
     };
     let creds = match super::talosconfig_creds(
         args.talosconfig.as_deref(),
@@ -136,36 +137,97 @@ pub fn run(args: &Args) -> ExitCode {
         Arc::new(ops),
         store.as_ref(),
         args.worker_concurrency,
-        true,
+        &|line| println!("{line}"),
     )) {
-        Ok(Outcome::Finished) => {
-            let verb = if args.stage {
-                "staged on"
-            } else {
-                "running on"
-            };
-            println!("Talos {version} {verb} every node");
-            if version != inv.cluster.talos_version.value {
-                println!(
-                    "set `talosVersion: {version}` in {} so that network boots serve {version} \
-                     (serve boots the inventory's version)",
-                    args.config.display()
-                );
-            }
-            ExitCode::SUCCESS
-        }
-        Ok(Outcome::Stopped { node, reason }) => {
-            let at = node.map_or("the pre-flight check".to_owned(), |n| format!("node {n}"));
-            fail(
-                EXIT_INVALID,
-                format!(
-                    "stopped at {at}: {reason}\nfix it and run the same command again: finished \
-                     nodes are not upgraded again"
-                ),
-            )
-        }
+        Ok(Outcome::Finished) => finished(args, &inv, &version),
+        Ok(Outcome::Stopped { node, reason }) => stopped(node, &reason),
         Err(e) => fail(EXIT_USAGE, e),
     }
+}
+
+/// `run` while serve holds the store: the boot sets are made ready here (the image cache is
+/// not the store), then serve rolls the upgrade with its inventory and credentials and the
+/// progress is printed as it comes.
+fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> ExitCode {
+    println!(
+        "talboot serve holds the store; upgrading through its admin API at {}",
+        args.admin
+    );
+    crate::install_crypto_provider();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
+    };
+    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.images)) {
+        return fail(
+            EXIT_INVALID,
+            format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
+        );
+    }
+    let request = talos_request(
+        version,
+        args.stage,
+        args.worker_concurrency,
+        args.node_timeout,
+    );
+    let base = super::remote::base_url(args.admin);
+    match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
+        Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => {
+            finished(args, inv, version)
+        }
+        Ok(RemoteOutcome::Stopped { node, reason, .. }) => stopped(node, &reason),
+        Ok(RemoteOutcome::Failed { reason }) => fail(EXIT_USAGE, reason),
+        Err(e) => fail(EXIT_USAGE, e),
+    }
+}
+
+/// The request serve runs for `talboot upgrade --talos`.
+pub(crate) fn talos_request(
+    version: &Version,
+    stage: bool,
+    worker_concurrency: usize,
+    node_timeout: u64,
+) -> RolloutRequest {
+    RolloutRequest {
+        worker_concurrency,
+        kind: RolloutKind::UpgradeTalos(TalosUpgradeRequest {
+            version: version.to_string(),
+            stage,
+            node_timeout_secs: node_timeout,
+            gate_poll_ms: 2000,
+        }),
+    }
+}
+
+fn finished(args: &Args, inv: &Inventory, version: &Version) -> ExitCode {
+    let verb = if args.stage {
+        "staged on"
+    } else {
+        "running on"
+    };
+    println!("Talos {version} {verb} every node");
+    if *version != inv.cluster.talos_version.value {
+        println!(
+            "set `talosVersion: {version}` in {} so that network boots serve {version} \
+             (serve boots the inventory's version)",
+            args.config.display()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn stopped(node: Option<String>, reason: &str) -> ExitCode {
+    let at = node.map_or("the pre-flight check".to_owned(), |n| format!("node {n}"));
+    fail(
+        EXIT_INVALID,
+        format!(
+            "stopped at {at}: {reason}\nfix it and run the same command again: finished \
+             nodes are not upgraded again"
+        ),
+    )
 }
 
 /// Runs (or resumes) the rollout of `plan`, its record in the store, printing progress.
@@ -174,7 +236,7 @@ pub(crate) async fn upgrade(
     ops: Arc<dyn crate::daytwo::upgrade::NodeOps>,
     store: &dyn Store,
     worker_concurrency: usize,
-    print: bool,
+    say: &(dyn Fn(String) + Send + Sync),
 ) -> Result<Outcome, String> {
     let key = rollout_key(&plan.version);
     let stored: Option<RolloutRecord> = match store.rollout(&key).map_err(|e| e.to_string())? {
@@ -184,8 +246,8 @@ pub(crate) async fn upgrade(
         ),
         None => None,
     };
-    if stored.is_some() && print {
-        println!("resuming {key} from the store");
+    if stored.is_some() {
+        say(format!("resuming {key} from the store"));
     }
     let rollout = plan
         .rollout(stored, worker_concurrency)
@@ -197,40 +259,37 @@ pub(crate) async fn upgrade(
             let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
             store.put_rollout(&key, &json).map_err(|e| e.to_string())
         },
-        |p| {
-            if print {
-                print_progress(&plan.version, p)
-            }
-        },
+        |p| say(progress_line(&plan.version, p)),
     )
     .await
     .map_err(String::from)
 }
 
-fn print_progress(version: &Version, p: &Progress) {
+/// One progress line of a Talos upgrade, for the operator.
+pub(crate) fn progress_line(version: &Version, p: &Progress) -> String {
     match p {
-        Progress::Checking(Gate::Cluster) => println!("checking the cluster before upgrading"),
+        Progress::Checking(Gate::Cluster) => "checking the cluster before upgrading".into(),
         Progress::Checking(Gate::Node(n)) => {
-            println!("{n}: waiting until it is back on {version} and healthy")
+            format!("{n}: waiting until it is back on {version} and healthy")
         }
-        Progress::Changing(n) => println!("{n}: upgrading to {version}"),
+        Progress::Changing(n) => format!("{n}: upgrading to {version}"),
         Progress::Reconciling(n) => {
-            println!("{n}: an earlier run started its upgrade; checking whether it took effect")
+            format!("{n}: an earlier run started its upgrade; checking whether it took effect")
         }
-        Progress::Observed(Event::Healthy(Gate::Node(n))) => println!("{n}: done"),
-        Progress::Observed(Event::Healthy(Gate::Cluster)) => println!("cluster healthy"),
+        Progress::Observed(Event::Healthy(Gate::Node(n))) => format!("{n}: done"),
+        Progress::Observed(Event::Healthy(Gate::Cluster)) => "cluster healthy".into(),
         Progress::Observed(Event::Changed { node }) => {
-            println!("{node}: installed; rebooting into it")
+            format!("{node}: installed; rebooting into it")
         }
         Progress::Observed(Event::NotChanged { node }) => {
-            println!("{node}: not upgraded yet; upgrading now")
+            format!("{node}: not upgraded yet; upgrading now")
         }
         Progress::Observed(Event::ChangeFailed { node, reason }) => {
-            println!("{node}: FAILED: {reason}")
+            format!("{node}: FAILED: {reason}")
         }
         Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
-            Gate::Node(n) => println!("{n}: FAILED: {reason}"),
-            Gate::Cluster => println!("cluster not healthy: {reason}"),
+            Gate::Node(n) => format!("{n}: FAILED: {reason}"),
+            Gate::Cluster => format!("cluster not healthy: {reason}"),
         },
     }
 }

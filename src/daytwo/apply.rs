@@ -2,10 +2,14 @@
 //! ([`super::rollout`]) for a config apply. A change is one ApplyConfiguration with the
 //! operator's mode; a node's gate is "back (Version answers), running (or, staged, holding)
 //! the rendered config, and for a control plane etcd lists every control plane"; a
-//! reconcile asks the node which config it has instead of applying twice. The record is
-//! persisted in the store (`apply/<plan digest>`) before each batch of actions runs, so a
-//! restarted run resumes the same plan and never applies it twice to one node.
+//! reconcile asks the node which config it has instead of applying twice. The engine is
+//! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
+//! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
+//! carried out, so a restarted run resumes the same plan and never applies it twice to one
+//! node. The same function runs in the CLI (standalone) and in serve (an apply through its
+//! admin API, [`super::remote`]); each step is reported as a progress line.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -16,6 +20,7 @@ use crate::talos::{TalosClient, TalosError};
 
 use super::plan::{Connector, NodeTarget};
 use super::rollout::{Action, Event, Gate, Role, Rollout, RolloutRecord, Target};
+use super::upgrade::{NodeOps, Outcome, Progress, drive};
 
 /// How an apply runs.
 #[derive(Clone, Debug)]
@@ -49,6 +54,9 @@ pub enum ApplyOutcome {
 pub enum ApplyError {
     #[error("store: {0}")]
     Store(String),
+    /// The rolling engine ended without an outcome (its record not persisted, a task lost).
+    #[error("{0}")]
+    Drive(crate::daytwo::upgrade::DriveError<String>),
     #[error("stored rollout {key}: {reason}")]
     Record { key: String, reason: String },
     #[error("node {node}: {reason}")]
@@ -69,18 +77,20 @@ pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
     format!("apply/{}", crate::hex::lower(&h.finalize()[..8]))
 }
 
-/// Runs (or resumes) the apply of `targets`' rendered configs.
+/// Runs (or resumes) the apply of `targets`' rendered configs, reporting each step of the
+/// rollout to `report` (the CLI prints it; serve streams it to the CLI that asked).
 pub async fn apply(
     store: &dyn Store,
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
+    mut report: impl FnMut(&Progress),
 ) -> Result<ApplyOutcome, ApplyError> {
     let key = plan_key(targets, opts);
     let stored = store
         .rollout(&key)
         .map_err(|e| ApplyError::Store(e.to_string()))?;
-    let mut engine = match stored {
+    let engine = match stored {
         Some(bytes) => {
             let record: RolloutRecord =
                 serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
@@ -120,52 +130,102 @@ pub async fn apply(
             })?
         }
     };
-    let persist = |engine: &Rollout| -> Result<(), ApplyError> {
-        let bytes = serde_json::to_vec(engine.record()).expect("a rollout record serializes");
-        store
-            .put_rollout(&key, &bytes)
-            .map_err(|e| ApplyError::Store(e.to_string()))
-    };
-    let mut actions = engine.start();
-    loop {
-        persist(&engine)?;
-        let mut finished = None;
-        let mut work = Vec::new();
-        for a in actions.drain(..) {
-            match a {
-                Action::Finished => finished = Some(None),
-                Action::Stopped { node, reason } => finished = Some(Some((node, reason))),
-                other => work.push(other),
-            }
+    let nodes: Vec<String> = engine
+        .record()
+        .targets
+        .iter()
+        .map(|t| t.node.clone())
+        .collect();
+    let ops = Arc::new(ApplyOps {
+        conn: conn.clone(),
+        targets: targets.to_vec(),
+        opts: opts.clone(),
+    });
+    let outcome = drive(
+        engine,
+        ops,
+        |record| {
+            let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+            store.put_rollout(&key, &bytes).map_err(|e| e.to_string())
+        },
+        &mut report,
+    )
+    .await
+    .map_err(ApplyError::Drive)?;
+    Ok(match outcome {
+        Outcome::Finished => ApplyOutcome::Finished { key, nodes },
+        Outcome::Stopped { node, reason } => ApplyOutcome::Stopped { key, node, reason },
+    })
+}
+
+/// The apply's half of the rollout: one node's change is one ApplyConfiguration.
+struct ApplyOps {
+    conn: Connector,
+    targets: Vec<NodeTarget>,
+    opts: ApplyOptions,
+}
+
+#[tonic::async_trait]
+impl NodeOps for ApplyOps {
+    async fn change(&self, node: &str) -> Event {
+        act(
+            &self.conn,
+            &self.targets,
+            &self.opts,
+            Action::Change {
+                node: node.to_owned(),
+            },
+        )
+        .await
+    }
+
+    async fn reconcile(&self, node: &str) -> Event {
+        act(
+            &self.conn,
+            &self.targets,
+            &self.opts,
+            Action::Reconcile {
+                node: node.to_owned(),
+            },
+        )
+        .await
+    }
+
+    async fn check(&self, gate: &Gate) -> Event {
+        act(
+            &self.conn,
+            &self.targets,
+            &self.opts,
+            Action::CheckHealth(gate.clone()),
+        )
+        .await
+    }
+}
+
+/// One progress line of an apply, for the operator.
+pub fn progress_line(p: &Progress) -> String {
+    match p {
+        Progress::Checking(Gate::Cluster) => "checking the cluster before applying".into(),
+        Progress::Checking(Gate::Node(n)) => {
+            format!("{n}: waiting until it holds the new config and is healthy")
         }
-        if let Some(end) = finished {
-            return Ok(match end {
-                None => ApplyOutcome::Finished {
-                    key,
-                    nodes: engine
-                        .record()
-                        .targets
-                        .iter()
-                        .map(|t| t.node.clone())
-                        .collect(),
-                },
-                Some((node, reason)) => ApplyOutcome::Stopped { key, node, reason },
-            });
+        Progress::Changing(n) => format!("{n}: applying the new config"),
+        Progress::Reconciling(n) => {
+            format!("{n}: an earlier run started its apply; asking which config it holds")
         }
-        if work.is_empty() {
-            // The engine always asks for something until it ends.
-            return Ok(ApplyOutcome::Stopped {
-                key,
-                node: None,
-                reason: "the rollout engine stalled".into(),
-            });
+        Progress::Observed(Event::Healthy(Gate::Cluster)) => "cluster healthy".into(),
+        Progress::Observed(Event::Healthy(Gate::Node(n))) => format!("{n}: done"),
+        Progress::Observed(Event::Changed { node }) => format!("{node}: applied"),
+        Progress::Observed(Event::NotChanged { node }) => {
+            format!("{node}: not applied yet; applying now")
         }
-        let events =
-            futures_util::future::join_all(work.into_iter().map(|a| act(conn, targets, opts, a)))
-                .await;
-        for e in events {
-            actions.extend(engine.on(e));
+        Progress::Observed(Event::ChangeFailed { node, reason }) => {
+            format!("{node}: FAILED: {reason}")
         }
+        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
+            Gate::Node(n) => format!("{n}: FAILED: {reason}"),
+            Gate::Cluster => format!("cluster not healthy: {reason}"),
+        },
     }
 }
 

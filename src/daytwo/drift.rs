@@ -2,10 +2,12 @@
 //! pure part (one observation per node in, the transitions to announce out: a node event when
 //! drift appears or clears); [`watch`] is serve's periodic adapter, which reads every node's
 //! `MachineConfig` as `talboot plan` does, sets the `talboot_node_drift{node}` gauge (1
-//! drifted, 0 in sync) and publishes the transitions on the event bus. `talboot plan` is the
-//! detail view.
+//! drifted, 0 in sync), publishes the transitions on the event bus and each node's last
+//! known state on the [`DriftBoard`] (what `/api/nodes` and `talboot status` show).
+//! `talboot plan` is the detail view.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -65,11 +67,63 @@ impl DriftTracker {
     }
 }
 
+/// A node's last known drift, as the admin API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DriftState {
+    pub drifted: bool,
+    /// Differences (fields and documents) at the last check; 0 in sync.
+    pub changes: usize,
+}
+
+/// What serve knows about drift, shared with the admin API: each node's last known state
+/// (one writer, the watcher) and the configs applied through serve since it started (one
+/// writer, the apply rollout), which replace serve's start-up rendering as the baseline.
+#[derive(Debug, Default)]
+pub struct DriftBoard {
+    inner: RwLock<BoardInner>,
+}
+
+#[derive(Debug, Default)]
+struct BoardInner {
+    state: BTreeMap<String, DriftState>,
+    applied: BTreeMap<String, String>,
+}
+
+impl DriftBoard {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BoardInner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BoardInner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node's last known drift (`None`: never read, not configured yet or unreachable).
+    pub fn get(&self, node: &str) -> Option<DriftState> {
+        self.read().state.get(node).copied()
+    }
+
+    pub fn publish(&self, node: &str, state: DriftState) {
+        self.write().state.insert(node.to_owned(), state);
+    }
+
+    /// `node` was applied `rendered` through serve: drift is measured against it from now on.
+    pub fn set_applied(&self, node: &str, rendered: String) {
+        self.write().applied.insert(node.to_owned(), rendered);
+    }
+
+    /// The config applied to `node` through serve, if any.
+    pub fn applied(&self, node: &str) -> Option<String> {
+        self.read().applied.get(node).cloned()
+    }
+}
+
 /// Checks every node each `interval` until `cancel` fires.
 pub async fn watch(
     conn: Connector,
     targets: Vec<NodeTarget>,
     events: EventBus,
+    board: Arc<DriftBoard>,
     interval: Duration,
     cancel: CancellationToken,
 ) {
@@ -82,7 +136,29 @@ pub async fn watch(
             _ = tick.tick() => {}
         }
         for t in &targets {
+            let mut t = t.clone();
+            if let Some(applied) = board.applied(&t.name) {
+                t.rendered = applied;
+            }
+            let t = &t;
             let plan = plan_node_readonly(&conn, t).await;
+            match plan {
+                Observation::InSync => board.publish(
+                    &t.name,
+                    DriftState {
+                        drifted: false,
+                        changes: 0,
+                    },
+                ),
+                Observation::Drifted(changes) => board.publish(
+                    &t.name,
+                    DriftState {
+                        drifted: true,
+                        changes,
+                    },
+                ),
+                Observation::Unknown => {}
+            }
             if let Some(drifted) = match &plan {
                 Observation::InSync => Some(0.0),
                 Observation::Drifted(_) => Some(1.0),
@@ -108,6 +184,32 @@ pub async fn watch(
             }
         }
     }
+}
+
+/// What the drift watcher compares: every node's rendered config, reached at its inventory
+/// address (relayed by the control planes when it cannot be reached directly). A node that
+/// does not render is left out (serve refuses to start on one anyway).
+pub fn targets(
+    inv: &crate::inventory::Inventory,
+    renderer: &dyn crate::provision::ConfigRenderer,
+    creds: &crate::talos::ClientCreds,
+    apid_port: u16,
+) -> (Connector, Vec<NodeTarget>) {
+    let mut configs = Vec::new();
+    for node in &inv.nodes {
+        let Ok(bytes) = renderer.render(node) else {
+            continue;
+        };
+        configs.push(super::remote::NodeConfig {
+            node: node.name.value.clone(),
+            rendered: String::from_utf8_lossy(&bytes).into_owned(),
+        });
+    }
+    let targets = super::remote::apply_targets(inv, apid_port, configs).unwrap_or_default();
+    let mut conn = super::remote::connector(creds, &targets);
+    // One look per node per interval: the next interval is the retry.
+    conn.retry = crate::talos::retry::RetryPolicy::NONE;
+    (conn, targets)
 }
 
 /// Reads the node's config and diffs it; never applies or dry-runs anything.

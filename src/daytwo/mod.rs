@@ -8,6 +8,7 @@ pub mod apply;
 pub mod diff;
 pub mod drift;
 pub mod plan;
+pub mod remote;
 pub mod rollout;
 pub mod upgrade;
 pub mod upgrade_k8s;

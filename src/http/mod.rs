@@ -19,6 +19,7 @@ pub mod assets;
 pub mod conn;
 pub mod dashboard;
 pub(crate) mod power;
+pub(crate) mod rollouts;
 pub mod script;
 pub mod server;
 pub mod tokens;
@@ -199,6 +200,8 @@ pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
             "/api/nodes/{name}/boot/{device}",
             axum::routing::post(power::api_boot),
         )
+        .route("/api/rollouts", axum::routing::post(rollouts::api_start))
+        .route("/api/rollouts/{id}", get(rollouts::api_progress))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn(dashboard::guard))
@@ -576,6 +579,9 @@ struct NodeStatus {
     last_event: Option<String>,
     /// Why the node failed, when its phase is `failed`.
     failure: Option<String>,
+    /// Whether it runs what the inventory renders, as serve's drift watcher last saw it
+    /// (absent: not checked yet, not configured, or unreachable).
+    drift: Option<crate::daytwo::drift::DriftState>,
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
@@ -623,6 +629,7 @@ fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
             .filter(|d| !d.is_empty()),
             last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
             failure,
+            drift: app.view.drift.get(n.name.as_str()),
         });
     }
     out

@@ -146,6 +146,23 @@ pub enum Command {
         reply:
             tokio::sync::oneshot::Sender<Result<crate::power::dispatch::PowerReply, CommandError>>,
     },
+    /// `talboot apply` / `talboot upgrade` while serve runs: a rollout on this rack, with
+    /// this provisioner's store, inventory and admin credentials (one at a time).
+    Rollout {
+        /// What to roll out.
+        request: crate::daytwo::remote::RolloutRequest,
+        /// Started (where to page its progress), or why not.
+        reply: tokio::sync::oneshot::Sender<
+            Result<crate::daytwo::remote::Started, crate::daytwo::remote::StartError>,
+        >,
+    },
+    /// The rollout with this id, to page its progress.
+    RolloutRun {
+        /// Its id.
+        id: u64,
+        /// The run, while it is the current or the last one.
+        reply: tokio::sync::oneshot::Sender<Option<Arc<crate::daytwo::remote::Run>>>,
+    },
 }
 
 /// Sends [`Command`]s to a running provisioner.
@@ -154,7 +171,7 @@ pub struct CommandSender(tokio::sync::mpsc::Sender<Command>);
 
 /// The provisioner's end of [`command_channel`].
 #[derive(Debug)]
-pub struct CommandReceiver(tokio::sync::mpsc::Receiver<Command>);
+pub struct CommandReceiver(pub(crate) tokio::sync::mpsc::Receiver<Command>);
 
 /// A channel for operator commands: the sender goes to the admin API, the receiver to
 /// [`Provisioner::with_commands`].
@@ -194,6 +211,36 @@ impl CommandSender {
             .await
             .map_err(|_| CommandError::NotRunning)?;
         answer.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Asks the provisioner to start a rollout; returns where to page its progress, or why
+    /// it did not start.
+    pub async fn rollout(
+        &self,
+        request: crate::daytwo::remote::RolloutRequest,
+    ) -> Result<
+        Result<crate::daytwo::remote::Started, crate::daytwo::remote::StartError>,
+        CommandError,
+    > {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0
+            .send(Command::Rollout { request, reply })
+            .await
+            .map_err(|_| CommandError::NotRunning)?;
+        answer.await.map_err(|_| CommandError::Stopped)
+    }
+
+    /// The rollout with `id`, if it is the current or the last one.
+    pub async fn rollout_run(
+        &self,
+        id: u64,
+    ) -> Result<Option<Arc<crate::daytwo::remote::Run>>, CommandError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0
+            .send(Command::RolloutRun { id, reply })
+            .await
+            .map_err(|_| CommandError::NotRunning)?;
+        answer.await.map_err(|_| CommandError::Stopped)
     }
 }
 
@@ -518,6 +565,9 @@ struct Inner {
     settings: Settings,
     /// The read view this provisioner publishes its commits to (when serve reads one).
     view: std::sync::OnceLock<Arc<view::StateView>>,
+    /// Rollouts asked for through the admin API (`talboot apply`/`upgrade` while serve
+    /// runs): at most one at a time.
+    rollouts: crate::daytwo::remote::Rollouts,
 }
 
 impl Provisioner {
@@ -541,6 +591,7 @@ impl Provisioner {
                 creds,
                 settings,
                 view: Default::default(),
+                rollouts: Default::default(),
             }),
         }
     }
@@ -821,6 +872,21 @@ impl Provisioner {
                     bus.publish(&node, EventKind::Power, detail);
                     let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
                 });
+            }
+            Command::Rollout { request, reply } => {
+                let ctx = crate::daytwo::remote::RolloutCtx {
+                    inventory: self.inner.inventory.clone(),
+                    store: self.inner.store.clone(),
+                    creds: self.inner.creds.clone(),
+                    apid_port: self.settings().apid_port,
+                    view: self.inner.view.get().cloned(),
+                };
+                // Registered here, run on its own task: the writer loop never waits on it.
+                let started = crate::daytwo::remote::start(&self.inner.rollouts, ctx, request);
+                let _ = reply.send(started);
+            }
+            Command::RolloutRun { id, reply } => {
+                let _ = reply.send(self.inner.rollouts.get(id));
             }
         }
     }

@@ -40,6 +40,8 @@ use super::node::{Lifecycle, decode_lifecycle};
 #[derive(Debug, Default)]
 pub struct StateView {
     inner: RwLock<Inner>,
+    /// Drift as serve's drift watcher last saw it (its own lock; see `daytwo::drift`).
+    pub drift: std::sync::Arc<crate::daytwo::drift::DriftBoard>,
 }
 
 #[derive(Debug, Default)]

@@ -51,6 +51,9 @@ pub enum DemoError {
     /// The rolling upgrade after hand-off could not run (see [`upgrade`]).
     #[error("upgrade: {0}")]
     Upgrade(String),
+    /// The config change through serve could not run (see [`daytwo`]).
+    #[error("config change: {0}")]
+    DayTwo(String),
     /// The inventory is invalid.
     #[error("{0}; run `talboot check -c {1}` for every problem")]
     Inventory(inventory::LoadError, PathBuf),
@@ -183,8 +186,17 @@ pub struct Demo {
     pub(crate) cluster: FakeCluster,
     /// talboot's HTTP base URL (provisioning side).
     pub base_url: String,
-    /// talboot's admin API URL (for the rebuild API).
-    pub(crate) admin_url: String,
+    /// talboot's admin API URL (the rebuild API, rollouts through serve; `--admin` of the
+    /// CLI is its address).
+    pub admin_url: String,
+    /// The relocated inventory file (what the CLI's `-c` points at).
+    pub inventory_path: PathBuf,
+    /// The throwaway age identity that decrypts the work directory's secrets bundle
+    /// (the CLI's `--age-identity`).
+    pub age_identity: PathBuf,
+    /// The cluster secrets (the same the bundle file holds), for renderings of a changed
+    /// inventory.
+    secrets: SecretsBundle,
     started: Instant,
     relaunch: Relaunch,
     running: Option<Running>,
@@ -263,6 +275,8 @@ fn spawn_printer(running: &Running, started: Instant) -> JoinHandle<()> {
 
 /// Everything prepared on disk before anything runs.
 struct Prepared {
+    /// The relocated inventory file.
+    inventory_path: PathBuf,
     relocation: Relocation,
     /// The cluster endpoint's (loopback) address, where the API double listens.
     api_ip: Ipv4Addr,
@@ -314,6 +328,33 @@ fn mirror_config(
         .file_name()
         .ok_or_else(|| prep(config)("not a file".into()))?;
     Ok(dest.join(file))
+}
+
+/// Writes `bundle` age-encrypted to `file` and the identity that decrypts it to `identity`,
+/// when `file` is inside `workdir` and does not exist yet: an inventory naming its bundle by
+/// an absolute path points at the operator's real bundle, which the demo never touches.
+/// Returns whether it wrote.
+fn write_bundle(
+    workdir: &Path,
+    file: &Path,
+    identity: &Path,
+    bundle: &SecretsBundle,
+) -> Result<bool, DemoError> {
+    if !file.starts_with(workdir) || file.exists() {
+        return Ok(false);
+    }
+    use age::secrecy::ExposeSecret;
+    let id = age::x25519::Identity::generate();
+    let text = format!("{}\n", id.to_string().expose_secret());
+    crate::fsutil::write_atomic(identity, text.as_bytes(), 0o600)
+        .map_err(|e| prep(identity)(e.to_string()))?;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| prep(dir)(e.to_string()))?;
+    }
+    let plain = zeroize::Zeroizing::new(bundle.to_yaml());
+    crate::crypto::age::write_encrypted(file, plain.as_bytes(), &[id.to_public().to_string()])
+        .map_err(|e| prep(file)(e.to_string()))?;
+    Ok(true)
 }
 
 fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
@@ -388,6 +429,7 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
             .map_err(|e| prep(&state_dir)(e.to_string()))?;
     }
     Ok(Prepared {
+        inventory_path: inv_path,
         relocation,
         api_ip,
         inventory: Arc::new(inventory),
@@ -464,8 +506,8 @@ impl Demo {
             }
         }
 
-        // Throwaway cluster secrets, in memory only: nothing of them is written to disk but
-        // the admin talosconfig and kubeconfig in the work directory. ECDSA for the
+        // Throwaway cluster secrets: on disk only in the work directory (the admin
+        // talosconfig and kubeconfig, and the bundle encrypted to a throwaway identity). ECDSA for the
         // service-account key so the bundle takes milliseconds, not an RSA-4096 search.
         let now = time::OffsetDateTime::now_utc();
         let bundle = SecretsBundle::generate(
@@ -488,6 +530,16 @@ impl Demo {
             now,
         )
         .map_err(SimFailure::from)?;
+        // The bundle is also written age-encrypted where the relocated inventory names it,
+        // to a throwaway identity kept beside it (0600), so that `talboot plan`/`apply` run
+        // against the simulated rack render exactly what the demo's talboot renders.
+        let age_identity = opts.workdir.join("age-identity.txt");
+        write_bundle(
+            &opts.workdir,
+            &inv.cluster.secrets.file,
+            &age_identity,
+            &bundle,
+        )?;
         let tc_path = opts.workdir.join("talosconfig");
         crate::fsutil::write_atomic(&tc_path, talosconfig.as_bytes(), 0o600)
             .map_err(|e| prep(&tc_path)(e.to_string()))?;
@@ -553,7 +605,10 @@ impl Demo {
             admin: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             tftp: SocketAddr::new(IpAddr::V4(advertise), 0),
             dhcp: SocketAddrV4::new(advertise, 0),
-            renderer: Arc::new(crate::provision::BundleRenderer::new(inv.clone(), bundle)),
+            renderer: Arc::new(crate::provision::BundleRenderer::new(
+                inv.clone(),
+                bundle.clone(),
+            )),
             creds,
             settings,
         };
@@ -626,6 +681,9 @@ impl Demo {
             cluster: cluster.clone(),
             base_url: running.base_url.clone(),
             admin_url: running.admin_url.clone(),
+            inventory_path: p.inventory_path,
+            age_identity,
+            secrets: bundle,
             started,
             relaunch,
             running: Some(running),
@@ -1023,6 +1081,21 @@ pub async fn run_and_hold(
             if let Outcome::Stopped { .. } = report.outcome {
                 return Err(DemoError::Upgrade(report.to_string()));
             }
+            if print {
+                println!(
+                    "\napplying a config change without reboot through talboot serve's admin \
+                     API (as `talboot apply --mode no-reboot` does while serve runs)"
+                );
+            }
+            let change = demo.apply_config_change(workers, print).await?;
+            out.push_str(&format!("{change}\n"));
+            if !matches!(
+                change.outcome,
+                crate::daytwo::remote::RemoteOutcome::Finished { .. }
+            ) || change.reboots > 0
+            {
+                return Err(DemoError::DayTwo(change.to_string()));
+            }
         }
         out.push_str(&demo.summary());
         Ok(out)
@@ -1044,8 +1117,10 @@ pub async fn run_and_hold(
     result
 }
 
+mod daytwo;
 mod upgrade;
 use crate::daytwo::upgrade::Outcome;
+pub use daytwo::ConfigChangeReport;
 pub use upgrade::UpgradeReport;
 
 #[cfg(test)]
@@ -1063,6 +1138,39 @@ mod tests {
             print_events: false,
             concurrency: crate::provision::DEFAULT_CONCURRENCY,
         }
+    }
+
+    #[test]
+    fn the_demo_writes_its_bundle_only_inside_its_work_directory() {
+        let work = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let bundle = SecretsBundle::generate(
+            time::OffsetDateTime::now_utc(),
+            &GenerateOptions {
+                service_account_key: ServiceAccountKeyKind::EcdsaP256,
+            },
+        )
+        .unwrap();
+        let id = work.path().join("age-identity.txt");
+        // The operator's own bundle, named by an absolute path: untouched.
+        let theirs = elsewhere.path().join("rack1.age");
+        assert!(!write_bundle(work.path(), &theirs, &id, &bundle).unwrap());
+        assert!(!theirs.exists() && !id.exists());
+        // In the work directory: written, and the identity decrypts it to the same bundle.
+        let ours = work.path().join("config/secrets/rack1.age");
+        assert!(write_bundle(work.path(), &ours, &id, &bundle).unwrap());
+        let sources = crate::crypto::age::IdentitySources {
+            explicit: Some(id.clone()),
+            ..Default::default()
+        };
+        let ids = crate::crypto::age::Identities::load(&sources).unwrap();
+        let plain = crate::crypto::age::decrypt(&std::fs::read(&ours).unwrap(), &ids).unwrap();
+        assert_eq!(
+            SecretsBundle::from_yaml(std::str::from_utf8(plain.expose()).unwrap()).unwrap(),
+            bundle
+        );
+        // Never over an existing file.
+        assert!(!write_bundle(work.path(), &ours, &id, &bundle).unwrap());
     }
 
     #[test]

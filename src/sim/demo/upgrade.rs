@@ -82,7 +82,11 @@ impl Demo {
             Arc::new(ops),
             self.store().as_ref(),
             worker_concurrency,
-            print,
+            &move |line| {
+                if print {
+                    println!("{line}")
+                }
+            },
         )
         .await
         .map_err(DemoError::Upgrade)?;

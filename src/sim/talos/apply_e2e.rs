@@ -109,7 +109,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{}",
         crate::daytwo::plan::render(&plans)
     );
-    let out = apply(&store, &conn, &same, &opts(Mode::NoReboot))
+    let out = apply(&store, &conn, &same, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert_eq!(out, ApplyOutcome::NoChanges);
@@ -142,7 +142,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         assert_eq!(p.mode, Some(Mode::NoReboot));
     }
     let boots: Vec<usize> = nodes.iter().map(|n| n.configured_boots()).collect();
-    let out = apply(&store, &conn, &patched, &opts(Mode::NoReboot))
+    let out = apply(&store, &conn, &patched, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert!(
@@ -171,7 +171,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     );
     // Running it again finds the stored, finished rollout: nothing is applied twice.
     let before: usize = nodes.iter().map(|n| n.apply_calls()).sum();
-    apply(&store, &conn, &patched, &opts(Mode::NoReboot))
+    apply(&store, &conn, &patched, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert_eq!(nodes.iter().map(|n| n.apply_calls()).sum::<usize>(), before);
@@ -187,7 +187,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     let rebooting = targets(&|name, t| if name == "rack1-cp-01" { t } else { env(t) });
     let plans = plan_all(&conn, &rebooting).await;
     assert_eq!(plans[1].mode, Some(Mode::Reboot));
-    let out = apply(&store, &conn, &rebooting, &opts(Mode::NoReboot))
+    let out = apply(&store, &conn, &rebooting, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     let ApplyOutcome::Stopped { node, reason, .. } = out else {
@@ -199,7 +199,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{reason}"
     );
     // ...and staged in staged mode (running unchanged until the next boot).
-    let out = apply(&store, &conn, &rebooting, &opts(Mode::Staged))
+    let out = apply(&store, &conn, &rebooting, &opts(Mode::Staged), |_| {})
         .await
         .unwrap();
     assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
@@ -212,7 +212,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     // to the node that finished.
     let relabelled = targets(&|_, t| label(&t, "b"));
     nodes[2].refuse_next_apply("simulated failure");
-    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto))
+    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto), |_| {})
         .await
         .unwrap();
     let ApplyOutcome::Stopped { node, reason, .. } = out else {
@@ -222,7 +222,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     assert!(reason.contains("simulated failure"), "{reason}");
     let applied = |n: &FakeTalosNode| n.apply_records().iter().filter(|r| !r.dry_run).count();
     let done_before = [applied(&nodes[0]), applied(&nodes[1])];
-    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto))
+    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto), |_| {})
         .await
         .unwrap();
     assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
@@ -249,10 +249,12 @@ async fn plan_and_apply_on_a_configured_rack() {
     );
     let mut rx = bus.subscribe();
     let cancel = tokio_util::sync::CancellationToken::new();
+    let board = std::sync::Arc::new(crate::daytwo::drift::DriftBoard::default());
     tokio::spawn(crate::daytwo::drift::watch(
         conn.clone(),
         relabelled.clone(),
         bus.clone(),
+        board.clone(),
         Duration::from_millis(50),
         cancel.clone(),
     ));
@@ -272,6 +274,11 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{}",
         appeared.detail
     );
+    // The board (what `/api/nodes` and `talboot status` show) has it by the time the
+    // event is out, and the others in sync.
+    let drifted = board.get("rack1-st-01").unwrap();
+    assert!(drifted.drifted && drifted.changes >= 1, "{drifted:?}");
+    assert_eq!(board.get("rack1-cp-01").map(|d| d.drifted), Some(false));
     nodes[1].set_running_config(&relabelled[1].rendered);
     let cleared = next_drift().await;
     assert_eq!(cleared.node, "rack1-st-01");
@@ -280,6 +287,12 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{}",
         cleared.detail
     );
+    assert_eq!(board.get("rack1-st-01").map(|d| d.drifted), Some(false));
+    // A config applied through serve becomes the baseline: against it, the node drifts.
+    board.set_applied("rack1-st-01", label(&relabelled[1].rendered, "applied"));
+    let again = next_drift().await;
+    assert_eq!(again.node, "rack1-st-01");
+    assert!(again.detail.starts_with("drift: "), "{}", again.detail);
     cancel.cancel();
 
     for n in nodes {

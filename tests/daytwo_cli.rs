@@ -1,0 +1,411 @@
+//! Day two with the `talboot` binary against the full simulated rack (`config/rack.yaml`'s
+//! 13 machines, the `demo` machinery in this process, talboot's servers and store held by
+//! it exactly as a running `serve` holds them):
+//!
+//! plan on the unchanged rack shows no changes -> a patch added to the storage role ->
+//! plan shows exactly that field on exactly the three storage nodes -> `talboot apply
+//! --mode no-reboot` finds the store held and goes through serve's admin API, changing
+//! exactly those nodes, none rebooted -> plan is clean -> a node's running config changed
+//! behind talboot's back shows in plan and, from serve's drift watcher, in `talboot status`
+//! -> `talboot upgrade --talos` goes through serve too: it stops at a failing control plane,
+//! resumes without upgrading finished nodes again, and a further run upgrades nothing.
+//!
+//! One test: the rack's loopback addresses allow one simulated rack at a time.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use talboot::sim::demo::{Demo, DemoOptions};
+use talboot::sim::talos::UpgradeFailure;
+
+const STORAGE: [&str; 3] = ["rack1-st-01", "rack1-st-02", "rack1-st-03"];
+
+fn rack() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml")
+}
+
+struct Cli {
+    config: PathBuf,
+    talosconfig: PathBuf,
+    age_identity: PathBuf,
+    state_dir: PathBuf,
+    admin: String,
+}
+
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Cli {
+    async fn run(&self, sub: &str, extra: &[&str]) -> Ran {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_talboot"));
+        cmd.arg(sub).arg("-c").arg(&self.config);
+        match sub {
+            "plan" | "apply" => {
+                cmd.arg("--talosconfig")
+                    .arg(&self.talosconfig)
+                    .arg("--age-identity")
+                    .arg(&self.age_identity);
+            }
+            _ => {}
+        }
+        if sub == "upgrade" {
+            cmd.arg("--images")
+                .arg(self.state_dir.parent().unwrap().join("images"));
+        }
+        if matches!(sub, "apply" | "status" | "upgrade") {
+            cmd.arg("--state-dir")
+                .arg(&self.state_dir)
+                .args(["--admin", &self.admin]);
+        }
+        let out = cmd
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .env_remove("TALOSCONFIG")
+            .env_remove("TALBOOT_ADMIN")
+            .env("HOME", self.state_dir.parent().unwrap())
+            .output()
+            .await
+            .unwrap();
+        Ran {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// The plan's first line for `node`.
+fn plan_line<'a>(out: &'a Ran, node: &str) -> &'a str {
+    out.stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{node}: ")))
+        .unwrap_or_else(|| panic!("{node} missing from the plan:\n{out}"))
+}
+
+/// The status row of `node`.
+fn status_row<'a>(out: &'a Ran, node: &str) -> &'a str {
+    out.stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{node} ")))
+        .unwrap_or_else(|| panic!("{node} missing from the status:\n{out}"))
+}
+
+/// `config` with the node label `hand-made: "yes"` added to its v1alpha1 document, as
+/// someone's `talosctl apply-config` would.
+fn with_hand_made_label(config: &str) -> String {
+    let docs: Vec<String> = config
+        .split("\n---\n")
+        .map(|d| {
+            let mut v: yaml_serde::Value = yaml_serde::from_str(d).unwrap();
+            let Some(machine) = v.get_mut("machine") else {
+                return d.to_owned();
+            };
+            let labels = machine
+                .as_mapping_mut()
+                .unwrap()
+                .entry("nodeLabels".into())
+                .or_insert_with(|| yaml_serde::Value::Mapping(Default::default()));
+            labels
+                .as_mapping_mut()
+                .unwrap()
+                .insert("hand-made".into(), "yes".into());
+            yaml_serde::to_string(&v).unwrap().trim_end().to_owned()
+        })
+        .collect();
+    docs.join("\n---\n") + "\n"
+}
+
+async fn day_two(demo: &Demo) {
+    demo.wait_handed_off(Duration::from_secs(180))
+        .await
+        .unwrap();
+    demo.watch_drift(Duration::from_millis(300));
+    let cli = Cli {
+        config: demo.inventory_path.clone(),
+        talosconfig: demo.workdir.join("talosconfig"),
+        age_identity: demo.age_identity.clone(),
+        state_dir: demo.workdir.join("state"),
+        admin: demo.admin_url.trim_start_matches("http://").to_owned(),
+    };
+    let names: Vec<String> = demo.nodes.iter().map(|n| n.machine.name.clone()).collect();
+    let talos = |name: &str| demo.node(name).unwrap().talos().unwrap();
+    let applies = |name: &str| {
+        talos(name)
+            .apply_records()
+            .iter()
+            .filter(|r| !r.dry_run)
+            .count()
+    };
+
+    // The unchanged rack: no changes anywhere, exit 0.
+    let plan = cli.run("plan", &[]).await;
+    assert_eq!(plan.code, Some(0), "{plan}");
+    for n in &names {
+        assert_eq!(plan_line(&plan, n), format!("{n}: no changes"), "{plan}");
+    }
+
+    // A patch added to the storage role.
+    std::fs::write(
+        demo.workdir.join("config/patches/day-two.yaml"),
+        "machine:\n  sysctls:\n    fs.inotify.max_user_watches: \"1048576\"\n",
+    )
+    .unwrap();
+    let inventory = std::fs::read_to_string(&cli.config).unwrap();
+    let changed = inventory.replace(
+        "patches: [patches/storage.yaml]",
+        "patches: [patches/storage.yaml, patches/day-two.yaml]",
+    );
+    assert_ne!(changed, inventory, "the storage role's patch list moved");
+    std::fs::write(&cli.config, changed).unwrap();
+
+    // The plan shows exactly that field on exactly the storage nodes, no reboot needed.
+    let plan = cli.run("plan", &[]).await;
+    assert_eq!(plan.code, Some(1), "{plan}");
+    for n in &names {
+        let line = plan_line(&plan, n);
+        if STORAGE.contains(&n.as_str()) {
+            assert_eq!(
+                line,
+                format!("{n}: 1 change(s); needs apply mode no-reboot"),
+                "{plan}"
+            );
+        } else {
+            assert_eq!(line, format!("{n}: no changes"), "{plan}");
+        }
+    }
+    assert_eq!(
+        plan.stdout
+            .lines()
+            .filter(|l| l.trim() == "+ machine.sysctls.fs.inotify.max_user_watches: 1048576")
+            .count(),
+        3,
+        "{plan}"
+    );
+
+    // Apply while serve holds the store: through its admin API, to exactly those nodes.
+    let before: Vec<(usize, usize)> = names
+        .iter()
+        .map(|n| (applies(n), talos(n).reboot_calls()))
+        .collect();
+    let apply = cli
+        .run(
+            "apply",
+            &["--mode", "no-reboot", "--worker-concurrency", "2"],
+        )
+        .await;
+    assert_eq!(apply.code, Some(0), "{apply}");
+    assert!(
+        apply
+            .stdout
+            .contains("talboot serve holds the store; applying through its admin API"),
+        "{apply}"
+    );
+    for n in STORAGE {
+        assert!(
+            apply.stdout.contains(&format!("{n}: applied\n")),
+            "{n}: {apply}"
+        );
+    }
+    assert!(
+        apply.stdout.contains(&format!(
+            "applied to 3 node(s): {} (apply/",
+            STORAGE.join(", ")
+        )),
+        "{apply}"
+    );
+    for (n, (applied, reboots)) in names.iter().zip(before) {
+        let want = applied + usize::from(STORAGE.contains(&n.as_str()));
+        assert_eq!(applies(n), want, "{n}: {apply}");
+        assert_eq!(talos(n).reboot_calls(), reboots, "{n} rebooted");
+    }
+    for n in STORAGE {
+        let last = talos(n).apply_records().into_iter().rfind(|r| !r.dry_run);
+        assert!(last.is_some_and(|r| !r.rebooted), "{n}");
+    }
+
+    // Now the rack runs what the inventory renders.
+    let plan = cli.run("plan", &[]).await;
+    assert_eq!(plan.code, Some(0), "{plan}");
+
+    // A node's config changed behind talboot's back: plan shows it ...
+    let wk = talos("rack1-wk-01");
+    let running = wk.running_config().unwrap();
+    let rogue = with_hand_made_label(&running);
+    assert_ne!(rogue, running);
+    wk.set_running_config(&rogue);
+    let plan = cli.run("plan", &[]).await;
+    assert_eq!(plan.code, Some(1), "{plan}");
+    assert!(
+        plan_line(&plan, "rack1-wk-01").contains("includes REMOVALS"),
+        "{plan}"
+    );
+    assert!(plan.stdout.contains("REMOVED"), "{plan}");
+    assert_eq!(plan_line(&plan, "rack1-st-01"), "rack1-st-01: no changes");
+
+    // ... and serve's drift watcher puts it in `talboot status` (read from the admin API,
+    // since serve holds the store). The storage nodes are in sync against what was applied
+    // through serve, not against serve's start-up rendering.
+    let mut tries = 0;
+    let status = loop {
+        let status = cli.run("status", &[]).await;
+        assert_eq!(status.code, Some(0), "{status}");
+        assert!(status.stdout.starts_with("NODE "), "{status}");
+        let drift = |n: &str| {
+            let row = status_row(&status, n);
+            if row.contains(" yes (") {
+                Some(true)
+            } else if row.contains(" no ") {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        let settled = drift("rack1-wk-01") == Some(true)
+            && names
+                .iter()
+                .filter(|n| *n != "rack1-wk-01")
+                .all(|n| drift(n) == Some(false));
+        if settled {
+            break status;
+        }
+        tries += 1;
+        assert!(tries < 200, "drift never settled:\n{status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let header = status.stdout.lines().next().unwrap();
+    assert!(header.contains(" DRIFT "), "{status}");
+
+    // A Talos upgrade while serve holds the store: through its admin API as well, the
+    // installer's output streamed back, every node upgraded once.
+    demo.add_boot_sets(&"v1.14.0".parse().unwrap()).unwrap();
+    // The second control plane's installer fails: serve stops there, the CLI says where and
+    // exits 1; the first control plane is upgraded, no worker is touched.
+    talos("rack1-cp-02").fail_upgrades(Some(UpgradeFailure::Installer));
+    let failed = cli
+        .run("upgrade", &["--talos", "v1.14.0", "--node-timeout", "120"])
+        .await;
+    assert_eq!(failed.code, Some(1), "{failed}");
+    for want in [
+        "talboot serve holds the store; upgrading through its admin API",
+        "serve runs upgrade-talos/v1.14.0",
+        "rack1-cp-01: upgrading to v1.14.0",
+        "rack1-cp-01: installed; rebooting into it",
+        "rack1-cp-01: done",
+        "rack1-cp-02: FAILED: the installer",
+    ] {
+        assert!(failed.stdout.contains(want), "{want}: {failed}");
+    }
+    assert!(
+        failed
+            .stderr
+            .contains("stopped at node rack1-cp-02: the installer"),
+        "{failed}"
+    );
+    assert_eq!(talos("rack1-cp-01").upgrade_calls(), 1);
+    assert_eq!(talos("rack1-wk-01").upgrade_calls(), 0);
+    talos("rack1-cp-02").fail_upgrades(None);
+    // Fixed, the same command resumes through serve: finished nodes are not upgraded again.
+    let upgrade = cli
+        .run(
+            "upgrade",
+            &[
+                "--talos",
+                "v1.14.0",
+                "--worker-concurrency",
+                "4",
+                "--node-timeout",
+                "120",
+            ],
+        )
+        .await;
+    assert_eq!(upgrade.code, Some(0), "{upgrade}");
+    for want in [
+        "talboot serve holds the store; upgrading through its admin API",
+        "serve runs upgrade-talos/v1.14.0",
+        "rack1-cp-02: upgrading to v1.14.0",
+        "rack1-cp-02: installed; rebooting into it",
+        "Talos v1.14.0 running on every node",
+    ] {
+        assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
+    }
+    assert!(
+        upgrade
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("  rack1-wk-01: ") && l.contains("v1.14.0")),
+        "no installer output: {upgrade}"
+    );
+    for n in &names {
+        let want = if n == "rack1-cp-02" { 2 } else { 1 };
+        assert_eq!(talos(n).upgrade_calls(), want, "{n}: {upgrade}");
+    }
+    assert!(
+        upgrade.stdout.contains("resuming upgrade-talos/v1.14.0"),
+        "{upgrade}"
+    );
+    // Run again: the record in serve's store says every node is done; nothing is upgraded
+    // a second time.
+    let again = cli
+        .run("upgrade", &["--talos", "v1.14.0", "--node-timeout", "120"])
+        .await;
+    assert_eq!(again.code, Some(0), "{again}");
+    assert!(
+        again.stdout.contains("resuming upgrade-talos/v1.14.0"),
+        "{again}"
+    );
+    for n in &names {
+        let want = if n == "rack1-cp-02" { 2 } else { 1 };
+        assert_eq!(talos(n).upgrade_calls(), want, "{n}: {again}");
+    }
+}
+
+#[test]
+fn plan_apply_through_serve_and_drift_with_the_binary() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let demo = Demo::start(DemoOptions {
+            config: rack(),
+            workdir: dir.path().join("run"),
+            print_events: false,
+            concurrency: talboot::provision::DEFAULT_CONCURRENCY,
+        })
+        .await
+        .unwrap();
+        let result = tokio::spawn({
+            // The demo lives until the end of the test either way.
+            let demo = std::sync::Arc::new(demo);
+            let d = demo.clone();
+            async move {
+                let r = tokio::spawn(async move { day_two(&d).await }).await;
+                (demo, r)
+            }
+        })
+        .await
+        .unwrap();
+        let (demo, r) = result;
+        if let Ok(demo) = std::sync::Arc::try_unwrap(demo) {
+            demo.shutdown().await;
+        }
+        if let Err(e) = r {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    });
+}
