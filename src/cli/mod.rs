@@ -17,7 +17,9 @@ pub mod proxmox;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod up;
 pub mod upgrade;
+pub(crate) mod watch;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -75,6 +77,9 @@ pub enum Command {
     /// Apply the plan to the running nodes, one control plane at a time (resumable).
     Apply(plan::ApplyArgs),
     Upgrade(upgrade::Args),
+    /// The whole first run in one command: secrets, boot images, configs, then serve and
+    /// provision to hand-off (idempotent: what is done is skipped; resumable).
+    Up(Box<up::Args>),
 }
 
 /// Exit code for invalid input.
@@ -110,6 +115,7 @@ pub fn run() -> ExitCode {
         Command::Plan(args) => plan::run_plan(&args),
         Command::Apply(args) => plan::run_apply(&args),
         Command::Upgrade(args) => upgrade::run(&args),
+        Command::Up(args) => up::run(&args),
     }
 }
 

@@ -240,7 +240,7 @@ impl From<ApplianceError> for StartError {
 }
 
 impl StartError {
-    fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         match self {
             StartError::Inventory(inventory::LoadError::Io { .. }, _) => ExitCode::from(EXIT_USAGE),
             StartError::Bind { .. } | StartError::Privileges { .. } | StartError::Schema(_) => {
@@ -299,7 +299,68 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
         .ok_or_else(|| StartError::Advertise(format!("interface {iface} has no IPv4 address")))
 }
 
+/// Drift watcher inputs: how to reach the nodes and what each should run.
+pub(crate) type DriftTargets = (
+    crate::daytwo::plan::Connector,
+    Vec<crate::daytwo::plan::NodeTarget>,
+);
+
+/// What `serve` (and `talboot up`, which serves the same way) runs: the appliance plan and the
+/// drift watcher's targets.
+pub(crate) struct ServePlan {
+    /// The appliance, not bound yet.
+    pub plan: Plan,
+    /// Drift watcher inputs, when push provisioning runs and `--drift-interval` is not 0.
+    pub drift: Option<DriftTargets>,
+}
+
+impl ServePlan {
+    /// Starts the drift watcher on `running`, if there is one to start.
+    pub(crate) fn spawn_drift(
+        drift: Option<DriftTargets>,
+        running: &crate::appliance::Running,
+        interval_secs: u64,
+    ) {
+        if let Some((conn, targets)) = drift {
+            tokio::spawn(crate::daytwo::drift::watch(
+                conn,
+                targets,
+                running.events.clone(),
+                std::time::Duration::from_secs(interval_secs),
+                running.cancel.clone(),
+            ));
+        }
+    }
+}
+
 async fn start_and_run(args: Args) -> Result<(), StartError> {
+    let ServePlan { plan, drift } = prepare(&args)?;
+    // Bind every privileged socket before dropping privileges.
+    let bound = plan.bind().await?;
+    if let Some(user) = &args.user {
+        drop_privileges(user)?;
+    }
+    let running = bound.start()?;
+    println!(
+        "talboot serving {} nodes; boot script {}/boot.ipxe",
+        running.node_count, running.base_url
+    );
+    ServePlan::spawn_drift(drift, &running, args.drift_interval);
+    let shutdown = running.cancel.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+    running.wait().await.map_err(|e| StartError::Bind {
+        addr: "server".into(),
+        cause: e.to_string(),
+    })
+}
+
+/// Loads and checks everything `serve` needs (inventory, boot artifacts, configs, secrets,
+/// talosconfig) and plans the appliance; nothing is bound yet.
+pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     crate::install_crypto_provider();
     let loaded = inventory::load(&args.config).map_err(|e| {
         // Each problem with its file:line:column, as `check` prints them.
@@ -322,7 +383,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     }
     let schema =
         crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
-    let advertise = advertise_address(&args, &inv)?;
+    let advertise = advertise_address(args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
     if inv.boot.delivery == inventory::Delivery::Pull {
         validate_pull_configs(&args.configs, &inv, &schema)?;
@@ -331,7 +392,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     // stops `serve` now rather than when the first machine boots.
     let mut drift = None;
     let provisioning = if push {
-        let inputs = provisioning_inputs(&args, &inv, &schema)?;
+        let inputs = provisioning_inputs(args, &inv, &schema)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
         settings.addon_manifests = args.addon_manifests.clone();
         settings.helm = args.helm.clone();
@@ -420,36 +481,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         dhcp,
         provisioning,
     };
-
-    // Bind every privileged socket before dropping privileges.
-    let bound = plan.bind().await?;
-    if let Some(user) = &args.user {
-        drop_privileges(user)?;
-    }
-    let running = bound.start()?;
-    println!(
-        "talboot serving {} nodes; boot script {}/boot.ipxe",
-        running.node_count, running.base_url
-    );
-    if let Some((conn, targets)) = drift {
-        tokio::spawn(crate::daytwo::drift::watch(
-            conn,
-            targets,
-            running.events.clone(),
-            std::time::Duration::from_secs(args.drift_interval),
-            running.cancel.clone(),
-        ));
-    }
-    let shutdown = running.cancel.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down");
-        shutdown.cancel();
-    });
-    running.wait().await.map_err(|e| StartError::Bind {
-        addr: "server".into(),
-        cause: e.to_string(),
-    })
+    Ok(ServePlan { plan, drift })
 }
 
 /// What the drift watcher compares: every node's rendered config, reached at its inventory
@@ -677,7 +709,7 @@ fn validate_pull_configs(
     }
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -693,7 +725,7 @@ async fn wait_for_signal() {
 }
 
 /// Switch to `user` (and its primary group, with no supplementary groups).
-fn drop_privileges(user: &str) -> Result<(), StartError> {
+pub(crate) fn drop_privileges(user: &str) -> Result<(), StartError> {
     use nix::unistd::{User, setgid, setgroups, setuid};
     let err = |cause: String| StartError::Privileges {
         user: user.to_string(),

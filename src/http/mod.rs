@@ -16,6 +16,7 @@
 
 pub mod assets;
 pub mod conn;
+pub mod events_stream;
 pub(crate) mod power;
 pub mod script;
 pub mod server;
@@ -184,6 +185,7 @@ pub fn router(app: Arc<HttpApp>) -> Router {
 pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
     Router::new()
         .route("/api/nodes", get(api_nodes))
+        .route("/api/events", get(events_stream::api_events))
         .route(
             "/api/nodes/{name}/rebuild",
             axum::routing::post(api_rebuild),

@@ -53,6 +53,14 @@ pub(crate) struct FileBody {
     pub len: u64,
 }
 
+/// A response whose body is sent as it is produced (server-sent events), not collected first:
+/// put in the response's extensions by the handler. The body goes without a length and the
+/// connection closes after it (close-delimited, RFC 9112 §6.3), so no chunked framing is
+/// needed; it ends when the body ends, the client stops reading for the idle timeout, or the
+/// server shuts down.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Streamed;
+
 /// Connection limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -267,6 +275,9 @@ async fn connection(
         } else {
             persistence
         };
+        if response.extensions().get::<Streamed>().is_some() {
+            return write_streamed(&mut stream, response, &limits, &shutdown).await;
+        }
         write_response(&mut stream, &method, response, persistence, &limits).await?;
         if persistence == Persistence::Close {
             let _ = stream.shutdown().await;
@@ -397,6 +408,40 @@ async fn write_response(
         out.extend_from_slice(&bytes);
     }
     write_timed(stream, &out, stall).await
+}
+
+/// Writes a [`Streamed`] response frame by frame, then closes the connection.
+async fn write_streamed(
+    stream: &mut TcpStream,
+    response: Response<Body>,
+    limits: &Limits,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    use futures_util::StreamExt as _;
+    let stall = limits.timeouts.idle;
+    let (parts, body) = response.into_parts();
+    let mut body = body.into_data_stream();
+    let head = conn::response_head(
+        parts.status,
+        &parts.headers,
+        &now_date(),
+        None,
+        Persistence::Close,
+    );
+    write_timed(stream, &head, stall).await?;
+    loop {
+        let frame = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            f = body.next() => f,
+        };
+        match frame {
+            None => break,
+            Some(Err(e)) => return Err(std::io::Error::other(format!("response body: {e}"))),
+            Some(Ok(data)) => write_timed(stream, &data, stall).await?,
+        }
+    }
+    let _ = stream.shutdown().await;
+    Ok(())
 }
 
 /// `send(2)` with `MSG_MORE`: the kernel holds the bytes for the `sendfile(2)` that follows.
@@ -779,5 +824,83 @@ mod tests {
         let rest = blocking(move || read_to_close(&mut { s })).await;
         assert!(rest.is_empty());
         drop(dir);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_is_sent_as_it_is_produced_and_shutdown_ends_it() {
+        // The second part is only produced after the client has read the first: a server
+        // that collected the body first would never answer.
+        let (tx, rx) = tokio::sync::mpsc::channel::<&'static str>(1);
+        let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
+        let router = Router::new().route(
+            "/stream",
+            get(move || {
+                let rx = rx.clone();
+                async move {
+                    let rx = rx.lock().await.take().expect("one request");
+                    let parts =
+                        futures_util::stream::once(async { Ok::<_, std::io::Error>("first\n") })
+                            .chain(futures_util::stream::unfold(rx, |mut rx| async move {
+                                rx.recv().await.map(|s| (Ok(s), rx))
+                            }));
+                    let mut r = Body::from_stream(parts).into_response();
+                    r.extensions_mut().insert(Streamed);
+                    r
+                }
+            }),
+        );
+        use futures_util::StreamExt as _;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            router,
+            limits(60_000, 60_000, 8),
+            "test",
+            stop.clone(),
+        ));
+        let (s, head) = blocking(move || {
+            let mut s = connect(addr);
+            s.write_all(b"GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !String::from_utf8_lossy(&buf).ends_with("first\n") {
+                let n = s.read(&mut chunk).unwrap();
+                assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&buf));
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            (s, String::from_utf8(buf).unwrap())
+        })
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("connection: close\r\n") && !head.contains("content-length"),
+            "{head}"
+        );
+        tx.send("second\n").await.unwrap();
+        let s = blocking(move || {
+            let mut s = s;
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 64];
+            while !got.ends_with(b"second\n") {
+                let n = s.read(&mut chunk).unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&chunk[..n]);
+            }
+            s
+        })
+        .await;
+        // The body never ends by itself; shutdown closes the connection and serve returns.
+        stop.cancel();
+        tokio::time::timeout(LONG, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let rest = blocking(move || read_to_close(&mut { s })).await;
+        assert!(rest.is_empty());
+        drop(tx);
     }
 }
