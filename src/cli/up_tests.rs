@@ -298,12 +298,50 @@ impl Rack {
     }
 }
 
+/// The lab's machines have fixed loopback addresses: one rack at a time.
+static ONE_RACK: Mutex<()> = Mutex::new(());
+
+fn one_rack() -> std::sync::MutexGuard<'static, ()> {
+    ONE_RACK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Follows the admin API at `admin` and cancels `stop` at the first event of `kind` whose
+/// detail contains `needle`.
+fn stop_at(admin: SocketAddr, kind: &'static str, needle: &'static str, stop: CancellationToken) {
+    tokio::spawn(async move {
+        use futures_util::StreamExt as _;
+        let resp = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://{admin}/api/events"))
+            .send()
+            .await
+            .unwrap();
+        let mut stream = resp.bytes_stream();
+        let mut parser = crate::http::events_stream::SseParser::default();
+        while let Some(Ok(bytes)) = stream.next().await {
+            for (_, data) in parser.feed(&bytes) {
+                let Ok(ev) = serde_json::from_str::<crate::http::events_stream::WireEvent>(&data)
+                else {
+                    continue;
+                };
+                if ev.kind == kind && ev.detail.contains(needle) {
+                    stop.cancel();
+                    return;
+                }
+            }
+        }
+    });
+}
+
 fn skipped(report: &Report) -> Vec<(Step, bool)> {
     report.lines.iter().map(|l| (l.step, l.skipped)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn up_takes_the_lab_to_hand_off_and_a_second_run_skips_every_step() {
+    let _one = one_rack();
     let lab = lab().await;
     let rack = Rack::start(&lab).await;
 
@@ -439,5 +477,115 @@ async fn up_takes_the_lab_to_hand_off_and_a_second_run_skips_every_step() {
         "{}",
         second.lines[3]
     );
+    rack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
+    let _one = one_rack();
+    let lab = lab().await;
+    let rack = Rack::start(&lab).await;
+
+    // Stopped (as by Ctrl-C) as soon as etcd is bootstrapped, before the add-ons.
+    let (hooks, stop) = rack.hooks(&lab, None, true);
+    let interrupt = {
+        let stop = stop.clone();
+        move |admin: SocketAddr| stop_at(admin, "cluster.step", "-> bootstrapped", stop)
+    };
+    let started = hooks.started;
+    let hooks = Hooks {
+        started: Box::new(move |s: Started| {
+            interrupt(s.admin.unwrap());
+            started(s);
+        }),
+        ..hooks
+    };
+    let first = up(&args(&lab, &[]), hooks).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Interrupted, "{:?}", first.lines);
+    let bound = rack.started.lock().unwrap().expect("served");
+    // Where it stopped: bootstrapped or a little later (the stop is a signal, not a step),
+    // never handed off.
+    let stopped_at = {
+        let s = store::open(&lab.path("state")).unwrap();
+        let r = crate::provision::steps::load_step_record(&s)
+            .unwrap()
+            .unwrap();
+        assert_ne!(
+            r.step,
+            ClusterStep::HandedOff,
+            "stopped before the hand-off"
+        );
+        r.step
+    };
+
+    // Again, on the same DHCP and TFTP ports (the machines keep running, as a rack would):
+    // the file steps are done, provisioning resumes from the store.
+    let (hooks, _stop) = rack.hooks(&lab, Some(bound), false);
+    let second = up(&args(&lab, &[]), hooks).await.unwrap();
+    assert_eq!(second.outcome, Outcome::HandedOff, "{:?}", second.lines);
+    assert_eq!(
+        skipped(&second),
+        vec![
+            (Step::Secrets, true),
+            (Step::Images, true),
+            (Step::Configs, true),
+            (Step::Provision, false)
+        ],
+        "{:?}",
+        second.lines
+    );
+    assert!(
+        second.lines[3]
+            .text
+            .starts_with(&format!("resuming after cluster step {stopped_at} ")),
+        "{}",
+        second.lines[3]
+    );
+    // Resumed, not redone: one config per machine and one bootstrap in all.
+    let talos: Vec<_> = rack
+        .machines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.talos())
+        .collect();
+    assert_eq!(talos.len(), 3);
+    assert_eq!(talos.iter().map(|t| t.apply_calls()).sum::<usize>(), 3);
+    assert_eq!(talos.iter().map(|t| t.bootstrap_calls()).sum::<usize>(), 1);
+
+    // With --stay a handed-off cluster is served on: the admin API answers after hand-off,
+    // and up ends when it is stopped.
+    let (hooks, stop) = rack.hooks(&lab, None, false);
+    let answered = Arc::new(Mutex::new(None));
+    let started = hooks.started;
+    let seen = answered.clone();
+    let hooks = Hooks {
+        started: Box::new(move |s: Started| {
+            let admin = s.admin.unwrap();
+            started(s);
+            tokio::spawn(async move {
+                let r = reqwest::Client::builder()
+                    .no_proxy()
+                    .build()
+                    .unwrap()
+                    .get(format!("http://{admin}/api/nodes"))
+                    .send()
+                    .await
+                    .map(|r| r.status());
+                *seen.lock().unwrap() = Some(r.map_err(|e| e.to_string()));
+                stop.cancel();
+            });
+        }),
+        ..hooks
+    };
+    let third = up(&args(&lab, &["--stay"]), hooks).await.unwrap();
+    assert_eq!(third.outcome, Outcome::Stayed, "{:?}", third.lines);
+    assert!(
+        third.lines[3].text.contains("serving (--stay)") && !third.lines[3].skipped,
+        "{}",
+        third.lines[3]
+    );
+    let got = answered.lock().unwrap().clone();
+    assert_eq!(got, Some(Ok(reqwest::StatusCode::OK)));
     rack.shutdown().await;
 }
