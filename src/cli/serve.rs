@@ -418,7 +418,7 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     let dhcp = if args.no_dhcp {
         None
     } else {
-        let iface = serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+        let iface = serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
             addr: "udp 0.0.0.0:67".into(),
             cause: "no interface to serve DHCP on; set network.interfaces or pass --interface"
                 .into(),
@@ -430,7 +430,7 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         Some(DhcpPlan::Interface { iface, ports })
     };
     let tftp = (!args.no_tftp).then(|| {
-        let max_blksize = serving_interface(&args, &inv)
+        let max_blksize = serving_interface(args, &inv)
             .and_then(|i| interface_mtu(&i))
             .map(max_blksize_for_mtu)
             .unwrap_or(TftpConfig::default().max_blksize);
@@ -449,7 +449,7 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     });
     let ipv6_ra = if args.ipv6_ra {
         Some(
-            serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+            serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
                 addr: "icmpv6".into(),
                 cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
                     .into(),

@@ -49,8 +49,13 @@ pub struct Args {
     pub timeout: u64,
     /// Image Factory base URL to pull missing boot images from (default: the inventory's
     /// cluster.installer.factoryUrl; a mirror for air-gapped sites).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "images_from")]
     pub factory: Option<String>,
+    /// Import missing boot images from this folder instead of pulling them (an air-gapped
+    /// site's USB stick): for each architecture the factory's file names, `kernel-<arch>`,
+    /// `initramfs-<arch>` with any extension and compression, `cmdline-metal-<arch>`.
+    #[arg(long, value_name = "DIR")]
+    pub images_from: Option<PathBuf>,
     /// Print only the step lines and the summary, not talboot's events as they happen.
     #[arg(short, long)]
     pub quiet: bool,
@@ -131,8 +136,9 @@ fn recipient_list(recipients: &[String]) -> String {
     }
 }
 
-/// The images step: the sets the inventory needs that the cache has (verified) and lacks.
-pub fn images_step(dir: &Path, present: &[SetId], missing: &[SetId], factory: &str) -> Decision {
+/// The images step: the sets the inventory needs that the cache has (verified) and lacks;
+/// `source` is where missing ones come from (a factory URL, or a folder to import from).
+pub fn images_step(dir: &Path, present: &[SetId], missing: &[SetId], source: &str) -> Decision {
     if missing.is_empty() {
         Decision::Skip(format!(
             "{} in {} (sizes and SHA-256 verified)",
@@ -140,7 +146,7 @@ pub fn images_step(dir: &Path, present: &[SetId], missing: &[SetId], factory: &s
             dir.display()
         ))
     } else {
-        Decision::Run(format!("pulling {} from {factory}", set_list(missing)))
+        Decision::Run(format!("fetching {} from {source}", set_list(missing)))
     }
 }
 
@@ -269,6 +275,9 @@ pub(crate) enum UpError {
          `talboot images import`, then run `talboot up` again"
     )]
     Images(artifacts::ArtifactError),
+    /// A boot set cannot be imported from `--images-from`.
+    #[error("images: {0}")]
+    Import(String),
     /// The configs do not render or validate.
     #[error("configs: {} problem(s):\n{}", .0.len(), .0.join("\n"))]
     Render(Vec<String>),
@@ -428,15 +437,28 @@ async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpErr
         .factory
         .clone()
         .unwrap_or_else(|| inv.cluster.installer.factory_url.clone());
-    if !say.line(
-        Step::Images,
-        &images_step(dir, &present, &missing, &factory_url),
-    ) {
+    let source = match &args.images_from {
+        Some(d) => d.display().to_string(),
+        None => factory_url.clone(),
+    };
+    if !say.line(Step::Images, &images_step(dir, &present, &missing, &source)) {
+        return Ok(());
+    }
+    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+    if let Some(from) = &args.images_from {
+        for id in missing {
+            let entry = import_set(dir, from, &id, now)?;
+            let bytes: u64 = entry.files.values().map(|f| f.size).sum();
+            say.done(
+                Step::Images,
+                false,
+                format!("imported {id} from {} ({bytes} bytes)", from.display()),
+            );
+        }
         return Ok(());
     }
     let client = factory::client().map_err(UpError::Images)?;
     let progress = std::io::stderr().is_terminal() && !args.quiet;
-    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
     for id in missing {
         let req = factory::PullRequest {
             base_url: factory_url.clone(),
@@ -455,6 +477,65 @@ async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpErr
         );
     }
     Ok(())
+}
+
+/// Imports set `id` from the factory-named files in `from` (see [`Args::images_from`]).
+fn import_set(dir: &Path, from: &Path, id: &SetId, now: u64) -> Result<artifacts::Entry, UpError> {
+    let arch = &id.arch;
+    let missing = |name: String| {
+        UpError::Import(format!(
+            "{} has no {name} for {id}; copy the Image Factory's files for it there (or \
+             leave --images-from out to pull them)",
+            from.display()
+        ))
+    };
+    let file = |name: String| {
+        let p = from.join(&name);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(missing(name))
+        }
+    };
+    let kernel = file(format!("kernel-{arch}"))?;
+    let cmdline = file(format!("cmdline-metal-{arch}"))?;
+    // Any extension: the factory's is `.xz`, a hand-built one may be gzip.
+    let prefix = format!("initramfs-{arch}");
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(from)
+        .map_err(|e| UpError::Import(format!("cannot read {}: {e}", from.display())))?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == prefix || name.starts_with(&format!("{prefix}."))
+        })
+        .map(|e| e.path())
+        .collect();
+    candidates.sort();
+    let initramfs = match candidates.as_slice() {
+        [one] => one.clone(),
+        [] => return Err(missing(format!("{prefix}[.xz|.gz|...]"))),
+        many => {
+            return Err(UpError::Import(format!(
+                "{} has several initramfs files for {id} ({}); keep one",
+                from.display(),
+                many.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    };
+    let req = artifacts::import::ImportRequest {
+        id: id.clone(),
+        kernel,
+        initramfs,
+        cmdline: artifacts::import::CmdlineSource::File(cmdline),
+        force: false,
+    };
+    artifacts::import::import(dir, &req, now)
+        .map(|(entry, _)| entry)
+        .map_err(|e| UpError::Import(e.to_string()))
 }
 
 /// The configs step: render and validate every node, write what is missing or different,

@@ -156,15 +156,19 @@ fn args(lab: &Lab, extra: &[&str]) -> Args {
         lab.identity.display().to_string(),
         "--drift-interval".into(),
         "0".into(),
-        "--factory".into(),
-        lab.factory_url.clone(),
         "--timeout".into(),
         "300".into(),
         "--quiet".into(),
     ];
     argv.extend(extra.iter().map(|s| s.to_string()));
+    if !extra.contains(&"--images-from") {
+        argv.extend(["--factory".to_owned(), lab.factory_url.clone()]);
+    }
     Cli::try_parse_from(argv).unwrap().up
 }
+
+/// A `status --watch` follower: whether on a terminal, and what it wrote.
+type Watcher = tokio::task::JoinHandle<(bool, Vec<u8>)>;
 
 /// The simulated rack's cluster side, and the machines once powered on.
 #[derive(Clone)]
@@ -177,7 +181,7 @@ struct Rack {
     /// talboot's addresses of the last run.
     started: Arc<Mutex<Option<Started>>>,
     /// `status --watch` followers of the admin API (plain, terminal): their output.
-    watchers: Arc<Mutex<Vec<tokio::task::JoinHandle<(bool, Vec<u8>)>>>>,
+    watchers: Arc<Mutex<Vec<Watcher>>>,
 }
 
 impl Rack {
@@ -299,11 +303,7 @@ impl Rack {
 }
 
 /// The lab's machines have fixed loopback addresses: one rack at a time.
-static ONE_RACK: Mutex<()> = Mutex::new(());
-
-fn one_rack() -> std::sync::MutexGuard<'static, ()> {
-    ONE_RACK.lock().unwrap_or_else(|e| e.into_inner())
-}
+static ONE_RACK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Follows the admin API at `admin` and cancels `stop` at the first event of `kind` whose
 /// detail contains `needle`.
@@ -341,7 +341,7 @@ fn skipped(report: &Report) -> Vec<(Step, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn up_takes_the_lab_to_hand_off_and_a_second_run_skips_every_step() {
-    let _one = one_rack();
+    let _one = ONE_RACK.lock().await;
     let lab = lab().await;
     let rack = Rack::start(&lab).await;
 
@@ -482,7 +482,7 @@ async fn up_takes_the_lab_to_hand_off_and_a_second_run_skips_every_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
-    let _one = one_rack();
+    let _one = ONE_RACK.lock().await;
     let lab = lab().await;
     let rack = Rack::start(&lab).await;
 
@@ -500,8 +500,31 @@ async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
         }),
         ..hooks
     };
-    let first = up(&args(&lab, &[]), hooks).await.unwrap();
+    // The boot images come from a folder with the factory's file names (a USB stick), the
+    // initramfs gzip-compressed and named so, as a hand-made one may be.
+    let usb = lab.path("usb");
+    std::fs::create_dir_all(&usb).unwrap();
+    for id in artifacts::required_sets(&lab.inv) {
+        let set = lab.path("factory").join(id.rel_dir());
+        let a = &id.arch;
+        std::fs::copy(set.join("kernel"), usb.join(format!("kernel-{a}"))).unwrap();
+        std::fs::copy(set.join("cmdline"), usb.join(format!("cmdline-metal-{a}"))).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, b"070701 not a real cpio archive").unwrap();
+        std::fs::write(usb.join(format!("initramfs-{a}.gz")), gz.finish().unwrap()).unwrap();
+    }
+    let usb_arg = usb.display().to_string();
+    let first = up(&args(&lab, &["--images-from", &usb_arg]), hooks)
+        .await
+        .unwrap();
     assert_eq!(first.outcome, Outcome::Interrupted, "{:?}", first.lines);
+    assert!(
+        first.lines.iter().any(|l| l.step == Step::Images
+            && l.text.starts_with("imported Talos v1.13.9 amd64")
+            && l.text.contains(&usb_arg)),
+        "{:?}",
+        first.lines
+    );
     let bound = rack.started.lock().unwrap().expect("served");
     // Where it stopped: bootstrapped or a little later (the stop is a signal, not a step),
     // never handed off.
@@ -588,4 +611,92 @@ async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
     let got = answered.lock().unwrap().clone();
     assert_eq!(got, Some(Ok(reqwest::StatusCode::OK)));
     rack.shutdown().await;
+}
+
+#[test]
+fn each_step_skips_exactly_when_its_facts_say_done() {
+    let p = Path::new("secrets/c.age");
+    let r = vec!["age1abc".to_owned()];
+    assert!(
+        matches!(secrets_step(p, true, &r), Decision::Skip(t) if t.contains("secrets/c.age exists"))
+    );
+    assert!(
+        matches!(secrets_step(p, false, &r), Decision::Run(t) if t.contains("1 recipient (age1abc)"))
+    );
+
+    let v: inventory::Version = "v1.13.9".parse().unwrap();
+    let a = SetId::new(&v, inventory::VANILLA_SCHEMATIC, inventory::Arch::Amd64);
+    let b = SetId::new(&v, inventory::VANILLA_SCHEMATIC, inventory::Arch::Arm64);
+    let d = Path::new("images");
+    assert!(matches!(
+        images_step(d, &[a.clone(), b.clone()], &[], "f"),
+        Decision::Skip(_)
+    ));
+    assert!(
+        matches!(images_step(d, std::slice::from_ref(&a), std::slice::from_ref(&b), "https://f"),
+            Decision::Run(t) if t.contains("arm64") && !t.contains("amd64") && t.ends_with("from https://f"))
+    );
+
+    let out = Path::new("out");
+    let tc = Path::new("out/talosconfig");
+    assert!(matches!(
+        configs_step(out, &[], 3, tc, false),
+        Decision::Skip(_)
+    ));
+    assert!(matches!(configs_step(out, &["n2".into()], 3, tc, false),
+        Decision::Run(t) if t.contains("1 of 3 node configs") && !t.contains("talosconfig")));
+    assert!(matches!(configs_step(out, &[], 3, tc, true),
+        Decision::Run(t) if t.contains("talosconfig") && !t.contains("node configs")));
+
+    let rec = |step| StepRecord {
+        step,
+        since_unix: 1_796_133_600,
+        reason: String::new(),
+        last_error: None,
+        attempts: 0,
+    };
+    let done = rec(ClusterStep::HandedOff);
+    assert_eq!(
+        provision_step(Some(&done), 3, 3, false),
+        Decision::Skip("the cluster was handed off at 2026-12-01T14:00:00Z".into())
+    );
+    assert!(
+        matches!(provision_step(Some(&done), 3, 3, true), Decision::Run(t) if t.contains("--stay"))
+    );
+    assert!(
+        matches!(provision_step(Some(&rec(ClusterStep::Bootstrapped)), 2, 3, false),
+        Decision::Run(t) if t.starts_with("resuming after cluster step bootstrapped (2 of 3"))
+    );
+    assert!(
+        matches!(provision_step(None, 1, 3, false), Decision::Run(t) if t.starts_with("resuming"))
+    );
+    assert!(
+        matches!(provision_step(None, 0, 3, false), Decision::Run(t) if t.starts_with("serving 3 nodes"))
+    );
+}
+
+#[test]
+fn an_import_folder_without_a_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let v: inventory::Version = "v1.13.9".parse().unwrap();
+    let id = SetId::new(&v, inventory::VANILLA_SCHEMATIC, inventory::Arch::Amd64);
+    let from = dir.path().join("usb");
+    std::fs::create_dir_all(&from).unwrap();
+    std::fs::write(from.join("kernel-amd64"), b"k").unwrap();
+    let err = import_set(&dir.path().join("images"), &from, &id, 0).unwrap_err();
+    assert!(
+        err.to_string().contains("has no cmdline-metal-amd64"),
+        "{err}"
+    );
+    std::fs::write(from.join("cmdline-metal-amd64"), b"console=ttyS0").unwrap();
+    let err = import_set(&dir.path().join("images"), &from, &id, 0).unwrap_err();
+    assert!(err.to_string().contains("has no initramfs-amd64"), "{err}");
+    std::fs::write(from.join("initramfs-amd64.xz"), b"x").unwrap();
+    std::fs::write(from.join("initramfs-amd64.gz"), b"x").unwrap();
+    let err = import_set(&dir.path().join("images"), &from, &id, 0).unwrap_err();
+    assert!(err.to_string().contains("several initramfs files"), "{err}");
+    assert!(
+        !dir.path().join("images").join(id.rel_dir()).exists(),
+        "nothing written"
+    );
 }
