@@ -184,6 +184,40 @@ mod tests {
     use std::ffi::OsStr;
 
     #[test]
+    fn the_command_line_definition_is_consistent() {
+        // clap checks ids, groups and conflicts only when a command is built: `up` flattens
+        // `serve`'s arguments, and two structs named `Args` once made `talboot up` panic.
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+        let cli = <super::Cli as clap::Parser>::try_parse_from([
+            "talboot",
+            "up",
+            "-c",
+            "rack.yaml",
+            "--stay",
+            "--images-from",
+            "usb",
+        ])
+        .unwrap();
+        let super::Command::Up(up) = cli.command else {
+            panic!("not up");
+        };
+        assert!(up.stay && up.serve.config == std::path::Path::new("rack.yaml"));
+        assert!(
+            <super::Cli as clap::Parser>::try_parse_from([
+                "talboot",
+                "up",
+                "--images-from",
+                "usb",
+                "--factory",
+                "http://x",
+            ])
+            .is_err(),
+            "--images-from and --factory exclude each other"
+        );
+    }
+
+    #[test]
     fn colour_only_on_a_terminal_without_no_color() {
         assert!(use_colour(true, None));
         assert!(

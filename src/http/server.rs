@@ -275,7 +275,8 @@ async fn connection(
         } else {
             persistence
         };
-        if response.extensions().get::<Streamed>().is_some() {
+        // A HEAD gets the head only (write_response drops the body unread).
+        if method != Method::HEAD && response.extensions().get::<Streamed>().is_some() {
             return write_streamed(&mut stream, response, &limits, &shutdown).await;
         }
         write_response(&mut stream, &method, response, persistence, &limits).await?;
