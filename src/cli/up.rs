@@ -159,7 +159,8 @@ fn set_list(sets: &[SetId]) -> String {
 }
 
 /// The configs step: the nodes whose rendered config in `dir` is missing or differs, out of
-/// `total`, and whether the admin talosconfig `talosconfig` is missing.
+/// `total`, and whether the admin talosconfig `talosconfig` must be written (missing, or
+/// the secrets bundle is new).
 pub fn configs_step(
     dir: &Path,
     stale: &[String],
@@ -378,7 +379,8 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     let secrets_path = inv.cluster.secrets.file.clone();
     let recipients = &inv.cluster.secrets.age_recipients;
     let decision = secrets_step(&secrets_path, secrets_path.exists(), recipients);
-    if say.line(Step::Secrets, &decision) {
+    let new_bundle = say.line(Step::Secrets, &decision);
+    if new_bundle {
         super::secrets::init_bundle_with(
             &secrets_path,
             recipients,
@@ -402,7 +404,7 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     images(args, &inv, &mut say).await?;
 
     // 3. Configs.
-    configs(args, &inv, &mut say)?;
+    configs(args, &inv, &mut say, new_bundle)?;
 
     // 4. Serve and provision.
     let (record, ready) = cluster_state(&inv, &sa.state_dir)?;
@@ -539,8 +541,9 @@ fn import_set(dir: &Path, from: &Path, id: &SetId, now: u64) -> Result<artifacts
 }
 
 /// The configs step: render and validate every node, write what is missing or different,
-/// and the admin client configs when there is no talosconfig.
-fn configs(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpError> {
+/// and the admin client configs when there is no talosconfig or the bundle is new (an old
+/// talosconfig's client certificate would not be trusted by the new cluster CA).
+fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Result<(), UpError> {
     let sa = &args.serve;
     let schema = crate::machineconfig::schema::load(sa.schema.as_deref())
         .map_err(|e| UpError::Write(e.to_string()))?;
@@ -566,7 +569,7 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpError> {
         .talosconfig
         .clone()
         .unwrap_or_else(|| dir.join("talosconfig"));
-    let talosconfig_missing = !talosconfig.exists();
+    let talosconfig_missing = new_bundle || !talosconfig.exists();
     let names: Vec<String> = stale.iter().map(|(n, _)| n.clone()).collect();
     let decision = configs_step(
         dir,
