@@ -700,3 +700,40 @@ fn an_import_folder_without_a_file_is_refused_naming_it() {
         "nothing written"
     );
 }
+
+#[tokio::test]
+async fn a_new_bundle_replaces_an_old_talosconfig_and_an_old_bundle_keeps_it() {
+    let lab = lab().await;
+    let a = args(&lab, &[]);
+    super::super::secrets::init_bundle_with(
+        &lab.inv.cluster.secrets.file,
+        &lab.inv.cluster.secrets.age_recipients,
+        OffsetDateTime::now_utc(),
+        &GenerateOptions {
+            service_account_key: crate::machineconfig::secrets::ServiceAccountKeyKind::EcdsaP256,
+        },
+    )
+    .unwrap();
+    let tc = lab.path("out/talosconfig");
+    std::fs::create_dir_all(lab.path("out")).unwrap();
+    std::fs::write(&tc, "from another cluster\n").unwrap();
+    let mut say = Say { lines: Vec::new() };
+    configs(&a, &lab.inv, &mut say, false).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&tc).unwrap(),
+        "from another cluster\n"
+    );
+    assert!(
+        !say.lines[0].text.contains("talosconfig"),
+        "{}",
+        say.lines[0]
+    );
+    configs(&a, &lab.inv, &mut say, true).unwrap();
+    let fresh = std::fs::read_to_string(&tc).unwrap();
+    assert!(fresh.contains("contexts:"), "{fresh}");
+    assert!(
+        say.lines[1].text.contains("talosconfig"),
+        "{}",
+        say.lines[1]
+    );
+}
