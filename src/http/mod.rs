@@ -3,7 +3,8 @@
 //!   (`/boot.ipxe`), boot artifacts (`/assets/...`) and machine configs for pull delivery
 //!   behind one-time tokens (`/config/<token>`);
 //! - the **admin** router, served on the admin listener only (loopback by default): node
-//!   status as JSON (`/api/nodes`), rebuild requests and Prometheus metrics (`/metrics`).
+//!   status as JSON (`/api/nodes`), the live event stream (`/api/events`, server-sent events),
+//!   rebuild requests and Prometheus metrics (`/metrics`).
 //!
 //! A node's script (with its token in pull mode) and its config go only to the address
 //! talboot's DHCP bound to the node ([`crate::entitlement`]); anyone else is refused with a
