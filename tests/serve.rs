@@ -398,7 +398,10 @@ fn node_rebuild_goes_through_a_running_serve() {
         if row.contains("node.phase: rebuilding") {
             break;
         }
-        assert!(Instant::now() < deadline, "no rebuild event in status:\n{table}");
+        assert!(
+            Instant::now() < deadline,
+            "no rebuild event in status:\n{table}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -196,7 +196,7 @@ pub(crate) fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
 
 /// Why `gen` could not write its output.
 #[derive(Debug, thiserror::Error)]
-enum WriteError {
+pub(crate) enum WriteError {
     /// The output directory could not be created.
     #[error("cannot create {}: {source}", .dir.display())]
     CreateDir {
@@ -214,7 +214,7 @@ enum WriteError {
 }
 
 /// Writes node configs and the admin client configs into `dir` (created 0700 if missing).
-fn write_all(
+pub(crate) fn write_all(
     dir: &Path,
     inv: &Inventory,
     secrets: &SecretsBundle,
@@ -232,9 +232,39 @@ fn write_all(
                 source,
             })?;
     }
+    write_node_configs(dir, rendered)?;
+    write_client_configs(dir, inv, secrets, now)
+}
+
+/// Writes `<dir>/<node>.yaml` for each of `rendered` (0600; `dir` created 0700 if missing).
+pub(crate) fn write_node_configs(
+    dir: &Path,
+    rendered: &[(String, String)],
+) -> Result<(), WriteError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| WriteError::CreateDir {
+                dir: dir.to_owned(),
+                source,
+            })?;
+    }
     for (name, text) in rendered {
         crate::fsutil::write_atomic(&dir.join(format!("{name}.yaml")), text.as_bytes(), 0o600)?;
     }
+    Ok(())
+}
+
+/// Writes the admin `talosconfig` and `kubeconfig` (fresh client certificates) into `dir`.
+pub(crate) fn write_client_configs(
+    dir: &Path,
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    now: OffsetDateTime,
+) -> Result<(), WriteError> {
     // Talos API calls go to node addresses, never the VIP (it only exists after bootstrap).
     let endpoints: Vec<String> = inv
         .control_planes()

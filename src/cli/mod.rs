@@ -19,7 +19,9 @@ pub mod remote;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod up;
 pub mod upgrade;
+pub(crate) mod watch;
 
 /// talboot: from power-on to a running Talos Linux cluster.
 #[derive(Debug, Parser)]
@@ -81,6 +83,10 @@ pub enum Command {
     Completions(generate::CompletionsArgs),
     /// Write the man pages (talboot.1 and one per subcommand) into a directory.
     Man(generate::ManArgs),
+
+    /// The whole first run in one command: secrets, boot images, configs, then serve and
+    /// provision to hand-off (idempotent: what is done is skipped; resumable).
+    Up(Box<up::Args>),
 }
 
 /// Exit code for invalid input.
@@ -118,6 +124,8 @@ pub fn run() -> ExitCode {
         Command::Upgrade(args) => upgrade::run(&args),
         Command::Completions(args) => generate::completions(&args),
         Command::Man(args) => generate::man(&args),
+
+        Command::Up(args) => up::run(&args),
     }
 }
 
@@ -201,6 +209,40 @@ fn init_logging(format: LogFormat, filter: &str) -> Result<(), LoggingError> {
 mod tests {
     use super::use_colour;
     use std::ffi::OsStr;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        // clap checks ids, groups and conflicts only when a command is built: `up` flattens
+        // `serve`'s arguments, and two structs named `Args` once made `talboot up` panic.
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+        let cli = <super::Cli as clap::Parser>::try_parse_from([
+            "talboot",
+            "up",
+            "-c",
+            "rack.yaml",
+            "--stay",
+            "--images-from",
+            "usb",
+        ])
+        .unwrap();
+        let super::Command::Up(up) = cli.command else {
+            panic!("not up");
+        };
+        assert!(up.stay && up.serve.config == std::path::Path::new("rack.yaml"));
+        assert!(
+            <super::Cli as clap::Parser>::try_parse_from([
+                "talboot",
+                "up",
+                "--images-from",
+                "usb",
+                "--factory",
+                "http://x",
+            ])
+            .is_err(),
+            "--images-from and --factory exclude each other"
+        );
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

@@ -221,6 +221,16 @@ pub(crate) fn init_bundle(
     recipients: &[String],
     now: OffsetDateTime,
 ) -> Result<(), InitError> {
+    init_bundle_with(path, recipients, now, &GenerateOptions::default())
+}
+
+/// [`init_bundle`] with the bundle's key choices.
+pub(crate) fn init_bundle_with(
+    path: &Path,
+    recipients: &[String],
+    now: OffsetDateTime,
+    options: &GenerateOptions,
+) -> Result<(), InitError> {
     if path.exists() {
         return Err(InitError::Exists(path.to_path_buf()));
     }
@@ -233,7 +243,7 @@ pub(crate) fn init_bundle(
             source,
         })?;
     }
-    let bundle = SecretsBundle::generate(now, &GenerateOptions::default())?;
+    let bundle = SecretsBundle::generate(now, options)?;
     let plain = zeroize::Zeroizing::new(bundle.to_yaml());
     age::write_encrypted(path, plain.as_bytes(), recipients)?;
     tracing::info!(file = %path.display(), recipients = recipients.len(), "wrote the encrypted secrets bundle");

@@ -249,7 +249,7 @@ impl From<ApplianceError> for StartError {
 }
 
 impl StartError {
-    fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         match self {
             StartError::Inventory(inventory::LoadError::Io { .. }, _) => ExitCode::from(EXIT_USAGE),
             StartError::Bind { .. } | StartError::Privileges { .. } | StartError::Schema(_) => {
@@ -308,7 +308,81 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
         .ok_or_else(|| StartError::Advertise(format!("interface {iface} has no IPv4 address")))
 }
 
+/// Drift watcher inputs: how to reach the nodes and what each should run.
+pub(crate) type DriftTargets = (
+    crate::daytwo::plan::Connector,
+    Vec<crate::daytwo::plan::NodeTarget>,
+);
+
+/// What `serve` (and `talboot up`, which serves the same way) runs: the appliance plan and the
+/// drift watcher's targets.
+pub(crate) struct ServePlan {
+    /// The appliance, not bound yet.
+    pub plan: Plan,
+    /// Drift watcher inputs, when push provisioning runs and `--drift-interval` is not 0.
+    pub drift: Option<DriftTargets>,
+    /// The power drivers (credentials resolved once), shared with the provisioner.
+    pub power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
+    /// The inventory the plan serves (for `--power-on`).
+    pub inventory: Arc<Inventory>,
+}
+
+impl ServePlan {
+    /// Starts the drift watcher on `running`, if there is one to start.
+    pub(crate) fn spawn_drift(
+        drift: Option<DriftTargets>,
+        running: &crate::appliance::Running,
+        interval_secs: u64,
+    ) {
+        if let Some((conn, targets)) = drift {
+            tokio::spawn(crate::daytwo::drift::watch(
+                conn,
+                targets,
+                running.events.clone(),
+                running.view.drift.clone(),
+                std::time::Duration::from_secs(interval_secs),
+                running.cancel.clone(),
+            ));
+        }
+    }
+}
+
 async fn start_and_run(args: Args) -> Result<(), StartError> {
+    let ServePlan {
+        plan,
+        drift,
+        power,
+        inventory,
+    } = prepare(&args)?;
+    // Bind every privileged socket before dropping privileges.
+    let bound = plan.bind().await?;
+    if let Some(user) = &args.user {
+        drop_privileges(user)?;
+    }
+    let running = bound.start()?;
+    println!(
+        "talboot serving {} nodes; boot script {}/boot.ipxe",
+        running.node_count, running.base_url
+    );
+    ServePlan::spawn_drift(drift, &running, args.drift_interval);
+    if args.power_on {
+        start_power_on(&args, &inventory, power, &running)?;
+    }
+    let shutdown = running.cancel.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+    running.wait().await.map_err(|e| StartError::Bind {
+        addr: "server".into(),
+        cause: e.to_string(),
+    })
+}
+
+/// Loads and checks everything `serve` needs (inventory, boot artifacts, configs, secrets,
+/// talosconfig) and plans the appliance; nothing is bound yet.
+pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     crate::install_crypto_provider();
     let loaded = inventory::load(&args.config).map_err(|e| {
         // Each problem with its file:line:column, as `check` prints them.
@@ -331,7 +405,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     }
     let schema =
         crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
-    let advertise = advertise_address(&args, &inv)?;
+    let advertise = advertise_address(args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
     if inv.boot.delivery == inventory::Delivery::Pull {
         validate_pull_configs(&args.configs, &inv, &schema)?;
@@ -346,7 +420,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         Arc::default()
     };
     let provisioning = if push {
-        let inputs = provisioning_inputs(&args, &inv, &schema)?;
+        let inputs = provisioning_inputs(args, &inv, &schema)?;
         let mut settings = crate::provision::Settings::new(args.state_dir.clone());
         settings.addon_manifests = args.addon_manifests.clone();
         settings.helm = args.helm.clone();
@@ -372,7 +446,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     let dhcp = if args.no_dhcp {
         None
     } else {
-        let iface = serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+        let iface = serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
             addr: "udp 0.0.0.0:67".into(),
             cause: "no interface to serve DHCP on; set network.interfaces or pass --interface"
                 .into(),
@@ -384,7 +458,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         Some(DhcpPlan::Interface { iface, ports })
     };
     let tftp = (!args.no_tftp).then(|| {
-        let max_blksize = serving_interface(&args, &inv)
+        let max_blksize = serving_interface(args, &inv)
             .and_then(|i| interface_mtu(&i))
             .map(max_blksize_for_mtu)
             .unwrap_or(TftpConfig::default().max_blksize);
@@ -403,7 +477,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
     });
     let ipv6_ra = if args.ipv6_ra {
         Some(
-            serving_interface(&args, &inv).ok_or_else(|| StartError::Bind {
+            serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
                 addr: "icmpv6".into(),
                 cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
                     .into(),
@@ -436,39 +510,11 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         dhcp,
         provisioning,
     };
-
-    // Bind every privileged socket before dropping privileges.
-    let bound = plan.bind().await?;
-    if let Some(user) = &args.user {
-        drop_privileges(user)?;
-    }
-    let running = bound.start()?;
-    println!(
-        "talboot serving {} nodes; boot script {}/boot.ipxe",
-        running.node_count, running.base_url
-    );
-    if let Some((conn, targets)) = drift {
-        tokio::spawn(crate::daytwo::drift::watch(
-            conn,
-            targets,
-            running.events.clone(),
-            running.view.drift.clone(),
-            std::time::Duration::from_secs(args.drift_interval),
-            running.cancel.clone(),
-        ));
-    }
-    if args.power_on {
-        start_power_on(&args, &power_on_inventory, power, &running)?;
-    }
-    let shutdown = running.cancel.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down");
-        shutdown.cancel();
-    });
-    running.wait().await.map_err(|e| StartError::Bind {
-        addr: "server".into(),
-        cause: e.to_string(),
+    Ok(ServePlan {
+        plan,
+        drift,
+        power,
+        inventory: power_on_inventory,
     })
 }
 
@@ -681,7 +727,7 @@ fn validate_pull_configs(
     }
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -697,7 +743,7 @@ async fn wait_for_signal() {
 }
 
 /// Switch to `user` (and its primary group, with no supplementary groups).
-fn drop_privileges(user: &str) -> Result<(), StartError> {
+pub(crate) fn drop_privileges(user: &str) -> Result<(), StartError> {
     use nix::unistd::{User, setgid, setgroups, setuid};
     let err = |cause: String| StartError::Privileges {
         user: user.to_string(),

@@ -30,10 +30,17 @@ pub struct Args {
     /// used when serve holds the state store.
     #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
     pub admin: std::net::SocketAddr,
+    /// Keep the table live from the running serve's event stream (`--admin`'s
+    /// `/api/events`): redrawn in place on a terminal, one line per event otherwise.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
+    if args.watch {
+        return super::watch::run(args.admin);
+    }
     let inventory = match inventory::load(&args.config) {
         Ok(l) => l.inventory,
         Err(e) => {
@@ -136,7 +143,7 @@ fn install_disk(store: &dyn Store, node: &str) -> String {
 }
 
 /// Align the rows into columns (the last column is left ragged).
-fn render(rows: &[[String; COLUMNS]]) -> String {
+pub(crate) fn render(rows: &[[String; COLUMNS]]) -> String {
     let mut widths = [0usize; COLUMNS - 1];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
@@ -189,6 +196,12 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    print!("{}", render(&api_rows(&nodes)));
+    ExitCode::SUCCESS
+}
+
+/// The table rows (header first) of `/api/nodes`' answer.
+pub(crate) fn api_rows(nodes: &[serde_json::Value]) -> Vec<[String; COLUMNS]> {
     let field = |n: &serde_json::Value, k: &str| {
         n.get(k)
             .and_then(|v| v.as_str())
@@ -205,7 +218,7 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
         "DRIFT".into(),
         "LAST EVENT".into(),
     ]];
-    for n in &nodes {
+    for n in nodes {
         rows.push([
             field(n, "name"),
             field(n, "role"),
@@ -220,12 +233,11 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
             },
         ]);
     }
-    print!("{}", render(&rows));
-    ExitCode::SUCCESS
+    rows
 }
 
 /// Columns of the status table.
-const COLUMNS: usize = 8;
+pub(crate) const COLUMNS: usize = 8;
 
 /// The DRIFT cell of a node from `/api/nodes`: `-` until serve's drift watcher could read
 /// the node, `no` in sync, `yes (N)` with the number of differences (`talboot plan` lists
@@ -246,7 +258,7 @@ fn drift_cell(drift: Option<&serde_json::Value>) -> String {
 }
 
 /// Long details (a disk refusal lists every disk) are cut to their first line.
-fn first_line(s: &str) -> &str {
+pub(crate) fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("")
 }
 

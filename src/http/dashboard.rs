@@ -456,7 +456,7 @@ async fn snapshot(State(app): State<Arc<HttpApp>>) -> Response {
 }
 
 /// One event as a server-sent event (`event: node`, the JSON on one `data:` line).
-fn sse_frame(ev: &NodeEvent) -> String {
+pub(crate) fn sse_frame(ev: &NodeEvent) -> String {
     let data = serde_json::json!({
         "node": ev.node,
         "kind": ev.kind.as_str(),

@@ -18,6 +18,7 @@
 pub mod assets;
 pub mod conn;
 pub mod dashboard;
+pub mod events_stream;
 pub(crate) mod power;
 pub(crate) mod rollouts;
 pub mod script;

@@ -289,7 +289,7 @@ struct Prepared {
 
 /// Copies the YAML files of the inventory's folder (patches, talenv.yaml, ...) into
 /// `dest`, every rack address relocated. Returns the relocated inventory's path.
-fn mirror_config(
+pub(crate) fn mirror_config(
     config: &Path,
     relocation: &Relocation,
     dest: &Path,
@@ -415,12 +415,7 @@ fn prepare(opts: &DemoOptions) -> Result<Prepared, DemoError> {
     let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
     super::assets::write_boot_sets(&images, &inventory, now).map_err(|e| prep(&images)(e.cause))?;
     super::assets::write_ipxe_binaries(&tftp_root).map_err(|e| prep(&tftp_root)(e.cause))?;
-    for (dir, text) in [("cilium", CILIUM_MANIFEST), ("argocd", ARGOCD_MANIFEST)] {
-        let d = addons.join(dir);
-        std::fs::create_dir_all(&d).map_err(|e| prep(&d)(e.to_string()))?;
-        let f = d.join(format!("{dir}.yaml"));
-        std::fs::write(&f, text).map_err(|e| prep(&f)(e.to_string()))?;
-    }
+    write_addon_manifests(&addons)?;
     std::fs::create_dir_all(&state_dir).map_err(|e| prep(&state_dir)(e.to_string()))?;
     {
         use std::os::unix::fs::PermissionsExt;
@@ -459,7 +454,7 @@ fn installed_addons(inv: &Inventory) -> &'static str {
 }
 
 /// Prints talboot's events with the time since the demo started.
-fn print_event(started: Instant, ev: &crate::events::NodeEvent) {
+pub(crate) fn print_event(started: Instant, ev: &crate::events::NodeEvent) {
     // Talos calls are many and the phase changes say the same thing more plainly.
     if ev.kind == EventKind::Talos || ev.kind == EventKind::DhcpOffer {
         return;
@@ -549,21 +544,7 @@ impl Demo {
         )
         .map_err(SimFailure::from)?;
 
-        let api_ip = p.api_ip;
-        let kube = KubeDouble::start(DoubleOptions {
-            bind: SocketAddr::new(IpAddr::V4(api_ip), KUBE_API_PORT),
-            // Without talboot's Cilium the operator brings the CNI; the simulation then
-            // lets Nodes turn Ready as soon as they register.
-            cni_daemonset: cilium_enabled(&inv).then(|| ("kube-system".into(), "cilium".into())),
-            nodes: Vec::new(),
-            crd_delay: Duration::from_millis(200),
-            rollout_delay: Duration::from_millis(400),
-        })
-        .await
-        .map_err(SimFailure::from)?;
-        let kube = Arc::new(kube);
-        let cluster = FakeCluster::new();
-        cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
+        let (kube, cluster) = start_api_double(&inv, p.api_ip).await?;
 
         let advertise = inv
             .network
@@ -636,42 +617,16 @@ impl Demo {
         }
         let printer = opts.print_events.then(|| spawn_printer(&running, started));
         let stop = CancellationToken::new();
-        let mut tasks = Vec::new();
 
-        let mut nodes = Vec::new();
-        for (i, n) in inv.nodes.iter().enumerate() {
-            let address = n.address.value.addr();
-            let relay = inv
-                .network
-                .relays
-                .iter()
-                .find(|r| r.subnet.value.contains(&address))
-                .map(|r| {
-                    r.gateway
-                        .as_ref()
-                        .map(|g| g.value)
-                        .unwrap_or_else(|| r.subnet.value.hosts().next().unwrap_or(address))
-                });
-            let node = Arc::new(SimNode {
-                machine: Machine::from_inventory(&inv, n, relay),
-                rack_address: p.relocation.to_rack(address).unwrap_or(address),
-                role: n.role.value.clone(),
-                talos: Mutex::new(None),
-            });
-            nodes.push(node.clone());
-            let (cluster, kube, stop) = (cluster.clone(), kube.clone(), stop.clone());
-            // A rack powers on over a few hundred milliseconds, not in one instant.
-            let delay = Duration::from_millis(40 * i as u64);
-            tasks.push(tokio::spawn(async move {
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = async {
-                        tokio::time::sleep(delay).await;
-                        run_machine(node, wire, cluster, kube).await;
-                    } => {}
-                }
-            }));
-        }
+        let relocation = &p.relocation;
+        let (nodes, tasks) = power_on(
+            &inv,
+            |a| relocation.to_rack(a).unwrap_or(a),
+            wire,
+            &cluster,
+            &kube,
+            &stop,
+        );
         Ok(Demo {
             relocation: p.relocation,
             inventory: inv,
@@ -915,6 +870,91 @@ impl Demo {
             let _ = p.await;
         }
     }
+}
+
+/// Starts the Kubernetes API double on the (loopback) cluster endpoint `api_ip` and the Talos
+/// doubles' registry that hands out its kubeconfig: the rack's cluster side, as `demo` and
+/// `talboot up`'s simulated-rack tests run it.
+pub(crate) async fn start_api_double(
+    inv: &Inventory,
+    api_ip: Ipv4Addr,
+) -> Result<(Arc<KubeDouble>, FakeCluster), DemoError> {
+    let kube = KubeDouble::start(DoubleOptions {
+        bind: SocketAddr::new(IpAddr::V4(api_ip), KUBE_API_PORT),
+        // Without talboot's Cilium the operator brings the CNI; the simulation then
+        // lets Nodes turn Ready as soon as they register.
+        cni_daemonset: cilium_enabled(inv).then(|| ("kube-system".into(), "cilium".into())),
+        nodes: Vec::new(),
+        crd_delay: Duration::from_millis(200),
+        rollout_delay: Duration::from_millis(400),
+    })
+    .await
+    .map_err(SimFailure::from)?;
+    let kube = Arc::new(kube);
+    let cluster = FakeCluster::new();
+    cluster.set_kubeconfig(Some(kube.kubeconfig().to_owned()));
+    Ok((kube, cluster))
+}
+
+/// Powers on every machine of the (loopback) inventory `inv` against talboot's sockets
+/// `wire`, one every 40 ms, until `stop`; `to_rack` names each machine's address on the
+/// real rack.
+pub(crate) fn power_on(
+    inv: &Inventory,
+    to_rack: impl Fn(Ipv4Addr) -> Ipv4Addr,
+    wire: Wire,
+    cluster: &FakeCluster,
+    kube: &Arc<KubeDouble>,
+    stop: &CancellationToken,
+) -> (Vec<Arc<SimNode>>, Vec<JoinHandle<()>>) {
+    let mut nodes = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, n) in inv.nodes.iter().enumerate() {
+        let address = n.address.value.addr();
+        let relay = inv
+            .network
+            .relays
+            .iter()
+            .find(|r| r.subnet.value.contains(&address))
+            .map(|r| {
+                r.gateway
+                    .as_ref()
+                    .map(|g| g.value)
+                    .unwrap_or_else(|| r.subnet.value.hosts().next().unwrap_or(address))
+            });
+        let node = Arc::new(SimNode {
+            machine: Machine::from_inventory(inv, n, relay),
+            rack_address: to_rack(address),
+            role: n.role.value.clone(),
+            talos: Mutex::new(None),
+        });
+        nodes.push(node.clone());
+        let (cluster, kube, stop) = (cluster.clone(), kube.clone(), stop.clone());
+        // A rack powers on over a few hundred milliseconds, not in one instant.
+        let delay = Duration::from_millis(40 * i as u64);
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = async {
+                    tokio::time::sleep(delay).await;
+                    run_machine(node, wire, cluster, kube).await;
+                } => {}
+            }
+        }));
+    }
+    (nodes, tasks)
+}
+
+/// Writes the demo's Cilium and Argo CD manifest sets as `<dir>/cilium/` and `<dir>/argocd/`
+/// (the layout `serve --addon-manifests` reads).
+pub(crate) fn write_addon_manifests(dir: &Path) -> Result<(), DemoError> {
+    for (sub, text) in [("cilium", CILIUM_MANIFEST), ("argocd", ARGOCD_MANIFEST)] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).map_err(|e| prep(&d)(e.to_string()))?;
+        let f = d.join(format!("{sub}.yaml"));
+        std::fs::write(&f, text).map_err(|e| prep(&f)(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// The stand-in boot hook: on every reboot the machine goes through its firmware's network
