@@ -8,6 +8,7 @@
 //! 300 bytes, RFC 2131 §4.1 destination). [`DhcpCore::handle`] runs the whole chain; the
 //! socket adapter only receives, persists the returned lease changes, and sends.
 
+pub(crate) mod admission;
 pub mod classify;
 pub mod ctx;
 pub mod decide;

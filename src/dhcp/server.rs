@@ -33,7 +33,6 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dhcproto::v4::{Message, MessageType};
@@ -44,6 +43,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use super::admission::{self, Backlog};
 use super::decide::Silence;
 use super::leases::LeaseChange;
 use super::queue::{self, Lane, RxQueue};
@@ -113,8 +113,12 @@ pub(crate) struct Queues {
     pub(crate) rx: usize,
     /// Decisions waiting for their commit.
     pub(crate) commit: usize,
-    /// Replies waiting for a durable commit (ACKs) above which DISCOVERs are not answered.
+    /// Replies waiting for a durable commit (ACKs) above which DISCOVERs are not answered,
+    /// however fresh they are: the memory bound behind [`Queues::admission`].
     pub(crate) ack_backlog: usize,
+    /// How long the oldest ACK may wait for its commit before DISCOVERs are not answered
+    /// (bounds of the target derived from measured commit times, [`admission`]).
+    pub(crate) admission: admission::Limits,
 }
 
 impl Default for Queues {
@@ -123,6 +127,7 @@ impl Default for Queues {
             rx: queue::DEFAULT_CAPACITY,
             commit: COMMIT_QUEUE,
             ack_backlog: ACK_BACKLOG,
+            admission: admission::Limits::default(),
         }
     }
 }
@@ -287,13 +292,13 @@ impl DhcpServer {
         });
         let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
-        let waiting_replies = Arc::new(AtomicUsize::new(0));
+        let backlog = Arc::new(Backlog::new(self.queues.admission));
         let committer = tokio::spawn(commit_loop(
             job_rx,
             store,
             replier.clone(),
             not_durable_tx,
-            waiting_replies.clone(),
+            backlog.clone(),
         ));
         let mut adapter = Adapter {
             core: DhcpCore::new(ctx, book, flood),
@@ -301,7 +306,7 @@ impl DhcpServer {
             replier,
             not_durable,
             proxied: std::collections::VecDeque::new(),
-            waiting_replies,
+            backlog,
             ack_backlog: self.queues.ack_backlog,
         };
         info!(restored = count - removed, iface = %self.iface, server_ip = %self.server_ip, "DHCP serving");
@@ -443,8 +448,10 @@ async fn read_loop(
 /// a second: this VM's disk was measured at up to 180 ms for one `fdatasync` while other
 /// processes wrote (docs/benchmarks.md), which filled the 1,024 of before.
 const COMMIT_QUEUE: usize = 4096;
-/// Replies waiting for their commit above which DISCOVERs are shed: about one slow fsync's
-/// worth of REQUESTs at 3,000/s, and a bound on how stale an ACK may get under overload.
+/// Replies waiting for their commit above which DISCOVERs are shed whatever their age: a
+/// memory bound only. Load is shed earlier by the age of the oldest waiting ACK against the
+/// measured commit time ([`admission`]); a count is the wrong brake (on a fast disk 512 ACKs
+/// never wait long, on a slow one they are a second of waiting).
 const ACK_BACKLOG: usize = 512;
 /// Most rows (lease writes and events) committed in one transaction: a whole backlog, so that
 /// after a slow fsync the queue drains with one more sync instead of one per 512 rows.
@@ -463,8 +470,9 @@ struct Adapter {
     /// information, so the client's REQUEST of the site server's offer in the same exchange
     /// can be recorded as its ProxyDHCP binding.
     proxied: std::collections::VecDeque<(Mac, u32)>,
-    /// Replies queued behind a commit and not sent yet (shared with the committer).
-    waiting_replies: Arc<AtomicUsize>,
+    /// Replies queued behind a commit and not sent yet, and the admission target from the
+    /// measured commit times (shared with the committer).
+    backlog: Arc<Backlog>,
     /// Above this many waiting replies, DISCOVERs are shed ([`ACK_BACKLOG`]).
     ack_backlog: usize,
 }
@@ -518,16 +526,23 @@ impl Adapter {
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
-        if Lane::of(request_type) == Lane::Start
-            && self.waiting_replies.load(Ordering::Relaxed) >= self.ack_backlog
-        {
+        if Lane::of(request_type) == Lane::Start {
             // Admission control: the durable path is behind, so a new exchange would only
             // produce a REQUEST it cannot answer in time. Kea gets this for free by answering
             // one datagram at a time; here OFFERs leave without waiting for the disk, so it
-            // has to be said.
-            counter!("dhcp_dropped_total", "reason" => "ack_backlog").increment(1);
-            debug!("ACKs waiting for the disk: DISCOVER not answered");
-            return;
+            // has to be said ([`admission`]).
+            let shed = if self.backlog.len() >= self.ack_backlog {
+                Some("ack_backlog")
+            } else if !self.backlog.admit(Instant::now()) {
+                Some("ack_late")
+            } else {
+                None
+            };
+            if let Some(reason) = shed {
+                counter!("dhcp_dropped_total", "reason" => reason).increment(1);
+                debug!(reason, "ACKs waiting for the disk: DISCOVER not answered");
+                return;
+            }
         }
         let mac = peek_mac(&dgram.bytes);
         let now = Now {
@@ -646,7 +661,7 @@ impl Adapter {
         after: After,
     ) {
         if matches!(after, After::Reply { .. }) {
-            self.waiting_replies.fetch_add(1, Ordering::Relaxed);
+            self.backlog.queued(Instant::now());
         }
         let job = Job {
             commit: LeaseCommit {
@@ -689,7 +704,7 @@ async fn commit_loop(
     store: Arc<dyn Store>,
     replier: Arc<Replier>,
     not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
-    waiting_replies: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
 ) {
     // Addresses whose latest write failed; a reused binding on one of them is not announced.
     let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
@@ -710,7 +725,7 @@ async fn commit_loop(
             Some(ip) if not_durable.contains(&ip) => {
                 let _enter = job.span.enter();
                 if matches!(job.after, After::Reply { .. }) {
-                    waiting_replies.fetch_sub(1, Ordering::Relaxed);
+                    backlog.left();
                 }
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 error!(%ip, "binding is not on disk (its write failed); reply not sent");
@@ -743,24 +758,30 @@ async fn commit_loop(
             let done = tokio::task::spawn_blocking(move || {
                 let started = Instant::now();
                 let r = store.commit_leases(&groups, durable);
+                let committed = Instant::now();
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
                 }
-                (r, started)
+                (r, started, committed, committed.elapsed())
             })
             .await;
             let total = queued.elapsed();
             match done {
-                Ok((r, started)) => {
+                Ok((r, started, committed, refresh)) => {
                     let wait = started.duration_since(queued);
-                    // Where a slow reply's time goes: the wait for a blocking thread, and the
-                    // commit itself (redb's write slot, page writes, the fsync when durable).
+                    // Where a slow reply's time goes: the wait for a blocking thread, the
+                    // commit itself (redb's write slot, page writes, the fsync when durable),
+                    // and re-reading the committed leases into the view before the replies.
                     histogram!("dhcp_commit_seconds", "durable" => if durable { "yes" } else { "no" })
                         .record(total.as_secs_f64());
                     histogram!("dhcp_commit_jobs").record(jobs as f64);
+                    if durable {
+                        backlog.observe(total);
+                    }
                     debug!(target: "talboot::dhcp::commit", jobs, rows, durable,
                         wait_us = wait.as_micros() as u64,
-                        commit_us = (total - wait).as_micros() as u64, "lease commit");
+                        commit_us = committed.duration_since(started).as_micros() as u64,
+                        refresh_us = refresh.as_micros() as u64, "lease commit");
                     r
                 }
                 Err(e) => Err(join_error(e)),
@@ -770,7 +791,7 @@ async fn commit_loop(
             let _enter = job.span.enter();
             // Its commit is done: this reply no longer waits for the disk, sent or not.
             if matches!(job.after, After::Reply { .. }) {
-                waiting_replies.fetch_sub(1, Ordering::Relaxed);
+                backlog.left();
             }
             // A job with nothing to write still gets its reply when the commit failed; its
             // events are then persisted by the bus instead.

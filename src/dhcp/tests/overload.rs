@@ -446,7 +446,16 @@ async fn a_receive_queue_overflow_sheds_discovers_and_answers_every_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_does_not_wait_for_a_slow_durable_commit() {
-    let r = start().await;
+    // Admission is pinned open: this is about the OFFER not queueing behind the commit, not
+    // about shedding it once the held ACK is late (the tests below).
+    let r = start_with(server::Queues {
+        admission: crate::dhcp::admission::Limits {
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(60),
+        },
+        ..server::Queues::default()
+    })
+    .await;
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (open, open_rx) = std::sync::mpsc::channel();
     *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
@@ -517,5 +526,77 @@ async fn discovers_are_not_answered_while_acks_wait_for_the_disk() {
     let next = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
     assert_eq!(next.opts().msg_type(), Some(MessageType::Offer));
     assert_eq!(next.chaddr()[5], 21, "the shed DISCOVER stays unanswered");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovers_are_not_answered_while_the_oldest_ack_waits_longer_than_commits_take() {
+    // One ACK waiting, far below the count limit (512): the count alone would answer the
+    // DISCOVER. But that ACK has waited longer than the admission target (pinned to 50 ms
+    // here; derived from measured commit times in service), so the durable path is behind and
+    // no new exchange is started until it catches up.
+    let r = start_with(server::Queues {
+        admission: crate::dhcp::admission::Limits {
+            floor: Duration::from_millis(50),
+            ceiling: Duration::from_millis(50),
+        },
+        ..server::Queues::default()
+    })
+    .await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    // Let the held ACK grow older than the target, then start a new exchange.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.send(&discover_from(30)).await;
+    drained(r.server.port()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open.send(()).unwrap();
+    // An OFFER to that DISCOVER would have left at once, before this ACK.
+    let first = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
+    assert_eq!(first.opts().msg_type(), Some(MessageType::Ack));
+    // With nothing waiting any more, the next DISCOVER is answered.
+    r.send(&discover_from(31)).await;
+    let next = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
+    assert_eq!(next.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(next.chaddr()[5], 31, "the shed DISCOVER stays unanswered");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_waiting_less_than_the_target_does_not_stop_new_exchanges() {
+    // The other side of the rule: a held ACK younger than the target (pinned high here) does
+    // not shed DISCOVERs, so a commit in progress alone never costs an exchange.
+    let r = start_with(server::Queues {
+        admission: crate::dhcp::admission::Limits {
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(60),
+        },
+        ..server::Queues::default()
+    })
+    .await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.send(&discover_from(32)).await;
+    let offer = decoded(
+        &r.recv(MUST_ARRIVE)
+            .await
+            .expect("an OFFER while the ACK waits"),
+    );
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(offer.chaddr()[5], 32);
+    open.send(()).unwrap();
+    let ack = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
+    assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
     r.stop().await;
 }
