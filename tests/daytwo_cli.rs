@@ -390,6 +390,22 @@ async fn day_two(demo: &Demo) {
         assert_eq!(kubelet_version(n), "v1.36.4", "{n}");
     }
     drop(kubelets);
+    // serve's inventory still says 1.36.3: its drift watcher now reports a node that was in
+    // sync (the operator bumps `kubernetesVersion` and restarts serve, as the CLI says).
+    assert!(
+        upgrade.stdout.contains("set `kubernetesVersion: 1.36.4`"),
+        "{upgrade}"
+    );
+    let mut tries = 0;
+    loop {
+        let status = cli.run("status", &[]).await;
+        if status_row(&status, "rack1-st-01").contains(" yes (") {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "no drift after the upgrade:\n{status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // A Talos upgrade while serve holds the store: through its admin API as well, the
     // installer's output streamed back, every node upgraded once.
