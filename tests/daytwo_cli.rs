@@ -7,7 +7,9 @@
 //! --mode no-reboot` finds the store held and goes through serve's admin API, changing
 //! exactly those nodes, none rebooted -> plan is clean -> a node's running config changed
 //! behind talboot's back shows in plan and, from serve's drift watcher, in `talboot status`
-//! -> `talboot upgrade --talos` goes through serve too: it stops at a failing control plane,
+//! -> `talboot upgrade --kubernetes` goes through serve: it stops at a control plane whose
+//! API server never comes back, resumes without repeating a step, no node rebooted ->
+//! `talboot upgrade --talos` goes through serve too: it stops at a failing control plane,
 //! resumes without upgrading finished nodes again, and a further run upgrades nothing.
 //!
 //! One test: the rack's loopback addresses allow one simulated rack at a time.
@@ -16,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use talboot::sim::demo::{Demo, DemoOptions};
+use talboot::sim::kubelet::{KubeletNode, KubeletOptions, Kubelets};
 use talboot::sim::talos::UpgradeFailure;
 
 const STORAGE: [&str; 3] = ["rack1-st-01", "rack1-st-02", "rack1-st-03"];
@@ -287,6 +290,122 @@ async fn day_two(demo: &Demo) {
     };
     let header = status.stdout.lines().next().unwrap();
     assert!(header.contains(" DRIFT "), "{status}");
+
+    // A Kubernetes upgrade while serve holds the store (before the Talos one: Talos v1.14
+    // is not in talosctl's compatibility table for Kubernetes 1.36). The kubelets follow
+    // each node's running config into the API double, as the real ones do.
+    let kubelets = Kubelets::start(
+        names
+            .iter()
+            .map(|n| KubeletNode {
+                hostname: n.clone(),
+                ip: demo.inventory.node(n).unwrap().address.addr().into(),
+                config: talos(n).running_config_handle(),
+            })
+            .collect(),
+        demo.kube.clone(),
+        KubeletOptions::default(),
+    );
+    let before: Vec<(usize, usize)> = names
+        .iter()
+        .map(|n| (applies(n), talos(n).reboot_calls()))
+        .collect();
+    let pod_image = |component: &str, node: &str| {
+        demo.kube
+            .object("v1", "Pod", "kube-system", &format!("{component}-{node}"))
+            .and_then(|p| {
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default()
+    };
+    let kubelet_version = |node: &str| {
+        demo.kube.object("v1", "Node", "", node).unwrap()["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    // The second control plane's API server never comes back: serve stops at that step.
+    kubelets.never_ready("rack1-cp-02", "kube-apiserver");
+    let k8s = |timeout: &'static str| {
+        let cli = &cli;
+        async move {
+            cli.run(
+                "upgrade",
+                &[
+                    "--kubernetes",
+                    "1.36.4",
+                    "--node-timeout",
+                    timeout,
+                    "--gate-poll-ms",
+                    "50",
+                ],
+            )
+            .await
+        }
+    };
+    let failed = k8s("3").await;
+    assert_eq!(failed.code, Some(1), "{failed}");
+    for want in [
+        "talboot serve holds the store; upgrading Kubernetes through its admin API",
+        "serve runs upgrade-k8s/v1.36.4",
+        "kube-apiserver/rack1-cp-01: done",
+        "kube-apiserver/rack1-cp-02: FAILED: ",
+    ] {
+        assert!(failed.stdout.contains(want), "{want}: {failed}");
+    }
+    assert!(
+        failed
+            .stderr
+            .contains("stopped at step kube-apiserver/rack1-cp-02: "),
+        "{failed}"
+    );
+    assert!(pod_image("kube-apiserver", "rack1-cp-01").ends_with(":v1.36.4"));
+    assert!(pod_image("kube-apiserver", "rack1-cp-03").ends_with(":v1.36.3"));
+    for (n, (applied, _)) in names.iter().zip(&before) {
+        // cp-01 and cp-02 got their API server patch; nothing after the failing step ran.
+        let want = applied + usize::from(n == "rack1-cp-01" || n == "rack1-cp-02");
+        assert_eq!(applies(n), want, "{n}: {failed}");
+    }
+    kubelets.heal();
+    // Healed, the same command resumes through serve and finishes: each step once, no node
+    // rebooted, every kubelet on the new version.
+    let upgrade = k8s("60").await;
+    assert_eq!(upgrade.code, Some(0), "{upgrade}");
+    for want in [
+        "resuming upgrade-k8s/v1.36.4",
+        "kube-apiserver/rack1-cp-02: done",
+        "kubelet/rack1-wk-01: done",
+        "Kubernetes v1.36.4 on every node",
+    ] {
+        assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
+    }
+    for (n, (applied, reboots)) in names.iter().zip(&before) {
+        let cp = n.contains("-cp-");
+        // A control plane: three static pods, kube-proxy, the kubelet; a worker: the kubelet.
+        let want = applied + if cp { 5 } else { 1 };
+        assert_eq!(applies(n), want, "{n}: no step applied twice: {upgrade}");
+        assert_eq!(talos(n).reboot_calls(), *reboots, "{n} rebooted");
+        assert_eq!(kubelet_version(n), "v1.36.4", "{n}");
+    }
+    drop(kubelets);
+    // serve's inventory still says 1.36.3: its drift watcher now reports a node that was in
+    // sync (the operator bumps `kubernetesVersion` and restarts serve, as the CLI says).
+    assert!(
+        upgrade.stdout.contains("set `kubernetesVersion: 1.36.4`"),
+        "{upgrade}"
+    );
+    let mut tries = 0;
+    loop {
+        let status = cli.run("status", &[]).await;
+        if status_row(&status, "rack1-st-01").contains(" yes (") {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "no drift after the upgrade:\n{status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // A Talos upgrade while serve holds the store: through its admin API as well, the
     // installer's output streamed back, every node upgraded once.

@@ -3,14 +3,17 @@
 //! stop at the first failure, resumable from the store). The boot sets of the new version are
 //! pulled and verified first, so a node that network-boots during or after the upgrade finds
 //! them. `--kubernetes vX.Y.Z` runs [`crate::daytwo::upgrade_k8s`] the same way (one step at
-//! a time, in talosctl's order, record `upgrade-k8s/<version>` in the store).
+//! a time, in talosctl's order, record `upgrade-k8s/<version>` in the store). Both go through
+//! a running `serve`'s admin API when serve holds the store.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
-use crate::daytwo::remote::{RemoteOutcome, RolloutKind, RolloutRequest, TalosUpgradeRequest};
+use crate::daytwo::remote::{
+    K8sUpgradeRequest, RemoteOutcome, RolloutKind, RolloutRequest, TalosUpgradeRequest,
+};
 use crate::daytwo::rollout::{Event, Gate, RolloutRecord};
 use crate::daytwo::upgrade::{Outcome, Progress, TalosOps, TalosUpgrade, drive, rollout_key};
 use crate::inventory::{self, Inventory, Version};
@@ -64,6 +67,10 @@ pub struct Args {
     /// apid's port on every node.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
+    /// With --kubernetes: how often a step's gate looks again, in milliseconds (tests on
+    /// the simulated rack shorten it).
+    #[arg(long, default_value_t = 2000, hide = true)]
+    pub gate_poll_ms: u64,
 }
 
 fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
@@ -375,15 +382,8 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
     };
     let store: Arc<dyn Store> = match store::open(&args.state_dir) {
         Ok(s) => Arc::new(s),
-        Err(e @ store::StoreError::Locked { .. }) => {
-            return fail(
-                EXIT_USAGE,
-                format!(
-                    "{e}\n`talboot upgrade --kubernetes` does not go through a running serve \
-                     in this build: stop serve for the upgrade"
-                ),
-            );
-        }
+        // serve holds the store: the upgrade goes through its admin API.
+        Err(store::StoreError::Locked { .. }) => return kubernetes_through_serve(args, &to),
         Err(e) => return fail(EXIT_USAGE, e),
     };
     let creds = match super::talosconfig_creds(
@@ -404,9 +404,13 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
     };
     let opts = upgrade_k8s::K8sOptions {
         apid_port: args.apid_port,
-        pod_wait: std::time::Duration::from_secs(args.node_timeout.min(300)),
-        node_wait: std::time::Duration::from_secs(args.node_timeout.min(180)),
+        pod_wait: k8s_pod_wait(args),
+        node_wait: k8s_node_wait(args),
+        poll: std::time::Duration::from_millis(args.gate_poll_ms.max(10)),
     };
+    if matches!(store.rollout(&upgrade_k8s::rollout_key(&to)), Ok(Some(_))) {
+        println!("resuming {} from the store", upgrade_k8s::rollout_key(&to));
+    }
     let outcome = rt
         .block_on(upgrade_k8s::upgrade(
             inv,
@@ -414,60 +418,80 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
             creds,
             store.as_ref(),
             &opts,
-            |p| print_k8s_progress(&plan, p),
+            |p| println!("{}", upgrade_k8s::progress_line(&plan, p)),
         ))
         .map_err(|e| e.to_string());
     match outcome {
-        Ok(Outcome::Finished) => {
-            println!("Kubernetes {to} on every node");
-            println!(
-                "set `kubernetesVersion: {}` in {} so that configs rendered from now on \
-                 carry it; the bootstrap manifests are not synced by talboot (see the docs)",
-                to.0,
-                args.config.display()
-            );
-            ExitCode::SUCCESS
-        }
-        Ok(Outcome::Stopped { node, reason }) => {
-            let at = node.map_or("the pre-flight check".to_owned(), |n| format!("step {n}"));
-            fail(
-                EXIT_INVALID,
-                format!(
-                    "stopped at {at}: {reason}\nfix it and run the same command again: finished \
-                     steps are not applied again"
-                ),
-            )
-        }
+        Ok(Outcome::Finished) => k8s_finished(args, &to),
+        Ok(Outcome::Stopped { node, reason }) => k8s_stopped(node, &reason),
         Err(e) => fail(EXIT_USAGE, e),
     }
 }
 
-fn print_k8s_progress(plan: &crate::daytwo::upgrade_k8s::K8sUpgrade, p: &Progress) {
-    let describe = |id: &str| {
-        plan.steps
-            .iter()
-            .find(|s| s.id() == id)
-            .map_or_else(|| id.to_owned(), |s| s.describe(&plan.to))
+/// talosctl's waits (5 min for a static pod, 3 for a kubelet), shorter with `--node-timeout`.
+fn k8s_pod_wait(args: &Args) -> std::time::Duration {
+    std::time::Duration::from_secs(args.node_timeout.min(300))
+}
+
+fn k8s_node_wait(args: &Args) -> std::time::Duration {
+    std::time::Duration::from_secs(args.node_timeout.min(180))
+}
+
+/// `kubernetes` while serve holds the store: serve plans the upgrade against its inventory
+/// and runs it with its credentials and store; the progress is printed as it comes.
+fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
+    println!(
+        "talboot serve holds the store; upgrading Kubernetes through its admin API at {}",
+        args.admin
+    );
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    match p {
-        Progress::Checking(Gate::Cluster) => println!("checking the cluster before upgrading"),
-        Progress::Checking(Gate::Node(id)) => println!("{id}: waiting"),
-        Progress::Changing(id) => println!("{}", describe(id)),
-        Progress::Reconciling(id) => {
-            println!("{id}: an earlier run started this step; checking whether it took effect")
-        }
-        Progress::Observed(Event::Healthy(Gate::Node(id))) => println!("{id}: done"),
-        Progress::Observed(Event::Healthy(Gate::Cluster)) => println!("cluster healthy"),
-        Progress::Observed(Event::Changed { node }) => println!("{node}: config patched"),
-        Progress::Observed(Event::NotChanged { node }) => {
-            println!("{node}: not applied yet; applying now")
-        }
-        Progress::Observed(Event::ChangeFailed { node, reason }) => {
-            println!("{node}: FAILED: {reason}")
-        }
-        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
-            Gate::Node(n) => println!("{n}: FAILED: {reason}"),
-            Gate::Cluster => println!("cluster not healthy: {reason}"),
-        },
+    let request = k8s_request(to, args);
+    let base = super::remote::base_url(args.admin);
+    match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
+        Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => k8s_finished(args, to),
+        Ok(RemoteOutcome::Stopped { node, reason, .. }) => k8s_stopped(node, &reason),
+        Ok(RemoteOutcome::Failed { reason }) => fail(EXIT_USAGE, reason),
+        Err(e) => fail(EXIT_USAGE, e),
     }
+}
+
+/// The request serve runs for `talboot upgrade --kubernetes`.
+pub(crate) fn k8s_request(to: &Version, args: &Args) -> RolloutRequest {
+    RolloutRequest {
+        worker_concurrency: args.worker_concurrency.max(1),
+        kind: RolloutKind::UpgradeKubernetes(K8sUpgradeRequest {
+            version: to.to_string(),
+            pod_wait_secs: k8s_pod_wait(args).as_secs(),
+            node_wait_secs: k8s_node_wait(args).as_secs(),
+            gate_poll_ms: args.gate_poll_ms,
+        }),
+    }
+}
+
+fn k8s_finished(args: &Args, to: &Version) -> ExitCode {
+    println!("Kubernetes {to} on every node");
+    println!(
+        "set `kubernetesVersion: {}` in {} so that configs rendered from now on \
+         carry it; the bootstrap manifests are not synced by talboot (see the docs)",
+        to.0,
+        args.config.display()
+    );
+    ExitCode::SUCCESS
+}
+
+fn k8s_stopped(node: Option<String>, reason: &str) -> ExitCode {
+    let at = node.map_or("the pre-flight check".to_owned(), |n| format!("step {n}"));
+    fail(
+        EXIT_INVALID,
+        format!(
+            "stopped at {at}: {reason}\nfix it and run the same command again: finished \
+             steps are not applied again"
+        ),
+    )
 }

@@ -5,7 +5,8 @@
 //! ([`Rollouts`]: at most one runs at a time, so two operators never roll one rack at once),
 //! each run's progress log (what the CLI pages through), and the serve-side [`Job`] of each
 //! kind, which runs the same code as the standalone CLI (`daytwo::apply`, the Talos upgrade
-//! driver) against serve's store, with serve's inventory and admin credentials.
+//! driver, `daytwo::upgrade_k8s::run`) against serve's store, with serve's inventory and
+//! admin credentials.
 //!
 //! A new kind is one [`RolloutKind`] variant, its [`Job`], and one arm in
 //! [`RolloutKind::prepare`].
@@ -50,6 +51,9 @@ pub enum RolloutKind {
     Apply(ApplyRequest),
     /// `talboot upgrade --talos`: serve's inventory nodes upgraded to `version`.
     UpgradeTalos(TalosUpgradeRequest),
+    /// `talboot upgrade --kubernetes`: serve's inventory cluster upgraded to Kubernetes
+    /// `version`, talosctl's steps one at a time.
+    UpgradeKubernetes(K8sUpgradeRequest),
 }
 
 /// One node's rendered config, as `talboot gen` renders it.
@@ -86,6 +90,18 @@ pub struct TalosUpgradeRequest {
     pub version: String,
     pub stage: bool,
     pub node_timeout_secs: u64,
+    pub gate_poll_ms: u64,
+}
+
+/// `talboot upgrade --kubernetes`'s part of a request (the worker concurrency is not used:
+/// every step goes one at a time, in talosctl's order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct K8sUpgradeRequest {
+    pub version: String,
+    /// Longest wait for a static pod after its patch.
+    pub pod_wait_secs: u64,
+    /// Longest wait for a Node's new kubelet version.
+    pub node_wait_secs: u64,
     pub gate_poll_ms: u64,
 }
 
@@ -285,6 +301,9 @@ impl RolloutKind {
                 worker_concurrency,
                 req,
             )?)),
+            RolloutKind::UpgradeKubernetes(req) => {
+                Ok(Box::new(UpgradeK8sJob::new(inv, apid_port, req)?))
+            }
         }
     }
 }
@@ -542,6 +561,75 @@ impl Job for UpgradeTalosJob {
     }
 }
 
+struct UpgradeK8sJob {
+    plan: super::upgrade_k8s::K8sUpgrade,
+    pod_wait: Duration,
+    node_wait: Duration,
+    poll: Duration,
+}
+
+impl UpgradeK8sJob {
+    fn new(inv: &Inventory, apid_port: u16, req: K8sUpgradeRequest) -> Result<Self, StartError> {
+        let version: Version = req.version.parse().map_err(|e| {
+            StartError::Invalid(format!(
+                "{:?} is not a Kubernetes version like 1.36.3: {e}",
+                req.version
+            ))
+        })?;
+        // Planned against serve's inventory: an unsupported path is refused before anything
+        // runs, as the standalone CLI refuses it.
+        let plan = super::upgrade_k8s::K8sUpgrade::plan(inv, &version, apid_port)
+            .map_err(StartError::Invalid)?;
+        Ok(Self {
+            plan,
+            pod_wait: Duration::from_secs(req.pod_wait_secs),
+            node_wait: Duration::from_secs(req.node_wait_secs),
+            poll: Duration::from_millis(req.gate_poll_ms.max(10)),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Job for UpgradeK8sJob {
+    fn describe(&self) -> String {
+        super::upgrade_k8s::rollout_key(&self.plan.to)
+    }
+
+    async fn run(
+        self: Box<Self>,
+        ctx: &RolloutCtx,
+        say: &(dyn Fn(String) + Send + Sync),
+    ) -> RemoteOutcome {
+        use super::upgrade_k8s::{K8sOps, progress_line, rollout_key};
+        let key = rollout_key(&self.plan.to);
+        if matches!(ctx.store.rollout(&key), Ok(Some(_))) {
+            say(format!("resuming {key} from the store"));
+        }
+        let mut ops = match K8sOps::connect(self.plan.clone(), ctx.creds.clone()).await {
+            Ok(ops) => ops,
+            Err(reason) => return RemoteOutcome::Failed { reason },
+        };
+        ops.pod_wait = self.pod_wait;
+        ops.node_wait = self.node_wait;
+        ops.poll = self.poll;
+        let plan = &self.plan;
+        let out = super::upgrade_k8s::run(plan, Arc::new(ops), ctx.store.as_ref(), |p| {
+            say(progress_line(plan, p))
+        })
+        .await;
+        match out {
+            Ok(Outcome::Finished) => RemoteOutcome::Finished {
+                key,
+                nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
+            },
+            Ok(Outcome::Stopped { node, reason }) => RemoteOutcome::Stopped { key, node, reason },
+            Err(e) => RemoteOutcome::Failed {
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,6 +760,32 @@ mod tests {
             "upgrade-talos/v1.14.0"
         );
         assert!(up("latest").prepare(&inv, 50000, 2).is_err());
+        let k8s = |v: &str| {
+            RolloutKind::UpgradeKubernetes(K8sUpgradeRequest {
+                version: v.into(),
+                pod_wait_secs: 300,
+                node_wait_secs: 180,
+                gate_poll_ms: 100,
+            })
+        };
+        assert_eq!(
+            k8s("1.36.4").prepare(&inv, 50000, 1).unwrap().describe(),
+            "upgrade-k8s/v1.36.4"
+        );
+        // talosctl's path rule, checked against serve's inventory (1.36.3): one minor at most.
+        let skip = k8s("1.38.0").prepare(&inv, 50000, 1);
+        assert!(
+            matches!(&skip, Err(StartError::Invalid(m)) if m.contains("1.36->1.38")),
+            "{:?}",
+            skip.err()
+        );
+        assert!(k8s("latest").prepare(&inv, 50000, 1).is_err());
+        let json = serde_json::to_string(&RolloutRequest {
+            worker_concurrency: 1,
+            kind: k8s("1.36.4"),
+        })
+        .unwrap();
+        assert!(json.contains("\"kind\":\"upgrade_kubernetes\""), "{json}");
     }
 
     #[test]

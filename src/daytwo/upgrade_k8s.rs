@@ -719,6 +719,38 @@ impl NodeOps for K8sOps {
     }
 }
 
+/// One progress line of a Kubernetes upgrade, for the operator (the standalone CLI prints
+/// it, a run inside `serve` streams it to the CLI).
+pub fn progress_line(plan: &K8sUpgrade, p: &Progress) -> String {
+    let describe = |id: &str| {
+        plan.steps
+            .iter()
+            .find(|s| s.id() == id)
+            .map_or_else(|| id.to_owned(), |s| s.describe(&plan.to))
+    };
+    match p {
+        Progress::Checking(Gate::Cluster) => "checking the cluster before upgrading".into(),
+        Progress::Checking(Gate::Node(id)) => format!("{id}: waiting"),
+        Progress::Changing(id) => describe(id),
+        Progress::Reconciling(id) => {
+            format!("{id}: an earlier run started this step; checking whether it took effect")
+        }
+        Progress::Observed(Event::Healthy(Gate::Node(id))) => format!("{id}: done"),
+        Progress::Observed(Event::Healthy(Gate::Cluster)) => "cluster healthy".into(),
+        Progress::Observed(Event::Changed { node }) => format!("{node}: config patched"),
+        Progress::Observed(Event::NotChanged { node }) => {
+            format!("{node}: not applied yet; applying now")
+        }
+        Progress::Observed(Event::ChangeFailed { node, reason }) => {
+            format!("{node}: FAILED: {reason}")
+        }
+        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
+            Gate::Node(n) => format!("{n}: FAILED: {reason}"),
+            Gate::Cluster => format!("cluster not healthy: {reason}"),
+        },
+    }
+}
+
 /// Errors that end a run before or outside the rollout.
 #[derive(Debug, thiserror::Error)]
 pub enum K8sUpgradeError {
@@ -746,6 +778,8 @@ pub struct K8sOptions {
     pub pod_wait: Duration,
     /// Longest wait for a Node's new kubelet version (talosctl: 3 min).
     pub node_wait: Duration,
+    /// How often a gate looks again.
+    pub poll: Duration,
 }
 
 impl Default for K8sOptions {
@@ -754,13 +788,14 @@ impl Default for K8sOptions {
             apid_port: crate::talos::APID_PORT,
             pod_wait: Duration::from_secs(300),
             node_wait: Duration::from_secs(180),
+            poll: Duration::from_secs(2),
         }
     }
 }
 
 /// Plans, connects and runs (or resumes) the upgrade of `inv`'s cluster to Kubernetes `to`:
-/// the one call a new rollout kind needs (`Rollout::Kubernetes { to }` in serve's provisioner
-/// maps to this with serve's store and a progress sink).
+/// the standalone CLI's call (a run inside `serve` plans against serve's inventory and calls
+/// [`run`], `daytwo::remote`'s `UpgradeKubernetes`).
 pub async fn upgrade(
     inv: &Inventory,
     to: &Version,
@@ -775,6 +810,7 @@ pub async fn upgrade(
         .map_err(K8sUpgradeError::Connect)?;
     ops.pod_wait = opts.pod_wait;
     ops.node_wait = opts.node_wait;
+    ops.poll = opts.poll;
     run(&plan, Arc::new(ops), store, report).await
 }
 
