@@ -34,9 +34,10 @@ fn no_provisioner() -> Response {
 pub(crate) async fn api_start(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
     body: Bytes,
 ) -> Response {
-    if !peer.ip().is_loopback() {
+    if !super::admin_auth::permitted(&peer, admitted.as_ref()) {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
     let Some(commands) = &app.commands else {
@@ -69,10 +70,11 @@ pub(crate) struct PageQuery {
 pub(crate) async fn api_progress(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
     Path(id): Path<u64>,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    if !peer.ip().is_loopback() {
+    if !super::admin_auth::permitted(&peer, admitted.as_ref()) {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
     let Some(commands) = &app.commands else {
@@ -173,7 +175,7 @@ mod tests {
             .unwrap();
         req.extensions_mut()
             .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
-        let resp = super::super::admin_router(app.clone())
+        let resp = super::super::admin_router(app.clone(), None)
             .oneshot(req)
             .await
             .unwrap();
