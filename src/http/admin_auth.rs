@@ -226,7 +226,7 @@ pub(crate) async fn guard(
     );
     match (verdict, token) {
         (Verdict::Pass, _) => {
-            req.extensions_mut().insert(axum::Extension(Admitted));
+            req.extensions_mut().insert(Admitted);
             next.run(req).await
         }
         (Verdict::Exchange, Some(token)) => {
