@@ -3,7 +3,8 @@
 //! client on the bridge only with the token (bearer header, or the dashboard's cookie got
 //! from `/?token=`), answers loopback without one, never writes the token to its log, and its
 //! provisioning port still serves no admin route. `serve` refuses an admin listener off
-//! loopback without a token file, and a token file others can read.
+//! loopback without a token file, and a token file others can read. The dashboard part runs
+//! in Debian's chromium driven by playwright-core (`tests/browser/admin_token.mjs`).
 
 mod support;
 
@@ -272,6 +273,29 @@ fn off_loopback_admin_answers_only_with_the_token() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+
+    // The dashboard in a real browser on the bridge (Debian's chromium, playwright-core as
+    // tests/dashboard.rs uses them): refused without the token, then `/?token=` once.
+    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        Path::new("/usr/bin/chromium").exists()
+            && browser.join("node_modules/playwright-core").exists(),
+        "this test needs Debian's chromium and playwright-core in {}: run scripts/test-deps",
+        browser.display()
+    );
+    let out = lab
+        .in_cli("node")
+        .arg(browser.join("admin_token.mjs"))
+        .args([admin, TOKEN, "k8s-ctrl-02"])
+        .current_dir(&browser)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the dashboard through the token failed in chromium:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Nothing serve wrote carries the token, not even the refused wrong ones.
     let written = std::fs::read_to_string(&log).unwrap();
