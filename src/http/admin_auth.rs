@@ -107,7 +107,8 @@ impl AdminToken {
         }
     }
 
-    /// Whether `candidate` is the token, in time independent of where they differ.
+    /// Whether `candidate` is the token, in time independent of where they differ (a
+    /// candidate of another length is refused at once: the length is no secret).
     pub fn matches(&self, candidate: &[u8]) -> bool {
         bool::from(self.0.as_bytes().ct_eq(candidate))
     }
@@ -129,8 +130,8 @@ pub enum Verdict {
     Unauthorized,
 }
 
-/// The request facts [`judge`] decides on.
-#[derive(Debug, Clone, Copy)]
+/// The request facts [`judge`] decides on. No `Debug`: it holds credentials.
+#[derive(Clone, Copy)]
 pub struct Facts<'a> {
     /// The peer is a loopback address.
     pub loopback: bool,
@@ -347,7 +348,13 @@ mod tests {
                 Verdict::Unauthorized,
             ),
         ] {
-            assert_eq!(judge(Some(&t), &f), want, "{f:?}");
+            assert_eq!(
+                judge(Some(&t), &f),
+                want,
+                "{} {:?}",
+                f.path,
+                f.query.is_some()
+            );
         }
         // No token configured: nothing off loopback passes, whatever it carries.
         assert_eq!(
