@@ -23,7 +23,8 @@ use crate::tftp::{TftpConfig, TftpServer};
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
 /// The largest request body the admin listener reads: a rollout of a few hundred nodes'
-/// rendered configs (`POST /api/rollouts`). Loopback only, so no stranger can send it.
+/// rendered configs (`POST /api/rollouts`). Loopback, or off loopback behind the admin token
+/// (a stranger's body is read, within the connection cap, before the 401).
 const ADMIN_MAX_BODY: u64 = 32 * 1024 * 1024;
 
 pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -51,10 +52,11 @@ pub enum ApplianceError {
 /// Why a socket of the plan cannot be had.
 #[derive(Debug, thiserror::Error)]
 pub enum BindCause {
-    /// The admin API was asked for on a non-loopback address.
+    /// The admin API was asked for on a non-loopback address without a token.
     #[error(
-        "the admin API is served on loopback only (it lists every node and can wipe one); give \
-         --admin-listen a 127.0.0.0/8 or ::1 address and reach it through SSH"
+        "the admin API lists every node and can wipe one, so off loopback it needs a token: \
+         pass --admin-token-file FILE (a file of mode 0600 holding e.g. `openssl rand -hex 32`), \
+         or give --admin-listen a 127.0.0.0/8 or ::1 address and reach it through SSH"
     )]
     AdminNotLoopback,
     /// The OS refused a TCP listener.
@@ -110,9 +112,12 @@ pub(crate) struct Plan {
     pub advertise: Ipv4Addr,
     /// HTTP listen address of the provisioning side (port 0 picks one).
     pub http: SocketAddr,
-    /// Listen address of the admin API (`/api/*`, `/metrics`): loopback only (checked by
-    /// [`Plan::bind`]), so the provisioning network never reaches it.
+    /// Listen address of the admin API (`/api/*`, `/metrics`): loopback, or another address
+    /// only with [`Plan::admin_token`] (checked by [`Plan::bind`]).
     pub admin: SocketAddr,
+    /// The token every admin request from off loopback must carry
+    /// ([`http::admin_auth`]).
+    pub admin_token: Option<Arc<http::admin_auth::AdminToken>>,
     /// Timeouts and connection cap of both HTTP listeners (`serve --http-*`).
     pub(crate) http_limits: http::server::Limits,
     /// TFTP listen address and settings, if TFTP runs.
@@ -167,9 +172,8 @@ impl Plan {
     /// (the state directory may be root's to create; ports below 1024 need root or
     /// capabilities).
     pub async fn bind(self) -> Result<Bound, ApplianceError> {
-        if !self.admin.ip().is_loopback() {
-            // A non-loopback admin listener needs authentication, which talboot does not
-            // have yet: refuse rather than serve node MACs and rebuilds to a network.
+        if !self.admin.ip().is_loopback() && self.admin_token.is_none() {
+            // Without a token, refuse rather than serve node MACs and rebuilds to a network.
             return Err(ApplianceError::Bind {
                 addr: format!("tcp {} (admin API)", self.admin),
                 cause: BindCause::AdminNotLoopback,
@@ -297,6 +301,7 @@ impl Bound {
             dhcp,
         } = self;
         let inv = plan.inventory.clone();
+        let plan_admin_token = plan.admin_token.clone();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
         let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -360,7 +365,7 @@ impl Bound {
             tasks.spawn(async move {
                 http::server::serve(
                     admin,
-                    http::admin_router(app),
+                    http::admin_router(app, plan_admin_token),
                     admin_limits,
                     "admin",
                     cancel,

@@ -688,15 +688,18 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
         ]
     };
 
-    // A non-loopback admin listener is refused before anything is served.
+    // A non-loopback admin listener without the admin token is refused before anything is
+    // served (with the token: tests/admin_token.rs).
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(args(format!("0.0.0.0:{admin}")))
         .env_remove("RUST_LOG")
+        .env_remove("TALBOOT_ADMIN_TOKEN_FILE")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("loopback only"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("off loopback it needs a token: pass --admin-token-file"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

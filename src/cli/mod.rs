@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub(crate) mod admin_client;
 pub mod check;
 pub mod demo;
 pub mod r#gen;
@@ -34,6 +35,17 @@ pub struct Cli {
     /// Log filter in RUST_LOG syntax (e.g. `info`, `talboot=debug,tower_http=warn`).
     #[arg(long = "log", global = true, env = "RUST_LOG", default_value = "info")]
     pub(crate) log_filter: String,
+
+    /// The admin token file (mode 0600): `serve` requires it for an --admin-listen off
+    /// loopback and then asks every admin request from off loopback for it; the commands that
+    /// talk to a running serve (`--admin`) send it (else `TALBOOT_ADMIN_TOKEN`).
+    #[arg(
+        long,
+        global = true,
+        env = "TALBOOT_ADMIN_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub(crate) admin_token_file: Option<std::path::PathBuf>,
 
     /// What to do.
     #[command(subcommand)]
@@ -108,6 +120,7 @@ pub fn run() -> ExitCode {
         eprintln!("talboot: invalid --log filter `{}`: {e}", cli.log_filter);
         return ExitCode::from(EXIT_USAGE);
     }
+    admin_client::set_token_file(cli.admin_token_file.clone());
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Images(args) => images::run(&args),

@@ -197,13 +197,15 @@ fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
         }
     };
     crate::install_crypto_provider();
+    let client = match super::admin_client::client() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let result = rt.block_on(async {
-        let resp = reqwest::Client::builder()
-            .no_proxy()
-            .build()?
-            .post(&url)
-            .send()
-            .await?;
+        let resp = client.post(&url).send().await?;
         let status = resp.status();
         Ok::<_, reqwest::Error>((status, resp.text().await.unwrap_or_default()))
     });

@@ -325,10 +325,7 @@ async fn through_serve(
     req: PowerRequest,
 ) -> Result<String, String> {
     let url = format!("http://{admin}{}", api_path(name, req));
-    let resp = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .map_err(|e| e.to_string())?
+    let resp = super::admin_client::client()?
         .post(&url)
         .send()
         .await
@@ -662,10 +659,7 @@ const ALL_PHASES: [NodePhase; 8] = [
 /// Node phases from a running serve's `/api/nodes`.
 async fn serve_phases(admin: std::net::SocketAddr) -> Result<BTreeMap<String, NodePhase>, String> {
     let url = format!("http://{admin}/api/nodes");
-    let v: serde_json::Value = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .map_err(|e| e.to_string())?
+    let v: serde_json::Value = super::admin_client::client()?
         .get(&url)
         .send()
         .await

@@ -31,14 +31,10 @@ pub async fn follow(
     mut say: impl FnMut(&str),
 ) -> Result<RemoteOutcome, RemoteError> {
     crate::install_crypto_provider();
-    let client =
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| RemoteError::Unreachable {
-                url: base.to_owned(),
-                reason: e.to_string(),
-            })?;
+    let client = super::admin_client::client().map_err(|reason| RemoteError::Unreachable {
+        url: base.to_owned(),
+        reason,
+    })?;
     let url = format!("{base}/api/rollouts");
     let unreachable = |url: &str, e: reqwest::Error| RemoteError::Unreachable {
         url: url.to_owned(),

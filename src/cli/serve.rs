@@ -61,8 +61,8 @@ pub struct Args {
     #[arg(long, default_value_t = 8080)]
     pub(crate) http_port: u16,
     /// Where the admin API listens (`/api/nodes`, rebuilds, `/metrics`; used by `talboot
-    /// status` and `talboot node rebuild`). Loopback only: it is never served to the
-    /// provisioning network.
+    /// status` and `talboot node rebuild`). Loopback by default; any other address needs
+    /// --admin-token-file, and then every request from off loopback must carry the token.
     #[arg(long, env = "TALBOOT_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
     /// Seconds an HTTP client gets to send a whole request head (from connecting, or from the
@@ -192,6 +192,9 @@ pub(crate) enum StartError {
         /// Why.
         cause: String,
     },
+    /// The admin token file cannot be used.
+    #[error("{0}")]
+    AdminToken(#[from] http::admin_auth::TokenError),
     /// Push provisioning cannot start (secrets bundle or talosconfig).
     #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
     Provisioning(String),
@@ -498,6 +501,13 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         advertise,
         http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
         admin: args.admin_listen,
+        // Read now, before any privilege drop, as the user that owns it.
+        admin_token: match super::admin_client::token_file() {
+            Some(path) => Some(std::sync::Arc::new(http::admin_auth::AdminToken::load(
+                path,
+            )?)),
+            None => None,
+        },
         http_limits: http::server::Limits {
             timeouts: http::conn::Timeouts {
                 header: std::time::Duration::from_secs(args.http_header_timeout),

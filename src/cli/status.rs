@@ -174,15 +174,17 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
         .and_then(|rt| {
             crate::install_crypto_provider();
             rt.block_on(async {
-                let resp = reqwest::Client::builder()
-                    .no_proxy()
-                    .build()
-                    .map_err(|e| e.to_string())?
+                let resp = super::admin_client::client()?
                     .get(&url)
                     .send()
                     .await
                     .map_err(|e| e.to_string())?;
+                let code = resp.status();
                 let body = resp.bytes().await.map_err(|e| e.to_string())?;
+                if !code.is_success() {
+                    // A 401 says how to pass the admin token.
+                    return Err(format!("{code}: {}", String::from_utf8_lossy(&body).trim()));
+                }
                 serde_json::from_slice::<Vec<serde_json::Value>>(&body).map_err(|e| e.to_string())
             })
         });

@@ -173,14 +173,10 @@ pub(crate) async fn watch(
     use futures_util::StreamExt as _;
     crate::install_crypto_provider();
     let base = format!("http://{admin}");
-    let client =
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| WatchError::Connect {
-                url: base.clone(),
-                cause: e.to_string(),
-            })?;
+    let client = super::admin_client::client().map_err(|cause| WatchError::Connect {
+        url: base.clone(),
+        cause,
+    })?;
     // Subscribe first, then read the table: an event between the two is applied to a table
     // that may already show it, which is harmless; the other order could miss one.
     let url = format!("{base}/api/events");

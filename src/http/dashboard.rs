@@ -10,7 +10,8 @@
 //! over the store's records ([`progress`], [`cluster_steps`], [`is_failure`]); the script
 //! only draws it and re-reads the snapshot when an event arrives.
 //!
-//! The admin listener is loopback-only, but a browser on that host also runs other sites'
+//! The admin listener is loopback by default (off loopback it needs the token,
+//! [`super::admin_auth`]), but a browser on that host also runs other sites'
 //! pages: [`admit`] refuses requests whose `Host` is a name other than `localhost` (DNS
 //! rebinding) and cross-origin POSTs (a page elsewhere submitting a rebuild).
 

@@ -15,6 +15,7 @@
 //! functions ([`script::plan`], [`tokens::judge`], [`assets::plan_range`],
 //! [`crate::entitlement::judge`]); every boot step is a node event.
 
+pub mod admin_auth;
 pub mod assets;
 pub mod conn;
 pub mod dashboard;
@@ -185,8 +186,11 @@ pub fn router(app: Arc<HttpApp>) -> Router {
 
 /// The admin router (`serve --admin-listen`, loopback by default): status, rebuild and
 /// metrics. Never served to the provisioning network: `/api/nodes` lists every node's MAC, and
-/// a rebuild wipes a machine.
-pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
+/// a rebuild wipes a machine. Off loopback every request needs `token` ([`admin_auth`]).
+pub(crate) fn admin_router(
+    app: Arc<HttpApp>,
+    token: Option<Arc<admin_auth::AdminToken>>,
+) -> Router {
     Router::new()
         .route("/api/nodes", get(api_nodes))
         .route(
@@ -206,6 +210,10 @@ pub(crate) fn admin_router(app: Arc<HttpApp>) -> Router {
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn(dashboard::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            token,
+            admin_auth::guard,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(app)
 }
@@ -643,9 +651,10 @@ fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
 async fn api_rebuild(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    admitted: Option<axum::Extension<admin_auth::Admitted>>,
     Path(name): Path<String>,
 ) -> Response {
-    if !peer.ip().is_loopback() {
+    if !admin_auth::permitted(&peer, admitted.as_ref()) {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
     if app.inventory.node(&name).is_none() {

@@ -26,6 +26,7 @@ pub(crate) struct BootQuery {
 pub(crate) async fn api_power(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
     Path((name, op)): Path<(String, String)>,
 ) -> Response {
     let request = match op.as_str() {
@@ -40,13 +41,20 @@ pub(crate) async fn api_power(
             );
         }
     };
-    send(&app, peer, &name, request).await
+    send(
+        &app,
+        super::admin_auth::permitted(&peer, admitted.as_ref()),
+        &name,
+        request,
+    )
+    .await
 }
 
 /// `POST /api/nodes/{name}/boot/{device}`.
 pub(crate) async fn api_boot(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
     Path((name, device)): Path<(String, String)>,
     Query(q): Query<BootQuery>,
 ) -> Response {
@@ -65,11 +73,18 @@ pub(crate) async fn api_boot(
     } else {
         BootPersistence::Once
     };
-    send(&app, peer, &name, PowerRequest::Boot(device, persistence)).await
+    send(
+        &app,
+        super::admin_auth::permitted(&peer, admitted.as_ref()),
+        &name,
+        PowerRequest::Boot(device, persistence),
+    )
+    .await
 }
 
-async fn send(app: &HttpApp, peer: SocketAddr, name: &str, request: PowerRequest) -> Response {
-    if !peer.ip().is_loopback() {
+/// `permitted`: the caller is on loopback or showed the admin token.
+async fn send(app: &HttpApp, permitted: bool, name: &str, request: PowerRequest) -> Response {
+    if !permitted {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
     if app.inventory.node(name).is_none() {

@@ -236,6 +236,7 @@ impl Relaunch {
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,
+            admin_token: None,
             http_limits: Default::default(),
             tftp: Some((
                 self.tftp,

@@ -1,0 +1,83 @@
+//! The admin token on the CLI's side. `--admin-token-file` (a global flag, also
+//! `TALBOOT_ADMIN_TOKEN_FILE`) is the one file both ends read: `serve` requires it for an
+//! admin listener off loopback, and the `--admin` clients (`status`, `node rebuild`, `power`,
+//! `rack`, `apply`, `upgrade`) send its token; a client without the flag takes
+//! `TALBOOT_ADMIN_TOKEN`. [`client`] is the HTTP client those commands use: it sends the
+//! token, when there is one, as `Authorization: Bearer` (marked sensitive, so no log of
+//! reqwest's shows it).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::http::admin_auth::{AdminToken, TokenError};
+
+/// The environment variable a client reads the token from when no file is given.
+pub const TOKEN_ENV: &str = "TALBOOT_ADMIN_TOKEN";
+
+/// `--admin-token-file`, set once by [`super::run`] from the parsed command line.
+static TOKEN_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// Records `--admin-token-file` (first call wins).
+pub(crate) fn set_token_file(path: Option<PathBuf>) {
+    let _ = TOKEN_FILE.set(path);
+}
+
+/// `--admin-token-file`, if given.
+pub(crate) fn token_file() -> Option<&'static Path> {
+    TOKEN_FILE.get().and_then(|p| p.as_deref())
+}
+
+/// The token a client sends: the file's, else [`TOKEN_ENV`]'s, else none (loopback needs
+/// none).
+pub(crate) fn client_token(
+    file: Option<&Path>,
+    env: Option<String>,
+) -> Result<Option<AdminToken>, TokenError> {
+    match (file, env) {
+        (Some(path), _) => AdminToken::load(path).map(Some),
+        (None, Some(text)) => AdminToken::parse(&text, TOKEN_ENV).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The HTTP client of the `--admin` commands: no proxy (the admin API is this host's or the
+/// management network's), with the admin token if one is configured.
+pub(crate) fn client() -> Result<reqwest::Client, String> {
+    let token =
+        client_token(token_file(), std::env::var(TOKEN_ENV).ok()).map_err(|e| e.to_string())?;
+    let mut builder = reqwest::Client::builder().no_proxy();
+    if let Some(token) = token {
+        let mut value =
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(
+                |_| {
+                    format!("the admin token from {TOKEN_ENV} or --admin-token-file cannot be sent")
+                },
+            )?;
+        value.set_sensitive(true);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_wins_over_the_environment() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        std::fs::write(&path, "filefilefilefilefile\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let env = Some("envenvenvenvenvenvenv".to_owned());
+        let t = client_token(Some(&path), env.clone()).unwrap().unwrap();
+        assert_eq!(t.expose(), "filefilefilefilefile");
+        let t = client_token(None, env).unwrap().unwrap();
+        assert_eq!(t.expose(), "envenvenvenvenvenvenv");
+        assert!(client_token(None, None).unwrap().is_none());
+        assert!(client_token(None, Some("short".into())).is_err());
+    }
+}
