@@ -78,6 +78,24 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The admin credentials and the async runtime both standalone upgrades run with.
+fn creds_and_runtime(
+    args: &Args,
+) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), ExitCode> {
+    let creds = super::talosconfig_creds(
+        args.talosconfig.as_deref(),
+        &args.state_dir,
+        args.context.as_deref(),
+    )
+    .map_err(|e| fail(EXIT_USAGE, e))?;
+    crate::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")))?;
+    Ok((creds, rt))
+}
+
 pub fn run(args: &Args) -> ExitCode {
     let inv = match inventory::load(&args.config) {
         Ok(l) => l.inventory,
@@ -110,21 +128,9 @@ pub fn run(args: &Args) -> ExitCode {
     let Some(store) = store else {
         return upgrade_through_serve(args, &inv, &version);
     };
-    let creds = match super::talosconfig_creds(
-        args.talosconfig.as_deref(),
-        &args.state_dir,
-        args.context.as_deref(),
-    ) {
-        Ok(c) => c,
-        Err(e) => return fail(EXIT_USAGE, e),
-    };
-    crate::install_crypto_provider();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
+    let (creds, rt) = match creds_and_runtime(args) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images)) {
         return fail(
@@ -386,21 +392,9 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Err(store::StoreError::Locked { .. }) => return kubernetes_through_serve(args, &to),
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let creds = match super::talosconfig_creds(
-        args.talosconfig.as_deref(),
-        &args.state_dir,
-        args.context.as_deref(),
-    ) {
-        Ok(c) => c,
-        Err(e) => return fail(EXIT_USAGE, e),
-    };
-    crate::install_crypto_provider();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
+    let (creds, rt) = match creds_and_runtime(args) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let opts = upgrade_k8s::K8sOptions {
         apid_port: args.apid_port,
