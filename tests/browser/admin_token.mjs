@@ -3,29 +3,12 @@
 // node admin_token.mjs <admin base URL> <token> <rebuild node>. Without the token the page is
 // refused; `/?token=` once gives the page, without the token left in the address bar or
 // visible to scripts, its live stream and a confirmed action. Exits non-zero naming the check.
-import { chromium } from "playwright-core";
+import { check, launchChromium } from "./common.mjs";
 
 const [base, token, rebuildNode] = process.argv.slice(2);
 const LONG = 120_000;
 
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
-  console.log(`ok: ${what}`);
-}
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+const browser = await launchChromium();
 let failed = false;
 try {
   const page = await browser.newPage();

@@ -2,31 +2,13 @@
 // dashboard while `talboot demo --stay` runs; tests/dashboard.rs starts the demo and runs
 // this with: node dashboard.mjs <dashboard URL> <screenshot.png> <timeline node> <rebuild node>
 // [<power node> <wol port file>]. Exits non-zero, naming the check, when one fails.
-import { chromium } from "playwright-core";
+import { check, launchChromium } from "./common.mjs";
 
 const [url, shot, timelineNode, rebuildNode, powerNode] = process.argv.slice(2);
 const origin = new URL(url).origin;
 const LONG = 120_000;
 
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
-  console.log(`ok: ${what}`);
-}
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  // The machine's network is closed: without these Chromium retries Google's hosts forever.
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+const browser = await launchChromium();
 let failed = false;
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
