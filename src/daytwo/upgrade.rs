@@ -426,7 +426,7 @@ impl NodeOps for TalosOps {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! Against a rack of fake Talos nodes installed from talboot's rendered configs, on
     //! 127.0.78.x (no other test uses it). The double's own availability record is the
     //! witness of how many nodes were down at once.
@@ -457,7 +457,8 @@ mod tests {
         "rack1-wk-04",
     ];
 
-    fn rack() -> &'static (Inventory, SecretsBundle) {
+    /// `config/rack.yaml` and a secrets bundle for it, made once per test binary.
+    pub(crate) fn rack() -> &'static (Inventory, SecretsBundle) {
         static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
         RACK.get_or_init(|| {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
@@ -472,7 +473,8 @@ mod tests {
         })
     }
 
-    fn creds() -> ClientCreds {
+    /// An admin talosconfig's credentials for [`rack`].
+    pub(crate) fn creds() -> ClientCreds {
         let (inv, secrets) = rack();
         let tc = clients::talosconfig(
             inv.cluster.name.as_str(),

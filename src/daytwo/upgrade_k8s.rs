@@ -1004,18 +1004,9 @@ mod tests {
     /// Against five Talos doubles installed from talboot's rendered configs (127.0.79.x, no
     /// other test uses it), the Kubernetes double, and the simulated kubelets between them.
     mod rack {
-        use std::sync::OnceLock;
-
-        use time::OffsetDateTime;
-
         use super::*;
         use crate::daytwo::rollout::NodeStatus;
-        use crate::inventory::Inventory;
-        use crate::machineconfig::clients;
         use crate::machineconfig::render::render_node;
-        use crate::machineconfig::secrets::{
-            GenerateOptions, SecretsBundle, ServiceAccountKeyKind,
-        };
         use crate::sim::kube::{DoubleOptions, KubeDouble};
         use crate::sim::kubelet::{KubeletNode, KubeletOptions, Kubelets};
         use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
@@ -1028,34 +1019,7 @@ mod tests {
             "rack1-wk-04",
         ];
 
-        fn inv_secrets() -> &'static (Inventory, SecretsBundle) {
-            static RACK: OnceLock<(Inventory, SecretsBundle)> = OnceLock::new();
-            RACK.get_or_init(|| {
-                let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
-                let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
-                    .unwrap()
-                    .inventory;
-                let options = GenerateOptions {
-                    service_account_key: ServiceAccountKeyKind::EcdsaP256,
-                };
-                let secrets = SecretsBundle::generate(OffsetDateTime::now_utc(), &options).unwrap();
-                (inv, secrets)
-            })
-        }
-
-        fn creds() -> ClientCreds {
-            let (inv, secrets) = inv_secrets();
-            let tc = clients::talosconfig(
-                inv.cluster.name.as_str(),
-                &["10.20.0.11".into()],
-                &[],
-                secrets,
-                time::Duration::hours(1),
-                OffsetDateTime::now_utc(),
-            )
-            .unwrap();
-            ClientCreds::from_talosconfig(&tc, None).unwrap()
-        }
+        use crate::daytwo::upgrade::tests::{creds, rack as inv_secrets};
 
         struct Rack {
             _cluster: FakeCluster,
