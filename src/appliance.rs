@@ -118,6 +118,8 @@ pub(crate) struct Plan {
     /// The token every admin request from off loopback must carry
     /// ([`http::admin_auth`]).
     pub admin_token: Option<Arc<http::admin_auth::AdminToken>>,
+    /// Host names the admin listener answers to besides addresses (`serve --admin-host`).
+    pub(crate) admin_hosts: Arc<http::dashboard::AdminHosts>,
     /// Timeouts and connection cap of both HTTP listeners (`serve --http-*`).
     pub(crate) http_limits: http::server::Limits,
     /// TFTP listen address and settings, if TFTP runs.
@@ -302,6 +304,7 @@ impl Bound {
         } = self;
         let inv = plan.inventory.clone();
         let plan_admin_token = plan.admin_token.clone();
+        let plan_admin_hosts = plan.admin_hosts.clone();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
         let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -365,7 +368,7 @@ impl Bound {
             tasks.spawn(async move {
                 http::server::serve(
                     admin,
-                    http::admin_router(app, plan_admin_token),
+                    http::admin_router(app, plan_admin_token, plan_admin_hosts),
                     admin_limits,
                     "admin",
                     cancel,

@@ -256,6 +256,8 @@ fn the_provisioning_port_serves_no_admin_api() {
         .args([
             "--admin-listen",
             "127.0.0.1:0",
+            "--admin-host",
+            "talboot.lab.example",
             "--no-dhcp",
             "--no-tftp",
             "--no-provision",
@@ -307,6 +309,11 @@ fn the_provisioning_port_serves_no_admin_api() {
     let rebuild = format!("/api/nodes/{node}/rebuild");
     let rebound = status_line_as(admin, "GET", "/api/nodes", "evil.example:8081", "");
     assert!(rebound.starts_with("HTTP/1.1 403 "), "{rebound}");
+    // The name the operator listed with --admin-host is answered; a longer one is not.
+    let named = status_line_as(admin, "GET", "/api/nodes", "talboot.lab.example:8081", "");
+    assert!(named.starts_with("HTTP/1.1 200 "), "{named}");
+    let longer = status_line_as(admin, "GET", "/api/nodes", "talboot.lab.example.evil", "");
+    assert!(longer.starts_with("HTTP/1.1 403 "), "{longer}");
     let cross = status_line_as(
         admin,
         "POST",

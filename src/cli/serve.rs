@@ -65,6 +65,11 @@ pub struct Args {
     /// --admin-token-file, and then every request from off loopback must carry the token.
     #[arg(long, env = "TALBOOT_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
+    /// A DNS name the admin listener is reached by (repeatable), e.g. the name in the
+    /// dashboard's URL. Without it only addresses and `localhost` are answered, so a web page
+    /// whose name was rebound to the admin address gets nothing.
+    #[arg(long = "admin-host", value_name = "NAME")]
+    pub(crate) admin_hosts: Vec<String>,
     /// Seconds an HTTP client gets to send a whole request head (from connecting, or from the
     /// first byte of a further request on a kept-alive connection); then it is cut.
     #[arg(long, value_name = "SECONDS", default_value_t = http::server::DEFAULT_HEADER_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
@@ -195,6 +200,9 @@ pub(crate) enum StartError {
     /// The admin token file cannot be used.
     #[error("{0}")]
     AdminToken(#[from] http::admin_auth::TokenError),
+    /// A `--admin-host` is not a host name.
+    #[error("{0}")]
+    AdminHost(#[from] http::dashboard::BadAdminHost),
     /// Push provisioning cannot start (secrets bundle or talosconfig).
     #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
     Provisioning(String),
@@ -508,6 +516,7 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
             )?)),
             None => None,
         },
+        admin_hosts: std::sync::Arc::new(http::dashboard::AdminHosts::new(&args.admin_hosts)?),
         http_limits: http::server::Limits {
             timeouts: http::conn::Timeouts {
                 header: std::time::Duration::from_secs(args.http_header_timeout),

@@ -12,8 +12,9 @@
 //!
 //! The admin listener is loopback by default (off loopback it needs the token,
 //! [`super::admin_auth`]), but a browser on that host also runs other sites'
-//! pages: [`admit`] refuses requests whose `Host` is a name other than `localhost` (DNS
-//! rebinding) and cross-origin POSTs (a page elsewhere submitting a rebuild).
+//! pages: [`admit`] refuses requests whose `Host` is a name other than `localhost` or one the
+//! operator listed (`serve --admin-host`; DNS rebinding) and cross-origin POSTs (a page
+//! elsewhere submitting a rebuild).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -93,8 +94,8 @@ async fn style_css() -> Response {
 /// Why a request to the admin listener is refused, if it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// `Host` names something other than an IP address or `localhost`: a page reached through
-    /// a DNS name that was rebound to loopback.
+    /// `Host` names something other than an IP address, `localhost` or a listed name: a page
+    /// reached through a DNS name that was rebound to the admin address.
     ForeignHost,
     /// A state-changing request from a page of another origin.
     CrossOrigin,
@@ -103,15 +104,19 @@ pub(crate) enum Refusal {
 /// The pure admission rule of the admin listener. Clients other than browsers (the CLI, curl)
 /// send no `Origin` and an address as `Host`, and pass. `Sec-Fetch-Site` is the browser's own
 /// statement of where the request comes from (Fetch Metadata); `Origin` is checked against
-/// `Host` for browsers that do not send it.
+/// `Host` for browsers that do not send it. `names` are the host names the operator reaches
+/// the listener by (`serve --admin-host`): a rebinding page cannot send them, because a
+/// browser's `Host` is the name in the page's own URL.
 pub(crate) fn admit(
     method: &Method,
     host: Option<&str>,
     origin: Option<&str>,
     fetch_site: Option<&str>,
+    names: &AdminHosts,
 ) -> Result<(), Refusal> {
     if let Some(host) = host
         && !host_is_local(host)
+        && !names.contains(host_name(host))
     {
         return Err(Refusal::ForeignHost);
     }
@@ -131,6 +136,49 @@ pub(crate) fn admit(
     }
 }
 
+/// The name part of a `Host` value (`name[:port]`).
+fn host_name(host: &str) -> &str {
+    host.rsplit_once(':').map_or(host, |(n, _)| n)
+}
+
+/// A `serve --admin-host` value that is not a host name.
+#[derive(Debug, thiserror::Error)]
+#[error("--admin-host {0:?} is not a DNS host name (letters, digits, '-' and '.'; no port)")]
+pub struct BadAdminHost(String);
+
+/// Host names the admin listener answers to besides addresses and `localhost`
+/// (`serve --admin-host`), lowercased.
+#[derive(Debug, Clone, Default)]
+pub struct AdminHosts(Vec<String>);
+
+impl AdminHosts {
+    /// Checks each name is a DNS host name (RFC 1123 labels: letters, digits and inner
+    /// hyphens, 1-63 characters each, 253 in all); the error names the bad one.
+    pub fn new(names: &[String]) -> Result<Self, BadAdminHost> {
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            let ok = !n.is_empty()
+                && n.len() <= 253
+                && n.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                });
+            if !ok {
+                return Err(BadAdminHost(n.clone()));
+            }
+            out.push(n.to_ascii_lowercase());
+        }
+        Ok(Self(out))
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+}
+
 /// `host[:port]` is an IP literal or `localhost`.
 fn host_is_local(host: &str) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
@@ -139,13 +187,17 @@ fn host_is_local(host: &str) -> bool {
             .split_once(']')
             .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
     } else {
-        host.rsplit_once(':').map_or(host, |(n, _)| n)
+        host_name(host)
     };
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 /// The admin router's middleware applying [`admit`].
-pub(crate) async fn guard(req: Request, next: Next) -> Response {
+pub(crate) async fn guard(
+    State(names): State<Arc<AdminHosts>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let h = req.headers();
     let get = |name: header::HeaderName| h.get(name).and_then(|v| v.to_str().ok());
     let verdict = admit(
@@ -153,6 +205,7 @@ pub(crate) async fn guard(req: Request, next: Next) -> Response {
         get(header::HOST),
         get(header::ORIGIN),
         h.get("sec-fetch-site").and_then(|v| v.to_str().ok()),
+        &names,
     );
     match verdict {
         Ok(()) => next.run(req).await,
@@ -162,7 +215,7 @@ pub(crate) async fn guard(req: Request, next: Next) -> Response {
                 StatusCode::FORBIDDEN,
                 match r {
                     Refusal::ForeignHost => {
-                        "forbidden: the admin API answers to an address or localhost only\n"
+                        "forbidden: the admin API answers to an address, localhost or a name given by serve --admin-host only\n"
                     }
                     Refusal::CrossOrigin => "forbidden: cross-origin request\n",
                 }
@@ -645,7 +698,8 @@ mod tests {
     #[test]
     fn admission_refuses_rebound_names_and_cross_origin_posts() {
         let post = Method::POST;
-        let ok = |h, o, s| admit(&post, h, o, s);
+        let none = AdminHosts::default();
+        let ok = |h, o, s| admit(&post, h, o, s, &none);
         // The CLI: an address as Host, no Origin.
         assert_eq!(ok(Some("127.0.0.1:8081"), None, None), Ok(()));
         assert_eq!(ok(Some("[::1]:8081"), None, None), Ok(()));
@@ -670,7 +724,7 @@ mod tests {
         );
         // A name rebound to loopback, even for reads.
         assert_eq!(
-            admit(&Method::GET, Some("evil.example:8081"), None, None),
+            admit(&Method::GET, Some("evil.example:8081"), None, None, &none),
             Err(Refusal::ForeignHost)
         );
         assert_eq!(
@@ -678,10 +732,55 @@ mod tests {
                 &Method::GET,
                 Some("127.0.0.1:8081"),
                 None,
-                Some("cross-site")
+                Some("cross-site"),
+                &none
             ),
             Ok(())
         );
+    }
+
+    #[test]
+    fn listed_names_pass_and_others_stay_refused() {
+        let names = AdminHosts::new(&["Talboot.Lab.Example".into()]).unwrap();
+        let get = |h| admit(&Method::GET, Some(h), None, None, &names);
+        assert_eq!(get("talboot.lab.example:8081"), Ok(()));
+        assert_eq!(get("TALBOOT.lab.example"), Ok(()));
+        assert_eq!(get("lab.example:8081"), Err(Refusal::ForeignHost));
+        assert_eq!(
+            get("talboot.lab.example.evil:8081"),
+            Err(Refusal::ForeignHost)
+        );
+        // The page served under the listed name may still post to itself, and only itself.
+        let post = |h, o| admit(&Method::POST, Some(h), Some(o), None, &names);
+        assert_eq!(
+            post(
+                "talboot.lab.example:8081",
+                "http://talboot.lab.example:8081"
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            post("talboot.lab.example:8081", "http://evil.example"),
+            Err(Refusal::CrossOrigin)
+        );
+    }
+
+    #[test]
+    fn admin_host_names_are_checked() {
+        let long = "a".repeat(64);
+        for bad in [
+            "",
+            "a:8081",
+            "-a.example",
+            "a..b",
+            "a_b",
+            "http://a",
+            long.as_str(),
+        ] {
+            let e = AdminHosts::new(&[bad.to_owned()]).unwrap_err().to_string();
+            assert!(e.contains("--admin-host"), "{e}");
+        }
+        assert!(AdminHosts::new(&["talboot-1.lab".into(), "x".into()]).is_ok());
     }
 
     #[test]

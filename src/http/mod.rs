@@ -190,6 +190,7 @@ pub fn router(app: Arc<HttpApp>) -> Router {
 pub(crate) fn admin_router(
     app: Arc<HttpApp>,
     token: Option<Arc<admin_auth::AdminToken>>,
+    names: Arc<dashboard::AdminHosts>,
 ) -> Router {
     Router::new()
         .route("/api/nodes", get(api_nodes))
@@ -209,7 +210,10 @@ pub(crate) fn admin_router(
         .route("/api/rollouts/{id}", get(rollouts::api_progress))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
-        .layer(axum::middleware::from_fn(dashboard::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            names,
+            dashboard::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             token,
             admin_auth::guard,

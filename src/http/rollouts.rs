@@ -175,7 +175,7 @@ mod tests {
             .unwrap();
         req.extensions_mut()
             .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
-        let resp = super::super::admin_router(app.clone(), None)
+        let resp = super::super::admin_router(app.clone(), None, Default::default())
             .oneshot(req)
             .await
             .unwrap();

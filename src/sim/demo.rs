@@ -237,6 +237,7 @@ impl Relaunch {
             http: self.http,
             admin: self.admin,
             admin_token: None,
+            admin_hosts: Default::default(),
             http_limits: Default::default(),
             tftp: Some((
                 self.tftp,
