@@ -377,10 +377,39 @@ async fn day_two(demo: &Demo) {
         "resuming upgrade-k8s/v1.36.4",
         "kube-apiserver/rack1-cp-02: done",
         "kubelet/rack1-wk-01: done",
+        "manifests: applied and pruned",
+        "manifests: done",
         "Kubernetes v1.36.4 on every node",
     ] {
         assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
     }
+    // The bootstrap manifests the first control plane renders, applied as Talos applies
+    // them, with Talos's inventory (the rack's Cilium replaces kube-proxy: none rendered).
+    let coredns = demo
+        .kube
+        .object("apps/v1", "Deployment", "kube-system", "coredns")
+        .expect("CoreDNS synced");
+    assert_eq!(coredns["metadata"]["managedFields"][0]["manager"], "talos");
+    assert!(
+        demo.kube
+            .object("apps/v1", "DaemonSet", "kube-system", "kube-proxy")
+            .is_none()
+    );
+    let inventory = demo
+        .kube
+        .object(
+            "v1",
+            "ConfigMap",
+            "kube-system",
+            "talos-bootstrap-manifests-inventory",
+        )
+        .expect("the manifest inventory");
+    assert!(
+        inventory["data"]
+            .get("kube-system_coredns_apps_Deployment")
+            .is_some(),
+        "{inventory}"
+    );
     for (n, (applied, reboots)) in names.iter().zip(&before) {
         let cp = n.contains("-cp-");
         // A control plane: three static pods, kube-proxy, the kubelet; a worker: the kubelet.

@@ -92,17 +92,23 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 fn creds_and_runtime(
     args: &Args,
 ) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), ExitCode> {
+    try_creds_and_runtime(args).map_err(|e| fail(EXIT_USAGE, e))
+}
+
+fn try_creds_and_runtime(
+    args: &Args,
+) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), String> {
     let creds = super::talosconfig_creds(
         args.talosconfig.as_deref(),
         &args.state_dir,
         args.context.as_deref(),
     )
-    .map_err(|e| fail(EXIT_USAGE, e))?;
+    .map_err(|e| e.to_string())?;
     crate::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     Ok((creds, rt))
 }
 
@@ -387,12 +393,12 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         // The manifest sync's changes come from the cluster: what the first control plane
         // renders now against what the API server has (before the patches above, so the
         // images it lists are the current ones).
-        let (creds, rt) = match creds_and_runtime(args) {
-            Ok(v) => v,
-            Err(code) => return code,
-        };
         let opts = k8s_options(args);
-        match rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts)) {
+        let listed = try_creds_and_runtime(args).and_then(|(creds, rt)| {
+            rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
+                .map_err(|e| e.to_string())
+        });
+        match listed {
             Ok(lines) => {
                 println!("bootstrap manifests (dry run, as of now):");
                 for l in lines {
