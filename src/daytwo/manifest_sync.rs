@@ -56,7 +56,11 @@ pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, String> {
         .map_err(|e| format!("reading the bootstrap manifests ({MANIFEST_TYPE}): {e}"))?;
     let mut out = Vec::new();
     for r in resources {
-        let id = r.metadata.as_ref().map(|m| m.id.clone()).unwrap_or_default();
+        let id = r
+            .metadata
+            .as_ref()
+            .map(|m| m.id.clone())
+            .unwrap_or_default();
         let bytes = r.spec.map(|s| s.proto_spec).unwrap_or_default();
         let spec = ManifestSpec::decode(bytes.as_slice())
             .map_err(|e| format!("bootstrap manifest {id}: undecodable spec: {e}"))?;
@@ -217,7 +221,11 @@ pub async fn diff(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Ve
 
 /// Applies `objects`, updates the inventory and prunes (`Manager.Apply`); the changes made.
 /// A failed apply names the object; the inventory then holds what was applied before it.
-pub async fn apply(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Vec<Change>, String> {
+pub async fn apply(
+    kube: &Kube,
+    objects: Vec<Value>,
+    no_prune: bool,
+) -> Result<Vec<Change>, String> {
     let desired = Desired::prepare(objects)?;
     let inventory = ensure_inventory(kube).await?;
     let live = live(kube, &desired, &inventory).await?;
@@ -307,7 +315,9 @@ impl Action {
 pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + timeout;
     for obj in objects {
-        let Some(meta) = ObjMeta::of(obj) else { continue };
+        let Some(meta) = ObjMeta::of(obj) else {
+            continue;
+        };
         if !meta.is_workload() {
             continue;
         }

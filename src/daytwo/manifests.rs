@@ -116,7 +116,11 @@ impl ObjMeta {
 
     /// A Deployment, DaemonSet or StatefulSet: what the sync waits for.
     pub fn is_workload(&self) -> bool {
-        self.group == "apps" && matches!(self.kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet")
+        self.group == "apps"
+            && matches!(
+                self.kind.as_str(),
+                "Deployment" | "DaemonSet" | "StatefulSet"
+            )
     }
 }
 
@@ -478,9 +482,18 @@ mod tests {
         assert_eq!(
             changes,
             vec![
-                Change { object: gone.clone(), action: Action::Pruned },
-                Change { object: kept.clone(), action: Action::Unchanged },
-                Change { object: d.clone(), action: Action::Configured },
+                Change {
+                    object: gone.clone(),
+                    action: Action::Pruned
+                },
+                Change {
+                    object: kept.clone(),
+                    action: Action::Unchanged
+                },
+                Change {
+                    object: d.clone(),
+                    action: Action::Configured
+                },
             ]
         );
         assert_eq!(
@@ -498,10 +511,7 @@ mod tests {
         live.remove(&d);
         let changes = plan(&desired, &live, &inventory, false).unwrap();
         assert_eq!(changes.last().unwrap().action, Action::Created);
-        assert_eq!(
-            to_prune(&inventory, &desired),
-            vec![gone.clone(), vanished]
-        );
+        assert_eq!(to_prune(&inventory, &desired), vec![gone.clone(), vanished]);
     }
 
     #[test]
@@ -515,7 +525,10 @@ mod tests {
         assert!(err.contains("NoMatch"), "{err}");
         // Unannotated: adopted (AdoptIfNoInventory).
         let live = BTreeMap::from([(d.clone(), ds("v1"))]);
-        assert_eq!(plan(&desired, &live, &[], false).unwrap()[0].action, Action::Configured);
+        assert_eq!(
+            plan(&desired, &live, &[], false).unwrap()[0].action,
+            Action::Configured
+        );
         // An inventory entry now owned by another inventory is not pruned.
         let empty = Desired::prepare(vec![]).unwrap();
         let live = BTreeMap::from([(d.clone(), theirs)]);
@@ -535,7 +548,7 @@ mod tests {
     fn the_inventory_grows_with_the_applied_objects_and_reads_back() {
         let a = ObjMeta::of(&cr("a")).unwrap();
         let b = ObjMeta::of(&ds("x")).unwrap();
-        let inv = inventory_after_apply(&[a.clone()], &[b.clone(), a.clone()]);
+        let inv = inventory_after_apply(std::slice::from_ref(&a), &[b.clone(), a.clone()]);
         assert_eq!(inv, vec![a.clone(), b.clone()]);
         let data = inventory_data(&inv);
         assert_eq!(data["_a_rbac.authorization.k8s.io_ClusterRole"], "");
@@ -551,6 +564,9 @@ mod tests {
         assert!(covers(&json!({"a": 1, "b": 2}), &json!({"a": 1})));
         assert!(!covers(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
         assert!(!covers(&json!({"l": [1, 2]}), &json!({"l": [1]})));
-        assert!(covers(&json!({"l": [{"x": 1, "y": 2}]}), &json!({"l": [{"x": 1}]})));
+        assert!(covers(
+            &json!({"l": [{"x": 1, "y": 2}]}),
+            &json!({"l": [{"x": 1}]})
+        ));
     }
 }

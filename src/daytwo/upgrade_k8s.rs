@@ -896,7 +896,10 @@ pub async fn manifests_dry_run(
         .await
         .map_err(K8sUpgradeError::Connect)?;
     ops.no_prune = opts.no_prune;
-    let changes = ops.manifests_diff().await.map_err(K8sUpgradeError::Connect)?;
+    let changes = ops
+        .manifests_diff()
+        .await
+        .map_err(K8sUpgradeError::Connect)?;
     Ok(super::manifests::describe(&changes))
 }
 
@@ -1615,7 +1618,11 @@ mod tests {
                     .is_none()
             );
             let inv = inventory(&rack);
-            assert!(!inv.iter().any(|k| k.contains("coredns") || k.contains("kube-dns")), "{inv:?}");
+            assert!(
+                !inv.iter()
+                    .any(|k| k.contains("coredns") || k.contains("kube-dns")),
+                "{inv:?}"
+            );
             assert!(inv.contains(
                 &"_system__talos-nodes_rbac.authorization.k8s.io_ClusterRole".to_owned()
             ));
@@ -1647,7 +1654,12 @@ mod tests {
             assert_eq!(objects(), before, "the dry run changed the cluster");
             assert!(
                 rack.kube
-                    .object("v1", "ConfigMap", "kube-system", "talos-bootstrap-manifests-inventory")
+                    .object(
+                        "v1",
+                        "ConfigMap",
+                        "kube-system",
+                        "talos-bootstrap-manifests-inventory"
+                    )
                     .is_none()
             );
             assert_eq!(talos_applies(&rack), 0);
@@ -1656,19 +1668,21 @@ mod tests {
             let store = crate::store::open(dir.path()).unwrap();
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             let cp = rack.node("rack1-cp-01");
-            cp.set_running_config(&patch_at(
-                &cp.running_config().unwrap(),
-                &["cluster", "proxy", "image"],
-                "registry.k8s.io/kube-proxy:v1.36.5",
-            )
-            .unwrap());
+            cp.set_running_config(
+                &patch_at(
+                    &cp.running_config().unwrap(),
+                    &["cluster", "proxy", "image"],
+                    "registry.k8s.io/kube-proxy:v1.36.5",
+                )
+                .unwrap(),
+            );
             let lines = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());
             assert_eq!(
                 lines[..2],
-                ["configured DaemonSet/kube-system/kube-proxy".to_owned(), format!(
-                    "{} unchanged",
-                    inventory(&rack).len() - 1
-                )]
+                [
+                    "configured DaemonSet/kube-system/kube-proxy".to_owned(),
+                    format!("{} unchanged", inventory(&rack).len() - 1)
+                ]
             );
         }
 
@@ -1687,7 +1701,10 @@ mod tests {
                 match run_once(&rack, &store).await {
                     Outcome::Stopped { node, reason } => {
                         assert_eq!(node.as_deref(), Some("manifests"));
-                        assert!(reason.contains("Deployment/kube-system/coredns"), "{reason}");
+                        assert!(
+                            reason.contains("Deployment/kube-system/coredns"),
+                            "{reason}"
+                        );
                         assert!(reason.contains("Invalid value: -1"), "{reason}");
                     }
                     other => panic!("{other:?}"),
@@ -1698,7 +1715,9 @@ mod tests {
             }
             // What was applied before the failure is in the inventory already.
             let inv = inventory(&rack);
-            assert!(inv.contains(&"_system__coredns_rbac.authorization.k8s.io_ClusterRole".to_owned()));
+            assert!(
+                inv.contains(&"_system__coredns_rbac.authorization.k8s.io_ClusterRole".to_owned())
+            );
             assert!(!inv.contains(&"kube-system_coredns_apps_Deployment".to_owned()));
             rack.kube
                 .refuse_applies("Deployment", "kube-system", "coredns", None);

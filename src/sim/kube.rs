@@ -1032,26 +1032,43 @@ fn write(
 ) -> Response {
     let mut obj: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "body is not an object".into()),
+        Ok(_) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "body is not an object".into(),
+            );
+        }
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
     let Some(body_name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
-            format!("{} \"\" is invalid: metadata.name: Required value: name or generateName is required", res.kind),
+            format!(
+                "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                res.kind
+            ),
         );
     };
     if name.as_ref().is_some_and(|n| *n != body_name) {
         return status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            format!("the name of the object ({body_name}) does not match the name on the URL ({})", name.unwrap_or_default()),
+            format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({})",
+                name.unwrap_or_default()
+            ),
         );
     }
     let ns = ns.unwrap_or_default();
     if res.namespaced {
-        let ns_key = (String::new(), "namespaces".to_owned(), String::new(), ns.clone());
+        let ns_key = (
+            String::new(),
+            "namespaces".to_owned(),
+            String::new(),
+            ns.clone(),
+        );
         if !c.objects.contains_key(&ns_key) {
             return status(
                 StatusCode::NOT_FOUND,
@@ -1111,13 +1128,25 @@ fn write(
         meta.insert("generation".into(), json!(generation));
         meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
     }
-    let manager = query.get("fieldManager").cloned().unwrap_or_else(|| "kube-rs".into());
+    let manager = query
+        .get("fieldManager")
+        .cloned()
+        .unwrap_or_else(|| "kube-rs".into());
     c.objects.insert(
         key.clone(),
-        Stored { obj: stored, manager, operation: "Update", ready_at: now },
+        Stored {
+            obj: stored,
+            manager,
+            operation: "Update",
+            ready_at: now,
+        },
     );
     let view = c.view(&key, &c.objects[&key], now);
-    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     (code, axum::Json(view)).into_response()
 }
 
@@ -1199,10 +1228,7 @@ fn apply(
         );
     }
     let ns = ns.unwrap_or_default();
-    if let Some(reason) = c
-        .refused
-        .get(&(res.kind.clone(), ns.clone(), name.clone()))
-    {
+    if let Some(reason) = c.refused.get(&(res.kind.clone(), ns.clone(), name.clone())) {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",

@@ -319,7 +319,10 @@ mod tests {
             "  coreDNS:\n    disabled: true\n  proxy:\n    disabled: true\n",
         );
         let ids = ids(&off, "controlplane");
-        assert!(!ids.iter().any(|i| i.contains("kube-proxy") || i.contains("core-dns")));
+        assert!(
+            !ids.iter()
+                .any(|i| i.contains("kube-proxy") || i.contains("core-dns"))
+        );
         assert!(ids.contains(&"11-talos-node-rbac-template".to_owned()));
     }
 }
