@@ -326,6 +326,42 @@ async fn day_two(demo: &Demo) {
             .unwrap_or("")
             .to_owned()
     };
+    // The dry run (standalone even while serve runs: it opens no store) lists the steps and
+    // what the manifest sync would do on this cluster now, and changes nothing.
+    let objects = || -> std::collections::BTreeMap<String, String> {
+        demo.kube
+            .resource_versions()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
+            .collect()
+    };
+    let untouched = objects();
+    let talosconfig = cli.talosconfig.to_str().unwrap().to_owned();
+    let dry = cli
+        .run(
+            "upgrade",
+            &[
+                "--kubernetes",
+                "1.36.4",
+                "--dry-run",
+                "--talosconfig",
+                &talosconfig,
+            ],
+        )
+        .await;
+    assert_eq!(dry.code, Some(0), "{dry}");
+    for want in [
+        "bootstrap manifests (dry run, as of now):",
+        "  < created Deployment/kube-system/coredns",
+        "  < created ClusterRole/system:talos-nodes",
+    ] {
+        assert!(dry.stdout.contains(want), "{want}: {dry}");
+    }
+    assert_eq!(
+        objects(),
+        untouched,
+        "the dry run changed the cluster: {dry}"
+    );
     // The second control plane's API server never comes back: serve stops at that step.
     kubelets.never_ready("rack1-cp-02", "kube-apiserver");
     let k8s = |timeout: &'static str| {
