@@ -1564,4 +1564,80 @@ mod tests {
         let ns = double.object("v1", "Namespace", "", "kube-system").unwrap();
         assert_eq!(ns["status"]["phase"], "Active");
     }
+
+    /// Create, replace and delete as client-go sends them, the last writer in managedFields,
+    /// and a refused apply.
+    #[tokio::test]
+    async fn create_replace_delete_and_refused_applies() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, DeleteParams, PostParams};
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let api: Api<ConfigMap> = Api::namespaced(kube.client().clone(), "kube-system");
+        let pp = PostParams {
+            dry_run: false,
+            field_manager: Some("talos".into()),
+        };
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("inv".into());
+        api.create(&pp, &cm).await.unwrap();
+        let again = api.create(&pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&again, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
+            "{again}"
+        );
+        cm.data = Some([("a".to_owned(), String::new())].into_iter().collect());
+        api.replace("inv", &pp, &cm).await.unwrap();
+        let got = double
+            .object("v1", "ConfigMap", "kube-system", "inv")
+            .unwrap();
+        assert_eq!(got["data"]["a"], "");
+        assert_eq!(got["metadata"]["managedFields"][0]["manager"], "talos");
+        assert_eq!(got["metadata"]["managedFields"][0]["operation"], "Update");
+        // A stale resourceVersion conflicts; a missing object is not created by a replace.
+        cm.metadata.resource_version = Some("1".into());
+        let stale = api.replace("inv", &pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&stale, kube::Error::Api(s) if s.code == 409),
+            "{stale}"
+        );
+        cm.metadata.resource_version = None;
+        cm.metadata.name = Some("other".into());
+        let missing = api.replace("other", &pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&missing, kube::Error::Api(s) if s.code == 404),
+            "{missing}"
+        );
+        api.delete("inv", &DeleteParams::background())
+            .await
+            .unwrap();
+        assert!(
+            double
+                .object("v1", "ConfigMap", "kube-system", "inv")
+                .is_none()
+        );
+        let gone = api
+            .delete("inv", &DeleteParams::background())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&gone, kube::Error::Api(s) if s.code == 404),
+            "{gone}"
+        );
+
+        let ds = daemonset("kube-system", "x");
+        double.refuse_applies("DaemonSet", "kube-system", "x", Some("spec: Invalid value"));
+        let err = kube.apply(&ds, "default").await.unwrap_err().to_string();
+        assert!(
+            err.contains("is invalid: spec: Invalid value (422)"),
+            "{err}"
+        );
+        double.refuse_applies("DaemonSet", "kube-system", "x", None);
+        kube.apply(&ds, "default").await.unwrap();
+        let got = double
+            .object("apps/v1", "DaemonSet", "kube-system", "x")
+            .unwrap();
+        assert_eq!(got["metadata"]["managedFields"][0]["manager"], "talboot");
+        assert_eq!(got["metadata"]["managedFields"][0]["operation"], "Apply");
+    }
 }
