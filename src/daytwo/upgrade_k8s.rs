@@ -314,7 +314,18 @@ impl K8sUpgrade {
     /// A new rollout, or the stored one resumed (its steps must be this plan's).
     pub fn rollout(&self, stored: Option<RolloutRecord>) -> Result<Rollout, RolloutError> {
         match stored {
-            Some(record) => {
+            Some(mut record) => {
+                // A record written before talboot synced the manifests has every step but
+                // the last: the sync is added, still to do.
+                let targets = self.targets();
+                if targets.last().is_some_and(|t| t.node == K8sStep::Manifests.id())
+                    && record.targets[..] == targets[..targets.len() - 1]
+                {
+                    record.targets = targets;
+                    record
+                        .status
+                        .insert(K8sStep::Manifests.id(), super::rollout::NodeStatus::Pending);
+                }
                 if record.targets != self.targets() {
                     return Err(RolloutError::Mismatch(
                         "the inventory's nodes changed since this upgrade started".into(),
@@ -1039,6 +1050,31 @@ mod tests {
         assert_eq!(up.steps.last(), Some(&K8sStep::Manifests));
         assert!(up.targets().iter().all(|t| t.role == Role::ControlPlane));
         assert!(K8sUpgrade::plan(&inv, &"1.38.0".parse().unwrap(), 50000).is_err());
+    }
+
+    #[test]
+    fn a_record_from_before_the_manifest_sync_resumes_with_the_sync_to_do() {
+        use crate::daytwo::rollout::NodeStatus;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let up = K8sUpgrade::plan(&inv, &"1.36.4".parse().unwrap(), 50000).unwrap();
+        let mut targets = up.targets();
+        targets.pop();
+        let old = RolloutRecord {
+            status: targets
+                .iter()
+                .map(|t| (t.node.clone(), NodeStatus::Done))
+                .collect(),
+            targets,
+            worker_concurrency: 1,
+        };
+        let resumed = up.rollout(Some(old)).unwrap();
+        let rec = resumed.record();
+        assert_eq!(rec.targets, up.targets());
+        assert_eq!(rec.status["manifests"], NodeStatus::Pending);
+        assert_eq!(rec.status["kubelet/rack1-wk-01"], NodeStatus::Done);
     }
 
     #[test]
