@@ -318,7 +318,9 @@ impl K8sUpgrade {
                 // A record written before talboot synced the manifests has every step but
                 // the last: the sync is added, still to do.
                 let targets = self.targets();
-                if targets.last().is_some_and(|t| t.node == K8sStep::Manifests.id())
+                if targets
+                    .last()
+                    .is_some_and(|t| t.node == K8sStep::Manifests.id())
                     && record.targets[..] == targets[..targets.len() - 1]
                 {
                     record.targets = targets;
