@@ -1770,5 +1770,41 @@ mod tests {
             let after: Vec<usize> = NODES.iter().map(|n| rack.applies(n)).collect();
             assert_eq!(after, applies, "no node step ran again");
         }
+
+        /// The manifests are not sensitive: an os:reader client lists them; a worker renders
+        /// none (only control planes have the bootstrap manifests config).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_reader_lists_a_control_planes_manifests_and_a_worker_has_none() {
+            let rack = rack_up(91).await;
+            let (_, secrets) = inv_secrets();
+            let os = secrets.os_ca();
+            let leaf = crate::sim::pki::SimCa::from_pem(&os.crt, &os.key)
+                .unwrap()
+                .client(
+                    &["os:reader"],
+                    vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+                )
+                .unwrap();
+            let reader = ClientCreds {
+                ca_pem: os.crt.clone().into_bytes(),
+                crt_pem: leaf.cert_pem.into_bytes(),
+                key_pem: leaf.key_pem.into_bytes(),
+            };
+            let cp = TalosClient::secured(rack.node("rack1-cp-01").addr(), &reader).unwrap();
+            let objects = crate::daytwo::manifest_sync::fetch(&cp).await.unwrap();
+            assert!(
+                objects
+                    .iter()
+                    .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "coredns"),
+                "{objects:?}"
+            );
+            let wk = TalosClient::secured(rack.node("rack1-wk-01").addr(), &reader).unwrap();
+            assert!(
+                crate::daytwo::manifest_sync::fetch(&wk)
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
+        }
     }
 }
