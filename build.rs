@@ -15,6 +15,7 @@ const PROTOS: &[&str] = &[
     "cosi/state.proto",
     "resource/definitions/block.proto",
     "resource/definitions/hardware.proto",
+    "resource/definitions/k8s.proto",
     "resource/definitions/runtime.proto",
 ];
 

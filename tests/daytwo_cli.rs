@@ -326,6 +326,42 @@ async fn day_two(demo: &Demo) {
             .unwrap_or("")
             .to_owned()
     };
+    // The dry run (standalone even while serve runs: it opens no store) lists the steps and
+    // what the manifest sync would do on this cluster now, and changes nothing.
+    let objects = || -> std::collections::BTreeMap<String, String> {
+        demo.kube
+            .resource_versions()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
+            .collect()
+    };
+    let untouched = objects();
+    let talosconfig = cli.talosconfig.to_str().unwrap().to_owned();
+    let dry = cli
+        .run(
+            "upgrade",
+            &[
+                "--kubernetes",
+                "1.36.4",
+                "--dry-run",
+                "--talosconfig",
+                &talosconfig,
+            ],
+        )
+        .await;
+    assert_eq!(dry.code, Some(0), "{dry}");
+    for want in [
+        "bootstrap manifests (dry run, as of now):",
+        "  < created Deployment/kube-system/coredns",
+        "  < created ClusterRole/system:talos-nodes",
+    ] {
+        assert!(dry.stdout.contains(want), "{want}: {dry}");
+    }
+    assert_eq!(
+        objects(),
+        untouched,
+        "the dry run changed the cluster: {dry}"
+    );
     // The second control plane's API server never comes back: serve stops at that step.
     kubelets.never_ready("rack1-cp-02", "kube-apiserver");
     let k8s = |timeout: &'static str| {
@@ -377,10 +413,39 @@ async fn day_two(demo: &Demo) {
         "resuming upgrade-k8s/v1.36.4",
         "kube-apiserver/rack1-cp-02: done",
         "kubelet/rack1-wk-01: done",
+        "manifests: applied and pruned",
+        "manifests: done",
         "Kubernetes v1.36.4 on every node",
     ] {
         assert!(upgrade.stdout.contains(want), "{want}: {upgrade}");
     }
+    // The bootstrap manifests the first control plane renders, applied as Talos applies
+    // them, with Talos's inventory (the rack's Cilium replaces kube-proxy: none rendered).
+    let coredns = demo
+        .kube
+        .object("apps/v1", "Deployment", "kube-system", "coredns")
+        .expect("CoreDNS synced");
+    assert_eq!(coredns["metadata"]["managedFields"][0]["manager"], "talos");
+    assert!(
+        demo.kube
+            .object("apps/v1", "DaemonSet", "kube-system", "kube-proxy")
+            .is_none()
+    );
+    let inventory = demo
+        .kube
+        .object(
+            "v1",
+            "ConfigMap",
+            "kube-system",
+            "talos-bootstrap-manifests-inventory",
+        )
+        .expect("the manifest inventory");
+    assert!(
+        inventory["data"]
+            .get("kube-system_coredns_apps_Deployment")
+            .is_some(),
+        "{inventory}"
+    );
     for (n, (applied, reboots)) in names.iter().zip(&before) {
         let cp = n.contains("-cp-");
         // A control plane: three static pods, kube-proxy, the kubelet; a worker: the kubelet.

@@ -191,6 +191,22 @@ impl Kube {
     /// Server-side applies `obj` with field manager `talboot`, forcing ownership of
     /// conflicting fields. Namespaced objects without a namespace go to `default_ns`.
     pub async fn apply(&self, obj: &Value, default_ns: &str) -> Result<Applied, KubeError> {
+        self.apply_as(obj, default_ns, FIELD_MANAGER).await
+    }
+
+    /// The client, for typed requests the generic calls here do not cover.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// [`Self::apply`] with another field manager (the bootstrap manifest sync applies as
+    /// Talos does, `talos`).
+    pub(crate) async fn apply_as(
+        &self,
+        obj: &Value,
+        default_ns: &str,
+        manager: &str,
+    ) -> Result<Applied, KubeError> {
         let mut reference = ObjectRef::of(obj).ok_or_else(|| KubeError::Request {
             action: "apply",
             object: "an object without apiVersion/kind/metadata.name".into(),
@@ -222,7 +238,7 @@ impl Kube {
             .await
             .map_err(|e| request_err("get", &reference, e))?
             .and_then(|o| o.metadata.resource_version);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let params = PatchParams::apply(manager).force();
         let after = api
             .patch(&reference.name, &params, &Patch::Apply(&body))
             .await
@@ -236,6 +252,24 @@ impl Kube {
             body,
             changed,
         })
+    }
+
+    /// Deletes one object with background propagation; `false` if it was already gone.
+    pub(crate) async fn delete(&self, r: &ObjectRef) -> Result<bool, KubeError> {
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?;
+        let ns = match caps.scope {
+            Scope::Namespaced => r.namespace.as_deref(),
+            Scope::Cluster => None,
+        };
+        match self
+            .api(&ar, ns)
+            .delete(&r.name, &kube::api::DeleteParams::background())
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(request_err("delete", r, e)),
+        }
     }
 
     /// Reads one object, `None` if it does not exist.

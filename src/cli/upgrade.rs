@@ -32,9 +32,19 @@ pub struct Args {
     /// the steps).
     #[arg(long)]
     pub kubernetes: Option<String>,
-    /// With --kubernetes: list every step and what is checked after it; change nothing.
+    /// With --kubernetes: list every step and what is checked after it, and what the
+    /// bootstrap manifest sync would create, configure and prune (read from the cluster);
+    /// change nothing.
     #[arg(long, requires = "kubernetes")]
     pub dry_run: bool,
+    /// With --kubernetes: keep bootstrap manifest objects that Talos no longer renders
+    /// (talosctl's `--manifests-no-prune`).
+    #[arg(long, alias = "manifests-no-prune", requires = "kubernetes")]
+    pub no_prune: bool,
+    /// With --kubernetes: do not wait for the bootstrap manifests' Deployments and
+    /// DaemonSets to roll out (talosctl's `--manifests-reconcile-timeout 0`).
+    #[arg(long, requires = "kubernetes")]
+    pub skip_manifest_wait: bool,
     /// Write the new version for the next boot without rebooting now (Talos only).
     #[arg(long, conflicts_with = "kubernetes")]
     pub stage: bool,
@@ -82,17 +92,23 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 fn creds_and_runtime(
     args: &Args,
 ) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), ExitCode> {
+    try_creds_and_runtime(args).map_err(|e| fail(EXIT_USAGE, e))
+}
+
+fn try_creds_and_runtime(
+    args: &Args,
+) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), String> {
     let creds = super::talosconfig_creds(
         args.talosconfig.as_deref(),
         &args.state_dir,
         args.context.as_deref(),
     )
-    .map_err(|e| fail(EXIT_USAGE, e))?;
+    .map_err(|e| e.to_string())?;
     crate::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     Ok((creds, rt))
 }
 
@@ -372,13 +388,29 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
             steps.len()
         );
         for (i, step) in steps.iter().enumerate() {
-            let note = if *step == upgrade_k8s::K8sStep::Manifests {
-                " (not done by talboot yet: run `talosctl upgrade-k8s --to <version>` afterwards; \
-                 it skips every node already on the version)"
-            } else {
-                ""
-            };
-            println!("{:>3}. {}{note}", i + 1, step.describe(&to));
+            println!("{:>3}. {}", i + 1, step.describe(&to));
+        }
+        // The manifest sync's changes come from the cluster: what the first control plane
+        // renders now against what the API server has (before the patches above, so the
+        // images it lists are the current ones).
+        let opts = k8s_options(args);
+        let listed = try_creds_and_runtime(args).and_then(|(creds, rt)| {
+            rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
+                .map_err(|e| e.to_string())
+        });
+        match listed {
+            Ok(lines) => {
+                println!("bootstrap manifests (dry run, as of now):");
+                for l in lines {
+                    println!("  < {l}");
+                }
+            }
+            Err(e) => {
+                return fail(
+                    EXIT_USAGE,
+                    format!("cannot list the bootstrap manifest changes: {e}"),
+                );
+            }
         }
         return ExitCode::SUCCESS;
     }
@@ -396,12 +428,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    let opts = upgrade_k8s::K8sOptions {
-        apid_port: args.apid_port,
-        pod_wait: k8s_pod_wait(args),
-        node_wait: k8s_node_wait(args),
-        poll: std::time::Duration::from_millis(args.gate_poll_ms.max(10)),
-    };
+    let opts = k8s_options(args);
     if matches!(store.rollout(&upgrade_k8s::rollout_key(&to)), Ok(Some(_))) {
         println!("resuming {} from the store", upgrade_k8s::rollout_key(&to));
     }
@@ -419,6 +446,18 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(Outcome::Finished) => k8s_finished(args, &to),
         Ok(Outcome::Stopped { node, reason }) => k8s_stopped(node, &reason),
         Err(e) => fail(EXIT_USAGE, e),
+    }
+}
+
+fn k8s_options(args: &Args) -> crate::daytwo::upgrade_k8s::K8sOptions {
+    crate::daytwo::upgrade_k8s::K8sOptions {
+        apid_port: args.apid_port,
+        pod_wait: k8s_pod_wait(args),
+        node_wait: k8s_node_wait(args),
+        poll: std::time::Duration::from_millis(args.gate_poll_ms.max(10)),
+        no_prune: args.no_prune,
+        // talosctl's 5 minutes (`--manifests-reconcile-timeout`), shorter with --node-timeout.
+        manifest_wait: (!args.skip_manifest_wait).then(|| k8s_pod_wait(args)),
     }
 }
 
@@ -464,6 +503,8 @@ pub(crate) fn k8s_request(to: &Version, args: &Args) -> RolloutRequest {
             pod_wait_secs: k8s_pod_wait(args).as_secs(),
             node_wait_secs: k8s_node_wait(args).as_secs(),
             gate_poll_ms: args.gate_poll_ms,
+            no_prune: args.no_prune,
+            skip_manifest_wait: args.skip_manifest_wait,
         }),
     }
 }
@@ -472,7 +513,7 @@ fn k8s_finished(args: &Args, to: &Version) -> ExitCode {
     println!("Kubernetes {to} on every node");
     println!(
         "set `kubernetesVersion: {}` in {} so that configs rendered from now on \
-         carry it; the bootstrap manifests are not synced by talboot (see the docs)",
+         carry it",
         to.0,
         args.config.display()
     );

@@ -7,6 +7,8 @@
 pub mod apply;
 pub mod diff;
 pub mod drift;
+pub mod manifest_sync;
+pub mod manifests;
 pub mod plan;
 pub mod remote;
 pub mod rollout;

@@ -103,6 +103,12 @@ pub struct K8sUpgradeRequest {
     /// Longest wait for a Node's new kubelet version.
     pub node_wait_secs: u64,
     pub gate_poll_ms: u64,
+    /// Keep what the bootstrap manifest inventory says is gone (`--no-prune`).
+    #[serde(default)]
+    pub no_prune: bool,
+    /// Do not wait for the bootstrap manifests' workloads (`--skip-manifest-wait`).
+    #[serde(default)]
+    pub skip_manifest_wait: bool,
 }
 
 /// How a rollout through serve ended.
@@ -563,6 +569,8 @@ impl Job for UpgradeTalosJob {
 
 struct UpgradeK8sJob {
     plan: super::upgrade_k8s::K8sUpgrade,
+    no_prune: bool,
+    manifest_wait: Option<Duration>,
     pod_wait: Duration,
     node_wait: Duration,
     poll: Duration,
@@ -582,6 +590,10 @@ impl UpgradeK8sJob {
             .map_err(StartError::Invalid)?;
         Ok(Self {
             plan,
+            no_prune: req.no_prune,
+            // talosctl's 5 minutes, no longer than a static pod may take.
+            manifest_wait: (!req.skip_manifest_wait)
+                .then(|| Duration::from_secs(req.pod_wait_secs.min(300))),
             pod_wait: Duration::from_secs(req.pod_wait_secs),
             node_wait: Duration::from_secs(req.node_wait_secs),
             poll: Duration::from_millis(req.gate_poll_ms.max(10)),
@@ -612,6 +624,8 @@ impl Job for UpgradeK8sJob {
         ops.pod_wait = self.pod_wait;
         ops.node_wait = self.node_wait;
         ops.poll = self.poll;
+        ops.no_prune = self.no_prune;
+        ops.manifest_wait = self.manifest_wait;
         let plan = &self.plan;
         let out = super::upgrade_k8s::run(plan, Arc::new(ops), ctx.store.as_ref(), |p| {
             say(progress_line(plan, p))
@@ -766,6 +780,8 @@ mod tests {
                 pod_wait_secs: 300,
                 node_wait_secs: 180,
                 gate_poll_ms: 100,
+                no_prune: false,
+                skip_manifest_wait: false,
             })
         };
         assert_eq!(

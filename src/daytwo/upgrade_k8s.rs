@@ -27,10 +27,9 @@
 //! which talboot does not read); the kubelet gate finds the Node by name (talosctl by
 //! address); the pre-upgrade checks are "every node's Talos API answers, its Talos runs the
 //! target (`compat.go`, `VerifyVersionCompatibility`) and every Node is Ready" (talosctl also
-//! checks for removed APIs in use); the
-//! bootstrap manifest sync is not done (listed by the dry run; `talosctl upgrade-k8s` run
-//! afterwards skips every node already on the version and syncs only the manifests); images
-//! are not pre-pulled.
+//! checks for removed APIs in use); images are not pre-pulled. The last step, the bootstrap
+//! manifest sync, is [`super::manifest_sync`] (read from the first control plane, applied as
+//! `talos` with go-kubernetes' inventory and prune, then the set's workloads waited for).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -57,7 +56,7 @@ pub enum K8sStep {
     KubeProxy { node: String },
     /// Patch the kubelet image on one node, then wait until the Node reports its version.
     Kubelet { node: String },
-    /// Sync the bootstrap manifests (listed by the dry run; talboot leaves it to talosctl).
+    /// Sync the bootstrap manifests Talos renders to the cluster (apply, prune, wait).
     Manifests,
 }
 
@@ -89,7 +88,10 @@ impl K8sStep {
                 "{node}: patch machine.kubelet image to {v}; wait until the Node reports \
                  kubelet {v} and is Ready"
             ),
-            Self::Manifests => "sync the bootstrap manifests".to_owned(),
+            Self::Manifests => "sync the bootstrap manifests from the first control plane \
+                 (server-side apply as `talos`, prune what the inventory says is gone); wait \
+                 until their Deployments and DaemonSets have rolled out"
+                .to_owned(),
         }
     }
 }
@@ -265,7 +267,7 @@ pub struct K8sUpgrade {
     pub from: Version,
     pub to: Version,
     pub nodes: Vec<K8sNode>,
-    /// The steps carried out, in order (every step of [`plan`] but the manifest sync).
+    /// The steps carried out, in order (every step of [`plan`]).
     pub steps: Vec<K8sStep>,
 }
 
@@ -289,10 +291,7 @@ impl K8sUpgrade {
                 ip: n.address.addr().into(),
             })
             .collect();
-        let steps = plan(inv)
-            .into_iter()
-            .filter(|s| *s != K8sStep::Manifests)
-            .collect();
+        let steps = plan(inv);
         Ok(Self {
             from,
             to: to.clone(),
@@ -315,7 +314,20 @@ impl K8sUpgrade {
     /// A new rollout, or the stored one resumed (its steps must be this plan's).
     pub fn rollout(&self, stored: Option<RolloutRecord>) -> Result<Rollout, RolloutError> {
         match stored {
-            Some(record) => {
+            Some(mut record) => {
+                // A record written before talboot synced the manifests has every step but
+                // the last: the sync is added, still to do.
+                let targets = self.targets();
+                if targets
+                    .last()
+                    .is_some_and(|t| t.node == K8sStep::Manifests.id())
+                    && record.targets[..] == targets[..targets.len() - 1]
+                {
+                    record.targets = targets;
+                    record
+                        .status
+                        .insert(K8sStep::Manifests.id(), super::rollout::NodeStatus::Pending);
+                }
                 if record.targets != self.targets() {
                     return Err(RolloutError::Mismatch(
                         "the inventory's nodes changed since this upgrade started".into(),
@@ -421,6 +433,12 @@ pub struct K8sOps {
     nodes: HashMap<String, K8sNode>,
     creds: ClientCreds,
     kube: kube::Client,
+    /// The control plane the bootstrap manifests are read from.
+    cp: K8sNode,
+    /// Keep objects the manifest inventory has but the set no longer does (`--no-prune`).
+    pub no_prune: bool,
+    /// How long the manifests' workloads may take to roll out; `None`: not waited for.
+    pub manifest_wait: Option<Duration>,
     /// How long a static pod may take to run the new image and be Ready (talosctl: 5 min).
     pub pod_wait: Duration,
     /// How long a Node may take to report the new kubelet and be Ready (talosctl: 3 min).
@@ -437,7 +455,8 @@ impl K8sOps {
             .nodes
             .iter()
             .find(|n| n.role == Role::ControlPlane)
-            .ok_or("the inventory has no control plane")?;
+            .ok_or("the inventory has no control plane")?
+            .clone();
         let kubeconfig = TalosClient::secured(cp.addr, &creds)
             .map_err(|e| e.to_string())?
             .kubeconfig()
@@ -458,6 +477,9 @@ impl K8sOps {
             nodes,
             creds,
             kube,
+            cp,
+            no_prune: false,
+            manifest_wait: Some(Duration::from_secs(300)),
             pod_wait: Duration::from_secs(300),
             node_wait: Duration::from_secs(180),
             poll: Duration::from_secs(2),
@@ -501,7 +523,51 @@ impl K8sOps {
         Ok((current, want))
     }
 
+    /// The bootstrap manifests the first control plane renders now.
+    async fn manifests(&self) -> Result<Vec<serde_json::Value>, String> {
+        let talos = self
+            .client(&self.cp)
+            .map_err(|e| format!("{}: {e}", self.cp.name))?;
+        super::manifest_sync::fetch(&talos)
+            .await
+            .map_err(|e| format!("{}: {e}", self.cp.name))
+    }
+
+    fn kube_session(&self) -> crate::addons::kube::Kube {
+        crate::addons::kube::Kube::new(self.kube.clone(), self.poll)
+    }
+
+    /// The manifest sync: read, apply, inventory, prune.
+    async fn sync_manifests(&self) -> Result<(), String> {
+        let objects = self.manifests().await?;
+        let changes =
+            super::manifest_sync::apply(&self.kube_session(), objects, self.no_prune).await?;
+        for line in super::manifests::describe(&changes) {
+            tracing::info!("bootstrap manifests: {line}");
+        }
+        Ok(())
+    }
+
+    /// What the manifest sync would change, changing nothing.
+    pub async fn manifests_diff(&self) -> Result<Vec<super::manifests::Change>, String> {
+        let objects = self.manifests().await?;
+        super::manifest_sync::diff(&self.kube_session(), objects, self.no_prune).await
+    }
+
+    /// The manifest step's gate: the set's workloads rolled out (unless not waited for).
+    async fn manifests_gate(&self) -> Result<(), String> {
+        let Some(wait) = self.manifest_wait else {
+            tracing::info!("skipping waiting for manifest reconciliation");
+            return Ok(());
+        };
+        let objects = self.manifests().await?;
+        super::manifest_sync::wait(&self.kube_session(), &objects, wait).await
+    }
+
     async fn change_step(&self, id: &str) -> Result<(), String> {
+        if id == K8sStep::Manifests.id() {
+            return self.sync_manifests().await;
+        }
         let (step, node) = self.step(id)?;
         let text = self.running(node).await?;
         let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
@@ -643,6 +709,9 @@ impl K8sOps {
     }
 
     async fn step_gate(&self, id: &str) -> Result<(), String> {
+        if id == K8sStep::Manifests.id() {
+            return self.manifests_gate().await;
+        }
         let (step, node) = self.step(id)?;
         let wait = match step {
             K8sStep::Kubelet { .. } => self.node_wait,
@@ -685,7 +754,8 @@ impl NodeOps for K8sOps {
     }
 
     async fn reconcile(&self, id: &str) -> Event {
-        // Took effect when the node's running config already has the step's image.
+        // Took effect when the node's running config already has the step's image. The
+        // manifest sync is applied again: server-side apply of the same set is idempotent.
         let done = match self.step(id) {
             Ok((step, node)) => matches!(
                 self.images(step, node).await,
@@ -737,6 +807,9 @@ pub fn progress_line(plan: &K8sUpgrade, p: &Progress) -> String {
         }
         Progress::Observed(Event::Healthy(Gate::Node(id))) => format!("{id}: done"),
         Progress::Observed(Event::Healthy(Gate::Cluster)) => "cluster healthy".into(),
+        Progress::Observed(Event::Changed { node }) if *node == K8sStep::Manifests.id() => {
+            format!("{node}: applied and pruned")
+        }
         Progress::Observed(Event::Changed { node }) => format!("{node}: config patched"),
         Progress::Observed(Event::NotChanged { node }) => {
             format!("{node}: not applied yet; applying now")
@@ -780,11 +853,18 @@ pub struct K8sOptions {
     pub node_wait: Duration,
     /// How often a gate looks again.
     pub poll: Duration,
+    /// Keep what the manifest inventory says is gone (talosctl `--manifests-no-prune`).
+    pub no_prune: bool,
+    /// Longest wait for the manifests' workloads; `None`: not waited for (talosctl: 5 min,
+    /// `--manifests-reconcile-timeout 0` skips it).
+    pub manifest_wait: Option<Duration>,
 }
 
 impl Default for K8sOptions {
     fn default() -> Self {
         K8sOptions {
+            no_prune: false,
+            manifest_wait: Some(Duration::from_secs(300)),
             apid_port: crate::talos::APID_PORT,
             pod_wait: Duration::from_secs(300),
             node_wait: Duration::from_secs(180),
@@ -811,7 +891,29 @@ pub async fn upgrade(
     ops.pod_wait = opts.pod_wait;
     ops.node_wait = opts.node_wait;
     ops.poll = opts.poll;
+    ops.no_prune = opts.no_prune;
+    ops.manifest_wait = opts.manifest_wait;
     run(&plan, Arc::new(ops), store, report).await
+}
+
+/// The dry run's part that needs the cluster: what the manifest sync would change, one line
+/// per object (talosctl's dry run prints ` < <action> <object>`), changing nothing.
+pub async fn manifests_dry_run(
+    inv: &Inventory,
+    to: &Version,
+    creds: ClientCreds,
+    opts: &K8sOptions,
+) -> Result<Vec<String>, K8sUpgradeError> {
+    let plan = K8sUpgrade::plan(inv, to, opts.apid_port).map_err(K8sUpgradeError::Plan)?;
+    let mut ops = K8sOps::connect(plan, creds)
+        .await
+        .map_err(K8sUpgradeError::Connect)?;
+    ops.no_prune = opts.no_prune;
+    let changes = ops
+        .manifests_diff()
+        .await
+        .map_err(K8sUpgradeError::Connect)?;
+    Ok(super::manifests::describe(&changes))
 }
 
 /// Runs (or resumes) the Kubernetes upgrade `plan` with `ops`, its record in `store` under
@@ -947,9 +1049,34 @@ mod tests {
             up.image_for(&api, None),
             "registry.k8s.io/kube-apiserver:v1.36.4"
         );
-        assert!(!up.steps.contains(&K8sStep::Manifests));
+        assert_eq!(up.steps.last(), Some(&K8sStep::Manifests));
         assert!(up.targets().iter().all(|t| t.role == Role::ControlPlane));
         assert!(K8sUpgrade::plan(&inv, &"1.38.0".parse().unwrap(), 50000).is_err());
+    }
+
+    #[test]
+    fn a_record_from_before_the_manifest_sync_resumes_with_the_sync_to_do() {
+        use crate::daytwo::rollout::NodeStatus;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
+        let inv = crate::inventory::load_with_env(&path, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let up = K8sUpgrade::plan(&inv, &"1.36.4".parse().unwrap(), 50000).unwrap();
+        let mut targets = up.targets();
+        targets.pop();
+        let old = RolloutRecord {
+            status: targets
+                .iter()
+                .map(|t| (t.node.clone(), NodeStatus::Done))
+                .collect(),
+            targets,
+            worker_concurrency: 1,
+        };
+        let resumed = up.rollout(Some(old)).unwrap();
+        let rec = resumed.record();
+        assert_eq!(rec.targets, up.targets());
+        assert_eq!(rec.status["manifests"], NodeStatus::Pending);
+        assert_eq!(rec.status["kubelet/rack1-wk-01"], NodeStatus::Done);
     }
 
     #[test]
@@ -1109,9 +1236,9 @@ mod tests {
             );
             let mut upgrade = K8sUpgrade::plan(inv, &to.parse().unwrap(), 50000).unwrap();
             upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
-            upgrade
-                .steps
-                .retain(|s| s.node().is_some_and(|n| NODES.contains(&n)));
+            upgrade.steps.retain(|s| {
+                *s == K8sStep::Manifests || s.node().is_some_and(|n| NODES.contains(&n))
+            });
             for n in &mut upgrade.nodes {
                 n.addr = nodes
                     .iter()
@@ -1134,9 +1261,20 @@ mod tests {
         }
 
         async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
+            run_pruning(rack, store, false).await
+        }
+
+        async fn ops(rack: &Rack, no_prune: bool) -> K8sOps {
             let mut ops = K8sOps::connect(rack.upgrade.clone(), creds())
                 .await
                 .unwrap();
+            ops.no_prune = no_prune;
+            ops.manifest_wait = Some(Duration::from_secs(3));
+            ops
+        }
+
+        async fn run_pruning(rack: &Rack, store: &dyn Store, no_prune: bool) -> Outcome {
+            let mut ops = ops(rack, no_prune).await;
             ops.pod_wait = Duration::from_secs(3);
             ops.node_wait = Duration::from_secs(3);
             ops.poll = Duration::from_millis(20);
@@ -1221,6 +1359,7 @@ mod tests {
                 .upgrade
                 .steps
                 .iter()
+                .filter(|s| **s != K8sStep::Manifests)
                 .map(|s| match s {
                     K8sStep::StaticPod { component, node } => format!(
                         "{}/{node}",
@@ -1366,6 +1505,306 @@ mod tests {
             for n in NODES {
                 assert_eq!(rack.applies(n), 0, "{n}");
             }
+        }
+
+        /// `text` with `cluster.<component>.disabled` set.
+        fn with_disabled(text: &str, component: &str, disabled: bool) -> String {
+            let mut docs = Vec::new();
+            for doc in yaml_serde::Deserializer::from_str(text) {
+                let mut v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc).unwrap();
+                if v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1") {
+                    let cluster = v.get_mut("cluster").unwrap().as_mapping_mut().unwrap();
+                    let c = cluster
+                        .entry(yaml_serde::Value::from(component))
+                        .or_insert(yaml_serde::Value::Mapping(Default::default()));
+                    c.as_mapping_mut()
+                        .unwrap()
+                        .insert("disabled".into(), yaml_serde::Value::Bool(disabled));
+                }
+                docs.push(yaml_serde::to_string(&v).unwrap());
+            }
+            docs.join("---\n")
+        }
+
+        /// Every control plane runs kube-proxy (the rack's Cilium replaces it, so Talos would
+        /// render no kube-proxy DaemonSet otherwise).
+        fn enable_kube_proxy(rack: &Rack) {
+            for cp in &NODES[..3] {
+                let node = rack.node(cp);
+                let text = node.running_config().unwrap();
+                node.set_running_config(&with_disabled(&text, "proxy", false));
+            }
+        }
+
+        fn inventory(rack: &Rack) -> Vec<String> {
+            let cm = rack
+                .kube
+                .object(
+                    "v1",
+                    "ConfigMap",
+                    "kube-system",
+                    "talos-bootstrap-manifests-inventory",
+                )
+                .expect("the inventory ConfigMap");
+            let mut keys: Vec<String> = cm["data"]
+                .as_object()
+                .map(|d| d.keys().cloned().collect())
+                .unwrap_or_default();
+            keys.sort();
+            keys
+        }
+
+        fn talos_applies(rack: &Rack) -> usize {
+            rack.kube
+                .applies()
+                .iter()
+                .filter(|a| a.field_manager == "talos")
+                .count()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_manifest_sync_rolls_kube_proxy_to_the_new_image_as_talos() {
+            let rack = rack_up(51).await;
+            enable_kube_proxy(&rack);
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            let ds = rack
+                .kube
+                .object("apps/v1", "DaemonSet", "kube-system", "kube-proxy")
+                .expect("kube-proxy applied");
+            assert_eq!(
+                ds["spec"]["template"]["spec"]["containers"][0]["image"],
+                "registry.k8s.io/kube-proxy:v1.36.4"
+            );
+            assert_eq!(ds["metadata"]["managedFields"][0]["manager"], "talos");
+            assert_eq!(ds["metadata"]["managedFields"][0]["operation"], "Apply");
+            assert_eq!(
+                ds["metadata"]["annotations"]["config.k8s.io/owning-inventory"],
+                "talos-bootstrap-manifests-inventory"
+            );
+            assert!(
+                rack.kube
+                    .applies()
+                    .iter()
+                    .filter(|a| a.field_manager == "talos")
+                    .all(|a| a.force)
+            );
+            let coredns = rack
+                .kube
+                .object("apps/v1", "Deployment", "kube-system", "coredns")
+                .unwrap();
+            assert_eq!(
+                coredns["spec"]["template"]["spec"]["containers"][0]["image"],
+                "registry.k8s.io/coredns/coredns:v1.14.6"
+            );
+            let inv = inventory(&rack);
+            for key in [
+                "kube-system_kube-proxy_apps_DaemonSet",
+                "kube-system_coredns_apps_Deployment",
+                "_system__coredns_rbac.authorization.k8s.io_ClusterRole",
+                "kube-system_kube-dns__Service",
+            ] {
+                assert!(inv.contains(&key.to_owned()), "{key}: {inv:?}");
+            }
+            assert_eq!(record(&store, &rack).status["manifests"], NodeStatus::Done);
+            // Run again from the store: the recorded sync is not done again.
+            let applied = talos_applies(&rack);
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            assert_eq!(talos_applies(&rack), applied, "the sync ran again");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_manifest_gone_from_the_set_is_pruned_unless_no_prune() {
+            let rack = rack_up(61).await;
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            let dns = || {
+                rack.kube
+                    .object("apps/v1", "Deployment", "kube-system", "coredns")
+                    .is_some()
+            };
+            assert!(dns());
+            // CoreDNS disabled on the control plane the manifests are read from: Talos no
+            // longer renders 11-core-dns and 11-core-dns-svc.
+            let cp = rack.node("rack1-cp-01");
+            cp.set_running_config(&with_disabled(
+                &cp.running_config().unwrap(),
+                "coreDNS",
+                true,
+            ));
+            let ops = ops(&rack, false).await;
+            let diff = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());
+            assert!(
+                diff.contains(&"pruned Deployment/kube-system/coredns".to_owned()),
+                "{diff:?}"
+            );
+            // --no-prune (a fresh upgrade record: every image step is already done).
+            let dir2 = tempfile::tempdir().unwrap();
+            let store2 = crate::store::open(dir2.path()).unwrap();
+            assert_eq!(run_pruning(&rack, &store2, true).await, Outcome::Finished);
+            assert!(dns(), "kept with --no-prune");
+            assert!(inventory(&rack).contains(&"kube-system_coredns_apps_Deployment".to_owned()));
+            let dir3 = tempfile::tempdir().unwrap();
+            let store3 = crate::store::open(dir3.path()).unwrap();
+            assert_eq!(run_once(&rack, &store3).await, Outcome::Finished);
+            assert!(!dns(), "pruned");
+            assert!(
+                rack.kube
+                    .object("v1", "Service", "kube-system", "kube-dns")
+                    .is_none()
+            );
+            let inv = inventory(&rack);
+            assert!(
+                !inv.iter()
+                    .any(|k| k.contains("coredns") || k.contains("kube-dns")),
+                "{inv:?}"
+            );
+            assert!(inv.contains(
+                &"_system__talos-nodes_rbac.authorization.k8s.io_ClusterRole".to_owned()
+            ));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_dry_run_lists_the_changes_and_changes_nothing() {
+            let rack = rack_up(71).await;
+            enable_kube_proxy(&rack);
+            // What the simulated kubelets write meanwhile (mirror Pods, Node status) aside.
+            let objects = || -> BTreeMap<String, String> {
+                rack.kube
+                    .resource_versions()
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
+                    .collect()
+            };
+            let before = objects();
+            let ops = ops(&rack, false).await;
+            let lines = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());
+            for want in [
+                "created DaemonSet/kube-system/kube-proxy",
+                "created Deployment/kube-system/coredns",
+                "created ClusterRole/system:talos-nodes",
+                "0 unchanged",
+            ] {
+                assert!(lines.contains(&want.to_owned()), "{want}: {lines:?}");
+            }
+            assert_eq!(objects(), before, "the dry run changed the cluster");
+            assert!(
+                rack.kube
+                    .object(
+                        "v1",
+                        "ConfigMap",
+                        "kube-system",
+                        "talos-bootstrap-manifests-inventory"
+                    )
+                    .is_none()
+            );
+            assert_eq!(talos_applies(&rack), 0);
+            // After a sync with the old kube-proxy image, a patched one shows as configured.
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            let cp = rack.node("rack1-cp-01");
+            cp.set_running_config(
+                &patch_at(
+                    &cp.running_config().unwrap(),
+                    &["cluster", "proxy", "image"],
+                    "registry.k8s.io/kube-proxy:v1.36.5",
+                )
+                .unwrap(),
+            );
+            let lines = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());
+            assert_eq!(
+                lines[..2],
+                [
+                    "configured DaemonSet/kube-system/kube-proxy".to_owned(),
+                    format!("{} unchanged", inventory(&rack).len() - 1)
+                ]
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failing_apply_stops_the_sync_naming_the_object_and_a_resume_finishes() {
+            let rack = rack_up(81).await;
+            rack.kube.refuse_applies(
+                "Deployment",
+                "kube-system",
+                "coredns",
+                Some("spec.replicas: Invalid value: -1"),
+            );
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let store = crate::store::open(dir.path()).unwrap();
+                match run_once(&rack, &store).await {
+                    Outcome::Stopped { node, reason } => {
+                        assert_eq!(node.as_deref(), Some("manifests"));
+                        assert!(
+                            reason.contains("Deployment/kube-system/coredns"),
+                            "{reason}"
+                        );
+                        assert!(reason.contains("Invalid value: -1"), "{reason}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+                let rec = record(&store, &rack);
+                assert_eq!(rec.status["kubelet/rack1-wk-04"], NodeStatus::Done);
+                assert!(matches!(rec.status["manifests"], NodeStatus::Failed { .. }));
+            }
+            // What was applied before the failure is in the inventory already.
+            let inv = inventory(&rack);
+            assert!(
+                inv.contains(&"_system__coredns_rbac.authorization.k8s.io_ClusterRole".to_owned())
+            );
+            assert!(!inv.contains(&"kube-system_coredns_apps_Deployment".to_owned()));
+            rack.kube
+                .refuse_applies("Deployment", "kube-system", "coredns", None);
+            let applies: Vec<usize> = NODES.iter().map(|n| rack.applies(n)).collect();
+            let store = crate::store::open(dir.path()).unwrap();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            assert!(
+                rack.kube
+                    .object("apps/v1", "Deployment", "kube-system", "coredns")
+                    .is_some()
+            );
+            let after: Vec<usize> = NODES.iter().map(|n| rack.applies(n)).collect();
+            assert_eq!(after, applies, "no node step ran again");
+        }
+
+        /// The manifests are not sensitive: an os:reader client lists them; a worker renders
+        /// none (only control planes have the bootstrap manifests config).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_reader_lists_a_control_planes_manifests_and_a_worker_has_none() {
+            let rack = rack_up(91).await;
+            let (_, secrets) = inv_secrets();
+            let os = secrets.os_ca();
+            let leaf = crate::sim::pki::SimCa::from_pem(&os.crt, &os.key)
+                .unwrap()
+                .client(
+                    &["os:reader"],
+                    vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+                )
+                .unwrap();
+            let reader = ClientCreds {
+                ca_pem: os.crt.clone().into_bytes(),
+                crt_pem: leaf.cert_pem.into_bytes(),
+                key_pem: leaf.key_pem.into_bytes(),
+            };
+            let cp = TalosClient::secured(rack.node("rack1-cp-01").addr(), &reader).unwrap();
+            let objects = crate::daytwo::manifest_sync::fetch(&cp).await.unwrap();
+            assert!(
+                objects
+                    .iter()
+                    .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "coredns"),
+                "{objects:?}"
+            );
+            let wk = TalosClient::secured(rack.node("rack1-wk-01").addr(), &reader).unwrap();
+            assert!(
+                crate::daytwo::manifest_sync::fetch(&wk)
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
         }
     }
 }

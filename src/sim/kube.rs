@@ -19,6 +19,11 @@
 //!   that DaemonSet exists and has rolled out, as on a real cluster where nodes become Ready
 //!   only once the CNI runs.
 //!
+//! - POST (create), PUT (replace) and DELETE of one object, as client-go sends them for the
+//!   bootstrap manifests' inventory ConfigMap and their prune; each object's last writer shows
+//!   in `metadata.managedFields` (manager and operation);
+//! - a test may make the applies of one object fail ([`KubeDouble::refuse_applies`]).
+//!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
 
 use std::collections::{BTreeMap, HashSet};
@@ -184,6 +189,9 @@ type Key = (String, String, String, String);
 struct Stored {
     obj: Value,
     manager: String,
+    /// How the manager last wrote it: `Apply` (server-side apply) or `Update` (create,
+    /// replace, or a kubelet's status write).
+    operation: &'static str,
     ready_at: Instant,
 }
 
@@ -193,6 +201,8 @@ struct Cluster {
     rv: u64,
     uid: u64,
     never_ready: HashSet<(String, String)>,
+    /// Applies refused with 422 Invalid: (kind, namespace, name) -> reason.
+    refused: BTreeMap<(String, String, String), String>,
     /// Nodes registered by a (simulated) kubelet: Ready only once the CNI runs and their
     /// `ready_at` has passed.
     kubelet_nodes: HashSet<String>,
@@ -271,6 +281,16 @@ impl Cluster {
     /// The object as a client reads it: stored content plus a status computed from time.
     fn view(&self, key: &Key, s: &Stored, now: Instant) -> Value {
         let mut obj = s.obj.clone();
+        // One managedFields entry: the last writer (the real server keeps one per manager and
+        // operation, with the fields each owns in fieldsV1; k8s.io/apimachinery
+        // pkg/apis/meta/v1/types.go, ManagedFieldsEntry). fieldsV1 is not modelled.
+        if let Some(meta) = obj["metadata"].as_object_mut() {
+            meta.insert(
+                "managedFields".into(),
+                json!([{"manager": s.manager, "operation": s.operation,
+                        "apiVersion": s.obj["apiVersion"], "fieldsType": "FieldsV1"}]),
+            );
+        }
         let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
         let ready =
             now >= s.ready_at && !self.never_ready.contains(&(key.2.clone(), key.3.clone()));
@@ -496,6 +516,7 @@ impl KubeDouble {
             rv: 100,
             uid: 0,
             never_ready: HashSet::new(),
+            refused: BTreeMap::new(),
             kubelet_nodes: HashSet::new(),
             log: Vec::new(),
         };
@@ -508,6 +529,7 @@ impl KubeDouble {
                         "metadata": {"name": ns, "resourceVersion": cluster.rv.to_string(),
                                      "uid": format!("uid-ns-{ns}")}}),
                     manager: "kube-apiserver".into(),
+                    operation: "Update",
                     ready_at: now,
                 },
             );
@@ -590,6 +612,17 @@ impl KubeDouble {
         lock(&self.state).log.clone()
     }
 
+    /// Refuses every apply of the object `kind` `ns`/`name` with 422 Invalid and `reason`
+    /// (as an admission webhook or validation would); `None` accepts them again.
+    pub fn refuse_applies(&self, kind: &str, ns: &str, name: &str, reason: Option<&str>) {
+        let key = (kind.to_owned(), ns.to_owned(), name.to_owned());
+        let mut c = lock(&self.state);
+        match reason {
+            Some(r) => c.refused.insert(key, r.to_owned()),
+            None => c.refused.remove(&key),
+        };
+    }
+
     /// Makes a Deployment, DaemonSet or StatefulSet never report ready.
     pub fn never_ready(&self, ns: &str, name: &str) {
         lock(&self.state)
@@ -626,6 +659,7 @@ impl KubeDouble {
                                  "uid": format!("uid-node-{name}"),
                                  "labels": {"kubernetes.io/hostname": name}}}),
                 manager: "kubelet".into(),
+                operation: "Update",
                 ready_at,
             },
         );
@@ -644,6 +678,7 @@ impl KubeDouble {
             Stored {
                 obj,
                 manager: "kubelet".into(),
+                operation: "Update",
                 ready_at: Instant::now(),
             },
         );
@@ -703,6 +738,7 @@ fn set_node(state: &Shared, name: &str, ready: bool) {
                 "status": {"conditions": [{"type": "Ready",
                     "status": if ready { "True" } else { "False" }}]}}),
             manager: "kubelet".into(),
+            operation: "Update",
             ready_at: Instant::now(),
         },
     );
@@ -895,6 +931,52 @@ async fn handle(
                 name: Some(name),
             },
         ) => apply(&mut c, res, ns, name, &query, &headers, &body, now),
+        (
+            Method::POST,
+            Target::Object {
+                res,
+                ns,
+                name: None,
+            },
+        ) => write(&mut c, res, ns, None, &query, &body, now),
+        (
+            Method::PUT,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => write(&mut c, res, ns, Some(name), &query, &body, now),
+        (
+            Method::DELETE,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => {
+            let key = (
+                res.group.clone(),
+                res.plural.clone(),
+                ns.unwrap_or_default(),
+                name,
+            );
+            // Deleted at once (background propagation: the dependents go later; the double
+            // models no finalizers), the object as it was in the reply (kubernetes/kubernetes
+            // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go, DeleteResource:
+            // 200 with the deleted object when there is nothing left to wait for).
+            match c.objects.remove(&key) {
+                Some(s) => {
+                    c.rv += 1;
+                    axum::Json(c.view(&key, &s, now)).into_response()
+                }
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} \"{}\" not found", qualified(&res), key.3),
+                ),
+            }
+        }
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -931,6 +1013,141 @@ fn content(obj: &Value) -> Value {
         o.remove("status");
     }
     v
+}
+
+/// Create (POST, `name` None) or replace (PUT) of a whole object, as client-go's `Create`
+/// and `Update` send them (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/endpoints/
+/// handlers/create.go and update.go): an existing name is 409 AlreadyExists on create, a
+/// missing one 404 NotFound on replace (ConfigMaps and the other built-ins do not allow
+/// create on update), a stale `resourceVersion` 409 Conflict; the manager is the
+/// `fieldManager` parameter (the real default derives one from the user agent).
+fn write(
+    c: &mut Cluster,
+    res: Res,
+    ns: Option<String>,
+    name: Option<String>,
+    query: &BTreeMap<String, String>,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let mut obj: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "body is not an object".into(),
+            );
+        }
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    let Some(body_name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                res.kind
+            ),
+        );
+    };
+    if name.as_ref().is_some_and(|n| *n != body_name) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({})",
+                name.unwrap_or_default()
+            ),
+        );
+    }
+    let ns = ns.unwrap_or_default();
+    if res.namespaced {
+        let ns_key = (
+            String::new(),
+            "namespaces".to_owned(),
+            String::new(),
+            ns.clone(),
+        );
+        if !c.objects.contains_key(&ns_key) {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("namespaces \"{ns}\" not found"),
+            );
+        }
+        obj["metadata"]["namespace"] = Value::String(ns.clone());
+    }
+    let key = (res.group.clone(), res.plural.clone(), ns, body_name.clone());
+    let existing = c.objects.get(&key);
+    let (uid, generation, created) = match (name.is_some(), existing) {
+        (false, Some(_)) => {
+            return status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{} \"{body_name}\" already exists", qualified(&res)),
+            );
+        }
+        (true, None) => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{} \"{body_name}\" not found", qualified(&res)),
+            );
+        }
+        (true, Some(s)) => {
+            if let Some(rv) = obj["metadata"]["resourceVersion"].as_str()
+                && rv != s.obj["metadata"]["resourceVersion"].as_str().unwrap_or("")
+            {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{body_name}\": the object has been modified; please apply your changes to the latest version and try again",
+                        qualified(&res)
+                    ),
+                );
+            }
+            if content(&s.obj) == content(&obj) {
+                let view = c.view(&key, s, now);
+                return (StatusCode::OK, axum::Json(view)).into_response();
+            }
+            let generation = s.obj["metadata"]["generation"].as_i64().unwrap_or(1);
+            (s.obj["metadata"]["uid"].clone(), generation, false)
+        }
+        (false, None) => {
+            c.uid += 1;
+            (json!(format!("uid-{}", c.uid)), 1, true)
+        }
+    };
+    c.rv += 1;
+    let mut stored = content(&obj);
+    if let Some(meta) = stored["metadata"].as_object_mut() {
+        meta.insert("uid".into(), uid);
+        meta.insert("resourceVersion".into(), json!(c.rv.to_string()));
+        meta.insert("generation".into(), json!(generation));
+        meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+    }
+    let manager = query
+        .get("fieldManager")
+        .cloned()
+        .unwrap_or_else(|| "kube-rs".into());
+    c.objects.insert(
+        key.clone(),
+        Stored {
+            obj: stored,
+            manager,
+            operation: "Update",
+            ready_at: now,
+        },
+    );
+    let view = c.view(&key, &c.objects[&key], now);
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (code, axum::Json(view)).into_response()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1011,6 +1228,13 @@ fn apply(
         );
     }
     let ns = ns.unwrap_or_default();
+    if let Some(reason) = c.refused.get(&(res.kind.clone(), ns.clone(), name.clone())) {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("{}.{} \"{name}\" is invalid: {reason}", res.kind, res.group),
+        );
+    }
     if res.namespaced {
         if let Some(body_ns) = obj["metadata"]["namespace"].as_str()
             && body_ns != ns
@@ -1135,6 +1359,7 @@ fn apply(
             Stored {
                 obj: stored,
                 manager: manager.clone(),
+                operation: "Apply",
                 ready_at: now + delay,
             },
         );
@@ -1338,5 +1563,81 @@ mod tests {
         assert_eq!(node_ready(&double, "w2").0, "True");
         let ns = double.object("v1", "Namespace", "", "kube-system").unwrap();
         assert_eq!(ns["status"]["phase"], "Active");
+    }
+
+    /// Create, replace and delete as client-go sends them, the last writer in managedFields,
+    /// and a refused apply.
+    #[tokio::test]
+    async fn create_replace_delete_and_refused_applies() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, DeleteParams, PostParams};
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let api: Api<ConfigMap> = Api::namespaced(kube.client().clone(), "kube-system");
+        let pp = PostParams {
+            dry_run: false,
+            field_manager: Some("talos".into()),
+        };
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("inv".into());
+        api.create(&pp, &cm).await.unwrap();
+        let again = api.create(&pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&again, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
+            "{again}"
+        );
+        cm.data = Some([("a".to_owned(), String::new())].into_iter().collect());
+        api.replace("inv", &pp, &cm).await.unwrap();
+        let got = double
+            .object("v1", "ConfigMap", "kube-system", "inv")
+            .unwrap();
+        assert_eq!(got["data"]["a"], "");
+        assert_eq!(got["metadata"]["managedFields"][0]["manager"], "talos");
+        assert_eq!(got["metadata"]["managedFields"][0]["operation"], "Update");
+        // A stale resourceVersion conflicts; a missing object is not created by a replace.
+        cm.metadata.resource_version = Some("1".into());
+        let stale = api.replace("inv", &pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&stale, kube::Error::Api(s) if s.code == 409),
+            "{stale}"
+        );
+        cm.metadata.resource_version = None;
+        cm.metadata.name = Some("other".into());
+        let missing = api.replace("other", &pp, &cm).await.unwrap_err();
+        assert!(
+            matches!(&missing, kube::Error::Api(s) if s.code == 404),
+            "{missing}"
+        );
+        api.delete("inv", &DeleteParams::background())
+            .await
+            .unwrap();
+        assert!(
+            double
+                .object("v1", "ConfigMap", "kube-system", "inv")
+                .is_none()
+        );
+        let gone = api
+            .delete("inv", &DeleteParams::background())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&gone, kube::Error::Api(s) if s.code == 404),
+            "{gone}"
+        );
+
+        let ds = daemonset("kube-system", "x");
+        double.refuse_applies("DaemonSet", "kube-system", "x", Some("spec: Invalid value"));
+        let err = kube.apply(&ds, "default").await.unwrap_err().to_string();
+        assert!(
+            err.contains("is invalid: spec: Invalid value (422)"),
+            "{err}"
+        );
+        double.refuse_applies("DaemonSet", "kube-system", "x", None);
+        kube.apply(&ds, "default").await.unwrap();
+        let got = double
+            .object("apps/v1", "DaemonSet", "kube-system", "x")
+            .unwrap();
+        assert_eq!(got["metadata"]["managedFields"][0]["manager"], "talboot");
+        assert_eq!(got["metadata"]["managedFields"][0]["operation"], "Apply");
     }
 }

@@ -84,6 +84,7 @@ use super::SimError;
 #[cfg(test)]
 mod apply_e2e;
 mod machine_config;
+mod manifests;
 use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
 use super::pki::{self, CertKey, PkiError, SimCa};
 pub use machine_config::{ApplyRecord, RunningConfig};
@@ -2808,6 +2809,9 @@ impl cosi::state_server::State for NodeApi {
         if let Some(reply) = machine_config::cosi_get(&self.shared, &r) {
             return reply.map(Response::new);
         }
+        if let Some(reply) = manifests::cosi_get(&self.shared, &r) {
+            return reply.map(Response::new);
+        }
         if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
             == ("runtime", "MachineStatuses.runtime.talos.dev", "machine")
         {
@@ -2873,6 +2877,17 @@ impl cosi::state_server::State for NodeApi {
     ) -> Result<Response<Self::ListStream>, Status> {
         route_or_forward!(self, req, stream, "/cosi.resource.State/List", READ);
         let r = req.into_inner();
+        if let Some(items) = manifests::cosi_list(&self.shared, &r) {
+            let items: Vec<Result<cosi::ListResponse, Status>> = items
+                .into_iter()
+                .map(|resource| {
+                    Ok(cosi::ListResponse {
+                        resource: Some(resource),
+                    })
+                })
+                .collect();
+            return Ok(Response::new(Box::pin(tokio_stream::iter(items))));
+        }
         if (r.namespace.as_str(), r.r#type.as_str()) != ("runtime", "Disks.block.talos.dev") {
             return Err(Status::not_found(format!(
                 "resource type {}/{} is not registered in the test double",

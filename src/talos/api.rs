@@ -50,6 +50,10 @@ pub mod talos {
             pub mod hardware {
                 tonic::include_proto!("talos.resource.definitions.hardware");
             }
+            /// `talos.resource.definitions.k8s` (ManifestSpec: the bootstrap manifests).
+            pub mod k8s {
+                tonic::include_proto!("talos.resource.definitions.k8s");
+            }
             /// `talos.resource.definitions.runtime` (MachineStatusSpec).
             pub mod runtime {
                 tonic::include_proto!("talos.resource.definitions.runtime");

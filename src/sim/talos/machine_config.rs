@@ -494,6 +494,19 @@ fn machine_type_number(t: &str) -> i32 {
     }
 }
 
+/// The running config and the node's machine type, for what Talos's controllers render from
+/// them (the bootstrap manifests); None in maintenance mode.
+pub(crate) fn running_and_type(shared: &Shared) -> Option<(String, String)> {
+    let c = lock(&shared.configs);
+    let text = c.running.clone()?;
+    let t = c
+        .running_type
+        .clone()
+        .or_else(|| shared.installed().map(|i| i.config.machine_type))
+        .unwrap_or_else(|| "unknown".to_owned());
+    Some((text, t))
+}
+
 /// COSI Get of the machine config resources; None for any other resource.
 pub(crate) fn cosi_get(
     shared: &Shared,

@@ -1,0 +1,338 @@
+//! The bootstrap manifest sync's I/O, the last step of `talboot upgrade --kubernetes` as of
+//! `talosctl upgrade-k8s` (siderolabs/talos v1.13.9 `pkg/cluster/kubernetes/talos_managed.go`,
+//! `PerformManifestsSync` -> `syncManifestsSSA`): the `Manifest` COSI resources read from one
+//! control plane node (`getManifests` -> go-kubernetes v0.2.38 `kubernetes/manifests/get.go`,
+//! `GetBootstrapManifests`: every item of every `Manifests.kubernetes.talos.dev` resource in
+//! namespace `controlplane`, in List order), server-side applied with field manager `talos`
+//! through talboot's Kubernetes adapter ([`crate::addons::kube::Kube`], forcing conflicts as
+//! fluxcd ssa does), the inventory ConfigMap read, created, updated and pruned from as
+//! go-kubernetes' `ssa` manager does, and the rollout of the set's workloads waited for
+//! (`ssacli.Wait`, unless skipped). The decisions are [`super::manifests`].
+//!
+//! Where talboot differs: a dry run does not create a missing inventory (go-kubernetes'
+//! `NewInventory` creates it even for `Diff`); the wait covers every Deployment, DaemonSet
+//! and StatefulSet of the set (go-kubernetes waits for every changed object's kstatus).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ObjectMeta, PostParams};
+use prost::Message;
+use serde_json::Value;
+
+use super::manifests::{
+    self, Action, Change, Desired, FIELD_MANAGER, INVENTORY_NAME, INVENTORY_NAMESPACE,
+    MANIFEST_NAMESPACE, MANIFEST_TYPE, ObjMeta,
+};
+use crate::addons::kube::Kube;
+use crate::addons::manifest::ObjectRef;
+use crate::talos::TalosClient;
+use crate::talos::api::talos::resource::definitions::k8s::ManifestSpec;
+
+/// How the sync runs (talosctl's `--manifests-no-prune`, `--manifests-reconcile-timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncOptions {
+    /// Keep objects the inventory has but the set no longer does.
+    pub no_prune: bool,
+    /// How long the set's workloads may take to roll out; `None`: do not wait.
+    pub wait: Option<Duration>,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            no_prune: false,
+            wait: Some(Duration::from_secs(300)),
+        }
+    }
+}
+
+/// Every bootstrap manifest object the node renders, in Talos's order.
+pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, String> {
+    let resources = talos
+        .cosi_list(MANIFEST_NAMESPACE, MANIFEST_TYPE)
+        .await
+        .map_err(|e| format!("reading the bootstrap manifests ({MANIFEST_TYPE}): {e}"))?;
+    let mut out = Vec::new();
+    for r in resources {
+        let id = r
+            .metadata
+            .as_ref()
+            .map(|m| m.id.clone())
+            .unwrap_or_default();
+        let bytes = r.spec.map(|s| s.proto_spec).unwrap_or_default();
+        let spec = ManifestSpec::decode(bytes.as_slice())
+            .map_err(|e| format!("bootstrap manifest {id}: undecodable spec: {e}"))?;
+        for item in spec.items {
+            if let Some(obj) = item.object.as_ref() {
+                out.push(manifests::struct_to_json(obj));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn reference(meta: &ObjMeta, api_version: String) -> ObjectRef {
+    ObjectRef {
+        api_version,
+        kind: meta.kind.clone(),
+        namespace: (!meta.namespace.is_empty()).then(|| meta.namespace.clone()),
+        name: meta.name.clone(),
+    }
+}
+
+/// An inventory entry's `apiVersion`: its group's preferred version that serves the kind
+/// (inventory keys carry no version). `None` when the kind is not served any more.
+async fn api_version_of(kube: &Kube, meta: &ObjMeta) -> Result<Option<String>, String> {
+    let group = match kube::discovery::oneshot::group(kube.client(), &meta.group).await {
+        Ok(g) => g,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+        Err(e) => return Err(format!("discovering {meta}: {e}")),
+    };
+    Ok(group
+        .recommended_kind(&meta.kind)
+        .map(|(ar, _)| ar.api_version))
+}
+
+/// The live objects of the set and of the inventory, those that exist.
+async fn live(
+    kube: &Kube,
+    desired: &Desired,
+    inventory: &[ObjMeta],
+) -> Result<BTreeMap<ObjMeta, Value>, String> {
+    let mut out = BTreeMap::new();
+    for (meta, obj) in &desired.objects {
+        let r = ObjectRef::of(obj).ok_or_else(|| format!("{meta}: not an object"))?;
+        // A kind not served yet (a CRD of the set not applied yet) is "created".
+        if let Ok(Some(v)) = kube.get(&r).await {
+            out.insert(meta.clone(), v);
+        }
+    }
+    for meta in inventory {
+        if out.contains_key(meta) {
+            continue;
+        }
+        let Some(api_version) = api_version_of(kube, meta).await? else {
+            continue;
+        };
+        if let Some(v) = kube
+            .get(&reference(meta, api_version))
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            out.insert(meta.clone(), v);
+        }
+    }
+    Ok(out)
+}
+
+fn inventory_api(kube: &Kube) -> Api<ConfigMap> {
+    Api::namespaced(kube.client().clone(), INVENTORY_NAMESPACE)
+}
+
+/// The inventory's entries; `None` when there is no inventory ConfigMap yet.
+async fn read_inventory(kube: &Kube) -> Result<Option<Vec<ObjMeta>>, String> {
+    let cm = inventory_api(kube)
+        .get_opt(INVENTORY_NAME)
+        .await
+        .map_err(|e| format!("failed to fetch the inventory configmap: {e}"))?;
+    match cm {
+        None => Ok(None),
+        Some(cm) => {
+            let data: BTreeMap<String, String> = cm.data.unwrap_or_default().into_iter().collect();
+            manifests::inventory_entries(&data).map(Some)
+        }
+    }
+}
+
+/// `GetInventory`: the inventory namespace created if missing, then the inventory ConfigMap
+/// created empty if missing; its entries.
+async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, String> {
+    let namespaces: Api<Namespace> = Api::all(kube.client().clone());
+    let ns = namespaces
+        .get_opt(INVENTORY_NAMESPACE)
+        .await
+        .map_err(|e| format!("reading namespace {INVENTORY_NAMESPACE}: {e}"))?;
+    if ns.is_none() {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(INVENTORY_NAMESPACE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(format!("failed to create inventory namespace: {e}")),
+        }
+    }
+    if let Some(entries) = read_inventory(kube).await? {
+        return Ok(entries);
+    }
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(INVENTORY_NAME.into()),
+            namespace: Some(INVENTORY_NAMESPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    inventory_api(kube)
+        .create(&params(), &cm)
+        .await
+        .map_err(|e| format!("failed to create the inventory configmap: {e}"))?;
+    Ok(Vec::new())
+}
+
+fn params() -> PostParams {
+    PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    }
+}
+
+/// `Inventory.Write`: the whole ConfigMap replaced with `entries` as its keys.
+async fn write_inventory(kube: &Kube, entries: &[ObjMeta]) -> Result<(), String> {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(INVENTORY_NAME.into()),
+            namespace: Some(INVENTORY_NAMESPACE.into()),
+            ..Default::default()
+        },
+        data: Some(manifests::inventory_data(entries).into_iter().collect()),
+        ..Default::default()
+    };
+    inventory_api(kube)
+        .replace(INVENTORY_NAME, &params(), &cm)
+        .await
+        .map_err(|e| format!("failed to update the inventory: {e}"))?;
+    Ok(())
+}
+
+/// What a sync of `objects` would change, changing nothing (`Manager.Diff`).
+pub async fn diff(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Vec<Change>, String> {
+    let desired = Desired::prepare(objects)?;
+    let inventory = read_inventory(kube).await?.unwrap_or_default();
+    let live = live(kube, &desired, &inventory).await?;
+    manifests::plan(&desired, &live, &inventory, no_prune)
+}
+
+/// Applies `objects`, updates the inventory and prunes (`Manager.Apply`); the changes made.
+/// A failed apply names the object; the inventory then holds what was applied before it.
+pub async fn apply(
+    kube: &Kube,
+    objects: Vec<Value>,
+    no_prune: bool,
+) -> Result<Vec<Change>, String> {
+    let desired = Desired::prepare(objects)?;
+    let inventory = ensure_inventory(kube).await?;
+    let live = live(kube, &desired, &inventory).await?;
+    // The policy is checked before anything is applied, as go-kubernetes diffs every object
+    // first.
+    let planned = manifests::plan(&desired, &live, &inventory, no_prune)?;
+    let mut changes = Vec::new();
+    let mut applied = Vec::new();
+    for (meta, obj) in &desired.objects {
+        match kube.apply_as(obj, "default", FIELD_MANAGER).await {
+            Ok(a) => {
+                applied.push(meta.clone());
+                let action = if a.changed {
+                    manifests::action_for(obj, live.get(meta)).max_changed()
+                } else {
+                    Action::Unchanged
+                };
+                tracing::info!(object = %meta, %action, "bootstrap manifest applied");
+                changes.push(Change {
+                    object: meta.clone(),
+                    action,
+                });
+            }
+            Err(e) => {
+                let inv = manifests::inventory_after_apply(&inventory, &applied);
+                let written = write_inventory(kube, &inv).await;
+                let mut msg = format!("error applying manifests: {meta}: {e}");
+                if let Err(w) = written {
+                    msg.push_str(&format!("; {w}"));
+                }
+                return Err(msg);
+            }
+        }
+    }
+    let mut inv = manifests::inventory_after_apply(&inventory, &applied);
+    write_inventory(kube, &inv).await?;
+    if no_prune {
+        return Ok(changes);
+    }
+    let mut prune_errors = Vec::new();
+    for entry in manifests::to_prune(&inv.clone(), &desired) {
+        let was_planned = planned
+            .iter()
+            .any(|c| c.object == entry && c.action == Action::Pruned);
+        let api_version = if was_planned {
+            api_version_of(kube, &entry).await?
+        } else {
+            None
+        };
+        let Some(api_version) = api_version else {
+            // Not in the cluster: dropped from the inventory.
+            inv.retain(|e| e != &entry);
+            continue;
+        };
+        match kube.delete(&reference(&entry, api_version)).await {
+            Ok(_) => {
+                tracing::info!(object = %entry, "bootstrap manifest pruned");
+                inv.retain(|e| e != &entry);
+                changes.push(Change {
+                    object: entry,
+                    action: Action::Pruned,
+                });
+            }
+            Err(e) => prune_errors.push(format!("{entry}: {e}")),
+        }
+    }
+    let written = write_inventory(kube, &inv).await;
+    if !prune_errors.is_empty() {
+        return Err(format!("error pruning: {}", prune_errors.join("; ")));
+    }
+    written?;
+    Ok(changes)
+}
+
+impl Action {
+    /// An apply that changed the object: created stays created, anything else configured.
+    fn max_changed(self) -> Action {
+        match self {
+            Action::Created => Action::Created,
+            _ => Action::Configured,
+        }
+    }
+}
+
+/// Waits until every Deployment, DaemonSet and StatefulSet of `objects` has rolled out,
+/// the whole wait bounded by `timeout`.
+pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    for obj in objects {
+        let Some(meta) = ObjMeta::of(obj) else {
+            continue;
+        };
+        if !meta.is_workload() {
+            continue;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let ns = if meta.namespace.is_empty() {
+            "default"
+        } else {
+            meta.namespace.as_str()
+        };
+        let r = match meta.kind.as_str() {
+            "Deployment" => kube.wait_deployment(ns, &meta.name, left).await,
+            "DaemonSet" => kube.wait_daemonset(ns, &meta.name, left).await,
+            _ => kube.wait_statefulset(ns, &meta.name, left).await,
+        };
+        r.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
