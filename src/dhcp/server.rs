@@ -14,6 +14,10 @@
 //!   leaves (durable before acknowledged; an ACK whose lease could not be stored is not sent);
 //!   offers are committed without a sync, since no reply promises them. A retransmitted
 //!   REQUEST is answered from the book without a new write (see [`super::leases`]);
+//! - reply pacing: the committer hands each committed group to a sender task, which sends a
+//!   large group's replies in small chunks spread until the next commit is due
+//!   ([`super::pace`]), so a group commit does not overflow a client's or relay's receive
+//!   buffer; the committer meanwhile starts the next commit;
 //! - the RFC 2131 §4.1 destination chosen by [`reply_target`](super::reply_target): to the
 //!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
 //!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
