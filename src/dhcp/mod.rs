@@ -14,6 +14,7 @@ pub mod ctx;
 pub mod decide;
 pub mod flood;
 pub mod leases;
+pub(crate) mod pace;
 pub(crate) mod queue;
 pub mod reply;
 pub mod server;

@@ -14,6 +14,10 @@
 //!   leaves (durable before acknowledged; an ACK whose lease could not be stored is not sent);
 //!   offers are committed without a sync, since no reply promises them. A retransmitted
 //!   REQUEST is answered from the book without a new write (see [`super::leases`]);
+//! - reply pacing: the committer hands each committed group to a sender task, which sends a
+//!   large group's replies in small chunks spread until the next commit is due
+//!   ([`super::pace`]), so a group commit does not overflow a client's or relay's receive
+//!   buffer; the committer meanwhile starts the next commit;
 //! - the RFC 2131 §4.1 destination chosen by [`reply_target`](super::reply_target): to the
 //!   relay, to ciaddr, broadcast, or unicast to the offered address after adding an ARP entry
 //!   for it (`SIOCSARP`, which needs `CAP_NET_ADMIN`; if the kernel refuses, the reply is
@@ -46,6 +50,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::admission::{self, Backlog};
 use super::decide::Silence;
 use super::leases::LeaseChange;
+use super::pace::Pace;
 use super::queue::{self, Lane, RxQueue};
 use super::{
     DecideCtx, DhcpCore, FloodConfig, LeaseBook, Now, Outcome, ReplySummary, ReplyTarget,
@@ -526,23 +531,18 @@ impl Adapter {
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
-        if Lane::of(request_type) == Lane::Start {
-            // Admission control: the durable path is behind, so a new exchange would only
-            // produce a REQUEST it cannot answer in time. Kea gets this for free by answering
-            // one datagram at a time; here OFFERs leave without waiting for the disk, so it
-            // has to be said ([`admission`]).
-            let shed = if self.backlog.len() >= self.ack_backlog {
-                Some("ack_backlog")
-            } else if !self.backlog.admit(Instant::now()) {
-                Some("ack_late")
-            } else {
-                None
-            };
-            if let Some(reason) = shed {
-                counter!("dhcp_dropped_total", "reason" => reason).increment(1);
-                debug!(reason, "ACKs waiting for the disk: DISCOVER not answered");
-                return;
-            }
+        // Admission control: when the durable path is behind, a new exchange would only
+        // produce a REQUEST it cannot answer in time. Kea gets this for free by answering
+        // one datagram at a time; here OFFERs leave without waiting for the disk, so it has
+        // to be said ([`admission`]; only DISCOVERs are ever refused).
+        if let Some(shed) =
+            self.backlog
+                .decide(Lane::of(request_type), Instant::now(), self.ack_backlog)
+        {
+            let reason = shed.label();
+            counter!("dhcp_dropped_total", "reason" => reason).increment(1);
+            debug!(reason, "ACKs waiting for the disk: DISCOVER not answered");
+            return;
         }
         let mac = peek_mac(&dgram.bytes);
         let now = Now {
@@ -695,10 +695,12 @@ fn write_ip(w: &LeaseChange) -> Ipv4Addr {
 }
 
 /// Group commit: take every job waiting, write all their lease changes and events in one
-/// transaction (synced when any of them needs it), then send the replies of the jobs whose
-/// writes all succeeded, in order. One commit is shared by a whole burst of requests, the
-/// timeline rows ride in it instead of taking redb's write slot again, and no reply leaves
-/// before the lease it announces is on disk (durable before acknowledged).
+/// transaction (synced when any of them needs it), then hand the jobs whose writes all
+/// succeeded, in order, to the sender ([`send_loop`]), which paces their replies. One commit
+/// is shared by a whole burst of requests, the timeline rows ride in it instead of taking
+/// redb's write slot again, and no reply leaves before the lease it announces is on disk
+/// (durable before acknowledged): the sender only sees a job once its commit returned, while
+/// the committer goes on to the next batch.
 async fn commit_loop(
     mut rx: mpsc::Receiver<Job>,
     store: Arc<dyn Store>,
@@ -706,6 +708,15 @@ async fn commit_loop(
     not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
     backlog: Arc<Backlog>,
 ) {
+    // Unbounded: the sender sends at least `Pace::burst` replies per `Pace::min_gap`, faster
+    // than decisions are made, so it never holds more than a few groups.
+    let (released_tx, released_rx) = mpsc::unbounded_channel::<Released>();
+    let sender = tokio::spawn(send_loop(
+        released_rx,
+        store.clone(),
+        replier.clone(),
+        Pace::default(),
+    ));
     // Addresses whose latest write failed; a reused binding on one of them is not announced.
     let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
     while let Some(first) = rx.recv().await {
@@ -735,6 +746,11 @@ async fn commit_loop(
             _ => true,
         });
         let durable = batch.iter().any(|j| j.durable);
+        let replies = batch
+            .iter()
+            .filter(|j| matches!(j.after, After::Reply { .. }))
+            .count();
+        backlog.taken(replies);
         let ips: Vec<Vec<Ipv4Addr>> = batch
             .iter()
             .map(|j| j.commit.writes.iter().map(write_ip).collect())
@@ -743,6 +759,7 @@ async fn commit_loop(
             .iter_mut()
             .map(|j| std::mem::take(&mut j.commit))
             .collect();
+        let mut took = None;
         let results = if groups
             .iter()
             .all(|g| g.writes.is_empty() && g.events.is_empty())
@@ -776,7 +793,7 @@ async fn commit_loop(
                         .record(total.as_secs_f64());
                     histogram!("dhcp_commit_jobs").record(jobs as f64);
                     if durable {
-                        backlog.observe(total);
+                        took = Some(total);
                     }
                     debug!(target: "talboot::dhcp::commit", jobs, rows, durable,
                         wait_us = wait.as_micros() as u64,
@@ -787,15 +804,14 @@ async fn commit_loop(
                 Err(e) => Err(join_error(e)),
             }
         };
+        // Its commit is done: these replies no longer wait for the disk, sent or not.
+        backlog.committed(replies, took, Instant::now());
+        let mut group = Vec::with_capacity(batch.len());
         for (job, ips) in batch.into_iter().zip(ips) {
-            let _enter = job.span.enter();
-            // Its commit is done: this reply no longer waits for the disk, sent or not.
-            if matches!(job.after, After::Reply { .. }) {
-                backlog.left();
-            }
             // A job with nothing to write still gets its reply when the commit failed; its
             // events are then persisted by the bus instead.
             if let (Err(e), false) = (&results, ips.is_empty()) {
+                let _enter = job.span.enter();
                 // The client retries; the next attempt is decided and written again.
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 error!(error = %e, "cannot persist lease; reply not sent");
@@ -808,6 +824,51 @@ async fn commit_loop(
             for ip in &ips {
                 not_durable.remove(ip);
             }
+            group.push((job, results.is_ok()));
+        }
+        if !group.is_empty() {
+            let _ = released_tx.send(Released {
+                jobs: group,
+                window: backlog.commit_time(),
+            });
+        }
+    }
+    // Let the replies already released go out before stopping.
+    drop(released_tx);
+    let _ = sender.await;
+}
+
+/// Jobs whose commit returned, in order, each with whether its events are in the store.
+struct Released {
+    jobs: Vec<(Job, bool)>,
+    /// When the next commit is expected to release its group (the smoothed commit time).
+    window: Duration,
+}
+
+/// The sending half of the committer: the replies (and bindings, and events) of each
+/// released group, in order, paced by [`Pace`] so that a large group does not leave back to
+/// back and overflow the receiver's socket buffer.
+async fn send_loop(
+    mut rx: mpsc::UnboundedReceiver<Released>,
+    store: Arc<dyn Store>,
+    replier: Arc<Replier>,
+    pace: Pace,
+) {
+    while let Some(group) = rx.recv().await {
+        let n = group
+            .jobs
+            .iter()
+            .filter(|(j, _)| matches!(j.after, After::Reply { .. }))
+            .count();
+        // From when this group's turn comes (a group released while the one before it was
+        // still being paced starts when that one is done, so its chunks stay apart too).
+        let start = Instant::now();
+        let mut sent = 0;
+        if n > pace.burst {
+            counter!("dhcp_paced_groups_total").increment(1);
+        }
+        for (job, stored) in group.jobs {
+            let _enter = job.span.enter();
             match job.after {
                 After::Reply {
                     sock,
@@ -817,6 +878,11 @@ async fn commit_loop(
                     kind,
                     bind,
                 } => {
+                    let at = pace.offset(sent, n, group.window);
+                    sent += 1;
+                    if !at.is_zero() {
+                        tokio::time::sleep_until((start + at).into()).await;
+                    }
                     if let Some((mac, ip)) = bind {
                         record_binding(&store, replier.view.as_deref(), mac, ip).await;
                     }
@@ -829,7 +895,7 @@ async fn commit_loop(
                 After::Nothing => {}
             }
             for ev in job.events {
-                if results.is_ok() {
+                if stored {
                     replier.events.announce(ev);
                 } else {
                     replier.events.publish(&ev.node, ev.kind, ev.detail);

@@ -191,6 +191,14 @@ async fn start() -> Running {
 }
 
 async fn start_with(queues: server::Queues) -> Running {
+    start_ctx(
+        queues,
+        ctx(NetworkMode::Authoritative, UnknownPolicy::Discover),
+    )
+    .await
+}
+
+async fn start_ctx(queues: server::Queues, ctx: DecideCtx) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Recorder {
         inner: store::open(dir.path()).unwrap(),
@@ -209,7 +217,6 @@ async fn start_with(queues: server::Queues) -> Running {
     let task = tokio::spawn({
         let (store, cancel): (Arc<dyn Store>, _) = (store.clone(), cancel.clone());
         async move {
-            let ctx = ctx(NetworkMode::Authoritative, UnknownPolicy::Discover);
             srv.run(ctx, FloodConfig::default(), store, bus, cancel)
                 .await
                 .unwrap();
@@ -598,5 +605,68 @@ async fn an_ack_waiting_less_than_the_target_does_not_stop_new_exchanges() {
     open.send(()).unwrap();
     let ack = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
     assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_group_larger_than_one_burst_is_acked_whole_in_order_and_after_its_commit() {
+    // 24 exchanges whose REQUESTs all land in one held commit: the group is more than one
+    // burst (16), so the sender paces it; every ACK must still come, in the REQUESTs' order,
+    // and only after the commit that made its binding durable.
+    let mut c = ctx(NetworkMode::Authoritative, UnknownPolicy::Discover);
+    c.subnets[0].pool = Some(Pool {
+        start: ip("10.0.0.100"),
+        end: ip("10.0.0.199"),
+    });
+    let r = start_ctx(server::Queues::default(), c).await;
+    let n: u8 = 24;
+    let mut offered = Vec::new();
+    for i in 0..n {
+        r.send(&discover_from(100 + i)).await;
+        let offer = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
+        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+        offered.push((offer.chaddr()[5], offer.yiaddr()));
+    }
+    let request = |(last, addr): (u8, Ipv4Addr)| {
+        let mut msg = with(
+            m(MessageType::Request, Mac([0x02, 0, 0, 0, 1, last])),
+            [sid(SERVER), DhcpOption::RequestedIpAddress(addr)],
+        );
+        msg.set_xid(0x1000 + u32::from(last));
+        msg.to_vec().unwrap()
+    };
+    // Let the OFFERs' own (unsynced) commits finish, then hold the next commit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request(offered[0])).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    for o in &offered[1..] {
+        r.send(&request(*o)).await;
+    }
+    drained(r.server.port()).await;
+    open.send(()).unwrap();
+    let mut acked = Vec::new();
+    while acked.len() < offered.len() {
+        let Some(b) = r.recv(MUST_ARRIVE).await else {
+            break;
+        };
+        let ack = decoded(&b);
+        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+        // On disk before it left (the double records a commit only after a pause).
+        let commits = r.store.commits();
+        assert!(
+            commits
+                .iter()
+                .any(|c| c.durable && c.bound.contains(&ack.yiaddr())),
+            "ACK for {} before its durable commit: {commits:?}",
+            ack.yiaddr()
+        );
+        acked.push((ack.chaddr()[5], ack.yiaddr()));
+    }
+    assert_eq!(acked, offered, "every ACK, in the REQUESTs' order");
     r.stop().await;
 }
