@@ -661,8 +661,8 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
         let store = talboot::store::open(&tmp.path().join("state")).unwrap();
         bind(&store, Mode::Authoritative, node_mac(net), node_ip(net));
     }
-    let (http, admin) = (free_port(), free_port());
-    let args = |admin_listen: String| -> Vec<String> {
+    let (mut http, mut admin) = (free_port(), free_port());
+    let args = |http: u16, admin_listen: String| -> Vec<String> {
         vec![
             "serve".into(),
             "-c".into(),
@@ -691,7 +691,7 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
     // A non-loopback admin listener without the admin token is refused before anything is
     // served (with the token: tests/admin_token.rs).
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
-        .args(args(format!("0.0.0.0:{admin}")))
+        .args(args(http, format!("0.0.0.0:{admin}")))
         .env_remove("RUST_LOG")
         .env_remove("TALBOOT_ADMIN_TOKEN_FILE")
         .output()
@@ -705,32 +705,43 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
     );
 
     let log = tmp.path().join("serve.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
-        .args(args(format!("127.0.0.1:{admin}")))
-        .env_remove("RUST_LOG")
-        .stdout(std::fs::File::create(tmp.path().join("serve.out")).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut served = Served(Some(child));
     let node = node_ip(net).to_string();
     let stranger = stranger_ip(net).to_string();
-    let script_url = format!(
-        "http://127.0.0.1:{http}/boot.ipxe?mac={}&arch=x86_64",
-        node_mac(net)
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let script = loop {
-        let (code, body) = curl(&["--interface", &node, &script_url]);
-        if code == "200" {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not come up ({code}):\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+    // A port free_port() saw free can be taken before serve binds it (the other tests of this
+    // file run beside it and connect from ephemeral ports): then pick new ones and start again.
+    let mut attempts = 0;
+    let (mut served, script_url, script) = 'start: loop {
+        attempts += 1;
+        let child = Command::new(env!("CARGO_BIN_EXE_talboot"))
+            .args(args(http, format!("127.0.0.1:{admin}")))
+            .env_remove("RUST_LOG")
+            .stdout(std::fs::File::create(tmp.path().join("serve.out")).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut served = Served(Some(child));
+        let script_url = format!(
+            "http://127.0.0.1:{http}/boot.ipxe?mac={}&arch=x86_64",
+            node_mac(net)
         );
-        std::thread::sleep(Duration::from_millis(100));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, body) = curl(&["--interface", &node, &script_url]);
+            if code == "200" {
+                break 'start (served, script_url, body);
+            }
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let exited = served.0.as_mut().unwrap().try_wait().unwrap().is_some();
+            if exited && text.contains("Address already in use") && attempts < 5 {
+                (http, admin) = (free_port(), free_port());
+                continue 'start;
+            }
+            assert!(
+                !exited && Instant::now() < deadline,
+                "serve did not come up ({code}):\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     };
     let path = token_path(&script).unwrap_or_else(|| panic!("no token: {script}"));
     let token = path.trim_start_matches("/config/").to_string();
