@@ -328,13 +328,7 @@ async fn day_two(demo: &Demo) {
     };
     // The dry run (standalone even while serve runs: it opens no store) lists the steps and
     // what the manifest sync would do on this cluster now, and changes nothing.
-    let objects = || -> std::collections::BTreeMap<String, String> {
-        demo.kube
-            .resource_versions()
-            .into_iter()
-            .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
-            .collect()
-    };
+    let objects = || demo.kube.resource_versions_but_kubelets();
     let untouched = objects();
     let talosconfig = cli.talosconfig.to_str().unwrap().to_owned();
     let dry = cli

@@ -30,24 +30,6 @@ use crate::addons::manifest::ObjectRef;
 use crate::talos::TalosClient;
 use crate::talos::api::talos::resource::definitions::k8s::ManifestSpec;
 
-/// How the sync runs (talosctl's `--manifests-no-prune`, `--manifests-reconcile-timeout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SyncOptions {
-    /// Keep objects the inventory has but the set no longer does.
-    pub no_prune: bool,
-    /// How long the set's workloads may take to roll out; `None`: do not wait.
-    pub wait: Option<Duration>,
-}
-
-impl Default for SyncOptions {
-    fn default() -> Self {
-        SyncOptions {
-            no_prune: false,
-            wait: Some(Duration::from_secs(300)),
-        }
-    }
-}
-
 /// Every bootstrap manifest object the node renders, in Talos's order.
 pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, String> {
     let resources = talos

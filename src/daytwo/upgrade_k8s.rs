@@ -1670,14 +1670,7 @@ mod tests {
         async fn the_dry_run_lists_the_changes_and_changes_nothing() {
             let rack = rack_up(71).await;
             enable_kube_proxy(&rack);
-            // What the simulated kubelets write meanwhile (mirror Pods, Node status) aside.
-            let objects = || -> BTreeMap<String, String> {
-                rack.kube
-                    .resource_versions()
-                    .into_iter()
-                    .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
-                    .collect()
-            };
+            let objects = || rack.kube.resource_versions_but_kubelets();
             let before = objects();
             let ops = ops(&rack, false).await;
             let lines = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());

@@ -581,13 +581,17 @@ impl KubeDouble {
             .into_iter()
             .chain(c.all_crd_kinds())
             .find(|r| r.api_version() == api_version && r.kind == kind)?;
-        let key = (
-            res.group.clone(),
-            res.plural.clone(),
-            ns.to_owned(),
-            name.to_owned(),
-        );
+        let key = object_key(&res, ns.to_owned(), name.to_owned());
         c.objects.get(&key).map(|s| c.view(&key, s, now))
+    }
+
+    /// [`Self::resource_versions`] without the objects the simulated kubelets keep writing
+    /// (mirror Pods, Node status): what a client's own writes would change.
+    pub fn resource_versions_but_kubelets(&self) -> BTreeMap<String, String> {
+        self.resource_versions()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("/pods/") && !k.starts_with("/nodes/"))
+            .collect()
     }
 
     /// resourceVersion of every stored object, keyed `group/plural/ns/name`.
@@ -887,19 +891,10 @@ async fn handle(
                 name: Some(name),
             },
         ) => {
-            let key = (
-                res.group.clone(),
-                res.plural.clone(),
-                ns.unwrap_or_default(),
-                name,
-            );
+            let key = object_key(&res, ns.unwrap_or_default(), name);
             match c.objects.get(&key) {
                 Some(s) => axum::Json(c.view(&key, s, now)).into_response(),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{} \"{}\" not found", qualified(&res), key.3),
-                ),
+                None => not_found(&res, &key.3),
             }
         }
         (
@@ -955,12 +950,7 @@ async fn handle(
                 name: Some(name),
             },
         ) => {
-            let key = (
-                res.group.clone(),
-                res.plural.clone(),
-                ns.unwrap_or_default(),
-                name,
-            );
+            let key = object_key(&res, ns.unwrap_or_default(), name);
             // Deleted at once (background propagation: the dependents go later; the double
             // models no finalizers), the object as it was in the reply (kubernetes/kubernetes
             // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go, DeleteResource:
@@ -970,11 +960,7 @@ async fn handle(
                     c.rv += 1;
                     axum::Json(c.view(&key, &s, now)).into_response()
                 }
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{} \"{}\" not found", qualified(&res), key.3),
-                ),
+                None => not_found(&res, &key.3),
             }
         }
         _ => status(
@@ -983,6 +969,20 @@ async fn handle(
             "the server does not allow this method on the requested resource".into(),
         ),
     }
+}
+
+/// Where an object of `res` named `name` in `ns` ("" for cluster-scoped) is stored.
+fn object_key(res: &Res, ns: String, name: String) -> Key {
+    (res.group.clone(), res.plural.clone(), ns, name)
+}
+
+/// The API server's 404 for a missing object (`NotFound`, "<resource> \"<name>\" not found").
+fn not_found(res: &Res, name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} \"{name}\" not found", qualified(res)),
+    )
 }
 
 fn qualified(res: &Res) -> String {
@@ -1089,11 +1089,7 @@ fn write(
             );
         }
         (true, None) => {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("{} \"{body_name}\" not found", qualified(&res)),
-            );
+            return not_found(&res, &body_name);
         }
         (true, Some(s)) => {
             if let Some(rv) = obj["metadata"]["resourceVersion"].as_str()
