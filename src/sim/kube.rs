@@ -953,7 +953,7 @@ async fn handle(
             let key = object_key(&res, ns.unwrap_or_default(), name);
             // Deleted at once (background propagation: the dependents go later; the double
             // models no finalizers), the object as it was in the reply (kubernetes/kubernetes
-            // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go, DeleteResource:
+            // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go at 02e16cb253f0, DeleteResource:
             // 200 with the deleted object when there is nothing left to wait for).
             match c.objects.remove(&key) {
                 Some(s) => {
