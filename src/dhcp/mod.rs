@@ -18,6 +18,7 @@ pub(crate) mod pace;
 pub(crate) mod queue;
 pub mod reply;
 pub mod server;
+pub(crate) mod sojourn;
 pub mod wire;
 
 use std::collections::BTreeMap;

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dhcproto::v4::{Message, MessageType};
 use dhcproto::{Decodable, Decoder};
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -124,6 +124,8 @@ pub(crate) struct Queues {
     /// How long the oldest ACK may wait for its commit before DISCOVERs are not answered
     /// (bounds of the target derived from measured commit times, [`admission`]).
     pub(crate) admission: admission::Limits,
+    /// The REQUEST-delay controller's constants ([`super::sojourn`]).
+    pub(crate) delay: super::sojourn::Params,
 }
 
 impl Default for Queues {
@@ -133,6 +135,7 @@ impl Default for Queues {
             commit: COMMIT_QUEUE,
             ack_backlog: ACK_BACKLOG,
             admission: admission::Limits::default(),
+            delay: super::sojourn::Params::default(),
         }
     }
 }
@@ -297,7 +300,10 @@ impl DhcpServer {
         });
         let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
         let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog::new(self.queues.admission));
+        let backlog = Arc::new(Backlog::with_delay(
+            self.queues.admission,
+            self.queues.delay,
+        ));
         let committer = tokio::spawn(commit_loop(
             job_rx,
             store,
@@ -389,6 +395,9 @@ struct Datagram {
     port: ServerPort,
     bytes: Vec<u8>,
     source: SocketAddrV4,
+    /// When the reader took it off the socket: a reply's delay, for admission, counts from
+    /// here ([`super::sojourn`]).
+    received: Instant,
 }
 
 impl Datagram {
@@ -424,6 +433,7 @@ async fn read_loop(
                     port,
                     bytes: buf[..n].to_vec(),
                     source,
+                    received: Instant::now(),
                 };
                 // Never wait for the core: a full queue sheds the oldest DISCOVER.
                 let lane = Lane::of(peek_msg_type(&dgram.bytes));
@@ -516,6 +526,8 @@ enum After {
         /// Proxy mode: the client address of this exchange, persisted as the MAC's
         /// ProxyDHCP binding before the reply leaves ([`crate::entitlement`]).
         bind: Option<(Mac, Ipv4Addr)>,
+        /// When the request was received ([`Datagram::received`]).
+        received: Instant,
     },
     /// Proxy mode: persist the MAC's ProxyDHCP binding ([`crate::entitlement`]).
     Bind { mac: Mac, ip: Ipv4Addr },
@@ -645,6 +657,7 @@ impl Adapter {
                     source: dgram.source,
                     kind: summary.kind,
                     bind,
+                    received: dgram.received,
                 };
                 self.enqueue(writes, events, durable, relies_on, after)
                     .await;
@@ -716,6 +729,7 @@ async fn commit_loop(
         store.clone(),
         replier.clone(),
         Pace::default(),
+        backlog.clone(),
     ));
     // Addresses whose latest write failed; a reused binding on one of them is not announced.
     let mut not_durable: HashSet<Ipv4Addr> = HashSet::new();
@@ -853,6 +867,7 @@ async fn send_loop(
     store: Arc<dyn Store>,
     replier: Arc<Replier>,
     pace: Pace,
+    backlog: Arc<Backlog>,
 ) {
     while let Some(group) = rx.recv().await {
         let n = group
@@ -867,6 +882,7 @@ async fn send_loop(
         if n > pace.burst {
             counter!("dhcp_paced_groups_total").increment(1);
         }
+        gauge!("dhcp_discover_shed_probability").set(backlog.delay_probability());
         for (job, stored) in group.jobs {
             let _enter = job.span.enter();
             match job.after {
@@ -877,6 +893,7 @@ async fn send_loop(
                     source,
                     kind,
                     bind,
+                    received,
                 } => {
                     let at = pace.offset(sent, n, group.window);
                     sent += 1;
@@ -887,6 +904,7 @@ async fn send_loop(
                         record_binding(&store, replier.view.as_deref(), mac, ip).await;
                     }
                     replier.send(&sock, &bytes, to, source).await;
+                    backlog.sent(received.elapsed());
                     counter!("dhcp_replies_total", "type" => msg_type_label(kind)).increment(1);
                 }
                 After::Bind { mac, ip } => {

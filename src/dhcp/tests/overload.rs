@@ -613,13 +613,62 @@ async fn discovers_are_not_answered_while_the_oldest_ack_waits_longer_than_commi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ack_waiting_less_than_the_target_does_not_stop_new_exchanges() {
-    // The other side of the rule: a held ACK younger than the target (pinned high here) does
-    // not shed DISCOVERs, so a commit in progress alone never costs an exchange.
+async fn discovers_are_not_answered_while_requests_are_answered_later_than_the_delay_target() {
+    // The REQUEST-delay rule alone (the growth rule's limits pinned out of reach, the burst
+    // allowance off): a REQUEST whose ACK has not left 400 ms after it arrived is a delay far
+    // past the 20 ms target, so new exchanges are refused until REQUESTs are answered in time
+    // again ([`crate::dhcp::sojourn`]).
     let r = start_with(server::Queues {
         admission: crate::dhcp::admission::Limits {
             floor: Duration::from_secs(60),
             ceiling: Duration::from_secs(60),
+        },
+        delay: crate::dhcp::sojourn::Params {
+            floor: Duration::from_millis(20),
+            burst: Duration::ZERO,
+            ..Default::default()
+        },
+        ..server::Queues::default()
+    })
+    .await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+    r.send(&request_cp1()).await;
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    r.send(&discover_from(30)).await;
+    r.send(&discover_from(33)).await;
+    drained(r.server.port()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    open.send(()).unwrap();
+    // An OFFER to either DISCOVER would have left at once, before this ACK.
+    let first = decoded(&r.recv(MUST_ARRIVE).await.expect("the ACK"));
+    assert_eq!(first.opts().msg_type(), Some(MessageType::Ack));
+    // Nothing waits any more and the last 100 ms answered nothing late: answered again.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    r.send(&discover_from(31)).await;
+    let next = decoded(&r.recv(MUST_ARRIVE).await.expect("an OFFER"));
+    assert_eq!(next.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(next.chaddr()[5], 31, "the shed DISCOVERs stay unanswered");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_waiting_less_than_the_target_does_not_stop_new_exchanges() {
+    // The other side of the rule: a held ACK younger than the target (pinned high here) does
+    // not shed DISCOVERs, so a commit in progress alone never costs an exchange (the
+    // REQUEST-delay rule's target is pinned high too: this is the growth rule's test).
+    let r = start_with(server::Queues {
+        admission: crate::dhcp::admission::Limits {
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(60),
+        },
+        delay: crate::dhcp::sojourn::Params {
+            floor: Duration::from_secs(60),
+            ..Default::default()
         },
         ..server::Queues::default()
     })
