@@ -18,36 +18,44 @@
 //! target*, not one that stops it growing: an integral controller on the delay itself.
 //!
 //! PIE is that controller, specified for exactly this (a drop probability from the queueing
-//! delay, updated on a timer): every [`Params::update`] the probability `p` moves by
-//! `alpha x (delay - target) + beta x (delay - previous delay)` (RFC 8033 §4.2), the step is
-//! capped at 2 % once `p` is 10 % or more, `p` decays by 2 % an update while the delay is
-//! zero (§4.2), nothing is dropped for a burst allowance after a calm spell, nor while the
-//! previous delay was under half the target and `p` under 20 % (§5.1) -- which is what lets
-//! one slow fsync pass without shedding. Departures from the RFC, each for the traffic here:
-//! - **No auto-tuning of alpha and beta at small `p`** (§4.2's division by up to 2,048): it
-//!   exists because one TCP drop halves a sender's window. A DISCOVER's client does not slow
-//!   down when it is not answered (it retransmits on its own timer, RFC 2131 §4.1), so the
-//!   probability needed is simply the excess share of the load (a third at 15,000/s against
-//!   10,000/s of capacity) and has to be reached within a fraction of a second.
+//! delay, updated on a timer; RFC 8033, as in Linux `net/sched/sch_pie.c`): every
+//! [`Params::update`] the probability `p` moves by
+//! `alpha x (delay - target) + beta x (delay - previous delay)` (§4.2); the step is capped at
+//! 2 % once `p` is 10 % or more (one of the RFC's optional elements, §5); `p` decays by 2 % an
+//! update while the delay is zero (§4.2); nothing is dropped during a burst allowance after a
+//! calm spell (§4.4) -- which is what lets one slow fsync pass without shedding. Departures
+//! from the RFC, each for the traffic here:
+//! - **The delay is the shortest sojourn over the last ~100 ms** ([`Params::periods`]
+//!   updates), CoDel's estimator of a standing queue (RFC 8289 §4.2), not the latest one.
+//!   Group commit makes sojourns saw-toothed (a REQUEST that arrives as a commit starts waits
+//!   for it and its own), and a disk with 1 slow commit in 16 raised the average above any
+//!   sensible target at 1,000/s (the model test below), though shedding could not help: the
+//!   next commit clears what piled up. Only when *every* REQUEST waits is the queue standing.
+//! - **No auto-tuning of alpha and beta at small `p`** (§4.2's division by up to 2,048), and
+//!   gains four times the RFC's: the tuning exists because one TCP drop halves a sender's
+//!   window. A DISCOVER's client does not slow down when it is not answered (it retransmits on
+//!   its own timer, RFC 2131 §4.1), so the probability needed is simply the excess share of
+//!   the load (a third at 15,000/s against 10,000/s of capacity) and has to be reached within a
+//!   fraction of a second.
 //! - **Deterministic drops**: `p` accumulates per DISCOVER and one is shed each time the sum
-//!   passes 1 -- the de-randomisation of §5.2 taken to its end. Arrivals are not correlated
-//!   with a DISCOVER's position in that sequence, and a test can state exactly what is shed.
-//! - **Nothing is shed while the delay is within the target and `p` is under 20 %** (the RFC:
-//!   under half the target): a disk whose commits vary sits near half the target when idle,
-//!   where a small `p` left by a rise would shed exchanges for nothing. Above 20 % shedding
-//!   goes on at the target: a gate there turned the controller on and off, and each "off"
-//!   let a whole window of the overload in (a 200 ms spike in the model test). Under half
-//!   the target nothing is shed whatever `p`: more is being shed than the excess. And `p` decays by a tenth an update
-//!   while the delay stays under half the target (the RFC: only at zero delay): with arrivals
-//!   that do not back off, a delay that low says more is being shed than the excess, and
-//!   every DISCOVER shed then is an exchange lost for nothing.
-//! - **The target follows the disk**: `max(floor, 4 x the fastest durable commit of the last
-//!   ~10 s)`. A REQUEST waits for the commit in progress and then its own, and its chunk of a
-//!   paced group leaves up to one commit later ([`super::pace`]), so 4 commits is the delay of
-//!   an idle server; a fixed 15 ms (the RFC's) would shed for ever at low load on a disk whose
-//!   fsync takes 10 ms. The fastest commit, not the average: under overload the average
-//!   grows with the batch (the CPU's work), and a target that followed it would call the
-//!   overload normal.
+//!   passes 1 -- the RFC's optional de-randomisation (§5) taken to its end. Arrivals are not
+//!   correlated with a DISCOVER's position in that sequence, and a test can state exactly what
+//!   is shed.
+//! - **The safeguard uses the whole target** (the RFC's `drop_early`, §4.1: nothing while the
+//!   previous delay is under *half* the target and `p` under 20 %): nothing is shed while the
+//!   delay is within the target and `p` is under 20 %, nor, whatever `p`, under half the
+//!   target. An idle disk sits near half the target (see below), where a small `p` left by a
+//!   rise would shed exchanges for nothing; and under half the target more is being shed than
+//!   the excess. Above 20 % shedding goes on *at* the target: a hard gate there turned the
+//!   controller on and off, and each "off" let a whole window of the overload in (a 200 ms
+//!   spike in the model test). `p` also decays by a tenth an update while the delay stays
+//!   under half the target (the RFC: only at zero delay).
+//! - **The target follows the disk**: `max(floor, 2 x the fastest durable commit of the last
+//!   5-10 s)`. The shortest sojourn of an idle server is one commit (a REQUEST that arrives as
+//!   the committer takes its batch), so twice that is a queue; a fixed 15 ms (the RFC's) would
+//!   shed for ever at low load on a disk whose fsync takes 10 ms. The fastest commit, not the
+//!   average: under overload the average grows with the batch (the CPU's work), and a target
+//!   that followed it would call the overload normal.
 //!
 //! REQUESTs (and RELEASEs, DECLINEs, INFORMs) are never shed here: they finish exchanges
 //! already paid for.
@@ -78,12 +86,15 @@ pub(crate) struct Params {
 }
 
 impl Default for Params {
-    /// RFC 8033's values, except: alpha and beta are four times the RFC's, since nothing
-    /// upstream of the drop reacts to it (see the module docs; at the RFC's gains the
-    /// probability needed at 15,000/s was reached after the delay had already passed
-    /// 100 ms in the model test below); a floor of 10 ms (Kea's own average REQUEST-ACK delay
-    /// at 10,000-15,000/s was 5-9 ms on this machine, so a 10 ms target keeps talboot's
-    /// unanswered-at-any-moment count near Kea's).
+    /// RFC 8033's values, except:
+    /// - alpha and beta four times the RFC's, since nothing upstream of the drop reacts to it
+    ///   (see the module docs). In the CPU-bound model of `admission`'s tests at 15,000/s
+    ///   (100-190 us a row, 0.5-2 ms fixed), the RFC's gains let the largest commit reach
+    ///   36-71 ms at the onset and left the last second's mean sojourn at 6.7-10.6 ms; these
+    ///   24-68 ms and 7.4-7.8 ms;
+    /// - a floor of 5 ms: Kea's own average REQUEST-ACK delay at 10,000-15,000/s was 5-9 ms on
+    ///   this machine (docs/benchmarks.md), and holding the *shortest* sojourn at 5 ms puts
+    ///   the average near 7.5 ms, so the REQUESTs unanswered at any moment stay near Kea's.
     fn default() -> Self {
         Self {
             update: Duration::from_millis(16),
@@ -244,7 +255,7 @@ impl Sojourn {
         self.recent.clear();
     }
 
-    /// Whether the DISCOVER arriving now is shed (call [`Self::tick`] first). RFC 8033 §5.1's
+    /// Whether the DISCOVER arriving now is shed (call [`Self::tick`] first). RFC 8033 §4.4's
     /// burst allowance, then its safeguard with the whole target instead of half: nothing
     /// while the last measured delay is within the target and `p` is under 20 %, nor
     /// whatever `p` once it is under half the target. Then the accumulated probability.
