@@ -68,6 +68,29 @@ pub(crate) const PXE_PORT: u16 = 4011;
 const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
 /// Largest datagram read; DHCP messages are far smaller, jumbo frames aside.
 const RECV_BUF: usize = 4096;
+/// The kernel receive buffer asked for each DHCP socket: what a boot storm can queue while
+/// the reader waits for a CPU. Linux charges a datagram's `truesize` (1,280 bytes for a DHCP
+/// request) and drops what does not fit (`RcvbufErrors`); the default 212,992 bytes hold ~166
+/// requests, 6 ms at 27,000 datagrams a second (15,000 DISCOVERs and their REQUESTs), and
+/// talboot's sockets lost 7,305 requests in 5 s that way at 15,000/s on this 2-core machine
+/// (docs/benchmarks.md) -- requests the admission rules never saw. 4 MiB holds ~3,200, about
+/// 120 ms; the memory is charged only while datagrams wait.
+const SOCKET_RCVBUF: usize = 4 << 20;
+
+/// Ask for [`SOCKET_RCVBUF`]: `SO_RCVBUF` is capped by `net.core.rmem_max` (212,992 bytes by
+/// default), so past it `SO_RCVBUFFORCE`, which root (CAP_NET_ADMIN, which serving port 67
+/// needs in practice anyway) may use; without it the capped size is kept and said once.
+fn grow_receive_buffer(sock: &socket2::Socket, port: u16) {
+    let _ = sock.set_recv_buffer_size(SOCKET_RCVBUF);
+    // Linux reports twice what was set (its bookkeeping overhead, socket(7)).
+    if sock.recv_buffer_size().unwrap_or(0) >= SOCKET_RCVBUF {
+        return;
+    }
+    use nix::sys::socket::{setsockopt, sockopt::RcvBufForce};
+    if let Err(e) = setsockopt(sock, RcvBufForce, &SOCKET_RCVBUF) {
+        debug!(port, error = %e, got = sock.recv_buffer_size().unwrap_or(0), "DHCP socket receive buffer kept at net.core.rmem_max");
+    }
+}
 
 /// Why the DHCP server could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -385,6 +408,7 @@ fn bind_one(iface: &str, port: u16) -> Result<UdpSocket, ServerError> {
         .map_err(|e| err("SO_BINDTODEVICE", e))?;
     sock.set_nonblocking(true)
         .map_err(|e| err("O_NONBLOCK", e))?;
+    grow_receive_buffer(&sock, port);
     let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
     sock.bind(&addr.into()).map_err(|e| err("bind", e))?;
     UdpSocket::from_std(sock.into()).map_err(|e| err("register with tokio", e))
@@ -844,6 +868,7 @@ async fn commit_loop(
             let _ = released_tx.send(Released {
                 jobs: group,
                 window: backlog.commit_time(),
+                at: Instant::now(),
             });
         }
     }
@@ -857,6 +882,8 @@ struct Released {
     jobs: Vec<(Job, bool)>,
     /// When the next commit is expected to release its group (the smoothed commit time).
     window: Duration,
+    /// When the commit released it: its pacing counts from here.
+    at: Instant,
 }
 
 /// The sending half of the committer: the replies (and bindings, and events) of each
@@ -875,9 +902,13 @@ async fn send_loop(
             .iter()
             .filter(|(j, _)| matches!(j.after, After::Reply { .. }))
             .count();
-        // From when this group's turn comes (a group released while the one before it was
-        // still being paced starts when that one is done, so its chunks stay apart too).
-        let start = Instant::now();
+        // From its release, not from when its turn comes: groups are released about one
+        // commit apart and each is spread over about one commit, so a sender that started
+        // each group's schedule on its turn fell behind by every timer overshoot (a sleep of
+        // 1 ms takes up to 2) and never caught up -- at 13,000 ACKs a second on one core the
+        // replies waited 18-23 ms in all while commits took 1.6 ms (docs/benchmarks.md). A
+        // late sender now sends what is already due at once: the lag is bounded by one window.
+        let start = group.at;
         let mut sent = 0;
         if n > pace.burst {
             counter!("dhcp_paced_groups_total").increment(1);
@@ -904,7 +935,9 @@ async fn send_loop(
                         record_binding(&store, replier.view.as_deref(), mac, ip).await;
                     }
                     replier.send(&sock, &bytes, to, source).await;
-                    backlog.sent(received.elapsed());
+                    let delay = received.elapsed();
+                    backlog.sent(delay);
+                    histogram!("dhcp_reply_delay_seconds").record(delay.as_secs_f64());
                     counter!("dhcp_replies_total", "type" => msg_type_label(kind)).increment(1);
                 }
                 After::Bind { mac, ip } => {
@@ -1161,6 +1194,21 @@ mod tests {
         b[236..240].copy_from_slice(&[99, 130, 83, 99]);
         b.extend_from_slice(&[0, 0, 53, 1, 1, 255]);
         b
+    }
+
+    #[test]
+    fn a_dhcp_socket_asks_for_a_receive_buffer_that_rides_out_a_storm() {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        let default = sock.recv_buffer_size().unwrap();
+        grow_receive_buffer(&sock, 67);
+        let got = sock.recv_buffer_size().unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Root may pass net.core.rmem_max (Linux reports twice what was set).
+            assert!(got >= SOCKET_RCVBUF, "{got} < {SOCKET_RCVBUF}");
+        } else {
+            assert!(got >= default, "{got} < {default}");
+        }
     }
 
     #[test]
