@@ -590,36 +590,42 @@ mod tests {
         assert_eq!(b.decide(Lane::Finish, t + ms(60), 512), None);
     }
 
+    /// What happens in the simulated pipeline, in microseconds of virtual time.
+    enum Step<'a> {
+        /// A DISCOVER arrives (the model answers whether it is admitted); `pipe` is the ACKs
+        /// waiting as the handler would see them.
+        Discover { pipe: Pipe<'a> },
+        /// An admitted exchange's REQUEST arrives and queues its ACK.
+        Request,
+        /// The committer takes a batch of this many ACKs.
+        Taken(usize),
+        /// A commit lasting `took` ends, releasing ACKs queued at these times.
+        Committed { took: Duration, batch: &'a [u64] },
+    }
+
+    /// The ACKs queued (their times) in the commit in progress and behind it, and the size
+    /// of the latest batch taken.
+    struct Pipe<'a> {
+        in_commit: &'a [u64],
+        behind: &'a VecDeque<u64>,
+        batch: usize,
+    }
+
     /// The pipeline in virtual time: DISCOVERs arrive every `1/rate` s for `secs`; an admitted
     /// one's REQUEST arrives 200 us later and queues an ACK; the committer takes every waiting
     /// ACK into one commit lasting `took(batch size, commit number)`, then releases them.
-    struct Sim {
-        shed: Vec<Shed>,
-        admitted: usize,
-        acked: usize,
-        max_wait: Duration,
-    }
-
-    fn simulate(
-        limits: Limits,
+    /// `model` sees every step at its time and says, for a DISCOVER, whether it is admitted.
+    fn pipeline(
         rate: u64,
         secs: u64,
         mut took: impl FnMut(usize, usize) -> Duration,
-    ) -> Sim {
-        let us = Duration::from_micros;
+        mut model: impl FnMut(u64, Step<'_>) -> bool,
+    ) {
         let (interval, rtt, end) = (1_000_000 / rate, 200, secs * 1_000_000);
-        let mut a = Admission::new(limits);
-        let mut sim = Sim {
-            shed: Vec::new(),
-            admitted: 0,
-            acked: 0,
-            max_wait: Duration::ZERO,
-        };
         let (mut requests, mut waiting) = (VecDeque::<u64>::new(), VecDeque::<u64>::new());
         // The commit in progress: when it ends, how long it took, what it carries.
         let mut commit: Option<(u64, Duration, Vec<u64>)> = None;
         let (mut next_discover, mut commits, mut batch_len) = (0u64, 0usize, 0usize);
-        let mut shedding = false;
         loop {
             let t_commit = commit.as_ref().map(|c| c.0).unwrap_or(u64::MAX);
             let t_request = requests.front().copied().unwrap_or(u64::MAX);
@@ -633,45 +639,97 @@ mod tests {
                 break;
             }
             if now == t_commit {
-                let (_, d, batch) = commit.take().unwrap();
-                let oldest = us(now - batch[0]);
-                sim.max_wait = sim.max_wait.max(oldest);
-                sim.acked += batch.len();
-                a.committed_while(d, Some(oldest), std::mem::take(&mut shedding));
+                let (_, took, batch) = commit.take().unwrap();
+                model(
+                    now,
+                    Step::Committed {
+                        took,
+                        batch: &batch,
+                    },
+                );
             } else if now == t_request {
+                model(now, Step::Request);
                 waiting.push_back(requests.pop_front().unwrap());
             } else {
-                let in_commit = commit.as_ref().map(|c| c.2.len()).unwrap_or(0);
-                let state = Waiting {
-                    oldest: commit
-                        .as_ref()
-                        .map(|c| c.2[0])
-                        .or(waiting.front().copied())
-                        .map(|t| us(now - t)),
-                    count: in_commit + waiting.len(),
-                    behind: waiting.len(),
+                let pipe = Pipe {
+                    in_commit: commit.as_ref().map(|c| &c.2[..]).unwrap_or(&[]),
+                    behind: &waiting,
                     batch: batch_len,
                 };
-                match a.decide(Lane::Start, &state, usize::MAX) {
-                    None => {
-                        sim.admitted += 1;
-                        requests.push_back(now + rtt);
-                    }
-                    Some(why) => {
-                        sim.shed.push(why);
-                        shedding = true;
-                    }
+                if model(now, Step::Discover { pipe }) {
+                    requests.push_back(now + rtt);
                 }
                 next_discover += interval;
             }
             if commit.is_none() && !waiting.is_empty() {
                 let batch: Vec<u64> = waiting.drain(..).collect();
                 batch_len = batch.len();
+                model(now, Step::Taken(batch_len));
                 let d = took(batch.len(), commits);
                 commits += 1;
                 commit = Some((now + d.as_micros() as u64, d, batch));
             }
         }
+    }
+
+    /// What [`simulate`] saw.
+    struct Sim {
+        shed: Vec<Shed>,
+        admitted: usize,
+        acked: usize,
+        max_wait: Duration,
+    }
+
+    /// [`pipeline`] through the [`Admission`] rule alone, fed as [`Backlog`] would feed it.
+    fn simulate(
+        limits: Limits,
+        rate: u64,
+        secs: u64,
+        took: impl FnMut(usize, usize) -> Duration,
+    ) -> Sim {
+        let us = Duration::from_micros;
+        let mut a = Admission::new(limits);
+        let mut sim = Sim {
+            shed: Vec::new(),
+            admitted: 0,
+            acked: 0,
+            max_wait: Duration::ZERO,
+        };
+        let mut shedding = false;
+        pipeline(rate, secs, took, |now, step| {
+            match step {
+                Step::Committed { took, batch } => {
+                    let oldest = us(now - batch[0]);
+                    sim.max_wait = sim.max_wait.max(oldest);
+                    sim.acked += batch.len();
+                    a.committed_while(took, Some(oldest), std::mem::take(&mut shedding));
+                }
+                Step::Discover { pipe } => {
+                    let state = Waiting {
+                        oldest: pipe
+                            .in_commit
+                            .first()
+                            .or(pipe.behind.front())
+                            .map(|t| us(now - t)),
+                        count: pipe.in_commit.len() + pipe.behind.len(),
+                        behind: pipe.behind.len(),
+                        batch: pipe.batch,
+                    };
+                    match a.decide(Lane::Start, &state, usize::MAX) {
+                        None => {
+                            sim.admitted += 1;
+                            return true;
+                        }
+                        Some(why) => {
+                            sim.shed.push(why);
+                            shedding = true;
+                        }
+                    }
+                }
+                Step::Request | Step::Taken(_) => {}
+            }
+            false
+        });
         sim
     }
 
@@ -704,77 +762,54 @@ mod tests {
         late_sojourns: Vec<Duration>,
     }
 
-    /// [`simulate`] through [`Backlog`] as the server drives it: DISCOVERs at `rate` a second
-    /// for `secs`, each admitted one's REQUEST 200 us later, one commit at a time taking every
-    /// waiting ACK and lasting `took(batch size, commit number)`, each ACK then sent (and its
+    /// [`pipeline`] through [`Backlog`] as the server drives it: each ACK is sent (and its
     /// sojourn reported) when its commit ends.
     fn run_backlog(
         limits: Limits,
         delay: sojourn::Params,
         rate: u64,
         secs: u64,
-        mut took: impl FnMut(usize, usize) -> Duration,
+        took: impl FnMut(usize, usize) -> Duration,
     ) -> Run {
         let us = Duration::from_micros;
         let t0 = Instant::now();
         let at = |t: u64| t0 + us(t);
         let b = Backlog::with_delay(limits, delay);
-        let (interval, rtt, end) = (1_000_000 / rate, 200, secs * 1_000_000);
+        let end = secs * 1_000_000;
         let mut run = Run {
             shed: Vec::new(),
             acked: 0,
             admitted: 0,
             late_sojourns: Vec::new(),
         };
-        let (mut requests, mut waiting) = (VecDeque::<u64>::new(), VecDeque::<u64>::new());
-        let mut commit: Option<(u64, Duration, Vec<u64>)> = None;
-        let (mut next_discover, mut commits) = (0u64, 0usize);
-        loop {
-            let t_commit = commit.as_ref().map(|c| c.0).unwrap_or(u64::MAX);
-            let t_request = requests.front().copied().unwrap_or(u64::MAX);
-            let t_discover = if next_discover < end {
-                next_discover
-            } else {
-                u64::MAX
-            };
-            let now = t_commit.min(t_request).min(t_discover);
-            if now == u64::MAX {
-                break;
-            }
-            if now == t_commit {
-                let (_, d, batch) = commit.take().unwrap();
-                b.committed(batch.len(), Some(d), at(now));
-                for r in &batch {
-                    let s = us(now - r);
-                    b.sent(s);
-                    if now + 1_000_000 >= end {
-                        run.late_sojourns.push(s);
+        pipeline(rate, secs, took, |now, step| {
+            match step {
+                Step::Committed { took, batch } => {
+                    b.committed(batch.len(), Some(took), at(now));
+                    for r in batch {
+                        let s = us(now - r);
+                        b.sent(s);
+                        if now + 1_000_000 >= end {
+                            run.late_sojourns.push(s);
+                        }
                     }
+                    run.acked += batch.len();
                 }
-                run.acked += batch.len();
-            } else if now == t_request {
-                let r = requests.pop_front().unwrap();
-                assert_eq!(b.decide(Lane::Finish, at(now), usize::MAX), None);
-                b.queued(at(now));
-                waiting.push_back(r);
-            } else {
-                match b.decide(Lane::Start, at(now), usize::MAX) {
+                Step::Request => {
+                    assert_eq!(b.decide(Lane::Finish, at(now), usize::MAX), None);
+                    b.queued(at(now));
+                }
+                Step::Taken(n) => b.taken(n),
+                Step::Discover { .. } => match b.decide(Lane::Start, at(now), usize::MAX) {
                     None => {
                         run.admitted += 1;
-                        requests.push_back(now + rtt);
+                        return true;
                     }
                     Some(why) => run.shed.push(why),
-                }
-                next_discover += interval;
+                },
             }
-            if commit.is_none() && !waiting.is_empty() {
-                let batch: Vec<u64> = waiting.drain(..).collect();
-                b.taken(batch.len());
-                let d = took(batch.len(), commits);
-                commits += 1;
-                commit = Some((now + d.as_micros() as u64, d, batch));
-            }
-        }
+            false
+        });
         run
     }
 

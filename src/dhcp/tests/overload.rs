@@ -238,6 +238,19 @@ impl Running {
         self.client.send_to(bytes, self.server).await.unwrap();
     }
 
+    /// Send `bytes` and hold the commit it causes (as a slow fsync holds it) until the
+    /// returned sender is signalled; returns once that commit has started.
+    async fn hold_commit_of(&self, bytes: &[u8]) -> std::sync::mpsc::Sender<()> {
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (open, open_rx) = std::sync::mpsc::channel();
+        *self.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
+        self.send(bytes).await;
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        open
+    }
+
     /// The next datagram, or None after `wait` (a client's retransmission timer).
     async fn recv(&self, wait: Duration) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; 1500];
@@ -425,12 +438,7 @@ async fn a_receive_queue_overflow_sheds_discovers_and_answers_every_request() {
     })
     .await;
     let port = r.server.port();
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&discover_from(0)).await;
-    let entered = tokio::task::spawn_blocking(move || entered.recv().unwrap());
-    entered.await.unwrap();
+    let open = r.hold_commit_of(&discover_from(0)).await;
     // Two more to stall the handler, then three REQUESTs (reserved machines, SELECTING)
     // followed by eight DISCOVERs: an oldest-first ring keeps the last three DISCOVERs and
     // loses every REQUEST the handler had not taken yet.
@@ -501,14 +509,8 @@ async fn an_offer_does_not_wait_for_a_slow_durable_commit() {
         ..server::Queues::default()
     })
     .await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
     // The ACK's binding commit is held, as a slow fsync holds it.
-    r.send(&request_cp1()).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request_cp1()).await;
     r.send(&discover_from(7)).await;
     let offer = r
         .recv(MUST_ARRIVE)
@@ -552,13 +554,7 @@ async fn discovers_are_not_answered_while_acks_wait_for_the_disk() {
         ..server::Queues::default()
     })
     .await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&request_cp1()).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request_cp1()).await;
     r.send(&discover_from(20)).await;
     drained(r.server.port()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -588,13 +584,7 @@ async fn discovers_are_not_answered_while_the_oldest_ack_waits_longer_than_commi
         ..server::Queues::default()
     })
     .await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&request_cp1()).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request_cp1()).await;
     // Let the held ACK grow older than the target, then start a new exchange.
     tokio::time::sleep(Duration::from_millis(300)).await;
     r.send(&discover_from(30)).await;
@@ -631,13 +621,7 @@ async fn discovers_are_not_answered_while_requests_are_answered_later_than_the_d
         ..server::Queues::default()
     })
     .await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&request_cp1()).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request_cp1()).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     r.send(&discover_from(30)).await;
     r.send(&discover_from(33)).await;
@@ -673,13 +657,7 @@ async fn an_ack_waiting_less_than_the_target_does_not_stop_new_exchanges() {
         ..server::Queues::default()
     })
     .await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&request_cp1()).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request_cp1()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     r.send(&discover_from(32)).await;
     let offer = decoded(
@@ -724,13 +702,7 @@ async fn a_commit_group_larger_than_one_burst_is_acked_whole_in_order_and_after_
     };
     // Let the OFFERs' own (unsynced) commits finish, then hold the next commit.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (entered_tx, entered) = std::sync::mpsc::channel();
-    let (open, open_rx) = std::sync::mpsc::channel();
-    *r.store.gate.lock().unwrap() = Some((entered_tx, open_rx));
-    r.send(&request(offered[0])).await;
-    tokio::task::spawn_blocking(move || entered.recv().unwrap())
-        .await
-        .unwrap();
+    let open = r.hold_commit_of(&request(offered[0])).await;
     for o in &offered[1..] {
         r.send(&request(*o)).await;
     }
