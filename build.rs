@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "common/common.proto",
     "machine/machine.proto",
     "machine/lifecycle.proto",
+    "machine/image.proto",
     "storage/storage.proto",
     "cosi/resource.proto",
     "cosi/state.proto",

@@ -578,6 +578,15 @@ fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
     let dir = tempfile::tempdir().unwrap();
     let inv = inventory(dir.path(), net, &ipmi_node(net, bmc.port));
     let state = dir.path().join("state");
+    {
+        // wk-ipmi was installed in an earlier run (a rebuild resets a provisioned node).
+        use talboot::store::{NodePhase, NodeRecord, Store};
+        let store = talboot::store::open(&state).unwrap();
+        let mut r = NodeRecord::unseen("wk-ipmi", 1);
+        r.phase = NodePhase::Ready;
+        r.provisioning_window_open = false;
+        store.put_node(&r).unwrap();
+    }
     let tc = talosconfig(dir.path());
     // Nothing listens at 10.98.0.22:50000 (no such host on the segment).
     let o = talboot(

@@ -311,6 +311,15 @@ fn node_rebuild_goes_through_a_running_serve() {
     for name in ["ipxe.efi", "undionly.kpxe"] {
         std::fs::write(tmp.path().join("ipxe").join(name), name).unwrap();
     }
+    {
+        // k8s-ctrl-02 was installed in an earlier run (a rebuild resets a provisioned node).
+        use talboot::store::{NodePhase, NodeRecord, Store};
+        let store = talboot::store::open(&tmp.path().join("state")).unwrap();
+        let mut r = NodeRecord::unseen("k8s-ctrl-02", 1);
+        r.phase = NodePhase::Ready;
+        r.provisioning_window_open = false;
+        store.put_node(&r).unwrap();
+    }
     let (http, tftp, admin) = (free_port(), free_udp_port(), free_port());
     // serve's own words, for the failure message if it never comes up.
     let log = tmp.path().join("serve.err");
@@ -369,6 +378,51 @@ fn node_rebuild_goes_through_a_running_serve() {
         .map(|n| n["phase"].as_str().unwrap().to_string());
     assert_eq!(phase.as_deref(), Some("rebuilding"));
 
+    // Issue 24 item 4: k8s-ctrl-03 was never provisioned: nothing to reset. serve's admin
+    // API answers 409 with the reason, the CLI exits non-zero with it, nothing is marked.
+    let (code, body) = {
+        let out = Command::new("curl")
+            .args(["-s", "-X", "POST", "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{admin}/api/nodes/k8s-ctrl-03/rebuild"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.trim_end().rsplit_once('\n').unwrap();
+        (code.to_owned(), body.to_owned())
+    };
+    assert_eq!(code, "409", "{body}");
+    assert!(
+        body.contains("k8s-ctrl-03 was never provisioned") && body.contains("first network boot"),
+        "{body}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["node", "rebuild", "k8s-ctrl-03", "-c"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("409") && stderr.contains("k8s-ctrl-03 was never provisioned"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("marked for rebuild"));
+    let nodes = Command::new("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{admin}/api/nodes")])
+        .output()
+        .unwrap();
+    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).unwrap();
+    let phase = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "k8s-ctrl-03")
+        .map(|n| n["phase"].as_str().unwrap_or_default().to_string());
+    assert_ne!(phase.as_deref(), Some("rebuilding"));
+
     // `status` also works while serve holds the store. The phase is the record's (committed
     // before the command answered); the last-event column comes from the timeline, which the
     // event writer appends asynchronously, so it may lag a moment behind on a loaded machine.
@@ -404,6 +458,35 @@ fn node_rebuild_goes_through_a_running_serve() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Issue 24 item 4, standalone (no serve): `talboot node rebuild` of a node talboot never
+/// provisioned exits non-zero with the reason and what happens instead, before it asks for
+/// credentials, probes the node or touches its power, and writes nothing.
+#[test]
+fn node_rebuild_of_a_node_never_provisioned_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    let state = tmp.path().join("state");
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["node", "rebuild", "k8s-ctrl-03", "-c"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node k8s-ctrl-03 was never provisioned")
+            && stderr.contains("nothing to reset")
+            && stderr.contains("first network boot"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty());
+    use talboot::store::Store;
+    let store = talboot::store::open(&state).unwrap();
+    assert!(store.node("k8s-ctrl-03").unwrap().is_none());
 }
 
 /// `--http-max-connections`: the connection over the cap is held (not answered, not dropped),

@@ -105,6 +105,21 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // Before any credentials, probe or power request: a node that holds no config from
+    // talboot has nothing to reset.
+    match store.node(&args.name) {
+        Ok(rec) => {
+            let rec = rec.unwrap_or_else(|| store::NodeRecord::unseen(&args.name, 0));
+            if let Err(refused) = crate::provision::core::check_rebuild(&rec) {
+                eprintln!("talboot: {refused}");
+                return ExitCode::from(EXIT_INVALID);
+            }
+        }
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
     let creds = match super::talosconfig_creds(
         args.talosconfig.as_deref(),
         &args.state_dir,
@@ -146,6 +161,12 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         let result = prov.rebuild(&name).await;
         drop(prov);
         let _ = writer.await;
+        // Nothing to reset (never provisioned, or waiting for its config): no reset, no power
+        // cycle, and the operator is told what happens instead.
+        if let Err(crate::provision::ProvisionError::RebuildRefused(r)) = &result {
+            eprintln!("talboot: {r}");
+            return ExitCode::from(EXIT_INVALID);
+        }
         if power_fallback {
             match super::power::rebuild_by_power(&inventory_for_power, &name).await {
                 Ok(done) => {

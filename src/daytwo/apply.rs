@@ -5,8 +5,10 @@
 //! reconcile asks the node which config it has instead of applying twice. The engine is
 //! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
 //! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
-//! carried out, so a restarted run resumes the same plan and never applies it twice to one
-//! node. The same function runs in the CLI (standalone) and in serve (an apply through its
+//! carried out, so a restarted run resumes an unfinished rollout of the same plan and never
+//! applies it twice to one node. Which nodes need a change is always read from the nodes
+//! (what they run against the rendering), never from a finished record, so an apply
+//! repairs drift. The same function runs in the CLI (standalone) and in serve (an apply through its
 //! admin API, [`super::remote`]); each step is reported as a progress line.
 
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{TalosClient, TalosError};
 
 use super::plan::{Connector, NodeTarget};
-use super::rollout::{Action, Event, Gate, Role, Rollout, RolloutRecord, Target};
+use super::rollout::{Action, Event, Gate, NodeStatus, Role, Rollout, RolloutRecord, Target};
 use super::upgrade::{NodeOps, Outcome, Progress, drive};
 
 /// How an apply runs.
@@ -64,7 +66,8 @@ pub enum ApplyError {
 }
 
 /// The store key of a plan: every node's rendered config and the mode, so the same
-/// inventory and mode resume the same rollout and any change to them starts a new one.
+/// inventory and mode resume the same unfinished rollout and any change to them starts a
+/// new one.
 pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
     let mut h = Sha256::new();
     for t in targets {
@@ -77,8 +80,15 @@ pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
     format!("apply/{}", crate::hex::lower(&h.finalize()[..8]))
 }
 
-/// Runs (or resumes) the apply of `targets`' rendered configs, reporting each step of the
-/// rollout to `report` (the CLI prints it; serve streams it to the CLI that asked).
+/// Runs the apply of `targets`' rendered configs until every node holds its rendering,
+/// reporting each step of the rollout to `report` (the CLI prints it; serve streams it to
+/// the CLI that asked).
+///
+/// A stored rollout under this plan's key that did not finish is resumed first (its nodes
+/// reconciled, never applied twice). What is left to do is then read from the nodes
+/// themselves, not from any record: every node whose config differs from its rendering
+/// (for `staged`, whose config for the next boot differs) is changed by a new rollout, so
+/// a change made behind talboot's back after a finished apply is repaired by the next one.
 pub async fn apply(
     store: &dyn Store,
     conn: &Connector,
@@ -90,46 +100,123 @@ pub async fn apply(
     let stored = store
         .rollout(&key)
         .map_err(|e| ApplyError::Store(e.to_string()))?;
-    let engine = match stored {
-        Some(bytes) => {
-            let record: RolloutRecord =
-                serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
-                    key: key.clone(),
-                    reason: e.to_string(),
-                })?;
-            tracing::info!(%key, "resuming a stored apply");
-            Rollout::resume(record).map_err(|e| ApplyError::Record {
+    let mut changed_nodes: Vec<String> = Vec::new();
+    if let Some(bytes) = stored {
+        let record: RolloutRecord =
+            serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
                 key: key.clone(),
                 reason: e.to_string(),
-            })?
-        }
-        None => {
-            let plans = super::plan::plan_all(conn, targets).await;
-            let mut changed = Vec::new();
-            for p in plans {
-                match p.diff {
-                    Err(reason) => {
-                        return Err(ApplyError::Plan {
-                            node: p.name,
-                            reason,
-                        });
-                    }
-                    Ok(d) if !d.is_empty() => changed.push(Target {
-                        node: p.name,
-                        role: p.role,
-                    }),
-                    Ok(_) => {}
+            })?;
+        if finished(&record) {
+            tracing::info!(
+                %key,
+                "the stored apply finished; planning again from what the nodes run"
+            );
+        } else {
+            tracing::info!(%key, "resuming an unfinished apply");
+            let engine = Rollout::resume(record).map_err(|e| ApplyError::Record {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?;
+            match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+                (Outcome::Finished, nodes) => changed_nodes.extend(nodes),
+                (Outcome::Stopped { node, reason }, _) => {
+                    return Ok(ApplyOutcome::Stopped { key, node, reason });
                 }
             }
-            if changed.is_empty() {
-                return Ok(ApplyOutcome::NoChanges);
-            }
-            Rollout::new(changed, opts.worker_concurrency).map_err(|e| ApplyError::Record {
-                key: key.clone(),
-                reason: e.to_string(),
-            })?
         }
+    }
+    let pending = pending(conn, targets, opts.mode).await?;
+    if pending.is_empty() {
+        return Ok(if changed_nodes.is_empty() {
+            ApplyOutcome::NoChanges
+        } else {
+            ApplyOutcome::Finished {
+                key,
+                nodes: changed_nodes,
+            }
+        });
+    }
+    let engine =
+        Rollout::new(pending, opts.worker_concurrency).map_err(|e| ApplyError::Record {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok(
+        match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+            (Outcome::Finished, nodes) => {
+                for n in nodes {
+                    if !changed_nodes.contains(&n) {
+                        changed_nodes.push(n);
+                    }
+                }
+                ApplyOutcome::Finished {
+                    key,
+                    nodes: changed_nodes,
+                }
+            }
+            (Outcome::Stopped { node, reason }, _) => ApplyOutcome::Stopped { key, node, reason },
+        },
+    )
+}
+
+/// Whether a stored rollout ended with every node changed and healthy (then there is
+/// nothing of it to resume; a stopped one has a node that is not `Done`).
+fn finished(record: &RolloutRecord) -> bool {
+    record.status.values().all(|s| *s == NodeStatus::Done)
+}
+
+/// The nodes whose config differs from their rendering, read from the nodes now: the
+/// running config, or for `staged` the config on STATE for the next boot (COSI id
+/// `persistent`), so a staged change is not staged again on every run.
+async fn pending(
+    conn: &Connector,
+    targets: &[NodeTarget],
+    mode: Mode,
+) -> Result<Vec<Target>, ApplyError> {
+    let plans = super::plan::plan_all(conn, targets).await;
+    let mut changed = Vec::new();
+    for (p, t) in plans.into_iter().zip(targets) {
+        let d = p.diff.map_err(|reason| ApplyError::Plan {
+            node: p.name.clone(),
+            reason,
+        })?;
+        if d.is_empty() {
+            continue;
+        }
+        if mode == Mode::Staged && staged_already(conn, t).await? {
+            continue;
+        }
+        changed.push(Target {
+            node: p.name,
+            role: p.role,
+        });
+    }
+    Ok(changed)
+}
+
+/// Whether the node's config for the next boot is already its rendering.
+async fn staged_already(conn: &Connector, t: &NodeTarget) -> Result<bool, ApplyError> {
+    let plan_err = |e: TalosError| ApplyError::Plan {
+        node: t.name.clone(),
+        reason: format!("cannot read its config for the next boot: {e}"),
     };
+    let c = conn.client(t).await.map_err(plan_err)?;
+    let persistent = c.machine_config_id("persistent").await.map_err(plan_err)?;
+    Ok(matches!(super::diff::diff(&persistent, &t.rendered), Ok(d) if d.is_empty()))
+}
+
+/// Drives one rollout to its end, persisting its record under `key` before every action.
+/// Returns how it ended and the nodes it changed.
+async fn run(
+    store: &dyn Store,
+    conn: &Connector,
+    targets: &[NodeTarget],
+    opts: &ApplyOptions,
+    key: &str,
+    engine: Rollout,
+    report: &mut impl FnMut(&Progress),
+) -> Result<(Outcome, Vec<String>), ApplyError> {
     let nodes: Vec<String> = engine
         .record()
         .targets
@@ -146,16 +233,13 @@ pub async fn apply(
         ops,
         |record| {
             let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-            store.put_rollout(&key, &bytes).map_err(|e| e.to_string())
+            store.put_rollout(key, &bytes).map_err(|e| e.to_string())
         },
-        &mut report,
+        report,
     )
     .await
     .map_err(ApplyError::Drive)?;
-    Ok(match outcome {
-        Outcome::Finished => ApplyOutcome::Finished { key, nodes },
-        Outcome::Stopped { node, reason } => ApplyOutcome::Stopped { key, node, reason },
-    })
+    Ok((outcome, nodes))
 }
 
 /// The apply's half of the rollout: one node's change is one ApplyConfiguration.

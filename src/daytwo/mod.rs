@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod diff;
 pub mod drift;
+pub mod installer_pull;
 pub mod manifest_sync;
 pub mod manifests;
 pub mod plan;

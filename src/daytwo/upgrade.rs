@@ -4,8 +4,9 @@
 //! and the Talos side of one node's change, reconcile and health gate.
 //!
 //! One node's upgrade is what talosctl does at siderolabs/talos v1.13.9
-//! (`cmd/talosctl/cmd/talos/upgrade.go`, `upgradeViaLifecycleService`):
-//! `LifecycleService.Upgrade` with the installer image (streamed installer output, then an
+//! (`cmd/talosctl/cmd/talos/upgrade.go`, `upgradeViaLifecycleService`): `ImageService.Pull`
+//! of the installer image into containerd (`imagePullInternal`; layer progress, then the
+//! pinned name), `LifecycleService.Upgrade` with it (streamed installer output, then an
 //! exit code; non-zero is a failure but no gRPC error), then `Reboot` unless staged. The gate
 //! after it waits until the node answers again, reports the new version (`Version` tag), its
 //! boot finished (`MachineStatus` stage `running`) and, for a control plane, etcd lists it.
@@ -365,6 +366,23 @@ impl NodeOps for TalosOps {
             Err(e) => return failed(e.to_string()),
         };
         let output = self.output.clone();
+        // The installer is pulled first: Upgrade only runs an image already in the node's
+        // containerd store (siderolabs/talos v1.13.9 internal/app/lifecycle/container.go),
+        // and talosctl pulls it the same way (`imagePullInternal` before `upgradeInternal`).
+        output(name, &format!("pulling the installer {}", node.image));
+        let mut report = super::installer_pull::PullReport::default();
+        let pulled = match client
+            .image_pull(&node.image, |p| {
+                if let Some(line) = report.line(p) {
+                    output(name, &line);
+                }
+            })
+            .await
+        {
+            Ok(pulled) => pulled,
+            Err(e) => return failed(format!("pull of the installer {}: {e}", node.image)),
+        };
+        output(name, &format!("pulled the installer as {pulled}"));
         let code = match client
             .lifecycle_upgrade(&node.image, |m| output(name, m.trim_end()))
             .await
@@ -557,13 +575,26 @@ pub(crate) mod tests {
     }
 
     fn ops(rack: &Rack) -> Arc<dyn NodeOps> {
-        let mut ops = TalosOps::new(rack.upgrade.clone(), creds(), Arc::new(|_, _| {}));
+        ops_with(rack, Arc::new(|_, _| {}))
+    }
+
+    fn ops_with(rack: &Rack, output: InstallerOutput) -> Arc<dyn NodeOps> {
+        let mut ops = TalosOps::new(rack.upgrade.clone(), creds(), output);
         ops.wait = Duration::from_secs(60);
         ops.poll = Duration::from_millis(20);
         Arc::new(ops)
     }
 
     async fn run(rack: &Rack, store: &dyn Store, concurrency: usize) -> Outcome {
+        run_with(rack, store, concurrency, ops(rack)).await
+    }
+
+    async fn run_with(
+        rack: &Rack,
+        store: &dyn Store,
+        concurrency: usize,
+        ops: Arc<dyn NodeOps>,
+    ) -> Outcome {
         let key = rollout_key(&rack.upgrade.version);
         let stored = store
             .rollout(&key)
@@ -572,7 +603,7 @@ pub(crate) mod tests {
         let rollout = rack.upgrade.rollout(stored, concurrency).unwrap();
         drive(
             rollout,
-            ops(rack),
+            ops,
             |r| store.put_rollout(&key, &serde_json::to_vec(r).unwrap()),
             |_| {},
         )
@@ -604,10 +635,41 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::open(dir.path()).unwrap();
         let since = Instant::now();
-        assert_eq!(run(&rack, &store, 2).await, Outcome::Finished);
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let output: InstallerOutput = {
+            let lines = lines.clone();
+            Arc::new(move |node, line| lines.lock().unwrap().push(format!("{node}: {line}")))
+        };
+        // A real node runs only an installer already in containerd (the double refuses any
+        // other as siderolabs/talos v1.13.9 internal/app/lifecycle/container.go does), so
+        // without the pull this stops at the first node.
+        assert_eq!(
+            run_with(&rack, &store, 2, ops_with(&rack, output)).await,
+            Outcome::Finished
+        );
+        let lines = lines.lock().unwrap().clone();
         for n in &rack.nodes {
             assert_eq!(n.running_version(), "v1.14.0", "{}", n.hostname());
             assert_eq!(n.upgrade_calls(), 1, "{}", n.hostname());
+            assert_eq!(n.pull_calls(), 1, "{}", n.hostname());
+            // talosctl's order: pull, upgrade, reboot.
+            let calls: Vec<&str> = n
+                .served()
+                .iter()
+                .map(|s| s.rpc)
+                .filter(|r| ["Pull", "Upgrade", "Reboot"].contains(r))
+                .collect();
+            assert_eq!(calls, ["Pull", "Upgrade", "Reboot"], "{}", n.hostname());
+            // The pull's progress reaches the operator.
+            let name = n.hostname();
+            for want in ["pulling the installer", "installer layer", "pulled the installer as"] {
+                assert!(
+                    lines
+                        .iter()
+                        .any(|l| l.starts_with(&format!("{name}: {want}"))),
+                    "{name}: no {want:?} line in {lines:#?}"
+                );
+            }
         }
         let log = rack.cluster.availability();
         assert_eq!(max_down(&log, since, true), 1, "{log:#?}");

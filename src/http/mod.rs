@@ -651,7 +651,9 @@ fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
 /// Mark a node for rebuild while `serve` runs (the store is locked to this process, so
 /// `talboot node rebuild` asks here). The provisioner resets the node on its next pass. This
 /// wipes a machine, so only requests from this host itself are accepted: the provisioning
-/// network cannot reach it.
+/// network cannot reach it. A node that holds no config from talboot (never provisioned, or
+/// waiting for its config) has nothing to reset: 409 Conflict with the reason and what
+/// happens instead.
 async fn api_rebuild(
     State(app): State<Arc<HttpApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -669,8 +671,13 @@ async fn api_rebuild(
     }
     if let Some(commands) = &app.commands {
         // The provisioner persists the request before it answers.
-        if let Err(e) = commands.rebuild(&name).await {
-            return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
+        match commands.rebuild(&name).await {
+            Ok(()) => {}
+            // Nothing to reset: the node's state says no, not serve's availability.
+            Err(crate::provision::CommandError::NothingToReset(r)) => {
+                return text(StatusCode::CONFLICT, format!("{r}\n"));
+            }
+            Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         }
     } else {
         let (store, inv, node, now, view) = (
@@ -681,6 +688,13 @@ async fn api_rebuild(
             app.view.clone(),
         );
         let done = tokio::task::spawn_blocking(move || {
+            let rec = store
+                .node(&node)
+                .map_err(|e| e.to_string())?
+                .unwrap_or_else(|| crate::store::NodeRecord::unseen(&node, now));
+            if let Err(r) = crate::provision::core::check_rebuild(&rec) {
+                return Ok(Some(r));
+            }
             crate::provision::observe_offline(
                 store.as_ref(),
                 &inv,
@@ -689,10 +703,13 @@ async fn api_rebuild(
                 now,
                 Some(&view),
             )
+            .map(|()| None)
+            .map_err(|e| e.to_string())
         })
         .await;
         match done {
-            Ok(Ok(())) => {}
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(refused))) => return text(StatusCode::CONFLICT, format!("{refused}\n")),
             Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
             Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         }

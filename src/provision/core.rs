@@ -136,6 +136,66 @@ impl NodeState {
     }
 }
 
+/// Why a rebuild was refused: talboot applied no config to the node (or the config it
+/// applied is gone and the node waits for it again), so there is nothing to reset, and the
+/// node gets its config anyway, on its next network boot or now.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RebuildRefused {
+    /// Never seen booting.
+    #[error(
+        "node {node} was never provisioned (talboot has not seen it boot), so there is nothing \
+         to reset: it is provisioned on its first network boot; power it on (`talboot node \
+         power {node} on`) or network-boot it, and `talboot status` shows its progress"
+    )]
+    NeverSeen {
+        /// The node.
+        node: String,
+    },
+    /// Booting with its provisioning window open: no config applied yet.
+    #[error(
+        "node {node} is booting and holds no config from talboot yet, so there is nothing to \
+         reset: talboot provisions it once its maintenance API answers (`talboot status` \
+         shows its progress)"
+    )]
+    Booting {
+        /// The node.
+        node: String,
+    },
+    /// In maintenance mode with its window open: talboot is applying its config.
+    #[error(
+        "node {node} is in maintenance mode without a config, so there is nothing to reset: \
+         talboot applies its config now (`talboot status` shows its progress)"
+    )]
+    AwaitingConfig {
+        /// The node.
+        node: String,
+    },
+}
+
+/// Whether `node_rec` (the committed record; a node never seen has
+/// [`NodeRecord::unseen`]) may be rebuilt. A rebuild resets a node that holds a config
+/// talboot applied; a node whose provisioning window is still open and that is not past
+/// the apply (never seen, booting, waiting in maintenance mode) holds none, so the request
+/// is refused with what happens instead. Failed nodes may always be rebuilt (that is how an
+/// operator retries after fixing the cause), as may nodes configured, installing, ready or
+/// already rebuilding.
+pub fn check_rebuild(rec: &NodeRecord) -> Result<(), RebuildRefused> {
+    if !rec.provisioning_window_open {
+        return Ok(());
+    }
+    let node = rec.name.clone();
+    match rec.phase {
+        NodePhase::Unknown => Err(RebuildRefused::NeverSeen { node }),
+        NodePhase::Booting => Err(RebuildRefused::Booting { node }),
+        NodePhase::Maintenance => Err(RebuildRefused::AwaitingConfig { node }),
+        NodePhase::Configuring
+        | NodePhase::Installing
+        | NodePhase::Ready
+        | NodePhase::Rebuilding
+        | NodePhase::Failed => Ok(()),
+    }
+}
+
 /// What the secured side of a probe found (the maintenance API refused: the node holds a
 /// config).
 #[derive(Clone, Debug, PartialEq, Eq)]

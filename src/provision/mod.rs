@@ -91,6 +91,10 @@ pub enum CommandError {
     /// It refused the command (unknown node, store failure).
     #[error("{0}")]
     Refused(String),
+    /// A rebuild of a node that holds no config from talboot (never provisioned, or waiting
+    /// for its config): nothing to reset, and the node is provisioned anyway.
+    #[error(transparent)]
+    NothingToReset(core::RebuildRefused),
 }
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
@@ -472,6 +476,9 @@ pub enum ProvisionError {
     /// The name is not in the inventory.
     #[error("node {0:?} is not in the inventory; `talboot check` lists the node names")]
     UnknownNode(String),
+    /// A rebuild of a node that holds no config from talboot: nothing to reset.
+    #[error(transparent)]
+    RebuildRefused(#[from] core::RebuildRefused),
     /// The inventory has no control plane to bootstrap.
     #[error("the inventory has no control-plane node; give at least one node a controlplane role")]
     NoControlPlane,
@@ -836,6 +843,7 @@ impl Provisioner {
                         Some(s) => s.clone(),
                         None => self.load_state(&node).await?,
                     };
+                    core::check_rebuild(&state.rec)?;
                     let (next, _) = self
                         .observe(&def, &state, core::Observation::RebuildRequested)
                         .await?;
@@ -849,7 +857,10 @@ impl Provisioner {
                     w.enqueue(&node);
                     self.rebuild_by_power(&node);
                 }
-                let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
+                let _ = reply.send(result.map_err(|e| match e {
+                    ProvisionError::RebuildRefused(r) => CommandError::NothingToReset(r),
+                    e => CommandError::Refused(e.to_string()),
+                }));
             }
             Command::Power {
                 node,

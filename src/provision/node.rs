@@ -949,10 +949,13 @@ impl Provisioner {
 
     /// `talboot node rebuild NAME`: reopens the node's provisioning window, marks it
     /// Rebuilding (persisted before anything is called) and resets it, so its next boot gets
-    /// its config again. Cluster steps already done (bootstrap) are not repeated.
+    /// its config again. Cluster steps already done (bootstrap) are not repeated. A node that
+    /// holds no config from talboot is refused ([`super::core::check_rebuild`]) before
+    /// anything is written.
     pub async fn rebuild(&self, name: &str) -> Result<NodeStep, ProvisionError> {
         let node = self.node_def(name)?.clone();
         let state = self.load_state(name).await?;
+        super::core::check_rebuild(&state.rec)?;
         self.observe(&node, &state, Observation::RebuildRequested)
             .await?;
         self.step_node(name).await

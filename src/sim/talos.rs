@@ -1122,6 +1122,7 @@ async fn supervise(
                 )
                 .add_service(StorageServiceServer::new(api.clone()))
                 .add_service(upgrade::service(api.clone()))
+                .add_service(upgrade::image_service(api.clone()))
                 .add_service(cosi::state_server::StateServer::new(api))
                 .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
                     let _ = down_rx.await;

@@ -30,9 +30,10 @@ use super::api::common;
 use super::api::cosi::resource as cosi;
 use super::api::machine::{
     self, ApplyConfigurationRequest, BootstrapRequest, EtcdMemberListRequest,
-    InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
-    ResetRequest, apply_configuration_request, lifecycle_service_client, machine_service_client,
-    reboot_request, reset_request,
+    ImageServicePullProgress, ImageServicePullRequest, InstallArtifactsSource,
+    LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec, ResetRequest,
+    apply_configuration_request, image_service_client, lifecycle_service_client,
+    machine_service_client, reboot_request, reset_request,
 };
 use super::api::storage::{self, storage_service_client};
 use super::api::talos::resource::definitions::{block, hardware, runtime};
@@ -45,6 +46,21 @@ use super::{APID_PORT, MAX_MESSAGE_SIZE};
 /// How long one `LifecycleService.Upgrade` stream may run (the installer writes a whole
 /// system image).
 const UPGRADE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// How long one `ImageService.Pull` stream may run (an installer image is a few hundred MB).
+const PULL_DEADLINE: Duration = Duration::from_secs(900);
+
+/// The containerd instance the installer is pulled into and run from: talosctl's default
+/// (`--namespace system`: the CRI containerd, namespace `system`; siderolabs/talos v1.13.9
+/// `cmd/talosctl/cmd/talos/image.go`, `containerdInstance`). Pull and Upgrade must name the
+/// same instance: Upgrade looks the image up only there (`internal/app/lifecycle/
+/// container.go`, `installer image %q not found in containerd store`).
+pub fn installer_containerd() -> common::ContainerdInstance {
+    common::ContainerdInstance {
+        driver: common::ContainerDriver::Cri as i32,
+        namespace: common::ContainerdNamespace::NsSystem as i32,
+    }
+}
 
 /// The gRPC metadata key apid reads to relay a call to one other node.
 pub(crate) const NODE_HEADER: &str = "node";
@@ -794,6 +810,49 @@ impl TalosClient {
         Ok(())
     }
 
+    /// `ImageService.Pull`: the node pulls `image` into the installer's containerd instance
+    /// ([`installer_containerd`]) and answers with the pulled name pinned to its digest
+    /// (siderolabs/talos v1.13.9 `internal/app/images/images.go`, `Pull`; talosctl does this
+    /// before every upgrade, `cmd/talosctl/cmd/talos/upgrade.go`). Each layer progress message
+    /// is handed to `on_progress` as it arrives. An image the registry does not have is
+    /// NotFound at once (no retries). Made once per call: an image already pulled is not
+    /// fetched again by the node (`WithSkipIfAlreadyPulled`), so the caller may call again.
+    pub async fn image_pull(
+        &self,
+        image: &str,
+        mut on_progress: impl FnMut(&ImageServicePullProgress) + Send,
+    ) -> Result<String, TalosError> {
+        use super::api::machine::image_service_pull_response::Response as P;
+        let rpc = Rpc::ImagePull;
+        let d = PULL_DEADLINE;
+        let req = ImageServicePullRequest {
+            containerd: Some(installer_containerd()),
+            image_ref: image.to_owned(),
+        };
+        let mut client = image_service_client::ImageServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE);
+        let request = self.request(req, d);
+        let read = async {
+            let mut stream = client.pull(request).await?.into_inner();
+            let mut name = None;
+            while let Some(msg) = stream.message().await? {
+                match msg.response {
+                    Some(P::PullProgress(p)) => on_progress(&p),
+                    Some(P::Name(n)) => name = Some(n),
+                    None => {}
+                }
+            }
+            Ok(Response::new(name))
+        };
+        let name = self.once(rpc, d, read).await?;
+        name.ok_or_else(|| {
+            malformed(
+                &self.ctx(rpc, d),
+                "the stream ended without the pulled image's name",
+            )
+        })
+    }
+
     /// `LifecycleService.Upgrade`: the node runs `image`'s installer against its system disk;
     /// the new version runs from the next boot (the caller reboots, as talosctl does:
     /// siderolabs/talos v1.13.9 `cmd/talosctl/cmd/talos/upgrade.go`). Reads the progress
@@ -808,10 +867,7 @@ impl TalosClient {
         let rpc = Rpc::Upgrade;
         let d = UPGRADE_DEADLINE;
         let req = LifecycleServiceUpgradeRequest {
-            containerd: Some(common::ContainerdInstance {
-                driver: common::ContainerDriver::Containerd as i32,
-                namespace: common::ContainerdNamespace::NsSystem as i32,
-            }),
+            containerd: Some(installer_containerd()),
             source: Some(InstallArtifactsSource {
                 image_name: image.to_owned(),
             }),

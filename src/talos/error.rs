@@ -58,6 +58,8 @@ pub enum Rpc {
     Version,
     /// `/machine.LifecycleService/Upgrade`
     Upgrade,
+    /// `/machine.ImageService/Pull`
+    ImagePull,
     /// `/storage.StorageService/Disks`
     Disks,
     /// `/cosi.resource.State/Get`
@@ -80,6 +82,7 @@ impl Rpc {
             Self::ServiceList => "/machine.MachineService/ServiceList",
             Self::Version => "/machine.MachineService/Version",
             Self::Upgrade => "/machine.LifecycleService/Upgrade",
+            Self::ImagePull => "/machine.ImageService/Pull",
             Self::Disks => "/storage.StorageService/Disks",
             Self::CosiGet => "/cosi.resource.State/Get",
             Self::CosiList => "/cosi.resource.State/List",
@@ -91,7 +94,12 @@ impl Rpc {
     pub(crate) fn needs_more_than_reader(self) -> bool {
         matches!(
             self,
-            Self::Bootstrap | Self::Kubeconfig | Self::Reboot | Self::Reset | Self::Upgrade
+            Self::Bootstrap
+                | Self::Kubeconfig
+                | Self::Reboot
+                | Self::Reset
+                | Self::Upgrade
+                | Self::ImagePull
         )
     }
 
@@ -818,6 +826,7 @@ mod tests {
             Rpc::Reset,
             Rpc::Reboot,
             Rpc::Upgrade,
+            Rpc::ImagePull,
         ] {
             assert!(!rpc.idempotent(), "{rpc}");
         }

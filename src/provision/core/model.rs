@@ -660,3 +660,46 @@ fn disk_boot_is_set_once_when_the_node_is_installed() {
     let (_, e, _) = installed(false, &NodeState::fresh("n1", 1000));
     assert_eq!(count(&e), 0, "{e:?}");
 }
+
+/// Issue 24 item 4: a node that holds no config from talboot has nothing to reset.
+#[test]
+fn a_rebuild_of_a_node_without_a_config_is_refused_with_what_happens_instead() {
+    use super::{RebuildRefused, check_rebuild};
+    let fresh = NodeRecord::unseen("wk-9", 0);
+    assert_eq!(
+        check_rebuild(&fresh),
+        Err(RebuildRefused::NeverSeen {
+            node: "wk-9".into()
+        })
+    );
+    let msg = check_rebuild(&fresh).unwrap_err().to_string();
+    assert!(msg.contains("never provisioned"), "{msg}");
+    assert!(msg.contains("first network boot"), "{msg}");
+    let at = |phase, open| NodeRecord {
+        phase,
+        provisioning_window_open: open,
+        ..NodeRecord::unseen("wk-9", 0)
+    };
+    assert!(matches!(
+        check_rebuild(&at(NodePhase::Booting, true)),
+        Err(RebuildRefused::Booting { .. })
+    ));
+    assert!(matches!(
+        check_rebuild(&at(NodePhase::Maintenance, true)),
+        Err(RebuildRefused::AwaitingConfig { .. })
+    ));
+    // Anything that holds (or may hold) talboot's config, a failed node, and a node whose
+    // window closed (its config applied) may be rebuilt.
+    for phase in [
+        NodePhase::Configuring,
+        NodePhase::Installing,
+        NodePhase::Ready,
+        NodePhase::Rebuilding,
+        NodePhase::Failed,
+    ] {
+        assert_eq!(check_rebuild(&at(phase, true)), Ok(()), "{phase}");
+    }
+    for phase in [NodePhase::Unknown, NodePhase::Booting, NodePhase::Maintenance] {
+        assert_eq!(check_rebuild(&at(phase, false)), Ok(()), "{phase}");
+    }
+}

@@ -169,7 +169,7 @@ async fn plan_and_apply_on_a_configured_rack() {
             .collect::<Vec<_>>(),
         boots
     );
-    // Running it again finds the stored, finished rollout: nothing is applied twice.
+    // Running it again reads the nodes, finds them in sync: nothing is applied twice.
     let before: usize = nodes.iter().map(|n| n.apply_calls()).sum();
     apply(&store, &conn, &patched, &opts(Mode::NoReboot), |_| {})
         .await
@@ -294,6 +294,113 @@ async fn plan_and_apply_on_a_configured_rack() {
     assert_eq!(again.node, "rack1-st-01");
     assert!(again.detail.starts_with("drift: "), "{}", again.detail);
     cancel.cancel();
+
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Issue 24 item 3: a finished apply, then a change made behind talboot's back (an operator's
+/// `talosctl apply-config`). The same `apply` again must put the node back to its rendering
+/// (read from what the node runs, not from the finished record), and `plan` then shows
+/// nothing.
+#[tokio::test]
+async fn apply_repairs_a_change_made_behind_its_back() {
+    crate::install_crypto_provider();
+    let cluster = FakeCluster::new();
+    let names = [
+        (171, "rack1-cp-01", Role::ControlPlane),
+        (172, "rack1-st-01", Role::Worker),
+    ];
+    let mut nodes = Vec::new();
+    for (last, name, _) in names {
+        let node = FakeTalosNode::start(node_cfg(last, name), &cluster)
+            .await
+            .unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered(name).as_bytes())
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    for n in &nodes {
+        n.wait_phase(Phase::Secured).await.unwrap();
+    }
+    super::tests::secured(nodes[0].addr())
+        .bootstrap()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::open(dir.path()).unwrap();
+    let conn = Connector {
+        creds: super::tests::admin_creds(),
+        relays: vec![nodes[0].addr()],
+        retry: RetryPolicy::NONE,
+    };
+    let targets: Vec<NodeTarget> = names
+        .iter()
+        .zip(&nodes)
+        .map(|((_, name, role), n)| NodeTarget {
+            name: (*name).into(),
+            role: *role,
+            addr: n.addr(),
+            node_ip: rack_ip(name),
+            rendered: label(&rendered(name), "a"),
+        })
+        .collect();
+    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |_| {})
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, ApplyOutcome::Finished { nodes: n, .. } if n.len() == 2),
+        "{out:?}"
+    );
+    assert_eq!(exit_code(&plan_all(&conn, &targets).await), 0);
+
+    // Someone changes the worker's config with the admin talosconfig.
+    let rogue = label(&targets[1].rendered, "rogue");
+    super::tests::secured(nodes[1].addr())
+        .apply_configuration_with(rogue.as_bytes(), Mode::NoReboot, false, None)
+        .await
+        .unwrap();
+    let plans = plan_all(&conn, &targets).await;
+    assert_eq!(exit_code(&plans), 1);
+    assert!(plans[1].changed() && !plans[0].changed());
+    let real = |n: &FakeTalosNode| n.apply_records().iter().filter(|r| !r.dry_run).count();
+    let before = [real(&nodes[0]), real(&nodes[1])];
+
+    // The same apply converges it: only the drifted node is changed.
+    let mut lines = Vec::new();
+    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |p| {
+        lines.push(crate::daytwo::apply::progress_line(p))
+    })
+    .await
+    .unwrap();
+    let ApplyOutcome::Finished { nodes: changed, .. } = &out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(changed, &vec!["rack1-st-01".to_string()], "{lines:#?}");
+    assert_eq!(
+        nodes[1].running_config().as_deref(),
+        Some(targets[1].rendered.as_str())
+    );
+    assert_eq!(
+        [real(&nodes[0]), real(&nodes[1])],
+        [before[0], before[1] + 1]
+    );
+    let plans = plan_all(&conn, &targets).await;
+    assert_eq!(
+        exit_code(&plans),
+        0,
+        "{}",
+        crate::daytwo::plan::render(&plans)
+    );
+    // And once in sync, nothing more is sent.
+    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(out, ApplyOutcome::NoChanges);
+    assert_eq!(real(&nodes[1]), before[1] + 1);
 
     for n in nodes {
         n.shutdown().await;

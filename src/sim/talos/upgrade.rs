@@ -23,9 +23,32 @@
 //!   (the "Upgrading Talos Linux" guide; `BootRollback` below), so the node comes back on its
 //!   old version.
 //!
-//! Deviation: the real handler wants the image already in containerd's store (talosctl pulls
-//! it first with `ImagePull`); the double takes the image's tag as the version it installs
-//! and needs no pull.
+//! - Pull before upgrade: the handler runs only an installer already in containerd's image
+//!   store: `runInstallerContainer` (`internal/app/lifecycle/container.go`) looks it up with
+//!   `GetImage` and fails with `installer image %q not found in containerd store: %w`, which
+//!   `Upgrade` (`lifecycle.go`) returns as Internal "upgrade failed: ...". talosctl pulls it
+//!   first through `ImageService.Pull` (`cmd/talosctl/cmd/talos/upgrade.go`,
+//!   `imagePullInternal`, in the containerd instance `--namespace` names, default `system`:
+//!   driver CRI, namespace `system`; `cmd/talosctl/cmd/talos/image.go`).
+//! - `ImageService.Pull` (`api/machine/image.proto`, served by `internal/app/images/images.go`;
+//!   rule os:admin/os:operator in `machined.go`): the containerd instance is checked first
+//!   (`internal/app/internal/ctrhelper/ctrhelper.go`: an unknown driver or namespace, or
+//!   driver CONTAINERD with namespace CRI, is InvalidArgument), then the image is pulled
+//!   with `WithSkipIfAlreadyPulled` (no progress when it is there already) and
+//!   `WithMaxNotFoundRetries(0)` (an image the registry lacks is NotFound "error pulling
+//!   image: ..." at once); each layer's progress streams as `pull_progress`, then one `name`:
+//!   the pulled reference pinned to its digest (`name@sha256:...`).
+//! - Each (driver, namespace) pair is its own store: an image pulled into one is not found
+//!   through another. The system containerd (driver CONTAINERD) keeps its root on tmpfs
+//!   (`internal/app/machined/pkg/system/services/containerd.go`: `--root`
+//!   `/system/var/lib/containerd`), so its images are gone after any reboot; the CRI
+//!   containerd's root is `/var/lib/containerd` on EPHEMERAL, kept across a reboot and wiped
+//!   by a reset or a new install.
+//!
+//! Deviation: the double's registry holds every tagged installer reference (the tag is the
+//! version it installs) and nothing else; a reference without a tag is NotFound. Docker
+//! reference normalisation (`docker.io/library/...`) is not modelled: talboot always names
+//! installers in full.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -35,11 +58,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{
-    ADMIN, BootReason, FakeCluster, FakeTalosNode, Lifecycle, NodeApi, Route, Shared, TALOS_TAG,
-    lock,
+    ADMIN, BootReason, FakeCluster, FakeTalosNode, Lifecycle, NodeApi, OPERATE, Route, Shared,
+    TALOS_TAG, lock,
 };
+use crate::talos::api::common;
 use crate::talos::api::machine::{
-    self, lifecycle_service_install_progress, lifecycle_service_server::LifecycleService,
+    self, image_service_pull_layer_progress, image_service_pull_response,
+    image_service_server::ImageService, image_service_server::ImageServiceServer,
+    lifecycle_service_install_progress, lifecycle_service_server::LifecycleService,
     lifecycle_service_server::LifecycleServiceServer,
 };
 
@@ -66,6 +92,10 @@ pub(super) struct Versions {
     failure: Option<UpgradeFailure>,
     /// The version the next boot runs is known not to boot (rolled back at that boot).
     broken: bool,
+    /// The image references in each containerd instance's store (driver, namespace).
+    images: std::collections::BTreeMap<(i32, i32), std::collections::BTreeSet<String>>,
+    /// ImageService.Pull calls that reached the handler.
+    pulls: usize,
 }
 
 impl Default for Versions {
@@ -76,6 +106,8 @@ impl Default for Versions {
             busy: false,
             failure: None,
             broken: false,
+            images: Default::default(),
+            pulls: 0,
         }
     }
 }
@@ -145,6 +177,24 @@ impl FakeTalosNode {
         lock(&self.shared.versions).next_boot.clone()
     }
 
+    /// ImageService.Pull calls that reached the handler.
+    pub fn pull_calls(&self) -> usize {
+        lock(&self.shared.versions).pulls
+    }
+
+    /// Whether `image` is in the store of the containerd instance (`driver`, `namespace`).
+    pub fn has_image(
+        &self,
+        driver: common::ContainerDriver,
+        namespace: common::ContainerdNamespace,
+        image: &str,
+    ) -> bool {
+        lock(&self.shared.versions)
+            .images
+            .get(&(driver as i32, namespace as i32))
+            .is_some_and(|s| s.contains(image))
+    }
+
     /// LifecycleService.Upgrade calls that reached the handler.
     pub fn upgrade_calls(&self) -> usize {
         self.shared
@@ -171,6 +221,13 @@ pub(super) fn on_go_down(shared: &Shared, what: &Lifecycle) {
 /// broken new version rolls back to the one that ran before (A-B).
 pub(super) fn on_reboot(shared: &Shared, reason: BootReason) {
     let mut v = lock(&shared.versions);
+    // The system containerd's store is on tmpfs: gone at every boot. The CRI containerd's is
+    // on EPHEMERAL: kept by a plain reboot, gone after a reset or a (failed) install.
+    let system = common::ContainerDriver::Containerd as i32;
+    v.images.retain(|(driver, _), _| *driver != system);
+    if reason != BootReason::Reboot {
+        v.images.clear();
+    }
     if reason == BootReason::Reboot {
         if v.broken {
             v.next_boot = v.running.clone();
@@ -206,6 +263,151 @@ fn image_version(image: &str) -> Option<&str> {
     last.split_once(':')
         .map(|(_, tag)| tag)
         .filter(|t| !t.is_empty())
+}
+
+/// `ctrhelper.ContainerdInstanceHelper`: the store key of a request's containerd instance,
+/// or upstream's InvalidArgument. A missing instance reads as driver CONTAINERD, namespace
+/// NS_UNKNOWN (proto3 defaults), so it is refused for its namespace.
+fn containerd_instance(inst: Option<&common::ContainerdInstance>) -> Result<(i32, i32), Status> {
+    use common::{ContainerDriver as D, ContainerdNamespace as N};
+    let (driver, namespace) = inst.map_or((0, 0), |i| (i.driver, i.namespace));
+    let d = D::try_from(driver)
+        .map_err(|_| Status::invalid_argument(format!("invalid containerd driver {driver}")))?;
+    let n = match N::try_from(namespace) {
+        Ok(n @ (N::NsCri | N::NsSystem)) => n,
+        Ok(N::NsUnknown) => {
+            return Err(Status::invalid_argument(
+                "invalid containerd namespace NS_UNKNOWN",
+            ));
+        }
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "invalid containerd namespace {namespace}"
+            )));
+        }
+    };
+    if d == D::Containerd && n == N::NsCri {
+        return Err(Status::invalid_argument(
+            "cannot use CRI namespace with containerd driver",
+        ));
+    }
+    Ok((driver, namespace))
+}
+
+/// The digest the double's registry gives `image` (stable, so a pull is repeatable).
+fn image_digest(image: &str) -> String {
+    use sha2::Digest as _;
+    format!(
+        "sha256:{}",
+        crate::hex::lower(&sha2::Sha256::digest(image.as_bytes()))
+    )
+}
+
+type PullStream = std::pin::Pin<
+    Box<
+        dyn tokio_stream::Stream<Item = Result<machine::ImageServicePullResponse, Status>>
+            + Send
+            + 'static,
+    >,
+>;
+
+fn pull_progress(
+    layer: &str,
+    status: image_service_pull_layer_progress::Status,
+    offset: i64,
+    total: i64,
+) -> Result<machine::ImageServicePullResponse, Status> {
+    Ok(machine::ImageServicePullResponse {
+        response: Some(image_service_pull_response::Response::PullProgress(
+            machine::ImageServicePullProgress {
+                layer_id: layer.to_owned(),
+                progress: Some(machine::ImageServicePullLayerProgress {
+                    status: status as i32,
+                    elapsed: None,
+                    offset,
+                    total,
+                }),
+            },
+        )),
+    })
+}
+
+/// The pull as containerd runs it: each layer downloaded and extracted, then the image is in
+/// the instance's store and its pinned name is the last message.
+async fn run_pull(
+    shared: Arc<Shared>,
+    store: (i32, i32),
+    image: String,
+    tx: tokio::sync::mpsc::Sender<Result<machine::ImageServicePullResponse, Status>>,
+) {
+    use image_service_pull_layer_progress::Status as S;
+    let pinned = format!("{image}@{}", image_digest(&image));
+    let present = lock(&shared.versions)
+        .images
+        .get(&store)
+        .is_some_and(|s| s.contains(&image));
+    if !present {
+        let digest = image_digest(&image);
+        let layers = [
+            (format!("sha256:{}", &digest[7..19]), 24 * 1024 * 1024),
+            (format!("sha256:{}", &digest[19..31]), 180 * 1024 * 1024),
+        ];
+        let share = shared.cfg.timing.installer_pull / 4;
+        for (layer, total) in &layers {
+            for (status, offset) in [
+                (S::Downloading, 0),
+                (S::Downloading, total / 2),
+                (S::DownloadComplete, *total),
+                (S::Extracting, *total),
+                (S::ExtractComplete, *total),
+            ] {
+                if tx
+                    .send(pull_progress(layer, status, offset, *total))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if !shared.pause(share).await {
+                return;
+            }
+        }
+        lock(&shared.versions)
+            .images
+            .entry(store)
+            .or_default()
+            .insert(image);
+    }
+    let _ = tx
+        .send(Ok(machine::ImageServicePullResponse {
+            response: Some(image_service_pull_response::Response::Name(pinned)),
+        }))
+        .await;
+}
+
+#[tonic::async_trait]
+impl ImageService for NodeApi {
+    type PullStream = PullStream;
+
+    async fn pull(
+        &self,
+        req: Request<machine::ImageServicePullRequest>,
+    ) -> Result<Response<Self::PullStream>, Status> {
+        route_or_forward!(self, req, stream, "/machine.ImageService/Pull", OPERATE);
+        lock(&self.shared.versions).pulls += 1;
+        let req = req.into_inner();
+        let store = containerd_instance(req.containerd.as_ref())?;
+        let image = req.image_ref;
+        if image_version(&image).is_none() {
+            return Err(Status::not_found(format!(
+                "error pulling image: failed to pull image {image:?}: {image}: not found"
+            )));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(run_pull(self.shared.clone(), store, image, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 }
 
 type UpgradeStream = std::pin::Pin<
@@ -289,6 +491,14 @@ impl LifecycleService for NodeApi {
             .upgrade_calls
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let req = req.into_inner();
+        // In the handler's order (lifecycle.go, Upgrade): the lock, installed, an image name,
+        // then the installer container: its containerd instance and the image in its store.
+        let mut v = lock(&self.shared.versions);
+        if v.busy {
+            return Err(Status::failed_precondition(
+                "another installation/upgrade is already in progress",
+            ));
+        }
         if self.shared.on_disk().is_none() {
             return Err(Status::failed_precondition("machine is not installed"));
         }
@@ -297,22 +507,23 @@ impl LifecycleService for NodeApi {
             .map(|s| s.image_name)
             .filter(|i| !i.is_empty())
             .ok_or_else(|| Status::invalid_argument("installer image name is required"))?;
-        let version = image_version(&image)
-            .ok_or_else(|| {
-                Status::internal(format!(
-                    "upgrade failed: installer image {image:?} not found in containerd store"
-                ))
-            })?
-            .to_owned();
-        {
-            let mut v = lock(&self.shared.versions);
-            if v.busy {
-                return Err(Status::failed_precondition(
-                    "another installation/upgrade is already in progress",
-                ));
-            }
-            v.busy = true;
+        let store = containerd_instance(req.containerd.as_ref()).map_err(|st| {
+            Status::internal(format!(
+                "upgrade failed: rpc error: code = {:?} desc = {}",
+                st.code(),
+                st.message()
+            ))
+        })?;
+        if !v.images.get(&store).is_some_and(|s| s.contains(&image)) {
+            return Err(Status::internal(format!(
+                "upgrade failed: installer image {image:?} not found in containerd store: \
+                 image {image:?}: not found"
+            )));
         }
+        // Pulled, so the registry held it: it has a tag.
+        let version = image_version(&image).unwrap_or(TALOS_TAG).to_owned();
+        v.busy = true;
+        drop(v);
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(run_installer(self.shared.clone(), image, version, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -322,6 +533,11 @@ impl LifecycleService for NodeApi {
 /// The service as the node's gRPC server mounts it.
 pub(super) fn service(api: NodeApi) -> LifecycleServiceServer<NodeApi> {
     LifecycleServiceServer::new(api)
+}
+
+/// The image service as the node's gRPC server mounts it.
+pub(super) fn image_service(api: NodeApi) -> ImageServiceServer<NodeApi> {
+    ImageServiceServer::new(api)
 }
 
 #[cfg(test)]
@@ -404,6 +620,13 @@ mod node_tests {
         let (cluster, node) = installed(201, "rack1-cp-01").await;
         // In maintenance it would be refused; a config on disk is needed: done above.
         let client = secured(node.addr());
+        let mut layers = Vec::new();
+        let pinned = client
+            .image_pull(IMAGE, |p| layers.push(p.clone()))
+            .await
+            .unwrap();
+        assert!(pinned.starts_with(&format!("{IMAGE}@sha256:")), "{pinned}");
+        assert!(!layers.is_empty());
         let mut messages = Vec::new();
         let code = client
             .lifecycle_upgrade(IMAGE, |m| messages.push(m.to_owned()))
@@ -449,6 +672,7 @@ mod node_tests {
     async fn injected_failures_and_refusals() {
         let (_cluster, node) = installed(202, "rack1-cp-02").await;
         let client = secured(node.addr());
+        client.image_pull(IMAGE, |_| {}).await.unwrap();
 
         // The installer fails: exit code 1, no gRPC error, nothing staged.
         node.fail_upgrades(Some(UpgradeFailure::Installer));
@@ -494,6 +718,78 @@ mod node_tests {
     }
 
     #[tokio::test]
+    async fn an_installer_that_was_not_pulled_is_refused_as_upstream_does() {
+        let (_cluster, node) = installed(204, "rack1-cp-01").await;
+        let client = secured(node.addr());
+        let err = client.lifecycle_upgrade(IMAGE, |_| {}).await.unwrap_err();
+        let TalosError::Remote { ref message, .. } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            message,
+            &format!(
+                "upgrade failed: installer image {IMAGE:?} not found in containerd store: \
+                 image {IMAGE:?}: not found"
+            )
+        );
+        assert_eq!(node.next_boot_version(), TALOS_TAG);
+
+        // In another containerd instance's store it is not found either.
+        use common::{ContainerDriver as D, ContainerdNamespace as N};
+        lock(&node.shared.versions)
+            .images
+            .entry((D::Containerd as i32, N::NsSystem as i32))
+            .or_default()
+            .insert(IMAGE.into());
+        assert!(client.lifecycle_upgrade(IMAGE, |_| {}).await.is_err());
+
+        // Pulled into the installer's instance, it runs; a second pull fetches nothing.
+        let mut first = Vec::new();
+        client
+            .image_pull(IMAGE, |p| first.push(p.clone()))
+            .await
+            .unwrap();
+        assert!(node.has_image(D::Cri, N::NsSystem, IMAGE));
+        let mut second = Vec::new();
+        client
+            .image_pull(IMAGE, |p| second.push(p.clone()))
+            .await
+            .unwrap();
+        assert!(!first.is_empty() && second.is_empty(), "{second:?}");
+        assert_eq!(node.pull_calls(), 2);
+        assert_eq!(client.lifecycle_upgrade(IMAGE, |_| {}).await.unwrap(), 0);
+
+        // A reboot keeps the CRI containerd's images and drops the system containerd's.
+        reboot_and_wait(&node).await;
+        assert!(node.has_image(D::Cri, N::NsSystem, IMAGE));
+        assert!(!node.has_image(D::Containerd, N::NsSystem, IMAGE));
+
+        // An image the registry does not have is NotFound at once.
+        let err = secured(node.addr())
+            .image_pull("factory.talos.dev/metal-installer/x", |_| {})
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("error pulling image"), "{err}");
+    }
+
+    #[test]
+    fn the_containerd_instance_is_checked_as_ctrhelper_does() {
+        use common::{ContainerDriver as D, ContainerdInstance as I, ContainerdNamespace as N};
+        let inst = |d: D, n: N| I {
+            driver: d as i32,
+            namespace: n as i32,
+        };
+        assert!(containerd_instance(Some(&inst(D::Cri, N::NsSystem))).is_ok());
+        assert!(containerd_instance(Some(&inst(D::Cri, N::NsCri))).is_ok());
+        assert!(containerd_instance(Some(&inst(D::Containerd, N::NsSystem))).is_ok());
+        let e = containerd_instance(Some(&inst(D::Containerd, N::NsCri))).unwrap_err();
+        assert_eq!(e.message(), "cannot use CRI namespace with containerd driver");
+        let e = containerd_instance(None).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "invalid containerd namespace NS_UNKNOWN");
+    }
+
+    #[tokio::test]
     async fn maintenance_mode_refuses_upgrade() {
         crate::install_crypto_provider();
         let cluster = FakeCluster::new();
@@ -506,5 +802,11 @@ mod node_tests {
             .unwrap_err();
         assert!(matches!(err, TalosError::Maintenance { .. }), "{err:?}");
         assert_eq!(node.upgrade_calls(), 0);
+        let err = maintenance(node.addr())
+            .image_pull(IMAGE, |_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, TalosError::Maintenance { .. }), "{err:?}");
+        assert_eq!(node.pull_calls(), 0);
     }
 }
