@@ -113,6 +113,16 @@ fn off_loopback_admin_answers_only_with_the_token() {
     );
     assert!(!err.contains(TOKEN), "{err}");
 
+    {
+        // k8s-ctrl-02 was installed in an earlier run: the browser's rebuild below resets a
+        // provisioned node (a node never provisioned has nothing to reset and is refused).
+        use talboot::store::{NodePhase, NodeRecord, Store};
+        let store = talboot::store::open(&tmp.path().join("state")).unwrap();
+        let mut r = NodeRecord::unseen("k8s-ctrl-02", 1);
+        r.phase = NodePhase::Ready;
+        r.provisioning_window_open = false;
+        store.put_node(&r).unwrap();
+    }
     let file = token_file(tmp.path(), 0o600);
     let log = tmp.path().join("serve.log");
     let child = serve(

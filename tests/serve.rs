@@ -465,14 +465,45 @@ fn node_rebuild_goes_through_a_running_serve() {
 /// credentials, probes the node or touches its power, and writes nothing.
 #[test]
 fn node_rebuild_of_a_node_never_provisioned_is_refused() {
+    use base64::Engine as _;
     let tmp = tempfile::tempdir().unwrap();
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    // The lab inventory moved to loopback addresses (so nothing leaves the machine, whatever
+    // the command tries), with an admin talosconfig: everything a rebuild needs is there.
+    let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let text = std::fs::read_to_string(lab.join("lab.yaml"))
+        .unwrap()
+        .replace("10.0.40.", "127.0.40.")
+        .replace("10.0.70.", "127.0.70.");
+    let config = tmp.path().join("lab.yaml");
+    std::fs::write(&config, text).unwrap();
+    std::fs::create_dir_all(tmp.path().join("patches")).unwrap();
+    std::fs::copy(
+        lab.join("patches/common.yaml"),
+        tmp.path().join("patches/common.yaml"),
+    )
+    .unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = talboot::sim::pki::SimCa::new_os_ca().unwrap();
+    let admin = ca.admin().unwrap();
+    let talosconfig = tmp.path().join("talosconfig");
+    std::fs::write(
+        &talosconfig,
+        format!(
+            "context: t\ncontexts:\n  t:\n    endpoints: []\n    ca: {}\n    crt: {}\n    key: {}\n",
+            b64(&ca.cert_pem),
+            b64(&admin.cert_pem),
+            b64(&talboot::sim::pki::talos_label(&admin.key_pem))
+        ),
+    )
+    .unwrap();
     let state = tmp.path().join("state");
     let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
         .args(["node", "rebuild", "k8s-ctrl-03", "-c"])
         .arg(&config)
         .arg("--state-dir")
         .arg(&state)
+        .arg("--talosconfig")
+        .arg(&talosconfig)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
