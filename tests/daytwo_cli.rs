@@ -480,6 +480,9 @@ async fn day_two(demo: &Demo) {
         "talboot serve holds the store; upgrading through its admin API",
         "serve runs upgrade-talos/v1.14.0",
         "rack1-cp-01: upgrading to v1.14.0",
+        "rack1-cp-01: pulling the installer",
+        "rack1-cp-01: installer layer",
+        "rack1-cp-01: pulled the installer as",
         "rack1-cp-01: installed; rebooting into it",
         "rack1-cp-01: done",
         "rack1-cp-02: FAILED: the installer",
@@ -533,6 +536,34 @@ async fn day_two(demo: &Demo) {
     assert!(
         upgrade.stdout.contains("resuming upgrade-talos/v1.14.0"),
         "{upgrade}"
+    );
+    // The installer pull is in the node's timeline too (serve's events, as the dashboard
+    // and `talboot status` read them).
+    // Asked asynchronously: serve runs on this test's own runtime.
+    let dashboard = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{}/api/dashboard", cli.admin))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let dashboard: serde_json::Value = serde_json::from_slice(&dashboard).unwrap();
+    let timeline = dashboard["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["nodes"].as_array().unwrap())
+        .find(|n| n["name"] == "rack1-cp-02")
+        .map(|n| n["timeline"].to_string())
+        .unwrap();
+    assert!(
+        timeline.contains("upgrade: pulling the installer")
+            && timeline.contains("upgrade: pulled the installer as"),
+        "{timeline}"
     );
     // Run again: the record in serve's store says every node is done; nothing is upgraded
     // a second time.

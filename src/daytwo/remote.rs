@@ -266,6 +266,8 @@ pub struct RolloutCtx {
     /// Where an apply through serve publishes what the nodes now run, so serve's drift
     /// watcher compares against the applied configs rather than serve's start-up rendering.
     pub view: Option<Arc<StateView>>,
+    /// serve's event bus: a Talos upgrade's installer pull lands in each node's timeline.
+    pub events: Option<crate::events::EventBus>,
 }
 
 /// One kind's serve-side work, validated and ready to run.
@@ -541,6 +543,7 @@ impl Job for UpgradeTalosJob {
         let output: super::upgrade::InstallerOutput =
             Arc::new(move |node, line| drop(tx.send(format!("  {node}: {line}"))));
         let mut ops = TalosOps::new(self.plan.clone(), ctx.creds.clone(), output);
+        ops.events = ctx.events.clone();
         ops.wait = self.wait;
         ops.poll = self.poll;
         let key = rollout_key(&self.plan.version);

@@ -224,6 +224,9 @@ pub struct TalosOps {
     /// How often a gate asks again.
     pub poll: Duration,
     output: InstallerOutput,
+    /// serve's event bus, when serve runs the upgrade: the installer pull (start, pinned
+    /// name, failure) is recorded in each node's timeline.
+    pub events: Option<crate::events::EventBus>,
 }
 
 impl TalosOps {
@@ -241,6 +244,7 @@ impl TalosOps {
             wait: Duration::from_secs(900),
             poll: Duration::from_secs(2),
             output,
+            events: None,
         }
     }
 
@@ -369,7 +373,13 @@ impl NodeOps for TalosOps {
         // The installer is pulled first: Upgrade only runs an image already in the node's
         // containerd store (siderolabs/talos v1.13.9 internal/app/lifecycle/container.go),
         // and talosctl pulls it the same way (`imagePullInternal` before `upgradeInternal`).
+        let event = |detail: String| {
+            if let Some(bus) = &self.events {
+                bus.publish(name, crate::events::EventKind::Talos, detail);
+            }
+        };
         output(name, &format!("pulling the installer {}", node.image));
+        event(format!("upgrade: pulling the installer {}", node.image));
         let mut report = super::installer_pull::PullReport::default();
         let pulled = match client
             .image_pull(&node.image, |p| {
@@ -380,9 +390,17 @@ impl NodeOps for TalosOps {
             .await
         {
             Ok(pulled) => pulled,
-            Err(e) => return failed(format!("pull of the installer {}: {e}", node.image)),
+            Err(e) => {
+                let why = format!("pull of the installer {}: {e}", node.image);
+                event(format!("upgrade: {why}"));
+                return failed(why);
+            }
         };
         output(name, &format!("pulled the installer as {pulled}"));
+        event(format!(
+            "upgrade: pulled the installer as {pulled} ({} layer(s) fetched)",
+            report.layers()
+        ));
         let code = match client
             .lifecycle_upgrade(&node.image, |m| output(name, m.trim_end()))
             .await

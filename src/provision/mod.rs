@@ -891,6 +891,7 @@ impl Provisioner {
                     creds: self.inner.creds.clone(),
                     apid_port: self.settings().apid_port,
                     view: self.inner.view.get().cloned(),
+                    events: Some(self.inner.bus.clone()),
                 };
                 // Registered here, run on its own task: the writer loop never waits on it.
                 let started = crate::daytwo::remote::start(&self.inner.rollouts, ctx, request);
