@@ -383,7 +383,9 @@ fn node_rebuild_goes_through_a_running_serve() {
     let (code, body) = {
         let out = Command::new("curl")
             .args(["-s", "-X", "POST", "-w", "\n%{http_code}"])
-            .arg(format!("http://127.0.0.1:{admin}/api/nodes/k8s-ctrl-03/rebuild"))
+            .arg(format!(
+                "http://127.0.0.1:{admin}/api/nodes/k8s-ctrl-03/rebuild"
+            ))
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -680,7 +680,11 @@ pub(crate) mod tests {
             assert_eq!(calls, ["Pull", "Upgrade", "Reboot"], "{}", n.hostname());
             // The pull's progress reaches the operator.
             let name = n.hostname();
-            for want in ["pulling the installer", "installer layer", "pulled the installer as"] {
+            for want in [
+                "pulling the installer",
+                "installer layer",
+                "pulled the installer as",
+            ] {
                 assert!(
                     lines
                         .iter()

@@ -699,7 +699,11 @@ fn a_rebuild_of_a_node_without_a_config_is_refused_with_what_happens_instead() {
     ] {
         assert_eq!(check_rebuild(&at(phase, true)), Ok(()), "{phase}");
     }
-    for phase in [NodePhase::Unknown, NodePhase::Booting, NodePhase::Maintenance] {
+    for phase in [
+        NodePhase::Unknown,
+        NodePhase::Booting,
+        NodePhase::Maintenance,
+    ] {
         assert_eq!(check_rebuild(&at(phase, false)), Ok(()), "{phase}");
     }
 }

@@ -783,7 +783,10 @@ mod node_tests {
         assert!(containerd_instance(Some(&inst(D::Cri, N::NsCri))).is_ok());
         assert!(containerd_instance(Some(&inst(D::Containerd, N::NsSystem))).is_ok());
         let e = containerd_instance(Some(&inst(D::Containerd, N::NsCri))).unwrap_err();
-        assert_eq!(e.message(), "cannot use CRI namespace with containerd driver");
+        assert_eq!(
+            e.message(),
+            "cannot use CRI namespace with containerd driver"
+        );
         let e = containerd_instance(None).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert_eq!(e.message(), "invalid containerd namespace NS_UNKNOWN");
