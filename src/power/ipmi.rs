@@ -308,6 +308,41 @@ mod tests {
     }
 
     #[test]
+    fn a_bmc_that_never_answers_the_presence_ping_is_still_asked_for_a_session() {
+        // A socket that reads everything and answers nothing: the ping goes unanswered, as
+        // it does on pyghmi and virtualbmc. Activation must go on to Get Channel
+        // Authentication Capabilities (which then times out here) instead of failing on
+        // the pong (ipmi-rs 0.6.0 unpatched: `PongReceive(WouldBlock)`).
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let t = IpmiTarget {
+            host: "127.0.0.1".into(),
+            port: silent.local_addr().unwrap().port(),
+            user: "admin".into(),
+            password: crate::power::Credential::new("never-sent-in-clear"),
+            efi_boot: false,
+        };
+        let Err(PowerError::Unreachable { reason, .. }) = Session::open(&t).map(drop) else {
+            panic!("a silent BMC gave a session")
+        };
+        assert!(!reason.contains("Pong"), "{reason}");
+        assert!(
+            reason.contains("GetChannelAuthenticationCapabilities"),
+            "{reason}"
+        );
+        // The request after the ping reached the BMC.
+        let mut buf = [0u8; 512];
+        silent.set_nonblocking(true).unwrap();
+        let mut datagrams = 0;
+        while silent.recv(&mut buf).is_ok() {
+            datagrams += 1;
+        }
+        assert!(
+            datagrams >= 2,
+            "only {datagrams} datagram(s) reached the BMC"
+        );
+    }
+
+    #[test]
     fn chassis_status_reads_bit_zero() {
         assert_eq!(decode_chassis_status(&[0x01, 0, 0]), Ok(PowerState::On));
         assert_eq!(decode_chassis_status(&[0x60, 0, 0]), Ok(PowerState::Off));
