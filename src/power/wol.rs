@@ -44,7 +44,7 @@ impl fmt::Debug for SecureOn {
 /// Why a SecureOn password does not parse. Never carries any part of the value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "is not a SecureOn password (the value is not shown): write six hex bytes like aa:bb:cc:dd:ee:ff, or four decimal bytes like 192.168.1.10, as `etherwake -p` and `ethtool -s IF wol s sopass` take it"
+    "is not a SecureOn password (the value is not shown): write six hex bytes like aa:bb:cc:dd:ee:ff, or four decimal bytes like 192.168.1.10, as `etherwake -p` takes it"
 )]
 pub struct SecureOnError;
 
