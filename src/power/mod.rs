@@ -133,6 +133,10 @@ pub enum PowerError {
     /// The controller does not support the request (for example a boot device on WoL).
     #[error("{target}: {what} is not supported by this power driver")]
     Unsupported { target: String, what: String },
+    /// A setting of the controller in the inventory or its secrets is unusable; the reason
+    /// names the field and the fix, never a secret's value.
+    #[error("{target}: {reason}")]
+    Invalid { target: String, reason: String },
     /// The request was accepted but did not take effect in time.
     #[error("{target}: {what} did not take effect within {waited:?}")]
     Timeout {
