@@ -51,7 +51,11 @@ async fn boot(name: &str, opts: FrontOptions) -> Option<(std::process::Output, F
     let out = tokio::task::spawn_blocking({
         let (inv, state, pass) = (inv.clone(), state.clone(), opts.password.clone());
         move || {
-            Command::new(env!("CARGO_BIN_EXE_talboot"))
+            // TALBOOT_BIN runs another build (how these tests were shown failing on the
+            // binary from before the fix).
+            let bin = std::env::var("TALBOOT_BIN")
+                .unwrap_or_else(|_| env!("CARGO_BIN_EXE_talboot").to_string());
+            Command::new(bin)
                 .args(["node", "boot", "n1", "network", "-c"])
                 .arg(&inv)
                 .arg("--state-dir")

@@ -174,6 +174,7 @@ pub struct Front {
 impl Front {
     /// Serve `tree` with sushy-static and start the front before it.
     pub async fn start(tree: &Path, log: &Path, opts: FrontOptions) -> Front {
+        talboot::install_crypto_provider();
         let port = free_port();
         let f = std::fs::File::create(log).unwrap();
         let mut cmd = Command::new(Path::new(VENV).join("bin/sushy-static"));
@@ -368,7 +369,7 @@ async fn upstream_json(inner: &Inner, path: &str) -> Option<Value> {
     if !r.status().is_success() {
         return None;
     }
-    r.json().await.ok()
+    serde_json::from_str(&r.text().await.ok()?).ok()
 }
 
 async fn proxy(inner: &Inner, path: &str) -> Response {
