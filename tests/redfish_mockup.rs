@@ -34,22 +34,38 @@ const ILO: &str = "/redfish/v1/Systems/1/";
 /// root.json, system_collection.json, system.json, session_service.json).
 fn rackmount1(tree: &Path) {
     put(tree, "/redfish/v1", &sample("unit/json_samples/root.json"));
-    put(tree, "/redfish/v1/Systems", &sample("unit/json_samples/system_collection.json"));
+    put(
+        tree,
+        "/redfish/v1/Systems",
+        &sample("unit/json_samples/system_collection.json"),
+    );
     put(tree, RACKMOUNT1, &sample("unit/json_samples/system.json"));
-    put(tree, "/redfish/v1/SessionService", &sample("unit/json_samples/session_service.json"));
+    put(
+        tree,
+        "/redfish/v1/SessionService",
+        &sample("unit/json_samples/session_service.json"),
+    );
 }
 
 /// A Dell iDRAC capture, from the sushy wheel's Dell samples (sushy/tests/oem/dell/unit/
 /// json_samples: root.json, system.json); the Systems collection (one member) is written here.
 fn idrac(tree: &Path) {
-    put(tree, "/redfish/v1", &sample("oem/dell/unit/json_samples/root.json"));
+    put(
+        tree,
+        "/redfish/v1",
+        &sample("oem/dell/unit/json_samples/root.json"),
+    );
     put(
         tree,
         "/redfish/v1/Systems",
         &json!({"@odata.id": "/redfish/v1/Systems", "Members@odata.count": 1,
                 "Members": [{"@odata.id": IDRAC}]}),
     );
-    put(tree, IDRAC, &sample("oem/dell/unit/json_samples/system.json"));
+    put(
+        tree,
+        IDRAC,
+        &sample("oem/dell/unit/json_samples/system.json"),
+    );
 }
 
 /// An HPE iLO 5-shaped tree (tests/fixtures/redfish/README.md): every URI with a trailing
@@ -165,7 +181,10 @@ async fn a_uefi_node_is_network_booted_in_uefi_mode_on_a_legacy_default_bmc() {
     };
     let driver = PowerDriver::Redfish(r.target(AuthMode::Auto, Some(BootMode::Uefi)));
     let reply = driver
-        .run(PowerRequest::Boot(BootDevice::Network, BootPersistence::Once))
+        .run(PowerRequest::Boot(
+            BootDevice::Network,
+            BootPersistence::Once,
+        ))
         .await
         .unwrap();
     r.front.state(|s| {
@@ -179,7 +198,8 @@ async fn a_uefi_node_is_network_booted_in_uefi_mode_on_a_legacy_default_bmc() {
     bios.set_boot_device(BootDevice::Disk, BootPersistence::Persistent)
         .await
         .unwrap();
-    r.front.state(|s| assert_eq!(s.mode.as_deref(), Some("Legacy")));
+    r.front
+        .state(|s| assert_eq!(s.mode.as_deref(), Some("Legacy")));
 }
 
 /// Issue 24 item 5: where the BMC cannot take the node's mode (iLO-shaped tree whose list
@@ -194,7 +214,10 @@ async fn a_mode_the_bmc_cannot_take_is_reported_not_sent() {
     };
     let driver = PowerDriver::Redfish(r.target(AuthMode::Auto, Some(BootMode::Uefi)));
     let reply = driver
-        .run(PowerRequest::Boot(BootDevice::Network, BootPersistence::Once))
+        .run(PowerRequest::Boot(
+            BootDevice::Network,
+            BootPersistence::Once,
+        ))
         .await
         .unwrap();
     let text = reply.to_string();
@@ -226,7 +249,9 @@ async fn a_mode_the_bmc_cannot_take_is_reported_not_sent() {
         .await
         .unwrap();
     assert!(
-        set.notes.iter().any(|n| n.contains("has no BootSourceOverrideMode")),
+        set.notes
+            .iter()
+            .any(|n| n.contains("has no BootSourceOverrideMode")),
         "{set:?}"
     );
 }
@@ -362,7 +387,9 @@ async fn a_bmc_refusing_basic_is_reached_through_a_session_that_is_deleted_after
     );
     assert!(
         seen.iter().any(|q| q.method == "POST"
-            && q.body.as_ref().is_some_and(|b| b["ResetType"] == "PowerCycle")),
+            && q.body
+                .as_ref()
+                .is_some_and(|b| b["ResetType"] == "PowerCycle")),
         "{seen:#?}"
     );
     r.front.state(|s| {
@@ -371,7 +398,10 @@ async fn a_bmc_refusing_basic_is_reached_through_a_session_that_is_deleted_after
     });
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     assert!(logged.contains("redfish session opened"), "{logged}");
-    assert!(!logged.contains(&r.opts.password), "password logged:\n{logged}");
+    assert!(
+        !logged.contains(&r.opts.password),
+        "password logged:\n{logged}"
+    );
     assert!(!logged.contains("tok-"), "session token logged:\n{logged}");
 }
 
@@ -418,7 +448,11 @@ async fn each_tree_is_discovered_and_cycled_with_what_it_allows() {
     for (name, path, build) in [
         ("rackmount1", RACKMOUNT1, rackmount1 as fn(&Path)),
         ("ilo", ILO, (|t: &Path| ilo5(t, ILO_RESETS)) as fn(&Path)),
-        ("ilo-min", ILO, (|t: &Path| ilo5(t, &["On", "ForceOff"])) as fn(&Path)),
+        (
+            "ilo-min",
+            ILO,
+            (|t: &Path| ilo5(t, &["On", "ForceOff"])) as fn(&Path),
+        ),
     ] {
         let Some(r) = rig(name, build, FrontOptions::new(path)).await else {
             return;
@@ -446,7 +480,10 @@ async fn each_tree_is_discovered_and_cycled_with_what_it_allows() {
         assert_eq!(resets, want, "{name}");
         // A reset type the tree does not list is refused by the front, as a BMC would.
         let refused = r.front.state(|s| s.seen.iter().any(|q| q.status == 400));
-        assert!(!refused, "{name}: talboot sent a value the BMC does not allow");
+        assert!(
+            !refused,
+            "{name}: talboot sent a value the BMC does not allow"
+        );
     }
 }
 

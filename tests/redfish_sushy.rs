@@ -183,7 +183,10 @@ async fn a_uefi_node_on_a_legacy_sushy_system_is_set_to_uefi() {
     let bmc = Sushy::start(dir.path(), &opts);
     let path = format!("/redfish/v1/Systems/{UUID_A}");
     let before = raw_get(&bmc, &opts, &path).await;
-    assert_eq!(before["Boot"]["BootSourceOverrideMode"], "Legacy", "{before}");
+    assert_eq!(
+        before["Boot"]["BootSourceOverrideMode"], "Legacy",
+        "{before}"
+    );
     let mut cfg = config(&bmc, &opts);
     cfg.boot_mode = Some(talboot::power::redfish::BootMode::Uefi);
     let set = Redfish::new(cfg)

@@ -16,12 +16,19 @@ const SYSTEM: &str = "/redfish/v1/Systems/437XR1138R2";
 
 fn rackmount1(tree: &Path) {
     put(tree, "/redfish/v1", &sample("unit/json_samples/root.json"));
-    put(tree, "/redfish/v1/Systems", &sample("unit/json_samples/system_collection.json"));
+    put(
+        tree,
+        "/redfish/v1/Systems",
+        &sample("unit/json_samples/system_collection.json"),
+    );
     put(tree, SYSTEM, &sample("unit/json_samples/system.json"));
 }
 
 /// `talboot node boot n1 network` for a node with `firmware: uefi` behind the front.
-async fn boot(name: &str, opts: FrontOptions) -> Option<(std::process::Output, Front, tempfile::TempDir)> {
+async fn boot(
+    name: &str,
+    opts: FrontOptions,
+) -> Option<(std::process::Output, Front, tempfile::TempDir)> {
     if !support::redfish_front::available() {
         return None;
     }

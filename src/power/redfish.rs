@@ -605,7 +605,9 @@ impl Redfish {
             }
         };
         // The service root answers without authentication (DSP0266, "Service root").
-        let root = self.unauthenticated(Method::GET, "/redfish/v1/", None).await?;
+        let root = self
+            .unauthenticated(Method::GET, "/redfish/v1/", None)
+            .await?;
         let root: Value = serde_json::from_str(&root.2).unwrap_or(Value::Null);
         let path = match (sessions_path(&root), mode) {
             (Some(p), _) => p,
@@ -625,7 +627,9 @@ impl Redfish {
             return fallback(format!("session login to {path} refused ({status})"));
         }
         if !status.is_success() {
-            let why = error_message(&text).map(|m| format!(": {m}")).unwrap_or_default();
+            let why = error_message(&text)
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default();
             return fallback(format!("session login to {path} answered {status}{why}"));
         }
         let Some(token) = headers
@@ -687,10 +691,7 @@ impl Redfish {
         let Some(Auth::Session { token, uri }) = self.auth.get() else {
             return;
         };
-        if self
-            .closed
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let Some(uri) = uri else {
@@ -1226,7 +1227,10 @@ mod tests {
             Some("/redfish/v1/SessionService/Sessions")
         );
         let idrac = json!({"Links": {"Sessions": {"@odata.id": "/redfish/v1/Sessions"}}});
-        assert_eq!(sessions_path(&idrac).as_deref(), Some("/redfish/v1/Sessions"));
+        assert_eq!(
+            sessions_path(&idrac).as_deref(),
+            Some("/redfish/v1/Sessions")
+        );
         let no_link = json!({"SessionService": {"@odata.id": "/redfish/v1/SessionService"}});
         assert_eq!(
             sessions_path(&no_link).as_deref(),

@@ -78,7 +78,11 @@ pub fn put(tree: &Path, uri: &str, value: &Value) {
         .to_string();
     let dir = tree.join(rel);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("index.json"), serde_json::to_vec_pretty(value).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec_pretty(value).unwrap(),
+    )
+    .unwrap();
 }
 
 /// Reads a sample file of the sushy wheel.
@@ -183,11 +187,16 @@ impl Front {
             .stdout(Stdio::from(f.try_clone().unwrap()))
             .stderr(Stdio::from(f))
             .stdin(Stdio::null());
-        let mut child = die_with_parent(&mut cmd).spawn().expect("spawn sushy-static");
+        let mut child = die_with_parent(&mut cmd)
+            .spawn()
+            .expect("spawn sushy-static");
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(st)) = child.try_wait() {
-                panic!("sushy-static exited {st}: {}", std::fs::read_to_string(log).unwrap_or_default());
+                panic!(
+                    "sushy-static exited {st}: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
             }
             assert!(Instant::now() < deadline, "sushy-static not listening");
             std::thread::sleep(Duration::from_millis(50));
@@ -232,7 +241,8 @@ impl Drop for Front {
 }
 
 fn same(a: &str, b: &str) -> bool {
-    a.trim_end_matches('/').eq_ignore_ascii_case(b.trim_end_matches('/'))
+    a.trim_end_matches('/')
+        .eq_ignore_ascii_case(b.trim_end_matches('/'))
 }
 
 fn error(status: StatusCode, id: &str, msg: &str) -> Response {
@@ -267,10 +277,23 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let (auth, ok) = authenticate(&inner, &headers);
-    let resp = route(&inner, &method, &path, auth, ok, if_match.as_deref(), body_json.as_ref()).await;
+    let resp = route(
+        &inner,
+        &method,
+        &path,
+        auth,
+        ok,
+        if_match.as_deref(),
+        body_json.as_ref(),
+    )
+    .await;
     let mut st = inner.state.lock().unwrap();
     // The login body carries the password: never kept.
-    let keep = if path.starts_with(&o.sessions_uri) { None } else { body_json };
+    let keep = if path.starts_with(&o.sessions_uri) {
+        None
+    } else {
+        body_json
+    };
     st.seen.push(Seen {
         method: method.to_string(),
         path,
@@ -286,7 +309,13 @@ fn authenticate(inner: &Inner, headers: &HeaderMap) -> (&'static str, bool) {
     use base64::Engine;
     let o = &inner.opts;
     if let Some(t) = headers.get("X-Auth-Token").and_then(|v| v.to_str().ok()) {
-        let ok = inner.state.lock().unwrap().sessions.values().any(|v| v == t);
+        let ok = inner
+            .state
+            .lock()
+            .unwrap()
+            .sessions
+            .values()
+            .any(|v| v == t);
         return ("token", ok);
     }
     if let Some(b) = headers
@@ -294,8 +323,8 @@ fn authenticate(inner: &Inner, headers: &HeaderMap) -> (&'static str, bool) {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Basic "))
     {
-        let want = base64::engine::general_purpose::STANDARD
-            .encode(format!("{}:{}", o.user, o.password));
+        let want =
+            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", o.user, o.password));
         return ("basic", o.basic && b == want);
     }
     ("none", false)
@@ -319,17 +348,27 @@ async fn route(
     if o.sessions && method == Method::POST && same(path, sessions_uri) {
         let b = body.cloned().unwrap_or(Value::Null);
         if b["UserName"] != o.user.as_str() || b["Password"] != o.password.as_str() {
-            return error(StatusCode::UNAUTHORIZED, "Base.1.8.NoValidSession", "invalid credentials");
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "Base.1.8.NoValidSession",
+                "invalid credentials",
+            );
         }
         let mut st = inner.state.lock().unwrap();
         st.sessions_made += 1;
         let id = format!("s{:04}", st.sessions_made);
-        let token = format!("tok-{:x}", 0x5eed_0000u64 + u64::from(st.sessions_made) * 7919);
+        let token = format!(
+            "tok-{:x}",
+            0x5eed_0000u64 + u64::from(st.sessions_made) * 7919
+        );
         let uri = format!("{sessions_uri}/{id}");
         st.sessions.insert(uri.clone(), token.clone());
         return (
             StatusCode::CREATED,
-            [("X-Auth-Token", token), (header::LOCATION.as_str(), uri.clone())],
+            [
+                ("X-Auth-Token", token),
+                (header::LOCATION.as_str(), uri.clone()),
+            ],
             axum::Json(json!({"@odata.id": uri, "Id": id, "UserName": o.user})),
         )
             .into_response();
@@ -338,21 +377,33 @@ async fn route(
         return error(
             StatusCode::UNAUTHORIZED,
             "Base.1.8.InsufficientPrivilege",
-            if auth == "basic" { "Basic authentication refused" } else { "no valid session" },
+            if auth == "basic" {
+                "Basic authentication refused"
+            } else {
+                "no valid session"
+            },
         );
     }
     if method == Method::DELETE && path.starts_with(sessions_uri) {
         let mut st = inner.state.lock().unwrap();
         return match st.sessions.remove(path.trim_end_matches('/')) {
             Some(_) => StatusCode::NO_CONTENT.into_response(),
-            None => error(StatusCode::NOT_FOUND, "Base.1.8.ResourceMissingAtURI", "no such session"),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "Base.1.8.ResourceMissingAtURI",
+                "no such session",
+            ),
         };
     }
     if same(path, &o.system) {
         return match *method {
             Method::GET => system(inner, path).await,
             Method::PATCH => patch(inner, if_match, body),
-            _ => error(StatusCode::METHOD_NOT_ALLOWED, "Base.1.8.OperationNotAllowed", "GET, PATCH"),
+            _ => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Base.1.8.OperationNotAllowed",
+                "GET, PATCH",
+            ),
         };
     }
     if method == Method::POST && path.contains("ComputerSystem.Reset") {
@@ -361,11 +412,20 @@ async fn route(
     if method == Method::GET {
         return proxy(inner, path).await;
     }
-    error(StatusCode::METHOD_NOT_ALLOWED, "Base.1.8.OperationNotAllowed", "not here")
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Base.1.8.OperationNotAllowed",
+        "not here",
+    )
 }
 
 async fn upstream_json(inner: &Inner, path: &str) -> Option<Value> {
-    let r = inner.http.get(format!("{}{path}", inner.upstream)).send().await.ok()?;
+    let r = inner
+        .http
+        .get(format!("{}{path}", inner.upstream))
+        .send()
+        .await
+        .ok()?;
     if !r.status().is_success() {
         return None;
     }
@@ -405,7 +465,10 @@ async fn system(inner: &Inner, path: &str) -> Response {
     }
     match &o.allowed_modes {
         Some(l) if st.mode.is_some() => {
-            b.insert("BootSourceOverrideMode@Redfish.AllowableValues".into(), json!(l));
+            b.insert(
+                "BootSourceOverrideMode@Redfish.AllowableValues".into(),
+                json!(l),
+            );
         }
         _ => {
             b.remove("BootSourceOverrideMode@Redfish.AllowableValues");
@@ -444,7 +507,10 @@ fn patch(inner: &Inner, if_match: Option<&str>, body: Option<&Value>) -> Respons
         }
         _ => {}
     }
-    let boot = body.and_then(|b| b.get("Boot")).cloned().unwrap_or(Value::Null);
+    let boot = body
+        .and_then(|b| b.get("Boot"))
+        .cloned()
+        .unwrap_or(Value::Null);
     if let Some(m) = boot.get("BootSourceOverrideMode").and_then(Value::as_str) {
         let allowed = match (&st.mode, &o.allowed_modes) {
             (None, _) => false,
@@ -455,7 +521,9 @@ fn patch(inner: &Inner, if_match: Option<&str>, body: Option<&Value>) -> Respons
             return error(
                 StatusCode::BAD_REQUEST,
                 "Base.1.8.PropertyValueNotInList",
-                &format!("the value {m} for BootSourceOverrideMode is not in the list of acceptable values"),
+                &format!(
+                    "the value {m} for BootSourceOverrideMode is not in the list of acceptable values"
+                ),
             );
         }
         st.mode = Some(m.to_string());
@@ -463,7 +531,10 @@ fn patch(inner: &Inner, if_match: Option<&str>, body: Option<&Value>) -> Respons
     if let Some(t) = boot.get("BootSourceOverrideTarget").and_then(Value::as_str) {
         st.target = t.to_string();
     }
-    if let Some(e) = boot.get("BootSourceOverrideEnabled").and_then(Value::as_str) {
+    if let Some(e) = boot
+        .get("BootSourceOverrideEnabled")
+        .and_then(Value::as_str)
+    {
         st.enabled = e.to_string();
     }
     st.version += 1;
