@@ -1074,6 +1074,12 @@ nodes:
       tokenId: talboot@pve!power
       tokenSecretEnv: PVE_TOKEN
       vm: {memory: 512, cores: 0, bridges: [], disk: 10}
+  - name: rf
+    mac: aa:00:00:00:00:09
+    role: worker
+    address: 10.0.40.26/24
+    installDisk: /dev/sda
+    power: {kind: redfish, endpoint: https://10.0.50.26, user: root, passwordEnv: P, auth: token}
 ",
         )
         .join("\n");
@@ -1087,6 +1093,7 @@ nodes:
             "nodes[5].power.vm.cores: `0` is not a core count",
             "nodes[5].power.vm.bridges: is empty",
             "nodes[5].power.vm.disk: unknown field `disk`\n  hint: did you mean `diskGib`?",
+            "nodes[6].power.auth: `token` is not a Redfish login (auto, session or basic)",
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
