@@ -11,13 +11,14 @@
 //!   answers 201 with `X-Auth-Token` and `Location`, DELETE of that URI ends the session);
 //!   [`FrontOptions::basic`] off models a BMC that refuses Basic (some refuse or throttle it);
 //! - the ComputerSystem carries an `ETag`, weak (`W/"n"`) when [`FrontOptions::weak_etags`]
-//!   (HPE iLO 5 hands out weak ETags); a PATCH's `If-Match` is compared weakly (the opaque
+//!   (as the iLO 5 capture of issue 24 did; a real BMC's
+//!   weak `W/"7dc5e2b9"` is also in the sushy 5.14.0 wheel's `session_creation_headers.json`); a PATCH's `If-Match` is compared weakly (the opaque
 //!   tag, `W/` or not), a PATCH without it is 428 when [`FrontOptions::require_if_match`]
 //!   (RFC 6585 section 3), a stale tag is 412 (RFC 7232 section 3.1, DSP0266 "ETags");
 //!   [`FrontOptions::stale_reads`] makes the system change under the client after each of
 //!   that many reads (another writer between the client's read and its PATCH);
-//! - `BootSourceOverrideMode` starts at [`FrontOptions::override_mode`] (`Legacy`: the
-//!   default on many HPE and Supermicro BMCs) and takes only
+//! - `BootSourceOverrideMode` starts at [`FrontOptions::override_mode`] (`Legacy`: a
+//!   common default on HPE and Supermicro BMCs, as issue 24 found) and takes only
 //!   [`FrontOptions::allowed_modes`]; a value outside an `@Redfish.AllowableValues` list is
 //!   400 `PropertyValueNotInList` (DMTF Base message registry);
 //! - `ComputerSystem.Reset` takes only the tree's `ResetType@Redfish.AllowableValues` (400
