@@ -23,6 +23,7 @@ use super::model::{Firmware, Mac, Node, ResolvedRole};
 use super::read;
 use super::yaml::{Node as Y, Value, join};
 use crate::power::Credential;
+use crate::power::redfish::{AuthMode, BootMode};
 
 /// Where a secret is kept; never the secret itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,24 @@ pub struct RedfishTarget<P = Credential> {
     pub user: String,
     /// BMC password.
     pub password: P,
+    /// How talboot logs in (`auth: auto|session|basic`, `auto` when absent).
+    pub auth: AuthMode,
+    /// The `BootSourceOverrideMode` the node's network and disk boots are set with: from the
+    /// node's `firmware:` (`bios` is `Legacy`, `uefi` and `http` are `UEFI`), `UEFI` for an
+    /// arm64 node, else `None` (the BMC's mode is left as it is).
+    pub boot_mode: Option<BootMode>,
+}
+
+/// The Redfish boot mode of a node: its `firmware:`, else UEFI for arm64 (which has no
+/// legacy BIOS), else unknown.
+pub fn redfish_boot_mode(node: &Node) -> Option<BootMode> {
+    use super::model::{Arch, Firmware};
+    match node.firmware {
+        Some(Firmware::Bios) => Some(BootMode::Legacy),
+        Some(Firmware::Uefi | Firmware::Http) => Some(BootMode::Uefi),
+        None if node.arch == Some(Arch::Arm64) => Some(BootMode::Uefi),
+        None => None,
+    }
 }
 
 /// An IPMI 2.0 BMC reached over LAN (RMCP+).
@@ -283,6 +302,8 @@ impl<P> PowerConfig<P> {
                 ca: t.ca,
                 user: t.user,
                 password: f(t.password)?,
+                auth: t.auth,
+                boot_mode: t.boot_mode,
             }),
             Self::Ipmi(t) => PowerConfig::Ipmi(IpmiTarget {
                 host: t.host,
@@ -380,6 +401,7 @@ fn fields_of(kind: &str) -> &'static [&'static str] {
             "passwordEnv",
             "passwordKey",
             "credentialsFile",
+            "auth",
         ],
         "ipmi" => &[
             "kind",
@@ -726,6 +748,23 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
             let ca = m.path("ca", base, d);
             let user = m.required("user", "the BMC user, e.g. user: admin", d);
             let password = m.secret("password", creds_file.as_ref(), d);
+            let auth = match m.take("auth") {
+                Some(f) => read::parsed(
+                    &f.value,
+                    &f.path,
+                    d,
+                    "a Redfish login (auto, session or basic)",
+                    "auto",
+                    |s| match s {
+                        "auto" => Ok(AuthMode::Auto),
+                        "session" => Ok(AuthMode::Session),
+                        "basic" => Ok(AuthMode::Basic),
+                        _ => Err("expected auto (a session where the BMC has one, else HTTP Basic), session or basic"),
+                    },
+                )
+                .map(|a| a.value),
+                None => Some(AuthMode::Auto),
+            };
             Some(PowerConfig::Redfish(RedfishTarget {
                 endpoint: endpoint?,
                 system_id,
@@ -733,6 +772,8 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
                 ca,
                 user: user?,
                 password: password?,
+                auth: auth?,
+                boot_mode: redfish_boot_mode(node),
             }))
         }
         "ipmi" => {
@@ -929,6 +970,7 @@ nodes:
     role: worker
     address: 10.0.40.21/24
     installDisk: /dev/sda
+    firmware: uefi
     power:
       kind: redfish
       endpoint: https://10.0.50.21/
@@ -936,6 +978,7 @@ nodes:
       user: root
       passwordKey: rf
       credentialsFile: power.sops.yaml
+      auth: session
   - name: pve
     mac: aa:00:00:00:00:05
     role: worker
@@ -971,6 +1014,8 @@ nodes:
                     file: dir.path().join("power.sops.yaml"),
                     key: "rf".into()
                 },
+                auth: AuthMode::Session,
+                boot_mode: Some(BootMode::Uefi),
             }))
         );
         assert_eq!(
@@ -1172,6 +1217,12 @@ nodes:
       tokenId: talboot@pve!power
       tokenSecretEnv: PVE_TOKEN
       vm: {memory: 512, cores: 0, bridges: [], disk: 10}
+  - name: rf
+    mac: aa:00:00:00:00:09
+    role: worker
+    address: 10.0.40.26/24
+    installDisk: /dev/sda
+    power: {kind: redfish, endpoint: https://10.0.50.26, user: root, passwordEnv: P, auth: token}
 ",
         )
         .join("\n");
@@ -1185,6 +1236,7 @@ nodes:
             "nodes[5].power.vm.cores: `0` is not a core count",
             "nodes[5].power.vm.bridges: is empty",
             "nodes[5].power.vm.disk: unknown field `disk`\n  hint: did you mean `diskGib`?",
+            "nodes[6].power.auth: `token` is not a Redfish login (auto, session or basic)",
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
