@@ -1074,6 +1074,23 @@ async fn ready_only_once_installed_and_running_from_disk() {
     t.kill().await;
     assert_eq!(world.phase("cp-1"), NodePhase::Installing);
     let t = world.boot();
+    // Booted from disk, a control plane of a new cluster waits for Bootstrap in stage
+    // booting (its etcd waits to join): still not Ready...
+    let booting = step_until(&t, "cp-1", |r| {
+        matches!(r, Ok(NodeStep::Waiting(w)) if w == "machine stage booting")
+    })
+    .await;
+    assert!(booting.is_ok());
+    // ...until the cluster step bootstraps it.
+    let mut bootstrapped = false;
+    for _ in 0..50 {
+        if t.prov().step_cluster().await.unwrap() == ClusterProgress::Bootstrapped {
+            bootstrapped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(bootstrapped);
     let ready = step_until(&t, "cp-1", |r| {
         matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
     })
