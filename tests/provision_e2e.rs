@@ -1076,9 +1076,11 @@ async fn ready_only_once_installed_and_running_from_disk() {
     let t = world.boot();
     // Booted from disk, a control plane of a new cluster waits for Bootstrap in stage
     // booting (its etcd waits to join): still not Ready...
-    let booting = step_until(&t, "cp-1", |r| {
-        matches!(r, Ok(NodeStep::Waiting(w)) if w == "machine stage booting")
-    })
+    let booting = step_until(
+        &t,
+        "cp-1",
+        |r| matches!(r, Ok(NodeStep::Waiting(w)) if w == "machine stage booting"),
+    )
     .await;
     assert!(booting.is_ok());
     // ...until the cluster step bootstraps it.

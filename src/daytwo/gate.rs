@@ -437,10 +437,7 @@ mod tests {
         };
         let mut r = three();
         two(&mut r);
-        assert_eq!(
-            etcd_healthy(&r),
-            Err(GateError::NotAMember("cp3".into()))
-        );
+        assert_eq!(etcd_healthy(&r), Err(GateError::NotAMember("cp3".into())));
         let mut r = three();
         for x in r.iter_mut() {
             x.members = Ok(vec![

@@ -354,10 +354,16 @@ impl TalosOps {
                 Err(e) => problems.push(format!("{}: {e}", node.name)),
             }
         }
-        if problems.is_empty() && self.upgrade.nodes.iter().any(|n| n.role == Role::ControlPlane) {
-            if let Err(e) = self.etcd_gate(None).await {
-                problems.push(e);
-            }
+        let control_planes = self
+            .upgrade
+            .nodes
+            .iter()
+            .any(|n| n.role == Role::ControlPlane);
+        if problems.is_empty()
+            && control_planes
+            && let Err(e) = self.etcd_gate(None).await
+        {
+            problems.push(e);
         }
         if problems.is_empty() {
             Ok(())

@@ -1023,12 +1023,10 @@ pub(crate) fn bootstrap_step(
     let mut s = state.clone();
     let effect = match obs {
         _ if s.bootstrap == BootstrapMark::Done => BootstrapEffect::Done,
-        BootstrapObs::Poll { node, ready: false } => {
-            BootstrapEffect::Wait(format!(
-                "bootstrap node {node} is not ready for Bootstrap yet (installed, booted from \
+        BootstrapObs::Poll { node, ready: false } => BootstrapEffect::Wait(format!(
+            "bootstrap node {node} is not ready for Bootstrap yet (installed, booted from \
                  disk, etcd started)"
-            ))
-        }
+        )),
         BootstrapObs::Poll { ready: true, .. } => {
             s.bootstrap = BootstrapMark::Intent;
             BootstrapEffect::CheckEtcd

@@ -618,8 +618,14 @@ fn ready_for_bootstrap_is_booted_from_disk_with_etcd_started() {
         etcd: etcd.map(str::to_owned),
     };
     // Waiting to join (etcd `Preparing`) in stage booting: the node upstream bootstraps.
-    assert_eq!(bootstrap_readiness(&probe("booting", Some("Preparing"))), Ok(()));
-    assert_eq!(bootstrap_readiness(&probe("running", Some("Running"))), Ok(()));
+    assert_eq!(
+        bootstrap_readiness(&probe("booting", Some("Preparing"))),
+        Ok(())
+    );
+    assert_eq!(
+        bootstrap_readiness(&probe("running", Some("Running"))),
+        Ok(())
+    );
     // Booting before the install (no etcd loaded yet), installing, rebooting: not yet.
     let early = bootstrap_readiness(&probe("booting", None)).unwrap_err();
     assert!(early.contains("not booted from disk"), "{early}");
@@ -646,7 +652,10 @@ fn ready_for_bootstrap_is_booted_from_disk_with_etcd_started() {
             replaces: None
         })
     );
-    assert_eq!(ForBootstrap::of_phase(NodePhase::Installing), ForBootstrap::NotReady);
+    assert_eq!(
+        ForBootstrap::of_phase(NodePhase::Installing),
+        ForBootstrap::NotReady
+    );
 }
 
 /// An installed node: `SetDiskBoot` comes once, with the step into Ready, only with a

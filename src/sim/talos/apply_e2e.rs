@@ -80,7 +80,10 @@ async fn plan_and_apply_on_a_configured_rack() {
     // A rollout starts only on a healthy cluster: wait until the control plane's etcd serves
     // and its boot sequence ended (stage running, ready).
     for _ in 0..1500 {
-        let s = super::tests::secured(cp_addr).machine_status().await.unwrap();
+        let s = super::tests::secured(cp_addr)
+            .machine_status()
+            .await
+            .unwrap();
         let running = s.stage()
             == crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage::MachineStageRunning;
         if running && s.status.is_some_and(|s| s.ready) {

@@ -118,14 +118,12 @@ pub fn max_etcd_down(events: &[EtcdAvailability], since: Instant) -> usize {
 }
 
 fn record(shared: &Shared, down: bool) {
-    lock(&shared.cluster.inner)
-        .etcd_log
-        .push(EtcdAvailability {
-            hostname: shared.cfg.hostname.clone(),
-            ip: shared.cfg.ip,
-            down,
-            at: Instant::now(),
-        });
+    lock(&shared.cluster.inner).etcd_log.push(EtcdAvailability {
+        hostname: shared.cfg.hostname.clone(),
+        ip: shared.cfg.ip,
+        down,
+        at: Instant::now(),
+    });
 }
 
 impl FakeCluster {
@@ -185,7 +183,6 @@ impl FakeCluster {
             .into_iter()
             .find(|id| self.quorum(ca, *id))
     }
-
 }
 
 impl FakeTalosNode {
@@ -392,8 +389,14 @@ pub(super) fn service_info(shared: &Shared) -> machine::ServiceInfo {
         Service::Starting(since) if since.elapsed() < shared.cfg.timing.etcd_start / 2 => {
             ("Preparing", "Running pre state", None)
         }
-        Service::Starting(_) => ("Running", "Started task etcd (PID 2417) for container etcd", None),
-        Service::Started if healthy(shared) => ("Running", "Health check successful", Some((true, ""))),
+        Service::Starting(_) => (
+            "Running",
+            "Started task etcd (PID 2417) for container etcd",
+            None,
+        ),
+        Service::Started if healthy(shared) => {
+            ("Running", "Health check successful", Some((true, "")))
+        }
         Service::Started => (
             "Running",
             "Health check failed: context deadline exceeded",

@@ -92,7 +92,10 @@ async fn control_planes_wait_for_bootstrap_then_join_and_one_cluster_forms() {
         assert!(!status.status.unwrap().ready);
         assert!(!n.etcd_member());
     }
-    let err = secured(nodes[1].addr()).etcd_member_list().await.unwrap_err();
+    let err = secured(nodes[1].addr())
+        .etcd_member_list()
+        .await
+        .unwrap_err();
     assert!(
         err.to_string()
             .contains("no controlplane endpoints discovered yet"),
@@ -108,7 +111,10 @@ async fn control_planes_wait_for_bootstrap_then_join_and_one_cluster_forms() {
         .await;
         assert!(n.etcd_member(), "{}", n.hostname());
     }
-    until("etcd healthy everywhere", async || etcd_healthy(&nodes).await).await;
+    until("etcd healthy everywhere", async || {
+        etcd_healthy(&nodes).await
+    })
+    .await;
     let members = secured(nodes[2].addr()).etcd_member_list().await.unwrap();
     let mut names: Vec<_> = members.iter().map(|m| m.hostname.as_str()).collect();
     names.sort_unstable();
@@ -117,7 +123,9 @@ async fn control_planes_wait_for_bootstrap_then_join_and_one_cluster_forms() {
     // A joined member refuses Bootstrap: its data directory is not empty.
     let again = secured(nodes[1].addr()).bootstrap().await.unwrap_err();
     assert!(
-        again.to_string().contains("etcd data directory is not empty"),
+        again
+            .to_string()
+            .contains("etcd data directory is not empty"),
         "{again}"
     );
     assert_eq!(nodes[0].etcd_clusters(), 1);
@@ -130,7 +138,10 @@ async fn control_planes_wait_for_bootstrap_then_join_and_one_cluster_forms() {
 async fn after_a_reboot_apid_answers_before_etcd_and_the_member_stays_listed() {
     let (cluster, nodes) = three(74, Duration::from_millis(1500)).await;
     secured(nodes[0].addr()).bootstrap().await.unwrap();
-    until("etcd healthy everywhere", async || etcd_healthy(&nodes).await).await;
+    until("etcd healthy everywhere", async || {
+        etcd_healthy(&nodes).await
+    })
+    .await;
 
     let since = Instant::now();
     secured(nodes[0].addr()).reboot().await.unwrap();
@@ -177,7 +188,10 @@ async fn after_a_reboot_apid_answers_before_etcd_and_the_member_stays_listed() {
     secured(nodes[1].addr()).reboot().await.unwrap();
     let (state, healthy) = etcd_state(nodes[2].addr()).await.unwrap();
     assert_eq!((state.as_str(), healthy), ("Running", false));
-    let err = secured(nodes[2].addr()).etcd_member_list().await.unwrap_err();
+    let err = secured(nodes[2].addr())
+        .etcd_member_list()
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("no leader"), "{err}");
     // Both come back and etcd recovers.
     until("etcd healthy again", async || etcd_healthy(&nodes).await).await;
@@ -194,7 +208,10 @@ async fn after_a_reboot_apid_answers_before_etcd_and_the_member_stays_listed() {
 async fn a_reboot_apply_never_takes_a_second_etcd_member_down() {
     let (cluster, nodes) = three(77, Duration::from_millis(1500)).await;
     secured(nodes[0].addr()).bootstrap().await.unwrap();
-    until("etcd healthy everywhere", async || etcd_healthy(&nodes).await).await;
+    until("etcd healthy everywhere", async || {
+        etcd_healthy(&nodes).await
+    })
+    .await;
 
     let env = |t: String| {
         with_machine(
