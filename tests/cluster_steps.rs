@@ -655,6 +655,17 @@ mod from_talos {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    // A new cluster's control plane finishes booting only after Bootstrap
+                    // (its etcd waits to join), which talboot's run loop does alongside.
+                    let mark = store::open(&world.state_dir())
+                        .unwrap()
+                        .row(store::ClusterTable::Progress, BOOTSTRAP_KEY)
+                        .unwrap();
+                    if mark.as_deref() != Some(b"done".as_slice()) {
+                        let t = boot(&world, &ca);
+                        let _ = t.prov().step_cluster().await;
+                        t.kill().await;
+                    }
                 }
             }
         }

@@ -481,6 +481,7 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
                 .collect()
         }
     };
+    let marks = store.clone();
     let prov = Provisioner::new(
         inventory,
         store,
@@ -507,6 +508,17 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                // A new cluster's control plane finishes booting only after Bootstrap (its
+                // etcd waits to join), which talboot's run loop does alongside.
+                let mark = marks
+                    .row(
+                        talboot::store::ClusterTable::Progress,
+                        talboot::provision::cluster::BOOTSTRAP_KEY,
+                    )
+                    .unwrap();
+                if mark.as_deref() != Some(b"done".as_slice()) {
+                    let _ = prov.step_cluster().await;
+                }
             }
         }
     }
