@@ -804,7 +804,7 @@ async fn helm_server_side_upgrade_of_a_talboot_release_meets_no_conflict() {
         .unwrap_err();
     let message = err.to_string();
     for field in [
-        ".metadata.annotations",
+        ".spec.template.metadata.annotations",
         "].readinessProbe.initialDelaySeconds",
         "].volumeMounts[mountPath=\"/etc/hubble-relay\"].readOnly",
         "].valueFrom.fieldRef",
