@@ -872,6 +872,11 @@ async fn handle(
             "platform": "linux/amd64"}))
         .into_response();
     }
+    if method == Method::GET
+        && let Some(doc) = openapi_v3(&c, uri.path(), now)
+    {
+        return doc;
+    }
     let Some(target) = parse_path(&c, uri.path(), now) else {
         return not_found_resource();
     };
@@ -978,7 +983,10 @@ async fn handle(
                 ns,
                 name: None,
             },
-        ) => write(&mut c, res, ns, None, &query, &body, now),
+        ) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, None, &query, &body, now),
+            Err(refused) => refused,
+        },
         (
             Method::PUT,
             Target::Object {
@@ -986,7 +994,10 @@ async fn handle(
                 ns,
                 name: Some(name),
             },
-        ) => write(&mut c, res, ns, Some(name), &query, &body, now),
+        ) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, Some(name), &query, &body, now),
+            Err(refused) => refused,
+        },
         (
             Method::DELETE,
             Target::Object {
@@ -1726,6 +1737,99 @@ fn patch_update(
     let view = c.view(&key, s, now);
     let warnings = admission_warnings(c, &key.2, &view);
     with_warnings((StatusCode::OK, axum::Json(view)).into_response(), &warnings)
+}
+
+/// The OpenAPI v3 discovery kubectl's and Helm's field validation read
+/// (kubernetes/kubernetes v1.36.2 staging/src/k8s.io/kube-openapi handler3; read by
+/// kubernetes/cli-runtime v0.35.6 pkg/resource/query_param_verifier_v3.go, HasSupport):
+/// `/openapi/v3` lists one document per served group/version, and each document's PATCH
+/// operations carry `x-kubernetes-group-version-kind` and the `fieldValidation` query
+/// parameter, so clients leave field validation to the server instead of downloading the
+/// OpenAPI v2 schema. Only that much of the documents is modelled (no schemas), and the
+/// double does not itself refuse unknown fields.
+fn openapi_v3(c: &Cluster, path: &str, now: Instant) -> Option<Response> {
+    let served = c.served(now);
+    let gv_path = |r: &Res| {
+        if r.group.is_empty() {
+            format!("api/{}", r.version)
+        } else {
+            format!("apis/{}/{}", r.group, r.version)
+        }
+    };
+    if path == "/openapi/v3" {
+        let mut paths = serde_json::Map::new();
+        for r in &served {
+            let p = gv_path(r);
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=0")}),
+            );
+        }
+        return Some(axum::Json(json!({"paths": paths})).into_response());
+    }
+    let wanted = path.strip_prefix("/openapi/v3/")?;
+    let mut paths = serde_json::Map::new();
+    for r in served.iter().filter(|r| gv_path(r) == wanted) {
+        let scope = if r.namespaced {
+            "namespaces/{namespace}/"
+        } else {
+            ""
+        };
+        paths.insert(
+            format!("/{wanted}/{scope}{}/{{name}}", r.plural),
+            json!({"patch": {
+                "x-kubernetes-group-version-kind":
+                    {"group": r.group, "version": r.version, "kind": r.kind},
+                "parameters": [
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                    {"name": "force", "in": "query", "schema": {"type": "boolean"}},
+                ],
+                "responses": {}}}),
+        );
+    }
+    if paths.is_empty() {
+        return Some(not_found_resource());
+    }
+    Some(
+        axum::Json(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
+            "paths": paths}))
+        .into_response(),
+    )
+}
+
+/// A create or replace body as JSON. client-go's typed clients (Helm's release storage among
+/// them) send built-in kinds as Kubernetes protobuf (`application/vnd.kubernetes.protobuf`:
+/// the `k8s\0` magic, then a runtime.Unknown wrapping the object; k8s.io/apimachinery
+/// v0.36.2 pkg/runtime/serializer/protobuf/protobuf.go). The double reads that for Secrets,
+/// the one kind such clients write here (k8s.io/api v0.36 core/v1/generated.proto: Secret,
+/// ObjectMeta); any other protobuf body is 415.
+fn wire_body(res: &Res, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, Response> {
+    let ctype = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !ctype.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(body.to_vec());
+    }
+    let refuse = |why: String| {
+        status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the double reads protobuf only for v1 Secrets: {why}"),
+        )
+    };
+    if !(res.group.is_empty() && res.kind == "Secret") {
+        return Err(refuse(format!("not {}", res.kind)));
+    }
+    let secret = kube_ssa::protobuf_secret(body).map_err(|e| {
+        status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("cannot decode the protobuf body: {e}"),
+        )
+    })?;
+    Ok(serde_json::to_vec(&secret).expect("JSON values serialise"))
 }
 
 /// Whether an object's labels match a `labelSelector` of equality terms (`a=b`, `a==b`,

@@ -1004,6 +1004,155 @@ pub(crate) fn pod_security_warning(namespace: &Value, obj: &Value) -> Option<Str
     ))
 }
 
+/// One protobuf field: number and value (varints as numbers, length-delimited as bytes).
+enum PbValue<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+/// Splits a protobuf message into its fields (wire types 0, 1, 2 and 5; 1 and 5 skipped).
+fn pb_fields(mut b: &[u8]) -> Result<Vec<(u64, PbValue<'_>)>, String> {
+    fn varint(b: &mut &[u8]) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b.split_first().ok_or("truncated varint")?;
+            *b = rest;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long".into())
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let tag = varint(&mut b)?;
+        let (num, wire) = (tag >> 3, tag & 7);
+        match wire {
+            0 => out.push((num, PbValue::Varint(varint(&mut b)?))),
+            2 => {
+                let len = usize::try_from(varint(&mut b)?).map_err(|_| "length too large")?;
+                if len > b.len() {
+                    return Err(format!("field {num}: length {len} beyond the message"));
+                }
+                let (v, rest) = b.split_at(len);
+                out.push((num, PbValue::Bytes(v)));
+                b = rest;
+            }
+            1 | 5 => {
+                let n = if wire == 1 { 8 } else { 4 };
+                if n > b.len() {
+                    return Err("truncated fixed-width field".into());
+                }
+                b = &b[n..];
+            }
+            w => return Err(format!("field {num}: unsupported wire type {w}")),
+        }
+    }
+    Ok(out)
+}
+
+fn pb_str(v: &PbValue<'_>) -> Result<String, String> {
+    match v {
+        PbValue::Bytes(b) => String::from_utf8(b.to_vec()).map_err(|e| e.to_string()),
+        PbValue::Varint(_) => Err("expected a string".into()),
+    }
+}
+
+/// A `map<string, X>` entry: key 1, value 2.
+fn pb_entry<'a>(v: &PbValue<'a>) -> Result<(String, &'a [u8]), String> {
+    let PbValue::Bytes(b) = v else {
+        return Err("expected a map entry".into());
+    };
+    let (mut key, mut value) = (String::new(), &b[..0]);
+    for (n, f) in pb_fields(b)? {
+        match (n, f) {
+            (1, f) => key = pb_str(&f)?,
+            (2, PbValue::Bytes(x)) => value = x,
+            _ => {}
+        }
+    }
+    Ok((key, value))
+}
+
+/// Decodes a Secret sent as Kubernetes protobuf into its JSON form: the `k8s\0` magic and a
+/// runtime.Unknown (typeMeta 1, raw 2) around the Secret (metadata 1, data 2, type 3,
+/// stringData 4, immutable 5), whose ObjectMeta gives name 1, generateName 2, namespace 3,
+/// uid 5, resourceVersion 6, labels 11, annotations 12, finalizers 14 (k8s.io/api v0.36
+/// core/v1/generated.proto, k8s.io/apimachinery v0.36.2 pkg/apis/meta/v1/generated.proto
+/// and pkg/runtime/generated.proto).
+pub(crate) fn protobuf_secret(body: &[u8]) -> Result<Value, String> {
+    use base64::Engine as _;
+    let unknown = body
+        .strip_prefix(b"k8s\0")
+        .ok_or("no k8s protobuf magic")?;
+    let mut raw = None;
+    for (n, f) in pb_fields(unknown)? {
+        if let (2, PbValue::Bytes(b)) = (n, f) {
+            raw = Some(b);
+        }
+    }
+    let raw = raw.ok_or("no raw object in the envelope")?;
+    let mut obj = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {}});
+    for (n, f) in pb_fields(raw)? {
+        match n {
+            1 => {
+                let PbValue::Bytes(meta) = f else {
+                    return Err("metadata is not a message".into());
+                };
+                for (mn, mf) in pb_fields(meta)? {
+                    let key = match mn {
+                        1 => "name",
+                        2 => "generateName",
+                        3 => "namespace",
+                        5 => "uid",
+                        6 => "resourceVersion",
+                        11 | 12 => {
+                            let (k, v) = pb_entry(&mf)?;
+                            let map = if mn == 11 { "labels" } else { "annotations" };
+                            obj["metadata"][map][k] =
+                                json!(String::from_utf8_lossy(v).into_owned());
+                            continue;
+                        }
+                        14 => {
+                            let list = obj["metadata"]
+                                .as_object_mut()
+                                .expect("metadata is an object")
+                                .entry("finalizers")
+                                .or_insert_with(|| json!([]));
+                            if let Some(a) = list.as_array_mut() {
+                                a.push(json!(pb_str(&mf)?));
+                            }
+                            continue;
+                        }
+                        _ => continue,
+                    };
+                    let v = pb_str(&mf)?;
+                    if !v.is_empty() {
+                        obj["metadata"][key] = json!(v);
+                    }
+                }
+            }
+            2 => {
+                let (k, v) = pb_entry(&f)?;
+                obj["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(v));
+            }
+            3 => obj["type"] = json!(pb_str(&f)?),
+            4 => {
+                let (k, v) = pb_entry(&f)?;
+                obj["stringData"][k] = json!(String::from_utf8_lossy(v).into_owned());
+            }
+            5 => {
+                if let PbValue::Varint(b) = f {
+                    obj["immutable"] = json!(b != 0);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(obj)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1127,5 +1276,38 @@ mod tests {
              \"RuntimeDefault\" or \"Localhost\")"
         );
         assert!(pod_security_warning(&json!({}), &d).is_none());
+    }
+
+    /// A Secret as client-go's protobuf encoder writes it (hand-assembled wire bytes).
+    #[test]
+    fn protobuf_secrets_decode() {
+        fn field(n: u8, payload: &[u8]) -> Vec<u8> {
+            let mut v = vec![(n << 3) | 2, payload.len() as u8];
+            v.extend_from_slice(payload);
+            v
+        }
+        let entry = |k: &str, v: &[u8]| [field(1, k.as_bytes()), field(2, v)].concat();
+        let meta = [
+            field(1, b"sh.helm.release.v1.relay.v2"),
+            field(3, b"hubble"),
+            field(11, &entry("owner", b"helm")),
+        ]
+        .concat();
+        let secret = [
+            field(1, &meta),
+            field(2, &entry("release", b"\x00\x01")),
+            field(3, b"helm.sh/release.v1"),
+        ]
+        .concat();
+        let type_meta = [field(1, b"v1"), field(2, b"Secret")].concat();
+        let body = [b"k8s\0".to_vec(), field(1, &type_meta), field(2, &secret)].concat();
+        assert_eq!(
+            protobuf_secret(&body).unwrap(),
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "helm.sh/release.v1",
+                "metadata": {"name": "sh.helm.release.v1.relay.v2", "namespace": "hubble",
+                    "labels": {"owner": "helm"}},
+                "data": {"release": "AAE="}})
+        );
+        assert!(protobuf_secret(b"{}").is_err());
     }
 }

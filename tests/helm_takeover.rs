@@ -1,0 +1,173 @@
+//! Helm's own code takes over a release talboot installed (issue 31, item 3), against the
+//! Kubernetes API double: the real `helm` 4 CLI (scripts/test-deps) runs the commands
+//! docs/addons.md tells an operator to run — `helm upgrade` (which follows the record's
+//! `apply_method: csa` into the client-side three-way merge Helm 3 also uses), `helm upgrade
+//! --server-side=true` (csaupgrade, then server-side apply as `helm`), and
+//! `--server-side=false`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use talboot::addons::helm::{self, ChartMeta};
+use talboot::addons::kube::Kube;
+use talboot::addons::source::ManifestSource;
+use talboot::addons::{AddonSpec, Timeouts, install_addon};
+use talboot::sim::kube::{DoubleOptions, KubeDouble};
+use time::OffsetDateTime;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/addons")
+        .join(name)
+}
+
+/// The `helm` binary: `helm` on PATH (scripts/test-deps installs it). Missing helm fails the
+/// test unless TALBOOT_SKIP_HELM is set.
+fn helm_bin() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("helm"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() && std::env::var_os("TALBOOT_SKIP_HELM").is_some() {
+        eprintln!("helm not found; skipped because TALBOOT_SKIP_HELM is set");
+        return None;
+    }
+    Some(found.expect("helm is not on PATH: run scripts/test-deps (or set TALBOOT_SKIP_HELM)"))
+}
+
+/// A chart whose only template is the take-over fixture: what `helm template` renders of it
+/// is exactly what talboot installed.
+fn chart(dir: &Path) -> PathBuf {
+    let chart = dir.join("relay");
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        "apiVersion: v2\nname: relay\nversion: 0.1.0\nappVersion: 1.18.0\ntype: application\n",
+    )
+    .unwrap();
+    std::fs::copy(
+        fixture("takeover").join("objects.yaml"),
+        chart.join("templates/objects.yaml"),
+    )
+    .unwrap();
+    chart
+}
+
+/// Runs helm with a private home, config and cache, against the double's kubeconfig.
+fn run_helm(helm: &Path, dir: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(helm)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("HOME", dir)
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("helm runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn managers(obj: &Value) -> Vec<(String, String)> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["manager"].as_str().unwrap_or_default().to_owned(),
+                e["operation"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn record(double: &KubeDouble, revision: u32) -> Option<Value> {
+    double
+        .object(
+            "v1",
+            "Secret",
+            "hubble",
+            &format!("sh.helm.release.v1.relay.v{revision}"),
+        )
+        .map(|s| helm::decode_release_secret(&s).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
+    let Some(helm) = helm_bin() else { return };
+    talboot::install_crypto_provider();
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+    let kube = Kube::from_kubeconfig(double.kubeconfig().as_bytes(), Duration::from_millis(20))
+        .await
+        .unwrap();
+    let spec = AddonSpec {
+        release: "relay".into(),
+        namespace: "hubble".into(),
+        chart: ChartMeta {
+            name: "relay".into(),
+            version: "0.1.0".into(),
+            app_version: "1.18.0".into(),
+            description: String::new(),
+        },
+        values: json!({}),
+        objects: ManifestSource::Dir(fixture("takeover"))
+            .objects("relay", "hubble", &json!({}))
+            .await
+            .unwrap(),
+        before: Vec::new(),
+        after: Vec::new(),
+        wait_nodes_ready: false,
+    };
+    let timeouts = Timeouts {
+        crd: Duration::from_secs(20),
+        rollout: Duration::from_secs(20),
+    };
+    let now = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
+    install_addon(&kube, &spec, timeouts, now).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, double.kubeconfig()).unwrap();
+    let chart = chart(dir.path());
+    let chart = chart.to_str().unwrap();
+
+    // docs/addons.md: `helm upgrade <release> <chart> -n <ns> -f <values>` (no values here).
+    let h = |args: &[&str]| run_helm(&helm, dir.path(), &kubeconfig, args);
+    let (ok, out) = h(&["upgrade", "relay", chart, "-n", "hubble"]);
+    assert!(ok, "helm upgrade failed:\n{out}");
+    let r2 = record(&double, 2).expect("revision 2");
+    assert_eq!(r2["info"]["status"], "deployed", "{out}");
+    assert_eq!(r2["apply_method"], "csa");
+    assert_eq!(record(&double, 1).unwrap()["info"]["status"], "superseded");
+    let relay = double
+        .object("apps/v1", "Deployment", "hubble", "relay")
+        .unwrap();
+    assert!(
+        managers(&relay).iter().all(|(m, _)| m == "helm"),
+        "{:?}",
+        managers(&relay)
+    );
+
+    // Later, server-side: csaupgrade folds Helm's Update entries into its Apply entry, then
+    // Helm applies as `helm` without force.
+    let (ok, out) = h(&["upgrade", "relay", chart, "-n", "hubble", "--server-side=true"]);
+    assert!(ok, "helm upgrade --server-side=true failed:\n{out}");
+    assert_eq!(record(&double, 3).unwrap()["apply_method"], "ssa");
+    let (ok, out) = h(&["upgrade", "relay", chart, "-n", "hubble", "--server-side=false"]);
+    assert!(ok, "helm upgrade --server-side=false failed:\n{out}");
+    assert_eq!(record(&double, 4).unwrap()["info"]["status"], "deployed");
+
+    // From revision 2 on, talboot leaves the release alone.
+    let err = install_addon(&kube, &spec, timeouts, now).await.unwrap_err();
+    assert!(err.to_string().contains("helm upgrade"), "{err}");
+}
