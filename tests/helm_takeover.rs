@@ -3,7 +3,9 @@
 //! docs/addons.md tells an operator to run — `helm upgrade` (which follows the record's
 //! `apply_method: csa` into the client-side three-way merge Helm 3 also uses), `helm upgrade
 //! --server-side=true` (csaupgrade, then server-side apply as `helm`), and
-//! `--server-side=false`.
+//! `--server-side=false` — and Helm's Go SDK as PyPI's `helm-python-sdk` wraps it (its
+//! `Config.upgrade`, the SDK's defaults: `--server-side=auto`, field manager named after the
+//! program).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,9 +104,9 @@ fn record(double: &KubeDouble, revision: u32) -> Option<Value> {
         .map(|s| helm::decode_release_secret(&s).unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
-    let Some(helm) = helm_bin() else { return };
+/// The double with the take-over fixture installed by talboot as release `relay` in
+/// `hubble`, and a talboot session on it.
+async fn installed() -> (KubeDouble, Kube, AddonSpec) {
     talboot::install_crypto_provider();
     let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
     let kube = Kube::from_kubeconfig(double.kubeconfig().as_bytes(), Duration::from_millis(20))
@@ -128,13 +130,25 @@ async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
         after: Vec::new(),
         wait_nodes_ready: false,
     };
-    let timeouts = Timeouts {
+    install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
+    (double, kube, spec)
+}
+
+fn timeouts() -> Timeouts {
+    Timeouts {
         crd: Duration::from_secs(20),
         rollout: Duration::from_secs(20),
-    };
-    let now = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
-    install_addon(&kube, &spec, timeouts, now).await.unwrap();
+    }
+}
 
+fn now() -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
+    let Some(helm) = helm_bin() else { return };
+    let (double, kube, spec) = installed().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, double.kubeconfig()).unwrap();
@@ -168,6 +182,60 @@ async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
     assert_eq!(record(&double, 4).unwrap()["info"]["status"], "deployed");
 
     // From revision 2 on, talboot leaves the release alone.
-    let err = install_addon(&kube, &spec, timeouts, now).await.unwrap_err();
+    let err = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("helm upgrade"), "{err}");
+}
+
+/// Python with `helm_python` importable (scripts/test-deps installs helm-python-sdk). Missing
+/// fails the test unless TALBOOT_SKIP_HELM_SDK is set.
+fn helm_sdk_python() -> Option<&'static str> {
+    let ok = Command::new("python3")
+        .args(["-c", "import helm_python"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("TALBOOT_SKIP_HELM_SDK").is_some() {
+        eprintln!("helm_python not importable; skipped because TALBOOT_SKIP_HELM_SDK is set");
+        return None;
+    }
+    assert!(
+        ok,
+        "python3 cannot import helm_python: run scripts/test-deps (or set TALBOOT_SKIP_HELM_SDK)"
+    );
+    Some("python3")
+}
+
+/// Helm's Go SDK (v4.2.3 inside helm-python-sdk) upgrades the release with its defaults: the
+/// record's `apply_method: csa` sends it down the three-way merge, whose Update operations
+/// do not conflict whatever field-manager name the SDK uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helms_go_sdk_takes_over_a_talboot_release() {
+    let Some(python) = helm_sdk_python() else { return };
+    let (double, _kube, _spec) = installed().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, double.kubeconfig()).unwrap();
+    let chart = chart(dir.path());
+    let script = "import sys, helm_python as h\n\
+        cfg = h.Config(kubeconfig_path=sys.argv[1], namespace='hubble')\n\
+        rel = cfg.upgrade(sys.argv[2], 'relay', namespace='hubble')\n\
+        print('upgraded', rel)\n";
+    let out = Command::new(python)
+        .args(["-c", script])
+        .arg(&kubeconfig)
+        .arg(&chart)
+        .env("HOME", dir.path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK's upgrade failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r2 = record(&double, 2).expect("revision 2");
+    assert_eq!(r2["info"]["status"], "deployed");
+    assert_eq!(record(&double, 1).unwrap()["info"]["status"], "superseded");
 }
