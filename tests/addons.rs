@@ -687,7 +687,10 @@ async fn a_second_install_leaves_the_release_namespace_untouched() {
     let first = install_addon(&kube, &spec, timeouts(), now())
         .await
         .unwrap();
-    assert!(first.applied.iter().any(|r| r.kind == "Namespace"), "{first:?}");
+    assert!(
+        first.applied.iter().any(|r| r.kind == "Namespace"),
+        "{first:?}"
+    );
     let before = double.resource_versions_but_kubelets();
     for run in 2..=3 {
         let again = install_addon(&kube, &spec, timeouts(), now())
@@ -780,11 +783,14 @@ async fn helm_server_side_upgrade_of_a_talboot_release_meets_no_conflict() {
             .unwrap_or_else(|e| panic!("{r}: {e}"));
         // Nothing changed: the same manager applied the same manifest.
         assert_eq!(
-            applied["metadata"]["resourceVersion"],
-            live_obj["metadata"]["resourceVersion"],
+            applied["metadata"]["resourceVersion"], live_obj["metadata"]["resourceVersion"],
             "{r}"
         );
-        assert_eq!(managers(&applied), [("helm".to_owned(), "Apply".to_owned())], "{r}");
+        assert_eq!(
+            managers(&applied),
+            [("helm".to_owned(), "Apply".to_owned())],
+            "{r}"
+        );
     }
     // What an older talboot left (everything also owned by `talboot`) conflicts with Helm on
     // exactly the fields — and the next talboot run hands those fields over.
@@ -829,18 +835,25 @@ async fn server_warnings_reach_the_outcome() {
         .await
         .unwrap();
     // The operator made the namespace, labelled for PodSecurity warnings, before the install.
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
-        kube::Api::all(k::client_from_kubeconfig(double.kubeconfig().as_bytes()).await.unwrap());
-    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(
-        json!({"metadata": {"name": "argocd",
-            "labels": {"pod-security.kubernetes.io/warn": "restricted"}}}),
-    )
-    .unwrap();
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(
+        k::client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap(),
+    );
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "argocd",
+            "labels": {"pod-security.kubernetes.io/warn": "restricted"}}}))
+        .unwrap();
     namespaces
         .create(&kube::api::PostParams::default(), &ns)
         .await
         .unwrap();
-    double.warn_on("ConfigMap", "argocd", "argocd-cmd-params-cm", Some("a \"quoted\" warning"));
+    double.warn_on(
+        "ConfigMap",
+        "argocd",
+        "argocd-cmd-params-cm",
+        Some("a \"quoted\" warning"),
+    );
     let dir = argocd_without_namespace();
     let spec = argocd_spec(dir.path()).await;
     let out = install_addon(&kube, &spec, timeouts(), now())
@@ -863,6 +876,9 @@ async fn server_warnings_reach_the_outcome() {
         "{}",
         server[0]
     );
-    assert_eq!(on("argocd-cmd-params-cm"), [&"a \"quoted\" warning".to_owned()]);
+    assert_eq!(
+        on("argocd-cmd-params-cm"),
+        [&"a \"quoted\" warning".to_owned()]
+    );
     assert!(on("argocd-application-controller")[0].contains("runAsNonRoot != true"));
 }

@@ -130,7 +130,9 @@ async fn installed() -> (KubeDouble, Kube, AddonSpec) {
         after: Vec::new(),
         wait_nodes_ready: false,
     };
-    install_addon(&kube, &spec, timeouts(), now()).await.unwrap();
+    install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
     (double, kube, spec)
 }
 
@@ -174,10 +176,24 @@ async fn helm_takes_over_a_talboot_release_with_the_documented_commands() {
 
     // Later, server-side: csaupgrade folds Helm's Update entries into its Apply entry, then
     // Helm applies as `helm` without force.
-    let (ok, out) = h(&["upgrade", "relay", chart, "-n", "hubble", "--server-side=true"]);
+    let (ok, out) = h(&[
+        "upgrade",
+        "relay",
+        chart,
+        "-n",
+        "hubble",
+        "--server-side=true",
+    ]);
     assert!(ok, "helm upgrade --server-side=true failed:\n{out}");
     assert_eq!(record(&double, 3).unwrap()["apply_method"], "ssa");
-    let (ok, out) = h(&["upgrade", "relay", chart, "-n", "hubble", "--server-side=false"]);
+    let (ok, out) = h(&[
+        "upgrade",
+        "relay",
+        chart,
+        "-n",
+        "hubble",
+        "--server-side=false",
+    ]);
     assert!(ok, "helm upgrade --server-side=false failed:\n{out}");
     assert_eq!(record(&double, 4).unwrap()["info"]["status"], "deployed");
 
@@ -211,7 +227,9 @@ fn helm_sdk_python() -> Option<&'static str> {
 /// do not conflict whatever field-manager name the SDK uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helms_go_sdk_takes_over_a_talboot_release() {
-    let Some(python) = helm_sdk_python() else { return };
+    let Some(python) = helm_sdk_python() else {
+        return;
+    };
     let (double, _kube, _spec) = installed().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

@@ -19,9 +19,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::discovery::{ApiCapabilities, Scope};
-use kube::client::ClientBuilder;
 use kube::{Client, Config};
 use serde_json::Value;
 

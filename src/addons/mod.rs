@@ -451,7 +451,10 @@ async fn ensure_namespace(
         "metadata": {"name": ns, "labels": {NAMESPACE_NAME_LABEL: ns}}});
     match kube.get(&r).await? {
         Some(live) if !managed_by(&live, kube::FIELD_MANAGER) => {
-            tracing::debug!(namespace = ns, "the release namespace exists; left as it is");
+            tracing::debug!(
+                namespace = ns,
+                "the release namespace exists; left as it is"
+            );
             outcome.unchanged.push(r);
         }
         _ => outcome.record(&kube.apply(&ns_obj, ns).await?),

@@ -985,7 +985,7 @@ async fn handle(
             },
         ) => match wire_body(&res, &headers, &body) {
             Ok(body) => write(&mut c, res, ns, None, &query, &body, now),
-            Err(refused) => refused,
+            Err(refused) => *refused,
         },
         (
             Method::PUT,
@@ -996,7 +996,7 @@ async fn handle(
             },
         ) => match wire_body(&res, &headers, &body) {
             Ok(body) => write(&mut c, res, ns, Some(name), &query, &body, now),
-            Err(refused) => refused,
+            Err(refused) => *refused,
         },
         (
             Method::DELETE,
@@ -1190,9 +1190,14 @@ fn write(
     if res.group.is_empty() && res.kind == "Namespace" {
         kube_ssa::namespace_strategy(&mut stored);
     }
-    let old = c.objects.get(&key).map(|s| (content(&s.obj), kube_ssa::entries_of(&s.obj)));
+    let old = c
+        .objects
+        .get(&key)
+        .map(|s| (content(&s.obj), kube_ssa::entries_of(&s.obj)));
     let entries = match old {
-        Some((o, e)) => kube_ssa::update(Some(&o), e, &content(&stored), &manager, &res.api_version()),
+        Some((o, e)) => {
+            kube_ssa::update(Some(&o), e, &content(&stored), &manager, &res.api_version())
+        }
         None => kube_ssa::update(None, None, &content(&stored), &manager, &res.api_version()),
     };
     stored["metadata"]["managedFields"] = kube_ssa::encode(&entries);
@@ -1364,7 +1369,7 @@ fn apply(
     );
     let (new_content, created, changed) = match ssa_merge(c, &res, &key, &obj, &manager, force) {
         Ok(r) => r,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     // A no-op apply writes nothing, so resourceVersion stays: the etcd3 store skips the write
     // when the encoded object is unchanged (kubernetes/kubernetes
@@ -1487,7 +1492,7 @@ fn ssa_merge(
     obj: &Value,
     manager: &str,
     force: bool,
-) -> Result<(Value, bool, bool), Response> {
+) -> Result<(Value, bool, bool), Box<Response>> {
     let builtin = is_builtin(res);
     if builtin && let Some(e) = kube_ssa::numeric_type_error(obj) {
         let message = format!(
@@ -1496,7 +1501,11 @@ fn ssa_merge(
             key.3,
             gvk_string(res)
         );
-        return Err(status(StatusCode::INTERNAL_SERVER_ERROR, "", message));
+        return Err(Box::new(status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            message,
+        )));
     }
     let existing = c.objects.get(key);
     let live = existing.map(|s| content(&s.obj));
@@ -1509,7 +1518,7 @@ fn ssa_merge(
         &res.api_version(),
         force,
     )
-    .map_err(|conflicts| conflict_status(res, &key.3, &conflicts))?;
+    .map_err(|conflicts| Box::new(conflict_status(res, &key.3, &conflicts)))?;
     let mut new = merged.object;
     kube_ssa::normalize(&mut new, builtin);
     if res.group.is_empty() && res.kind == "Namespace" {
@@ -1518,10 +1527,7 @@ fn ssa_merge(
     let managed = kube_ssa::encode(&merged.entries);
     let changed = match existing {
         None => true,
-        Some(s) => {
-            live.as_ref() != Some(&new)
-                || s.obj["metadata"]["managedFields"] != managed
-        }
+        Some(s) => live.as_ref() != Some(&new) || s.obj["metadata"]["managedFields"] != managed,
     };
     new["metadata"]["managedFields"] = managed;
     Ok((new, existing.is_none(), changed))
@@ -1718,7 +1724,11 @@ fn patch_update(
             meta.insert("resourceVersion".into(), json!(c.rv.to_string()));
             meta.insert(
                 "generation".into(),
-                json!(if spec_changed { generation + 1 } else { generation }),
+                json!(if spec_changed {
+                    generation + 1
+                } else {
+                    generation
+                }),
             );
             meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
             meta.insert("managedFields".into(), managed);
@@ -1736,7 +1746,10 @@ fn patch_update(
     let s = &c.objects[&key];
     let view = c.view(&key, s, now);
     let warnings = admission_warnings(c, &key.2, &view);
-    with_warnings((StatusCode::OK, axum::Json(view)).into_response(), &warnings)
+    with_warnings(
+        (StatusCode::OK, axum::Json(view)).into_response(),
+        &warnings,
+    )
 }
 
 /// The OpenAPI v3 discovery kubectl's and Helm's field validation read
@@ -1792,8 +1805,10 @@ fn openapi_v3(c: &Cluster, path: &str, now: Instant) -> Option<Response> {
         return Some(not_found_resource());
     }
     Some(
-        axum::Json(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
-            "paths": paths}))
+        axum::Json(
+            json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
+            "paths": paths}),
+        )
         .into_response(),
     )
 }
@@ -1804,7 +1819,7 @@ fn openapi_v3(c: &Cluster, path: &str, now: Instant) -> Option<Response> {
 /// v0.36.2 pkg/runtime/serializer/protobuf/protobuf.go). The double reads that for Secrets,
 /// the one kind such clients write here (k8s.io/api v0.36 core/v1/generated.proto: Secret,
 /// ObjectMeta); any other protobuf body is 415.
-fn wire_body(res: &Res, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, Response> {
+fn wire_body(res: &Res, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, Box<Response>> {
     let ctype = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -1820,14 +1835,14 @@ fn wire_body(res: &Res, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, Res
         )
     };
     if !(res.group.is_empty() && res.kind == "Secret") {
-        return Err(refuse(format!("not {}", res.kind)));
+        return Err(Box::new(refuse(format!("not {}", res.kind))));
     }
     let secret = kube_ssa::protobuf_secret(body).map_err(|e| {
-        status(
+        Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             format!("cannot decode the protobuf body: {e}"),
-        )
+        ))
     })?;
     Ok(serde_json::to_vec(&secret).expect("JSON values serialise"))
 }
@@ -2137,11 +2152,17 @@ mod tests {
         assert!(kube.apply(&bare, "argocd").await.unwrap().changed);
         let ns = double.object("v1", "Namespace", "", "argocd").unwrap();
         assert!(ns["metadata"].get("managedFields").is_none(), "{ns}");
-        assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "argocd");
+        assert_eq!(
+            ns["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "argocd"
+        );
         assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
         assert!(kube.apply(&bare, "argocd").await.unwrap().changed);
         let ns = double.object("v1", "Namespace", "", "argocd").unwrap();
-        assert_eq!(ns["metadata"]["managedFields"][0]["manager"], "before-first-apply");
+        assert_eq!(
+            ns["metadata"]["managedFields"][0]["manager"],
+            "before-first-apply"
+        );
         assert!(!kube.apply(&bare, "argocd").await.unwrap().changed);
         // With a label talboot owns it, and re-applying changes nothing.
         let labelled = json!({"apiVersion": "v1", "kind": "Namespace",
@@ -2170,8 +2191,10 @@ mod tests {
             "default",
             &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
         );
-        let cm = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "c", "namespace": "default"}, "data": {"k": v}});
+        let cm = |v: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "default"}, "data": {"k": v}})
+        };
         api.patch("c", &PatchParams::apply("a"), &Patch::Apply(cm("1")))
             .await
             .unwrap();
@@ -2193,9 +2216,13 @@ mod tests {
             }
             other => panic!("{other}"),
         }
-        api.patch("c", &PatchParams::apply("b").force(), &Patch::Apply(cm("2")))
-            .await
-            .unwrap();
+        api.patch(
+            "c",
+            &PatchParams::apply("b").force(),
+            &Patch::Apply(cm("2")),
+        )
+        .await
+        .unwrap();
         let got = double.object("v1", "ConfigMap", "default", "c").unwrap();
         assert_eq!(got["data"]["k"], "2");
         let managers: Vec<&str> = got["metadata"]["managedFields"]
@@ -2216,7 +2243,12 @@ mod tests {
         let kube = Kube::from_kubeconfig(double.kubeconfig().as_bytes(), Duration::from_millis(10))
             .await
             .unwrap();
-        double.warn_on("DaemonSet", "kube-system", "x", Some("deprecated \\ \"thing\""));
+        double.warn_on(
+            "DaemonSet",
+            "kube-system",
+            "x",
+            Some("deprecated \\ \"thing\""),
+        );
         let a = kube
             .apply(&daemonset("kube-system", "x"), "default")
             .await

@@ -70,8 +70,13 @@ pub(crate) struct Conflict {
 /// list not named here is atomic: it is owned, and replaced, as a whole.
 fn list_keys(field: &str, items: &[Value]) -> Option<&'static [&'static str]> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
-        | "imagePullSecrets" | "resourceClaims" => &["name"],
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims" => &["name"],
         "volumeMounts" => &["mountPath"],
         "volumeDevices" => &["devicePath"],
         "hostAliases" => &["ip"],
@@ -397,11 +402,16 @@ fn printed_manager(e: &Entry) -> String {
 /// API server builds in `NewConflictError`).
 pub(crate) fn conflict_message(conflicts: &[Conflict]) -> String {
     if let [c] = conflicts {
-        return format!("Apply failed with 1 conflict: conflict with {}: {}", c.manager, c.path);
+        return format!(
+            "Apply failed with 1 conflict: conflict with {}: {}",
+            c.manager, c.path
+        );
     }
     let mut by: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for c in conflicts {
-        by.entry(c.manager.as_str()).or_default().push(c.path.as_str());
+        by.entry(c.manager.as_str())
+            .or_default()
+            .push(c.path.as_str());
     }
     let mut lines = Vec::new();
     for (m, paths) in by {
@@ -664,8 +674,13 @@ pub(crate) fn normalize(obj: &mut Value, builtin: bool) {
                     // Values of string maps are data, not fields: "" stays there.
                     let map = matches!(
                         k.as_str(),
-                        "labels" | "annotations" | "data" | "stringData" | "binaryData"
-                            | "matchLabels" | "nodeSelector"
+                        "labels"
+                            | "annotations"
+                            | "data"
+                            | "stringData"
+                            | "binaryData"
+                            | "matchLabels"
+                            | "nodeSelector"
                     );
                     walk(c, builtin, map);
                 }
@@ -866,7 +881,9 @@ pub(crate) fn json_merge(target: &Value, patch: &Value) -> Value {
 pub(crate) fn json_patch(target: &Value, ops: &Value) -> Result<Value, String> {
     let mut doc = target.clone();
     for op in ops.as_array().ok_or("the JSON patch is not a list")? {
-        let path = op["path"].as_str().ok_or("a JSON patch operation has no path")?;
+        let path = op["path"]
+            .as_str()
+            .ok_or("a JSON patch operation has no path")?;
         let ptr: Vec<String> = path
             .split('/')
             .skip(1)
@@ -889,7 +906,8 @@ pub(crate) fn json_patch(target: &Value, ops: &Value) -> Result<Value, String> {
                 m.insert(last.clone(), op["value"].clone());
             }
             ("remove", Value::Object(m)) => {
-                m.remove(last).ok_or_else(|| format!("remove {path}: no such field"))?;
+                m.remove(last)
+                    .ok_or_else(|| format!("remove {path}: no such field"))?;
             }
             ("add", Value::Array(a)) if last == "-" => a.push(op["value"].clone()),
             ("add" | "replace" | "remove", Value::Array(a)) => {
@@ -987,7 +1005,11 @@ pub(crate) fn pod_security_warning(namespace: &Value, obj: &Value) -> Option<Str
     let pod_seccomp = ok_profile(&pod["securityContext"]["seccompProfile"]);
     let seccomp = names(&|c| {
         let p = &c["securityContext"]["seccompProfile"];
-        if p.is_null() { !pod_seccomp } else { !ok_profile(p) }
+        if p.is_null() {
+            !pod_seccomp
+        } else {
+            !ok_profile(p)
+        }
     });
     if !seccomp.is_empty() {
         out.push(format!(
@@ -1083,9 +1105,7 @@ fn pb_entry<'a>(v: &PbValue<'a>) -> Result<(String, &'a [u8]), String> {
 /// and pkg/runtime/generated.proto).
 pub(crate) fn protobuf_secret(body: &[u8]) -> Result<Value, String> {
     use base64::Engine as _;
-    let unknown = body
-        .strip_prefix(b"k8s\0")
-        .ok_or("no k8s protobuf magic")?;
+    let unknown = body.strip_prefix(b"k8s\0").ok_or("no k8s protobuf magic")?;
     let mut raw = None;
     for (n, f) in pb_fields(unknown)? {
         if let (2, PbValue::Bytes(b)) = (n, f) {
@@ -1172,7 +1192,10 @@ mod tests {
         assert_eq!(from_fields_v1(&tree), set);
         let c = &tree["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"];
         assert_eq!(c["."], json!({}));
-        assert_eq!(c["f:volumeMounts"]["k:{\"mountPath\":\"/v\"}"]["f:readOnly"], json!({}));
+        assert_eq!(
+            c["f:volumeMounts"]["k:{\"mountPath\":\"/v\"}"]["f:readOnly"],
+            json!({})
+        );
         let p = set
             .iter()
             .find(|p| p.last() == Some(&Pe::Field("readOnly".into())))
@@ -1181,7 +1204,10 @@ mod tests {
             print_path(p),
             ".spec.template.spec.containers[name=\"c\"].volumeMounts[mountPath=\"/v\"].readOnly"
         );
-        assert!(!set.iter().any(|p| p.get(1) == Some(&Pe::Field("name".into()))));
+        assert!(
+            !set.iter()
+                .any(|p| p.get(1) == Some(&Pe::Field("name".into())))
+        );
     }
 
     /// The Helm take-over failure: a second applier of the same manifest conflicts
@@ -1192,26 +1218,78 @@ mod tests {
         let created = apply(None, None, &cfg, "talboot", "apps/v1", true).unwrap();
         let mut stored = created.object;
         normalize(&mut stored, true);
-        assert!(get(&stored, &[Pe::Field("metadata".into()), Pe::Field("annotations".into())]).is_none());
+        assert!(
+            get(
+                &stored,
+                &[
+                    Pe::Field("metadata".into()),
+                    Pe::Field("annotations".into())
+                ]
+            )
+            .is_none()
+        );
         // The same manager again: no conflict, nothing changes.
-        let again = apply(Some(&stored), Some(created.entries.clone()), &cfg, "talboot", "apps/v1", false).unwrap();
+        let again = apply(
+            Some(&stored),
+            Some(created.entries.clone()),
+            &cfg,
+            "talboot",
+            "apps/v1",
+            false,
+        )
+        .unwrap();
         let mut again_obj = again.object;
         normalize(&mut again_obj, true);
         assert_eq!(again_obj, stored);
         assert_eq!(again.entries, created.entries);
         // Another manager: three conflicts, named as the server names them.
-        let err = apply(Some(&stored), Some(created.entries.clone()), &cfg, "helm", "apps/v1", false)
-            .err()
-            .expect("conflicts");
+        let err = apply(
+            Some(&stored),
+            Some(created.entries.clone()),
+            &cfg,
+            "helm",
+            "apps/v1",
+            false,
+        )
+        .err()
+        .expect("conflicts");
         let msg = conflict_message(&err);
-        assert!(msg.starts_with("Apply failed with 3 conflicts: conflicts with \"talboot\":\n- "), "{msg}");
+        assert!(
+            msg.starts_with("Apply failed with 3 conflicts: conflicts with \"talboot\":\n- "),
+            "{msg}"
+        );
         assert!(msg.contains("- .metadata.annotations"), "{msg}");
-        assert!(msg.contains("].readinessProbe.initialDelaySeconds"), "{msg}");
+        assert!(
+            msg.contains("].readinessProbe.initialDelaySeconds"),
+            "{msg}"
+        );
         // Forced, the fields move; shared ones stay shared.
-        let forced = apply(Some(&stored), Some(created.entries), &cfg, "helm", "apps/v1", true).unwrap();
-        let talboot = forced.entries.iter().find(|e| e.manager == "talboot").unwrap();
-        assert!(!talboot.fields.iter().any(|p| print_path(p) == ".metadata.annotations"));
-        assert!(talboot.fields.iter().any(|p| print_path(p).ends_with(".image")));
+        let forced = apply(
+            Some(&stored),
+            Some(created.entries),
+            &cfg,
+            "helm",
+            "apps/v1",
+            true,
+        )
+        .unwrap();
+        let talboot = forced
+            .entries
+            .iter()
+            .find(|e| e.manager == "talboot")
+            .unwrap();
+        assert!(
+            !talboot
+                .fields
+                .iter()
+                .any(|p| print_path(p) == ".metadata.annotations")
+        );
+        assert!(
+            talboot
+                .fields
+                .iter()
+                .any(|p| print_path(p).ends_with(".image"))
+        );
     }
 
     #[test]
@@ -1231,7 +1309,9 @@ mod tests {
     #[test]
     fn update_takes_changed_fields_and_never_conflicts() {
         let old = deploy(json!(true), json!(5));
-        let owned = apply(None, None, &old, "talboot", "apps/v1", true).unwrap().entries;
+        let owned = apply(None, None, &old, "talboot", "apps/v1", true)
+            .unwrap()
+            .entries;
         let new = deploy(json!(true), json!(7));
         let e = update(Some(&old), Some(owned), &new, "helm", "apps/v1");
         let helm = e.iter().find(|e| e.manager == "helm").unwrap();
@@ -1246,9 +1326,18 @@ mod tests {
             "$setElementOrder/containers": [{"name": "c"}],
             "containers": [{"name": "c", "image": "j"}, {"name": "x", "$patch": "delete"}]}}}});
         let out = strategic_merge(&t, &p, "");
-        assert_eq!(out["spec"]["template"]["spec"]["containers"][0]["image"], "j");
-        assert_eq!(out["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["initialDelaySeconds"], 5);
-        assert_eq!(json_merge(&json!({"a": 1, "b": 2}), &json!({"a": null, "c": 3})), json!({"b": 2, "c": 3}));
+        assert_eq!(
+            out["spec"]["template"]["spec"]["containers"][0]["image"],
+            "j"
+        );
+        assert_eq!(
+            out["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["initialDelaySeconds"],
+            5
+        );
+        assert_eq!(
+            json_merge(&json!({"a": 1, "b": 2}), &json!({"a": null, "c": 3})),
+            json!({"b": 2, "c": 3})
+        );
         let jp = json!([{"op": "test", "path": "/a", "value": 1}, {"op": "replace", "path": "/a", "value": 2}]);
         assert_eq!(json_patch(&json!({"a": 1}), &jp).unwrap(), json!({"a": 2}));
         assert!(json_patch(&json!({"a": 3}), &jp).is_err());
