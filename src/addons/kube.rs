@@ -1,5 +1,7 @@
 //! The Kubernetes API adapter (kube-rs): a client from the admin kubeconfig, server-side apply
-//! of arbitrary objects with field manager `talboot`, kind resolution through discovery
+//! of arbitrary objects with field manager `talboot` (or `helm` for a release's objects), the
+//! API server's `Warning` headers kept per apply (a tower layer, [`super::warnings`]), kind
+//! resolution through discovery
 //! (cached, and refreshed once new CRDs are Established), and readiness waits — CRD
 //! Established, Deployment available, DaemonSet and StatefulSet rolled out, all Nodes
 //! Ready — each bounded

@@ -1,14 +1,18 @@
 //! Cluster add-ons (Cilium, Argo CD) installed through the Kubernetes API the way Helm would
 //! leave them, so Helm or Argo CD can take over later.
 //!
-//! [`install_addon`] applies a rendered manifest set with server-side apply (field manager
+//! [`install_addon`] applies a rendered manifest set with server-side apply (the release's
+//! objects as field manager `helm`, as `helm install` leaves them, so `helm upgrade` takes
+//! over without conflicts; talboot's own extras and the release Namespace it creates as
 //! `talboot`): Namespaces first, then CRDs (waiting until Established and refreshing
 //! discovery), then everything else; waits for Deployments, DaemonSets and StatefulSets (and, for the CNI,
 //! all Nodes) within timeouts; and records a revision-1 `deployed` Helm release whose
 //! manifest is exactly what was applied. Every release object carries Helm's ownership
 //! markers. Re-running changes nothing: server-side apply of an unchanged object does not
-//! bump its resourceVersion, and the release record is rewritten only when the manifest
-//! digest changes.
+//! bump its resourceVersion (every applied object owns at least one field, so its
+//! managedFields do not move either), and the release record is rewritten only when the
+//! manifest digest changes. The API server's warnings are collected per object
+//! ([`AddonOutcome::warnings`]).
 //!
 //! Submodules: [`manifest`] (parse, order, markers, digest), [`helm`] (release records),
 //! [`values`] (Cilium/Argo CD values, sops-age Secret, root Application), [`policy`]

@@ -4,9 +4,18 @@
 //! - discovery: `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`; kinds defined by a
 //!   CRD are served only once that CRD is Established (a short, configurable delay after it
 //!   is applied), and an unknown group/version/resource is 404;
-//! - GET of one object or a list; PATCH only as server-side apply: content type
-//!   `application/apply-patch+yaml` (else 415) and a `fieldManager` (else 422); a different
-//!   manager without `force` gets 409; body kind/name/namespace must match the URL;
+//! - GET of one object or a list (a `labelSelector` of equality terms filters it), `/version`,
+//!   and the OpenAPI v3 discovery clients read to leave field validation to the server;
+//! - PATCH as server-side apply (`application/apply-patch+yaml`, a `fieldManager` else 422;
+//!   body kind/name/namespace must match the URL) or as a strategic-merge, JSON-merge or JSON
+//!   patch (anything else 415); field ownership as structured-merge-diff keeps it, with
+//!   per-field conflicts (409) between managers, managers that own nothing dropped,
+//!   `before-first-apply`, and the typed round trip (see [`super::kube_ssa`]); a string where
+//!   a built-in type has a number is refused as the real server refuses it (500);
+//! - create and replace bodies in JSON, or Kubernetes protobuf for Secrets (Helm's release
+//!   storage sends that);
+//! - `Warning` response headers: PodSecurity `restricted` findings for workloads in a
+//!   Namespace labelled to warn or enforce, and any a test sets ([`KubeDouble::warn_on`]);
 //! - a namespaced object in a missing Namespace is 404 NotFound, as the real server answers;
 //! - Secret `data` values must be base64 (else 400, as the body cannot be decoded);
 //! - resourceVersion changes only when the stored content really changes;
@@ -20,8 +29,8 @@
 //!   only once the CNI runs.
 //!
 //! - POST (create), PUT (replace) and DELETE of one object, as client-go sends them for the
-//!   bootstrap manifests' inventory ConfigMap and their prune; each object's last writer shows
-//!   in `metadata.managedFields` (manager and operation);
+//!   bootstrap manifests' inventory ConfigMap and their prune; writers are recorded in
+//!   `metadata.managedFields` as Update operations;
 //! - a test may make the applies of one object fail ([`KubeDouble::refuse_applies`]).
 //!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
