@@ -6,6 +6,14 @@
 //! `--server-side=false` — and Helm's Go SDK as PyPI's `helm-python-sdk` wraps it (its
 //! `Config.upgrade`, the SDK's defaults: `--server-side=auto`, field manager named after the
 //! program).
+//!
+//! Helm 3 itself cannot be had here (no registry ships its binary, and there is no Go
+//! toolchain to build `helm.sh/helm/v3`), so its path is exercised through Helm 4's
+//! client-side apply, which is the same algorithm: `createPatch` computes
+//! `strategicpatch.CreateThreeWayMergePatch(release manifest object, new render, live
+//! object)` and sends it as a strategic merge patch (an Update) in helm/helm v3.19.5 and in
+//! v4.1.4 `pkg/kube/client.go`; Helm 3 reads the same release record and ignores
+//! `apply_method`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
