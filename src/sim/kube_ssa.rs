@@ -718,10 +718,12 @@ fn default_field_refs(v: &mut Value) {
     }
 }
 
-/// What the Namespace strategy adds on every create and update (kubernetes/kubernetes
-/// v1.36.2 pkg/registry/core/namespace/strategy.go: PrepareForCreate sets the `kubernetes`
-/// finalizer, and both set the `kubernetes.io/metadata.name` label). It runs after the field
-/// manager, so nobody owns these fields.
+/// What the server adds to every Namespace it stores: the label
+/// `kubernetes.io/metadata.name: <name>` (kubernetes/kubernetes v1.36.2
+/// pkg/apis/core/v1/defaults.go, SetDefaults_Namespace, kept in sync by the strategy's
+/// Canonicalize) and, on create, the `kubernetes` finalizer (pkg/registry/core/namespace/
+/// strategy.go, PrepareForCreate; `spec.finalizers` is in its ResetFieldsFor). Neither is in
+/// what the client applied, so nobody owns them.
 pub(crate) fn namespace_strategy(ns: &mut Value) {
     let name = ns["metadata"]["name"].clone();
     if let Some(meta) = ns["metadata"].as_object_mut() {
