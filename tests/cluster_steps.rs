@@ -179,6 +179,13 @@ impl Talboot {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_progress_to_handed_off_with_a_restart_before_each_and_never_reapply() {
     let world = World::start().await;
+    // The API server warns on one Argo CD workload (as PodSecurity or a webhook would).
+    world.double.warn_on(
+        "Deployment",
+        "argocd",
+        "argocd-server",
+        Some("would violate PodSecurity \"restricted:latest\": runAsNonRoot != true"),
+    );
     let expected = [
         ClusterStep::Bootstrapped,
         ClusterStep::ApiReady,
@@ -240,6 +247,10 @@ async fn steps_progress_to_handed_off_with_a_restart_before_each_and_never_reapp
         "cluster.step cni-installed -> nodes-ready: every node is Ready",
         "cluster.step nodes-ready -> argocd-installed: Argo CD 10.1.1 installed",
         "cluster.step argocd-installed -> handed-off",
+        // Issue 31, item 4: the server's warning is an event on the cluster timeline.
+        "cluster.step Argo CD: the API server warned on Deployment \
+         argocd/argocd-server: would violate PodSecurity \"restricted:latest\": runAsNonRoot \
+         != true",
     ] {
         assert!(events.contains(needle), "{needle} missing in:\n{events}");
     }
