@@ -9,6 +9,10 @@
 //! go-kubernetes' `ssa` manager does, and the rollout of the set's workloads waited for
 //! (`ssacli.Wait`, unless skipped). The decisions are [`super::manifests`].
 //!
+//! Each object's action comes from the server's own dry run of the apply (`dryRun=All`),
+//! compared with the live object, as go-kubernetes' `Diff` does: fields the server rewrites
+//! (a Secret's `stringData` stored as `data`) do not show as changes.
+//!
 //! Where talboot differs: a dry run does not create a missing inventory (go-kubernetes'
 //! `NewInventory` creates it even for `Diff`); the wait covers every Deployment, DaemonSet
 //! and StatefulSet of the set (go-kubernetes waits for every changed object's kstatus).
@@ -109,6 +113,23 @@ async fn live(
     Ok(out)
 }
 
+/// The server's dry run of applying each object of the set as Talos does (`Manager.diff` ->
+/// fluxcd ssa `ResourceManager.Diff`: forced, field manager `talos`, `dryRun=All`), for
+/// those it could try; an object missing here would be created.
+async fn dry_runs(kube: &Kube, desired: &Desired) -> Result<BTreeMap<ObjMeta, Value>, String> {
+    let mut out = BTreeMap::new();
+    for (meta, obj) in &desired.objects {
+        let found = kube
+            .dry_run_apply_as(obj, "default", FIELD_MANAGER)
+            .await
+            .map_err(|e| format!("apply dry run failed for {meta}: {e}"))?;
+        if let Some(v) = found {
+            out.insert(meta.clone(), v);
+        }
+    }
+    Ok(out)
+}
+
 fn inventory_api(kube: &Kube) -> Api<ConfigMap> {
     Api::namespaced(kube.client().clone(), INVENTORY_NAMESPACE)
 }
@@ -198,7 +219,8 @@ pub async fn diff(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Ve
     let desired = Desired::prepare(objects)?;
     let inventory = read_inventory(kube).await?.unwrap_or_default();
     let live = live(kube, &desired, &inventory).await?;
-    manifests::plan(&desired, &live, &inventory, no_prune)
+    let dry = dry_runs(kube, &desired).await?;
+    manifests::plan(&desired, &live, &dry, &inventory, no_prune)
 }
 
 /// Applies `objects`, updates the inventory and prunes (`Manager.Apply`); the changes made.
@@ -212,8 +234,9 @@ pub async fn apply(
     let inventory = ensure_inventory(kube).await?;
     let live = live(kube, &desired, &inventory).await?;
     // The policy is checked before anything is applied, as go-kubernetes diffs every object
-    // first.
-    let planned = manifests::plan(&desired, &live, &inventory, no_prune)?;
+    // first (`Apply` -> `m.diff`, a dry run each).
+    let dry = dry_runs(kube, &desired).await?;
+    let planned = manifests::plan(&desired, &live, &dry, &inventory, no_prune)?;
     let mut changes = Vec::new();
     let mut applied = Vec::new();
     for (meta, obj) in &desired.objects {
@@ -221,7 +244,7 @@ pub async fn apply(
             Ok(a) => {
                 applied.push(meta.clone());
                 let action = if a.changed {
-                    manifests::action_for(obj, live.get(meta)).max_changed()
+                    manifests::action_for(live.get(meta), dry.get(meta)).max_changed()
                 } else {
                     Action::Unchanged
                 };
