@@ -394,7 +394,11 @@ fn real_helm_render_reads_an_octal_default_mode_as_kubectl_does() {
         .args(["--namespace", "kube-system"])
         .output()
         .expect("helm runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("defaultMode: 0400"), "{text}");
     let objects = talboot::addons::manifest::parse_documents("helm template", &text).unwrap();

@@ -188,7 +188,6 @@ fn tag_string(tag: &Tag) -> String {
     format!("{}{}", tag.handle, tag.suffix)
 }
 
-
 /// A collection being built from the event stream.
 enum Open {
     Seq(usize),
@@ -801,7 +800,7 @@ fn go_underscore_ok(s: &str) -> bool {
     if b.len() >= 2 && b[0] == b'0' && matches!(b[1].to_ascii_lowercase(), b'b' | b'o' | b'x') {
         i = 2;
         saw = b'0';
-        hex = b[1].to_ascii_lowercase() == b'x';
+        hex = b[1].eq_ignore_ascii_case(&b'x');
     }
     while i < b.len() {
         let c = b[i];
@@ -845,7 +844,7 @@ pub(crate) fn parse_timestamp(s: &str) -> bool {
     let Some(day) = getnum(&mut rest) else {
         return false;
     };
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
     let days = match month {
         2 if leap => 29,
         2 => 28,
@@ -1025,7 +1024,7 @@ pub(crate) fn go_format_g32(f: f64) -> String {
     let exp: i32 = exp.parse().unwrap_or(0);
     let digits: String = mant.chars().filter(|c| *c != '.').collect();
     let nd = digits.len() as i32;
-    if exp < -4 || exp >= 6 {
+    if !(-4..6).contains(&exp) {
         let mut out = format!("{sign}{}", &digits[..1]);
         if nd > 1 {
             out.push('.');
@@ -1126,7 +1125,10 @@ mod tests {
             ("50cent_of_dollar", json!("50cent_of_dollar")),
             // Beyond int64: uint64, which the client reads back as float64.
             ("9223372036854775808", json!(9223372036854775808u64 as f64)),
-            ("18446744073709551615", json!(18446744073709551615u64 as f64)),
+            (
+                "18446744073709551615",
+                json!(18446744073709551615u64 as f64),
+            ),
             ("18446744073709551616", json!(18446744073709551616f64)),
             ("9223372036854775807", json!(i64::MAX)),
             ("-9223372036854775808", json!(i64::MIN)),
@@ -1215,7 +1217,10 @@ mod tests {
             ("<<", json!("<<")),
             // Timestamps stay their text (decode.go, "for backward compatibility").
             ("2001-12-14", json!("2001-12-14")),
-            ("2001-12-14t21:59:43.10-05:00", json!("2001-12-14t21:59:43.10-05:00")),
+            (
+                "2001-12-14t21:59:43.10-05:00",
+                json!("2001-12-14t21:59:43.10-05:00"),
+            ),
             ("2001-12-14 21:59:43.10", json!("2001-12-14 21:59:43.10")),
             // Version-like text.
             ("1.18.0", json!("1.18.0")),
@@ -1339,7 +1344,7 @@ mod tests {
             (1e6, "1e+06"),
             (0.0001, "0.0001"),
             (0.00001, "1e-05"),
-            (3.141592653589793, "3.1415927"),
+            (std::f64::consts::PI, "3.1415927"),
             (-2.5, "-2.5"),
             (-0.0, "-0"),
             (f64::INFINITY, ".inf"),
@@ -1370,7 +1375,11 @@ mod tests {
         assert_eq!(doc["many"], json!({"q": 2, "r": 4, "p": 1}));
         assert_eq!(doc["quoted"], json!({"<<": {"p": 1, "q": 2}}));
         assert!(one("a: &a [*a]").unwrap_err().contains("contains itself"));
-        assert!(one("a: {<<: 1}").unwrap_err().contains("map merge requires"));
+        assert!(
+            one("a: {<<: 1}")
+                .unwrap_err()
+                .contains("map merge requires")
+        );
         assert!(one("a: *nope").is_err());
         // A billion laughs is stopped by go-yaml's alias budget.
         let mut laughs = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
@@ -1386,8 +1395,10 @@ mod tests {
 
     #[test]
     fn documents_split_on_separator_lines_as_yaml_reader() {
-        let docs = load_all("a: 1\n---\n---   # comment\n\nb: 0400\r\n...\nignored: [\n---\n# only a comment\n")
-            .unwrap();
+        let docs = load_all(
+            "a: 1\n---\n---   # comment\n\nb: 0400\r\n...\nignored: [\n---\n# only a comment\n",
+        )
+        .unwrap();
         let values: Vec<_> = docs.iter().map(|d| d.value.clone()).collect();
         // The empty chunk between the separators is dropped; `...` ends the document and
         // what follows it in the same chunk is never read; a comment-only chunk is null.
@@ -1400,14 +1411,21 @@ mod tests {
             }
         }
         let err = load_all("a: 1\n---\nb: [\n").unwrap_err();
-        assert!(matches!(err, LoadError::Invalid { line: 3 | 4, .. }), "{err:?}");
+        assert!(
+            matches!(err, LoadError::Invalid { line: 3 | 4, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn json_documents_read_the_same() {
-        let doc = one(r#"{"a": 1.0, "b": 1e3, "c": "0400", "d": [true, null, -0], "e": "\u00e9\/"}"#)
-            .unwrap();
-        assert_eq!(doc, json!({"a": 1, "b": 1000, "c": "0400", "d": [true, null, 0], "e": "é/"}));
+        let doc =
+            one(r#"{"a": 1.0, "b": 1e3, "c": "0400", "d": [true, null, -0], "e": "\u00e9\/"}"#)
+                .unwrap();
+        assert_eq!(
+            doc,
+            json!({"a": 1, "b": 1000, "c": "0400", "d": [true, null, 0], "e": "é/"})
+        );
     }
 
     #[test]

@@ -122,11 +122,12 @@ pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<Value>, Mani
         message: e.to_string(),
     })?;
     for (doc, (first_line, chunk)) in chunks.into_iter().enumerate() {
-        let value = super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
-            source_name: source_name.to_owned(),
-            doc,
-            message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
-        })?;
+        let value =
+            super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
+                source_name: source_name.to_owned(),
+                doc,
+                message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
+            })?;
         if value.is_null() {
             continue;
         }
@@ -450,7 +451,10 @@ spec:
         let objs = parse_documents("cilium.yaml", text).unwrap();
         let volumes = &objs[0]["spec"]["template"]["spec"]["volumes"];
         assert_eq!(volumes[0]["projected"]["defaultMode"], json!(256));
-        assert_eq!(volumes[0]["projected"]["sources"][0]["secret"]["optional"], json!(true));
+        assert_eq!(
+            volumes[0]["projected"]["sources"][0]["secret"]["optional"],
+            json!(true)
+        );
         assert_eq!(volumes[1]["secret"]["defaultMode"], json!("0400"));
     }
 

@@ -341,3 +341,114 @@ pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The Kubernetes double's dry-run apply and Secret conversion, through talboot's own
+    //! client, as the diff relies on them.
+
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use crate::addons::kube::{Kube, client_from_kubeconfig};
+    use crate::sim::kube::{DoubleOptions, KubeDouble};
+
+    async fn session(double: &KubeDouble) -> Kube {
+        crate::install_crypto_provider();
+        let client = client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap();
+        Kube::new(client, Duration::from_millis(10))
+    }
+
+    #[tokio::test]
+    async fn the_double_folds_string_data_and_dry_runs_store_nothing() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bootstrap-token-abcdef", "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "data": {"token-id": "b2xk", "kept": "a2VwdA=="},
+            "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef"}});
+        // A dry-run create: the would-be object, without a resourceVersion; nothing stored.
+        let before = double.resource_versions();
+        let dry = kube
+            .dry_run_apply_as(&secret, "default", "talos")
+            .await
+            .unwrap()
+            .expect("a dry-run answer");
+        assert!(dry["metadata"].get("resourceVersion").is_none(), "{dry}");
+        assert_eq!(dry["data"]["token-id"], "YWJjZGVm");
+        assert_eq!(double.resource_versions(), before);
+        assert!(double.applies().is_empty());
+        assert!(
+            double
+                .object("v1", "Secret", "kube-system", "bootstrap-token-abcdef")
+                .is_none()
+        );
+        // The apply stores stringData folded into data (it wins over data), never stringData.
+        kube.apply_as(&secret, "default", "talos").await.unwrap();
+        let live = double
+            .object("v1", "Secret", "kube-system", "bootstrap-token-abcdef")
+            .unwrap();
+        assert!(live.get("stringData").is_none(), "{live}");
+        assert_eq!(
+            live["data"],
+            json!({"token-id": "YWJjZGVm", "kept": "a2VwdA==",
+                   "token-secret": "MDEyMzQ1Njc4OWFiY2RlZg=="})
+        );
+        // A dry-run update keeps the stored resourceVersion and changes nothing.
+        let before = double.resource_versions();
+        let mut changed = secret.clone();
+        changed["stringData"]["token-secret"] = json!("rotated");
+        let dry = kube
+            .dry_run_apply_as(&changed, "default", "talos")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            dry["metadata"]["resourceVersion"],
+            live["metadata"]["resourceVersion"]
+        );
+        assert_eq!(dry["data"]["token-secret"], "cm90YXRlZA==");
+        assert_eq!(double.resource_versions(), before);
+        assert_eq!(double.applies().len(), 1);
+        // A namespace that does not exist: not found, so "created".
+        let mut elsewhere = secret.clone();
+        elsewhere["metadata"]["namespace"] = json!("nowhere");
+        assert!(
+            kube.dry_run_apply_as(&elsewhere, "default", "talos")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // A kind nobody serves: also "created" (its CRD comes with the set).
+        let cr = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w"}});
+        assert!(
+            kube.dry_run_apply_as(&cr, "default", "talos")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Only dryRun=All is accepted.
+        let req = axum::http::Request::patch(
+            "/api/v1/namespaces/kube-system/secrets/x?fieldManager=talos&dryRun=Maybe",
+        )
+        .header("content-type", "application/apply-patch+yaml")
+        .body(serde_json::to_vec(&secret).unwrap())
+        .unwrap();
+        match kube.client().request_text(req).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422);
+                assert!(
+                    s.message.contains("supported values: \"All\""),
+                    "{}",
+                    s.message
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

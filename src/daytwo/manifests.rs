@@ -493,8 +493,14 @@ mod tests {
             namespace: String::new(),
             name: "system:x".into(),
         };
-        assert_eq!(other_group.inventory_key(), "_system:x_example.com_ClusterRole");
-        assert_eq!(ObjMeta::parse_key("_system:x_example.com_ClusterRole").unwrap(), other_group);
+        assert_eq!(
+            other_group.inventory_key(),
+            "_system:x_example.com_ClusterRole"
+        );
+        assert_eq!(
+            ObjMeta::parse_key("_system:x_example.com_ClusterRole").unwrap(),
+            other_group
+        );
         assert!(ObjMeta::parse_key("nounderscore").is_err());
         assert!(ObjMeta::parse_key("ns_a_b_apps_Deployment").is_err());
     }
@@ -679,5 +685,4 @@ mod tests {
         want.sort();
         assert_eq!(back, want);
     }
-
 }

@@ -1744,7 +1744,10 @@ mod tests {
             let id = base64::engine::general_purpose::STANDARD
                 .decode(secret["data"]["token-id"].as_str().unwrap())
                 .unwrap();
-            assert_eq!(format!("bootstrap-token-{}", String::from_utf8(id).unwrap()), name);
+            assert_eq!(
+                format!("bootstrap-token-{}", String::from_utf8(id).unwrap()),
+                name
+            );
             let before = rack.kube.resource_versions_but_kubelets();
             let ops = ops(&rack, false).await;
             let lines = crate::daytwo::manifests::describe(&ops.manifests_diff().await.unwrap());
