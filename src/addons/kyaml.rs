@@ -24,8 +24,9 @@
 //! are ours. Where talboot is deliberately narrower: nesting beyond [`MAX_DEPTH`] levels is
 //! refused (go-yaml allows 10000) so a hostile file cannot exhaust the stack; where Go leaves
 //! an order undefined (two keys that become the same JSON key, such as `1` and `"1"`), the
-//! later one wins. A JSON stream is read through the same YAML path: for JSON input it gives
-//! the object the loader's JSON path gives (the number rules below are the same).
+//! later one wins. A text that starts with `{` and is a stream of JSON values is read as JSON,
+//! one document per value, as the decoder's JSON path does (`GuessJSONStream`), with the same
+//! number rules; anything else goes through the YAML path.
 
 use std::borrow::Cow;
 
@@ -117,6 +118,45 @@ pub(crate) fn split(text: &str) -> Result<Vec<(usize, String)>, LoadError> {
         out.push((start, buf));
     }
     Ok(out)
+}
+
+/// A stream that `YAMLOrJSONDecoder` reads as JSON: it starts (after white space) with `{`
+/// (`GuessJSONStream`) and is a sequence of JSON values. Their numbers become what the client
+/// holds and sends, as for YAML. `None` when the text is not such a stream: the decoder then
+/// falls back to YAML (it does so when the first value fails), and so does the caller.
+pub(crate) fn json_stream(text: &str) -> Option<Vec<Value>> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    let values = serde_json::Deserializer::from_str(text)
+        .into_iter::<Value>()
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    values.into_iter().map(|v| client_numbers(v).ok()).collect()
+}
+
+/// JSON numbers as apimachinery's decoder keeps them and Go's encoder writes them back
+/// (see [`float_json`]): an integer that fits int64 stays one, anything else is a float64.
+fn client_numbers(v: Value) -> Result<Value, String> {
+    Ok(match v {
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::Number(i.into()),
+            (None, Some(f)) => float_json(f)?,
+            (None, None) => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(client_numbers)
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| Ok((k, client_numbers(v)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        other => other,
+    })
 }
 
 /// Every document of a manifest stream, as `YAMLOrJSONDecoder` yields them.
@@ -1426,6 +1466,24 @@ mod tests {
             doc,
             json!({"a": 1, "b": 1000, "c": "0400", "d": [true, null, 0], "e": "é/"})
         );
+    }
+
+    #[test]
+    fn a_json_stream_is_read_as_the_json_decoder_reads_it() {
+        // Concatenated objects are documents of a JSON stream (YAMLOrJSONDecoder), which the
+        // YAML path would refuse.
+        let docs =
+            json_stream("  {\"a\": 1.0, \"b\": 1e3}\n{\"c\": 9223372036854775808, \"d\": 1.5}")
+                .unwrap();
+        assert_eq!(
+            docs,
+            [
+                json!({"a": 1, "b": 1000}),
+                json!({"c": 9223372036854775808u64 as f64, "d": 1.5})
+            ]
+        );
+        assert!(json_stream("a: 1").is_none());
+        assert!(json_stream("{a: 1}").is_none(), "not JSON: read as YAML");
     }
 
     #[test]

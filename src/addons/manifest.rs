@@ -112,22 +112,12 @@ impl std::fmt::Display for ObjectRef {
 /// lines, scalars resolved by YAML 1.1 rules (`defaultMode: 0400` is the integer 256), numbers
 /// as a Go client sends them.
 pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<Value>, ManifestError> {
+    let values = match super::kyaml::json_stream(text) {
+        Some(values) => values,
+        None => yaml_documents(source_name, text)?,
+    };
     let mut out = Vec::new();
-    let chunks = super::kyaml::split(text).map_err(|e| ManifestError::Yaml {
-        source_name: source_name.to_owned(),
-        doc: match e {
-            super::kyaml::LoadError::Separator { doc, .. } => doc,
-            super::kyaml::LoadError::Invalid { .. } => 0,
-        },
-        message: e.to_string(),
-    })?;
-    for (doc, (first_line, chunk)) in chunks.into_iter().enumerate() {
-        let value =
-            super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
-                source_name: source_name.to_owned(),
-                doc,
-                message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
-            })?;
+    for (doc, value) in values.into_iter().enumerate() {
         if value.is_null() {
             continue;
         }
@@ -158,6 +148,29 @@ pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<Value>, Mani
         }
     }
     Ok(out)
+}
+
+/// Every YAML document of `text` as JSON (null for an empty one), in order.
+fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, ManifestError> {
+    let chunks = super::kyaml::split(text).map_err(|e| ManifestError::Yaml {
+        source_name: source_name.to_owned(),
+        doc: match e {
+            super::kyaml::LoadError::Separator { doc, .. } => doc,
+            super::kyaml::LoadError::Invalid { .. } => 0,
+        },
+        message: e.to_string(),
+    })?;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(doc, (first_line, chunk))| {
+            super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
+                source_name: source_name.to_owned(),
+                doc,
+                message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
+            })
+        })
+        .collect()
 }
 
 /// Which apply phase an object belongs to.
@@ -479,5 +492,14 @@ spec:
         assert_eq!(parse_documents("manifest", &text).unwrap(), objs);
         // Objects without such strings keep the YAML form.
         assert!(text.contains("name: p"), "{text}");
+    }
+
+    #[test]
+    fn a_json_stream_gives_one_object_per_value() {
+        let text = r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}
+{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"n": "0400"}}"#;
+        let objs = parse_documents("set.json", text).unwrap();
+        assert_eq!(objs.len(), 2);
+        assert_eq!(objs[1]["data"]["n"], "0400");
     }
 }
