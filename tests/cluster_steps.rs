@@ -393,6 +393,34 @@ fn charts() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/charts")
 }
 
+/// Issue 31 item 1: a real `helm template` of a chart that renders `defaultMode: 0400` (as
+/// Cilium 1.18's agent DaemonSet does) reads as kubectl and Helm read it, the integer 256
+/// (YAML 1.1 octal), not the string the API server refuses.
+#[test]
+fn real_helm_render_reads_an_octal_default_mode_as_kubectl_does() {
+    let Some(helm) = helm_bin() else { return };
+    let out = std::process::Command::new(helm)
+        .args(["template", "cilium"])
+        .arg(charts().join("cilium"))
+        .args(["--namespace", "kube-system"])
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("defaultMode: 0400"), "{text}");
+    let objects = talboot::addons::manifest::parse_documents("helm template", &text).unwrap();
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "cilium")
+        .expect("the cilium DaemonSet");
+    let mode = &ds["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"];
+    assert_eq!(mode, &serde_json::json!(256), "{mode}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_helm_renders_local_charts_with_the_inventory_settings() {
     use base64::Engine as _;
@@ -454,6 +482,15 @@ async fn real_helm_renders_local_charts_with_the_inventory_settings() {
     };
     // talboot's Talos values reached the chart (they override its defaults), rendered for
     // the inventory's Kubernetes version, in the release namespace.
+    // Cilium's `defaultMode: 0400` went out as the integer 256, as kubectl sends it.
+    let agent = world
+        .double
+        .object("apps/v1", "DaemonSet", "kube-system", "cilium")
+        .expect("the cilium DaemonSet applied");
+    assert_eq!(
+        agent["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"],
+        256
+    );
     let cilium = data("kube-system", "cilium-config");
     assert_eq!(cilium["ipam"], "kubernetes");
     assert_eq!(cilium["kube-proxy-replacement"], "true");

@@ -329,6 +329,59 @@ impl Kube {
         Ok(got.map(|o| serde_json::to_value(o).expect("objects serialise")))
     }
 
+    /// What a forced server-side apply of `obj` by `manager` would leave, changing nothing
+    /// (`dryRun=All`, as fluxcd/pkg ssa v0.73.0 `manager_apply.go` `dryRunApply`, which
+    /// go-kubernetes' `Diff` and `Apply` use). `None` when the apply would create the object
+    /// or cannot be tried yet: a kind not served (its CRD comes with the same set) or a 404
+    /// such as a missing namespace, which go-kubernetes v0.2.38 `ssa/diff.go` counts as
+    /// created. A created object has no `resourceVersion` in the answer, so that also gives
+    /// `Some` without one.
+    pub(crate) async fn dry_run_apply_as(
+        &self,
+        obj: &Value,
+        default_ns: &str,
+        manager: &str,
+    ) -> Result<Option<Value>, KubeError> {
+        let mut reference = ObjectRef::of(obj).ok_or_else(|| KubeError::Request {
+            action: "dry-run apply",
+            object: "an object without apiVersion/kind/metadata.name".into(),
+            reason: "not a Kubernetes object".into(),
+        })?;
+        let (ar, caps) = match self.resolve(&reference.api_version, &reference.kind).await {
+            Ok(found) => found,
+            Err(KubeError::UnknownKind { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut body = obj.clone();
+        match caps.scope {
+            Scope::Namespaced => {
+                let ns = reference
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| default_ns.to_owned());
+                body["metadata"]["namespace"] = Value::String(ns.clone());
+                reference.namespace = Some(ns);
+            }
+            Scope::Cluster => {
+                if let Some(meta) = body["metadata"].as_object_mut() {
+                    meta.remove("namespace");
+                }
+                reference.namespace = None;
+            }
+        }
+        let mut params = PatchParams::apply(manager).force();
+        params.dry_run = true;
+        match self
+            .api(&ar, reference.namespace.as_deref())
+            .patch(&reference.name, &params, &Patch::Apply(&body))
+            .await
+        {
+            Ok(o) => Ok(Some(serde_json::to_value(o).expect("objects serialise"))),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(request_err("dry-run apply", &reference, e)),
+        }
+    }
+
     /// Every `group/version` the API server serves (core `v1` included), sorted: what
     /// `helm install` would see as `.Capabilities.APIVersions`, for `helm template
     /// --api-versions`. CRD-provided APIs (e.g. `cilium.io/v2` once Cilium is in) count.

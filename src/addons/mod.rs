@@ -21,6 +21,7 @@
 
 pub mod helm;
 pub mod kube;
+pub mod kyaml;
 pub mod manifest;
 pub mod policy;
 pub mod source;

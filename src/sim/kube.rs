@@ -203,6 +203,7 @@ fn builtins() -> Vec<Res> {
 /// (group, plural, namespace or "", name)
 type Key = (String, String, String, String);
 
+#[derive(Clone)]
 struct Stored {
     obj: Value,
     manager: String,
@@ -981,6 +982,16 @@ async fn handle(
                 ns,
                 name: Some(name),
             },
+        ) if query.contains_key("dryRun") => {
+            dry_run_apply(&mut c, res, ns, name, &query, &headers, &body, now)
+        }
+        (
+            Method::PATCH,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
         ) => match patch_kind(&headers) {
             Some(kind) => patch_update(&mut c, kind, res, ns, name, &query, &headers, &body, now),
             None => apply(&mut c, res, ns, name, &query, &headers, &body, now),
@@ -1106,6 +1117,7 @@ fn write(
         }
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
+    fold_string_data(&res, &mut obj);
     let Some(body_name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -1530,6 +1542,10 @@ fn ssa_merge(
     .map_err(|conflicts| Box::new(conflict_status(res, &key.3, &conflicts)))?;
     let mut new = merged.object;
     kube_ssa::normalize(&mut new, builtin);
+    // The merge runs on the versioned object, so the writer owns `f:stringData`; the
+    // conversion to the internal type then folds it into `data`, which is what is stored and
+    // compared (see [`fold_string_data`]).
+    fold_string_data(res, &mut new);
     if res.group.is_empty() && res.kind == "Namespace" {
         kube_ssa::namespace_strategy(&mut new);
     }
@@ -1698,6 +1714,10 @@ fn patch_update(
     let old = content(&existing.obj);
     let mut new = content(&patched);
     kube_ssa::normalize(&mut new, builtin);
+    // The merge runs on the versioned object, so the writer owns `f:stringData`; the
+    // conversion to the internal type then folds it into `data`, which is what is stored and
+    // compared (see [`fold_string_data`]).
+    fold_string_data(&res, &mut new);
     if res.group.is_empty() && res.kind == "Namespace" {
         kube_ssa::namespace_strategy(&mut new);
     }
@@ -1876,6 +1896,97 @@ fn labels_match(obj: &Value, selector: Option<&String>) -> bool {
             !labels[term].is_null()
         }
     })
+}
+
+/// A Secret's `stringData` folded into `data`, as the API server converts every v1 Secret it
+/// decodes (kubernetes/kubernetes pkg/apis/core/v1/conversion.go at 0158de93ea1c,
+/// `Convert_v1_Secret_To_core_Secret`: "StringData overwrites Data", each value's bytes
+/// base64-encoded on the wire). The internal type has no `stringData`, so the server stores
+/// and returns only `data`.
+fn fold_string_data(res: &Res, obj: &mut Value) {
+    if res.kind != "Secret" || !res.group.is_empty() {
+        return;
+    }
+    let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let Value::Object(string_data) = string_data else {
+        return;
+    };
+    if string_data.is_empty() {
+        return;
+    }
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (k, v) in string_data {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = Value::String(STANDARD.encode(text.as_bytes()));
+    }
+}
+
+/// A server-side apply with `dryRun=All`: everything [`apply`] checks and answers, nothing
+/// stored (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/registry/generic/registry/
+/// dryrun.go at 04791b490660, `DryRunnableStorage`: a dry-run update returns the updated object
+/// with the stored `resourceVersion`, a dry-run create one without any). The only value
+/// PatchOptions accepts is `All` (kubernetes/apimachinery v0.36.3 pkg/apis/meta/v1/validation/
+/// validation.go, `ValidatePatchOptions` -> `ValidateDryRun`).
+#[allow(clippy::too_many_arguments)]
+fn dry_run_apply(
+    c: &mut Cluster,
+    res: Res,
+    ns: Option<String>,
+    name: String,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let dry_run = query.get("dryRun").map(String::as_str).unwrap_or("");
+    if dry_run != "All" {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "PatchOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value: []string{{\"{dry_run}\"}}: supported values: \"All\""
+            ),
+        );
+    }
+    let key = object_key(&res, ns.clone().unwrap_or_default(), name.clone());
+    let saved = c.objects.get(&key).cloned();
+    let (rv, uid, logged) = (c.rv, c.uid, c.log.len());
+    let reply = apply(c, res, ns, name, query, headers, body, now);
+    let result = c.objects.get(&key).map(|s| c.view(&key, s, now));
+    match &saved {
+        Some(s) => {
+            c.objects.insert(key.clone(), s.clone());
+        }
+        None => {
+            c.objects.remove(&key);
+        }
+    }
+    (c.rv, c.uid) = (rv, uid);
+    c.log.truncate(logged);
+    if !reply.status().is_success() {
+        return reply;
+    }
+    let Some(mut obj) = result else {
+        return reply;
+    };
+    if let Some(meta) = obj["metadata"].as_object_mut() {
+        match &saved {
+            Some(s) => {
+                meta.insert(
+                    "resourceVersion".into(),
+                    s.obj["metadata"]["resourceVersion"].clone(),
+                );
+            }
+            None => {
+                meta.remove("resourceVersion");
+            }
+        }
+    }
+    (reply.status(), axum::Json(obj)).into_response()
 }
 
 #[cfg(test)]
