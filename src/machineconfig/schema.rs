@@ -180,6 +180,18 @@ pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, SchemaLoadError> {
     load_for(path, Contract::V1_13)
 }
 
+/// The schema `check`, `gen`, `serve`, `up` and `plan` validate `inv`'s configs against: the
+/// embedded facts of the cluster's Talos minor (v1.13 for a minor talboot does not render;
+/// rendering then refuses it with its own message), or the file at `path`.
+pub fn load_for_inventory(
+    path: Option<&Path>,
+    inv: &crate::inventory::Inventory,
+) -> Result<Arc<Schema>, SchemaLoadError> {
+    let contract =
+        Contract::for_version(&inv.cluster.talos_version.value).unwrap_or(Contract::V1_13);
+    load_for(path, contract)
+}
+
 /// The embedded facts of `contract` (the cluster's minor), or the file at `path`.
 pub fn load_for(path: Option<&Path>, contract: Contract) -> Result<Arc<Schema>, SchemaLoadError> {
     let Some(path) = path else {

@@ -156,6 +156,7 @@ fn machine_time_beside_time_sync_config_is_refused_as_talos_does() {
     let patch = |text: &str| Patch {
         origin: PatchOrigin::File(PathBuf::from("legacy-time.yaml")),
         body: PatchBody::Merge(vec![yaml_serde::from_str(text).unwrap()]),
+        keys: Default::default(),
     };
     inv.cluster
         .patches
@@ -370,6 +371,7 @@ fn inline(text: &str) -> Patch {
     Patch {
         origin: PatchOrigin::File(PathBuf::from("test-inline.yaml")),
         body: crate::machineconfig::patch::parse_patch(text).unwrap(),
+        keys: Default::default(),
     }
 }
 
@@ -823,6 +825,7 @@ fn a_legacy_field_with_no_v1_14_document_next_to_its_document_is_refused() {
             yaml_serde::from_str("machine: {kubelet: {extraMounts: [{destination: /var/x, type: bind, source: /var/x}]}}")
                 .unwrap(),
         ]),
+        keys: Default::default(),
     });
     let node = lab.node("k8s-ctrl-01").unwrap().clone();
     let msg = render_node(&lab, &fixture_secrets(), &node)
