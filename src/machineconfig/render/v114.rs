@@ -33,9 +33,7 @@ const LABEL_EXCLUDE_LB: &str = "node.kubernetes.io/exclude-from-external-load-ba
 fn doc(kind: &str, body: Json) -> Json {
     let mut out = json!({"apiVersion": "v1alpha1", "kind": kind});
     if let Json::Object(fields) = body {
-        out.as_object_mut()
-            .expect("an object")
-            .extend(fields.into_iter());
+        out.as_object_mut().expect("an object").extend(fields);
     }
     out
 }
@@ -53,7 +51,6 @@ pub(super) fn base_config(
 ) -> Result<ConfigBundle, RenderError> {
     let contract = Contract::V1_14;
     let c = &inv.cluster;
-    let k8s = &c.kubernetes_version.value;
     let cp = machine_type == MachineType::ControlPlane;
     let endpoint = &c.endpoint.value;
     let host = match &endpoint.host {
@@ -140,7 +137,6 @@ pub(super) fn base_config(
             docs.extend(kubernetes_controlplane(inv, secrets, &endpoint_url));
         }
     }
-    let _ = k8s;
     Ok(ConfigBundle::new(docs.into_iter().map(yaml).collect()))
 }
 
