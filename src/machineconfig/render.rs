@@ -641,6 +641,9 @@ pub(crate) fn render_node(
             }
         }
     }
+    if contract >= Contract::V1_14 {
+        v114::order_like_gen_config(&mut bundle);
+    }
     let problems = check_structure(&name, role.machine_type, contract, &bundle);
     if !problems.is_empty() {
         return Err(RenderError::Structure(problems));

@@ -677,20 +677,32 @@ fn the_rack_at_v1_14_keeps_its_role_facts_in_the_v1_14_documents() {
         .iter()
         .filter_map(|d| d.get("kind").and_then(Value::as_str))
         .collect();
-    // Upstream's order for the documents gen config writes (generate/init.go, kubernetes.go).
+    // Upstream's order for the documents gen config writes (generate/init.go, kubernetes.go),
+    // the translated SysctlConfig in its place; talboot's own documents after them.
     assert_eq!(
-        kinds[..10],
+        kinds[..11],
         [
             "DiscoveryServiceConfig",
             "DiscoveryIdentityConfig",
             "UnattendedInstallConfig",
             "ResolverConfig",
+            "SysctlConfig",
             "VolumeConfig",
             "FilesystemTrimConfig",
             "SecurityProfileConfig",
             "HostnameConfig",
             "KubeClusterConfig",
             "KubeNodeConfig",
+        ]
+    );
+    assert_eq!(
+        kinds[kinds.len() - 5..],
+        [
+            "KubeCoreDNSConfig",
+            "LinkAliasConfig",
+            "LinkConfig",
+            "TimeSyncConfig",
+            "Layer2VIPConfig",
         ]
     );
     let node = doc(&cp, "KubeNodeConfig", None);

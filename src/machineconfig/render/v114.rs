@@ -43,6 +43,58 @@ fn pem_issuing(pair: &crate::machineconfig::pki::PemCertAndKey) -> Json {
     json!({"cert": pair.crt, "key": pair.key})
 }
 
+/// The kinds `gen config` writes, in its order (`generate/init.go`: discovery, install,
+/// resolver, sysctls, block, security profile, registries, network; then
+/// `generate/kubernetes.go`).
+const GEN_CONFIG_ORDER: &[&str] = &[
+    "DiscoveryServiceConfig",
+    "DiscoveryIdentityConfig",
+    "UnattendedInstallConfig",
+    "ResolverConfig",
+    "SysctlConfig",
+    "VolumeConfig",
+    "FilesystemTrimConfig",
+    "SecurityProfileConfig",
+    "RegistryMirrorConfig",
+    "RegistryTLSConfig",
+    "HostnameConfig",
+    "KubeSpanConfig",
+    "KubeClusterConfig",
+    "KubeNodeConfig",
+    "KubeletConfig",
+    "KubeNetworkConfig",
+    "KubeAPIServerCAConfig",
+    "KubePrismConfig",
+    "KubeAggregatorCAConfig",
+    "KubeAdmissionControlConfig",
+    "KubeAuditPolicyConfig",
+    "KubeAuthenticationConfig",
+    "KubeAuthorizerConfig",
+    "KubeEtcdEncryptionConfig",
+    "KubeServiceAccountConfig",
+    "KubeAPIServerConfig",
+    "KubeControllerManagerConfig",
+    "KubeSchedulerConfig",
+    "KubeProxyConfig",
+    "KubeFlannelCNIConfig",
+    "KubeCoreDNSConfig",
+    "KubeExternalManifestConfig",
+];
+
+/// Puts the documents `gen config` writes in its order (a translated `SysctlConfig` is
+/// appended by the patch engine, upstream writes it after `ResolverConfig`); the v1alpha1
+/// document stays first and everything else keeps its order after them.
+pub(super) fn order_like_gen_config(bundle: &mut ConfigBundle) {
+    let rank = |d: &yaml_serde::Value| match d.get("kind").and_then(|k| k.as_str()) {
+        None => 0,
+        Some(kind) => GEN_CONFIG_ORDER
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(GEN_CONFIG_ORDER.len() + 1, |i| i + 1),
+    };
+    bundle.docs.sort_by_key(rank);
+}
+
 /// The base config `gen config` writes for the v1.14 contract.
 pub(super) fn base_config(
     inv: &Inventory,
