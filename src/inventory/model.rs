@@ -365,6 +365,8 @@ pub(crate) struct PatchKeys {
     pub(crate) fields: Vec<(Vec<String>, super::diag::Loc)>,
     /// Kinds of the typed documents, each with where the document starts.
     pub(crate) kinds: Vec<(String, super::diag::Loc)>,
+    /// The paths of JSON-patch operations (also in `fields`), each at its operation.
+    pub(crate) ops: Vec<(Vec<String>, super::diag::Loc)>,
 }
 
 /// Where a patch was written.

@@ -492,6 +492,7 @@ fn patch_keys(docs: &[Node], path: &str) -> PatchKeys {
                             .map(|s| s.replace("~1", "/").replace("~0", "~"))
                             .collect();
                         if !segments.is_empty() {
+                            out.ops.push((segments.clone(), op.loc.clone()));
                             out.fields.push((segments, op.loc.clone()));
                         }
                     }

@@ -987,7 +987,12 @@ fn patches_under_the_v1_14_contract_are_checked_at_file_and_line() {
         "both.yaml",
         "machine:\n  sysctls: {a: '1'}\n---\napiVersion: v1alpha1\nkind: SysctlConfig\nparams: {b: '2'}\n",
     );
-    let patches = "  patches: [legacy.yaml, files.yaml, mounts.yaml, both.yaml]\n";
+    // A JSON patch into a section v1.14 moved out of v1alpha1.
+    case.file(
+        "ops.yaml",
+        "- op: add\n  path: /machine/kubelet/extraArgs/feature-gates\n  value: X=true\n",
+    );
+    let patches = "  patches: [legacy.yaml, files.yaml, mounts.yaml, both.yaml, ops.yaml]\n";
     let text = with(
         "  vip: 10.0.40.100\n",
         &format!("  vip: 10.0.40.100\n{patches}"),
@@ -1002,7 +1007,7 @@ fn patches_under_the_v1_14_contract_are_checked_at_file_and_line() {
         .map(ToString::to_string)
         .collect();
     let dir = case.dir.path().display().to_string();
-    assert_eq!(all.len(), 3, "{all:#?}");
+    assert_eq!(all.len(), 4, "{all:#?}");
     let find = |file: &str| {
         all.iter()
             .find(|m| m.starts_with(&format!("{dir}/{file}:")))
@@ -1032,6 +1037,13 @@ fn patches_under_the_v1_14_contract_are_checked_at_file_and_line() {
             && both.contains("`machine.sysctls` and a SysctlConfig document")
             && both.contains("only in the SysctlConfig document"),
         "{both}"
+    );
+    let ops = find("ops.yaml");
+    assert!(
+        ops.starts_with(&format!("{dir}/ops.yaml:1:3: error: cluster.patches[4]:"))
+            && ops.contains("`/machine/kubelet/extraArgs/feature-gates`")
+            && ops.contains("KubeletConfig"),
+        "{ops}"
     );
 
     // The same patches under v1.13: the legacy fields are current there; only the v1.13

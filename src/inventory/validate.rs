@@ -289,6 +289,37 @@ fn patch_contract_rules(
     };
     let has_kind = |kind: &str| keys.kinds.iter().any(|(k, _)| k == kind);
     let mut reported: Vec<&[String]> = Vec::new();
+    // A JSON-patch operation below a v1.13 section the v1.14 v1alpha1 document no longer has
+    // (`/machine/kubelet/extraArgs/x`) cannot apply: the section is not there to patch.
+    if contract >= Contract::V1_14 {
+        for (path, loc) in &keys.ops {
+            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+            let Some((_, parent)) = refs.split_last() else {
+                continue;
+            };
+            let translated = TRANSLATED.iter().find(|(p, _)| starts(path, p));
+            if let Some((_, kind)) = translated
+                && !parent.is_empty()
+                && !v1alpha1_has(contract, parent)
+            {
+                d.error_hint(
+                    loc,
+                    &keys.at,
+                    format!(
+                        "the JSON-patch operation on `/{}` needs `/{}` in the v1alpha1 \
+                         document, which the v1.14 contract moved to the {kind} document",
+                        path.join("/"),
+                        parent.join("/")
+                    ),
+                    format!(
+                        "write a strategic-merge patch (a {kind} document, or the v1.13 \
+                         field, which talboot moves into {kind})"
+                    ),
+                );
+                reported.push(path);
+            }
+        }
+    }
     for (path, loc) in &keys.fields {
         if reported
             .iter()
