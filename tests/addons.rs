@@ -105,9 +105,15 @@ async fn cilium_set_installs_in_order_with_markers_and_a_release_record() {
     // kube-system already existed; re-asserting it changes nothing.
     assert_eq!(outcome.unchanged.len(), 1, "{outcome:?}");
 
-    // Every apply was server-side with talboot's field manager, forced.
+    // Every apply was server-side and forced: the release's objects as Helm's field manager
+    // (so `helm upgrade` meets no conflict), the release record itself as talboot.
     let log = double.applies();
-    assert!(log.iter().all(|a| a.field_manager == "talboot" && a.force));
+    assert!(log.iter().all(|a| a.force), "{log:?}");
+    for a in &log {
+        let record = a.kind == "Secret" && a.name.starts_with("sh.helm.release.v1.");
+        let want = if record { "talboot" } else { "helm" };
+        assert_eq!(a.field_manager, want, "{a:?}");
+    }
     // The custom resource came only after its CRD was Established.
     let established = double
         .crd_established_at("ciliumloadbalancerippools.cilium.io")
@@ -469,28 +475,36 @@ async fn the_double_is_strict_like_the_api_server() {
     let client = k::client_from_kubeconfig(double.kubeconfig().as_bytes())
         .await
         .unwrap();
-    let body = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "c", "namespace": "default"}}))
-    .unwrap();
-    let patch = |ctype: &str, query: &str| {
+    let body_with = |value: &str| {
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "default"}, "data": {"k": value}}))
+        .unwrap()
+    };
+    let patch_with = |ctype: &str, query: &str, body: Vec<u8>| {
         axum::http::Request::builder()
             .method("PATCH")
             .uri(format!("/api/v1/namespaces/default/configmaps/c{query}"))
             .header("content-type", ctype)
-            .body(body.clone())
+            .body(body)
             .unwrap()
     };
+    let patch = |ctype: &str, query: &str| patch_with(ctype, query, body_with("1"));
     let code = |r: Result<Value, kube::Error>| match r {
         Err(kube::Error::Api(s)) => s.code,
         other => panic!("expected an API error, got {other:?}"),
     };
+    // A merge patch of an object that does not exist is NotFound; an unknown patch type 415.
     let merge = client
         .request::<Value>(patch(
             "application/merge-patch+json",
             "?fieldManager=talboot",
         ))
         .await;
-    assert_eq!(code(merge), 415);
+    assert_eq!(code(merge), 404);
+    let unknown = client
+        .request::<Value>(patch("text/plain", "?fieldManager=talboot"))
+        .await;
+    assert_eq!(code(unknown), 415);
     let unmanaged = client
         .request::<Value>(patch("application/apply-patch+yaml", ""))
         .await;
@@ -502,9 +516,18 @@ async fn the_double_is_strict_like_the_api_server() {
         ))
         .await
         .unwrap();
-    // Another manager without force conflicts; talboot forces.
-    let conflict = client
+    // Another manager applying the same value shares the field; a different value without
+    // force conflicts; talboot forces.
+    client
         .request::<Value>(patch("application/apply-patch+yaml", "?fieldManager=other"))
+        .await
+        .unwrap();
+    let conflict = client
+        .request::<Value>(patch_with(
+            "application/apply-patch+yaml",
+            "?fieldManager=other",
+            body_with("2"),
+        ))
         .await;
     assert_eq!(code(conflict), 409);
     let taken = kube
@@ -601,4 +624,261 @@ async fn custom_resources_wait_for_an_established_crd() {
             .iter()
             .any(|a| a.kind == "CiliumLoadBalancerIPPool")
     );
+}
+
+/// The Argo CD fixture without its Namespace: the release namespace is talboot's to create,
+/// as with the real chart, which renders none.
+fn argocd_without_namespace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["argocd.yaml", "crds.yaml"] {
+        std::fs::copy(fixture("argocd").join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+async fn argocd_spec(dir: &std::path::Path) -> AddonSpec {
+    let setup = ArgoCdSetup {
+        release: "argocd".into(),
+        namespace: "argocd".into(),
+        options: ArgoCdOptions {
+            domain: "cd.lab".into(),
+            insecure: true,
+            ksops: None,
+        },
+        operator_values: None,
+        age_identity: None,
+        root_app: None,
+    };
+    let chart = ChartMeta {
+        name: "argo-cd".into(),
+        version: "10.1.1".into(),
+        app_version: "v3.4.4".into(),
+        description: String::new(),
+    };
+    argocd_addon(&ManifestSource::Dir(dir.to_owned()), chart, &setup)
+        .await
+        .unwrap()
+}
+
+fn managers(obj: &Value) -> Vec<(String, String)> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["manager"].as_str().unwrap().to_owned(),
+                e["operation"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 31, item 2: the release Namespace talboot creates is owned through a label (Helm's
+/// `name` label), so a second install changes no object; a bare-name Namespace owned
+/// nothing, the server then recorded `before-first-apply`, and the Namespace's
+/// resourceVersion moved on the second run.
+#[tokio::test]
+async fn a_second_install_leaves_the_release_namespace_untouched() {
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+    let kube = session(&double).await;
+    let dir = argocd_without_namespace();
+    let spec = argocd_spec(dir.path()).await;
+    let first = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
+    assert!(
+        first.applied.iter().any(|r| r.kind == "Namespace"),
+        "{first:?}"
+    );
+    let before = double.resource_versions_but_kubelets();
+    for run in 2..=3 {
+        let again = install_addon(&kube, &spec, timeouts(), now())
+            .await
+            .unwrap();
+        assert!(again.applied.is_empty(), "run {run}: {again:?}");
+        assert_eq!(double.resource_versions_but_kubelets(), before, "run {run}");
+    }
+    let ns = double.object("v1", "Namespace", "", "argocd").unwrap();
+    assert_eq!(ns["metadata"]["labels"]["name"], "argocd");
+    assert_eq!(managers(&ns), [("talboot".to_owned(), "Apply".to_owned())]);
+    // kube-system (not talboot's) is not touched at all by the Cilium install.
+    let ks = double.object("v1", "Namespace", "", "kube-system").unwrap();
+    install_addon(&kube, &cilium_spec().await, timeouts(), now())
+        .await
+        .unwrap();
+    assert_eq!(
+        double.object("v1", "Namespace", "", "kube-system").unwrap(),
+        ks
+    );
+}
+
+/// The take-over fixture's release, installed by talboot.
+async fn takeover_install(double: &KubeDouble, kube: &Kube) -> (AddonSpec, Vec<Value>) {
+    let spec = AddonSpec {
+        release: "relay".into(),
+        namespace: "hubble".into(),
+        chart: ChartMeta {
+            name: "relay".into(),
+            version: "0.1.0".into(),
+            app_version: "1.18.0".into(),
+            description: String::new(),
+        },
+        values: json!({}),
+        objects: ManifestSource::Dir(fixture("takeover"))
+            .objects("relay", "hubble", &json!({}))
+            .await
+            .unwrap(),
+        before: Vec::new(),
+        after: Vec::new(),
+        wait_nodes_ready: false,
+    };
+    install_addon(kube, &spec, timeouts(), now()).await.unwrap();
+    let record = double
+        .object("v1", "Secret", "hubble", "sh.helm.release.v1.relay.v1")
+        .unwrap();
+    let release = helm::decode_release_secret(&record).unwrap();
+    // Helm 4 continues the release with its three-way merge unless told otherwise.
+    assert_eq!(release["apply_method"], "csa");
+    let docs = manifest::parse_documents("release", release["manifest"].as_str().unwrap()).unwrap();
+    (spec, docs)
+}
+
+/// Issue 31, item 3: Helm v4's server-side upgrade applies the release manifest as field
+/// manager `helm` without force (helm/helm v4.1.4 pkg/kube/client.go,
+/// patchResourceServerSide). Against talboot's objects that conflicted wherever the stored
+/// value differs from the manifest (zero values dropped, server defaults in atomic structs);
+/// talboot now applies release objects as `helm`, so there is nothing to conflict with.
+#[tokio::test]
+async fn helm_server_side_upgrade_of_a_talboot_release_meets_no_conflict() {
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+    let kube = session(&double).await;
+    let (_, docs) = takeover_install(&double, &kube).await;
+    assert_eq!(docs.len(), 3);
+    let client = k::client_from_kubeconfig(double.kubeconfig().as_bytes())
+        .await
+        .unwrap();
+    for doc in &docs {
+        let r = ObjectRef::of(doc).unwrap();
+        let live_obj = live(&double, &r);
+        let body = serde_json::to_vec(doc).unwrap();
+        let path = match r.kind.as_str() {
+            "Deployment" => format!("/apis/apps/v1/namespaces/hubble/deployments/{}", r.name),
+            "ConfigMap" => format!("/api/v1/namespaces/hubble/configmaps/{}", r.name),
+            _ => format!(
+                "/apis/networking.k8s.io/v1/namespaces/hubble/networkpolicies/{}",
+                r.name
+            ),
+        };
+        let applied: Value = client
+            .request(
+                axum::http::Request::builder()
+                    .method("PATCH")
+                    .uri(format!("{path}?fieldManager=helm&force=false"))
+                    .header("content-type", "application/apply-patch+yaml")
+                    .body(body)
+                    .unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{r}: {e}"));
+        // Nothing changed: the same manager applied the same manifest.
+        assert_eq!(
+            applied["metadata"]["resourceVersion"], live_obj["metadata"]["resourceVersion"],
+            "{r}"
+        );
+        assert_eq!(
+            managers(&applied),
+            [("helm".to_owned(), "Apply".to_owned())],
+            "{r}"
+        );
+    }
+    // What an older talboot left (everything also owned by `talboot`) conflicts with Helm on
+    // exactly the issue's fields — and the next talboot run hands those fields over.
+    let deploy = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    kube.apply(deploy, "hubble").await.unwrap();
+    let other_manager = serde_json::to_vec(deploy).unwrap();
+    let err = client
+        .request::<Value>(
+            axum::http::Request::builder()
+                .method("PATCH")
+                .uri("/apis/apps/v1/namespaces/hubble/deployments/relay?fieldManager=python3&force=false")
+                .header("content-type", "application/apply-patch+yaml")
+                .body(other_manager.clone())
+                .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    for field in [
+        ".spec.template.metadata.annotations",
+        "].readinessProbe.initialDelaySeconds",
+        "].volumeMounts[mountPath=\"/etc/hubble-relay\"].readOnly",
+        "].valueFrom.fieldRef",
+        ".spec.template.spec.priorityClassName",
+    ] {
+        assert!(message.contains(field), "{field} not in {message}");
+    }
+    assert!(message.contains("conflicts with \"talboot\":"), "{message}");
+    takeover_install(&double, &kube).await;
+    let relay = double
+        .object("apps/v1", "Deployment", "hubble", "relay")
+        .unwrap();
+    assert_eq!(managers(&relay), [("helm".to_owned(), "Apply".to_owned())]);
+}
+
+/// Issue 31, item 4: the server's `Warning` headers (here PodSecurity `restricted` findings
+/// in a Namespace labelled to warn) reach the install's outcome, per object.
+#[tokio::test]
+async fn server_warnings_reach_the_outcome() {
+    let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+    let kube = k::Kube::from_kubeconfig(double.kubeconfig().as_bytes(), Duration::from_millis(20))
+        .await
+        .unwrap();
+    // The operator made the namespace, labelled for PodSecurity warnings, before the install.
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(
+        k::client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap(),
+    );
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "argocd",
+            "labels": {"pod-security.kubernetes.io/warn": "restricted"}}}))
+        .unwrap();
+    namespaces
+        .create(&kube::api::PostParams::default(), &ns)
+        .await
+        .unwrap();
+    double.warn_on(
+        "ConfigMap",
+        "argocd",
+        "argocd-cmd-params-cm",
+        Some("a \"quoted\" warning"),
+    );
+    let dir = argocd_without_namespace();
+    let spec = argocd_spec(dir.path()).await;
+    let out = install_addon(&kube, &spec, timeouts(), now())
+        .await
+        .unwrap();
+    let on = |name: &str| -> Vec<&String> {
+        out.warnings
+            .iter()
+            .filter(|(r, _)| r.name == name)
+            .map(|(_, w)| w)
+            .collect()
+    };
+    let server = on("argocd-server");
+    assert_eq!(server.len(), 1, "{:?}", out.warnings);
+    assert!(
+        server[0].starts_with(
+            "would violate PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false \
+             (container \"server\" must set securityContext.allowPrivilegeEscalation=false)"
+        ),
+        "{}",
+        server[0]
+    );
+    assert_eq!(
+        on("argocd-cmd-params-cm"),
+        [&"a \"quoted\" warning".to_owned()]
+    );
+    assert!(on("argocd-application-controller")[0].contains("runAsNonRoot != true"));
 }

@@ -303,3 +303,44 @@ fn check_validates_the_rendered_configs_against_the_schema() {
         "{stderr}"
     );
 }
+
+/// `check` validates against the schema of the cluster's Talos minor: the 13-node rack with
+/// nothing but `talosVersion` moved to v1.14.0 renders the v1.14 documents with no problem and
+/// no warning, and a v1.14 document in a v1.13 cluster is still refused.
+#[test]
+fn check_renders_and_validates_the_v1_14_contract_for_a_v1_14_cluster() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("patches")).unwrap();
+    for e in std::fs::read_dir(repo.join("config/patches")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join("patches").join(e.file_name())).unwrap();
+    }
+    let rack = std::fs::read_to_string(repo.join("config/rack.yaml")).unwrap();
+    std::fs::write(
+        dir.join("rack.yaml"),
+        rack.replace("talosVersion: v1.13.9", "talosVersion: v1.14.0"),
+    )
+    .unwrap();
+    let out = talboot_in(dir, &["check", "-c", "rack.yaml"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    // A v1.14 document in a v1.13 cluster: refused by v1.13's schema.
+    std::fs::write(
+        dir.join("patches/rack-common.yaml"),
+        "apiVersion: v1alpha1\nkind: SysctlConfig\nparams: {vm.max_map_count: '262144'}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("rack.yaml"), &rack).unwrap();
+    let out = talboot_in(dir, &["check", "-c", "rack.yaml"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr
+            .contains("node rack1-cp-01: SysctlConfig `kind`: unknown document kind SysctlConfig"),
+        "{stderr}"
+    );
+}

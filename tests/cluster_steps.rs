@@ -179,6 +179,13 @@ impl Talboot {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_progress_to_handed_off_with_a_restart_before_each_and_never_reapply() {
     let world = World::start().await;
+    // The API server warns on one Argo CD workload (as PodSecurity or a webhook would).
+    world.double.warn_on(
+        "Deployment",
+        "argocd",
+        "argocd-server",
+        Some("would violate PodSecurity \"restricted:latest\": runAsNonRoot != true"),
+    );
     let expected = [
         ClusterStep::Bootstrapped,
         ClusterStep::ApiReady,
@@ -240,6 +247,10 @@ async fn steps_progress_to_handed_off_with_a_restart_before_each_and_never_reapp
         "cluster.step cni-installed -> nodes-ready: every node is Ready",
         "cluster.step nodes-ready -> argocd-installed: Argo CD 10.1.1 installed",
         "cluster.step argocd-installed -> handed-off",
+        // Issue 31, item 4: the server's warning is an event on the cluster timeline.
+        "cluster.step Argo CD: the API server warned on Deployment \
+         argocd/argocd-server: would violate PodSecurity \"restricted:latest\": runAsNonRoot \
+         != true",
     ] {
         assert!(events.contains(needle), "{needle} missing in:\n{events}");
     }
@@ -382,6 +393,34 @@ fn charts() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/charts")
 }
 
+/// Issue 31 item 1: a real `helm template` of a chart that renders `defaultMode: 0400` (as
+/// Cilium 1.18's agent DaemonSet does) reads as kubectl and Helm read it, the integer 256
+/// (YAML 1.1 octal), not the string the API server refuses.
+#[test]
+fn real_helm_render_reads_an_octal_default_mode_as_kubectl_does() {
+    let Some(helm) = helm_bin() else { return };
+    let out = std::process::Command::new(helm)
+        .args(["template", "cilium"])
+        .arg(charts().join("cilium"))
+        .args(["--namespace", "kube-system"])
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("defaultMode: 0400"), "{text}");
+    let objects = talboot::addons::manifest::parse_documents("helm template", &text).unwrap();
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "cilium")
+        .expect("the cilium DaemonSet");
+    let mode = &ds["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"];
+    assert_eq!(mode, &serde_json::json!(256), "{mode}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_helm_renders_local_charts_with_the_inventory_settings() {
     use base64::Engine as _;
@@ -443,6 +482,15 @@ async fn real_helm_renders_local_charts_with_the_inventory_settings() {
     };
     // talboot's Talos values reached the chart (they override its defaults), rendered for
     // the inventory's Kubernetes version, in the release namespace.
+    // Cilium's `defaultMode: 0400` went out as the integer 256, as kubectl sends it.
+    let agent = world
+        .double
+        .object("apps/v1", "DaemonSet", "kube-system", "cilium")
+        .expect("the cilium DaemonSet applied");
+    assert_eq!(
+        agent["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"],
+        256
+    );
     let cilium = data("kube-system", "cilium-config");
     assert_eq!(cilium["ipam"], "kubernetes");
     assert_eq!(cilium["kube-proxy-replacement"], "true");
@@ -655,6 +703,17 @@ mod from_talos {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    // A new cluster's control plane finishes booting only after Bootstrap
+                    // (its etcd waits to join), which talboot's run loop does alongside.
+                    let mark = store::open(&world.state_dir())
+                        .unwrap()
+                        .row(store::ClusterTable::Progress, BOOTSTRAP_KEY)
+                        .unwrap();
+                    if mark.as_deref() != Some(b"done".as_slice()) {
+                        let t = boot(&world, &ca);
+                        let _ = t.prov().step_cluster().await;
+                        t.kill().await;
+                    }
                 }
             }
         }

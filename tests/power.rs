@@ -1,10 +1,14 @@
 //! Power control against real peers, all inside network namespaces the tests create:
-//! Wake-on-LAN captured with a raw socket on the segment and checked byte by byte; IPMI 2.0
-//! LAN (RMCP+, cipher suite 3) against OpenIPMI's `ipmi_sim` whose chassis-control program
-//! records every power and boot-device change; `rack up` over both; `check --probe`; and no
+//! Wake-on-LAN captured with a raw socket on the segment and checked byte by byte (with and
+//! without a SecureOn password); IPMI 2.0 LAN (RMCP+, cipher suite 3) against OpenIPMI's
+//! `ipmi_sim` whose chassis-control program records every power and boot-device change, and
+//! against a second BMC built on pyghmi (the library virtualbmc uses), which never answers
+//! the RMCP presence ping and records the raw boot flags (EFI bit included) it receives,
+//! checked against what `ipmitool` sends; `rack up` over both; `check --probe`; and no
 //! credential in any output of a failing or succeeding run.
 //!
-//! Needs root, iproute2 and `ipmi_sim` (Debian `openipmi`, from scripts/test-deps).
+//! Needs root, iproute2, `ipmi_sim` and `rmcp_ping` (Debian `openipmi`), `ipmitool`, and the
+//! pyghmi venv, all from scripts/test-deps.
 
 mod support;
 
@@ -20,6 +24,9 @@ use support::netns::{Lab, require_tool};
 const BMC_PASS: &str = "bmc-Pass-7c1e9";
 const BMC_USER: &str = "admin";
 const WOL_MAC: [u8; 6] = [0xaa, 0x00, 0x00, 0x00, 0x00, 0x21];
+/// A SecureOn password in each form etherwake's `-p` takes (six hex, four dotted bytes).
+const WOL_SOPASS6: &str = "5e:C2:07:0a:b1:9f";
+const WOL_SOPASS4: &str = "203.0.113.77";
 
 fn inventory(dir: &Path, net: &str, nodes: &str) -> PathBuf {
     let text = format!(
@@ -80,6 +87,9 @@ fn talboot(lab: &Lab, inv: &Path, state: &Path, pass: &str, args: &[&str]) -> Ou
         .arg("--state-dir")
         .arg(state)
         .env("TB_TEST_BMC_PASS", pass)
+        .env("TB_TEST_WOL_SOPASS6", WOL_SOPASS6)
+        .env("TB_TEST_WOL_SOPASS4", WOL_SOPASS4)
+        .env("TB_TEST_WOL_SOPASS_BAD", "hunter2-sopass")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
@@ -94,6 +104,17 @@ fn talboot(lab: &Lab, inv: &Path, state: &Path, pass: &str, args: &[&str]) -> Ou
         !all.contains(pass),
         "talboot {args:?} printed the BMC password:\n{all}"
     );
+    for secret in [
+        WOL_SOPASS6,
+        &WOL_SOPASS6.to_lowercase(),
+        WOL_SOPASS4,
+        "hunter2",
+    ] {
+        assert!(
+            !all.contains(secret),
+            "talboot {args:?} printed a SecureOn password:\n{all}"
+        );
+    }
     out
 }
 
@@ -159,6 +180,13 @@ fn wol_lab(net: &str) -> Lab {
 /// Checks a captured IPv4+UDP datagram is the magic packet for [`WOL_MAC`] to the subnet
 /// broadcast, port 9.
 fn assert_magic_packet(pkt: &[u8], net: &str) {
+    assert_magic_packet_with(pkt, net, &[]);
+}
+
+/// Checks a captured IPv4+UDP datagram is the magic packet for [`WOL_MAC`] to the subnet
+/// broadcast, port 9, followed by exactly the SecureOn password `sopass` (AMD's Magic Packet
+/// white paper: the password follows the sixteenth copy of the MAC).
+fn assert_magic_packet_with(pkt: &[u8], net: &str, sopass: &[u8]) {
     let ihl = usize::from(pkt[0] & 0x0f) * 4;
     let dst = Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]);
     assert_eq!(dst, format!("{net}.255").parse::<Ipv4Addr>().unwrap());
@@ -166,11 +194,12 @@ fn assert_magic_packet(pkt: &[u8], net: &str) {
     assert_eq!(u16::from_be_bytes([udp[2], udp[3]]), 9, "UDP port");
     assert_eq!(
         usize::from(u16::from_be_bytes([udp[4], udp[5]])),
-        8 + 102,
+        8 + 102 + sopass.len(),
         "UDP length"
     );
     let payload = &udp[8..];
-    assert_eq!(payload.len(), 102);
+    assert_eq!(payload.len(), 102 + sopass.len());
+    assert_eq!(&payload[102..], sopass, "SecureOn password bytes");
     for (i, b) in payload[..6].iter().enumerate() {
         assert_eq!(*b, 0xff, "sync byte {i}");
     }
@@ -233,6 +262,67 @@ fn wake_on_lan_sends_the_magic_packet_to_the_segment() {
             describe(&o)
         );
     }
+}
+
+#[test]
+fn wake_on_lan_appends_the_secureon_password() {
+    if !require_tool("ip", "NETNS") {
+        return;
+    }
+    let net = "10.94.1";
+    let lab = wol_lab(net);
+    let dir = tempfile::tempdir().unwrap();
+    // Three nodes whose NIC is the one the lab's client has (`mac:` in the block).
+    let node = |name: &str, n: u8, var: &str| {
+        format!(
+            "  - name: {name}
+    mac: aa:00:00:00:00:3{n}
+    role: worker
+    address: {net}.3{n}/24
+    installDisk: /dev/sda
+    power: {{kind: wol, mac: aa:00:00:00:00:21, secureOnEnv: {var}}}
+"
+        )
+    };
+    let nodes = format!(
+        "{}{}{}",
+        node("wk-six", 1, "TB_TEST_WOL_SOPASS6"),
+        node("wk-four", 2, "TB_TEST_WOL_SOPASS4"),
+        node("wk-broken", 3, "TB_TEST_WOL_SOPASS_BAD"),
+    );
+    let inv = inventory(dir.path(), net, &nodes);
+    let state = dir.path().join("state");
+
+    for (name, want) in [
+        ("wk-six", &[0x5e, 0xc2, 0x07, 0x0a, 0xb1, 0x9f][..]),
+        ("wk-four", &[203, 0, 113, 77][..]),
+    ] {
+        let rx = capture_udp(&lab, 9);
+        let o = talboot(&lab, &inv, &state, BMC_PASS, &["node", "power", name, "on"]);
+        assert!(o.status.success(), "{}", describe(&o));
+        let pkt = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("no magic packet captured");
+        assert_magic_packet_with(&pkt, net, want);
+    }
+
+    // A password that is neither form: refused before anything is sent, naming the field
+    // and the variable, not the value (the helper checks no output shows it).
+    let o = talboot(
+        &lab,
+        &inv,
+        &state,
+        BMC_PASS,
+        &["node", "power", "wk-broken", "on"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("power.secureOnEnv (environment variable TB_TEST_WOL_SOPASS_BAD) is not a SecureOn password")
+            && err.contains("aa:bb:cc:dd:ee:ff"),
+        "{}",
+        describe(&o)
+    );
 }
 
 /// `ipmi_sim` in the lab's server namespace on 127.0.0.1:`port`, with a chassis-control
@@ -1115,4 +1205,197 @@ fn push_inventory(d: &Path, net: &str, nodes: &str) -> (PathBuf, PathBuf) {
         assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
     }
     (inv, key)
+}
+
+/// Where scripts/test-deps builds the pyghmi venv.
+const PYGHMI_VENV: &str = "/var/tmp/talboot-test/pyghmi-venv";
+
+/// A BMC on pyghmi's server side (`tests/support/pyghmi_bmc.py`, pyghmi pinned by
+/// scripts/test-deps) in the lab's server namespace on 127.0.0.1:`port`. Like virtualbmc, it
+/// never answers the RMCP presence ping; it appends `power on|off|cycle` and the raw Set
+/// System Boot Options parameter-5 bytes (`bootflags 05 a0 04 00 00 00`) to its log.
+struct PyghmiBmc {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl PyghmiBmc {
+    /// True when the venv is there; otherwise panics unless TALBOOT_SKIP_PYGHMI is set.
+    fn available() -> bool {
+        if Path::new(PYGHMI_VENV).join("bin/python").exists() {
+            return true;
+        }
+        if std::env::var_os("TALBOOT_SKIP_PYGHMI").is_some() {
+            eprintln!("pyghmi venv missing; skipped (TALBOOT_SKIP_PYGHMI is set)");
+            return false;
+        }
+        panic!("{PYGHMI_VENV} is missing: run scripts/test-deps (or set TALBOOT_SKIP_PYGHMI=1)");
+    }
+
+    fn start(lab: &mut Lab, port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("bmc.out")).unwrap();
+        let child = lab
+            .in_srv(Path::new(PYGHMI_VENV).join("bin/python"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/support/pyghmi_bmc.py"
+            ))
+            .args(["127.0.0.1", &port.to_string(), BMC_USER, BMC_PASS])
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start the pyghmi BMC");
+        // The lab kills it on drop, also when an assertion fails.
+        lab.children.push(child);
+        let bmc = Self { dir, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let needle = format!("127.0.0.1:{port}");
+        loop {
+            let out = lab.in_srv("ss").args(["-Hnul"]).output().unwrap();
+            if bmc.dir.path().join("ready").exists()
+                && String::from_utf8_lossy(&out.stdout).contains(&needle)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pyghmi BMC did not listen:\n{}",
+                std::fs::read_to_string(bmc.dir.path().join("bmc.out")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bmc
+    }
+
+    fn log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn pyghmi_node(net: &str, name: &str, n: u8, port: u16, firmware: &str) -> String {
+    format!(
+        "  - name: {name}
+    mac: aa:00:00:00:00:{n:02x}
+    role: worker
+    address: {net}.{n}/24
+    installDisk: /dev/sda
+{firmware}    power: {{kind: ipmi, host: 127.0.0.1, port: {port}, user: {BMC_USER}, passwordEnv: TB_TEST_BMC_PASS}}
+"
+    )
+}
+
+#[test]
+fn ipmi_against_a_pyghmi_bmc_without_the_rmcp_pong_powers_and_asks_for_an_efi_boot() {
+    if !require_tool("ip", "NETNS")
+        || !require_tool("rmcp_ping", "IPMI_SIM")
+        || !require_tool("ipmitool", "IPMITOOL")
+        || !PyghmiBmc::available()
+    {
+        return;
+    }
+    let net = "10.98.0";
+    let mut lab = Lab::new(net);
+    let bmc = PyghmiBmc::start(&mut lab, 16240);
+
+    // The peer is what the defect needs: no answer to the RMCP presence ping (OpenIPMI's
+    // rmcp_ping prints each pong it gets), while ipmitool's lanplus, which never pings,
+    // reads the power state.
+    let ping = lab
+        .in_srv("rmcp_ping")
+        .args(["-p", &bmc.port.to_string(), "-t", "1", "127.0.0.1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ping.stdout).trim().is_empty(),
+        "the pyghmi BMC answered the presence ping: {}",
+        describe(&ping)
+    );
+    let ipmitool = |args: &[&str]| {
+        let o = lab
+            .in_srv("ipmitool")
+            .args(["-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p"])
+            .arg(bmc.port.to_string())
+            .args(["-U", BMC_USER, "-P", BMC_PASS])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "ipmitool {args:?}: {}", describe(&o));
+        stdout(&o)
+    };
+    assert!(ipmitool(&["chassis", "power", "status"]).contains("Chassis Power is off"));
+    // ipmitool's bytes for a UEFI PXE boot, once and persistent: the reference for talboot's.
+    ipmitool(&["chassis", "bootdev", "pxe", "options=efiboot"]);
+    ipmitool(&["chassis", "bootdev", "pxe", "options=efiboot,persistent"]);
+    let reference = bmc.log();
+    assert_eq!(
+        reference,
+        ["bootflags 05 a0 04 00 00 00", "bootflags 05 e0 04 00 00 00"],
+        "ipmitool's EFI boot flags as the pyghmi BMC recorded them"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = format!(
+        "{}{}",
+        pyghmi_node(net, "wk-uefi", 0x41, bmc.port, "    firmware: uefi\n"),
+        pyghmi_node(net, "wk-bios", 0x42, bmc.port, "    firmware: bios\n"),
+    );
+    let inv = inventory(dir.path(), net, &nodes);
+    let state = dir.path().join("state");
+    let tb = |args: &[&str]| {
+        let o = talboot(&lab, &inv, &state, BMC_PASS, args);
+        assert!(o.status.success(), "talboot {args:?}: {}", describe(&o));
+        stdout(&o)
+    };
+    let since = |n: usize| bmc.log()[n..].to_vec();
+
+    // Power on, status, off: a session is opened although no pong ever comes.
+    assert!(tb(&["node", "power", "wk-uefi", "status"]).contains("wk-uefi: power off"));
+    assert!(tb(&["node", "power", "wk-uefi", "on"]).contains("power on sent"));
+    assert!(tb(&["node", "power", "wk-uefi", "status"]).contains("wk-uefi: power on"));
+    assert!(tb(&["node", "power", "wk-uefi", "off"]).contains("power off sent"));
+    assert!(tb(&["node", "power", "wk-uefi", "status"]).contains("wk-uefi: power off"));
+    assert_eq!(since(2), ["power on", "power off"]);
+
+    // A UEFI node: the same bytes as ipmitool's `options=efiboot`, once and persistent.
+    let n = bmc.log().len();
+    assert!(tb(&["node", "boot", "wk-uefi", "network"]).contains("next boot: network (once)"));
+    tb(&["node", "boot", "wk-uefi", "network", "--persistent"]);
+    tb(&["node", "boot", "wk-uefi", "disk", "--persistent"]);
+    assert_eq!(
+        since(n),
+        [
+            reference[0].as_str(),
+            reference[1].as_str(),
+            "bootflags 05 e0 08 00 00 00"
+        ]
+    );
+
+    // A BIOS node: a legacy (PC compatible) boot, bit 5 clear.
+    let n = bmc.log().len();
+    tb(&["node", "boot", "wk-bios", "network"]);
+    assert_eq!(since(n), ["bootflags 05 80 04 00 00 00"]);
+
+    // `check --probe` reaches it too.
+    let o = lab
+        .in_srv(env!("CARGO_BIN_EXE_talboot"))
+        .args(["check", "--probe", "-c"])
+        .arg(&inv)
+        .env("TB_TEST_BMC_PASS", BMC_PASS)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&o).contains(&format!(
+            "probe wk-uefi: ipmi ipmi://127.0.0.1:{} answered: power off",
+            bmc.port
+        )),
+        "{}",
+        describe(&o)
+    );
 }

@@ -163,6 +163,9 @@ struct World {
     creds: ClientCreds,
     nodes: Vec<(String, FakeTalosNode)>,
     _cluster: FakeCluster,
+    /// Cluster steps [`World::provision`] ran (see there), until [`World::cluster_steps`]
+    /// reports them.
+    cluster_seen: std::sync::Mutex<Vec<ClusterProgress>>,
 }
 
 impl World {
@@ -192,6 +195,7 @@ impl World {
             creds,
             nodes,
             _cluster: cluster,
+            cluster_seen: std::sync::Mutex::default(),
         };
         // The DHCP server's leases, as it would have written them.
         let store = store::open(&world.state_dir()).unwrap();
@@ -261,10 +265,13 @@ impl World {
     }
 
     /// Steps `name` with a restart before every step until it settles, letting the fake
-    /// node finish rebooting whenever talboot has to wait.
+    /// node finish rebooting whenever talboot has to wait. A control plane of a new cluster
+    /// becomes Ready only after Bootstrap (its etcd waits to join, so its boot never ends):
+    /// while nothing is bootstrapped, a wait also runs the cluster step, as talboot's run loop
+    /// does alongside (what it reports is kept for [`Self::cluster_steps`]).
     async fn provision(&self, name: &str) -> Vec<NodeStep> {
         let mut steps = Vec::new();
-        for _ in 0..20 {
+        for _ in 0..40 {
             let t = self.boot();
             let step = t.prov().step_node(name).await.unwrap();
             t.kill().await;
@@ -272,15 +279,52 @@ impl World {
             match step {
                 NodeStep::Settled => return steps,
                 NodeStep::Advanced(_) => {}
-                NodeStep::Waiting(_) => settle(self.node(name)).await,
+                NodeStep::Waiting(_) => {
+                    settle(self.node(name)).await;
+                    if self.bootstrap_mark().is_none_or(|m| m == "rebuilt") {
+                        let t = self.boot();
+                        if let Ok(p) = t.prov().step_cluster().await {
+                            self.cluster_seen.lock().unwrap().push(p);
+                        }
+                        t.kill().await;
+                    }
+                }
             }
         }
         panic!("{name} never settled: {steps:?}");
     }
 
-    /// Cluster steps with a restart before every step until done.
+    /// Steps `name` (a control plane of a new cluster) until it waits for Bootstrap:
+    /// installed, booted from disk, secured API up, and not Ready.
+    async fn provision_to_bootstrap(&self, name: &str) {
+        for _ in 0..40 {
+            let t = self.boot();
+            let step = t.prov().step_node(name).await.unwrap();
+            t.kill().await;
+            let node = self.node(name);
+            if self.phase(name) == NodePhase::Installing && node.phase() == Phase::Secured {
+                return;
+            }
+            if matches!(step, NodeStep::Waiting(_)) {
+                settle(node).await;
+            }
+        }
+        panic!("{name} never came to wait for Bootstrap");
+    }
+
+    /// The stored bootstrap mark (`intent`, `done`, `rebuilt`), if any.
+    fn bootstrap_mark(&self) -> Option<String> {
+        self.with_store(|s| {
+            s.row(talboot::store::ClusterTable::Progress, BOOTSTRAP_KEY)
+                .unwrap()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+    }
+
+    /// Cluster steps with a restart before every step until done (after those
+    /// [`Self::provision`] ran).
     async fn cluster_steps(&self) -> Vec<ClusterProgress> {
-        let mut seen = Vec::new();
+        let mut seen = std::mem::take(&mut *self.cluster_seen.lock().unwrap());
         for _ in 0..10 {
             let t = self.boot();
             let p = t.prov().step_cluster().await.unwrap();
@@ -581,10 +625,16 @@ async fn bootstrap_intent_from_a_crashed_run_is_not_repeated_and_health_timeout_
     let machines = [cp("cp-1", 11), cp("cp-2", 12)];
     let world = World::start(32, &machines, |_| {}).await;
     for m in &machines {
-        world.provision(m.name).await;
+        world.provision_to_bootstrap(m.name).await;
     }
-    // A run recorded its intent, made the call, and died before recording "done".
+    // A run chose cp-1, recorded its intent, made the call, and died before recording "done".
     world.with_store(|s| {
+        s.put_row(
+            talboot::store::ClusterTable::Progress,
+            talboot::provision::cluster::BOOTSTRAP_NODE_KEY,
+            b"cp-1",
+        )
+        .unwrap();
         s.put_row(
             talboot::store::ClusterTable::Progress,
             BOOTSTRAP_KEY,
@@ -599,6 +649,11 @@ async fn bootstrap_intent_from_a_crashed_run_is_not_repeated_and_health_timeout_
         .await
         .unwrap();
     assert_eq!(cp1.bootstrap_calls(), 1);
+    // Bootstrapped, both finish booting (cp-2 joins by itself) and become Ready.
+    for m in &machines {
+        world.provision(m.name).await;
+        assert_eq!(world.phase(m.name), NodePhase::Ready);
+    }
 
     // No API server listens on the endpoint: the health wait must give up at its deadline.
     let t = world.boot_with(world.creds.clone(), Duration::from_millis(300));
@@ -1019,6 +1074,25 @@ async fn ready_only_once_installed_and_running_from_disk() {
     t.kill().await;
     assert_eq!(world.phase("cp-1"), NodePhase::Installing);
     let t = world.boot();
+    // Booted from disk, a control plane of a new cluster waits for Bootstrap in stage
+    // booting (its etcd waits to join): still not Ready...
+    let booting = step_until(
+        &t,
+        "cp-1",
+        |r| matches!(r, Ok(NodeStep::Waiting(w)) if w == "machine stage booting"),
+    )
+    .await;
+    assert!(booting.is_ok());
+    // ...until the cluster step bootstraps it.
+    let mut bootstrapped = false;
+    for _ in 0..50 {
+        if t.prov().step_cluster().await.unwrap() == ClusterProgress::Bootstrapped {
+            bootstrapped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(bootstrapped);
     let ready = step_until(&t, "cp-1", |r| {
         matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
     })
@@ -1231,7 +1305,7 @@ async fn bootstrap_node_is_chosen_among_healthy_control_planes() {
     assert!(t.prov().step_node("cp-1").await.is_err());
     t.kill().await;
     assert_eq!(world.phase("cp-1"), NodePhase::Failed);
-    world.provision("cp-2").await;
+    world.provision_to_bootstrap("cp-2").await;
     let t = world.boot();
     assert_eq!(t.prov().bootstrap_node().await.unwrap(), "cp-2");
     let mut bootstrapped = false;
@@ -1246,6 +1320,65 @@ async fn bootstrap_node_is_chosen_among_healthy_control_planes() {
     assert!(bootstrapped);
     assert_eq!(world.node("cp-2").bootstrap_calls(), 1);
     assert_eq!(world.node("cp-1").bootstrap_calls(), 0);
+    world.provision("cp-2").await;
+    assert_eq!(world.phase("cp-2"), NodePhase::Ready);
+}
+
+/// Issue 24 item 0: on Talos a new cluster's control planes never reach machine stage
+/// `running` (talboot's Ready) before Bootstrap: their etcd waits to join and the boot
+/// sequence waits for etcd. talboot bootstraps the first one ready for Bootstrap (installed,
+/// booted from disk, secured API answering, etcd started), as `talosctl cluster create`
+/// does, and only then do they become Ready. (With the old Ready-only choice the cluster
+/// step waited forever.)
+#[tokio::test]
+async fn a_new_cluster_is_bootstrapped_before_any_control_plane_is_ready() {
+    let machines = [cp("cp-1", 11), cp("cp-2", 12), cp("cp-3", 13)];
+    let world = World::start(44, &machines, |_| {}).await;
+    for m in &machines {
+        world.provision_to_bootstrap(m.name).await;
+    }
+    // However long talboot waits, none of them becomes Ready by itself.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for m in &machines {
+        let t = world.boot();
+        let step = t.prov().step_node(m.name).await.unwrap();
+        t.kill().await;
+        assert!(matches!(step, NodeStep::Waiting(_)), "{}: {step:?}", m.name);
+        assert_eq!(world.phase(m.name), NodePhase::Installing);
+        assert!(!world.node(m.name).etcd_member(), "{}", m.name);
+    }
+    let mut progress = Vec::new();
+    for _ in 0..50 {
+        let t = world.boot();
+        let p = t.prov().step_cluster().await.unwrap();
+        t.kill().await;
+        progress.push(p.clone());
+        if p == ClusterProgress::Bootstrapped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        progress.last(),
+        Some(&ClusterProgress::Bootstrapped),
+        "{progress:?}"
+    );
+    assert_eq!(world.node("cp-1").bootstrap_calls(), 1);
+    let events = world.events("cp-1").join("\n");
+    assert!(
+        events.contains("ready for Bootstrap: installed, booted from disk"),
+        "{events}"
+    );
+    // Then each finishes booting (the others by joining) and is Ready.
+    for m in &machines {
+        world.provision(m.name).await;
+        assert_eq!(world.phase(m.name), NodePhase::Ready, "{}", m.name);
+        assert!(world.node(m.name).etcd_member(), "{}", m.name);
+    }
+    for other in ["cp-2", "cp-3"] {
+        assert_eq!(world.node(other).bootstrap_calls(), 0, "{other}");
+    }
+    assert_eq!(world.node("cp-1").etcd_clusters(), 1);
 }
 
 /// Issue 10, item 8: the run loop probes only machines that booted Talos from talboot, backs

@@ -164,6 +164,43 @@ async fn several_systems_need_a_system_id_and_an_unknown_one_is_an_error() {
     assert!(err.to_string().contains("404"), "{err}");
 }
 
+/// Issue 24 item 5 against sushy-tools' own fake driver: a system whose boot mode is Legacy
+/// (`boot_mode` in `SUSHY_EMULATOR_FAKE_SYSTEMS`; the emulator's PATCH handler stores
+/// `BootSourceOverrideMode` through `set_boot_mode`, openstack/sushy-tools 2.2.0
+/// `sushy_tools/emulator/main.py`) and a UEFI node: the one-time PXE override leaves it in UEFI.
+#[tokio::test]
+async fn a_uefi_node_on_a_legacy_sushy_system_is_set_to_uefi() {
+    if !support::sushy::available() {
+        return;
+    }
+    let dir = work("mode");
+    let opts = SushyOptions {
+        config: format!(
+            "SUSHY_EMULATOR_FAKE_SYSTEMS = [{{'uuid': '{UUID_A}', 'name': 'node-a', 'power_state': 'Off', 'boot_mode': 'Legacy', 'external_notifier': False, 'nics': [{{'mac': '52:54:00:00:00:01', 'ip': '192.0.2.1'}}]}}]"
+        ),
+        ..Default::default()
+    };
+    let bmc = Sushy::start(dir.path(), &opts);
+    let path = format!("/redfish/v1/Systems/{UUID_A}");
+    let before = raw_get(&bmc, &opts, &path).await;
+    assert_eq!(
+        before["Boot"]["BootSourceOverrideMode"], "Legacy",
+        "{before}"
+    );
+    let mut cfg = config(&bmc, &opts);
+    cfg.boot_mode = Some(talboot::power::redfish::BootMode::Uefi);
+    let set = Redfish::new(cfg)
+        .unwrap()
+        .set_boot_device(BootDevice::Network, BootPersistence::Once)
+        .await
+        .unwrap();
+    let sys = raw_get(&bmc, &opts, &path).await;
+    assert_eq!(sys["Boot"]["BootSourceOverrideMode"], "UEFI", "{sys}");
+    assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Pxe", "{sys}");
+    assert_eq!(set.mode.as_deref(), Some("UEFI"));
+    assert!(set.notes.is_empty(), "{set:?}");
+}
+
 /// Collects every log line (all targets, trace level) written while a test runs.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -429,6 +466,8 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
             ca: None,
             user: opts.user.clone(),
             password: Credential::new(opts.password.clone()),
+            auth: Default::default(),
+            boot_mode: None,
         }),
     )]));
     let events_of = {
@@ -442,6 +481,7 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
                 .collect()
         }
     };
+    let marks = store.clone();
     let prov = Provisioner::new(
         inventory,
         store,
@@ -468,6 +508,17 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                // A new cluster's control plane finishes booting only after Bootstrap (its
+                // etcd waits to join), which talboot's run loop does alongside.
+                let mark = marks
+                    .row(
+                        talboot::store::ClusterTable::Progress,
+                        talboot::provision::cluster::BOOTSTRAP_KEY,
+                    )
+                    .unwrap();
+                if mark.as_deref() != Some(b"done".as_slice()) {
+                    let _ = prov.step_cluster().await;
+                }
             }
         }
     }

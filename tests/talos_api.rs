@@ -450,11 +450,20 @@ async fn bootstrap_happens_once_and_kubeconfig_streams_back() {
         "{err:?}"
     );
     assert_eq!(node.bootstrap_calls(), 2);
+    // etcd starts after Bootstrap answered (as after any boot, it serves a few seconds
+    // later); the member list needs it to have a leader.
+    let mut members = Vec::new();
+    for _ in 0..500 {
+        if let Ok(m) = admin.etcd_member_list().await {
+            members = m;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(
         etcd(&admin.service_list().await.unwrap()).as_deref(),
         Some("Running")
     );
-    let members = admin.etcd_member_list().await.unwrap();
     assert_eq!(members.len(), 1);
     assert_eq!(members[0].hostname, "cp-50");
 

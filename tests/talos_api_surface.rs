@@ -466,11 +466,19 @@ async fn the_director_relays_as_apid_does() {
 
     // EtcdMemberList after bootstrap: members and their names as legacy members.
     admin.bootstrap().await.unwrap();
-    let reply = machine_api
-        .etcd_member_list(machine::EtcdMemberListRequest { query_local: false })
-        .await
-        .unwrap()
-        .into_inner();
+    // etcd serves (and has a leader) a moment after Bootstrap answered.
+    let mut reply = None;
+    for _ in 0..500 {
+        if let Ok(r) = machine_api
+            .etcd_member_list(machine::EtcdMemberListRequest { query_local: false })
+            .await
+        {
+            reply = Some(r.into_inner());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let reply = reply.expect("etcd never had a leader");
     assert_eq!(reply.messages[0].legacy_members, ["cp-30"]);
 
     // A configured node refuses a config without the v1alpha1 document.

@@ -133,8 +133,17 @@ pub(crate) fn release_json(input: &ReleaseInput<'_>) -> Result<Value, ReleaseErr
         "config": input.values,
         "manifest": input.manifest,
         "hooks": [],
-        // Helm 4 inherits the apply method on upgrade; talboot applied server-side.
-        "apply_method": "ssa",
+        // How Helm 4 continues the release: `helm upgrade` (`--server-side=auto`, the
+        // default) uses server-side apply only when the record says "ssa", else its
+        // client-side three-way merge against this manifest (helm/helm v4.1.4
+        // pkg/action/upgrade.go, getUpgradeServerSideValue), which Helm 3 always uses. The
+        // three-way merge writes Update operations, which never conflict, so any client of
+        // Helm's SDK takes the release over whatever field-manager name it runs under; a
+        // server-side upgrade by another manager name would conflict on every zero value the
+        // typed round trip dropped. An explicit `--server-side=true` later first folds Helm's
+        // Update entries into its `helm` Apply entry (pkg/kube/client.go,
+        // upgradeClientSideFieldManager), the entry talboot's applies already are.
+        "apply_method": "csa",
     }))
 }
 

@@ -1,5 +1,7 @@
 //! The Kubernetes API adapter (kube-rs): a client from the admin kubeconfig, server-side apply
-//! of arbitrary objects with field manager `talboot`, kind resolution through discovery
+//! of arbitrary objects with field manager `talboot` (or `helm` for a release's objects), the
+//! API server's `Warning` headers kept per apply (a tower layer, [`super::warnings`]), kind
+//! resolution through discovery
 //! (cached, and refreshed once new CRDs are Established), and readiness waits — CRD
 //! Established, Deployment available, DaemonSet and StatefulSet rolled out, all Nodes
 //! Ready — each bounded
@@ -19,15 +21,23 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::discovery::{ApiCapabilities, Scope};
 use kube::{Client, Config};
 use serde_json::Value;
 
 use super::manifest::ObjectRef;
+use super::warnings::{WarningLayer, WarningLog};
 
 /// The field manager talboot applies with.
 pub(crate) const FIELD_MANAGER: &str = "talboot";
+
+/// The field manager of a Helm release's objects: the name the `helm` CLI gives its own
+/// writes (helm/helm v4.1.4 cmd/helm/helm.go sets `kube.ManagedFieldsManager = "helm"`), so
+/// what talboot applies for a release is owned exactly as a `helm install` leaves it and a
+/// later `helm upgrade` applies as the same manager: no conflicts.
+pub(crate) const HELM_FIELD_MANAGER: &str = "helm";
 
 /// Errors talking to the Kubernetes API.
 #[derive(Debug, thiserror::Error)]
@@ -72,15 +82,24 @@ pub enum KubeError {
     },
 }
 
-/// Builds a client from kubeconfig YAML (its current context).
+/// Builds a client from kubeconfig YAML (its current context). The API server's `Warning`
+/// headers are logged (kube-rs itself drops them); [`Kube::from_kubeconfig`] also keeps them.
 pub async fn client_from_kubeconfig(yaml: &[u8]) -> Result<Client, KubeError> {
+    client_with_warnings(yaml, WarningLog::default()).await
+}
+
+/// [`client_from_kubeconfig`], recording the server's warnings into `log`.
+async fn client_with_warnings(yaml: &[u8], log: WarningLog) -> Result<Client, KubeError> {
     let text = std::str::from_utf8(yaml)
         .map_err(|_| KubeError::Kubeconfig("it is not UTF-8 text".into()))?;
     let kc = Kubeconfig::from_yaml(text).map_err(|e| KubeError::Kubeconfig(e.to_string()))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| KubeError::Kubeconfig(e.to_string()))?;
-    Client::try_from(config).map_err(|e| KubeError::Kubeconfig(e.to_string()))
+    Ok(ClientBuilder::try_from(config)
+        .map_err(|e| KubeError::Kubeconfig(e.to_string()))?
+        .with_layer(&WarningLayer::new(log))
+        .build())
 }
 
 /// The outcome of applying one object. `Debug` shows the reference only: the body may be a
@@ -93,6 +112,9 @@ pub struct Applied {
     pub body: Value,
     /// Whether the server changed the object (created it or bumped its resourceVersion).
     pub changed: bool,
+    /// The server's `Warning`s on the apply (e.g. PodSecurity findings), when the session
+    /// keeps them ([`Kube::from_kubeconfig`]).
+    pub warnings: Vec<String>,
 }
 
 /// Resolved kinds by (group, version, kind).
@@ -110,6 +132,7 @@ impl std::fmt::Debug for Applied {
 /// A Kubernetes API session: client plus a discovery cache.
 pub struct Kube {
     client: Client,
+    warnings: WarningLog,
     kinds: Mutex<KindCache>,
     /// How often waits poll.
     pub poll_interval: Duration,
@@ -140,9 +163,21 @@ impl Kube {
     pub fn new(client: Client, poll_interval: Duration) -> Self {
         Kube {
             client,
+            warnings: WarningLog::default(),
             kinds: Mutex::new(HashMap::new()),
             poll_interval,
         }
+    }
+
+    /// A session from kubeconfig YAML whose applies report the server's warnings
+    /// ([`Applied::warnings`]).
+    pub async fn from_kubeconfig(yaml: &[u8], poll_interval: Duration) -> Result<Self, KubeError> {
+        let warnings = WarningLog::default();
+        let client = client_with_warnings(yaml, warnings.clone()).await?;
+        Ok(Kube {
+            warnings,
+            ..Kube::new(client, poll_interval)
+        })
     }
 
     /// Forgets every resolved kind, so the next lookups see kinds added since (new CRDs).
@@ -239,18 +274,25 @@ impl Kube {
             .map_err(|e| request_err("get", &reference, e))?
             .and_then(|o| o.metadata.resource_version);
         let params = PatchParams::apply(manager).force();
+        // Only this apply's warnings: drop what earlier requests of the session left.
+        self.warnings.drain();
         let after = api
             .patch(&reference.name, &params, &Patch::Apply(&body))
             .await
             .map_err(|e| request_err("apply", &reference, e))?
             .metadata
             .resource_version;
+        let warnings = self.warnings.drain().into_iter().map(|w| w.text).collect();
+        // resourceVersion moves exactly when the server wrote the object: its content or its
+        // managedFields changed (an unchanged apply is not written, etcd3 store.go
+        // GuaranteedUpdate), which is the no-op rule docs/addons.md promises.
         let changed = before.is_none() || before != after;
         tracing::debug!(object = %reference, changed, "applied");
         Ok(Applied {
             reference,
             body,
             changed,
+            warnings,
         })
     }
 
@@ -285,6 +327,59 @@ impl Kube {
             .await
             .map_err(|e| request_err("get", r, e))?;
         Ok(got.map(|o| serde_json::to_value(o).expect("objects serialise")))
+    }
+
+    /// What a forced server-side apply of `obj` by `manager` would leave, changing nothing
+    /// (`dryRun=All`, as fluxcd/pkg ssa v0.73.0 `manager_apply.go` `dryRunApply`, which
+    /// go-kubernetes' `Diff` and `Apply` use). `None` when the apply would create the object
+    /// or cannot be tried yet: a kind not served (its CRD comes with the same set) or a 404
+    /// such as a missing namespace, which go-kubernetes v0.2.38 `ssa/diff.go` counts as
+    /// created. A created object has no `resourceVersion` in the answer, so that also gives
+    /// `Some` without one.
+    pub(crate) async fn dry_run_apply_as(
+        &self,
+        obj: &Value,
+        default_ns: &str,
+        manager: &str,
+    ) -> Result<Option<Value>, KubeError> {
+        let mut reference = ObjectRef::of(obj).ok_or_else(|| KubeError::Request {
+            action: "dry-run apply",
+            object: "an object without apiVersion/kind/metadata.name".into(),
+            reason: "not a Kubernetes object".into(),
+        })?;
+        let (ar, caps) = match self.resolve(&reference.api_version, &reference.kind).await {
+            Ok(found) => found,
+            Err(KubeError::UnknownKind { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut body = obj.clone();
+        match caps.scope {
+            Scope::Namespaced => {
+                let ns = reference
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| default_ns.to_owned());
+                body["metadata"]["namespace"] = Value::String(ns.clone());
+                reference.namespace = Some(ns);
+            }
+            Scope::Cluster => {
+                if let Some(meta) = body["metadata"].as_object_mut() {
+                    meta.remove("namespace");
+                }
+                reference.namespace = None;
+            }
+        }
+        let mut params = PatchParams::apply(manager).force();
+        params.dry_run = true;
+        match self
+            .api(&ar, reference.namespace.as_deref())
+            .patch(&reference.name, &params, &Patch::Apply(&body))
+            .await
+        {
+            Ok(o) => Ok(Some(serde_json::to_value(o).expect("objects serialise"))),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(request_err("dry-run apply", &reference, e)),
+        }
     }
 
     /// Every `group/version` the API server serves (core `v1` included), sorted: what

@@ -6,7 +6,6 @@
 //! Objects are kept as JSON values: talboot applies arbitrary kinds (including custom
 //! resources it has no Rust types for), and server-side apply takes exactly the fields given.
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -108,14 +107,17 @@ impl std::fmt::Display for ObjectRef {
 
 /// Parses multi-document YAML into objects, skipping empty documents. `source_name` names the
 /// text in errors. A `kind: List` document is expanded into its items, as kubectl does.
+///
+/// The text is read as kubectl and Helm read it ([`super::kyaml`]): documents split on `---`
+/// lines, scalars resolved by YAML 1.1 rules (`defaultMode: 0400` is the integer 256), numbers
+/// as a Go client sends them.
 pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<Value>, ManifestError> {
+    let values = match super::kyaml::json_stream(text) {
+        Some(values) => values,
+        None => yaml_documents(source_name, text)?,
+    };
     let mut out = Vec::new();
-    for (doc, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(de).map_err(|e| ManifestError::Yaml {
-            source_name: source_name.to_owned(),
-            doc,
-            message: e.to_string(),
-        })?;
+    for (doc, value) in values.into_iter().enumerate() {
         if value.is_null() {
             continue;
         }
@@ -146,6 +148,29 @@ pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<Value>, Mani
         }
     }
     Ok(out)
+}
+
+/// Every YAML document of `text` as JSON (null for an empty one), in order.
+fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, ManifestError> {
+    let chunks = super::kyaml::split(text).map_err(|e| ManifestError::Yaml {
+        source_name: source_name.to_owned(),
+        doc: match e {
+            super::kyaml::LoadError::Separator { doc, .. } => doc,
+            super::kyaml::LoadError::Invalid { .. } => 0,
+        },
+        message: e.to_string(),
+    })?;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(doc, (first_line, chunk))| {
+            super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
+                source_name: source_name.to_owned(),
+                doc,
+                message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
+            })
+        })
+        .collect()
 }
 
 /// Which apply phase an object belongs to.
@@ -263,12 +288,20 @@ pub(crate) fn carry_tls_material(
 
 /// The manifest text recorded in the Helm release: every applied object as YAML, in apply
 /// order, each document preceded by `---`, as Helm joins rendered templates.
+///
+/// Helm reads this text back with Kubernetes' YAML 1.1 loader ([`super::kyaml`]), while
+/// yaml_serde writes YAML 1.2 and leaves strings such as `on`, `yes` or `0o17` unquoted, which
+/// that loader would read as `true` or 15. A document that does not read back as the object
+/// it came from is written as JSON instead (JSON is YAML, and reads back exactly).
 pub(crate) fn manifest_text(objects: &[Value]) -> String {
     let mut out = String::new();
     for obj in objects {
         out.push_str("---\n");
         // A JSON object always serialises to YAML.
-        let yaml = yaml_serde::to_string(obj).unwrap_or_default();
+        let mut yaml = yaml_serde::to_string(obj).unwrap_or_default();
+        if super::kyaml::to_json(&yaml).ok().as_ref() != Some(obj) {
+            yaml = serde_json::to_string(obj).unwrap_or_default();
+        }
         out.push_str(&yaml);
         if !yaml.ends_with('\n') {
             out.push('\n');
@@ -407,5 +440,66 @@ items:
         assert_eq!(digest(&text), digest(&manifest_text(&objs)));
         assert_ne!(digest(&text), digest(&manifest_text(&objs[1..])));
         assert_eq!(digest("").len(), 64);
+    }
+
+    #[test]
+    fn rendered_octal_modes_are_integers_as_kubectl_reads_them() {
+        // Issue 31 item 1: Cilium 1.18's DaemonSets render `defaultMode: 0400`.
+        let text = "\
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: cilium, namespace: kube-system}
+spec:
+  template:
+    spec:
+      volumes:
+      - name: hubble-tls
+        projected:
+          # note: the leading zero means this number is in octal representation
+          defaultMode: 0400
+          sources: [{secret: {name: hubble-server-certs, optional: yes}}]
+      - name: quoted
+        secret: {secretName: x, defaultMode: '0400'}
+";
+        let objs = parse_documents("cilium.yaml", text).unwrap();
+        let volumes = &objs[0]["spec"]["template"]["spec"]["volumes"];
+        assert_eq!(volumes[0]["projected"]["defaultMode"], json!(256));
+        assert_eq!(
+            volumes[0]["projected"]["sources"][0]["secret"]["optional"],
+            json!(true)
+        );
+        assert_eq!(volumes[1]["secret"]["defaultMode"], json!("0400"));
+    }
+
+    #[test]
+    fn a_bad_document_separator_names_the_line() {
+        let err = parse_documents("set.yaml", "a: 1\n--- b: 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("set.yaml") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn manifest_text_reads_back_the_same_under_yaml_1_1() {
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "demo"},
+            "data": {"a": "on", "b": "yes", "c": "0o17", "d": "1_000", "e": "y", "f": "0400",
+                     "g": "plain"}});
+        let plain = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "p"}, "data": {"k": "v"}});
+        let objs = vec![obj, plain];
+        let text = manifest_text(&objs);
+        assert_eq!(parse_documents("manifest", &text).unwrap(), objs);
+        // Objects without such strings keep the YAML form.
+        assert!(text.contains("name: p"), "{text}");
+    }
+
+    #[test]
+    fn a_json_stream_gives_one_object_per_value() {
+        let text = r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}
+{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"n": "0400"}}"#;
+        let objs = parse_documents("set.json", text).unwrap();
+        assert_eq!(objs.len(), 2);
+        assert_eq!(objs[1]["data"]["n"], "0400");
     }
 }

@@ -1,14 +1,18 @@
 //! Cluster add-ons (Cilium, Argo CD) installed through the Kubernetes API the way Helm would
 //! leave them, so Helm or Argo CD can take over later.
 //!
-//! [`install_addon`] applies a rendered manifest set with server-side apply (field manager
+//! [`install_addon`] applies a rendered manifest set with server-side apply (the release's
+//! objects as field manager `helm`, as `helm install` leaves them, so `helm upgrade` takes
+//! over without conflicts; talboot's own extras and the release Namespace it creates as
 //! `talboot`): Namespaces first, then CRDs (waiting until Established and refreshing
 //! discovery), then everything else; waits for Deployments, DaemonSets and StatefulSets (and, for the CNI,
 //! all Nodes) within timeouts; and records a revision-1 `deployed` Helm release whose
 //! manifest is exactly what was applied. Every release object carries Helm's ownership
 //! markers. Re-running changes nothing: server-side apply of an unchanged object does not
-//! bump its resourceVersion, and the release record is rewritten only when the manifest
-//! digest changes.
+//! bump its resourceVersion (every applied object owns at least one field, so its
+//! managedFields do not move either), and the release record is rewritten only when the
+//! manifest digest changes. The API server's warnings are collected per object
+//! ([`AddonOutcome::warnings`]).
 //!
 //! Submodules: [`manifest`] (parse, order, markers, digest), [`helm`] (release records),
 //! [`values`] (Cilium/Argo CD values, sops-age Secret, root Application), [`policy`]
@@ -17,10 +21,12 @@
 
 pub mod helm;
 pub mod kube;
+pub mod kyaml;
 pub mod manifest;
 pub mod policy;
 pub mod source;
 pub mod values;
+pub mod warnings;
 
 use std::time::Duration;
 
@@ -173,6 +179,9 @@ pub struct AddonOutcome {
     pub unchanged: Vec<ObjectRef>,
     /// Whether the Helm release record was (re)written.
     pub release_written: bool,
+    /// The API server's warnings, by the object whose apply drew them (PodSecurity
+    /// findings, deprecations), in the order they came.
+    pub warnings: Vec<(ObjectRef, String)>,
 }
 
 impl AddonOutcome {
@@ -181,6 +190,9 @@ impl AddonOutcome {
             self.applied.push(a.reference.clone());
         } else {
             self.unchanged.push(a.reference.clone());
+        }
+        for w in &a.warnings {
+            self.warnings.push((a.reference.clone(), w.clone()));
         }
     }
 }
@@ -316,20 +328,21 @@ pub async fn install_addon(
     let mut applied_release = Vec::with_capacity(objects.len());
 
     // The release namespace itself, unless the manifest brings it (`helm template` never
-    // renders it; Helm's --create-namespace creates it without markers, and so do we).
+    // renders it).
     let has_own_ns = objects
         .iter()
         .any(|o| manifest::phase(o) == Phase::Namespace && o["metadata"]["name"] == ns);
     if !has_own_ns {
-        let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        outcome.record(&kube.apply(&ns_obj, ns).await.map_err(kerr)?);
+        ensure_namespace(kube, ns, &mut outcome)
+            .await
+            .map_err(kerr)?;
     }
 
     let (namespaces, rest): (Vec<Value>, Vec<Value>) = objects
         .into_iter()
         .partition(|o| manifest::phase(o) == Phase::Namespace);
     for obj in &namespaces {
-        let a = kube.apply(obj, ns).await.map_err(kerr)?;
+        let a = apply_release_object(kube, obj, ns).await.map_err(kerr)?;
         outcome.record(&a);
         applied_release.push(a.body);
     }
@@ -341,7 +354,7 @@ pub async fn install_addon(
         .into_iter()
         .partition(|o| manifest::phase(o) == Phase::Crd);
     for obj in &crds {
-        let a = kube.apply(obj, ns).await.map_err(kerr)?;
+        let a = apply_release_object(kube, obj, ns).await.map_err(kerr)?;
         outcome.record(&a);
         applied_release.push(a.body);
     }
@@ -370,7 +383,7 @@ pub async fn install_addon(
                 tracing::info!(object = %r, "kept the live TLS material");
             }
         }
-        let a = kube.apply(&obj, ns).await.map_err(kerr)?;
+        let a = apply_release_object(kube, &obj, ns).await.map_err(kerr)?;
         outcome.record(&a);
         applied_release.push(a.body);
     }
@@ -415,6 +428,76 @@ pub async fn install_addon(
         "add-on installed"
     );
     Ok(outcome)
+}
+
+/// The label Helm's `--create-namespace` gives the Namespace it creates (helm/helm v4.1.4
+/// pkg/action/install.go, `Labels: {"name": <namespace>}`).
+const NAMESPACE_NAME_LABEL: &str = "name";
+
+/// Creates the release Namespace if it is missing, the way `helm install --create-namespace`
+/// does: server-side applied with the label `name: <namespace>`, which gives talboot a field
+/// to own. (A Namespace applied as a bare name owns nothing; structured-merge-diff drops a
+/// manager that owns nothing, so the next apply would record it again and move
+/// resourceVersion, a change on every re-run.) An existing Namespace talboot did not create
+/// (`kube-system`, or one the operator made) is left as it is; one talboot created is
+/// re-applied, which changes nothing.
+async fn ensure_namespace(
+    kube: &Kube,
+    ns: &str,
+    outcome: &mut AddonOutcome,
+) -> Result<(), KubeError> {
+    let r = ObjectRef {
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+        namespace: None,
+        name: ns.to_owned(),
+    };
+    let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {NAMESPACE_NAME_LABEL: ns}}});
+    match kube.get(&r).await? {
+        Some(live) if !managed_by(&live, kube::FIELD_MANAGER) => {
+            tracing::debug!(
+                namespace = ns,
+                "the release namespace exists; left as it is"
+            );
+            outcome.unchanged.push(r);
+        }
+        _ => outcome.record(&kube.apply(&ns_obj, ns).await?),
+    }
+    Ok(())
+}
+
+/// Whether `manager` has an Apply entry in the object's managedFields.
+fn managed_by(obj: &Value, manager: &str) -> bool {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .is_some_and(|m| {
+            m.iter()
+                .any(|e| e["manager"] == manager && e["operation"] == "Apply")
+        })
+}
+
+/// Applies one release object as Helm's field manager ([`kube::HELM_FIELD_MANAGER`]). An
+/// object an older talboot applied as `talboot` still lists that manager for every field
+/// (two appliers of the same value share it); talboot then applies an empty configuration
+/// as `talboot`, which releases its fields to `helm` without removing any, since `helm` now
+/// owns them all (the documented way to give up fields, kubernetes.io "Server-Side Apply",
+/// "Transferring ownership"). After that `helm upgrade` meets no conflict with talboot.
+async fn apply_release_object(kube: &Kube, obj: &Value, ns: &str) -> Result<Applied, KubeError> {
+    let mut a = kube.apply_as(obj, ns, kube::HELM_FIELD_MANAGER).await?;
+    if let Some(live) = kube.get(&a.reference).await?
+        && managed_by(&live, kube::FIELD_MANAGER)
+    {
+        let mut bare = json!({"apiVersion": a.reference.api_version, "kind": a.reference.kind,
+            "metadata": {"name": a.reference.name}});
+        if let Some(obj_ns) = &a.reference.namespace {
+            bare["metadata"]["namespace"] = json!(obj_ns);
+        }
+        let released = kube.apply(&bare, ns).await?;
+        tracing::info!(object = %a.reference, "handed talboot's fields to the helm field manager");
+        a.changed |= released.changed;
+    }
+    Ok(a)
 }
 
 /// Writes the revision-1 release record unless one with the same manifest exists. A changed

@@ -51,7 +51,10 @@ pub fn run(args: &Args) -> ExitCode {
             for w in loaded.warnings.sorted() {
                 eprintln!("{w}");
             }
-            let schema = match crate::machineconfig::schema::load(args.schema.as_deref()) {
+            let schema = match crate::machineconfig::schema::load_for_inventory(
+                args.schema.as_deref(),
+                &loaded.inventory,
+            ) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("talboot: {e}");

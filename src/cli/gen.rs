@@ -64,7 +64,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(inv) => inv,
         Err(code) => return code,
     };
-    let schema = match schema::load(args.schema.as_deref()) {
+    let schema = match schema::load_for_inventory(args.schema.as_deref(), &inv) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("talboot: {e}");
@@ -174,19 +174,19 @@ pub(crate) fn render_all(
 
 /// One warning per deprecated field, naming every node whose config carries it.
 pub(crate) fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
-    let mut fields: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    let mut fields: Vec<(&str, &str, &str, Vec<&str>)> = Vec::new();
     for d in found {
-        match fields.iter_mut().find(|(f, _, _)| *f == d.field) {
-            Some((_, _, nodes)) => nodes.push(&d.node),
-            None => fields.push((&d.field, d.replacement, vec![&d.node])),
+        match fields.iter_mut().find(|(f, _, _, _)| *f == d.field) {
+            Some((_, _, _, nodes)) => nodes.push(&d.node),
+            None => fields.push((&d.field, d.since, d.replacement, vec![&d.node])),
         }
     }
     fields
         .into_iter()
-        .map(|(field, replacement, nodes)| {
+        .map(|(field, since, replacement, nodes)| {
             format!(
                 "warning: v1alpha1 `{field}` (in the rendered config of {} {}) is deprecated \
-                 since Talos v1.13 and not in its config schema; use {replacement} instead",
+                 since Talos {since} and not in its config schema; use {replacement} instead",
                 if nodes.len() == 1 { "node" } else { "nodes" },
                 nodes.join(", ")
             )

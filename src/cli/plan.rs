@@ -118,7 +118,7 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
         eprintln!("talboot: {m}");
         ExitCode::from(EXIT_USAGE)
     };
-    let schema = schema::load(None).map_err(|e| usage(e.to_string()))?;
+    let schema = schema::load_for_inventory(None, &inv).map_err(|e| usage(e.to_string()))?;
     let sources = IdentitySources::from_process_env(c.age_identity.clone());
     let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
     let rendered = super::r#gen::render_all(&inv, &secrets, &schema).map_err(|problems| {

@@ -236,9 +236,9 @@ pub(crate) async fn rebuild_by_power(
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
     let driver = PowerDriver::from(r.config(name, config)?);
-    driver.reboot_into_network().await?;
+    let set = driver.reboot_into_network().await?;
     Ok(format!(
-        "its Talos API did not answer: set a one-time network boot and power-cycled it through {}",
+        "its Talos API did not answer: set a one-time network boot and power-cycled it through {}{set}",
         driver.target()
     ))
 }

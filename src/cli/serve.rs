@@ -414,8 +414,8 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     for id in required_sets(&inv) {
         artifacts::verify(&args.images, &catalog, &id)?;
     }
-    let schema =
-        crate::machineconfig::schema::load(args.schema.as_deref()).map_err(StartError::Schema)?;
+    let schema = crate::machineconfig::schema::load_for_inventory(args.schema.as_deref(), &inv)
+        .map_err(StartError::Schema)?;
     let advertise = advertise_address(args, &inv)?;
     let push = inv.boot.delivery == inventory::Delivery::Push && !args.no_provision;
     if inv.boot.delivery == inventory::Delivery::Pull {

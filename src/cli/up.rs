@@ -546,7 +546,7 @@ fn import_set(dir: &Path, from: &Path, id: &SetId, now: u64) -> Result<artifacts
 /// talosconfig's client certificate would not be trusted by the new cluster CA).
 fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Result<(), UpError> {
     let sa = &args.serve;
-    let schema = crate::machineconfig::schema::load(sa.schema.as_deref())
+    let schema = crate::machineconfig::schema::load_for_inventory(sa.schema.as_deref(), inv)
         .map_err(|e| UpError::Write(e.to_string()))?;
     let sources = IdentitySources::from_process_env(sa.age_identity.clone());
     let bundle = super::secrets::load_bundle(inv, &sources)

@@ -1,7 +1,8 @@
 //! `talboot apply`'s I/O side: carries out the actions of the rolling engine
 //! ([`super::rollout`]) for a config apply. A change is one ApplyConfiguration with the
 //! operator's mode; a node's gate is "back (Version answers), running (or, staged, holding)
-//! the rendered config, and for a control plane etcd lists every control plane"; a
+//! the rendered config, and for a control plane [`super::gate`]: the node running and
+//! ready, etcd healthy on every control plane" (the same gate as `upgrade --talos`); a
 //! reconcile asks the node which config it has instead of applying twice. The engine is
 //! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
 //! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
@@ -394,42 +395,39 @@ async fn has_config(conn: &Connector, t: &NodeTarget, mode: Mode) -> Result<bool
     Ok(c.machine_config_id(id).await? == t.rendered)
 }
 
-async fn etcd_complete(c: &TalosClient, targets: &[NodeTarget]) -> Result<(), String> {
-    let want = targets
-        .iter()
-        .filter(|t| t.role == Role::ControlPlane)
-        .count();
-    let members = c
-        .etcd_member_list()
-        .await
-        .map_err(|e| format!("etcd member list: {e}"))?;
-    if members.len() < want {
-        return Err(format!(
-            "etcd lists {} of {want} control planes",
-            members.len()
-        ));
+/// [`super::gate::check`] over every control plane of `targets`, `changed` first.
+async fn etcd_gate(
+    conn: &Connector,
+    targets: &[NodeTarget],
+    changed: Option<(&str, &TalosClient)>,
+) -> Result<(), String> {
+    let mut cps = Vec::new();
+    for t in targets.iter().filter(|t| t.role == Role::ControlPlane) {
+        let client = conn.client(t).await.map_err(|e| e.to_string());
+        cps.push((t.name.clone(), client));
     }
-    Ok(())
+    super::gate::check(changed, &cps)
+        .await
+        .map_err(|e| e.to_string())
 }
 
-/// Before anything changes: every node answers and etcd lists every control plane.
+/// Before anything changes: every node answers and etcd is healthy ([`super::gate`]).
 async fn cluster_healthy(conn: &Connector, targets: &[NodeTarget]) -> Result<(), String> {
     for t in targets {
-        let c = conn
-            .client(t)
+        conn.client(t)
             .await
             .map_err(|e| format!("node {} does not answer: {e}", t.name))?;
-        if t.role == Role::ControlPlane {
-            etcd_complete(&c, targets)
-                .await
-                .map_err(|e| format!("node {}: {e}", t.name))?;
-        }
+    }
+    if targets.iter().any(|t| t.role == Role::ControlPlane) {
+        etcd_gate(conn, targets, None).await?;
     }
     Ok(())
 }
 
-/// After a node's change: back, holding the config, etcd complete (control planes). Asks
-/// again every `gate_poll` (a REBOOT apply takes the node down first) up to `gate_timeout`.
+/// After a node's change: back, holding the config, and for a control plane the etcd gate
+/// ([`super::gate`]: it runs and is ready, etcd healthy everywhere; a member listed is not
+/// enough, after a reboot apid answers before etcd serves). Asks again every `gate_poll` (a
+/// REBOOT apply takes the node down first) up to `gate_timeout`.
 async fn node_gate(
     conn: &Connector,
     targets: &[NodeTarget],
@@ -446,7 +444,7 @@ async fn node_gate(
             Err(e) => format!("not back: {e}"),
             Ok(c) => match has_config(conn, t, opts.mode).await {
                 Ok(true) if t.role == Role::ControlPlane => {
-                    match etcd_complete(&c, targets).await {
+                    match etcd_gate(conn, targets, Some((node, &c))).await {
                         Ok(()) => return Ok(()),
                         Err(e) => e,
                     }

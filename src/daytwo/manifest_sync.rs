@@ -9,6 +9,10 @@
 //! go-kubernetes' `ssa` manager does, and the rollout of the set's workloads waited for
 //! (`ssacli.Wait`, unless skipped). The decisions are [`super::manifests`].
 //!
+//! Each object's action comes from the server's own dry run of the apply (`dryRun=All`),
+//! compared with the live object, as go-kubernetes' `Diff` does: fields the server rewrites
+//! (a Secret's `stringData` stored as `data`) do not show as changes.
+//!
 //! Where talboot differs: a dry run does not create a missing inventory (go-kubernetes'
 //! `NewInventory` creates it even for `Diff`); the wait covers every Deployment, DaemonSet
 //! and StatefulSet of the set (go-kubernetes waits for every changed object's kstatus).
@@ -109,6 +113,23 @@ async fn live(
     Ok(out)
 }
 
+/// The server's dry run of applying each object of the set as Talos does (`Manager.diff` ->
+/// fluxcd ssa `ResourceManager.Diff`: forced, field manager `talos`, `dryRun=All`), for
+/// those it could try; an object missing here would be created.
+async fn dry_runs(kube: &Kube, desired: &Desired) -> Result<BTreeMap<ObjMeta, Value>, String> {
+    let mut out = BTreeMap::new();
+    for (meta, obj) in &desired.objects {
+        let found = kube
+            .dry_run_apply_as(obj, "default", FIELD_MANAGER)
+            .await
+            .map_err(|e| format!("apply dry run failed for {meta}: {e}"))?;
+        if let Some(v) = found {
+            out.insert(meta.clone(), v);
+        }
+    }
+    Ok(out)
+}
+
 fn inventory_api(kube: &Kube) -> Api<ConfigMap> {
     Api::namespaced(kube.client().clone(), INVENTORY_NAMESPACE)
 }
@@ -198,7 +219,8 @@ pub async fn diff(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Ve
     let desired = Desired::prepare(objects)?;
     let inventory = read_inventory(kube).await?.unwrap_or_default();
     let live = live(kube, &desired, &inventory).await?;
-    manifests::plan(&desired, &live, &inventory, no_prune)
+    let dry = dry_runs(kube, &desired).await?;
+    manifests::plan(&desired, &live, &dry, &inventory, no_prune)
 }
 
 /// Applies `objects`, updates the inventory and prunes (`Manager.Apply`); the changes made.
@@ -212,8 +234,9 @@ pub async fn apply(
     let inventory = ensure_inventory(kube).await?;
     let live = live(kube, &desired, &inventory).await?;
     // The policy is checked before anything is applied, as go-kubernetes diffs every object
-    // first.
-    let planned = manifests::plan(&desired, &live, &inventory, no_prune)?;
+    // first (`Apply` -> `m.diff`, a dry run each).
+    let dry = dry_runs(kube, &desired).await?;
+    let planned = manifests::plan(&desired, &live, &dry, &inventory, no_prune)?;
     let mut changes = Vec::new();
     let mut applied = Vec::new();
     for (meta, obj) in &desired.objects {
@@ -221,7 +244,7 @@ pub async fn apply(
             Ok(a) => {
                 applied.push(meta.clone());
                 let action = if a.changed {
-                    manifests::action_for(obj, live.get(meta)).max_changed()
+                    manifests::action_for(live.get(meta), dry.get(meta)).max_changed()
                 } else {
                     Action::Unchanged
                 };
@@ -317,4 +340,115 @@ pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(
         r.map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The Kubernetes double's dry-run apply and Secret conversion, through talboot's own
+    //! client, as the diff relies on them.
+
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use crate::addons::kube::{Kube, client_from_kubeconfig};
+    use crate::sim::kube::{DoubleOptions, KubeDouble};
+
+    async fn session(double: &KubeDouble) -> Kube {
+        crate::install_crypto_provider();
+        let client = client_from_kubeconfig(double.kubeconfig().as_bytes())
+            .await
+            .unwrap();
+        Kube::new(client, Duration::from_millis(10))
+    }
+
+    #[tokio::test]
+    async fn the_double_folds_string_data_and_dry_runs_store_nothing() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bootstrap-token-abcdef", "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "data": {"token-id": "b2xk", "kept": "a2VwdA=="},
+            "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef"}});
+        // A dry-run create: the would-be object, without a resourceVersion; nothing stored.
+        let before = double.resource_versions();
+        let dry = kube
+            .dry_run_apply_as(&secret, "default", "talos")
+            .await
+            .unwrap()
+            .expect("a dry-run answer");
+        assert!(dry["metadata"].get("resourceVersion").is_none(), "{dry}");
+        assert_eq!(dry["data"]["token-id"], "YWJjZGVm");
+        assert_eq!(double.resource_versions(), before);
+        assert!(double.applies().is_empty());
+        assert!(
+            double
+                .object("v1", "Secret", "kube-system", "bootstrap-token-abcdef")
+                .is_none()
+        );
+        // The apply stores stringData folded into data (it wins over data), never stringData.
+        kube.apply_as(&secret, "default", "talos").await.unwrap();
+        let live = double
+            .object("v1", "Secret", "kube-system", "bootstrap-token-abcdef")
+            .unwrap();
+        assert!(live.get("stringData").is_none(), "{live}");
+        assert_eq!(
+            live["data"],
+            json!({"token-id": "YWJjZGVm", "kept": "a2VwdA==",
+                   "token-secret": "MDEyMzQ1Njc4OWFiY2RlZg=="})
+        );
+        // A dry-run update keeps the stored resourceVersion and changes nothing.
+        let before = double.resource_versions();
+        let mut changed = secret.clone();
+        changed["stringData"]["token-secret"] = json!("rotated");
+        let dry = kube
+            .dry_run_apply_as(&changed, "default", "talos")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            dry["metadata"]["resourceVersion"],
+            live["metadata"]["resourceVersion"]
+        );
+        assert_eq!(dry["data"]["token-secret"], "cm90YXRlZA==");
+        assert_eq!(double.resource_versions(), before);
+        assert_eq!(double.applies().len(), 1);
+        // A namespace that does not exist: not found, so "created".
+        let mut elsewhere = secret.clone();
+        elsewhere["metadata"]["namespace"] = json!("nowhere");
+        assert!(
+            kube.dry_run_apply_as(&elsewhere, "default", "talos")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // A kind nobody serves: also "created" (its CRD comes with the set).
+        let cr = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w"}});
+        assert!(
+            kube.dry_run_apply_as(&cr, "default", "talos")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Only dryRun=All is accepted.
+        let req = axum::http::Request::patch(
+            "/api/v1/namespaces/kube-system/secrets/x?fieldManager=talos&dryRun=Maybe",
+        )
+        .header("content-type", "application/apply-patch+yaml")
+        .body(serde_json::to_vec(&secret).unwrap())
+        .unwrap();
+        match kube.client().request_text(req).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422);
+                assert!(
+                    s.message.contains("supported values: \"All\""),
+                    "{}",
+                    s.message
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -20,9 +20,8 @@
 //! ConfigMap whose `data` keys are the objects, values empty), and fluxcd/cli-utils v1.2.0
 //! `pkg/object/objmetadata.go` (the key: `namespace_name_group_kind`, `:` in a name as `__`).
 //!
-//! Where talboot differs: go-kubernetes decides created/configured/unchanged from a
-//! server-side dry-run apply; talboot compares the fields the manifest sets with the live
-//! object ([`covers`]), which is what an apply with a single field manager changes. Only the
+//! Created/configured/unchanged is decided as go-kubernetes does, from the server's dry-run
+//! apply compared with the live object ([`drifted`]). Where talboot differs: only the
 //! `AdoptIfNoInventory` policy is implemented, and `Force` (recreate on immutable field
 //! changes) is not.
 
@@ -75,15 +74,22 @@ impl ObjMeta {
         })
     }
 
-    /// The inventory ConfigMap's key (`ObjMetadata.String`).
+    /// The inventory ConfigMap's key (`ObjMetadata.String`): `:` in a name is written `__`
+    /// only for the RBAC kinds (`RBACGroupKind`: Role, ClusterRole, RoleBinding and
+    /// ClusterRoleBinding of rbac.authorization.k8s.io), whose names such as
+    /// `system:coredns` may hold one; any other name goes in as it is.
     pub fn inventory_key(&self) -> String {
-        format!(
-            "{}_{}_{}_{}",
-            self.namespace,
-            self.name.replace(':', "__"),
-            self.group,
-            self.kind
-        )
+        let rbac = self.group == "rbac.authorization.k8s.io"
+            && matches!(
+                self.kind.as_str(),
+                "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding"
+            );
+        let name = if rbac {
+            self.name.replace(':', "__")
+        } else {
+            self.name.clone()
+        };
+        format!("{}_{}_{}_{}", self.namespace, name, self.group, self.kind)
     }
 
     /// Parses an inventory key (`ParseObjMetadata`: namespace up to the first `_`, kind after
@@ -216,19 +222,38 @@ impl Desired {
     }
 }
 
-/// Whether every field `want` sets has that value in `live`: objects recursively, arrays
-/// element by element with the same length, scalars equal. Fields the server adds (status,
-/// defaults, managedFields) do not count.
-pub fn covers(live: &Value, want: &Value) -> bool {
-    match (live, want) {
-        (Value::Object(l), Value::Object(w)) => w
-            .iter()
-            .all(|(k, wv)| l.get(k).is_some_and(|lv| covers(lv, wv))),
-        (Value::Array(l), Value::Array(w)) => {
-            l.len() == w.len() && l.iter().zip(w).all(|(lv, wv)| covers(lv, wv))
-        }
-        (l, w) => l == w,
+/// Whether a forced apply would change `live`, judged from the server's dry run of it
+/// (fluxcd/pkg ssa v0.73.0 `manager_diff.go`, `hasDrifted`): a dry run without a
+/// `resourceVersion` would create the object; otherwise the labels, the annotations, or
+/// anything outside `metadata` and `status` differ. Comparing the dry run rather than the
+/// manifest is what makes fields the server rewrites count right: a Secret's `stringData`
+/// comes back folded into `data`, defaults come back filled in.
+pub fn drifted(live: &Value, dry_run: &Value) -> bool {
+    if dry_run["metadata"]["resourceVersion"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
+        return true;
     }
+    // apimachinery's Semantic.DeepEqual counts a missing map and an empty one as equal.
+    let map = |v: &Value, k: &str| match &v["metadata"][k] {
+        Value::Object(m) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    if map(live, "labels") != map(dry_run, "labels")
+        || map(live, "annotations") != map(dry_run, "annotations")
+    {
+        return true;
+    }
+    let rest = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("metadata");
+            o.remove("status");
+        }
+        v
+    };
+    rest(live) != rest(dry_run)
 }
 
 /// `checkInventoryPolicy` with `AdoptIfNoInventory`: an object without the annotation or with
@@ -245,12 +270,22 @@ pub fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), String> {
     }
 }
 
-/// What applying `obj` over `live` would do.
-pub fn action_for(obj: &Value, live: Option<&Value>) -> Action {
-    match live {
-        None => Action::Created,
-        Some(l) if covers(l, obj) => Action::Unchanged,
-        Some(_) => Action::Configured,
+/// What applying an object would do, from the live object (`None`: not found) and the
+/// server's dry run of the apply (`None`: refused as not found, e.g. a kind or namespace the
+/// same set creates first), as go-kubernetes v0.2.38 `ssa/diff.go` (`Manager.diff`) decides.
+pub fn action_for(live: Option<&Value>, dry_run: Option<&Value>) -> Action {
+    let (Some(live), Some(dry_run)) = (live, dry_run) else {
+        return Action::Created;
+    };
+    if dry_run["metadata"]["resourceVersion"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
+        Action::Created
+    } else if drifted(live, dry_run) {
+        Action::Configured
+    } else {
+        Action::Unchanged
     }
 }
 
@@ -265,10 +300,12 @@ pub fn to_prune(inventory: &[ObjMeta], desired: &Desired) -> Vec<ObjMeta> {
 
 /// The whole sync as a dry run lists it (`Diff`): the pruned objects first (those that still
 /// exist; unless `no_prune`), then each object's action. `live` holds every object of the
-/// set and of the inventory that exists. Refused when the policy refuses an object.
+/// set and of the inventory that exists; `dry_runs` the server's dry-run apply of each object
+/// of the set that it could try. Refused when the policy refuses an object.
 pub fn plan(
     desired: &Desired,
     live: &BTreeMap<ObjMeta, Value>,
+    dry_runs: &BTreeMap<ObjMeta, Value>,
     inventory: &[ObjMeta],
     no_prune: bool,
 ) -> Result<Vec<Change>, String> {
@@ -284,10 +321,12 @@ pub fn plan(
             }
         }
     }
-    for (meta, obj) in &desired.objects {
-        let action = action_for(obj, live.get(meta));
-        if action == Action::Configured {
-            check_policy(meta, &live[meta])?;
+    for (meta, _) in &desired.objects {
+        let action = action_for(live.get(meta), dry_runs.get(meta));
+        if action == Action::Configured
+            && let Some(l) = live.get(meta)
+        {
+            check_policy(meta, l)?;
         }
         out.push(Change {
             object: meta.clone(),
@@ -426,6 +465,42 @@ mod tests {
         let d = ObjMeta::of(&ds("x")).unwrap();
         assert_eq!(d.inventory_key(), "kube-system_kube-proxy_apps_DaemonSet");
         assert_eq!(d.to_string(), "DaemonSet/kube-system/kube-proxy");
+        // Only RBAC kinds transcode a colon (cli-utils RBACGroupKind); parsing always does.
+        let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a:b", "namespace": "ns"}});
+        assert_eq!(
+            ObjMeta::of(&cm).unwrap().inventory_key(),
+            "ns_a:b__ConfigMap"
+        );
+        cm["kind"] = json!("Role");
+        cm["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
+        assert_eq!(
+            ObjMeta::of(&cm).unwrap().inventory_key(),
+            "ns_a__b_rbac.authorization.k8s.io_Role"
+        );
+        for kind in ["RoleBinding", "ClusterRoleBinding"] {
+            let m = ObjMeta {
+                group: "rbac.authorization.k8s.io".into(),
+                kind: kind.into(),
+                namespace: String::new(),
+                name: "system:x".into(),
+            };
+            assert!(m.inventory_key().starts_with("_system__x_"), "{kind}");
+        }
+        let other_group = ObjMeta {
+            group: "example.com".into(),
+            kind: "ClusterRole".into(),
+            namespace: String::new(),
+            name: "system:x".into(),
+        };
+        assert_eq!(
+            other_group.inventory_key(),
+            "_system:x_example.com_ClusterRole"
+        );
+        assert_eq!(
+            ObjMeta::parse_key("_system:x_example.com_ClusterRole").unwrap(),
+            other_group
+        );
         assert!(ObjMeta::parse_key("nounderscore").is_err());
         assert!(ObjMeta::parse_key("ns_a_b_apps_Deployment").is_err());
     }
@@ -460,6 +535,14 @@ mod tests {
         assert!(err.contains("already has an inventory annotation"), "{err}");
     }
 
+    /// `obj` as the server holds it: with a resourceVersion and a uid.
+    fn served(obj: &Value, rv: &str) -> Value {
+        let mut o = obj.clone();
+        o["metadata"]["resourceVersion"] = json!(rv);
+        o["metadata"]["uid"] = json!("u");
+        o
+    }
+
     #[test]
     fn the_plan_prunes_what_left_the_set_and_diffs_the_rest() {
         let desired = Desired::prepare(vec![ds("proxy:v2"), cr("kept")]).unwrap();
@@ -468,17 +551,21 @@ mod tests {
         let gone = ObjMeta::of(&cr("gone")).unwrap();
         let vanished = ObjMeta::of(&cr("vanished")).unwrap();
         let mut live = BTreeMap::new();
-        // The live DaemonSet has the old image and a field the server added.
+        let mut dry = BTreeMap::new();
+        // The live DaemonSet has the old image and a field the server added; the dry run
+        // has the new image and the same default.
         let mut old = desired.objects[1].1.clone();
         old["spec"]["template"]["spec"]["containers"][0]["image"] = json!("proxy:v1");
         old["spec"]["revisionHistoryLimit"] = json!(10);
-        live.insert(d.clone(), old.clone());
-        let mut kept_live = desired.objects[0].1.clone();
-        kept_live["metadata"]["uid"] = json!("u");
-        live.insert(kept.clone(), kept_live);
-        live.insert(gone.clone(), cr("gone"));
+        live.insert(d.clone(), served(&old, "7"));
+        let mut new = desired.objects[1].1.clone();
+        new["spec"]["revisionHistoryLimit"] = json!(10);
+        dry.insert(d.clone(), served(&new, "7"));
+        live.insert(kept.clone(), served(&desired.objects[0].1, "3"));
+        dry.insert(kept.clone(), served(&desired.objects[0].1, "3"));
+        live.insert(gone.clone(), served(&cr("gone"), "2"));
         let inventory = vec![kept.clone(), gone.clone(), vanished.clone(), d.clone()];
-        let changes = plan(&desired, &live, &inventory, false).unwrap();
+        let changes = plan(&desired, &live, &dry, &inventory, false).unwrap();
         assert_eq!(
             changes,
             vec![
@@ -505,13 +592,52 @@ mod tests {
             ]
         );
         // --no-prune: nothing is pruned.
-        let changes = plan(&desired, &live, &inventory, true).unwrap();
+        let changes = plan(&desired, &live, &dry, &inventory, true).unwrap();
         assert!(changes.iter().all(|c| c.action != Action::Pruned));
-        // Gone from the cluster: created.
+        // Gone from the cluster: the dry run creates it (no resourceVersion).
         live.remove(&d);
-        let changes = plan(&desired, &live, &inventory, false).unwrap();
+        dry.insert(d.clone(), desired.objects[1].1.clone());
+        let changes = plan(&desired, &live, &dry, &inventory, false).unwrap();
+        assert_eq!(changes.last().unwrap().action, Action::Created);
+        // A dry run refused as not found (a namespace or kind of the same set): created.
+        dry.remove(&d);
+        let changes = plan(&desired, &live, &dry, &inventory, false).unwrap();
         assert_eq!(changes.last().unwrap().action, Action::Created);
         assert_eq!(to_prune(&inventory, &desired), vec![gone.clone(), vanished]);
+    }
+
+    #[test]
+    fn drift_is_what_the_dry_run_changes_not_what_the_manifest_says() {
+        // Issue 31 item 5: Talos's bootstrap token Secret sets stringData; the server stores
+        // data and never returns stringData, so the manifest never matches the live object,
+        // while the server's dry run of the apply equals it.
+        let manifest = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bootstrap-token-abcdef", "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "stringData": {"token-id": "abcdef"}});
+        let mut stored = manifest.clone();
+        stored.as_object_mut().unwrap().remove("stringData");
+        stored["data"] = json!({"token-id": "YWJjZGVm"});
+        let live = served(&stored, "41");
+        let mut dry_run = live.clone();
+        dry_run["metadata"]["managedFields"] = json!([{"manager": "talos"}]);
+        assert_eq!(action_for(Some(&live), Some(&dry_run)), Action::Unchanged);
+        // A changed token shows.
+        let mut rotated = dry_run.clone();
+        rotated["data"]["token-id"] = json!("eHh4eHh4");
+        assert_eq!(action_for(Some(&live), Some(&rotated)), Action::Configured);
+        // Labels and annotations count; an absent map equals an empty one.
+        let mut labelled = dry_run.clone();
+        labelled["metadata"]["labels"] = json!({"a": "b"});
+        assert_eq!(action_for(Some(&live), Some(&labelled)), Action::Configured);
+        labelled["metadata"]["labels"] = json!({});
+        assert_eq!(action_for(Some(&live), Some(&labelled)), Action::Unchanged);
+        // Status and other metadata do not.
+        let mut other = dry_run.clone();
+        other["status"] = json!({"x": 1});
+        other["metadata"]["generation"] = json!(9);
+        assert_eq!(action_for(Some(&live), Some(&other)), Action::Unchanged);
+        assert_eq!(action_for(None, Some(&dry_run)), Action::Created);
     }
 
     #[test]
@@ -520,19 +646,20 @@ mod tests {
         let d = desired.objects[0].0.clone();
         let mut theirs = ds("v1");
         theirs["metadata"]["annotations"] = json!({INVENTORY_ANNOTATION: "flux"});
-        let live = BTreeMap::from([(d.clone(), theirs.clone())]);
-        let err = plan(&desired, &live, &[], false).unwrap_err();
+        let dry = BTreeMap::from([(d.clone(), served(&desired.objects[0].1, "1"))]);
+        let live = BTreeMap::from([(d.clone(), served(&theirs, "1"))]);
+        let err = plan(&desired, &live, &dry, &[], false).unwrap_err();
         assert!(err.contains("NoMatch"), "{err}");
         // Unannotated: adopted (AdoptIfNoInventory).
-        let live = BTreeMap::from([(d.clone(), ds("v1"))]);
+        let live = BTreeMap::from([(d.clone(), served(&ds("v1"), "1"))]);
         assert_eq!(
-            plan(&desired, &live, &[], false).unwrap()[0].action,
+            plan(&desired, &live, &dry, &[], false).unwrap()[0].action,
             Action::Configured
         );
         // An inventory entry now owned by another inventory is not pruned.
         let empty = Desired::prepare(vec![]).unwrap();
         let live = BTreeMap::from([(d.clone(), theirs)]);
-        assert!(plan(&empty, &live, &[d], false).is_err());
+        assert!(plan(&empty, &live, &BTreeMap::new(), &[d], false).is_err());
     }
 
     #[test]
@@ -557,16 +684,5 @@ mod tests {
         let mut want = inv;
         want.sort();
         assert_eq!(back, want);
-    }
-
-    #[test]
-    fn covers_is_a_subset_test() {
-        assert!(covers(&json!({"a": 1, "b": 2}), &json!({"a": 1})));
-        assert!(!covers(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
-        assert!(!covers(&json!({"l": [1, 2]}), &json!({"l": [1]})));
-        assert!(covers(
-            &json!({"l": [{"x": 1, "y": 2}]}),
-            &json!({"l": [{"x": 1}]})
-        ));
     }
 }

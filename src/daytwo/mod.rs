@@ -3,10 +3,12 @@
 //! Every rack-wide change goes through one rolling engine, [`rollout`], which decides which
 //! node changes next and when a health gate must pass; the per-operation modules say what a
 //! change of one node is (apply a config, upgrade Talos, upgrade a Kubernetes component).
+//! `apply` and `upgrade --talos` share one etcd health gate, [`gate`].
 
 pub mod apply;
 pub mod diff;
 pub mod drift;
+pub mod gate;
 pub mod installer_pull;
 pub mod manifest_sync;
 pub mod manifests;

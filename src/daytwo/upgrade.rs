@@ -9,7 +9,8 @@
 //! pinned name), `LifecycleService.Upgrade` with it (streamed installer output, then an
 //! exit code; non-zero is a failure but no gRPC error), then `Reboot` unless staged. The gate
 //! after it waits until the node answers again, reports the new version (`Version` tag), its
-//! boot finished (`MachineStatus` stage `running`) and, for a control plane, etcd lists it.
+//! boot finished (`MachineStatus` stage `running`) and, for a control plane, passes the etcd
+//! gate [`super::gate`] that `apply` uses too (ready, etcd healthy on every control plane).
 //! Reconcile after a restart: the node already reports the target version.
 
 use std::collections::{HashMap, VecDeque};
@@ -291,10 +292,9 @@ impl TalosOps {
                     if node.role == Role::Worker {
                         return Ok(());
                     }
-                    match self.etcd_has(node).await {
-                        Ok(true) => return Ok(()),
-                        Ok(false) => last = "etcd does not list it yet".into(),
-                        Err(e) => last = format!("etcd members: {e}"),
+                    match self.etcd_gate(Some(node)).await {
+                        Ok(()) => return Ok(()),
+                        Err(e) => last = e,
                     }
                 }
                 Ok((tag, true)) => {
@@ -329,9 +329,25 @@ impl TalosOps {
         }
     }
 
-    async fn etcd_has(&self, node: &UpgradeNode) -> Result<bool, TalosError> {
-        let members = self.client(node)?.etcd_member_list().await?;
-        Ok(members.iter().any(|m| m.hostname == node.name))
+    /// [`super::gate::check`] over every control plane of the plan, `changed` first.
+    async fn etcd_gate(&self, changed: Option<&UpgradeNode>) -> Result<(), String> {
+        let cps: Vec<(String, Result<TalosClient, String>)> = self
+            .upgrade
+            .nodes
+            .iter()
+            .filter(|n| n.role == Role::ControlPlane)
+            .map(|n| (n.name.clone(), self.client(n).map_err(|e| e.to_string())))
+            .collect();
+        let changed = match changed {
+            Some(n) => Some((
+                n.name.as_str(),
+                self.client(n).map_err(|e| format!("{}: {e}", n.name))?,
+            )),
+            None => None,
+        };
+        super::gate::check(changed.as_ref().map(|(n, c)| (*n, c)), &cps)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn cluster_gate(&self) -> Result<(), String> {
@@ -342,6 +358,17 @@ impl TalosOps {
                 Ok((tag, false)) => problems.push(format!("{} ({tag}) is not running", node.name)),
                 Err(e) => problems.push(format!("{}: {e}", node.name)),
             }
+        }
+        let control_planes = self
+            .upgrade
+            .nodes
+            .iter()
+            .any(|n| n.role == Role::ControlPlane);
+        if problems.is_empty()
+            && control_planes
+            && let Err(e) = self.etcd_gate(None).await
+        {
+            problems.push(e);
         }
         if problems.is_empty() {
             Ok(())
@@ -562,7 +589,14 @@ pub(crate) mod tests {
         for n in &nodes {
             n.wait_phase(Phase::Secured).await.unwrap();
         }
-        // ... and their boot sequence finished (stage running), as the double records it.
+        // A new cluster's control planes wait for Bootstrap in stage booting.
+        TalosClient::secured(nodes[0].addr(), &creds())
+            .unwrap()
+            .bootstrap()
+            .await
+            .unwrap();
+        // ... then every boot sequence finishes (stage running: on control planes, etcd
+        // joined and healthy), as the double records it.
         for _ in 0..3000 {
             let up = cluster.availability().iter().filter(|a| !a.down).count();
             if up >= nodes.len() {
@@ -570,11 +604,6 @@ pub(crate) mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        TalosClient::secured(nodes[0].addr(), &creds())
-            .unwrap()
-            .bootstrap()
-            .await
-            .unwrap();
         let version: Version = "v1.14.0".parse().unwrap();
         let mut upgrade = TalosUpgrade::plan(inv, &version, false, 50000);
         upgrade.nodes.retain(|n| NODES.contains(&n.name.as_str()));
@@ -695,6 +724,12 @@ pub(crate) mod tests {
         }
         let log = rack.cluster.availability();
         assert_eq!(max_down(&log, since, true), 1, "{log:#?}");
+        let etcd = rack.cluster.etcd_availability();
+        assert_eq!(
+            crate::sim::talos::max_etcd_down(&etcd, since),
+            1,
+            "{etcd:#?}"
+        );
         assert!(max_down(&log, since, false) <= 2, "{log:#?}");
         // Every control plane went down (and came back) before any worker went down.
         let first_worker_down = log

@@ -349,6 +349,24 @@ pub struct Patch {
     pub(crate) origin: PatchOrigin,
     /// The patch content.
     pub body: PatchBody,
+    /// Where each field and document of the patch is written (empty for patches talboot
+    /// builds itself), for the checks that depend on the cluster's Talos contract.
+    pub(crate) keys: PatchKeys,
+}
+
+/// Where the fields of a patch are written, for diagnostics that depend on the cluster's
+/// machine-config contract (known only once the whole inventory is read).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct PatchKeys {
+    /// The inventory field the patch is listed under (`cluster.patches[0]`).
+    pub(crate) at: String,
+    /// v1alpha1 key paths at every depth, in source order, each with where it is written
+    /// (JSON-patch operations: the pointer's path, at the operation).
+    pub(crate) fields: Vec<(Vec<String>, super::diag::Loc)>,
+    /// Kinds of the typed documents, each with where the document starts.
+    pub(crate) kinds: Vec<(String, super::diag::Loc)>,
+    /// The paths of JSON-patch operations (also in `fields`), each at its operation.
+    pub(crate) ops: Vec<(Vec<String>, super::diag::Loc)>,
 }
 
 /// Where a patch was written.

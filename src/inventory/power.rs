@@ -19,10 +19,11 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use super::diag::{Diagnostics, Loc, did_you_mean};
-use super::model::{Mac, Node, ResolvedRole};
+use super::model::{Firmware, Mac, Node, ResolvedRole};
 use super::read;
 use super::yaml::{Node as Y, Value, join};
 use crate::power::Credential;
+use crate::power::redfish::{AuthMode, BootMode};
 
 /// Where a secret is kept; never the secret itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,24 @@ pub struct RedfishTarget<P = Credential> {
     pub user: String,
     /// BMC password.
     pub password: P,
+    /// How talboot logs in (`auth: auto|session|basic`, `auto` when absent).
+    pub auth: AuthMode,
+    /// The `BootSourceOverrideMode` the node's network and disk boots are set with: from the
+    /// node's `firmware:` (`bios` is `Legacy`, `uefi` and `http` are `UEFI`), `UEFI` for an
+    /// arm64 node, else `None` (the BMC's mode is left as it is).
+    pub boot_mode: Option<BootMode>,
+}
+
+/// The Redfish boot mode of a node: its `firmware:`, else UEFI for arm64 (which has no
+/// legacy BIOS), else unknown.
+pub fn redfish_boot_mode(node: &Node) -> Option<BootMode> {
+    use super::model::{Arch, Firmware};
+    match node.firmware {
+        Some(Firmware::Bios) => Some(BootMode::Legacy),
+        Some(Firmware::Uefi | Firmware::Http) => Some(BootMode::Uefi),
+        None if node.arch == Some(Arch::Arm64) => Some(BootMode::Uefi),
+        None => None,
+    }
 }
 
 /// An IPMI 2.0 BMC reached over LAN (RMCP+).
@@ -76,6 +95,9 @@ pub struct IpmiTarget<P = Credential> {
     pub user: String,
     /// BMC password.
     pub password: P,
+    /// Ask for an EFI boot in the boot flags (the node's `firmware:` is `uefi` or `http`);
+    /// otherwise the BMC sets up a legacy (PC compatible) boot.
+    pub efi_boot: bool,
 }
 
 /// A Proxmox VE virtual machine.
@@ -216,14 +238,20 @@ fn vm_shape(f: &Field, d: &mut Diagnostics) -> Option<VmShape> {
 }
 
 /// Wake-on-LAN: a magic packet to a broadcast address. Send-only: no state, no boot device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WolTarget {
+/// `P` is [`SecretRef`] in the inventory and [`Credential`] once resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WolTarget<P = Credential> {
     /// The NIC to wake (the node's first boot MAC unless written).
     pub mac: Mac,
     /// Where the packet goes (the node's subnet broadcast unless written).
     pub broadcast: Ipv4Addr,
     /// UDP port (9, "discard", by default).
     pub port: u16,
+    /// The NIC's SecureOn password, appended to the magic packet (`secureOnEnv` or
+    /// `secureOnKey`): six bytes `aa:bb:cc:dd:ee:ff` or four dotted `1.2.3.4`, as etherwake's
+    /// `-p` takes it. Read and checked when the driver is built
+    /// ([`crate::power::credentials`]).
+    pub secure_on: Option<P>,
 }
 
 /// A node's power controller. `P` is [`SecretRef`] as loaded, [`Credential`] once resolved.
@@ -236,7 +264,7 @@ pub enum PowerConfig<P = SecretRef> {
     /// Proxmox VE VM.
     Proxmox(ProxmoxTarget<P>),
     /// Wake-on-LAN.
-    Wol(WolTarget),
+    Wol(WolTarget<P>),
 }
 
 impl<P> PowerConfig<P> {
@@ -274,12 +302,15 @@ impl<P> PowerConfig<P> {
                 ca: t.ca,
                 user: t.user,
                 password: f(t.password)?,
+                auth: t.auth,
+                boot_mode: t.boot_mode,
             }),
             Self::Ipmi(t) => PowerConfig::Ipmi(IpmiTarget {
                 host: t.host,
                 port: t.port,
                 user: t.user,
                 password: f(t.password)?,
+                efi_boot: t.efi_boot,
             }),
             Self::Proxmox(t) => PowerConfig::Proxmox(ProxmoxTarget {
                 api_url: t.api_url,
@@ -291,7 +322,12 @@ impl<P> PowerConfig<P> {
                 ca: t.ca,
                 vm: t.vm,
             }),
-            Self::Wol(t) => PowerConfig::Wol(t),
+            Self::Wol(t) => PowerConfig::Wol(WolTarget {
+                mac: t.mac,
+                broadcast: t.broadcast,
+                port: t.port,
+                secure_on: t.secure_on.map(f).transpose()?,
+            }),
         })
     }
 }
@@ -365,6 +401,7 @@ fn fields_of(kind: &str) -> &'static [&'static str] {
             "passwordEnv",
             "passwordKey",
             "credentialsFile",
+            "auth",
         ],
         "ipmi" => &[
             "kind",
@@ -388,7 +425,15 @@ fn fields_of(kind: &str) -> &'static [&'static str] {
             "ca",
             "vm",
         ],
-        "wol" => &["kind", "mac", "broadcast", "port"],
+        "wol" => &[
+            "kind",
+            "mac",
+            "broadcast",
+            "port",
+            "secureOnEnv",
+            "secureOnKey",
+            "credentialsFile",
+        ],
         _ => &["kind"],
     }
 }
@@ -400,6 +445,7 @@ const CLEAR_SECRETS: &[(&str, &str)] = &[
     ("tokenSecret", "tokenSecret"),
     ("token", "tokenSecret"),
     ("secret", "password"),
+    ("secureOn", "secureOn"),
 ];
 
 /// The merged fields of a node's blocks, role chain first.
@@ -686,7 +732,7 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
     let creds_file = m
         .take("credentialsFile")
         .and_then(|f| read::string(&f.value, &f.path, d).map(|s| (base.join(s), f.loc, f.path)));
-    let needs_file = matches!(kind.as_str(), "redfish" | "ipmi" | "proxmox");
+    let needs_file = matches!(kind.as_str(), "redfish" | "ipmi" | "proxmox" | "wol");
     if !needs_file && let Some((_, loc, path)) = &creds_file {
         d.error(
             loc,
@@ -702,6 +748,23 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
             let ca = m.path("ca", base, d);
             let user = m.required("user", "the BMC user, e.g. user: admin", d);
             let password = m.secret("password", creds_file.as_ref(), d);
+            let auth = match m.take("auth") {
+                Some(f) => read::parsed(
+                    &f.value,
+                    &f.path,
+                    d,
+                    "a Redfish login (auto, session or basic)",
+                    "auto",
+                    |s| match s {
+                        "auto" => Ok(AuthMode::Auto),
+                        "session" => Ok(AuthMode::Session),
+                        "basic" => Ok(AuthMode::Basic),
+                        _ => Err("expected auto (a session where the BMC has one, else HTTP Basic), session or basic"),
+                    },
+                )
+                .map(|a| a.value),
+                None => Some(AuthMode::Auto),
+            };
             Some(PowerConfig::Redfish(RedfishTarget {
                 endpoint: endpoint?,
                 system_id,
@@ -709,6 +772,8 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
                 ca,
                 user: user?,
                 password: password?,
+                auth: auth?,
+                boot_mode: redfish_boot_mode(node),
             }))
         }
         "ipmi" => {
@@ -721,6 +786,7 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
                 port: port?,
                 user: user?,
                 password: password?,
+                efi_boot: matches!(node.firmware, Some(Firmware::Uefi | Firmware::Http)),
             }))
         }
         "proxmox" => {
@@ -780,10 +846,19 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
                 None => Some(node.address.value.broadcast()),
             };
             let port = m.port(9, d);
+            // Optional, unlike the other kinds' secrets: only a NIC set up with a SecureOn
+            // password (`ethtool -s IF wol s sopass ...`) wants one.
+            let secure_on =
+                if m.fields.contains_key("secureOnEnv") || m.fields.contains_key("secureOnKey") {
+                    m.secret("secureOn", creds_file.as_ref(), d).map(Some)
+                } else {
+                    Some(None)
+                };
             Some(PowerConfig::Wol(WolTarget {
                 mac: mac?,
                 broadcast: broadcast?,
                 port: port?,
+                secure_on: secure_on?,
             }))
         }
         _ => None,
@@ -871,6 +946,7 @@ nodes:
                 port: 623,
                 user: "admin".into(),
                 password: SecretRef::Env("BMC_PASS".into()),
+                efi_boot: false,
             }))
         );
         // Another kind on the node starts afresh: the role's user and password are dropped.
@@ -880,6 +956,7 @@ nodes:
                 mac: "aa:00:00:00:00:05".parse().unwrap(),
                 broadcast: "10.0.40.255".parse().unwrap(),
                 port: 9,
+                secure_on: None,
             }))
         );
         assert_eq!(inv.node("wk-3").unwrap().power, None);
@@ -893,6 +970,7 @@ nodes:
     role: worker
     address: 10.0.40.21/24
     installDisk: /dev/sda
+    firmware: uefi
     power:
       kind: redfish
       endpoint: https://10.0.50.21/
@@ -900,6 +978,7 @@ nodes:
       user: root
       passwordKey: rf
       credentialsFile: power.sops.yaml
+      auth: session
   - name: pve
     mac: aa:00:00:00:00:05
     role: worker
@@ -935,6 +1014,8 @@ nodes:
                     file: dir.path().join("power.sops.yaml"),
                     key: "rf".into()
                 },
+                auth: AuthMode::Session,
+                boot_mode: Some(BootMode::Uefi),
             }))
         );
         assert_eq!(
@@ -962,7 +1043,114 @@ nodes:
                 mac: "aa:00:00:00:00:99".parse().unwrap(),
                 broadcast: Ipv4Addr::BROADCAST,
                 port: 7,
+                secure_on: None,
             }))
+        );
+    }
+
+    #[test]
+    fn an_ipmi_node_asks_for_an_efi_boot_when_its_firmware_is_uefi() {
+        let (_d, r) = load(
+            "  - name: efi
+    mac: aa:00:00:00:00:04
+    role: rack
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    firmware: uefi
+    power: {host: 10.0.50.21}
+  - name: httpboot
+    mac: aa:00:00:00:00:05
+    role: rack
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+    firmware: http
+    power: {host: 10.0.50.22}
+  - name: bios
+    mac: aa:00:00:00:00:06
+    role: rack
+    address: 10.0.40.23/24
+    installDisk: /dev/sda
+    firmware: bios
+    power: {host: 10.0.50.23}
+  - name: nohint
+    mac: aa:00:00:00:00:07
+    role: rack
+    address: 10.0.40.24/24
+    installDisk: /dev/sda
+    power: {host: 10.0.50.24}
+",
+        );
+        let inv = r.unwrap().inventory;
+        let efi = |n: &str| match &inv.node(n).unwrap().power {
+            Some(PowerConfig::Ipmi(t)) => t.efi_boot,
+            other => panic!("{n}: {other:?}"),
+        };
+        assert!(efi("efi"));
+        assert!(efi("httpboot"));
+        assert!(!efi("bios"));
+        // No hint: the boot type ipmitool sends without `options=efiboot` (legacy).
+        assert!(!efi("nohint"));
+    }
+
+    #[test]
+    fn a_wol_block_reads_its_secureon_password_reference() {
+        let (dir, r) = load(
+            "  - name: env
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {kind: wol, secureOnEnv: WOL_SOPASS}
+  - name: file
+    mac: aa:00:00:00:00:05
+    role: worker
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+    power: {kind: wol, secureOnKey: nuc, credentialsFile: power.sops.yaml}
+",
+        );
+        let inv = r.unwrap().inventory;
+        let secure_on = |n: &str| match &inv.node(n).unwrap().power {
+            Some(PowerConfig::Wol(t)) => t.secure_on.clone(),
+            other => panic!("{n}: {other:?}"),
+        };
+        assert_eq!(secure_on("env"), Some(SecretRef::Env("WOL_SOPASS".into())));
+        assert_eq!(
+            secure_on("file"),
+            Some(SecretRef::File {
+                file: dir.path().join("power.sops.yaml"),
+                key: "nuc".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_clear_text_secureon_password_is_refused_without_repeating_it() {
+        let e = errors(
+            "  - name: wk-1
+    mac: aa:00:00:00:00:04
+    role: worker
+    address: 10.0.40.21/24
+    installDisk: /dev/sda
+    power: {kind: wol, secureOn: '5e:c2:e7:0a:11:99'}
+  - name: wk-2
+    mac: aa:00:00:00:00:05
+    role: worker
+    address: 10.0.40.22/24
+    installDisk: /dev/sda
+    power: {kind: wol, secureOnKey: nuc}
+",
+        )
+        .join("\n");
+        assert!(
+            e.contains("nodes[1].power.secureOn: a clear-text secret in the inventory is refused")
+                && e.contains("secureOnEnv: VAR"),
+            "{e}"
+        );
+        assert!(!e.contains("5e:c2"), "{e}");
+        assert!(
+            e.contains("nodes[2].power.secureOnKey: secureOnKey needs credentialsFile"),
+            "{e}"
         );
     }
 
@@ -1029,6 +1217,12 @@ nodes:
       tokenId: talboot@pve!power
       tokenSecretEnv: PVE_TOKEN
       vm: {memory: 512, cores: 0, bridges: [], disk: 10}
+  - name: rf
+    mac: aa:00:00:00:00:09
+    role: worker
+    address: 10.0.40.26/24
+    installDisk: /dev/sda
+    power: {kind: redfish, endpoint: https://10.0.50.26, user: root, passwordEnv: P, auth: token}
 ",
         )
         .join("\n");
@@ -1042,6 +1236,7 @@ nodes:
             "nodes[5].power.vm.cores: `0` is not a core count",
             "nodes[5].power.vm.bridges: is empty",
             "nodes[5].power.vm.disk: unknown field `disk`\n  hint: did you mean `diskGib`?",
+            "nodes[6].power.auth: `token` is not a Redfish login (auto, session or basic)",
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }

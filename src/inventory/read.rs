@@ -383,7 +383,8 @@ fn patch(node: &Node, path: &str, base: &Path, d: &mut Diagnostics) -> Option<Pa
     match &node.value {
         Value::Map(_) | Value::Seq(_) => {
             let body = classify_patch(std::slice::from_ref(node), path, d)?;
-            Some(Patch { origin, body })
+            let keys = patch_keys(std::slice::from_ref(node), path);
+            Some(Patch { origin, body, keys })
         }
         Value::Str(s) if s.contains('\n') => {
             // Inline YAML text: positions inside it are reported relative to the string.
@@ -399,7 +400,8 @@ fn patch(node: &Node, path: &str, base: &Path, d: &mut Diagnostics) -> Option<Pa
                 }
             };
             let body = classify_patch(&docs, path, d)?;
-            Some(Patch { origin, body })
+            let keys = patch_keys(&docs, path);
+            Some(Patch { origin, body, keys })
         }
         Value::Str(s) => {
             let rel = s.strip_prefix('@').unwrap_or(s);
@@ -431,9 +433,11 @@ fn patch(node: &Node, path: &str, base: &Path, d: &mut Diagnostics) -> Option<Pa
                 }
             };
             let body = classify_patch(&docs, path, d)?;
+            let keys = patch_keys(&docs, path);
             Some(Patch {
                 origin: PatchOrigin::File(file),
                 body,
+                keys,
             })
         }
         _ => {
@@ -446,6 +450,58 @@ fn patch(node: &Node, path: &str, base: &Path, d: &mut Diagnostics) -> Option<Pa
             None
         }
     }
+}
+
+/// Where each v1alpha1 field and typed document of a patch is written ([`PatchKeys`]).
+fn patch_keys(docs: &[Node], path: &str) -> PatchKeys {
+    fn walk(entries: &[(super::yaml::Key, Node)], prefix: &mut Vec<String>, out: &mut PatchKeys) {
+        for (k, v) in entries {
+            prefix.push(k.name.clone());
+            out.fields.push((prefix.clone(), k.loc.clone()));
+            if let Value::Map(inner) = &v.value {
+                walk(inner, prefix, out);
+            }
+            prefix.pop();
+        }
+    }
+    let mut out = PatchKeys {
+        at: path.to_owned(),
+        ..PatchKeys::default()
+    };
+    for doc in docs {
+        match &doc.value {
+            Value::Map(entries) => match entries.iter().find(|(k, _)| k.name == "kind") {
+                Some((_, kind)) => {
+                    if let Value::Str(kind) = &kind.value {
+                        out.kinds.push((kind.clone(), doc.loc.clone()));
+                    }
+                }
+                None => walk(entries, &mut Vec::new(), &mut out),
+            },
+            Value::Seq(ops) => {
+                for op in ops {
+                    let Value::Map(fields) = &op.value else {
+                        continue;
+                    };
+                    if let Some((_, target)) = fields.iter().find(|(k, _)| k.name == "path")
+                        && let Value::Str(target) = &target.value
+                    {
+                        let segments: Vec<String> = target
+                            .split('/')
+                            .skip(1)
+                            .map(|s| s.replace("~1", "/").replace("~0", "~"))
+                            .collect();
+                        if !segments.is_empty() {
+                            out.ops.push((segments.clone(), op.loc.clone()));
+                            out.fields.push((segments, op.loc.clone()));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 const JSON_PATCH_OPS: &[&str] = &["add", "remove", "replace", "move", "copy", "test"];

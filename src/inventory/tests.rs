@@ -966,3 +966,131 @@ fn local_boot_defaults_to_exit_and_a_node_may_override_it() {
         "{bad:?}"
     );
 }
+
+#[test]
+fn patches_under_the_v1_14_contract_are_checked_at_file_and_line() {
+    let case = Case::new();
+    // Translated into v1.14 documents: no message.
+    case.file(
+        "legacy.yaml",
+        "machine:\n  sysctls: {vm.max_map_count: '262144'}\n  kubelet:\n    extraArgs: {a: b}\n  nodeLabels: {pool: x}\ncluster:\n  network: {podSubnets: [10.244.0.0/16]}\n",
+    );
+    // No v1.14 document: stays, with a warning at the key.
+    case.file("files.yaml", "machine:\n  pods:\n    - {kind: Pod}\n");
+    // No v1.14 document, under a field Talos refuses next to KubeletConfig.
+    case.file(
+        "mounts.yaml",
+        "machine:\n  kubelet:\n    extraMounts:\n      - {destination: /x, source: /x, type: bind}\n",
+    );
+    // The legacy field and its document in one patch.
+    case.file(
+        "both.yaml",
+        "machine:\n  sysctls: {a: '1'}\n---\napiVersion: v1alpha1\nkind: SysctlConfig\nparams: {b: '2'}\n",
+    );
+    // A JSON patch into a section v1.14 moved out of v1alpha1.
+    case.file(
+        "ops.yaml",
+        "- op: add\n  path: /machine/kubelet/extraArgs/feature-gates\n  value: X=true\n",
+    );
+    let patches = "  patches: [legacy.yaml, files.yaml, mounts.yaml, both.yaml, ops.yaml]\n";
+    let text = with(
+        "  vip: 10.0.40.100\n",
+        &format!("  vip: 10.0.40.100\n{patches}"),
+    )
+    .replace("talosVersion: v1.13.9", "talosVersion: v1.14.0");
+    let Err(LoadError::Invalid { diagnostics, .. }) = case.load(&text) else {
+        panic!("loaded")
+    };
+    let all: Vec<String> = diagnostics
+        .sorted()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let dir = case.dir.path().display().to_string();
+    assert_eq!(all.len(), 4, "{all:#?}");
+    let find = |file: &str| {
+        all.iter()
+            .find(|m| m.starts_with(&format!("{dir}/{file}:")))
+            .unwrap_or_else(|| panic!("{file}: {all:#?}"))
+            .clone()
+    };
+    let pods = find("files.yaml");
+    assert!(
+        pods.starts_with(&format!(
+            "{dir}/files.yaml:2:3: warning: cluster.patches[1]:"
+        )) && pods.contains("`machine.pods`")
+            && pods.contains("Talos v1.14 deprecated"),
+        "{pods}"
+    );
+    let mounts = find("mounts.yaml");
+    assert!(
+        mounts.starts_with(&format!(
+            "{dir}/mounts.yaml:3:5: error: cluster.patches[2]:"
+        )) && mounts.contains("`machine.kubelet.extraMounts`")
+            && mounts.contains("KubeletConfig")
+            && mounts.contains("k8s/kubelet.go"),
+        "{mounts}"
+    );
+    let both = find("both.yaml");
+    assert!(
+        both.starts_with(&format!("{dir}/both.yaml:2:3: error: cluster.patches[3]:"))
+            && both.contains("`machine.sysctls` and a SysctlConfig document")
+            && both.contains("only in the SysctlConfig document"),
+        "{both}"
+    );
+    let ops = find("ops.yaml");
+    assert!(
+        ops.starts_with(&format!("{dir}/ops.yaml:1:3: error: cluster.patches[4]:"))
+            && ops.contains("`/machine/kubelet/extraArgs/feature-gates`")
+            && ops.contains("KubeletConfig"),
+        "{ops}"
+    );
+
+    // The same patches under v1.13: the legacy fields are current there; only the v1.13
+    // conflict of a patch setting machine.time beside TimeSyncConfig is refused.
+    case.file(
+        "time.yaml",
+        "machine:\n  time:\n    servers: [10.0.40.1]\n---\napiVersion: v1alpha1\nkind: TimeSyncConfig\nntp: {servers: [10.0.40.1]}\n",
+    );
+    let text = with(
+        "  vip: 10.0.40.100\n",
+        "  vip: 10.0.40.100\n  patches: [legacy.yaml, mounts.yaml, time.yaml]\n",
+    );
+    let Err(LoadError::Invalid { diagnostics, .. }) = case.load(&text) else {
+        panic!("loaded")
+    };
+    let errors: Vec<String> = diagnostics
+        .sorted()
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].starts_with(&format!("{dir}/time.yaml:3:5: error: cluster.patches[2]:"))
+            && errors[0].contains("network/time_sync.go"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn the_examples_at_v1_14_load_without_contract_messages() {
+    let case = Case::new();
+    let src = example("rack.yaml").parent().unwrap().to_path_buf();
+    for e in std::fs::read_dir(src.join("patches")).unwrap() {
+        let e = e.unwrap();
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        case.file(
+            &format!("patches/{}", e.file_name().to_string_lossy()),
+            &text,
+        );
+    }
+    for f in ["lab.yaml", "rack.yaml"] {
+        let text = std::fs::read_to_string(src.join(f))
+            .unwrap()
+            .replace("talosVersion: v1.13.9", "talosVersion: v1.14.0");
+        assert!(text.contains("v1.14.0"), "{f}");
+        let loaded = load_with_env(&case.file(f, &text), &BTreeMap::new()).unwrap();
+        assert!(loaded.warnings.is_empty(), "{f}: {:?}", loaded.warnings);
+    }
+}

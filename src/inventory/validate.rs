@@ -248,6 +248,178 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
 
     if let Some(cluster) = &parts.cluster {
         cluster_rules(cluster, parts.network.as_ref(), &cps, d);
+        contract_rules(cluster, parts, d);
+    }
+}
+
+/// What the cluster's machine-config contract makes of each patch, at the patch's file and
+/// line: under v1.14, a v1.13 field with no v1.14 document stays with a deprecation warning,
+/// or is refused when Talos refuses it next to a document talboot renders; under any contract,
+/// a patch that sets a legacy field and the document Talos refuses it next to
+/// (`V1Alpha1ConflictValidate`, [`crate::machineconfig::legacy::CONFLICTS`]) is refused.
+fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
+    use crate::machineconfig::contract::Contract;
+    let Some(contract) = Contract::for_version(&cluster.talos_version.value) else {
+        return; // rendering refuses the version with its own message
+    };
+    let patches = cluster
+        .patches
+        .iter()
+        .chain(parts.roles.iter().flat_map(|r| r.patches.iter()))
+        .chain(parts.nodes.iter().flat_map(|n| n.patches.iter()));
+    for patch in patches {
+        patch_contract_rules(contract, patch, d);
+    }
+}
+
+fn patch_contract_rules(
+    contract: crate::machineconfig::contract::Contract,
+    patch: &Patch,
+    d: &mut Diagnostics,
+) {
+    use crate::machineconfig::contract::Contract;
+    use crate::machineconfig::legacy::{CONFLICTS, Fate, TRANSLATED, classify};
+    use crate::machineconfig::schema::{DEPRECATED, v1alpha1_has};
+    let keys = &patch.keys;
+    let starts = |p: &[String], prefix: &[&str]| {
+        p.len() >= prefix.len() && p.iter().zip(prefix).all(|(a, b)| a == b)
+    };
+    let strictly_under = |prefix: &[String], longer: &[&str]| {
+        longer.len() > prefix.len() && prefix.iter().zip(longer).all(|(a, b)| a == b)
+    };
+    let has_kind = |kind: &str| keys.kinds.iter().any(|(k, _)| k == kind);
+    let mut reported: Vec<&[String]> = Vec::new();
+    // A JSON-patch operation below a v1.13 section the v1.14 v1alpha1 document no longer has
+    // (`/machine/kubelet/extraArgs/x`) cannot apply: the section is not there to patch.
+    if contract >= Contract::V1_14 {
+        for (path, loc) in &keys.ops {
+            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+            let Some((_, parent)) = refs.split_last() else {
+                continue;
+            };
+            let translated = TRANSLATED.iter().find(|(p, _)| starts(path, p));
+            if let Some((_, kind)) = translated
+                && !parent.is_empty()
+                && !v1alpha1_has(contract, parent)
+            {
+                d.error_hint(
+                    loc,
+                    &keys.at,
+                    format!(
+                        "the JSON-patch operation on `/{}` needs `/{}` in the v1alpha1 \
+                         document, which the v1.14 contract moved to the {kind} document",
+                        path.join("/"),
+                        parent.join("/")
+                    ),
+                    format!(
+                        "write a strategic-merge patch (a {kind} document, or the v1.13 \
+                         field, which talboot moves into {kind})"
+                    ),
+                );
+                reported.push(path);
+            }
+        }
+    }
+    for (path, loc) in &keys.fields {
+        if reported
+            .iter()
+            .any(|r| starts(path, &r.iter().map(String::as_str).collect::<Vec<_>>()))
+        {
+            continue;
+        }
+        let field = path.join(".");
+        // The same patch sets the legacy field and the document Talos refuses it next to.
+        if let Some(c) = CONFLICTS
+            .iter()
+            .find(|c| c.since <= contract && starts(path, c.path) && has_kind(c.kind))
+        {
+            d.error_hint(
+                loc,
+                &keys.at,
+                format!(
+                    "the patch sets `{field}` and a {kind} document; Talos refuses `{legacy}` \
+                     next to {kind} ({source} in siderolabs/talos \
+                     pkg/machinery/config/types, V1Alpha1ConflictValidate)",
+                    kind = c.kind,
+                    legacy = c.path.join("."),
+                    source = c.source
+                ),
+                format!("write the setting only in the {} document", c.kind),
+            );
+            reported.push(path);
+            continue;
+        }
+        if contract >= Contract::V1_14
+            && let Some((_, kind)) = TRANSLATED
+                .iter()
+                .find(|(p, k)| starts(path, p) && has_kind(k))
+        {
+            d.error_hint(
+                loc,
+                &keys.at,
+                format!(
+                    "the patch sets `{field}` and a {kind} document; under the v1.14 contract \
+                     talboot moves `{field}` into {kind}, so one patch must not set both"
+                ),
+                format!("write the setting only in the {kind} document"),
+            );
+            reported.push(path);
+            continue;
+        }
+        // Intermediate keys of fields that are translated or conflict further down.
+        let intermediate = (contract >= Contract::V1_14
+            && TRANSLATED.iter().any(|(p, _)| strictly_under(path, p)))
+            || CONFLICTS
+                .iter()
+                .any(|c| c.since <= contract && strictly_under(path, c.path));
+        if intermediate {
+            continue;
+        }
+        let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+        match classify(contract, &refs, v1alpha1_has(contract, &refs)) {
+            Fate::Current => continue,
+            Fate::Translated(_) => {}
+            Fate::Refused(c) => {
+                d.error_hint(
+                    loc,
+                    &keys.at,
+                    format!(
+                        "`{field}` has no {contract} document talboot can move it into, and Talos \
+                         refuses `{legacy}` next to the {kind} document talboot renders for \
+                         the {contract} contract ({source} in siderolabs/talos \
+                         pkg/machinery/config/types, V1Alpha1ConflictValidate)",
+                        legacy = c.path.join("."),
+                        kind = c.kind,
+                        source = c.source
+                    ),
+                    format!(
+                        "write it as a field of a {} document in the patch, or remove it",
+                        c.kind
+                    ),
+                );
+            }
+            Fate::Deprecated => {
+                // v1.13's own deprecations are warned about where the patch is read.
+                let v1_13_deprecated = DEPRECATED.iter().any(|dep| starts(path, dep.path));
+                if contract >= Contract::V1_14 && !v1_13_deprecated {
+                    d.warning(
+                        loc,
+                        &keys.at,
+                        format!(
+                            "the patch sets `{field}`, which Talos {contract} deprecated (its \
+                             config schema leaves it out) and which has no {contract} document; \
+                             it stays in the v1alpha1 document"
+                        ),
+                        Some(
+                            "move it to its replacement document when one exists (see the \
+                             Talos release notes), or remove it"
+                                .into(),
+                        ),
+                    );
+                }
+            }
+        }
+        reported.push(path);
     }
 }
 

@@ -4,6 +4,8 @@
 //! RFC 6902 JSON patches over a [`patch::ConfigBundle`]).
 
 pub mod clients;
+pub mod contract;
+pub(crate) mod legacy;
 pub mod patch;
 pub mod pki;
 pub mod render;

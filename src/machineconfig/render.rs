@@ -5,11 +5,12 @@
 //!
 //! # Order (talhelper's build order, `anchors-config.md` §1.5)
 //!
-//! 1. **Base document** for the machine type, equivalent to `talosctl gen config` for the Talos
-//!    v1.13 contract (`talos-facts.md` §5.1): the v1alpha1 document with the bundle's secrets,
-//!    CLI defaults `install.disk: /dev/sda` and the ghcr installer, plus `HostnameConfig`
-//!    `auto: stable`. Talos v1.14 accepts this layout unchanged (§5.9), so a v1.14 cluster gets
-//!    the same v1.13-style documents. Generation input also carries what talhelper feeds
+//! 1. **Base document** for the machine type, equivalent to `talosctl gen config
+//!    --talos-version` for the cluster's [`Contract`]. For v1.13 (`talos-facts.md` §5.1): the
+//!    v1alpha1 document with the bundle's secrets, CLI defaults `install.disk: /dev/sda` and
+//!    the ghcr installer, plus `HostnameConfig` `auto: stable`. For v1.14 the documents of
+//!    [`v114`] (`UnattendedInstallConfig`, `Kube*Config`, `ResolverConfig.hostDNS`, discovery,
+//!    trim, workload isolation), each behind its contract switch. Generation input also carries what talhelper feeds
 //!    `generate.Input`: subnets, DNS domain, `allowSchedulingOnControlPlanes` and, when the
 //!    Cilium add-on is enabled, `cni: none` (+ `proxy.disabled: true` with kube-proxy
 //!    replacement; Cilium without it still needs kube-proxy).
@@ -22,6 +23,10 @@
 //!    planes (`Layer2VIPConfig`), install disk or `diskSelector`, installer image from the
 //!    schematic, node labels and taints.
 //! 5. **The node's own patches.**
+//!
+//! Under the v1.14 contract every patch is followed by [`legacy::translate`]: v1.13-style
+//! fields a patch set (`.machine.kubelet`, `.machine.sysctls`, `.cluster.network`, ...) move
+//! into their v1.14 documents, so Talos does not refuse the mix, and later patches still win.
 //!
 //! Networking uses the v1.13 multi-document kinds instead of the deprecated
 //! `machine.network.interfaces`, which the JSON schema omits; so the output validates. Time
@@ -49,6 +54,8 @@ use serde_json::{Value as Json, json};
 use thiserror::Error;
 use yaml_serde::Value;
 
+use super::contract::Contract;
+use super::legacy;
 use super::patch::{self, ConfigBundle, PatchError};
 use super::pki::PemCertAndKey;
 use super::secrets::{EncryptionSecret, SecretsBundle};
@@ -68,12 +75,34 @@ pub(crate) const BOOT_LINK: &str = "net0";
 pub enum RenderError {
     /// The cluster's Talos version is outside the contracts we render.
     #[error(
-        "cluster.talosVersion {version} is not supported: talboot renders the Talos v1.13 \
-         layout, which Talos v1.13 and v1.14 accept; set talosVersion to a v1.13.x or v1.14.x release"
+        "cluster.talosVersion {version} is not supported: talboot renders the Talos v1.13 and \
+         v1.14 machine-config contracts; set talosVersion to a v1.13.x or v1.14.x release"
     )]
     UnsupportedTalos {
         /// The version in the inventory.
         version: String,
+    },
+    /// The node's disk selector cannot be written as the CEL expression v1.14 needs.
+    #[error("node {node}: diskSelector: {source}")]
+    Selector {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: super::contract::SelectorError,
+    },
+    /// A patch's v1.13-style fields could not be moved into their v1.14 documents.
+    #[error("node {node}: {stage} ({origin}): translating to the v1.14 contract: {source}")]
+    Translate {
+        /// The node being rendered.
+        node: String,
+        /// Which step of the order.
+        stage: String,
+        /// Where the patch came from.
+        origin: String,
+        /// What went wrong.
+        #[source]
+        source: Box<legacy::TranslateError>,
     },
     /// A patch failed to apply.
     #[error("node {node}: {stage} ({origin}): {source}")]
@@ -160,17 +189,13 @@ pub(crate) fn installer_image_at(inv: &Inventory, talos: &crate::inventory::Vers
     }
 }
 
-/// Checks that the cluster's Talos version is one whose contract we render (v1.13 layout,
-/// also accepted by v1.14).
-fn check_contract(inv: &Inventory) -> Result<(), RenderError> {
-    let v = &inv.cluster.talos_version.value.0;
-    if v.major == 1 && (v.minor == 13 || v.minor == 14) {
-        Ok(())
-    } else {
-        Err(RenderError::UnsupportedTalos {
+/// The contract the cluster's Talos version renders (`talosctl gen config --talos-version`).
+pub(crate) fn contract(inv: &Inventory) -> Result<Contract, RenderError> {
+    Contract::for_version(&inv.cluster.talos_version.value).ok_or_else(|| {
+        RenderError::UnsupportedTalos {
             version: inv.cluster.talos_version.value.to_string(),
-        })
-    }
+        }
+    })
 }
 
 /// Whether the Cilium add-on is enabled, and whether it replaces kube-proxy.
@@ -206,14 +231,26 @@ fn admission_control() -> Json {
     }])
 }
 
-/// The base config for `machine_type`: what `talosctl gen config` emits for the v1.13
+/// The base config for `machine_type`: what `talosctl gen config` emits for the cluster's
 /// contract with this cluster's name, endpoint, versions, subnets and secrets.
 pub(crate) fn base_config(
     inv: &Inventory,
     secrets: &SecretsBundle,
     machine_type: MachineType,
 ) -> Result<ConfigBundle, RenderError> {
-    check_contract(inv)?;
+    match contract(inv)? {
+        Contract::V1_13 => base_config_v1_13(inv, secrets, machine_type),
+        Contract::V1_14 => v114::base_config(inv, secrets, machine_type),
+    }
+}
+
+/// [`base_config`] for the v1.13 contract (unchanged since before v1.14 support: the golden
+/// files pin it byte for byte).
+fn base_config_v1_13(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    machine_type: MachineType,
+) -> Result<ConfigBundle, RenderError> {
     let c = &inv.cluster;
     let talos = &c.talos_version.value;
     let k8s = &c.kubernetes_version.value;
@@ -421,6 +458,14 @@ fn taints(inv: &Inventory, node: &Node) -> Vec<Taint> {
 /// The generated per-node patch (step 4 of the order): hostname, boot NIC address and route,
 /// extra NICs, resolvers, VIP on control planes, install target and image, labels, taints.
 pub(crate) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
+    match contract(inv)? {
+        Contract::V1_13 => node_patch_v1_13(inv, node),
+        Contract::V1_14 => v114::node_patch(inv, node),
+    }
+}
+
+/// [`node_patch`] for the v1.13 contract.
+fn node_patch_v1_13(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
     let role = inv.role_of(node);
     let cp = role.machine_type == MachineType::ControlPlane;
 
@@ -545,40 +590,65 @@ pub(crate) fn render_node(
 ) -> Result<ConfigBundle, RenderError> {
     let role = inv.role_of(node);
     let name = node.name.value.clone();
+    let contract = contract(inv)?;
     let mut bundle = base_config(inv, secrets, role.machine_type)?;
-    let fail = |stage: String, origin: String| {
-        let node = name.clone();
-        move |source| RenderError::Patch {
-            node,
-            stage,
-            origin,
-            source: Box::new(source),
-        }
-    };
-    for p in &inv.cluster.patches {
-        patch::apply(&mut bundle, &p.body)
-            .map_err(fail("common patch".into(), p.origin.to_string()))?;
-    }
-    for p in &role.patches {
-        patch::apply(&mut bundle, &p.body).map_err(fail(
-            format!("role {} patch", role.name),
-            p.origin.to_string(),
-        ))?;
-    }
     let generated = node_patch(inv, node)?;
-    patch::apply(&mut bundle, &generated).map_err(fail(
-        "generated node patch".into(),
-        "talboot (hostname, network, install, labels, taints)".into(),
-    ))?;
-    for p in &node.patches {
-        patch::apply(&mut bundle, &p.body)
-            .map_err(fail("node patch".into(), p.origin.to_string()))?;
+    let stages = inv
+        .cluster
+        .patches
+        .iter()
+        .map(|p| ("common patch".to_owned(), p.origin.to_string(), &p.body))
+        .chain(role.patches.iter().map(|p| {
+            (
+                format!("role {} patch", role.name),
+                p.origin.to_string(),
+                &p.body,
+            )
+        }))
+        .chain(std::iter::once((
+            "generated node patch".to_owned(),
+            "talboot (hostname, network, install, labels, taints)".to_owned(),
+            &generated,
+        )))
+        .chain(
+            node.patches
+                .iter()
+                .map(|p| ("node patch".to_owned(), p.origin.to_string(), &p.body)),
+        );
+    for (stage, origin, body) in stages {
+        if let Err(source) = patch::apply(&mut bundle, body) {
+            return Err(RenderError::Patch {
+                node: name,
+                stage,
+                origin,
+                source: Box::new(source),
+            });
+        }
+        if contract >= Contract::V1_14 {
+            match legacy::translate(&mut bundle) {
+                Ok(moved) if !moved.is_empty() => {
+                    tracing::debug!(node = %name, %stage, %origin, ?moved, "moved v1.13 fields into their v1.14 documents");
+                }
+                Ok(_) => {}
+                Err(source) => {
+                    return Err(RenderError::Translate {
+                        node: name,
+                        stage,
+                        origin,
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
     }
-    let problems = check_structure(&name, role.machine_type, &bundle);
+    if contract >= Contract::V1_14 {
+        v114::order_like_gen_config(&mut bundle);
+    }
+    let problems = check_structure(&name, role.machine_type, contract, &bundle);
     if !problems.is_empty() {
         return Err(RenderError::Structure(problems));
     }
-    tracing::debug!(node = %name, documents = bundle.docs.len(), "rendered machine config");
+    tracing::debug!(node = %name, documents = bundle.docs.len(), %contract, "rendered machine config");
     Ok(bundle)
 }
 
@@ -599,6 +669,25 @@ const CONTROL_PLANE_ONLY: &[&[&str]] = &[
     &["cluster", "extraManifests"],
     &["cluster", "allowSchedulingOnControlPlanes"],
     &["machine", "controlPlane"],
+];
+
+/// Document kinds that implement `container.ControlplaneOnlyConfig` (siderolabs/talos
+/// v1.14.0-rc.1 `pkg/machinery/config/types/k8s/*.go`).
+const CONTROL_PLANE_ONLY_KINDS: &[&str] = &[
+    "KubeAdmissionControlConfig",
+    "KubeAggregatorCAConfig",
+    "KubeAPIServerConfig",
+    "KubeAuditPolicyConfig",
+    "KubeAuthenticationConfig",
+    "KubeAuthorizerConfig",
+    "KubeControllerManagerConfig",
+    "KubeCoreDNSConfig",
+    "KubeEtcdEncryptionConfig",
+    "KubeFlannelCNIConfig",
+    "KubeProxyConfig",
+    "KubeSchedulerConfig",
+    "KubeServiceAccountConfig",
+    "KubeTalosAPIAccessConfig",
 ];
 
 fn lookup<'a>(doc: &'a Value, path: &[&str]) -> Option<&'a Value> {
@@ -650,6 +739,7 @@ fn kubelet_may_set_label(key: &str) -> bool {
 pub(crate) fn check_structure(
     node: &str,
     machine_type: MachineType,
+    contract: Contract,
     bundle: &ConfigBundle,
 ) -> Vec<StructuralError> {
     let mut out = Vec::new();
@@ -669,9 +759,27 @@ pub(crate) fn check_structure(
         return out;
     };
 
+    if contract.unattended_install_config() {
+        // UnattendedInstallConfigV1Alpha1.Validate (runtime/unattended_install.go): the disk
+        // selector is required.
+        let matcher = bundle
+            .typed("UnattendedInstallConfig", None)
+            .and_then(|d| lookup(d, &["provisioning", "diskSelector", "match"]))
+            .filter(|v| !is_unset(v));
+        if matcher.is_none() {
+            out.push(err(
+                "UnattendedInstallConfig",
+                "provisioning.diskSelector.match",
+                "no install disk: Talos v1.14 needs the document's disk selector; set \
+                 installDisk or diskSelector on the node and do not delete the document"
+                    .into(),
+            ));
+        }
+    }
     let disk = lookup(main, &["machine", "install", "disk"]).filter(|v| !is_unset(v));
     let selector = lookup(main, &["machine", "install", "diskSelector"]).filter(|v| !is_unset(v));
     match (disk, selector) {
+        _ if contract.unattended_install_config() => {}
         (Some(_), Some(_)) => out.push(err(
             "v1alpha1",
             "machine.install",
@@ -728,7 +836,71 @@ pub(crate) fn check_structure(
         }
     }
 
+    // Every other V1Alpha1ConflictValidate rule of the contract (legacy::CONFLICTS).
+    for found in legacy::conflicts(contract, bundle) {
+        if found.kind == "TimeSyncConfig" {
+            continue; // reported above, with its own fix
+        }
+        out.push(err(
+            "v1alpha1",
+            &found.field,
+            format!(
+                "set next to a {kind} document, which Talos refuses ({source} in \
+                 siderolabs/talos pkg/machinery/config/types, V1Alpha1ConflictValidate); \
+                 write the setting in the {kind} document of the patch instead and remove \
+                 `{field}`",
+                kind = found.kind,
+                source = found.source,
+                field = found.field,
+            ),
+        ));
+    }
+
     if !cp {
+        // Kinds implementing container.ControlplaneOnlyConfig (v1.14.0-rc.1
+        // pkg/machinery/config/container/validate.go refuses them on other machines).
+        for doc in &bundle.docs {
+            let Some(kind) = doc.get("kind").and_then(Value::as_str) else {
+                continue;
+            };
+            if CONTROL_PLANE_ONLY_KINDS.contains(&kind) {
+                out.push(err(
+                    kind,
+                    "",
+                    "only control-plane nodes may carry this document; move it to a \
+                     control-plane role patch"
+                        .into(),
+                ));
+            }
+        }
+        if bundle
+            .typed("KubeAPIServerCAConfig", None)
+            .and_then(|d| lookup(d, &["issuingCA", "key"]))
+            .is_some_and(|v| !is_unset(v))
+        {
+            out.push(err(
+                "KubeAPIServerCAConfig",
+                "issuingCA.key",
+                "a CA private key on a worker; only control planes carry CA keys".into(),
+            ));
+        }
+        if let Some(Value::Mapping(labels)) = bundle
+            .typed("KubeNodeConfig", None)
+            .and_then(|d| d.get("labels"))
+        {
+            for key in labels.keys().filter_map(Value::as_str) {
+                if !kubelet_may_set_label(key) {
+                    out.push(err(
+                        "KubeNodeConfig",
+                        &format!("labels.{key}"),
+                        "NodeRestriction forbids a worker's kubelet to set labels under \
+                         kubernetes.io/ or k8s.io/ (except node.kubernetes.io/ and \
+                         kubelet.kubernetes.io/); pick a label under your own prefix"
+                            .into(),
+                    ));
+                }
+            }
+        }
         for path in CONTROL_PLANE_ONLY {
             if lookup(main, path).is_some_and(|v| !is_unset(v)) {
                 out.push(err(
@@ -783,6 +955,9 @@ pub(crate) fn check_structure(
     }
     out
 }
+
+mod v114;
+pub(crate) use v114::LABEL_CONTROL_PLANE;
 
 #[cfg(test)]
 mod tests;

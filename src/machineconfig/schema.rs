@@ -3,13 +3,21 @@
 //!
 //! # Where the schema comes from
 //!
-//! talboot carries the *facts* of the Talos v1.13 config schema in the repository and in the
-//! binary ([`embedded`], `talos-v1.13.schema-facts.json` beside this file): document names,
-//! field names, types, enums, required keys, patterns and `additionalProperties`, derived by
-//! `scripts/derive-schema-facts` from siderolabs/talos v1.13.9
-//! `pkg/machinery/config/schemas/config.schema.json`, with every piece of upstream prose
-//! (titles, descriptions, examples) dropped. `gen`, `check` and `serve` validate against it
-//! by default; `--schema FILE` takes another release's full `config.schema.json` instead.
+//! talboot carries the *facts* of the Talos config schema of every minor it renders in the
+//! repository and in the binary ([`embedded_for`]; `talos-v1.13.schema-facts.json` and
+//! `talos-v1.14.schema-facts.json` beside this file): document names, field names, types,
+//! enums, required keys, patterns and `additionalProperties`, derived by
+//! `scripts/derive-schema-facts` from siderolabs/talos `pkg/machinery/config/schemas/
+//! config.schema.json` at v1.13.9 and at v1.14.0-rc.1 (the newest v1.14 tag), with every piece
+//! of upstream prose (titles, descriptions, examples) dropped. `gen`, `check` and `serve`
+//! validate against the facts of the cluster's minor ([`load_for`]); `--schema FILE` takes
+//! another release's full `config.schema.json` instead.
+//!
+//! One correction is applied when a schema is loaded: v1.14.0-rc.1's schema gives the
+//! `UnattendedInstallConfig` definition `kind: UnattendedInstall` (its `schemaMeta` annotation),
+//! while Talos registers and accepts only `UnattendedInstallConfig`
+//! (`pkg/machinery/config/types/runtime/unattended_install.go`, `UnattendedInstallConfigKind`).
+//! The facts keep upstream's text; [`Schema::from_text`] validates the real kind.
 //!
 //! The schema's root is a `oneOf` over every document type; validating a document against that
 //! gives one error per alternative, which says nothing useful. So we read which `$defs` entry
@@ -29,9 +37,10 @@
 //!
 //! The v1.14 schema goes further: it drops from the v1alpha1 document everything that moved to
 //! the new Kube*/Discovery*/... documents, although Talos v1.14 still accepts those legacy
-//! fields (`talos-facts.md` §5.9) and we render them. With a schema whose `$id` says v1.14 or
-//! later, "additional property" findings in the v1alpha1 document are therefore reported as
-//! unchecked fields too; every other finding (wrong type, bad enum, ...) stays a violation.
+//! fields. talboot renders the v1.14 contract without them, so with a schema whose `$id` says
+//! v1.14 or later an "additional property" in the v1alpha1 document is a field an operator's
+//! patch left there (one with no v1.14 document): it is reported as deprecated, a warning, not a
+//! violation. Every other finding (wrong type, bad enum, ...) stays a violation.
 //!
 //! Error messages never quote a value from the document (configs carry keys and tokens).
 
@@ -44,14 +53,22 @@ use serde_json::Value as Json;
 use thiserror::Error;
 use yaml_serde::Value;
 
+use super::contract::Contract;
 use super::patch::ConfigBundle;
 
 /// The committed Talos v1.13 schema facts (see the module docs; regenerate with
 /// `scripts/derive-schema-facts <config.schema.json> src/machineconfig/talos-v1.13.schema-facts.json`).
 pub(crate) const EMBEDDED_FACTS: &str = include_str!("talos-v1.13.schema-facts.json");
 
+/// The committed Talos v1.14 schema facts, from v1.14.0-rc.1 (git blob `84b4959f`), derived
+/// the same way into `talos-v1.14.schema-facts.json`.
+pub(crate) const EMBEDDED_FACTS_V1_14: &str = include_str!("talos-v1.14.schema-facts.json");
+
 /// How messages name the embedded facts.
 pub(crate) const EMBEDDED_NAME: &str = "talboot's embedded Talos v1.13 schema facts";
+
+/// How messages name the embedded v1.14 facts.
+pub(crate) const EMBEDDED_NAME_V1_14: &str = "talboot's embedded Talos v1.14 schema facts";
 
 static EMBEDDED: LazyLock<Arc<Schema>> = LazyLock::new(|| {
     Arc::new(
@@ -60,9 +77,81 @@ static EMBEDDED: LazyLock<Arc<Schema>> = LazyLock::new(|| {
     )
 });
 
-/// The schema talboot validates against by default: the embedded Talos v1.13 facts.
+static EMBEDDED_V1_14: LazyLock<Arc<Schema>> = LazyLock::new(|| {
+    Arc::new(
+        Schema::from_text(EMBEDDED_NAME_V1_14, EMBEDDED_FACTS_V1_14)
+            .expect("the embedded schema facts compile (tested)"),
+    )
+});
+
+/// The embedded Talos v1.13 facts (the schema of the v1.13 contract).
 pub fn embedded() -> Arc<Schema> {
     EMBEDDED.clone()
+}
+
+/// The embedded facts of `contract`'s Talos minor.
+pub fn embedded_for(contract: Contract) -> Arc<Schema> {
+    match contract {
+        Contract::V1_13 => EMBEDDED.clone(),
+        Contract::V1_14 => EMBEDDED_V1_14.clone(),
+    }
+}
+
+/// The facts JSON of `contract` (for path look-ups outside validation).
+pub(crate) fn facts_text(contract: Contract) -> &'static str {
+    match contract {
+        Contract::V1_13 => EMBEDDED_FACTS,
+        Contract::V1_14 => EMBEDDED_FACTS_V1_14,
+    }
+}
+
+/// Whether the v1alpha1 document of `contract`'s schema has the field at `path` (following
+/// `$ref`s); false for a field the schema leaves out (deprecated).
+pub(crate) fn v1alpha1_has(contract: Contract, path: &[&str]) -> bool {
+    static PARSED: LazyLock<Vec<(Contract, Json)>> = LazyLock::new(|| {
+        Contract::ALL
+            .iter()
+            .map(|c| {
+                (
+                    *c,
+                    serde_json::from_str(facts_text(*c)).expect("embedded facts parse (tested)"),
+                )
+            })
+            .collect()
+    });
+    let Some((_, facts)) = PARSED.iter().find(|(c, _)| *c == contract) else {
+        return false;
+    };
+    let defs = &facts["$defs"];
+    let deref = |mut v: &Json| {
+        while let Some(r) = v.get("$ref").and_then(Json::as_str) {
+            v = &defs[r.trim_start_matches("#/$defs/")];
+        }
+        v.clone()
+    };
+    let mut cur = deref(&defs["v1alpha1.Config"]);
+    for p in path {
+        let next = match cur.get("properties").and_then(|ps| ps.get(*p)) {
+            Some(n) => n.clone(),
+            // A map of free keys (extraArgs, labels...): any key is in the schema.
+            None => match cur
+                .get("patternProperties")
+                .and_then(Json::as_object)
+                .and_then(|o| o.values().next())
+                .or_else(|| cur.get("additionalProperties").filter(|a| a.is_object()))
+            {
+                Some(n) => n.clone(),
+                None if cur.get("type").and_then(Json::as_str) == Some("object")
+                    && cur.get("properties").is_none() =>
+                {
+                    return true;
+                }
+                None => return false,
+            },
+        };
+        cur = deref(&next);
+    }
+    true
 }
 
 /// Why `--schema` could not be used.
@@ -85,11 +174,28 @@ pub enum SchemaLoadError {
     Invalid(#[from] SchemaError),
 }
 
-/// The embedded facts, or the full upstream `config.schema.json` at `path` (`--schema`, for
-/// another Talos release). The error names the file and says what to pass.
+/// The embedded v1.13 facts, or the full upstream `config.schema.json` at `path` (`--schema`,
+/// for another Talos release). The error names the file and says what to pass.
 pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, SchemaLoadError> {
+    load_for(path, Contract::V1_13)
+}
+
+/// The schema `check`, `gen`, `serve`, `up` and `plan` validate `inv`'s configs against: the
+/// embedded facts of the cluster's Talos minor (v1.13 for a minor talboot does not render;
+/// rendering then refuses it with its own message), or the file at `path`.
+pub fn load_for_inventory(
+    path: Option<&Path>,
+    inv: &crate::inventory::Inventory,
+) -> Result<Arc<Schema>, SchemaLoadError> {
+    let contract =
+        Contract::for_version(&inv.cluster.talos_version.value).unwrap_or(Contract::V1_13);
+    load_for(path, contract)
+}
+
+/// The embedded facts of `contract` (the cluster's minor), or the file at `path`.
+pub fn load_for(path: Option<&Path>, contract: Contract) -> Result<Arc<Schema>, SchemaLoadError> {
     let Some(path) = path else {
-        return Ok(embedded());
+        return Ok(embedded_for(contract));
     };
     let text = std::fs::read_to_string(path).map_err(|source| SchemaLoadError::Read {
         path: path.to_path_buf(),
@@ -204,12 +310,14 @@ pub(crate) const DEPRECATED: &[DeprecatedField] = &[
 /// A deprecated field found in a rendered config.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "node {node}: v1alpha1 `{field}` is deprecated since Talos v1.13 (not in its config \
+    "node {node}: v1alpha1 `{field}` is deprecated since Talos {since} (not in its config \
      schema); use {replacement} instead"
 )]
 pub(crate) struct Deprecation {
     /// The node whose config it is.
     pub node: String,
+    /// The Talos minor whose schema leaves it out (`v1.13`, `v1.14`).
+    pub since: &'static str,
     /// Dotted field path in the v1alpha1 document.
     pub field: String,
     /// What to use instead.
@@ -297,6 +405,9 @@ impl fmt::Debug for Schema {
     }
 }
 
+/// The kind v1.14.0-rc.1's schema writes for `UnattendedInstallConfig` (see the module docs).
+const MISNAMED_UNATTENDED: &str = "UnattendedInstall";
+
 /// First value of a property's `enum` (or its `const`).
 fn enum_value<'a>(def: &'a Json, prop: &str) -> Option<&'a str> {
     let p = def.get("properties")?.get(prop)?;
@@ -346,6 +457,12 @@ impl Schema {
                     "`oneOf` refers to missing definition {name}"
                 )));
             };
+            let mut def = def.clone();
+            if enum_value(&def, "kind") == Some(MISNAMED_UNATTENDED) {
+                def["properties"]["kind"] =
+                    serde_json::json!({"enum": ["UnattendedInstallConfig"]});
+            }
+            let def = &def;
             if let Some(kind) = enum_value(def, "kind") {
                 kinds.insert(kind.to_owned(), name.to_owned());
             } else if enum_value(def, "version") == Some("v1alpha1") {
@@ -358,7 +475,9 @@ impl Schema {
             if let Some(draft) = root.get("$schema") {
                 single.insert("$schema".into(), draft.clone());
             }
-            single.insert("$defs".into(), Json::Object(defs.clone()));
+            let mut defs = defs.clone();
+            defs.insert(name.to_owned(), def.clone());
+            single.insert("$defs".into(), Json::Object(defs));
             single.insert("$ref".into(), Json::String(format!("#/$defs/{name}")));
             let validator = jsonschema::validator_for(&Json::Object(single)).map_err(|e| {
                 SchemaError::Compile {
@@ -448,6 +567,7 @@ impl Schema {
                 if d.warn {
                     report.deprecated.push(Deprecation {
                         node: node.to_owned(),
+                        since: "v1.13",
                         field: d.path.join("."),
                         replacement: d.replacement,
                     });
@@ -470,10 +590,16 @@ impl Schema {
             ) = (self.thin_legacy, kind, error.kind())
             {
                 for key in unexpected {
-                    report.unchecked.push(if field.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{field}.{key}")
+                    report.deprecated.push(Deprecation {
+                        node: node.to_owned(),
+                        since: "v1.14",
+                        field: if field.is_empty() {
+                            key.clone()
+                        } else {
+                            format!("{field}.{key}")
+                        },
+                        replacement: "its v1.14 document (talboot moves what has one; this \
+                                      field has none and stays, deprecated)",
                     });
                 }
                 continue;
@@ -881,7 +1007,7 @@ mod tests {
     }
 
     #[test]
-    fn v1_14_schema_leaves_legacy_fields_unchecked_but_checks_types() {
+    fn v1_14_schema_reports_legacy_fields_as_deprecated_but_checks_types() {
         // A v1.14 schema thins the v1alpha1 document; what matters here is the `$id`, so the
         // embedded facts with a v1.14 `$id` and without `machine.kubelet` stand in for it.
         let mut f = facts();
@@ -897,7 +1023,14 @@ mod tests {
         )
         .unwrap();
         let report = schema.validate("n", &bundle);
-        assert_eq!(report.unchecked, vec!["persist", "machine.kubelet"]);
+        assert_eq!(report.unchecked, vec!["persist"]);
+        let dep: Vec<String> = report.deprecated.iter().map(ToString::to_string).collect();
+        assert_eq!(dep.len(), 1);
+        assert!(
+            dep[0]
+                .starts_with("node n: v1alpha1 `machine.kubelet` is deprecated since Talos v1.14"),
+            "{dep:?}"
+        );
         assert_eq!(report.violations.len(), 1, "{:#?}", report.violations);
         assert_eq!(
             report.violations[0].field,
@@ -963,5 +1096,72 @@ mod tests {
         let good = dir.path().join("facts.json");
         std::fs::write(&good, EMBEDDED_FACTS).unwrap();
         assert_eq!(load(Some(&good)).unwrap().kinds().count(), 43);
+    }
+
+    #[test]
+    fn embedded_v1_14_facts_are_v1_14_rc1s_schema_derived_like_v1_13s() {
+        let f: Json = serde_json::from_str(EMBEDDED_FACTS_V1_14).unwrap();
+        assert_eq!(
+            f["$id"].as_str(),
+            Some("https://talos.dev/v1.14/schemas/config.schema.json")
+        );
+        // v1.14.0-rc.1: 89 root alternatives (88 kinds + v1alpha1) and 167 definitions.
+        assert_eq!(f["$defs"].as_object().unwrap().len(), 167);
+        assert_eq!(f["oneOf"].as_array().unwrap().len(), 89);
+        let mut found = Vec::new();
+        keywords(&f, &mut found);
+        assert!(found.iter().all(|k| !PROSE.contains(&k.as_str())));
+        // Deriving them again changes nothing.
+        assert_eq!(derive(EMBEDDED_FACTS_V1_14), EMBEDDED_FACTS_V1_14);
+        let schema = embedded_for(Contract::V1_14);
+        let kinds: Vec<&str> = schema.kinds().collect();
+        assert_eq!(kinds.len(), 88);
+        for k in [
+            "UnattendedInstallConfig",
+            "KubeNodeConfig",
+            "KubeletConfig",
+            "KubeClusterConfig",
+            "KubeNetworkConfig",
+            "KubePrismConfig",
+            "SysctlConfig",
+            "DiscoveryServiceConfig",
+            "DiscoveryIdentityConfig",
+        ] {
+            assert!(kinds.contains(&k), "{k}");
+        }
+        // The misnamed kind of the upstream file is not accepted, the real one is.
+        assert!(!kinds.contains(&"UnattendedInstall"));
+        let ok = ConfigBundle::parse(
+            "apiVersion: v1alpha1\nkind: UnattendedInstallConfig\n\
+             provisioning: {diskSelector: {match: 'disk.dev_path == \"/dev/sda\"'}, wipe: false}\n",
+        )
+        .unwrap();
+        assert_eq!(schema.validate("n", &ok), Report::default());
+        // v1.13's facts do not know the v1.14 documents.
+        let report = embedded_for(Contract::V1_13).validate("n", &ok);
+        assert!(
+            report.violations[0]
+                .message
+                .contains("unknown document kind")
+        );
+    }
+
+    #[test]
+    fn v1alpha1_has_follows_the_minors_schema() {
+        assert!(v1alpha1_has(
+            Contract::V1_13,
+            &["machine", "kubelet", "extraArgs", "x"]
+        ));
+        assert!(!v1alpha1_has(Contract::V1_14, &["machine", "kubelet"]));
+        assert!(v1alpha1_has(
+            Contract::V1_14,
+            &["cluster", "etcd", "extraArgs", "x"]
+        ));
+        assert!(v1alpha1_has(
+            Contract::V1_14,
+            &["machine", "features", "diskQuotaSupport"]
+        ));
+        assert!(!v1alpha1_has(Contract::V1_14, &["machine", "sysctls"]));
+        assert!(!v1alpha1_has(Contract::V1_13, &["machine", "network"]));
     }
 }

@@ -67,6 +67,7 @@ async fn power_commands_reach_the_driver_and_leave_an_event() {
                 port,
                 user: "admin".into(),
                 password: Credential::new("cmd-test-secret-42"),
+                efi_boot: false,
             }),
         )]
         .into_iter()

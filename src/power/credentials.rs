@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::crypto::age::{self, Identities, IdentitySources};
 use crate::crypto::sops;
-use crate::inventory::{PowerConfig, SecretRef};
+use crate::inventory::{PowerConfig, SecretRef, WolTarget};
 
 use super::Credential;
 
@@ -60,6 +60,18 @@ pub enum CredentialError {
         file: PathBuf,
         /// What is off (never a value).
         what: String,
+    },
+    /// The Wake-on-LAN SecureOn password is not 6 hex or 4 dotted bytes.
+    #[error("node {node}: power.{field} ({from}) {reason}")]
+    SecureOn {
+        /// The node.
+        node: String,
+        /// The inventory field that names the secret.
+        field: &'static str,
+        /// Where the secret was read (variable, or file and key), never its value.
+        from: String,
+        /// What is wrong with it (never the value).
+        reason: super::wol::SecureOnError,
     },
     /// The key is not in the file.
     #[error("node {node}: key `{key}` is not in {}; add it (sops edit) or fix passwordKey/tokenSecretKey", .file.display())]
@@ -117,13 +129,36 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// A node's whole power config with its references resolved.
+    /// A node's whole power config with its references resolved; a Wake-on-LAN SecureOn
+    /// password is checked here, before anything is sent.
     pub fn config(
         &mut self,
         node: &str,
         c: &PowerConfig,
     ) -> Result<PowerConfig<Credential>, CredentialError> {
-        c.clone().try_map_secrets(|r| self.resolve(node, &r))
+        let resolved = c.clone().try_map_secrets(|r| self.resolve(node, &r))?;
+        if let (
+            PowerConfig::Wol(t),
+            PowerConfig::Wol(WolTarget {
+                secure_on: Some(from),
+                ..
+            }),
+        ) = (&resolved, c)
+            && let Some(pw) = &t.secure_on
+        {
+            super::wol::SecureOn::from_credential(pw).map_err(|reason| {
+                CredentialError::SecureOn {
+                    node: node.to_owned(),
+                    field: match from {
+                        SecretRef::Env(_) => "secureOnEnv",
+                        SecretRef::File { .. } => "secureOnKey",
+                    },
+                    from: from.to_string(),
+                    reason,
+                }
+            })?;
+        }
+        Ok(resolved)
     }
 }
 
@@ -222,6 +257,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("OTHER") && e.contains("n1"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_secureon_password_names_the_field_and_not_the_value() {
+        let wol = |var: &str| {
+            PowerConfig::Wol(WolTarget {
+                mac: "aa:00:00:00:00:21".parse().unwrap(),
+                broadcast: std::net::Ipv4Addr::BROADCAST,
+                port: 9,
+                secure_on: Some(SecretRef::Env(var.into())),
+            })
+        };
+        let env = |name: &str| match name {
+            "GOOD" => Some("5e:c2:07:0a:01:ff".to_owned()),
+            "BAD" => Some("hunter2-sopass".to_owned()),
+            _ => None,
+        };
+        let mut r = Resolver::new(&env, IdentitySources::default());
+        let Ok(PowerConfig::Wol(t)) = r.config("nuc", &wol("GOOD")) else {
+            panic!("a good password resolves")
+        };
+        assert_eq!(t.secure_on.unwrap().expose(), "5e:c2:07:0a:01:ff");
+        let e = r.config("nuc", &wol("BAD")).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "node nuc: power.secureOnEnv (environment variable BAD) is not a SecureOn password"
+            ) && e.contains("aa:bb:cc:dd:ee:ff"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
     }
 
     #[test]

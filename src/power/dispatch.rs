@@ -9,7 +9,7 @@
 use crate::inventory::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget};
 
 use super::{
-    BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState, ipmi,
+    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState, ipmi,
     proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},
     redfish::{Redfish, RedfishConfig},
     wol,
@@ -72,7 +72,7 @@ impl PowerDriver {
     /// Power on, off or cycle.
     pub async fn set_power(&self, action: PowerAction) -> Result<(), PowerError> {
         match self {
-            Self::Redfish(t) => redfish(t)?.set_power(action).await,
+            Self::Redfish(t) => with_redfish(t, async |rf| rf.set_power(action).await).await,
             Self::Proxmox(t) => proxmox(t)?.set_power(action).await,
             Self::Ipmi(t) => ipmi::set_power(t, action).await,
             Self::Wol(t) => match action {
@@ -90,23 +90,31 @@ impl PowerDriver {
     /// The current power state (`Unknown` for Wake-on-LAN).
     pub async fn power_state(&self) -> Result<PowerState, PowerError> {
         match self {
-            Self::Redfish(t) => redfish(t)?.power_state().await,
+            Self::Redfish(t) => with_redfish(t, async |rf| rf.power_state().await).await,
             Self::Proxmox(t) => proxmox(t)?.power_state().await,
             Self::Ipmi(t) => ipmi::power_state(t).await,
             Self::Wol(_) => Ok(PowerState::Unknown),
         }
     }
 
-    /// The next boot's device (once or persistently).
+    /// The next boot's device (once or persistently), and what the operator should know
+    /// about it ([`BootSet`]: the boot mode, a mode the BMC would not take).
     pub async fn set_boot_device(
         &self,
         device: BootDevice,
         persistence: BootPersistence,
-    ) -> Result<(), PowerError> {
+    ) -> Result<BootSet, PowerError> {
         match self {
-            Self::Redfish(t) => redfish(t)?.set_boot_device(device, persistence).await,
-            Self::Proxmox(t) => proxmox(t)?.set_boot_device(device, persistence).await,
-            Self::Ipmi(t) => ipmi::set_boot_device(t, device, persistence).await,
+            Self::Redfish(t) => {
+                with_redfish(t, async |rf| rf.set_boot_device(device, persistence).await).await
+            }
+            Self::Proxmox(t) => proxmox(t)?
+                .set_boot_device(device, persistence)
+                .await
+                .map(|()| BootSet::default()),
+            Self::Ipmi(t) => ipmi::set_boot_device(t, device, persistence)
+                .await
+                .map(|()| BootSet::default()),
             Self::Wol(t) => Err(PowerError::Unsupported {
                 target: wol::describe(t),
                 what: "choosing the boot device".into(),
@@ -147,7 +155,21 @@ fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
     cfg.system_id = t.system_id.clone();
     cfg.verify_tls = t.verify_tls;
     cfg.ca_pem = read_ca(t.ca.as_deref(), &t.endpoint)?;
+    cfg.boot_mode = t.boot_mode;
+    cfg.auth = t.auth;
     Redfish::new(cfg)
+}
+
+/// One operation on a Redfish BMC, then its session (if one was opened) deleted, whether
+/// the operation succeeded or not.
+async fn with_redfish<T>(
+    t: &RedfishTarget,
+    op: impl AsyncFnOnce(&Redfish) -> Result<T, PowerError>,
+) -> Result<T, PowerError> {
+    let rf = redfish(t)?;
+    let out = op(&rf).await;
+    rf.close().await;
+    out
 }
 
 /// The inventory documents the API base with or without Proxmox's `/api2/json` suffix; the
@@ -182,10 +204,12 @@ pub enum PowerRequest {
 }
 
 /// What a [`PowerRequest`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PowerReply {
-    /// The action or boot choice was accepted by the controller.
+    /// The action was accepted by the controller.
     Done(PowerRequest),
+    /// The boot choice was accepted, with what the operator should know about it.
+    Boot(BootDevice, BootPersistence, BootSet),
     /// The power state read.
     State(PowerState),
 }
@@ -199,7 +223,7 @@ impl PowerDriver {
             PowerRequest::Boot(d, p) => self
                 .set_boot_device(d, p)
                 .await
-                .map(|()| PowerReply::Done(req)),
+                .map(|set| PowerReply::Boot(d, p, set)),
         }
     }
 }
@@ -208,32 +232,37 @@ impl std::fmt::Display for PowerReply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Done(PowerRequest::Set(a)) => write!(f, "power {} sent", a.as_str()),
-            Self::Done(PowerRequest::Boot(d, p)) => write!(
-                f,
-                "next boot: {}{}",
-                d.as_str(),
-                if *p == BootPersistence::Persistent {
-                    " (persistent)"
-                } else {
-                    " (once)"
-                }
-            ),
+            Self::Done(PowerRequest::Boot(d, p)) => write!(f, "next boot: {}", boot_words(*d, *p)),
+            Self::Boot(d, p, set) => write!(f, "next boot: {}{set}", boot_words(*d, *p)),
             Self::Done(PowerRequest::Status) => f.write_str("status read"),
             Self::State(s) => write!(f, "power {}", s.as_str()),
         }
     }
 }
 
+/// `network (once)`, `disk (persistent)`.
+fn boot_words(d: BootDevice, p: BootPersistence) -> String {
+    let p = match p {
+        BootPersistence::Persistent => "persistent",
+        BootPersistence::Once => "once",
+    };
+    format!("{} ({p})", d.as_str())
+}
+
 impl PowerDriver {
     /// A one-time network boot, then a power cycle: how a node whose OS no longer answers
     /// (a rebuild that cannot reset it over the Talos API) is sent back to talboot's DHCP,
     /// TFTP and HTTP. Wake-on-LAN cannot choose the device; it only wakes the machine.
-    pub async fn reboot_into_network(&self) -> Result<(), PowerError> {
-        if self.can_set_boot_device() {
+    /// What the boot choice told ([`BootSet`]) is returned for the event.
+    pub async fn reboot_into_network(&self) -> Result<BootSet, PowerError> {
+        let set = if self.can_set_boot_device() {
             self.set_boot_device(BootDevice::Network, BootPersistence::Once)
-                .await?;
-        }
-        self.set_power(PowerAction::Cycle).await
+                .await?
+        } else {
+            BootSet::default()
+        };
+        self.set_power(PowerAction::Cycle).await?;
+        Ok(set)
     }
 }
 
@@ -272,6 +301,8 @@ mod wiring_tests {
             ca: Some("/nonexistent/bmc-ca.pem".into()),
             user: "admin".into(),
             password: Credential::new("s3cret-bmc"),
+            auth: Default::default(),
+            boot_mode: None,
         };
         let Err(err) = redfish(&t).map(|_| ()) else {
             panic!("a missing CA is an error")

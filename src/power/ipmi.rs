@@ -2,7 +2,9 @@
 //!
 //! The session (RMCP presence ping, Get Channel Authentication Capabilities, Open Session,
 //! RAKP 1-4, then HMAC-SHA1-96 integrity and AES-CBC-128 confidentiality: cipher suite 3) is
-//! the `ipmi-rs` crate's; it has no chassis commands, so the four used here are encoded and
+//! the `ipmi-rs` crate's, carried with a patch (`patches/ipmi-rs/TALBOOT-PATCH.md`) so that a
+//! BMC that never answers the presence ping (pyghmi, virtualbmc, ASF disabled) still gets a
+//! session, as it does from `ipmitool -I lanplus`; it has no chassis commands, so the four used here are encoded and
 //! decoded in this module, sans-I/O, from the IPMI v2.0 rev 1.1 specification (Intel, 2013):
 //!
 //! | command | netfn/cmd | spec | request data |
@@ -10,7 +12,15 @@
 //! | Set Session Privilege Level | App 06h / 3Bh | 22.18 | `04h` (Administrator) |
 //! | Get Chassis Status | Chassis 00h / 01h | 28.2 | none; byte 1 bit 0 = power is on |
 //! | Chassis Control | Chassis 00h / 02h | 28.3 | `00h` down, `01h` up, `02h` cycle |
-//! | Set System Boot Options, param 5 | Chassis 00h / 08h | 28.12, table 28-14 | `05h`, byte 1 (bit 7 valid, bit 6 persistent), byte 2 (bits 5:2 device: `0001b` PXE, `0010b` default disk), bytes 3-5 zero |
+//! | Set System Boot Options, param 5 | Chassis 00h / 08h | 28.12, table 28-14 | `05h`, byte 1 (bit 7 valid, bit 6 persistent, bit 5 EFI boot), byte 2 (bits 5:2 device: `0001b` PXE, `0010b` default disk), bytes 3-5 zero |
+//!
+//! Boot flags byte 1 bit 5 is the "BIOS boot type": 0 is a PC compatible (legacy) boot, 1
+//! an EFI boot. A BMC honours it when it sets the boot up, so a UEFI node sent flags without
+//! it is network-booted in legacy mode (or not at all). It is set for a node whose
+//! `firmware:` is `uefi` or `http`, for a one-time and a persistent choice alike, with the
+//! same bits as ipmitool's `chassis bootdev pxe options=efiboot` (ipmitool
+//! `lib/ipmi_chassis.c`, `BF1_BOOT_TYPE_EFI`, tag IPMITOOL_1_8_19): `05 a0 04 00 00 00`
+//! once, `05 e0 04 00 00 00` persistent.
 //!
 //! The session is raised to Administrator after activation because a new RMCP+ session
 //! starts at User (spec 22.18, and `ipmitool -I lanplus` does the same), and Chassis Control
@@ -76,11 +86,22 @@ pub fn chassis_control(action: PowerAction) -> Raw {
     }
 }
 
-/// Set System Boot Options, boot flags parameter 5 (spec 28.12, table 28-14).
-pub fn set_boot_flags(device: BootDevice, persistence: BootPersistence) -> Raw {
-    let mut byte1 = 0x80; // boot flags valid
+/// Boot flags data byte 1: the flags are valid (spec table 28-14, bit 7).
+const BF1_VALID: u8 = 0x80;
+/// Boot flags data byte 1: for every future boot, not only the next (bit 6).
+const BF1_PERSISTENT: u8 = 0x40;
+/// Boot flags data byte 1: an EFI boot, not a PC compatible (legacy) one (bit 5).
+const BF1_EFI: u8 = 0x20;
+
+/// Set System Boot Options, boot flags parameter 5 (spec 28.12, table 28-14); `efi` asks for
+/// an EFI boot (a UEFI node), otherwise the BMC sets up a legacy one.
+pub fn set_boot_flags(device: BootDevice, persistence: BootPersistence, efi: bool) -> Raw {
+    let mut byte1 = BF1_VALID;
     if persistence == BootPersistence::Persistent {
-        byte1 |= 0x40;
+        byte1 |= BF1_PERSISTENT;
+    }
+    if efi {
+        byte1 |= BF1_EFI;
     }
     let selector: u8 = match device {
         BootDevice::Network => 0b0001, // force PXE
@@ -238,11 +259,17 @@ pub async fn set_boot_device(
     device: BootDevice,
     persistence: BootPersistence,
 ) -> Result<(), PowerError> {
+    let efi = t.efi_boot;
     with_session(t, move |s| {
-        s.call(&set_boot_flags(device, persistence)).map(drop)
+        s.call(&set_boot_flags(device, persistence, efi)).map(drop)
     })
     .await?;
-    tracing::info!(bmc = %describe(t), device = device.as_str(), "IPMI boot flags set");
+    tracing::info!(
+        bmc = %describe(t),
+        device = device.as_str(),
+        boot_type = if efi { "efi" } else { "legacy" },
+        "IPMI boot flags set"
+    );
     Ok(())
 }
 
@@ -261,11 +288,58 @@ mod tests {
 
     #[test]
     fn boot_flags_encode_valid_persistence_and_device() {
-        let once_pxe = set_boot_flags(BootDevice::Network, BootPersistence::Once);
+        let once_pxe = set_boot_flags(BootDevice::Network, BootPersistence::Once, false);
         assert_eq!(once_pxe.cmd, 0x08);
         assert_eq!(once_pxe.data, [0x05, 0x80, 0x04, 0, 0, 0]);
-        let disk = set_boot_flags(BootDevice::Disk, BootPersistence::Persistent);
+        let disk = set_boot_flags(BootDevice::Disk, BootPersistence::Persistent, false);
         assert_eq!(disk.data, [0x05, 0xc0, 0x08, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_uefi_node_gets_the_efi_boot_bit_once_and_persistent() {
+        // The bytes `ipmitool chassis bootdev pxe options=efiboot` sends (and with
+        // `,persistent`), as recorded by a pyghmi BMC.
+        let once = set_boot_flags(BootDevice::Network, BootPersistence::Once, true);
+        assert_eq!(once.data, [0x05, 0xa0, 0x04, 0, 0, 0]);
+        let persistent = set_boot_flags(BootDevice::Network, BootPersistence::Persistent, true);
+        assert_eq!(persistent.data, [0x05, 0xe0, 0x04, 0, 0, 0]);
+        let disk = set_boot_flags(BootDevice::Disk, BootPersistence::Persistent, true);
+        assert_eq!(disk.data, [0x05, 0xe0, 0x08, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_bmc_that_never_answers_the_presence_ping_is_still_asked_for_a_session() {
+        // A socket that reads everything and answers nothing: the ping goes unanswered, as
+        // it does on pyghmi and virtualbmc. Activation must go on to Get Channel
+        // Authentication Capabilities (which then times out here) instead of failing on
+        // the pong (ipmi-rs 0.6.0 unpatched: `PongReceive(WouldBlock)`).
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let t = IpmiTarget {
+            host: "127.0.0.1".into(),
+            port: silent.local_addr().unwrap().port(),
+            user: "admin".into(),
+            password: crate::power::Credential::new("never-sent-in-clear"),
+            efi_boot: false,
+        };
+        let Err(PowerError::Unreachable { reason, .. }) = Session::open(&t).map(drop) else {
+            panic!("a silent BMC gave a session")
+        };
+        assert!(!reason.contains("Pong"), "{reason}");
+        assert!(
+            reason.contains("GetChannelAuthenticationCapabilities"),
+            "{reason}"
+        );
+        // The request after the ping reached the BMC.
+        let mut buf = [0u8; 512];
+        silent.set_nonblocking(true).unwrap();
+        let mut datagrams = 0;
+        while silent.recv(&mut buf).is_ok() {
+            datagrams += 1;
+        }
+        assert!(
+            datagrams >= 2,
+            "only {datagrams} datagram(s) reached the BMC"
+        );
     }
 
     #[test]

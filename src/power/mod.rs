@@ -87,6 +87,30 @@ pub enum BootPersistence {
     Persistent,
 }
 
+/// What a boot-device choice did beyond the device: the firmware mode the machine will boot
+/// in, when the driver knows it, and what the operator should know (a mode the BMC would not
+/// take, a change that needed retries). Shown in the `power.action` event and on the CLI.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BootSet {
+    /// The boot mode as the controller will use it (`UEFI`, `Legacy`), when known.
+    pub mode: Option<String>,
+    /// Warnings and remarks, each a sentence.
+    pub notes: Vec<String>,
+}
+
+impl fmt::Display for BootSet {
+    /// `, UEFI` then `; NOTE` for each note (appended to "next boot: DEVICE (once").
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(m) = &self.mode {
+            write!(f, " in {m} mode")?;
+        }
+        for n in &self.notes {
+            write!(f, "; {n}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A secret (BMC password, Proxmox API token secret). `Debug` and `Display` print a
 /// placeholder so the value cannot reach a log or an error by formatting.
 #[derive(Clone, PartialEq, Eq)]
@@ -133,6 +157,10 @@ pub enum PowerError {
     /// The controller does not support the request (for example a boot device on WoL).
     #[error("{target}: {what} is not supported by this power driver")]
     Unsupported { target: String, what: String },
+    /// A setting of the controller in the inventory or its secrets is unusable; the reason
+    /// names the field and the fix, never a secret's value.
+    #[error("{target}: {reason}")]
+    Invalid { target: String, reason: String },
     /// The request was accepted but did not take effect in time.
     #[error("{target}: {what} did not take effect within {waited:?}")]
     Timeout {

@@ -2,12 +2,22 @@
 //! "Magic Packet Technology" white paper, 1995) sent as one UDP datagram to a broadcast
 //! address. Send-only: the protocol has no answer, so power state reads `Unknown`, power off
 //! and boot-device selection are unsupported, and `cycle` of a machine that is off is `on`.
+//!
+//! A NIC armed with a SecureOn password (`ethtool -s IF wol s sopass xx:xx:xx:xx:xx:xx`)
+//! wakes only for a magic packet followed by that password: 4 or 6 bytes right after the
+//! sixteenth MAC. It is written as etherwake's `-p` takes it (BusyBox
+//! `networking/ether-wake.c`, `get_wol_pw`): six hex bytes `aa:bb:cc:dd:ee:ff`, or four
+//! decimal bytes `192.168.1.10`. The password is a secret: it travels as a [`Credential`]
+//! and no log line, error or event shows it.
 
+use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
+
+use zeroize::Zeroizing;
 
 use crate::inventory::{Mac, WolTarget};
 
-use super::PowerError;
+use super::{Credential, PowerError};
 
 /// Length of a magic packet without a SecureOn password.
 pub const MAGIC_LEN: usize = 6 + 16 * 6;
@@ -17,6 +27,79 @@ pub fn magic_packet(mac: Mac) -> [u8; MAGIC_LEN] {
     let mut p = [0xffu8; MAGIC_LEN];
     for chunk in p[6..].chunks_exact_mut(6) {
         chunk.copy_from_slice(&mac.0);
+    }
+    p
+}
+
+/// A SecureOn password: 4 or 6 bytes. `Debug` never shows them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecureOn(Zeroizing<Vec<u8>>);
+
+impl fmt::Debug for SecureOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecureOn(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+/// Why a SecureOn password does not parse. Never carries any part of the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "is not a SecureOn password (the value is not shown): write six hex bytes like aa:bb:cc:dd:ee:ff, or four decimal bytes like 192.168.1.10, as `etherwake -p` takes it"
+)]
+pub struct SecureOnError;
+
+impl SecureOn {
+    /// Parses `aa:bb:cc:dd:ee:ff` (six hex bytes) or `a.b.c.d` (four decimal bytes, 0-255).
+    pub fn parse(s: &str) -> Result<Self, SecureOnError> {
+        let s = s.trim();
+        let bytes: Option<Vec<u8>> = if s.contains(':') {
+            let parts: Vec<&str> = s.split(':').collect();
+            (parts.len() == 6)
+                .then(|| {
+                    parts
+                        .iter()
+                        .map(|p| {
+                            let ok = (1..=2).contains(&p.len())
+                                && p.bytes().all(|b| b.is_ascii_hexdigit());
+                            ok.then(|| u8::from_str_radix(p, 16).ok()).flatten()
+                        })
+                        .collect()
+                })
+                .flatten()
+        } else {
+            let parts: Vec<&str> = s.split('.').collect();
+            (parts.len() == 4)
+                .then(|| {
+                    parts
+                        .iter()
+                        .map(|p| {
+                            let ok =
+                                (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+                            ok.then(|| p.parse::<u8>().ok()).flatten()
+                        })
+                        .collect()
+                })
+                .flatten()
+        };
+        bytes.map(|b| Self(Zeroizing::new(b))).ok_or(SecureOnError)
+    }
+
+    /// The password as a [`Credential`] holds it.
+    pub fn from_credential(c: &Credential) -> Result<Self, SecureOnError> {
+        Self::parse(c.expose())
+    }
+
+    /// The bytes that follow the magic packet.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The datagram that wakes `mac`: the magic packet, then the SecureOn password if any.
+pub fn wake_datagram(mac: Mac, secure_on: Option<&SecureOn>) -> Zeroizing<Vec<u8>> {
+    let mut p = Zeroizing::new(magic_packet(mac).to_vec());
+    if let Some(pw) = secure_on {
+        p.extend_from_slice(pw.bytes());
     }
     p
 }
@@ -38,7 +121,16 @@ pub async fn wake(t: &WolTarget) -> Result<(), PowerError> {
         .await
         .map_err(unreachable)?;
     sock.set_broadcast(true).map_err(unreachable)?;
-    let packet = magic_packet(t.mac);
+    let secure_on = t
+        .secure_on
+        .as_ref()
+        .map(SecureOn::from_credential)
+        .transpose()
+        .map_err(|e| PowerError::Invalid {
+            target: target.clone(),
+            reason: format!("power.secureOn {e}"),
+        })?;
+    let packet = wake_datagram(t.mac, secure_on.as_ref());
     let sent = sock
         .send_to(&packet, SocketAddrV4::new(t.broadcast, t.port))
         .await
@@ -49,7 +141,13 @@ pub async fn wake(t: &WolTarget) -> Result<(), PowerError> {
             reason: format!("sent {sent} of {} bytes", packet.len()),
         });
     }
-    tracing::info!(mac = %t.mac, to = %t.broadcast, port = t.port, "sent a Wake-on-LAN magic packet");
+    tracing::info!(
+        mac = %t.mac,
+        to = %t.broadcast,
+        port = t.port,
+        secure_on = secure_on.is_some(),
+        "sent a Wake-on-LAN magic packet"
+    );
     Ok(())
 }
 
@@ -68,5 +166,46 @@ mod tests {
                 prop_assert_eq!(&p[6 + 6 * i..12 + 6 * i], &mac[..]);
             }
         }
+
+        #[test]
+        fn a_secureon_password_follows_the_sixteenth_mac(mac in any::<[u8; 6]>(), pw in any::<[u8; 6]>()) {
+            let text = pw.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+            let so = SecureOn::parse(&text).unwrap();
+            let p = wake_datagram(Mac(mac), Some(&so));
+            prop_assert_eq!(p.len(), 108);
+            prop_assert_eq!(&p[..102], &magic_packet(Mac(mac))[..]);
+            prop_assert_eq!(&p[102..], &pw[..]);
+        }
+    }
+
+    #[test]
+    fn secureon_takes_six_hex_or_four_dotted_bytes() {
+        let six = SecureOn::parse("5E:c2:07:0a:1:ff").unwrap();
+        assert_eq!(six.bytes(), [0x5e, 0xc2, 0x07, 0x0a, 0x01, 0xff]);
+        let four = SecureOn::parse("192.168.1.10").unwrap();
+        assert_eq!(four.bytes(), [192, 168, 1, 10]);
+        let p = wake_datagram(Mac([0xaa, 0, 0, 0, 0, 0x21]), Some(&four));
+        assert_eq!(&p[102..], [192, 168, 1, 10]);
+        assert_eq!(wake_datagram(Mac([1; 6]), None).len(), MAGIC_LEN);
+        for bad in [
+            "",
+            "aa:bb:cc:dd:ee",
+            "aa:bb:cc:dd:ee:ff:00",
+            "aa:bb:cc:dd:ee:fg",
+            "aa:bb:cc:dd:ee:100",
+            "1.2.3",
+            "1.2.3.256",
+            "1.2.3.-4",
+            "1.2.3.4.5",
+            "hunter2",
+        ] {
+            assert_eq!(SecureOn::parse(bad), Err(SecureOnError), "{bad:?}");
+        }
+        let msg = SecureOnError.to_string();
+        assert!(
+            msg.contains("aa:bb:cc:dd:ee:ff") && msg.contains("not shown"),
+            "{msg}"
+        );
+        assert!(!format!("{six:?}").contains("5e"), "{six:?}");
     }
 }

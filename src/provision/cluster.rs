@@ -3,15 +3,19 @@
 //!
 //! Bootstrap is the one Talos call that must never repeat on another node: a second
 //! control plane bootstrapped with an empty data directory becomes a second etcd cluster. So:
-//! * the bootstrap node is chosen among healthy control planes: the first one in inventory
-//!   order that is Ready, persisted under `cluster/bootstrap-node` by compare-and-set; later
+//! * the bootstrap node is chosen among control planes ready for Bootstrap: the first one in
+//!   inventory order that is Ready, or installed and booted from disk with its config, its
+//!   secured API answering and its etcd service started (a control plane of a new cluster
+//!   never reaches stage `running`, hence Ready, before Bootstrap: its etcd waits to join and
+//!   the boot sequence waits for etcd; see [`core::bootstrap_readiness`]), persisted under
+//!   `cluster/bootstrap-node` by compare-and-set; later
 //!   runs use the persisted name even if the inventory order changes, and no other code path
 //!   calls Bootstrap. A chosen node that Failed before any bootstrap intent was recorded is
 //!   replaced by the next Ready control plane (a failed node would block bootstrap for good);
 //!   once an intent exists the choice never changes, because that node may already run etcd;
 //! * rebuilding the last voting etcd member wipes the cluster's etcd: the bootstrap,
 //!   kubeconfig and cluster-step records are then marked `rebuilt`, so the cluster is
-//!   bootstrapped again (on the same node) once it is Ready;
+//!   bootstrapped again (on the same node) once it is ready for Bootstrap;
 //! * the intent is persisted (`cluster/bootstrap` = `intent`) before the call, and `done`
 //!   after it;
 //! * before calling, etcd membership is checked on that node: members present means a
@@ -28,7 +32,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::core::{self, BootstrapEffect, BootstrapMark, BootstrapObs, Choice, ClusterState};
+use super::core::{
+    self, BootstrapEffect, BootstrapMark, BootstrapObs, BootstrapProbe, Choice, ClusterState,
+    ForBootstrap,
+};
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::EndpointHost;
@@ -128,17 +135,34 @@ impl Provisioner {
         })
     }
 
-    /// The bootstrap node: the persisted choice, or the first Ready control plane in
-    /// inventory order, persisted by compare-and-set so two racing runs agree. Until a control
-    /// plane is Ready nothing is persisted and the first control plane that has not failed is
-    /// returned (for the relay, which needs it Ready anyway). The choice is the core's
-    /// ([`core::choose_bootstrap_node`]).
+    /// The bootstrap node: the persisted choice, or the first control plane ready for
+    /// Bootstrap in inventory order, persisted by compare-and-set so two racing runs agree.
+    /// Until one is ready nothing is persisted and the first control plane that has not
+    /// failed is returned (for the relay, which needs it Ready anyway). The choice is the
+    /// core's ([`core::choose_bootstrap_node`]); control planes that are not Ready are probed
+    /// ([`Self::bootstrap_probe`]) only while there is no choice to keep and no Ready one.
     pub async fn bootstrap_node(&self) -> Result<String, ProvisionError> {
         let state = self.cluster_state().await?;
         let mut cps = Vec::new();
+        let mut recs = Vec::new();
         for cp in self.inventory().control_planes() {
-            let phase = self.record(cp.name.as_str()).await?.phase;
-            cps.push((cp.name.to_string(), phase));
+            let rec = self.record(cp.name.as_str()).await?;
+            cps.push((cp.name.to_string(), ForBootstrap::of_phase(rec.phase)));
+            recs.push(rec);
+        }
+        let kept = matches!(
+            core::choose_bootstrap_node(&state, &cps),
+            Some(Choice::Keep(ref n)) if state.bootstrap_node.as_deref() == Some(n.as_str())
+        );
+        if !kept && !cps.iter().any(|(_, c)| *c == ForBootstrap::Ready) {
+            for ((name, status), rec) in cps.iter_mut().zip(&recs) {
+                if *status == ForBootstrap::NotReady
+                    && self.bootstrap_probe(name, rec).await?.is_ok()
+                {
+                    *status = ForBootstrap::Ready;
+                    break;
+                }
+            }
         }
         let (chosen, persisted) = match core::choose_bootstrap_node(&state, &cps) {
             None => return Err(ProvisionError::NoControlPlane),
@@ -157,10 +181,11 @@ impl Provisioner {
                 let why = match &persisted {
                     Some(old) => format!(
                         "chosen as the bootstrap node instead of {old}, which failed (first \
-                         Ready control plane in the inventory)"
+                         control plane in the inventory ready for Bootstrap)"
                     ),
-                    None => "chosen as the bootstrap node (first Ready control plane in the \
-                             inventory)"
+                    None => "chosen as the bootstrap node (first control plane in the \
+                             inventory ready for Bootstrap: installed, booted from disk, etcd \
+                             started)"
                         .into(),
                 };
                 self.event(&chosen, EventKind::Cluster, why);
@@ -202,15 +227,55 @@ impl Provisioner {
         self.db(move |s| s.row(PROGRESS, key)).await
     }
 
-    /// A secured client to the bootstrap node, if it is Ready.
+    /// A secured client to the bootstrap node, if it is Ready, or else ready for Bootstrap
+    /// ([`Self::bootstrap_probe`]).
     async fn bootstrap_client(&self, cp: &str) -> Result<Option<TalosClient>, ProvisionError> {
         let rec = self.record(cp).await?;
-        let (NodePhase::Ready, Some(ip)) = (rec.phase, rec.last_seen_addr) else {
-            return Ok(None);
+        if let (NodePhase::Ready, Some(ip)) = (rec.phase, rec.last_seen_addr) {
+            return Ok(Some(
+                self.secured_client(ip).map_err(|e| self.talos_err(cp, e))?,
+            ));
+        }
+        Ok(self.bootstrap_probe(cp, &rec).await?.ok())
+    }
+
+    /// Whether control plane `cp`, not Ready, can take Bootstrap: installing (talboot's
+    /// phase until stage `running`) with a known address, its secured API answering, and
+    /// [`core::bootstrap_readiness`] satisfied by its `MachineStatus` and `ServiceList`. The
+    /// client on success, else why not.
+    async fn bootstrap_probe(
+        &self,
+        cp: &str,
+        rec: &crate::store::NodeRecord,
+    ) -> Result<Result<TalosClient, String>, ProvisionError> {
+        let (NodePhase::Installing, Some(ip)) = (rec.phase, rec.last_seen_addr) else {
+            return Ok(Err(format!("{cp} is {}", rec.phase)));
         };
-        Ok(Some(
-            self.secured_client(ip).map_err(|e| self.talos_err(cp, e))?,
-        ))
+        let client = self.secured_client(ip).map_err(|e| self.talos_err(cp, e))?;
+        let looked = async {
+            client.version().await?;
+            let stage = client.machine_status().await?.stage();
+            let etcd = client
+                .service_list()
+                .await?
+                .into_iter()
+                .find(|s| s.id == "etcd")
+                .map(|s| s.state);
+            Ok::<_, TalosError>(BootstrapProbe {
+                stage: super::node::stage_name(stage).to_owned(),
+                etcd,
+            })
+        };
+        Ok(match looked.await {
+            Ok(probe) => match core::bootstrap_readiness(&probe) {
+                Ok(()) => Ok(client),
+                Err(why) => Err(why),
+            },
+            Err(e) => {
+                tracing::debug!(node = %cp, error = %e, "not ready for Bootstrap");
+                Err(e.to_string())
+            }
+        })
     }
 
     /// One cluster step: bootstrap (once), then health wait and kubeconfig.

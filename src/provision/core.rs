@@ -933,36 +933,99 @@ pub(crate) enum Choice {
     },
 }
 
+/// A control plane as the bootstrap choice sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ForBootstrap {
+    /// Failed: not chosen (and a choice that failed before any intent is replaced).
+    Failed,
+    /// Not ready for Bootstrap (yet).
+    NotReady,
+    /// Ready for Bootstrap: Ready, or installed, booted from disk with its config, its
+    /// secured API answering and its etcd started (see [`bootstrap_readiness`]).
+    Ready,
+}
+
+impl ForBootstrap {
+    /// From the node's phase alone: Ready nodes are, Failed ones never; any other needs a
+    /// probe ([`bootstrap_readiness`]).
+    pub(crate) fn of_phase(phase: NodePhase) -> Self {
+        match phase {
+            NodePhase::Ready => Self::Ready,
+            NodePhase::Failed => Self::Failed,
+            _ => Self::NotReady,
+        }
+    }
+}
+
+/// What a probe of a control plane found, for [`bootstrap_readiness`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BootstrapProbe {
+    /// Its machine stage, as `talosctl get machinestatus` names it (`booting`, `running`, ...).
+    pub stage: String,
+    /// The `etcd` entry of its `ServiceList`: the service's state, if it is listed.
+    pub etcd: Option<String>,
+}
+
+/// Whether a control plane whose secured API answered can take Bootstrap, the way upstream
+/// tools decide it (siderolabs/talos v1.13.9 `pkg/cluster/bootstrap.go`,
+/// `APIBootstrapper.Bootstrap`: `Version` answers and `MachineStatus` is in stage `booting` or
+/// `running`, then Bootstrap, retried while FailedPrecondition). talboot also wants the etcd
+/// service listed, which `startAllServices` loads only in the boot sequence of the system
+/// booted from disk (`internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go`):
+/// stage `booting` also shows, briefly, between maintenance mode and the install. A control
+/// plane of a new cluster never reaches stage `running` before Bootstrap: its etcd waits to
+/// join (`internal/app/machined/pkg/system/services/etcd.go`, `buildInitialCluster`), and
+/// the boot sequence waits for etcd. `Err` says what is missing.
+pub(crate) fn bootstrap_readiness(probe: &BootstrapProbe) -> Result<(), String> {
+    match probe.stage.as_str() {
+        "booting" | "running" => {}
+        other => return Err(format!("machine stage {other}")),
+    }
+    match &probe.etcd {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "machine stage {}, etcd not started yet (not booted from disk)",
+            probe.stage
+        )),
+    }
+}
+
 /// Choose the bootstrap node: the persisted one, unless it Failed before any intent; else the
-/// first Ready control plane in inventory order (persisted); until one is Ready, the first
-/// control plane that did not fail (not persisted). `None`: no control plane at all.
+/// first control plane ready for Bootstrap in inventory order (persisted); until one is, the
+/// first control plane that did not fail (not persisted). `None`: no control plane at all.
 pub(crate) fn choose_bootstrap_node(
     state: &ClusterState,
-    control_planes: &[(String, NodePhase)],
+    control_planes: &[(String, ForBootstrap)],
 ) -> Option<Choice> {
-    let phase_of = |n: &str| {
+    let status_of = |n: &str| {
         control_planes
             .iter()
             .find(|(c, _)| c == n)
             .map(|(_, p)| *p)
-            .unwrap_or(NodePhase::Unknown)
+            .unwrap_or(ForBootstrap::NotReady)
     };
     if let Some(name) = &state.bootstrap_node {
         let intent = !matches!(
             state.bootstrap,
             BootstrapMark::None | BootstrapMark::Rebuilt
         );
-        if intent || phase_of(name) != NodePhase::Failed {
+        if intent || status_of(name) != ForBootstrap::Failed {
             return Some(Choice::Keep(name.clone()));
         }
     }
-    if let Some((ready, _)) = control_planes.iter().find(|(_, p)| *p == NodePhase::Ready) {
+    if let Some((ready, _)) = control_planes
+        .iter()
+        .find(|(_, p)| *p == ForBootstrap::Ready)
+    {
         return Some(Choice::Persist {
             name: ready.clone(),
             replaces: state.bootstrap_node.clone(),
         });
     }
-    if let Some((f, _)) = control_planes.iter().find(|(_, p)| *p != NodePhase::Failed) {
+    if let Some((f, _)) = control_planes
+        .iter()
+        .find(|(_, p)| *p != ForBootstrap::Failed)
+    {
         return Some(Choice::Keep(f.clone()));
     }
     state
@@ -975,7 +1038,8 @@ pub(crate) fn choose_bootstrap_node(
 /// What the bootstrap part of the cluster machine saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum BootstrapObs {
-    /// What now? `ready`: the bootstrap node `node` is Ready with a known address.
+    /// What now? `ready`: the bootstrap node `node` is ready for Bootstrap (see
+    /// [`bootstrap_readiness`]) with a known address.
     Poll {
         /// The bootstrap node.
         node: String,
@@ -1019,9 +1083,10 @@ pub(crate) fn bootstrap_step(
     let mut s = state.clone();
     let effect = match obs {
         _ if s.bootstrap == BootstrapMark::Done => BootstrapEffect::Done,
-        BootstrapObs::Poll { node, ready: false } => {
-            BootstrapEffect::Wait(format!("bootstrap node {node} is not configured yet"))
-        }
+        BootstrapObs::Poll { node, ready: false } => BootstrapEffect::Wait(format!(
+            "bootstrap node {node} is not ready for Bootstrap yet (installed, booted from \
+                 disk, etcd started)"
+        )),
         BootstrapObs::Poll { ready: true, .. } => {
             s.bootstrap = BootstrapMark::Intent;
             BootstrapEffect::CheckEtcd

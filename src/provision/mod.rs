@@ -919,8 +919,8 @@ impl Provisioner {
                 )
                 .await
             {
-                Ok(()) => format!(
-                    "installed: persistent boot device set to disk through {}",
+                Ok(set) => format!(
+                    "installed: persistent boot device set to disk through {}{set}",
                     driver.target()
                 ),
                 Err(e) => {
@@ -953,8 +953,8 @@ impl Provisioner {
                 return;
             }
             let detail = match driver.reboot_into_network().await {
-                Ok(()) => format!(
-                    "Talos API at {addr} did not answer: one-time network boot and power cycle through {}",
+                Ok(set) => format!(
+                    "Talos API at {addr} did not answer: one-time network boot and power cycle through {}{set}",
                     driver.target()
                 ),
                 Err(e) => format!("Talos API at {addr} did not answer; power control failed: {e}"),

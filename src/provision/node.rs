@@ -127,7 +127,7 @@ pub(crate) fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
 const EVENTS_IDLE: Duration = Duration::from_millis(300);
 
 /// The stage as Talos prints it.
-fn stage_name(stage: MachineStage) -> &'static str {
+pub(super) fn stage_name(stage: MachineStage) -> &'static str {
     match stage {
         MachineStage::MachineStageUnknown => "unknown",
         MachineStage::MachineStageBooting => "booting",

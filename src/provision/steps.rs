@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{ProvisionError, Provisioner};
-use crate::addons::kube::{Kube, KubeError, client_from_kubeconfig};
+use crate::addons::kube::{Kube, KubeError};
 use crate::addons::manifest::ObjectRef;
 pub use crate::addons::policy::{
     ARGOCD_CHART, CILIUM_CHART, KSOPS_IMAGE, UpstreamChart, argocd_setup, helm_template,
@@ -372,8 +372,7 @@ impl Provisioner {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
-        let client = client_from_kubeconfig(&yaml).await?;
-        Ok(Kube::new(client, self.settings().poll_interval))
+        Ok(Kube::from_kubeconfig(&yaml, self.settings().poll_interval).await?)
     }
 
     async fn check_api(&self) -> Result<(), StepError> {
@@ -468,6 +467,15 @@ impl Provisioner {
             self.release_time(),
         )
         .await?;
+        // The API server's warnings (PodSecurity findings on the add-on's workloads) go on
+        // the cluster timeline, one event each, besides the log line the client wrote.
+        for (object, warning) in &out.warnings {
+            self.event(
+                CLUSTER_TIMELINE,
+                EventKind::Cluster,
+                format!("{what}: the API server warned on {object}: {warning}"),
+            );
+        }
         Ok(format!(
             "{what} {version} installed: {} object(s) changed, {} unchanged",
             out.applied.len(),

@@ -4,9 +4,18 @@
 //! - discovery: `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`; kinds defined by a
 //!   CRD are served only once that CRD is Established (a short, configurable delay after it
 //!   is applied), and an unknown group/version/resource is 404;
-//! - GET of one object or a list; PATCH only as server-side apply: content type
-//!   `application/apply-patch+yaml` (else 415) and a `fieldManager` (else 422); a different
-//!   manager without `force` gets 409; body kind/name/namespace must match the URL;
+//! - GET of one object or a list (a `labelSelector` of equality terms filters it), `/version`,
+//!   and the OpenAPI v3 discovery clients read to leave field validation to the server;
+//! - PATCH as server-side apply (`application/apply-patch+yaml`, a `fieldManager` else 422;
+//!   body kind/name/namespace must match the URL) or as a strategic-merge, JSON-merge or JSON
+//!   patch (anything else 415); field ownership as structured-merge-diff keeps it, with
+//!   per-field conflicts (409) between managers, managers that own nothing dropped,
+//!   `before-first-apply`, and the typed round trip (see [`super::kube_ssa`]); a string where
+//!   a built-in type has a number is refused as the real server refuses it (500);
+//! - create and replace bodies in JSON, or Kubernetes protobuf for Secrets (Helm's release
+//!   storage sends that);
+//! - `Warning` response headers: PodSecurity `restricted` findings for workloads in a
+//!   Namespace labelled to warn or enforce, and any a test sets ([`KubeDouble::warn_on`]);
 //! - a namespaced object in a missing Namespace is 404 NotFound, as the real server answers;
 //! - Secret `data` values must be base64 (else 400, as the body cannot be decoded);
 //! - resourceVersion changes only when the stored content really changes;
@@ -20,8 +29,8 @@
 //!   only once the CNI runs.
 //!
 //! - POST (create), PUT (replace) and DELETE of one object, as client-go sends them for the
-//!   bootstrap manifests' inventory ConfigMap and their prune; each object's last writer shows
-//!   in `metadata.managedFields` (manager and operation);
+//!   bootstrap manifests' inventory ConfigMap and their prune; writers are recorded in
+//!   `metadata.managedFields` as Update operations;
 //! - a test may make the applies of one object fail ([`KubeDouble::refuse_applies`]).
 //!
 //! Every apply is logged (what, manager, force, whether it changed) for assertions.
@@ -48,6 +57,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::SimError;
+use super::kube_ssa;
 use super::pki::{PkiError, SimCa};
 
 /// The Ready condition message of a kubelet whose node has no CNI yet.
@@ -152,6 +162,13 @@ fn builtins() -> Vec<Res> {
         Res::new("apps", "v1", "DaemonSet", "daemonsets", true),
         Res::new("apps", "v1", "StatefulSet", "statefulsets", true),
         Res::new(
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+            "networkpolicies",
+            true,
+        ),
+        Res::new(
             "rbac.authorization.k8s.io",
             "v1",
             "ClusterRole",
@@ -186,6 +203,7 @@ fn builtins() -> Vec<Res> {
 /// (group, plural, namespace or "", name)
 type Key = (String, String, String, String);
 
+#[derive(Clone)]
 struct Stored {
     obj: Value,
     manager: String,
@@ -207,6 +225,9 @@ struct Cluster {
     /// `ready_at` has passed.
     kubelet_nodes: HashSet<String>,
     log: Vec<ApplyRecord>,
+    /// Extra `Warning` headers on writes of (kind, namespace, name), as a webhook or a
+    /// deprecation would add them ([`KubeDouble::warn_on`]).
+    warnings: BTreeMap<(String, String, String), String>,
 }
 
 type Shared = Arc<Mutex<Cluster>>;
@@ -281,15 +302,24 @@ impl Cluster {
     /// The object as a client reads it: stored content plus a status computed from time.
     fn view(&self, key: &Key, s: &Stored, now: Instant) -> Value {
         let mut obj = s.obj.clone();
-        // One managedFields entry: the last writer (the real server keeps one per manager and
-        // operation, with the fields each owns in fieldsV1; k8s.io/apimachinery
-        // pkg/apis/meta/v1/types.go, ManagedFieldsEntry). fieldsV1 is not modelled.
+        // Objects written through apply, create, replace or patch keep their managedFields as
+        // structured-merge-diff computes them (see `kube_ssa`); an empty list is left out, as
+        // the API encodes it (`omitempty`). Objects the simulated kubelets or the server wrote
+        // directly show their last writer without fieldsV1.
         if let Some(meta) = obj["metadata"].as_object_mut() {
-            meta.insert(
-                "managedFields".into(),
-                json!([{"manager": s.manager, "operation": s.operation,
-                        "apiVersion": s.obj["apiVersion"], "fieldsType": "FieldsV1"}]),
-            );
+            match meta.get("managedFields") {
+                Some(Value::Array(a)) if a.is_empty() => {
+                    meta.remove("managedFields");
+                }
+                Some(_) => {}
+                None => {
+                    meta.insert(
+                        "managedFields".into(),
+                        json!([{"manager": s.manager, "operation": s.operation,
+                                "apiVersion": s.obj["apiVersion"], "fieldsType": "FieldsV1"}]),
+                    );
+                }
+            }
         }
         let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
         let ready =
@@ -519,6 +549,7 @@ impl KubeDouble {
             refused: BTreeMap::new(),
             kubelet_nodes: HashSet::new(),
             log: Vec::new(),
+            warnings: BTreeMap::new(),
         };
         for ns in ["kube-system", "default"] {
             cluster.rv += 1;
@@ -624,6 +655,17 @@ impl KubeDouble {
         match reason {
             Some(r) => c.refused.insert(key, r.to_owned()),
             None => c.refused.remove(&key),
+        };
+    }
+
+    /// Answers every write of the object `kind` `ns`/`name` with `warning` as an extra
+    /// `Warning` header (`None` stops), as an admission webhook's warnings reach a client.
+    pub fn warn_on(&self, kind: &str, ns: &str, name: &str, warning: Option<&str>) {
+        let key = (kind.to_owned(), ns.to_owned(), name.to_owned());
+        let mut c = lock(&self.state);
+        match warning {
+            Some(w) => c.warnings.insert(key, w.to_owned()),
+            None => c.warnings.remove(&key),
         };
     }
 
@@ -833,6 +875,18 @@ async fn handle(
 ) -> Response {
     let now = Instant::now();
     let mut c = lock(&state);
+    if method == Method::GET && uri.path() == "/version" {
+        // What Helm reads for `.Capabilities.KubeVersion` (k8s.io/apimachinery pkg/version
+        // Info); the version modelled here.
+        return axum::Json(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.2",
+            "platform": "linux/amd64"}))
+        .into_response();
+    }
+    if method == Method::GET
+        && let Some(doc) = openapi_v3(&c, uri.path(), now)
+    {
+        return doc;
+    }
     let Some(target) = parse_path(&c, uri.path(), now) else {
         return not_found_resource();
     };
@@ -908,8 +962,11 @@ async fn handle(
             let items: Vec<Value> = c
                 .objects
                 .iter()
-                .filter(|(k, _)| {
-                    k.0 == res.group && k.1 == res.plural && ns.as_ref().is_none_or(|n| &k.2 == n)
+                .filter(|(k, s)| {
+                    k.0 == res.group
+                        && k.1 == res.plural
+                        && ns.as_ref().is_none_or(|n| &k.2 == n)
+                        && labels_match(&s.obj, query.get("labelSelector"))
                 })
                 .map(|(k, s)| c.view(k, s, now))
                 .collect();
@@ -925,7 +982,20 @@ async fn handle(
                 ns,
                 name: Some(name),
             },
-        ) => apply(&mut c, res, ns, name, &query, &headers, &body, now),
+        ) if query.contains_key("dryRun") => {
+            dry_run_apply(&mut c, res, ns, name, &query, &headers, &body, now)
+        }
+        (
+            Method::PATCH,
+            Target::Object {
+                res,
+                ns,
+                name: Some(name),
+            },
+        ) => match patch_kind(&headers) {
+            Some(kind) => patch_update(&mut c, kind, res, ns, name, &query, &headers, &body, now),
+            None => apply(&mut c, res, ns, name, &query, &headers, &body, now),
+        },
         (
             Method::POST,
             Target::Object {
@@ -933,7 +1003,10 @@ async fn handle(
                 ns,
                 name: None,
             },
-        ) => write(&mut c, res, ns, None, &query, &body, now),
+        ) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, None, &query, &body, now),
+            Err(refused) => *refused,
+        },
         (
             Method::PUT,
             Target::Object {
@@ -941,7 +1014,10 @@ async fn handle(
                 ns,
                 name: Some(name),
             },
-        ) => write(&mut c, res, ns, Some(name), &query, &body, now),
+        ) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, Some(name), &query, &body, now),
+            Err(refused) => *refused,
+        },
         (
             Method::DELETE,
             Target::Object {
@@ -1041,6 +1117,7 @@ fn write(
         }
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
+    fold_string_data(&res, &mut obj);
     let Some(body_name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -1128,6 +1205,23 @@ fn write(
         .get("fieldManager")
         .cloned()
         .unwrap_or_else(|| "kube-rs".into());
+    // The writer takes the fields it set or changed (an Update: never a conflict).
+    let builtin = is_builtin(&res);
+    kube_ssa::normalize(&mut stored, builtin);
+    if res.group.is_empty() && res.kind == "Namespace" {
+        kube_ssa::namespace_strategy(&mut stored);
+    }
+    let old = c
+        .objects
+        .get(&key)
+        .map(|s| (content(&s.obj), kube_ssa::entries_of(&s.obj)));
+    let entries = match old {
+        Some((o, e)) => {
+            kube_ssa::update(Some(&o), e, &content(&stored), &manager, &res.api_version())
+        }
+        None => kube_ssa::update(None, None, &content(&stored), &manager, &res.api_version()),
+    };
+    stored["metadata"]["managedFields"] = kube_ssa::encode(&entries);
     c.objects.insert(
         key.clone(),
         Stored {
@@ -1294,26 +1388,9 @@ fn apply(
         ns.clone(),
         name.clone(),
     );
-    let new_content = content(&obj);
-    let (created, changed) = match c.objects.get(&key) {
-        None => (true, true),
-        Some(s) => {
-            // Deliberately stricter than server-side apply, which conflicts only on fields
-            // another manager owns with a different value (sigs.k8s.io/structured-merge-diff
-            // merge/update.go): talboot always forces, so any unforced apply over another
-            // manager's object is a regression worth a 409.
-            if s.manager != manager && !force {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    format!(
-                        "Apply failed with 1 conflict: conflict with \"{}\"",
-                        s.manager
-                    ),
-                );
-            }
-            (false, content(&s.obj) != new_content)
-        }
+    let (new_content, created, changed) = match ssa_merge(c, &res, &key, &obj, &manager, force) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
     };
     // A no-op apply writes nothing, so resourceVersion stays: the etcd3 store skips the write
     // when the encoded object is unchanged (kubernetes/kubernetes
@@ -1384,7 +1461,532 @@ fn apply(
     } else {
         StatusCode::OK
     };
-    (code, axum::Json(view)).into_response()
+    let warnings = admission_warnings(c, &key.2, &view);
+    with_warnings((code, axum::Json(view)).into_response(), &warnings)
+}
+
+/// Whether `res` is a built-in kind (typed on the real server), not a custom resource.
+fn is_builtin(res: &Res) -> bool {
+    builtins()
+        .iter()
+        .any(|b| b.group == res.group && b.kind == res.kind)
+}
+
+/// `<group>/<version>, Kind=<kind>` as Go prints a GroupVersionKind (core: `/v1`).
+fn gvk_string(res: &Res) -> String {
+    format!("{}/{}, Kind={}", res.group, res.version, res.kind)
+}
+
+/// A Status with `details.causes`, as the apiserver sends for apply conflicts
+/// (k8s.io/apimachinery pkg/api/errors/errors.go, NewApplyConflict: 409 Conflict, one
+/// `FieldManagerConflict` cause per field).
+fn conflict_status(res: &Res, name: &str, conflicts: &[kube_ssa::Conflict]) -> Response {
+    let causes: Vec<Value> = conflicts
+        .iter()
+        .map(|c| {
+            json!({"reason": "FieldManagerConflict",
+                   "message": format!("conflict with {}", c.manager), "field": c.path})
+        })
+        .collect();
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": kube_ssa::conflict_message(conflicts), "reason": "Conflict",
+        "details": {"name": name, "group": res.group, "kind": res.plural, "causes": causes},
+        "code": 409,
+    });
+    (StatusCode::CONFLICT, axum::Json(body)).into_response()
+}
+
+/// Server-side apply of `obj` by `manager` over the stored object at `key`, as
+/// structured-merge-diff does it (`kube_ssa::apply`): the typed conversion of the patch
+/// first (a string where the schema has a number is refused as the real server refuses it:
+/// status 500 with no reason, kubernetes/kubernetes v1.36.2 staging/src/k8s.io/apimachinery/
+/// pkg/util/managedfields/internal/structuredmerge.go, Apply, "failed to create typed patch
+/// object (%v): %v", which ErrorToAPIStatus turns into a 500), then conflicts (409), the
+/// merge, the typed round trip, and the new managedFields. Returns the new content (with
+/// `metadata.managedFields`), whether it is a create, and whether anything changed —
+/// content or managedFields, both of which a real write would bump resourceVersion for.
+fn ssa_merge(
+    c: &Cluster,
+    res: &Res,
+    key: &Key,
+    obj: &Value,
+    manager: &str,
+    force: bool,
+) -> Result<(Value, bool, bool), Box<Response>> {
+    let builtin = is_builtin(res);
+    if builtin && let Some(e) = kube_ssa::numeric_type_error(obj) {
+        let message = format!(
+            "failed to create typed patch object ({}/{}; {}): {e}",
+            key.2,
+            key.3,
+            gvk_string(res)
+        );
+        return Err(Box::new(status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            message,
+        )));
+    }
+    let existing = c.objects.get(key);
+    let live = existing.map(|s| content(&s.obj));
+    let entries = existing.and_then(|s| kube_ssa::entries_of(&s.obj));
+    let merged = kube_ssa::apply(
+        live.as_ref(),
+        entries,
+        &content(obj),
+        manager,
+        &res.api_version(),
+        force,
+    )
+    .map_err(|conflicts| Box::new(conflict_status(res, &key.3, &conflicts)))?;
+    let mut new = merged.object;
+    kube_ssa::normalize(&mut new, builtin);
+    // The merge runs on the versioned object, so the writer owns `f:stringData`; the
+    // conversion to the internal type then folds it into `data`, which is what is stored and
+    // compared (see [`fold_string_data`]).
+    fold_string_data(res, &mut new);
+    if res.group.is_empty() && res.kind == "Namespace" {
+        kube_ssa::namespace_strategy(&mut new);
+    }
+    let managed = kube_ssa::encode(&merged.entries);
+    let changed = match existing {
+        None => true,
+        Some(s) => live.as_ref() != Some(&new) || s.obj["metadata"]["managedFields"] != managed,
+    };
+    new["metadata"]["managedFields"] = managed;
+    Ok((new, existing.is_none(), changed))
+}
+
+/// The `Warning` headers admission adds to a write: PodSecurity's `restricted` findings for
+/// a workload in a Namespace labelled to warn (or enforce) at that level
+/// (`kube_ssa::pod_security_warning`), plus any a test set with
+/// [`KubeDouble::warn_on`].
+fn admission_warnings(c: &Cluster, ns: &str, obj: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if !ns.is_empty() {
+        let ns_key = (
+            String::new(),
+            "namespaces".to_owned(),
+            String::new(),
+            ns.to_owned(),
+        );
+        if let Some(n) = c.objects.get(&ns_key)
+            && let Some(w) = kube_ssa::pod_security_warning(&n.obj, obj)
+        {
+            out.push(w);
+        }
+    }
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    if let Some(w) = c
+        .warnings
+        .get(&(kind.to_owned(), ns.to_owned(), name.to_owned()))
+    {
+        out.push(w.clone());
+    }
+    out
+}
+
+/// Adds each warning as a `Warning: 299 - "<text>"` header, the text a quoted-string with
+/// `"` and `\` escaped (k8s.io/apimachinery v0.36 pkg/util/net/http.go, NewWarningHeader;
+/// the apiserver's warning recorder sends code 299 and agent `-`).
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let quoted = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = axum::http::HeaderValue::from_str(&format!("299 - \"{quoted}\"")) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
+}
+
+/// The patch types other than apply, by content type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PatchKind {
+    Strategic,
+    Merge,
+    Json,
+}
+
+fn patch_kind(headers: &HeaderMap) -> Option<PatchKind> {
+    let ctype = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    match ctype.split(';').next().unwrap_or("").trim() {
+        "application/strategic-merge-patch+json" => Some(PatchKind::Strategic),
+        "application/merge-patch+json" => Some(PatchKind::Merge),
+        "application/json-patch+json" => Some(PatchKind::Json),
+        _ => None,
+    }
+}
+
+/// A strategic-merge, JSON-merge or JSON patch of one object, as client-side `kubectl
+/// apply` and Helm's three-way merge (and client-go's csaupgrade) send them
+/// (kubernetes/kubernetes v1.36.2 staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+/// patch.go): the patch is applied to the stored object; a strategic merge patch of a custom
+/// resource is 415; a `resourceVersion` in the result other than the stored one is 409; the
+/// result goes through the typed round trip; the manager (`fieldManager`, else the
+/// client's user agent's program name, as the apiserver defaults it) takes the fields it
+/// changed, an Update that never conflicts; a patch that rewrites `metadata.managedFields`
+/// itself sets them as given (managedfields/internal/fieldmanager.go: a request that
+/// changes managedFields resets them).
+#[allow(clippy::too_many_arguments)]
+fn patch_update(
+    c: &mut Cluster,
+    kind: PatchKind,
+    res: Res,
+    ns: Option<String>,
+    name: String,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let builtin = is_builtin(&res);
+    if kind == PatchKind::Strategic && !builtin {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+                .into(),
+        );
+    }
+    let patch: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    let key = object_key(&res, ns.clone().unwrap_or_default(), name.clone());
+    let Some(existing) = c.objects.get(&key) else {
+        return not_found(&res, &name);
+    };
+    let mut current = existing.obj.clone();
+    if let Some(Value::Array(a)) = current["metadata"].get("managedFields")
+        && a.is_empty()
+    {
+        current["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("managedFields"));
+    }
+    let patched = match kind {
+        PatchKind::Strategic => kube_ssa::strategic_merge(&current, &patch, ""),
+        PatchKind::Merge => kube_ssa::json_merge(&current, &patch),
+        PatchKind::Json => match kube_ssa::json_patch(&current, &patch) {
+            Ok(v) => v,
+            Err(e) => {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                );
+            }
+        },
+    };
+    let stored_rv = existing.obj["metadata"]["resourceVersion"].clone();
+    if !patched["metadata"]["resourceVersion"].is_null()
+        && patched["metadata"]["resourceVersion"] != stored_rv
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                qualified(&res)
+            ),
+        );
+    }
+    if builtin && let Some(e) = kube_ssa::numeric_type_error(&patched) {
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e);
+    }
+    let manager = query
+        .get("fieldManager")
+        .cloned()
+        .or_else(|| {
+            headers
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|ua| ua.split('/').next())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let old = content(&existing.obj);
+    let mut new = content(&patched);
+    kube_ssa::normalize(&mut new, builtin);
+    // The merge runs on the versioned object, so the writer owns `f:stringData`; the
+    // conversion to the internal type then folds it into `data`, which is what is stored and
+    // compared (see [`fold_string_data`]).
+    fold_string_data(&res, &mut new);
+    if res.group.is_empty() && res.kind == "Namespace" {
+        kube_ssa::namespace_strategy(&mut new);
+    }
+    let given = patched["metadata"]["managedFields"].clone();
+    let entries = if !given.is_null() && given != current["metadata"]["managedFields"] {
+        kube_ssa::entries_of(&patched).unwrap_or_default()
+    } else {
+        kube_ssa::update(
+            Some(&old),
+            kube_ssa::entries_of(&existing.obj),
+            &new,
+            &manager,
+            &res.api_version(),
+        )
+    };
+    let managed = kube_ssa::encode(&entries);
+    let changed = old != new || existing.obj["metadata"]["managedFields"] != managed;
+    if changed {
+        let spec_changed = old.get("spec") != new.get("spec");
+        let generation = existing.obj["metadata"]["generation"].as_i64().unwrap_or(1);
+        let uid = existing.obj["metadata"]["uid"].clone();
+        let ready_at = if spec_changed {
+            match res.kind.as_str() {
+                "Deployment" | "DaemonSet" | "StatefulSet" => now + c.opts.rollout_delay,
+                _ => existing.ready_at,
+            }
+        } else {
+            existing.ready_at
+        };
+        c.rv += 1;
+        if let Some(meta) = new["metadata"].as_object_mut() {
+            meta.insert("uid".into(), uid);
+            meta.insert("resourceVersion".into(), json!(c.rv.to_string()));
+            meta.insert(
+                "generation".into(),
+                json!(if spec_changed {
+                    generation + 1
+                } else {
+                    generation
+                }),
+            );
+            meta.insert("creationTimestamp".into(), json!("2026-11-30T00:00:00Z"));
+            meta.insert("managedFields".into(), managed);
+        }
+        c.objects.insert(
+            key.clone(),
+            Stored {
+                obj: new,
+                manager,
+                operation: "Update",
+                ready_at,
+            },
+        );
+    }
+    let s = &c.objects[&key];
+    let view = c.view(&key, s, now);
+    let warnings = admission_warnings(c, &key.2, &view);
+    with_warnings(
+        (StatusCode::OK, axum::Json(view)).into_response(),
+        &warnings,
+    )
+}
+
+/// The OpenAPI v3 discovery kubectl's and Helm's field validation read
+/// (kubernetes/kubernetes v1.36.2 staging/src/k8s.io/kube-openapi handler3; read by
+/// kubernetes/cli-runtime v0.35.6 pkg/resource/query_param_verifier_v3.go, HasSupport):
+/// `/openapi/v3` lists one document per served group/version, and each document's PATCH
+/// operations carry `x-kubernetes-group-version-kind` and the `fieldValidation` query
+/// parameter, so clients leave field validation to the server instead of downloading the
+/// OpenAPI v2 schema. Only that much of the documents is modelled (no schemas), and the
+/// double does not itself refuse unknown fields.
+fn openapi_v3(c: &Cluster, path: &str, now: Instant) -> Option<Response> {
+    let served = c.served(now);
+    let gv_path = |r: &Res| {
+        if r.group.is_empty() {
+            format!("api/{}", r.version)
+        } else {
+            format!("apis/{}/{}", r.group, r.version)
+        }
+    };
+    if path == "/openapi/v3" {
+        let mut paths = serde_json::Map::new();
+        for r in &served {
+            let p = gv_path(r);
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=0")}),
+            );
+        }
+        return Some(axum::Json(json!({"paths": paths})).into_response());
+    }
+    let wanted = path.strip_prefix("/openapi/v3/")?;
+    let mut paths = serde_json::Map::new();
+    for r in served.iter().filter(|r| gv_path(r) == wanted) {
+        let scope = if r.namespaced {
+            "namespaces/{namespace}/"
+        } else {
+            ""
+        };
+        paths.insert(
+            format!("/{wanted}/{scope}{}/{{name}}", r.plural),
+            json!({"patch": {
+                "x-kubernetes-group-version-kind":
+                    {"group": r.group, "version": r.version, "kind": r.kind},
+                "parameters": [
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                    {"name": "force", "in": "query", "schema": {"type": "boolean"}},
+                ],
+                "responses": {}}}),
+        );
+    }
+    if paths.is_empty() {
+        return Some(not_found_resource());
+    }
+    Some(
+        axum::Json(
+            json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
+            "paths": paths}),
+        )
+        .into_response(),
+    )
+}
+
+/// A create or replace body as JSON. client-go's typed clients (Helm's release storage among
+/// them) send built-in kinds as Kubernetes protobuf (`application/vnd.kubernetes.protobuf`:
+/// the `k8s\0` magic, then a runtime.Unknown wrapping the object; k8s.io/apimachinery
+/// v0.36.2 pkg/runtime/serializer/protobuf/protobuf.go). The double reads that for Secrets,
+/// the one kind such clients write here (k8s.io/api v0.36 core/v1/generated.proto: Secret,
+/// ObjectMeta); any other protobuf body is 415.
+fn wire_body(res: &Res, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, Box<Response>> {
+    let ctype = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !ctype.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(body.to_vec());
+    }
+    let refuse = |why: String| {
+        status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the double reads protobuf only for v1 Secrets: {why}"),
+        )
+    };
+    if !(res.group.is_empty() && res.kind == "Secret") {
+        return Err(Box::new(refuse(format!("not {}", res.kind))));
+    }
+    let secret = kube_ssa::protobuf_secret(body).map_err(|e| {
+        Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("cannot decode the protobuf body: {e}"),
+        ))
+    })?;
+    Ok(serde_json::to_vec(&secret).expect("JSON values serialise"))
+}
+
+/// Whether an object's labels match a `labelSelector` of equality terms (`a=b`, `a==b`,
+/// `a!=b`, `a`, `!a`), as client-go's label selectors that Helm's release storage sends
+/// (`owner=helm,name=<release>`) are read (k8s.io/apimachinery pkg/labels/selector.go).
+fn labels_match(obj: &Value, selector: Option<&String>) -> bool {
+    let Some(sel) = selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    let labels = &obj["metadata"]["labels"];
+    sel.split(',').all(|term| {
+        let term = term.trim();
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k.trim()].as_str() != Some(v.trim())
+        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            labels[k.trim()].as_str() == Some(v.trim())
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels[k.trim()].is_null()
+        } else {
+            !labels[term].is_null()
+        }
+    })
+}
+
+/// A Secret's `stringData` folded into `data`, as the API server converts every v1 Secret it
+/// decodes (kubernetes/kubernetes pkg/apis/core/v1/conversion.go at 0158de93ea1c,
+/// `Convert_v1_Secret_To_core_Secret`: "StringData overwrites Data", each value's bytes
+/// base64-encoded on the wire). The internal type has no `stringData`, so the server stores
+/// and returns only `data`.
+fn fold_string_data(res: &Res, obj: &mut Value) {
+    if res.kind != "Secret" || !res.group.is_empty() {
+        return;
+    }
+    let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let Value::Object(string_data) = string_data else {
+        return;
+    };
+    if string_data.is_empty() {
+        return;
+    }
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (k, v) in string_data {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = Value::String(STANDARD.encode(text.as_bytes()));
+    }
+}
+
+/// A server-side apply with `dryRun=All`: everything [`apply`] checks and answers, nothing
+/// stored (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/registry/generic/registry/
+/// dryrun.go at 04791b490660, `DryRunnableStorage`: a dry-run update returns the updated object
+/// with the stored `resourceVersion`, a dry-run create one without any). The only value
+/// PatchOptions accepts is `All` (kubernetes/apimachinery v0.36.3 pkg/apis/meta/v1/validation/
+/// validation.go, `ValidatePatchOptions` -> `ValidateDryRun`).
+#[allow(clippy::too_many_arguments)]
+fn dry_run_apply(
+    c: &mut Cluster,
+    res: Res,
+    ns: Option<String>,
+    name: String,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: Instant,
+) -> Response {
+    let dry_run = query.get("dryRun").map(String::as_str).unwrap_or("");
+    if dry_run != "All" {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "PatchOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value: []string{{\"{dry_run}\"}}: supported values: \"All\""
+            ),
+        );
+    }
+    let key = object_key(&res, ns.clone().unwrap_or_default(), name.clone());
+    let saved = c.objects.get(&key).cloned();
+    let (rv, uid, logged) = (c.rv, c.uid, c.log.len());
+    let reply = apply(c, res, ns, name, query, headers, body, now);
+    let result = c.objects.get(&key).map(|s| c.view(&key, s, now));
+    match &saved {
+        Some(s) => {
+            c.objects.insert(key.clone(), s.clone());
+        }
+        None => {
+            c.objects.remove(&key);
+        }
+    }
+    (c.rv, c.uid) = (rv, uid);
+    c.log.truncate(logged);
+    if !reply.status().is_success() {
+        return reply;
+    }
+    let Some(mut obj) = result else {
+        return reply;
+    };
+    if let Some(meta) = obj["metadata"].as_object_mut() {
+        match &saved {
+            Some(s) => {
+                meta.insert(
+                    "resourceVersion".into(),
+                    s.obj["metadata"]["resourceVersion"].clone(),
+                );
+            }
+            None => {
+                meta.remove("resourceVersion");
+            }
+        }
+    }
+    (reply.status(), axum::Json(obj)).into_response()
 }
 
 #[cfg(test)]
@@ -1635,5 +2237,148 @@ mod tests {
             .unwrap();
         assert_eq!(got["metadata"]["managedFields"][0]["manager"], "talboot");
         assert_eq!(got["metadata"]["managedFields"][0]["operation"], "Apply");
+    }
+
+    /// Issue 31: a typed server-side apply with a string where the schema wants a number is
+    /// refused as the real server refuses it (500, structuredmerge.go's message).
+    #[tokio::test]
+    async fn a_string_where_a_number_belongs_is_refused_like_the_server() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let mut ds = daemonset("kube-system", "cilium");
+        ds["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "clustermesh-secrets", "projected": {"defaultMode": "0400"}}]);
+        let err = kube.apply(&ds, "default").await.unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "failed to create typed patch object (kube-system/cilium; apps/v1, \
+                 Kind=DaemonSet): .spec.template.spec.volumes[name=\"clustermesh-secrets\"]\
+                 .projected.defaultMode: expected numeric (int or float), got string (500)"
+            ),
+            "{err}"
+        );
+        ds["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"] = json!(256);
+        kube.apply(&ds, "default").await.unwrap();
+    }
+
+    /// Issue 31: managedFields as structured-merge-diff keeps them. A manager that owns
+    /// nothing is dropped, and the next apply to an object without managedFields records
+    /// `before-first-apply` — a write, so resourceVersion moves.
+    #[tokio::test]
+    async fn a_bare_namespace_owns_nothing_and_its_second_apply_moves_it() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let bare = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "argocd"}});
+        assert!(kube.apply(&bare, "argocd").await.unwrap().changed);
+        let ns = double.object("v1", "Namespace", "", "argocd").unwrap();
+        assert!(ns["metadata"].get("managedFields").is_none(), "{ns}");
+        assert_eq!(
+            ns["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "argocd"
+        );
+        assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+        assert!(kube.apply(&bare, "argocd").await.unwrap().changed);
+        let ns = double.object("v1", "Namespace", "", "argocd").unwrap();
+        assert_eq!(
+            ns["metadata"]["managedFields"][0]["manager"],
+            "before-first-apply"
+        );
+        assert!(!kube.apply(&bare, "argocd").await.unwrap().changed);
+        // With a label talboot owns it, and re-applying changes nothing.
+        let labelled = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "cd", "labels": {"name": "cd"}}});
+        assert!(kube.apply(&labelled, "cd").await.unwrap().changed);
+        for _ in 0..2 {
+            assert!(!kube.apply(&labelled, "cd").await.unwrap().changed);
+        }
+        let ns = double.object("v1", "Namespace", "", "cd").unwrap();
+        assert_eq!(
+            ns["metadata"]["managedFields"][0]["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {"f:name": {}}}})
+        );
+    }
+
+    /// Issue 31: conflicts only where another manager owns a field the apply would change,
+    /// worded and coded as the server does (409, one cause per field); force moves the field,
+    /// and a manager left owning nothing disappears.
+    #[tokio::test]
+    async fn conflicts_are_per_field_and_force_moves_ownership() {
+        use kube::api::{Api, Patch, PatchParams};
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        let kube = session(&double).await;
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            kube.client().clone(),
+            "default",
+            &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        let cm = |v: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "default"}, "data": {"k": v}})
+        };
+        api.patch("c", &PatchParams::apply("a"), &Patch::Apply(cm("1")))
+            .await
+            .unwrap();
+        api.patch("c", &PatchParams::apply("b"), &Patch::Apply(cm("1")))
+            .await
+            .unwrap();
+        let err = api
+            .patch("c", &PatchParams::apply("b"), &Patch::Apply(cm("2")))
+            .await
+            .unwrap_err();
+        match err {
+            kube::Error::Api(s) => {
+                assert_eq!(s.code, 409);
+                assert_eq!(s.reason, "Conflict");
+                assert_eq!(
+                    s.message,
+                    "Apply failed with 1 conflict: conflict with \"a\": .data.k"
+                );
+            }
+            other => panic!("{other}"),
+        }
+        api.patch(
+            "c",
+            &PatchParams::apply("b").force(),
+            &Patch::Apply(cm("2")),
+        )
+        .await
+        .unwrap();
+        let got = double.object("v1", "ConfigMap", "default", "c").unwrap();
+        assert_eq!(got["data"]["k"], "2");
+        let managers: Vec<&str> = got["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["manager"].as_str().unwrap())
+            .collect();
+        assert_eq!(managers, ["b"]);
+    }
+
+    /// Issue 31: the server's warnings travel as `Warning: 299 - "<text>"` headers and
+    /// talboot's client reads them back.
+    #[tokio::test]
+    async fn warnings_are_sent_as_headers_and_read_back() {
+        let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
+        crate::install_crypto_provider();
+        let kube = Kube::from_kubeconfig(double.kubeconfig().as_bytes(), Duration::from_millis(10))
+            .await
+            .unwrap();
+        double.warn_on(
+            "DaemonSet",
+            "kube-system",
+            "x",
+            Some("deprecated \\ \"thing\""),
+        );
+        let a = kube
+            .apply(&daemonset("kube-system", "x"), "default")
+            .await
+            .unwrap();
+        assert_eq!(a.warnings, ["deprecated \\ \"thing\""]);
+        double.warn_on("DaemonSet", "kube-system", "x", None);
+        let a = kube
+            .apply(&daemonset("kube-system", "x"), "default")
+            .await
+            .unwrap();
+        assert!(a.warnings.is_empty());
     }
 }

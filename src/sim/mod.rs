@@ -25,6 +25,7 @@ pub mod demo;
 pub mod disks;
 pub mod ipxe;
 pub mod kube;
+pub(crate) mod kube_ssa;
 pub mod kubelet;
 pub mod machine;
 pub mod pki;

@@ -17,7 +17,10 @@
 //!   sequence pulls the installer, installs and kexecs, each taking its [`LifecycleTiming`]
 //!   share. Then the listener goes away and, after the optional [`BootHook`] (the simulated
 //!   network boot), comes back **Secured**, booted from disk; its boot sequence ends in
-//!   machine stage `running` (COSI `MachineStatuses.runtime.talos.dev`). An injected
+//!   machine stage `running` (COSI `MachineStatuses.runtime.talos.dev`), on a control plane
+//!   only once its etcd is up: a control plane of a new cluster waits to join in stage
+//!   `booting` until Bootstrap, and after a reboot apid answers before etcd serves (see
+//!   [`etcd`]). An injected
 //!   [`InstallFailure`] is a fatal sequence error in the `Events` stream, and after machined's
 //!   countdown the machine comes back in maintenance mode. The handshake of the configured
 //!   API requires a client certificate signed by that CA with
@@ -26,8 +29,9 @@
 //!   an `os:impersonator` certificate and the caller's roles in `talos-role`, from the node's
 //!   own address; a worker serves a `node` naming itself and refuses any other with
 //!   PermissionDenied "no request forwarding", as apid's director does (see `NodeApi::route`). Bootstrap works once,
-//!   then answers AlreadyExists (EtcdMemberList then lists every configured control plane of
-//!   the cluster, as the others join by themselves); Kubeconfig streams one message holding a `.tar.gz`
+//!   then answers AlreadyExists (EtcdMemberList then lists every member of its etcd cluster,
+//!   down ones included, while etcd has a leader; the other control planes join by
+//!   themselves); Kubeconfig streams one message holding a `.tar.gz`
 //!   whose tar is left unterminated, as Talos writes it (a freshly minted admin kubeconfig, or the one set with
 //!   [`FakeCluster::set_kubeconfig`]); Reset answers at once and its sequence runs afterwards
 //!   ([`reset_sequence`]): of STATE+EPHEMERAL it sends the node back to maintenance (after
@@ -83,6 +87,8 @@ use super::SimError;
 
 #[cfg(test)]
 mod apply_e2e;
+#[cfg(test)]
+mod etcd_e2e;
 mod machine_config;
 mod manifests;
 use super::disks::{InstallDiskError, SimDisk, talos_install_disk, talos_order};
@@ -173,8 +179,12 @@ pub struct LifecycleTiming {
     pub install: Duration,
     /// `meta`, `saveMeta`, `volumeFinalize`, `stopEverything` and `kexec` phases.
     pub(crate) kexec: Duration,
-    /// Booted from disk → the `boot` sequence finished (stage `running`).
+    /// Booted from disk → the `boot` sequence finished (stage `running`), etcd aside.
     pub boot: Duration,
+    /// A control plane's etcd service: started (after apid answers) → serving, i.e. its
+    /// conditions, prepare, process start and the health check's 5 s initial delay (see
+    /// [`etcd`]).
+    pub etcd_start: Duration,
     /// Reset sequence: drain, cleanup, leave etcd, stop services, wipe, then reboot.
     pub reset: Duration,
     /// After a fatal sequence error machined counts down before it reboots
@@ -195,6 +205,7 @@ impl LifecycleTiming {
             install: Duration::from_secs(25),
             kexec: Duration::from_secs(5),
             boot: Duration::from_secs(15),
+            etcd_start: Duration::from_secs(8),
             reset: Duration::from_secs(20),
             fatal_reboot: Duration::from_secs(10),
         }
@@ -209,6 +220,7 @@ impl LifecycleTiming {
             install: f(self.install),
             kexec: f(self.kexec),
             boot: f(self.boot),
+            etcd_start: f(self.etcd_start),
             reset: f(self.reset),
             fatal_reboot: f(self.fatal_reboot),
         }
@@ -342,6 +354,8 @@ struct ClusterInner {
     kubeconfig: Option<String>,
     /// When nodes went down and came back (see [`upgrade`]).
     availability: upgrade::AvailabilityLog,
+    /// When etcd members stopped and started serving (see [`etcd`]).
+    etcd_log: Vec<etcd::EtcdAvailability>,
 }
 
 impl FakeCluster {
@@ -383,29 +397,6 @@ impl FakeCluster {
             .values()
             .filter_map(Weak::upgrade)
             .collect()
-    }
-
-    /// etcd membership of the cluster whose OS CA is `ca_cert_pem`: empty until one of its
-    /// control planes is bootstrapped, then every configured control plane of it (the others
-    /// join by themselves), ordered by address.
-    fn etcd_members(&self, ca_cert_pem: &str) -> Vec<(IpAddr, String)> {
-        let mut cps = Vec::new();
-        let mut bootstrapped = false;
-        for node in &self.live_nodes() {
-            if let NodeState::Installed(inst) = &*lock(&node.state)
-                && inst.on_disk
-                && inst.ca_cert_pem == ca_cert_pem
-                && inst.config.is_control_plane()
-            {
-                bootstrapped |= inst.etcd_bootstrapped;
-                cps.push((node.cfg.public_ip(), node.cfg.hostname.clone()));
-            }
-        }
-        if !bootstrapped {
-            return Vec::new();
-        }
-        cps.sort();
-        cps
     }
 
     /// trustd: a configured node holding the key of the OS CA `ca_cert_pem` issues an apid
@@ -469,7 +460,6 @@ struct Installed {
     config: ParsedConfig,
     ca_cert_pem: String,
     os_ca: Option<SimCa>,
-    etcd_bootstrapped: bool,
     /// Booted from the installed disk (false while the install sequence runs).
     on_disk: bool,
 }
@@ -523,6 +513,8 @@ struct Shared {
     configs: Mutex<machine_config::Configs>,
     /// Running and next-boot versions, upgrade failures (see [`upgrade`]).
     versions: Mutex<upgrade::Versions>,
+    /// etcd membership and service (control planes, see [`etcd`]).
+    etcd: Mutex<etcd::NodeEtcd>,
 }
 
 impl Shared {
@@ -530,6 +522,9 @@ impl Shared {
     /// the next phase never sees the stale one, then tells the supervisor.
     fn go_down(&self, what: Lifecycle) {
         upgrade::on_go_down(self, &what);
+        if matches!(what, Lifecycle::Reboot(_) | Lifecycle::Halt) {
+            etcd::on_go_down(self);
+        }
         self.phase.send_replace(Phase::Booting);
         let _ = self.lifecycle.send(what);
     }
@@ -667,6 +662,8 @@ async fn install_sequence(shared: Arc<Shared>, installed: Installed) {
         return;
     }
     *lock(&shared.state) = NodeState::Installed(Box::new(installed));
+    // The installer formats the disk: nothing of an earlier etcd survives.
+    etcd::wipe(&shared);
     shared.go_down_api();
     shared.sequence_event("install", machine::sequence_event::Action::Start);
     shared.phase_event("env");
@@ -722,16 +719,33 @@ async fn install_sequence(shared: Arc<Shared>, installed: Installed) {
 }
 
 /// The boot sequence of a machine booted from disk: stage booting until it finishes, then
-/// running (machine_status.go: SequenceEvent STOP of `boot` without error).
+/// running (machine_status.go: SequenceEvent STOP of `boot` without error). On a control
+/// plane `startAllServices` starts etcd and waits for it to be up (see [`etcd`]): with an
+/// empty data directory and no cluster to join that is only after Bootstrap, so a control
+/// plane of a new cluster stays in stage booting until then.
 async fn boot_sequence(shared: Arc<Shared>) {
     shared.sequence_event("boot", machine::sequence_event::Action::Start);
+    let boot = etcd::boot_of(&shared);
+    let control_plane = shared
+        .on_disk()
+        .is_some_and(|i| i.config.is_control_plane());
+    if control_plane {
+        tokio::spawn(etcd::service(shared.clone(), boot));
+    }
     if !shared.pause(shared.cfg.timing.boot).await {
+        return;
+    }
+    if control_plane && !etcd::wait_up(&shared, boot).await {
         return;
     }
     let on_disk = shared.on_disk().is_some();
     let mut stage = lock(&shared.stage);
-    // Unless another sequence (a reset started meanwhile) took over.
-    if *stage == runtime::RuntimeMachineStage::MachineStageBooting && on_disk {
+    // Unless another sequence (a reset started meanwhile) took over, or the machine
+    // rebooted meanwhile (that boot runs its own sequence).
+    if *stage == runtime::RuntimeMachineStage::MachineStageBooting
+        && on_disk
+        && etcd::boot_of(&shared) == boot
+    {
         *stage = runtime::RuntimeMachineStage::MachineStageRunning;
         drop(stage);
         upgrade::on_running(&shared);
@@ -755,11 +769,10 @@ async fn reset_sequence(
     shared.sequence_event("reset", machine::sequence_event::Action::Start);
     shared.set_stage(Stage::MachineStageResetting);
     let t = shared.cfg.timing;
-    let last_voter = shared.installed().is_some_and(|inst| {
-        inst.config.is_control_plane()
-            && inst.etcd_bootstrapped
-            && shared.cluster.etcd_members(&inst.ca_cert_pem).len() == 1
-    });
+    let last_voter = shared
+        .installed()
+        .is_some_and(|inst| inst.config.is_control_plane())
+        && etcd::is_last_voter(&shared);
     if req.graceful && last_voter {
         for phase in ["drain", "cleanup", "dbus", "leave"] {
             shared.phase_event(phase);
@@ -797,6 +810,10 @@ async fn reset_sequence(
     ] {
         shared.phase_event(phase);
     }
+    if req.graceful {
+        // `leave`: the member is removed from its cluster (`LeaveEtcd`).
+        etcd::leave(&shared);
+    }
     if !shared.pause(t.reset).await {
         return;
     }
@@ -809,11 +826,11 @@ async fn reset_sequence(
             } else {
                 NodeState::Halted
             };
-        } else if let NodeState::Installed(inst) = &mut *state
-            && wiped_ephemeral
-        {
-            inst.etcd_bootstrapped = false;
         }
+    }
+    if wiped_ephemeral {
+        // `/var/lib/etcd` lives on EPHEMERAL.
+        etcd::wipe(&shared);
     }
     shared.go_down(if req.reboot && wiped_state {
         Lifecycle::Reboot(BootReason::Reset)
@@ -854,6 +871,7 @@ impl FakeTalosNode {
             stats: Stats::default(),
             configs: Mutex::default(),
             versions: Mutex::new(upgrade::Versions::default()),
+            etcd: Mutex::default(),
         });
         // The first boot is set up here, so that its failures reach the caller.
         // A new node starts in maintenance mode, which needs no certificate from anyone.
@@ -2157,8 +2175,10 @@ impl NodeApi {
     /// sequencer's early services (`v1alpha1_sequencer.go`, Initialize: udevd, machined,
     /// apid, auditd, syslogd, containerd, and the dashboard unless disabled on the kernel
     /// command line); a configured node adds cri and kubelet, and trustd and etcd on control
-    /// planes (`v1alpha1_sequencer_tasks.go`, `StartAllServices`). etcd stays "Preparing"
-    /// until bootstrapped. Service events are not simulated.
+    /// planes (`v1alpha1_sequencer_tasks.go`, `StartAllServices`, which runs in the boot
+    /// sequence of the system booted from disk: etcd is listed from then on, with its state,
+    /// health and last event as [`etcd::service_info`] derives them). Other services' events
+    /// are not simulated.
     fn service_list(&self) -> Vec<machine::ServiceInfo> {
         let health = |unknown: bool| machine::ServiceHealth {
             unknown,
@@ -2186,12 +2206,9 @@ impl NodeApi {
         if let Some(inst) = self.shared.installed() {
             list.extend(["cri", "kubelet"].map(running));
             if inst.config.is_control_plane() {
-                let mut etcd = running("etcd");
-                if !inst.etcd_bootstrapped {
-                    etcd.state = "Preparing".into();
-                    etcd.health = Some(health(true));
+                if inst.on_disk {
+                    list.push(etcd::service_info(&self.shared));
                 }
-                list.push(etcd);
                 list.push(running("trustd"));
             }
         }
@@ -2212,8 +2229,9 @@ impl NodeApi {
     /// readiness checks (time, network, services, static pods, node Ready) only apply in the
     /// booting and running stages; in every other stage (installing, rebooting, resetting,
     /// maintenance) `ready` is true with no unmet conditions, so `ready` alone never says
-    /// "installed". The double models the services check only: a control plane's etcd runs
-    /// once bootstrapped.
+    /// "installed". The double models the services check only (a control plane's etcd must
+    /// run and not be known unhealthy, see [`etcd::readiness_problem`]), and stands in for
+    /// the static pods while the boot sequence runs.
     fn machine_status(&self) -> runtime::MachineStatusSpec {
         use runtime::RuntimeMachineStage as Stage;
         let stage = *lock(&self.shared.stage);
@@ -2223,11 +2241,13 @@ impl NodeApi {
             Stage::MachineStageBooting | Stage::MachineStageRunning
         ) {
             match self.shared.on_disk() {
-                Some(inst) if inst.config.is_control_plane() && !inst.etcd_bootstrapped => {
-                    unmet.push(runtime::UnmetCondition {
-                        name: "services".into(),
-                        reason: "etcd not running".into(),
-                    });
+                Some(inst) if inst.config.is_control_plane() => {
+                    if let Some(reason) = etcd::readiness_problem(&self.shared) {
+                        unmet.push(runtime::UnmetCondition {
+                            name: "services".into(),
+                            reason: reason.into(),
+                        });
+                    }
                 }
                 Some(_) => {}
                 None => unmet.push(runtime::UnmetCondition {
@@ -2395,7 +2415,6 @@ impl MachineService for NodeApi {
             ca_cert_pem: parsed.ca_cert_pem.clone(),
             config: parsed,
             os_ca,
-            etcd_bootstrapped: current.as_ref().is_some_and(|i| i.etcd_bootstrapped),
             on_disk: current.as_ref().is_some_and(|i| i.on_disk),
         };
         if maintenance {
@@ -2425,9 +2444,8 @@ impl MachineService for NodeApi {
         // `machinehelper.CheckControlplane(.., "bootstrap")`
         // (`internal/app/internal/machinehelper/machinehelper.go`: Unimplemented), time in
         // sync (FailedPrecondition "time is not in sync yet"; always in sync here), then
-        // AlreadyExists while the etcd data directory is not empty.
-        let mut state = lock(&self.shared.state);
-        let NodeState::Installed(inst) = &mut *state else {
+        // AlreadyExists while the etcd data directory is not empty (see [`etcd::bootstrap`]).
+        let Some(inst) = self.shared.installed() else {
             return Err(Status::unimplemented(
                 "machine type is not set, cannot use bootstrap API",
             ));
@@ -2443,10 +2461,7 @@ impl MachineService for NodeApi {
                 "bootstrap is not available yet",
             ));
         }
-        if inst.etcd_bootstrapped {
-            return Err(Status::already_exists("etcd data directory is not empty"));
-        }
-        inst.etcd_bootstrapped = true;
+        etcd::bootstrap(&self.shared)?;
         Ok(Response::new(machine::BootstrapResponse {
             messages: vec![machine::Bootstrap { metadata: None }],
         }))
@@ -2484,28 +2499,25 @@ impl MachineService for NodeApi {
         if !inst.on_disk {
             return Err(Status::unknown("no controlplane endpoints discovered yet"));
         }
-        // Once one control plane is bootstrapped, the others join by themselves: every
-        // configured control plane of the same cluster (same OS CA) is a member.
-        let members = self.shared.cluster.etcd_members(&inst.ca_cert_pem);
-        if members.is_empty() {
-            return Err(Status::unknown("no controlplane endpoints discovered yet"));
-        }
+        // The members of its etcd cluster (the control planes that bootstrapped or joined
+        // it), a member that is down included, once etcd has a leader (see [`etcd`]).
+        let members = etcd::member_list(&self.shared)?;
         Ok(Response::new(machine::EtcdMemberListResponse {
             messages: vec![machine::EtcdMembers {
                 metadata: None,
                 // `LegacyMembers` are the members' names (`v1alpha1_server.go`).
-                legacy_members: members.iter().map(|(_, name)| name.clone()).collect(),
+                legacy_members: members.iter().map(|m| m.hostname.clone()).collect(),
                 members: members
                     .into_iter()
-                    .map(|(ip, hostname)| machine::EtcdMember {
-                        id: match ip {
+                    .map(|m| machine::EtcdMember {
+                        id: match m.ip {
                             IpAddr::V4(v4) => u64::from(u32::from(v4)),
                             IpAddr::V6(v6) => u128::from(v6) as u64,
                         },
-                        hostname,
-                        peer_urls: vec![format!("https://{ip}:2380")],
-                        client_urls: vec![format!("https://{ip}:2379")],
-                        is_learner: false,
+                        hostname: m.hostname,
+                        peer_urls: vec![format!("https://{}:2380", m.ip)],
+                        client_urls: vec![format!("https://{}:2379", m.ip)],
+                        is_learner: m.learner,
                     })
                     .collect(),
             }],
@@ -2915,6 +2927,8 @@ impl cosi::state_server::State for NodeApi {
     }
 }
 
+mod etcd;
+pub use etcd::{EtcdAvailability, max_etcd_down};
 mod upgrade;
 pub use upgrade::{Availability, UpgradeFailure, max_down};
 
@@ -3223,6 +3237,11 @@ mod tests {
         // Bootstrap is not available before it runs from disk.
         assert!(secured(node.addr()).bootstrap().await.is_err());
         node.wait_phase(Phase::Secured).await.unwrap();
+        // Booted from disk, a control plane of a new cluster: its etcd waits to join and the
+        // boot sequence waits for etcd, so it stays in stage booting, however long.
+        tokio::time::sleep(node.shared.cfg.timing.boot * 3).await;
+        assert_eq!(stage(node.addr()).await, Stage::MachineStageBooting);
+        secured(node.addr()).bootstrap().await.unwrap();
         let mut running = false;
         for _ in 0..100 {
             if stage(node.addr()).await == Stage::MachineStageRunning {
@@ -3233,7 +3252,7 @@ mod tests {
         }
         assert!(
             running,
-            "booted from disk, the boot sequence ends in stage running"
+            "booted from disk and bootstrapped, the boot sequence ends in stage running"
         );
         assert!(
             secured(node.addr())

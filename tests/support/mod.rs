@@ -6,4 +6,5 @@
 pub mod images;
 pub mod netns;
 pub mod qemu;
+pub mod redfish_front;
 pub mod sushy;

@@ -156,6 +156,7 @@ fn machine_time_beside_time_sync_config_is_refused_as_talos_does() {
     let patch = |text: &str| Patch {
         origin: PatchOrigin::File(PathBuf::from("legacy-time.yaml")),
         body: PatchBody::Merge(vec![yaml_serde::from_str(text).unwrap()]),
+        keys: Default::default(),
     };
     inv.cluster
         .patches
@@ -370,6 +371,7 @@ fn inline(text: &str) -> Patch {
     Patch {
         origin: PatchOrigin::File(PathBuf::from("test-inline.yaml")),
         body: crate::machineconfig::patch::parse_patch(text).unwrap(),
+        keys: Default::default(),
     }
 }
 
@@ -521,7 +523,7 @@ fn talos_contracts_v1_13_and_v1_14_only() {
     rack.cluster.talos_version.value = "v1.14.0".parse().unwrap();
     let b = render_node(&rack, &secrets, &rack.nodes[0]).unwrap();
     assert_eq!(
-        at(&b, &["machine", "install", "image"]).and_then(Value::as_str),
+        doc(&b, "UnattendedInstallConfig", None)["installer"]["image"].as_str(),
         Some(
             format!(
                 "factory.talos.dev/metal-installer/{}:v1.14.0",
@@ -582,5 +584,269 @@ fn base_matches_gen_config_shape_and_secrets() {
     assert_eq!(
         doc(&b, "HostnameConfig", None)["auto"],
         Value::from("stable")
+    );
+}
+
+/// Every node of both example inventories, rendered at their v1.13 `talosVersion`, is byte for
+/// byte what talboot rendered before the v1.14 contract existed: the digests in
+/// `tests/golden/v1.13-digests.txt` were written by the code at the commit before it.
+#[test]
+fn v1_13_output_is_unchanged_byte_for_byte() {
+    use sha2::{Digest, Sha256};
+    let mut lines = String::new();
+    for file in ["rack.yaml", "lab.yaml"] {
+        let inv = load(file);
+        for node in &inv.nodes {
+            let text = render(&inv, &node.name.value).to_yaml().unwrap();
+            let digest = Sha256::digest(text.as_bytes());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            lines.push_str(&format!("{file} {} {hex}\n", node.name.value));
+        }
+    }
+    let path = repo("tests/golden/v1.13-digests.txt");
+    if update() && !path.exists() {
+        std::fs::write(&path, &lines).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(lines.lines().count(), 16);
+    assert!(
+        want == lines,
+        "{}",
+        crate::cli::r#gen::line_diff(&want, &lines)
+    );
+}
+
+/// The rack and the lab with nothing but `talosVersion` changed to v1.14.0.
+fn at_v1_14(file: &str) -> Inventory {
+    let mut inv = load(file);
+    inv.cluster.talos_version.value = "v1.14.0".parse().unwrap();
+    inv
+}
+
+#[test]
+fn the_13_node_rack_at_v1_14_passes_v1_14s_schema_with_no_deprecated_field() {
+    use crate::machineconfig::contract::Contract;
+    let schema = crate::machineconfig::schema::embedded_for(Contract::V1_14);
+    let mut count = 0;
+    for file in ["rack.yaml", "lab.yaml"] {
+        let inv = at_v1_14(file);
+        for node in &inv.nodes {
+            let b = render(&inv, &node.name.value);
+            let report = schema.validate(&node.name.value, &b);
+            assert_eq!(report.violations, vec![], "{file} {}", node.name.value);
+            assert_eq!(report.deprecated, vec![], "{file} {}", node.name.value);
+            assert_eq!(report.unchecked, vec!["persist"], "{file}");
+            // The v1alpha1 document keeps only what v1.14 gen config writes there.
+            let main = b.v1alpha1().unwrap();
+            let keys = |v: &Value| -> Vec<String> {
+                v.as_mapping()
+                    .unwrap()
+                    .keys()
+                    .map(|k| k.as_str().unwrap().to_owned())
+                    .collect()
+            };
+            assert_eq!(
+                keys(&main["machine"]),
+                ["type", "token", "ca", "certSANs", "features"]
+            );
+            assert_eq!(keys(&main["machine"]["features"]), ["diskQuotaSupport"]);
+            let cluster = keys(&main["cluster"]);
+            assert!(
+                cluster == ["token", "etcd"] || cluster == ["token"],
+                "{cluster:?}"
+            );
+            count += 1;
+        }
+    }
+    assert_eq!(count, 16);
+}
+
+#[test]
+fn the_rack_at_v1_14_keeps_its_role_facts_in_the_v1_14_documents() {
+    let rack = at_v1_14("rack.yaml");
+    let installer = format!(
+        "factory.talos.dev/metal-installer/{}:v1.14.0",
+        crate::inventory::VANILLA_SCHEMATIC
+    );
+
+    // Control plane: gen config's labels and taint, the VIP, Cilium without kube-proxy.
+    let cp = render(&rack, "rack1-cp-01");
+    let kinds: Vec<&str> = cp
+        .docs
+        .iter()
+        .filter_map(|d| d.get("kind").and_then(Value::as_str))
+        .collect();
+    // Upstream's order for the documents gen config writes (generate/init.go, kubernetes.go),
+    // the translated SysctlConfig in its place; talboot's own documents after them.
+    assert_eq!(
+        kinds[..11],
+        [
+            "DiscoveryServiceConfig",
+            "DiscoveryIdentityConfig",
+            "UnattendedInstallConfig",
+            "ResolverConfig",
+            "SysctlConfig",
+            "VolumeConfig",
+            "FilesystemTrimConfig",
+            "SecurityProfileConfig",
+            "HostnameConfig",
+            "KubeClusterConfig",
+            "KubeNodeConfig",
+        ]
+    );
+    assert_eq!(
+        kinds[kinds.len() - 5..],
+        [
+            "KubeCoreDNSConfig",
+            "LinkAliasConfig",
+            "LinkConfig",
+            "TimeSyncConfig",
+            "Layer2VIPConfig",
+        ]
+    );
+    let node = doc(&cp, "KubeNodeConfig", None);
+    assert_eq!(
+        node["labels"]["node-role.kubernetes.io/control-plane"].as_str(),
+        Some("")
+    );
+    assert_eq!(
+        node["taints"]["node-role.kubernetes.io/control-plane"].as_str(),
+        Some("NoSchedule")
+    );
+    assert_eq!(
+        doc(&cp, "Layer2VIPConfig", Some("10.20.0.10"))["link"].as_str(),
+        Some("net0")
+    );
+    assert!(
+        cp.typed("KubeFlannelCNIConfig", None).is_none(),
+        "Cilium: no CNI"
+    );
+    assert_eq!(
+        doc(&cp, "KubeProxyConfig", None)["enabled"],
+        Value::Bool(false)
+    );
+    assert_eq!(
+        doc(&cp, "KubeClusterConfig", None)["endpoint"].as_str(),
+        Some("https://10.20.0.10:6443")
+    );
+    let ui = doc(&cp, "UnattendedInstallConfig", None);
+    assert_eq!(
+        ui["provisioning"]["diskSelector"]["match"].as_str(),
+        Some("disk.dev_path == \"/dev/nvme0n1\"")
+    );
+    assert_eq!(ui["installer"]["image"].as_str(), Some(installer.as_str()));
+    // The rack's common patch (`machine.sysctls`) lands in SysctlConfig on every node.
+    assert_eq!(
+        doc(&cp, "SysctlConfig", None)["params"]["vm.max_map_count"].as_str(),
+        Some("262144")
+    );
+    // The control-plane patch's etcd arguments stay in v1alpha1 (still in v1.14's schema).
+    assert!(
+        at(
+            &cp,
+            &["cluster", "etcd", "extraArgs", "listen-metrics-urls"]
+        )
+        .is_some()
+    );
+    // Host DNS and the inventory's resolvers share one ResolverConfig.
+    let resolver = doc(&cp, "ResolverConfig", None);
+    assert_eq!(
+        resolver["hostDNS"]["forwardKubeDNSToHost"],
+        Value::Bool(true)
+    );
+    assert_eq!(
+        resolver["nameservers"][0]["address"].as_str(),
+        Some("10.20.0.1")
+    );
+    assert_eq!(
+        doc(&cp, "TimeSyncConfig", None)["ntp"]["servers"][0].as_str(),
+        Some("10.20.0.1")
+    );
+
+    // Monitoring worker: its label and taint in KubeNodeConfig, no VIP, no control-plane kinds.
+    let mon = render(&rack, "rack1-mon-01");
+    let node = doc(&mon, "KubeNodeConfig", None);
+    assert_eq!(node["labels"]["pool"].as_str(), Some("monitoring"));
+    assert_eq!(
+        node["taints"]["dedicated"].as_str(),
+        Some("monitoring:NoSchedule")
+    );
+    assert!(mon.typed("Layer2VIPConfig", Some("10.20.0.10")).is_none());
+    assert!(mon.typed("KubeAPIServerConfig", None).is_none());
+    assert!(
+        doc(&mon, "KubeAPIServerCAConfig", None)
+            .get("issuingCA")
+            .is_none()
+    );
+
+    // Storage: the EPHEMERAL cap merges into gen config's EPHEMERAL document.
+    let st = render(&rack, "rack1-st-01");
+    let eph = doc(&st, "VolumeConfig", Some("EPHEMERAL"));
+    assert_eq!(eph["provisioning"]["maxSize"].as_str(), Some("50GiB"));
+    assert_eq!(eph["mount"]["secure"], Value::Bool(true));
+    assert!(st.typed("UserVolumeConfig", Some("garage-data")).is_some());
+    assert_eq!(
+        doc(&st, "KubeNodeConfig", None)["labels"]["talboot.dev/pool"].as_str(),
+        Some("storage")
+    );
+
+    // The selector node: Talos's own CEL form of the legacy selector.
+    let wk3 = render(&rack, "rack1-wk-03");
+    assert_eq!(
+        doc(&wk3, "UnattendedInstallConfig", None)["provisioning"]["diskSelector"]["match"]
+            .as_str(),
+        Some(
+            "disk.size <= 600000000000u && glob(\"Samsung SSD 980 PRO*\", disk.model) && \
+             disk.transport != \"\" &&\ndisk.transport == \"nvme\" && !disk.readonly && !disk.cdrom"
+        )
+    );
+}
+
+#[test]
+fn lab_at_v1_14_moves_the_kubelet_patch_and_allows_scheduling() {
+    let lab = at_v1_14("lab.yaml");
+    let b = render(&lab, "k8s-ctrl-01");
+    // patches/common.yaml sets machine.kubelet.extraArgs.
+    assert_eq!(
+        doc(&b, "KubeletConfig", None)["extraArgs"]["rotate-server-certificates"].as_str(),
+        Some("true")
+    );
+    assert!(at(&b, &["machine", "kubelet"]).is_none());
+    // allowSchedulingOnControlPlanes: no control-plane taint (generate/kubernetes.go).
+    assert!(doc(&b, "KubeNodeConfig", None).get("taints").is_none());
+    // Cilium with kube-proxy replacement: no Flannel, kube-proxy off.
+    assert!(b.typed("KubeFlannelCNIConfig", None).is_none());
+    // Without the add-on, gen config's Flannel.
+    let mut lab = lab;
+    lab.addons.cilium = None;
+    let b = render(&lab, "k8s-ctrl-01");
+    assert_eq!(
+        doc(&b, "KubeFlannelCNIConfig", None)["backendType"].as_str(),
+        Some("vxlan")
+    );
+    assert!(doc(&b, "KubeProxyConfig", None).get("enabled").is_none());
+}
+
+#[test]
+fn a_legacy_field_with_no_v1_14_document_next_to_its_document_is_refused() {
+    let mut lab = at_v1_14("lab.yaml");
+    lab.cluster.patches.push(Patch {
+        origin: PatchOrigin::File(PathBuf::from("mounts.yaml")),
+        body: PatchBody::Merge(vec![
+            yaml_serde::from_str("machine: {kubelet: {extraMounts: [{destination: /var/x, type: bind, source: /var/x}]}}")
+                .unwrap(),
+        ]),
+        keys: Default::default(),
+    });
+    let node = lab.node("k8s-ctrl-01").unwrap().clone();
+    let msg = render_node(&lab, &fixture_secrets(), &node)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("`machine.kubelet`")
+            && msg.contains("KubeletConfig")
+            && msg.contains("k8s/kubelet.go"),
+        "{msg}"
     );
 }

@@ -482,7 +482,13 @@ fn cluster_step(
     lose: bool,
     crash_before_call: bool,
 ) {
-    let Some(choice) = choose_bootstrap_node(s, cps) else {
+    // A `Ready` phase here stands for "ready for Bootstrap" (a probe found the node booted
+    // from disk with etcd started), which is what the choice needs.
+    let view: Vec<(String, ForBootstrap)> = cps
+        .iter()
+        .map(|(n, p)| (n.clone(), ForBootstrap::of_phase(*p)))
+        .collect();
+    let Some(choice) = choose_bootstrap_node(s, &view) else {
         return;
     };
     let name = match choice {
@@ -583,8 +589,8 @@ fn rebuilding_the_last_etcd_member_bootstraps_again_on_the_same_node() {
     let s = forget_bootstrap(&s, "cp-1", 5);
     assert!(!s.kubeconfig_written());
     let cps = vec![
-        ("cp-2".to_owned(), NodePhase::Ready),
-        ("cp-1".to_owned(), NodePhase::Installing),
+        ("cp-2".to_owned(), ForBootstrap::Ready),
+        ("cp-1".to_owned(), ForBootstrap::NotReady),
     ];
     // Rebuilt and not Failed: the same node is kept, and bootstrapped once it is Ready.
     assert_eq!(
@@ -600,6 +606,56 @@ fn rebuilding_the_last_etcd_member_bootstraps_again_on_the_same_node() {
     );
     assert_eq!(e, BootstrapEffect::CheckEtcd);
     assert_eq!(s.bootstrap, BootstrapMark::Intent);
+}
+
+/// Issue 24 item 0: a control plane of a new cluster never reaches stage running before
+/// Bootstrap, so readiness for Bootstrap is stage booting (or running) with etcd started,
+/// never stage running alone, and never the brief booting before the install.
+#[test]
+fn ready_for_bootstrap_is_booted_from_disk_with_etcd_started() {
+    let probe = |stage: &str, etcd: Option<&str>| BootstrapProbe {
+        stage: stage.into(),
+        etcd: etcd.map(str::to_owned),
+    };
+    // Waiting to join (etcd `Preparing`) in stage booting: the node upstream bootstraps.
+    assert_eq!(
+        bootstrap_readiness(&probe("booting", Some("Preparing"))),
+        Ok(())
+    );
+    assert_eq!(
+        bootstrap_readiness(&probe("running", Some("Running"))),
+        Ok(())
+    );
+    // Booting before the install (no etcd loaded yet), installing, rebooting: not yet.
+    let early = bootstrap_readiness(&probe("booting", None)).unwrap_err();
+    assert!(early.contains("not booted from disk"), "{early}");
+    for stage in ["installing", "rebooting", "maintenance", "resetting"] {
+        let why = bootstrap_readiness(&probe(stage, Some("Preparing"))).unwrap_err();
+        assert!(why.contains(stage), "{why}");
+    }
+    // The choice persists the first ready control plane, probed or Ready.
+    let s = ClusterState {
+        bootstrap_node: None,
+        bootstrap: BootstrapMark::None,
+        kubeconfig_done: false,
+        step: None,
+    };
+    let cps = vec![
+        ("cp-1".to_owned(), ForBootstrap::Failed),
+        ("cp-2".to_owned(), ForBootstrap::NotReady),
+        ("cp-3".to_owned(), ForBootstrap::Ready),
+    ];
+    assert_eq!(
+        choose_bootstrap_node(&s, &cps),
+        Some(Choice::Persist {
+            name: "cp-3".into(),
+            replaces: None
+        })
+    );
+    assert_eq!(
+        ForBootstrap::of_phase(NodePhase::Installing),
+        ForBootstrap::NotReady
+    );
 }
 
 /// An installed node: `SetDiskBoot` comes once, with the step into Ready, only with a

@@ -110,6 +110,7 @@ impl Demo {
         inv.cluster.patches.push(Patch {
             origin: PatchOrigin::File(file),
             body: PatchBody::Merge(vec![doc]),
+            keys: Default::default(),
         });
         let schema = crate::machineconfig::schema::load(None)
             .map_err(|e| DemoError::DayTwo(e.to_string()))?;

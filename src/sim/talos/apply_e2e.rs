@@ -77,6 +77,20 @@ async fn plan_and_apply_on_a_configured_rack() {
     }
     let cp_addr = nodes[0].addr();
     super::tests::secured(cp_addr).bootstrap().await.unwrap();
+    // A rollout starts only on a healthy cluster: wait until the control plane's etcd serves
+    // and its boot sequence ended (stage running, ready).
+    for _ in 0..1500 {
+        let s = super::tests::secured(cp_addr)
+            .machine_status()
+            .await
+            .unwrap();
+        let running = s.stage()
+            == crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage::MachineStageRunning;
+        if running && s.status.is_some_and(|s| s.ready) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The second worker only answers its control plane.
     nodes[2].restrict_to(Some(nodes[0].ip()));
     let dir = tempfile::tempdir().unwrap();

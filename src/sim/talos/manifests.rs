@@ -25,9 +25,10 @@
 //!   and the fields that matter for a sync (images, selectors, role references).
 //!
 //! Deliberately narrower: the objects carry the fields above, not every field of the
-//! templates (args, volumes, probes); `00-kubelet-bootstrapping-token` (a Secret holding the
-//! bootstrap token), `13-talos-service-account-crd` and flannel (`cni: none` on talboot's
-//! racks) are not rendered.
+//! templates (args, volumes, probes); `13-talos-service-account-crd` and flannel (`cni: none`
+//! on talboot's racks) are not rendered. `00-kubelet-bootstrapping-token` is, from
+//! `cluster.token` (`<id>.<secret>`, `secrets/root.go`: `Token().ID()`), with `stringData` as
+//! the template sets it (`k8stemplates/kubelet.go`, `KubeletBootstrapTokenSecret`).
 
 use serde_json::{Value, json};
 use tonic::Status;
@@ -211,6 +212,23 @@ pub(crate) fn render(text: &str, machine_type: &str) -> Vec<(String, Vec<Value>)
             ],
         ));
     }
+    // `00-kubelet-bootstrapping-token` (k8stemplates/kubelet.go, KubeletBootstrapTokenSecret):
+    // the bootstrap token as `stringData`, which the API server stores as `data` and never
+    // returns (issue 31 item 5: a diff against the template alone never matches).
+    if let Some((id, secret)) = string_at(&cfg, &["cluster", "token"])
+        .as_deref()
+        .and_then(|t| t.split_once('.'))
+    {
+        out.push((
+            "00-kubelet-bootstrapping-token".into(),
+            vec![json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+                "type": "bootstrap.kubernetes.io/token",
+                "stringData": {"token-id": id, "token-secret": secret,
+                    "usage-bootstrap-authentication": "true",
+                    "auth-extra-groups": "system:bootstrappers:nodes"}})],
+        ));
+    }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
@@ -310,6 +328,14 @@ mod tests {
         want.sort();
         assert_eq!(sorted, want);
         assert!(ids(CP, "worker").is_empty());
+        // With a cluster token, the bootstrap token Secret, as stringData.
+        let with_token = CP.replace("cluster:\n", "cluster:\n  token: abcdef.0123456789abcdef\n");
+        let m = render(&with_token, "controlplane");
+        let (id, objs) = &m[0];
+        assert_eq!(id, "00-kubelet-bootstrapping-token");
+        assert_eq!(objs[0]["metadata"]["name"], "bootstrap-token-abcdef");
+        assert_eq!(objs[0]["stringData"]["token-secret"], "0123456789abcdef");
+        assert!(objs[0].get("data").is_none());
     }
 
     #[test]

@@ -604,8 +604,10 @@ mod node_tests {
             .apply_configuration(rendered(name).as_bytes())
             .await
             .unwrap();
-        // Installing (configured API, install running), then Secured, booted from disk.
+        // Installing (configured API, install running), then Secured, booted from disk;
+        // bootstrapped, so its boot sequence can end (its etcd would wait to join).
         node.wait_phase(Phase::Secured).await.unwrap();
+        secured(node.addr()).bootstrap().await.unwrap();
         (cluster, node)
     }
 

@@ -1,0 +1,1183 @@
+//! Legacy v1alpha1 fields under the v1.14 contract: translating them into their v1.14
+//! documents, and the mutual exclusions Talos enforces between a legacy field and its document.
+//!
+//! Talos v1.14 still accepts the v1.13 fields, but refuses a config that sets one next to the
+//! document that replaced it: every new document implements `V1Alpha1ConflictValidate`
+//! (siderolabs/talos v1.14.0-rc.1 `pkg/machinery/config/types/*`, run by
+//! `pkg/machinery/config/container/validate.go` whenever a v1alpha1 document exists). talboot
+//! renders those documents for a v1.14 cluster, so an operator's patch written for v1.13 would
+//! be refused. [`translate`] moves each legacy field with a v1.14 home into that document
+//! (after each patch, so later patches still win); what has no home stays, and if it sits under
+//! a field that conflicts with a rendered document, [`conflicts`] names it with the fix.
+//! [`CONFLICTS`] is the upstream table; [`classify`] tells the inventory checker what happens to
+//! a field a patch sets, so it can warn or refuse at the patch's file and line.
+
+use serde_json::{Map, Value as Json, json};
+
+use super::contract::{Contract, LegacySelector, SelectorError, install_disk_expression};
+use super::patch::{self, ConfigBundle, PatchError};
+use crate::inventory::PatchBody;
+
+/// A legacy field Talos refuses next to a document (`V1Alpha1ConflictValidate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Conflict {
+    /// The document kind.
+    pub kind: &'static str,
+    /// The v1alpha1 path that must be unset (non-nil / non-empty counts as set).
+    pub path: &'static [&'static str],
+    /// The upstream file implementing the check (under `pkg/machinery/config/types/`).
+    pub source: &'static str,
+    /// The first contract whose Talos enforces it.
+    pub since: Contract,
+}
+
+const fn c(
+    kind: &'static str,
+    path: &'static [&'static str],
+    source: &'static str,
+    since: Contract,
+) -> Conflict {
+    Conflict {
+        kind,
+        path,
+        source,
+        since,
+    }
+}
+
+use Contract::{V1_13, V1_14};
+
+/// Every `V1Alpha1ConflictValidate` talboot's documents can trip (v1.13.9 for the first five
+/// network ones, v1.14.0-rc.1 for the rest).
+pub(crate) const CONFLICTS: &[Conflict] = &[
+    c(
+        "ResolverConfig",
+        &["machine", "network", "nameservers"],
+        "network/resolver.go",
+        V1_13,
+    ),
+    c(
+        "ResolverConfig",
+        &["machine", "network", "searchDomains"],
+        "network/resolver.go",
+        V1_13,
+    ),
+    c(
+        "ResolverConfig",
+        &["machine", "network", "disableSearchDomain"],
+        "network/resolver.go",
+        V1_13,
+    ),
+    c(
+        "HostnameConfig",
+        &["machine", "network", "hostname"],
+        "network/hostname.go",
+        V1_13,
+    ),
+    c(
+        "HostnameConfig",
+        &["machine", "features", "stableHostname"],
+        "network/hostname.go",
+        V1_13,
+    ),
+    c(
+        "KubeSpanConfig",
+        &["machine", "network", "kubespan"],
+        "network/kubespan.go",
+        V1_13,
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "servers"],
+        "network/time_sync.go",
+        V1_13,
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "bootTimeout"],
+        "network/time_sync.go",
+        V1_13,
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "disabled"],
+        "network/time_sync.go",
+        V1_13,
+    ),
+    c(
+        "UnattendedInstallConfig",
+        &["machine", "install"],
+        "runtime/unattended_install.go",
+        V1_14,
+    ),
+    c(
+        "KubeletConfig",
+        &["machine", "kubelet"],
+        "k8s/kubelet.go",
+        V1_14,
+    ),
+    c(
+        "KubeCredentialProviderConfig",
+        &["machine", "kubelet"],
+        "k8s/credential_provider.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "nodeLabels"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "nodeAnnotations"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "nodeTaints"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "kubelet", "nodeIP"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "kubelet", "skipNodeRegistration"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["machine", "kubelet", "registerWithFQDN"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["cluster", "allowSchedulingOnControlPlanes"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeNodeConfig",
+        &["cluster", "allowSchedulingOnMasters"],
+        "k8s/node.go",
+        V1_14,
+    ),
+    c(
+        "KubeClusterConfig",
+        &["cluster", "clusterName"],
+        "k8s/cluster.go",
+        V1_14,
+    ),
+    c(
+        "KubeClusterConfig",
+        &["cluster", "controlPlane", "endpoint"],
+        "k8s/cluster.go",
+        V1_14,
+    ),
+    c(
+        "KubeNetworkConfig",
+        &["cluster", "network"],
+        "k8s/network.go",
+        V1_14,
+    ),
+    c(
+        "KubeFlannelCNIConfig",
+        &["cluster", "network"],
+        "k8s/flannel.go",
+        V1_14,
+    ),
+    c(
+        "KubePrismConfig",
+        &["machine", "features", "kubePrism"],
+        "k8s/kubeprism.go",
+        V1_14,
+    ),
+    c(
+        "ResolverConfig",
+        &["machine", "features", "hostDNS"],
+        "network/resolver.go",
+        V1_14,
+    ),
+    c(
+        "DiscoveryServiceConfig",
+        &["cluster", "discovery"],
+        "cluster/discovery_service.go",
+        V1_14,
+    ),
+    c(
+        "DiscoveryIdentityConfig",
+        &["cluster", "id"],
+        "cluster/discovery_identity.go",
+        V1_14,
+    ),
+    c(
+        "DiscoveryIdentityConfig",
+        &["cluster", "secret"],
+        "cluster/discovery_identity.go",
+        V1_14,
+    ),
+    c(
+        "KubeAPIServerConfig",
+        &["cluster", "apiServer"],
+        "k8s/apiserver.go",
+        V1_14,
+    ),
+    c(
+        "KubeAPIServerConfig",
+        &["cluster", "controlPlane", "localAPIServerPort"],
+        "k8s/apiserver.go",
+        V1_14,
+    ),
+    c(
+        "KubeAPIServerCAConfig",
+        &["cluster", "ca"],
+        "k8s/apiserver_ca.go",
+        V1_14,
+    ),
+    c(
+        "KubeAggregatorCAConfig",
+        &["cluster", "aggregatorCA"],
+        "k8s/aggregator_ca.go",
+        V1_14,
+    ),
+    c(
+        "KubeServiceAccountConfig",
+        &["cluster", "serviceAccount"],
+        "k8s/service_account.go",
+        V1_14,
+    ),
+    c(
+        "KubeEtcdEncryptionConfig",
+        &["cluster", "secretboxEncryptionSecret"],
+        "k8s/etcd_encryption.go",
+        V1_14,
+    ),
+    c(
+        "KubeEtcdEncryptionConfig",
+        &["cluster", "aescbcEncryptionSecret"],
+        "k8s/etcd_encryption.go",
+        V1_14,
+    ),
+    c(
+        "KubeControllerManagerConfig",
+        &["cluster", "controllerManager"],
+        "k8s/controller_manager.go",
+        V1_14,
+    ),
+    c(
+        "KubeControllerManagerConfig",
+        &["machine", "controlPlane", "controllerManager"],
+        "k8s/controller_manager.go",
+        V1_14,
+    ),
+    c(
+        "KubeSchedulerConfig",
+        &["cluster", "scheduler"],
+        "k8s/scheduler.go",
+        V1_14,
+    ),
+    c(
+        "KubeSchedulerConfig",
+        &["machine", "controlPlane", "scheduler"],
+        "k8s/scheduler.go",
+        V1_14,
+    ),
+    c(
+        "KubeProxyConfig",
+        &["cluster", "proxy"],
+        "k8s/proxy.go",
+        V1_14,
+    ),
+    c(
+        "KubeCoreDNSConfig",
+        &["cluster", "coreDNS"],
+        "k8s/coredns.go",
+        V1_14,
+    ),
+    c(
+        "KubeTalosAPIAccessConfig",
+        &["machine", "features", "kubernetesTalosAPIAccess"],
+        "k8s/talos_api_access.go",
+        V1_14,
+    ),
+    c(
+        "ImageCacheConfig",
+        &["machine", "features", "imageCache"],
+        "cri/image_cache.go",
+        V1_14,
+    ),
+    c(
+        "CRIBaseRuntimeSpecConfig",
+        &["machine", "baseRuntimeSpecOverrides"],
+        "cri/base_runtime_spec.go",
+        V1_14,
+    ),
+];
+
+/// Fields [`translate`] moves under the v1.14 contract (a path and everything below it), and
+/// the document each lands in. Intermediate keys (`machine.kubelet`) are not listed: what is
+/// left under them after translation stays.
+pub(crate) const TRANSLATED: &[(&[&str], &str)] = &[
+    (&["machine", "install", "disk"], "UnattendedInstallConfig"),
+    (
+        &["machine", "install", "diskSelector"],
+        "UnattendedInstallConfig",
+    ),
+    (&["machine", "install", "image"], "UnattendedInstallConfig"),
+    (&["machine", "install", "wipe"], "UnattendedInstallConfig"),
+    (
+        &["machine", "install", "grubUseUKICmdline"],
+        "UnattendedInstallConfig",
+    ),
+    (&["machine", "kubelet", "image"], "KubeletConfig"),
+    (&["machine", "kubelet", "extraArgs"], "KubeletConfig"),
+    (&["machine", "kubelet", "extraConfig"], "KubeletConfig"),
+    (&["machine", "kubelet", "clusterDNS"], "KubeletConfig"),
+    (
+        &["machine", "kubelet", "defaultRuntimeSeccompProfileEnabled"],
+        "KubeletConfig",
+    ),
+    (
+        &["machine", "kubelet", "disableManifestsDirectory"],
+        "KubeletConfig",
+    ),
+    (&["machine", "kubelet", "nodeIP"], "KubeNodeConfig"),
+    (
+        &["machine", "kubelet", "skipNodeRegistration"],
+        "KubeNodeConfig",
+    ),
+    (
+        &["machine", "kubelet", "registerWithFQDN"],
+        "KubeNodeConfig",
+    ),
+    (&["machine", "nodeLabels"], "KubeNodeConfig"),
+    (&["machine", "nodeAnnotations"], "KubeNodeConfig"),
+    (&["machine", "nodeTaints"], "KubeNodeConfig"),
+    (&["machine", "sysctls"], "SysctlConfig"),
+    (&["machine", "sysfs"], "SysfsConfig"),
+    (&["machine", "kernel", "modules"], "KernelModuleConfig"),
+    (&["machine", "features", "kubePrism"], "KubePrismConfig"),
+    (&["machine", "features", "hostDNS"], "ResolverConfig"),
+    (&["cluster", "network", "dnsDomain"], "KubeNetworkConfig"),
+    (&["cluster", "network", "podSubnets"], "KubeNetworkConfig"),
+    (
+        &["cluster", "network", "serviceSubnets"],
+        "KubeNetworkConfig",
+    ),
+    (&["cluster", "network", "cni"], "KubeFlannelCNIConfig"),
+    (&["cluster", "clusterName"], "KubeClusterConfig"),
+    (
+        &["cluster", "controlPlane", "endpoint"],
+        "KubeClusterConfig",
+    ),
+    (
+        &["cluster", "controlPlane", "localAPIServerPort"],
+        "KubeAPIServerConfig",
+    ),
+    (&["cluster", "id"], "DiscoveryIdentityConfig"),
+    (&["cluster", "secret"], "DiscoveryIdentityConfig"),
+    (
+        &["cluster", "discovery", "enabled"],
+        "DiscoveryServiceConfig",
+    ),
+    (
+        &["cluster", "discovery", "registries", "service"],
+        "DiscoveryServiceConfig",
+    ),
+    (
+        &["cluster", "discovery", "registries", "kubernetes"],
+        "DiscoveryServiceConfig",
+    ),
+    (
+        &["cluster", "allowSchedulingOnControlPlanes"],
+        "KubeNodeConfig",
+    ),
+    (&["cluster", "allowSchedulingOnMasters"], "KubeNodeConfig"),
+    (&["cluster", "apiServer", "image"], "KubeAPIServerConfig"),
+    (
+        &["cluster", "apiServer", "extraArgs"],
+        "KubeAPIServerConfig",
+    ),
+    (&["cluster", "apiServer", "env"], "KubeAPIServerConfig"),
+    (
+        &["cluster", "apiServer", "resources"],
+        "KubeAPIServerConfig",
+    ),
+    (&["cluster", "apiServer", "certSANs"], "KubeAPIServerConfig"),
+    (
+        &["cluster", "apiServer", "disablePodSecurityPolicy"],
+        "KubeAPIServerConfig",
+    ),
+    (
+        &["cluster", "apiServer", "admissionControl"],
+        "KubeAdmissionControlConfig",
+    ),
+    (
+        &["cluster", "apiServer", "auditPolicy"],
+        "KubeAuditPolicyConfig",
+    ),
+    (
+        &["cluster", "controllerManager", "image"],
+        "KubeControllerManagerConfig",
+    ),
+    (
+        &["cluster", "controllerManager", "extraArgs"],
+        "KubeControllerManagerConfig",
+    ),
+    (
+        &["cluster", "controllerManager", "env"],
+        "KubeControllerManagerConfig",
+    ),
+    (
+        &["cluster", "controllerManager", "resources"],
+        "KubeControllerManagerConfig",
+    ),
+    (&["cluster", "scheduler", "image"], "KubeSchedulerConfig"),
+    (
+        &["cluster", "scheduler", "extraArgs"],
+        "KubeSchedulerConfig",
+    ),
+    (&["cluster", "scheduler", "env"], "KubeSchedulerConfig"),
+    (
+        &["cluster", "scheduler", "resources"],
+        "KubeSchedulerConfig",
+    ),
+    (&["cluster", "scheduler", "config"], "KubeSchedulerConfig"),
+    (&["cluster", "proxy", "disabled"], "KubeProxyConfig"),
+    (&["cluster", "proxy", "image"], "KubeProxyConfig"),
+    (&["cluster", "proxy", "mode"], "KubeProxyConfig"),
+    (&["cluster", "proxy", "extraArgs"], "KubeProxyConfig"),
+    (&["cluster", "coreDNS", "disabled"], "KubeCoreDNSConfig"),
+    (&["cluster", "coreDNS", "image"], "KubeCoreDNSConfig"),
+];
+
+/// Why a legacy field could not be translated.
+#[derive(Debug, thiserror::Error)]
+pub enum TranslateError {
+    /// A legacy install disk selector Talos cannot express.
+    #[error("machine.install.diskSelector: {0}")]
+    Selector(#[from] SelectorError),
+    /// A legacy field has a shape Talos would not accept either.
+    #[error("{field}: {problem}")]
+    Shape {
+        /// Dotted path.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Merging the translated documents failed.
+    #[error("merging the translated documents: {0}")]
+    Merge(#[from] PatchError),
+}
+
+/// True for a value Talos treats as unset (absent, null, empty text).
+fn is_set(v: Option<&Json>) -> bool {
+    match v {
+        None | Some(Json::Null) => false,
+        Some(Json::String(s)) => !s.is_empty(),
+        Some(Json::Bool(b)) => *b,
+        Some(_) => true,
+    }
+}
+
+fn get<'a>(doc: &'a Json, path: &[&str]) -> Option<&'a Json> {
+    path.iter().try_fold(doc, |v, k| v.get(*k))
+}
+
+/// Removes and returns `path`; then drops parents the removal left empty (an empty
+/// `machine.kubelet: {}` is still "set" for Talos's conflict checks).
+fn take(doc: &mut Json, path: &[&str]) -> Option<Json> {
+    let (last, parents) = path.split_last()?;
+    let mut cur = &mut *doc;
+    for p in parents {
+        cur = cur.get_mut(*p)?;
+    }
+    let out = cur.as_object_mut()?.remove(*last)?;
+    for depth in (1..path.len()).rev() {
+        let parent = &path[..depth];
+        let empty = get(doc, parent).is_some_and(|v| v.as_object().is_some_and(Map::is_empty));
+        if !empty || parent.len() == 1 {
+            break;
+        }
+        let (k, pp) = parent.split_last().expect("non-empty");
+        let mut cur = &mut *doc;
+        for p in pp {
+            cur = cur.get_mut(*p).expect("walked above");
+        }
+        cur.as_object_mut().expect("walked above").remove(*k);
+    }
+    Some(out)
+}
+
+fn doc(kind: &str, body: Json) -> Json {
+    let mut out = json!({"apiVersion": "v1alpha1", "kind": kind});
+    if let Json::Object(fields) = body {
+        out.as_object_mut().expect("object").extend(fields);
+    }
+    out
+}
+
+fn text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Number(n) => Some(n.to_string()),
+        Json::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Moves every [`TRANSLATED`] field of the v1alpha1 document into its v1.14 document,
+/// merging into what is there (strategic merge, as a patch would). Returns the dotted fields
+/// moved. A no-op for a bundle without those fields.
+pub(crate) fn translate(bundle: &mut ConfigBundle) -> Result<Vec<String>, TranslateError> {
+    let Some(idx) = bundle
+        .docs
+        .iter()
+        .position(|d| d.get("kind").is_none() && d.as_mapping().is_some())
+    else {
+        return Ok(Vec::new());
+    };
+    let mut main: Json =
+        serde_json::to_value(&bundle.docs[idx]).map_err(|e| TranslateError::Shape {
+            field: String::new(),
+            problem: e.to_string(),
+        })?;
+    let mut moved = Vec::new();
+    let mut docs: Vec<Json> = Vec::new();
+    // (kind, name) documents to remove, and control-plane taint removal.
+    let mut remove: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut untaint_control_plane = false;
+    let mv = |main: &mut Json, path: &[&str], moved: &mut Vec<String>| {
+        let v = take(main, path);
+        if v.is_some() {
+            moved.push(path.join("."));
+        }
+        v
+    };
+
+    // UnattendedInstallConfig (runtime/unattended_install.go): disk -> CEL, image, wipe.
+    // grubUseUKICmdline is dropped: with the document the installer forces it on
+    // (cmd/installer/cmd/installer/install.go).
+    {
+        let mut ui = json!({});
+        if let Some(sel) = mv(
+            &mut main,
+            &["machine", "install", "diskSelector"],
+            &mut moved,
+        ) {
+            let field = |k: &str| sel.get(k).and_then(text);
+            let legacy = LegacySelector {
+                size: field("size"),
+                name: field("name"),
+                model: field("model"),
+                serial: field("serial"),
+                modalias: field("modalias"),
+                uuid: field("uuid"),
+                wwid: field("wwid"),
+                disk_type: field("type"),
+                bus_path: field("busPath"),
+            };
+            ui["provisioning"] =
+                json!({"diskSelector": {"match": super::contract::selector_expression(&legacy)?}});
+            mv(&mut main, &["machine", "install", "disk"], &mut moved);
+        } else if let Some(disk) = mv(&mut main, &["machine", "install", "disk"], &mut moved) {
+            let disk = text(&disk).ok_or_else(|| TranslateError::Shape {
+                field: "machine.install.disk".into(),
+                problem: "is not a path".into(),
+            })?;
+            ui["provisioning"] = json!({"diskSelector": {"match": install_disk_expression(&disk)}});
+        }
+        if let Some(image) = mv(&mut main, &["machine", "install", "image"], &mut moved) {
+            ui["installer"] = json!({"image": image});
+        }
+        if let Some(wipe) = mv(&mut main, &["machine", "install", "wipe"], &mut moved) {
+            if ui.get("provisioning").is_none() {
+                ui["provisioning"] = json!({});
+            }
+            ui["provisioning"]["wipe"] = wipe;
+        }
+        mv(
+            &mut main,
+            &["machine", "install", "grubUseUKICmdline"],
+            &mut moved,
+        );
+        if ui.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("UnattendedInstallConfig", ui));
+        }
+    }
+
+    // KubeletConfig / KubeNodeConfig (k8s/kubelet.go, k8s/node.go).
+    {
+        let mut kubelet = json!({});
+        for (from, to) in [
+            ("image", "image"),
+            ("extraArgs", "extraArgs"),
+            ("extraConfig", "config"),
+            ("clusterDNS", "clusterDNS"),
+            (
+                "defaultRuntimeSeccompProfileEnabled",
+                "defaultRuntimeSeccompProfileEnabled",
+            ),
+        ] {
+            if let Some(v) = mv(&mut main, &["machine", "kubelet", from], &mut moved) {
+                kubelet[to] = v;
+            }
+        }
+        // KubeletConfigV1Alpha1.DisableManifestsDirectory() is always true; only `true` moves.
+        if get(&main, &["machine", "kubelet", "disableManifestsDirectory"])
+            == Some(&Json::Bool(true))
+        {
+            mv(
+                &mut main,
+                &["machine", "kubelet", "disableManifestsDirectory"],
+                &mut moved,
+            );
+        }
+        if kubelet.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("KubeletConfig", kubelet));
+        }
+        let mut node = json!({});
+        for (path, to) in [
+            (&["machine", "kubelet", "nodeIP"][..], "nodeIP"),
+            (
+                &["machine", "kubelet", "skipNodeRegistration"][..],
+                "skipNodeRegistration",
+            ),
+            (
+                &["machine", "kubelet", "registerWithFQDN"][..],
+                "registerWithFQDN",
+            ),
+            (&["machine", "nodeLabels"][..], "labels"),
+            (&["machine", "nodeAnnotations"][..], "annotations"),
+            (&["machine", "nodeTaints"][..], "taints"),
+        ] {
+            if let Some(v) = mv(&mut main, path, &mut moved) {
+                node[to] = v;
+            }
+        }
+        for key in ["allowSchedulingOnControlPlanes", "allowSchedulingOnMasters"] {
+            if let Some(v) = mv(&mut main, &["cluster", key], &mut moved) {
+                untaint_control_plane |= v == Json::Bool(true);
+            }
+        }
+        if node.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("KubeNodeConfig", node));
+        }
+    }
+
+    // SysctlConfig / SysfsConfig / KernelModuleConfig (runtime/*.go).
+    if let Some(v) = mv(&mut main, &["machine", "sysctls"], &mut moved) {
+        docs.push(doc("SysctlConfig", json!({"params": v})));
+    }
+    if let Some(v) = mv(&mut main, &["machine", "sysfs"], &mut moved) {
+        docs.push(doc("SysfsConfig", json!({"params": v})));
+    }
+    if let Some(Json::Array(mods)) = mv(&mut main, &["machine", "kernel", "modules"], &mut moved) {
+        for m in mods {
+            let mut d = json!({"name": m.get("name").cloned().unwrap_or(Json::Null)});
+            if let Some(p) = m.get("parameters") {
+                d["parameters"] = p.clone();
+            }
+            docs.push(doc("KernelModuleConfig", d));
+        }
+    }
+
+    // KubePrismConfig (k8s/kubeprism.go), ResolverConfig.hostDNS (network/resolver.go).
+    if let Some(kp) = mv(&mut main, &["machine", "features", "kubePrism"], &mut moved) {
+        if kp.get("enabled") == Some(&Json::Bool(false)) {
+            remove.push(("KubePrismConfig", None));
+        } else if let Some(port) = kp.get("port") {
+            docs.push(doc("KubePrismConfig", json!({"port": port})));
+        }
+    }
+    if let Some(h) = mv(&mut main, &["machine", "features", "hostDNS"], &mut moved) {
+        docs.push(doc("ResolverConfig", json!({"hostDNS": h})));
+    }
+
+    // KubeNetworkConfig / KubeFlannelCNIConfig / KubeExternalManifestConfig (k8s/network.go,
+    // flannel.go; no KubeFlannelCNIConfig = no CNI, controllers/k8s/control_plane.go).
+    {
+        let mut net = json!({});
+        for k in ["dnsDomain", "podSubnets", "serviceSubnets"] {
+            if let Some(v) = mv(&mut main, &["cluster", "network", k], &mut moved) {
+                net[k] = v;
+            }
+        }
+        if net.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("KubeNetworkConfig", net));
+        }
+        if let Some(cni) = mv(&mut main, &["cluster", "network", "cni"], &mut moved) {
+            match cni.get("name").and_then(Json::as_str) {
+                Some("none") => remove.push(("KubeFlannelCNIConfig", None)),
+                Some("custom") => {
+                    remove.push(("KubeFlannelCNIConfig", None));
+                    let urls = cni
+                        .get("urls")
+                        .and_then(Json::as_array)
+                        .cloned()
+                        .unwrap_or_default();
+                    for (i, url) in urls.into_iter().enumerate() {
+                        let name = if i == 0 {
+                            "custom-cni".to_owned()
+                        } else {
+                            format!("custom-cni-{i}")
+                        };
+                        docs.push(doc(
+                            "KubeExternalManifestConfig",
+                            json!({"name": name, "url": url}),
+                        ));
+                    }
+                }
+                _ => {
+                    let mut f = json!({});
+                    if let Some(fl) = cni.get("flannel") {
+                        for k in ["extraArgs", "kubeNetworkPoliciesEnabled"] {
+                            if let Some(v) = fl.get(k) {
+                                f[k] = v.clone();
+                            }
+                        }
+                    }
+                    docs.push(doc("KubeFlannelCNIConfig", f));
+                }
+            }
+        }
+    }
+
+    // KubeClusterConfig (k8s/cluster.go), DiscoveryIdentityConfig, DiscoveryServiceConfig.
+    {
+        let mut kc = json!({});
+        if let Some(v) = mv(&mut main, &["cluster", "clusterName"], &mut moved) {
+            kc["clusterName"] = v;
+        }
+        if let Some(v) = mv(
+            &mut main,
+            &["cluster", "controlPlane", "endpoint"],
+            &mut moved,
+        ) {
+            kc["endpoint"] = v;
+        }
+        if kc.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("KubeClusterConfig", kc));
+        }
+        if let Some(v) = mv(
+            &mut main,
+            &["cluster", "controlPlane", "localAPIServerPort"],
+            &mut moved,
+        ) {
+            docs.push(doc("KubeAPIServerConfig", json!({"apiPort": v})));
+        }
+        let mut id = json!({});
+        if let Some(v) = mv(&mut main, &["cluster", "id"], &mut moved) {
+            id["clusterID"] = v;
+        }
+        if let Some(v) = mv(&mut main, &["cluster", "secret"], &mut moved) {
+            id["clusterSecret"] = v;
+        }
+        if id.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("DiscoveryIdentityConfig", id));
+        }
+        let enabled = mv(&mut main, &["cluster", "discovery", "enabled"], &mut moved);
+        let service = mv(
+            &mut main,
+            &["cluster", "discovery", "registries", "service"],
+            &mut moved,
+        );
+        // v1.14 has no Kubernetes registry document; gen config always disabled it.
+        mv(
+            &mut main,
+            &["cluster", "discovery", "registries", "kubernetes"],
+            &mut moved,
+        );
+        let service_off = service
+            .as_ref()
+            .and_then(|s| s.get("disabled"))
+            .is_some_and(|d| d == &Json::Bool(true));
+        if enabled == Some(Json::Bool(false)) || service_off {
+            remove.push(("DiscoveryServiceConfig", Some("default")));
+        } else if let Some(ep) = service.as_ref().and_then(|s| s.get("endpoint")) {
+            docs.push(doc(
+                "DiscoveryServiceConfig",
+                json!({"name": "default", "endpoint": ep}),
+            ));
+        }
+    }
+
+    // Control-plane components (k8s/apiserver.go, admission_control.go, audit_policy.go,
+    // controller_manager.go, scheduler.go, proxy.go, coredns.go).
+    {
+        let mut api = json!({});
+        for (from, to) in [
+            ("image", "image"),
+            ("extraArgs", "extraArgs"),
+            ("env", "env"),
+            ("resources", "resources"),
+            ("certSANs", "certExtraSANs"),
+        ] {
+            if let Some(v) = mv(&mut main, &["cluster", "apiServer", from], &mut moved) {
+                api[to] = v;
+            }
+        }
+        // Hidden since v1.12 (HideDisablePSP); Kubernetes has no PSP any more.
+        mv(
+            &mut main,
+            &["cluster", "apiServer", "disablePodSecurityPolicy"],
+            &mut moved,
+        );
+        if api.as_object().is_some_and(|o| !o.is_empty()) {
+            docs.push(doc("KubeAPIServerConfig", api));
+        }
+        if let Some(Json::Array(plugins)) = mv(
+            &mut main,
+            &["cluster", "apiServer", "admissionControl"],
+            &mut moved,
+        ) {
+            for p in plugins {
+                docs.push(doc(
+                    "KubeAdmissionControlConfig",
+                    json!({"name": p.get("name").cloned().unwrap_or(Json::Null),
+                           "configuration": p.get("configuration").cloned().unwrap_or(json!({}))}),
+                ));
+            }
+        }
+        if let Some(v) = mv(
+            &mut main,
+            &["cluster", "apiServer", "auditPolicy"],
+            &mut moved,
+        ) {
+            docs.push(doc("KubeAuditPolicyConfig", json!({"configuration": v})));
+        }
+        for (section, kind, keys) in [
+            (
+                "controllerManager",
+                "KubeControllerManagerConfig",
+                &["image", "extraArgs", "env", "resources"][..],
+            ),
+            (
+                "scheduler",
+                "KubeSchedulerConfig",
+                &["image", "extraArgs", "env", "resources", "config"][..],
+            ),
+            (
+                "proxy",
+                "KubeProxyConfig",
+                &["image", "mode", "extraArgs"][..],
+            ),
+            ("coreDNS", "KubeCoreDNSConfig", &["image"][..]),
+        ] {
+            let mut d = json!({});
+            for k in keys {
+                if let Some(v) = mv(&mut main, &["cluster", section, k], &mut moved) {
+                    d[*k] = v;
+                }
+            }
+            if let Some(v) = mv(&mut main, &["cluster", section, "disabled"], &mut moved) {
+                d["enabled"] = Json::Bool(v != Json::Bool(true));
+            }
+            if d.as_object().is_some_and(|o| !o.is_empty()) {
+                docs.push(doc(kind, d));
+            }
+        }
+    }
+
+    if moved.is_empty() {
+        return Ok(moved);
+    }
+    bundle.docs[idx] = yaml_serde::to_value(&main).expect("JSON converts to YAML");
+    // A translated document merges into the rendered one; a fresh one is added.
+    if !docs.is_empty() {
+        let body = PatchBody::Merge(
+            docs.into_iter()
+                .map(|d| yaml_serde::to_value(d).expect("JSON converts to YAML"))
+                .collect(),
+        );
+        patch::apply(bundle, &body)?;
+    }
+    for (kind, name) in remove {
+        bundle.docs.retain(|d| {
+            !(d.get("kind").and_then(|k| k.as_str()) == Some(kind)
+                && (name.is_none() || d.get("name").and_then(|n| n.as_str()) == name))
+        });
+    }
+    if untaint_control_plane {
+        for d in &mut bundle.docs {
+            if d.get("kind").and_then(|k| k.as_str()) == Some("KubeNodeConfig")
+                && let Some(yaml_serde::Value::Mapping(t)) = d.get_mut("taints")
+            {
+                t.remove(super::render::LABEL_CONTROL_PLANE);
+                if t.is_empty() {
+                    d.as_mapping_mut().expect("a mapping").remove("taints");
+                }
+            }
+        }
+    }
+    Ok(moved)
+}
+
+/// A legacy field set next to its document in a rendered bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// The conflict rule.
+    pub kind: &'static str,
+    /// Dotted v1alpha1 path.
+    pub field: String,
+    /// Upstream file.
+    pub source: &'static str,
+}
+
+/// Every [`CONFLICTS`] rule of `contract` the bundle breaks.
+pub(crate) fn conflicts(contract: Contract, bundle: &ConfigBundle) -> Vec<Found> {
+    let Some(main) = bundle.v1alpha1().and_then(|v| serde_json::to_value(v).ok()) else {
+        return Vec::new();
+    };
+    let kinds: Vec<&str> = bundle
+        .docs
+        .iter()
+        .filter_map(|d| d.get("kind").and_then(|k| k.as_str()))
+        .collect();
+    CONFLICTS
+        .iter()
+        .filter(|c| c.since <= contract && kinds.contains(&c.kind))
+        .filter(|c| {
+            let v = get(&main, c.path);
+            match v {
+                // A mapping Talos reads as a pointer: set once present, even empty.
+                Some(Json::Object(_)) => true,
+                other => is_set(other),
+            }
+        })
+        .map(|c| Found {
+            kind: c.kind,
+            field: c.path.join("."),
+            source: c.source,
+        })
+        .collect()
+}
+
+/// What happens under `contract` to a v1alpha1 field a patch sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// The contract's schema has it: nothing to say.
+    Current,
+    /// Moved into this document.
+    Translated(&'static str),
+    /// Stays, under a field Talos refuses next to this document, which talboot renders.
+    Refused(Conflict),
+    /// Stays, deprecated (not in the contract's schema).
+    Deprecated,
+}
+
+/// Documents talboot always renders for a contract (any node), which make their
+/// [`CONFLICTS`] fields fatal.
+fn always_rendered(contract: Contract, kind: &str) -> bool {
+    match contract {
+        // HostnameConfig on every node; ResolverConfig and TimeSyncConfig depend on the
+        // inventory and are checked on the rendered bundle instead.
+        Contract::V1_13 => kind == "HostnameConfig",
+        Contract::V1_14 => !matches!(
+            kind,
+            "KubeSpanConfig"
+                | "TimeSyncConfig"
+                | "KubeCredentialProviderConfig"
+                | "KubeTalosAPIAccessConfig"
+                | "ImageCacheConfig"
+                | "CRIBaseRuntimeSpecConfig"
+                | "KubeFlannelCNIConfig"
+        ),
+    }
+}
+
+/// The fate of `path` (a v1alpha1 field set by a patch) under `contract`; `in_schema` says
+/// whether the contract's schema knows the path.
+pub(crate) fn classify(contract: Contract, path: &[&str], in_schema: bool) -> Fate {
+    if contract >= Contract::V1_14
+        && let Some((_, kind)) = TRANSLATED
+            .iter()
+            .find(|(p, _)| path.len() >= p.len() && &path[..p.len()] == *p)
+    {
+        return Fate::Translated(kind);
+    }
+    if let Some(conflict) = CONFLICTS.iter().find(|c| {
+        c.since <= contract
+            && always_rendered(contract, c.kind)
+            && path.len() >= c.path.len()
+            && &path[..c.path.len()] == c.path
+    }) {
+        return Fate::Refused(*conflict);
+    }
+    if in_schema {
+        Fate::Current
+    } else {
+        Fate::Deprecated
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle(text: &str) -> ConfigBundle {
+        ConfigBundle::parse(text).unwrap()
+    }
+
+    #[test]
+    fn legacy_fields_move_into_their_documents_and_empty_parents_go() {
+        let mut b = bundle(
+            "version: v1alpha1\nmachine:\n  type: worker\n  kubelet:\n    extraArgs: {rotate-server-certificates: 'true'}\n    \
+             extraConfig: {maxPods: 50}\n    nodeIP: {validSubnets: [10.0.0.0/8]}\n  \
+             sysctls: {vm.max_map_count: '262144'}\n  nodeLabels: {pool: a}\n  \
+             install: {disk: /dev/nvme0n1, image: x/y:z, grubUseUKICmdline: true}\n  \
+             features: {diskQuotaSupport: true, kubePrism: {enabled: true, port: 7446}}\n\
+             cluster:\n  network: {podSubnets: [10.1.0.0/16], cni: {name: none}}\n  proxy: {disabled: true}\n\
+             ---\napiVersion: v1alpha1\nkind: KubeletConfig\nimage: k\nconfig: {}\n\
+             ---\napiVersion: v1alpha1\nkind: KubeFlannelCNIConfig\nbackendType: vxlan\n",
+        );
+        let moved = translate(&mut b).unwrap();
+        assert!(moved.contains(&"machine.sysctls".to_owned()), "{moved:?}");
+        let main = b.v1alpha1().unwrap();
+        assert!(main["machine"].get("kubelet").is_none(), "{main:?}");
+        assert!(main["machine"].get("install").is_none());
+        assert!(main["machine"].get("sysctls").is_none());
+        assert!(main["machine"]["features"].get("kubePrism").is_none());
+        assert_eq!(
+            main["machine"]["features"]["diskQuotaSupport"],
+            yaml_serde::Value::Bool(true)
+        );
+        assert!(
+            main.get("cluster")
+                .is_none_or(|c| c.get("network").is_none())
+        );
+        let k = b.typed("KubeletConfig", None).unwrap();
+        assert_eq!(k["image"].as_str(), Some("k"));
+        assert_eq!(
+            k["extraArgs"]["rotate-server-certificates"].as_str(),
+            Some("true")
+        );
+        assert_eq!(k["config"]["maxPods"].as_u64(), Some(50));
+        let n = b.typed("KubeNodeConfig", None).unwrap();
+        assert_eq!(n["labels"]["pool"].as_str(), Some("a"));
+        assert!(n["nodeIP"]["validSubnets"].is_sequence());
+        assert_eq!(
+            b.typed("SysctlConfig", None).unwrap()["params"]["vm.max_map_count"].as_str(),
+            Some("262144")
+        );
+        let ui = b.typed("UnattendedInstallConfig", None).unwrap();
+        assert_eq!(
+            ui["provisioning"]["diskSelector"]["match"].as_str(),
+            Some("disk.dev_path == \"/dev/nvme0n1\"")
+        );
+        assert_eq!(ui["installer"]["image"].as_str(), Some("x/y:z"));
+        assert_eq!(
+            b.typed("KubePrismConfig", None).unwrap()["port"].as_u64(),
+            Some(7446)
+        );
+        assert!(
+            b.typed("KubeFlannelCNIConfig", None).is_none(),
+            "cni none drops flannel"
+        );
+        assert_eq!(
+            b.typed("KubeProxyConfig", None).unwrap()["enabled"],
+            yaml_serde::Value::Bool(false)
+        );
+        assert_eq!(
+            b.typed("KubeNetworkConfig", None).unwrap()["podSubnets"][0].as_str(),
+            Some("10.1.0.0/16")
+        );
+        assert!(
+            conflicts(Contract::V1_14, &b).is_empty(),
+            "{:?}",
+            conflicts(Contract::V1_14, &b)
+        );
+        // Translating again changes nothing.
+        assert!(translate(&mut b).unwrap().is_empty());
+    }
+
+    #[test]
+    fn what_has_no_document_stays_and_is_reported_as_a_conflict() {
+        let mut b = bundle(
+            "version: v1alpha1\nmachine:\n  type: worker\n  kubelet:\n    image: a\n    extraMounts: [{destination: /x}]\n  \
+             install: {extraKernelArgs: [a=b]}\n---\napiVersion: v1alpha1\nkind: KubeletConfig\nimage: k\n\
+             ---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\nprovisioning: {diskSelector: {match: 'true'}}\n",
+        );
+        translate(&mut b).unwrap();
+        let found = conflicts(Contract::V1_14, &b);
+        let fields: Vec<&str> = found.iter().map(|f| f.field.as_str()).collect();
+        assert!(fields.contains(&"machine.kubelet"), "{found:?}");
+        assert!(fields.contains(&"machine.install"), "{found:?}");
+        // v1.13 has none of these rules.
+        assert!(conflicts(Contract::V1_13, &b).is_empty());
+    }
+
+    #[test]
+    fn allow_scheduling_drops_the_control_plane_taint_and_selectors_become_cel() {
+        let mut b = bundle(
+            "version: v1alpha1\nmachine:\n  type: controlplane\n  install:\n    diskSelector: {type: ssd}\n\
+             cluster:\n  allowSchedulingOnControlPlanes: true\n\
+             ---\napiVersion: v1alpha1\nkind: KubeNodeConfig\ntaints: {node-role.kubernetes.io/control-plane: NoSchedule}\n",
+        );
+        translate(&mut b).unwrap();
+        assert!(
+            b.typed("KubeNodeConfig", None)
+                .unwrap()
+                .get("taints")
+                .is_none()
+        );
+        assert_eq!(
+            b.typed("UnattendedInstallConfig", None).unwrap()["provisioning"]["diskSelector"]["match"].as_str(),
+            Some("disk.transport != \"\" && !disk.rotational && !disk.readonly && !disk.cdrom")
+        );
+    }
+
+    #[test]
+    fn classify_names_translated_refused_and_deprecated_fields() {
+        let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
+        let fate = |c, s: &str, schema| {
+            let path = p(s);
+            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+            classify(c, &refs, schema)
+        };
+        assert_eq!(
+            fate(V1_14, "machine.sysctls", false),
+            Fate::Translated("SysctlConfig")
+        );
+        assert_eq!(
+            fate(V1_14, "machine.kubelet.extraArgs.foo", false),
+            Fate::Translated("KubeletConfig")
+        );
+        assert!(matches!(
+            fate(V1_14, "machine.kubelet.extraMounts", false),
+            Fate::Refused(Conflict {
+                kind: "KubeletConfig",
+                ..
+            })
+        ));
+        assert!(matches!(
+            fate(V1_14, "machine.network.nameservers", false),
+            Fate::Refused(Conflict {
+                kind: "ResolverConfig",
+                ..
+            })
+        ));
+        assert_eq!(fate(V1_14, "machine.files", false), Fate::Deprecated);
+        assert_eq!(fate(V1_14, "cluster.etcd.extraArgs", true), Fate::Current);
+        // v1.13: nothing translates; the kubelet is current.
+        assert_eq!(
+            fate(V1_13, "machine.kubelet.extraArgs", true),
+            Fate::Current
+        );
+        assert!(matches!(
+            fate(V1_13, "machine.network.hostname", false),
+            Fate::Refused(Conflict {
+                kind: "HostnameConfig",
+                ..
+            })
+        ));
+    }
+}
