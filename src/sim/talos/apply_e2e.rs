@@ -47,6 +47,26 @@ fn label(text: &str, v: &str) -> String {
     with_machine(text, "nodeLabels", labels)
 }
 
+/// Bootstraps the control plane at `cp_addr` and waits until a rollout may start: its etcd
+/// serves and its boot sequence ended (stage running and `status.ready`, which on a control
+/// plane needs etcd healthy), as the day-two gate requires.
+async fn bootstrap_and_wait_ready(cp_addr: std::net::SocketAddr) {
+    super::tests::secured(cp_addr).bootstrap().await.unwrap();
+    for _ in 0..1500 {
+        let s = super::tests::secured(cp_addr)
+            .machine_status()
+            .await
+            .unwrap();
+        let running = s.stage()
+            == crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage::MachineStageRunning;
+        if running && s.status.is_some_and(|s| s.ready) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the control plane at {cp_addr} did not become ready after Bootstrap");
+}
+
 fn opts(mode: Mode) -> ApplyOptions {
     ApplyOptions {
         mode,
@@ -76,21 +96,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         n.wait_phase(Phase::Secured).await.unwrap();
     }
     let cp_addr = nodes[0].addr();
-    super::tests::secured(cp_addr).bootstrap().await.unwrap();
-    // A rollout starts only on a healthy cluster: wait until the control plane's etcd serves
-    // and its boot sequence ended (stage running, ready).
-    for _ in 0..1500 {
-        let s = super::tests::secured(cp_addr)
-            .machine_status()
-            .await
-            .unwrap();
-        let running = s.stage()
-            == crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage::MachineStageRunning;
-        if running && s.status.is_some_and(|s| s.ready) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    bootstrap_and_wait_ready(cp_addr).await;
     // The second worker only answers its control plane.
     nodes[2].restrict_to(Some(nodes[0].ip()));
     let dir = tempfile::tempdir().unwrap();
@@ -340,10 +346,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
     for n in &nodes {
         n.wait_phase(Phase::Secured).await.unwrap();
     }
-    super::tests::secured(nodes[0].addr())
-        .bootstrap()
-        .await
-        .unwrap();
+    bootstrap_and_wait_ready(nodes[0].addr()).await;
     let dir = tempfile::tempdir().unwrap();
     let store = crate::store::open(dir.path()).unwrap();
     let conn = Connector {
