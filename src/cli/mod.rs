@@ -90,6 +90,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Apply the plan to the running nodes, one control plane at a time (resumable).
     Apply(plan::ApplyArgs),
+    /// Upgrade Talos (`--talos`, one node at a time behind the etcd health gate) or
+    /// Kubernetes (`--kubernetes`) on the running nodes (resumable).
     Upgrade(upgrade::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(generate::CompletionsArgs),
@@ -222,6 +224,23 @@ fn init_logging(format: LogFormat, filter: &str) -> Result<(), LoggingError> {
 mod tests {
     use super::use_colour;
     use std::ffi::OsStr;
+
+    #[test]
+    fn every_subcommand_has_a_help_line() {
+        use clap::CommandFactory as _;
+        fn missing(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_name() != "help" && sub.get_about().is_none() {
+                    out.push(path.clone());
+                }
+                missing(sub, &path, out);
+            }
+        }
+        let mut out = Vec::new();
+        missing(&super::Cli::command(), "talboot", &mut out);
+        assert!(out.is_empty(), "subcommands without a help line: {out:?}");
+    }
 
     #[test]
     fn the_command_line_definition_is_consistent() {
