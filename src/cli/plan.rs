@@ -210,6 +210,7 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         worker_concurrency: args.worker_concurrency,
         gate_timeout: Duration::from_secs(args.gate_timeout),
         gate_poll: Duration::from_secs(2),
+        control_planes: Vec::new(),
     };
     let store = match crate::store::open(&args.state_dir) {
         Ok(s) => s,

@@ -35,6 +35,12 @@ pub struct ApplyOptions {
     pub gate_timeout: Duration,
     /// How often a gate asks again.
     pub gate_poll: Duration,
+    /// Every control plane of the cluster, which the etcd gate reads (all members must be
+    /// healthy, not only the targeted ones). Empty means the targets' own control planes,
+    /// which is right when the targets are the whole inventory; an apply of some nodes
+    /// (serve's admin API takes a subset) must name them all, or every member it does not
+    /// target looks like a stranger to the gate.
+    pub control_planes: Vec<NodeTarget>,
 }
 
 /// How a run ended.
@@ -320,7 +326,7 @@ fn target<'a>(targets: &'a [NodeTarget], node: &str) -> Option<&'a NodeTarget> {
 
 async fn act(conn: &Connector, targets: &[NodeTarget], opts: &ApplyOptions, a: Action) -> Event {
     match a {
-        Action::CheckHealth(Gate::Cluster) => match cluster_healthy(conn, targets).await {
+        Action::CheckHealth(Gate::Cluster) => match cluster_healthy(conn, targets, opts).await {
             Ok(()) => Event::Healthy(Gate::Cluster),
             Err(reason) => Event::Unhealthy {
                 gate: Gate::Cluster,
@@ -395,14 +401,21 @@ async fn has_config(conn: &Connector, t: &NodeTarget, mode: Mode) -> Result<bool
     Ok(c.machine_config_id(id).await? == t.rendered)
 }
 
-/// [`super::gate::check`] over every control plane of `targets`, `changed` first.
+/// [`super::gate::check`] over every control plane of the cluster
+/// ([`ApplyOptions::control_planes`], else those of `targets`), `changed` first.
 async fn etcd_gate(
     conn: &Connector,
     targets: &[NodeTarget],
+    opts: &ApplyOptions,
     changed: Option<(&str, &TalosClient)>,
 ) -> Result<(), String> {
+    let all = if opts.control_planes.is_empty() {
+        targets
+    } else {
+        &opts.control_planes[..]
+    };
     let mut cps = Vec::new();
-    for t in targets.iter().filter(|t| t.role == Role::ControlPlane) {
+    for t in all.iter().filter(|t| t.role == Role::ControlPlane) {
         let client = conn.client(t).await.map_err(|e| e.to_string());
         cps.push((t.name.clone(), client));
     }
@@ -412,14 +425,18 @@ async fn etcd_gate(
 }
 
 /// Before anything changes: every node answers and etcd is healthy ([`super::gate`]).
-async fn cluster_healthy(conn: &Connector, targets: &[NodeTarget]) -> Result<(), String> {
+async fn cluster_healthy(
+    conn: &Connector,
+    targets: &[NodeTarget],
+    opts: &ApplyOptions,
+) -> Result<(), String> {
     for t in targets {
         conn.client(t)
             .await
             .map_err(|e| format!("node {} does not answer: {e}", t.name))?;
     }
     if targets.iter().any(|t| t.role == Role::ControlPlane) {
-        etcd_gate(conn, targets, None).await?;
+        etcd_gate(conn, targets, opts, None).await?;
     }
     Ok(())
 }
@@ -444,7 +461,7 @@ async fn node_gate(
             Err(e) => format!("not back: {e}"),
             Ok(c) => match has_config(conn, t, opts.mode).await {
                 Ok(true) if t.role == Role::ControlPlane => {
-                    match etcd_gate(conn, targets, Some((node, &c))).await {
+                    match etcd_gate(conn, targets, opts, Some((node, &c))).await {
                         Ok(()) => return Ok(()),
                         Err(e) => e,
                     }

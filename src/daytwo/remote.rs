@@ -364,6 +364,25 @@ fn role(inv: &Inventory, node: &crate::inventory::Node) -> Role {
 
 /// The apply targets of `configs`: every one an inventory node, at most once, reached at the
 /// address the inventory gives it; in the inventory's order.
+/// Every control plane of `inv`, for the etcd gate of an apply that may name only some
+/// nodes ([`ApplyOptions::control_planes`]); their `rendered` is not used.
+fn control_plane_targets(inv: &Inventory, apid_port: u16) -> Vec<NodeTarget> {
+    inv.nodes
+        .iter()
+        .filter(|n| role(inv, n) == Role::ControlPlane)
+        .map(|n| {
+            let ip = std::net::IpAddr::V4(n.address.value.addr());
+            NodeTarget {
+                name: n.name.value.clone(),
+                role: Role::ControlPlane,
+                addr: std::net::SocketAddr::new(ip, apid_port),
+                node_ip: ip,
+                rendered: String::new(),
+            }
+        })
+        .collect()
+}
+
 pub fn apply_targets(
     inv: &Inventory,
     apid_port: u16,
@@ -439,6 +458,7 @@ impl ApplyJob {
         Ok(Self {
             targets: apply_targets(inv, apid_port, req.configs)?,
             opts: ApplyOptions {
+                control_planes: control_plane_targets(inv, apid_port),
                 mode,
                 try_timeout: req.try_timeout_secs.map(Duration::from_secs),
                 worker_concurrency,

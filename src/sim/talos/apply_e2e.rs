@@ -74,6 +74,7 @@ fn opts(mode: Mode) -> ApplyOptions {
         worker_concurrency: 2,
         gate_timeout: Duration::from_secs(30),
         gate_poll: Duration::from_millis(50),
+        control_planes: Vec::new(),
     }
 }
 

@@ -242,6 +242,7 @@ async fn a_reboot_apply_never_takes_a_second_etcd_member_down() {
         worker_concurrency: 1,
         gate_timeout: Duration::from_secs(60),
         gate_poll: Duration::from_millis(20),
+        control_planes: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let store = crate::store::open(dir.path()).unwrap();
@@ -267,6 +268,84 @@ async fn a_reboot_apply_never_takes_a_second_etcd_member_down() {
         1,
         "a second etcd member was taken down before the first served again: {log:#?}"
     );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// An apply that names one control plane (serve's admin API takes any subset) is gated on
+/// every member: the gate reads all of the cluster's control planes. Read only from the
+/// targets, the two members it does not target looked like strangers and the apply could
+/// never start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_of_one_control_plane_is_gated_on_every_member() {
+    let (_cluster, nodes) = three(80, Duration::from_millis(200)).await;
+    secured(nodes[0].addr()).bootstrap().await.unwrap();
+    until("etcd healthy everywhere", async || {
+        etcd_healthy(&nodes).await
+    })
+    .await;
+    let all: Vec<NodeTarget> = CPS
+        .iter()
+        .zip(&nodes)
+        .map(|(name, n)| NodeTarget {
+            name: (*name).into(),
+            role: Role::ControlPlane,
+            addr: n.addr(),
+            node_ip: rack_ip(name),
+            rendered: with_machine(
+                &rendered(name),
+                "env",
+                yaml_serde::from_str::<Value>("{HTTP_PROXY: http://p:3128}").unwrap(),
+            ),
+        })
+        .collect();
+    let targets = vec![all[1].clone()];
+    let conn = Connector {
+        creds: admin_creds(),
+        relays: nodes.iter().map(|n| n.addr()).collect(),
+        retry: RetryPolicy::NONE,
+    };
+    let opts = |control_planes: Vec<NodeTarget>| ApplyOptions {
+        mode: Mode::Reboot,
+        try_timeout: None,
+        worker_concurrency: 1,
+        gate_timeout: Duration::from_secs(60),
+        gate_poll: Duration::from_millis(20),
+        control_planes,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::open(dir.path()).unwrap();
+    // The gate over the targets alone refuses to start, naming a member it was not given.
+    let out = apply(&store, &conn, &targets, &opts(Vec::new()), |_| {})
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, ApplyOutcome::Stopped { reason, .. }
+            if reason.contains("is not one of the inventory's control planes")),
+        "{out:?}"
+    );
+    assert_eq!(
+        nodes[1].running_config().as_deref(),
+        Some(rendered(CPS[1]).as_str())
+    );
+    // Given every control plane, it applies cp-02 and waits for all three members.
+    let out = apply(&store, &conn, &targets, &opts(all.clone()), |_| {})
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, ApplyOutcome::Finished { nodes, .. } if nodes == &[CPS[1].to_owned()]),
+        "{out:?}"
+    );
+    assert_eq!(
+        nodes[1].running_config().as_deref(),
+        Some(all[1].rendered.as_str())
+    );
+    assert_eq!(
+        nodes[0].running_config().as_deref(),
+        Some(rendered(CPS[0]).as_str())
+    );
+    assert!(etcd_healthy(&nodes).await);
     for n in nodes {
         n.shutdown().await;
     }
