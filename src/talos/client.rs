@@ -44,11 +44,42 @@ use super::tls::{MaintenanceVerifier, check_cert_pem, check_key_pem, normalize_k
 use super::{APID_PORT, MAX_MESSAGE_SIZE};
 
 /// How long one `LifecycleService.Upgrade` stream may run (the installer writes a whole
-/// system image).
-const UPGRADE_DEADLINE: Duration = Duration::from_secs(600);
+/// system image). Generous on purpose: talosctl sets no deadline, and a stream cancelled
+/// mid-install can leave the node's upgrade lock held until it reboots (siderolabs/talos
+/// v1.13.9 `internal/app/lifecycle/container.go`, `streamOutput` stops reading the
+/// installer's output when sending fails, so the installer can block on a full pipe and
+/// `lifecycle.go`'s lock is never released): every later Upgrade is then refused with
+/// "another installation/upgrade is already in progress".
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(3600);
 
-/// How long one `ImageService.Pull` stream may run (an installer image is a few hundred MB).
-const PULL_DEADLINE: Duration = Duration::from_secs(900);
+/// How long one `ImageService.Pull` stream may run (an installer image is a few hundred MB;
+/// the node itself retries a pull for up to 20 minutes, `internal/pkg/containers/image/
+/// image.go`).
+const PULL_DEADLINE: Duration = Duration::from_secs(1800);
+
+/// The installer's output as lines. Upstream streams it in raw chunks of up to 512 bytes,
+/// cut anywhere (siderolabs/talos v1.13.9 `internal/app/lifecycle/container.go`,
+/// `streamOutput`), so a chunk may end mid-line or hold several lines.
+#[derive(Default)]
+struct LineBuffer {
+    partial: String,
+}
+
+impl LineBuffer {
+    fn push(&mut self, chunk: &str, out: &mut impl FnMut(&str)) {
+        self.partial.push_str(chunk);
+        while let Some(i) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=i).collect();
+            out(line.trim_end_matches(['\n', '\r']));
+        }
+    }
+
+    fn finish(&mut self, out: &mut impl FnMut(&str)) {
+        if !self.partial.is_empty() {
+            out(std::mem::take(&mut self.partial).trim_end_matches('\r'));
+        }
+    }
+}
 
 /// The containerd instance the installer is pulled into and run from: talosctl's default
 /// (`--namespace system`: the CRI containerd, namespace `system`; siderolabs/talos v1.13.9
@@ -879,13 +910,15 @@ impl TalosClient {
         let read = async {
             let mut stream = client.upgrade(request).await?.into_inner();
             let mut exit = None;
+            let mut lines = LineBuffer::default();
             while let Some(msg) = stream.message().await? {
                 match msg.progress.and_then(|p| p.response) {
-                    Some(P::Message(m)) => on_message(&m),
+                    Some(P::Message(m)) => lines.push(&m, &mut on_message),
                     Some(P::ExitCode(code)) => exit = Some(code),
                     None => {}
                 }
             }
+            lines.finish(&mut on_message);
             Ok(Response::new(exit))
         };
         let exit = self.once(rpc, d, read).await?;
@@ -1099,6 +1132,29 @@ fn decode_spec<T: Message + Default>(
 mod tests {
     use super::*;
     use crate::talos::api::google::rpc;
+
+    #[test]
+    fn installer_output_chunks_become_lines() {
+        let mut got = Vec::new();
+        let mut out = |l: &str| got.push(l.to_owned());
+        let mut b = LineBuffer::default();
+        // 512-byte chunks cut mid-line, several lines in one, CRLF, and a last line without
+        // its newline.
+        b.push("installing to /dev/s", &mut out);
+        b.push("da\nwriting EFI\r\nwriting ", &mut out);
+        b.push("STATE\n\ndone", &mut out);
+        b.finish(&mut out);
+        assert_eq!(
+            got,
+            [
+                "installing to /dev/sda",
+                "writing EFI",
+                "writing STATE",
+                "",
+                "done"
+            ]
+        );
+    }
 
     fn ctx() -> CallContext {
         CallContext {
