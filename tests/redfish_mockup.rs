@@ -292,6 +292,25 @@ async fn a_stale_etag_is_read_again_and_the_retry_is_counted() {
     );
 }
 
+/// A BMC that carries the ETag only in the body (`@odata.etag`) and requires If-Match: the
+/// PATCH sends it back. Read from the header alone, talboot sent none and got 428.
+#[tokio::test]
+async fn an_etag_carried_only_in_the_body_is_sent_back_as_if_match() {
+    let mut opts = FrontOptions::new(ILO);
+    opts.etag_in_body = true;
+    let Some(r) = rig("bodytag", |t| ilo5(t, ILO_RESETS), opts).await else {
+        return;
+    };
+    let mut cfg = r.config();
+    cfg.auth = AuthMode::Basic;
+    Redfish::new(cfg)
+        .unwrap()
+        .set_boot_device(BootDevice::Network, BootPersistence::Once)
+        .await
+        .unwrap();
+    assert_eq!(r.patches(), [(Some("W/\"0\"".to_string()), 204)]);
+}
+
 /// Issue 24 item 8: an ETag that goes stale on every read ends in an error that says so,
 /// with the count, and not that the BMC "sent no ETag" (it did, and talboot sent it back).
 #[tokio::test]

@@ -132,6 +132,10 @@ pub struct SystemView {
     pub reset_target: String,
     /// `ResetType@Redfish.AllowableValues`; `None` when the service does not say.
     pub allowed_resets: Option<Vec<String>>,
+    /// The reset action's `@Redfish.ActionInfo` URI, where a service that lists no
+    /// allowable values inline says which `ResetType`s it takes (DMTF DSP0266 1.15
+    /// "Allowable values", the `ActionInfo` schema's `Parameters[].AllowableValues`).
+    pub reset_action_info: Option<String>,
     /// `BootSourceOverrideTarget@Redfish.AllowableValues`; `None` when not said.
     pub allowed_boot_targets: Option<Vec<String>>,
     /// `Boot.BootSourceOverrideMode` as the BMC reads it; `None` when it has no such property.
@@ -204,6 +208,10 @@ pub fn system_view(system: &Value, path: &str) -> SystemView {
         power_state,
         reset_target,
         allowed_resets: string_list(reset.and_then(|r| r.get("ResetType@Redfish.AllowableValues"))),
+        reset_action_info: reset
+            .and_then(|r| r.get("@Redfish.ActionInfo"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
         allowed_boot_targets: string_list(
             system.pointer("/Boot/BootSourceOverrideTarget@Redfish.AllowableValues"),
         ),
@@ -215,6 +223,16 @@ pub fn system_view(system: &Value, path: &str) -> SystemView {
             system.pointer("/Boot/BootSourceOverrideMode@Redfish.AllowableValues"),
         ),
     }
+}
+
+/// The `ResetType` values an `ActionInfo` resource lists (its `Parameters` entry named
+/// `ResetType`, `AllowableValues`); `None` when it lists none.
+pub fn action_info_resets(info: &Value) -> Option<Vec<String>> {
+    info.get("Parameters")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("Name").and_then(Value::as_str) == Some("ResetType"))
+        .and_then(|p| string_list(p.get("AllowableValues")))
 }
 
 /// Decide the reset for `action`. A service that lists no allowable values is taken to take
@@ -741,11 +759,19 @@ impl Redfish {
         path: &str,
     ) -> Result<(reqwest::Url, Value, Option<String>), PowerError> {
         let a = self.call(Method::GET, path, None).await?;
-        let v = serde_json::from_str(&a.text).map_err(|e| PowerError::Protocol {
+        let v: Value = serde_json::from_str(&a.text).map_err(|e| PowerError::Protocol {
             target: self.target(),
             reason: format!("GET {path}: not JSON ({e})"),
         })?;
-        Ok((a.url, v, a.etag))
+        // The header first; else the resource's own `@odata.etag` (DMTF DSP0266 1.15
+        // "ETags": a service may carry the ETag in the body, as vendor trees and
+        // Redfish-Mockup-Server without its headers files do).
+        let etag = a.etag.or_else(|| {
+            v.get("@odata.etag")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        Ok((a.url, v, etag))
     }
 
     /// The ComputerSystem's path: the configured id (following the service's redirect to its
@@ -802,7 +828,19 @@ impl Redfish {
     /// Carry out a power action. Returns once the BMC accepted it; [`Self::wait_for`] waits
     /// for the state to follow.
     pub async fn set_power(&self, action: PowerAction) -> Result<(), PowerError> {
-        let sys = self.system().await?;
+        let mut sys = self.system().await?;
+        if sys.allowed_resets.is_none()
+            && let Some(info) = sys.reset_action_info.clone()
+        {
+            // iDRAC 9 and newer iLO firmware publish the list only there. A service whose
+            // ActionInfo cannot be read is treated like one that says nothing.
+            match self.get_json(&info).await {
+                Ok((_, v)) => sys.allowed_resets = action_info_resets(&v),
+                Err(e) => {
+                    tracing::warn!(endpoint = %self.cfg.endpoint, %info, error = %e, "redfish: cannot read the reset action's ActionInfo; assuming On, ForceOff and ForceRestart")
+                }
+            }
+        }
         let plan = reset_plan(action, sys.power_state, sys.allowed_resets.as_deref()).map_err(
             |reason| PowerError::Unsupported {
                 target: self.target(),
@@ -1089,6 +1127,47 @@ mod tests {
             system_view(&json!({}), "/s").power_state,
             PowerState::Unknown
         );
+    }
+
+    #[test]
+    fn reset_types_are_read_from_the_action_info_where_not_inline() {
+        let sys = json!({
+            "PowerState": "On",
+            "Actions": {"#ComputerSystem.Reset": {
+                "target": "/redfish/v1/Systems/System.Embedded.1/Actions/ComputerSystem.Reset",
+                "@Redfish.ActionInfo": "/redfish/v1/Systems/System.Embedded.1/ResetActionInfo"
+            }}
+        });
+        let v = system_view(&sys, "/redfish/v1/Systems/System.Embedded.1");
+        assert_eq!(v.allowed_resets, None);
+        assert_eq!(
+            v.reset_action_info.as_deref(),
+            Some("/redfish/v1/Systems/System.Embedded.1/ResetActionInfo")
+        );
+        let info = json!({
+            "@odata.type": "#ActionInfo.v1_1_2.ActionInfo",
+            "Parameters": [{
+                "Name": "ResetType", "Required": true, "DataType": "String",
+                "AllowableValues": ["On", "ForceOff", "GracefulRestart", "PushPowerButton", "Nmi"]
+            }]
+        });
+        let resets = action_info_resets(&info).unwrap();
+        assert_eq!(
+            resets,
+            allowed(&[
+                "On",
+                "ForceOff",
+                "GracefulRestart",
+                "PushPowerButton",
+                "Nmi"
+            ])
+        );
+        // No PowerCycle and no ForceRestart: a cycle is ForceOff, then On.
+        assert_eq!(
+            reset_plan(PowerAction::Cycle, PowerState::On, Some(&resets)),
+            Ok(ResetPlan::OffThenOn("On"))
+        );
+        assert_eq!(action_info_resets(&json!({"Parameters": []})), None);
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct FrontOptions {
     /// Where sessions are created: the tree's `Links.Sessions`.
     pub sessions_uri: String,
     pub weak_etags: bool,
+    /// The ETag only as the resource's `@odata.etag`, with no `ETag` header (DSP0266 allows
+    /// either; Redfish-Mockup-Server sends no header unless its mockup has headers files).
+    pub etag_in_body: bool,
     pub require_if_match: bool,
     /// The system changes under the client after each of this many reads.
     pub stale_reads: u32,
@@ -127,6 +130,7 @@ impl FrontOptions {
             sessions: true,
             sessions_uri: "/redfish/v1/SessionService/Sessions".into(),
             weak_etags: true,
+            etag_in_body: false,
             require_if_match: true,
             stale_reads: 0,
             override_mode: Some("Legacy".into()),
@@ -480,6 +484,10 @@ async fn system(inner: &Inner, path: &str) -> Response {
         // Another writer changes the system right after this read.
         st.stale_left -= 1;
         st.version += 1;
+    }
+    if o.etag_in_body {
+        v["@odata.etag"] = json!(tag);
+        return axum::Json(v).into_response();
     }
     ([(header::ETAG, tag)], axum::Json(v)).into_response()
 }
