@@ -852,7 +852,7 @@ async fn server_warnings_reach_the_outcome() {
         "ConfigMap",
         "argocd",
         "argocd-cmd-params-cm",
-        Some("a \"quoted\" warning"),
+        Some("a \"quoted\" warning – für dich"),
     );
     let dir = argocd_without_namespace();
     let spec = argocd_spec(dir.path()).await;
@@ -878,7 +878,7 @@ async fn server_warnings_reach_the_outcome() {
     );
     assert_eq!(
         on("argocd-cmd-params-cm"),
-        [&"a \"quoted\" warning".to_owned()]
+        [&"a \"quoted\" warning – für dich".to_owned()]
     );
     assert!(on("argocd-application-controller")[0].contains("runAsNonRoot != true"));
 }

@@ -137,8 +137,11 @@ where
         Box::pin(async move {
             let resp = fut.await?;
             for value in resp.headers().get_all(http::header::WARNING) {
-                let Ok(value) = value.to_str() else { continue };
-                for text in parse_warning_header(value) {
+                // The server writes UTF-8 as is inside the quoted text (k8s.io/apimachinery
+                // v0.36 pkg/util/net/http.go, makeQuotedString escapes only `"` and `\`), which
+                // `to_str` refuses as not visible ASCII.
+                let value = String::from_utf8_lossy(value.as_bytes());
+                for text in parse_warning_header(&value) {
                     tracing::warn!(request = %request, warning = %text, "the Kubernetes API server warned");
                     log.push(ServerWarning {
                         request: request.clone(),
