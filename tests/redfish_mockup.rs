@@ -147,6 +147,16 @@ impl Rig {
         )
     }
 
+    /// A one-time network boot over HTTP Basic, as each ETag test sets it.
+    async fn boot_once_basic(&self) -> Result<talboot::power::BootSet, PowerError> {
+        let mut cfg = self.config();
+        cfg.auth = AuthMode::Basic;
+        Redfish::new(cfg)
+            .unwrap()
+            .set_boot_device(BootDevice::Network, BootPersistence::Once)
+            .await
+    }
+
     fn target(&self, auth: AuthMode, boot_mode: Option<BootMode>) -> RedfishTarget {
         RedfishTarget {
             endpoint: self.front.endpoint.clone(),
@@ -266,13 +276,7 @@ async fn a_stale_etag_is_read_again_and_the_retry_is_counted() {
     let Some(r) = rig("stale", |t| ilo5(t, ILO_RESETS), opts).await else {
         return;
     };
-    let mut cfg = r.config();
-    cfg.auth = AuthMode::Basic;
-    let set = Redfish::new(cfg)
-        .unwrap()
-        .set_boot_device(BootDevice::Network, BootPersistence::Once)
-        .await
-        .unwrap();
+    let set = r.boot_once_basic().await.unwrap();
     assert!(
         set.notes
             .iter()
@@ -301,13 +305,7 @@ async fn an_etag_carried_only_in_the_body_is_sent_back_as_if_match() {
     let Some(r) = rig("bodytag", |t| ilo5(t, ILO_RESETS), opts).await else {
         return;
     };
-    let mut cfg = r.config();
-    cfg.auth = AuthMode::Basic;
-    Redfish::new(cfg)
-        .unwrap()
-        .set_boot_device(BootDevice::Network, BootPersistence::Once)
-        .await
-        .unwrap();
+    r.boot_once_basic().await.unwrap();
     assert_eq!(r.patches(), [(Some("W/\"0\"".to_string()), 204)]);
 }
 
@@ -320,14 +318,7 @@ async fn an_etag_stale_on_every_read_is_reported_as_stale_with_the_count() {
     let Some(r) = rig("stale4", |t| ilo5(t, ILO_RESETS), opts).await else {
         return;
     };
-    let mut cfg = r.config();
-    cfg.auth = AuthMode::Basic;
-    let err = Redfish::new(cfg)
-        .unwrap()
-        .set_boot_device(BootDevice::Network, BootPersistence::Once)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = r.boot_once_basic().await.unwrap_err().to_string();
     assert!(!err.contains("sent no ETag"), "{err}");
     assert!(
         err.contains("went stale") && err.contains("4 times") && err.contains("re-read"),

@@ -47,6 +47,26 @@ fn label(text: &str, v: &str) -> String {
     with_machine(text, "nodeLabels", labels)
 }
 
+/// Starts a double per `(last octet, name, role)`, hands each its rendering in maintenance
+/// mode and waits until every one is installed and secured.
+async fn configured(cluster: &FakeCluster, names: &[(u8, &str, Role)]) -> Vec<FakeTalosNode> {
+    let mut nodes = Vec::new();
+    for &(last, name, _) in names {
+        let node = FakeTalosNode::start(node_cfg(last, name), cluster)
+            .await
+            .unwrap();
+        maintenance(node.addr())
+            .apply_configuration(rendered(name).as_bytes())
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    for n in &nodes {
+        n.wait_phase(Phase::Secured).await.unwrap();
+    }
+    nodes
+}
+
 /// Bootstraps the control plane at `cp_addr` and waits until a rollout may start: its etcd
 /// serves and its boot sequence ended (stage running and `status.ready`, which on a control
 /// plane needs etcd healthy), as the day-two gate requires.
@@ -82,20 +102,7 @@ fn opts(mode: Mode) -> ApplyOptions {
 async fn plan_and_apply_on_a_configured_rack() {
     crate::install_crypto_provider();
     let cluster = FakeCluster::new();
-    let mut nodes = Vec::new();
-    for (last, name, _) in NODES {
-        let node = FakeTalosNode::start(node_cfg(last, name), &cluster)
-            .await
-            .unwrap();
-        maintenance(node.addr())
-            .apply_configuration(rendered(name).as_bytes())
-            .await
-            .unwrap();
-        nodes.push(node);
-    }
-    for n in &nodes {
-        n.wait_phase(Phase::Secured).await.unwrap();
-    }
+    let nodes = configured(&cluster, &NODES).await;
     let cp_addr = nodes[0].addr();
     bootstrap_and_wait_ready(cp_addr).await;
     // The second worker only answers its control plane.
@@ -333,20 +340,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
         (171, "rack1-cp-01", Role::ControlPlane),
         (172, "rack1-st-01", Role::Worker),
     ];
-    let mut nodes = Vec::new();
-    for (last, name, _) in names {
-        let node = FakeTalosNode::start(node_cfg(last, name), &cluster)
-            .await
-            .unwrap();
-        maintenance(node.addr())
-            .apply_configuration(rendered(name).as_bytes())
-            .await
-            .unwrap();
-        nodes.push(node);
-    }
-    for n in &nodes {
-        n.wait_phase(Phase::Secured).await.unwrap();
-    }
+    let nodes = configured(&cluster, &names).await;
     bootstrap_and_wait_ready(nodes[0].addr()).await;
     let dir = tempfile::tempdir().unwrap();
     let store = crate::store::open(dir.path()).unwrap();

@@ -200,6 +200,45 @@ async fn after_a_reboot_apid_answers_before_etcd_and_the_member_stays_listed() {
     }
 }
 
+/// The three control planes as apply targets, each rendering with one extra machine env
+/// variable: a change every node takes.
+fn env_targets(nodes: &[FakeTalosNode]) -> Vec<NodeTarget> {
+    CPS.iter()
+        .zip(nodes)
+        .map(|(name, n)| NodeTarget {
+            name: (*name).into(),
+            role: Role::ControlPlane,
+            addr: n.addr(),
+            node_ip: rack_ip(name),
+            rendered: with_machine(
+                &rendered(name),
+                "env",
+                yaml_serde::from_str::<Value>("{HTTP_PROXY: http://p:3128}").unwrap(),
+            ),
+        })
+        .collect()
+}
+
+fn connector(nodes: &[FakeTalosNode]) -> Connector {
+    Connector {
+        creds: admin_creds(),
+        relays: nodes.iter().map(|n| n.addr()).collect(),
+        retry: RetryPolicy::NONE,
+    }
+}
+
+/// A reboot-mode apply, one control plane at a time, gated over `control_planes`.
+fn reboot_opts(control_planes: Vec<NodeTarget>) -> ApplyOptions {
+    ApplyOptions {
+        mode: Mode::Reboot,
+        try_timeout: None,
+        worker_concurrency: 1,
+        gate_timeout: Duration::from_secs(60),
+        gate_poll: Duration::from_millis(20),
+        control_planes,
+    }
+}
+
 /// Issue 24 item 2: a reboot-mode apply over three control planes. The old gate passed as
 /// soon as the changed node answered with the new config and etcd listed three members,
 /// i.e. while that node's etcd was still starting, and took the next control plane down:
@@ -213,37 +252,9 @@ async fn a_reboot_apply_never_takes_a_second_etcd_member_down() {
     })
     .await;
 
-    let env = |t: String| {
-        with_machine(
-            &t,
-            "env",
-            yaml_serde::from_str::<Value>("{HTTP_PROXY: http://p:3128}").unwrap(),
-        )
-    };
-    let targets: Vec<NodeTarget> = CPS
-        .iter()
-        .zip(&nodes)
-        .map(|(name, n)| NodeTarget {
-            name: (*name).into(),
-            role: Role::ControlPlane,
-            addr: n.addr(),
-            node_ip: rack_ip(name),
-            rendered: env(rendered(name)),
-        })
-        .collect();
-    let conn = Connector {
-        creds: admin_creds(),
-        relays: nodes.iter().map(|n| n.addr()).collect(),
-        retry: RetryPolicy::NONE,
-    };
-    let opts = ApplyOptions {
-        mode: Mode::Reboot,
-        try_timeout: None,
-        worker_concurrency: 1,
-        gate_timeout: Duration::from_secs(60),
-        gate_poll: Duration::from_millis(20),
-        control_planes: Vec::new(),
-    };
+    let targets = env_targets(&nodes);
+    let conn = connector(&nodes);
+    let opts = reboot_opts(Vec::new());
     let dir = tempfile::tempdir().unwrap();
     let store = crate::store::open(dir.path()).unwrap();
     let since = Instant::now();
@@ -285,35 +296,10 @@ async fn an_apply_of_one_control_plane_is_gated_on_every_member() {
         etcd_healthy(&nodes).await
     })
     .await;
-    let all: Vec<NodeTarget> = CPS
-        .iter()
-        .zip(&nodes)
-        .map(|(name, n)| NodeTarget {
-            name: (*name).into(),
-            role: Role::ControlPlane,
-            addr: n.addr(),
-            node_ip: rack_ip(name),
-            rendered: with_machine(
-                &rendered(name),
-                "env",
-                yaml_serde::from_str::<Value>("{HTTP_PROXY: http://p:3128}").unwrap(),
-            ),
-        })
-        .collect();
+    let all = env_targets(&nodes);
     let targets = vec![all[1].clone()];
-    let conn = Connector {
-        creds: admin_creds(),
-        relays: nodes.iter().map(|n| n.addr()).collect(),
-        retry: RetryPolicy::NONE,
-    };
-    let opts = |control_planes: Vec<NodeTarget>| ApplyOptions {
-        mode: Mode::Reboot,
-        try_timeout: None,
-        worker_concurrency: 1,
-        gate_timeout: Duration::from_secs(60),
-        gate_poll: Duration::from_millis(20),
-        control_planes,
-    };
+    let conn = connector(&nodes);
+    let opts = reboot_opts;
     let dir = tempfile::tempdir().unwrap();
     let store = crate::store::open(dir.path()).unwrap();
     // The gate over the targets alone refuses to start, naming a member it was not given.
