@@ -18,7 +18,8 @@ use super::rollout::{Event, Gate, RolloutRecord};
 use super::upgrade::{NodeOps, Outcome, Progress, TalosUpgrade, drive, rollout_key};
 use super::upgrade_k8s::K8sOptions;
 
-/// Runs (or resumes) the rollout of `plan`, its record in the store, printing progress.
+/// Runs (or resumes) the rollout of `plan`, its record in the store, each progress line to
+/// `say`.
 pub(crate) async fn upgrade(
     plan: &TalosUpgrade,
     ops: Arc<dyn NodeOps>,
