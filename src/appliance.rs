@@ -148,7 +148,7 @@ pub(crate) enum DhcpPlan {
 /// What push provisioning needs.
 pub(crate) struct ProvisioningPlan {
     /// Machine config renderer.
-    pub renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    pub renderer: Arc<dyn crate::machineconfig::renderer::ConfigRenderer>,
     /// Admin Talos credentials.
     pub creds: crate::talos::ClientCreds,
     /// Provisioner knobs.

@@ -12,9 +12,10 @@ use std::time::Duration;
 use talboot::addons::Timeouts;
 use talboot::events::{EventBus, SystemClock};
 use talboot::inventory::Inventory;
+use talboot::machineconfig::renderer::ConfigRenderer;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE, KUBECONFIG_KEY};
 use talboot::provision::steps::{CLUSTER_TIMELINE, STEP_KEY, StepRecord};
-use talboot::provision::{ClusterStep, ConfigRenderer, Provisioner, Settings, StepOutcome};
+use talboot::provision::{ClusterStep, Provisioner, Settings, StepOutcome};
 use talboot::sim::kube::{DoubleOptions, KubeDouble};
 use talboot::store::{self, Store};
 use talboot::talos::ClientCreds;
@@ -26,7 +27,7 @@ impl ConfigRenderer for NoRenderer {
     fn render(
         &self,
         node: &talboot::inventory::Node,
-    ) -> Result<Vec<u8>, talboot::provision::RenderError> {
+    ) -> Result<Vec<u8>, talboot::machineconfig::renderer::RenderError> {
         Err(format!("{} is not rendered in this test", node.name.value).into())
     }
 }
@@ -598,7 +599,7 @@ mod from_talos {
         fn render(
             &self,
             _node: &talboot::inventory::Node,
-        ) -> Result<Vec<u8>, talboot::provision::RenderError> {
+        ) -> Result<Vec<u8>, talboot::machineconfig::renderer::RenderError> {
             Ok(format!(
                 "version: v1alpha1\nmachine:\n  type: controlplane\n  token: \
                  abcdef.0123456789abcdef\n  ca:\n    crt: {crt}\n    key: \"{key}\"\n  \

@@ -23,7 +23,8 @@ use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};
 use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::Tokens};
 use talboot::inventory::{Inventory, Mac, Node};
-use talboot::provision::{ConfigRenderer, Provisioner, Settings};
+use talboot::machineconfig::renderer::ConfigRenderer;
+use talboot::provision::{Provisioner, Settings};
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode};
 use talboot::store::{Lease, LeaseState, Store};
@@ -316,7 +317,10 @@ struct SecretRenderer {
 }
 
 impl ConfigRenderer for SecretRenderer {
-    fn render(&self, _node: &Node) -> Result<Vec<u8>, talboot::provision::RenderError> {
+    fn render(
+        &self,
+        _node: &Node,
+    ) -> Result<Vec<u8>, talboot::machineconfig::renderer::RenderError> {
         use base64::Engine as _;
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         Ok(format!(

@@ -17,10 +17,9 @@ use base64::engine::general_purpose::STANDARD;
 
 use talboot::events::{EventBus, EventKind, SystemClock};
 use talboot::inventory::{InstallTarget, Inventory, MachineType, Node};
+use talboot::machineconfig::renderer::ConfigRenderer;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE};
-use talboot::provision::{
-    ClusterProgress, ConfigRenderer, NodeStep, ProvisionError, Provisioner, Settings,
-};
+use talboot::provision::{ClusterProgress, NodeStep, ProvisionError, Provisioner, Settings};
 use talboot::sim::disks::SimDisk;
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
@@ -37,7 +36,10 @@ struct TestRenderer {
 }
 
 impl ConfigRenderer for TestRenderer {
-    fn render(&self, node: &Node) -> Result<Vec<u8>, talboot::provision::RenderError> {
+    fn render(
+        &self,
+        node: &Node,
+    ) -> Result<Vec<u8>, talboot::machineconfig::renderer::RenderError> {
         let cp = self.inventory.role_of(node).machine_type == MachineType::ControlPlane;
         let key = if cp {
             STANDARD.encode(self.ca.key_pem_talos_label())

@@ -358,11 +358,11 @@ struct CpRenderer {
     ca: talboot::sim::pki::SimCa,
 }
 
-impl talboot::provision::ConfigRenderer for CpRenderer {
+impl talboot::machineconfig::renderer::ConfigRenderer for CpRenderer {
     fn render(
         &self,
         _node: &talboot::inventory::Node,
-    ) -> Result<Vec<u8>, talboot::provision::RenderError> {
+    ) -> Result<Vec<u8>, talboot::machineconfig::renderer::RenderError> {
         use base64::Engine;
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         Ok(format!(

@@ -2,13 +2,13 @@
 //! `TALBOOT_ADMIN_TOKEN_FILE`) is the one file both ends read: `serve` requires it for an
 //! admin listener off loopback, and the `--admin` clients (`status`, `node rebuild`, `power`,
 //! `rack`, `apply`, `upgrade`) send its token; a client without the flag takes
-//! `TALBOOT_ADMIN_TOKEN`. [`client`] is the HTTP client those commands use: it sends the
-//! token, when there is one, as `Authorization: Bearer` (marked sensitive, so no log of
-//! reqwest's shows it).
+//! `TALBOOT_ADMIN_TOKEN`. [`client`] is the HTTP client those commands use
+//! ([`crate::daytwo::remote::client::http_client`] with that token).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::daytwo::remote::client::{ClientError, http_client};
 use crate::http::admin_auth::{AdminToken, TokenError};
 
 /// The environment variable a client reads the token from when no file is given.
@@ -40,25 +40,17 @@ pub(crate) fn client_token(
     }
 }
 
-/// The HTTP client of the `--admin` commands: no proxy (the admin API is this host's or the
-/// management network's), with the admin token if one is configured.
+/// The HTTP client of the `--admin` commands ([`client::http_client`]), with the admin
+/// token if one is configured.
 pub(crate) fn client() -> Result<reqwest::Client, String> {
     let token =
         client_token(token_file(), std::env::var(TOKEN_ENV).ok()).map_err(|e| e.to_string())?;
-    let mut builder = reqwest::Client::builder().no_proxy();
-    if let Some(token) = token {
-        let mut value =
-            reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(
-                |_| {
-                    format!("the admin token from {TOKEN_ENV} or --admin-token-file cannot be sent")
-                },
-            )?;
-        value.set_sensitive(true);
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-        builder = builder.default_headers(headers);
-    }
-    builder.build().map_err(|e| e.to_string())
+    http_client(token.as_ref().map(AdminToken::expose)).map_err(|e| match e {
+        ClientError::Token => {
+            format!("the admin token from {TOKEN_ENV} or --admin-token-file cannot be sent")
+        }
+        ClientError::Build(e) => e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ pub(crate) fn render_check(
             "talboot: cannot make a throwaway secrets bundle: {e}"
         )]
     })?;
-    let rendered = super::r#gen::render_all(inv, &secrets, schema)?;
+    let rendered = crate::machineconfig::rendered::render_all(inv, &secrets, schema)?;
     tracing::debug!(
         nodes = rendered.configs.len(),
         schema = %schema.source_name(),

@@ -13,7 +13,6 @@
 //! run: the schema facts embedded in talboot (Talos v1.13), or `--schema PATH`, another
 //! release's full `config.schema.json`. Deprecated fields are warnings naming the replacement.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -22,9 +21,10 @@ use time::OffsetDateTime;
 use crate::crypto::age::IdentitySources;
 use crate::inventory::Inventory;
 use crate::machineconfig::clients::{self, DEFAULT_CLIENT_CERT_TTL};
-use crate::machineconfig::render;
-use crate::machineconfig::schema::{self, Deprecation, Schema};
+use crate::machineconfig::rendered::render_all;
+use crate::machineconfig::schema;
 use crate::machineconfig::secrets::SecretsBundle;
+use crate::machineconfig::text_diff::line_diff;
 
 use super::secrets::{load_bundle, load_inventory};
 use super::{EXIT_INVALID, EXIT_USAGE};
@@ -112,86 +112,6 @@ pub fn run(args: &Args) -> ExitCode {
             ExitCode::from(EXIT_USAGE)
         }
     }
-}
-
-/// What [`render_all`] produced.
-#[derive(Debug, Default)]
-pub(crate) struct Rendered {
-    /// `(node name, YAML text)` in inventory order.
-    pub configs: Vec<(String, String)>,
-    /// Warnings for the operator (deprecated fields, one line per field), `warning: ...`.
-    pub warnings: Vec<String>,
-}
-
-/// Renders every node and validates each document against `schema`: the configs with
-/// warnings, or every problem found across all nodes (structure and schema violations).
-pub(crate) fn render_all(
-    inv: &Inventory,
-    secrets: &SecretsBundle,
-    schema: &Schema,
-) -> Result<Rendered, Vec<String>> {
-    let mut out = Vec::new();
-    let mut problems = Vec::new();
-    let mut unchecked: Vec<String> = Vec::new();
-    let mut deprecated: Vec<Deprecation> = Vec::new();
-    for node in &inv.nodes {
-        let name = node.name.value.clone();
-        let bundle = match render::render_node(inv, secrets, node) {
-            Ok(b) => b,
-            Err(e) => {
-                problems.push(e.to_string());
-                continue;
-            }
-        };
-        let report = schema.validate(&name, &bundle);
-        problems.extend(report.violations.iter().map(ToString::to_string));
-        deprecated.extend(report.deprecated);
-        for u in report.unchecked {
-            if !unchecked.contains(&u) {
-                unchecked.push(u);
-            }
-        }
-        match bundle.to_yaml() {
-            Ok(text) => out.push((name, text)),
-            Err(e) => problems.push(format!("node {name}: {e}")),
-        }
-    }
-    if !unchecked.is_empty() {
-        tracing::debug!(
-            fields = %unchecked.join(", "),
-            "fields Talos accepts but its config schema omits; not schema-checked"
-        );
-    }
-    if problems.is_empty() {
-        Ok(Rendered {
-            configs: out,
-            warnings: deprecation_warnings(&deprecated),
-        })
-    } else {
-        Err(problems)
-    }
-}
-
-/// One warning per deprecated field, naming every node whose config carries it.
-pub(crate) fn deprecation_warnings(found: &[Deprecation]) -> Vec<String> {
-    let mut fields: Vec<(&str, &str, &str, Vec<&str>)> = Vec::new();
-    for d in found {
-        match fields.iter_mut().find(|(f, _, _, _)| *f == d.field) {
-            Some((_, _, _, nodes)) => nodes.push(&d.node),
-            None => fields.push((&d.field, d.since, d.replacement, vec![&d.node])),
-        }
-    }
-    fields
-        .into_iter()
-        .map(|(field, since, replacement, nodes)| {
-            format!(
-                "warning: v1alpha1 `{field}` (in the rendered config of {} {}) is deprecated \
-                 since Talos {since} and not in its config schema; use {replacement} instead",
-                if nodes.len() == 1 { "node" } else { "nodes" },
-                nodes.join(", ")
-            )
-        })
-        .collect()
 }
 
 /// Why `gen` could not write its output.
@@ -340,80 +260,5 @@ fn check(dir: &Path, rendered: &[(String, String)]) -> ExitCode {
             rendered.len()
         );
         ExitCode::from(EXIT_INVALID)
-    }
-}
-
-/// Lines of context around each change in [`line_diff`].
-const CONTEXT: usize = 3;
-
-/// A line diff of `old` -> `new` in unified style (`-`/`+`/` ` prefixes, `@@` hunk headers with
-/// 1-based line numbers), from a longest-common-subsequence alignment. Empty when equal.
-pub(crate) fn line_diff(old: &str, new: &str) -> String {
-    let a: Vec<&str> = old.lines().collect();
-    let b: Vec<&str> = new.lines().collect();
-    // lcs[i][j] = length of the LCS of a[i..] and b[j..].
-    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
-    }
-    // The edit script: (op, old line index, new line index).
-    let mut ops: Vec<(char, usize, usize)> = Vec::new();
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            ops.push((' ', i, j));
-            i += 1;
-            j += 1;
-        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            ops.push(('-', i, j));
-            i += 1;
-        } else {
-            ops.push(('+', i, j));
-            j += 1;
-        }
-    }
-    let mut out = String::new();
-    let changed: Vec<usize> = (0..ops.len()).filter(|&k| ops[k].0 != ' ').collect();
-    let mut k = 0;
-    while k < changed.len() {
-        let start = changed[k].saturating_sub(CONTEXT);
-        let mut end = changed[k];
-        while k + 1 < changed.len() && changed[k + 1] <= end + 2 * CONTEXT + 1 {
-            k += 1;
-            end = changed[k];
-        }
-        let end = (end + CONTEXT + 1).min(ops.len());
-        let (_, oi, nj) = ops[start];
-        let _ = writeln!(out, "@@ -{} +{} @@", oi + 1, nj + 1);
-        for &(op, oi, nj) in &ops[start..end] {
-            let line = if op == '+' { b[nj] } else { a[oi] };
-            let _ = writeln!(out, "{op}{line}");
-        }
-        k += 1;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn diff_marks_changes_with_context() {
-        let old = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n";
-        let new = "a\nb\nc\nD\ne\nf\ng\nh\ni\nj\nk\nl\nm\nn\n";
-        let d = line_diff(old, new);
-        assert_eq!(
-            d,
-            "@@ -1 +1 @@\n a\n b\n c\n-d\n+D\n e\n f\n g\n@@ -11 +11 @@\n k\n l\n m\n+n\n"
-        );
-        assert_eq!(line_diff(old, old), "");
-        assert_eq!(line_diff("", "x\n"), "@@ -1 +1 @@\n+x\n");
     }
 }

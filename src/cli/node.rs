@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use crate::events::{EventBus, SystemClock};
 use crate::inventory::{self, Node};
-use crate::provision::{ConfigRenderer, Provisioner, Settings};
+use crate::machineconfig::renderer::ConfigRenderer;
+use crate::provision::{Provisioner, Settings};
 use crate::store::{self, Store};
 
 use super::{EXIT_INVALID, EXIT_USAGE};
@@ -64,8 +65,8 @@ pub(crate) struct RebuildArgs {
 struct NoRender;
 
 impl ConfigRenderer for NoRender {
-    fn render(&self, _node: &Node) -> Result<Vec<u8>, crate::provision::RenderError> {
-        Err(crate::provision::RenderError::NotDelivered {
+    fn render(&self, _node: &Node) -> Result<Vec<u8>, crate::machineconfig::renderer::RenderError> {
+        Err(crate::machineconfig::renderer::RenderError::NotDelivered {
             command: "talboot node rebuild",
             instead: "`talboot serve` provisions the node on its next boot",
         })
@@ -267,7 +268,7 @@ mod tests {
         let e = NoRender.render(&inv.nodes[0]).unwrap_err();
         assert!(matches!(
             e,
-            crate::provision::RenderError::NotDelivered {
+            crate::machineconfig::renderer::RenderError::NotDelivered {
                 command: "talboot node rebuild",
                 ..
             }

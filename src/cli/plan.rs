@@ -121,12 +121,14 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
     let schema = schema::load_for_inventory(None, &inv).map_err(|e| usage(e.to_string()))?;
     let sources = IdentitySources::from_process_env(c.age_identity.clone());
     let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
-    let rendered = super::r#gen::render_all(&inv, &secrets, &schema).map_err(|problems| {
-        usage(format!(
-            "the inventory does not render:\n  {}",
-            problems.join("\n  ")
-        ))
-    })?;
+    let rendered = crate::machineconfig::rendered::render_all(&inv, &secrets, &schema).map_err(
+        |problems| {
+            usage(format!(
+                "the inventory does not render:\n  {}",
+                problems.join("\n  ")
+            ))
+        },
+    )?;
     let yaml = std::fs::read_to_string(&c.talosconfig).map_err(|e| {
         usage(format!(
             "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o out`",
@@ -268,7 +270,7 @@ pub(crate) fn apply_request(targets: &[NodeTarget], opts: &ApplyOptions) -> Roll
 fn apply_through_serve(admin: SocketAddr, targets: &[NodeTarget], opts: &ApplyOptions) -> ExitCode {
     println!("talboot serve holds the store; applying through its admin API at {admin}");
     let request = apply_request(targets, opts);
-    let base = super::remote::base_url(admin);
+    let base = crate::daytwo::remote::client::base_url(admin);
     match runtime().block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
         Ok(outcome) => report(outcome),
         Err(e) => {

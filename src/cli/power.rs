@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory};
 use crate::power::credentials::Resolver;
-use crate::power::dispatch::PowerRequest;
+use crate::power::dispatch::{PowerRequest, drivers};
 use crate::power::{BootDevice, BootPersistence, PowerAction, PowerDriver};
 use crate::store::{self, NodePhase, Store};
 
@@ -149,43 +149,6 @@ pub(crate) fn parse_pause(s: &str) -> Result<Duration, String> {
         "m" => Ok(Duration::from_secs(n * 60)),
         _ => Err(format!("`{s}`: unit must be ms, s or m")),
     }
-}
-
-/// Every node's driver (or why it has none usable), credentials resolved.
-pub(crate) fn drivers(
-    inv: &Inventory,
-    sources: IdentitySources,
-) -> BTreeMap<String, Result<PowerDriver, String>> {
-    let env = |name: &str| std::env::var(name).ok();
-    let mut resolver = Resolver::new(&env, sources);
-    let mut out = BTreeMap::new();
-    for node in &inv.nodes {
-        let Some(config) = &node.power else { continue };
-        let d = resolver
-            .config(node.name.as_str(), config)
-            .map(PowerDriver::from)
-            .map_err(|e| e.to_string());
-        out.insert(node.name.to_string(), d);
-    }
-    out
-}
-
-/// The drivers `serve`'s provisioner gets: the usable ones; a node whose credentials do
-/// not resolve is logged (naming the variable or file, never a value) and left out.
-pub(crate) fn serve_drivers(
-    inv: &Inventory,
-    age_identity: Option<PathBuf>,
-) -> BTreeMap<String, PowerDriver> {
-    drivers(inv, IdentitySources::from_process_env(age_identity))
-        .into_iter()
-        .filter_map(|(name, d)| match d {
-            Ok(d) => Some((name, d)),
-            Err(e) => {
-                tracing::warn!(node = %name, "power control unavailable: {e}");
-                None
-            }
-        })
-        .collect()
 }
 
 /// How long a rebuild waits for the Talos API before it uses power control instead.

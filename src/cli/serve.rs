@@ -426,7 +426,10 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     let mut drift = None;
     // One driver set (credentials resolved once) for the provisioner and --power-on.
     let power = if push || args.power_on {
-        Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()))
+        Arc::new(crate::power::dispatch::serve_drivers(
+            &inv,
+            args.age_identity.clone(),
+        ))
     } else {
         Arc::default()
     };
@@ -568,7 +571,7 @@ fn start_power_on(
 
 /// What push provisioning needs, loaded before anything is served.
 struct ProvisioningInputs {
-    renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    renderer: Arc<dyn crate::machineconfig::renderer::ConfigRenderer>,
     creds: crate::talos::ClientCreds,
     ksops_age_identity: Option<Arc<Secret>>,
 }
@@ -686,12 +689,13 @@ fn provisioning_inputs(
         .map_err(|e| StartError::Provisioning(format!("{}: {e}", path.display())))?;
     // Every config push delivery will send, rendered and validated now: a config Talos would
     // refuse stops serve before any machine boots.
-    let rendered = super::r#gen::render_all(inv, &secrets, schema).map_err(|problems| {
-        StartError::Configs {
-            schema: schema.source_name().to_owned(),
-            problems,
-        }
-    })?;
+    let rendered =
+        crate::machineconfig::rendered::render_all(inv, &secrets, schema).map_err(|problems| {
+            StartError::Configs {
+                schema: schema.source_name().to_owned(),
+                problems,
+            }
+        })?;
     for w in &rendered.warnings {
         tracing::warn!("{w}");
     }
@@ -733,7 +737,7 @@ fn validate_pull_configs(
             Err(e) => problems.push(format!("{}: {e}", path.display())),
         }
     }
-    for w in super::r#gen::deprecation_warnings(&deprecated) {
+    for w in crate::machineconfig::rendered::deprecation_warnings(&deprecated) {
         tracing::warn!("{w}");
     }
     if problems.is_empty() {

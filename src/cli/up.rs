@@ -551,7 +551,8 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Res
     let sources = IdentitySources::from_process_env(sa.age_identity.clone());
     let bundle = super::secrets::load_bundle(inv, &sources)
         .map_err(|e| UpError::SecretsLoad(e.to_string()))?;
-    let rendered = super::r#gen::render_all(inv, &bundle, &schema).map_err(UpError::Render)?;
+    let rendered = crate::machineconfig::rendered::render_all(inv, &bundle, &schema)
+        .map_err(UpError::Render)?;
     for w in &rendered.warnings {
         eprintln!("{w}");
     }

@@ -10,12 +10,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
-use crate::daytwo::remote::{
-    K8sUpgradeRequest, RemoteOutcome, RolloutKind, RolloutRequest, TalosUpgradeRequest,
-};
-use crate::daytwo::rollout::{Event, Gate, RolloutRecord};
-use crate::daytwo::upgrade::{Outcome, Progress, TalosOps, TalosUpgrade, drive, rollout_key};
+use crate::daytwo::remote::RemoteOutcome;
+use crate::daytwo::upgrade::{Outcome, TalosOps, TalosUpgrade};
+use crate::daytwo::upgrade_run::{K8sUpgradeSettings, ensure_boot_sets, talos_request, upgrade};
 use crate::inventory::{self, Inventory, Version};
 use crate::store::{self, Store};
 
@@ -148,7 +145,9 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images)) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images, |l| {
+        println!("{l}")
+    })) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
@@ -190,7 +189,9 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.images)) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.images, |l| {
+        println!("{l}")
+    })) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
@@ -202,7 +203,7 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         args.worker_concurrency,
         args.node_timeout,
     );
-    let base = super::remote::base_url(args.admin);
+    let base = crate::daytwo::remote::client::base_url(args.admin);
     match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
         Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => {
             finished(args, inv, version)
@@ -210,24 +211,6 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         Ok(RemoteOutcome::Stopped { node, reason, .. }) => stopped(node, &reason),
         Ok(RemoteOutcome::Failed { reason }) => fail(EXIT_USAGE, reason),
         Err(e) => fail(EXIT_USAGE, e),
-    }
-}
-
-/// The request serve runs for `talboot upgrade --talos`.
-pub(crate) fn talos_request(
-    version: &Version,
-    stage: bool,
-    worker_concurrency: usize,
-    node_timeout: u64,
-) -> RolloutRequest {
-    RolloutRequest {
-        worker_concurrency,
-        kind: RolloutKind::UpgradeTalos(TalosUpgradeRequest {
-            version: version.to_string(),
-            stage,
-            node_timeout_secs: node_timeout,
-            gate_poll_ms: 2000,
-        }),
     }
 }
 
@@ -259,111 +242,6 @@ fn stopped(node: Option<String>, reason: &str) -> ExitCode {
     )
 }
 
-/// Runs (or resumes) the rollout of `plan`, its record in the store, printing progress.
-pub(crate) async fn upgrade(
-    plan: &TalosUpgrade,
-    ops: Arc<dyn crate::daytwo::upgrade::NodeOps>,
-    store: &dyn Store,
-    worker_concurrency: usize,
-    say: &(dyn Fn(String) + Send + Sync),
-) -> Result<Outcome, String> {
-    let key = rollout_key(&plan.version);
-    let stored: Option<RolloutRecord> = match store.rollout(&key).map_err(|e| e.to_string())? {
-        Some(bytes) => Some(
-            serde_json::from_slice(&bytes)
-                .map_err(|e| format!("stored rollout {key} is unreadable: {e}"))?,
-        ),
-        None => None,
-    };
-    if stored.is_some() {
-        say(format!("resuming {key} from the store"));
-    }
-    let rollout = plan
-        .rollout(stored, worker_concurrency)
-        .map_err(|e| e.to_string())?;
-    drive(
-        rollout,
-        ops,
-        |r| {
-            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
-            store.put_rollout(&key, &json).map_err(|e| e.to_string())
-        },
-        |p| say(progress_line(&plan.version, p)),
-    )
-    .await
-    .map_err(String::from)
-}
-
-/// One progress line of a Talos upgrade, for the operator.
-pub(crate) fn progress_line(version: &Version, p: &Progress) -> String {
-    match p {
-        Progress::Checking(Gate::Cluster) => "checking the cluster before upgrading".into(),
-        Progress::Checking(Gate::Node(n)) => {
-            format!("{n}: waiting until it is back on {version} and healthy")
-        }
-        Progress::Changing(n) => format!("{n}: upgrading to {version}"),
-        Progress::Reconciling(n) => {
-            format!("{n}: an earlier run started its upgrade; checking whether it took effect")
-        }
-        Progress::Observed(Event::Healthy(Gate::Node(n))) => format!("{n}: done"),
-        Progress::Observed(Event::Healthy(Gate::Cluster)) => "cluster healthy".into(),
-        Progress::Observed(Event::Changed { node }) => {
-            format!("{node}: installed; rebooting into it")
-        }
-        Progress::Observed(Event::NotChanged { node }) => {
-            format!("{node}: not upgraded yet; upgrading now")
-        }
-        Progress::Observed(Event::ChangeFailed { node, reason }) => {
-            format!("{node}: FAILED: {reason}")
-        }
-        Progress::Observed(Event::Unhealthy { gate, reason }) => match gate {
-            Gate::Node(n) => format!("{n}: FAILED: {reason}"),
-            Gate::Cluster => format!("cluster not healthy: {reason}"),
-        },
-    }
-}
-
-/// Every boot set of `version` the inventory's nodes need: verified, or pulled from the
-/// inventory's Image Factory and then verified.
-async fn ensure_boot_sets(
-    inv: &Inventory,
-    version: &Version,
-    dir: &std::path::Path,
-) -> Result<(), ArtifactError> {
-    let schematic = inv.cluster.installer.schematic_id();
-    let mut arches: Vec<_> = inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
-    arches.sort();
-    arches.dedup();
-    let mut catalog = Catalog::load(dir)?;
-    for arch in arches {
-        let id = SetId::new(version, schematic, arch);
-        match artifacts::verify(dir, &catalog, &id) {
-            Ok(()) => continue,
-            Err(ArtifactError::Missing { .. }) => {}
-            Err(e) => return Err(e),
-        }
-        println!(
-            "pulling {id} from {}",
-            inv.cluster.installer.factory_url.as_str()
-        );
-        let req = factory::PullRequest {
-            base_url: inv.cluster.installer.factory_url.clone(),
-            id: id.clone(),
-            dir: dir.to_path_buf(),
-            progress: false,
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        // `pull` records the set in the catalog file itself.
-        factory::pull(&factory::client()?, &req, now).await?;
-        catalog = Catalog::load(dir)?;
-        artifacts::verify(dir, &catalog, &id)?;
-    }
-    Ok(())
-}
-
 /// `--kubernetes`: the steps in talosctl's order ([`crate::daytwo::upgrade_k8s`]); with
 /// `--dry-run` only listed, else carried out one at a time, health-gated and resumable.
 fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
@@ -393,7 +271,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         // The manifest sync's changes come from the cluster: what the first control plane
         // renders now against what the API server has (before the patches above, so the
         // images it lists are the current ones).
-        let opts = k8s_options(args);
+        let opts = k8s_settings(args).options();
         let listed = try_creds_and_runtime(args).and_then(|(creds, rt)| {
             rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
                 .map_err(|e| e.to_string())
@@ -428,7 +306,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    let opts = k8s_options(args);
+    let opts = k8s_settings(args).options();
     if matches!(store.rollout(&upgrade_k8s::rollout_key(&to)), Ok(Some(_))) {
         println!("resuming {} from the store", upgrade_k8s::rollout_key(&to));
     }
@@ -449,27 +327,6 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
     }
 }
 
-fn k8s_options(args: &Args) -> crate::daytwo::upgrade_k8s::K8sOptions {
-    crate::daytwo::upgrade_k8s::K8sOptions {
-        apid_port: args.apid_port,
-        pod_wait: k8s_pod_wait(args),
-        node_wait: k8s_node_wait(args),
-        poll: std::time::Duration::from_millis(args.gate_poll_ms.max(10)),
-        no_prune: args.no_prune,
-        // talosctl's 5 minutes (`--manifests-reconcile-timeout`), shorter with --node-timeout.
-        manifest_wait: (!args.skip_manifest_wait).then(|| k8s_pod_wait(args)),
-    }
-}
-
-/// talosctl's waits (5 min for a static pod, 3 for a kubelet), shorter with `--node-timeout`.
-fn k8s_pod_wait(args: &Args) -> std::time::Duration {
-    std::time::Duration::from_secs(args.node_timeout.min(300))
-}
-
-fn k8s_node_wait(args: &Args) -> std::time::Duration {
-    std::time::Duration::from_secs(args.node_timeout.min(180))
-}
-
 /// `kubernetes` while serve holds the store: serve plans the upgrade against its inventory
 /// and runs it with its credentials and store; the progress is printed as it comes.
 fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
@@ -484,8 +341,8 @@ fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    let request = k8s_request(to, args);
-    let base = super::remote::base_url(args.admin);
+    let request = k8s_settings(args).request(to, args.worker_concurrency);
+    let base = crate::daytwo::remote::client::base_url(args.admin);
     match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
         Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => k8s_finished(args, to),
         Ok(RemoteOutcome::Stopped { node, reason, .. }) => k8s_stopped(node, &reason),
@@ -494,18 +351,14 @@ fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
     }
 }
 
-/// The request serve runs for `talboot upgrade --kubernetes`.
-pub(crate) fn k8s_request(to: &Version, args: &Args) -> RolloutRequest {
-    RolloutRequest {
-        worker_concurrency: args.worker_concurrency.max(1),
-        kind: RolloutKind::UpgradeKubernetes(K8sUpgradeRequest {
-            version: to.to_string(),
-            pod_wait_secs: k8s_pod_wait(args).as_secs(),
-            node_wait_secs: k8s_node_wait(args).as_secs(),
-            gate_poll_ms: args.gate_poll_ms,
-            no_prune: args.no_prune,
-            skip_manifest_wait: args.skip_manifest_wait,
-        }),
+/// The Kubernetes upgrade flags, as daytwo takes them.
+fn k8s_settings(args: &Args) -> K8sUpgradeSettings {
+    K8sUpgradeSettings {
+        apid_port: args.apid_port,
+        node_timeout: args.node_timeout,
+        gate_poll_ms: args.gate_poll_ms,
+        no_prune: args.no_prune,
+        skip_manifest_wait: args.skip_manifest_wait,
     }
 }
 

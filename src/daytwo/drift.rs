@@ -191,7 +191,7 @@ pub async fn watch(
 /// does not render is left out (serve refuses to start on one anyway).
 pub fn targets(
     inv: &crate::inventory::Inventory,
-    renderer: &dyn crate::provision::ConfigRenderer,
+    renderer: &dyn crate::machineconfig::renderer::ConfigRenderer,
     creds: &crate::talos::ClientCreds,
     apid_port: u16,
 ) -> (Connector, Vec<NodeTarget>) {

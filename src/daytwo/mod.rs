@@ -17,3 +17,4 @@ pub mod remote;
 pub mod rollout;
 pub mod upgrade;
 pub mod upgrade_k8s;
+pub mod upgrade_run;

@@ -16,6 +16,8 @@
 //! inventory gives the node (never one the request names), so the admin API cannot be used
 //! to push a config anywhere else.
 
+pub mod client;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -573,7 +575,7 @@ impl Job for UpgradeTalosJob {
                 say(line);
             }
         };
-        let upgrade = crate::cli::upgrade::upgrade(
+        let upgrade = super::upgrade_run::upgrade(
             &self.plan,
             Arc::new(ops),
             ctx.store.as_ref(),

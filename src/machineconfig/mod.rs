@@ -9,8 +9,11 @@ pub(crate) mod legacy;
 pub mod patch;
 pub mod pki;
 pub mod render;
+pub mod rendered;
+pub mod renderer;
 pub mod schema;
 pub mod secrets;
+pub mod text_diff;
 
 #[cfg(test)]
 mod testutil;

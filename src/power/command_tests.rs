@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use crate::events::{EventBus, EventKind, SystemClock};
 use crate::inventory::IpmiTarget;
+use crate::machineconfig::renderer::{ConfigRenderer, RenderError};
 use crate::power::dispatch::PowerRequest;
 use crate::power::{Credential, PowerAction, PowerDriver};
-use crate::provision::{ConfigRenderer, Provisioner, RenderError, Settings, command_channel};
+use crate::provision::{Provisioner, Settings, command_channel};
 use crate::talos::ClientCreds;
 
 struct NoRender;

@@ -4,12 +4,21 @@
 //! The inventory's resolved targets are mapped onto each driver's own config here, so the
 //! drivers stay independent of the inventory model. A driver is built per request: building
 //! is cheap (one HTTP client), and a BMC whose certificate or address changed is picked up
-//! without a restart.
+//! without a restart. [`drivers`] builds every inventory node's, credentials resolved, for the
+//! CLI and for serve's provisioner ([`serve_drivers`]).
 
-use crate::inventory::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::crypto::age::IdentitySources;
+use crate::inventory::{
+    Inventory, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget,
+};
 
 use super::{
-    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState, ipmi,
+    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState,
+    credentials::Resolver,
+    ipmi,
     proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},
     redfish::{Redfish, RedfishConfig},
     wol,
@@ -273,6 +282,43 @@ pub async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Duration) 
         tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))
     )
+}
+
+/// Every node's driver (or why it has none usable), credentials resolved.
+pub(crate) fn drivers(
+    inv: &Inventory,
+    sources: IdentitySources,
+) -> BTreeMap<String, Result<PowerDriver, String>> {
+    let env = |name: &str| std::env::var(name).ok();
+    let mut resolver = Resolver::new(&env, sources);
+    let mut out = BTreeMap::new();
+    for node in &inv.nodes {
+        let Some(config) = &node.power else { continue };
+        let d = resolver
+            .config(node.name.as_str(), config)
+            .map(PowerDriver::from)
+            .map_err(|e| e.to_string());
+        out.insert(node.name.to_string(), d);
+    }
+    out
+}
+
+/// The drivers `serve`'s provisioner gets: the usable ones; a node whose credentials do
+/// not resolve is logged (naming the variable or file, never a value) and left out.
+pub(crate) fn serve_drivers(
+    inv: &Inventory,
+    age_identity: Option<PathBuf>,
+) -> BTreeMap<String, PowerDriver> {
+    drivers(inv, IdentitySources::from_process_env(age_identity))
+        .into_iter()
+        .filter_map(|(name, d)| match d {
+            Ok(d) => Some((name, d)),
+            Err(e) => {
+                tracing::warn!(node = %name, "power control unavailable: {e}");
+                None
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

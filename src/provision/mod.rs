@@ -39,45 +39,7 @@ pub use cluster::{ClusterProgress, HealthReport};
 pub use node::NodeStep;
 pub use steps::{ClusterStep, StepOutcome};
 
-/// Turns an inventory node into its machine config (multi-document YAML). The real renderer
-/// is `machineconfig::render`; tests provide their own.
-pub trait ConfigRenderer: Send + Sync {
-    /// The complete machine config for `node`, or why it cannot be made (shown to the
-    /// operator as is).
-    fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError>;
-}
-
-/// Why a machine config was not rendered.
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    /// The inventory and secrets do not make a config for the node (the renderer's error,
-    /// which names the field to fix).
-    #[error(transparent)]
-    Config(Box<dyn std::error::Error + Send + Sync>),
-    /// This renderer does not render configs (a command that never delivers one).
-    #[error("{0}")]
-    Unavailable(String),
-    /// A command that never delivers a config was asked for one.
-    #[error("`{command}` does not deliver configs; {instead}")]
-    NotDelivered {
-        /// The command (`talboot node rebuild`).
-        command: &'static str,
-        /// What delivers the config instead.
-        instead: &'static str,
-    },
-}
-
-impl From<String> for RenderError {
-    fn from(why: String) -> Self {
-        Self::Unavailable(why)
-    }
-}
-
-impl From<&str> for RenderError {
-    fn from(why: &str) -> Self {
-        Self::Unavailable(why.to_owned())
-    }
-}
+use crate::machineconfig::renderer::{ConfigRenderer, RenderError};
 
 /// Why an operator command did not reach the running provisioner, or was refused by it.
 #[derive(Debug, thiserror::Error)]

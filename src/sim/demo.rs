@@ -219,7 +219,7 @@ struct Relaunch {
     admin: SocketAddr,
     tftp: SocketAddr,
     dhcp: SocketAddrV4,
-    renderer: Arc<dyn crate::provision::ConfigRenderer>,
+    renderer: Arc<dyn crate::machineconfig::renderer::ConfigRenderer>,
     creds: crate::talos::ClientCreds,
     settings: Settings,
 }
@@ -568,7 +568,7 @@ impl Demo {
         }
         // Power controllers from the inventory's `power:` blocks, as `serve` builds them (the
         // example rack has none; an inventory with one gets the dashboard's power actions).
-        settings.power = Arc::new(crate::cli::power::serve_drivers(&inv, None));
+        settings.power = Arc::new(crate::power::dispatch::serve_drivers(&inv, None));
         settings.poll_interval = Duration::from_millis(250);
         settings.install_timeout = Duration::from_secs(60);
         settings.health_timeout = Duration::from_secs(60);

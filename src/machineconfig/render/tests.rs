@@ -76,7 +76,7 @@ fn golden(file: &str, bundle: &ConfigBundle) {
         want == text,
         "{} differs from the rendered config; review and rerun with TALBOOT_UPDATE_GOLDEN=1\n{}",
         path.display(),
-        crate::cli::r#gen::line_diff(&want, &text)
+        crate::machineconfig::text_diff::line_diff(&want, &text)
     );
 }
 
@@ -613,7 +613,7 @@ fn v1_13_output_is_unchanged_byte_for_byte() {
     assert!(
         want == lines,
         "{}",
-        crate::cli::r#gen::line_diff(&want, &lines)
+        crate::machineconfig::text_diff::line_diff(&want, &lines)
     );
 }
 

@@ -114,7 +114,7 @@ impl Demo {
         });
         let schema = crate::machineconfig::schema::load(None)
             .map_err(|e| DemoError::DayTwo(e.to_string()))?;
-        let rendered = crate::cli::r#gen::render_all(&inv, &self.secrets, &schema)
+        let rendered = crate::machineconfig::rendered::render_all(&inv, &self.secrets, &schema)
             .map_err(|p| DemoError::DayTwo(p.join("; ")))?;
         let request = RolloutRequest {
             worker_concurrency,
@@ -139,13 +139,17 @@ impl Demo {
         };
         let before = reboots(self);
         let since = Instant::now();
-        let outcome = crate::cli::remote::follow(&self.admin_url, &request, |line| {
-            if print {
-                println!("  {line}");
-            }
-        })
-        .await
-        .map_err(|e| DemoError::DayTwo(e.to_string()))?;
+        crate::install_crypto_provider();
+        let client = crate::daytwo::remote::client::http_client(None)
+            .map_err(|e| DemoError::DayTwo(e.to_string()))?;
+        let outcome =
+            crate::daytwo::remote::client::follow(&client, &self.admin_url, &request, |line| {
+                if print {
+                    println!("  {line}");
+                }
+            })
+            .await
+            .map_err(|e| DemoError::DayTwo(e.to_string()))?;
         let wall = since.elapsed();
         let log = self.cluster.availability();
         Ok(ConfigChangeReport {

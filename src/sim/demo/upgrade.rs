@@ -77,7 +77,7 @@ impl Demo {
         ops.wait = Duration::from_secs(120);
         ops.poll = Duration::from_millis(50);
         let since = Instant::now();
-        let outcome = crate::cli::upgrade::upgrade(
+        let outcome = crate::daytwo::upgrade_run::upgrade(
             &plan,
             Arc::new(ops),
             self.store().as_ref(),

@@ -268,7 +268,10 @@ pub(crate) fn config_diff(old: &str, new: &str) -> String {
     if old == new {
         return String::new();
     }
-    format!("--- a\n+++ b\n{}", crate::cli::r#gen::line_diff(old, new))
+    format!(
+        "--- a\n+++ b\n{}",
+        crate::machineconfig::text_diff::line_diff(old, new)
+    )
 }
 
 /// Go's `time.Duration.String` for the durations a try timeout takes.
