@@ -329,7 +329,7 @@ impl crate::http::BootObserver for OfflineObserver {
 /// binding and boot rules, applied here only when no provisioner runs (which would otherwise
 /// be the writer). The core is asked first over the published record; only a change goes to
 /// the store (off the async threads, read and written in one go, published to the view).
-async fn remember_address(app: &OfflineObserver, seen: crate::http::Seen) {
+async fn remember_address(observer: &OfflineObserver, seen: crate::http::Seen) {
     let crate::http::Seen {
         node,
         mac,
@@ -341,16 +341,17 @@ async fn remember_address(app: &OfflineObserver, seen: crate::http::Seen) {
         core::Observation::Binding(Some(core::Binding { mac, ip })),
         core::Observation::BootSeen,
     ];
-    if let (Some(n), (Some((rec, life)), false)) = (app.inventory.node(node), app.view.node(node))
-        && !changes_offline(&app.inventory, n, rec, life, &observations, now)
+    if let (Some(n), (Some((rec, life)), false)) =
+        (observer.inventory.node(node), observer.view.node(node))
+        && !changes_offline(&observer.inventory, n, rec, life, &observations, now)
     {
         return;
     }
     let (store, inv, name, view) = (
-        app.store.clone(),
-        app.inventory.clone(),
+        observer.store.clone(),
+        observer.inventory.clone(),
         node.to_owned(),
-        app.view.clone(),
+        observer.view.clone(),
     );
     let done = tokio::task::spawn_blocking(move || {
         observe_offline(store.as_ref(), &inv, &name, observations, now, Some(&view))
