@@ -116,10 +116,10 @@ pub(crate) struct Plan {
     /// only with [`Plan::admin_token`] (checked by [`Plan::bind`]).
     pub admin: SocketAddr,
     /// The token every admin request from off loopback must carry
-    /// ([`http::admin_auth`]).
-    pub admin_token: Option<Arc<http::admin_auth::AdminToken>>,
+    /// ([`crate::admin::auth`]).
+    pub admin_token: Option<Arc<crate::admin::auth::AdminToken>>,
     /// Host names the admin listener answers to besides addresses (`serve --admin-host`).
-    pub(crate) admin_hosts: Arc<http::dashboard::AdminHosts>,
+    pub(crate) admin_hosts: Arc<crate::admin::dashboard::AdminHosts>,
     /// Timeouts and connection cap of both HTTP listeners (`serve --http-*`).
     pub(crate) http_limits: http::server::Limits,
     /// TFTP listen address and settings, if TFTP runs.
@@ -326,10 +326,49 @@ impl Bound {
         let http_limits = plan.http_limits;
 
         // Operator commands (rebuild) from the admin API go to the provisioner, the only
-        // writer of node records while it runs.
+        // writer of node records while it runs; without one, the boot observations are
+        // recorded by the core's rules directly.
         let (commands, command_rx) = crate::provision::command_channel();
-        let app = Arc::new(HttpApp {
+        let observer: Arc<dyn http::BootObserver> = if plan.provisioning.is_some() {
+            Arc::new(crate::provision::ProvisionerObserves)
+        } else {
+            Arc::new(crate::provision::OfflineObserver {
+                inventory: inv.clone(),
+                store: store.clone(),
+                view: view.clone(),
+            })
+        };
+        // Rollouts and power requests run with the provisioning side's credentials and
+        // drivers, so only when serve provisions.
+        let (rollouts, power) = match &plan.provisioning {
+            Some(p) => {
+                let ctx = crate::daytwo::remote::RolloutCtx {
+                    inventory: inv.clone(),
+                    store: store.clone(),
+                    creds: p.creds.clone(),
+                    apid_port: p.settings.apid_port,
+                    view: Some(view.clone()),
+                    events: Some(events.clone()),
+                };
+                let rollouts: Arc<dyn crate::admin::rollouts::RolloutHost> =
+                    Arc::new(crate::admin::rollouts::ServeRollouts::new(ctx));
+                let power =
+                    crate::admin::power::PowerDesk::new(p.settings.power.clone(), events.clone());
+                (Some(rollouts), Some(power))
+            }
+            None => (None, None),
+        };
+        let admin_app = Arc::new(crate::admin::AdminApp {
+            inventory: inv.clone(),
+            store: store.clone(),
+            view: view.clone(),
+            events: events.clone(),
+            metrics,
             commands: plan.provisioning.is_some().then_some(commands),
+            rollouts,
+            power,
+        });
+        let app = Arc::new(HttpApp {
             inventory: inv.clone(),
             store: store.clone(),
             view: view.clone(),
@@ -341,11 +380,10 @@ impl Bound {
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),
             tokens: http::tokens::Tokens::start(store.clone()).0,
-            metrics,
+            observer,
         });
         {
             let cancel = cancel.clone();
-            let app = app.clone();
             let ipxe_http = ipxe.clone();
             tasks.spawn(async move {
                 // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
@@ -368,7 +406,7 @@ impl Bound {
             tasks.spawn(async move {
                 http::server::serve(
                     admin,
-                    http::admin_router(app, plan_admin_token, plan_admin_hosts),
+                    crate::admin::router(admin_app, plan_admin_token, plan_admin_hosts),
                     admin_limits,
                     "admin",
                     cancel,

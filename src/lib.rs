@@ -5,6 +5,7 @@
 //! [`store`] persists what happened, and [`cli`] wires the subcommands.
 
 pub mod addons;
+pub mod admin;
 pub(crate) mod appliance;
 pub mod artifacts;
 pub mod cli;

@@ -1,4 +1,4 @@
-//! The dashboard (`src/http/dashboard.rs`) as an operator sees it, in a real browser: Debian's
+//! The dashboard (`src/admin/dashboard.rs`) as an operator sees it, in a real browser: Debian's
 //! `chromium`, driven by `playwright-core` from npm (`tests/browser/dashboard.mjs`; both are
 //! installed by `scripts/test-deps`), against `talboot demo --stay` on loopback. And the
 //! split of the two listeners: the provisioning port serves none of the admin API.

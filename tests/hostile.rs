@@ -155,8 +155,11 @@ impl World {
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
             tokens: Tokens::start(store.clone()).0,
-            metrics: None,
-            commands: None,
+            observer: Arc::new(talboot::provision::OfflineObserver {
+                inventory: inventory.clone(),
+                store: store.clone(),
+                view: view.clone(),
+            }),
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, router(app), shutdown.clone()));

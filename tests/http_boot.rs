@@ -40,21 +40,21 @@ impl Drop for Env {
 }
 
 async fn start(delivery: Delivery) -> Env {
-    start_with(delivery, talboot::http::server::Limits::default(), None).await
+    start_with(delivery, talboot::http::server::Limits::default(), false).await
 }
 
 async fn start_with(
     delivery: Delivery,
     limits: talboot::http::server::Limits,
-    commands: Option<talboot::provision::CommandSender>,
+    provisioner: bool,
 ) -> Env {
-    start_edited(delivery, limits, commands, |_| {}).await
+    start_edited(delivery, limits, provisioner, |_| {}).await
 }
 
 async fn start_edited(
     delivery: Delivery,
     limits: talboot::http::server::Limits,
-    commands: Option<talboot::provision::CommandSender>,
+    provisioner: bool,
     edit: fn(&mut talboot::inventory::Inventory),
 ) -> Env {
     talboot::install_crypto_provider();
@@ -141,8 +141,15 @@ async fn start_edited(
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
         tokens: Tokens::start(store.clone()).0,
-        metrics: None,
-        commands,
+        observer: if provisioner {
+            Arc::new(talboot::provision::ProvisionerObserves)
+        } else {
+            Arc::new(talboot::provision::OfflineObserver {
+                inventory: inv.clone(),
+                store: store.clone(),
+                view: view.clone(),
+            })
+        },
     });
     let shutdown = CancellationToken::new();
     tokio::spawn(talboot::http::server::serve(
@@ -191,11 +198,10 @@ fn client_from(ip: &str) -> reqwest::Client {
 /// publishing, losing the provisioner's update in between).
 #[tokio::test]
 async fn with_a_provisioner_running_the_script_handler_writes_no_record() {
-    let (commands, _provisioner_end) = talboot::provision::command_channel();
     let env = start_with(
         Delivery::Push,
         talboot::http::server::Limits::default(),
-        Some(commands),
+        true,
     )
     .await;
     lease(&env, "bc:24:11:40:00:01", "127.0.0.1");
@@ -287,7 +293,7 @@ async fn a_node_that_network_boots_after_a_talos_upgrade_gets_the_new_version() 
     let env = start_edited(
         Delivery::Push,
         talboot::http::server::Limits::default(),
-        None,
+        false,
         |inv| inv.cluster.talos_version.value = "v1.14.0".parse().unwrap(),
     )
     .await;
@@ -342,7 +348,7 @@ async fn an_installed_node_with_http404_local_boot_gets_a_404() {
     let env = start_edited(
         Delivery::Push,
         talboot::http::server::Limits::default(),
-        None,
+        false,
         |inv| inv.boot.local_boot = talboot::inventory::LocalBoot::Http404,
     )
     .await;
@@ -573,7 +579,7 @@ async fn artifact_bodies_are_byte_identical_full_and_ranged_across_sendfile_chun
             sendfile_chunk: 16 * 1024,
             ..Default::default()
         },
-        None,
+        false,
     )
     .await;
     let url = format!("{}/assets/v1.13.9/{}/amd64/kernel", env.base, env.schematic);

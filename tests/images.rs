@@ -537,8 +537,11 @@ fn an_imported_set_boots_over_http() {
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
             tokens: Tokens::start(store.clone()).0,
-            metrics: None,
-            commands: None,
+            observer: Arc::new(talboot::provision::OfflineObserver {
+                inventory: inv.clone(),
+                store: store.clone(),
+                view: view.clone(),
+            }),
         });
         let shutdown = tokio_util::sync::CancellationToken::new();
         tokio::spawn(talboot::http::server::serve(

@@ -703,8 +703,8 @@ fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
 }
 
 /// `talboot node power|boot` while push-mode `serve` holds the store: the command goes to
-/// serve's admin API, its provisioner runs it on the node's driver (credentials resolved at
-/// serve's start) and records a `power.action` event.
+/// serve's admin API, which runs it on the node's driver (credentials resolved at serve's
+/// start) and records a `power.action` event.
 #[test]
 fn power_commands_go_through_a_running_serve() {
     if !require_tool("ipmi_sim", "IPMI_SIM")
@@ -751,7 +751,7 @@ fn power_commands_go_through_a_running_serve() {
         .unwrap();
     lab.children.push(child);
     wait_for_admin(&lab, admin, &log);
-    // The CLI has no password in its environment: serve's provisioner holds the driver.
+    // The CLI has no password in its environment: serve holds the driver.
     let via = |args: &[&str]| {
         let o = lab
             .in_srv(env!("CARGO_BIN_EXE_talboot"))

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::admin::auth::{AdminToken, TokenError};
 use crate::daytwo::remote::client::{ClientError, http_client};
-use crate::http::admin_auth::{AdminToken, TokenError};
 
 /// The environment variable a client reads the token from when no file is given.
 pub const TOKEN_ENV: &str = "TALBOOT_ADMIN_TOKEN";

@@ -199,10 +199,10 @@ pub(crate) enum StartError {
     },
     /// The admin token file cannot be used.
     #[error("{0}")]
-    AdminToken(#[from] http::admin_auth::TokenError),
+    AdminToken(#[from] crate::admin::auth::TokenError),
     /// A `--admin-host` is not a host name.
     #[error("{0}")]
-    AdminHost(#[from] http::dashboard::BadAdminHost),
+    AdminHost(#[from] crate::admin::dashboard::BadAdminHost),
     /// Push provisioning cannot start (secrets bundle or talosconfig).
     #[error("push provisioning: {0}; pass --no-provision to serve boot files only")]
     Provisioning(String),
@@ -514,12 +514,14 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         admin: args.admin_listen,
         // Read now, before any privilege drop, as the user that owns it.
         admin_token: match super::admin_client::token_file() {
-            Some(path) => Some(std::sync::Arc::new(http::admin_auth::AdminToken::load(
+            Some(path) => Some(std::sync::Arc::new(crate::admin::auth::AdminToken::load(
                 path,
             )?)),
             None => None,
         },
-        admin_hosts: std::sync::Arc::new(http::dashboard::AdminHosts::new(&args.admin_hosts)?),
+        admin_hosts: std::sync::Arc::new(crate::admin::dashboard::AdminHosts::new(
+            &args.admin_hosts,
+        )?),
         http_limits: http::server::Limits {
             timeouts: http::conn::Timeouts {
                 header: std::time::Duration::from_secs(args.http_header_timeout),

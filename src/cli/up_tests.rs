@@ -319,10 +319,10 @@ fn stop_at(admin: SocketAddr, kind: &'static str, needle: &'static str, stop: Ca
             .await
             .unwrap();
         let mut stream = resp.bytes_stream();
-        let mut parser = crate::http::events_stream::SseParser::default();
+        let mut parser = crate::admin::events_stream::SseParser::default();
         while let Some(Ok(bytes)) = stream.next().await {
             for (_, data) in parser.feed(&bytes) {
-                let Ok(ev) = serde_json::from_str::<crate::http::events_stream::WireEvent>(&data)
+                let Ok(ev) = serde_json::from_str::<crate::admin::events_stream::WireEvent>(&data)
                 else {
                     continue;
                 };

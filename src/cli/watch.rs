@@ -1,6 +1,6 @@
 //! `talboot status --watch`: the status table kept live from a running `serve`'s admin API.
 //! It reads `/api/nodes` once, then follows `/api/events` (server-sent events, see
-//! [`crate::http::events_stream`]): on a terminal the table is redrawn in place after each
+//! [`crate::admin::events_stream`]): on a terminal the table is redrawn in place after each
 //! batch of events, with the last cluster step under it; anywhere else (a pipe, a file, the
 //! journal) it prints the table once and then one plain line per event, without escape codes.
 //!
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::EXIT_USAGE;
 use super::status::{api_rows, first_line, render};
-use crate::http::events_stream::{SseParser, WireEvent};
+use crate::admin::events_stream::{SseParser, WireEvent};
 
 /// Columns of the status table that events update.
 const NODE: usize = 0;

@@ -1,10 +1,7 @@
-//! talboot's HTTP side, on two axum routers:
-//! - the **provisioning** router, served to the provisioning network: iPXE scripts per machine
-//!   (`/boot.ipxe`), boot artifacts (`/assets/...`) and machine configs for pull delivery
-//!   behind one-time tokens (`/config/<token>`);
-//! - the **admin** router, served on the admin listener only (loopback by default): node
-//!   status as JSON (`/api/nodes`), rebuild requests, Prometheus metrics (`/metrics`) and the
-//!   dashboard with its snapshot and event stream ([`dashboard`]).
+//! talboot's provisioning listener, served to the provisioning network: iPXE scripts per
+//! machine (`/boot.ipxe`), boot artifacts (`/assets/...`) and machine configs for pull
+//! delivery behind one-time tokens (`/config/<token>`). The admin API is
+//! [`crate::admin`]'s; it is served with this module's plumbing ([`server`], [`conn`]).
 //!
 //! A node's script (with its token in pull mode) and its config go only to the address
 //! talboot's DHCP bound to the node ([`crate::entitlement`]); anyone else is refused with a
@@ -13,15 +10,12 @@
 //!
 //! Handlers gather inputs (inventory, store, catalog, the peer address) and hand them to pure
 //! functions ([`script::plan`], [`tokens::judge`], [`assets::plan_range`],
-//! [`crate::entitlement::judge`]); every boot step is a node event.
+//! [`crate::entitlement::judge`]); every boot step is a node event. What the listener learns
+//! of a node beyond its events (where it fetched its script) it reports to a
+//! [`BootObserver`]; it never writes node records itself.
 
-pub mod admin_auth;
 pub mod assets;
 pub mod conn;
-pub mod dashboard;
-pub mod events_stream;
-pub(crate) mod power;
-pub(crate) mod rollouts;
 pub mod script;
 pub mod server;
 pub mod tokens;
@@ -30,11 +24,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -86,6 +80,30 @@ impl ConfigSource for ConfigDir {
             source,
         })
     }
+}
+
+/// What the script handler saw: an inventory node fetched its script from the address
+/// talboot's DHCP bound to it (an entitled request), so it is booting there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The inventory node.
+    pub node: String,
+    /// The MAC its binding is for.
+    pub mac: Mac,
+    /// The address it asked from (its binding's).
+    pub ip: Ipv4Addr,
+    /// When, in Unix seconds (the event bus's clock).
+    pub at: u64,
+}
+
+/// Hears what the provisioning listener saw of a node. The writer of node records implements
+/// it (`provision`); the composition root picks the implementation. The script is answered
+/// once [`BootObserver::saw`] returns, so whatever it records is recorded before the node
+/// can act on the script.
+pub trait BootObserver: Send + Sync {
+    /// `seen` happened; failures are the observer's to report (the request is answered
+    /// either way).
+    fn saw(&self, seen: Seen) -> futures_util::future::BoxFuture<'_, ()>;
 }
 
 /// The factory command lines of the catalog's boot sets, read from the artifact cache once per
@@ -149,17 +167,13 @@ pub struct HttpApp {
     /// Issues and redeems pull-delivery tokens (the token table's one writer, group commit,
     /// durable before the script or the config is sent).
     pub tokens: tokens::Tokens,
-    /// Prometheus rendering, when metrics are installed.
-    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// The running provisioner's commands: with it, the provisioner is the only writer of
-    /// node records and the handlers only publish; without it (no push provisioning) the
-    /// handlers apply the core's rules themselves.
-    pub commands: Option<crate::provision::CommandSender>,
+    /// Who hears where an entitled node fetched its script (see [`BootObserver`]).
+    pub observer: Arc<dyn BootObserver>,
 }
 
 /// The request span: method and path, with a config token replaced by `<redacted>` (a token
 /// is a bearer credential for the node's config until it is used or expires).
-fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
+pub(crate) fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
     tracing::info_span!("http", method = %req.method(), path = %redact_path(req.uri().path()))
 }
 
@@ -180,44 +194,6 @@ pub fn router(app: Arc<HttpApp>) -> Router {
             get(asset).head(asset),
         )
         .route("/config/{token}", get(config))
-        .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
-        .with_state(app)
-}
-
-/// The admin router (`serve --admin-listen`, loopback by default): status, rebuild and
-/// metrics. Never served to the provisioning network: `/api/nodes` lists every node's MAC, and
-/// a rebuild wipes a machine. Off loopback every request needs `token` ([`admin_auth`]).
-pub(crate) fn admin_router(
-    app: Arc<HttpApp>,
-    token: Option<Arc<admin_auth::AdminToken>>,
-    names: Arc<dashboard::AdminHosts>,
-) -> Router {
-    Router::new()
-        .route("/api/nodes", get(api_nodes))
-        .route(
-            "/api/nodes/{name}/rebuild",
-            axum::routing::post(api_rebuild),
-        )
-        .route(
-            "/api/nodes/{name}/power/{op}",
-            axum::routing::post(power::api_power),
-        )
-        .route(
-            "/api/nodes/{name}/boot/{device}",
-            axum::routing::post(power::api_boot),
-        )
-        .route("/api/rollouts", axum::routing::post(rollouts::api_start))
-        .route("/api/rollouts/{id}", get(rollouts::api_progress))
-        .route("/metrics", get(metrics))
-        .merge(dashboard::routes())
-        .layer(axum::middleware::from_fn_with_state(
-            names,
-            dashboard::guard,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            token,
-            admin_auth::guard,
-        ))
         .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(app)
 }
@@ -246,7 +222,7 @@ fn peer_v4(addr: &SocketAddr) -> Option<Ipv4Addr> {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response {
+pub(crate) fn text(status: StatusCode, body: String) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -382,10 +358,17 @@ async fn boot_script(
         );
     }
     // Only an entitled requester is where the node is; a stranger's address is never
-    // remembered (the push provisioner must not find it).
-    // With a provisioner running, the script event published above is its observation.
-    if let (Some(n), Some(b), None) = (node, entitled, &app.commands) {
-        remember_address(&app, n.name.as_str(), b.mac, b.ip).await;
+    // reported (the push provisioner must not find it). Reported before the answer: a
+    // recording observer has written what it saw by the time the node gets its script.
+    if let (Some(n), Some(b)) = (node, entitled) {
+        app.observer
+            .saw(Seen {
+                node: n.name.value.clone(),
+                mac: b.mac,
+                ip: b.ip,
+                at: now(&app),
+            })
+            .await;
     }
     metrics::counter!("talboot_http_scripts_total").increment(1);
     let status = if plan.is_not_found() {
@@ -406,46 +389,6 @@ fn entitlement_of(
     let macs: Vec<Mac> = n.macs.iter().map(|m| m.value).collect();
     let bound = app.view.bound(app.inventory.network.mode, &macs, now(app));
     crate::entitlement::judge(bound, requester)
-}
-
-/// Record where a node was last seen, creating its record on first sight: the core's
-/// binding and boot rules, applied here only when no provisioner runs (which would otherwise
-/// be the writer). The core is asked first over the published record; only a change goes to
-/// the store (off the async threads, read and written in one go, published to the view).
-async fn remember_address(app: &HttpApp, node: &str, mac: Mac, ip: Ipv4Addr) {
-    let now = now(app);
-    let observations = vec![
-        crate::provision::core::Observation::Binding(Some(crate::provision::core::Binding {
-            mac,
-            ip,
-        })),
-        crate::provision::core::Observation::BootSeen,
-    ];
-    if let (Some(n), (Some((rec, life)), false)) = (app.inventory.node(node), app.view.node(node))
-        && !crate::provision::changes_offline(&app.inventory, n, rec, life, &observations, now)
-    {
-        return;
-    }
-    let (store, inv, name, view) = (
-        app.store.clone(),
-        app.inventory.clone(),
-        node.to_owned(),
-        app.view.clone(),
-    );
-    let done = tokio::task::spawn_blocking(move || {
-        crate::provision::observe_offline(
-            store.as_ref(),
-            &inv,
-            &name,
-            observations,
-            now,
-            Some(&view),
-        )
-    })
-    .await;
-    if let Ok(Err(e)) = done {
-        tracing::error!(node, error = %e, "cannot record node address");
-    }
 }
 
 async fn asset(
@@ -575,162 +518,6 @@ async fn config(
             tracing::error!(error = %e, "token lookup failed");
             text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n".into())
         }
-    }
-}
-
-#[derive(serde::Serialize)]
-struct NodeStatus {
-    name: String,
-    role: String,
-    macs: Vec<String>,
-    address: String,
-    phase: String,
-    last_seen: Option<String>,
-    talos_version: Option<String>,
-    /// The disk Talos installs to, as talboot computed it (`talboot status` shows it).
-    install_disk: Option<String>,
-    last_event: Option<String>,
-    /// Why the node failed, when its phase is `failed`.
-    failure: Option<String>,
-    /// Whether it runs what the inventory renders, as serve's drift watcher last saw it
-    /// (absent: not checked yet, not configured, or unreachable).
-    drift: Option<crate::daytwo::drift::DriftState>,
-}
-
-async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
-    // Every store read off the async threads.
-    match tokio::task::spawn_blocking(move || node_statuses(&app)).await {
-        Ok(out) => Json(out).into_response(),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-    }
-}
-
-fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
-    let mut out = Vec::new();
-    for n in &app.inventory.nodes {
-        let rec = app.store.node(n.name.as_str()).ok().flatten();
-        let last = app.store.last_event(n.name.as_str()).ok().flatten();
-        let failure = if rec
-            .as_ref()
-            .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
-        {
-            crate::provision::node::Lifecycle::load(app.store.as_ref(), n.name.as_str())
-                .ok()
-                .and_then(|l| l.failure)
-        } else {
-            None
-        };
-        out.push(NodeStatus {
-            name: n.name.value.clone(),
-            role: n.role.value.clone(),
-            macs: n.macs.iter().map(|m| m.value.to_string()).collect(),
-            address: n.address.value.to_string(),
-            phase: rec
-                .as_ref()
-                .map(|r| r.phase.to_string())
-                .unwrap_or_else(|| "unknown".into()),
-            last_seen: rec
-                .as_ref()
-                .and_then(|r| r.last_seen_addr)
-                .map(|a| a.to_string()),
-            talos_version: rec.and_then(|r| r.talos_version),
-            install_disk: crate::provision::node::NodeFacts::load(
-                app.store.as_ref(),
-                n.name.as_str(),
-            )
-            .map(|f| f.install_disk)
-            .filter(|d| !d.is_empty()),
-            last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
-            failure,
-            drift: app.view.drift.get(n.name.as_str()),
-        });
-    }
-    out
-}
-
-/// Mark a node for rebuild while `serve` runs (the store is locked to this process, so
-/// `talboot node rebuild` asks here). The provisioner resets the node on its next pass. This
-/// wipes a machine, so only requests from this host itself are accepted: the provisioning
-/// network cannot reach it. A node that holds no config from talboot (never provisioned, or
-/// waiting for its config) has nothing to reset: 409 Conflict with the reason and what
-/// happens instead.
-async fn api_rebuild(
-    State(app): State<Arc<HttpApp>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    admitted: Option<axum::Extension<admin_auth::Admitted>>,
-    Path(name): Path<String>,
-) -> Response {
-    if !admin_auth::permitted(&peer, admitted.as_ref()) {
-        return text(StatusCode::FORBIDDEN, "forbidden\n".into());
-    }
-    if app.inventory.node(&name).is_none() {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("node {name:?} is not in the inventory\n"),
-        );
-    }
-    if let Some(commands) = &app.commands {
-        // The provisioner persists the request before it answers.
-        match commands.rebuild(&name).await {
-            Ok(()) => {}
-            // Nothing to reset: the node's state says no, not serve's availability.
-            Err(crate::provision::CommandError::NothingToReset(r)) => {
-                return text(StatusCode::CONFLICT, format!("{r}\n"));
-            }
-            Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
-        }
-    } else {
-        let (store, inv, node, now, view) = (
-            app.store.clone(),
-            app.inventory.clone(),
-            name.clone(),
-            now(&app),
-            app.view.clone(),
-        );
-        let done = tokio::task::spawn_blocking(move || {
-            let rec = store
-                .node(&node)
-                .map_err(|e| e.to_string())?
-                .unwrap_or_else(|| crate::store::NodeRecord::unseen(&node, now));
-            if let Err(r) = crate::provision::core::check_rebuild(&rec) {
-                return Ok(Some(r));
-            }
-            crate::provision::observe_offline(
-                store.as_ref(),
-                &inv,
-                &node,
-                vec![crate::provision::core::Observation::RebuildRequested],
-                now,
-                Some(&view),
-            )
-            .map(|()| None)
-            .map_err(|e| e.to_string())
-        })
-        .await;
-        match done {
-            Ok(Ok(None)) => {}
-            Ok(Ok(Some(refused))) => return text(StatusCode::CONFLICT, format!("{refused}\n")),
-            Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-            Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-        }
-        app.events.publish(
-            &name,
-            EventKind::Phase,
-            "rebuilding: rebuild requested by the operator",
-        );
-    }
-    text(
-        StatusCode::ACCEPTED,
-        format!(
-            "{name}: marked for rebuild; talboot resets it and provisions it again on its next boot\n"
-        ),
-    )
-}
-
-async fn metrics(State(app): State<Arc<HttpApp>>) -> Response {
-    match &app.metrics {
-        Some(h) => text(StatusCode::OK, h.render()),
-        None => text(StatusCode::NOT_FOUND, "metrics are not enabled\n".into()),
     }
 }
 

@@ -12,9 +12,6 @@ pub mod dispatch;
 pub mod ipmi;
 pub mod wol;
 
-#[cfg(test)]
-mod command_tests;
-
 pub use dispatch::{PowerDriver, ProbeAnswer};
 
 use std::fmt;

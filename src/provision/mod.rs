@@ -101,34 +101,6 @@ pub enum Command {
         /// Once persisted (or why not).
         reply: tokio::sync::oneshot::Sender<Result<(), CommandError>>,
     },
-    /// `talboot node power|boot NAME ...`: a request to the node's power controller, run
-    /// off the writer loop (a BMC may take seconds) and recorded as a `power.action` event.
-    Power {
-        /// The node.
-        node: String,
-        /// What to ask.
-        request: crate::power::dispatch::PowerRequest,
-        /// The controller's answer (or why not).
-        reply:
-            tokio::sync::oneshot::Sender<Result<crate::power::dispatch::PowerReply, CommandError>>,
-    },
-    /// `talboot apply` / `talboot upgrade` while serve runs: a rollout on this rack, with
-    /// this provisioner's store, inventory and admin credentials (one at a time).
-    Rollout {
-        /// What to roll out.
-        request: crate::daytwo::remote::RolloutRequest,
-        /// Started (where to page its progress), or why not.
-        reply: tokio::sync::oneshot::Sender<
-            Result<crate::daytwo::remote::Started, crate::daytwo::remote::StartError>,
-        >,
-    },
-    /// The rollout with this id, to page its progress.
-    RolloutRun {
-        /// Its id.
-        id: u64,
-        /// The run, while it is the current or the last one.
-        reply: tokio::sync::oneshot::Sender<Option<Arc<crate::daytwo::remote::Run>>>,
-    },
 }
 
 /// Sends [`Command`]s to a running provisioner.
@@ -158,55 +130,6 @@ impl CommandSender {
             .await
             .map_err(|_| CommandError::NotRunning)?;
         answer.await.map_err(|_| CommandError::Stopped)?
-    }
-
-    /// Asks the provisioner to run a power request for `node`; returns the controller's
-    /// answer.
-    pub async fn power(
-        &self,
-        node: &str,
-        request: crate::power::dispatch::PowerRequest,
-    ) -> Result<crate::power::dispatch::PowerReply, CommandError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.0
-            .send(Command::Power {
-                node: node.to_owned(),
-                request,
-                reply,
-            })
-            .await
-            .map_err(|_| CommandError::NotRunning)?;
-        answer.await.map_err(|_| CommandError::Stopped)?
-    }
-
-    /// Asks the provisioner to start a rollout; returns where to page its progress, or why
-    /// it did not start.
-    pub async fn rollout(
-        &self,
-        request: crate::daytwo::remote::RolloutRequest,
-    ) -> Result<
-        Result<crate::daytwo::remote::Started, crate::daytwo::remote::StartError>,
-        CommandError,
-    > {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.0
-            .send(Command::Rollout { request, reply })
-            .await
-            .map_err(|_| CommandError::NotRunning)?;
-        answer.await.map_err(|_| CommandError::Stopped)
-    }
-
-    /// The rollout with `id`, if it is the current or the last one.
-    pub async fn rollout_run(
-        &self,
-        id: u64,
-    ) -> Result<Option<Arc<crate::daytwo::remote::Run>>, CommandError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.0
-            .send(Command::RolloutRun { id, reply })
-            .await
-            .map_err(|_| CommandError::NotRunning)?;
-        answer.await.map_err(|_| CommandError::Stopped)
     }
 }
 
@@ -332,6 +255,73 @@ pub(crate) fn changes_offline(
         state = core::step(&state, obs.clone(), now, &ctx).0;
     }
     state.persisted_differs(&start)
+}
+
+/// The provisioning listener's [`crate::http::BootObserver`] while a provisioner runs: the
+/// provisioner is then the only writer of node records, and the script event the handler
+/// published is its observation (a boot signal of its run loop), so nothing more is done.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProvisionerObserves;
+
+impl crate::http::BootObserver for ProvisionerObserves {
+    fn saw(&self, _: crate::http::Seen) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// The provisioning listener's [`crate::http::BootObserver`] when no provisioner runs (pull
+/// delivery, no push provisioning): the core's binding and boot rules, applied by
+/// [`observe_offline`], so the rules are the core's either way.
+pub struct OfflineObserver {
+    /// The validated inventory.
+    pub inventory: Arc<Inventory>,
+    /// The state store.
+    pub store: Arc<dyn Store>,
+    /// The read view the request paths read; every write is published to it.
+    pub view: Arc<view::StateView>,
+}
+
+impl crate::http::BootObserver for OfflineObserver {
+    fn saw(&self, seen: crate::http::Seen) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(remember_address(self, seen))
+    }
+}
+
+/// Record where a node was last seen, creating its record on first sight: the core's
+/// binding and boot rules, applied here only when no provisioner runs (which would otherwise
+/// be the writer). The core is asked first over the published record; only a change goes to
+/// the store (off the async threads, read and written in one go, published to the view).
+async fn remember_address(observer: &OfflineObserver, seen: crate::http::Seen) {
+    let crate::http::Seen {
+        node,
+        mac,
+        ip,
+        at: now,
+    } = seen;
+    let node = node.as_str();
+    let observations = vec![
+        core::Observation::Binding(Some(core::Binding { mac, ip })),
+        core::Observation::BootSeen,
+    ];
+    if let (Some(n), (Some((rec, life)), false)) =
+        (observer.inventory.node(node), observer.view.node(node))
+        && !changes_offline(&observer.inventory, n, rec, life, &observations, now)
+    {
+        return;
+    }
+    let (store, inv, name, view) = (
+        observer.store.clone(),
+        observer.inventory.clone(),
+        node.to_owned(),
+        observer.view.clone(),
+    );
+    let done = tokio::task::spawn_blocking(move || {
+        observe_offline(store.as_ref(), &inv, &name, observations, now, Some(&view))
+    })
+    .await;
+    if let Ok(Err(e)) = done {
+        tracing::error!(node, error = %e, "cannot record node address");
+    }
 }
 
 /// Knobs of the provisioner; [`Settings::new`] gives production defaults.
@@ -534,9 +524,6 @@ struct Inner {
     settings: Settings,
     /// The read view this provisioner publishes its commits to (when serve reads one).
     view: std::sync::OnceLock<Arc<view::StateView>>,
-    /// Rollouts asked for through the admin API (`talboot apply`/`upgrade` while serve
-    /// runs): at most one at a time.
-    rollouts: crate::daytwo::remote::Rollouts,
 }
 
 impl Provisioner {
@@ -560,7 +547,6 @@ impl Provisioner {
                 creds,
                 settings,
                 view: Default::default(),
-                rollouts: Default::default(),
             }),
         }
     }
@@ -823,44 +809,6 @@ impl Provisioner {
                     ProvisionError::RebuildRefused(r) => CommandError::NothingToReset(r),
                     e => CommandError::Refused(e.to_string()),
                 }));
-            }
-            Command::Power {
-                node,
-                request,
-                reply,
-            } => {
-                let Some(driver) = self.settings().power.get(&node).cloned() else {
-                    let _ = reply.send(Err(CommandError::Refused(format!(
-                        "node {node} has no usable power controller (no `power:` block, or its credentials did not resolve when serve started)"
-                    ))));
-                    return;
-                };
-                let bus = self.inner.bus.clone();
-                tokio::spawn(async move {
-                    let result = driver.run(request).await;
-                    let detail = match &result {
-                        Ok(r) => r.to_string(),
-                        Err(e) => format!("failed: {e}"),
-                    };
-                    bus.publish(&node, EventKind::Power, detail);
-                    let _ = reply.send(result.map_err(|e| CommandError::Refused(e.to_string())));
-                });
-            }
-            Command::Rollout { request, reply } => {
-                let ctx = crate::daytwo::remote::RolloutCtx {
-                    inventory: self.inner.inventory.clone(),
-                    store: self.inner.store.clone(),
-                    creds: self.inner.creds.clone(),
-                    apid_port: self.settings().apid_port,
-                    view: self.inner.view.get().cloned(),
-                    events: Some(self.inner.bus.clone()),
-                };
-                // Registered here, run on its own task: the writer loop never waits on it.
-                let started = crate::daytwo::remote::start(&self.inner.rollouts, ctx, request);
-                let _ = reply.send(started);
-            }
-            Command::RolloutRun { id, reply } => {
-                let _ = reply.send(self.inner.rollouts.get(id));
             }
         }
     }

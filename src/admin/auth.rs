@@ -242,7 +242,7 @@ pub(crate) async fn guard(
         }
         _ => {
             // Path only: a wrong token in a header or the query is never written.
-            tracing::warn!(path = %super::redact_path(req.uri().path()), "admin request without a valid token refused");
+            tracing::warn!(path = %crate::http::redact_path(req.uri().path()), "admin request without a valid token refused");
             let mut r = super::text(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized: the admin API needs the admin token off loopback: send \

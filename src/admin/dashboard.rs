@@ -1,5 +1,5 @@
 //! The dashboard on the admin listener: one page, its script and its style sheet (compiled
-//! into the binary from `src/http/dashboard/`; nothing is fetched from anywhere else, and the
+//! into the binary from `src/admin/dashboard/`; nothing is fetched from anywhere else, and the
 //! page's Content-Security-Policy forbids it), the snapshot it renders (`GET /api/dashboard`)
 //! and the live event stream it follows (`GET /api/events`, server-sent events).
 //!
@@ -11,7 +11,7 @@
 //! only draws it and re-reads the snapshot when an event arrives.
 //!
 //! The admin listener is loopback by default (off loopback it needs the token,
-//! [`super::admin_auth`]), but a browser on that host also runs other sites'
+//! [`super::auth`]), but a browser on that host also runs other sites'
 //! pages: [`admit`] refuses requests whose `Host` is a name other than `localhost` or one the
 //! operator listed (`serve --admin-host`; DNS rebinding) and cross-origin POSTs (a page
 //! elsewhere submitting a rebuild).
@@ -29,7 +29,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::HttpApp;
+use super::AdminApp;
 use crate::events::NodeEvent;
 use crate::provision::steps::{CLUSTER_TIMELINE, ClusterStep, StepRecord};
 use crate::store::{Event, NodePhase};
@@ -51,7 +51,7 @@ const SCAN_LEN: usize = 2_000;
 const KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// The routes of the dashboard, merged into the admin router.
-pub(crate) fn routes() -> Router<Arc<HttpApp>> {
+pub(crate) fn routes() -> Router<Arc<AdminApp>> {
     Router::new()
         .route("/", get(index))
         .route("/dashboard/app.js", get(app_js))
@@ -439,7 +439,7 @@ fn tail(events: &[Event]) -> Vec<EventView> {
     events[from..].iter().map(EventView::of).collect()
 }
 
-fn build_snapshot(app: &HttpApp) -> Result<Snapshot, crate::store::StoreError> {
+fn build_snapshot(app: &AdminApp) -> Result<Snapshot, crate::store::StoreError> {
     let store = app.store.as_ref();
     let inv = &app.inventory;
     let record = crate::provision::steps::load_step_record(store)?;
@@ -495,7 +495,7 @@ fn build_snapshot(app: &HttpApp) -> Result<Snapshot, crate::store::StoreError> {
     })
 }
 
-async fn snapshot(State(app): State<Arc<HttpApp>>) -> Response {
+async fn snapshot(State(app): State<Arc<AdminApp>>) -> Response {
     // Store reads off the async threads.
     match tokio::task::spawn_blocking(move || build_snapshot(&app)).await {
         Ok(Ok(s)) => {
@@ -525,7 +525,7 @@ pub(crate) fn sse_frame(ev: &NodeEvent) -> String {
 /// `GET /api/events`: every event as it is published (after it is persisted). A listener
 /// that falls behind the bus is told to re-read the snapshot (`event: resync`) instead of
 /// getting a gap silently.
-async fn events(State(app): State<Arc<HttpApp>>) -> Response {
+async fn events(State(app): State<Arc<AdminApp>>) -> Response {
     use tokio::sync::broadcast::error::RecvError;
     let rx = app.events.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -550,7 +550,7 @@ async fn events(State(app): State<Arc<HttpApp>>) -> Response {
         HeaderValue::from_static("text/event-stream"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r.extensions_mut().insert(super::server::Streamed);
+    r.extensions_mut().insert(crate::http::server::Streamed);
     r
 }
 

@@ -1,6 +1,6 @@
 //! The admin API's rollouts (`talboot apply` and `talboot upgrade` while serve runs, see
-//! [`crate::daytwo::remote`]): `POST /api/rollouts` hands a rollout to the provisioner, which
-//! starts it unless one is running (409); `GET /api/rollouts/{id}?after=N` pages its progress,
+//! [`crate::daytwo::remote`]): `POST /api/rollouts` starts a rollout ([`RolloutHost`]) unless
+//! one is running (409); `GET /api/rollouts/{id}?after=N` pages its progress,
 //! holding the request up to [`PAGE_WAIT`] while there is nothing new, so the CLI follows a
 //! rollout line by line without a streaming response. Loopback peers only, as rebuilds: a
 //! request carries every node's rendered config.
@@ -16,8 +16,46 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{HttpApp, text};
-use crate::daytwo::remote::{RolloutRequest, StartError};
+use super::{AdminApp, text};
+use crate::daytwo::remote::{RolloutCtx, RolloutRequest, Rollouts, Run, StartError, Started};
+
+/// Starts rollouts and finds them again by id. serve's is [`ServeRollouts`]; the handler tests
+/// stand one in that registers rollouts but runs no job.
+pub(crate) trait RolloutHost: Send + Sync {
+    /// Validates, registers (one at a time) and starts `request`; where to page it, or why
+    /// it did not start.
+    fn start(&self, request: RolloutRequest) -> Result<Started, StartError>;
+    /// The run with `id`, while it is the current or the last one.
+    fn run(&self, id: u64) -> Option<Arc<Run>>;
+}
+
+/// serve's rollouts: its store, inventory and Talos admin credentials, at most one rollout
+/// at a time.
+pub(crate) struct ServeRollouts {
+    ctx: RolloutCtx,
+    runs: Rollouts,
+}
+
+impl ServeRollouts {
+    /// Rollouts that run with `ctx`.
+    pub(crate) fn new(ctx: RolloutCtx) -> Self {
+        Self {
+            ctx,
+            runs: Rollouts::default(),
+        }
+    }
+}
+
+impl RolloutHost for ServeRollouts {
+    fn start(&self, request: RolloutRequest) -> Result<Started, StartError> {
+        // Registered here, run on its own task: the request never waits on it.
+        crate::daytwo::remote::start(&self.runs, self.ctx.clone(), request)
+    }
+
+    fn run(&self, id: u64) -> Option<Arc<Run>> {
+        self.runs.get(id)
+    }
+}
 
 /// How long a progress page waits for a new line before it answers empty.
 pub(crate) const PAGE_WAIT: Duration = Duration::from_secs(15);
@@ -32,15 +70,15 @@ fn no_provisioner() -> Response {
 }
 
 pub(crate) async fn api_start(
-    State(app): State<Arc<HttpApp>>,
+    State(app): State<Arc<AdminApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
+    admitted: Option<axum::Extension<super::auth::Admitted>>,
     body: Bytes,
 ) -> Response {
-    if !super::admin_auth::permitted(&peer, admitted.as_ref()) {
+    if !super::auth::permitted(&peer, admitted.as_ref()) {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
-    let Some(commands) = &app.commands else {
+    let Some(host) = &app.rollouts else {
         return no_provisioner();
     };
     let request: RolloutRequest = match serde_json::from_slice(&body) {
@@ -53,11 +91,10 @@ pub(crate) async fn api_start(
             );
         }
     };
-    match commands.rollout(request).await {
-        Ok(Ok(started)) => (StatusCode::ACCEPTED, Json(started)).into_response(),
-        Ok(Err(e @ StartError::Busy(_))) => text(StatusCode::CONFLICT, format!("{e}\n")),
-        Ok(Err(e @ StartError::Invalid(_))) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    match host.start(request) {
+        Ok(started) => (StatusCode::ACCEPTED, Json(started)).into_response(),
+        Err(e @ StartError::Busy(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(e @ StartError::Invalid(_)) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
     }
 }
 
@@ -68,44 +105,66 @@ pub(crate) struct PageQuery {
 }
 
 pub(crate) async fn api_progress(
-    State(app): State<Arc<HttpApp>>,
+    State(app): State<Arc<AdminApp>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    admitted: Option<axum::Extension<super::admin_auth::Admitted>>,
+    admitted: Option<axum::Extension<super::auth::Admitted>>,
     Path(id): Path<u64>,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    if !super::admin_auth::permitted(&peer, admitted.as_ref()) {
+    if !super::auth::permitted(&peer, admitted.as_ref()) {
         return text(StatusCode::FORBIDDEN, "forbidden\n".into());
     }
-    let Some(commands) = &app.commands else {
+    let Some(host) = &app.rollouts else {
         return no_provisioner();
     };
-    match commands.rollout_run(id).await {
-        Ok(Some(run)) => Json(run.page(q.after, PAGE_WAIT).await).into_response(),
-        Ok(None) => text(
+    match host.run(id) {
+        Some(run) => Json(run.page(q.after, PAGE_WAIT).await).into_response(),
+        None => text(
             StatusCode::NOT_FOUND,
             format!("no rollout {id} (serve keeps the current and the last one)\n"),
         ),
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! The handlers against the admin router, with a stand-in provisioner that registers
-    //! rollouts as the real one does but runs no job (no Talos node is contacted).
+    //! The handlers against the admin router, with a stand-in host that registers rollouts
+    //! as serve's does but runs no job (no Talos node is contacted).
 
     use axum::body::Body;
     use axum::http::{Method, Request};
     use tower::ServiceExt;
 
     use super::*;
-    use crate::daytwo::remote::{
-        ApplyRequest, NodeConfig, ProgressPage, RolloutKind, Rollouts, Started,
-    };
-    use crate::provision::Command;
+    use crate::daytwo::remote::{ApplyRequest, NodeConfig, ProgressPage, RolloutKind};
 
-    async fn app(dir: &std::path::Path) -> Arc<HttpApp> {
+    /// Registers rollouts as serve's host does, but runs no job.
+    struct StandIn {
+        inventory: Arc<crate::inventory::Inventory>,
+        rollouts: Rollouts,
+    }
+
+    impl RolloutHost for StandIn {
+        fn start(&self, request: RolloutRequest) -> Result<Started, StartError> {
+            request
+                .kind
+                .prepare(&self.inventory, 50000, request.worker_concurrency)
+                .and_then(|job| self.rollouts.begin(job.describe()))
+                .map(|run| {
+                    run.say("checking the cluster before applying".into());
+                    Started {
+                        id: run.id,
+                        what: run.what.clone(),
+                    }
+                })
+        }
+
+        fn run(&self, id: u64) -> Option<Arc<Run>> {
+            self.rollouts.get(id)
+        }
+    }
+
+    async fn app(dir: &std::path::Path) -> Arc<AdminApp> {
         let inv = crate::inventory::load_with_env(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml"),
             &std::collections::BTreeMap::new(),
@@ -116,53 +175,24 @@ mod tests {
             Arc::new(crate::store::open(&dir.join("state")).unwrap());
         let (events, _writer) =
             crate::events::EventBus::start(store.clone(), Arc::new(crate::events::SystemClock));
-        let (commands, mut rx) = crate::provision::command_channel();
         let inventory = Arc::new(inv);
-        let inv = inventory.clone();
-        tokio::spawn(async move {
-            let rollouts = Rollouts::default();
-            while let Some(cmd) = rx.0.recv().await {
-                match cmd {
-                    Command::Rollout { request, reply } => {
-                        let started = request
-                            .kind
-                            .prepare(&inv, 50000, request.worker_concurrency)
-                            .and_then(|job| rollouts.begin(job.describe()))
-                            .map(|run| {
-                                run.say("checking the cluster before applying".into());
-                                Started {
-                                    id: run.id,
-                                    what: run.what.clone(),
-                                }
-                            });
-                        let _ = reply.send(started);
-                    }
-                    Command::RolloutRun { id, reply } => {
-                        let _ = reply.send(rollouts.get(id));
-                    }
-                    _ => {}
-                }
-            }
-        });
-        Arc::new(HttpApp {
-            inventory,
-            store: store.clone(),
+        Arc::new(AdminApp {
+            inventory: inventory.clone(),
+            store,
             view: Arc::new(crate::provision::view::StateView::new()),
             events,
-            images_dir: dir.join("images"),
-            catalog: Default::default(),
-            cmdlines: Default::default(),
-            base_url: "http://127.0.0.1:8080".into(),
-            scripts: super::super::script::Scripts::new(),
-            configs: Arc::new(super::super::ConfigDir(dir.join("configs"))),
-            tokens: super::super::tokens::Tokens::start(store).0,
             metrics: None,
-            commands: Some(commands),
+            commands: None,
+            rollouts: Some(Arc::new(StandIn {
+                inventory,
+                rollouts: Rollouts::default(),
+            })),
+            power: None,
         })
     }
 
     async fn call(
-        app: &Arc<HttpApp>,
+        app: &Arc<AdminApp>,
         method: Method,
         uri: &str,
         body: Vec<u8>,
@@ -175,7 +205,7 @@ mod tests {
             .unwrap();
         req.extensions_mut()
             .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
-        let resp = super::super::admin_router(app.clone(), None, Default::default())
+        let resp = super::super::router(app.clone(), None, Default::default())
             .oneshot(req)
             .await
             .unwrap();
