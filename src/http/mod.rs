@@ -131,7 +131,7 @@ pub struct HttpApp {
     pub store: Arc<dyn Store>,
     /// The in-memory view of node records and DHCP bindings the request paths read (their
     /// writers publish to it; no request path reads the store for them).
-    pub view: Arc<crate::provision::view::StateView>,
+    pub view: Arc<crate::view::StateView>,
     /// Event publication.
     pub events: EventBus,
     /// The artifact cache.
@@ -594,7 +594,7 @@ struct NodeStatus {
     failure: Option<String>,
     /// Whether it runs what the inventory renders, as serve's drift watcher last saw it
     /// (absent: not checked yet, not configured, or unreachable).
-    drift: Option<crate::daytwo::drift::DriftState>,
+    drift: Option<crate::view::drift::DriftState>,
 }
 
 async fn api_nodes(State(app): State<Arc<HttpApp>>) -> Response {
@@ -614,7 +614,7 @@ fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
             .as_ref()
             .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
         {
-            crate::provision::node::Lifecycle::load(app.store.as_ref(), n.name.as_str())
+            crate::store::Lifecycle::load(app.store.as_ref(), n.name.as_str())
                 .ok()
                 .and_then(|l| l.failure)
         } else {
@@ -634,12 +634,9 @@ fn node_statuses(app: &HttpApp) -> Vec<NodeStatus> {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
-            install_disk: crate::provision::node::NodeFacts::load(
-                app.store.as_ref(),
-                n.name.as_str(),
-            )
-            .map(|f| f.install_disk)
-            .filter(|d| !d.is_empty()),
+            install_disk: crate::store::NodeFacts::load(app.store.as_ref(), n.name.as_str())
+                .map(|f| f.install_disk)
+                .filter(|d| !d.is_empty()),
             last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
             failure,
             drift: app.view.drift.get(n.name.as_str()),

@@ -147,7 +147,7 @@ mod tests {
         Arc::new(HttpApp {
             inventory,
             store: store.clone(),
-            view: Arc::new(crate::provision::view::StateView::new()),
+            view: Arc::new(crate::view::StateView::new()),
             events,
             images_dir: dir.join("images"),
             catalog: Default::default(),
