@@ -46,6 +46,8 @@ fn full_path(name: &str) -> String {
     }
 }
 
+// The facts are a stored record (`store::DiskFacts`, read by status and the admin API);
+// reading them from Talos's answers belongs with the Talos rules here.
 impl DiskFacts {
     /// Builds the facts in Talos's list order (by resource ID): from each COSI `block.Disk`,
     /// completed with the `storage.Disks` entry of the same path; a legacy disk COSI does

@@ -1,7 +1,8 @@
 //! The cluster steps after the kubeconfig: API ready → CNI (Cilium) installed → nodes Ready →
 //! Argo CD installed → handed off, as one persisted record.
 //!
-//! The record (`cluster/step`, JSON) says which step was last *completed*, since when, why,
+//! The record ([`StepRecord`], a store type: readers outside this module load it from the
+//! store) says which step was last *completed*, since when, why,
 //! the last error and how many attempts the next step has failed. [`next_step`] is the pure
 //! decision "given the completed step and the facts, what now"; [`Provisioner::step_addons`]
 //! performs one action and persists the result, so a restart resumes from the store and

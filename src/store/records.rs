@@ -88,8 +88,8 @@ impl Lease {
     }
 }
 
-/// One record change: what the book decided, and what the store writes as it is (the
-/// store's [`LeaseCommit`](crate::store::LeaseCommit) carries these).
+/// One record change: what the DHCP lease book decided, and what the store writes as it is
+/// (the store's [`LeaseCommit`](crate::store::LeaseCommit) carries these).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseChange {
     /// Insert or replace the record for `lease.ip`.
