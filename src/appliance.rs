@@ -160,7 +160,7 @@ pub struct Bound {
     plan: Plan,
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
-    view: Arc<crate::provision::view::StateView>,
+    view: Arc<crate::view::StateView>,
     store_closed: store::Closed,
     http: tokio::net::TcpListener,
     admin: tokio::net::TcpListener,
@@ -195,7 +195,7 @@ impl Plan {
         let store_closed = opened.on_close();
         let store: Arc<dyn Store> = Arc::new(opened);
         // The request paths' read view, loaded before any writer starts.
-        let view = Arc::new(crate::provision::view::StateView::load(
+        let view = Arc::new(crate::view::StateView::load(
             store.as_ref(),
             &self.inventory,
         )?);
@@ -523,7 +523,7 @@ pub struct Running {
     /// The state store.
     pub store: Arc<dyn Store>,
     /// The read view the request paths and the admin API read (drift included).
-    pub view: Arc<crate::provision::view::StateView>,
+    pub view: Arc<crate::view::StateView>,
     /// `http://advertise:port`.
     pub base_url: String,
     /// `http://<admin listen address>`, where `/api/*` and `/metrics` are served.

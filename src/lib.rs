@@ -28,6 +28,7 @@ pub mod sim;
 pub mod store;
 pub mod talos;
 pub mod tftp;
+pub mod view;
 
 /// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never
 /// aws-lc). Idempotent: a second call, or a provider already installed, is fine.

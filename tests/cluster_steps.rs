@@ -14,10 +14,9 @@ use talboot::events::{EventBus, SystemClock};
 use talboot::inventory::Inventory;
 use talboot::machineconfig::renderer::ConfigRenderer;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE, KUBECONFIG_KEY};
-use talboot::provision::steps::{CLUSTER_TIMELINE, STEP_KEY, StepRecord};
-use talboot::provision::{ClusterStep, Provisioner, Settings, StepOutcome};
+use talboot::provision::{Provisioner, Settings, StepOutcome};
 use talboot::sim::kube::{DoubleOptions, KubeDouble};
-use talboot::store::{self, Store};
+use talboot::store::{self, CLUSTER_TIMELINE, ClusterStep, STEP_KEY, StepRecord, Store};
 use talboot::talos::ClientCreds;
 
 /// Renders nothing: these tests never configure a node.

@@ -13,9 +13,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use talboot::provision::steps::{ClusterStep, STEP_KEY, StepRecord};
 use talboot::sim::demo::{Demo, DemoOptions};
-use talboot::store::{self, NodePhase, Store};
+use talboot::store::{self, ClusterStep, NodePhase, STEP_KEY, StepRecord, Store};
 
 const NODES: [&str; 13] = [
     "rack1-cp-01",
@@ -343,7 +342,7 @@ async fn restarts_at_every_step_repeat_nothing() {
         // (The restart also flushed the event log, which is written behind the bus.)
         let timeline: Vec<String> = demo
             .store()
-            .events(talboot::provision::steps::CLUSTER_TIMELINE, 0, 1000)
+            .events(talboot::store::CLUSTER_TIMELINE, 0, 1000)
             .unwrap()
             .into_iter()
             .filter(|e| e.kind == "cluster.step" && e.detail.contains(" -> "))

@@ -17,7 +17,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talboot::artifacts::Catalog;
-use talboot::provision::view::StateView;
+use talboot::view::StateView;
 
 use support::images::fake_images;
 use talboot::events::{Clock, EventBus, SystemClock};

@@ -19,7 +19,7 @@ struct Env {
     store: Arc<dyn Store>,
     /// The read view the HTTP side reads: a test that writes the store directly is the
     /// writer, and republishes.
-    view: Arc<talboot::provision::view::StateView>,
+    view: Arc<talboot::view::StateView>,
     inv: Arc<talboot::inventory::Inventory>,
     shutdown: CancellationToken,
     kernel: Vec<u8>,
@@ -128,7 +128,7 @@ async fn start_edited(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let inv = Arc::new(inv);
-    let view = Arc::new(talboot::provision::view::StateView::new());
+    let view = Arc::new(talboot::view::StateView::new());
     let app = Arc::new(HttpApp {
         inventory: inv.clone(),
         store: store.clone(),

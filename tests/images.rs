@@ -524,7 +524,7 @@ fn an_imported_set_boots_over_http() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let inv = Arc::new(inv);
-        let view = Arc::new(talboot::provision::view::StateView::new());
+        let view = Arc::new(talboot::view::StateView::new());
         let app = Arc::new(HttpApp {
             inventory: inv.clone(),
             store: store.clone(),

@@ -529,7 +529,7 @@ async fn three_control_planes_two_workers_with_restarts_between_every_step() {
     // talboot's recorded install disk is the one the node's own install task took.
     for m in &machines {
         let facts = world
-            .with_store(|s| talboot::provision::node::NodeFacts::load(s, m.name))
+            .with_store(|s| talboot::store::NodeFacts::load(s, m.name))
             .unwrap();
         assert_eq!(
             Some(Ok(facts.install_disk.clone())),
@@ -949,7 +949,7 @@ async fn install_disks_by_link_and_by_selector_are_the_disks_talos_installs_to()
         world.provision(name).await;
         assert_eq!(world.phase(name), NodePhase::Ready, "{name}");
         let facts = world
-            .with_store(|s| talboot::provision::node::NodeFacts::load(s, name))
+            .with_store(|s| talboot::store::NodeFacts::load(s, name))
             .unwrap();
         assert_eq!(facts.install_disk, want, "{name}");
         // What the node's install task took for the config talboot applied.
@@ -1032,7 +1032,7 @@ async fn a_machine_without_smbios_is_provisioned_with_its_system_facts_absent() 
     world.provision("cp-1").await;
     assert_eq!(world.phase("cp-1"), NodePhase::Ready);
     let facts = world
-        .with_store(|s| talboot::provision::node::NodeFacts::load(s, "cp-1"))
+        .with_store(|s| talboot::store::NodeFacts::load(s, "cp-1"))
         .unwrap();
     assert_eq!(facts.system_uuid, None);
     assert_eq!(facts.manufacturer, None);

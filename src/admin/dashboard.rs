@@ -31,8 +31,7 @@ use serde::Serialize;
 
 use super::AdminApp;
 use crate::events::NodeEvent;
-use crate::provision::steps::{CLUSTER_TIMELINE, ClusterStep, StepRecord};
-use crate::store::{Event, NodePhase};
+use crate::store::{CLUSTER_TIMELINE, ClusterStep, Event, NodePhase, StepRecord};
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
 const APP_JS: &str = include_str!("dashboard/app.js");
@@ -442,7 +441,7 @@ fn tail(events: &[Event]) -> Vec<EventView> {
 fn build_snapshot(app: &AdminApp) -> Result<Snapshot, crate::store::StoreError> {
     let store = app.store.as_ref();
     let inv = &app.inventory;
-    let record = crate::provision::steps::load_step_record(store)?;
+    let record = crate::store::load_step_record(store)?;
     let nodes_ready = record
         .as_ref()
         .is_some_and(|r| r.step >= ClusterStep::NodesReady);
@@ -453,7 +452,7 @@ fn build_snapshot(app: &AdminApp) -> Result<Snapshot, crate::store::StoreError> 
         let phase = rec.as_ref().map_or(NodePhase::Unknown, |r| r.phase);
         let events = store.events(name, 0, SCAN_LEN)?;
         let failure = if phase == NodePhase::Failed {
-            crate::provision::node::Lifecycle::load(store, name)
+            crate::store::Lifecycle::load(store, name)
                 .ok()
                 .and_then(|l| l.failure)
         } else {

@@ -37,7 +37,7 @@ pub(crate) struct AdminApp {
     /// The state store.
     pub store: Arc<dyn Store>,
     /// The in-memory view of node records the provisioning side publishes (drift included).
-    pub view: Arc<crate::provision::view::StateView>,
+    pub view: Arc<crate::view::StateView>,
     /// Event publication.
     pub events: EventBus,
     /// Prometheus rendering, when metrics are installed.
@@ -111,7 +111,7 @@ struct NodeStatus {
     failure: Option<String>,
     /// Whether it runs what the inventory renders, as serve's drift watcher last saw it
     /// (absent: not checked yet, not configured, or unreachable).
-    drift: Option<crate::daytwo::drift::DriftState>,
+    drift: Option<crate::view::drift::DriftState>,
 }
 
 async fn api_nodes(State(app): State<Arc<AdminApp>>) -> Response {
@@ -131,7 +131,7 @@ fn node_statuses(app: &AdminApp) -> Vec<NodeStatus> {
             .as_ref()
             .is_some_and(|r| r.phase == crate::store::NodePhase::Failed)
         {
-            crate::provision::node::Lifecycle::load(app.store.as_ref(), n.name.as_str())
+            crate::store::Lifecycle::load(app.store.as_ref(), n.name.as_str())
                 .ok()
                 .and_then(|l| l.failure)
         } else {
@@ -151,7 +151,7 @@ fn node_statuses(app: &AdminApp) -> Vec<NodeStatus> {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
-            install_disk: crate::provision::node::NodeFacts::load(
+            install_disk: crate::store::NodeFacts::load(
                 app.store.as_ref(),
                 n.name.as_str(),
             )

@@ -179,7 +179,7 @@ mod tests {
         Arc::new(AdminApp {
             inventory: inventory.clone(),
             store,
-            view: Arc::new(crate::provision::view::StateView::new()),
+            view: Arc::new(crate::view::StateView::new()),
             events,
             metrics: None,
             commands: None,

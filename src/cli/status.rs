@@ -105,7 +105,7 @@ pub fn table(
             })
             .unwrap_or_else(|| "-".into());
         let failure = if rec.as_ref().is_some_and(|r| r.phase == NodePhase::Failed) {
-            crate::provision::node::Lifecycle::load(store, &node.name)?.failure
+            crate::store::Lifecycle::load(store, &node.name)?.failure
         } else {
             None
         };
@@ -136,7 +136,7 @@ pub fn table(
 
 /// The install disk recorded with the node's facts, `-` before one was chosen.
 fn install_disk(store: &dyn Store, node: &str) -> String {
-    crate::provision::node::NodeFacts::load(store, node)
+    crate::store::NodeFacts::load(store, node)
         .map(|f| f.install_disk)
         .filter(|d| !d.is_empty())
         .unwrap_or_else(|| "-".into())

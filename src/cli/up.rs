@@ -31,8 +31,7 @@ use crate::artifacts::{self, Catalog, SetId, factory};
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory};
 use crate::machineconfig::secrets::GenerateOptions;
-use crate::provision::steps::{ClusterStep, StepRecord};
-use crate::store::{self, NodePhase, Store};
+use crate::store::{self, ClusterStep, NodePhase, StepRecord, Store};
 
 /// Arguments of `talboot up`: `serve`'s, and what the steps before it need.
 #[derive(Debug, Clone, clap::Args)]
@@ -601,7 +600,7 @@ fn cluster_state(
     state_dir: &Path,
 ) -> Result<(Option<StepRecord>, usize), UpError> {
     let store = store::open(state_dir).map_err(UpError::Store)?;
-    let record = crate::provision::steps::load_step_record(&store).map_err(UpError::Store)?;
+    let record = crate::store::load_step_record(&store).map_err(UpError::Store)?;
     let records = store.nodes().map_err(UpError::Store)?;
     let ready = inv
         .nodes
@@ -618,12 +617,12 @@ fn cluster_state(
 /// Whether the cluster is handed off: the step record says so and its timeline event (written
 /// after the record) is there, so the printed progress is complete.
 fn handed_off(store: &dyn Store) -> bool {
-    crate::provision::steps::load_step_record(store)
+    crate::store::load_step_record(store)
         .ok()
         .flatten()
         .is_some_and(|r| r.step == ClusterStep::HandedOff)
         && store
-            .last_event(crate::provision::steps::CLUSTER_TIMELINE)
+            .last_event(crate::store::CLUSTER_TIMELINE)
             .ok()
             .flatten()
             .is_some_and(|e| e.detail.contains("-> handed-off"))
@@ -631,10 +630,7 @@ fn handed_off(store: &dyn Store) -> bool {
 
 /// Where provisioning stands, for a timeout.
 fn where_it_is(inv: &Inventory, store: &dyn Store) -> String {
-    let step = match crate::provision::steps::load_step_record(store)
-        .ok()
-        .flatten()
-    {
+    let step = match crate::store::load_step_record(store).ok().flatten() {
         Some(r) => format!(
             "last cluster step {}{}",
             r.step,

@@ -530,9 +530,7 @@ async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
     // never handed off.
     let stopped_at = {
         let s = store::open(&lab.path("state")).unwrap();
-        let r = crate::provision::steps::load_step_record(&s)
-            .unwrap()
-            .unwrap();
+        let r = crate::store::load_step_record(&s).unwrap().unwrap();
         assert_ne!(
             r.step,
             ClusterStep::HandedOff,

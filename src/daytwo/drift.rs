@@ -3,16 +3,17 @@
 //! drift appears or clears); [`watch`] is serve's periodic adapter, which reads every node's
 //! `MachineConfig` as `talboot plan` does, sets the `talboot_node_drift{node}` gauge (1
 //! drifted, 0 in sync), publishes the transitions on the event bus and each node's last
-//! known state on the [`DriftBoard`] (what `/api/nodes` and `talboot status` show).
-//! `talboot plan` is the detail view.
+//! known state on the [`DriftBoard`] (part of the read view, [`crate::view::drift`]: what
+//! `/api/nodes` and `talboot status` show). `talboot plan` is the detail view.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventBus, EventKind};
+use crate::view::drift::{DriftBoard, DriftState};
 
 use super::plan::{Connector, NodeTarget};
 
@@ -64,57 +65,6 @@ impl DriftTracker {
     /// Whether `node` is known to drift.
     pub fn is_drifted(&self, node: &str) -> Option<bool> {
         self.drifted.get(node).copied()
-    }
-}
-
-/// A node's last known drift, as the admin API shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct DriftState {
-    pub drifted: bool,
-    /// Differences (fields and documents) at the last check; 0 in sync.
-    pub changes: usize,
-}
-
-/// What serve knows about drift, shared with the admin API: each node's last known state
-/// (one writer, the watcher) and the configs applied through serve since it started (one
-/// writer, the apply rollout), which replace serve's start-up rendering as the baseline.
-#[derive(Debug, Default)]
-pub struct DriftBoard {
-    inner: RwLock<BoardInner>,
-}
-
-#[derive(Debug, Default)]
-struct BoardInner {
-    state: BTreeMap<String, DriftState>,
-    applied: BTreeMap<String, String>,
-}
-
-impl DriftBoard {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BoardInner> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BoardInner> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The node's last known drift (`None`: never read, not configured yet or unreachable).
-    pub fn get(&self, node: &str) -> Option<DriftState> {
-        self.read().state.get(node).copied()
-    }
-
-    pub fn publish(&self, node: &str, state: DriftState) {
-        self.write().state.insert(node.to_owned(), state);
-    }
-
-    /// `node` was applied `rendered` through serve: drift is measured against it from now on.
-    pub fn set_applied(&self, node: &str, rendered: String) {
-        self.write().applied.insert(node.to_owned(), rendered);
-    }
-
-    /// The config applied to `node` through serve, if any.
-    pub fn applied(&self, node: &str) -> Option<String> {
-        self.read().applied.get(node).cloned()
     }
 }
 

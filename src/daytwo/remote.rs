@@ -25,10 +25,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::{Inventory, MachineType, Version};
-use crate::provision::view::StateView;
 use crate::store::Store;
 use crate::talos::ClientCreds;
 use crate::talos::api::machine::apply_configuration_request::Mode;
+use crate::view::StateView;
 
 use super::apply::{ApplyOptions, ApplyOutcome};
 use super::plan::{Connector, NodeTarget};

@@ -24,9 +24,10 @@ use crate::inventory::{Arch, NetworkMode, UnknownPolicy};
 
 use super::classify::{BootKind, ClientInfo, apply_node_hints, classify};
 use super::ctx::{DecideCtx, Host, Subnet};
-use super::leases::{LeaseBook, LeaseChange};
+use super::leases::LeaseBook;
 use super::reply::{Reply, ReplyTarget, reply_target};
 use super::wire::{DropReason, Request, ServerPort};
+use crate::store::LeaseChange;
 
 /// PXE vendor option 43: PXE_DISCOVERY_CONTROL (6) = bit 3, "boot the file named in this
 /// reply, skip boot server discovery" (PXE 2.1 §2.4.3.1).

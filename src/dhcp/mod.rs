@@ -29,9 +29,11 @@ pub use classify::{BootKind, ClientInfo, IpxeFeatures, apply_node_hints, classif
 pub use ctx::{BootTargets, DecideCtx, Host, Subnet};
 pub use decide::{Decision, Silence, decide};
 pub use flood::{FloodConfig, FloodLimiter};
-pub use leases::{Lease, LeaseBook, LeaseBookConfig, LeaseChange, LeaseError, LeaseState};
+pub use leases::{LeaseBook, LeaseBookConfig, LeaseError};
 pub use reply::{Reply, ReplySummary, ReplyTarget, reply_target};
 pub use wire::{DropReason, Request, ServerPort};
+
+use crate::store::LeaseChange;
 
 /// The clocks a packet is handled at: wall time for leases (they are persisted and survive
 /// restarts), monotonic time for the flood limiter.

@@ -30,7 +30,7 @@
 //! simulated relay agent's for relayed requests (giaddr set, as a top-of-rack relay does).
 //! The RFC 2131 destination is still decided by the core and logged.
 
-use crate::provision::view::StateView;
+use crate::view::StateView;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
 use std::io;
@@ -49,7 +49,6 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::admission::{self, Backlog};
 use super::decide::Silence;
-use super::leases::LeaseChange;
 use super::pace::Pace;
 use super::queue::{self, Lane, RxQueue};
 use super::{
@@ -58,6 +57,7 @@ use super::{
 };
 use crate::events::{EventBus, EventKind, NodeEvent, unknown_node_key};
 use crate::inventory::{Mac, NetworkMode};
+use crate::store::LeaseChange;
 use crate::store::{LeaseCommit, Store, StoreError};
 
 /// Standard DHCP server port.
@@ -256,7 +256,7 @@ impl DhcpServer {
     }
 
     /// Publish every lease commit and ProxyDHCP binding to `view` (see
-    /// [`crate::provision::view`]).
+    /// [`crate::view`]).
     pub fn with_view(mut self, view: Arc<StateView>) -> Self {
         self.view = Some(view);
         self

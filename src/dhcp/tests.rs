@@ -14,6 +14,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::inventory::{Arch, Firmware, Loc, Mac, NetworkMode, Pool, Spanned, UnknownPolicy};
+use crate::store::LeaseState;
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const CP1: Mac = Mac([0xbc, 0x24, 0x11, 0, 0, 1]);

@@ -138,7 +138,7 @@ pub fn unknown_node_key(mac: Mac) -> String {
 /// else `ip-<peer>`. Read from the in-memory view the writers publish to, never the store
 /// (it runs per TFTP transfer and per HTTP asset).
 pub(crate) fn node_key_by_peer(
-    view: &crate::provision::view::StateView,
+    view: &crate::view::StateView,
     inventory: &Inventory,
     peer: IpAddr,
 ) -> String {
@@ -336,7 +336,7 @@ mod tests {
             })
             .unwrap();
 
-        let view = crate::provision::view::StateView::load(&store, &inv).unwrap();
+        let view = crate::view::StateView::load(&store, &inv).unwrap();
         let key = |ip: &str| node_key_by_peer(&view, &inv, ip.parse().unwrap());
         assert_eq!(key("10.9.0.1"), known.name.value);
         assert_eq!(key("::ffff:10.9.0.1"), known.name.value);

@@ -149,7 +149,7 @@ pub struct HttpApp {
     pub store: Arc<dyn Store>,
     /// The in-memory view of node records and DHCP bindings the request paths read (their
     /// writers publish to it; no request path reads the store for them).
-    pub view: Arc<crate::provision::view::StateView>,
+    pub view: Arc<crate::view::StateView>,
     /// Event publication.
     pub events: EventBus,
     /// The artifact cache.

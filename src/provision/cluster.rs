@@ -115,7 +115,7 @@ impl Provisioner {
                     s.row(PROGRESS, BOOTSTRAP_NODE_KEY)?,
                     s.row(PROGRESS, BOOTSTRAP_KEY)?,
                     s.row(PROGRESS, KUBECONFIG_KEY)?,
-                    super::steps::load_step_record(s)?,
+                    crate::store::load_step_record(s)?,
                 ))
             })
             .await?;
@@ -212,7 +212,7 @@ impl Provisioner {
                     &[
                         (BOOTSTRAP_KEY.to_owned(), REBUILT.to_vec()),
                         (KUBECONFIG_KEY.to_owned(), REBUILT.to_vec()),
-                        (super::steps::STEP_KEY.to_owned(), step),
+                        (crate::store::STEP_KEY.to_owned(), step),
                     ],
                 )
             },

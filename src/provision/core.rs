@@ -29,10 +29,9 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use super::node::Lifecycle;
-use super::steps::{ClusterStep, StepRecord};
 use crate::events::EventKind;
 use crate::inventory::Mac;
+use crate::store::{ClusterStep, Lifecycle, StepRecord};
 use crate::store::{NodePhase, NodeRecord};
 
 /// The address DHCP bound to one of the node's MACs.

@@ -33,51 +33,9 @@
 use std::fmt;
 
 use crate::inventory::{DiskSelector, DiskType, InstallTarget};
+use crate::store::DiskFacts;
 use crate::talos::api::storage::{self, disk::DiskType as ApiDiskType};
 use crate::talos::client::CosiDisk;
-
-/// What talboot knows about one disk of a node: the COSI `block.Disk` spec fields the
-/// selector matches on, completed by `storage.Disks`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DiskFacts {
-    /// Full device path, `/dev/<kernel name>` (`dev_path`; `storage.Disks` `device_name`).
-    pub dev_path: String,
-    /// Model string.
-    pub model: String,
-    /// Serial number.
-    pub serial: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// World-wide identifier.
-    pub wwid: String,
-    /// Disk UUID (`/sys/block/<dev>/uuid`).
-    #[serde(default)]
-    pub uuid: String,
-    /// Kernel modalias.
-    #[serde(default)]
-    pub modalias: String,
-    /// Kernel bus path (stable across NVMe renumbering).
-    pub bus_path: String,
-    /// Transport (`nvme`, `sata`, `virtio`, `mmc`, ...) from COSI; empty for device-mapper
-    /// and other virtual disks, and when COSI was not read.
-    pub transport: String,
-    /// Rotational (`/sys/block/<dev>/queue/rotational`), from COSI.
-    #[serde(default)]
-    pub rotational: bool,
-    /// storaged's classification (CD, NVME, SD, HDD, SSD, unknown); shown, never matched on.
-    #[serde(with = "kind_name")]
-    pub kind: Option<DiskType>,
-    /// Read-only device.
-    pub readonly: bool,
-    /// CD-ROM drive.
-    pub cdrom: bool,
-    /// Other names of the device (`/dev/disk/by-id/...`), from COSI, sorted.
-    pub symlinks: Vec<String>,
-    /// Whether these facts come from the COSI `block.Disk` resource (transport, rotational
-    /// and links known), not only from `storage.Disks`.
-    #[serde(default)]
-    pub(crate) from_cosi: bool,
-}
 
 /// `/dev/<name>` for a bare kernel name; a path is kept as it is (never `/dev//dev/sda`).
 fn full_path(name: &str) -> String {
@@ -88,6 +46,8 @@ fn full_path(name: &str) -> String {
     }
 }
 
+// The facts are a stored record (`store::DiskFacts`, read by status and the admin API);
+// reading them from Talos's answers belongs with the Talos rules here.
 impl DiskFacts {
     /// Builds the facts in Talos's list order (by resource ID): from each COSI `block.Disk`,
     /// completed with the `storage.Disks` entry of the same path; a legacy disk COSI does
@@ -163,24 +123,6 @@ impl DiskFacts {
 /// `/dev/` + ID, so comparing paths bytewise is comparing IDs (Go compares strings bytewise).
 pub(crate) fn talos_order(disks: &mut [DiskFacts]) {
     disks.sort_by(|a, b| a.dev_path.cmp(&b.dev_path));
-}
-
-/// `DiskType` by its inventory word (`ssd`, `nvme`, ...) in stored facts.
-mod kind_name {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::inventory::DiskType;
-
-    pub(crate) fn serialize<S: Serializer>(k: &Option<DiskType>, s: S) -> Result<S::Ok, S::Error> {
-        match k {
-            Some(k) => s.serialize_some(k.as_str()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DiskType>, D::Error> {
-        Ok(Option::<String>::deserialize(d)?.and_then(|w| DiskType::parse(&w)))
-    }
 }
 
 /// Why the install target was refused.

@@ -20,7 +20,6 @@ pub mod core;
 pub mod disks;
 pub mod node;
 pub mod steps;
-pub mod view;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -34,10 +33,11 @@ use crate::inventory::{Inventory, Node};
 use crate::store::{NodePhase, NodeRecord, Store, StoreError};
 use crate::talos::retry::RetryPolicy;
 use crate::talos::{ClientCreds, Deadlines, TalosClient, TalosError};
+use crate::view;
 
 pub use cluster::{ClusterProgress, HealthReport};
 pub use node::NodeStep;
-pub use steps::{ClusterStep, StepOutcome};
+pub use steps::StepOutcome;
 
 use crate::machineconfig::renderer::{ConfigRenderer, RenderError};
 
@@ -189,7 +189,7 @@ pub(crate) fn observe_offline(
     let ctx = offline_ctx(inventory, node);
     let rec = store.node(name)?;
     let fresh = rec.is_none();
-    let life = node::Lifecycle::load(store, name)?;
+    let life = crate::store::Lifecycle::load(store, name)?;
     let start = match rec {
         Some(r) => core::NodeState::from_persisted(r, life),
         None => core::NodeState::fresh(name, now),
@@ -244,7 +244,7 @@ pub(crate) fn changes_offline(
     inventory: &Inventory,
     node: &Node,
     rec: NodeRecord,
-    life: node::Lifecycle,
+    life: crate::store::Lifecycle,
     observations: &[core::Observation],
     now: u64,
 ) -> bool {

@@ -34,11 +34,11 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observation, Outcome};
-use super::disks::{self, DiskFacts};
+use super::disks;
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
-use crate::store::{NodePart, NodePhase, NodeWrite};
+use crate::store::{DiskFacts, Lifecycle, NodeFacts, NodePart, NodePhase, NodeWrite};
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::api::talos::resource::definitions::runtime::RuntimeMachineStage as MachineStage;
 use crate::talos::{TalosClient, TalosError};
@@ -52,75 +52,6 @@ pub enum NodeStep {
     Waiting(String),
     /// Ready or Failed: nothing more to do without operator action.
     Settled,
-}
-
-/// Hardware facts read in maintenance mode, stored under `node/<name>/facts`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NodeFacts {
-    /// Talos version of the maintenance system.
-    pub talos_version: String,
-    /// SMBIOS system UUID; `None` on a machine without SMBIOS tables (Talos then has no
-    /// `SystemInformations.hardware.talos.dev` resource).
-    pub system_uuid: Option<String>,
-    /// SMBIOS manufacturer (`None` without SMBIOS).
-    pub manufacturer: Option<String>,
-    /// SMBIOS product name (`None` without SMBIOS).
-    pub(crate) product_name: Option<String>,
-    /// SMBIOS serial number (`None` without SMBIOS).
-    pub serial_number: Option<String>,
-    /// The disks, in Talos's list order.
-    pub disks: Vec<DiskFacts>,
-    /// The disk Talos will install to, as talboot computed it (`/dev/...`).
-    pub install_disk: String,
-}
-
-impl NodeFacts {
-    /// The facts stored for `node`, if any.
-    pub fn load(store: &dyn crate::store::Store, node: &str) -> Option<NodeFacts> {
-        let raw = store.node_part(node, NodePart::Facts).ok().flatten()?;
-        serde_json::from_slice(&raw).ok()
-    }
-}
-
-impl Lifecycle {
-    /// The lifecycle stored for `node` (empty when there is none, or it is unreadable).
-    pub fn load(
-        store: &dyn crate::store::Store,
-        node: &str,
-    ) -> Result<Lifecycle, crate::store::StoreError> {
-        Ok(decode_lifecycle(
-            store.node_part(node, NodePart::Lifecycle)?.as_deref(),
-        ))
-    }
-}
-
-/// What the node state machine remembers across restarts besides the phase, stored as JSON
-/// in the store's `node_lifecycle` table (fields may be added; absent ones take their
-/// defaults).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Lifecycle {
-    /// Why the node is Failed (what `talboot status` shows); cleared when it leaves Failed.
-    #[serde(default)]
-    pub failure: Option<String>,
-    /// The secured API answered since the config was applied: the node left maintenance
-    /// mode, so finding it in maintenance again means the install failed.
-    #[serde(default)]
-    pub(crate) install_seen: bool,
-    /// When the Reset RPC answered (Unix seconds); the rebuild waits for the node to come
-    /// back in maintenance mode until the reset timeout after it.
-    #[serde(default)]
-    pub(crate) reset_at_unix: Option<u64>,
-    /// The persistent disk boot device was asked for after this install
-    /// ([`core::Effect::SetDiskBoot`]); cleared by a rebuild.
-    #[serde(default)]
-    pub(crate) disk_boot_set: bool,
-}
-
-/// Decodes a stored [`Lifecycle`]; an unreadable one counts as empty (it only refines
-/// what the phase already says).
-pub(crate) fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
-    raw.and_then(|b| serde_json::from_slice(b).ok())
-        .unwrap_or_default()
 }
 
 /// How long a failed sequence's events are read for (the stream never ends by itself).

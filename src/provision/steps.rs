@@ -1,7 +1,8 @@
 //! The cluster steps after the kubeconfig: API ready → CNI (Cilium) installed → nodes Ready →
 //! Argo CD installed → handed off, as one persisted record.
 //!
-//! The record (`cluster/step`, JSON) says which step was last *completed*, since when, why,
+//! The record ([`StepRecord`], a store type: readers outside this module load it from the
+//! store) says which step was last *completed*, since when, why,
 //! the last error and how many attempts the next step has failed. [`next_step`] is the pure
 //! decision "given the completed step and the facts, what now"; [`Provisioner::step_addons`]
 //! performs one action and persists the result, so a restart resumes from the store and
@@ -22,8 +23,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::{ProvisionError, Provisioner};
 use crate::addons::kube::{Kube, KubeError};
 use crate::addons::manifest::ObjectRef;
@@ -36,72 +35,10 @@ use crate::addons::values::CiliumOptions;
 use crate::addons::{AddonError, AddonSpec, argocd_addon, cilium_addon, install_addon};
 use crate::events::EventKind;
 use crate::inventory::{ChartRef, Version};
+use crate::store::{CLUSTER_TIMELINE, ClusterStep, STEP_KEY, StepRecord};
 
-/// Row (in the store's cluster progress table) of the cluster step record (JSON).
-pub const STEP_KEY: &str = "step";
-/// Event timeline (node key) of the cluster steps.
-pub const CLUSTER_TIMELINE: &str = "cluster";
 /// Failed attempts after which a step is reported as stuck (it is still retried).
 pub(crate) const STUCK_AFTER: u32 = 5;
-
-/// The cluster steps, in order. The record holds the last one completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClusterStep {
-    /// Nothing done yet: waiting for the control planes to be configured.
-    WaitingForControlPlanes,
-    /// Bootstrapped, healthy, kubeconfig written.
-    Bootstrapped,
-    /// The Kubernetes API answers with the admin kubeconfig.
-    ApiReady,
-    /// The CNI is installed (or not talboot's to install).
-    CniInstalled,
-    /// Every node is Ready.
-    NodesReady,
-    /// Argo CD is installed (or not enabled).
-    ArgoCdInstalled,
-    /// Done: the cluster is the operator's (and Argo CD's).
-    HandedOff,
-}
-
-impl std::fmt::Display for ClusterStep {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::WaitingForControlPlanes => "waiting-for-control-planes",
-            Self::Bootstrapped => "bootstrapped",
-            Self::ApiReady => "api-ready",
-            Self::CniInstalled => "cni-installed",
-            Self::NodesReady => "nodes-ready",
-            Self::ArgoCdInstalled => "argocd-installed",
-            Self::HandedOff => "handed-off",
-        })
-    }
-}
-
-/// The persisted cluster step record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepRecord {
-    /// The last step completed.
-    pub step: ClusterStep,
-    /// When it was completed (Unix seconds).
-    pub since_unix: u64,
-    /// Why it counts as completed.
-    pub reason: String,
-    /// The last failure of the next step, if any.
-    pub last_error: Option<String>,
-    /// Failed attempts of the next step since `step` was reached.
-    pub attempts: u32,
-}
-
-/// The persisted step record in `store`, if any (one this version cannot read counts as
-/// absent: every step re-checks its own facts).
-pub(crate) fn load_step_record(
-    store: &dyn crate::store::Store,
-) -> Result<Option<StepRecord>, crate::store::StoreError> {
-    Ok(store
-        .row(crate::store::ClusterTable::Progress, STEP_KEY)?
-        .and_then(|b| serde_json::from_slice(&b).ok()))
-}
 
 /// What the next step needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -520,24 +457,6 @@ mod tests {
         cilium: true,
         argocd: true,
     };
-
-    /// A store an older build wrote has the step record under `cluster_meta`'s
-    /// `cluster/step` only: it is still the cluster's progress.
-    #[test]
-    fn a_step_record_left_in_cluster_meta_is_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
-        let rec = StepRecord {
-            step: ClusterStep::HandedOff,
-            since_unix: 7,
-            reason: "old build".into(),
-            last_error: None,
-            attempts: 0,
-        };
-        crate::store::Store::put_meta(&store, "cluster/step", &serde_json::to_vec(&rec).unwrap())
-            .unwrap();
-        assert_eq!(load_step_record(&store).unwrap(), Some(rec));
-    }
 
     #[test]
     fn steps_run_in_order_with_everything_enabled() {

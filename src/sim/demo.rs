@@ -34,8 +34,7 @@ use crate::events::EventKind;
 use crate::inventory::{self, EndpointHost, Inventory};
 use crate::machineconfig::secrets::{GenerateOptions, SecretsBundle, ServiceAccountKeyKind};
 use crate::provision::Settings;
-use crate::provision::steps::{ClusterStep, StepRecord};
-use crate::store::{NodePhase, Store};
+use crate::store::{ClusterStep, NodePhase, StepRecord, Store};
 
 /// The Cilium manifest set of the demo (an abridged rendering; see the file's header).
 const CILIUM_MANIFEST: &str = include_str!("manifests/cilium/cilium.yaml");
@@ -687,7 +686,7 @@ impl Demo {
 
     /// The persisted cluster step record.
     pub fn step_record(&self) -> Option<StepRecord> {
-        crate::provision::steps::load_step_record(self.store().as_ref())
+        crate::store::load_step_record(self.store().as_ref())
             .ok()
             .flatten()
     }
@@ -705,7 +704,7 @@ impl Demo {
             d.step_record()
                 .is_some_and(|r| r.step == ClusterStep::HandedOff)
                 && d.store()
-                    .last_event(crate::provision::steps::CLUSTER_TIMELINE)
+                    .last_event(crate::store::CLUSTER_TIMELINE)
                     .ok()
                     .flatten()
                     .is_some_and(|e| e.detail.contains("-> handed-off"))
@@ -820,7 +819,7 @@ impl Demo {
         }
         let events = self
             .store()
-            .events(crate::provision::steps::CLUSTER_TIMELINE, 0, 1000)
+            .events(crate::store::CLUSTER_TIMELINE, 0, 1000)
             .unwrap_or_default();
         s.push_str("\ncluster steps:\n");
         for e in events

@@ -732,8 +732,9 @@ pub(crate) fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
 mod tests {
     use super::*;
     use crate::inventory::DiskSelector;
-    use crate::provision::disks::{DiskFacts, choose_install_disk};
+    use crate::provision::disks::choose_install_disk;
     use crate::sim::disks::talos_install_disk;
+    use crate::store::DiskFacts;
     use crate::talos::client::CosiDisk;
 
     /// The `machine.install` section talboot renders for a target (render.rs `node_patch`).

@@ -14,14 +14,20 @@
 //!
 //! The trait is synchronous (redb is); async callers wrap calls in `spawn_blocking`.
 
+mod node_parts;
 mod records;
 mod redb;
+mod steps;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-pub use self::records::{CasOutcome, Event, Lease, LeaseState, NodePhase, NodeRecord};
+pub(crate) use self::node_parts::decode_lifecycle;
+pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
+pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};
 pub use self::redb::{Closed, RedbStore};
+pub(crate) use self::steps::load_step_record;
+pub use self::steps::{CLUSTER_TIMELINE, ClusterStep, STEP_KEY, StepRecord};
 
 /// An event to append, for [`Store::append_events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,9 +45,9 @@ pub struct NewEvent {
 /// A typed per-node table besides the node record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NodePart {
-    /// Hardware facts read in maintenance mode (`provision::node::NodeFacts`).
+    /// Hardware facts read in maintenance mode ([`NodeFacts`]).
     Facts,
-    /// What the node machine remembers besides the phase (`provision::node::Lifecycle`).
+    /// What the node machine remembers besides the phase ([`Lifecycle`]).
     Lifecycle,
 }
 
@@ -60,7 +66,7 @@ impl NodePart {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClusterTable {
     /// Cluster progress (`provision::cluster`, `provision::steps`): the bootstrap node, the
-    /// bootstrap and kubeconfig marks, the step record.
+    /// bootstrap and kubeconfig marks, the step record ([`StepRecord`]).
     Progress,
     /// Pull-delivery tokens (`http::tokens`), by the SHA-256 of the token.
     PullTokens,
@@ -97,7 +103,6 @@ pub struct LeaseCommit {
     pub events: Vec<NewEvent>,
 }
 
-pub use crate::dhcp::leases::LeaseChange;
 use crate::inventory::Mac;
 
 /// Default state directory (`--state-dir`).

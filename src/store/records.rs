@@ -6,14 +6,97 @@
 
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::Mac;
 
-/// The lease record is the DHCP lease book's own type: the book decides every record and the
-/// store persists it as it is.
-pub use crate::dhcp::leases::{Lease, LeaseState};
+/// State of one address record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Offered in a DHCPOFFER and held for the client until it expires.
+    Offered,
+    /// Bound by a DHCPACK until it expires.
+    Bound,
+    /// Given back (RELEASE) or lapsed; kept so the same MAC gets the same address again.
+    Released,
+    /// Declined (address conflict on the wire): quarantined, nobody gets it until it expires.
+    Declined,
+}
+
+impl LeaseState {
+    /// Stable lowercase name, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Offered => "offered",
+            Self::Bound => "bound",
+            Self::Released => "released",
+            Self::Declined => "declined",
+        }
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One address record: the one lease type, decided by the DHCP lease book
+/// (`dhcp::leases::LeaseBook`) and persisted here as it is (its JSON shape is the stored one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The client it was (or is) leased to; for a declined address, the client that
+    /// declined it.
+    pub mac: Mac,
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// The inventory name of the client, when it has one.
+    pub hostname: Option<String>,
+    /// Current state.
+    pub state: LeaseState,
+    /// When the offer, binding or quarantine ends (for `Released`, when it was released),
+    /// seconds since the Unix epoch.
+    pub expires_at_unix: u64,
+    /// When the book last changed this record, seconds since the Unix epoch.
+    pub updated_at_unix: u64,
+}
+
+impl Lease {
+    /// When the offer, binding or quarantine ends.
+    pub fn expires(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.expires_at_unix)
+    }
+
+    /// Offered or bound and not yet expired at `now`.
+    pub(crate) fn is_held(&self, now: SystemTime) -> bool {
+        matches!(self.state, LeaseState::Offered | LeaseState::Bound) && self.expires() > now
+    }
+
+    /// Quarantined and the quarantine has not ended at `now`.
+    pub(crate) fn is_quarantined(&self, now: SystemTime) -> bool {
+        self.state == LeaseState::Declined && self.expires() > now
+    }
+
+    /// Whether this record keeps its address from being given to another client at
+    /// `now_unix`: any state but released, until it expires (for `Declined` that is the end
+    /// of the quarantine).
+    pub(crate) fn holds_address(&self, now_unix: u64) -> bool {
+        self.state != LeaseState::Released && self.expires_at_unix > now_unix
+    }
+}
+
+/// One record change: what the DHCP lease book decided, and what the store writes as it is
+/// (the store's [`LeaseCommit`](crate::store::LeaseCommit) carries these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseChange {
+    /// Insert or replace the record for `lease.ip`.
+    Upsert(Lease),
+    /// Delete the record for this address.
+    Remove(Ipv4Addr),
+}
 
 /// Provisioning phase of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

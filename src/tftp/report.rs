@@ -180,7 +180,7 @@ pub(crate) fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
 /// in the read view: no store read per transfer).
 pub(crate) async fn publish_events(
     mut rx: tokio::sync::mpsc::Receiver<TransferEvent>,
-    view: Arc<crate::provision::view::StateView>,
+    view: Arc<crate::view::StateView>,
     inv: Arc<Inventory>,
     events: EventBus,
 ) {

@@ -277,7 +277,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     );
     let mut rx = bus.subscribe();
     let cancel = tokio_util::sync::CancellationToken::new();
-    let board = std::sync::Arc::new(crate::daytwo::drift::DriftBoard::default());
+    let board = std::sync::Arc::new(crate::view::drift::DriftBoard::default());
     tokio::spawn(crate::daytwo::drift::watch(
         conn.clone(),
         relabelled.clone(),

@@ -7,7 +7,8 @@
 //! handler that applies the core's rules) publishes node records and lifecycles after each
 //! commit; the DHCP server publishes its leases after each lease commit and its ProxyDHCP
 //! bindings after each write. The view is loaded from the store once, before any server
-//! starts.
+//! starts. The drift board ([`drift`]) rides along: serve's day-two tasks write it, the admin
+//! API reads it.
 //!
 //! **A view that lags the store fails closed.** A writer announces what it is about to change
 //! *before* its commit ([`StateView::begin_leases`], [`StateView::retract_proxy`],
@@ -24,6 +25,8 @@
 //! store call). A copy-on-write map (`arc-swap`) would make reads lock-free but copies the
 //! whole map on every write, for no measured gain here (see docs/architecture.md).
 
+pub mod drift;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::RwLock;
@@ -31,17 +34,16 @@ use std::sync::RwLock;
 use crate::entitlement::{Bound, ProxyBinding};
 use crate::inventory::{Inventory, Mac, NetworkMode};
 use crate::store::{
-    Lease, LeaseChange, LeaseCommit, LeaseState, NodePart, NodeRecord, NodeWrite, Store, StoreError,
+    Lease, LeaseChange, LeaseCommit, LeaseState, Lifecycle, NodePart, NodeRecord, NodeWrite, Store,
+    StoreError, decode_lifecycle,
 };
-
-use super::node::{Lifecycle, decode_lifecycle};
 
 /// The read view (see the module docs). Shared as `Arc<StateView>`.
 #[derive(Debug, Default)]
 pub struct StateView {
     inner: RwLock<Inner>,
-    /// Drift as serve's drift watcher last saw it (its own lock; see `daytwo::drift`).
-    pub drift: std::sync::Arc<crate::daytwo::drift::DriftBoard>,
+    /// Drift as serve's drift watcher last saw it (its own lock; see [`drift`]).
+    pub drift: std::sync::Arc<drift::DriftBoard>,
 }
 
 #[derive(Debug, Default)]
