@@ -170,7 +170,7 @@ pub enum SelectorError {
     Type(String),
     /// A size Talos cannot parse.
     #[error("diskSelector.size: {0}")]
-    Size(#[from] crate::provision::disks::SizeError),
+    Size(#[from] crate::inventory::size::SizeError),
 }
 
 /// The fields of a legacy install disk selector, as written (`InstallDiskSelector`).
@@ -210,7 +210,7 @@ impl From<&DiskSelector> for LegacySelector {
 pub(crate) fn selector_expression(sel: &LegacySelector) -> Result<String, SelectorError> {
     let mut terms = Vec::new();
     if let Some(size) = &sel.size {
-        use crate::provision::disks::{SizeOp, parse_size_expr};
+        use crate::inventory::size::{SizeOp, parse_size_expr};
         let e = parse_size_expr(size)?;
         let op = match e.op {
             SizeOp::Eq => "==",
