@@ -34,8 +34,8 @@ pub use diag::{Diagnostic, Diagnostics, Loc, Severity};
 pub use load::{LoadError, Loaded, load, load_with_env};
 pub use model::*;
 pub use power::{
-    IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, SecretRef, TALOS_MIN_MEMORY_MIB,
-    VmShape, WolTarget,
+    AuthMode, BootMode, Credential, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget,
+    SecretRef, TALOS_MIN_MEMORY_MIB, VmShape, WolTarget,
 };
 
 #[cfg(test)]

@@ -6,10 +6,12 @@
 //! is cheap (one HTTP client), and a BMC whose certificate or address changed is picked up
 //! without a restart.
 
-use crate::inventory::{IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget};
+use crate::inventory::{
+    Credential, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget,
+};
 
 use super::{
-    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState, ipmi,
+    BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState, ipmi,
     proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},
     redfish::{Redfish, RedfishConfig},
     wol,
