@@ -26,6 +26,7 @@ pub mod provision;
 pub mod sim;
 pub mod store;
 pub mod talos;
+pub mod talosfacts;
 pub mod tftp;
 
 /// Make ring rustls' process-wide crypto provider (talboot uses ring everywhere and never

@@ -536,10 +536,10 @@ fn classify_patch(docs: &[Node], path: &str, d: &mut Diagnostics) -> Option<Patc
 }
 
 /// Warns, at the key, about every v1alpha1 field a patch sets that Talos v1.13 deprecated
-/// ([`crate::machineconfig::schema::DEPRECATED`]), naming the replacement. Strategic-merge
+/// ([`crate::talosfacts::schema::DEPRECATED`]), naming the replacement. Strategic-merge
 /// documents without `kind` are v1alpha1; JSON-patch operations are matched by `path`.
 fn warn_deprecated(docs: &[&Node], path: &str, d: &mut Diagnostics) {
-    use crate::machineconfig::schema::DEPRECATED;
+    use crate::talosfacts::schema::DEPRECATED;
     let warn = |d: &mut Diagnostics, loc: &super::diag::Loc, field: &str, replacement: &str| {
         d.warning(
             loc,
