@@ -27,6 +27,7 @@ pub mod provision;
 pub mod sim;
 pub mod store;
 pub mod talos;
+pub mod talosfacts;
 pub mod tftp;
 pub mod view;
 

@@ -262,7 +262,7 @@ fn gen_from_talconfig_with_a_real_sops_talsecret() {
         return;
     }
     // `--schema` overrides the embedded facts (here with the committed facts file itself).
-    let schema = repo("src/machineconfig/talos-v1.13.schema-facts.json");
+    let schema = repo("src/talosfacts/talos-v1.13.schema-facts.json");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_config(dir, "talconfig.yaml");

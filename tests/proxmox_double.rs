@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
 
+use talboot::inventory::Credential;
 use talboot::power::proxmox::{ProxmoxApi, ProxmoxApiConfig};
-use talboot::power::{
-    BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState,
-};
+use talboot::power::{BootDevice, BootPersistence, PowerAction, PowerError, PowerState};
 use talboot::sim::proxmox::{ProxmoxDouble, ProxmoxDoubleOptions, SimVm};
 
 fn api(pve: &ProxmoxDouble, secret: &str) -> Arc<ProxmoxApi> {

@@ -22,8 +22,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
+use talboot::inventory::Credential;
 use talboot::power::redfish::{Redfish, RedfishConfig};
-use talboot::power::{BootDevice, BootPersistence, Credential};
+use talboot::power::{BootDevice, BootPersistence};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Tags {

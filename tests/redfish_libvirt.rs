@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use support::netns::run;
 use support::qemu::{self, KERNEL_MARKER};
 use support::sushy::{Sushy, SushyOptions};
+use talboot::inventory::Credential;
 use talboot::power::redfish::{Redfish, RedfishConfig};
-use talboot::power::{BootDevice, BootPersistence, Credential, PowerAction, PowerState};
+use talboot::power::{BootDevice, BootPersistence, PowerAction, PowerState};
 
 const VM_MAC: &str = "52:54:00:7a:1b:31";
 const BRIDGE: &str = "br0";

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::redfish_front::{Front, FrontOptions, put, sample};
-use talboot::inventory::RedfishTarget;
+use talboot::inventory::{AuthMode, BootMode, Credential, RedfishTarget};
 use talboot::power::dispatch::{PowerReply, PowerRequest};
-use talboot::power::redfish::{AuthMode, BootMode, Redfish, RedfishConfig};
+use talboot::power::redfish::{Redfish, RedfishConfig};
 use talboot::power::{
-    BootDevice, BootPersistence, Credential, PowerAction, PowerDriver, PowerError, PowerState,
+    BootDevice, BootPersistence, PowerAction, PowerDriver, PowerError, PowerState,
 };
 
 const RACKMOUNT1: &str = "/redfish/v1/Systems/437XR1138R2";

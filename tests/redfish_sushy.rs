@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::sushy::{Sushy, SushyOptions};
+use talboot::inventory::Credential;
 use talboot::power::redfish::{Redfish, RedfishConfig};
-use talboot::power::{
-    BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState,
-};
+use talboot::power::{BootDevice, BootPersistence, PowerAction, PowerError, PowerState};
 
 const UUID_A: &str = "9c8e7b43-1b7a-4bd3-9a1e-000000000a01";
 const UUID_B: &str = "9c8e7b43-1b7a-4bd3-9a1e-000000000b02";
@@ -188,7 +187,7 @@ async fn a_uefi_node_on_a_legacy_sushy_system_is_set_to_uefi() {
         "{before}"
     );
     let mut cfg = config(&bmc, &opts);
-    cfg.boot_mode = Some(talboot::power::redfish::BootMode::Uefi);
+    cfg.boot_mode = Some(talboot::inventory::BootMode::Uefi);
     let set = Redfish::new(cfg)
         .unwrap()
         .set_boot_device(BootDevice::Network, BootPersistence::Once)

@@ -151,12 +151,9 @@ fn node_statuses(app: &AdminApp) -> Vec<NodeStatus> {
                 .and_then(|r| r.last_seen_addr)
                 .map(|a| a.to_string()),
             talos_version: rec.and_then(|r| r.talos_version),
-            install_disk: crate::store::NodeFacts::load(
-                app.store.as_ref(),
-                n.name.as_str(),
-            )
-            .map(|f| f.install_disk)
-            .filter(|d| !d.is_empty()),
+            install_disk: crate::store::NodeFacts::load(app.store.as_ref(), n.name.as_str())
+                .map(|f| f.install_disk)
+                .filter(|d| !d.is_empty()),
             last_event: last.map(|e| format!("{}: {}", e.kind, e.display_detail())),
             failure,
             drift: app.view.drift.get(n.name.as_str()),

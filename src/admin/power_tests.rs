@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use crate::events::{EventBus, EventKind, SystemClock};
+use crate::inventory::Credential;
 use crate::inventory::IpmiTarget;
 use crate::power::dispatch::PowerRequest;
-use crate::power::{Credential, PowerAction, PowerDriver};
+use crate::power::{PowerAction, PowerDriver};
 
 use super::power::PowerDesk;
 

@@ -8,7 +8,8 @@
 //!
 //! Each module imports only the ones above it, so the imports form a DAG:
 //!
-//! 1. [`diag`] (locations and diagnostics) and [`schematic`] (Image Factory schematics);
+//! 1. [`diag`] (locations and diagnostics), [`schematic`] (Image Factory schematics) and
+//!    [`size`] (Talos's disk-size expressions);
 //! 2. [`yaml`] (the position-marked YAML tree) and [`model`] (the typed values);
 //! 3. [`read`] (field readers both formats share) and [`parts`] (what a format reader
 //!    produces, the shared defaults and the `${VAR}` environment);
@@ -24,6 +25,7 @@ pub(crate) mod parts;
 pub mod power;
 pub mod read;
 pub mod schematic;
+pub mod size;
 pub mod talhelper;
 pub(crate) mod validate;
 pub mod yaml;
@@ -32,8 +34,8 @@ pub use diag::{Diagnostic, Diagnostics, Loc, Severity};
 pub use load::{LoadError, Loaded, load, load_with_env};
 pub use model::*;
 pub use power::{
-    IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, SecretRef, TALOS_MIN_MEMORY_MIB,
-    VmShape, WolTarget,
+    AuthMode, BootMode, Credential, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget,
+    SecretRef, TALOS_MIN_MEMORY_MIB, VmShape, WolTarget,
 };
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! secret is (`passwordEnv: BMC_PASS`, or `passwordKey: rack1` in the age- or SOPS-encrypted
 //! `credentialsFile`). A clear-text `password:` is an error that says how to move it, and the
 //! error never repeats the value. Resolving a [`SecretRef`] into a
-//! [`crate::power::Credential`] happens only when a driver is built
+//! [`Credential`] happens only when a driver is built
 //! ([`crate::power::credentials`]), so `talboot check` needs neither the environment nor an
 //! age identity.
 
@@ -22,8 +22,6 @@ use super::diag::{Diagnostics, Loc, did_you_mean};
 use super::model::{Firmware, Mac, Node, ResolvedRole};
 use super::read;
 use super::yaml::{Node as Y, Value, join};
-use crate::power::Credential;
-use crate::power::redfish::{AuthMode, BootMode};
 
 /// Where a secret is kept; never the secret itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +43,80 @@ impl std::fmt::Display for SecretRef {
         match self {
             Self::Env(v) => write!(f, "environment variable {v}"),
             Self::File { file, key } => write!(f, "key `{key}` of {}", file.display()),
+        }
+    }
+}
+
+/// A secret (BMC password, Proxmox API token secret). `Debug` and `Display` print a
+/// placeholder so the value cannot reach a log or an error by formatting.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(zeroize::Zeroizing<String>);
+
+impl Credential {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(zeroize::Zeroizing::new(secret.into()))
+    }
+
+    /// The secret itself, for the one place that puts it on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(<redacted>)")
+    }
+}
+
+impl std::fmt::Display for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The `BootSourceOverrideMode` a machine boots in (DMTF ComputerSystem schema, `Boot`
+/// property `BootSourceOverrideMode`: `Legacy` or `UEFI`, "the BIOS boot mode to use when the
+/// system boots from the BootSourceOverrideTarget boot source").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BootMode {
+    /// `UEFI`.
+    Uefi,
+    /// `Legacy` (BIOS).
+    Legacy,
+}
+
+impl BootMode {
+    /// The Redfish enum value.
+    pub fn as_redfish(self) -> &'static str {
+        match self {
+            Self::Uefi => "UEFI",
+            Self::Legacy => "Legacy",
+        }
+    }
+}
+
+/// How talboot logs in to a BMC (the inventory's `auth:` in a redfish `power:` block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AuthMode {
+    /// A Redfish session when the service root advertises one (`Links.Sessions`), else, or
+    /// when the login fails, HTTP Basic: what openstack/sushy's `SessionOrBasicAuth` (the
+    /// default of ironic's Redfish driver) does.
+    #[default]
+    Auto,
+    /// A Redfish session only; a failed login is an error.
+    Session,
+    /// HTTP Basic on every request, never a session.
+    Basic,
+}
+
+impl AuthMode {
+    /// The inventory spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Session => "session",
+            Self::Basic => "basic",
         }
     }
 }
@@ -1240,5 +1312,13 @@ nodes:
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
+    }
+
+    #[test]
+    fn a_credential_never_formats_its_secret() {
+        let c = Credential::new("hunter2-bmc");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(!format!("{c}").contains("hunter2"));
+        assert_eq!(c.expose(), "hunter2-bmc");
     }
 }

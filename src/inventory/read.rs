@@ -365,10 +365,10 @@ pub(crate) fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Opt
 }
 
 /// Talos size matchers, read exactly as Talos reads them (`InstallDiskSizeMatcher`, see
-/// [`crate::provision::disks::parse_size_expr`]): an optional comparison, then a size that
+/// [`super::size::parse_size_expr`]): an optional comparison, then a size that
 /// `humanize.ParseBytes` accepts.
-fn check_size(s: &str) -> Result<String, crate::provision::disks::SizeError> {
-    crate::provision::disks::parse_size_expr(s).map(|_| s.to_string())
+fn check_size(s: &str) -> Result<String, super::size::SizeError> {
+    super::size::parse_size_expr(s).map(|_| s.to_string())
 }
 
 /// Patches: each list item is an inline mapping (strategic merge), an inline list (JSON patch),
@@ -536,10 +536,10 @@ fn classify_patch(docs: &[Node], path: &str, d: &mut Diagnostics) -> Option<Patc
 }
 
 /// Warns, at the key, about every v1alpha1 field a patch sets that Talos v1.13 deprecated
-/// ([`crate::machineconfig::schema::DEPRECATED`]), naming the replacement. Strategic-merge
+/// ([`crate::talosfacts::schema::DEPRECATED`]), naming the replacement. Strategic-merge
 /// documents without `kind` are v1alpha1; JSON-patch operations are matched by `path`.
 fn warn_deprecated(docs: &[&Node], path: &str, d: &mut Diagnostics) {
-    use crate::machineconfig::schema::DEPRECATED;
+    use crate::talosfacts::schema::DEPRECATED;
     let warn = |d: &mut Diagnostics, loc: &super::diag::Loc, field: &str, replacement: &str| {
         d.warning(
             loc,
@@ -684,7 +684,7 @@ mod tests {
         for bad in ["big", ">= GB", "=> 5GB", "5XB"] {
             assert!(check_size(bad).is_err(), "{bad}");
         }
-        use crate::provision::disks::SizeError;
+        use crate::inventory::size::SizeError;
         let e = check_size(">= 5XB").unwrap_err();
         assert_eq!(
             e,

@@ -256,10 +256,10 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
 /// line: under v1.14, a v1.13 field with no v1.14 document stays with a deprecation warning,
 /// or is refused when Talos refuses it next to a document talboot renders; under any contract,
 /// a patch that sets a legacy field and the document Talos refuses it next to
-/// (`V1Alpha1ConflictValidate`, [`crate::machineconfig::legacy::CONFLICTS`]) is refused.
+/// (`V1Alpha1ConflictValidate`, [`crate::talosfacts::legacy::CONFLICTS`]) is refused.
 fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
-    use crate::machineconfig::contract::Contract;
-    let Some(contract) = Contract::for_version(&cluster.talos_version.value) else {
+    use crate::talosfacts::contract::Contract;
+    let Some(contract) = Contract::for_version(&cluster.talos_version.value.0) else {
         return; // rendering refuses the version with its own message
     };
     let patches = cluster
@@ -273,13 +273,13 @@ fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
 }
 
 fn patch_contract_rules(
-    contract: crate::machineconfig::contract::Contract,
+    contract: crate::talosfacts::contract::Contract,
     patch: &Patch,
     d: &mut Diagnostics,
 ) {
-    use crate::machineconfig::contract::Contract;
-    use crate::machineconfig::legacy::{CONFLICTS, Fate, TRANSLATED, classify};
-    use crate::machineconfig::schema::{DEPRECATED, v1alpha1_has};
+    use crate::talosfacts::contract::Contract;
+    use crate::talosfacts::legacy::{CONFLICTS, Fate, TRANSLATED, classify};
+    use crate::talosfacts::schema::{DEPRECATED, v1alpha1_has};
     let keys = &patch.keys;
     let starts = |p: &[String], prefix: &[&str]| {
         p.len() >= prefix.len() && p.iter().zip(prefix).all(|(a, b)| a == b)

@@ -54,7 +54,6 @@ use serde_json::{Value as Json, json};
 use thiserror::Error;
 use yaml_serde::Value;
 
-use super::contract::Contract;
 use super::legacy;
 use super::patch::{self, ConfigBundle, PatchError};
 use super::pki::PemCertAndKey;
@@ -62,6 +61,7 @@ use super::secrets::{EncryptionSecret, SecretsBundle};
 use crate::inventory::{
     DiskSelector, EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody, Taint,
 };
+use crate::talosfacts::contract::Contract;
 
 /// KubePrism's default port (`DefaultKubePrismPort`).
 pub(crate) const KUBEPRISM_PORT: u16 = 7445;
@@ -191,7 +191,7 @@ pub(crate) fn installer_image_at(inv: &Inventory, talos: &crate::inventory::Vers
 
 /// The contract the cluster's Talos version renders (`talosctl gen config --talos-version`).
 pub(crate) fn contract(inv: &Inventory) -> Result<Contract, RenderError> {
-    Contract::for_version(&inv.cluster.talos_version.value).ok_or_else(|| {
+    Contract::for_version(&inv.cluster.talos_version.value.0).ok_or_else(|| {
         RenderError::UnsupportedTalos {
             version: inv.cluster.talos_version.value.to_string(),
         }

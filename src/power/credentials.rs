@@ -10,7 +10,7 @@ use crate::crypto::age::{self, Identities, IdentitySources};
 use crate::crypto::sops;
 use crate::inventory::{PowerConfig, SecretRef, WolTarget};
 
-use super::Credential;
+use crate::inventory::Credential;
 
 /// Why a secret could not be resolved. Never carries a secret.
 #[derive(Debug, thiserror::Error)]

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{
-    Inventory, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget,
+    Credential, Inventory, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget,
 };
 
 use super::{
-    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState,
+    BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState,
     credentials::Resolver,
     ipmi,
     proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},

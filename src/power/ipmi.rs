@@ -318,7 +318,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: silent.local_addr().unwrap().port(),
             user: "admin".into(),
-            password: crate::power::Credential::new("never-sent-in-clear"),
+            password: crate::inventory::Credential::new("never-sent-in-clear"),
             efi_boot: false,
         };
         let Err(PowerError::Unreachable { reason, .. }) = Session::open(&t).map(drop) else {

@@ -4,7 +4,8 @@
 //! Drivers live in their own submodules and are chosen per node by the inventory's `power:`
 //! block. They are reached only through the provisioner (the one writer of node state), so a
 //! power action and the node's lifecycle never race; the CLI and a running `serve` send it
-//! commands. Credentials travel as [`Credential`], whose `Debug` never shows the secret, so a
+//! commands. Credentials travel as [`Credential`](crate::inventory::Credential) (an inventory
+//! type: what the operator's secret becomes), whose `Debug` never shows the secret, so a
 //! driver error or a log line cannot leak them.
 
 pub mod credentials;
@@ -105,34 +106,6 @@ impl fmt::Display for BootSet {
             write!(f, "; {n}")?;
         }
         Ok(())
-    }
-}
-
-/// A secret (BMC password, Proxmox API token secret). `Debug` and `Display` print a
-/// placeholder so the value cannot reach a log or an error by formatting.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credential(zeroize::Zeroizing<String>);
-
-impl Credential {
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(zeroize::Zeroizing::new(secret.into()))
-    }
-
-    /// The secret itself, for the one place that puts it on the wire.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Credential(<redacted>)")
-    }
-}
-
-impl fmt::Display for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
     }
 }
 
@@ -241,14 +214,6 @@ mod tests {
             Err(HttpClientError::CaNotPem(_) | HttpClientError::CaEmpty)
         ));
         assert!(client(b"").is_err());
-    }
-
-    #[test]
-    fn a_credential_never_formats_its_secret() {
-        let c = Credential::new("hunter2-bmc");
-        assert!(!format!("{c:?}").contains("hunter2"));
-        assert!(!format!("{c}").contains("hunter2"));
-        assert_eq!(c.expose(), "hunter2-bmc");
     }
 }
 

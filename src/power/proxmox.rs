@@ -23,7 +23,8 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use super::{BootDevice, BootPersistence, Credential, PowerAction, PowerError, PowerState};
+use super::{BootDevice, BootPersistence, PowerAction, PowerError, PowerState};
+use crate::inventory::Credential;
 
 /// The tag `talboot proxmox create` puts on every VM it creates; `destroy` touches no other.
 pub const TALBOOT_TAG: &str = "talboot";

@@ -30,9 +30,8 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{
-    BootDevice, BootPersistence, BootSet, Credential, PowerAction, PowerError, PowerState,
-};
+use super::{BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState};
+use crate::inventory::{AuthMode, BootMode, Credential};
 
 /// One BMC's Redfish settings (the inventory's `power: {kind: redfish}` block, once resolved
 /// with its credentials; the lead maps the inventory type onto this at merge).
@@ -56,52 +55,6 @@ pub struct RedfishConfig {
     pub boot_mode: Option<BootMode>,
     /// How talboot authenticates ([`AuthMode`]; `auto` unless the inventory says).
     pub auth: AuthMode,
-}
-
-/// The `BootSourceOverrideMode` a machine boots in (DMTF ComputerSystem schema, `Boot`
-/// property `BootSourceOverrideMode`: `Legacy` or `UEFI`, "the BIOS boot mode to use when the
-/// system boots from the BootSourceOverrideTarget boot source").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BootMode {
-    /// `UEFI`.
-    Uefi,
-    /// `Legacy` (BIOS).
-    Legacy,
-}
-
-impl BootMode {
-    /// The Redfish enum value.
-    pub fn as_redfish(self) -> &'static str {
-        match self {
-            Self::Uefi => "UEFI",
-            Self::Legacy => "Legacy",
-        }
-    }
-}
-
-/// How talboot logs in to a BMC (the inventory's `auth:` in a redfish `power:` block).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum AuthMode {
-    /// A Redfish session when the service root advertises one (`Links.Sessions`), else, or
-    /// when the login fails, HTTP Basic: what openstack/sushy's `SessionOrBasicAuth` (the
-    /// default of ironic's Redfish driver) does.
-    #[default]
-    Auto,
-    /// A Redfish session only; a failed login is an error.
-    Session,
-    /// HTTP Basic on every request, never a session.
-    Basic,
-}
-
-impl AuthMode {
-    /// The inventory spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Session => "session",
-            Self::Basic => "basic",
-        }
-    }
 }
 
 impl RedfishConfig {

@@ -17,7 +17,8 @@ use zeroize::Zeroizing;
 
 use crate::inventory::{Mac, WolTarget};
 
-use super::{Credential, PowerError};
+use super::PowerError;
+use crate::inventory::Credential;
 
 /// Length of a magic packet without a SecureOn password.
 pub const MAGIC_LEN: usize = 6 + 16 * 6;

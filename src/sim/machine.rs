@@ -22,8 +22,8 @@ use tokio::net::UdpSocket;
 
 use super::disks::SimDisk;
 use super::ipxe::{self, Command};
+use crate::inventory::size::parse_size_expr;
 use crate::inventory::{Arch, DiskType, Firmware, InstallTarget, Inventory, Mac, Node};
-use crate::provision::disks::parse_size_expr;
 use crate::tftp::packet::{Mode, Options, Packet};
 
 /// How long to wait for a DHCP or TFTP reply before sending again.

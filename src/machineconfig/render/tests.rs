@@ -626,7 +626,7 @@ fn at_v1_14(file: &str) -> Inventory {
 
 #[test]
 fn the_13_node_rack_at_v1_14_passes_v1_14s_schema_with_no_deprecated_field() {
-    use crate::machineconfig::contract::Contract;
+    use crate::talosfacts::contract::Contract;
     let schema = crate::machineconfig::schema::embedded_for(Contract::V1_14);
     let mut count = 0;
     for file in ["rack.yaml", "lab.yaml"] {

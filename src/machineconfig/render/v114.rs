@@ -16,10 +16,11 @@ use super::{
 };
 use crate::inventory::{EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody};
 use crate::machineconfig::contract::{
-    Contract, LegacySelector, install_disk_expression, selector_expression,
+    LegacySelector, install_disk_expression, selector_expression,
 };
 use crate::machineconfig::patch::ConfigBundle;
 use crate::machineconfig::secrets::{EncryptionSecret, SecretsBundle};
+use crate::talosfacts::contract::Contract;
 
 /// `constants.DefaultDiscoveryServiceEndpoint`.
 const DISCOVERY_ENDPOINT: &str = "https://discovery.talos.dev/";
