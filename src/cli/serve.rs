@@ -16,7 +16,7 @@ use crate::store;
 use crate::tftp::TftpConfig;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
-use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
+use crate::appliance::{ApplianceError, DhcpPlan, DriftPlan, Plan, PowerOnPlan, ProvisioningPlan};
 use crate::artifacts::required_sets;
 
 /// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
@@ -319,52 +319,8 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
         .ok_or_else(|| StartError::Advertise(format!("interface {iface} has no IPv4 address")))
 }
 
-/// Drift watcher inputs: how to reach the nodes and what each should run.
-pub(crate) type DriftTargets = (
-    crate::daytwo::plan::Connector,
-    Vec<crate::daytwo::plan::NodeTarget>,
-);
-
-/// What `serve` (and `talboot up`, which serves the same way) runs: the appliance plan and the
-/// drift watcher's targets.
-pub(crate) struct ServePlan {
-    /// The appliance, not bound yet.
-    pub plan: Plan,
-    /// Drift watcher inputs, when push provisioning runs and `--drift-interval` is not 0.
-    pub drift: Option<DriftTargets>,
-    /// The power drivers (credentials resolved once), shared with the provisioner.
-    pub power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
-    /// The inventory the plan serves (for `--power-on`).
-    pub inventory: Arc<Inventory>,
-}
-
-impl ServePlan {
-    /// Starts the drift watcher on `running`, if there is one to start.
-    pub(crate) fn spawn_drift(
-        drift: Option<DriftTargets>,
-        running: &crate::appliance::Running,
-        interval_secs: u64,
-    ) {
-        if let Some((conn, targets)) = drift {
-            tokio::spawn(crate::daytwo::drift::watch(
-                conn,
-                targets,
-                running.events.clone(),
-                running.view.drift.clone(),
-                std::time::Duration::from_secs(interval_secs),
-                running.cancel.clone(),
-            ));
-        }
-    }
-}
-
 async fn start_and_run(args: Args) -> Result<(), StartError> {
-    let ServePlan {
-        plan,
-        drift,
-        power,
-        inventory,
-    } = prepare(&args)?;
+    let plan = prepare(&args)?;
     // Bind every privileged socket before dropping privileges.
     let bound = plan.bind().await?;
     if let Some(user) = &args.user {
@@ -375,10 +331,6 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         "talboot serving {} nodes; boot script {}/boot.ipxe",
         running.node_count, running.base_url
     );
-    ServePlan::spawn_drift(drift, &running, args.drift_interval);
-    if args.power_on {
-        start_power_on(&args, &inventory, power, &running)?;
-    }
     let shutdown = running.cancel.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -392,8 +344,9 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
 }
 
 /// Loads and checks everything `serve` needs (inventory, boot artifacts, configs, secrets,
-/// talosconfig) and plans the appliance; nothing is bound yet.
-pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
+/// talosconfig) and plans the appliance (drift watcher and `--power-on` round included);
+/// nothing is bound yet.
+pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     crate::install_crypto_provider();
     let loaded = inventory::load(&args.config).map_err(|e| {
         // Each problem with its file:line:column, as `check` prints them.
@@ -439,12 +392,17 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         settings.ksops_age_identity = inputs.ksops_age_identity;
         settings.power = power.clone();
         if args.drift_interval > 0 {
-            drift = Some(crate::daytwo::drift::targets(
+            let (connector, targets) = crate::daytwo::drift::targets(
                 &inv,
                 inputs.renderer.as_ref(),
                 &inputs.creds,
                 settings.apid_port,
-            ));
+            );
+            drift = Some(DriftPlan {
+                connector,
+                targets,
+                interval: std::time::Duration::from_secs(args.drift_interval),
+            });
         }
         Some(ProvisioningPlan {
             renderer: inputs.renderer,
@@ -497,7 +455,10 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     } else {
         None
     };
-    let power_on_inventory = inv.clone();
+    let power_on = args.power_on.then(|| PowerOnPlan {
+        drivers: power,
+        stagger: args.power_on_stagger,
+    });
     let plan = Plan {
         ipv6_ra,
         inventory: inv,
@@ -528,42 +489,10 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         tftp,
         dhcp,
         provisioning,
-    };
-    Ok(ServePlan {
-        plan,
         drift,
-        power,
-        inventory: power_on_inventory,
-    })
-}
-
-/// `--power-on`: the round is planned from the store as serve found it (so a node that
-/// boots meanwhile is not powered on again) and runs in the background.
-fn start_power_on(
-    args: &Args,
-    inv: &Inventory,
-    drivers: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
-    running: &crate::appliance::Running,
-) -> Result<(), StartError> {
-    let phases = running
-        .store
-        .nodes()?
-        .into_iter()
-        .map(|r| (r.name, r.phase))
-        .collect();
-    let kinds = drivers
-        .iter()
-        .map(|(name, d)| (name.clone(), d.kind()))
-        .collect();
-    let plan = super::power::power_on_plan(inv, &phases, &kinds);
-    tokio::spawn(super::power::power_on_round(
-        plan,
-        drivers,
-        args.power_on_stagger,
-        running.events.clone(),
-        running.cancel.clone(),
-    ));
-    Ok(())
+        power_on,
+    };
+    Ok(plan)
 }
 
 /// What push provisioning needs, loaded before anything is served.

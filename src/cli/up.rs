@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use super::serve::{self, ServePlan, StartError};
+use super::serve::{self, StartError};
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::appliance::Plan;
 use crate::artifacts::{self, Catalog, SetId, factory};
@@ -666,9 +666,9 @@ fn where_it_is(inv: &Inventory, store: &dyn Store) -> String {
 async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome, UpError> {
     let sa = &args.serve;
     let started_at = Instant::now();
-    let ServePlan {
-        mut plan, drift, ..
-    } = serve::prepare(sa).map_err(UpError::Serve)?;
+    let mut plan = serve::prepare(sa).map_err(UpError::Serve)?;
+    // `up` has never run a `--power-on` round (the flag comes with serve's and is unused).
+    plan.power_on = None;
     (hooks.adjust)(&mut plan);
     let bound = plan
         .bind()
@@ -706,7 +706,6 @@ async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome
         running.node_count, running.base_url, running.admin_url
     );
     (hooks.started)(addrs);
-    ServePlan::spawn_drift(drift, &running, sa.drift_interval);
 
     let deadline = (args.timeout > 0).then(|| started_at + Duration::from_secs(args.timeout));
     let mut outcome = Outcome::HandedOff;

@@ -10,6 +10,7 @@
 pub mod credentials;
 pub mod dispatch;
 pub mod ipmi;
+pub(crate) mod round;
 pub mod wol;
 
 #[cfg(test)]
