@@ -17,14 +17,8 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 /// Arguments of `talboot check`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Boot artifact cache to check for the sets this inventory needs.
     #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
     pub images: PathBuf,
@@ -46,7 +40,7 @@ pub struct Args {
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
-    match inventory::load(&args.config) {
+    match inventory::load(&args.inventory.config) {
         Ok(loaded) => {
             for w in loaded.warnings.sorted() {
                 eprintln!("{w}");
@@ -73,7 +67,7 @@ pub fn run(args: &Args) -> ExitCode {
                     }
                     eprintln!(
                         "{}: invalid: {} problem{} in the rendered machine configs",
-                        args.config.display(),
+                        args.inventory.config.display(),
                         problems.len(),
                         if problems.len() == 1 { "" } else { "s" }
                     );

@@ -33,14 +33,8 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["out", "check"]))]
 pub struct Args {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Write `<node>.yaml`, `talosconfig` and `kubeconfig` into this directory.
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
@@ -60,7 +54,7 @@ pub struct Args {
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
-    let inv = match load_inventory(&args.config) {
+    let inv = match load_inventory(&args.inventory.config) {
         Ok(inv) => inv,
         Err(code) => return code,
     };

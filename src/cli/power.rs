@@ -24,20 +24,10 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 /// Where a power command finds the inventory, the state store and a running serve.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Common {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
-    /// State directory holding talboot.redb (when serve holds it, the command goes to serve).
-    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`).
-    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
-    pub admin: std::net::SocketAddr,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
+    #[command(flatten)]
+    pub store: super::args::StoreAccess,
     /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
     /// SOPS_AGE_KEY, then sops's keys.txt).
     #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
@@ -283,7 +273,7 @@ fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver
     let Some(node) = inv.node(name) else {
         eprintln!(
             "talboot: node {name:?} is not in {}; `talboot check` lists the node names",
-            common.config.display()
+            common.inventory.config.display()
         );
         return Err(ExitCode::from(EXIT_INVALID));
     };
@@ -348,11 +338,11 @@ async fn through_serve(
 
 /// One request for one node: standalone, or through serve when it holds the store.
 fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
-    let inv = match load(&common.config) {
+    let inv = match load(&common.inventory.config) {
         Ok(i) => i,
         Err(c) => return c,
     };
-    let local = match serve_holds_store(&common.state_dir) {
+    let local = match serve_holds_store(&common.store.state_dir) {
         Ok(s) => s,
         Err(c) => return c,
     };
@@ -362,7 +352,7 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
         Err(c) => return c,
     };
     let result = match local {
-        None => rt.block_on(through_serve(common.admin, name, req)),
+        None => rt.block_on(through_serve(common.store.admin, name, req)),
         Some(store) => {
             let driver = match driver_of(&inv, name, common) {
                 Ok(d) => d,
@@ -426,11 +416,11 @@ pub fn run_rack(args: &RackArgs) -> ExitCode {
 }
 
 fn rack_up(a: &RackUpArgs) -> ExitCode {
-    let inv = match load(&a.common.config) {
+    let inv = match load(&a.common.inventory.config) {
         Ok(i) => i,
         Err(c) => return c,
     };
-    let local = match serve_holds_store(&a.common.state_dir) {
+    let local = match serve_holds_store(&a.common.store.state_dir) {
         Ok(s) => s,
         Err(c) => return c,
     };
@@ -450,7 +440,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         },
-        None => match rt.block_on(serve_phases(a.common.admin)) {
+        None => match rt.block_on(serve_phases(a.common.store.admin)) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("talboot: {e}");
@@ -511,7 +501,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
                     }
                     r.map(|x| x.to_string()).map_err(|e| e.to_string())
                 }
-                _ => rt.block_on(through_serve(a.common.admin, name, step)),
+                _ => rt.block_on(through_serve(a.common.store.admin, name, step)),
             };
             match r {
                 Ok(text) => println!("{name}: {text}"),

@@ -42,14 +42,8 @@ pub enum Action {
 
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    /// Inventory file.
-    #[arg(
-        long = "config",
-        short = 'c',
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Only these nodes (by name); all `kind: proxmox` nodes when absent.
     #[arg(long = "node")]
     pub nodes: Vec<String>,
@@ -188,7 +182,7 @@ pub fn run(args: &Args) -> ExitCode {
         Action::Create(c) => (c, false),
         Action::Destroy(c) => (c, true),
     };
-    let inv = match inventory::load(&common.config) {
+    let inv = match inventory::load(&common.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => {
             if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
@@ -207,7 +201,7 @@ pub fn run(args: &Args) -> ExitCode {
     if specs.is_empty() {
         eprintln!(
             "talboot: {}: no node has a `power: {{kind: proxmox}}` block{}",
-            common.config.display(),
+            common.inventory.config.display(),
             if common.nodes.is_empty() {
                 ""
             } else {

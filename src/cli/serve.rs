@@ -28,14 +28,8 @@ pub(crate) const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 /// Arguments of `talboot serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Inventory file.
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// State directory (leases, node records, events, tokens).
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -348,14 +342,14 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
 /// nothing is bound yet.
 pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     crate::install_crypto_provider();
-    let loaded = inventory::load(&args.config).map_err(|e| {
+    let loaded = inventory::load(&args.inventory.config).map_err(|e| {
         // Each problem with its file:line:column, as `check` prints them.
         if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
             for d in diagnostics.sorted() {
                 eprintln!("{d}");
             }
         }
-        StartError::Inventory(e, args.config.clone())
+        StartError::Inventory(e, args.inventory.config.clone())
     })?;
     for w in loaded.warnings.sorted() {
         tracing::warn!("{w}");
@@ -607,7 +601,7 @@ fn provisioning_inputs(
         StartError::Provisioning(format!(
             "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o {}`",
             path.display(),
-            args.config.display(),
+            args.inventory.config.display(),
             args.configs.display()
         ))
     })?;

@@ -370,8 +370,8 @@ impl Say {
 pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     crate::install_crypto_provider();
     let sa = &args.serve;
-    let inv = inventory::load(&sa.config)
-        .map_err(|e| UpError::Inventory(e, sa.config.clone()))?
+    let inv = inventory::load(&sa.inventory.config)
+        .map_err(|e| UpError::Inventory(e, sa.inventory.config.clone()))?
         .inventory;
     let mut say = Say { lines: Vec::new() };
 
