@@ -29,3 +29,31 @@ pub struct StoreAccess {
     #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
     pub admin: SocketAddr,
 }
+
+/// The age identity that decrypts the power credentials file (the inventory's `power:`
+/// secrets): every subcommand that reaches a power controller itself.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PowerIdentity {
+    /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
+    /// SOPS_AGE_KEY, then sops's keys.txt).
+    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
+    pub age_identity: Option<PathBuf>,
+}
+
+/// The age identity that decrypts the cluster secrets bundle: every subcommand that renders
+/// machine configs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SecretsIdentity {
+    /// age identity file that decrypts the secrets bundle (else SOPS_AGE_KEY_FILE,
+    /// SOPS_AGE_KEY, or sops's default keys.txt).
+    #[arg(long = "age-identity")]
+    pub age_identity: Option<PathBuf>,
+}
+
+/// The boot artifact cache `talboot images` fills.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ImageCache {
+    /// Boot artifact cache (see `talboot images`).
+    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
+    pub images: PathBuf,
+}

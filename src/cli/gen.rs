@@ -46,10 +46,8 @@ pub struct Args {
     /// document against, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
-    /// age identity file for the secrets bundle (else SOPS_AGE_KEY_FILE, SOPS_AGE_KEY, or
-    /// sops's default keys.txt).
-    #[arg(long = "age-identity")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
 }
 
 /// Run the subcommand.
@@ -65,7 +63,7 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let sources = IdentitySources::from_process_env(args.secrets_identity.age_identity.clone());
     let secrets = match load_bundle(&inv, &sources) {
         Ok(b) => b,
         Err(e) => {

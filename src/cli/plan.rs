@@ -38,9 +38,8 @@ pub struct Common {
     /// Admin talosconfig (as `talboot gen -o DIR` writes it to `DIR/talosconfig`).
     #[arg(long, env = "TALOSCONFIG", default_value = "out/talosconfig")]
     pub talosconfig: PathBuf,
-    /// age identity file for the secrets bundle.
-    #[arg(long = "age-identity")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
     /// apid port of the nodes.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
@@ -108,7 +107,7 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
         ExitCode::from(EXIT_USAGE)
     };
     let schema = schema::load_for_inventory(None, &inv).map_err(|e| usage(e.to_string()))?;
-    let sources = IdentitySources::from_process_env(c.age_identity.clone());
+    let sources = IdentitySources::from_process_env(c.secrets_identity.age_identity.clone());
     let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
     let rendered = super::r#gen::render_all(&inv, &secrets, &schema).map_err(|problems| {
         usage(format!(

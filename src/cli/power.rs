@@ -28,10 +28,8 @@ pub(crate) struct Common {
     pub inventory: super::args::InventoryFile,
     #[command(flatten)]
     pub store: super::args::StoreAccess,
-    /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
-    /// SOPS_AGE_KEY, then sops's keys.txt).
-    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub power_identity: super::args::PowerIdentity,
 }
 
 /// `on`, `off`, `cycle` or `status`.
@@ -286,7 +284,7 @@ fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(
         &env,
-        IdentitySources::from_process_env(common.age_identity.clone()),
+        IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
     );
     r.config(name, config).map(PowerDriver::from).map_err(|e| {
         eprintln!("talboot: {e}");
@@ -453,7 +451,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
     let drivers = match &local {
         Some(_) => drivers(
             &inv,
-            IdentitySources::from_process_env(a.common.age_identity.clone()),
+            IdentitySources::from_process_env(a.common.power_identity.age_identity.clone()),
         ),
         None => BTreeMap::new(),
     };

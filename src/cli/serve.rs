@@ -33,9 +33,8 @@ pub struct Args {
     /// State directory (leases, node records, events, tokens).
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Boot artifact cache (see `talboot images`).
-    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
-    pub images: PathBuf,
+    #[command(flatten)]
+    pub image_cache: super::args::ImageCache,
     /// Folder with the iPXE binaries served over TFTP and HTTP (undionly.kpxe, ipxe.efi,
     /// snponly.efi, ipxe-arm64.efi), read once at start; symlinks are followed. `serve` refuses
     /// to start when one the inventory's machines need cannot be read.
@@ -142,10 +141,8 @@ pub struct Args {
     /// config against before serving, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
-    /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
-    /// `SOPS_AGE_KEY`, the user's sops keys.txt).
-    #[arg(long)]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
 }
 
 /// Run the subcommand.
@@ -357,9 +354,9 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     let inv = Arc::new(loaded.inventory);
 
     // Refuse to start rather than boot machines into a missing or damaged kernel.
-    let catalog = Catalog::load(&args.images)?;
+    let catalog = Catalog::load(&args.image_cache.images)?;
     for id in required_sets(&inv) {
-        artifacts::verify(&args.images, &catalog, &id)?;
+        artifacts::verify(&args.image_cache.images, &catalog, &id)?;
     }
     let schema = crate::machineconfig::schema::load_for_inventory(args.schema.as_deref(), &inv)
         .map_err(StartError::Schema)?;
@@ -373,7 +370,10 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     let mut drift = None;
     // One driver set (credentials resolved once) for the provisioner and --power-on.
     let power = if push || args.power_on {
-        Arc::new(super::power::serve_drivers(&inv, args.age_identity.clone()))
+        Arc::new(super::power::serve_drivers(
+            &inv,
+            args.secrets_identity.age_identity.clone(),
+        ))
     } else {
         Arc::default()
     };
@@ -457,7 +457,7 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         ipv6_ra,
         inventory: inv,
         catalog,
-        images_dir: args.images.clone(),
+        images_dir: args.image_cache.images.clone(),
         ipxe_dir: args.ipxe_dir.clone(),
         configs: args.configs.clone(),
         state_dir: args.state_dir.clone(),
@@ -586,7 +586,7 @@ fn provisioning_inputs(
     inv: &Arc<Inventory>,
     schema: &crate::machineconfig::schema::Schema,
 ) -> Result<ProvisioningInputs, StartError> {
-    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let sources = IdentitySources::from_process_env(args.secrets_identity.age_identity.clone());
     let ksops_age_identity = ksops_identity(inv, args.ksops_age_identity.as_deref(), &sources)?;
     if let Some(helm) = &args.helm {
         check_helm(helm)?;

@@ -425,7 +425,7 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
 
 /// The images step: verify what the cache has, pull what it lacks.
 async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpError> {
-    let dir = &args.serve.images;
+    let dir = &args.serve.image_cache.images;
     let catalog = Catalog::load(dir).map_err(UpError::Images)?;
     let (mut present, mut missing) = (Vec::new(), Vec::new());
     for id in artifacts::required_sets(inv) {
@@ -548,7 +548,7 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Res
     let sa = &args.serve;
     let schema = crate::machineconfig::schema::load_for_inventory(sa.schema.as_deref(), inv)
         .map_err(|e| UpError::Write(e.to_string()))?;
-    let sources = IdentitySources::from_process_env(sa.age_identity.clone());
+    let sources = IdentitySources::from_process_env(sa.secrets_identity.age_identity.clone());
     let bundle = super::secrets::load_bundle(inv, &sources)
         .map_err(|e| UpError::SecretsLoad(e.to_string()))?;
     let rendered = super::r#gen::render_all(inv, &bundle, &schema).map_err(UpError::Render)?;

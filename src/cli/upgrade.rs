@@ -58,9 +58,8 @@ pub struct Args {
     pub inventory: super::args::InventoryFile,
     #[command(flatten)]
     pub store: super::args::StoreAccess,
-    /// Boot artifact cache (see `talboot images`).
-    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
-    pub images: PathBuf,
+    #[command(flatten)]
+    pub image_cache: super::args::ImageCache,
     #[arg(long, env = "TALOSCONFIG")]
     pub talosconfig: Option<PathBuf>,
     #[arg(long)]
@@ -139,7 +138,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images)) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.image_cache.images)) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
@@ -181,7 +180,7 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.images)) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.image_cache.images)) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
