@@ -594,8 +594,9 @@ impl Running {
         spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
     }
 
-    /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
-    /// which cancels the rest), then flushes the event log. The first failure is returned.
+    /// Waits until every task stopped (after [`Running::cancel`], or a server failing or a
+    /// task panicking, which cancels the rest; a task that simply ends, as the power-on
+    /// round does, stops nothing), then flushes the event log. The first failure is returned.
     pub async fn wait(self) -> Result<(), ServerFailure> {
         let Running {
             cancel,
@@ -690,6 +691,35 @@ nodes:
     installDisk: /dev/sda
 ";
 
+    /// HTTP and the admin API on loopback over a store in `dir`, nothing else.
+    fn loopback_plan(dir: &std::path::Path) -> Plan {
+        let path = dir.join("talboot.yaml");
+        std::fs::write(&path, INV).unwrap();
+        let inventory = crate::inventory::load_with_env(&path, &BTreeMap::<String, String>::new())
+            .unwrap()
+            .inventory;
+        Plan {
+            inventory: Arc::new(inventory),
+            catalog: Catalog::load(dir).unwrap(),
+            images_dir: dir.into(),
+            ipxe_dir: dir.into(),
+            configs: dir.into(),
+            state_dir: dir.join("state"),
+            advertise: Ipv4Addr::LOCALHOST,
+            http: (Ipv4Addr::LOCALHOST, 0).into(),
+            admin: (Ipv4Addr::LOCALHOST, 0).into(),
+            admin_token: None,
+            admin_hosts: Default::default(),
+            http_limits: Default::default(),
+            tftp: None,
+            dhcp: None,
+            provisioning: None,
+            ipv6_ra: None,
+            drift: None,
+            power_on: None,
+        }
+    }
+
     /// Shutting down joins every task the appliance started, the drift watcher (its check
     /// in flight on a node that never answers) and the power-on round included: nothing
     /// keeps running past [`Running::wait`], and the round ending on its own is no failure.
@@ -697,13 +727,6 @@ nodes:
     async fn shutdown_joins_the_drift_watcher_and_the_power_on_round() {
         crate::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("talboot.yaml");
-        std::fs::write(&path, INV).unwrap();
-        let inventory = Arc::new(
-            crate::inventory::load_with_env(&path, &BTreeMap::<String, String>::new())
-                .unwrap()
-                .inventory,
-        );
         // Accepts the connection (the kernel does) and never answers the TLS handshake.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let drift = DriftPlan {
@@ -724,27 +747,12 @@ nodes:
         // Nothing to power on: the round ends at once.
         let drivers = Arc::new(BTreeMap::new());
         let plan = Plan {
-            inventory,
-            catalog: Catalog::load(dir.path()).unwrap(),
-            images_dir: dir.path().into(),
-            ipxe_dir: dir.path().into(),
-            configs: dir.path().into(),
-            state_dir: dir.path().join("state"),
-            advertise: Ipv4Addr::LOCALHOST,
-            http: (Ipv4Addr::LOCALHOST, 0).into(),
-            admin: (Ipv4Addr::LOCALHOST, 0).into(),
-            admin_token: None,
-            admin_hosts: Default::default(),
-            http_limits: Default::default(),
-            tftp: None,
-            dhcp: None,
-            provisioning: None,
-            ipv6_ra: None,
             drift: Some(drift),
             power_on: Some(PowerOnPlan {
                 drivers: drivers.clone(),
                 stagger: Duration::ZERO,
             }),
+            ..loopback_plan(dir.path())
         };
         let running = plan.bind().await.unwrap().start().unwrap();
         let board = running.view.drift.clone();
@@ -768,5 +776,29 @@ nodes:
             "the power-on round still runs"
         );
         drop(silent);
+    }
+
+    /// A task of the set that panics is reported by [`Running::wait`], and stops the rest.
+    #[tokio::test]
+    async fn a_panicking_task_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = loopback_plan(dir.path())
+            .bind()
+            .await
+            .unwrap()
+            .start()
+            .unwrap();
+        running
+            .tasks
+            .lock()
+            .unwrap()
+            .spawn(async { panic!("a task fails") });
+        let result = tokio::time::timeout(SHUTDOWN_GRACE, running.wait())
+            .await
+            .expect("a panic stops the appliance");
+        assert!(
+            matches!(result, Err(ServerFailure::Panicked(_))),
+            "{result:?}"
+        );
     }
 }

@@ -453,7 +453,7 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         drivers: power,
         stagger: args.power_on_stagger,
     });
-    let plan = Plan {
+    Ok(Plan {
         ipv6_ra,
         inventory: inv,
         catalog,
@@ -485,8 +485,7 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         provisioning,
         drift,
         power_on,
-    };
-    Ok(plan)
+    })
 }
 
 /// What push provisioning needs, loaded before anything is served.
