@@ -2,12 +2,16 @@
 //! provisioner wired together over one store, as `talboot serve` runs them and `talboot demo`
 //! reuses them. A [`Plan`] says what runs where (decided and checked by the caller);
 //! [`Plan::bind`] opens the store and binds every socket (before any privilege drop);
-//! [`Bound::start`] spawns the tasks; [`Running::wait`] joins them after
-//! [`Running::cancel`] fires or a server fails, and returns once the store is released.
+//! [`Bound::start`] spawns every long-running task (servers, provisioner, drift watcher,
+//! power-on round) into one set; [`Running::wait`] joins them after [`Running::cancel`] fires
+//! or a task fails, and returns once the store is released, so nothing the appliance started
+//! outlives it.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -130,6 +134,29 @@ pub(crate) struct Plan {
     pub provisioning: Option<ProvisioningPlan>,
     /// The interface to send "no IPv6 router" advertisements on (`serve --ipv6-ra`).
     pub ipv6_ra: Option<String>,
+    /// The drift watcher, if it runs (`serve --drift-interval`, with push provisioning).
+    pub drift: Option<DriftPlan>,
+    /// One power-on round once serving, if asked for (`serve --power-on`).
+    pub power_on: Option<PowerOnPlan>,
+}
+
+/// What the drift watcher checks, and how often ([`crate::daytwo::drift::watch`]).
+pub(crate) struct DriftPlan {
+    /// How to reach the nodes.
+    pub connector: crate::daytwo::plan::Connector,
+    /// What each node should run.
+    pub targets: Vec<crate::daytwo::plan::NodeTarget>,
+    /// Time between two checks (the first one interval after start).
+    pub interval: Duration,
+}
+
+/// A power-on round ([`crate::power::round`]), planned by [`Bound::start`] from the store as
+/// it finds it, so a node that boots meanwhile is not powered on again.
+pub(crate) struct PowerOnPlan {
+    /// The power drivers (credentials resolved once), shared with the provisioner.
+    pub drivers: Arc<BTreeMap<String, crate::power::PowerDriver>>,
+    /// Pause between two nodes' power-on (inrush current).
+    pub stagger: Duration,
 }
 
 /// Where DHCP listens.
@@ -288,7 +315,8 @@ impl Bound {
         self.dhcp.as_ref().and_then(|d| d.local_addr().ok())
     }
 
-    /// Runs every server (and the provisioner) until [`Running::cancel`] fires.
+    /// Runs every server (and the provisioner, the drift watcher and the power-on round, as
+    /// planned) until [`Running::cancel`] fires.
     pub fn start(self) -> Result<Running, ApplianceError> {
         let Bound {
             ra,
@@ -303,6 +331,23 @@ impl Bound {
             dhcp,
         } = self;
         let inv = plan.inventory.clone();
+        // Planned before any task starts, so a store that cannot be read starts nothing.
+        let power_on = match plan.power_on {
+            None => None,
+            Some(p) => {
+                let phases = store
+                    .nodes()?
+                    .into_iter()
+                    .map(|r| (r.name, r.phase))
+                    .collect();
+                let kinds = p
+                    .drivers
+                    .iter()
+                    .map(|(name, d)| (name.clone(), d.kind()))
+                    .collect();
+                Some((crate::power::round::power_on_plan(&inv, &phases, &kinds), p))
+            }
+        };
         let plan_admin_token = plan.admin_token.clone();
         let plan_admin_hosts = plan.admin_hosts.clone();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -491,6 +536,19 @@ impl Bound {
             tracing::info!("push provisioning running");
         }
 
+        if let Some(drift) = plan.drift {
+            spawn_drift(&mut tasks, drift, &events, &view, &cancel);
+        }
+
+        if let Some((round, p)) = power_on {
+            let (events, c) = (events.clone(), cancel.clone());
+            tasks.spawn(async move {
+                // The round ending is not a failure: the other tasks keep running.
+                crate::power::round::power_on_round(round, p.drivers, p.stagger, events, c).await;
+                Ok(())
+            });
+        }
+
         tracing::info!(
             advertise = %plan.advertise,
             http = %base_url,
@@ -501,7 +559,7 @@ impl Bound {
         );
         Ok(Running {
             cancel,
-            tasks,
+            tasks: Mutex::new(tasks),
             events,
             event_writer,
             store,
@@ -512,6 +570,37 @@ impl Bound {
             node_count: inv.nodes.len(),
         })
     }
+}
+
+/// Every long-running task of the appliance: a server's error (or a panic) stops the rest.
+type Tasks = JoinSet<Result<(), ServerFailure>>;
+
+/// Spawns the drift watcher into `tasks`.
+fn spawn_drift(
+    tasks: &mut Tasks,
+    drift: DriftPlan,
+    events: &EventBus,
+    view: &crate::view::StateView,
+    cancel: &CancellationToken,
+) {
+    let watch = crate::daytwo::drift::watch(
+        drift.connector,
+        drift.targets,
+        events.clone(),
+        view.drift.clone(),
+        drift.interval,
+        cancel.clone(),
+    );
+    let cancel = cancel.clone();
+    tasks.spawn(async move {
+        // The watcher only reads the nodes: a check in flight is dropped on shutdown, so a
+        // node that does not answer cannot hold the shutdown (or the event log) up.
+        tokio::select! {
+            () = watch => {}
+            () = cancel.cancelled() => {}
+        }
+        Ok(())
+    });
 }
 
 /// The running appliance.
@@ -530,24 +619,33 @@ pub struct Running {
     pub(crate) admin_url: String,
     /// Inventory nodes served.
     pub(crate) node_count: usize,
-    tasks: JoinSet<Result<(), ServerFailure>>,
+    tasks: Mutex<Tasks>,
     event_writer: tokio::task::JoinHandle<()>,
     store_closed: store::Closed,
 }
 
 impl Running {
-    /// Waits until every server stopped (after [`Running::cancel`], or a server failing,
-    /// which cancels the rest), then flushes the event log. The first failure is returned.
+    /// Starts the drift watcher on the running appliance, one of its tasks like those
+    /// [`Bound::start`] spawned (the demo's day two turns it on once the cluster is up).
+    pub(crate) fn watch_drift(&self, drift: DriftPlan) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
+    }
+
+    /// Waits until every task stopped (after [`Running::cancel`], or a server failing or a
+    /// task panicking, which cancels the rest; a task that simply ends, as the power-on
+    /// round does, stops nothing), then flushes the event log. The first failure is returned.
     pub async fn wait(self) -> Result<(), ServerFailure> {
         let Running {
             cancel,
             events,
-            mut tasks,
+            tasks,
             event_writer,
             store,
             store_closed,
             ..
         } = self;
+        let mut tasks = tasks.into_inner().unwrap_or_else(PoisonError::into_inner);
         let mut failure = None;
         // Once shutdown begins, the servers get SHUTDOWN_GRACE to drain (an HTTP download
         // in flight, a DHCP reply being committed); whatever is still running then is
@@ -608,5 +706,137 @@ impl Running {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INV: &str = "cluster:
+  name: t
+  talosVersion: v1.13.9
+  kubernetesVersion: 1.36.3
+  endpoint: https://10.0.40.11:6443
+network:
+  interfaces: [br0]
+  subnet: 10.0.40.0/24
+nodes:
+  - name: cp-1
+    mac: bc:24:11:00:00:01
+    role: controlplane
+    address: 10.0.40.11/24
+    installDisk: /dev/sda
+";
+
+    /// HTTP and the admin API on loopback over a store in `dir`, nothing else.
+    fn loopback_plan(dir: &std::path::Path) -> Plan {
+        let path = dir.join("talboot.yaml");
+        std::fs::write(&path, INV).unwrap();
+        let inventory = crate::inventory::load_with_env(&path, &BTreeMap::<String, String>::new())
+            .unwrap()
+            .inventory;
+        Plan {
+            inventory: Arc::new(inventory),
+            catalog: Catalog::load(dir).unwrap(),
+            images_dir: dir.into(),
+            ipxe_dir: dir.into(),
+            configs: dir.into(),
+            state_dir: dir.join("state"),
+            advertise: Ipv4Addr::LOCALHOST,
+            http: (Ipv4Addr::LOCALHOST, 0).into(),
+            admin: (Ipv4Addr::LOCALHOST, 0).into(),
+            admin_token: None,
+            admin_hosts: Default::default(),
+            http_limits: Default::default(),
+            tftp: None,
+            dhcp: None,
+            provisioning: None,
+            ipv6_ra: None,
+            drift: None,
+            power_on: None,
+        }
+    }
+
+    /// Shutting down joins every task the appliance started, the drift watcher (its check
+    /// in flight on a node that never answers) and the power-on round included: nothing
+    /// keeps running past [`Running::wait`], and the round ending on its own is no failure.
+    #[tokio::test]
+    async fn shutdown_joins_the_drift_watcher_and_the_power_on_round() {
+        crate::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        // Accepts the connection (the kernel does) and never answers the TLS handshake.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let drift = DriftPlan {
+            connector: crate::daytwo::plan::Connector {
+                creds: crate::daytwo::upgrade::tests::creds(),
+                relays: Vec::new(),
+                retry: crate::talos::retry::RetryPolicy::NONE,
+            },
+            targets: vec![crate::daytwo::plan::NodeTarget {
+                name: "cp-1".into(),
+                role: crate::daytwo::rollout::Role::ControlPlane,
+                addr: silent.local_addr().unwrap(),
+                node_ip: silent.local_addr().unwrap().ip(),
+                rendered: String::new(),
+            }],
+            interval: Duration::from_millis(10),
+        };
+        // Nothing to power on: the round ends at once.
+        let drivers = Arc::new(BTreeMap::new());
+        let plan = Plan {
+            drift: Some(drift),
+            power_on: Some(PowerOnPlan {
+                drivers: drivers.clone(),
+                stagger: Duration::ZERO,
+            }),
+            ..loopback_plan(dir.path())
+        };
+        let running = plan.bind().await.unwrap().start().unwrap();
+        let board = running.view.drift.clone();
+        let cancel = running.cancel.clone();
+        let waiting = tokio::spawn(running.wait());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !cancel.is_cancelled(),
+            "the power-on round ending stopped the appliance"
+        );
+        cancel.cancel();
+        let result = tokio::time::timeout(SHUTDOWN_GRACE - Duration::from_secs(1), waiting)
+            .await
+            .expect("shutdown waits for a task that ignores it")
+            .unwrap();
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(Arc::strong_count(&board), 1, "the drift watcher still runs");
+        assert_eq!(
+            Arc::strong_count(&drivers),
+            1,
+            "the power-on round still runs"
+        );
+        drop(silent);
+    }
+
+    /// A task of the set that panics is reported by [`Running::wait`], and stops the rest.
+    #[tokio::test]
+    async fn a_panicking_task_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = loopback_plan(dir.path())
+            .bind()
+            .await
+            .unwrap()
+            .start()
+            .unwrap();
+        running
+            .tasks
+            .lock()
+            .unwrap()
+            .spawn(async { panic!("a task fails") });
+        let result = tokio::time::timeout(SHUTDOWN_GRACE, running.wait())
+            .await
+            .expect("a panic stops the appliance");
+        assert!(
+            matches!(result, Err(ServerFailure::Panicked(_))),
+            "{result:?}"
+        );
     }
 }

@@ -17,17 +17,10 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 /// Arguments of `talboot check`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
-    /// Boot artifact cache to check for the sets this inventory needs.
-    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
-    pub images: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
+    #[command(flatten)]
+    pub image_cache: super::args::ImageCache,
     /// Folder with the first-stage iPXE binaries served over TFTP.
     #[arg(long, env = "TALBOOT_IPXE_DIR", default_value = super::serve::DEFAULT_IPXE_DIR)]
     pub(crate) ipxe_dir: PathBuf,
@@ -39,14 +32,13 @@ pub struct Args {
     /// answered; Wake-on-LAN is send-only and reported as such, nothing is sent.
     #[arg(long)]
     pub probe: bool,
-    /// age identity for the power credentials file (with --probe).
-    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub power_identity: super::args::PowerIdentity,
 }
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
-    match inventory::load(&args.config) {
+    match inventory::load(&args.inventory.config) {
         Ok(loaded) => {
             for w in loaded.warnings.sorted() {
                 eprintln!("{w}");
@@ -73,7 +65,7 @@ pub fn run(args: &Args) -> ExitCode {
                     }
                     eprintln!(
                         "{}: invalid: {} problem{} in the rendered machine configs",
-                        args.config.display(),
+                        args.inventory.config.display(),
                         problems.len(),
                         if problems.len() == 1 { "" } else { "s" }
                     );
@@ -83,7 +75,10 @@ pub fn run(args: &Args) -> ExitCode {
             print!("{}", summary(&loaded.inventory));
             readiness_notes(&loaded.inventory, args);
             if args.probe {
-                let failed = super::power::probe_all(&loaded.inventory, args.age_identity.clone());
+                let failed = super::power::probe_all(
+                    &loaded.inventory,
+                    args.power_identity.age_identity.clone(),
+                );
                 if failed > 0 {
                     eprintln!(
                         "talboot: check --probe: {failed} power controller(s) did not answer"
@@ -168,10 +163,10 @@ pub(crate) fn render_check(
 /// What `serve` would need that is not there yet: boot artifacts and iPXE binaries. These do
 /// not make the inventory invalid, so they are notes, not diagnostics.
 fn readiness_notes(inv: &Inventory, args: &Args) {
-    let catalog = crate::artifacts::Catalog::load(&args.images);
+    let catalog = crate::artifacts::Catalog::load(&args.image_cache.images);
     for id in crate::artifacts::required_sets(inv) {
         let problem = match &catalog {
-            Ok(c) => crate::artifacts::verify(&args.images, c, &id)
+            Ok(c) => crate::artifacts::verify(&args.image_cache.images, c, &id)
                 .err()
                 .map(|e| e.to_string()),
             Err(e) => Some(e.to_string()),

@@ -33,14 +33,8 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["out", "check"]))]
 pub struct Args {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Write `<node>.yaml`, `talosconfig` and `kubeconfig` into this directory.
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
@@ -52,15 +46,13 @@ pub struct Args {
     /// document against, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
-    /// age identity file for the secrets bundle (else SOPS_AGE_KEY_FILE, SOPS_AGE_KEY, or
-    /// sops's default keys.txt).
-    #[arg(long = "age-identity")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
 }
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
-    let inv = match load_inventory(&args.config) {
+    let inv = match load_inventory(&args.inventory.config) {
         Ok(inv) => inv,
         Err(code) => return code,
     };
@@ -71,7 +63,7 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let sources = IdentitySources::from_process_env(args.secrets_identity.age_identity.clone());
     let secrets = match load_bundle(&inv, &sources) {
         Ok(b) => b,
         Err(e) => {

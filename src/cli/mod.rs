@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub(crate) mod admin_client;
+pub mod args;
 pub mod check;
 pub mod demo;
 pub mod r#gen;
@@ -261,7 +262,7 @@ mod tests {
         let super::Command::Up(up) = cli.command else {
             panic!("not up");
         };
-        assert!(up.stay && up.serve.config == std::path::Path::new("rack.yaml"));
+        assert!(up.stay && up.serve.inventory.config == std::path::Path::new("rack.yaml"));
         assert!(
             <super::Cli as clap::Parser>::try_parse_from([
                 "talboot",

@@ -38,27 +38,16 @@ pub(crate) enum Action {
 pub(crate) struct RebuildArgs {
     /// Node name from the inventory.
     pub name: String,
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
-    /// State directory holding talboot.redb.
-    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
+    #[command(flatten)]
+    pub store: super::args::StoreAccess,
     /// Admin talosconfig (default: `talosconfig` in the state directory).
     #[arg(long, env = "TALOSCONFIG")]
     pub talosconfig: Option<PathBuf>,
     /// talosconfig context to use (default: its current context).
     #[arg(long)]
     pub context: Option<String>,
-    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`),
-    /// used when serve holds the state store.
-    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
-    pub admin: std::net::SocketAddr,
 }
 
 /// Rebuild never renders a config: the node's next boot is provisioned by `talboot serve`.
@@ -83,7 +72,7 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn rebuild(args: &RebuildArgs) -> ExitCode {
-    let inventory = match inventory::load(&args.config) {
+    let inventory = match inventory::load(&args.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => {
             eprintln!("talboot: {e}");
@@ -94,11 +83,11 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         eprintln!(
             "talboot: node {:?} is not in {}; `talboot check` lists the node names",
             args.name,
-            args.config.display()
+            args.inventory.config.display()
         );
         return ExitCode::from(EXIT_INVALID);
     }
-    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+    let store: Arc<dyn Store> = match store::open(&args.store.state_dir) {
         Ok(s) => Arc::new(s),
         Err(store::StoreError::Locked { .. }) => return rebuild_through_serve(args),
         Err(e) => {
@@ -123,7 +112,7 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     }
     let creds = match super::talosconfig_creds(
         args.talosconfig.as_deref(),
-        &args.state_dir,
+        &args.store.state_dir,
         args.context.as_deref(),
     ) {
         Ok(c) => c,
@@ -143,7 +132,7 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let settings = Settings::new(args.state_dir.clone());
+    let settings = Settings::new(args.store.state_dir.clone());
     let name = args.name.clone();
     let inventory_for_power = Arc::new(inventory.clone());
     // Asked before the rebuild: a node that answers is reset over its API, never cycled too.
@@ -207,7 +196,10 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
 
 /// `serve` holds the store: ask its admin API to mark the node; its provisioner resets it.
 fn rebuild_through_serve(args: &RebuildArgs) -> ExitCode {
-    let url = format!("http://{}/api/nodes/{}/rebuild", args.admin, args.name);
+    let url = format!(
+        "http://{}/api/nodes/{}/rebuild",
+        args.store.admin, args.name
+    );
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

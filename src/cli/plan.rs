@@ -33,20 +33,13 @@ use super::secrets::{load_bundle, load_inventory};
 /// Arguments shared by `plan` and `apply`.
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Admin talosconfig (as `talboot gen -o DIR` writes it to `DIR/talosconfig`).
     #[arg(long, env = "TALOSCONFIG", default_value = "out/talosconfig")]
     pub talosconfig: PathBuf,
-    /// age identity file for the secrets bundle.
-    #[arg(long = "age-identity")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
     /// apid port of the nodes.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
@@ -99,27 +92,22 @@ pub struct ApplyArgs {
     /// Workers changed at once (control planes always go one at a time).
     #[arg(long = "worker-concurrency", default_value_t = 1)]
     pub worker_concurrency: usize,
-    /// State directory (the store where progress is kept).
-    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = crate::store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub store: super::args::StoreAccess,
     /// How long a node may take to come back healthy with the new config. Seconds.
     #[arg(long = "gate-timeout", default_value_t = 600)]
     pub gate_timeout: u64,
-    /// Admin API of the `talboot serve` that holds the state directory's store (its
-    /// `--admin-listen`): while serve runs, the apply goes through it.
-    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
-    pub admin: SocketAddr,
 }
 
 /// Everything the plan needs, or the exit code of why not.
 fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
-    let inv = load_inventory(&c.config)?;
+    let inv = load_inventory(&c.inventory.config)?;
     let usage = |m: String| {
         eprintln!("talboot: {m}");
         ExitCode::from(EXIT_USAGE)
     };
     let schema = schema::load_for_inventory(None, &inv).map_err(|e| usage(e.to_string()))?;
-    let sources = IdentitySources::from_process_env(c.age_identity.clone());
+    let sources = IdentitySources::from_process_env(c.secrets_identity.age_identity.clone());
     let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
     let rendered = crate::machineconfig::rendered::render_all(&inv, &secrets, &schema).map_err(
         |problems| {
@@ -133,7 +121,7 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
         usage(format!(
             "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o out`",
             c.talosconfig.display(),
-            c.config.display()
+            c.inventory.config.display()
         ))
     })?;
     let creds = ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
@@ -214,15 +202,15 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         gate_poll: Duration::from_secs(2),
         control_planes: Vec::new(),
     };
-    let store = match crate::store::open(&args.state_dir) {
+    let store = match crate::store::open(&args.store.state_dir) {
         Ok(s) => s,
         Err(crate::store::StoreError::Locked { .. }) => {
-            return apply_through_serve(args.admin, &targets, &opts);
+            return apply_through_serve(args.store.admin, &targets, &opts);
         }
         Err(e) => {
             eprintln!(
                 "talboot: cannot open the store in {}: {e}",
-                args.state_dir.display()
+                args.store.state_dir.display()
             );
             return ExitCode::from(EXIT_USAGE);
         }

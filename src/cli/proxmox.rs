@@ -12,7 +12,6 @@
 //! `create_step`) are pure; `run` is the adapter.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -42,21 +41,13 @@ pub enum Action {
 
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    /// Inventory file.
-    #[arg(
-        long = "config",
-        short = 'c',
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// Only these nodes (by name); all `kind: proxmox` nodes when absent.
     #[arg(long = "node")]
     pub nodes: Vec<String>,
-    /// age identity file that decrypts the power credentials file (default: SOPS_AGE_KEY_FILE,
-    /// SOPS_AGE_KEY, then sops's keys.txt).
-    #[arg(long, env = "TALBOOT_AGE_IDENTITY")]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub power_identity: super::args::PowerIdentity,
 }
 
 /// One VM to create, from a node whose `power:` is `kind: proxmox`.
@@ -188,7 +179,7 @@ pub fn run(args: &Args) -> ExitCode {
         Action::Create(c) => (c, false),
         Action::Destroy(c) => (c, true),
     };
-    let inv = match inventory::load(&common.config) {
+    let inv = match inventory::load(&common.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => {
             if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
@@ -207,7 +198,7 @@ pub fn run(args: &Args) -> ExitCode {
     if specs.is_empty() {
         eprintln!(
             "talboot: {}: no node has a `power: {{kind: proxmox}}` block{}",
-            common.config.display(),
+            common.inventory.config.display(),
             if common.nodes.is_empty() {
                 ""
             } else {
@@ -229,7 +220,7 @@ pub fn run(args: &Args) -> ExitCode {
     let env = |v: &str| std::env::var(v).ok();
     let mut resolver = Resolver::new(
         &env,
-        IdentitySources::from_process_env(common.age_identity.clone()),
+        IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
     );
     let ok = rt.block_on(async {
         let mut apis: BTreeMap<(String, String), Arc<ProxmoxApi>> = BTreeMap::new();

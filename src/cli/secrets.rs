@@ -34,14 +34,8 @@ pub enum SecretsCommand {
 /// Arguments of `talboot secrets init`.
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
-    /// Inventory file (talboot.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
 }
 
 /// Why the secrets bundle could not be read.
@@ -258,7 +252,7 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn run_init(args: &InitArgs) -> ExitCode {
-    let inv = match load_inventory(&args.config) {
+    let inv = match load_inventory(&args.inventory.config) {
         Ok(inv) => inv,
         Err(code) => return code,
     };

@@ -16,7 +16,7 @@ use crate::store;
 use crate::tftp::TftpConfig;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
-use crate::appliance::{ApplianceError, DhcpPlan, Plan, ProvisioningPlan};
+use crate::appliance::{ApplianceError, DhcpPlan, DriftPlan, Plan, PowerOnPlan, ProvisioningPlan};
 use crate::artifacts::required_sets;
 
 /// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
@@ -28,20 +28,13 @@ pub(crate) const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 /// Arguments of `talboot serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Inventory file.
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
     /// State directory (leases, node records, events, tokens).
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Boot artifact cache (see `talboot images`).
-    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
-    pub images: PathBuf,
+    #[command(flatten)]
+    pub image_cache: super::args::ImageCache,
     /// Folder with the iPXE binaries served over TFTP and HTTP (undionly.kpxe, ipxe.efi,
     /// snponly.efi, ipxe-arm64.efi), read once at start; symlinks are followed. `serve` refuses
     /// to start when one the inventory's machines need cannot be read.
@@ -148,10 +141,8 @@ pub struct Args {
     /// config against before serving, instead of the embedded Talos v1.13 schema facts.
     #[arg(long = "schema")]
     pub schema: Option<PathBuf>,
-    /// age identity file that decrypts the secrets bundle (also `SOPS_AGE_KEY_FILE`,
-    /// `SOPS_AGE_KEY`, the user's sops keys.txt).
-    #[arg(long)]
-    pub age_identity: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets_identity: super::args::SecretsIdentity,
 }
 
 /// Run the subcommand.
@@ -319,52 +310,8 @@ fn advertise_address(args: &Args, inv: &Inventory) -> Result<Ipv4Addr, StartErro
         .ok_or_else(|| StartError::Advertise(format!("interface {iface} has no IPv4 address")))
 }
 
-/// Drift watcher inputs: how to reach the nodes and what each should run.
-pub(crate) type DriftTargets = (
-    crate::daytwo::plan::Connector,
-    Vec<crate::daytwo::plan::NodeTarget>,
-);
-
-/// What `serve` (and `talboot up`, which serves the same way) runs: the appliance plan and the
-/// drift watcher's targets.
-pub(crate) struct ServePlan {
-    /// The appliance, not bound yet.
-    pub plan: Plan,
-    /// Drift watcher inputs, when push provisioning runs and `--drift-interval` is not 0.
-    pub drift: Option<DriftTargets>,
-    /// The power drivers (credentials resolved once), shared with the provisioner.
-    pub power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
-    /// The inventory the plan serves (for `--power-on`).
-    pub inventory: Arc<Inventory>,
-}
-
-impl ServePlan {
-    /// Starts the drift watcher on `running`, if there is one to start.
-    pub(crate) fn spawn_drift(
-        drift: Option<DriftTargets>,
-        running: &crate::appliance::Running,
-        interval_secs: u64,
-    ) {
-        if let Some((conn, targets)) = drift {
-            tokio::spawn(crate::daytwo::drift::watch(
-                conn,
-                targets,
-                running.events.clone(),
-                running.view.drift.clone(),
-                std::time::Duration::from_secs(interval_secs),
-                running.cancel.clone(),
-            ));
-        }
-    }
-}
-
 async fn start_and_run(args: Args) -> Result<(), StartError> {
-    let ServePlan {
-        plan,
-        drift,
-        power,
-        inventory,
-    } = prepare(&args)?;
+    let plan = prepare(&args)?;
     // Bind every privileged socket before dropping privileges.
     let bound = plan.bind().await?;
     if let Some(user) = &args.user {
@@ -375,10 +322,6 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
         "talboot serving {} nodes; boot script {}/boot.ipxe",
         running.node_count, running.base_url
     );
-    ServePlan::spawn_drift(drift, &running, args.drift_interval);
-    if args.power_on {
-        start_power_on(&args, &inventory, power, &running)?;
-    }
     let shutdown = running.cancel.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -392,17 +335,18 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
 }
 
 /// Loads and checks everything `serve` needs (inventory, boot artifacts, configs, secrets,
-/// talosconfig) and plans the appliance; nothing is bound yet.
-pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
+/// talosconfig) and plans the appliance (drift watcher and `--power-on` round included);
+/// nothing is bound yet.
+pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     crate::install_crypto_provider();
-    let loaded = inventory::load(&args.config).map_err(|e| {
+    let loaded = inventory::load(&args.inventory.config).map_err(|e| {
         // Each problem with its file:line:column, as `check` prints them.
         if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
             for d in diagnostics.sorted() {
                 eprintln!("{d}");
             }
         }
-        StartError::Inventory(e, args.config.clone())
+        StartError::Inventory(e, args.inventory.config.clone())
     })?;
     for w in loaded.warnings.sorted() {
         tracing::warn!("{w}");
@@ -410,9 +354,9 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     let inv = Arc::new(loaded.inventory);
 
     // Refuse to start rather than boot machines into a missing or damaged kernel.
-    let catalog = Catalog::load(&args.images)?;
+    let catalog = Catalog::load(&args.image_cache.images)?;
     for id in required_sets(&inv) {
-        artifacts::verify(&args.images, &catalog, &id)?;
+        artifacts::verify(&args.image_cache.images, &catalog, &id)?;
     }
     let schema = crate::machineconfig::schema::load_for_inventory(args.schema.as_deref(), &inv)
         .map_err(StartError::Schema)?;
@@ -428,7 +372,7 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     let power = if push || args.power_on {
         Arc::new(crate::power::dispatch::serve_drivers(
             &inv,
-            args.age_identity.clone(),
+            args.secrets_identity.age_identity.clone(),
         ))
     } else {
         Arc::default()
@@ -442,12 +386,17 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         settings.ksops_age_identity = inputs.ksops_age_identity;
         settings.power = power.clone();
         if args.drift_interval > 0 {
-            drift = Some(crate::daytwo::drift::targets(
+            let (connector, targets) = crate::daytwo::drift::targets(
                 &inv,
                 inputs.renderer.as_ref(),
                 &inputs.creds,
                 settings.apid_port,
-            ));
+            );
+            drift = Some(DriftPlan {
+                connector,
+                targets,
+                interval: std::time::Duration::from_secs(args.drift_interval),
+            });
         }
         Some(ProvisioningPlan {
             renderer: inputs.renderer,
@@ -500,12 +449,15 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
     } else {
         None
     };
-    let power_on_inventory = inv.clone();
-    let plan = Plan {
+    let power_on = args.power_on.then(|| PowerOnPlan {
+        drivers: power,
+        stagger: args.power_on_stagger,
+    });
+    Ok(Plan {
         ipv6_ra,
         inventory: inv,
         catalog,
-        images_dir: args.images.clone(),
+        images_dir: args.image_cache.images.clone(),
         ipxe_dir: args.ipxe_dir.clone(),
         configs: args.configs.clone(),
         state_dir: args.state_dir.clone(),
@@ -533,42 +485,9 @@ pub(crate) fn prepare(args: &Args) -> Result<ServePlan, StartError> {
         tftp,
         dhcp,
         provisioning,
-    };
-    Ok(ServePlan {
-        plan,
         drift,
-        power,
-        inventory: power_on_inventory,
+        power_on,
     })
-}
-
-/// `--power-on`: the round is planned from the store as serve found it (so a node that
-/// boots meanwhile is not powered on again) and runs in the background.
-fn start_power_on(
-    args: &Args,
-    inv: &Inventory,
-    drivers: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
-    running: &crate::appliance::Running,
-) -> Result<(), StartError> {
-    let phases = running
-        .store
-        .nodes()?
-        .into_iter()
-        .map(|r| (r.name, r.phase))
-        .collect();
-    let kinds = drivers
-        .iter()
-        .map(|(name, d)| (name.clone(), d.kind()))
-        .collect();
-    let plan = super::power::power_on_plan(inv, &phases, &kinds);
-    tokio::spawn(super::power::power_on_round(
-        plan,
-        drivers,
-        args.power_on_stagger,
-        running.events.clone(),
-        running.cancel.clone(),
-    ));
-    Ok(())
 }
 
 /// What push provisioning needs, loaded before anything is served.
@@ -668,7 +587,7 @@ fn provisioning_inputs(
     inv: &Arc<Inventory>,
     schema: &crate::machineconfig::schema::Schema,
 ) -> Result<ProvisioningInputs, StartError> {
-    let sources = IdentitySources::from_process_env(args.age_identity.clone());
+    let sources = IdentitySources::from_process_env(args.secrets_identity.age_identity.clone());
     let ksops_age_identity = ksops_identity(inv, args.ksops_age_identity.as_deref(), &sources)?;
     if let Some(helm) = &args.helm {
         check_helm(helm)?;
@@ -683,7 +602,7 @@ fn provisioning_inputs(
         StartError::Provisioning(format!(
             "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o {}`",
             path.display(),
-            args.config.display(),
+            args.inventory.config.display(),
             args.configs.display()
         ))
     })?;

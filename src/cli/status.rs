@@ -4,7 +4,6 @@
 //! node is often a later, unrelated probe). While serve runs (it holds the store) the rows
 //! come from its admin API, with each node's drift as serve's drift watcher last saw it.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::inventory::{self, Inventory};
@@ -15,21 +14,10 @@ use super::{EXIT_INVALID, EXIT_USAGE};
 /// Arguments of `talboot status`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Inventory file (talboot.yaml, or a talhelper talconfig.yaml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
-    /// State directory holding talboot.redb.
-    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`),
-    /// used when serve holds the state store.
-    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
-    pub admin: std::net::SocketAddr,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
+    #[command(flatten)]
+    pub store: super::args::StoreAccess,
     /// Keep the table live from the running serve's event stream (`--admin`'s
     /// `/api/events`): redrawn in place on a terminal, one line per event otherwise.
     #[arg(long)]
@@ -39,18 +27,18 @@ pub struct Args {
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
     if args.watch {
-        return super::watch::run(args.admin);
+        return super::watch::run(args.store.admin);
     }
-    let inventory = match inventory::load(&args.config) {
+    let inventory = match inventory::load(&args.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => {
             eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    let store = match store::open(&args.state_dir) {
+    let store = match store::open(&args.store.state_dir) {
         Ok(s) => s,
-        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.admin),
+        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.store.admin),
         Err(e) => {
             eprintln!("talboot: {e}");
             return ExitCode::from(EXIT_USAGE);

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use super::serve::{self, ServePlan, StartError};
+use super::serve::{self, StartError};
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::appliance::Plan;
 use crate::artifacts::{self, Catalog, SetId, factory};
@@ -369,8 +369,8 @@ impl Say {
 pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     crate::install_crypto_provider();
     let sa = &args.serve;
-    let inv = inventory::load(&sa.config)
-        .map_err(|e| UpError::Inventory(e, sa.config.clone()))?
+    let inv = inventory::load(&sa.inventory.config)
+        .map_err(|e| UpError::Inventory(e, sa.inventory.config.clone()))?
         .inventory;
     let mut say = Say { lines: Vec::new() };
 
@@ -424,7 +424,7 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
 
 /// The images step: verify what the cache has, pull what it lacks.
 async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpError> {
-    let dir = &args.serve.images;
+    let dir = &args.serve.image_cache.images;
     let catalog = Catalog::load(dir).map_err(UpError::Images)?;
     let (mut present, mut missing) = (Vec::new(), Vec::new());
     for id in artifacts::required_sets(inv) {
@@ -547,7 +547,7 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Res
     let sa = &args.serve;
     let schema = crate::machineconfig::schema::load_for_inventory(sa.schema.as_deref(), inv)
         .map_err(|e| UpError::Write(e.to_string()))?;
-    let sources = IdentitySources::from_process_env(sa.age_identity.clone());
+    let sources = IdentitySources::from_process_env(sa.secrets_identity.age_identity.clone());
     let bundle = super::secrets::load_bundle(inv, &sources)
         .map_err(|e| UpError::SecretsLoad(e.to_string()))?;
     let rendered = crate::machineconfig::rendered::render_all(inv, &bundle, &schema)
@@ -663,9 +663,9 @@ fn where_it_is(inv: &Inventory, store: &dyn Store) -> String {
 async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome, UpError> {
     let sa = &args.serve;
     let started_at = Instant::now();
-    let ServePlan {
-        mut plan, drift, ..
-    } = serve::prepare(sa).map_err(UpError::Serve)?;
+    let mut plan = serve::prepare(sa).map_err(UpError::Serve)?;
+    // `up` has never run a `--power-on` round (the flag comes with serve's and is unused).
+    plan.power_on = None;
     (hooks.adjust)(&mut plan);
     let bound = plan
         .bind()
@@ -703,7 +703,6 @@ async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome
         running.node_count, running.base_url, running.admin_url
     );
     (hooks.started)(addrs);
-    ServePlan::spawn_drift(drift, &running, sa.drift_interval);
 
     let deadline = (args.timeout > 0).then(|| started_at + Duration::from_secs(args.timeout));
     let mut outcome = Outcome::HandedOff;

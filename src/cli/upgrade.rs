@@ -51,26 +51,16 @@ pub struct Args {
     /// How long a node may take to come back healthy after its upgrade, in seconds.
     #[arg(long, default_value_t = 900)]
     pub node_timeout: u64,
-    #[arg(
-        short = 'c',
-        long = "config",
-        env = "TALBOOT_CONFIG",
-        default_value = "talboot.yaml"
-    )]
-    pub config: PathBuf,
-    #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// Boot artifact cache (see `talboot images`).
-    #[arg(long, env = "TALBOOT_IMAGES", default_value = "images")]
-    pub images: PathBuf,
+    #[command(flatten)]
+    pub inventory: super::args::InventoryFile,
+    #[command(flatten)]
+    pub store: super::args::StoreAccess,
+    #[command(flatten)]
+    pub image_cache: super::args::ImageCache,
     #[arg(long, env = "TALOSCONFIG")]
     pub talosconfig: Option<PathBuf>,
     #[arg(long)]
     pub context: Option<String>,
-    /// Admin API of the `talboot serve` that holds the state directory's store (its
-    /// `--admin-listen`): while serve runs, the upgrade goes through it.
-    #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
-    pub admin: std::net::SocketAddr,
     /// apid's port on every node.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
@@ -97,7 +87,7 @@ fn try_creds_and_runtime(
 ) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), String> {
     let creds = super::talosconfig_creds(
         args.talosconfig.as_deref(),
-        &args.state_dir,
+        &args.store.state_dir,
         args.context.as_deref(),
     )
     .map_err(|e| e.to_string())?;
@@ -110,7 +100,7 @@ fn try_creds_and_runtime(
 }
 
 pub fn run(args: &Args) -> ExitCode {
-    let inv = match inventory::load(&args.config) {
+    let inv = match inventory::load(&args.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => return fail(EXIT_INVALID, e),
     };
@@ -132,7 +122,7 @@ pub fn run(args: &Args) -> ExitCode {
     if args.worker_concurrency == 0 {
         return fail(EXIT_USAGE, "--worker-concurrency must be at least 1");
     }
-    let store: Option<Arc<dyn Store>> = match store::open(&args.state_dir) {
+    let store: Option<Arc<dyn Store>> = match store::open(&args.store.state_dir) {
         Ok(s) => Some(Arc::new(s)),
         // serve holds the store: the upgrade goes through its admin API.
         Err(store::StoreError::Locked { .. }) => None,
@@ -145,9 +135,12 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(&inv, &version, &args.images, |l| {
-        println!("{l}")
-    })) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(
+        &inv,
+        &version,
+        &args.image_cache.images,
+        |l| println!("{l}"),
+    )) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
@@ -179,7 +172,7 @@ pub fn run(args: &Args) -> ExitCode {
 fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> ExitCode {
     println!(
         "talboot serve holds the store; upgrading through its admin API at {}",
-        args.admin
+        args.store.admin
     );
     crate::install_crypto_provider();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -189,9 +182,12 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(ensure_boot_sets(inv, version, &args.images, |l| {
-        println!("{l}")
-    })) {
+    if let Err(e) = rt.block_on(ensure_boot_sets(
+        inv,
+        version,
+        &args.image_cache.images,
+        |l| println!("{l}"),
+    )) {
         return fail(
             EXIT_INVALID,
             format!("boot artifacts of {version} are not ready, nothing was upgraded: {e}"),
@@ -203,7 +199,7 @@ fn upgrade_through_serve(args: &Args, inv: &Inventory, version: &Version) -> Exi
         args.worker_concurrency,
         args.node_timeout,
     );
-    let base = crate::daytwo::remote::client::base_url(args.admin);
+    let base = crate::daytwo::remote::client::base_url(args.store.admin);
     match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
         Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => {
             finished(args, inv, version)
@@ -225,7 +221,7 @@ fn finished(args: &Args, inv: &Inventory, version: &Version) -> ExitCode {
         println!(
             "set `talosVersion: {version}` in {} so that network boots serve {version} \
              (serve boots the inventory's version)",
-            args.config.display()
+            args.inventory.config.display()
         );
     }
     ExitCode::SUCCESS
@@ -296,7 +292,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let store: Arc<dyn Store> = match store::open(&args.state_dir) {
+    let store: Arc<dyn Store> = match store::open(&args.store.state_dir) {
         Ok(s) => Arc::new(s),
         // serve holds the store: the upgrade goes through its admin API.
         Err(store::StoreError::Locked { .. }) => return kubernetes_through_serve(args, &to),
@@ -332,7 +328,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
 fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
     println!(
         "talboot serve holds the store; upgrading Kubernetes through its admin API at {}",
-        args.admin
+        args.store.admin
     );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -342,7 +338,7 @@ fn kubernetes_through_serve(args: &Args, to: &Version) -> ExitCode {
         Err(e) => return fail(EXIT_USAGE, format!("cannot start the async runtime: {e}")),
     };
     let request = k8s_settings(args).request(to, args.worker_concurrency);
-    let base = crate::daytwo::remote::client::base_url(args.admin);
+    let base = crate::daytwo::remote::client::base_url(args.store.admin);
     match rt.block_on(super::remote::follow(&base, &request, |l| println!("{l}"))) {
         Ok(RemoteOutcome::Finished { .. } | RemoteOutcome::NoChanges) => k8s_finished(args, to),
         Ok(RemoteOutcome::Stopped { node, reason, .. }) => k8s_stopped(node, &reason),
@@ -368,7 +364,7 @@ fn k8s_finished(args: &Args, to: &Version) -> ExitCode {
         "set `kubernetesVersion: {}` in {} so that configs rendered from now on \
          carry it",
         to.0,
-        args.config.display()
+        args.inventory.config.display()
     );
     ExitCode::SUCCESS
 }

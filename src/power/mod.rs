@@ -11,6 +11,7 @@
 pub mod credentials;
 pub mod dispatch;
 pub mod ipmi;
+pub(crate) mod round;
 pub mod wol;
 
 pub use dispatch::{PowerDriver, ProbeAnswer};

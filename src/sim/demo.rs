@@ -247,6 +247,10 @@ impl Relaunch {
             )),
             dhcp: Some(DhcpPlan::Loopback(self.dhcp)),
             ipv6_ra: None,
+            // Drift is watched once the cluster is up ([`Demo::watch_drift`]); the simulated
+            // machines are powered on by the demo itself.
+            drift: None,
+            power_on: None,
             provisioning: Some(ProvisioningPlan {
                 renderer: self.renderer.clone(),
                 creds: self.creds.clone(),

@@ -65,25 +65,22 @@ impl Demo {
     }
 
     /// Runs serve's drift watcher against the running talboot (its event bus and the admin
-    /// API's drift board), every `interval`, until talboot stops.
+    /// API's drift board), every `interval`, as one of talboot's tasks: it stops with talboot.
     pub fn watch_drift(&self, interval: Duration) {
         let Some(running) = self.running.as_ref() else {
             return;
         };
-        let (conn, targets) = crate::daytwo::drift::targets(
+        let (connector, targets) = crate::daytwo::drift::targets(
             &self.inventory,
             self.relaunch.renderer.as_ref(),
             &self.relaunch.creds,
             crate::talos::APID_PORT,
         );
-        tokio::spawn(crate::daytwo::drift::watch(
-            conn,
+        running.watch_drift(crate::appliance::DriftPlan {
+            connector,
             targets,
-            running.events.clone(),
-            running.view.drift.clone(),
             interval,
-            running.cancel.clone(),
-        ));
+        });
     }
 
     /// Adds the demo's patch to the inventory, renders every node again and applies the
