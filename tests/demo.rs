@@ -272,6 +272,11 @@ async fn restarts_at_every_step_repeat_nothing() {
         let mut seen_step = None;
         let mut seen_ready = 0;
         let mut restarts = 0;
+        // Restarts that landed after a control plane handed out the kubeconfig but before the
+        // step record said so: each may make the next run ask again (a read; Talos answers it
+        // any number of times), so the count below allows one more call per such restart.
+        let mut between_kubeconfig_and_record = 0;
+        let mut before_bootstrap = 0;
         let mut steps = Vec::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(240);
         loop {
@@ -297,14 +302,31 @@ async fn restarts_at_every_step_repeat_nothing() {
                 }
                 seen_step = step;
                 seen_ready = ready;
+                let kubeconfigs: usize = NODES
+                    .iter()
+                    .map(|n| demo.node(n).unwrap().talos().unwrap().kubeconfig_calls())
+                    .sum();
+                if step.is_none_or(|s| s < ClusterStep::Bootstrapped) {
+                    if kubeconfigs > 0 {
+                        between_kubeconfig_and_record += 1;
+                    } else {
+                        before_bootstrap += 1;
+                    }
+                }
                 demo.restart_talboot().await.unwrap();
                 restarts += 1;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Polling sees most steps, not all (some complete back to back); the ones it saw
-        // must be in order, and the store's timeline must hold every transition once.
-        assert!(restarts >= 6, "only {restarts} restarts");
+        // Polling sees most steps, not all (some complete back to back, and on a loaded
+        // machine nodes turn Ready in bunches); the ones it saw must be in order, and the
+        // store's timeline must hold every transition once. What the test needs is restarts
+        // on both sides of the bootstrap, the one step that must never repeat.
+        assert!(restarts >= 3, "only {restarts} restarts");
+        assert!(
+            before_bootstrap >= 1 && restarts > before_bootstrap + between_kubeconfig_and_record,
+            "restarts: {before_bootstrap} before the bootstrap, {restarts} in all"
+        );
         assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
         let talos = |name: &str| demo.node(name).unwrap().talos().unwrap();
         for n in NODES {
@@ -318,12 +340,11 @@ async fn restarts_at_every_step_repeat_nothing() {
                 .sum::<usize>(),
             1
         );
-        assert_eq!(
-            NODES
-                .iter()
-                .map(|n| talos(n).kubeconfig_calls())
-                .sum::<usize>(),
-            1
+        let kubeconfigs: usize = NODES.iter().map(|n| talos(n).kubeconfig_calls()).sum();
+        assert!(
+            (1..=1 + between_kubeconfig_and_record).contains(&kubeconfigs),
+            "{kubeconfigs} kubeconfig calls; {between_kubeconfig_and_record} restart(s) between \
+             a kubeconfig call and its record"
         );
         // Each add-on object was changed by exactly one apply.
         let applies = demo.kube.applies();
