@@ -510,7 +510,7 @@ pub(crate) mod tests {
     use crate::sim::talos::{
         FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG, UpgradeFailure, max_down,
     };
-    use crate::store::Store;
+    use crate::store::RolloutWriter;
 
     const NODES: [&str; 5] = [
         "rack1-cp-01",
@@ -632,13 +632,13 @@ pub(crate) mod tests {
         Arc::new(ops)
     }
 
-    async fn run(rack: &Rack, store: &dyn Store, concurrency: usize) -> Outcome {
+    async fn run(rack: &Rack, store: &RolloutWriter, concurrency: usize) -> Outcome {
         run_with(rack, store, concurrency, ops(rack)).await
     }
 
     async fn run_with(
         rack: &Rack,
-        store: &dyn Store,
+        store: &RolloutWriter,
         concurrency: usize,
         ops: Arc<dyn NodeOps>,
     ) -> Outcome {

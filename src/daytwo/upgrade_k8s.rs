@@ -36,7 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Store;
+use crate::store::RolloutWriter;
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{ClientCreds, TalosClient, TalosError};
 
@@ -880,7 +880,7 @@ pub async fn upgrade(
     inv: &Inventory,
     to: &Version,
     creds: ClientCreds,
-    store: &dyn Store,
+    store: &RolloutWriter,
     opts: &K8sOptions,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
@@ -922,7 +922,7 @@ pub async fn manifests_dry_run(
 pub async fn run(
     plan: &K8sUpgrade,
     ops: Arc<dyn NodeOps>,
-    store: &dyn Store,
+    store: &RolloutWriter,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
     let key = rollout_key(&plan.to);
@@ -1260,7 +1260,7 @@ mod tests {
             rack_up_to(third, "1.36.4").await
         }
 
-        async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
+        async fn run_once(rack: &Rack, store: &RolloutWriter) -> Outcome {
             run_pruning(rack, store, false).await
         }
 
@@ -1273,7 +1273,7 @@ mod tests {
             ops
         }
 
-        async fn run_pruning(rack: &Rack, store: &dyn Store, no_prune: bool) -> Outcome {
+        async fn run_pruning(rack: &Rack, store: &RolloutWriter, no_prune: bool) -> Outcome {
             let mut ops = ops(rack, no_prune).await;
             ops.pod_wait = Duration::from_secs(3);
             ops.node_wait = Duration::from_secs(3);
@@ -1283,7 +1283,7 @@ mod tests {
                 .unwrap()
         }
 
-        fn record(store: &dyn Store, rack: &Rack) -> RolloutRecord {
+        fn record(store: &RolloutWriter, rack: &Rack) -> RolloutRecord {
             serde_json::from_slice(
                 &store
                     .rollout(&rollout_key(&rack.upgrade.to))
