@@ -516,10 +516,10 @@ impl Bound {
             );
             let (store, events, c, view) =
                 (store.clone(), events.clone(), cancel.clone(), view.clone());
-            let writers = crate::dhcp::server::DhcpWriters {
+            let writers = Arc::new(crate::dhcp::server::DhcpWriters {
                 leases,
                 bindings: meta,
-            };
+            });
             tasks.spawn(async move {
                 server
                     .with_view(view)

@@ -264,17 +264,17 @@ impl DhcpServer {
 
     /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
     /// current inventory no longer allows are deleted from the store), then every datagram is
-    /// handled by a [`DhcpCore`] over `ctx`; its changes are written with `writers`.
+    /// handled by a [`DhcpCore`] over `ctx`; its changes are written with `writers`, which
+    /// the server's tasks share (and which the caller may hold too, to act as the server).
     pub async fn run(
         self,
         ctx: DecideCtx,
         flood: FloodConfig,
         store: Arc<dyn Store>,
-        writers: DhcpWriters,
+        writers: Arc<DhcpWriters>,
         events: EventBus,
         cancel: CancellationToken,
     ) -> Result<(), ServerError> {
-        let writers = Arc::new(writers);
         let records = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || store.leases())

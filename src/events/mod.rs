@@ -264,6 +264,7 @@ impl EventBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn events_are_persisted_in_order_then_broadcast() {

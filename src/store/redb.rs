@@ -1307,8 +1307,8 @@ mod tests {
     #[test]
     fn compare_and_set_from_many_threads_swaps_once() {
         let (_d, s) = fresh();
-        // Through the trait object, as the rest of talboot will hold it.
-        let s: Arc<dyn Store> = Arc::new(s);
+        // Through the trait object, as the write handles hold it.
+        let s: Arc<dyn Backend> = Arc::new(s);
         let winners: Vec<bool> = (0..8u8)
             .map(|i| {
                 let s = Arc::clone(&s);
@@ -1485,7 +1485,7 @@ mod tests {
         let state = dir.path().join("state");
         let mut store = open(&state).unwrap();
         let mut closed = store.on_close();
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store: Arc<dyn Backend> = Arc::new(store);
         let user = store.clone();
         drop(store);
         // A user is left (a blocking call still running, say): not closed, still locked.
