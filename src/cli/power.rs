@@ -217,11 +217,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
+/// The store and the timelines' writer, which a standalone command owns while it runs.
+type Local = (std::sync::Arc<dyn Store>, store::EventWriter);
+
 /// Whether serve holds the store (then commands go through its admin API); if not, the
-/// store and the timelines' writer, which this command owns while it runs.
-fn serve_holds_store(
-    state_dir: &std::path::Path,
-) -> Result<Option<(std::sync::Arc<dyn Store>, store::EventWriter)>, ExitCode> {
+/// store and the timelines' writer.
+fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<Local>, ExitCode> {
     match store::open(state_dir) {
         Ok(s) => {
             let (store, writers) = s.split();
