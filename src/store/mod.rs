@@ -1,8 +1,11 @@
 //! The state store: everything talboot must remember across restarts.
 //!
 //! Leases, node records, each node's append-only event timeline and a small key/value space for
-//! cluster progress live behind the [`Store`] trait. The default backend, [`RedbStore`], keeps
-//! them in one redb file, `talboot.redb`, under the state directory.
+//! cluster progress are read through the [`Store`] trait, which every component may hold, and
+//! written through [`Writers`]: one typed handle per table, each moved to the table's one owner
+//! when the store is opened ([`RedbStore::split`]), so a second writer of a table does not
+//! compile. The default backend, [`RedbStore`], keeps them in one redb file, `talboot.redb`,
+//! under the state directory.
 //!
 //! Guarantees every backend gives:
 //! - every mutating call is one transaction, durable when the call returns, so a caller may
@@ -12,7 +15,7 @@
 //!   file and says what to do;
 //! - timestamps are arguments; the store never reads a clock.
 //!
-//! The trait is synchronous (redb is); async callers wrap calls in `spawn_blocking`.
+//! Reads and writes are synchronous (redb is); async callers wrap calls in `spawn_blocking`.
 
 mod node_parts;
 mod records;

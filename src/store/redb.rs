@@ -12,7 +12,7 @@
 //!
 //! Every mutating method is exactly one write transaction committed with
 //! [`Durability::Immediate`], so the change is on disk when the method returns; the one
-//! exception is [`Store::commit_leases`] called with `durable: false` (see there).
+//! exception is [`LeaseWriter::commit_leases`](super::LeaseWriter::commit_leases) called with `durable: false` (see there).
 //!
 //! The file is opened with redb's integrity check: every page checksum is verified before the
 //! store is used, so damage done outside redb is refused as [`StoreError::Corrupt`] (the file
@@ -333,7 +333,7 @@ impl RedbStore {
         self.write_with(Durability::Immediate, f)
     }
 
-    /// [`Self::write`] with the durability asked for ([`Store::commit_leases`] only).
+    /// [`Self::write`] with the durability asked for ([`LeaseWriter::commit_leases`](super::LeaseWriter::commit_leases) only).
     fn write_with<T>(
         &self,
         durability: Durability,
@@ -878,7 +878,7 @@ impl RedbStore {
 }
 
 impl RedbStore {
-    /// [`Store::append_event`] inside an open write transaction.
+    /// [`EventWriter::append_event`](super::EventWriter::append_event) inside an open write transaction.
     fn append_event_in(
         &self,
         txn: &WriteTransaction,
