@@ -187,6 +187,7 @@ pub struct Bound {
     plan: Plan,
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
+    writers: store::Writers,
     view: Arc<crate::view::StateView>,
     store_closed: store::Closed,
     http: tokio::net::TcpListener,
@@ -220,7 +221,8 @@ impl Plan {
         )?);
         let mut opened = store::open(&self.state_dir)?;
         let store_closed = opened.on_close();
-        let store: Arc<dyn Store> = Arc::new(opened);
+        let (store, writers) = opened.split();
+        let store: Arc<dyn Store> = store;
         // The request paths' read view, loaded before any writer starts.
         let view = Arc::new(crate::view::StateView::load(
             store.as_ref(),
@@ -284,6 +286,7 @@ impl Plan {
             plan: self,
             ipxe,
             store,
+            writers,
             view,
             store_closed,
             http,
@@ -323,6 +326,7 @@ impl Bound {
             plan,
             ipxe,
             store,
+            writers,
             view,
             store_closed,
             http,
@@ -330,6 +334,17 @@ impl Bound {
             tftp,
             dhcp,
         } = self;
+        // Each table's writer goes to its one owner.
+        let store::Writers {
+            leases,
+            meta,
+            nodes,
+            events: timelines,
+            progress,
+            tokens,
+            rollouts,
+        } = writers;
+        let rollout_writer = Arc::new(rollouts);
         let inv = plan.inventory.clone();
         // Planned before any task starts, so a store that cannot be read starts nothing.
         let power_on = match plan.power_on {
@@ -351,7 +366,7 @@ impl Bound {
         let plan_admin_token = plan.admin_token.clone();
         let plan_admin_hosts = plan.admin_hosts.clone();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (events, event_writer) = EventBus::start(store.clone(), clock.clone());
+        let (events, event_writer) = EventBus::start(timelines, clock.clone());
         let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
             .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
@@ -370,19 +385,31 @@ impl Bound {
         let mut tasks = JoinSet::new();
         let http_limits = plan.http_limits;
 
-        // Operator commands (rebuild) from the admin API go to the provisioner, the only
-        // writer of node records while it runs; without one, the boot observations are
-        // recorded by the core's rules directly.
+        // The node records' writer goes to the provisioner when one runs: operator commands
+        // (rebuild) from the admin API go to it. Without one, the offline observer owns it:
+        // the boot observations and the admin API's rebuilds are recorded by the core's rules
+        // directly.
         let (commands, command_rx) = crate::provision::command_channel();
-        let observer: Arc<dyn http::BootObserver> = if plan.provisioning.is_some() {
-            Arc::new(crate::provision::ProvisionerObserves)
-        } else {
-            Arc::new(crate::provision::OfflineObserver {
-                inventory: inv.clone(),
-                store: store.clone(),
-                view: view.clone(),
-            })
-        };
+        let (observer, rebuilds, provision_writers): (Arc<dyn http::BootObserver>, _, _) =
+            if plan.provisioning.is_some() {
+                (
+                    Arc::new(crate::provision::ProvisionerObserves),
+                    crate::provision::Rebuilds::Provisioner(commands),
+                    Some(crate::provision::ProvisionWriters { nodes, progress }),
+                )
+            } else {
+                let offline = Arc::new(crate::provision::OfflineObserver {
+                    inventory: inv.clone(),
+                    store: store.clone(),
+                    nodes: Arc::new(nodes),
+                    view: view.clone(),
+                });
+                (
+                    offline.clone(),
+                    crate::provision::Rebuilds::Offline(offline),
+                    None,
+                )
+            };
         // Rollouts and power requests run with the provisioning side's credentials and
         // drivers, so only when serve provisions.
         let (rollouts, power) = match &plan.provisioning {
@@ -390,6 +417,7 @@ impl Bound {
                 let ctx = crate::daytwo::remote::RolloutCtx {
                     inventory: inv.clone(),
                     store: store.clone(),
+                    rollouts: rollout_writer.clone(),
                     creds: p.creds.clone(),
                     apid_port: p.settings.apid_port,
                     view: Some(view.clone()),
@@ -409,7 +437,7 @@ impl Bound {
             view: view.clone(),
             events: events.clone(),
             metrics,
-            commands: plan.provisioning.is_some().then_some(commands),
+            commands: rebuilds,
             rollouts,
             power,
         });
@@ -424,7 +452,7 @@ impl Bound {
             base_url: base_url.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(plan.configs.clone())),
-            tokens: http::tokens::Tokens::start(store.clone()).0,
+            tokens: http::tokens::Tokens::start(store.clone(), tokens).0,
             observer,
         });
         {
@@ -488,10 +516,14 @@ impl Bound {
             );
             let (store, events, c, view) =
                 (store.clone(), events.clone(), cancel.clone(), view.clone());
+            let writers = Arc::new(crate::dhcp::server::DhcpWriters {
+                leases,
+                bindings: meta,
+            });
             tasks.spawn(async move {
                 server
                     .with_view(view)
-                    .run(ctx, FloodConfig::default(), store, events, c)
+                    .run(ctx, FloodConfig::default(), store, writers, events, c)
                     .await
                     .map_err(ServerFailure::Dhcp)
             });
@@ -509,10 +541,11 @@ impl Bound {
             });
         }
 
-        if let Some(p) = plan.provisioning {
+        if let (Some(p), Some(writers)) = (plan.provisioning, provision_writers) {
             let provisioner = crate::provision::Provisioner::new(
                 inv.clone(),
                 store.clone(),
+                writers,
                 events.clone(),
                 p.renderer,
                 p.creds,
@@ -563,6 +596,7 @@ impl Bound {
             events,
             event_writer,
             store,
+            rollouts: rollout_writer,
             view,
             store_closed,
             base_url,
@@ -611,6 +645,9 @@ pub struct Running {
     pub events: EventBus,
     /// The state store.
     pub store: Arc<dyn Store>,
+    /// Day two's writer of rollout records (shared with the admin API's rollouts; the demo
+    /// runs day two in-process with it).
+    pub(crate) rollouts: Arc<store::RolloutWriter>,
     /// The read view the request paths and the admin API read (drift included).
     pub view: Arc<crate::view::StateView>,
     /// `http://advertise:port`.
@@ -642,6 +679,7 @@ impl Running {
             tasks,
             event_writer,
             store,
+            rollouts,
             store_closed,
             ..
         } = self;
@@ -693,6 +731,7 @@ impl Running {
         // handlers' state); the file lock goes with the last reference, and a restart must
         // find it released. Store calls are short: this returns the moment the last one ends.
         drop(store);
+        drop(rollouts);
         if tokio::time::timeout(SHUTDOWN_GRACE, store_closed)
             .await
             .is_err()

@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::{Mac, NetworkMode};
-use crate::store::{Lease, LeaseState, Store, StoreError};
+use crate::store::{Lease, LeaseState, MetaWriter, Store, StoreError};
 
 /// How a binding was established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ fn proxy_key(mac: Mac) -> String {
 /// before its reply leaves, so the script request that follows finds it); returns what was
 /// stored, for the read view.
 pub fn record_proxy_binding(
-    store: &dyn Store,
+    store: &MetaWriter,
     mac: Mac,
     ip: Ipv4Addr,
     now_unix: u64,
@@ -298,16 +298,16 @@ mod tests {
     #[test]
     fn proxy_bindings_persist_and_the_newest_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
+        let (store, w) = crate::store::open(dir.path()).unwrap().split();
         let proxy = NetworkMode::Proxy;
         assert_eq!(bound_address(&store, proxy, &[mac(1)], 0).unwrap(), None);
-        record_proxy_binding(&store, mac(1), Ipv4Addr::new(10, 0, 0, 1), 10).unwrap();
-        record_proxy_binding(&store, mac(2), Ipv4Addr::new(10, 0, 0, 2), 20).unwrap();
+        record_proxy_binding(&w.meta, mac(1), Ipv4Addr::new(10, 0, 0, 1), 10).unwrap();
+        record_proxy_binding(&w.meta, mac(2), Ipv4Addr::new(10, 0, 0, 2), 20).unwrap();
         let got = bound_address(&store, proxy, &[mac(1), mac(2)], 30)
             .unwrap()
             .unwrap();
         assert_eq!(got.ip, Ipv4Addr::new(10, 0, 0, 2));
-        record_proxy_binding(&store, mac(1), Ipv4Addr::new(10, 0, 0, 7), 40).unwrap();
+        record_proxy_binding(&w.meta, mac(1), Ipv4Addr::new(10, 0, 0, 7), 40).unwrap();
         let got = bound_address(&store, proxy, &[mac(1), mac(2)], 50)
             .unwrap()
             .unwrap();

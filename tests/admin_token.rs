@@ -116,8 +116,12 @@ fn off_loopback_admin_answers_only_with_the_token() {
     {
         // k8s-ctrl-02 was installed in an earlier run: the browser's rebuild below resets a
         // provisioned node (a node never provisioned has nothing to reset and is refused).
-        use talboot::store::{NodePhase, NodeRecord, Store};
-        let store = talboot::store::open(&tmp.path().join("state")).unwrap();
+        use talboot::store::{NodePhase, NodeRecord};
+        let store = talboot::store::open(&tmp.path().join("state"))
+            .unwrap()
+            .split()
+            .1
+            .nodes;
         let mut r = NodeRecord::unseen("k8s-ctrl-02", 1);
         r.phase = NodePhase::Ready;
         r.provisioning_window_open = false;

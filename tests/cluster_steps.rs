@@ -14,7 +14,7 @@ use talboot::events::{EventBus, SystemClock};
 use talboot::inventory::Inventory;
 use talboot::machineconfig::renderer::ConfigRenderer;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE, KUBECONFIG_KEY};
-use talboot::provision::{Provisioner, Settings, StepOutcome};
+use talboot::provision::{ProvisionWriters, Provisioner, Settings, StepOutcome};
 use talboot::sim::kube::{DoubleOptions, KubeDouble};
 use talboot::store::{self, CLUSTER_TIMELINE, ClusterStep, STEP_KEY, StepRecord, Store};
 use talboot::talos::ClientCreds;
@@ -65,19 +65,9 @@ impl World {
         let double = KubeDouble::start(DoubleOptions::default()).await.unwrap();
         // Where the bootstrap steps leave things: both recorded done, kubeconfig written.
         std::fs::write(state.join(KUBECONFIG_FILE), double.kubeconfig()).unwrap();
-        let s = store::open(&state).unwrap();
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            BOOTSTRAP_KEY,
-            b"done",
-        )
-        .unwrap();
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            KUBECONFIG_KEY,
-            b"done",
-        )
-        .unwrap();
+        let s = store::open(&state).unwrap().split().1.progress;
+        s.put_row(BOOTSTRAP_KEY, b"done").unwrap();
+        s.put_row(KUBECONFIG_KEY, b"done").unwrap();
         drop(s);
         World {
             dir,
@@ -95,8 +85,8 @@ impl World {
     }
 
     fn boot_with(&self, configure: impl FnOnce(&mut Settings)) -> Talboot {
-        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir()).unwrap());
-        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (store, w) = store::open(&self.state_dir()).unwrap().split();
+        let (bus, writer) = EventBus::start(w.events, Arc::new(SystemClock));
         let mut settings = Settings::new(self.state_dir());
         settings.poll_interval = Duration::from_millis(20);
         settings.addon_timeouts = Timeouts {
@@ -113,6 +103,10 @@ impl World {
             prov: Some(Provisioner::new(
                 self.inventory.clone(),
                 store,
+                ProvisionWriters {
+                    nodes: w.nodes,
+                    progress: w.progress,
+                },
                 bus.clone(),
                 Arc::new(NoRenderer),
                 creds,
@@ -139,13 +133,9 @@ impl World {
     }
 
     fn put_record(&self, rec: &StepRecord) {
-        let s = store::open(&self.state_dir()).unwrap();
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            STEP_KEY,
-            &serde_json::to_vec(rec).unwrap(),
-        )
-        .unwrap();
+        let s = store::open(&self.state_dir()).unwrap().split().1.progress;
+        s.put_row(STEP_KEY, &serde_json::to_vec(rec).unwrap())
+            .unwrap();
     }
 
     fn events(&self) -> Vec<String> {
@@ -613,8 +603,8 @@ mod from_talos {
     }
 
     fn boot(world: &World, ca: &SimCa) -> Talboot {
-        let store: Arc<dyn Store> = Arc::new(store::open(&world.state_dir()).unwrap());
-        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (store, w) = store::open(&world.state_dir()).unwrap().split();
+        let (bus, writer) = EventBus::start(w.events, Arc::new(SystemClock));
         let mut settings = Settings::new(world.state_dir());
         settings.poll_interval = Duration::from_millis(50);
         settings.health_timeout = Duration::from_secs(60);
@@ -633,6 +623,10 @@ mod from_talos {
             prov: Some(Provisioner::new(
                 world.inventory.clone(),
                 store,
+                ProvisionWriters {
+                    nodes: w.nodes,
+                    progress: w.progress,
+                },
                 bus.clone(),
                 Arc::new(CpRenderer { ca: ca.clone() }),
                 creds,
@@ -668,7 +662,7 @@ mod from_talos {
             .unwrap();
         let ca = SimCa::new_os_ca().unwrap();
         {
-            let s = store::open(&world.state_dir()).unwrap();
+            let s = store::open(&world.state_dir()).unwrap().split().1.leases;
             let now = talboot::events::Clock::now_unix(&SystemClock);
             s.put_lease(&Lease {
                 mac: "02:00:00:3d:00:0b".parse().unwrap(),

@@ -20,11 +20,12 @@ use talboot::artifacts::Catalog;
 use talboot::view::StateView;
 
 use support::images::fake_images;
+use talboot::dhcp::server::DhcpWriters;
 use talboot::events::{Clock, EventBus, SystemClock};
 use talboot::http::{ConfigDir, HttpApp, router, script::Scripts, serve, tokens::Tokens};
 use talboot::inventory::{Inventory, Mac, Node};
 use talboot::machineconfig::renderer::ConfigRenderer;
-use talboot::provision::{Provisioner, Settings};
+use talboot::provision::{ProvisionWriters, Provisioner, Settings};
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode};
 use talboot::store::{Lease, LeaseState, Store};
@@ -81,10 +82,11 @@ fn inventory_yaml(net: u8, mode: Mode, delivery: Delivery) -> String {
 
 /// Record the node's binding as talboot's DHCP server does: a bound lease (authoritative) or
 /// the ProxyDHCP binding (proxy).
-fn bind(store: &dyn Store, mode: Mode, mac: Mac, ip: Ipv4Addr) {
+fn bind(store: &DhcpWriters, mode: Mode, mac: Mac, ip: Ipv4Addr) {
     let now = SystemClock.now_unix();
     match mode {
         Mode::Authoritative => store
+            .leases
             .put_lease(&Lease {
                 mac,
                 ip,
@@ -95,7 +97,7 @@ fn bind(store: &dyn Store, mode: Mode, mac: Mac, ip: Ipv4Addr) {
             })
             .unwrap(),
         Mode::Proxy => {
-            talboot::entitlement::record_proxy_binding(store, mac, ip, now).unwrap();
+            talboot::entitlement::record_proxy_binding(&store.bindings, mac, ip, now).unwrap();
         }
     }
 }
@@ -106,6 +108,12 @@ struct World {
     inventory: Arc<Inventory>,
     base: String,
     store: Arc<dyn Store>,
+    /// The DHCP server's writers: the test acts as the DHCP server ([`World::bind`]) or
+    /// hands them to one.
+    dhcp: Arc<DhcpWriters>,
+    /// The provisioner's writers (push delivery: as in serve, the provisioner then owns the
+    /// node records and the HTTP side only publishes events).
+    provision: std::sync::Mutex<Option<ProvisionWriters>>,
     /// The read view the HTTP side reads; a test that writes the store directly acts as the
     /// writer and republishes it.
     view: Arc<StateView>,
@@ -135,14 +143,34 @@ impl World {
         .unwrap();
         let images = tmp.path().join("images");
         std::fs::create_dir_all(&images).unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(talboot::store::open(&tmp.path().join("state")).unwrap());
-        let (bus, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (store, writers) = talboot::store::open(&tmp.path().join("state"))
+            .unwrap()
+            .split();
+        let store: Arc<dyn Store> = store;
+        let (bus, _writer) = EventBus::start(writers.events, Arc::new(SystemClock));
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::new(127, 0, net, 1), 0))
             .await
             .unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let view = Arc::new(StateView::new());
+        let (observer, provision): (Arc<dyn talboot::http::BootObserver>, _) = match delivery {
+            Delivery::Push => (
+                Arc::new(talboot::provision::ProvisionerObserves),
+                Some(ProvisionWriters {
+                    nodes: writers.nodes,
+                    progress: writers.progress,
+                }),
+            ),
+            Delivery::Pull => (
+                Arc::new(talboot::provision::OfflineObserver {
+                    inventory: inventory.clone(),
+                    store: store.clone(),
+                    nodes: Arc::new(writers.nodes),
+                    view: view.clone(),
+                }),
+                None,
+            ),
+        };
         let app = Arc::new(HttpApp {
             inventory: inventory.clone(),
             store: store.clone(),
@@ -154,12 +182,8 @@ impl World {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: Tokens::start(store.clone()).0,
-            observer: Arc::new(talboot::provision::OfflineObserver {
-                inventory: inventory.clone(),
-                store: store.clone(),
-                view: view.clone(),
-            }),
+            tokens: Tokens::start(store.clone(), writers.tokens).0,
+            observer,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, router(app), shutdown.clone()));
@@ -168,6 +192,11 @@ impl World {
             inventory,
             base,
             store,
+            dhcp: Arc::new(DhcpWriters {
+                leases: writers.leases,
+                bindings: writers.meta,
+            }),
+            provision: std::sync::Mutex::new(provision),
             view,
             bus,
             shutdown,
@@ -176,7 +205,7 @@ impl World {
 
     /// [`bind`], then publish it to the view as talboot's DHCP server does after its commit.
     fn bind(&self, mode: Mode, mac: Mac, ip: Ipv4Addr) {
-        bind(self.store.as_ref(), mode, mac, ip);
+        bind(&self.dhcp, mode, mac, ip);
         self.view
             .reload(self.store.as_ref(), &self.inventory)
             .unwrap();
@@ -373,6 +402,7 @@ async fn push_case(net: u8, mode: Mode, with_binding: bool) {
     let prov = Provisioner::new(
         w.inventory.clone(),
         w.store.clone(),
+        w.provision.lock().unwrap().take().expect("push delivery"),
         w.bus.clone(),
         Arc::new(SecretRenderer { ca }),
         creds,
@@ -457,6 +487,7 @@ async fn proxy_exchange_records_the_binding_the_http_side_honours() {
         ctx,
         talboot::dhcp::FloodConfig::default(),
         w.store.clone(),
+        w.dhcp.clone(),
         w.bus.clone(),
         cancel.clone(),
     ));
@@ -556,7 +587,7 @@ async fn proxy_exchange_records_the_binding_the_http_side_honours() {
         Some(node)
     );
     talboot::entitlement::record_proxy_binding(
-        w.store.as_ref(),
+        &w.dhcp.bindings,
         mac,
         Ipv4Addr::new(127, 0, net, 60),
         0,
@@ -665,8 +696,15 @@ fn serve_never_logs_a_token_and_keeps_the_api_off_the_provisioning_listener() {
     .unwrap();
     // The lease talboot's DHCP would have written (serve runs with --no-dhcp here).
     {
-        let store = talboot::store::open(&tmp.path().join("state")).unwrap();
-        bind(&store, Mode::Authoritative, node_mac(net), node_ip(net));
+        let w = talboot::store::open(&tmp.path().join("state"))
+            .unwrap()
+            .split()
+            .1;
+        let dhcp = DhcpWriters {
+            leases: w.leases,
+            bindings: w.meta,
+        };
+        bind(&dhcp, Mode::Authoritative, node_mac(net), node_ip(net));
     }
     let (mut http, mut admin) = (free_port(), free_port());
     let args = |http: u16, admin_listen: String| -> Vec<String> {

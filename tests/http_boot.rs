@@ -17,6 +17,11 @@ struct Env {
     _tmp: tempfile::TempDir,
     base: String,
     store: Arc<dyn Store>,
+    /// The leases' writer: the test acts as the DHCP server.
+    leases: talboot::store::LeaseWriter,
+    /// The node records' writer, shared with the offline observer when no provisioner runs
+    /// (the test acts as the provisioner, or as the observer's other caller).
+    nodes: Arc<talboot::store::NodeWriter>,
     /// The read view the HTTP side reads: a test that writes the store directly is the
     /// writer, and republishes.
     view: Arc<talboot::view::StateView>,
@@ -123,8 +128,12 @@ async fn start_edited(
         )
         .unwrap();
     }
-    let store: Arc<dyn Store> = Arc::new(talboot::store::open(&tmp.path().join("state")).unwrap());
-    let (events, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let (store, writers) = talboot::store::open(&tmp.path().join("state"))
+        .unwrap()
+        .split();
+    let store: Arc<dyn Store> = store;
+    let nodes = Arc::new(writers.nodes);
+    let (events, _writer) = EventBus::start(writers.events, Arc::new(SystemClock));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let inv = Arc::new(inv);
@@ -140,13 +149,14 @@ async fn start_edited(
         base_url: base.clone(),
         scripts: Scripts::new(),
         configs: Arc::new(ConfigDir(configs)),
-        tokens: Tokens::start(store.clone()).0,
+        tokens: Tokens::start(store.clone(), writers.tokens).0,
         observer: if provisioner {
             Arc::new(talboot::provision::ProvisionerObserves)
         } else {
             Arc::new(talboot::provision::OfflineObserver {
                 inventory: inv.clone(),
                 store: store.clone(),
+                nodes: nodes.clone(),
                 view: view.clone(),
             })
         },
@@ -163,6 +173,8 @@ async fn start_edited(
         _tmp: tmp,
         base,
         store,
+        leases: writers.leases,
+        nodes,
         view,
         inv,
         shutdown,
@@ -173,7 +185,7 @@ async fn start_edited(
 
 /// The lease talboot's DHCP would have bound for `mac` (scripts and configs go only there).
 fn lease(env: &Env, mac: &str, ip: &str) {
-    env.store
+    env.leases
         .put_lease(&talboot::store::Lease {
             mac: mac.parse().unwrap(),
             ip: ip.parse().unwrap(),
@@ -263,7 +275,7 @@ async fn scripts_chain_then_boot_talos() {
     assert_eq!(rec.last_seen_addr, Some("127.0.0.1".parse().unwrap()));
 
     // Once installed (window closed), the same machine is sent to its disk.
-    env.store
+    env.nodes
         .put_node(&NodeRecord {
             phase: NodePhase::Ready,
             provisioning_window_open: false,
@@ -358,7 +370,7 @@ async fn an_installed_node_with_http404_local_boot_gets_a_404() {
     let r = c.get(&url).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let rec = env.store.node("k8s-ctrl-01").unwrap().unwrap();
-    env.store
+    env.nodes
         .put_node(&NodeRecord {
             phase: NodePhase::Ready,
             provisioning_window_open: false,
@@ -492,7 +504,7 @@ async fn pull_configs_are_released_once_to_the_entitled_node() {
         .unwrap();
     let mut rec = env.store.node("k8s-ctrl-02").unwrap().unwrap();
     rec.provisioning_window_open = false;
-    env.store.put_node(&rec).unwrap();
+    env.nodes.put_node(&rec).unwrap();
     env.publish();
     let r = client_from("127.0.0.12").get(&url2).send().await.unwrap();
     assert_eq!(r.status(), 403);
@@ -716,7 +728,7 @@ async fn when_the_binding_moves_the_old_address_is_refused_before_the_commit_lan
         403,
         "new address, in flight"
     );
-    env.store.commit_leases(&moved, true).unwrap();
+    env.leases.commit_leases(&moved, true).unwrap();
     assert_eq!(
         script_status("127.0.0.21").await,
         403,

@@ -517,10 +517,12 @@ fn an_imported_set_boots_over_http() {
         }
         let configs = s.root.join("configs");
         std::fs::create_dir_all(&configs).unwrap();
-        let store: Arc<dyn talboot::store::Store> =
-            Arc::new(talboot::store::open(&s.root.join("state")).unwrap());
-        let (events, _writer) =
-            talboot::events::EventBus::start(store.clone(), Arc::new(talboot::events::SystemClock));
+        let (store, writers) = talboot::store::open(&s.root.join("state")).unwrap().split();
+        let store: Arc<dyn talboot::store::Store> = store;
+        let (events, _writer) = talboot::events::EventBus::start(
+            writers.events,
+            Arc::new(talboot::events::SystemClock),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let inv = Arc::new(inv);
@@ -536,10 +538,11 @@ fn an_imported_set_boots_over_http() {
             base_url: base.clone(),
             scripts: Scripts::new(),
             configs: Arc::new(ConfigDir(configs)),
-            tokens: Tokens::start(store.clone()).0,
+            tokens: Tokens::start(store.clone(), writers.tokens).0,
             observer: Arc::new(talboot::provision::OfflineObserver {
                 inventory: inv.clone(),
                 store: store.clone(),
+                nodes: Arc::new(writers.nodes),
                 view: view.clone(),
             }),
         });
@@ -551,7 +554,8 @@ fn an_imported_set_boots_over_http() {
             "provisioning",
             shutdown.clone(),
         ));
-        store
+        writers
+            .leases
             .put_lease(&talboot::store::Lease {
                 mac: "bc:24:11:40:00:01".parse().unwrap(),
                 ip: "127.0.0.1".parse().unwrap(),

@@ -241,7 +241,7 @@ fn local_boot_methods_end_the_reinstall_loop_with_network_first_boot_order() {
 
     // What the provisioner records once a node is installed and booted from disk.
     {
-        let store = talboot::store::open(&state).unwrap();
+        let (store, w) = talboot::store::open(&state).unwrap().split();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -254,7 +254,7 @@ fn local_boot_methods_end_the_reinstall_loop_with_network_first_boot_order() {
             r.phase = NodePhase::Ready;
             r.provisioning_window_open = false;
             r.updated_at_unix = now;
-            store.put_node(&r).unwrap();
+            w.nodes.put_node(&r).unwrap();
         }
     }
 

@@ -670,8 +670,8 @@ fn rebuild_of_a_node_whose_talos_api_is_silent_goes_through_power_control() {
     let state = dir.path().join("state");
     {
         // wk-ipmi was installed in an earlier run (a rebuild resets a provisioned node).
-        use talboot::store::{NodePhase, NodeRecord, Store};
-        let store = talboot::store::open(&state).unwrap();
+        use talboot::store::{NodePhase, NodeRecord};
+        let store = talboot::store::open(&state).unwrap().split().1.nodes;
         let mut r = NodeRecord::unseen("wk-ipmi", 1);
         r.phase = NodePhase::Ready;
         r.provisioning_window_open = false;
@@ -904,7 +904,7 @@ fn serve_power_on_boots_unprovisioned_nodes_from_the_network_once_staggered() {
     let state = d.join("state");
     {
         // wk-done was installed in an earlier run.
-        let store = talboot::store::open(&state).unwrap();
+        let store = talboot::store::open(&state).unwrap().split().1.nodes;
         let mut r = NodeRecord::unseen("wk-done", 1);
         r.phase = NodePhase::Ready;
         r.provisioning_window_open = false;

@@ -19,7 +19,9 @@ use talboot::events::{EventBus, EventKind, SystemClock};
 use talboot::inventory::{InstallTarget, Inventory, MachineType, Node};
 use talboot::machineconfig::renderer::ConfigRenderer;
 use talboot::provision::cluster::{BOOTSTRAP_KEY, KUBECONFIG_FILE};
-use talboot::provision::{ClusterProgress, NodeStep, ProvisionError, Provisioner, Settings};
+use talboot::provision::{
+    ClusterProgress, NodeStep, ProvisionError, ProvisionWriters, Provisioner, Settings,
+};
 use talboot::sim::disks::SimDisk;
 use talboot::sim::pki::{SimCa, talos_label};
 use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG};
@@ -200,7 +202,7 @@ impl World {
             cluster_seen: std::sync::Mutex::default(),
         };
         // The DHCP server's leases, as it would have written them.
-        let store = store::open(&world.state_dir()).unwrap();
+        let store = store::open(&world.state_dir()).unwrap().split().1.leases;
         let now = talboot::events::Clock::now_unix(&SystemClock);
         for m in machines {
             let IpAddr::V4(v4) = ip(net, m.last) else {
@@ -242,8 +244,8 @@ impl World {
     }
 
     fn boot_tuned(&self, creds: ClientCreds, tune: impl FnOnce(&mut Settings)) -> Talboot {
-        let store: Arc<dyn Store> = Arc::new(store::open(&self.state_dir()).unwrap());
-        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (store, w) = store::open(&self.state_dir()).unwrap().split();
+        let (bus, writer) = EventBus::start(w.events, Arc::new(SystemClock));
         let mut settings = Settings::new(self.state_dir());
         settings.health_timeout = Duration::from_secs(60);
         settings.poll_interval = Duration::from_millis(50);
@@ -256,6 +258,10 @@ impl World {
             prov: Some(Provisioner::new(
                 self.inventory.clone(),
                 store,
+                ProvisionWriters {
+                    nodes: w.nodes,
+                    progress: w.progress,
+                },
                 bus.clone(),
                 renderer,
                 creds,
@@ -342,6 +348,12 @@ impl World {
     fn with_store<T>(&self, f: impl FnOnce(&dyn Store) -> T) -> T {
         let store = store::open(&self.state_dir()).unwrap();
         f(&store)
+    }
+
+    /// [`Self::with_store`] with the store's writers, as a crashed run left things.
+    fn with_writers<T>(&self, f: impl FnOnce(&dyn Store, &store::Writers) -> T) -> T {
+        let (store, writers) = store::open(&self.state_dir()).unwrap().split();
+        f(&store, &writers)
     }
 
     fn events(&self, node: &str) -> Vec<String> {
@@ -630,19 +642,11 @@ async fn bootstrap_intent_from_a_crashed_run_is_not_repeated_and_health_timeout_
         world.provision_to_bootstrap(m.name).await;
     }
     // A run chose cp-1, recorded its intent, made the call, and died before recording "done".
-    world.with_store(|s| {
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            talboot::provision::cluster::BOOTSTRAP_NODE_KEY,
-            b"cp-1",
-        )
-        .unwrap();
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            BOOTSTRAP_KEY,
-            b"intent",
-        )
-        .unwrap()
+    world.with_writers(|_, w| {
+        w.progress
+            .put_row(talboot::provision::cluster::BOOTSTRAP_NODE_KEY, b"cp-1")
+            .unwrap();
+        w.progress.put_row(BOOTSTRAP_KEY, b"intent").unwrap()
     });
     let cp1 = world.node("cp-1");
     TalosClient::secured(cp1.addr(), &world.creds)
@@ -1294,13 +1298,10 @@ async fn bootstrap_node_is_chosen_among_healthy_control_planes() {
     })
     .await;
     // An earlier run had chosen cp-1 (the first control plane) before it failed.
-    world.with_store(|s| {
-        s.put_row(
-            talboot::store::ClusterTable::Progress,
-            talboot::provision::cluster::BOOTSTRAP_NODE_KEY,
-            b"cp-1",
-        )
-        .unwrap()
+    world.with_writers(|_, w| {
+        w.progress
+            .put_row(talboot::provision::cluster::BOOTSTRAP_NODE_KEY, b"cp-1")
+            .unwrap()
     });
     let t = world.boot();
     t.prov().step_node("cp-1").await.unwrap();
@@ -1463,11 +1464,11 @@ async fn a_restart_right_after_the_apply_does_not_apply_twice() {
     assert_eq!(node.apply_calls(), 1);
     // The crash: the Installing commit never happened, the intent (Configuring) is what the
     // store holds.
-    world.with_store(|s| {
+    world.with_writers(|s, w| {
         let mut rec = s.node("cp-1").unwrap().unwrap();
         rec.phase = NodePhase::Configuring;
         rec.provisioning_window_open = true;
-        s.put_node(&rec).unwrap();
+        w.nodes.put_node(&rec).unwrap();
     });
     // Still the maintenance API (the window is open) ...
     TalosClient::maintenance(node.addr())

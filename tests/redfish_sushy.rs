@@ -386,7 +386,7 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
     use talboot::events::{EventBus, SystemClock};
     use talboot::inventory::RedfishTarget;
     use talboot::power::PowerDriver;
-    use talboot::provision::{NodeStep, Provisioner, Settings};
+    use talboot::provision::{NodeStep, ProvisionWriters, Provisioner, Settings};
     use talboot::sim::pki::{SimCa, talos_label};
     use talboot::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
     use talboot::store::{self, Lease, LeaseState, Store};
@@ -433,7 +433,7 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
         .await
         .unwrap();
     {
-        let s = store::open(&state_dir).unwrap();
+        let s = store::open(&state_dir).unwrap().split().1.leases;
         let now = talboot::events::Clock::now_unix(&SystemClock);
         s.put_lease(&Lease {
             mac: "02:00:00:41:00:0b".parse().unwrap(),
@@ -452,8 +452,9 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
         crt_pem: admin.cert_pem.into_bytes(),
         key_pem: talos_label(&admin.key_pem).into_bytes(),
     };
-    let store: Arc<dyn Store> = Arc::new(store::open(&state_dir).unwrap());
-    let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let (store, w) = store::open(&state_dir).unwrap().split();
+    let store: Arc<dyn Store> = store;
+    let (bus, writer) = EventBus::start(w.events, Arc::new(SystemClock));
     let mut settings = Settings::new(state_dir.clone());
     settings.poll_interval = Duration::from_millis(50);
     settings.power = Arc::new(std::collections::BTreeMap::from([(
@@ -484,6 +485,10 @@ async fn an_installed_node_is_set_to_boot_from_disk_through_its_bmc() {
     let prov = Provisioner::new(
         inventory,
         store,
+        ProvisionWriters {
+            nodes: w.nodes,
+            progress: w.progress,
+        },
         bus.clone(),
         Arc::new(CpRenderer { ca: ca.clone() }),
         creds,

@@ -42,8 +42,11 @@ fn free_udp_port() -> u16 {
 /// A lease for k8s-ctrl-01 at 127.0.0.1, as talboot's DHCP would have bound it (serve runs
 /// with --no-dhcp here): a node's script goes only to its bound address.
 fn lease_ctrl_01_at_loopback(tmp: &Path) {
-    use talboot::store::Store;
-    let store = talboot::store::open(&tmp.join("state")).unwrap();
+    let store = talboot::store::open(&tmp.join("state"))
+        .unwrap()
+        .split()
+        .1
+        .leases;
     store
         .put_lease(&talboot::store::Lease {
             mac: "bc:24:11:40:00:01".parse().unwrap(),
@@ -313,8 +316,12 @@ fn node_rebuild_goes_through_a_running_serve() {
     }
     {
         // k8s-ctrl-02 was installed in an earlier run (a rebuild resets a provisioned node).
-        use talboot::store::{NodePhase, NodeRecord, Store};
-        let store = talboot::store::open(&tmp.path().join("state")).unwrap();
+        use talboot::store::{NodePhase, NodeRecord};
+        let store = talboot::store::open(&tmp.path().join("state"))
+            .unwrap()
+            .split()
+            .1
+            .nodes;
         let mut r = NodeRecord::unseen("k8s-ctrl-02", 1);
         r.phase = NodePhase::Ready;
         r.provisioning_window_open = false;

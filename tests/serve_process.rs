@@ -206,7 +206,7 @@ impl ApidProxy {
 #[test]
 fn sigterm_mid_provisioning_exits_promptly_and_opens_no_new_talos_connection() {
     use age::secrecy::ExposeSecret;
-    use talboot::store::{Lease, LeaseState, NodePhase, NodeRecord, Store};
+    use talboot::store::{Lease, LeaseState, NodePhase, NodeRecord};
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -267,12 +267,12 @@ nodes:
     // The node has booted and holds its lease: the provisioner starts probing it at once.
     let state = dir.join("state");
     {
-        let store = talboot::store::open(&state).unwrap();
+        let w = talboot::store::open(&state).unwrap().split().1;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs();
-        store
+        w.leases
             .put_lease(&Lease {
                 mac: mac.parse().unwrap(),
                 ip: node_ip,
@@ -282,7 +282,7 @@ nodes:
                 updated_at_unix: now,
             })
             .unwrap();
-        store
+        w.nodes
             .put_node(&NodeRecord {
                 name: "cp-1".into(),
                 phase: NodePhase::Booting,
@@ -296,7 +296,7 @@ nodes:
             .unwrap();
         // It fetched its Talos boot script from talboot (what the HTTP server records): only
         // machines that network-booted Talos are probed.
-        store
+        w.events
             .append_event(
                 "cp-1",
                 talboot::events::EventKind::Script.as_str(),

@@ -42,10 +42,9 @@ pub(crate) struct AdminApp {
     pub events: EventBus,
     /// Prometheus rendering, when metrics are installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// The running provisioner's commands: with it, the provisioner is the only writer of
-    /// node records and a rebuild is asked of it; without it (no push provisioning) the
-    /// handler applies the core's rules itself.
-    pub commands: Option<crate::provision::CommandSender>,
+    /// Who takes a rebuild: the node records' one writer (the running provisioner, or
+    /// without push provisioning the offline observer, which applies the core's rules).
+    pub commands: crate::provision::Rebuilds,
     /// Rollouts through serve, with its Talos admin credentials (only when serve provisions:
     /// without push provisioning it has none).
     pub rollouts: Option<Arc<dyn rollouts::RolloutHost>>,
@@ -183,55 +182,32 @@ async fn api_rebuild(
             format!("node {name:?} is not in the inventory\n"),
         );
     }
-    if let Some(commands) = &app.commands {
-        // The provisioner persists the request before it answers.
-        match commands.rebuild(&name).await {
-            Ok(()) => {}
-            // Nothing to reset: the node's state says no, not serve's availability.
-            Err(crate::provision::CommandError::NothingToReset(r)) => {
-                return text(StatusCode::CONFLICT, format!("{r}\n"));
+    match &app.commands {
+        crate::provision::Rebuilds::Provisioner(commands) => {
+            // The provisioner persists the request before it answers.
+            match commands.rebuild(&name).await {
+                Ok(()) => {}
+                // Nothing to reset: the node's state says no, not serve's availability.
+                Err(crate::provision::CommandError::NothingToReset(r)) => {
+                    return text(StatusCode::CONFLICT, format!("{r}\n"));
+                }
+                Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
             }
-            Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         }
-    } else {
-        let (store, inv, node, now, view) = (
-            app.store.clone(),
-            app.inventory.clone(),
-            name.clone(),
-            now(&app),
-            app.view.clone(),
-        );
-        let done = tokio::task::spawn_blocking(move || {
-            let rec = store
-                .node(&node)
-                .map_err(|e| e.to_string())?
-                .unwrap_or_else(|| crate::store::NodeRecord::unseen(&node, now));
-            if let Err(r) = crate::provision::core::check_rebuild(&rec) {
-                return Ok(Some(r));
+        crate::provision::Rebuilds::Offline(offline) => {
+            match offline.rebuild(name.clone(), now(&app)).await {
+                Ok(None) => {}
+                Ok(Some(refused)) => {
+                    return text(StatusCode::CONFLICT, format!("{refused}\n"));
+                }
+                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
             }
-            crate::provision::observe_offline(
-                store.as_ref(),
-                &inv,
-                &node,
-                vec![crate::provision::core::Observation::RebuildRequested],
-                now,
-                Some(&view),
-            )
-            .map(|()| None)
-            .map_err(|e| e.to_string())
-        })
-        .await;
-        match done {
-            Ok(Ok(None)) => {}
-            Ok(Ok(Some(refused))) => return text(StatusCode::CONFLICT, format!("{refused}\n")),
-            Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-            Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+            app.events.publish(
+                &name,
+                EventKind::Phase,
+                "rebuilding: rebuild requested by the operator",
+            );
         }
-        app.events.publish(
-            &name,
-            EventKind::Phase,
-            "rebuilding: rebuild requested by the operator",
-        );
     }
     text(
         StatusCode::ACCEPTED,

@@ -16,9 +16,10 @@ use super::power::PowerDesk;
 async fn power_commands_reach_the_driver_and_leave_an_event() {
     crate::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn crate::store::Store> =
-        Arc::new(crate::store::open(&dir.path().join("state")).unwrap());
-    let (bus, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let (_store, w) = crate::store::open(&dir.path().join("state"))
+        .unwrap()
+        .split();
+    let (bus, _writer) = EventBus::start(w.events, Arc::new(SystemClock));
     let mut events = bus.subscribe();
     // A BMC address where nothing listens: the driver is reached and its error comes back.
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

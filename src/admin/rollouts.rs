@@ -171,18 +171,25 @@ mod tests {
         )
         .unwrap()
         .inventory;
-        let store: Arc<dyn crate::store::Store> =
-            Arc::new(crate::store::open(&dir.join("state")).unwrap());
+        let (store, w) = crate::store::open(&dir.join("state")).unwrap().split();
+        let store: Arc<dyn crate::store::Store> = store;
         let (events, _writer) =
-            crate::events::EventBus::start(store.clone(), Arc::new(crate::events::SystemClock));
+            crate::events::EventBus::start(w.events, Arc::new(crate::events::SystemClock));
         let inventory = Arc::new(inv);
+        let view = Arc::new(crate::view::StateView::new());
+        let offline = Arc::new(crate::provision::OfflineObserver {
+            inventory: inventory.clone(),
+            store: store.clone(),
+            nodes: Arc::new(w.nodes),
+            view: view.clone(),
+        });
         Arc::new(AdminApp {
             inventory: inventory.clone(),
             store,
-            view: Arc::new(crate::view::StateView::new()),
+            view,
             events,
             metrics: None,
-            commands: None,
+            commands: crate::provision::Rebuilds::Offline(offline),
             rollouts: Some(Arc::new(StandIn {
                 inventory,
                 rollouts: Rollouts::default(),

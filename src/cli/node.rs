@@ -87,8 +87,10 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_INVALID);
     }
-    let store: Arc<dyn Store> = match store::open(&args.store.state_dir) {
-        Ok(s) => Arc::new(s),
+    // This command owns the store while it runs: the node, progress and timeline writers
+    // go to its provisioner and bus.
+    let (store, writers) = match store::open(&args.store.state_dir) {
+        Ok(s) => s.split(),
         Err(store::StoreError::Locked { .. }) => return rebuild_through_serve(args),
         Err(e) => {
             eprintln!("talboot: {e}");
@@ -139,10 +141,14 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     let power_fallback =
         super::power::rebuild_needs_power(&inventory_for_power, &name, crate::talos::APID_PORT);
     rt.block_on(async move {
-        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (bus, writer) = EventBus::start(writers.events, Arc::new(SystemClock));
         let prov = Provisioner::new(
             Arc::new(inventory),
             store,
+            crate::provision::ProvisionWriters {
+                nodes: writers.nodes,
+                progress: writers.progress,
+            },
             bus,
             Arc::new(NoRender),
             creds,

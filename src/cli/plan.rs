@@ -202,8 +202,9 @@ pub fn run_apply(args: &ApplyArgs) -> ExitCode {
         gate_poll: Duration::from_secs(2),
         control_planes: Vec::new(),
     };
+    // This command owns the store while it runs: the rollout records' writer is its.
     let store = match crate::store::open(&args.store.state_dir) {
-        Ok(s) => s,
+        Ok(s) => s.split().1.rollouts,
         Err(crate::store::StoreError::Locked { .. }) => {
             return apply_through_serve(args.store.admin, &targets, &opts);
         }

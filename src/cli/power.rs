@@ -217,10 +217,17 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
-/// Whether serve holds the store (then commands go through its admin API).
-fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<store::RedbStore>, ExitCode> {
+/// The store and the timelines' writer, which a standalone command owns while it runs.
+type Local = (std::sync::Arc<dyn Store>, store::EventWriter);
+
+/// Whether serve holds the store (then commands go through its admin API); if not, the
+/// store and the timelines' writer.
+fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<Local>, ExitCode> {
     match store::open(state_dir) {
-        Ok(s) => Ok(Some(s)),
+        Ok(s) => {
+            let (store, writers) = s.split();
+            Ok(Some((store, writers.events)))
+        }
         Err(store::StoreError::Locked { .. }) => Ok(None),
         Err(e) => {
             eprintln!("talboot: {e}");
@@ -314,14 +321,14 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
     };
     let result = match local {
         None => rt.block_on(through_serve(common.store.admin, name, req)),
-        Some(store) => {
+        Some((_, events)) => {
             let driver = match driver_of(&inv, name, common) {
                 Ok(d) => d,
                 Err(c) => return c,
             };
             let r = rt.block_on(driver.run(req));
             if let Ok(reply) = &r {
-                let _ = store.append_event(
+                let _ = events.append_event(
                     name,
                     crate::events::EventKind::Power.as_str(),
                     &reply.to_string(),
@@ -391,7 +398,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
         Err(c) => return c,
     };
     let phases: BTreeMap<String, NodePhase> = match &local {
-        Some(store) => match store.nodes() {
+        Some((store, _)) => match store.nodes() {
             Ok(recs) => recs
                 .into_iter()
                 .map(|r| (r.name.clone(), r.phase))
@@ -450,10 +457,10 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
         let can_boot = !matches!(config, crate::inventory::PowerConfig::Wol(_));
         for step in crate::power::round::rack_up_steps(can_boot) {
             let r = match (&local, driver) {
-                (Some(store), Some(driver)) => {
+                (Some((_, events)), Some(driver)) => {
                     let r = rt.block_on(driver.run(step));
                     if let Ok(reply) = &r {
-                        let _ = store.append_event(
+                        let _ = events.append_event(
                             name,
                             crate::events::EventKind::Power.as_str(),
                             &reply.to_string(),

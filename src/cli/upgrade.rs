@@ -14,7 +14,7 @@ use crate::daytwo::remote::RemoteOutcome;
 use crate::daytwo::upgrade::{Outcome, TalosOps, TalosUpgrade};
 use crate::daytwo::upgrade_run::{K8sUpgradeSettings, ensure_boot_sets, talos_request, upgrade};
 use crate::inventory::{self, Inventory, Version};
-use crate::store::{self, Store};
+use crate::store;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 
@@ -122,8 +122,9 @@ pub fn run(args: &Args) -> ExitCode {
     if args.worker_concurrency == 0 {
         return fail(EXIT_USAGE, "--worker-concurrency must be at least 1");
     }
-    let store: Option<Arc<dyn Store>> = match store::open(&args.store.state_dir) {
-        Ok(s) => Some(Arc::new(s)),
+    // This command owns the store while it runs: the rollout records' writer is its.
+    let store: Option<store::RolloutWriter> = match store::open(&args.store.state_dir) {
+        Ok(s) => Some(s.split().1.rollouts),
         // serve holds the store: the upgrade goes through its admin API.
         Err(store::StoreError::Locked { .. }) => None,
         Err(e) => return fail(EXIT_USAGE, e),
@@ -156,7 +157,7 @@ pub fn run(args: &Args) -> ExitCode {
     match rt.block_on(upgrade(
         &plan,
         Arc::new(ops),
-        store.as_ref(),
+        &store,
         args.worker_concurrency,
         &|line| println!("{line}"),
     )) {
@@ -292,8 +293,8 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let store: Arc<dyn Store> = match store::open(&args.store.state_dir) {
-        Ok(s) => Arc::new(s),
+    let store = match store::open(&args.store.state_dir) {
+        Ok(s) => s.split().1.rollouts,
         // serve holds the store: the upgrade goes through its admin API.
         Err(store::StoreError::Locked { .. }) => return kubernetes_through_serve(args, &to),
         Err(e) => return fail(EXIT_USAGE, e),
@@ -307,14 +308,9 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         println!("resuming {} from the store", upgrade_k8s::rollout_key(&to));
     }
     let outcome = rt
-        .block_on(upgrade_k8s::upgrade(
-            inv,
-            &to,
-            creds,
-            store.as_ref(),
-            &opts,
-            |p| println!("{}", upgrade_k8s::progress_line(&plan, p)),
-        ))
+        .block_on(upgrade_k8s::upgrade(inv, &to, creds, &store, &opts, |p| {
+            println!("{}", upgrade_k8s::progress_line(&plan, p))
+        }))
         .map_err(|e| e.to_string());
     match outcome {
         Ok(Outcome::Finished) => k8s_finished(args, &to),

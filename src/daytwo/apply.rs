@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::store::Store;
+use crate::store::RolloutWriter;
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{TalosClient, TalosError};
 
@@ -97,7 +97,7 @@ pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
 /// (for `staged`, whose config for the next boot differs) is changed by a new rollout, so
 /// a change made behind talboot's back after a finished apply is repaired by the next one.
 pub async fn apply(
-    store: &dyn Store,
+    store: &RolloutWriter,
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
@@ -216,7 +216,7 @@ async fn staged_already(conn: &Connector, t: &NodeTarget) -> Result<bool, ApplyE
 /// Drives one rollout to its end, persisting its record under `key` before every action.
 /// Returns how it ended and the nodes it changed.
 async fn run(
-    store: &dyn Store,
+    store: &RolloutWriter,
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,

@@ -263,6 +263,8 @@ impl Rollouts {
 pub struct RolloutCtx {
     pub inventory: Arc<Inventory>,
     pub store: Arc<dyn Store>,
+    /// The rollout records' one writer: rollouts run through serve are day two's.
+    pub rollouts: Arc<crate::store::RolloutWriter>,
     pub creds: ClientCreds,
     pub apid_port: u16,
     /// Where an apply through serve publishes what the nodes now run, so serve's drift
@@ -486,7 +488,7 @@ impl Job for ApplyJob {
         say: &(dyn Fn(String) + Send + Sync),
     ) -> RemoteOutcome {
         let conn = connector(&ctx.creds, &self.targets);
-        let out = super::apply::apply(ctx.store.as_ref(), &conn, &self.targets, &self.opts, |p| {
+        let out = super::apply::apply(&ctx.rollouts, &conn, &self.targets, &self.opts, |p| {
             say(super::apply::progress_line(p))
         })
         .await;
@@ -578,7 +580,7 @@ impl Job for UpgradeTalosJob {
         let upgrade = super::upgrade_run::upgrade(
             &self.plan,
             Arc::new(ops),
-            ctx.store.as_ref(),
+            &ctx.rollouts,
             self.worker_concurrency,
             say,
         );
@@ -652,7 +654,7 @@ impl Job for UpgradeK8sJob {
         ops.no_prune = self.no_prune;
         ops.manifest_wait = self.manifest_wait;
         let plan = &self.plan;
-        let out = super::upgrade_k8s::run(plan, Arc::new(ops), ctx.store.as_ref(), |p| {
+        let out = super::upgrade_k8s::run(plan, Arc::new(ops), &ctx.rollouts, |p| {
             say(progress_line(plan, p))
         })
         .await;

@@ -510,7 +510,7 @@ pub(crate) mod tests {
     use crate::sim::talos::{
         FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, TALOS_TAG, UpgradeFailure, max_down,
     };
-    use crate::store::Store;
+    use crate::store::RolloutWriter;
 
     const NODES: [&str; 5] = [
         "rack1-cp-01",
@@ -632,13 +632,13 @@ pub(crate) mod tests {
         Arc::new(ops)
     }
 
-    async fn run(rack: &Rack, store: &dyn Store, concurrency: usize) -> Outcome {
+    async fn run(rack: &Rack, store: &RolloutWriter, concurrency: usize) -> Outcome {
         run_with(rack, store, concurrency, ops(rack)).await
     }
 
     async fn run_with(
         rack: &Rack,
-        store: &dyn Store,
+        store: &RolloutWriter,
         concurrency: usize,
         ops: Arc<dyn NodeOps>,
     ) -> Outcome {
@@ -680,7 +680,7 @@ pub(crate) mod tests {
     async fn a_rolling_upgrade_never_has_two_control_planes_down() {
         let rack = rack_up(1).await;
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
+        let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
         let since = Instant::now();
         let lines = Arc::new(Mutex::new(Vec::<String>::new()));
         let output: InstallerOutput = {
@@ -751,7 +751,7 @@ pub(crate) mod tests {
         rack.node("rack1-cp-02")
             .fail_upgrades(Some(UpgradeFailure::Installer));
         {
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             match run(&rack, &store, 2).await {
                 Outcome::Stopped { node, reason } => {
                     assert_eq!(node.as_deref(), Some("rack1-cp-02"));
@@ -779,7 +779,7 @@ pub(crate) mod tests {
 
         // The operator fixes the node; talboot starts again from the store.
         rack.node("rack1-cp-02").fail_upgrades(None);
-        let store = crate::store::open(dir.path()).unwrap();
+        let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
         assert_eq!(run(&rack, &store, 2).await, Outcome::Finished);
         assert_eq!(
             rack.node("rack1-cp-01").upgrade_calls(),
@@ -799,7 +799,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         rack.node("rack1-cp-01")
             .fail_upgrades(Some(UpgradeFailure::BootRollback));
-        let store = crate::store::open(dir.path()).unwrap();
+        let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
         match run(&rack, &store, 1).await {
             Outcome::Stopped { node, reason } => {
                 assert_eq!(node.as_deref(), Some("rack1-cp-01"));

@@ -36,7 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Store;
+use crate::store::RolloutWriter;
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{ClientCreds, TalosClient, TalosError};
 
@@ -880,7 +880,7 @@ pub async fn upgrade(
     inv: &Inventory,
     to: &Version,
     creds: ClientCreds,
-    store: &dyn Store,
+    store: &RolloutWriter,
     opts: &K8sOptions,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
@@ -922,7 +922,7 @@ pub async fn manifests_dry_run(
 pub async fn run(
     plan: &K8sUpgrade,
     ops: Arc<dyn NodeOps>,
-    store: &dyn Store,
+    store: &RolloutWriter,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
     let key = rollout_key(&plan.to);
@@ -1260,7 +1260,7 @@ mod tests {
             rack_up_to(third, "1.36.4").await
         }
 
-        async fn run_once(rack: &Rack, store: &dyn Store) -> Outcome {
+        async fn run_once(rack: &Rack, store: &RolloutWriter) -> Outcome {
             run_pruning(rack, store, false).await
         }
 
@@ -1273,7 +1273,7 @@ mod tests {
             ops
         }
 
-        async fn run_pruning(rack: &Rack, store: &dyn Store, no_prune: bool) -> Outcome {
+        async fn run_pruning(rack: &Rack, store: &RolloutWriter, no_prune: bool) -> Outcome {
             let mut ops = ops(rack, no_prune).await;
             ops.pod_wait = Duration::from_secs(3);
             ops.node_wait = Duration::from_secs(3);
@@ -1283,7 +1283,7 @@ mod tests {
                 .unwrap()
         }
 
-        fn record(store: &dyn Store, rack: &Rack) -> RolloutRecord {
+        fn record(store: &RolloutWriter, rack: &Rack) -> RolloutRecord {
             serde_json::from_slice(
                 &store
                     .rollout(&rollout_key(&rack.upgrade.to))
@@ -1297,7 +1297,7 @@ mod tests {
         async fn every_step_applies_in_talosctls_order_without_a_reboot() {
             let rack = rack_up(1).await;
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             // The simulated kubelets post their version once they have seen the config.
             for _ in 0..1000 {
                 if rack.kubelet_version("rack1-wk-01") == "v1.36.3" {
@@ -1391,7 +1391,7 @@ mod tests {
             rack.kubelets
                 .never_ready("rack1-cp-02", "kube-controller-manager");
             {
-                let store = crate::store::open(dir.path()).unwrap();
+                let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
                 match run_once(&rack, &store).await {
                     Outcome::Stopped { node, reason } => {
                         assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-02"));
@@ -1425,7 +1425,7 @@ mod tests {
             rack.kubelets.heal();
             rack.node("rack1-cp-03").refuse_next_apply("disk full");
             {
-                let store = crate::store::open(dir.path()).unwrap();
+                let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
                 match run_once(&rack, &store).await {
                     Outcome::Stopped { node, reason } => {
                         assert_eq!(node.as_deref(), Some("kube-controller-manager/rack1-cp-03"));
@@ -1438,7 +1438,7 @@ mod tests {
             assert_eq!(rack.applies("rack1-cp-02"), 2);
 
             // Fixed; a new process resumes from the store and finishes.
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             assert_eq!(rack.applies("rack1-cp-01"), 5, "no step applied twice");
             assert_eq!(rack.applies("rack1-cp-02"), 5, "no step applied twice");
@@ -1454,7 +1454,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             rack.kubelets
                 .never_ready("rack1-wk-01", crate::sim::kubelet::KUBELET);
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             match run_once(&rack, &store).await {
                 Outcome::Stopped { node, reason } => {
                     assert_eq!(node.as_deref(), Some("kubelet/rack1-wk-01"));
@@ -1474,7 +1474,7 @@ mod tests {
         async fn a_kubernetes_the_nodes_talos_does_not_run_is_refused() {
             let rack = rack_up_to(41, "1.37.0").await;
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             match run_once(&rack, &store).await {
                 Outcome::Stopped { node: None, reason } => assert!(
                     reason.contains(
@@ -1495,7 +1495,7 @@ mod tests {
             let rack = rack_up(31).await;
             rack.kube.set_node_ready("rack1-wk-04", false);
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             match run_once(&rack, &store).await {
                 Outcome::Stopped { node: None, reason } => {
                     assert!(reason.contains("Node rack1-wk-04 is not Ready"), "{reason}")
@@ -1567,7 +1567,7 @@ mod tests {
             let rack = rack_up(51).await;
             enable_kube_proxy(&rack);
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             let ds = rack
                 .kube
@@ -1618,7 +1618,7 @@ mod tests {
         async fn a_manifest_gone_from_the_set_is_pruned_unless_no_prune() {
             let rack = rack_up(61).await;
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             let dns = || {
                 rack.kube
@@ -1642,12 +1642,12 @@ mod tests {
             );
             // --no-prune (a fresh upgrade record: every image step is already done).
             let dir2 = tempfile::tempdir().unwrap();
-            let store2 = crate::store::open(dir2.path()).unwrap();
+            let store2 = crate::store::open(dir2.path()).unwrap().split().1.rollouts;
             assert_eq!(run_pruning(&rack, &store2, true).await, Outcome::Finished);
             assert!(dns(), "kept with --no-prune");
             assert!(inventory(&rack).contains(&"kube-system_coredns_apps_Deployment".to_owned()));
             let dir3 = tempfile::tempdir().unwrap();
-            let store3 = crate::store::open(dir3.path()).unwrap();
+            let store3 = crate::store::open(dir3.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store3).await, Outcome::Finished);
             assert!(!dns(), "pruned");
             assert!(
@@ -1696,7 +1696,7 @@ mod tests {
             assert_eq!(talos_applies(&rack), 0);
             // After a sync with the old kube-proxy image, a patched one shows as configured.
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             let cp = rack.node("rack1-cp-01");
             cp.set_running_config(
@@ -1726,7 +1726,7 @@ mod tests {
             use base64::Engine as _;
             let rack = rack_up(101).await;
             let dir = tempfile::tempdir().unwrap();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             let inv = inventory(&rack);
             let key = inv
@@ -1766,7 +1766,7 @@ mod tests {
             );
             let dir = tempfile::tempdir().unwrap();
             {
-                let store = crate::store::open(dir.path()).unwrap();
+                let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
                 match run_once(&rack, &store).await {
                     Outcome::Stopped { node, reason } => {
                         assert_eq!(node.as_deref(), Some("manifests"));
@@ -1790,7 +1790,7 @@ mod tests {
             rack.kube
                 .refuse_applies("Deployment", "kube-system", "coredns", None);
             let applies: Vec<usize> = NODES.iter().map(|n| rack.applies(n)).collect();
-            let store = crate::store::open(dir.path()).unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
             assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
             assert!(
                 rack.kube

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
 use crate::inventory::{Inventory, Version};
-use crate::store::Store;
+use crate::store::RolloutWriter;
 
 use super::remote::{K8sUpgradeRequest, RolloutKind, RolloutRequest, TalosUpgradeRequest};
 use super::rollout::{Event, Gate, RolloutRecord};
@@ -23,7 +23,7 @@ use super::upgrade_k8s::K8sOptions;
 pub(crate) async fn upgrade(
     plan: &TalosUpgrade,
     ops: Arc<dyn NodeOps>,
-    store: &dyn Store,
+    store: &RolloutWriter,
     worker_concurrency: usize,
     say: &(dyn Fn(String) + Send + Sync),
 ) -> Result<Outcome, String> {

@@ -58,7 +58,7 @@ use super::{
 use crate::events::{EventBus, EventKind, NodeEvent, unknown_node_key};
 use crate::inventory::{Mac, NetworkMode};
 use crate::store::LeaseChange;
-use crate::store::{LeaseCommit, Store, StoreError};
+use crate::store::{LeaseCommit, LeaseWriter, MetaWriter, Store, StoreError};
 
 /// Standard DHCP server port.
 pub(crate) const DHCP_PORT: u16 = 67;
@@ -264,12 +264,14 @@ impl DhcpServer {
 
     /// Serve until `cancel` fires. The lease book is restored from `store` first (records the
     /// current inventory no longer allows are deleted from the store), then every datagram is
-    /// handled by a [`DhcpCore`] over `ctx`.
+    /// handled by a [`DhcpCore`] over `ctx`; its changes are written with `writers`, which
+    /// the server's tasks share (and which the caller may hold too, to act as the server).
     pub async fn run(
         self,
         ctx: DecideCtx,
         flood: FloodConfig,
         store: Arc<dyn Store>,
+        writers: Arc<DhcpWriters>,
         events: EventBus,
         cancel: CancellationToken,
     ) -> Result<(), ServerError> {
@@ -289,6 +291,7 @@ impl DhcpServer {
                 "dropping persisted leases the inventory no longer allows"
             );
             let store = store.clone();
+            let writers = writers.clone();
             let view = self.view.clone();
             let publish = view.as_ref().map(|v| v.begin_lease_writes(removals.iter()));
             match tokio::task::spawn_blocking(move || {
@@ -296,7 +299,7 @@ impl DhcpServer {
                     writes: removals,
                     events: Vec::new(),
                 };
-                let r = store.commit_leases(&[group], true);
+                let r = writers.leases.commit_leases(&[group], true);
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
                 }
@@ -330,6 +333,7 @@ impl DhcpServer {
         let committer = tokio::spawn(commit_loop(
             job_rx,
             store,
+            writers,
             replier.clone(),
             not_durable_tx,
             backlog.clone(),
@@ -518,6 +522,15 @@ struct Adapter {
 
 /// How many answered proxy exchanges are remembered (a rack boots a few hundred machines).
 const PROXIED_REMEMBERED: usize = 4096;
+
+/// The store tables the DHCP server is the one writer of.
+#[derive(Debug)]
+pub struct DhcpWriters {
+    /// Leases (and the events announcing them, in the same commit).
+    pub leases: LeaseWriter,
+    /// ProxyDHCP bindings.
+    pub bindings: MetaWriter,
+}
 
 /// One decision's store rows and what to do once they are committed.
 struct Job {
@@ -741,6 +754,7 @@ fn write_ip(w: &LeaseChange) -> Ipv4Addr {
 async fn commit_loop(
     mut rx: mpsc::Receiver<Job>,
     store: Arc<dyn Store>,
+    writers: Arc<DhcpWriters>,
     replier: Arc<Replier>,
     not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
     backlog: Arc<Backlog>,
@@ -750,7 +764,7 @@ async fn commit_loop(
     let (released_tx, released_rx) = mpsc::unbounded_channel::<Released>();
     let sender = tokio::spawn(send_loop(
         released_rx,
-        store.clone(),
+        writers.clone(),
         replier.clone(),
         Pace::default(),
         backlog.clone(),
@@ -804,7 +818,7 @@ async fn commit_loop(
         {
             Ok(())
         } else {
-            let store = store.clone();
+            let (store, writers) = (store.clone(), writers.clone());
             // The view retracts what the commit touches now and publishes the result after.
             let view = replier.view.clone();
             let publish = view.as_ref().map(|v| v.begin_leases(&groups));
@@ -812,7 +826,7 @@ async fn commit_loop(
             let queued = Instant::now();
             let done = tokio::task::spawn_blocking(move || {
                 let started = Instant::now();
-                let r = store.commit_leases(&groups, durable);
+                let r = writers.leases.commit_leases(&groups, durable);
                 let committed = Instant::now();
                 if let (Some(v), Some(p)) = (view, publish) {
                     p.refresh(&v, store.as_ref());
@@ -891,7 +905,7 @@ struct Released {
 /// back and overflow the receiver's socket buffer.
 async fn send_loop(
     mut rx: mpsc::UnboundedReceiver<Released>,
-    store: Arc<dyn Store>,
+    writers: Arc<DhcpWriters>,
     replier: Arc<Replier>,
     pace: Pace,
     backlog: Arc<Backlog>,
@@ -932,7 +946,7 @@ async fn send_loop(
                         tokio::time::sleep_until((start + at).into()).await;
                     }
                     if let Some((mac, ip)) = bind {
-                        record_binding(&store, replier.view.as_deref(), mac, ip).await;
+                        record_binding(&writers, replier.view.as_deref(), mac, ip).await;
                     }
                     replier.send(&sock, &bytes, to, source).await;
                     let delay = received.elapsed();
@@ -941,7 +955,7 @@ async fn send_loop(
                     counter!("dhcp_replies_total", "type" => msg_type_label(kind)).increment(1);
                 }
                 After::Bind { mac, ip } => {
-                    record_binding(&store, replier.view.as_deref(), mac, ip).await
+                    record_binding(&writers, replier.view.as_deref(), mac, ip).await
                 }
                 After::Nothing => {}
             }
@@ -1046,14 +1060,19 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 /// Persist the ProxyDHCP binding of `mac` to `ip`.
-async fn record_binding(store: &Arc<dyn Store>, view: Option<&StateView>, mac: Mac, ip: Ipv4Addr) {
-    let store = store.clone();
+async fn record_binding(
+    writers: &Arc<DhcpWriters>,
+    view: Option<&StateView>,
+    mac: Mac,
+    ip: Ipv4Addr,
+) {
+    let writers = writers.clone();
     let now = unix(SystemTime::now());
     if let Some(v) = view {
         v.retract_proxy(mac);
     }
     let done = tokio::task::spawn_blocking(move || {
-        crate::entitlement::record_proxy_binding(store.as_ref(), mac, ip, now)
+        crate::entitlement::record_proxy_binding(&writers.bindings, mac, ip, now)
     })
     .await;
     match done {

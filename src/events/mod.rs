@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::inventory::{Inventory, Mac};
-use crate::store::{NewEvent, Store};
+use crate::store::{EventWriter, NewEvent};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -192,11 +192,9 @@ pub struct EventBus {
 
 impl EventBus {
     /// Start the bus and its writer task on the current tokio runtime. The writer ends when
-    /// every clone of the bus is dropped, after writing what was queued.
-    pub fn start(
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
+    /// every clone of the bus is dropped, after writing what was queued. The writer task is
+    /// the timelines' one writer: it owns `store`.
+    pub fn start(store: EventWriter, clock: Arc<dyn Clock>) -> (Self, tokio::task::JoinHandle<()>) {
         let (queue, mut rx) = mpsc::unbounded_channel::<NodeEvent>();
         let (live, _) = broadcast::channel(4096);
         let live_tx = live.clone();
@@ -266,12 +264,13 @@ impl EventBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn events_are_persisted_in_order_then_broadcast() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(crate::store::open(dir.path()).unwrap());
-        let (bus, writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+        let (store, w) = crate::store::open(dir.path()).unwrap().split();
+        let (bus, writer) = EventBus::start(w.events, Arc::new(SystemClock));
         let mut rx = bus.subscribe();
         bus.publish("cp-1", EventKind::DhcpOffer, "offered 10.0.0.11");
         bus.publish("cp-1", EventKind::DhcpAck, "acked 10.0.0.11");
@@ -298,7 +297,7 @@ mod tests {
     fn peer_key_lease_first_then_last_seen_then_ip() {
         use crate::store::{Lease, LeaseState, NodePhase, NodeRecord};
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
+        let (store, w) = crate::store::open(dir.path()).unwrap().split();
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml");
         let inv = crate::inventory::load_with_env(&path, &std::collections::BTreeMap::new())
             .unwrap()
@@ -314,8 +313,8 @@ mod tests {
             expires_at_unix: 2_000,
             updated_at_unix: 1_000,
         };
-        store.put_lease(&lease(known_mac, "10.9.0.1")).unwrap();
-        store.put_lease(&lease(stranger, "10.9.0.2")).unwrap();
+        w.leases.put_lease(&lease(known_mac, "10.9.0.1")).unwrap();
+        w.leases.put_lease(&lease(stranger, "10.9.0.2")).unwrap();
         // The stranger's lease outranks the inventory node last seen at its address.
         let rec = NodeRecord {
             name: inv.nodes[1].name.value.clone(),
@@ -327,8 +326,8 @@ mod tests {
             provisioning_window_open: false,
             updated_at_unix: 0,
         };
-        store.put_node(&rec).unwrap();
-        store
+        w.nodes.put_node(&rec).unwrap();
+        w.nodes
             .put_node(&NodeRecord {
                 name: inv.nodes[2].name.value.clone(),
                 last_seen_addr: Some("10.9.0.3".parse().unwrap()),
@@ -336,7 +335,7 @@ mod tests {
             })
             .unwrap();
 
-        let view = crate::view::StateView::load(&store, &inv).unwrap();
+        let view = crate::view::StateView::load(&*store, &inv).unwrap();
         let key = |ip: &str| node_key_by_peer(&view, &inv, ip.parse().unwrap());
         assert_eq!(key("10.9.0.1"), known.name.value);
         assert_eq!(key("::ffff:10.9.0.1"), known.name.value);

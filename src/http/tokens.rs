@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::inventory::Mac;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, TokenWriter};
 
 /// How long an issued token stays valid. Talos retries a failing config fetch for three hours,
 /// but a token is issued per boot, so a short lifetime is enough.
@@ -196,12 +196,18 @@ trait Table: Send + Sync + 'static {
     fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError>;
 }
 
-impl Table for Arc<dyn Store> {
+/// The store's token table: read through the store, written by its one writer.
+struct StoreTable {
+    store: Arc<dyn Store>,
+    writer: TokenWriter,
+}
+
+impl Table for StoreTable {
     fn row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Store::row(self.as_ref(), TOKENS, key)
+        Store::row(self.store.as_ref(), TOKENS, key)
     }
     fn commit(&self, entries: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
-        self.put_rows(TOKENS, entries)
+        self.writer.put_rows(entries)
     }
 }
 
@@ -235,9 +241,13 @@ fn decide_redeem(
 }
 
 impl Tokens {
-    /// Starts the writer on the current runtime's blocking pool.
-    pub fn start(store: Arc<dyn Store>) -> (Self, tokio::task::JoinHandle<()>) {
-        Self::start_on(store)
+    /// Starts the writer on the current runtime's blocking pool; it owns `writer`, the token
+    /// table's one writer.
+    pub fn start(
+        store: Arc<dyn Store>,
+        writer: TokenWriter,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        Self::start_on(StoreTable { store, writer })
     }
 
     fn start_on(table: impl Table) -> (Self, tokio::task::JoinHandle<()>) {
@@ -432,10 +442,10 @@ mod tests {
     /// found, and redeemed exactly once.
     #[tokio::test]
     async fn a_token_left_in_cluster_meta_is_still_redeemed_once() {
-        let (_dir, store) = store();
+        let (_dir, store, w) = store();
         let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
-        store.put_meta(&TOKENS.legacy_key(&key), &value).unwrap();
-        let (tokens, _writer) = Tokens::start(store.clone());
+        w.meta.put_meta(&TOKENS.legacy_key(&key), &value).unwrap();
+        let (tokens, _writer) = Tokens::start(store.clone(), w.tokens);
         assert_eq!(tokens.get(&token).await.unwrap().unwrap().node, "cp-1");
         let ip = "10.0.0.11".parse().unwrap();
         assert!(matches!(
@@ -448,10 +458,10 @@ mod tests {
         ));
     }
 
-    fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    fn store() -> (tempfile::TempDir, Arc<dyn Store>, crate::store::Writers) {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(crate::store::open(dir.path()).unwrap());
-        (dir, store)
+        let (store, writers) = crate::store::open(dir.path()).unwrap().split();
+        (dir, store, writers)
     }
 
     fn mac() -> Mac {
@@ -460,8 +470,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_store_never_holds_a_token() {
-        let (_dir, store) = store();
-        let (issuer, _writer) = Tokens::start(store.clone());
+        let (_dir, store, w) = store();
+        let (issuer, _writer) = Tokens::start(store.clone(), w.tokens);
         let t = issuer
             .issue("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000)
             .await
@@ -473,8 +483,8 @@ mod tests {
 
     #[tokio::test]
     async fn tokens_redeem_once() {
-        let (_dir, store) = store();
-        let (ts, _writer) = Tokens::start(store.clone());
+        let (_dir, store, w) = store();
+        let (ts, _writer) = Tokens::start(store.clone(), w.tokens);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let t = ts.issue("cp-1", mac(), ip, 1000).await.unwrap();
         assert!(well_formed(&t));
@@ -506,6 +516,7 @@ mod tests {
     /// the test lets it go (so that requests pile up behind it, as under load).
     struct Observed {
         store: Arc<dyn Store>,
+        writer: TokenWriter,
         groups: Arc<std::sync::Mutex<Vec<usize>>>,
         entered: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
         release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
@@ -532,7 +543,7 @@ mod tests {
                     cause: "disk on fire".into(),
                 });
             }
-            self.store.put_rows(TOKENS, entries)
+            self.writer.put_rows(entries)
         }
     }
 
@@ -541,6 +552,7 @@ mod tests {
     #[allow(clippy::type_complexity)]
     fn observed(
         store: Arc<dyn Store>,
+        writer: TokenWriter,
         fail: bool,
     ) -> (
         Tokens,
@@ -555,6 +567,7 @@ mod tests {
         let writer_thread = Arc::new(std::sync::Mutex::new(None));
         let (issuer, _writer) = Tokens::start_on(Observed {
             store,
+            writer,
             groups: groups.clone(),
             entered: std::sync::Mutex::new(Some(entered_tx)),
             release: std::sync::Mutex::new(Some(release_rx)),
@@ -566,8 +579,8 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_requests_share_one_commit_and_get_durable_tokens() {
-        let (_dir, store) = store();
-        let (issuer, groups, entered, release, _) = observed(store.clone(), false);
+        let (_dir, store, w) = store();
+        let (issuer, groups, entered, release, _) = observed(store.clone(), w.tokens, false);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
@@ -600,8 +613,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_commit_hands_out_no_token() {
-        let (_dir, store) = store();
-        let (issuer, groups, entered, release, _) = observed(store.clone(), true);
+        let (_dir, store, w) = store();
+        let (issuer, groups, entered, release, _) = observed(store.clone(), w.tokens, true);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let first = tokio::spawn(issuer.issue("cp-1", mac(), ip, 1000));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
@@ -622,9 +635,9 @@ mod tests {
 
     /// A token written straight to the store (so the observer's first held commit is the
     /// redemption's).
-    fn stored_token(store: &Arc<dyn Store>) -> String {
+    fn stored_token(writer: &TokenWriter) -> String {
         let (token, key, value) = mint("cp-1", mac(), "10.0.0.11".parse().unwrap(), 1000);
-        store.put_rows(TOKENS, &[(key, value)]).unwrap();
+        writer.put_rows(&[(key, value)]).unwrap();
         token
     }
 
@@ -633,9 +646,10 @@ mod tests {
     /// with a synchronous compare-and-set), and the grant must wait for its commit.
     #[tokio::test(flavor = "current_thread")]
     async fn a_redemption_is_granted_only_once_durable_and_never_on_the_runtime_thread() {
-        let (_dir, store) = store();
-        let token = stored_token(&store);
-        let (tokens, groups, entered, release, writer_thread) = observed(store.clone(), false);
+        let (_dir, store, w) = store();
+        let token = stored_token(&w.tokens);
+        let (tokens, groups, entered, release, writer_thread) =
+            observed(store.clone(), w.tokens, false);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let first = tokio::spawn(tokens.redeem(&token, ip, 1001, |_| true));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
@@ -673,9 +687,9 @@ mod tests {
     /// A redemption whose commit fails releases nothing and leaves the token unspent.
     #[tokio::test]
     async fn a_failed_redemption_commit_grants_nothing() {
-        let (_dir, store) = store();
-        let token = stored_token(&store);
-        let (tokens, _groups, entered, release, _) = observed(store.clone(), true);
+        let (_dir, store, w) = store();
+        let token = stored_token(&w.tokens);
+        let (tokens, _groups, entered, release, _) = observed(store.clone(), w.tokens, true);
         let ip: Ipv4Addr = "10.0.0.11".parse().unwrap();
         let pending = tokio::spawn(tokens.redeem(&token, ip, 1001, |_| true));
         tokio::task::spawn_blocking(move || entered.recv().unwrap())

@@ -172,8 +172,9 @@ impl Provisioner {
         let value = chosen.clone().into_bytes();
         let expected = persisted.clone().map(String::into_bytes);
         let outcome = self
-            .db(move |s| {
-                s.compare_and_set_row(PROGRESS, BOOTSTRAP_NODE_KEY, expected.as_deref(), &value)
+            .write(move |w| {
+                w.progress
+                    .compare_and_set_row(BOOTSTRAP_NODE_KEY, expected.as_deref(), &value)
             })
             .await?;
         Ok(match outcome {
@@ -205,16 +206,13 @@ impl Provisioner {
         let forgotten = core::forget_bootstrap(&state, node, self.now());
         let step = serde_json::to_vec(&forgotten.step).expect("step record serialises");
         self.db_then_event(
-            move |s| {
+            move |w| {
                 // One commit: the three marks cannot be separated by a stop.
-                s.put_rows(
-                    PROGRESS,
-                    &[
-                        (BOOTSTRAP_KEY.to_owned(), REBUILT.to_vec()),
-                        (KUBECONFIG_KEY.to_owned(), REBUILT.to_vec()),
-                        (crate::store::STEP_KEY.to_owned(), step),
-                    ],
-                )
+                w.progress.put_rows(&[
+                    (BOOTSTRAP_KEY.to_owned(), REBUILT.to_vec()),
+                    (KUBECONFIG_KEY.to_owned(), REBUILT.to_vec()),
+                    (crate::store::STEP_KEY.to_owned(), step),
+                ])
             },
             node.to_owned(),
             EventKind::Cluster,
@@ -322,8 +320,9 @@ impl Provisioner {
         // After the last etcd member was rebuilt the key says so, and is swapped the same way.
         let rebuilt = self.meta(BOOTSTRAP_KEY).await?.as_deref() == Some(REBUILT);
         let outcome = self
-            .db(move |s| {
-                s.compare_and_set_row(PROGRESS, BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT)
+            .write(move |w| {
+                w.progress
+                    .compare_and_set_row(BOOTSTRAP_KEY, rebuilt.then_some(REBUILT), INTENT)
             })
             .await?;
         if let CasOutcome::Mismatch { current } = &outcome
@@ -427,7 +426,7 @@ impl Provisioner {
 
     async fn mark_bootstrapped(&self, cp: &str) -> Result<ClusterProgress, ProvisionError> {
         self.db_then_event(
-            |s| s.put_row(PROGRESS, BOOTSTRAP_KEY, DONE),
+            |w| w.progress.put_row(BOOTSTRAP_KEY, DONE),
             cp.to_owned(),
             EventKind::Cluster,
             "bootstrap done (recorded)".into(),
@@ -535,8 +534,8 @@ impl Provisioner {
         };
         let path = self.settings().state_dir.join(KUBECONFIG_FILE);
         let target = path.clone();
-        let (store, bus, node) = (
-            self.inner.store.clone(),
+        let (writers, bus, node) = (
+            self.inner.writers.clone(),
             self.inner.bus.clone(),
             cp.to_owned(),
         );
@@ -550,7 +549,7 @@ impl Provisioner {
         // kubeconfig is never fetched again.
         tokio::task::spawn_blocking(move || {
             crate::fsutil::write_atomic(&target, &bytes, 0o600)?;
-            store.put_row(PROGRESS, KUBECONFIG_KEY, DONE)?;
+            writers.progress.put_row(KUBECONFIG_KEY, DONE)?;
             bus.publish(&node, EventKind::Talos, detail);
             Ok::<_, ProvisionError>(())
         })

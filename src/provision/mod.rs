@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventBus, EventKind};
 use crate::inventory::{Inventory, Node};
-use crate::store::{NodePhase, NodeRecord, Store, StoreError};
+use crate::store::{NodePhase, NodeRecord, NodeWriter, ProgressWriter, Store, StoreError};
 use crate::talos::retry::RetryPolicy;
 use crate::talos::{ClientCreds, Deadlines, TalosClient, TalosError};
 use crate::view;
@@ -177,6 +177,7 @@ impl Writer {
 /// are the core's either way. Synchronous; call it off the async threads.
 pub(crate) fn observe_offline(
     store: &dyn Store,
+    nodes: &NodeWriter,
     inventory: &Inventory,
     name: &str,
     observations: Vec<core::Observation>,
@@ -214,7 +215,7 @@ pub(crate) fn observe_offline(
         if let Some(v) = view {
             v.begin_nodes(&writes);
         }
-        let done = store.put_node_states(&writes);
+        let done = nodes.put_node_states(&writes);
         if let Some(v) = view {
             v.end_nodes(&writes, done.is_ok());
         }
@@ -277,8 +278,59 @@ pub struct OfflineObserver {
     pub inventory: Arc<Inventory>,
     /// The state store.
     pub store: Arc<dyn Store>,
+    /// The node records' writer: the observer owns it when no provisioner runs.
+    pub nodes: Arc<NodeWriter>,
     /// The read view the request paths read; every write is published to it.
     pub view: Arc<view::StateView>,
+}
+
+impl OfflineObserver {
+    /// An operator's rebuild of `node` at `now`, when no provisioner runs: the core's rules
+    /// applied here, by the node records' writer. `Ok(Some(_))` is the core's refusal; `Err`
+    /// is a store failure, said in words.
+    pub(crate) async fn rebuild(
+        &self,
+        node: String,
+        now: u64,
+    ) -> Result<Option<core::RebuildRefused>, String> {
+        let (store, nodes, inv, view) = (
+            self.store.clone(),
+            self.nodes.clone(),
+            self.inventory.clone(),
+            self.view.clone(),
+        );
+        let done = tokio::task::spawn_blocking(move || {
+            let rec = store
+                .node(&node)
+                .map_err(|e| e.to_string())?
+                .unwrap_or_else(|| crate::store::NodeRecord::unseen(&node, now));
+            if let Err(r) = crate::provision::core::check_rebuild(&rec) {
+                return Ok(Some(r));
+            }
+            crate::provision::observe_offline(
+                store.as_ref(),
+                &nodes,
+                &inv,
+                &node,
+                vec![crate::provision::core::Observation::RebuildRequested],
+                now,
+                Some(&view),
+            )
+            .map(|()| None)
+            .map_err(|e| e.to_string())
+        })
+        .await;
+        done.map_err(|e| e.to_string())?
+    }
+}
+
+/// Who takes an operator's rebuild: the node records' one writer, which is the running
+/// provisioner (asked through its commands) or, when none runs, the offline observer.
+pub(crate) enum Rebuilds {
+    /// The running provisioner's commands.
+    Provisioner(CommandSender),
+    /// The offline observer (no push provisioning).
+    Offline(Arc<OfflineObserver>),
 }
 
 impl crate::http::BootObserver for OfflineObserver {
@@ -309,14 +361,23 @@ async fn remember_address(observer: &OfflineObserver, seen: crate::http::Seen) {
     {
         return;
     }
-    let (store, inv, name, view) = (
+    let (store, nodes, inv, name, view) = (
         observer.store.clone(),
+        observer.nodes.clone(),
         observer.inventory.clone(),
         node.to_owned(),
         observer.view.clone(),
     );
     let done = tokio::task::spawn_blocking(move || {
-        observe_offline(store.as_ref(), &inv, &name, observations, now, Some(&view))
+        observe_offline(
+            store.as_ref(),
+            &nodes,
+            &inv,
+            &name,
+            observations,
+            now,
+            Some(&view),
+        )
     })
     .await;
     if let Ok(Err(e)) = done {
@@ -505,6 +566,15 @@ pub(crate) fn probe_backoff(poll: Duration, misses: u32, max: Duration) -> Durat
         .min(max.max(poll))
 }
 
+/// The store tables the provisioner is the one writer of while it runs.
+#[derive(Debug)]
+pub struct ProvisionWriters {
+    /// Node records and parts.
+    pub nodes: NodeWriter,
+    /// Cluster progress (bootstrap, kubeconfig, cluster steps).
+    pub progress: ProgressWriter,
+}
+
 /// The provisioner: inventory, store, bus, renderer and admin credentials. Cheap to clone.
 #[derive(Clone)]
 pub struct Provisioner {
@@ -518,6 +588,7 @@ struct Inner {
     commands: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Command>>>,
     inventory: Arc<Inventory>,
     store: Arc<dyn Store>,
+    writers: Arc<ProvisionWriters>,
     bus: EventBus,
     renderer: Arc<dyn ConfigRenderer>,
     creds: ClientCreds,
@@ -527,10 +598,12 @@ struct Inner {
 }
 
 impl Provisioner {
-    /// A provisioner over `store`; nothing happens until a step or [`Provisioner::run`].
+    /// A provisioner over `store`, writing with `writers`; nothing happens until a step or
+    /// [`Provisioner::run`].
     pub fn new(
         inventory: Arc<Inventory>,
         store: Arc<dyn Store>,
+        writers: ProvisionWriters,
         bus: EventBus,
         renderer: Arc<dyn ConfigRenderer>,
         creds: ClientCreds,
@@ -542,6 +615,7 @@ impl Provisioner {
                 commands: Default::default(),
                 inventory,
                 store,
+                writers: Arc::new(writers),
                 bus,
                 renderer,
                 creds,
@@ -595,6 +669,19 @@ impl Provisioner {
             .map_err(ProvisionError::from)
     }
 
+    /// Runs a synchronous store write off the async threads.
+    async fn write<T, F>(&self, f: F) -> Result<T, ProvisionError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&ProvisionWriters) -> Result<T, StoreError> + Send + 'static,
+    {
+        let writers = self.inner.writers.clone();
+        tokio::task::spawn_blocking(move || f(&writers))
+            .await
+            .map_err(|e| ProvisionError::Join(e.to_string()))?
+            .map_err(ProvisionError::from)
+    }
+
     /// Runs a store write and, once it succeeded, publishes its event, both inside the
     /// blocking task: that task runs to its end even when the caller is cancelled (talboot
     /// stopping mid-step), so a persisted transition always reaches the timeline too.
@@ -606,11 +693,11 @@ impl Provisioner {
         detail: String,
     ) -> Result<(), ProvisionError>
     where
-        F: FnOnce(&dyn Store) -> Result<(), StoreError> + Send + 'static,
+        F: FnOnce(&ProvisionWriters) -> Result<(), StoreError> + Send + 'static,
     {
         let bus = self.inner.bus.clone();
-        self.db(move |s| {
-            f(s)?;
+        self.write(move |w| {
+            f(w)?;
             bus.publish(&node, kind, detail);
             Ok(())
         })

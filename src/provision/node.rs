@@ -189,13 +189,13 @@ impl Provisioner {
             // Records, lifecycles and their phase events in one blocking task: a stop cannot
             // separate a persisted transition from its timeline line.
             let view = self.inner.view.get().cloned();
-            self.db(move |s| {
+            self.write(move |w| {
                 // The view hears of the commit before and after it (it fails closed
                 // meanwhile: a node with a commit in flight has its window closed).
                 if let Some(v) = &view {
                     v.begin_nodes(&writes);
                 }
-                let done = s.put_node_states(&writes);
+                let done = w.nodes.put_node_states(&writes);
                 if let Some(v) = &view {
                     v.end_nodes(&writes, done.is_ok());
                 }
@@ -478,7 +478,8 @@ impl Provisioner {
             record: None,
             parts: vec![(NodePart::Facts, json)],
         };
-        self.db(move |s| s.put_node_states(&[write])).await?;
+        self.write(move |w| w.nodes.put_node_states(&[write]))
+            .await?;
         match self.inner.renderer.render(node) {
             Ok(c) => out.config = Some(std::sync::Arc::new(c)),
             Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),

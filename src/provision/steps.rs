@@ -185,7 +185,7 @@ impl Provisioner {
     ) -> Result<(), ProvisionError> {
         let bytes = serde_json::to_vec(rec).expect("step record serialises");
         self.db_then_event(
-            move |s| s.put_row(crate::store::ClusterTable::Progress, STEP_KEY, &bytes),
+            move |w| w.progress.put_row(STEP_KEY, &bytes),
             CLUSTER_TIMELINE.to_owned(),
             EventKind::Cluster,
             detail,

@@ -663,6 +663,16 @@ impl Demo {
             .store
     }
 
+    /// talboot's writer of rollout records (while talboot runs): the demo's day two runs
+    /// in-process, as serve's admin API runs it.
+    pub(crate) fn rollouts(&self) -> &crate::store::RolloutWriter {
+        &self
+            .running
+            .as_ref()
+            .expect("talboot runs between start, restart and shutdown")
+            .rollouts
+    }
+
     /// Kills talboot (every server and the provisioner, mid-step if need be) and starts it
     /// again on the same state directory and addresses while the machines keep running.
     pub async fn restart_talboot(&mut self) -> Result<(), DemoError> {

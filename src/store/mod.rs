@@ -1,8 +1,11 @@
 //! The state store: everything talboot must remember across restarts.
 //!
 //! Leases, node records, each node's append-only event timeline and a small key/value space for
-//! cluster progress live behind the [`Store`] trait. The default backend, [`RedbStore`], keeps
-//! them in one redb file, `talboot.redb`, under the state directory.
+//! cluster progress are read through the [`Store`] trait, which every component may hold, and
+//! written through [`Writers`]: one typed handle per table, each moved to the table's one owner
+//! when the store is opened ([`RedbStore::split`]), so a second writer of a table does not
+//! compile. The default backend, [`RedbStore`], keeps them in one redb file, `talboot.redb`,
+//! under the state directory.
 //!
 //! Guarantees every backend gives:
 //! - every mutating call is one transaction, durable when the call returns, so a caller may
@@ -12,12 +15,13 @@
 //!   file and says what to do;
 //! - timestamps are arguments; the store never reads a clock.
 //!
-//! The trait is synchronous (redb is); async callers wrap calls in `spawn_blocking`.
+//! Reads and writes are synchronous (redb is); async callers wrap calls in `spawn_blocking`.
 
 mod node_parts;
 mod records;
 mod redb;
 mod steps;
+mod writers;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -28,8 +32,14 @@ pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodeP
 pub use self::redb::{Closed, RedbStore};
 pub(crate) use self::steps::load_step_record;
 pub use self::steps::{CLUSTER_TIMELINE, ClusterStep, STEP_KEY, StepRecord};
+#[cfg(test)]
+pub(crate) use self::writers::Backend;
+pub use self::writers::{
+    EventWriter, LeaseWriter, MetaWriter, NodeWriter, ProgressWriter, RolloutWriter, TokenWriter,
+    Writers,
+};
 
-/// An event to append, for [`Store::append_events`].
+/// An event to append, for [`EventWriter::append_events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
     /// Timeline (node) it belongs to.
@@ -82,7 +92,7 @@ impl ClusterTable {
     }
 }
 
-/// One node's state change, for [`Store::put_node_states`].
+/// One node's state change, for [`NodeWriter::put_node_states`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeWrite {
     /// The node.
@@ -94,7 +104,7 @@ pub struct NodeWrite {
 }
 
 /// One DHCP decision's lease changes (as the lease book decided them) and the timeline
-/// events that announce it, for [`Store::commit_leases`].
+/// events that announce it, for [`LeaseWriter::commit_leases`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseCommit {
     /// The book's changes, applied in order.
@@ -202,9 +212,10 @@ pub enum StoreError {
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// Persistent state of a talboot instance.
-///
-/// Every mutating method runs as one transaction that is durable when it returns.
+/// Persistent state of a talboot instance, read side: what every component but a table's
+/// owner holds (as `Arc<dyn Store>`). Writes go through the typed handles of [`Writers`], one
+/// per table, each held by the table's one owner; every write is one transaction, durable when
+/// it returns.
 pub trait Store: Send + Sync {
     /// The current lease of `mac` (never a `Declined` quarantine record).
     fn lease(&self, mac: Mac) -> Result<Option<Lease>>;
@@ -215,56 +226,14 @@ pub trait Store: Send + Sync {
     /// Every lease record, ordered by address.
     fn leases(&self) -> Result<Vec<Lease>>;
 
-    /// Persist the lease book's changes and their events in one transaction: the DHCP
-    /// server's group commit, so a lease change and the timeline rows that announce it are
-    /// written together and the DHCP path takes redb's single write slot once per burst
-    /// instead of twice. The changes are written as they are: the lease rules (who may hold
-    /// which address, one lease per MAC) belong to [`crate::dhcp::LeaseBook`], which decided
-    /// them; the store checks none and keeps its by-MAC lookup equal to the records.
-    ///
-    /// With `durable` false the commit is not synced to disk (the one exception to the
-    /// trait's durability rule): it becomes durable with the next durable commit, and a crash
-    /// before that loses it. The DHCP server uses this only for changes no reply promises to
-    /// be durable (offers, expiry sweeps), as Kea does not store a lease for a DHCPOFFER.
-    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> Result<()>;
-
-    /// Persist one record as it is, durably (tests and tools that seed a state directory;
-    /// the DHCP server restores it through its book, which drops what the rules forbid).
-    fn put_lease(&self, lease: &Lease) -> Result<()> {
-        self.commit_leases(
-            &[LeaseCommit {
-                writes: vec![LeaseChange::Upsert(lease.clone())],
-                events: Vec::new(),
-            }],
-            true,
-        )
-    }
-
     /// The record of node `name`.
     fn node(&self, name: &str) -> Result<Option<NodeRecord>>;
-
-    /// Insert or replace the record of `node.name`.
-    fn put_node(&self, node: &NodeRecord) -> Result<()>;
 
     /// Every node record, ordered by name.
     fn nodes(&self) -> Result<Vec<NodeRecord>>;
 
     /// Node `name`'s `part` (JSON), from its own table (or where an older build kept it).
     fn node_part(&self, name: &str, part: NodePart) -> Result<Option<Vec<u8>>>;
-
-    /// Writes several nodes' records and parts in one durable transaction (one fsync for
-    /// the lot: the provisioner commits a burst of state changes together).
-    fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()>;
-
-    /// Append an event to `node`'s timeline and return its sequence number.
-    ///
-    /// The number is assigned inside the write transaction: 1 for a node's first event, then
-    /// one more than the last, so numbers are gap-free and survive restarts.
-    fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64>;
-
-    /// Append several events in one durable transaction (in order); returns their sequence
-    /// numbers. Used by the event bus to write a burst with one fsync.
-    fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>>;
 
     /// Up to `limit` events of `node` with `seq > since_seq`, oldest first. Pass the last seen
     /// `seq` to poll for new events; 0 for the whole timeline.
@@ -276,55 +245,72 @@ pub trait Store: Send + Sync {
     /// Value stored under `key` in the cluster progress space.
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>>;
 
-    /// Store `value` under `key`, replacing any previous value.
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<()>;
-
-    /// Store every `(key, value)` as [`Store::put_meta`] does, all in one transaction (one
-    /// commit for a group of writers: all are durable, or none is).
-    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()>;
-
-    /// Atomically store `new` under `key` only if the current value equals `expected`
-    /// (`None`: only if the key is absent). This is how a non-repeatable step records its
-    /// intent exactly once.
-    fn compare_and_set_meta(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<CasOutcome>;
-
     /// Row `key` of `table` (or where an older build kept it in `cluster_meta`).
     fn row(&self, table: ClusterTable, key: &str) -> Result<Option<Vec<u8>>>;
 
-    /// Store every `(key, value)` in `table`, all in one durable transaction.
-    fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()>;
-
-    /// [`Store::put_rows`] of one row.
-    fn put_row(&self, table: ClusterTable, key: &str, value: &[u8]) -> Result<()> {
-        self.put_rows(table, &[(key.to_owned(), value.to_vec())])
-    }
-
-    /// Atomically store `new` as row `key` of `table` only if its current value (an older
-    /// build's row counts) equals `expected` (`None`: only if there is none).
-    fn compare_and_set_row(
-        &self,
-        table: ClusterTable,
-        key: &str,
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<CasOutcome>;
-
     /// The stored record of a day-two rollout (`apply/<plan>`, `upgrade-talos/<version>`, ...).
     fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>>;
-
-    /// Replace the record of a rollout, durably (a resumed run trusts it).
-    fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()>;
 
     /// Keys of every stored rollout, in key order.
     fn rollout_keys(&self) -> Result<Vec<String>>;
 
     /// A consistent JSON snapshot of everything stored, for backups and debugging.
     fn export_json(&self) -> Result<serde_json::Value>;
+}
+
+/// A shared reader reads as what it shares.
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn lease(&self, mac: Mac) -> Result<Option<Lease>> {
+        (**self).lease(mac)
+    }
+
+    fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {
+        (**self).lease_by_ip(ip)
+    }
+
+    fn leases(&self) -> Result<Vec<Lease>> {
+        (**self).leases()
+    }
+
+    fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        (**self).node(name)
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        (**self).nodes()
+    }
+
+    fn node_part(&self, name: &str, part: NodePart) -> Result<Option<Vec<u8>>> {
+        (**self).node_part(name, part)
+    }
+
+    fn events(&self, node: &str, since_seq: u64, limit: usize) -> Result<Vec<Event>> {
+        (**self).events(node, since_seq, limit)
+    }
+
+    fn last_event(&self, node: &str) -> Result<Option<Event>> {
+        (**self).last_event(node)
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        (**self).get_meta(key)
+    }
+
+    fn row(&self, table: ClusterTable, key: &str) -> Result<Option<Vec<u8>>> {
+        (**self).row(table, key)
+    }
+
+    fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        (**self).rollout(key)
+    }
+
+    fn rollout_keys(&self) -> Result<Vec<String>> {
+        (**self).rollout_keys()
+    }
+
+    fn export_json(&self) -> Result<serde_json::Value> {
+        (**self).export_json()
+    }
 }
 
 /// Path of the database file inside `state_dir`.
@@ -336,6 +322,7 @@ pub(crate) fn store_path(state_dir: &Path) -> PathBuf {
 ///
 /// Creates the directory with mode 0700 if it is missing and initialises a new database if
 /// the file is missing or empty. Refuses, without modifying it, a file it cannot use.
+/// [`RedbStore::split`] turns it into the shared reader and the one set of [`Writers`].
 pub fn open(state_dir: &Path) -> Result<RedbStore> {
     RedbStore::open(state_dir)
 }

@@ -223,7 +223,7 @@ impl Event {
     }
 }
 
-/// Result of [`Store::compare_and_set_meta`](super::Store::compare_and_set_meta).
+/// Result of a compare-and-set ([`ProgressWriter::compare_and_set_row`](super::ProgressWriter::compare_and_set_row)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CasOutcome {
     /// The stored value matched and was replaced.

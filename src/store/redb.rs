@@ -12,7 +12,7 @@
 //!
 //! Every mutating method is exactly one write transaction committed with
 //! [`Durability::Immediate`], so the change is on disk when the method returns; the one
-//! exception is [`Store::commit_leases`] called with `durable: false` (see there).
+//! exception is [`LeaseWriter::commit_leases`](super::LeaseWriter::commit_leases) called with `durable: false` (see there).
 //!
 //! The file is opened with redb's integrity check: every page checksum is verified before the
 //! store is used, so damage done outside redb is refused as [`StoreError::Corrupt`] (the file
@@ -25,6 +25,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ::redb::{
     Builder, Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable,
@@ -35,9 +36,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use tracing::{info, warn};
 
+use super::writers::Backend;
 use super::{
     CasOutcome, ClusterTable, Event, Lease, LeaseChange, LeaseCommit, LeaseState, NewEvent,
-    NodePart, NodeRecord, NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, store_path,
+    NodePart, NodeRecord, NodeWrite, Result, SCHEMA_VERSION, Store, StoreError, Writers,
+    store_path,
 };
 use crate::inventory::Mac;
 
@@ -174,6 +177,15 @@ impl RedbStore {
         Ok(store)
     }
 
+    /// The shared reader and the one set of write handles of this store (the only way to
+    /// write it: see [`Writers`]). The file stays open until the reader and every handle are
+    /// gone.
+    pub fn split(self) -> (Arc<Self>, Writers) {
+        let store = Arc::new(self);
+        let writers = Writers::new(store.clone());
+        (store, writers)
+    }
+
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -265,6 +277,52 @@ impl RedbStore {
         Ok(())
     }
 
+    /// Value of `key` in the `&str -> bytes` table `def`, inside a read transaction.
+    fn get_in(
+        &self,
+        txn: &ReadTransaction,
+        def: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let table = txn.open_table(def).map_err(|e| self.err(e))?;
+        let value = table
+            .get(key)
+            .map_err(|e| self.err(e))?
+            .map(|g| g.value().to_vec());
+        Ok(value)
+    }
+
+    /// [`Self::get_in`] with its own read transaction.
+    fn get(&self, def: TableDefinition<&str, &[u8]>, key: &str) -> Result<Option<Vec<u8>>> {
+        self.get_in(&self.read_txn()?, def, key)
+    }
+
+    /// Value of `key` in the typed table `def`, else of `legacy_key` in `cluster_meta`, where
+    /// a build before the typed tables kept it (one read transaction for both).
+    fn get_or_legacy(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+        key: &str,
+        legacy_key: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let txn = self.read_txn()?;
+        match self.get_in(&txn, def, key)? {
+            Some(v) => Ok(Some(v)),
+            None => self.get_in(&txn, CLUSTER_META, legacy_key),
+        }
+    }
+
+    /// Store every `(key, value)` in the `&str -> bytes` table `def`, in one durable commit.
+    fn put(&self, def: TableDefinition<&str, &[u8]>, entries: &[(&str, &[u8])]) -> Result<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(def).map_err(|e| self.err(e))?;
+            for (key, value) in entries {
+                table.insert(*key, *value).map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
     fn read_txn(&self) -> Result<ReadTransaction> {
         self.db.begin_read().map_err(|e| self.err(e))
     }
@@ -275,7 +333,7 @@ impl RedbStore {
         self.write_with(Durability::Immediate, f)
     }
 
-    /// [`Self::write`] with the durability asked for ([`Store::commit_leases`] only).
+    /// [`Self::write`] with the durability asked for ([`LeaseWriter::commit_leases`](super::LeaseWriter::commit_leases) only).
     fn write_with<T>(
         &self,
         durability: Durability,
@@ -443,63 +501,8 @@ impl Store for RedbStore {
             .transpose()
     }
 
-    fn put_node(&self, node: &NodeRecord) -> Result<()> {
-        let bytes = self.encode(format_args!("node record {}", node.name), node)?;
-        self.write(|txn| {
-            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
-            nodes
-                .insert(node.name.as_str(), bytes.as_slice())
-                .map_err(|e| self.err(e))?;
-            Ok(())
-        })
-    }
-
     fn node_part(&self, name: &str, part: NodePart) -> Result<Option<Vec<u8>>> {
-        let txn = self.read_txn()?;
-        let table = txn.open_table(part_table(part)).map_err(|e| self.err(e))?;
-        if let Some(g) = table.get(name).map_err(|e| self.err(e))? {
-            return Ok(Some(g.value().to_vec()));
-        }
-        // Written by a build that kept it under `cluster_meta`.
-        let legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-        let value = legacy
-            .get(part.legacy_key(name).as_str())
-            .map_err(|e| self.err(e))?
-            .map(|g| g.value().to_vec());
-        Ok(value)
-    }
-
-    fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()> {
-        let mut encoded = Vec::with_capacity(writes.len());
-        for w in writes {
-            let rec = match &w.record {
-                Some(r) => Some(self.encode(format_args!("node record {}", r.name), r)?),
-                None => None,
-            };
-            encoded.push(rec);
-        }
-        self.write(|txn| {
-            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
-            let mut facts = txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
-            let mut life = txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
-            for (w, rec) in writes.iter().zip(&encoded) {
-                if let Some(bytes) = rec {
-                    nodes
-                        .insert(w.name.as_str(), bytes.as_slice())
-                        .map_err(|e| self.err(e))?;
-                }
-                for (part, value) in &w.parts {
-                    let table = match part {
-                        NodePart::Facts => &mut facts,
-                        NodePart::Lifecycle => &mut life,
-                    };
-                    table
-                        .insert(w.name.as_str(), value.as_slice())
-                        .map_err(|e| self.err(e))?;
-                }
-            }
-            Ok(())
-        })
+        self.get_or_legacy(part_table(part), name, &part.legacy_key(name))
     }
 
     fn nodes(&self) -> Result<Vec<NodeRecord>> {
@@ -511,38 +514,6 @@ impl Store for RedbStore {
             out.push(self.decode("nodes", k.value(), v.value())?);
         }
         Ok(out)
-    }
-
-    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> Result<()> {
-        let durability = if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
-        self.write_with(durability, |txn| {
-            for group in groups {
-                for change in &group.writes {
-                    self.apply_lease_change_in(txn, change)?;
-                }
-                for e in &group.events {
-                    self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms)?;
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn append_event(&self, node: &str, kind: &str, detail: &str, at_unix_ms: u64) -> Result<u64> {
-        self.write(|txn| self.append_event_in(txn, node, kind, detail, at_unix_ms))
-    }
-
-    fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
-        self.write(|txn| {
-            events
-                .iter()
-                .map(|e| self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms))
-                .collect()
-        })
     }
 
     fn events(&self, node: &str, since_seq: u64, limit: usize) -> Result<Vec<Event>> {
@@ -581,142 +552,15 @@ impl Store for RedbStore {
     }
 
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let txn = self.read_txn()?;
-        let table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-        let value = table
-            .get(key)
-            .map_err(|e| self.err(e))?
-            .map(|g| g.value().to_vec());
-        Ok(value)
-    }
-
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.write(|txn| {
-            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-            table.insert(key, value).map_err(|e| self.err(e))?;
-            Ok(())
-        })
-    }
-
-    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
-        self.write(|txn| {
-            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-            for (key, value) in entries {
-                table
-                    .insert(key.as_str(), value.as_slice())
-                    .map_err(|e| self.err(e))?;
-            }
-            Ok(())
-        })
-    }
-
-    fn compare_and_set_meta(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<CasOutcome> {
-        self.write(|txn| {
-            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-            let current = table
-                .get(key)
-                .map_err(|e| self.err(e))?
-                .map(|g| g.value().to_vec());
-            if current.as_deref() != expected {
-                // Nothing is written; committing the empty transaction is harmless.
-                return Ok(CasOutcome::Mismatch { current });
-            }
-            table.insert(key, new).map_err(|e| self.err(e))?;
-            Ok(CasOutcome::Swapped)
-        })
+        self.get(CLUSTER_META, key)
     }
 
     fn row(&self, table: ClusterTable, key: &str) -> Result<Option<Vec<u8>>> {
-        let txn = self.read_txn()?;
-        let typed = txn
-            .open_table(cluster_table(table))
-            .map_err(|e| self.err(e))?;
-        if let Some(g) = typed.get(key).map_err(|e| self.err(e))? {
-            return Ok(Some(g.value().to_vec()));
-        }
-        // Written by a build that kept it under `cluster_meta`.
-        let legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-        let value = legacy
-            .get(table.legacy_key(key).as_str())
-            .map_err(|e| self.err(e))?
-            .map(|g| g.value().to_vec());
-        Ok(value)
-    }
-
-    fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()> {
-        self.write(|txn| {
-            let mut typed = txn
-                .open_table(cluster_table(table))
-                .map_err(|e| self.err(e))?;
-            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-            for (key, value) in entries {
-                typed
-                    .insert(key.as_str(), value.as_slice())
-                    .map_err(|e| self.err(e))?;
-                // The older row is superseded: gone with the same commit.
-                legacy
-                    .remove(table.legacy_key(key).as_str())
-                    .map_err(|e| self.err(e))?;
-            }
-            Ok(())
-        })
-    }
-
-    fn compare_and_set_row(
-        &self,
-        table: ClusterTable,
-        key: &str,
-        expected: Option<&[u8]>,
-        new: &[u8],
-    ) -> Result<CasOutcome> {
-        self.write(|txn| {
-            let mut typed = txn
-                .open_table(cluster_table(table))
-                .map_err(|e| self.err(e))?;
-            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-            let legacy_key = table.legacy_key(key);
-            let mut current = typed
-                .get(key)
-                .map_err(|e| self.err(e))?
-                .map(|g| g.value().to_vec());
-            if current.is_none() {
-                current = legacy
-                    .get(legacy_key.as_str())
-                    .map_err(|e| self.err(e))?
-                    .map(|g| g.value().to_vec());
-            }
-            if current.as_deref() != expected {
-                return Ok(CasOutcome::Mismatch { current });
-            }
-            typed.insert(key, new).map_err(|e| self.err(e))?;
-            legacy
-                .remove(legacy_key.as_str())
-                .map_err(|e| self.err(e))?;
-            Ok(CasOutcome::Swapped)
-        })
+        self.get_or_legacy(cluster_table(table), key, &table.legacy_key(key))
     }
 
     fn rollout(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let txn = self.read_txn()?;
-        let table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
-        let value = table
-            .get(key)
-            .map_err(|e| self.err(e))?
-            .map(|g| g.value().to_vec());
-        Ok(value)
-    }
-
-    fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.write(|txn| {
-            let mut table = txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
-            table.insert(key, value).map_err(|e| self.err(e))?;
-            Ok(())
-        })
+        self.get(ROLLOUTS, key)
     }
 
     fn rollout_keys(&self) -> Result<Vec<String>> {
@@ -824,6 +668,156 @@ impl Store for RedbStore {
     }
 }
 
+impl Backend for RedbStore {
+    fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()> {
+        let mut encoded = Vec::with_capacity(writes.len());
+        for w in writes {
+            let rec = match &w.record {
+                Some(r) => Some(self.encode(format_args!("node record {}", r.name), r)?),
+                None => None,
+            };
+            encoded.push(rec);
+        }
+        self.write(|txn| {
+            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+            let mut facts = txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+            let mut life = txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+            for (w, rec) in writes.iter().zip(&encoded) {
+                if let Some(bytes) = rec {
+                    nodes
+                        .insert(w.name.as_str(), bytes.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+                for (part, value) in &w.parts {
+                    let table = match part {
+                        NodePart::Facts => &mut facts,
+                        NodePart::Lifecycle => &mut life,
+                    };
+                    table
+                        .insert(w.name.as_str(), value.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> Result<()> {
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        self.write_with(durability, |txn| {
+            for group in groups {
+                for change in &group.writes {
+                    self.apply_lease_change_in(txn, change)?;
+                }
+                for e in &group.events {
+                    self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
+        self.write(|txn| {
+            events
+                .iter()
+                .map(|e| self.append_event_in(txn, &e.node, &e.kind, &e.detail, e.at_unix_ms))
+                .collect()
+        })
+    }
+
+    fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
+        let entries: Vec<(&str, &[u8])> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        self.put(CLUSTER_META, &entries)
+    }
+
+    #[cfg(test)]
+    fn compare_and_set_meta(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            let current = table
+                .get(key)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value().to_vec());
+            if current.as_deref() != expected {
+                // Nothing is written; committing the empty transaction is harmless.
+                return Ok(CasOutcome::Mismatch { current });
+            }
+            table.insert(key, new).map_err(|e| self.err(e))?;
+            Ok(CasOutcome::Swapped)
+        })
+    }
+
+    fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()> {
+        self.write(|txn| {
+            let mut typed = txn
+                .open_table(cluster_table(table))
+                .map_err(|e| self.err(e))?;
+            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            for (key, value) in entries {
+                typed
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(|e| self.err(e))?;
+                // The older row is superseded: gone with the same commit.
+                legacy
+                    .remove(table.legacy_key(key).as_str())
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn compare_and_set_row(
+        &self,
+        table: ClusterTable,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<CasOutcome> {
+        self.write(|txn| {
+            let mut typed = txn
+                .open_table(cluster_table(table))
+                .map_err(|e| self.err(e))?;
+            let mut legacy = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            let legacy_key = table.legacy_key(key);
+            let mut current = typed
+                .get(key)
+                .map_err(|e| self.err(e))?
+                .map(|g| g.value().to_vec());
+            if current.is_none() {
+                current = legacy
+                    .get(legacy_key.as_str())
+                    .map_err(|e| self.err(e))?
+                    .map(|g| g.value().to_vec());
+            }
+            if current.as_deref() != expected {
+                return Ok(CasOutcome::Mismatch { current });
+            }
+            typed.insert(key, new).map_err(|e| self.err(e))?;
+            legacy
+                .remove(legacy_key.as_str())
+                .map_err(|e| self.err(e))?;
+            Ok(CasOutcome::Swapped)
+        })
+    }
+
+    fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.put(ROLLOUTS, &[(key, value)])
+    }
+}
+
 impl RedbStore {
     /// One of the book's changes, inside an open write transaction: the record written as it
     /// is, and the by-MAC table kept equal to the records (a MAC maps to the address of its
@@ -884,7 +878,7 @@ impl RedbStore {
 }
 
 impl RedbStore {
-    /// [`Store::append_event`] inside an open write transaction.
+    /// [`EventWriter::append_event`](super::EventWriter::append_event) inside an open write transaction.
     fn append_event_in(
         &self,
         txn: &WriteTransaction,
@@ -1313,8 +1307,8 @@ mod tests {
     #[test]
     fn compare_and_set_from_many_threads_swaps_once() {
         let (_d, s) = fresh();
-        // Through the trait object, as the rest of talboot will hold it.
-        let s: Arc<dyn Store> = Arc::new(s);
+        // Through the trait object, as the write handles hold it.
+        let s: Arc<dyn Backend> = Arc::new(s);
         let winners: Vec<bool> = (0..8u8)
             .map(|i| {
                 let s = Arc::clone(&s);
@@ -1491,7 +1485,7 @@ mod tests {
         let state = dir.path().join("state");
         let mut store = open(&state).unwrap();
         let mut closed = store.on_close();
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store: Arc<dyn Backend> = Arc::new(store);
         let user = store.clone();
         drop(store);
         // A user is left (a blocking call still running, say): not closed, still locked.

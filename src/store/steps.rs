@@ -88,7 +88,7 @@ mod tests {
             last_error: None,
             attempts: 0,
         };
-        crate::store::Store::put_meta(&store, "cluster/step", &serde_json::to_vec(&rec).unwrap())
+        crate::store::Backend::put_meta(&store, "cluster/step", &serde_json::to_vec(&rec).unwrap())
             .unwrap();
         assert_eq!(load_step_record(&store).unwrap(), Some(rec));
     }

@@ -382,12 +382,12 @@ mod tests {
     #[test]
     fn a_moving_binding_refuses_the_old_address_before_the_commit_lands() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(dir.path()).unwrap();
+        let (store, w) = crate::store::open(dir.path()).unwrap().split();
         let view = StateView::new();
         let old = bound_lease(1, [10, 0, 0, 5]);
         let g = [put(&old)];
         let touch = view.begin_leases(&g);
-        store.commit_leases(&g, true).unwrap();
+        w.leases.commit_leases(&g, true).unwrap();
         touch.refresh(&view, &store);
         assert!(judge(&view, [10, 0, 0, 5], 10));
 
@@ -410,7 +410,7 @@ mod tests {
             !judge(&view, [10, 0, 0, 6], 10),
             "new address before the commit"
         );
-        store.commit_leases(&g, true).unwrap();
+        w.leases.commit_leases(&g, true).unwrap();
         assert!(
             !judge(&view, [10, 0, 0, 5], 10),
             "old address after the commit"

@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::events::{EventBus, SystemClock};
 use crate::store::{
-    self, CasOutcome, Event, LeaseChange, LeaseCommit, NewEvent, NodeRecord, Store, StoreError,
+    self, Backend, CasOutcome, Event, LeaseChange, LeaseCommit, NewEvent, NodeRecord, Store,
+    StoreError,
 };
 
-/// One call of [`Store::commit_leases`] that returned Ok, as the double saw it.
+/// One call of [`Backend::commit_leases`] that returned Ok, as the double saw it.
 #[derive(Debug, Clone)]
 struct Commit {
     durable: bool,
@@ -43,7 +44,7 @@ impl Recorder {
     }
 }
 
-impl Store for Recorder {
+impl Backend for Recorder {
     fn commit_leases(&self, groups: &[LeaseCommit], durable: bool) -> store::Result<()> {
         let gate = self.gate.lock().unwrap().take();
         if let Some((entered, open)) = gate {
@@ -88,50 +89,11 @@ impl Store for Recorder {
             .extend(events.iter().map(|e| e.kind.clone()));
         self.inner.append_events(events)
     }
-    fn lease(&self, mac: Mac) -> store::Result<Option<store::Lease>> {
-        self.inner.lease(mac)
-    }
-    fn lease_by_ip(&self, ip: Ipv4Addr) -> store::Result<Option<store::Lease>> {
-        self.inner.lease_by_ip(ip)
-    }
-    fn leases(&self) -> store::Result<Vec<store::Lease>> {
-        self.inner.leases()
-    }
-    fn node(&self, name: &str) -> store::Result<Option<NodeRecord>> {
-        self.inner.node(name)
-    }
-    fn put_node(&self, node: &NodeRecord) -> store::Result<()> {
-        self.inner.put_node(node)
-    }
-    fn nodes(&self) -> store::Result<Vec<NodeRecord>> {
-        self.inner.nodes()
-    }
-    fn node_part(&self, name: &str, part: store::NodePart) -> store::Result<Option<Vec<u8>>> {
-        self.inner.node_part(name, part)
-    }
     fn put_node_states(&self, writes: &[store::NodeWrite]) -> store::Result<()> {
         self.inner.put_node_states(writes)
     }
     fn put_metas(&self, entries: &[(String, Vec<u8>)]) -> store::Result<()> {
         self.inner.put_metas(entries)
-    }
-    fn append_event(
-        &self,
-        node: &str,
-        kind: &str,
-        detail: &str,
-        at_unix_ms: u64,
-    ) -> store::Result<u64> {
-        self.inner.append_event(node, kind, detail, at_unix_ms)
-    }
-    fn events(&self, node: &str, since_seq: u64, limit: usize) -> store::Result<Vec<Event>> {
-        self.inner.events(node, since_seq, limit)
-    }
-    fn last_event(&self, node: &str) -> store::Result<Option<Event>> {
-        self.inner.last_event(node)
-    }
-    fn row(&self, table: store::ClusterTable, key: &str) -> store::Result<Option<Vec<u8>>> {
-        self.inner.row(table, key)
     }
     fn put_rows(
         &self,
@@ -149,12 +111,6 @@ impl Store for Recorder {
     ) -> store::Result<store::CasOutcome> {
         self.inner.compare_and_set_row(table, key, expected, new)
     }
-    fn get_meta(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
-        self.inner.get_meta(key)
-    }
-    fn put_meta(&self, key: &str, value: &[u8]) -> store::Result<()> {
-        self.inner.put_meta(key, value)
-    }
     fn compare_and_set_meta(
         &self,
         key: &str,
@@ -163,11 +119,44 @@ impl Store for Recorder {
     ) -> store::Result<CasOutcome> {
         self.inner.compare_and_set_meta(key, expected, new)
     }
-    fn rollout(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
-        self.inner.rollout(key)
-    }
     fn put_rollout(&self, key: &str, value: &[u8]) -> store::Result<()> {
         self.inner.put_rollout(key, value)
+    }
+}
+
+impl Store for Recorder {
+    fn lease(&self, mac: Mac) -> store::Result<Option<store::Lease>> {
+        self.inner.lease(mac)
+    }
+    fn lease_by_ip(&self, ip: Ipv4Addr) -> store::Result<Option<store::Lease>> {
+        self.inner.lease_by_ip(ip)
+    }
+    fn leases(&self) -> store::Result<Vec<store::Lease>> {
+        self.inner.leases()
+    }
+    fn node(&self, name: &str) -> store::Result<Option<NodeRecord>> {
+        self.inner.node(name)
+    }
+    fn nodes(&self) -> store::Result<Vec<NodeRecord>> {
+        self.inner.nodes()
+    }
+    fn node_part(&self, name: &str, part: store::NodePart) -> store::Result<Option<Vec<u8>>> {
+        self.inner.node_part(name, part)
+    }
+    fn events(&self, node: &str, since_seq: u64, limit: usize) -> store::Result<Vec<Event>> {
+        self.inner.events(node, since_seq, limit)
+    }
+    fn last_event(&self, node: &str) -> store::Result<Option<Event>> {
+        self.inner.last_event(node)
+    }
+    fn row(&self, table: store::ClusterTable, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.row(table, key)
+    }
+    fn get_meta(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.get_meta(key)
+    }
+    fn rollout(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
+        self.inner.rollout(key)
     }
     fn rollout_keys(&self) -> store::Result<Vec<String>> {
         self.inner.rollout_keys()
@@ -212,14 +201,26 @@ async fn start_ctx(queues: server::Queues, ctx: DecideCtx) -> Running {
         .unwrap()
         .with_queues(queues);
     let addr = srv.local_addr().unwrap();
-    let (bus, _writer) = EventBus::start(store.clone(), Arc::new(SystemClock));
+    let writers = store::Writers::over(store.clone());
+    let (bus, _writer) = EventBus::start(writers.events, Arc::new(SystemClock));
+    let dhcp_writers = Arc::new(server::DhcpWriters {
+        leases: writers.leases,
+        bindings: writers.meta,
+    });
     let cancel = CancellationToken::new();
     let task = tokio::spawn({
         let (store, cancel): (Arc<dyn Store>, _) = (store.clone(), cancel.clone());
         async move {
-            srv.run(ctx, FloodConfig::default(), store, bus, cancel)
-                .await
-                .unwrap();
+            srv.run(
+                ctx,
+                FloodConfig::default(),
+                store,
+                dhcp_writers,
+                bus,
+                cancel,
+            )
+            .await
+            .unwrap();
         }
     });
     let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();

@@ -80,7 +80,7 @@ impl Demo {
         let outcome = crate::daytwo::upgrade_run::upgrade(
             &plan,
             Arc::new(ops),
-            self.store().as_ref(),
+            self.rollouts(),
             worker_concurrency,
             &move |line| {
                 if print {

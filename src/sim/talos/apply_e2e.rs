@@ -108,7 +108,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     // The second worker only answers its control plane.
     nodes[2].restrict_to(Some(nodes[0].ip()));
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::open(dir.path()).unwrap();
+    let (store, w) = crate::store::open(dir.path()).unwrap().split();
     let conn = Connector {
         creds: super::tests::admin_creds(),
         relays: vec![cp_addr],
@@ -137,7 +137,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{}",
         crate::daytwo::plan::render(&plans)
     );
-    let out = apply(&store, &conn, &same, &opts(Mode::NoReboot), |_| {})
+    let out = apply(&w.rollouts, &conn, &same, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert_eq!(out, ApplyOutcome::NoChanges);
@@ -170,7 +170,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         assert_eq!(p.mode, Some(Mode::NoReboot));
     }
     let boots: Vec<usize> = nodes.iter().map(|n| n.configured_boots()).collect();
-    let out = apply(&store, &conn, &patched, &opts(Mode::NoReboot), |_| {})
+    let out = apply(&w.rollouts, &conn, &patched, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert!(
@@ -199,7 +199,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     );
     // Running it again reads the nodes, finds them in sync: nothing is applied twice.
     let before: usize = nodes.iter().map(|n| n.apply_calls()).sum();
-    apply(&store, &conn, &patched, &opts(Mode::NoReboot), |_| {})
+    apply(&w.rollouts, &conn, &patched, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert_eq!(nodes.iter().map(|n| n.apply_calls()).sum::<usize>(), before);
@@ -215,9 +215,15 @@ async fn plan_and_apply_on_a_configured_rack() {
     let rebooting = targets(&|name, t| if name == "rack1-cp-01" { t } else { env(t) });
     let plans = plan_all(&conn, &rebooting).await;
     assert_eq!(plans[1].mode, Some(Mode::Reboot));
-    let out = apply(&store, &conn, &rebooting, &opts(Mode::NoReboot), |_| {})
-        .await
-        .unwrap();
+    let out = apply(
+        &w.rollouts,
+        &conn,
+        &rebooting,
+        &opts(Mode::NoReboot),
+        |_| {},
+    )
+    .await
+    .unwrap();
     let ApplyOutcome::Stopped { node, reason, .. } = out else {
         panic!("{out:?}")
     };
@@ -227,7 +233,7 @@ async fn plan_and_apply_on_a_configured_rack() {
         "{reason}"
     );
     // ...and staged in staged mode (running unchanged until the next boot).
-    let out = apply(&store, &conn, &rebooting, &opts(Mode::Staged), |_| {})
+    let out = apply(&w.rollouts, &conn, &rebooting, &opts(Mode::Staged), |_| {})
         .await
         .unwrap();
     assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
@@ -240,7 +246,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     // to the node that finished.
     let relabelled = targets(&|_, t| label(&t, "b"));
     nodes[2].refuse_next_apply("simulated failure");
-    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto), |_| {})
+    let out = apply(&w.rollouts, &conn, &relabelled, &opts(Mode::Auto), |_| {})
         .await
         .unwrap();
     let ApplyOutcome::Stopped { node, reason, .. } = out else {
@@ -250,7 +256,7 @@ async fn plan_and_apply_on_a_configured_rack() {
     assert!(reason.contains("simulated failure"), "{reason}");
     let applied = |n: &FakeTalosNode| n.apply_records().iter().filter(|r| !r.dry_run).count();
     let done_before = [applied(&nodes[0]), applied(&nodes[1])];
-    let out = apply(&store, &conn, &relabelled, &opts(Mode::Auto), |_| {})
+    let out = apply(&w.rollouts, &conn, &relabelled, &opts(Mode::Auto), |_| {})
         .await
         .unwrap();
     assert!(matches!(out, ApplyOutcome::Finished { .. }), "{out:?}");
@@ -269,10 +275,9 @@ async fn plan_and_apply_on_a_configured_rack() {
 
     // serve's drift watcher announces it, once, and announces when it clears.
     let events_dir = tempfile::tempdir().unwrap();
-    let events_store: std::sync::Arc<dyn Store> =
-        std::sync::Arc::new(crate::store::open(events_dir.path()).unwrap());
+    let events_store = crate::store::open(events_dir.path()).unwrap().split().1;
     let (bus, _writer) = crate::events::EventBus::start(
-        events_store,
+        events_store.events,
         std::sync::Arc::new(crate::events::SystemClock),
     );
     let mut rx = bus.subscribe();
@@ -343,7 +348,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
     let nodes = configured(&cluster, &names).await;
     bootstrap_and_wait_ready(nodes[0].addr()).await;
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::open(dir.path()).unwrap();
+    let (_store, w) = crate::store::open(dir.path()).unwrap().split();
     let conn = Connector {
         creds: super::tests::admin_creds(),
         relays: vec![nodes[0].addr()],
@@ -360,7 +365,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
             rendered: label(&rendered(name), "a"),
         })
         .collect();
-    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |_| {})
+    let out = apply(&w.rollouts, &conn, &targets, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert!(
@@ -383,7 +388,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
 
     // The same apply converges it: only the drifted node is changed.
     let mut lines = Vec::new();
-    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |p| {
+    let out = apply(&w.rollouts, &conn, &targets, &opts(Mode::NoReboot), |p| {
         lines.push(crate::daytwo::apply::progress_line(p))
     })
     .await
@@ -408,7 +413,7 @@ async fn apply_repairs_a_change_made_behind_its_back() {
         crate::daytwo::plan::render(&plans)
     );
     // And once in sync, nothing more is sent.
-    let out = apply(&store, &conn, &targets, &opts(Mode::NoReboot), |_| {})
+    let out = apply(&w.rollouts, &conn, &targets, &opts(Mode::NoReboot), |_| {})
         .await
         .unwrap();
     assert_eq!(out, ApplyOutcome::NoChanges);

@@ -256,9 +256,11 @@ async fn a_reboot_apply_never_takes_a_second_etcd_member_down() {
     let conn = connector(&nodes);
     let opts = reboot_opts(Vec::new());
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::open(dir.path()).unwrap();
+    let (_store, w) = crate::store::open(dir.path()).unwrap().split();
     let since = Instant::now();
-    let out = apply(&store, &conn, &targets, &opts, |_| {}).await.unwrap();
+    let out = apply(&w.rollouts, &conn, &targets, &opts, |_| {})
+        .await
+        .unwrap();
     assert!(
         matches!(&out, ApplyOutcome::Finished { nodes, .. } if nodes.len() == 3),
         "{out:?}"
@@ -301,9 +303,9 @@ async fn an_apply_of_one_control_plane_is_gated_on_every_member() {
     let conn = connector(&nodes);
     let opts = reboot_opts;
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::open(dir.path()).unwrap();
+    let (_store, w) = crate::store::open(dir.path()).unwrap().split();
     // The gate over the targets alone refuses to start, naming a member it was not given.
-    let out = apply(&store, &conn, &targets, &opts(Vec::new()), |_| {})
+    let out = apply(&w.rollouts, &conn, &targets, &opts(Vec::new()), |_| {})
         .await
         .unwrap();
     assert!(
@@ -316,7 +318,7 @@ async fn an_apply_of_one_control_plane_is_gated_on_every_member() {
         Some(rendered(CPS[1]).as_str())
     );
     // Given every control plane, it applies cp-02 and waits for all three members.
-    let out = apply(&store, &conn, &targets, &opts(all.clone()), |_| {})
+    let out = apply(&w.rollouts, &conn, &targets, &opts(all.clone()), |_| {})
         .await
         .unwrap();
     assert!(
