@@ -287,7 +287,7 @@ async fn boot_script(
     if let Some(n) = node {
         match script_entitlement(&app, n, mac, state, peer, peer_ip) {
             Ok(b) => entitled = b,
-            Err(forbidden) => return forbidden,
+            Err(Forbidden) => return text(StatusCode::FORBIDDEN, "forbidden\n".into()),
         }
     }
     let mut config_url = None;
@@ -349,8 +349,11 @@ fn factory_cmdline(
     app.cmdlines.get(app, &set)
 }
 
+/// A provisioning node's script asked for from an address not bound to it (answered 403).
+struct Forbidden;
+
 /// Whether node `n`'s script may go to `peer`: the binding that entitles it (none for an
-/// installed node asked from elsewhere), or the 403 a provisioning node's stranger gets.
+/// installed node asked from elsewhere), or refused for a provisioning node's stranger.
 fn script_entitlement(
     app: &HttpApp,
     n: &crate::inventory::Node,
@@ -358,7 +361,7 @@ fn script_entitlement(
     state: NodeState,
     peer: SocketAddr,
     peer_ip: Option<Ipv4Addr>,
-) -> Result<Option<crate::entitlement::Bound>, Response> {
+) -> Result<Option<crate::entitlement::Bound>, Forbidden> {
     let verdict = entitlement_of(app, n, peer_ip);
     match (&verdict, state) {
         (Ok(b), _) => Ok(Some(*b)),
@@ -372,7 +375,7 @@ fn script_entitlement(
                 format!("boot script for {mac} requested from {who}: refused ({refusal})"),
             );
             metrics::counter!("talboot_entitlement_refused_total", "what" => "script").increment(1);
-            Err(text(StatusCode::FORBIDDEN, "forbidden\n".into()))
+            Err(Forbidden)
         }
         // An installed node's script only sends it to its disk; nothing to protect.
         (Err(_), NodeState::Installed) => Ok(None),
