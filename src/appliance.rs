@@ -209,16 +209,7 @@ impl Plan {
                 cause: BindCause::AdminNotLoopback,
             });
         }
-        // The first-stage binaries are read now, as the user that can read them, and a
-        // missing one that machines need stops the start naming the file.
-        let transport = match self.tftp {
-            Some(_) => Transport::TftpAndHttp,
-            None => Transport::HttpOnly,
-        };
-        let ipxe = Arc::new(FirstStage::load(
-            &self.ipxe_dir,
-            &firststage::needed(&self.inventory, transport),
-        )?);
+        let ipxe = Arc::new(self.load_first_stage()?);
         let mut opened = store::open(&self.state_dir)?;
         let store_closed = opened.on_close();
         let (store, writers) = opened.split();
@@ -228,58 +219,19 @@ impl Plan {
             store.as_ref(),
             &self.inventory,
         )?);
-        let admin = tokio::net::TcpListener::bind(self.admin)
-            .await
-            .map_err(|e| ApplianceError::Bind {
-                addr: format!("tcp {} (admin API)", self.admin),
-                cause: e.into(),
-            })?;
-        let http = tokio::net::TcpListener::bind(self.http)
-            .await
-            .map_err(|e| ApplianceError::Bind {
-                addr: format!("tcp {}", self.http),
-                cause: e.into(),
-            })?;
+        let admin = bind_tcp(self.admin, format!("tcp {} (admin API)", self.admin)).await?;
+        let http = bind_tcp(self.http, format!("tcp {}", self.http)).await?;
         let tftp = match self.tftp {
             None => None,
-            Some((addr, _)) => {
-                Some(
-                    TftpServer::bind(addr)
-                        .await
-                        .map_err(|e| ApplianceError::Bind {
-                            addr: format!("udp {addr}"),
-                            cause: e.into(),
-                        })?,
-                )
-            }
+            Some((addr, _)) => Some(bind_tftp(addr).await?),
         };
         let dhcp = match &self.dhcp {
             None => None,
-            Some(DhcpPlan::Interface { iface, ports }) => {
-                Some(DhcpServer::bind(iface, self.advertise, ports).map_err(|e| {
-                    ApplianceError::Bind {
-                        addr: format!("udp 0.0.0.0:67 on {iface}"),
-                        cause: e.into(),
-                    }
-                })?)
-            }
-            Some(DhcpPlan::Loopback(addr)) => Some(DhcpServer::bind_loopback(*addr).map_err(
-                |e| ApplianceError::Bind {
-                    addr: format!("udp {addr}"),
-                    cause: e.into(),
-                },
-            )?),
+            Some(dhcp) => Some(bind_dhcp(dhcp, self.advertise)?),
         };
         let ra = match &self.ipv6_ra {
             None => None,
-            Some(iface) => {
-                Some(
-                    crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
-                        addr: format!("icmpv6 on {iface}"),
-                        cause: e.into(),
-                    })?,
-                )
-            }
+            Some(iface) => Some(bind_ra(iface)?),
         };
         Ok(Bound {
             ra,
@@ -295,6 +247,68 @@ impl Plan {
             dhcp,
         })
     }
+
+    /// The first-stage binaries are read now, as the user that can read them, and a
+    /// missing one that machines need stops the start naming the file.
+    fn load_first_stage(&self) -> Result<FirstStage, ApplianceError> {
+        let transport = match self.tftp {
+            Some(_) => Transport::TftpAndHttp,
+            None => Transport::HttpOnly,
+        };
+        Ok(FirstStage::load(
+            &self.ipxe_dir,
+            &firststage::needed(&self.inventory, transport),
+        )?)
+    }
+}
+
+/// A TCP listener on `addr`, `what` naming it if it cannot be had.
+async fn bind_tcp(
+    addr: SocketAddr,
+    what: String,
+) -> Result<tokio::net::TcpListener, ApplianceError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ApplianceError::Bind {
+            addr: what,
+            cause: e.into(),
+        })
+}
+
+/// The TFTP socket.
+async fn bind_tftp(addr: SocketAddr) -> Result<tokio::net::UdpSocket, ApplianceError> {
+    TftpServer::bind(addr)
+        .await
+        .map_err(|e| ApplianceError::Bind {
+            addr: format!("udp {addr}"),
+            cause: e.into(),
+        })
+}
+
+/// The DHCP sockets, on the interface or the loopback transport.
+fn bind_dhcp(dhcp: &DhcpPlan, advertise: Ipv4Addr) -> Result<DhcpServer, ApplianceError> {
+    match dhcp {
+        DhcpPlan::Interface { iface, ports } => {
+            DhcpServer::bind(iface, advertise, ports).map_err(|e| ApplianceError::Bind {
+                addr: format!("udp 0.0.0.0:67 on {iface}"),
+                cause: e.into(),
+            })
+        }
+        DhcpPlan::Loopback(addr) => {
+            DhcpServer::bind_loopback(*addr).map_err(|e| ApplianceError::Bind {
+                addr: format!("udp {addr}"),
+                cause: e.into(),
+            })
+        }
+    }
+}
+
+/// The ICMPv6 socket for router advertisements on `iface`.
+fn bind_ra(iface: &str) -> Result<crate::ndp::Advertiser, ApplianceError> {
+    crate::ndp::Advertiser::bind(iface).map_err(|e| ApplianceError::Bind {
+        addr: format!("icmpv6 on {iface}"),
+        cause: e.into(),
+    })
 }
 
 impl Bound {
@@ -321,19 +335,7 @@ impl Bound {
     /// Runs every server (and the provisioner, the drift watcher and the power-on round, as
     /// planned) until [`Running::cancel`] fires.
     pub fn start(self) -> Result<Running, ApplianceError> {
-        let Bound {
-            ra,
-            plan,
-            ipxe,
-            store,
-            writers,
-            view,
-            store_closed,
-            http,
-            admin,
-            tftp,
-            dhcp,
-        } = self;
+        let plan = self.plan;
         // Each table's writer goes to its one owner.
         let store::Writers {
             leases,
@@ -343,267 +345,459 @@ impl Bound {
             progress,
             tokens,
             rollouts,
-        } = writers;
-        let rollout_writer = Arc::new(rollouts);
-        let inv = plan.inventory.clone();
+        } = self.writers;
+        let rollouts = Arc::new(rollouts);
         // Planned before any task starts, so a store that cannot be read starts nothing.
         let power_on = match plan.power_on {
             None => None,
-            Some(p) => {
-                let phases = store
-                    .nodes()?
-                    .into_iter()
-                    .map(|r| (r.name, r.phase))
-                    .collect();
-                let kinds = p
-                    .drivers
-                    .iter()
-                    .map(|(name, d)| (name.clone(), d.kind()))
-                    .collect();
-                Some((crate::power::round::power_on_plan(&inv, &phases, &kinds), p))
-            }
+            Some(p) => Some(plan_power_on(&plan.inventory, self.store.as_ref(), p)?),
         };
-        let plan_admin_token = plan.admin_token.clone();
-        let plan_admin_hosts = plan.admin_hosts.clone();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (events, event_writer) = EventBus::start(timelines, clock.clone());
-        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .install_recorder()
-            .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
-            .ok();
-        let http_port = http.local_addr().map(|a| a.port()).unwrap_or(0);
-        let base_url = if http_port == 80 {
-            format!("http://{}", plan.advertise)
-        } else {
-            format!("http://{}:{http_port}", plan.advertise)
-        };
-        let admin_url = admin
+        let metrics = install_metrics();
+        let http_port = self.http.local_addr().map(|a| a.port()).unwrap_or(0);
+        let base_url = base_url(plan.advertise, http_port);
+        let admin_url = self
+            .admin
             .local_addr()
             .map(|a| format!("http://{a}"))
             .unwrap_or_default();
-        let cancel = CancellationToken::new();
+        let s = Shared {
+            inv: plan.inventory,
+            store: self.store,
+            view: self.view,
+            events,
+            cancel: CancellationToken::new(),
+        };
         let mut tasks = JoinSet::new();
-        let http_limits = plan.http_limits;
 
         // The node records' writer goes to the provisioner when one runs: operator commands
         // (rebuild) from the admin API go to it. Without one, the offline observer owns it:
         // the boot observations and the admin API's rebuilds are recorded by the core's rules
         // directly.
         let (commands, command_rx) = crate::provision::command_channel();
-        let (observer, rebuilds, provision_writers): (Arc<dyn http::BootObserver>, _, _) =
-            if plan.provisioning.is_some() {
-                (
-                    Arc::new(crate::provision::ProvisionerObserves),
-                    crate::provision::Rebuilds::Provisioner(commands),
-                    Some(crate::provision::ProvisionWriters { nodes, progress }),
-                )
-            } else {
-                let offline = Arc::new(crate::provision::OfflineObserver {
-                    inventory: inv.clone(),
-                    store: store.clone(),
-                    nodes: Arc::new(nodes),
-                    view: view.clone(),
-                });
-                (
-                    offline.clone(),
-                    crate::provision::Rebuilds::Offline(offline),
-                    None,
-                )
-            };
-        // Rollouts and power requests run with the provisioning side's credentials and
-        // drivers, so only when serve provisions.
-        let (rollouts, power) = match &plan.provisioning {
-            Some(p) => {
-                let ctx = crate::daytwo::remote::RolloutCtx {
-                    inventory: inv.clone(),
-                    store: store.clone(),
-                    rollouts: rollout_writer.clone(),
-                    creds: p.creds.clone(),
-                    apid_port: p.settings.apid_port,
-                    view: Some(view.clone()),
-                    events: Some(events.clone()),
-                };
-                let rollouts: Arc<dyn crate::admin::rollouts::RolloutHost> =
-                    Arc::new(crate::admin::rollouts::ServeRollouts::new(ctx));
-                let power =
-                    crate::admin::power::PowerDesk::new(p.settings.power.clone(), events.clone());
-                (Some(rollouts), Some(power))
-            }
-            None => (None, None),
-        };
-        let admin_app = Arc::new(crate::admin::AdminApp {
-            inventory: inv.clone(),
-            store: store.clone(),
-            view: view.clone(),
-            events: events.clone(),
-            metrics,
-            commands: rebuilds,
-            rollouts,
-            power,
-        });
-        let app = Arc::new(HttpApp {
-            inventory: inv.clone(),
-            store: store.clone(),
-            view: view.clone(),
-            events: events.clone(),
-            images_dir: plan.images_dir.clone(),
-            catalog: plan.catalog,
-            cmdlines: Default::default(),
-            base_url: base_url.clone(),
-            scripts: Scripts::new(),
-            configs: Arc::new(ConfigDir(plan.configs.clone())),
-            tokens: http::tokens::Tokens::start(store.clone(), tokens).0,
+        let (observer, rebuilds, provision_writers) =
+            node_writer_owner(&s, plan.provisioning.is_some(), commands, nodes, progress);
+        let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
+        let app = http_app(
+            &s,
+            plan.catalog,
+            plan.images_dir,
+            plan.configs,
+            base_url.clone(),
+            tokens,
             observer,
-        });
-        {
-            let cancel = cancel.clone();
-            let ipxe_http = ipxe.clone();
-            tasks.spawn(async move {
-                // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
-                let router = http::router(app).merge(firststage::router(ipxe_http));
-                http::server::serve(http, router, http_limits, "provisioning", cancel)
-                    .await
-                    .map_err(ServerFailure::Http)
-            });
+        );
+        let limits = plan.http_limits;
+        spawn_http(&mut tasks, &s, self.http, app, self.ipxe.clone(), limits);
+        let auth = (plan.admin_token, plan.admin_hosts);
+        spawn_admin(&mut tasks, &s, self.admin, admin_app, auth, limits);
+        let tftp_on = plan.tftp.is_some();
+        if let (Some(socket), Some((_, config))) = (self.tftp, plan.tftp) {
+            spawn_tftp(&mut tasks, &s, socket, config, self.ipxe, &plan.ipxe_dir)?;
         }
-        {
-            let cancel = cancel.clone();
-            // A rollout request carries every node's rendered config (tens of KiB each).
-            let admin_limits = http::server::Limits {
-                head: http::conn::HeadLimits {
-                    max_body_bytes: ADMIN_MAX_BODY,
-                    ..http_limits.head
-                },
-                ..http_limits
-            };
-            tasks.spawn(async move {
-                http::server::serve(
-                    admin,
-                    crate::admin::router(admin_app, plan_admin_token, plan_admin_hosts),
-                    admin_limits,
-                    "admin",
-                    cancel,
-                )
-                .await
-                .map_err(ServerFailure::Admin)
-            });
+        let dhcp_writers = crate::dhcp::server::DhcpWriters {
+            leases,
+            bindings: meta,
+        };
+        spawn_dhcp(
+            &mut tasks,
+            &s,
+            self.dhcp,
+            dhcp_writers,
+            plan.advertise,
+            http_port,
+        );
+        if let Some(ra) = self.ra {
+            spawn_ra(&mut tasks, &s, ra);
         }
-
-        if let (Some(socket), Some((_, config))) = (tftp, plan.tftp.clone()) {
-            let (tx, rx) = tokio::sync::mpsc::channel(1024);
-            tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-            let server = TftpServer::with_files(config, ipxe.clone())
-                .map_err(|e| ApplianceError::Bind {
-                    addr: format!("tftp {}", plan.ipxe_dir.display()),
-                    cause: e.into(),
-                })?
-                .with_events(tx);
-            let c = cancel.clone();
-            tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
-            let report =
-                crate::tftp::report::publish_events(rx, view.clone(), inv.clone(), events.clone());
-            tasks.spawn(async move {
-                report.await;
-                Ok(())
-            });
-        }
-
-        if let Some(server) = dhcp {
-            let ctx = DecideCtx::from_inventory(
-                &inv,
-                plan.advertise,
-                BootTargets::standard(plan.advertise, http_port),
-            );
-            let (store, events, c, view) =
-                (store.clone(), events.clone(), cancel.clone(), view.clone());
-            let writers = Arc::new(crate::dhcp::server::DhcpWriters {
-                leases,
-                bindings: meta,
-            });
-            tasks.spawn(async move {
-                server
-                    .with_view(view)
-                    .run(ctx, FloodConfig::default(), store, writers, events, c)
-                    .await
-                    .map_err(ServerFailure::Dhcp)
-            });
-        } else {
-            tracing::info!(
-                "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-            );
-        }
-
-        if let Some(ra) = ra {
-            let c = cancel.clone();
-            tasks.spawn(async move {
-                ra.run(c).await;
-                Ok(())
-            });
-        }
-
         if let (Some(p), Some(writers)) = (plan.provisioning, provision_writers) {
-            let provisioner = crate::provision::Provisioner::new(
-                inv.clone(),
-                store.clone(),
-                writers,
-                events.clone(),
-                p.renderer,
-                p.creds,
-                p.settings,
-            )
-            .with_commands(command_rx)
-            .with_view(view.clone());
-            let c = cancel.clone();
-            tasks.spawn(async move {
-                // On shutdown the provisioner is dropped where it stands, in-flight Talos call
-                // included, so nothing new starts after the signal: each phase is persisted
-                // before the call it leads to, and the next start resumes from it.
-                tokio::select! {
-                    _ = provisioner.run(c.clone()) => {}
-                    _ = c.cancelled() => {
-                        tracing::info!("provisioning stopped");
-                    }
-                }
-                Ok(())
-            });
-            tracing::info!("push provisioning running");
+            spawn_provisioner(&mut tasks, &s, p, writers, command_rx);
         }
-
         if let Some(drift) = plan.drift {
-            spawn_drift(&mut tasks, drift, &events, &view, &cancel);
+            spawn_drift(&mut tasks, drift, &s.events, &s.view, &s.cancel);
         }
-
         if let Some((round, p)) = power_on {
-            let (events, c) = (events.clone(), cancel.clone());
-            tasks.spawn(async move {
-                // The round ending is not a failure: the other tasks keep running.
-                crate::power::round::power_on_round(round, p.drivers, p.stagger, events, c).await;
-                Ok(())
-            });
+            spawn_power_on(&mut tasks, &s, round, p);
         }
 
         tracing::info!(
             advertise = %plan.advertise,
             http = %base_url,
             admin = %admin_url,
-            tftp = plan.tftp.is_some(),
-            nodes = inv.nodes.len(),
+            tftp = tftp_on,
+            nodes = s.inv.nodes.len(),
             "talboot serving"
         );
-        Ok(Running {
-            cancel,
-            tasks: Mutex::new(tasks),
-            events,
+        Ok(s.running(
+            tasks,
             event_writer,
-            store,
-            rollouts: rollout_writer,
-            view,
+            rollouts,
+            self.store_closed,
+            base_url,
+            admin_url,
+        ))
+    }
+}
+
+/// What every task [`Bound::start`] spawns shares.
+struct Shared {
+    inv: Arc<Inventory>,
+    store: Arc<dyn Store>,
+    view: Arc<crate::view::StateView>,
+    events: EventBus,
+    cancel: CancellationToken,
+}
+
+impl Shared {
+    /// The handle on the started tasks.
+    fn running(
+        self,
+        tasks: Tasks,
+        event_writer: tokio::task::JoinHandle<()>,
+        rollouts: Arc<store::RolloutWriter>,
+        store_closed: store::Closed,
+        base_url: String,
+        admin_url: String,
+    ) -> Running {
+        Running {
+            cancel: self.cancel,
+            tasks: Mutex::new(tasks),
+            events: self.events,
+            event_writer,
+            store: self.store,
+            rollouts,
+            view: self.view,
             store_closed,
             base_url,
             admin_url,
-            node_count: inv.nodes.len(),
-        })
+            node_count: self.inv.nodes.len(),
+        }
     }
+}
+
+/// The power-on round, planned from the store as it is now.
+fn plan_power_on(
+    inv: &Inventory,
+    store: &dyn Store,
+    p: PowerOnPlan,
+) -> Result<(Vec<crate::power::round::PowerOnStep>, PowerOnPlan), ApplianceError> {
+    let phases = store
+        .nodes()?
+        .into_iter()
+        .map(|r| (r.name, r.phase))
+        .collect();
+    let kinds = p
+        .drivers
+        .iter()
+        .map(|(name, d)| (name.clone(), d.kind()))
+        .collect();
+    Ok((crate::power::round::power_on_plan(inv, &phases, &kinds), p))
+}
+
+/// `http://advertise[:port]`, the port left out when it is 80.
+fn base_url(advertise: Ipv4Addr, http_port: u16) -> String {
+    if http_port == 80 {
+        format!("http://{advertise}")
+    } else {
+        format!("http://{advertise}:{http_port}")
+    }
+}
+
+/// The Prometheus recorder behind `/metrics` (one per process: a second start in the same
+/// process goes without).
+fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
+        .ok()
+}
+
+/// The provisioning listener's state.
+fn http_app(
+    s: &Shared,
+    catalog: Catalog,
+    images_dir: PathBuf,
+    configs: PathBuf,
+    base_url: String,
+    tokens: store::TokenWriter,
+    observer: Arc<dyn http::BootObserver>,
+) -> Arc<HttpApp> {
+    Arc::new(HttpApp {
+        inventory: s.inv.clone(),
+        store: s.store.clone(),
+        view: s.view.clone(),
+        events: s.events.clone(),
+        images_dir,
+        catalog,
+        cmdlines: Default::default(),
+        base_url,
+        scripts: Scripts::new(),
+        configs: Arc::new(ConfigDir(configs)),
+        tokens: http::tokens::Tokens::start(s.store.clone(), tokens).0,
+        observer,
+    })
+}
+
+/// Who owns the node records' writer, and so records what the provisioning listener sees
+/// machines do and carries out the admin API's rebuilds: the provisioner when one runs (it
+/// learns of a boot from the script event), otherwise the offline observer.
+fn node_writer_owner(
+    s: &Shared,
+    provisioning: bool,
+    commands: crate::provision::CommandSender,
+    nodes: store::NodeWriter,
+    progress: store::ProgressWriter,
+) -> (
+    Arc<dyn http::BootObserver>,
+    crate::provision::Rebuilds,
+    Option<crate::provision::ProvisionWriters>,
+) {
+    if provisioning {
+        (
+            Arc::new(crate::provision::ProvisionerObserves),
+            crate::provision::Rebuilds::Provisioner(commands),
+            Some(crate::provision::ProvisionWriters { nodes, progress }),
+        )
+    } else {
+        let offline = Arc::new(crate::provision::OfflineObserver {
+            inventory: s.inv.clone(),
+            store: s.store.clone(),
+            nodes: Arc::new(nodes),
+            view: s.view.clone(),
+        });
+        (
+            offline.clone(),
+            crate::provision::Rebuilds::Offline(offline),
+            None,
+        )
+    }
+}
+
+/// The admin API's state.
+fn admin_app(
+    s: &Shared,
+    provisioning: Option<&ProvisioningPlan>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    rebuilds: crate::provision::Rebuilds,
+    rollout_writer: &Arc<store::RolloutWriter>,
+) -> Arc<crate::admin::AdminApp> {
+    // Rollouts and power requests run with the provisioning side's credentials and
+    // drivers, so only when serve provisions.
+    let (rollouts, power) = match provisioning {
+        Some(p) => {
+            let ctx = crate::daytwo::remote::RolloutCtx {
+                inventory: s.inv.clone(),
+                store: s.store.clone(),
+                rollouts: rollout_writer.clone(),
+                creds: p.creds.clone(),
+                apid_port: p.settings.apid_port,
+                view: Some(s.view.clone()),
+                events: Some(s.events.clone()),
+            };
+            let rollouts: Arc<dyn crate::admin::rollouts::RolloutHost> =
+                Arc::new(crate::admin::rollouts::ServeRollouts::new(ctx));
+            let power =
+                crate::admin::power::PowerDesk::new(p.settings.power.clone(), s.events.clone());
+            (Some(rollouts), Some(power))
+        }
+        None => (None, None),
+    };
+    Arc::new(crate::admin::AdminApp {
+        inventory: s.inv.clone(),
+        store: s.store.clone(),
+        view: s.view.clone(),
+        events: s.events.clone(),
+        metrics,
+        commands: rebuilds,
+        rollouts,
+        power,
+    })
+}
+
+/// Spawns the provisioning HTTP server.
+fn spawn_http(
+    tasks: &mut Tasks,
+    s: &Shared,
+    listener: tokio::net::TcpListener,
+    app: Arc<HttpApp>,
+    ipxe: Arc<FirstStage>,
+    limits: http::server::Limits,
+) {
+    let cancel = s.cancel.clone();
+    tasks.spawn(async move {
+        // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
+        let router = http::router(app).merge(firststage::router(ipxe));
+        http::server::serve(listener, router, limits, "provisioning", cancel)
+            .await
+            .map_err(ServerFailure::Http)
+    });
+}
+
+/// The admin token and host names the admin router checks requests against.
+type AdminAuth = (
+    Option<Arc<crate::admin::auth::AdminToken>>,
+    Arc<crate::admin::dashboard::AdminHosts>,
+);
+
+/// Spawns the admin HTTP server.
+fn spawn_admin(
+    tasks: &mut Tasks,
+    s: &Shared,
+    listener: tokio::net::TcpListener,
+    app: Arc<crate::admin::AdminApp>,
+    (token, hosts): AdminAuth,
+    http_limits: http::server::Limits,
+) {
+    let cancel = s.cancel.clone();
+    // A rollout request carries every node's rendered config (tens of KiB each).
+    let admin_limits = http::server::Limits {
+        head: http::conn::HeadLimits {
+            max_body_bytes: ADMIN_MAX_BODY,
+            ..http_limits.head
+        },
+        ..http_limits
+    };
+    tasks.spawn(async move {
+        http::server::serve(
+            listener,
+            crate::admin::router(app, token, hosts),
+            admin_limits,
+            "admin",
+            cancel,
+        )
+        .await
+        .map_err(ServerFailure::Admin)
+    });
+}
+
+/// Spawns the TFTP server and the task that publishes its transfers as events.
+fn spawn_tftp(
+    tasks: &mut Tasks,
+    s: &Shared,
+    socket: tokio::net::UdpSocket,
+    config: TftpConfig,
+    ipxe: Arc<FirstStage>,
+    ipxe_dir: &std::path::Path,
+) -> Result<(), ApplianceError> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
+    let server = TftpServer::with_files(config, ipxe)
+        .map_err(|e| ApplianceError::Bind {
+            addr: format!("tftp {}", ipxe_dir.display()),
+            cause: e.into(),
+        })?
+        .with_events(tx);
+    let c = s.cancel.clone();
+    tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
+    let report =
+        crate::tftp::report::publish_events(rx, s.view.clone(), s.inv.clone(), s.events.clone());
+    tasks.spawn(async move {
+        report.await;
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Spawns the DHCP server, or says that it does not run.
+fn spawn_dhcp(
+    tasks: &mut Tasks,
+    s: &Shared,
+    dhcp: Option<DhcpServer>,
+    writers: crate::dhcp::server::DhcpWriters,
+    advertise: Ipv4Addr,
+    http_port: u16,
+) {
+    let Some(server) = dhcp else {
+        tracing::info!(
+            "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
+        );
+        return;
+    };
+    let ctx = DecideCtx::from_inventory(
+        &s.inv,
+        advertise,
+        BootTargets::standard(advertise, http_port),
+    );
+    let (store, events, c, view) = (
+        s.store.clone(),
+        s.events.clone(),
+        s.cancel.clone(),
+        s.view.clone(),
+    );
+    tasks.spawn(async move {
+        server
+            .with_view(view)
+            .run(
+                ctx,
+                FloodConfig::default(),
+                store,
+                Arc::new(writers),
+                events,
+                c,
+            )
+            .await
+            .map_err(ServerFailure::Dhcp)
+    });
+}
+
+/// Spawns the "no IPv6 router" advertiser.
+fn spawn_ra(tasks: &mut Tasks, s: &Shared, ra: crate::ndp::Advertiser) {
+    let c = s.cancel.clone();
+    tasks.spawn(async move {
+        ra.run(c).await;
+        Ok(())
+    });
+}
+
+/// Spawns the power-on round.
+fn spawn_power_on(
+    tasks: &mut Tasks,
+    s: &Shared,
+    round: Vec<crate::power::round::PowerOnStep>,
+    p: PowerOnPlan,
+) {
+    let (events, c) = (s.events.clone(), s.cancel.clone());
+    tasks.spawn(async move {
+        // The round ending is not a failure: the other tasks keep running.
+        crate::power::round::power_on_round(round, p.drivers, p.stagger, events, c).await;
+        Ok(())
+    });
+}
+
+/// Spawns the push provisioner, fed the admin API's commands.
+fn spawn_provisioner(
+    tasks: &mut Tasks,
+    s: &Shared,
+    p: ProvisioningPlan,
+    writers: crate::provision::ProvisionWriters,
+    command_rx: crate::provision::CommandReceiver,
+) {
+    let provisioner = crate::provision::Provisioner::new(
+        s.inv.clone(),
+        s.store.clone(),
+        writers,
+        s.events.clone(),
+        p.renderer,
+        p.creds,
+        p.settings,
+    )
+    .with_commands(command_rx)
+    .with_view(s.view.clone());
+    let c = s.cancel.clone();
+    tasks.spawn(async move {
+        // On shutdown the provisioner is dropped where it stands, in-flight Talos call
+        // included, so nothing new starts after the signal: each phase is persisted
+        // before the call it leads to, and the next start resumes from it.
+        tokio::select! {
+            _ = provisioner.run(c.clone()) => {}
+            _ = c.cancelled() => {
+                tracing::info!("provisioning stopped");
+            }
+        }
+        Ok(())
+    });
+    tracing::info!("push provisioning running");
 }
 
 /// Every long-running task of the appliance: a server's error (or a panic) stops the rest.

@@ -39,94 +39,97 @@ pub struct Args {
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
     match inventory::load(&args.inventory.config) {
-        Ok(loaded) => {
-            for w in loaded.warnings.sorted() {
-                eprintln!("{w}");
-            }
-            let schema = match crate::machineconfig::schema::load_for_inventory(
-                args.schema.as_deref(),
-                &loaded.inventory,
-            ) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("talboot: {e}");
-                    return ExitCode::from(EXIT_USAGE);
-                }
-            };
-            match render_check(&loaded.inventory, &schema) {
-                Ok(warnings) => {
-                    for w in warnings {
-                        eprintln!("{w}");
-                    }
-                }
-                Err(problems) => {
-                    for p in &problems {
-                        eprintln!("{p}");
-                    }
-                    eprintln!(
-                        "{}: invalid: {} problem{} in the rendered machine configs",
-                        args.inventory.config.display(),
-                        problems.len(),
-                        if problems.len() == 1 { "" } else { "s" }
-                    );
-                    return ExitCode::from(EXIT_INVALID);
-                }
-            }
-            print!("{}", summary(&loaded.inventory));
-            readiness_notes(&loaded.inventory, args);
-            if args.probe {
-                let failed = super::power::probe_all(
-                    &loaded.inventory,
-                    args.power_identity.age_identity.clone(),
-                );
-                if failed > 0 {
-                    eprintln!(
-                        "talboot: check --probe: {failed} power controller(s) did not answer"
-                    );
-                    return ExitCode::from(EXIT_INVALID);
-                }
-            }
-            let warnings = loaded.warnings.len();
-            println!(
-                "valid: {} node{} in {} role{}, {warnings} warning{}",
-                loaded.inventory.nodes.len(),
-                if loaded.inventory.nodes.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-                roles_in_use(&loaded.inventory).len(),
-                if roles_in_use(&loaded.inventory).len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-                if warnings == 1 { "" } else { "s" }
-            );
-            ExitCode::SUCCESS
-        }
-        Err(LoadError::Invalid { path, diagnostics }) => {
-            for diag in diagnostics.sorted() {
-                eprintln!("{diag}");
-            }
-            let errors = diagnostics.error_count();
-            let warnings = diagnostics
-                .iter()
-                .filter(|d| d.severity == Severity::Warning)
-                .count();
-            eprintln!(
-                "{}: invalid: {errors} error{}, {warnings} warning{}",
-                path.display(),
-                if errors == 1 { "" } else { "s" },
-                if warnings == 1 { "" } else { "s" }
-            );
-            ExitCode::from(EXIT_INVALID)
-        }
+        Ok(loaded) => check_loaded(args, &loaded),
+        Err(LoadError::Invalid { path, diagnostics }) => invalid(&path, &diagnostics),
         Err(e @ LoadError::Io { .. }) => {
             eprintln!("talboot: {e}");
             ExitCode::from(EXIT_USAGE)
         }
     }
+}
+
+/// Checks the rendered configs of a loaded inventory (and probes its power controllers if
+/// asked), printing the summary.
+fn check_loaded(args: &Args, loaded: &inventory::Loaded) -> ExitCode {
+    for w in loaded.warnings.sorted() {
+        eprintln!("{w}");
+    }
+    let schema = match crate::machineconfig::schema::load_for_inventory(
+        args.schema.as_deref(),
+        &loaded.inventory,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match render_check(&loaded.inventory, &schema) {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("{w}");
+            }
+        }
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            eprintln!(
+                "{}: invalid: {} problem{} in the rendered machine configs",
+                args.inventory.config.display(),
+                problems.len(),
+                if problems.len() == 1 { "" } else { "s" }
+            );
+            return ExitCode::from(EXIT_INVALID);
+        }
+    }
+    print!("{}", summary(&loaded.inventory));
+    readiness_notes(&loaded.inventory, args);
+    if args.probe {
+        let failed =
+            super::power::probe_all(&loaded.inventory, args.power_identity.age_identity.clone());
+        if failed > 0 {
+            eprintln!("talboot: check --probe: {failed} power controller(s) did not answer");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    }
+    let warnings = loaded.warnings.len();
+    println!(
+        "valid: {} node{} in {} role{}, {warnings} warning{}",
+        loaded.inventory.nodes.len(),
+        if loaded.inventory.nodes.len() == 1 {
+            ""
+        } else {
+            "s"
+        },
+        roles_in_use(&loaded.inventory).len(),
+        if roles_in_use(&loaded.inventory).len() == 1 {
+            ""
+        } else {
+            "s"
+        },
+        if warnings == 1 { "" } else { "s" }
+    );
+    ExitCode::SUCCESS
+}
+
+/// Prints the problems of an invalid inventory.
+fn invalid(path: &std::path::Path, diagnostics: &inventory::Diagnostics) -> ExitCode {
+    for diag in diagnostics.sorted() {
+        eprintln!("{diag}");
+    }
+    let errors = diagnostics.error_count();
+    let warnings = diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Warning)
+        .count();
+    eprintln!(
+        "{}: invalid: {errors} error{}, {warnings} warning{}",
+        path.display(),
+        if errors == 1 { "" } else { "s" },
+        if warnings == 1 { "" } else { "s" }
+    );
+    ExitCode::from(EXIT_INVALID)
 }
 
 /// Renders every node with a throwaway secrets bundle and validates the documents against
@@ -213,6 +216,23 @@ pub fn summary(inv: &Inventory) -> String {
             .map(|v| format!(", VIP {}", v.value))
             .unwrap_or_default()
     );
+    network_line(&mut out, n);
+    let _ = writeln!(
+        out,
+        "boot {} delivery, unknown machines: {}, schematic {}",
+        inv.boot.delivery,
+        inv.boot.unknown_machines,
+        c.installer.schematic_id()
+    );
+    for role in roles_in_use(inv) {
+        role_section(&mut out, inv, role);
+    }
+    out.push('\n');
+    out
+}
+
+/// The network line of the summary.
+fn network_line(out: &mut String, n: &inventory::Network) {
     let ifaces = if n.interfaces.is_empty() {
         "(interface not set)".to_string()
     } else {
@@ -247,78 +267,76 @@ pub fn summary(inv: &Inventory) -> String {
             )
         }
     );
+}
+
+/// One role of the summary: its header and its nodes' table.
+fn role_section(out: &mut String, inv: &Inventory, role: &str) {
+    let r = &inv.roles[role];
+    let members: Vec<_> = inv
+        .nodes
+        .iter()
+        .filter(|n| n.role.as_str() == role)
+        .collect();
+    let chain = if r.chain.len() > 1 {
+        format!(", extends {}", r.chain[..r.chain.len() - 1].join(" <- "))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "boot {} delivery, unknown machines: {}, schematic {}",
-        inv.boot.delivery,
-        inv.boot.unknown_machines,
-        c.installer.schematic_id()
+        "\nrole {role} (type {}{chain}, {} node{})",
+        r.machine_type,
+        members.len(),
+        if members.len() == 1 { "" } else { "s" }
     );
-    for role in roles_in_use(inv) {
-        let r = &inv.roles[role];
-        let members: Vec<_> = inv
-            .nodes
-            .iter()
-            .filter(|n| n.role.as_str() == role)
-            .collect();
-        let chain = if r.chain.len() > 1 {
-            format!(", extends {}", r.chain[..r.chain.len() - 1].join(" <- "))
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "\nrole {role} (type {}{chain}, {} node{})",
-            r.machine_type,
-            members.len(),
-            if members.len() == 1 { "" } else { "s" }
-        );
-        let rows: Vec<[String; 5]> = members
-            .iter()
-            .map(|node| {
-                let macs = node
-                    .macs
-                    .iter()
-                    .map(|m| m.value.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let boot = format!(
-                    "{}/{}",
-                    node.firmware.map(|f| f.as_str()).unwrap_or("auto"),
-                    inv.arch_of(node)
-                );
-                [
-                    node.name.value.clone(),
-                    macs,
-                    node.address.value.to_string(),
-                    node.install.to_string(),
-                    boot,
-                ]
-            })
-            .collect();
-        let header = ["NAME", "MAC", "ADDRESS", "INSTALL DISK", "BOOT"];
-        let mut widths = header.map(str::len);
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.len());
-            }
-        }
-        let line = |cells: [&str; 5]| {
-            let mut s = String::from("  ");
-            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-                if i == 4 {
-                    s.push_str(cell);
-                } else {
-                    let _ = write!(s, "{cell:<w$}  ");
-                }
-            }
-            s
-        };
-        let _ = writeln!(out, "{}", line(header));
-        for row in &rows {
-            let _ = writeln!(out, "{}", line(row.each_ref().map(String::as_str)));
+    node_table(out, inv, &members);
+}
+
+/// The nodes' table of one role, columns as wide as their widest cell.
+fn node_table(out: &mut String, inv: &Inventory, members: &[&inventory::Node]) {
+    let rows: Vec<[String; 5]> = members
+        .iter()
+        .map(|node| {
+            let macs = node
+                .macs
+                .iter()
+                .map(|m| m.value.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let boot = format!(
+                "{}/{}",
+                node.firmware.map(|f| f.as_str()).unwrap_or("auto"),
+                inv.arch_of(node)
+            );
+            [
+                node.name.value.clone(),
+                macs,
+                node.address.value.to_string(),
+                node.install.to_string(),
+                boot,
+            ]
+        })
+        .collect();
+    let header = ["NAME", "MAC", "ADDRESS", "INSTALL DISK", "BOOT"];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
         }
     }
-    out.push('\n');
-    out
+    let line = |cells: [&str; 5]| {
+        let mut s = String::from("  ");
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i == 4 {
+                s.push_str(cell);
+            } else {
+                let _ = write!(s, "{cell:<w$}  ");
+            }
+        }
+        s
+    };
+    let _ = writeln!(out, "{}", line(header));
+    for row in &rows {
+        let _ = writeln!(out, "{}", line(row.each_ref().map(String::as_str)));
+    }
 }

@@ -245,24 +245,9 @@ fn now_unix() -> u64 {
 }
 
 fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
-    // The same rules as `pull` for version, schematic and architecture; no factory is used.
-    let p = PullArgs {
-        config: i.config.clone(),
-        talos: i.talos.clone(),
-        schematic: i.schematic.clone(),
-        arch: i.arch.iter().cloned().collect(),
-        factory: None,
-    };
-    let id = match requested_sets(&p) {
-        Ok((sets, _)) if sets.len() == 1 => sets.into_iter().next().expect("one set"),
-        Ok((sets, _)) => {
-            let arches: Vec<&str> = sets.iter().map(|s| s.arch.as_str()).collect();
-            return usage(format!(
-                "the inventory has nodes of several architectures ({}); import one at a time with --arch",
-                arches.join(", ")
-            ));
-        }
-        Err(e) => return usage(e),
+    let id = match import_set(i) {
+        Ok(id) => id,
+        Err(c) => return c,
     };
     // An ISO's files are copied out to a scratch folder first (removed when `_extracted`
     // drops, after the import has copied them again into the set).
@@ -325,40 +310,71 @@ fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
             iso: None,
         }
     };
-    use artifacts::import::Outcome;
     match artifacts::import::import(dir, &req, now_unix()) {
-        Ok((entry, outcome)) => {
-            match outcome {
-                Outcome::Unchanged => {
-                    println!(
-                        "{id} is already in {} with these files; nothing to do",
-                        dir.display()
-                    );
-                    return ExitCode::SUCCESS;
-                }
-                Outcome::Imported => println!("imported {id} into {}", dir.display()),
-                Outcome::Repaired => println!(
-                    "repaired {id} in {}: its files were damaged and have been copied again",
-                    dir.display()
-                ),
-                Outcome::Replaced(kinds) => println!(
-                    "replaced {id} in {} (--force; new {})",
-                    dir.display(),
-                    kinds
-                        .iter()
-                        .map(|k| kind_name(*k))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-            print_files(&entry);
-            ExitCode::SUCCESS
-        }
+        Ok((entry, outcome)) => print_imported(dir, &id, &entry, outcome),
         Err(e) => {
             eprintln!("talboot images import: {e}");
             ExitCode::from(EXIT_INVALID)
         }
     }
+}
+
+/// The one set `import` fills: the same rules as `pull` for version, schematic and
+/// architecture; no factory is used.
+fn import_set(i: &ImportArgs) -> Result<SetId, ExitCode> {
+    let p = PullArgs {
+        config: i.config.clone(),
+        talos: i.talos.clone(),
+        schematic: i.schematic.clone(),
+        arch: i.arch.iter().cloned().collect(),
+        factory: None,
+    };
+    match requested_sets(&p) {
+        Ok((sets, _)) if sets.len() == 1 => Ok(sets.into_iter().next().expect("one set")),
+        Ok((sets, _)) => {
+            let arches: Vec<&str> = sets.iter().map(|s| s.arch.as_str()).collect();
+            Err(usage(format!(
+                "the inventory has nodes of several architectures ({}); import one at a time with --arch",
+                arches.join(", ")
+            )))
+        }
+        Err(e) => Err(usage(e)),
+    }
+}
+
+/// What an import did, and the set's files.
+fn print_imported(
+    dir: &std::path::Path,
+    id: &SetId,
+    entry: &artifacts::Entry,
+    outcome: artifacts::import::Outcome,
+) -> ExitCode {
+    use artifacts::import::Outcome;
+    match outcome {
+        Outcome::Unchanged => {
+            println!(
+                "{id} is already in {} with these files; nothing to do",
+                dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        Outcome::Imported => println!("imported {id} into {}", dir.display()),
+        Outcome::Repaired => println!(
+            "repaired {id} in {}: its files were damaged and have been copied again",
+            dir.display()
+        ),
+        Outcome::Replaced(kinds) => println!(
+            "replaced {id} in {} (--force; new {})",
+            dir.display(),
+            kinds
+                .iter()
+                .map(|k| kind_name(*k))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+    print_files(entry);
+    ExitCode::SUCCESS
 }
 
 fn print_files(entry: &artifacts::Entry) {

@@ -99,18 +99,8 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     };
     // Before any credentials, probe or power request: a node that holds no config from
     // talboot has nothing to reset.
-    match store.node(&args.name) {
-        Ok(rec) => {
-            let rec = rec.unwrap_or_else(|| store::NodeRecord::unseen(&args.name, 0));
-            if let Err(refused) = crate::provision::core::check_rebuild(&rec) {
-                eprintln!("talboot: {refused}");
-                return ExitCode::from(EXIT_INVALID);
-            }
-        }
-        Err(e) => {
-            eprintln!("talboot: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+    if let Err(code) = check_rebuildable(store.as_ref(), &args.name) {
+        return code;
     }
     let creds = match super::talosconfig_creds(
         args.talosconfig.as_deref(),
@@ -141,63 +131,102 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     let power_fallback =
         super::power::rebuild_needs_power(&inventory_for_power, &name, crate::talos::APID_PORT);
     rt.block_on(async move {
-        let (bus, writer) = EventBus::start(writers.events, Arc::new(SystemClock));
-        let prov = Provisioner::new(
-            Arc::new(inventory),
-            store,
-            crate::provision::ProvisionWriters {
-                nodes: writers.nodes,
-                progress: writers.progress,
-            },
-            bus,
-            Arc::new(NoRender),
-            creds,
-            settings,
-        );
-        let result = prov.rebuild(&name).await;
-        drop(prov);
-        let _ = writer.await;
-        // Nothing to reset (never provisioned, or waiting for its config): no reset, no power
-        // cycle, and the operator is told what happens instead.
-        if let Err(crate::provision::ProvisionError::RebuildRefused(r)) = &result {
-            eprintln!("talboot: {r}");
-            return ExitCode::from(EXIT_INVALID);
-        }
-        if power_fallback {
-            match super::power::rebuild_by_power(&inventory_for_power, &name).await {
-                Ok(done) => {
-                    println!(
-                        "{name}: marked for rebuild; {done}; its next boot gets its config again"
-                    );
-                    return ExitCode::SUCCESS;
-                }
-                Err(e) => eprintln!("talboot: {name}: power control failed: {e}"),
-            }
-        }
-        match result {
-            Ok(crate::provision::NodeStep::Waiting(why)) => {
-                eprintln!(
-                    "talboot: {name} is marked for rebuild but was not reset yet: {why}\n\
-                     `talboot serve` retries the reset; or power-cycle it into network boot"
-                );
-                ExitCode::from(EXIT_INVALID)
-            }
-            Ok(step) => {
-                println!(
-                    "{name}: marked for rebuild; provisioning window open ({step:?}); its next \
-                     boot gets its config again"
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!(
-                    "talboot: {e}\n{name} stays marked for rebuild; `talboot serve` retries the \
-                     reset, or power-cycle it into network boot"
-                );
-                ExitCode::from(EXIT_INVALID)
-            }
-        }
+        let result = reset(inventory, store, writers, creds, settings, &name).await;
+        report_rebuild(result, power_fallback, &inventory_for_power, &name).await
     })
+}
+
+/// Refuses, before anything else, a node that holds no config from talboot.
+fn check_rebuildable(store: &dyn Store, name: &str) -> Result<(), ExitCode> {
+    match store.node(name) {
+        Ok(rec) => {
+            let rec = rec.unwrap_or_else(|| store::NodeRecord::unseen(name, 0));
+            if let Err(refused) = crate::provision::core::check_rebuild(&rec) {
+                eprintln!("talboot: {refused}");
+                return Err(ExitCode::from(EXIT_INVALID));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("talboot: {e}");
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
+/// Marks the node for rebuild and resets it over its API, the event log flushed after.
+async fn reset(
+    inventory: crate::inventory::Inventory,
+    store: Arc<dyn Store>,
+    writers: store::Writers,
+    creds: crate::talos::ClientCreds,
+    settings: Settings,
+    name: &str,
+) -> Result<crate::provision::NodeStep, crate::provision::ProvisionError> {
+    let (bus, writer) = EventBus::start(writers.events, Arc::new(SystemClock));
+    let prov = Provisioner::new(
+        Arc::new(inventory),
+        store,
+        crate::provision::ProvisionWriters {
+            nodes: writers.nodes,
+            progress: writers.progress,
+        },
+        bus,
+        Arc::new(NoRender),
+        creds,
+        settings,
+    );
+    let result = prov.rebuild(name).await;
+    drop(prov);
+    let _ = writer.await;
+    result
+}
+
+/// Tells the operator what the rebuild did, power-cycling the node if it did not answer.
+async fn report_rebuild(
+    result: Result<crate::provision::NodeStep, crate::provision::ProvisionError>,
+    power_fallback: bool,
+    inventory: &Arc<crate::inventory::Inventory>,
+    name: &str,
+) -> ExitCode {
+    // Nothing to reset (never provisioned, or waiting for its config): no reset, no power
+    // cycle, and the operator is told what happens instead.
+    if let Err(crate::provision::ProvisionError::RebuildRefused(r)) = &result {
+        eprintln!("talboot: {r}");
+        return ExitCode::from(EXIT_INVALID);
+    }
+    if power_fallback {
+        match super::power::rebuild_by_power(inventory, name).await {
+            Ok(done) => {
+                println!("{name}: marked for rebuild; {done}; its next boot gets its config again");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => eprintln!("talboot: {name}: power control failed: {e}"),
+        }
+    }
+    match result {
+        Ok(crate::provision::NodeStep::Waiting(why)) => {
+            eprintln!(
+                "talboot: {name} is marked for rebuild but was not reset yet: {why}\n\
+                 `talboot serve` retries the reset; or power-cycle it into network boot"
+            );
+            ExitCode::from(EXIT_INVALID)
+        }
+        Ok(step) => {
+            println!(
+                "{name}: marked for rebuild; provisioning window open ({step:?}); its next \
+                 boot gets its config again"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "talboot: {e}\n{name} stays marked for rebuild; `talboot serve` retries the \
+                 reset, or power-cycle it into network boot"
+            );
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
 }
 
 /// `serve` holds the store: ask its admin API to mark the node; its provisioner resets it.

@@ -397,34 +397,11 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(c) => return c,
     };
-    let phases: BTreeMap<String, NodePhase> = match &local {
-        Some((store, _)) => match store.nodes() {
-            Ok(recs) => recs
-                .into_iter()
-                .map(|r| (r.name.clone(), r.phase))
-                .collect(),
-            Err(e) => {
-                eprintln!("talboot: {e}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
-        None => match rt.block_on(serve_phases(a.common.store.admin)) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("talboot: {e}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
+    let phases = match rack_phases(a, local.as_ref().map(|(store, _)| store.as_ref()), &rt) {
+        Ok(p) => p,
+        Err(c) => return c,
     };
-    // Standalone the drivers are built here; through serve, serve's provisioner holds them
-    // (and the credentials), so only the inventory is consulted.
-    let drivers = match &local {
-        Some(_) => drivers(
-            &inv,
-            IdentitySources::from_process_env(a.common.power_identity.age_identity.clone()),
-        ),
-        None => BTreeMap::new(),
-    };
+    let drivers = rack_drivers(a, &inv, local.is_some());
     let mut failed = 0usize;
     let mut first = true;
     for node in &inv.nodes {
@@ -481,11 +458,60 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
             }
         }
     }
+    rack_up_exit(failed)
+}
+
+/// The exit of `rack up`: failure if any node failed.
+fn rack_up_exit(failed: usize) -> ExitCode {
     if failed > 0 {
         eprintln!("talboot: rack up: {failed} node(s) failed; see above");
         ExitCode::from(EXIT_INVALID)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Every node's phase, from the store or, while serve holds it, from serve.
+fn rack_phases(
+    a: &RackUpArgs,
+    local: Option<&dyn Store>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<BTreeMap<String, NodePhase>, ExitCode> {
+    match local {
+        Some(store) => match store.nodes() {
+            Ok(recs) => Ok(recs
+                .into_iter()
+                .map(|r| (r.name.clone(), r.phase))
+                .collect()),
+            Err(e) => {
+                eprintln!("talboot: {e}");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+        },
+        None => match rt.block_on(serve_phases(a.common.store.admin)) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                eprintln!("talboot: {e}");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+        },
+    }
+}
+
+/// Standalone the drivers are built here; through serve, serve's provisioner holds them
+/// (and the credentials), so only the inventory is consulted.
+fn rack_drivers(
+    a: &RackUpArgs,
+    inv: &Inventory,
+    local: bool,
+) -> BTreeMap<String, Result<PowerDriver, String>> {
+    if local {
+        drivers(
+            inv,
+            IdentitySources::from_process_env(a.common.power_identity.age_identity.clone()),
+        )
+    } else {
+        BTreeMap::new()
     }
 }
 

@@ -339,20 +339,7 @@ async fn start_and_run(args: Args) -> Result<(), StartError> {
 /// nothing is bound yet.
 pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     crate::install_crypto_provider();
-    let loaded = inventory::load(&args.inventory.config).map_err(|e| {
-        // Each problem with its file:line:column, as `check` prints them.
-        if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
-            for d in diagnostics.sorted() {
-                eprintln!("{d}");
-            }
-        }
-        StartError::Inventory(e, args.inventory.config.clone())
-    })?;
-    for w in loaded.warnings.sorted() {
-        tracing::warn!("{w}");
-    }
-    let inv = Arc::new(loaded.inventory);
-
+    let inv = load_inventory(args)?;
     // Refuse to start rather than boot machines into a missing or damaged kernel.
     let catalog = Catalog::load(&args.image_cache.images)?;
     for id in required_sets(&inv) {
@@ -365,9 +352,6 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     if inv.boot.delivery == inventory::Delivery::Pull {
         validate_pull_configs(&args.configs, &inv, &schema)?;
     }
-    // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
-    // stops `serve` now rather than when the first machine boots.
-    let mut drift = None;
     // One driver set (credentials resolved once) for the provisioner and --power-on.
     let power = if push || args.power_on {
         Arc::new(crate::power::dispatch::serve_drivers(
@@ -377,75 +361,22 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     } else {
         Arc::default()
     };
-    let provisioning = if push {
-        let inputs = provisioning_inputs(args, &inv, &schema)?;
-        let mut settings = crate::provision::Settings::new(args.state_dir.clone());
-        settings.addon_manifests = args.addon_manifests.clone();
-        settings.helm = args.helm.clone();
-        settings.concurrency = args.provision_concurrency.max(1);
-        settings.ksops_age_identity = inputs.ksops_age_identity;
-        settings.power = power.clone();
-        if args.drift_interval > 0 {
-            let (connector, targets) = crate::daytwo::drift::targets(
-                &inv,
-                inputs.renderer.as_ref(),
-                &inputs.creds,
-                settings.apid_port,
-            );
-            drift = Some(DriftPlan {
-                connector,
-                targets,
-                interval: std::time::Duration::from_secs(args.drift_interval),
-            });
-        }
-        Some(ProvisioningPlan {
-            renderer: inputs.renderer,
-            creds: inputs.creds,
-            settings,
-        })
+    // Everything push provisioning needs is loaded up front, so a missing key or talosconfig
+    // stops `serve` now rather than when the first machine boots.
+    let (provisioning, drift) = if push {
+        let (p, drift) = provisioning_plan(args, &inv, &schema, power.clone())?;
+        (Some(p), drift)
     } else {
-        None
+        (None, None)
     };
     let dhcp = if args.no_dhcp {
         None
     } else {
-        let iface = serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
-            addr: "udp 0.0.0.0:67".into(),
-            cause: "no interface to serve DHCP on; set network.interfaces or pass --interface"
-                .into(),
-        })?;
-        let ports = match inv.network.mode {
-            NetworkMode::Proxy => vec![dhcp::server::DHCP_PORT, dhcp::server::PXE_PORT],
-            NetworkMode::Authoritative => vec![dhcp::server::DHCP_PORT],
-        };
-        Some(DhcpPlan::Interface { iface, ports })
+        Some(dhcp_plan(args, &inv)?)
     };
-    let tftp = (!args.no_tftp).then(|| {
-        let max_blksize = serving_interface(args, &inv)
-            .and_then(|i| interface_mtu(&i))
-            .map(max_blksize_for_mtu)
-            .unwrap_or(TftpConfig::default().max_blksize);
-        let defaults = TftpConfig::default();
-        (
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port),
-            TftpConfig {
-                max_blksize,
-                max_transfers: args
-                    .tftp_max_transfers
-                    .map_or(defaults.max_transfers, |n| n as usize),
-                max_per_client: args.tftp_max_per_client as usize,
-                ..defaults
-            },
-        )
-    });
+    let tftp = (!args.no_tftp).then(|| tftp_plan(args, &inv));
     let ipv6_ra = if args.ipv6_ra {
-        Some(
-            serving_interface(args, &inv).ok_or_else(|| StartError::Bind {
-                addr: "icmpv6".into(),
-                cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface"
-                    .into(),
-            })?,
-        )
+        Some(ra_interface(args, &inv)?)
     } else {
         None
     };
@@ -474,20 +405,119 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         admin_hosts: std::sync::Arc::new(crate::admin::dashboard::AdminHosts::new(
             &args.admin_hosts,
         )?),
-        http_limits: http::server::Limits {
-            timeouts: http::conn::Timeouts {
-                header: std::time::Duration::from_secs(args.http_header_timeout),
-                idle: std::time::Duration::from_secs(args.http_idle_timeout),
-            },
-            max_connections: usize::try_from(args.http_max_connections).unwrap_or(usize::MAX),
-            ..http::server::Limits::default()
-        },
+        http_limits: http_limits(args),
         tftp,
         dhcp,
         provisioning,
         drift,
         power_on,
     })
+}
+
+/// The inventory, its problems printed as `check` prints them and its warnings logged.
+fn load_inventory(args: &Args) -> Result<Arc<Inventory>, StartError> {
+    let loaded = inventory::load(&args.inventory.config).map_err(|e| {
+        // Each problem with its file:line:column, as `check` prints them.
+        if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
+            for d in diagnostics.sorted() {
+                eprintln!("{d}");
+            }
+        }
+        StartError::Inventory(e, args.inventory.config.clone())
+    })?;
+    for w in loaded.warnings.sorted() {
+        tracing::warn!("{w}");
+    }
+    Ok(Arc::new(loaded.inventory))
+}
+
+/// Push provisioning's plan, and the drift watcher's if `--drift-interval` asks for one.
+fn provisioning_plan(
+    args: &Args,
+    inv: &Arc<Inventory>,
+    schema: &crate::machineconfig::schema::Schema,
+    power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
+) -> Result<(ProvisioningPlan, Option<DriftPlan>), StartError> {
+    let inputs = provisioning_inputs(args, inv, schema)?;
+    let mut settings = crate::provision::Settings::new(args.state_dir.clone());
+    settings.addon_manifests = args.addon_manifests.clone();
+    settings.helm = args.helm.clone();
+    settings.concurrency = args.provision_concurrency.max(1);
+    settings.ksops_age_identity = inputs.ksops_age_identity;
+    settings.power = power;
+    let mut drift = None;
+    if args.drift_interval > 0 {
+        let (connector, targets) = crate::daytwo::drift::targets(
+            inv,
+            inputs.renderer.as_ref(),
+            &inputs.creds,
+            settings.apid_port,
+        );
+        drift = Some(DriftPlan {
+            connector,
+            targets,
+            interval: std::time::Duration::from_secs(args.drift_interval),
+        });
+    }
+    let plan = ProvisioningPlan {
+        renderer: inputs.renderer,
+        creds: inputs.creds,
+        settings,
+    };
+    Ok((plan, drift))
+}
+
+/// DHCP on the serving interface: port 67, and 4011 in proxy mode.
+fn dhcp_plan(args: &Args, inv: &Inventory) -> Result<DhcpPlan, StartError> {
+    let iface = serving_interface(args, inv).ok_or_else(|| StartError::Bind {
+        addr: "udp 0.0.0.0:67".into(),
+        cause: "no interface to serve DHCP on; set network.interfaces or pass --interface".into(),
+    })?;
+    let ports = match inv.network.mode {
+        NetworkMode::Proxy => vec![dhcp::server::DHCP_PORT, dhcp::server::PXE_PORT],
+        NetworkMode::Authoritative => vec![dhcp::server::DHCP_PORT],
+    };
+    Ok(DhcpPlan::Interface { iface, ports })
+}
+
+/// TFTP's address and settings, the block size capped by the serving interface's MTU.
+fn tftp_plan(args: &Args, inv: &Inventory) -> (SocketAddr, TftpConfig) {
+    let max_blksize = serving_interface(args, inv)
+        .and_then(|i| interface_mtu(&i))
+        .map(max_blksize_for_mtu)
+        .unwrap_or(TftpConfig::default().max_blksize);
+    let defaults = TftpConfig::default();
+    (
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.tftp_port),
+        TftpConfig {
+            max_blksize,
+            max_transfers: args
+                .tftp_max_transfers
+                .map_or(defaults.max_transfers, |n| n as usize),
+            max_per_client: args.tftp_max_per_client as usize,
+            ..defaults
+        },
+    )
+}
+
+/// The interface `--ipv6-ra` advertises on.
+fn ra_interface(args: &Args, inv: &Inventory) -> Result<String, StartError> {
+    serving_interface(args, inv).ok_or_else(|| StartError::Bind {
+        addr: "icmpv6".into(),
+        cause: "--ipv6-ra needs an interface; set network.interfaces or pass --interface".into(),
+    })
+}
+
+/// Both HTTP listeners' timeouts and connection cap (`--http-*`).
+fn http_limits(args: &Args) -> http::server::Limits {
+    http::server::Limits {
+        timeouts: http::conn::Timeouts {
+            header: std::time::Duration::from_secs(args.http_header_timeout),
+            idle: std::time::Duration::from_secs(args.http_idle_timeout),
+        },
+        max_connections: usize::try_from(args.http_max_connections).unwrap_or(usize::MAX),
+        ..http::server::Limits::default()
+    }
 }
 
 /// What push provisioning needs, loaded before anything is served.

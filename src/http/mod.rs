@@ -279,54 +279,22 @@ async fn boot_script(
         .map(|n| node_state(&app, n.name.as_str()))
         .unwrap_or(NodeState::Provisioning);
 
-    // The set decides the factory command line, which is stored with the artifacts.
-    let arch = node
-        .map(|n| inv.arch_of(n))
-        .or_else(|| facts.arch())
-        .unwrap_or(inv.boot.default_arch);
-    let set = SetId::new(
-        &inv.cluster.talos_version.value,
-        inv.cluster.installer.schematic_id(),
-        arch,
-    );
-    let factory_cmdline = app.cmdlines.get(&app, &set);
+    let factory_cmdline = factory_cmdline(&app, node, &facts);
 
     // A node being provisioned gets its script (and, in pull mode, a token bound to its
     // address) only at the address talboot's DHCP bound to it; anyone else gets nothing.
     let mut entitled = None;
     if let Some(n) = node {
-        let verdict = entitlement_of(&app, n, peer_ip);
-        match (&verdict, state) {
-            (Ok(b), _) => entitled = Some(*b),
-            (Err(refusal), NodeState::Provisioning) => {
-                let who = peer_ip
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| peer.ip().to_string());
-                app.events.publish(
-                    n.name.as_str(),
-                    EventKind::EntitlementRefused,
-                    format!("boot script for {mac} requested from {who}: refused ({refusal})"),
-                );
-                metrics::counter!("talboot_entitlement_refused_total", "what" => "script")
-                    .increment(1);
-                return text(StatusCode::FORBIDDEN, "forbidden\n".into());
-            }
-            // An installed node's script only sends it to its disk; nothing to protect.
-            (Err(_), NodeState::Installed) => {}
+        match script_entitlement(&app, n, mac, state, peer, peer_ip) {
+            Ok(b) => entitled = b,
+            Err(Forbidden) => return text(StatusCode::FORBIDDEN, "forbidden\n".into()),
         }
     }
     let mut config_url = None;
     if let (Some(n), Some(bound), NodeState::Provisioning, crate::inventory::Delivery::Pull) =
         (node, entitled, state, inv.boot.delivery)
     {
-        match app
-            .tokens
-            .issue(n.name.as_str(), mac, bound.ip, now(&app))
-            .await
-        {
-            Ok(t) => config_url = Some(format!("{}/config/{t}", app.base_url)),
-            Err(e) => tracing::error!(error = %e, "cannot issue a config token"),
-        }
+        config_url = config_url_for(&app, n, mac, bound).await;
     }
 
     let plan = script::plan(
@@ -339,24 +307,7 @@ async fn boot_script(
             config_url,
         },
     );
-    let key = node
-        .map(|n| n.name.value.clone())
-        .unwrap_or_else(|| unknown_node_key(mac));
-    let detail = match &plan {
-        BootPlan::Talos { set, .. } => format!("Talos {} {} script for {mac}", set.talos, set.arch),
-        BootPlan::LocalDisk { .. } => format!("local-disk script for {mac} (installed)"),
-        BootPlan::Refuse { reason } => format!("refused {mac}: {reason}"),
-    };
-    if !(node.is_none() && matches!(plan, BootPlan::Refuse { .. })) {
-        app.events.publish(&key, EventKind::Script, detail);
-    }
-    if node.is_none() && matches!(plan, BootPlan::Talos { .. }) {
-        app.events.publish(
-            &key,
-            EventKind::Discovered,
-            format!("{mac} boots into maintenance mode"),
-        );
-    }
+    publish_script(&app, node, mac, &plan);
     // Only an entitled requester is where the node is; a stranger's address is never
     // reported (the push provisioner must not find it). Reported before the answer: a
     // recording observer has written what it saw by the time the node gets its script.
@@ -377,6 +328,100 @@ async fn boot_script(
         StatusCode::OK
     };
     text(status, app.scripts.plan(&plan, &app.base_url))
+}
+
+/// The factory command line of the artifact set the machine boots, stored with the artifacts.
+fn factory_cmdline(
+    app: &HttpApp,
+    node: Option<&crate::inventory::Node>,
+    facts: &ClientFacts,
+) -> Option<Vec<String>> {
+    let inv = &app.inventory;
+    let arch = node
+        .map(|n| inv.arch_of(n))
+        .or_else(|| facts.arch())
+        .unwrap_or(inv.boot.default_arch);
+    let set = SetId::new(
+        &inv.cluster.talos_version.value,
+        inv.cluster.installer.schematic_id(),
+        arch,
+    );
+    app.cmdlines.get(app, &set)
+}
+
+/// A provisioning node's script asked for from an address not bound to it (answered 403).
+struct Forbidden;
+
+/// Whether node `n`'s script may go to `peer`: the binding that entitles it (none for an
+/// installed node asked from elsewhere), or refused for a provisioning node's stranger.
+fn script_entitlement(
+    app: &HttpApp,
+    n: &crate::inventory::Node,
+    mac: Mac,
+    state: NodeState,
+    peer: SocketAddr,
+    peer_ip: Option<Ipv4Addr>,
+) -> Result<Option<crate::entitlement::Bound>, Forbidden> {
+    let verdict = entitlement_of(app, n, peer_ip);
+    match (&verdict, state) {
+        (Ok(b), _) => Ok(Some(*b)),
+        (Err(refusal), NodeState::Provisioning) => {
+            let who = peer_ip
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| peer.ip().to_string());
+            app.events.publish(
+                n.name.as_str(),
+                EventKind::EntitlementRefused,
+                format!("boot script for {mac} requested from {who}: refused ({refusal})"),
+            );
+            metrics::counter!("talboot_entitlement_refused_total", "what" => "script").increment(1);
+            Err(Forbidden)
+        }
+        // An installed node's script only sends it to its disk; nothing to protect.
+        (Err(_), NodeState::Installed) => Ok(None),
+    }
+}
+
+/// The pull-mode config URL for node `n`, with a token bound to its address.
+async fn config_url_for(
+    app: &HttpApp,
+    n: &crate::inventory::Node,
+    mac: Mac,
+    bound: crate::entitlement::Bound,
+) -> Option<String> {
+    match app
+        .tokens
+        .issue(n.name.as_str(), mac, bound.ip, now(app))
+        .await
+    {
+        Ok(t) => Some(format!("{}/config/{t}", app.base_url)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot issue a config token");
+            None
+        }
+    }
+}
+
+/// The events of a script served: what it does, and an unknown machine found.
+fn publish_script(app: &HttpApp, node: Option<&crate::inventory::Node>, mac: Mac, plan: &BootPlan) {
+    let key = node
+        .map(|n| n.name.value.clone())
+        .unwrap_or_else(|| unknown_node_key(mac));
+    let detail = match plan {
+        BootPlan::Talos { set, .. } => format!("Talos {} {} script for {mac}", set.talos, set.arch),
+        BootPlan::LocalDisk { .. } => format!("local-disk script for {mac} (installed)"),
+        BootPlan::Refuse { reason } => format!("refused {mac}: {reason}"),
+    };
+    if !(node.is_none() && matches!(plan, BootPlan::Refuse { .. })) {
+        app.events.publish(&key, EventKind::Script, detail);
+    }
+    if node.is_none() && matches!(plan, BootPlan::Talos { .. }) {
+        app.events.publish(
+            &key,
+            EventKind::Discovered,
+            format!("{mac} boots into maintenance mode"),
+        );
+    }
 }
 
 /// The entitlement verdict of `requester` for node `n`, from the published bindings (a

@@ -195,57 +195,26 @@ async fn connection(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let t = limits.timeouts;
+    let c = Conn {
+        peer,
+        limits: &limits,
+        name,
+        shutdown: &shutdown,
+    };
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut clock = ReadClock::fresh(Instant::now(), &t);
     loop {
-        // The request head.
-        let head = loop {
-            match conn::parse_head(&buf, &limits.head) {
-                Ok(Parsed::Complete { head, len }) => {
-                    buf.drain(..len);
-                    break head;
-                }
-                Ok(Parsed::Partial) => {}
-                Err(e) => {
-                    tracing::debug!(listener = name, %peer, error = %e, "bad HTTP request");
-                    let _ = write_timed(
-                        &mut stream,
-                        &conn::error_response(e.status(), &now_date()),
-                        t.idle,
-                    )
-                    .await;
-                    return Ok(());
-                }
-            }
-            match read_more(&mut stream, &mut buf, &clock, &shutdown).await? {
-                Read::Bytes => clock.bytes_arrived(Instant::now(), &t),
-                Read::Closed => return Ok(()),
-                Read::Timeout => {
-                    timed_out(name, clock.kind);
-                    if clock.kind == TimeoutKind::Header && !buf.is_empty() {
-                        // A half-sent request gets told why (RFC 9110 §15.5.9).
-                        let out = conn::error_response(StatusCode::REQUEST_TIMEOUT, &now_date());
-                        let _ = stream.try_write(&out);
-                    }
-                    return Ok(());
-                }
-            }
+        let Some(head) = read_head(&c, &mut stream, &mut buf, &mut clock).await? else {
+            return Ok(());
         };
         // Its body (only the admin API's POSTs have one), under the same clock.
         let body_len = head.body_len as usize;
         if buf.len() < body_len && head.expects_continue() {
             write_timed(&mut stream, b"HTTP/1.1 100 Continue\r\n\r\n", t.idle).await?;
         }
-        while buf.len() < body_len {
-            match read_more(&mut stream, &mut buf, &clock, &shutdown).await? {
-                Read::Bytes => {}
-                Read::Closed => return Ok(()),
-                Read::Timeout => {
-                    timed_out(name, clock.kind);
-                    return Ok(());
-                }
-            }
+        if !read_body(&c, &mut stream, &mut buf, &clock, body_len).await? {
+            return Ok(());
         }
         let body: Vec<u8> = buf.drain(..body_len).collect();
         let keep = head.keep_alive() && !shutdown.is_cancelled();
@@ -266,16 +235,7 @@ async fn connection(
                 return Ok(());
             }
         };
-        let persistence = if response
-            .headers()
-            .get(header::CONNECTION)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
-            || response.extensions().get::<Streamed>().is_some()
-        {
-            Persistence::Close
-        } else {
-            persistence
-        };
+        let persistence = persistence_after(&response, persistence);
         write_response(
             &mut stream,
             &method,
@@ -290,6 +250,92 @@ async fn connection(
             return Ok(());
         }
         clock = ReadClock::next_request(Instant::now(), &t, !buf.is_empty());
+    }
+}
+
+/// What every step of one connection reads.
+struct Conn<'a> {
+    peer: SocketAddr,
+    limits: &'a Limits,
+    name: &'static str,
+    shutdown: &'a CancellationToken,
+}
+
+/// The next request head, read into `buf` and taken off it; `None` once the connection is
+/// over (closed, timed out, or a bad request answered).
+async fn read_head(
+    c: &Conn<'_>,
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    clock: &mut ReadClock,
+) -> std::io::Result<Option<RequestHead>> {
+    let t = &c.limits.timeouts;
+    loop {
+        match conn::parse_head(buf, &c.limits.head) {
+            Ok(Parsed::Complete { head, len }) => {
+                buf.drain(..len);
+                return Ok(Some(head));
+            }
+            Ok(Parsed::Partial) => {}
+            Err(e) => {
+                tracing::debug!(listener = c.name, peer = %c.peer, error = %e, "bad HTTP request");
+                let _ = write_timed(
+                    stream,
+                    &conn::error_response(e.status(), &now_date()),
+                    t.idle,
+                )
+                .await;
+                return Ok(None);
+            }
+        }
+        match read_more(stream, buf, clock, c.shutdown).await? {
+            Read::Bytes => clock.bytes_arrived(Instant::now(), t),
+            Read::Closed => return Ok(None),
+            Read::Timeout => {
+                timed_out(c.name, clock.kind);
+                if clock.kind == TimeoutKind::Header && !buf.is_empty() {
+                    // A half-sent request gets told why (RFC 9110 §15.5.9).
+                    let out = conn::error_response(StatusCode::REQUEST_TIMEOUT, &now_date());
+                    let _ = stream.try_write(&out);
+                }
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Reads until `buf` holds `body_len` bytes; false once the connection is over.
+async fn read_body(
+    c: &Conn<'_>,
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    clock: &ReadClock,
+    body_len: usize,
+) -> std::io::Result<bool> {
+    while buf.len() < body_len {
+        match read_more(stream, buf, clock, c.shutdown).await? {
+            Read::Bytes => {}
+            Read::Closed => return Ok(false),
+            Read::Timeout => {
+                timed_out(c.name, clock.kind);
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// A response that says `Connection: close`, or streams, ends the connection.
+fn persistence_after(response: &Response<Body>, persistence: Persistence) -> Persistence {
+    if response
+        .headers()
+        .get(header::CONNECTION)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
+        || response.extensions().get::<Streamed>().is_some()
+    {
+        Persistence::Close
+    } else {
+        persistence
     }
 }
 

@@ -18,10 +18,10 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::listener::{Request, Shared, TransferCtl, kind, millis};
-use super::packet::{DATA_HEADER_LEN, ErrorCode, Mode, Packet};
+use super::packet::{DATA_HEADER_LEN, ErrorCode, Mode, Options, Packet};
 use super::report::{TransferEvent, TransferOutcome, report};
 use super::root::{ResolveError, Source, lookup, resolve};
-use super::transfer::{AbortReason, Action, Event, Transfer, negotiate};
+use super::transfer::{AbortReason, Action, DataBlock, Event, Transfer, negotiate};
 
 /// Largest packet we read from a client during a transfer (ACK or ERROR).
 const REPLY_BUF: usize = 1500;
@@ -74,56 +74,13 @@ async fn serve_request(
     deadline: Instant,
     ctl: &TransferCtl,
 ) -> (TransferOutcome, u64) {
-    let (filename, mode, options) = match request {
-        Request::Write { .. } => {
-            return refuse(
-                sock,
-                ErrorCode::AccessViolation,
-                "this TFTP server is read-only",
-                "write request refused (the server is read-only)".into(),
-            )
-            .await;
-        }
-        Request::Read {
-            filename,
-            mode,
-            options,
-        } => (filename, *mode, options),
+    let (filename, options) = match readable(request) {
+        Ok(read) => read,
+        Err(r) => return refuse(sock, r.code, r.client_msg, r.reason).await,
     };
-    if mode != Mode::Octet {
-        return refuse(
-            sock,
-            ErrorCode::NotDefined,
-            "only octet (binary) mode is supported",
-            format!("{} mode requested; only octet is served", mode.as_str()),
-        )
-        .await;
-    }
-    let (path, data) = match &shared.source {
-        Source::Files(files) => match lookup(files, filename) {
-            Ok(bytes) => (PathBuf::from(filename), Data::Memory(bytes)),
-            Err(e) => {
-                let (code, client_msg) = e.reply();
-                return refuse(sock, code, client_msg, e.to_string()).await;
-            }
-        },
-        Source::Root(root) => {
-            let path = match resolve(root, filename).await {
-                Ok(path) => path,
-                Err(e) => {
-                    let (code, client_msg) = e.reply();
-                    return refuse(sock, code, client_msg, e.to_string()).await;
-                }
-            };
-            match tokio::fs::File::open(&path).await {
-                Ok(f) => (path, Data::File(BufReader::with_capacity(FILE_BUF, f))),
-                Err(e) => {
-                    let e = ResolveError::from_io(e);
-                    let (code, client_msg) = e.reply();
-                    return refuse(sock, code, client_msg, e.to_string()).await;
-                }
-            }
-        }
+    let (path, data) = match open(shared, filename).await {
+        Ok(opened) => opened,
+        Err(r) => return refuse(sock, r.code, r.client_msg, r.reason).await,
     };
     let size = match &data {
         Data::Memory(bytes) => bytes.len() as u64,
@@ -134,7 +91,89 @@ async fn serve_request(
             }
         },
     };
+    let opened = Opened { path, data, size };
+    let (outcome, transfer) = transfer(shared, options, sock, deadline, ctl, opened).await;
+    (outcome, transfer.bytes_acknowledged())
+}
 
+/// Why a request is answered with an ERROR before any data moves.
+struct Refusal {
+    code: ErrorCode,
+    client_msg: &'static str,
+    reason: String,
+}
+
+impl From<ResolveError> for Refusal {
+    fn from(e: ResolveError) -> Self {
+        let (code, client_msg) = e.reply();
+        Refusal {
+            code,
+            client_msg,
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The file name and options of a request this server serves: an octet-mode read.
+fn readable(request: &Request) -> Result<(&str, &Options), Refusal> {
+    let (filename, mode, options) = match request {
+        Request::Write { .. } => {
+            return Err(Refusal {
+                code: ErrorCode::AccessViolation,
+                client_msg: "this TFTP server is read-only",
+                reason: "write request refused (the server is read-only)".into(),
+            });
+        }
+        Request::Read {
+            filename,
+            mode,
+            options,
+        } => (filename, *mode, options),
+    };
+    if mode != Mode::Octet {
+        return Err(Refusal {
+            code: ErrorCode::NotDefined,
+            client_msg: "only octet (binary) mode is supported",
+            reason: format!("{} mode requested; only octet is served", mode.as_str()),
+        });
+    }
+    Ok((filename, options))
+}
+
+/// The requested file: looked up in the fixed set, or resolved under the root and opened.
+async fn open(shared: &Shared, filename: &str) -> Result<(PathBuf, Data), Refusal> {
+    match &shared.source {
+        Source::Files(files) => match lookup(files, filename) {
+            Ok(bytes) => Ok((PathBuf::from(filename), Data::Memory(bytes))),
+            Err(e) => Err(e.into()),
+        },
+        Source::Root(root) => {
+            let path = resolve(root, filename).await?;
+            match tokio::fs::File::open(&path).await {
+                Ok(f) => Ok((path, Data::File(BufReader::with_capacity(FILE_BUF, f)))),
+                Err(e) => Err(ResolveError::from_io(e).into()),
+            }
+        }
+    }
+}
+
+/// An opened file about to be sent.
+struct Opened {
+    path: PathBuf,
+    data: Data,
+    size: u64,
+}
+
+/// Runs the negotiated transfer until it ends, is stopped or runs out of time.
+async fn transfer(
+    shared: &Shared,
+    options: &Options,
+    sock: &UdpSocket,
+    deadline: Instant,
+    ctl: &TransferCtl,
+    opened: Opened,
+) -> (TransferOutcome, Transfer) {
+    let Opened { path, data, size } = opened;
     let negotiated = negotiate(options, size, &shared.limits);
     let span = tracing::Span::current();
     span.record("blksize", negotiated.blksize);
@@ -176,7 +215,7 @@ async fn serve_request(
             TransferOutcome::DeadlineExceeded
         }
     };
-    (outcome, transfer.bytes_acknowledged())
+    (outcome, transfer)
 }
 
 async fn refuse(
@@ -254,22 +293,7 @@ async fn drive(
                     sent = true;
                 }
                 Action::SendData(block) => {
-                    packet.clear();
-                    packet.extend_from_slice(&super::packet::data_header(block.block));
-                    packet.resize(DATA_HEADER_LEN + block.len, 0);
-                    reader
-                        .read_at(block.offset, &mut packet[DATA_HEADER_LEN..])
-                        .await
-                        .map_err(|e| {
-                            DriveError::File(format!(
-                                "reading {} bytes at offset {} of {}: {e} (did the file change \
-                                 during the transfer?)",
-                                block.len,
-                                block.offset,
-                                path.display()
-                            ))
-                        })?;
-                    sock.send(&packet).await?;
+                    send_data(sock, &mut packet, reader, &block, path).await?;
                     sent = true;
                 }
                 Action::Done => return Ok(TransferOutcome::Completed),
@@ -289,22 +313,9 @@ async fn drive(
         }
         let event = match tokio::time::timeout_at(retransmit_at, sock.recv(&mut reply)).await {
             Err(_elapsed) => Event::Timeout,
-            Ok(received) => match Packet::parse(&reply[..received?]) {
-                Ok(Packet::Ack { block }) => Event::Ack(block),
-                Ok(Packet::Error { code, message }) => Event::Error { code, message },
-                Ok(other) => {
-                    counter!("tftp_unexpected_packets_total").increment(1);
-                    debug!(
-                        packet = kind(&other),
-                        "ignored a non-ACK packet during a transfer"
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    counter!("tftp_malformed_packets_total").increment(1);
-                    debug!(error = %e, "ignored a malformed TFTP packet during a transfer");
-                    continue;
-                }
+            Ok(received) => match reply_event(&reply[..received?]) {
+                Some(event) => event,
+                None => continue,
             },
         };
         let is_ack = matches!(event, Event::Ack(_));
@@ -313,6 +324,55 @@ async fn drive(
         // stale ACKs produce nothing).
         if is_ack && !actions.is_empty() {
             progressed(Instant::now());
+        }
+    }
+}
+
+/// Sends data block `block`, read into `packet` (the reused send buffer).
+async fn send_data(
+    sock: &UdpSocket,
+    packet: &mut Vec<u8>,
+    reader: &mut BlockReader,
+    block: &DataBlock,
+    path: &Path,
+) -> Result<(), DriveError> {
+    packet.clear();
+    packet.extend_from_slice(&super::packet::data_header(block.block));
+    packet.resize(DATA_HEADER_LEN + block.len, 0);
+    reader
+        .read_at(block.offset, &mut packet[DATA_HEADER_LEN..])
+        .await
+        .map_err(|e| {
+            DriveError::File(format!(
+                "reading {} bytes at offset {} of {}: {e} (did the file change \
+                 during the transfer?)",
+                block.len,
+                block.offset,
+                path.display()
+            ))
+        })?;
+    sock.send(packet).await?;
+    Ok(())
+}
+
+/// The event a client's packet is to the transfer; anything but an ACK or an ERROR is
+/// counted and ignored.
+fn reply_event(bytes: &[u8]) -> Option<Event> {
+    match Packet::parse(bytes) {
+        Ok(Packet::Ack { block }) => Some(Event::Ack(block)),
+        Ok(Packet::Error { code, message }) => Some(Event::Error { code, message }),
+        Ok(other) => {
+            counter!("tftp_unexpected_packets_total").increment(1);
+            debug!(
+                packet = kind(&other),
+                "ignored a non-ACK packet during a transfer"
+            );
+            None
+        }
+        Err(e) => {
+            counter!("tftp_malformed_packets_total").increment(1);
+            debug!(error = %e, "ignored a malformed TFTP packet during a transfer");
+            None
         }
     }
 }

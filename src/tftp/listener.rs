@@ -53,7 +53,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::admission::{Admission, Id, Step};
+use super::admission::{Admission, Id, Refusal, Step};
 use super::config::{ServerError, TftpConfig};
 use super::driver::run_request;
 use super::packet::{Mode, Options, Packet};
@@ -151,66 +151,32 @@ impl TftpServer {
     ) -> Result<(), ServerError> {
         let listen_addr = socket.local_addr().map_err(ServerError::Socket)?;
         enable_packet_info(&socket, listen_addr).map_err(ServerError::Socket)?;
-        let epoch = Instant::now();
-        let shared = Arc::new(Shared {
-            limits: Limits {
-                max_blksize: self.config.max_blksize,
-                max_windowsize: self.config.max_windowsize,
-                default_timeout: self.config.default_timeout,
-                max_timeout: self.config.max_timeout,
-            },
-            epoch,
-            config: self.config,
-            source: self.source,
-            events: self.events,
-        });
-        let mut table = Admission::new(shared.config.admission());
-        let mut running: HashMap<Id, Running> = HashMap::new();
-        let mut task_ids: HashMap<tokio::task::Id, Id> = HashMap::new();
-        let mut steps = Vec::new();
-        let mut tasks = JoinSet::new();
+        let mut l = Listener::new(self.into_shared(), cancel);
+        let epoch = l.shared.epoch;
         let mut buf = vec![0u8; REQUEST_BUF];
         let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo, nix::libc::in6_pktinfo);
         info!(
             %listen_addr,
-            files = %shared.source.describe(),
-            max_transfers = shared.config.max_transfers,
-            max_per_client = shared.config.max_per_client,
+            files = %l.shared.source.describe(),
+            max_transfers = l.shared.config.max_transfers,
+            max_per_client = l.shared.config.max_per_client,
             "TFTP server listening"
         );
         loop {
-            let wake = table.next_wakeup().map(|at| epoch + at);
+            let wake = l.table.next_wakeup().map(|at| epoch + at);
             tokio::select! {
-                _ = cancel.cancelled() => break,
-                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    let task = match joined {
-                        Ok((task, ())) => task,
-                        Err(e) => {
-                            warn!(error = %e, "TFTP transfer task failed");
-                            e.id()
-                        }
-                    };
-                    if let Some(id) = task_ids.remove(&task) {
-                        running.remove(&id);
-                        table.finished(id, epoch.elapsed(), &mut steps);
-                    }
+                _ = l.cancel.cancelled() => break,
+                Some(joined) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => {
+                    l.joined(joined);
                 }
-                _ = sleep_until_opt(wake), if wake.is_some() => {
-                    sync_progress(&mut table, &running);
-                    table.tick(epoch.elapsed(), &mut steps);
-                }
+                _ = sleep_until_opt(wake), if wake.is_some() => l.tick(),
                 received = recv_request(&socket, &mut buf, &mut cmsg) => match received {
                     Ok(r) => {
                         let Some(request) = classify(&buf[..r.len], r.truncated, r.peer) else {
                             continue;
                         };
                         let (peer, local) = normalize(r.peer, r.local, listen_addr);
-                        if table.waiting() > 0 || table.active() >= shared.config.max_transfers {
-                            sync_progress(&mut table, &running);
-                        }
-                        let file = request.filename().to_owned();
-                        let pending = Pending { request, peer, local };
-                        table.request(epoch.elapsed(), peer, &file, pending, &mut steps);
+                        l.admit(request, peer, local);
                     }
                     Err(e) => {
                         // Nothing the listener can do about a failed receive except not spin.
@@ -219,73 +185,166 @@ impl TftpServer {
                     }
                 },
             }
-            for step in steps.drain(..) {
-                match step {
-                    Step::Start { id, request } => {
-                        let ctl = TransferCtl {
-                            shutdown: cancel.child_token(),
-                            reclaim: CancellationToken::new(),
-                            progress: Arc::new(AtomicU64::new(millis(epoch.elapsed()))),
-                        };
-                        running.insert(
-                            id,
-                            Running {
-                                reclaim: ctl.reclaim.clone(),
-                                progress: Arc::clone(&ctl.progress),
-                            },
-                        );
-                        let span = info_span!(
-                            "tftp_transfer",
-                            peer = %request.peer,
-                            file = ?request.request.filename(),
-                            blksize = tracing::field::Empty,
-                            windowsize = tracing::field::Empty,
-                            tsize = tracing::field::Empty,
-                        );
-                        let shared = Arc::clone(&shared);
-                        let Pending {
-                            request,
-                            peer,
-                            local,
-                        } = request;
-                        let handle = tasks.spawn(
-                            async move { run_request(&shared, request, peer, local, ctl).await }
-                                .instrument(span),
-                        );
-                        task_ids.insert(handle.id(), id);
-                    }
-                    Step::Reclaim { id } => {
-                        if let Some(r) = running.remove(&id) {
-                            counter!("tftp_transfers_reclaimed_total").increment(1);
-                            r.reclaim.cancel();
-                        }
-                    }
-                    Step::Refuse { request, why } => {
-                        counter!("tftp_requests_dropped_total", "reason" => why.label())
-                            .increment(1);
-                        debug!(
-                            peer = %request.peer,
-                            reason = why.label(),
-                            "TFTP request dropped without an answer (the client resends)"
-                        );
-                        report(
-                            &shared,
-                            TransferEvent {
-                                peer: request.peer,
-                                local: request.local.ip(),
-                                file: request.request.filename().to_owned(),
-                                bytes: 0,
-                                elapsed: Duration::ZERO,
-                                outcome: TransferOutcome::Busy,
-                            },
-                        );
-                    }
-                }
-            }
+            l.apply_steps();
         }
-        while tasks.join_next().await.is_some() {}
+        while l.tasks.join_next().await.is_some() {}
         info!(%listen_addr, "TFTP server stopped");
         Ok(())
+    }
+
+    /// The state every transfer task shares, the server's clock starting now.
+    fn into_shared(self) -> Arc<Shared> {
+        Arc::new(Shared {
+            limits: Limits {
+                max_blksize: self.config.max_blksize,
+                max_windowsize: self.config.max_windowsize,
+                default_timeout: self.config.default_timeout,
+                max_timeout: self.config.max_timeout,
+            },
+            epoch: Instant::now(),
+            config: self.config,
+            source: self.source,
+            events: self.events,
+        })
+    }
+}
+
+/// The listener loop's state: the admission table, the running transfers and their tasks.
+struct Listener {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    table: Admission<Pending>,
+    running: HashMap<Id, Running>,
+    task_ids: HashMap<tokio::task::Id, Id>,
+    /// What the table last decided, carried out by [`Listener::apply_steps`].
+    steps: Vec<Step<Pending>>,
+    tasks: JoinSet<()>,
+}
+
+impl Listener {
+    fn new(shared: Arc<Shared>, cancel: CancellationToken) -> Self {
+        Listener {
+            table: Admission::new(shared.config.admission()),
+            shared,
+            cancel,
+            running: HashMap::new(),
+            task_ids: HashMap::new(),
+            steps: Vec::new(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// A transfer task ended: its slot is free.
+    fn joined(&mut self, joined: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        let task = match joined {
+            Ok((task, ())) => task,
+            Err(e) => {
+                warn!(error = %e, "TFTP transfer task failed");
+                e.id()
+            }
+        };
+        if let Some(id) = self.task_ids.remove(&task) {
+            self.running.remove(&id);
+            self.table
+                .finished(id, self.shared.epoch.elapsed(), &mut self.steps);
+        }
+    }
+
+    /// The table's next deadline passed (a wait expired, a transfer may have stalled).
+    fn tick(&mut self) {
+        sync_progress(&mut self.table, &self.running);
+        self.table
+            .tick(self.shared.epoch.elapsed(), &mut self.steps);
+    }
+
+    /// Hands a request to the table.
+    fn admit(&mut self, request: Request, peer: SocketAddr, local: SocketAddr) {
+        if self.table.waiting() > 0 || self.table.active() >= self.shared.config.max_transfers {
+            sync_progress(&mut self.table, &self.running);
+        }
+        let file = request.filename().to_owned();
+        let pending = Pending {
+            request,
+            peer,
+            local,
+        };
+        let now = self.shared.epoch.elapsed();
+        self.table
+            .request(now, peer, &file, pending, &mut self.steps);
+    }
+
+    /// Carries out what the table decided.
+    fn apply_steps(&mut self) {
+        // Taken and put back, so the buffer is reused.
+        let mut steps = std::mem::take(&mut self.steps);
+        for step in steps.drain(..) {
+            match step {
+                Step::Start { id, request } => self.start(id, request),
+                Step::Reclaim { id } => {
+                    if let Some(r) = self.running.remove(&id) {
+                        counter!("tftp_transfers_reclaimed_total").increment(1);
+                        r.reclaim.cancel();
+                    }
+                }
+                Step::Refuse { request, why } => self.refuse(&request, why),
+            }
+        }
+        self.steps = steps;
+    }
+
+    /// Starts transfer `id` in its own task.
+    fn start(&mut self, id: Id, request: Pending) {
+        let ctl = TransferCtl {
+            shutdown: self.cancel.child_token(),
+            reclaim: CancellationToken::new(),
+            progress: Arc::new(AtomicU64::new(millis(self.shared.epoch.elapsed()))),
+        };
+        self.running.insert(
+            id,
+            Running {
+                reclaim: ctl.reclaim.clone(),
+                progress: Arc::clone(&ctl.progress),
+            },
+        );
+        let span = info_span!(
+            "tftp_transfer",
+            peer = %request.peer,
+            file = ?request.request.filename(),
+            blksize = tracing::field::Empty,
+            windowsize = tracing::field::Empty,
+            tsize = tracing::field::Empty,
+        );
+        let shared = Arc::clone(&self.shared);
+        let Pending {
+            request,
+            peer,
+            local,
+        } = request;
+        let handle = self.tasks.spawn(
+            async move { run_request(&shared, request, peer, local, ctl).await }.instrument(span),
+        );
+        self.task_ids.insert(handle.id(), id);
+    }
+
+    /// Drops `request` unanswered and reports it busy.
+    fn refuse(&self, request: &Pending, why: Refusal) {
+        counter!("tftp_requests_dropped_total", "reason" => why.label()).increment(1);
+        debug!(
+            peer = %request.peer,
+            reason = why.label(),
+            "TFTP request dropped without an answer (the client resends)"
+        );
+        report(
+            &self.shared,
+            TransferEvent {
+                peer: request.peer,
+                local: request.local.ip(),
+                file: request.request.filename().to_owned(),
+                bytes: 0,
+                elapsed: Duration::ZERO,
+                outcome: TransferOutcome::Busy,
+            },
+        );
     }
 }
 
