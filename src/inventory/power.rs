@@ -812,131 +812,168 @@ fn config(mut m: Merged<'_>, node: &Node, base: &Path, d: &mut Diagnostics) -> O
             format!("a {kind} power block has no secret to read"),
         );
     }
+    let creds = creds_file.as_ref();
     let out = match kind.as_str() {
-        "redfish" => {
-            let endpoint = m.url("endpoint", "https://10.0.50.11", d);
-            let system_id = m.string("systemId", d).map(|(s, _)| s);
-            let verify_tls = m.boolean("verifyTls", true, d);
-            let ca = m.path("ca", base, d);
-            let user = m.required("user", "the BMC user, e.g. user: admin", d);
-            let password = m.secret("password", creds_file.as_ref(), d);
-            let auth = match m.take("auth") {
-                Some(f) => read::parsed(
-                    &f.value,
-                    &f.path,
-                    d,
-                    "a Redfish login (auto, session or basic)",
-                    "auto",
-                    |s| match s {
-                        "auto" => Ok(AuthMode::Auto),
-                        "session" => Ok(AuthMode::Session),
-                        "basic" => Ok(AuthMode::Basic),
-                        _ => Err("expected auto (a session where the BMC has one, else HTTP Basic), session or basic"),
-                    },
-                )
-                .map(|a| a.value),
-                None => Some(AuthMode::Auto),
-            };
-            Some(PowerConfig::Redfish(RedfishTarget {
-                endpoint: endpoint?,
-                system_id,
-                verify_tls: verify_tls?,
-                ca,
-                user: user?,
-                password: password?,
-                auth: auth?,
-                boot_mode: redfish_boot_mode(node),
-            }))
-        }
-        "ipmi" => {
-            let host = m.required("host", "the BMC's address, e.g. host: 10.0.50.11", d);
-            let port = m.port(623, d);
-            let user = m.required("user", "the BMC user, e.g. user: admin", d);
-            let password = m.secret("password", creds_file.as_ref(), d);
-            Some(PowerConfig::Ipmi(IpmiTarget {
-                host: host?,
-                port: port?,
-                user: user?,
-                password: password?,
-                efi_boot: matches!(node.firmware, Some(Firmware::Uefi | Firmware::Http)),
-            }))
-        }
-        "proxmox" => {
-            let api_url = m.url("apiUrl", "https://pve.lab:8006/api2/json", d);
-            let pve_node = m.required("node", "the Proxmox node the VM is on, e.g. node: pve", d);
-            let vmid = match m.take("vmid") {
-                Some(f) => read::parsed(&f.value, &f.path, d, "a VM id", "101", |s| {
-                    s.parse::<u32>()
-                        .ok()
-                        .filter(|v| (100..=999_999_999).contains(v))
-                        .ok_or("Proxmox VM ids are 100 to 999999999")
-                })
-                .map(|v| v.value),
-                None => {
-                    read::missing(d, m.loc, &m.path, "vmid", "the VM id, e.g. vmid: 101");
-                    None
-                }
-            };
-            let token_id = m.required(
-                "tokenId",
-                "the API token id, e.g. tokenId: talboot@pve!power",
-                d,
-            );
-            let token_secret = m.secret("tokenSecret", creds_file.as_ref(), d);
-            let verify_tls = m.boolean("verifyTls", true, d);
-            let ca = m.path("ca", base, d);
-            let vm = match m.take("vm") {
-                Some(f) => vm_shape(&f, d),
-                None => Some(VmShape::default()),
-            };
-            Some(PowerConfig::Proxmox(ProxmoxTarget {
-                api_url: api_url?,
-                node: pve_node?,
-                vmid: vmid?,
-                token_id: token_id?,
-                token_secret: token_secret?,
-                verify_tls: verify_tls?,
-                ca,
-                vm: vm?,
-            }))
-        }
-        "wol" => {
-            let mac = match m.take("mac") {
-                Some(f) => read::mac(&f.value, &f.path, d).map(|m| m.value),
-                None => node.macs.first().map(|m| m.value),
-            };
-            let broadcast = match m.take("broadcast") {
-                Some(f) => read::parsed(
-                    &f.value,
-                    &f.path,
-                    d,
-                    "an IPv4 broadcast address",
-                    "10.0.40.255",
-                    |s| s.parse::<Ipv4Addr>(),
-                )
-                .map(|b| b.value),
-                None => Some(node.address.value.broadcast()),
-            };
-            let port = m.port(9, d);
-            // Optional, unlike the other kinds' secrets: only a NIC set up with a SecureOn
-            // password (`ethtool -s IF wol s sopass ...`) wants one.
-            let secure_on =
-                if m.fields.contains_key("secureOnEnv") || m.fields.contains_key("secureOnKey") {
-                    m.secret("secureOn", creds_file.as_ref(), d).map(Some)
-                } else {
-                    Some(None)
-                };
-            Some(PowerConfig::Wol(WolTarget {
-                mac: mac?,
-                broadcast: broadcast?,
-                port: port?,
-                secure_on: secure_on?,
-            }))
-        }
+        "redfish" => redfish(&mut m, node, base, creds, d),
+        "ipmi" => ipmi(&mut m, node, creds, d),
+        "proxmox" => proxmox(&mut m, base, creds, d),
+        "wol" => wol(&mut m, node, creds, d),
         _ => None,
     };
     m.finish(&kind, d);
     out
+}
+
+/// The block's `credentialsFile`, its location and field path.
+type CredentialsFile<'a> = Option<&'a (PathBuf, Loc, String)>;
+
+/// The fields of a `kind: redfish` block.
+fn redfish(
+    m: &mut Merged<'_>,
+    node: &Node,
+    base: &Path,
+    creds_file: CredentialsFile<'_>,
+    d: &mut Diagnostics,
+) -> Option<PowerConfig> {
+    let endpoint = m.url("endpoint", "https://10.0.50.11", d);
+    let system_id = m.string("systemId", d).map(|(s, _)| s);
+    let verify_tls = m.boolean("verifyTls", true, d);
+    let ca = m.path("ca", base, d);
+    let user = m.required("user", "the BMC user, e.g. user: admin", d);
+    let password = m.secret("password", creds_file, d);
+    let auth = match m.take("auth") {
+        Some(f) => read::parsed(
+            &f.value,
+            &f.path,
+            d,
+            "a Redfish login (auto, session or basic)",
+            "auto",
+            |s| match s {
+                "auto" => Ok(AuthMode::Auto),
+                "session" => Ok(AuthMode::Session),
+                "basic" => Ok(AuthMode::Basic),
+                _ => Err("expected auto (a session where the BMC has one, else HTTP Basic), session or basic"),
+            },
+        )
+        .map(|a| a.value),
+        None => Some(AuthMode::Auto),
+    };
+    Some(PowerConfig::Redfish(RedfishTarget {
+        endpoint: endpoint?,
+        system_id,
+        verify_tls: verify_tls?,
+        ca,
+        user: user?,
+        password: password?,
+        auth: auth?,
+        boot_mode: redfish_boot_mode(node),
+    }))
+}
+
+/// The fields of a `kind: ipmi` block.
+fn ipmi(
+    m: &mut Merged<'_>,
+    node: &Node,
+    creds_file: CredentialsFile<'_>,
+    d: &mut Diagnostics,
+) -> Option<PowerConfig> {
+    let host = m.required("host", "the BMC's address, e.g. host: 10.0.50.11", d);
+    let port = m.port(623, d);
+    let user = m.required("user", "the BMC user, e.g. user: admin", d);
+    let password = m.secret("password", creds_file, d);
+    Some(PowerConfig::Ipmi(IpmiTarget {
+        host: host?,
+        port: port?,
+        user: user?,
+        password: password?,
+        efi_boot: matches!(node.firmware, Some(Firmware::Uefi | Firmware::Http)),
+    }))
+}
+
+/// The fields of a `kind: proxmox` block.
+fn proxmox(
+    m: &mut Merged<'_>,
+    base: &Path,
+    creds_file: CredentialsFile<'_>,
+    d: &mut Diagnostics,
+) -> Option<PowerConfig> {
+    let api_url = m.url("apiUrl", "https://pve.lab:8006/api2/json", d);
+    let pve_node = m.required("node", "the Proxmox node the VM is on, e.g. node: pve", d);
+    let vmid = match m.take("vmid") {
+        Some(f) => read::parsed(&f.value, &f.path, d, "a VM id", "101", |s| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|v| (100..=999_999_999).contains(v))
+                .ok_or("Proxmox VM ids are 100 to 999999999")
+        })
+        .map(|v| v.value),
+        None => {
+            read::missing(d, m.loc, &m.path, "vmid", "the VM id, e.g. vmid: 101");
+            None
+        }
+    };
+    let token_id = m.required(
+        "tokenId",
+        "the API token id, e.g. tokenId: talboot@pve!power",
+        d,
+    );
+    let token_secret = m.secret("tokenSecret", creds_file, d);
+    let verify_tls = m.boolean("verifyTls", true, d);
+    let ca = m.path("ca", base, d);
+    let vm = match m.take("vm") {
+        Some(f) => vm_shape(&f, d),
+        None => Some(VmShape::default()),
+    };
+    Some(PowerConfig::Proxmox(ProxmoxTarget {
+        api_url: api_url?,
+        node: pve_node?,
+        vmid: vmid?,
+        token_id: token_id?,
+        token_secret: token_secret?,
+        verify_tls: verify_tls?,
+        ca,
+        vm: vm?,
+    }))
+}
+
+/// The fields of a `kind: wol` block.
+fn wol(
+    m: &mut Merged<'_>,
+    node: &Node,
+    creds_file: CredentialsFile<'_>,
+    d: &mut Diagnostics,
+) -> Option<PowerConfig> {
+    let mac = match m.take("mac") {
+        Some(f) => read::mac(&f.value, &f.path, d).map(|m| m.value),
+        None => node.macs.first().map(|m| m.value),
+    };
+    let broadcast = match m.take("broadcast") {
+        Some(f) => read::parsed(
+            &f.value,
+            &f.path,
+            d,
+            "an IPv4 broadcast address",
+            "10.0.40.255",
+            |s| s.parse::<Ipv4Addr>(),
+        )
+        .map(|b| b.value),
+        None => Some(node.address.value.broadcast()),
+    };
+    let port = m.port(9, d);
+    // Optional, unlike the other kinds' secrets: only a NIC set up with a SecureOn
+    // password (`ethtool -s IF wol s sopass ...`) wants one.
+    let secure_on = if m.fields.contains_key("secureOnEnv") || m.fields.contains_key("secureOnKey")
+    {
+        m.secret("secureOn", creds_file, d).map(Some)
+    } else {
+        Some(None)
+    };
+    Some(PowerConfig::Wol(WolTarget {
+        mac: mac?,
+        broadcast: broadcast?,
+        port: port?,
+        secure_on: secure_on?,
+    }))
 }
 
 #[cfg(test)]
