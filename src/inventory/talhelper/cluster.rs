@@ -82,17 +82,17 @@ pub(super) fn cluster(
     }
 }
 
-/// The required top-level fields that name the cluster and its versions, read in this order.
-fn identity(
-    r: &mut MapReader<'_>,
-    loc: &Loc,
-    d: &mut Diagnostics,
-) -> (
+/// Name, Talos version, Kubernetes version and endpoint; each `None` when missing or
+/// unreadable (already reported).
+type Identity = (
     Option<Spanned<String>>,
     Option<Spanned<Version>>,
     Option<Spanned<Version>>,
     Option<Spanned<Endpoint>>,
-) {
+);
+
+/// The required top-level fields that name the cluster and its versions, read in this order.
+fn identity(r: &mut MapReader<'_>, loc: &Loc, d: &mut Diagnostics) -> Identity {
     let name = match r.get("clusterName") {
         Some(n) => read::hostname(n, "clusterName", d),
         None => {

@@ -80,16 +80,17 @@ pub(super) fn cluster(node: &Y, base: &Path, d: &mut Diagnostics) -> Option<Clus
     })
 }
 
-/// The fields that name the cluster and its versions, all required, read in this order.
-fn identity(
-    r: &mut MapReader<'_>,
-    d: &mut Diagnostics,
-) -> (
+/// Name, Talos version, Kubernetes version and endpoint; each `None` when missing or
+/// unreadable (already reported).
+type Identity = (
     Option<Spanned<String>>,
     Option<Spanned<Version>>,
     Option<Spanned<Version>>,
     Option<Spanned<Endpoint>>,
-) {
+);
+
+/// The fields that name the cluster and its versions, all required, read in this order.
+fn identity(r: &mut MapReader<'_>, d: &mut Diagnostics) -> Identity {
     let p = |k: &str| format!("cluster.{k}");
     let loc = r.loc().clone();
     let name = match r.get("name") {

@@ -101,6 +101,15 @@ pub(super) fn node(
     })
 }
 
+/// Name, MACs, role and address; each `None` (or no MAC) when missing or unreadable
+/// (already reported).
+type Identity = (
+    Option<Spanned<String>>,
+    Vec<Spanned<Mac>>,
+    Option<Spanned<String>>,
+    Option<Spanned<Ipv4Net>>,
+);
+
 /// The required fields that say which machine this is and where it lives, read in this
 /// order; the role is also recorded in `role_refs` for the check that it names a role.
 fn identity(
@@ -108,12 +117,7 @@ fn identity(
     path: &str,
     role_refs: &mut Vec<(String, Spanned<String>)>,
     d: &mut Diagnostics,
-) -> (
-    Option<Spanned<String>>,
-    Vec<Spanned<Mac>>,
-    Option<Spanned<String>>,
-    Option<Spanned<Ipv4Net>>,
-) {
+) -> Identity {
     let loc = r.loc().clone();
     let f = |k: &str| format!("{path}.{k}");
     let name = match r.get("name") {
