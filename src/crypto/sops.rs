@@ -401,42 +401,86 @@ impl Metadata {
         let map = value
             .as_mapping()
             .ok_or_else(|| bad("", "`sops` is not a mapping".into()))?;
-
-        let opt_str = |field: &str| -> Result<Option<String>, SopsError> {
-            match map.get(field) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) if s.is_empty() => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(bad(field, "expected a string".into())),
-            }
+        let fields = MetadataFields { map, file };
+        fields.reject_comment_rules()?;
+        let rules = fields.rules()?;
+        let mac_only_encrypted = match map.get("mac_only_encrypted") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(bad("mac_only_encrypted", "expected true or false".into())),
         };
-        let required = |field: &str| -> Result<String, SopsError> {
-            opt_str(field)?.ok_or_else(|| bad(field, "missing".into()))
-        };
+        let (age, other_key_types) = fields.keys()?;
+        Ok(Metadata {
+            age,
+            other_key_types,
+            lastmodified: fields.required("lastmodified")?,
+            mac: fields.required("mac")?,
+            rules,
+            mac_only_encrypted,
+        })
+    }
+}
 
+/// The fields of the `sops:` mapping, each error naming the file.
+struct MetadataFields<'a> {
+    map: &'a Mapping,
+    file: &'a Path,
+}
+
+impl MetadataFields<'_> {
+    fn bad(&self, field: &str, problem: String) -> SopsError {
+        SopsError::Metadata {
+            file: self.file.to_path_buf(),
+            field: field.to_string(),
+            problem,
+        }
+    }
+
+    /// A string field; absent, null and empty all read as unset.
+    fn opt_str(&self, field: &str) -> Result<Option<String>, SopsError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.bad(field, "expected a string".into())),
+        }
+    }
+
+    fn required(&self, field: &str) -> Result<String, SopsError> {
+        self.opt_str(field)?
+            .ok_or_else(|| self.bad(field, "missing".into()))
+    }
+
+    fn regex(&self, field: &str) -> Result<Option<Regex>, SopsError> {
+        self.opt_str(field)?
+            .map(|r| Regex::new(&r).map_err(|e| self.bad(field, format!("invalid regex: {e}"))))
+            .transpose()
+    }
+
+    /// Comment-based encryption rules are refused: they need the YAML comments.
+    fn reject_comment_rules(&self) -> Result<(), SopsError> {
         for field in ["unencrypted_comment_regex", "encrypted_comment_regex"] {
-            if opt_str(field)?.is_some() {
+            if self.opt_str(field)?.is_some() {
                 return Err(SopsError::Unsupported {
-                    file: file.to_path_buf(),
+                    file: self.file.to_path_buf(),
                     what: format!(
                         "`{field}` (comment-based rules need the YAML comments, which talboot \
-                         does not keep); re-encrypt with a key-based rule such as \
-                         `--encrypted-regex`"
+                     does not keep); re-encrypt with a key-based rule such as \
+                     `--encrypted-regex`"
                     ),
                 });
             }
         }
+        Ok(())
+    }
 
-        let regex = |field: &str| -> Result<Option<Regex>, SopsError> {
-            opt_str(field)?
-                .map(|r| Regex::new(&r).map_err(|e| bad(field, format!("invalid regex: {e}"))))
-                .transpose()
-        };
+    /// Which values are encrypted: at most one of the four rules, else sops's default suffix.
+    fn rules(&self) -> Result<Rules, SopsError> {
         let mut rules = Rules {
-            unencrypted_suffix: opt_str("unencrypted_suffix")?,
-            encrypted_suffix: opt_str("encrypted_suffix")?,
-            unencrypted_regex: regex("unencrypted_regex")?,
-            encrypted_regex: regex("encrypted_regex")?,
+            unencrypted_suffix: self.opt_str("unencrypted_suffix")?,
+            encrypted_suffix: self.opt_str("encrypted_suffix")?,
+            unencrypted_regex: self.regex("unencrypted_regex")?,
+            encrypted_regex: self.regex("encrypted_regex")?,
         };
         let set = [
             rules.unencrypted_suffix.is_some(),
@@ -448,64 +492,55 @@ impl Metadata {
         .filter(|s| **s)
         .count();
         if set > 1 {
-            return Err(bad(
+            return Err(self.bad(
                 "unencrypted_suffix",
                 "more than one of unencrypted_suffix, encrypted_suffix, unencrypted_regex and \
-                 encrypted_regex is set; sops allows only one"
+             encrypted_regex is set; sops allows only one"
                     .into(),
             ));
         }
         if set == 0 {
             rules.unencrypted_suffix = Some(DEFAULT_UNENCRYPTED_SUFFIX.into());
         }
+        Ok(rules)
+    }
 
-        let mac_only_encrypted = match map.get("mac_only_encrypted") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(bad("mac_only_encrypted", "expected true or false".into())),
-        };
-
+    /// The age recipients' stanzas and the names of other key types, at the top level and in
+    /// the one key group talboot supports.
+    fn keys(&self) -> Result<(Vec<AgeStanza>, Vec<String>), SopsError> {
         let mut age = Vec::new();
         let mut other_key_types = Vec::new();
-        collect_keys(map, "", file, &mut age, &mut other_key_types)?;
-        match map.get("key_groups") {
+        collect_keys(self.map, "", self.file, &mut age, &mut other_key_types)?;
+        match self.map.get("key_groups") {
             None | Some(Value::Null) => {}
             Some(Value::Sequence(groups)) => {
                 if groups.len() > 1 {
                     return Err(SopsError::Unsupported {
-                        file: file.to_path_buf(),
+                        file: self.file.to_path_buf(),
                         what: format!(
                             "Shamir secret sharing over {} key groups; talboot decrypts files \
-                             with one key group. Re-encrypt with a single group (one \
-                             `key_groups` entry in .sops.yaml, then `sops updatekeys`)",
+                         with one key group. Re-encrypt with a single group (one \
+                         `key_groups` entry in .sops.yaml, then `sops updatekeys`)",
                             groups.len()
                         ),
                     });
                 }
                 for group in groups {
-                    let group = group
-                        .as_mapping()
-                        .ok_or_else(|| bad("key_groups", "an entry is not a mapping".into()))?;
+                    let group = group.as_mapping().ok_or_else(|| {
+                        self.bad("key_groups", "an entry is not a mapping".into())
+                    })?;
                     collect_keys(
                         group,
                         "key_groups[0].",
-                        file,
+                        self.file,
                         &mut age,
                         &mut other_key_types,
                     )?;
                 }
             }
-            Some(_) => return Err(bad("key_groups", "expected a list".into())),
+            Some(_) => return Err(self.bad("key_groups", "expected a list".into())),
         }
-
-        Ok(Metadata {
-            age,
-            other_key_types,
-            lastmodified: required("lastmodified")?,
-            mac: required("mac")?,
-            rules,
-            mac_only_encrypted,
-        })
+        Ok((age, other_key_types))
     }
 }
 

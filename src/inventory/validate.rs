@@ -12,154 +12,12 @@ use super::diag::{Diagnostics, Loc, did_you_mean};
 use super::model::*;
 use super::parts::Parts;
 
-/// The roles that exist without being written: `controlplane` and `worker`.
-fn builtin(name: &str) -> Option<MachineType> {
-    MachineType::parse(name)
-}
+mod contract;
+mod roles;
 
-/// Fold every role's `extends` chain. Unknown parents and cycles are reported; roles that
-/// cannot be resolved are left out of the result.
-pub(crate) fn resolve_roles(
-    defs: &[RoleDef],
-    d: &mut Diagnostics,
-) -> BTreeMap<String, ResolvedRole> {
-    let by_name: HashMap<&str, &RoleDef> = defs.iter().map(|r| (r.name.as_str(), r)).collect();
-    let mut out = BTreeMap::new();
-    for word in MachineType::WORDS {
-        if !by_name.contains_key(word) {
-            out.insert(
-                word.to_string(),
-                ResolvedRole {
-                    name: word.to_string(),
-                    machine_type: MachineType::parse(word).expect("builtin role"),
-                    chain: vec![word.to_string()],
-                    patches: Vec::new(),
-                    labels: BTreeMap::new(),
-                    taints: Vec::new(),
-                },
-            );
-        }
-    }
-    let known: Vec<&str> = defs
-        .iter()
-        .map(|r| r.name.as_str())
-        .chain(MachineType::WORDS.iter().copied())
-        .collect();
-    for def in defs {
-        // Walk up the chain, collecting ancestors until a root (no extends).
-        let mut chain: Vec<&RoleDef> = vec![def];
-        let mut ok = true;
-        loop {
-            let cur = *chain.last().expect("non-empty");
-            let Some(parent) = &cur.extends else { break };
-            if parent.as_str() == cur.name.as_str()
-                || chain.iter().any(|r| r.name.as_str() == parent.as_str())
-            {
-                if std::ptr::eq(cur, def) || chain.len() > 1 {
-                    let names: Vec<&str> = chain.iter().map(|r| r.name.as_str()).collect();
-                    // Report a cycle once, on the role where the walk started.
-                    d.error_hint(
-                        &parent.loc,
-                        format!("roles.{}.extends", cur.name.as_str()),
-                        format!(
-                            "role `{}` is part of an extends cycle: {} -> {}",
-                            def.name.as_str(),
-                            names.join(" -> "),
-                            parent.as_str()
-                        ),
-                        "remove one `extends` so the chain ends at a role with a `type`",
-                    );
-                }
-                ok = false;
-                break;
-            }
-            match by_name.get(parent.as_str()) {
-                Some(p) => chain.push(p),
-                None if builtin(parent.as_str()).is_some() => break,
-                None => {
-                    if std::ptr::eq(cur, def) {
-                        unknown_role(
-                            d,
-                            &parent.loc,
-                            &format!("roles.{}.extends", cur.name.as_str()),
-                            parent.as_str(),
-                            &known,
-                        );
-                    }
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if !ok {
-            continue;
-        }
-        chain.reverse(); // root ancestor first
-        let root_extends_builtin = chain[0].extends.as_ref().and_then(|p| builtin(p.as_str()));
-        let machine_type = chain
-            .iter()
-            .rev()
-            .find_map(|r| r.machine_type)
-            .or(root_extends_builtin)
-            .or_else(|| builtin(def.name.as_str()));
-        let Some(machine_type) = machine_type else {
-            d.error_hint(
-                &def.name.loc,
-                format!("roles.{}", def.name.as_str()),
-                format!("role `{}` has no machine type", def.name.as_str()),
-                "set `type: controlplane` or `type: worker`, or `extends` another role",
-            );
-            continue;
-        };
-        if let Some(t) = def.machine_type
-            && let Some(parent_t) = chain[..chain.len() - 1]
-                .iter()
-                .rev()
-                .find_map(|r| r.machine_type)
-                .or(root_extends_builtin)
-            && t != parent_t
-        {
-            d.error_hint(
-                &def.name.loc,
-                format!("roles.{}.type", def.name.as_str()),
-                format!(
-                    "role `{}` is a {t} but extends a {parent_t} role",
-                    def.name.as_str()
-                ),
-                "a role must keep the machine type of the role it extends",
-            );
-            continue;
-        }
-        let mut names: Vec<String> = Vec::new();
-        if let Some(b) = &chain[0].extends {
-            names.push(b.value.clone());
-        }
-        let mut labels = BTreeMap::new();
-        let mut taints: Vec<Taint> = Vec::new();
-        let mut patches = Vec::new();
-        for r in &chain {
-            names.push(r.name.value.clone());
-            labels.extend(r.labels.clone());
-            for t in &r.taints {
-                taints.retain(|x| !(x.key == t.key && x.effect == t.effect));
-                taints.push(t.clone());
-            }
-            patches.extend(r.patches.iter().cloned());
-        }
-        out.insert(
-            def.name.value.clone(),
-            ResolvedRole {
-                name: def.name.value.clone(),
-                machine_type,
-                chain: names,
-                patches,
-                labels,
-                taints,
-            },
-        );
-    }
-    out
-}
+use contract::contract_rules;
+
+pub(crate) use roles::resolve_roles;
 
 fn unknown_role(d: &mut Diagnostics, loc: &Loc, path: &str, name: &str, known: &[&str]) {
     let hint = match did_you_mean(name, known) {
@@ -249,177 +107,6 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
     if let Some(cluster) = &parts.cluster {
         cluster_rules(cluster, parts.network.as_ref(), &cps, d);
         contract_rules(cluster, parts, d);
-    }
-}
-
-/// What the cluster's machine-config contract makes of each patch, at the patch's file and
-/// line: under v1.14, a v1.13 field with no v1.14 document stays with a deprecation warning,
-/// or is refused when Talos refuses it next to a document talboot renders; under any contract,
-/// a patch that sets a legacy field and the document Talos refuses it next to
-/// (`V1Alpha1ConflictValidate`, [`crate::talosfacts::legacy::CONFLICTS`]) is refused.
-fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
-    use crate::talosfacts::contract::Contract;
-    let Some(contract) = Contract::for_version(&cluster.talos_version.value.0) else {
-        return; // rendering refuses the version with its own message
-    };
-    let patches = cluster
-        .patches
-        .iter()
-        .chain(parts.roles.iter().flat_map(|r| r.patches.iter()))
-        .chain(parts.nodes.iter().flat_map(|n| n.patches.iter()));
-    for patch in patches {
-        patch_contract_rules(contract, patch, d);
-    }
-}
-
-fn patch_contract_rules(
-    contract: crate::talosfacts::contract::Contract,
-    patch: &Patch,
-    d: &mut Diagnostics,
-) {
-    use crate::talosfacts::contract::Contract;
-    use crate::talosfacts::legacy::{CONFLICTS, Fate, TRANSLATED, classify};
-    use crate::talosfacts::schema::{DEPRECATED, v1alpha1_has};
-    let keys = &patch.keys;
-    let starts = |p: &[String], prefix: &[&str]| {
-        p.len() >= prefix.len() && p.iter().zip(prefix).all(|(a, b)| a == b)
-    };
-    let strictly_under = |prefix: &[String], longer: &[&str]| {
-        longer.len() > prefix.len() && prefix.iter().zip(longer).all(|(a, b)| a == b)
-    };
-    let has_kind = |kind: &str| keys.kinds.iter().any(|(k, _)| k == kind);
-    let mut reported: Vec<&[String]> = Vec::new();
-    // A JSON-patch operation below a v1.13 section the v1.14 v1alpha1 document no longer has
-    // (`/machine/kubelet/extraArgs/x`) cannot apply: the section is not there to patch.
-    if contract >= Contract::V1_14 {
-        for (path, loc) in &keys.ops {
-            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
-            let Some((_, parent)) = refs.split_last() else {
-                continue;
-            };
-            let translated = TRANSLATED.iter().find(|(p, _)| starts(path, p));
-            if let Some((_, kind)) = translated
-                && !parent.is_empty()
-                && !v1alpha1_has(contract, parent)
-            {
-                d.error_hint(
-                    loc,
-                    &keys.at,
-                    format!(
-                        "the JSON-patch operation on `/{}` needs `/{}` in the v1alpha1 \
-                         document, which the v1.14 contract moved to the {kind} document",
-                        path.join("/"),
-                        parent.join("/")
-                    ),
-                    format!(
-                        "write a strategic-merge patch (a {kind} document, or the v1.13 \
-                         field, which talboot moves into {kind})"
-                    ),
-                );
-                reported.push(path);
-            }
-        }
-    }
-    for (path, loc) in &keys.fields {
-        if reported
-            .iter()
-            .any(|r| starts(path, &r.iter().map(String::as_str).collect::<Vec<_>>()))
-        {
-            continue;
-        }
-        let field = path.join(".");
-        // The same patch sets the legacy field and the document Talos refuses it next to.
-        if let Some(c) = CONFLICTS
-            .iter()
-            .find(|c| c.since <= contract && starts(path, c.path) && has_kind(c.kind))
-        {
-            d.error_hint(
-                loc,
-                &keys.at,
-                format!(
-                    "the patch sets `{field}` and a {kind} document; Talos refuses `{legacy}` \
-                     next to {kind} ({source} in siderolabs/talos \
-                     pkg/machinery/config/types, V1Alpha1ConflictValidate)",
-                    kind = c.kind,
-                    legacy = c.path.join("."),
-                    source = c.source
-                ),
-                format!("write the setting only in the {} document", c.kind),
-            );
-            reported.push(path);
-            continue;
-        }
-        if contract >= Contract::V1_14
-            && let Some((_, kind)) = TRANSLATED
-                .iter()
-                .find(|(p, k)| starts(path, p) && has_kind(k))
-        {
-            d.error_hint(
-                loc,
-                &keys.at,
-                format!(
-                    "the patch sets `{field}` and a {kind} document; under the v1.14 contract \
-                     talboot moves `{field}` into {kind}, so one patch must not set both"
-                ),
-                format!("write the setting only in the {kind} document"),
-            );
-            reported.push(path);
-            continue;
-        }
-        // Intermediate keys of fields that are translated or conflict further down.
-        let intermediate = (contract >= Contract::V1_14
-            && TRANSLATED.iter().any(|(p, _)| strictly_under(path, p)))
-            || CONFLICTS
-                .iter()
-                .any(|c| c.since <= contract && strictly_under(path, c.path));
-        if intermediate {
-            continue;
-        }
-        let refs: Vec<&str> = path.iter().map(String::as_str).collect();
-        match classify(contract, &refs, v1alpha1_has(contract, &refs)) {
-            Fate::Current => continue,
-            Fate::Translated(_) => {}
-            Fate::Refused(c) => {
-                d.error_hint(
-                    loc,
-                    &keys.at,
-                    format!(
-                        "`{field}` has no {contract} document talboot can move it into, and Talos \
-                         refuses `{legacy}` next to the {kind} document talboot renders for \
-                         the {contract} contract ({source} in siderolabs/talos \
-                         pkg/machinery/config/types, V1Alpha1ConflictValidate)",
-                        legacy = c.path.join("."),
-                        kind = c.kind,
-                        source = c.source
-                    ),
-                    format!(
-                        "write it as a field of a {} document in the patch, or remove it",
-                        c.kind
-                    ),
-                );
-            }
-            Fate::Deprecated => {
-                // v1.13's own deprecations are warned about where the patch is read.
-                let v1_13_deprecated = DEPRECATED.iter().any(|dep| starts(path, dep.path));
-                if contract >= Contract::V1_14 && !v1_13_deprecated {
-                    d.warning(
-                        loc,
-                        &keys.at,
-                        format!(
-                            "the patch sets `{field}`, which Talos {contract} deprecated (its \
-                             config schema leaves it out) and which has no {contract} document; \
-                             it stays in the v1alpha1 document"
-                        ),
-                        Some(
-                            "move it to its replacement document when one exists (see the \
-                             Talos release notes), or remove it"
-                                .into(),
-                        ),
-                    );
-                }
-            }
-        }
-        reported.push(path);
     }
 }
 
@@ -566,6 +253,12 @@ fn network_rules(net: &Network, parts: &Parts, d: &mut Diagnostics) {
             Some("clients must reach talboot at this address; usually it is talboot's own address on the provisioning subnet".into()),
         );
     }
+    relay_rules(net, d);
+}
+
+/// Each relayed subnet: distinct from every other served subnet, with its gateway and pool
+/// inside it.
+fn relay_rules(net: &Network, d: &mut Diagnostics) {
     for (i, relay) in net.relays.iter().enumerate() {
         let path = format!("network.relays[{i}]");
         let rs = relay.subnet.value;
@@ -700,6 +393,14 @@ fn node_address_rules(i: usize, n: &Node, net: &Network, d: &mut Diagnostics) {
             Some(format!("write {ip}/{}", subnet.prefix_len())),
         );
     }
+    node_pool_rules(i, n, net, d);
+    node_gateway_rules(i, n, subnet, net, d);
+}
+
+/// Under an authoritative server, a node's reserved address must lie outside every dynamic
+/// pool.
+fn node_pool_rules(i: usize, n: &Node, net: &Network, d: &mut Diagnostics) {
+    let ip = n.address.value.addr();
     let pools = std::iter::once(net.pool.as_ref())
         .chain(net.relays.iter().map(|r| r.pool.as_ref()))
         .flatten();
@@ -713,6 +414,12 @@ fn node_address_rules(i: usize, n: &Node, net: &Network, d: &mut Diagnostics) {
             );
         }
     }
+}
+
+/// The node's own gateway lies in its subnet, and no gateway (its own, else its subnet's) is
+/// the node's address.
+fn node_gateway_rules(i: usize, n: &Node, subnet: Ipv4Net, net: &Network, d: &mut Diagnostics) {
+    let ip = n.address.value.addr();
     let gw = n.gateway.as_ref().or(if subnet == net.subnet.value {
         net.gateway.as_ref()
     } else {

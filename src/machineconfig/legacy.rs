@@ -106,348 +106,372 @@ pub(crate) fn translate(bundle: &mut ConfigBundle) -> Result<Vec<String>, Transl
     else {
         return Ok(Vec::new());
     };
-    let mut main: Json =
+    let main: Json =
         serde_json::to_value(&bundle.docs[idx]).map_err(|e| TranslateError::Shape {
             field: String::new(),
             problem: e.to_string(),
         })?;
-    let mut moved = Vec::new();
-    let mut docs: Vec<Json> = Vec::new();
-    // (kind, name) documents to remove, and control-plane taint removal.
-    let mut remove: Vec<(&str, Option<&str>)> = Vec::new();
-    let mut untaint_control_plane = false;
-    let mv = |main: &mut Json, path: &[&str], moved: &mut Vec<String>| {
-        let v = take(main, path);
+    let mut t = Translation {
+        main,
+        moved: Vec::new(),
+        docs: Vec::new(),
+        remove: Vec::new(),
+        untaint_control_plane: false,
+    };
+    unattended_install(&mut t)?;
+    kubelet(&mut t);
+    kernel(&mut t);
+    features(&mut t);
+    kube_network(&mut t);
+    kube_cluster(&mut t);
+    api_server(&mut t);
+    components(&mut t);
+    apply(bundle, idx, t)
+}
+
+/// The translation under way: the v1alpha1 document being emptied, the dotted fields moved
+/// out of it, and the documents they went to.
+struct Translation {
+    main: Json,
+    moved: Vec<String>,
+    docs: Vec<Json>,
+    /// (kind, name) documents to remove.
+    remove: Vec<(&'static str, Option<&'static str>)>,
+    /// Whether the control-plane taint comes off (`allowSchedulingOnControlPlanes: true`).
+    untaint_control_plane: bool,
+}
+
+impl Translation {
+    /// Takes `path` out of the v1alpha1 document, noting it as moved when it was there.
+    fn mv(&mut self, path: &[&str]) -> Option<Json> {
+        let v = take(&mut self.main, path);
         if v.is_some() {
-            moved.push(path.join("."));
+            self.moved.push(path.join("."));
         }
         v
-    };
+    }
+}
 
+/// `machine.install` into UnattendedInstallConfig.
+fn unattended_install(t: &mut Translation) -> Result<(), TranslateError> {
     // UnattendedInstallConfig (runtime/unattended_install.go): disk -> CEL, image, wipe.
     // grubUseUKICmdline is dropped: with the document the installer forces it on
     // (cmd/installer/cmd/installer/install.go).
-    {
-        let mut ui = json!({});
-        if let Some(sel) = mv(
-            &mut main,
-            &["machine", "install", "diskSelector"],
-            &mut moved,
-        ) {
-            let field = |k: &str| sel.get(k).and_then(text);
-            let legacy = LegacySelector {
-                size: field("size"),
-                name: field("name"),
-                model: field("model"),
-                serial: field("serial"),
-                modalias: field("modalias"),
-                uuid: field("uuid"),
-                wwid: field("wwid"),
-                disk_type: field("type"),
-                bus_path: field("busPath"),
-            };
-            ui["provisioning"] =
-                json!({"diskSelector": {"match": super::contract::selector_expression(&legacy)?}});
-            mv(&mut main, &["machine", "install", "disk"], &mut moved);
-        } else if let Some(disk) = mv(&mut main, &["machine", "install", "disk"], &mut moved) {
-            let disk = text(&disk).ok_or_else(|| TranslateError::Shape {
-                field: "machine.install.disk".into(),
-                problem: "is not a path".into(),
-            })?;
-            ui["provisioning"] = json!({"diskSelector": {"match": install_disk_expression(&disk)}});
-        }
-        if let Some(image) = mv(&mut main, &["machine", "install", "image"], &mut moved) {
-            ui["installer"] = json!({"image": image});
-        }
-        if let Some(wipe) = mv(&mut main, &["machine", "install", "wipe"], &mut moved) {
-            if ui.get("provisioning").is_none() {
-                ui["provisioning"] = json!({});
-            }
-            ui["provisioning"]["wipe"] = wipe;
-        }
-        mv(
-            &mut main,
-            &["machine", "install", "grubUseUKICmdline"],
-            &mut moved,
-        );
-        if ui.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("UnattendedInstallConfig", ui));
-        }
+    let mut ui = json!({});
+    if let Some(sel) = t.mv(&["machine", "install", "diskSelector"]) {
+        let field = |k: &str| sel.get(k).and_then(text);
+        let legacy = LegacySelector {
+            size: field("size"),
+            name: field("name"),
+            model: field("model"),
+            serial: field("serial"),
+            modalias: field("modalias"),
+            uuid: field("uuid"),
+            wwid: field("wwid"),
+            disk_type: field("type"),
+            bus_path: field("busPath"),
+        };
+        ui["provisioning"] =
+            json!({"diskSelector": {"match": super::contract::selector_expression(&legacy)?}});
+        t.mv(&["machine", "install", "disk"]);
+    } else if let Some(disk) = t.mv(&["machine", "install", "disk"]) {
+        let disk = text(&disk).ok_or_else(|| TranslateError::Shape {
+            field: "machine.install.disk".into(),
+            problem: "is not a path".into(),
+        })?;
+        ui["provisioning"] = json!({"diskSelector": {"match": install_disk_expression(&disk)}});
     }
+    if let Some(image) = t.mv(&["machine", "install", "image"]) {
+        ui["installer"] = json!({"image": image});
+    }
+    if let Some(wipe) = t.mv(&["machine", "install", "wipe"]) {
+        if ui.get("provisioning").is_none() {
+            ui["provisioning"] = json!({});
+        }
+        ui["provisioning"]["wipe"] = wipe;
+    }
+    t.mv(&["machine", "install", "grubUseUKICmdline"]);
+    if ui.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("UnattendedInstallConfig", ui));
+    }
+    Ok(())
+}
 
+/// `machine.kubelet`, the node labels, annotations and taints, and the scheduling switch
+/// into KubeletConfig and KubeNodeConfig.
+fn kubelet(t: &mut Translation) {
     // KubeletConfig / KubeNodeConfig (k8s/kubelet.go, k8s/node.go).
+    let mut kubelet = json!({});
+    for (from, to) in [
+        ("image", "image"),
+        ("extraArgs", "extraArgs"),
+        ("extraConfig", "config"),
+        ("clusterDNS", "clusterDNS"),
+        (
+            "defaultRuntimeSeccompProfileEnabled",
+            "defaultRuntimeSeccompProfileEnabled",
+        ),
+    ] {
+        if let Some(v) = t.mv(&["machine", "kubelet", from]) {
+            kubelet[to] = v;
+        }
+    }
+    // KubeletConfigV1Alpha1.DisableManifestsDirectory() is always true; only `true` moves.
+    if get(
+        &t.main,
+        &["machine", "kubelet", "disableManifestsDirectory"],
+    ) == Some(&Json::Bool(true))
     {
-        let mut kubelet = json!({});
-        for (from, to) in [
-            ("image", "image"),
-            ("extraArgs", "extraArgs"),
-            ("extraConfig", "config"),
-            ("clusterDNS", "clusterDNS"),
-            (
-                "defaultRuntimeSeccompProfileEnabled",
-                "defaultRuntimeSeccompProfileEnabled",
-            ),
-        ] {
-            if let Some(v) = mv(&mut main, &["machine", "kubelet", from], &mut moved) {
-                kubelet[to] = v;
-            }
-        }
-        // KubeletConfigV1Alpha1.DisableManifestsDirectory() is always true; only `true` moves.
-        if get(&main, &["machine", "kubelet", "disableManifestsDirectory"])
-            == Some(&Json::Bool(true))
-        {
-            mv(
-                &mut main,
-                &["machine", "kubelet", "disableManifestsDirectory"],
-                &mut moved,
-            );
-        }
-        if kubelet.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("KubeletConfig", kubelet));
-        }
-        let mut node = json!({});
-        for (path, to) in [
-            (&["machine", "kubelet", "nodeIP"][..], "nodeIP"),
-            (
-                &["machine", "kubelet", "skipNodeRegistration"][..],
-                "skipNodeRegistration",
-            ),
-            (
-                &["machine", "kubelet", "registerWithFQDN"][..],
-                "registerWithFQDN",
-            ),
-            (&["machine", "nodeLabels"][..], "labels"),
-            (&["machine", "nodeAnnotations"][..], "annotations"),
-            (&["machine", "nodeTaints"][..], "taints"),
-        ] {
-            if let Some(v) = mv(&mut main, path, &mut moved) {
-                node[to] = v;
-            }
-        }
-        for key in ["allowSchedulingOnControlPlanes", "allowSchedulingOnMasters"] {
-            if let Some(v) = mv(&mut main, &["cluster", key], &mut moved) {
-                untaint_control_plane |= v == Json::Bool(true);
-            }
-        }
-        if node.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("KubeNodeConfig", node));
+        t.mv(&["machine", "kubelet", "disableManifestsDirectory"]);
+    }
+    if kubelet.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("KubeletConfig", kubelet));
+    }
+    let mut node = json!({});
+    for (path, to) in [
+        (&["machine", "kubelet", "nodeIP"][..], "nodeIP"),
+        (
+            &["machine", "kubelet", "skipNodeRegistration"][..],
+            "skipNodeRegistration",
+        ),
+        (
+            &["machine", "kubelet", "registerWithFQDN"][..],
+            "registerWithFQDN",
+        ),
+        (&["machine", "nodeLabels"][..], "labels"),
+        (&["machine", "nodeAnnotations"][..], "annotations"),
+        (&["machine", "nodeTaints"][..], "taints"),
+    ] {
+        if let Some(v) = t.mv(path) {
+            node[to] = v;
         }
     }
+    for key in ["allowSchedulingOnControlPlanes", "allowSchedulingOnMasters"] {
+        if let Some(v) = t.mv(&["cluster", key]) {
+            t.untaint_control_plane |= v == Json::Bool(true);
+        }
+    }
+    if node.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("KubeNodeConfig", node));
+    }
+}
 
+/// `machine.sysctls`, `machine.sysfs` and `machine.kernel.modules` into their documents.
+fn kernel(t: &mut Translation) {
     // SysctlConfig / SysfsConfig / KernelModuleConfig (runtime/*.go).
-    if let Some(v) = mv(&mut main, &["machine", "sysctls"], &mut moved) {
-        docs.push(doc("SysctlConfig", json!({"params": v})));
+    if let Some(v) = t.mv(&["machine", "sysctls"]) {
+        t.docs.push(doc("SysctlConfig", json!({"params": v})));
     }
-    if let Some(v) = mv(&mut main, &["machine", "sysfs"], &mut moved) {
-        docs.push(doc("SysfsConfig", json!({"params": v})));
+    if let Some(v) = t.mv(&["machine", "sysfs"]) {
+        t.docs.push(doc("SysfsConfig", json!({"params": v})));
     }
-    if let Some(Json::Array(mods)) = mv(&mut main, &["machine", "kernel", "modules"], &mut moved) {
+    if let Some(Json::Array(mods)) = t.mv(&["machine", "kernel", "modules"]) {
         for m in mods {
             let mut d = json!({"name": m.get("name").cloned().unwrap_or(Json::Null)});
             if let Some(p) = m.get("parameters") {
                 d["parameters"] = p.clone();
             }
-            docs.push(doc("KernelModuleConfig", d));
+            t.docs.push(doc("KernelModuleConfig", d));
         }
     }
+}
 
+/// `machine.features.kubePrism` and `.hostDNS` into their documents.
+fn features(t: &mut Translation) {
     // KubePrismConfig (k8s/kubeprism.go), ResolverConfig.hostDNS (network/resolver.go).
-    if let Some(kp) = mv(&mut main, &["machine", "features", "kubePrism"], &mut moved) {
+    if let Some(kp) = t.mv(&["machine", "features", "kubePrism"]) {
         if kp.get("enabled") == Some(&Json::Bool(false)) {
-            remove.push(("KubePrismConfig", None));
+            t.remove.push(("KubePrismConfig", None));
         } else if let Some(port) = kp.get("port") {
-            docs.push(doc("KubePrismConfig", json!({"port": port})));
+            t.docs.push(doc("KubePrismConfig", json!({"port": port})));
         }
     }
-    if let Some(h) = mv(&mut main, &["machine", "features", "hostDNS"], &mut moved) {
-        docs.push(doc("ResolverConfig", json!({"hostDNS": h})));
+    if let Some(h) = t.mv(&["machine", "features", "hostDNS"]) {
+        t.docs.push(doc("ResolverConfig", json!({"hostDNS": h})));
     }
+}
 
+/// `cluster.network` into KubeNetworkConfig and the CNI documents.
+fn kube_network(t: &mut Translation) {
     // KubeNetworkConfig / KubeFlannelCNIConfig / KubeExternalManifestConfig (k8s/network.go,
     // flannel.go; no KubeFlannelCNIConfig = no CNI, controllers/k8s/control_plane.go).
-    {
-        let mut net = json!({});
-        for k in ["dnsDomain", "podSubnets", "serviceSubnets"] {
-            if let Some(v) = mv(&mut main, &["cluster", "network", k], &mut moved) {
-                net[k] = v;
-            }
+    let mut net = json!({});
+    for k in ["dnsDomain", "podSubnets", "serviceSubnets"] {
+        if let Some(v) = t.mv(&["cluster", "network", k]) {
+            net[k] = v;
         }
-        if net.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("KubeNetworkConfig", net));
-        }
-        if let Some(cni) = mv(&mut main, &["cluster", "network", "cni"], &mut moved) {
-            match cni.get("name").and_then(Json::as_str) {
-                Some("none") => remove.push(("KubeFlannelCNIConfig", None)),
-                Some("custom") => {
-                    remove.push(("KubeFlannelCNIConfig", None));
-                    let urls = cni
-                        .get("urls")
-                        .and_then(Json::as_array)
-                        .cloned()
-                        .unwrap_or_default();
-                    for (i, url) in urls.into_iter().enumerate() {
-                        let name = if i == 0 {
-                            "custom-cni".to_owned()
-                        } else {
-                            format!("custom-cni-{i}")
-                        };
-                        docs.push(doc(
-                            "KubeExternalManifestConfig",
-                            json!({"name": name, "url": url}),
-                        ));
-                    }
+    }
+    if net.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("KubeNetworkConfig", net));
+    }
+    if let Some(cni) = t.mv(&["cluster", "network", "cni"]) {
+        match cni.get("name").and_then(Json::as_str) {
+            Some("none") => t.remove.push(("KubeFlannelCNIConfig", None)),
+            Some("custom") => {
+                t.remove.push(("KubeFlannelCNIConfig", None));
+                let urls = cni
+                    .get("urls")
+                    .and_then(Json::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                for (i, url) in urls.into_iter().enumerate() {
+                    let name = if i == 0 {
+                        "custom-cni".to_owned()
+                    } else {
+                        format!("custom-cni-{i}")
+                    };
+                    t.docs.push(doc(
+                        "KubeExternalManifestConfig",
+                        json!({"name": name, "url": url}),
+                    ));
                 }
-                _ => {
-                    let mut f = json!({});
-                    if let Some(fl) = cni.get("flannel") {
-                        for k in ["extraArgs", "kubeNetworkPoliciesEnabled"] {
-                            if let Some(v) = fl.get(k) {
-                                f[k] = v.clone();
-                            }
+            }
+            _ => {
+                let mut f = json!({});
+                if let Some(fl) = cni.get("flannel") {
+                    for k in ["extraArgs", "kubeNetworkPoliciesEnabled"] {
+                        if let Some(v) = fl.get(k) {
+                            f[k] = v.clone();
                         }
                     }
-                    docs.push(doc("KubeFlannelCNIConfig", f));
                 }
+                t.docs.push(doc("KubeFlannelCNIConfig", f));
             }
         }
     }
+}
 
+/// The cluster's name, endpoint, API port, identity and discovery into their documents.
+fn kube_cluster(t: &mut Translation) {
     // KubeClusterConfig (k8s/cluster.go), DiscoveryIdentityConfig, DiscoveryServiceConfig.
-    {
-        let mut kc = json!({});
-        if let Some(v) = mv(&mut main, &["cluster", "clusterName"], &mut moved) {
-            kc["clusterName"] = v;
+    let mut kc = json!({});
+    if let Some(v) = t.mv(&["cluster", "clusterName"]) {
+        kc["clusterName"] = v;
+    }
+    if let Some(v) = t.mv(&["cluster", "controlPlane", "endpoint"]) {
+        kc["endpoint"] = v;
+    }
+    if kc.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("KubeClusterConfig", kc));
+    }
+    if let Some(v) = t.mv(&["cluster", "controlPlane", "localAPIServerPort"]) {
+        t.docs
+            .push(doc("KubeAPIServerConfig", json!({"apiPort": v})));
+    }
+    let mut id = json!({});
+    if let Some(v) = t.mv(&["cluster", "id"]) {
+        id["clusterID"] = v;
+    }
+    if let Some(v) = t.mv(&["cluster", "secret"]) {
+        id["clusterSecret"] = v;
+    }
+    if id.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("DiscoveryIdentityConfig", id));
+    }
+    let enabled = t.mv(&["cluster", "discovery", "enabled"]);
+    let service = t.mv(&["cluster", "discovery", "registries", "service"]);
+    // v1.14 has no Kubernetes registry document; gen config always disabled it.
+    t.mv(&["cluster", "discovery", "registries", "kubernetes"]);
+    let service_off = service
+        .as_ref()
+        .and_then(|s| s.get("disabled"))
+        .is_some_and(|d| d == &Json::Bool(true));
+    if enabled == Some(Json::Bool(false)) || service_off {
+        t.remove.push(("DiscoveryServiceConfig", Some("default")));
+    } else if let Some(ep) = service.as_ref().and_then(|s| s.get("endpoint")) {
+        t.docs.push(doc(
+            "DiscoveryServiceConfig",
+            json!({"name": "default", "endpoint": ep}),
+        ));
+    }
+}
+
+/// `cluster.apiServer` into KubeAPIServerConfig, KubeAdmissionControlConfig and
+/// KubeAuditPolicyConfig.
+fn api_server(t: &mut Translation) {
+    // Control-plane components (k8s/apiserver.go, admission_control.go, audit_policy.go,
+    // controller_manager.go, scheduler.go, proxy.go, coredns.go).
+    let mut api = json!({});
+    for (from, to) in [
+        ("image", "image"),
+        ("extraArgs", "extraArgs"),
+        ("env", "env"),
+        ("resources", "resources"),
+        ("certSANs", "certExtraSANs"),
+    ] {
+        if let Some(v) = t.mv(&["cluster", "apiServer", from]) {
+            api[to] = v;
         }
-        if let Some(v) = mv(
-            &mut main,
-            &["cluster", "controlPlane", "endpoint"],
-            &mut moved,
-        ) {
-            kc["endpoint"] = v;
-        }
-        if kc.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("KubeClusterConfig", kc));
-        }
-        if let Some(v) = mv(
-            &mut main,
-            &["cluster", "controlPlane", "localAPIServerPort"],
-            &mut moved,
-        ) {
-            docs.push(doc("KubeAPIServerConfig", json!({"apiPort": v})));
-        }
-        let mut id = json!({});
-        if let Some(v) = mv(&mut main, &["cluster", "id"], &mut moved) {
-            id["clusterID"] = v;
-        }
-        if let Some(v) = mv(&mut main, &["cluster", "secret"], &mut moved) {
-            id["clusterSecret"] = v;
-        }
-        if id.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("DiscoveryIdentityConfig", id));
-        }
-        let enabled = mv(&mut main, &["cluster", "discovery", "enabled"], &mut moved);
-        let service = mv(
-            &mut main,
-            &["cluster", "discovery", "registries", "service"],
-            &mut moved,
-        );
-        // v1.14 has no Kubernetes registry document; gen config always disabled it.
-        mv(
-            &mut main,
-            &["cluster", "discovery", "registries", "kubernetes"],
-            &mut moved,
-        );
-        let service_off = service
-            .as_ref()
-            .and_then(|s| s.get("disabled"))
-            .is_some_and(|d| d == &Json::Bool(true));
-        if enabled == Some(Json::Bool(false)) || service_off {
-            remove.push(("DiscoveryServiceConfig", Some("default")));
-        } else if let Some(ep) = service.as_ref().and_then(|s| s.get("endpoint")) {
-            docs.push(doc(
-                "DiscoveryServiceConfig",
-                json!({"name": "default", "endpoint": ep}),
+    }
+    // Hidden since v1.12 (HideDisablePSP); Kubernetes has no PSP any more.
+    t.mv(&["cluster", "apiServer", "disablePodSecurityPolicy"]);
+    if api.as_object().is_some_and(|o| !o.is_empty()) {
+        t.docs.push(doc("KubeAPIServerConfig", api));
+    }
+    if let Some(Json::Array(plugins)) = t.mv(&["cluster", "apiServer", "admissionControl"]) {
+        for p in plugins {
+            t.docs.push(doc(
+                "KubeAdmissionControlConfig",
+                json!({"name": p.get("name").cloned().unwrap_or(Json::Null),
+                       "configuration": p.get("configuration").cloned().unwrap_or(json!({}))}),
             ));
         }
     }
+    if let Some(v) = t.mv(&["cluster", "apiServer", "auditPolicy"]) {
+        t.docs
+            .push(doc("KubeAuditPolicyConfig", json!({"configuration": v})));
+    }
+}
 
-    // Control-plane components (k8s/apiserver.go, admission_control.go, audit_policy.go,
-    // controller_manager.go, scheduler.go, proxy.go, coredns.go).
-    {
-        let mut api = json!({});
-        for (from, to) in [
-            ("image", "image"),
-            ("extraArgs", "extraArgs"),
-            ("env", "env"),
-            ("resources", "resources"),
-            ("certSANs", "certExtraSANs"),
-        ] {
-            if let Some(v) = mv(&mut main, &["cluster", "apiServer", from], &mut moved) {
-                api[to] = v;
+/// The other control-plane components and the proxy and CoreDNS into their documents.
+fn components(t: &mut Translation) {
+    for (section, kind, keys) in [
+        (
+            "controllerManager",
+            "KubeControllerManagerConfig",
+            &["image", "extraArgs", "env", "resources"][..],
+        ),
+        (
+            "scheduler",
+            "KubeSchedulerConfig",
+            &["image", "extraArgs", "env", "resources", "config"][..],
+        ),
+        (
+            "proxy",
+            "KubeProxyConfig",
+            &["image", "mode", "extraArgs"][..],
+        ),
+        ("coreDNS", "KubeCoreDNSConfig", &["image"][..]),
+    ] {
+        let mut d = json!({});
+        for k in keys {
+            if let Some(v) = t.mv(&["cluster", section, k]) {
+                d[*k] = v;
             }
         }
-        // Hidden since v1.12 (HideDisablePSP); Kubernetes has no PSP any more.
-        mv(
-            &mut main,
-            &["cluster", "apiServer", "disablePodSecurityPolicy"],
-            &mut moved,
-        );
-        if api.as_object().is_some_and(|o| !o.is_empty()) {
-            docs.push(doc("KubeAPIServerConfig", api));
+        if let Some(v) = t.mv(&["cluster", section, "disabled"]) {
+            d["enabled"] = Json::Bool(v != Json::Bool(true));
         }
-        if let Some(Json::Array(plugins)) = mv(
-            &mut main,
-            &["cluster", "apiServer", "admissionControl"],
-            &mut moved,
-        ) {
-            for p in plugins {
-                docs.push(doc(
-                    "KubeAdmissionControlConfig",
-                    json!({"name": p.get("name").cloned().unwrap_or(Json::Null),
-                           "configuration": p.get("configuration").cloned().unwrap_or(json!({}))}),
-                ));
-            }
-        }
-        if let Some(v) = mv(
-            &mut main,
-            &["cluster", "apiServer", "auditPolicy"],
-            &mut moved,
-        ) {
-            docs.push(doc("KubeAuditPolicyConfig", json!({"configuration": v})));
-        }
-        for (section, kind, keys) in [
-            (
-                "controllerManager",
-                "KubeControllerManagerConfig",
-                &["image", "extraArgs", "env", "resources"][..],
-            ),
-            (
-                "scheduler",
-                "KubeSchedulerConfig",
-                &["image", "extraArgs", "env", "resources", "config"][..],
-            ),
-            (
-                "proxy",
-                "KubeProxyConfig",
-                &["image", "mode", "extraArgs"][..],
-            ),
-            ("coreDNS", "KubeCoreDNSConfig", &["image"][..]),
-        ] {
-            let mut d = json!({});
-            for k in keys {
-                if let Some(v) = mv(&mut main, &["cluster", section, k], &mut moved) {
-                    d[*k] = v;
-                }
-            }
-            if let Some(v) = mv(&mut main, &["cluster", section, "disabled"], &mut moved) {
-                d["enabled"] = Json::Bool(v != Json::Bool(true));
-            }
-            if d.as_object().is_some_and(|o| !o.is_empty()) {
-                docs.push(doc(kind, d));
-            }
+        if d.as_object().is_some_and(|o| !o.is_empty()) {
+            t.docs.push(doc(kind, d));
         }
     }
+}
 
+/// Writes the emptied v1alpha1 document back, merges the translated documents in, removes
+/// the documents the legacy fields switched off, and takes the control-plane taint off.
+fn apply(
+    bundle: &mut ConfigBundle,
+    idx: usize,
+    t: Translation,
+) -> Result<Vec<String>, TranslateError> {
+    let Translation {
+        main,
+        moved,
+        docs,
+        remove,
+        untaint_control_plane,
+    } = t;
     if moved.is_empty() {
         return Ok(moved);
     }

@@ -1,0 +1,221 @@
+//! The `talboot.yaml` reader: the top-level sections in the order they are read, the `boot`
+//! section and the `roles` mapping. Each larger section has its own module.
+
+use std::path::Path;
+
+use crate::inventory::diag::Diagnostics;
+use crate::inventory::model::*;
+use crate::inventory::parts::{Parts, count_items};
+use crate::inventory::read::{self, missing};
+use crate::inventory::yaml::{MapReader, Node as Y, Value};
+
+mod addons;
+mod cluster;
+mod network;
+mod node;
+
+use self::{addons::addons, cluster::cluster, network::network, node::node};
+
+const TOP: &[&str] = &["cluster", "network", "boot", "roles", "nodes", "addons"];
+
+/// Read a `talboot.yaml` document into [`Parts`], section by section.
+pub(super) fn read(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
+    let mut parts = Parts {
+        format: Some(SourceFormat::Talboot),
+        ..Parts::default()
+    };
+    let Some(mut r) = MapReader::new(root, "", d) else {
+        return parts;
+    };
+    match r.get("cluster") {
+        Some(n) => parts.cluster = cluster(n, base, d),
+        None => missing(
+            d,
+            r.loc(),
+            "",
+            "cluster",
+            "every inventory needs a cluster section",
+        ),
+    }
+    match r.get("network") {
+        Some(n) => parts.network = network(n, d),
+        None => missing(
+            d,
+            r.loc(),
+            "",
+            "network",
+            "describe the provisioning network",
+        ),
+    }
+    parts.boot = match r.get("boot") {
+        Some(n) => boot(n, d),
+        None => Some(Boot::default()),
+    };
+    if let Some(n) = r.get("roles") {
+        parts.roles = roles(n, base, &mut parts.role_power, d);
+    }
+    match r.get("nodes") {
+        Some(n) => {
+            parts.nodes_loc = Some(n.loc.clone());
+            parts.nodes_written = count_items(n);
+            let mut refs = Vec::new();
+            let mut power = std::collections::BTreeMap::new();
+            parts.nodes = read::list(n, "nodes", d, false, |n, p, d| {
+                node(n, p, base, &mut refs, &mut power, d)
+            });
+            parts.node_power = power;
+            parts.role_refs = refs;
+        }
+        None => missing(
+            d,
+            r.loc(),
+            "",
+            "nodes",
+            "list at least one control-plane node",
+        ),
+    }
+    if let Some(n) = r.get("addons") {
+        parts.addons = addons(n, base, d);
+    }
+    r.finish(TOP, d);
+    parts
+}
+
+impl Default for Boot {
+    fn default() -> Self {
+        Self {
+            delivery: Delivery::Push,
+            unknown_machines: UnknownPolicy::Ignore,
+            default_arch: Arch::Amd64,
+            kernel_args: Vec::new(),
+            local_boot: LocalBoot::Exit,
+        }
+    }
+}
+
+fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
+    let mut r = MapReader::new(node, "boot", d)?;
+    let defaults = Boot::default();
+    let delivery = match r.get("delivery") {
+        Some(n) => read::word(n, "boot.delivery", d, Delivery::WORDS, Delivery::parse),
+        None => Some(defaults.delivery),
+    };
+    let unknown = match r.get("unknownMachines") {
+        Some(n) => read::word(
+            n,
+            "boot.unknownMachines",
+            d,
+            UnknownPolicy::WORDS,
+            UnknownPolicy::parse,
+        ),
+        None => Some(defaults.unknown_machines),
+    };
+    let arch = match r.get("defaultArch") {
+        Some(n) => read::word(n, "boot.defaultArch", d, Arch::WORDS, Arch::parse),
+        None => Some(defaults.default_arch),
+    };
+    let kernel_args = r
+        .get("kernelArgs")
+        .map(|n| read::kernel_args(n, "boot.kernelArgs", d))
+        .unwrap_or_default();
+    let local_boot = match r.get("localBoot") {
+        Some(n) => read::word(n, "boot.localBoot", d, LocalBoot::WORDS, LocalBoot::parse),
+        None => Some(defaults.local_boot),
+    };
+    r.finish(
+        &[
+            "delivery",
+            "unknownMachines",
+            "defaultArch",
+            "kernelArgs",
+            "localBoot",
+        ],
+        d,
+    );
+    Some(Boot {
+        delivery: delivery?,
+        unknown_machines: unknown?,
+        default_arch: arch?,
+        kernel_args,
+        local_boot: local_boot?,
+    })
+}
+
+fn roles(
+    node: &Y,
+    base: &Path,
+    power: &mut std::collections::BTreeMap<String, crate::inventory::power::PowerBlock>,
+    d: &mut Diagnostics,
+) -> Vec<RoleDef> {
+    let Value::Map(entries) = &node.value else {
+        d.error_hint(
+            &node.loc,
+            "roles",
+            format!(
+                "expected a mapping of role name to role, found {}",
+                node.kind()
+            ),
+            "e.g. roles: {storage: {extends: worker}}",
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (key, body) in entries {
+        let path = format!("roles.{}", key.name);
+        if !is_dns_label(&key.name) {
+            d.error_hint(
+                &key.loc,
+                &path,
+                format!("`{}` is not a valid role name", key.name),
+                "role names are lowercase letters, digits and hyphens",
+            );
+            continue;
+        }
+        let Some(mut r) = MapReader::new(body, &path, d) else {
+            continue;
+        };
+        let machine_type = r.get("type").and_then(|n| {
+            read::word(
+                n,
+                &format!("{path}.type"),
+                d,
+                MachineType::WORDS,
+                MachineType::parse,
+            )
+        });
+        let extends = r.get("extends").and_then(|n| {
+            read::string(n, &format!("{path}.extends"), d).map(|s| Spanned::new(s, n.loc.clone()))
+        });
+        let patches = r
+            .get("patches")
+            .map(|n| read::patches(n, &format!("{path}.patches"), base, d))
+            .unwrap_or_default();
+        let labels = r
+            .get("labels")
+            .map(|n| read::labels(n, &format!("{path}.labels"), d))
+            .unwrap_or_default();
+        let taints = r
+            .get("taints")
+            .map(|n| read::taints(n, &format!("{path}.taints"), d))
+            .unwrap_or_default();
+        if let Some(b) = r
+            .get("power")
+            .and_then(|n| crate::inventory::power::PowerBlock::read(n, &format!("{path}.power"), d))
+        {
+            power.insert(key.name.clone(), b);
+        }
+        r.finish(
+            &["type", "extends", "patches", "labels", "taints", "power"],
+            d,
+        );
+        out.push(RoleDef {
+            name: Spanned::new(key.name.clone(), key.loc.clone()),
+            machine_type,
+            extends,
+            patches,
+            labels,
+            taints,
+        });
+    }
+    out
+}
