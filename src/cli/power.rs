@@ -447,7 +447,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
             std::thread::sleep(a.stagger);
         }
         first = false;
-        let can_boot = !matches!(config, crate::inventory::PowerConfig::Wol(_));
+        let can_boot = config.can_set_boot_device();
         for step in crate::power::round::rack_up_steps(can_boot) {
             let r = match (&local, driver) {
                 (Some(store), Some(driver)) => {

@@ -31,7 +31,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use super::{BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState};
-use crate::inventory::{AuthMode, BootMode, Credential};
+use futures_util::future::BoxFuture;
+
+use crate::inventory::{AuthMode, BootMode, Credential, RedfishTarget};
 
 /// One BMC's Redfish settings (the inventory's `power: {kind: redfish}` block, once resolved
 /// with its credentials; the lead maps the inventory type onto this at merge).
@@ -1032,6 +1034,52 @@ impl Drop for Redfish {
     }
 }
 
+/// The Redfish client of a resolved target.
+fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
+    let mut cfg = RedfishConfig::new(t.endpoint.clone(), t.user.clone(), t.password.clone());
+    cfg.system_id = t.system_id.clone();
+    cfg.verify_tls = t.verify_tls;
+    cfg.ca_pem = super::read_ca(t.ca.as_deref(), &t.endpoint)?;
+    cfg.boot_mode = t.boot_mode;
+    cfg.auth = t.auth;
+    Redfish::new(cfg)
+}
+
+/// One operation on a Redfish BMC, then its session (if one was opened) deleted, whether
+/// the operation succeeded or not.
+async fn with_redfish<T>(
+    t: &RedfishTarget,
+    op: impl AsyncFnOnce(&Redfish) -> Result<T, PowerError>,
+) -> Result<T, PowerError> {
+    let rf = redfish(t)?;
+    let out = op(&rf).await;
+    rf.close().await;
+    out
+}
+
+/// The Redfish driver: a client (and session) per request.
+impl super::Driver for RedfishTarget {
+    fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>> {
+        Box::pin(with_redfish(self, async move |rf| {
+            rf.set_power(action).await
+        }))
+    }
+
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
+        Box::pin(with_redfish(self, async |rf| rf.power_state().await))
+    }
+
+    fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> BoxFuture<'_, Result<BootSet, PowerError>> {
+        Box::pin(with_redfish(self, async move |rf| {
+            rf.set_boot_device(device, persistence).await
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1361,5 +1409,25 @@ mod tests {
                 Ok(ResetPlan::Nothing) | Err(_) => {}
             }
         }
+    }
+
+    #[test]
+    fn an_unreadable_ca_is_named_and_no_secret_is_shown() {
+        let t = RedfishTarget {
+            endpoint: "https://10.0.50.11".into(),
+            system_id: None,
+            verify_tls: true,
+            ca: Some("/nonexistent/bmc-ca.pem".into()),
+            user: "admin".into(),
+            password: Credential::new("s3cret-bmc"),
+            auth: Default::default(),
+            boot_mode: None,
+        };
+        let Err(err) = redfish(&t).map(|_| ()) else {
+            panic!("a missing CA is an error")
+        };
+        let err = err.to_string();
+        assert!(err.contains("/nonexistent/bmc-ca.pem"), "{err}");
+        assert!(!err.contains("s3cret-bmc"), "{err}");
     }
 }
