@@ -186,7 +186,7 @@ pub(crate) async fn rebuild_by_power(
         })?;
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
-    let driver = PowerDriver::from(r.config(name, config)?);
+    let driver: PowerDriver = r.config(name, config)?;
     let set = driver.reboot_into_network().await?;
     Ok(format!(
         "its Talos API did not answer: set a one-time network boot and power-cycled it through {}{set}",
@@ -249,7 +249,7 @@ fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver
         &env,
         IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
     );
-    r.config(name, config).map(PowerDriver::from).map_err(|e| {
+    r.config(name, config).map_err(|e| {
         eprintln!("talboot: {e}");
         ExitCode::from(EXIT_INVALID)
     })

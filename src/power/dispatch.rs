@@ -152,7 +152,6 @@ pub(crate) fn drivers(
         let Some(config) = &node.power else { continue };
         let d = resolver
             .config(node.name.as_str(), config)
-            .map(PowerDriver::from)
             .map_err(|e| e.to_string());
         out.insert(node.name.to_string(), d);
     }
