@@ -307,113 +307,14 @@ pub async fn install_addon(
         release: release.to_owned(),
         source,
     };
-    let secret_ref = |revision| ObjectRef {
-        api_version: "v1".into(),
-        kind: "Secret".into(),
-        namespace: Some(ns.to_owned()),
-        name: helm::secret_name(release, revision),
-    };
-    if kube.get(&secret_ref(2)).await.map_err(kerr)?.is_some() {
-        return Err(AddonError::TakenOver {
-            release: release.to_owned(),
-            namespace: ns.to_owned(),
-        });
-    }
-
-    let mut objects = manifest::apply_order(spec.objects.clone());
-    for obj in &mut objects {
-        manifest::stamp_markers(obj, release, ns);
-    }
+    refuse_taken_over(kube, spec).await?;
     let mut outcome = AddonOutcome::default();
-    let mut applied_release = Vec::with_capacity(objects.len());
-
-    // The release namespace itself, unless the manifest brings it (`helm template` never
-    // renders it).
-    let has_own_ns = objects
-        .iter()
-        .any(|o| manifest::phase(o) == Phase::Namespace && o["metadata"]["name"] == ns);
-    if !has_own_ns {
-        ensure_namespace(kube, ns, &mut outcome)
-            .await
-            .map_err(kerr)?;
-    }
-
-    let (namespaces, rest): (Vec<Value>, Vec<Value>) = objects
-        .into_iter()
-        .partition(|o| manifest::phase(o) == Phase::Namespace);
-    for obj in &namespaces {
-        let a = apply_release_object(kube, obj, ns).await.map_err(kerr)?;
-        outcome.record(&a);
-        applied_release.push(a.body);
-    }
-    for obj in &spec.before {
-        outcome.record(&kube.apply(obj, ns).await.map_err(kerr)?);
-    }
-
-    let (crds, rest): (Vec<Value>, Vec<Value>) = rest
-        .into_iter()
-        .partition(|o| manifest::phase(o) == Phase::Crd);
-    for obj in &crds {
-        let a = apply_release_object(kube, obj, ns).await.map_err(kerr)?;
-        outcome.record(&a);
-        applied_release.push(a.body);
-    }
-    for obj in &crds {
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-        kube.wait_crd_established(name, timeouts.crd)
-            .await
-            .map_err(kerr)?;
-    }
-    if !crds.is_empty() {
-        // A discovery snapshot from before knows none of the new kinds.
-        kube.refresh_discovery();
-    }
-
-    for mut obj in rest {
-        if manifest::is_tls_secret(&obj)
-            && let Some(r) = ObjectRef::of(&obj)
-        {
-            let r = ObjectRef {
-                namespace: r.namespace.or_else(|| Some(ns.to_owned())),
-                ..r
-            };
-            if let Some(live) = kube.get(&r).await.map_err(kerr)?
-                && manifest::carry_tls_material(&mut obj, &live, release, ns)
-            {
-                tracing::info!(object = %r, "kept the live TLS material");
-            }
-        }
-        let a = apply_release_object(kube, &obj, ns).await.map_err(kerr)?;
-        outcome.record(&a);
-        applied_release.push(a.body);
-    }
-
-    for body in &applied_release {
-        let Some(r) = ObjectRef::of(body) else {
-            continue;
-        };
-        let obj_ns = r.namespace.as_deref().unwrap_or(ns);
-        match (r.api_version.as_str(), r.kind.as_str()) {
-            ("apps/v1", "Deployment") => kube
-                .wait_deployment(obj_ns, &r.name, timeouts.rollout)
-                .await
-                .map_err(kerr)?,
-            ("apps/v1", "DaemonSet") => kube
-                .wait_daemonset(obj_ns, &r.name, timeouts.rollout)
-                .await
-                .map_err(kerr)?,
-            ("apps/v1", "StatefulSet") => kube
-                .wait_statefulset(obj_ns, &r.name, timeouts.rollout)
-                .await
-                .map_err(kerr)?,
-            _ => {}
-        }
-    }
-    if spec.wait_nodes_ready {
-        kube.wait_nodes_ready(timeouts.rollout)
-            .await
-            .map_err(kerr)?;
-    }
+    let applied_release = apply_release_objects(kube, spec, timeouts, &mut outcome)
+        .await
+        .map_err(kerr)?;
+    wait_rolled_out(kube, spec, &applied_release, timeouts)
+        .await
+        .map_err(kerr)?;
 
     outcome.release_written = write_release(kube, spec, &applied_release, now).await?;
 
@@ -428,6 +329,157 @@ pub async fn install_addon(
         "add-on installed"
     );
     Ok(outcome)
+}
+
+/// Refuses a release Helm (or someone) already upgraded past revision 1: its second
+/// revision's Secret exists.
+async fn refuse_taken_over(kube: &Kube, spec: &AddonSpec) -> Result<(), AddonError> {
+    let release = spec.release.as_str();
+    let ns = spec.namespace.as_str();
+    let secret_ref = |revision| ObjectRef {
+        api_version: "v1".into(),
+        kind: "Secret".into(),
+        namespace: Some(ns.to_owned()),
+        name: helm::secret_name(release, revision),
+    };
+    let second = kube
+        .get(&secret_ref(2))
+        .await
+        .map_err(|source| AddonError::Kube {
+            release: release.to_owned(),
+            source,
+        })?;
+    if second.is_some() {
+        return Err(AddonError::TakenOver {
+            release: release.to_owned(),
+            namespace: ns.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Applies the release's objects in install order: its Namespace (made when the manifest
+/// brings none), the manifest's Namespaces, the `before` objects, the CRDs (waited for until
+/// established), then the rest. Answers the applied bodies (the release record's manifest).
+async fn apply_release_objects(
+    kube: &Kube,
+    spec: &AddonSpec,
+    timeouts: Timeouts,
+    outcome: &mut AddonOutcome,
+) -> Result<Vec<Value>, KubeError> {
+    let release = spec.release.as_str();
+    let ns = spec.namespace.as_str();
+    let mut objects = manifest::apply_order(spec.objects.clone());
+    for obj in &mut objects {
+        manifest::stamp_markers(obj, release, ns);
+    }
+    let mut applied_release = Vec::with_capacity(objects.len());
+
+    // The release namespace itself, unless the manifest brings it (`helm template` never
+    // renders it).
+    let has_own_ns = objects
+        .iter()
+        .any(|o| manifest::phase(o) == Phase::Namespace && o["metadata"]["name"] == ns);
+    if !has_own_ns {
+        ensure_namespace(kube, ns, outcome).await?;
+    }
+
+    let (namespaces, rest): (Vec<Value>, Vec<Value>) = objects
+        .into_iter()
+        .partition(|o| manifest::phase(o) == Phase::Namespace);
+    for obj in &namespaces {
+        let a = apply_release_object(kube, obj, ns).await?;
+        outcome.record(&a);
+        applied_release.push(a.body);
+    }
+    for obj in &spec.before {
+        outcome.record(&kube.apply(obj, ns).await?);
+    }
+
+    let (crds, rest): (Vec<Value>, Vec<Value>) = rest
+        .into_iter()
+        .partition(|o| manifest::phase(o) == Phase::Crd);
+    for obj in &crds {
+        let a = apply_release_object(kube, obj, ns).await?;
+        outcome.record(&a);
+        applied_release.push(a.body);
+    }
+    for obj in &crds {
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        kube.wait_crd_established(name, timeouts.crd).await?;
+    }
+    if !crds.is_empty() {
+        // A discovery snapshot from before knows none of the new kinds.
+        kube.refresh_discovery();
+    }
+
+    for mut obj in rest {
+        keep_live_tls(kube, &mut obj, release, ns).await?;
+        let a = apply_release_object(kube, &obj, ns).await?;
+        outcome.record(&a);
+        applied_release.push(a.body);
+    }
+    Ok(applied_release)
+}
+
+/// A rendered TLS Secret that is already live as this release's keeps its live material
+/// ([`manifest::carry_tls_material`]), so a re-render does not rotate it.
+async fn keep_live_tls(
+    kube: &Kube,
+    obj: &mut Value,
+    release: &str,
+    ns: &str,
+) -> Result<(), KubeError> {
+    if manifest::is_tls_secret(obj)
+        && let Some(r) = ObjectRef::of(obj)
+    {
+        let r = ObjectRef {
+            namespace: r.namespace.or_else(|| Some(ns.to_owned())),
+            ..r
+        };
+        if let Some(live) = kube.get(&r).await?
+            && manifest::carry_tls_material(obj, &live, release, ns)
+        {
+            tracing::info!(object = %r, "kept the live TLS material");
+        }
+    }
+    Ok(())
+}
+
+/// Waits for every Deployment, DaemonSet and StatefulSet the release applied to roll out,
+/// then, where the spec says so, for the nodes to be Ready.
+async fn wait_rolled_out(
+    kube: &Kube,
+    spec: &AddonSpec,
+    applied_release: &[Value],
+    timeouts: Timeouts,
+) -> Result<(), KubeError> {
+    let ns = spec.namespace.as_str();
+    for body in applied_release {
+        let Some(r) = ObjectRef::of(body) else {
+            continue;
+        };
+        let obj_ns = r.namespace.as_deref().unwrap_or(ns);
+        match (r.api_version.as_str(), r.kind.as_str()) {
+            ("apps/v1", "Deployment") => {
+                kube.wait_deployment(obj_ns, &r.name, timeouts.rollout)
+                    .await?
+            }
+            ("apps/v1", "DaemonSet") => {
+                kube.wait_daemonset(obj_ns, &r.name, timeouts.rollout)
+                    .await?
+            }
+            ("apps/v1", "StatefulSet") => {
+                kube.wait_statefulset(obj_ns, &r.name, timeouts.rollout)
+                    .await?
+            }
+            _ => {}
+        }
+    }
+    if spec.wait_nodes_ready {
+        kube.wait_nodes_ready(timeouts.rollout).await?;
+    }
+    Ok(())
 }
 
 /// The label Helm's `--create-namespace` gives the Namespace it creates (helm/helm v4.1.4

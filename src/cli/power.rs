@@ -186,7 +186,7 @@ pub(crate) async fn rebuild_by_power(
         })?;
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
-    let driver = PowerDriver::from(r.config(name, config)?);
+    let driver: PowerDriver = r.config(name, config)?;
     let set = driver.reboot_into_network().await?;
     Ok(format!(
         "its Talos API did not answer: set a one-time network boot and power-cycled it through {}{set}",
@@ -256,7 +256,7 @@ fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver
         &env,
         IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
     );
-    r.config(name, config).map(PowerDriver::from).map_err(|e| {
+    r.config(name, config).map_err(|e| {
         eprintln!("talboot: {e}");
         ExitCode::from(EXIT_INVALID)
     })
@@ -431,7 +431,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
             std::thread::sleep(a.stagger);
         }
         first = false;
-        let can_boot = !matches!(config, crate::inventory::PowerConfig::Wol(_));
+        let can_boot = config.can_set_boot_device();
         for step in crate::power::round::rack_up_steps(can_boot) {
             let r = match (&local, driver) {
                 (Some((_, events)), Some(driver)) => {

@@ -271,7 +271,7 @@ fn connect(resolver: &mut Resolver<'_>, spec: &VmSpec) -> Result<Arc<ProxmoxApi>
     let PowerConfig::Proxmox(t) = cfg else {
         unreachable!("resolving keeps the kind")
     };
-    crate::power::dispatch::proxmox_api(&t).map_err(|e| e.to_string())
+    crate::power::proxmox::proxmox_api(&t).map_err(|e| e.to_string())
 }
 
 async fn existing(api: &ProxmoxApi, spec: &VmSpec) -> Result<Option<(VmSummary, Value)>, String> {

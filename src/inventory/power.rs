@@ -265,6 +265,13 @@ impl<P> PowerConfig<P> {
         }
     }
 
+    /// Whether the controller can choose the boot device (Wake-on-LAN only wakes), known
+    /// before any credential resolves: `rack up` and the power-on round plan by it, and
+    /// flows skip that step otherwise.
+    pub fn can_set_boot_device(&self) -> bool {
+        !matches!(self, Self::Wol(_))
+    }
+
     /// The controller's address for messages (never a credential).
     pub fn target(&self) -> String {
         match self {

@@ -1,52 +1,25 @@
-//! The driver for one node's power controller, chosen by its inventory `power:` kind: one
-//! enum, one `match` per operation, no trait objects (the drivers are few and known).
+//! A node's power driver: the inventory's `power:` config with its credentials resolved,
+//! each operation handed to the kind's [`Driver`](super::Driver) (registered in
+//! [`PowerDriver::driver`]).
 //!
-//! The inventory's resolved targets are mapped onto each driver's own config here, so the
-//! drivers stay independent of the inventory model. A driver is built per request: building
-//! is cheap (one HTTP client), and a BMC whose certificate or address changed is picked up
-//! without a restart. [`drivers`] builds every inventory node's, credentials resolved, for the
-//! CLI and for serve's provisioner ([`serve_drivers`]).
+//! A driver is built per request: building is cheap (one HTTP client), and a BMC whose
+//! certificate or address changed is picked up without a restart. [`drivers`] resolves every
+//! inventory node's credentials, for the CLI and for serve's provisioner ([`serve_drivers`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::crypto::age::IdentitySources;
-use crate::inventory::{
-    Credential, Inventory, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget, WolTarget,
-};
+use crate::inventory::{Credential, Inventory, PowerConfig};
 
 use super::{
     BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState,
     credentials::Resolver,
-    ipmi,
-    proxmox::{ProxmoxApi, ProxmoxApiConfig, ProxmoxVm},
-    redfish::{Redfish, RedfishConfig},
-    wol,
 };
 
-/// A node's power driver with its credentials resolved.
-#[derive(Debug, Clone)]
-pub enum PowerDriver {
-    /// Redfish BMC.
-    Redfish(RedfishTarget),
-    /// IPMI 2.0 LAN BMC.
-    Ipmi(IpmiTarget),
-    /// Proxmox VE VM.
-    Proxmox(ProxmoxTarget),
-    /// Wake-on-LAN (send-only).
-    Wol(WolTarget),
-}
-
-impl From<PowerConfig<Credential>> for PowerDriver {
-    fn from(c: PowerConfig<Credential>) -> Self {
-        match c {
-            PowerConfig::Redfish(t) => Self::Redfish(t),
-            PowerConfig::Ipmi(t) => Self::Ipmi(t),
-            PowerConfig::Proxmox(t) => Self::Proxmox(t),
-            PowerConfig::Wol(t) => Self::Wol(t),
-        }
-    }
-}
+/// A node's power driver with its credentials resolved: the inventory's config itself, so
+/// there is one enum of kinds (its `kind()` and `target()` name it in messages).
+pub type PowerDriver = PowerConfig<Credential>;
 
 /// What `check --probe` learnt from a controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,52 +31,14 @@ pub enum ProbeAnswer {
 }
 
 impl PowerDriver {
-    /// The inventory spelling of the kind.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Redfish(_) => "redfish",
-            Self::Ipmi(_) => "ipmi",
-            Self::Proxmox(_) => "proxmox",
-            Self::Wol(_) => "wol",
-        }
-    }
-
-    /// The controller's address, for messages.
-    pub fn target(&self) -> String {
-        match self {
-            Self::Redfish(t) => t.endpoint.clone(),
-            Self::Ipmi(t) => ipmi::describe(t),
-            Self::Proxmox(t) => format!("{} vm {}/{}", t.api_url, t.node, t.vmid),
-            Self::Wol(t) => wol::describe(t),
-        }
-    }
-
     /// Power on, off or cycle.
     pub async fn set_power(&self, action: PowerAction) -> Result<(), PowerError> {
-        match self {
-            Self::Redfish(t) => with_redfish(t, async |rf| rf.set_power(action).await).await,
-            Self::Proxmox(t) => proxmox(t)?.set_power(action).await,
-            Self::Ipmi(t) => ipmi::set_power(t, action).await,
-            Self::Wol(t) => match action {
-                // A machine woken while on ignores the packet; one that is off starts, which
-                // is all a cycle can do without a way to turn it off.
-                PowerAction::On | PowerAction::Cycle => wol::wake(t).await,
-                PowerAction::Off => Err(PowerError::Unsupported {
-                    target: wol::describe(t),
-                    what: "power off".into(),
-                }),
-            },
-        }
+        self.driver().set_power(action).await
     }
 
     /// The current power state (`Unknown` for Wake-on-LAN).
     pub async fn power_state(&self) -> Result<PowerState, PowerError> {
-        match self {
-            Self::Redfish(t) => with_redfish(t, async |rf| rf.power_state().await).await,
-            Self::Proxmox(t) => proxmox(t)?.power_state().await,
-            Self::Ipmi(t) => ipmi::power_state(t).await,
-            Self::Wol(_) => Ok(PowerState::Unknown),
-        }
+        self.driver().power_state().await
     }
 
     /// The next boot's device (once or persistently), and what the operator should know
@@ -113,92 +48,13 @@ impl PowerDriver {
         device: BootDevice,
         persistence: BootPersistence,
     ) -> Result<BootSet, PowerError> {
-        match self {
-            Self::Redfish(t) => {
-                with_redfish(t, async |rf| rf.set_boot_device(device, persistence).await).await
-            }
-            Self::Proxmox(t) => proxmox(t)?
-                .set_boot_device(device, persistence)
-                .await
-                .map(|()| BootSet::default()),
-            Self::Ipmi(t) => ipmi::set_boot_device(t, device, persistence)
-                .await
-                .map(|()| BootSet::default()),
-            Self::Wol(t) => Err(PowerError::Unsupported {
-                target: wol::describe(t),
-                what: "choosing the boot device".into(),
-            }),
-        }
-    }
-
-    /// Whether the driver can choose the boot device (flows skip that step otherwise).
-    pub fn can_set_boot_device(&self) -> bool {
-        !matches!(self, Self::Wol(_))
+        self.driver().set_boot_device(device, persistence).await
     }
 
     /// Reach the controller without changing anything: its power state, or `SendOnly`.
     pub async fn probe(&self) -> Result<ProbeAnswer, PowerError> {
-        match self {
-            Self::Wol(_) => Ok(ProbeAnswer::SendOnly),
-            _ => self.power_state().await.map(ProbeAnswer::Answered),
-        }
+        self.driver().probe().await
     }
-}
-
-/// Reads a controller's CA bundle; the error names the file, never a credential.
-fn read_ca(path: Option<&std::path::Path>, target: &str) -> Result<Option<Vec<u8>>, PowerError> {
-    path.map(|p| {
-        std::fs::read(p).map_err(|e| PowerError::Unreachable {
-            target: target.to_string(),
-            reason: format!(
-                "cannot read the CA bundle {}: {e} (fix `power.ca` in the inventory)",
-                p.display()
-            ),
-        })
-    })
-    .transpose()
-}
-
-fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
-    let mut cfg = RedfishConfig::new(t.endpoint.clone(), t.user.clone(), t.password.clone());
-    cfg.system_id = t.system_id.clone();
-    cfg.verify_tls = t.verify_tls;
-    cfg.ca_pem = read_ca(t.ca.as_deref(), &t.endpoint)?;
-    cfg.boot_mode = t.boot_mode;
-    cfg.auth = t.auth;
-    Redfish::new(cfg)
-}
-
-/// One operation on a Redfish BMC, then its session (if one was opened) deleted, whether
-/// the operation succeeded or not.
-async fn with_redfish<T>(
-    t: &RedfishTarget,
-    op: impl AsyncFnOnce(&Redfish) -> Result<T, PowerError>,
-) -> Result<T, PowerError> {
-    let rf = redfish(t)?;
-    let out = op(&rf).await;
-    rf.close().await;
-    out
-}
-
-/// The inventory documents the API base with or without Proxmox's `/api2/json` suffix; the
-/// client adds it itself.
-fn proxmox_base(api_url: &str) -> &str {
-    let trimmed = api_url.trim_end_matches('/');
-    trimmed.strip_suffix("/api2/json").unwrap_or(trimmed)
-}
-
-/// The Proxmox API client of a resolved target (also what `talboot proxmox` uses).
-pub fn proxmox_api(t: &ProxmoxTarget) -> Result<std::sync::Arc<ProxmoxApi>, PowerError> {
-    let base = proxmox_base(&t.api_url);
-    let mut cfg = ProxmoxApiConfig::new(base, t.token_id.clone(), t.token_secret.clone());
-    cfg.verify_tls = t.verify_tls;
-    cfg.ca_pem = read_ca(t.ca.as_deref(), base)?;
-    Ok(std::sync::Arc::new(ProxmoxApi::new(cfg)?))
-}
-
-fn proxmox(t: &ProxmoxTarget) -> Result<ProxmoxVm, PowerError> {
-    Ok(proxmox_api(t)?.vm(&t.node, t.vmid))
 }
 
 /// One operator request, as the CLI, the admin API and the provisioner pass it around.
@@ -296,7 +152,6 @@ pub(crate) fn drivers(
         let Some(config) = &node.power else { continue };
         let d = resolver
             .config(node.name.as_str(), config)
-            .map(PowerDriver::from)
             .map_err(|e| e.to_string());
         out.insert(node.name.to_string(), d);
     }
@@ -319,42 +174,4 @@ pub(crate) fn serve_drivers(
             }
         })
         .collect()
-}
-
-#[cfg(test)]
-mod wiring_tests {
-    use super::*;
-
-    #[test]
-    fn the_proxmox_base_drops_the_api_suffix_either_way() {
-        assert_eq!(
-            proxmox_base("https://pve:8006/api2/json"),
-            "https://pve:8006"
-        );
-        assert_eq!(
-            proxmox_base("https://pve:8006/api2/json/"),
-            "https://pve:8006"
-        );
-        assert_eq!(proxmox_base("https://pve:8006"), "https://pve:8006");
-    }
-
-    #[test]
-    fn an_unreadable_ca_is_named_and_no_secret_is_shown() {
-        let t = RedfishTarget {
-            endpoint: "https://10.0.50.11".into(),
-            system_id: None,
-            verify_tls: true,
-            ca: Some("/nonexistent/bmc-ca.pem".into()),
-            user: "admin".into(),
-            password: Credential::new("s3cret-bmc"),
-            auth: Default::default(),
-            boot_mode: None,
-        };
-        let Err(err) = redfish(&t).map(|_| ()) else {
-            panic!("a missing CA is an error")
-        };
-        let err = err.to_string();
-        assert!(err.contains("/nonexistent/bmc-ca.pem"), "{err}");
-        assert!(!err.contains("s3cret-bmc"), "{err}");
-    }
 }

@@ -33,7 +33,9 @@ use ipmi_rs::rmcp::{ActivationError, Rmcp, V2_0ActivationError};
 
 use crate::inventory::IpmiTarget;
 
-use super::{BootDevice, BootPersistence, PowerAction, PowerError, PowerState};
+use futures_util::future::BoxFuture;
+
+use super::{BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState};
 
 /// How long one request waits for its answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -271,6 +273,29 @@ pub async fn set_boot_device(
         "IPMI boot flags set"
     );
     Ok(())
+}
+
+/// The IPMI driver: a session per request on the blocking pool.
+impl super::Driver for IpmiTarget {
+    fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>> {
+        Box::pin(set_power(self, action))
+    }
+
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
+        Box::pin(power_state(self))
+    }
+
+    fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> BoxFuture<'_, Result<BootSet, PowerError>> {
+        Box::pin(async move {
+            set_boot_device(self, device, persistence)
+                .await
+                .map(|()| BootSet::default())
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,12 @@
 //! Power and boot-device control of inventory machines: the vocabulary every driver speaks
 //! (Redfish, IPMI 2.0 LAN, Proxmox VE, Wake-on-LAN) and the errors they return.
 //!
-//! Drivers live in their own submodules and are chosen per node by the inventory's `power:`
-//! block. They are reached only through the provisioner (the one writer of node state), so a
+//! Drivers live in their own submodules, each implementing [`Driver`] on its resolved
+//! inventory target, and are chosen per node by the inventory's `power:` block: the
+//! configuration enum [`PowerConfig`] is the driver ([`PowerDriver`] is it with credentials
+//! resolved), and [`PowerDriver::driver`] below is the one place a kind is registered. A new
+//! driver is its config variant and parser (`inventory/power.rs`), its module here, and its
+//! `mod` and registration lines in this file. They are reached only through the provisioner (the one writer of node state), so a
 //! power action and the node's lifecycle never race; the CLI and a running `serve` send it
 //! commands. Credentials travel as [`Credential`](crate::inventory::Credential) (an inventory
 //! type: what the operator's secret becomes), whose `Debug` never shows the secret, so a
@@ -10,14 +14,57 @@
 
 pub mod credentials;
 pub mod dispatch;
-pub mod ipmi;
 pub(crate) mod round;
+
+// The drivers, each registered in [`PowerDriver::driver`].
+pub mod ipmi;
+pub mod proxmox;
+pub mod redfish;
 pub mod wol;
 
 pub use dispatch::{PowerDriver, ProbeAnswer};
 
 use std::fmt;
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::inventory::PowerConfig;
+
+/// What every power driver does, implemented by each driver module on its resolved inventory
+/// target. Futures are boxed so the driver can be chosen at run time ([`PowerDriver::driver`]).
+pub trait Driver: Send + Sync {
+    /// Power on, off or cycle.
+    fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>>;
+
+    /// The current power state.
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>>;
+
+    /// The next boot's device (once or persistently), and what the operator should know
+    /// about it.
+    fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> BoxFuture<'_, Result<BootSet, PowerError>>;
+
+    /// Reach the controller without changing anything: its power state by default.
+    fn probe(&self) -> BoxFuture<'_, Result<ProbeAnswer, PowerError>> {
+        Box::pin(async move { self.power_state().await.map(ProbeAnswer::Answered) })
+    }
+}
+
+impl PowerDriver {
+    /// The implementation of this node's `power:` kind: the one registration of each driver.
+    pub(crate) fn driver(&self) -> &dyn Driver {
+        match self {
+            PowerConfig::Redfish(t) => t,
+            PowerConfig::Ipmi(t) => t,
+            PowerConfig::Proxmox(t) => t,
+            PowerConfig::Wol(t) => t,
+        }
+    }
+}
 
 /// What the operator (or a flow such as `rack up`) asks a machine's power to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -141,6 +188,23 @@ pub enum PowerError {
     },
 }
 
+/// Reads a controller's CA bundle; the error names the file, never a credential.
+pub(crate) fn read_ca(
+    path: Option<&std::path::Path>,
+    target: &str,
+) -> Result<Option<Vec<u8>>, PowerError> {
+    path.map(|p| {
+        std::fs::read(p).map_err(|e| PowerError::Unreachable {
+            target: target.to_string(),
+            reason: format!(
+                "cannot read the CA bundle {}: {e} (fix `power.ca` in the inventory)",
+                p.display()
+            ),
+        })
+    })
+    .transpose()
+}
+
 /// Why [`http_client`] could not build a client. The message is the reason alone; the driver
 /// wraps it with its target.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +281,3 @@ mod tests {
         assert!(client(b"").is_err());
     }
 }
-
-pub mod proxmox;
-pub mod redfish;

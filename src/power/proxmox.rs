@@ -23,8 +23,10 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use super::{BootDevice, BootPersistence, PowerAction, PowerError, PowerState};
-use crate::inventory::Credential;
+use futures_util::future::BoxFuture;
+
+use super::{BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState};
+use crate::inventory::{Credential, ProxmoxTarget};
 
 /// The tag `talboot proxmox create` puts on every VM it creates; `destroy` touches no other.
 pub const TALBOOT_TAG: &str = "talboot";
@@ -450,6 +452,50 @@ impl ProxmoxVm {
     }
 }
 
+/// The inventory documents the API base with or without Proxmox's `/api2/json` suffix; the
+/// client adds it itself.
+fn proxmox_base(api_url: &str) -> &str {
+    let trimmed = api_url.trim_end_matches('/');
+    trimmed.strip_suffix("/api2/json").unwrap_or(trimmed)
+}
+
+/// The Proxmox API client of a resolved target (also what `talboot proxmox` uses).
+pub fn proxmox_api(t: &ProxmoxTarget) -> Result<std::sync::Arc<ProxmoxApi>, PowerError> {
+    let base = proxmox_base(&t.api_url);
+    let mut cfg = ProxmoxApiConfig::new(base, t.token_id.clone(), t.token_secret.clone());
+    cfg.verify_tls = t.verify_tls;
+    cfg.ca_pem = super::read_ca(t.ca.as_deref(), base)?;
+    Ok(std::sync::Arc::new(ProxmoxApi::new(cfg)?))
+}
+
+fn proxmox(t: &ProxmoxTarget) -> Result<ProxmoxVm, PowerError> {
+    Ok(proxmox_api(t)?.vm(&t.node, t.vmid))
+}
+
+/// The Proxmox driver: an API client per request, on the target's VM.
+impl super::Driver for ProxmoxTarget {
+    fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>> {
+        Box::pin(async move { proxmox(self)?.set_power(action).await })
+    }
+
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
+        Box::pin(async move { proxmox(self)?.power_state().await })
+    }
+
+    fn set_boot_device(
+        &self,
+        device: BootDevice,
+        persistence: BootPersistence,
+    ) -> BoxFuture<'_, Result<BootSet, PowerError>> {
+        Box::pin(async move {
+            proxmox(self)?
+                .set_boot_device(device, persistence)
+                .await
+                .map(|()| BootSet::default())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,5 +570,18 @@ mod tests {
         ));
         assert!(!is_upid("OK"));
         assert_eq!(parse_tags("talboot;k8s"), vec!["talboot", "k8s"]);
+    }
+
+    #[test]
+    fn the_proxmox_base_drops_the_api_suffix_either_way() {
+        assert_eq!(
+            proxmox_base("https://pve:8006/api2/json"),
+            "https://pve:8006"
+        );
+        assert_eq!(
+            proxmox_base("https://pve:8006/api2/json/"),
+            "https://pve:8006"
+        );
+        assert_eq!(proxmox_base("https://pve:8006"), "https://pve:8006");
     }
 }

@@ -60,18 +60,18 @@ pub(crate) fn power_on_plan(
                 let why = phase.map(|p| p.as_str()).unwrap_or("unknown").to_owned();
                 return PowerOnStep::Skip { node: name, why };
             }
-            if node.power.is_none() {
+            let Some(config) = &node.power else {
                 let why = "no power controller in the inventory".to_owned();
                 return PowerOnStep::Skip { node: name, why };
-            }
+            };
             match kinds.get(&name) {
                 None => PowerOnStep::Skip {
                     node: name,
                     why: "its power credentials did not resolve (see the warning above)".into(),
                 },
-                Some(kind) => PowerOnStep::PowerOn {
+                Some(_) => PowerOnStep::PowerOn {
                     node: name,
-                    steps: rack_up_steps(*kind != "wol"),
+                    steps: rack_up_steps(config.can_set_boot_device()),
                 },
             }
         })

@@ -17,7 +17,11 @@ use zeroize::Zeroizing;
 
 use crate::inventory::{Mac, WolTarget};
 
-use super::PowerError;
+use futures_util::future::BoxFuture;
+
+use super::{
+    BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState, ProbeAnswer,
+};
 use crate::inventory::Credential;
 
 /// Length of a magic packet without a SecureOn password.
@@ -150,6 +154,45 @@ pub async fn wake(t: &WolTarget) -> Result<(), PowerError> {
         "sent a Wake-on-LAN magic packet"
     );
     Ok(())
+}
+
+/// The Wake-on-LAN driver: send-only, so it can power on (a cycle is all it can do of one)
+/// and nothing else.
+impl super::Driver for WolTarget {
+    fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>> {
+        Box::pin(async move {
+            match action {
+                // A machine woken while on ignores the packet; one that is off starts, which
+                // is all a cycle can do without a way to turn it off.
+                PowerAction::On | PowerAction::Cycle => wake(self).await,
+                PowerAction::Off => Err(PowerError::Unsupported {
+                    target: describe(self),
+                    what: "power off".into(),
+                }),
+            }
+        })
+    }
+
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
+        Box::pin(async { Ok(PowerState::Unknown) })
+    }
+
+    fn set_boot_device(
+        &self,
+        _device: BootDevice,
+        _persistence: BootPersistence,
+    ) -> BoxFuture<'_, Result<BootSet, PowerError>> {
+        Box::pin(async move {
+            Err(PowerError::Unsupported {
+                target: describe(self),
+                what: "choosing the boot device".into(),
+            })
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<ProbeAnswer, PowerError>> {
+        Box::pin(async { Ok(ProbeAnswer::SendOnly) })
+    }
 }
 
 #[cfg(test)]
