@@ -11,7 +11,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::daytwo::remote::RemoteOutcome;
-use crate::daytwo::upgrade::{Outcome, TalosOps, TalosUpgrade};
+use crate::daytwo::run::Outcome;
+use crate::daytwo::upgrade::{TalosOps, TalosUpgrade};
 use crate::daytwo::upgrade_run::{K8sUpgradeSettings, ensure_boot_sets, talos_request, upgrade};
 use crate::inventory::{self, Inventory, Version};
 use crate::store::{self, Store};

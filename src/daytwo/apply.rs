@@ -4,8 +4,8 @@
 //! the rendered config, and for a control plane [`super::gate`]: the node running and
 //! ready, etcd healthy on every control plane" (the same gate as `upgrade --talos`); a
 //! reconcile asks the node which config it has instead of applying twice. The engine is
-//! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
-//! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
+//! driven by the same persisted driver as the upgrades ([`super::run::Persisted`]), which
+//! writes the record to the store (`apply/<plan digest>`) before any action it leads to is
 //! carried out, so a restarted run resumes an unfinished rollout of the same plan and never
 //! applies it twice to one node. Which nodes need a change is always read from the nodes
 //! (what they run against the rendering), never from a finished record, so an apply
@@ -23,7 +23,7 @@ use crate::talos::{TalosClient, TalosError};
 
 use super::plan::{Connector, NodeTarget};
 use super::rollout::{Action, Event, Gate, NodeStatus, Role, Rollout, RolloutRecord, Target};
-use super::upgrade::{NodeOps, Outcome, Progress, drive};
+use super::run::{NodeOps, Outcome, Persisted, Progress, RunError};
 
 /// How an apply runs.
 #[derive(Clone, Debug)]
@@ -58,16 +58,13 @@ pub enum ApplyOutcome {
     },
 }
 
-/// Errors before the rollout runs.
+/// Errors before or outside the rollout.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("store: {0}")]
-    Store(String),
-    /// The rolling engine ended without an outcome (its record not persisted, a task lost).
+    /// The stored record could not be read or resumed, or the rollout ended without an
+    /// outcome (its record not persisted, a task lost).
     #[error("{0}")]
-    Drive(crate::daytwo::upgrade::DriveError<String>),
-    #[error("stored rollout {key}: {reason}")]
-    Record { key: String, reason: String },
+    Run(#[from] RunError),
     #[error("node {node}: {reason}")]
     Plan { node: String, reason: String },
 }
@@ -103,17 +100,10 @@ pub async fn apply(
     opts: &ApplyOptions,
     mut report: impl FnMut(&Progress),
 ) -> Result<ApplyOutcome, ApplyError> {
-    let key = plan_key(targets, opts);
-    let stored = store
-        .rollout(&key)
-        .map_err(|e| ApplyError::Store(e.to_string()))?;
+    let rollout = Persisted::new(store, plan_key(targets, opts));
+    let key = rollout.key().to_owned();
     let mut changed_nodes: Vec<String> = Vec::new();
-    if let Some(bytes) = stored {
-        let record: RolloutRecord =
-            serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
-                key: key.clone(),
-                reason: e.to_string(),
-            })?;
+    if let Some(record) = rollout.load()? {
         if finished(&record) {
             tracing::info!(
                 %key,
@@ -121,11 +111,8 @@ pub async fn apply(
             );
         } else {
             tracing::info!(%key, "resuming an unfinished apply");
-            let engine = Rollout::resume(record).map_err(|e| ApplyError::Record {
-                key: key.clone(),
-                reason: e.to_string(),
-            })?;
-            match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+            let engine = rollout.engine(Rollout::resume(record))?;
+            match run(&rollout, conn, targets, opts, engine, &mut report).await? {
                 (Outcome::Finished, nodes) => changed_nodes.extend(nodes),
                 (Outcome::Stopped { node, reason }, _) => {
                     return Ok(ApplyOutcome::Stopped { key, node, reason });
@@ -144,13 +131,9 @@ pub async fn apply(
             }
         });
     }
-    let engine =
-        Rollout::new(pending, opts.worker_concurrency).map_err(|e| ApplyError::Record {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
+    let engine = rollout.engine(Rollout::new(pending, opts.worker_concurrency))?;
     Ok(
-        match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+        match run(&rollout, conn, targets, opts, engine, &mut report).await? {
             (Outcome::Finished, nodes) => {
                 for n in nodes {
                     if !changed_nodes.contains(&n) {
@@ -213,14 +196,13 @@ async fn staged_already(conn: &Connector, t: &NodeTarget) -> Result<bool, ApplyE
     Ok(matches!(super::diff::diff(&persistent, &t.rendered), Ok(d) if d.is_empty()))
 }
 
-/// Drives one rollout to its end, persisting its record under `key` before every action.
-/// Returns how it ended and the nodes it changed.
+/// Drives one rollout to its end, its record persisted before every action. Returns how it
+/// ended and the nodes it changed.
 async fn run(
-    store: &dyn Store,
+    rollout: &Persisted<'_>,
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
-    key: &str,
     engine: Rollout,
     report: &mut impl FnMut(&Progress),
 ) -> Result<(Outcome, Vec<String>), ApplyError> {
@@ -235,17 +217,7 @@ async fn run(
         targets: targets.to_vec(),
         opts: opts.clone(),
     });
-    let outcome = drive(
-        engine,
-        ops,
-        |record| {
-            let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-            store.put_rollout(key, &bytes).map_err(|e| e.to_string())
-        },
-        report,
-    )
-    .await
-    .map_err(ApplyError::Drive)?;
+    let outcome = rollout.drive(engine, ops, report).await?;
     Ok((outcome, nodes))
 }
 

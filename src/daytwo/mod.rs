@@ -15,6 +15,7 @@ pub mod manifests;
 pub mod plan;
 pub mod remote;
 pub mod rollout;
+pub mod run;
 pub mod upgrade;
 pub mod upgrade_k8s;
 pub mod upgrade_run;

@@ -33,7 +33,8 @@ use crate::view::StateView;
 use super::apply::{ApplyOptions, ApplyOutcome};
 use super::plan::{Connector, NodeTarget};
 use super::rollout::Role;
-use super::upgrade::{Outcome, TalosOps, TalosUpgrade, rollout_key};
+use super::run::Outcome;
+use super::upgrade::{TalosOps, TalosUpgrade, rollout_key};
 
 /// What the CLI asks serve to roll out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -587,7 +588,9 @@ impl Job for UpgradeTalosJob {
         match result {
             Ok(Outcome::Finished) => RemoteOutcome::Finished { key, nodes },
             Ok(Outcome::Stopped { node, reason }) => RemoteOutcome::Stopped { key, node, reason },
-            Err(reason) => RemoteOutcome::Failed { reason },
+            Err(e) => RemoteOutcome::Failed {
+                reason: e.to_string(),
+            },
         }
     }
 }

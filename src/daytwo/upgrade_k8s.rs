@@ -41,7 +41,7 @@ use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{ClientCreds, TalosClient, TalosError};
 
 use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
-use super::upgrade::{NodeOps, Outcome, Progress, drive};
+use super::run::{NodeOps, Outcome, Persisted, Progress, RunError};
 use crate::inventory::{Inventory, MachineType, Version};
 
 /// One step of a Kubernetes upgrade.
@@ -833,12 +833,10 @@ pub enum K8sUpgradeError {
     /// Kubernetes or the first control plane could not be reached.
     #[error("{0}")]
     Connect(String),
-    #[error("store: {0}")]
-    Store(String),
-    #[error("stored rollout {key}: {reason}")]
-    Record { key: String, reason: String },
+    /// The stored record could not be read or resumed, or the rollout ended without an
+    /// outcome.
     #[error("{0}")]
-    Drive(#[from] crate::daytwo::upgrade::DriveError<String>),
+    Run(#[from] RunError),
 }
 
 /// How a whole Kubernetes upgrade runs, for callers that start one from the inventory (the
@@ -925,39 +923,12 @@ pub async fn run(
     store: &dyn Store,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
-    let key = rollout_key(&plan.to);
-    let stored = match store
-        .rollout(&key)
-        .map_err(|e| K8sUpgradeError::Store(e.to_string()))?
-    {
-        Some(bytes) => Some(
-            serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
-                K8sUpgradeError::Record {
-                    key: key.clone(),
-                    reason: format!("unreadable: {e}"),
-                }
-            })?,
-        ),
-        None => None,
-    };
-    if stored.is_some() {
-        tracing::info!(%key, "resuming a stored Kubernetes upgrade");
+    let rollout = Persisted::new(store, rollout_key(&plan.to));
+    let (engine, resumed) = rollout.resume_or_start(|stored| plan.rollout(stored))?;
+    if resumed {
+        tracing::info!(key = rollout.key(), "resuming a stored Kubernetes upgrade");
     }
-    let rollout = plan.rollout(stored).map_err(|e| K8sUpgradeError::Record {
-        key: key.clone(),
-        reason: e.to_string(),
-    })?;
-    drive(
-        rollout,
-        ops,
-        |r| {
-            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
-            store.put_rollout(&key, &json).map_err(|e| e.to_string())
-        },
-        report,
-    )
-    .await
-    .map_err(K8sUpgradeError::from)
+    Ok(rollout.drive(engine, ops, report).await?)
 }
 
 #[cfg(test)]
