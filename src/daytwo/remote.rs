@@ -615,7 +615,7 @@ impl UpgradeK8sJob {
         // Planned against serve's inventory: an unsupported path is refused before anything
         // runs, as the standalone CLI refuses it.
         let plan = super::upgrade_k8s::K8sUpgrade::plan(inv, &version, apid_port)
-            .map_err(StartError::Invalid)?;
+            .map_err(|e| StartError::Invalid(e.to_string()))?;
         Ok(Self {
             plan,
             no_prune: req.no_prune,
@@ -647,7 +647,11 @@ impl Job for UpgradeK8sJob {
         }
         let mut ops = match K8sOps::connect(self.plan.clone(), ctx.creds.clone()).await {
             Ok(ops) => ops,
-            Err(reason) => return RemoteOutcome::Failed { reason },
+            Err(e) => {
+                return RemoteOutcome::Failed {
+                    reason: e.to_string(),
+                };
+            }
         };
         ops.pod_wait = self.pod_wait;
         ops.node_wait = self.node_wait;
