@@ -300,16 +300,19 @@ async fn act(conn: &Connector, targets: &[NodeTarget], opts: &ApplyOptions, a: A
     match a {
         Action::CheckHealth(Gate::Cluster) => match cluster_healthy(conn, targets, opts).await {
             Ok(()) => Event::Healthy(Gate::Cluster),
-            Err(reason) => Event::Unhealthy {
+            Err(e) => Event::Unhealthy {
                 gate: Gate::Cluster,
-                reason,
+                reason: e.to_string(),
             },
         },
         Action::CheckHealth(Gate::Node(node)) => {
             let gate = Gate::Node(node.clone());
             match node_gate(conn, targets, opts, &node).await {
                 Ok(()) => Event::Healthy(gate),
-                Err(reason) => Event::Unhealthy { gate, reason },
+                Err(e) => Event::Unhealthy {
+                    gate,
+                    reason: e.to_string(),
+                },
             }
         }
         Action::Change { node } => {
@@ -373,6 +376,21 @@ async fn has_config(conn: &Connector, t: &NodeTarget, mode: Mode) -> Result<bool
     Ok(c.machine_config_id(id).await? == t.rendered)
 }
 
+/// Why an apply's health gate (or its pre-flight check) did not pass. The text becomes the
+/// node's failure reason in the rollout record.
+#[derive(Debug, thiserror::Error)]
+enum GateFailure {
+    #[error("{0}")]
+    Etcd(#[from] super::gate::GateError),
+    #[error("node {node} does not answer: {source}")]
+    NoAnswer { node: String, source: TalosError },
+    #[error("no longer in the inventory")]
+    NotInInventory,
+    /// Not healthy in time; `last` is what the gate saw last.
+    #[error("health gate: {last}")]
+    Timeout { last: String },
+}
+
 /// [`super::gate::check`] over every control plane of the cluster
 /// ([`ApplyOptions::control_planes`], else those of `targets`), `changed` first.
 async fn etcd_gate(
@@ -380,7 +398,7 @@ async fn etcd_gate(
     targets: &[NodeTarget],
     opts: &ApplyOptions,
     changed: Option<(&str, &TalosClient)>,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     let all = if opts.control_planes.is_empty() {
         targets
     } else {
@@ -388,12 +406,9 @@ async fn etcd_gate(
     };
     let mut cps = Vec::new();
     for t in all.iter().filter(|t| t.role == Role::ControlPlane) {
-        let client = conn.client(t).await.map_err(|e| e.to_string());
-        cps.push((t.name.clone(), client));
+        cps.push((t.name.clone(), conn.client(t).await));
     }
-    super::gate::check(changed, &cps)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(super::gate::check(changed, &cps).await?)
 }
 
 /// Before anything changes: every node answers and etcd is healthy ([`super::gate`]).
@@ -401,11 +416,14 @@ async fn cluster_healthy(
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     for t in targets {
         conn.client(t)
             .await
-            .map_err(|e| format!("node {} does not answer: {e}", t.name))?;
+            .map_err(|source| GateFailure::NoAnswer {
+                node: t.name.clone(),
+                source,
+            })?;
     }
     if targets.iter().any(|t| t.role == Role::ControlPlane) {
         etcd_gate(conn, targets, opts, None).await?;
@@ -422,9 +440,9 @@ async fn node_gate(
     targets: &[NodeTarget],
     opts: &ApplyOptions,
     node: &str,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     let Some(t) = target(targets, node) else {
-        return Err("no longer in the inventory".into());
+        return Err(GateFailure::NotInInventory);
     };
     let deadline = tokio::time::Instant::now() + opts.gate_timeout;
     let mut last;
@@ -435,7 +453,7 @@ async fn node_gate(
                 Ok(true) if t.role == Role::ControlPlane => {
                     match etcd_gate(conn, targets, opts, Some((node, &c))).await {
                         Ok(()) => return Ok(()),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     }
                 }
                 Ok(true) => return Ok(()),
@@ -444,7 +462,7 @@ async fn node_gate(
             },
         };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!("health gate: {last}"));
+            return Err(GateFailure::Timeout { last });
         }
         tokio::time::sleep(opts.gate_poll).await;
     }

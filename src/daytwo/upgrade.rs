@@ -113,6 +113,30 @@ impl TalosUpgrade {
     }
 }
 
+/// Why a node's upgrade gate (or the pre-flight check) did not pass. The text becomes the
+/// node's failure reason in the rollout record.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("{0} is not in the upgrade plan")]
+    NotInPlan(String),
+    /// Booted to the end on another version: the A-B scheme fell back.
+    #[error(
+        "it booted {tag}, not {target}: the new version did not boot and Talos rolled back \
+         to the previous one"
+    )]
+    RolledBack { tag: String, target: String },
+    /// Not healthy in time; `last` is what the gate saw last.
+    #[error("not back and healthy within {wait:?}: {last}")]
+    Timeout { wait: Duration, last: String },
+    #[error("{node}: {source}")]
+    Client { node: String, source: TalosError },
+    #[error("{0}")]
+    Gate(#[from] super::gate::GateError),
+    /// Every problem the pre-flight check found.
+    #[error("the cluster is not healthy before the upgrade: {}", .0.join("; "))]
+    NotHealthy(Vec<String>),
+}
+
 /// Per-node progress lines from the installer.
 pub type InstallerOutput = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
@@ -150,11 +174,11 @@ impl TalosOps {
         }
     }
 
-    fn node(&self, name: &str) -> Result<&UpgradeNode, String> {
+    fn node(&self, name: &str) -> Result<&UpgradeNode, UpgradeError> {
         self.by_name
             .get(name)
             .map(|&i| &self.upgrade.nodes[i])
-            .ok_or_else(|| format!("{name} is not in the upgrade plan"))
+            .ok_or_else(|| UpgradeError::NotInPlan(name.to_owned()))
     }
 
     fn client(&self, node: &UpgradeNode) -> Result<TalosClient, TalosError> {
@@ -182,7 +206,7 @@ impl TalosOps {
     }
 
     /// The node is up, booted, on the version the gate wants, and (control plane) in etcd.
-    async fn node_gate(&self, node: &UpgradeNode) -> Result<(), String> {
+    async fn node_gate(&self, node: &UpgradeNode) -> Result<(), UpgradeError> {
         let want = (!self.upgrade.stage).then(|| self.target_tag());
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut wrong = 0;
@@ -195,21 +219,21 @@ impl TalosOps {
                     }
                     match self.etcd_gate(Some(node)).await {
                         Ok(()) => return Ok(()),
-                        Err(e) => last = e,
+                        Err(e) => last = e.to_string(),
                     }
                 }
                 Ok((tag, true)) => {
                     // Booted to the end on another version: the new one did not boot and
                     // the A-B scheme fell back. Seen on a few polls in a row, not one.
                     wrong += 1;
-                    last = format!(
-                        "it booted {tag}, not {}: the new version did not boot and Talos \
-                         rolled back to the previous one",
-                        self.target_tag()
-                    );
+                    let rolled_back = UpgradeError::RolledBack {
+                        tag,
+                        target: self.target_tag(),
+                    };
                     if wrong >= 3 {
-                        return Err(last);
+                        return Err(rolled_back);
                     }
+                    last = rolled_back.to_string();
                 }
                 Ok((tag, false)) => {
                     wrong = 0;
@@ -221,37 +245,38 @@ impl TalosOps {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "not back and healthy within {:?}: {last}",
-                    self.wait
-                ));
+                return Err(UpgradeError::Timeout {
+                    wait: self.wait,
+                    last,
+                });
             }
             tokio::time::sleep(self.poll).await;
         }
     }
 
     /// [`super::gate::check`] over every control plane of the plan, `changed` first.
-    async fn etcd_gate(&self, changed: Option<&UpgradeNode>) -> Result<(), String> {
-        let cps: Vec<(String, Result<TalosClient, String>)> = self
+    async fn etcd_gate(&self, changed: Option<&UpgradeNode>) -> Result<(), UpgradeError> {
+        let cps: Vec<(String, Result<TalosClient, TalosError>)> = self
             .upgrade
             .nodes
             .iter()
             .filter(|n| n.role == Role::ControlPlane)
-            .map(|n| (n.name.clone(), self.client(n).map_err(|e| e.to_string())))
+            .map(|n| (n.name.clone(), self.client(n)))
             .collect();
         let changed = match changed {
             Some(n) => Some((
                 n.name.as_str(),
-                self.client(n).map_err(|e| format!("{}: {e}", n.name))?,
+                self.client(n).map_err(|source| UpgradeError::Client {
+                    node: n.name.clone(),
+                    source,
+                })?,
             )),
             None => None,
         };
-        super::gate::check(changed.as_ref().map(|(n, c)| (*n, c)), &cps)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(super::gate::check(changed.as_ref().map(|(n, c)| (*n, c)), &cps).await?)
     }
 
-    async fn cluster_gate(&self) -> Result<(), String> {
+    async fn cluster_gate(&self) -> Result<(), UpgradeError> {
         let mut problems = Vec::new();
         for node in &self.upgrade.nodes {
             match self.look(node).await {
@@ -269,15 +294,12 @@ impl TalosOps {
             && control_planes
             && let Err(e) = self.etcd_gate(None).await
         {
-            problems.push(e);
+            problems.push(e.to_string());
         }
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "the cluster is not healthy before the upgrade: {}",
-                problems.join("; ")
-            ))
+            Err(UpgradeError::NotHealthy(problems))
         }
     }
 }
@@ -291,7 +313,7 @@ impl NodeOps for TalosOps {
         };
         let node = match self.node(name) {
             Ok(n) => n,
-            Err(e) => return failed(e),
+            Err(e) => return failed(e.to_string()),
         };
         let client = match self.client(node) {
             Ok(c) => c,
@@ -381,9 +403,9 @@ impl NodeOps for TalosOps {
         };
         match result {
             Ok(()) => Event::Healthy(gate.clone()),
-            Err(reason) => Event::Unhealthy {
+            Err(e) => Event::Unhealthy {
                 gate: gate.clone(),
-                reason,
+                reason: e.to_string(),
             },
         }
     }
