@@ -66,7 +66,10 @@ pub enum ApplyError {
     #[error("{0}")]
     Run(#[from] RunError),
     #[error("node {node}: {reason}")]
-    Plan { node: String, reason: String },
+    Plan {
+        node: String,
+        reason: super::plan::PlanError,
+    },
 }
 
 /// The store key of a plan: every node's rendered config and the mode, so the same
@@ -189,7 +192,7 @@ async fn pending(
 async fn staged_already(conn: &Connector, t: &NodeTarget) -> Result<bool, ApplyError> {
     let plan_err = |e: TalosError| ApplyError::Plan {
         node: t.name.clone(),
-        reason: format!("cannot read its config for the next boot: {e}"),
+        reason: super::plan::PlanError::NextBoot(Arc::new(e)),
     };
     let c = conn.client(t).await.map_err(plan_err)?;
     let persistent = c.machine_config_id("persistent").await.map_err(plan_err)?;
