@@ -39,7 +39,7 @@ pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, ManifestError> {
     let resources = talos
         .cosi_list(MANIFEST_NAMESPACE, MANIFEST_TYPE)
         .await
-        .map_err(ManifestError::Read)?;
+        .map_err(|e| ManifestError::Read(Box::new(e)))?;
     let mut out = Vec::new();
     for r in resources {
         let id = r
@@ -74,10 +74,10 @@ async fn api_version_of(kube: &Kube, meta: &ObjMeta) -> Result<Option<String>, M
     let group = match kube::discovery::oneshot::group(kube.client(), &meta.group).await {
         Ok(g) => g,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-        Err(source) => {
+        Err(e) => {
             return Err(ManifestError::Discover {
                 object: meta.clone(),
-                source,
+                source: Box::new(e),
             });
         }
     };
@@ -110,7 +110,7 @@ async fn live(
         if let Some(v) = kube
             .get(&reference(meta, api_version))
             .await
-            .map_err(ManifestError::Kube)?
+            .map_err(|e| ManifestError::Kube(Box::new(e)))?
         {
             out.insert(meta.clone(), v);
         }
@@ -130,9 +130,9 @@ async fn dry_runs(
         let found = kube
             .dry_run_apply_as(obj, "default", FIELD_MANAGER)
             .await
-            .map_err(|source| ManifestError::DryRun {
+            .map_err(|e| ManifestError::DryRun {
                 object: meta.clone(),
-                source,
+                source: Box::new(e),
             })?;
         if let Some(v) = found {
             out.insert(meta.clone(), v);
@@ -150,7 +150,7 @@ async fn read_inventory(kube: &Kube) -> Result<Option<Vec<ObjMeta>>, ManifestErr
     let cm = inventory_api(kube)
         .get_opt(INVENTORY_NAME)
         .await
-        .map_err(ManifestError::FetchInventory)?;
+        .map_err(|e| ManifestError::FetchInventory(Box::new(e)))?;
     match cm {
         None => Ok(None),
         Some(cm) => {
@@ -167,7 +167,7 @@ async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, ManifestError> {
     let ns = namespaces
         .get_opt(INVENTORY_NAMESPACE)
         .await
-        .map_err(ManifestError::ReadNamespace)?;
+        .map_err(|e| ManifestError::ReadNamespace(Box::new(e)))?;
     if ns.is_none() {
         let ns = Namespace {
             metadata: ObjectMeta {
@@ -179,7 +179,7 @@ async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, ManifestError> {
         match namespaces.create(&PostParams::default(), &ns).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(ManifestError::CreateNamespace(e)),
+            Err(e) => return Err(ManifestError::CreateNamespace(Box::new(e))),
         }
     }
     if let Some(entries) = read_inventory(kube).await? {
@@ -196,7 +196,7 @@ async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, ManifestError> {
     inventory_api(kube)
         .create(&params(), &cm)
         .await
-        .map_err(ManifestError::CreateInventory)?;
+        .map_err(|e| ManifestError::CreateInventory(Box::new(e)))?;
     Ok(Vec::new())
 }
 
@@ -221,7 +221,7 @@ async fn write_inventory(kube: &Kube, entries: &[ObjMeta]) -> Result<(), Manifes
     inventory_api(kube)
         .replace(INVENTORY_NAME, &params(), &cm)
         .await
-        .map_err(ManifestError::UpdateInventory)?;
+        .map_err(|e| ManifestError::UpdateInventory(Box::new(e)))?;
     Ok(())
 }
 
@@ -269,12 +269,12 @@ pub async fn apply(
                     action,
                 });
             }
-            Err(source) => {
+            Err(e) => {
                 let inv = manifests::inventory_after_apply(&inventory, &applied);
                 let written = write_inventory(kube, &inv).await;
                 return Err(ManifestError::Apply {
                     object: meta.clone(),
-                    source,
+                    source: Box::new(e),
                     inventory: written.err().map(Box::new),
                 });
             }
@@ -352,7 +352,7 @@ pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(
             "DaemonSet" => kube.wait_daemonset(ns, &meta.name, left).await,
             _ => kube.wait_statefulset(ns, &meta.name, left).await,
         };
-        r.map_err(ManifestError::Kube)?;
+        r.map_err(|e| ManifestError::Kube(Box::new(e)))?;
     }
     Ok(())
 }

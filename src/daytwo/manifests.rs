@@ -163,7 +163,7 @@ pub enum ManifestError {
     )]
     Policy { object: ObjMeta, inventory: String },
     #[error("reading the bootstrap manifests ({MANIFEST_TYPE}): {0}")]
-    Read(crate::talos::TalosError),
+    Read(Box<crate::talos::TalosError>),
     #[error("bootstrap manifest {id}: undecodable spec: {source}")]
     Undecodable {
         id: String,
@@ -172,27 +172,27 @@ pub enum ManifestError {
     #[error("discovering {object}: {source}")]
     Discover {
         object: ObjMeta,
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("{0}: not an object")]
     NotAnObject(ObjMeta),
     #[error("{0}")]
-    Kube(crate::addons::kube::KubeError),
+    Kube(Box<crate::addons::kube::KubeError>),
     #[error("apply dry run failed for {object}: {source}")]
     DryRun {
         object: ObjMeta,
-        source: crate::addons::kube::KubeError,
+        source: Box<crate::addons::kube::KubeError>,
     },
     #[error("failed to fetch the inventory configmap: {0}")]
-    FetchInventory(kube::Error),
+    FetchInventory(Box<kube::Error>),
     #[error("reading namespace {INVENTORY_NAMESPACE}: {0}")]
-    ReadNamespace(kube::Error),
+    ReadNamespace(Box<kube::Error>),
     #[error("failed to create inventory namespace: {0}")]
-    CreateNamespace(kube::Error),
+    CreateNamespace(Box<kube::Error>),
     #[error("failed to create the inventory configmap: {0}")]
-    CreateInventory(kube::Error),
+    CreateInventory(Box<kube::Error>),
     #[error("failed to update the inventory: {0}")]
-    UpdateInventory(kube::Error),
+    UpdateInventory(Box<kube::Error>),
     /// An object's apply failed; `inventory` is why the inventory could not be written after
     /// it, if it could not.
     #[error(
@@ -201,7 +201,7 @@ pub enum ManifestError {
     )]
     Apply {
         object: ObjMeta,
-        source: crate::addons::kube::KubeError,
+        source: Box<crate::addons::kube::KubeError>,
         inventory: Option<Box<ManifestError>>,
     },
     /// `object: error` of every prune that failed.

@@ -3,6 +3,8 @@
 //! Every rack-wide change goes through one rolling engine, [`rollout`], which decides which
 //! node changes next and when a health gate must pass; the per-operation modules say what a
 //! change of one node is (apply a config, upgrade Talos, upgrade a Kubernetes component).
+//! [`run`] drives the engine for all of them and keeps its record in the store, the same for
+//! the CLI, serve's rollout jobs and the demo.
 //! `apply` and `upgrade --talos` share one etcd health gate, [`gate`].
 
 pub mod apply;

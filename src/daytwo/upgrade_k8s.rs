@@ -473,7 +473,7 @@ pub enum StepError {
     #[error("{node}: {source}")]
     NodeManifests {
         node: String,
-        source: super::manifests::ManifestError,
+        source: Box<super::manifests::ManifestError>,
     },
     #[error("{0}")]
     Manifests(#[from] super::manifests::ManifestError),
@@ -485,10 +485,13 @@ pub enum StepError {
     #[error("listing {component} pods: {source}")]
     ListPods {
         component: &'static str,
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("Node {node}: {source}")]
-    GetNode { node: String, source: kube::Error },
+    GetNode {
+        node: String,
+        source: Box<kube::Error>,
+    },
     /// The gate did not pass in time; `last` is what it saw last.
     #[error("not done within {wait:?}: {last}")]
     Timeout { wait: Duration, last: String },
@@ -604,9 +607,9 @@ impl K8sOps {
             })?;
         super::manifest_sync::fetch(&talos)
             .await
-            .map_err(|source| StepError::NodeManifests {
+            .map_err(|e| StepError::NodeManifests {
                 node: self.cp.name.clone(),
-                source,
+                source: Box::new(e),
             })
     }
 
@@ -725,7 +728,10 @@ impl K8sOps {
                 let pods = api
                     .list(&kube::api::ListParams::default().labels(&format!("k8s-app={component}")))
                     .await
-                    .map_err(|source| StepError::ListPods { component, source })?;
+                    .map_err(|e| StepError::ListPods {
+                        component,
+                        source: Box::new(e),
+                    })?;
                 let ip = node.ip.to_string();
                 // The label is matched here too: a server that ignores the selector must not
                 // make another component's pod pass.
@@ -763,13 +769,10 @@ impl K8sOps {
             K8sStep::Kubelet { .. } => {
                 let api: kube::Api<k8s_openapi::api::core::v1::Node> =
                     kube::Api::all(self.kube.clone());
-                let n = api
-                    .get(&node.name)
-                    .await
-                    .map_err(|source| StepError::GetNode {
-                        node: node.name.clone(),
-                        source,
-                    })?;
+                let n = api.get(&node.name).await.map_err(|e| StepError::GetNode {
+                    node: node.name.clone(),
+                    source: Box::new(e),
+                })?;
                 let version = n
                     .status
                     .as_ref()
