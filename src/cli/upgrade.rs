@@ -254,7 +254,9 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
     };
     if args.dry_run {
         let steps = upgrade_k8s::plan(inv);
-        if let Err(e) = upgrade_k8s::path_supported(&inv.cluster.kubernetes_version.value, &to) {
+        if let Err(e) =
+            crate::daytwo::k8s_version::path_supported(&inv.cluster.kubernetes_version.value, &to)
+        {
             return fail(EXIT_USAGE, e);
         }
         println!(

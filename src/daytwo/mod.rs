@@ -12,6 +12,7 @@ pub mod diff;
 pub mod drift;
 pub mod gate;
 pub mod installer_pull;
+pub mod k8s_version;
 pub mod manifest_sync;
 pub mod manifests;
 pub mod plan;
