@@ -11,7 +11,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::daytwo::remote::RemoteOutcome;
-use crate::daytwo::upgrade::{Outcome, TalosOps, TalosUpgrade};
+use crate::daytwo::run::Outcome;
+use crate::daytwo::upgrade::{TalosOps, TalosUpgrade};
 use crate::daytwo::upgrade_run::{K8sUpgradeSettings, ensure_boot_sets, talos_request, upgrade};
 use crate::inventory::{self, Inventory, Version};
 use crate::store;
@@ -254,7 +255,9 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
     };
     if args.dry_run {
         let steps = upgrade_k8s::plan(inv);
-        if let Err(e) = upgrade_k8s::path_supported(&inv.cluster.kubernetes_version.value, &to) {
+        if let Err(e) =
+            crate::daytwo::k8s_version::path_supported(&inv.cluster.kubernetes_version.value, &to)
+        {
             return fail(EXIT_USAGE, e);
         }
         println!(

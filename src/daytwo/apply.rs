@@ -4,8 +4,8 @@
 //! the rendered config, and for a control plane [`super::gate`]: the node running and
 //! ready, etcd healthy on every control plane" (the same gate as `upgrade --talos`); a
 //! reconcile asks the node which config it has instead of applying twice. The engine is
-//! driven by the same driver as the Talos upgrade ([`super::upgrade::drive`]), which
-//! persists the record in the store (`apply/<plan digest>`) before any action it leads to is
+//! driven by the same persisted driver as the upgrades ([`super::run::Persisted`]), which
+//! writes the record to the store (`apply/<plan digest>`) before any action it leads to is
 //! carried out, so a restarted run resumes an unfinished rollout of the same plan and never
 //! applies it twice to one node. Which nodes need a change is always read from the nodes
 //! (what they run against the rendering), never from a finished record, so an apply
@@ -23,7 +23,7 @@ use crate::talos::{TalosClient, TalosError};
 
 use super::plan::{Connector, NodeTarget};
 use super::rollout::{Action, Event, Gate, NodeStatus, Role, Rollout, RolloutRecord, Target};
-use super::upgrade::{NodeOps, Outcome, Progress, drive};
+use super::run::{NodeOps, Outcome, Persisted, Progress, RunError};
 
 /// How an apply runs.
 #[derive(Clone, Debug)]
@@ -58,18 +58,18 @@ pub enum ApplyOutcome {
     },
 }
 
-/// Errors before the rollout runs.
+/// Errors before or outside the rollout.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("store: {0}")]
-    Store(String),
-    /// The rolling engine ended without an outcome (its record not persisted, a task lost).
+    /// The stored record could not be read or resumed, or the rollout ended without an
+    /// outcome (its record not persisted, a task lost).
     #[error("{0}")]
-    Drive(crate::daytwo::upgrade::DriveError<String>),
-    #[error("stored rollout {key}: {reason}")]
-    Record { key: String, reason: String },
+    Run(#[from] RunError),
     #[error("node {node}: {reason}")]
-    Plan { node: String, reason: String },
+    Plan {
+        node: String,
+        reason: super::plan::PlanError,
+    },
 }
 
 /// The store key of a plan: every node's rendered config and the mode, so the same
@@ -103,17 +103,10 @@ pub async fn apply(
     opts: &ApplyOptions,
     mut report: impl FnMut(&Progress),
 ) -> Result<ApplyOutcome, ApplyError> {
-    let key = plan_key(targets, opts);
-    let stored = store
-        .rollout(&key)
-        .map_err(|e| ApplyError::Store(e.to_string()))?;
+    let rollout = Persisted::new(store, plan_key(targets, opts));
+    let key = rollout.key().to_owned();
     let mut changed_nodes: Vec<String> = Vec::new();
-    if let Some(bytes) = stored {
-        let record: RolloutRecord =
-            serde_json::from_slice(&bytes).map_err(|e| ApplyError::Record {
-                key: key.clone(),
-                reason: e.to_string(),
-            })?;
+    if let Some(record) = rollout.load()? {
         if finished(&record) {
             tracing::info!(
                 %key,
@@ -121,11 +114,8 @@ pub async fn apply(
             );
         } else {
             tracing::info!(%key, "resuming an unfinished apply");
-            let engine = Rollout::resume(record).map_err(|e| ApplyError::Record {
-                key: key.clone(),
-                reason: e.to_string(),
-            })?;
-            match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+            let engine = rollout.engine(Rollout::resume(record))?;
+            match run(&rollout, conn, targets, opts, engine, &mut report).await? {
                 (Outcome::Finished, nodes) => changed_nodes.extend(nodes),
                 (Outcome::Stopped { node, reason }, _) => {
                     return Ok(ApplyOutcome::Stopped { key, node, reason });
@@ -144,13 +134,9 @@ pub async fn apply(
             }
         });
     }
-    let engine =
-        Rollout::new(pending, opts.worker_concurrency).map_err(|e| ApplyError::Record {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
+    let engine = rollout.engine(Rollout::new(pending, opts.worker_concurrency))?;
     Ok(
-        match run(store, conn, targets, opts, &key, engine, &mut report).await? {
+        match run(&rollout, conn, targets, opts, engine, &mut report).await? {
             (Outcome::Finished, nodes) => {
                 for n in nodes {
                     if !changed_nodes.contains(&n) {
@@ -206,21 +192,20 @@ async fn pending(
 async fn staged_already(conn: &Connector, t: &NodeTarget) -> Result<bool, ApplyError> {
     let plan_err = |e: TalosError| ApplyError::Plan {
         node: t.name.clone(),
-        reason: format!("cannot read its config for the next boot: {e}"),
+        reason: super::plan::PlanError::NextBoot(Arc::new(e)),
     };
     let c = conn.client(t).await.map_err(plan_err)?;
     let persistent = c.machine_config_id("persistent").await.map_err(plan_err)?;
     Ok(matches!(super::diff::diff(&persistent, &t.rendered), Ok(d) if d.is_empty()))
 }
 
-/// Drives one rollout to its end, persisting its record under `key` before every action.
-/// Returns how it ended and the nodes it changed.
+/// Drives one rollout to its end, its record persisted before every action. Returns how it
+/// ended and the nodes it changed.
 async fn run(
-    store: &RolloutWriter,
+    rollout: &Persisted<'_>,
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
-    key: &str,
     engine: Rollout,
     report: &mut impl FnMut(&Progress),
 ) -> Result<(Outcome, Vec<String>), ApplyError> {
@@ -235,17 +220,7 @@ async fn run(
         targets: targets.to_vec(),
         opts: opts.clone(),
     });
-    let outcome = drive(
-        engine,
-        ops,
-        |record| {
-            let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-            store.put_rollout(key, &bytes).map_err(|e| e.to_string())
-        },
-        report,
-    )
-    .await
-    .map_err(ApplyError::Drive)?;
+    let outcome = rollout.drive(engine, ops, report).await?;
     Ok((outcome, nodes))
 }
 
@@ -328,16 +303,19 @@ async fn act(conn: &Connector, targets: &[NodeTarget], opts: &ApplyOptions, a: A
     match a {
         Action::CheckHealth(Gate::Cluster) => match cluster_healthy(conn, targets, opts).await {
             Ok(()) => Event::Healthy(Gate::Cluster),
-            Err(reason) => Event::Unhealthy {
+            Err(e) => Event::Unhealthy {
                 gate: Gate::Cluster,
-                reason,
+                reason: e.to_string(),
             },
         },
         Action::CheckHealth(Gate::Node(node)) => {
             let gate = Gate::Node(node.clone());
             match node_gate(conn, targets, opts, &node).await {
                 Ok(()) => Event::Healthy(gate),
-                Err(reason) => Event::Unhealthy { gate, reason },
+                Err(e) => Event::Unhealthy {
+                    gate,
+                    reason: e.to_string(),
+                },
             }
         }
         Action::Change { node } => {
@@ -401,6 +379,21 @@ async fn has_config(conn: &Connector, t: &NodeTarget, mode: Mode) -> Result<bool
     Ok(c.machine_config_id(id).await? == t.rendered)
 }
 
+/// Why an apply's health gate (or its pre-flight check) did not pass. The text becomes the
+/// node's failure reason in the rollout record.
+#[derive(Debug, thiserror::Error)]
+enum GateFailure {
+    #[error("{0}")]
+    Etcd(#[from] super::gate::GateError),
+    #[error("node {node} does not answer: {source}")]
+    NoAnswer { node: String, source: TalosError },
+    #[error("no longer in the inventory")]
+    NotInInventory,
+    /// Not healthy in time; `last` is what the gate saw last.
+    #[error("health gate: {last}")]
+    Timeout { last: String },
+}
+
 /// [`super::gate::check`] over every control plane of the cluster
 /// ([`ApplyOptions::control_planes`], else those of `targets`), `changed` first.
 async fn etcd_gate(
@@ -408,7 +401,7 @@ async fn etcd_gate(
     targets: &[NodeTarget],
     opts: &ApplyOptions,
     changed: Option<(&str, &TalosClient)>,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     let all = if opts.control_planes.is_empty() {
         targets
     } else {
@@ -416,12 +409,9 @@ async fn etcd_gate(
     };
     let mut cps = Vec::new();
     for t in all.iter().filter(|t| t.role == Role::ControlPlane) {
-        let client = conn.client(t).await.map_err(|e| e.to_string());
-        cps.push((t.name.clone(), client));
+        cps.push((t.name.clone(), conn.client(t).await));
     }
-    super::gate::check(changed, &cps)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(super::gate::check(changed, &cps).await?)
 }
 
 /// Before anything changes: every node answers and etcd is healthy ([`super::gate`]).
@@ -429,11 +419,14 @@ async fn cluster_healthy(
     conn: &Connector,
     targets: &[NodeTarget],
     opts: &ApplyOptions,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     for t in targets {
         conn.client(t)
             .await
-            .map_err(|e| format!("node {} does not answer: {e}", t.name))?;
+            .map_err(|source| GateFailure::NoAnswer {
+                node: t.name.clone(),
+                source,
+            })?;
     }
     if targets.iter().any(|t| t.role == Role::ControlPlane) {
         etcd_gate(conn, targets, opts, None).await?;
@@ -450,9 +443,9 @@ async fn node_gate(
     targets: &[NodeTarget],
     opts: &ApplyOptions,
     node: &str,
-) -> Result<(), String> {
+) -> Result<(), GateFailure> {
     let Some(t) = target(targets, node) else {
-        return Err("no longer in the inventory".into());
+        return Err(GateFailure::NotInInventory);
     };
     let deadline = tokio::time::Instant::now() + opts.gate_timeout;
     let mut last;
@@ -463,7 +456,7 @@ async fn node_gate(
                 Ok(true) if t.role == Role::ControlPlane => {
                     match etcd_gate(conn, targets, opts, Some((node, &c))).await {
                         Ok(()) => return Ok(()),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     }
                 }
                 Ok(true) => return Ok(()),
@@ -472,7 +465,7 @@ async fn node_gate(
             },
         };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!("health gate: {last}"));
+            return Err(GateFailure::Timeout { last });
         }
         tokio::time::sleep(opts.gate_poll).await;
     }

@@ -28,11 +28,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::talos::TalosClient;
 use crate::talos::api::machine;
 use crate::talos::api::talos::resource::definitions::runtime::{
     MachineStatusSpec, RuntimeMachineStage,
 };
+use crate::talos::{TalosClient, TalosError};
 
 /// The `etcd` entry of a node's `ServiceList`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -294,7 +294,7 @@ pub async fn read_status(node: &str, client: &TalosClient) -> Result<NodeStatus,
 /// with a client or why none could be had).
 pub async fn check(
     changed: Option<(&str, &TalosClient)>,
-    control_planes: &[(String, Result<TalosClient, String>)],
+    control_planes: &[(String, Result<TalosClient, TalosError>)],
 ) -> Result<(), GateError> {
     if let Some((node, client)) = changed {
         node_ready(node, &read_status(node, client).await?)?;
@@ -305,8 +305,8 @@ pub async fn check(
             Ok(c) => read_control_plane(node, c).await,
             Err(reason) => ControlPlaneReport {
                 node: node.clone(),
-                etcd: Err(reason.clone()),
-                members: Err(reason.clone()),
+                etcd: Err(reason.to_string()),
+                members: Err(reason.to_string()),
             },
         });
     }

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use super::manifests::{
     self, Action, Change, Desired, FIELD_MANAGER, INVENTORY_NAME, INVENTORY_NAMESPACE,
-    MANIFEST_NAMESPACE, MANIFEST_TYPE, ObjMeta,
+    MANIFEST_NAMESPACE, MANIFEST_TYPE, ManifestError, ObjMeta,
 };
 use crate::addons::kube::Kube;
 use crate::addons::manifest::ObjectRef;
@@ -35,11 +35,11 @@ use crate::talos::TalosClient;
 use crate::talos::api::talos::resource::definitions::k8s::ManifestSpec;
 
 /// Every bootstrap manifest object the node renders, in Talos's order.
-pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, String> {
+pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, ManifestError> {
     let resources = talos
         .cosi_list(MANIFEST_NAMESPACE, MANIFEST_TYPE)
         .await
-        .map_err(|e| format!("reading the bootstrap manifests ({MANIFEST_TYPE}): {e}"))?;
+        .map_err(|e| ManifestError::Read(Box::new(e)))?;
     let mut out = Vec::new();
     for r in resources {
         let id = r
@@ -49,7 +49,7 @@ pub async fn fetch(talos: &TalosClient) -> Result<Vec<Value>, String> {
             .unwrap_or_default();
         let bytes = r.spec.map(|s| s.proto_spec).unwrap_or_default();
         let spec = ManifestSpec::decode(bytes.as_slice())
-            .map_err(|e| format!("bootstrap manifest {id}: undecodable spec: {e}"))?;
+            .map_err(|source| ManifestError::Undecodable { id, source })?;
         for item in spec.items {
             if let Some(obj) = item.object.as_ref() {
                 out.push(manifests::struct_to_json(obj));
@@ -70,11 +70,16 @@ fn reference(meta: &ObjMeta, api_version: String) -> ObjectRef {
 
 /// An inventory entry's `apiVersion`: its group's preferred version that serves the kind
 /// (inventory keys carry no version). `None` when the kind is not served any more.
-async fn api_version_of(kube: &Kube, meta: &ObjMeta) -> Result<Option<String>, String> {
+async fn api_version_of(kube: &Kube, meta: &ObjMeta) -> Result<Option<String>, ManifestError> {
     let group = match kube::discovery::oneshot::group(kube.client(), &meta.group).await {
         Ok(g) => g,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-        Err(e) => return Err(format!("discovering {meta}: {e}")),
+        Err(e) => {
+            return Err(ManifestError::Discover {
+                object: meta.clone(),
+                source: Box::new(e),
+            });
+        }
     };
     Ok(group
         .recommended_kind(&meta.kind)
@@ -86,10 +91,10 @@ async fn live(
     kube: &Kube,
     desired: &Desired,
     inventory: &[ObjMeta],
-) -> Result<BTreeMap<ObjMeta, Value>, String> {
+) -> Result<BTreeMap<ObjMeta, Value>, ManifestError> {
     let mut out = BTreeMap::new();
     for (meta, obj) in &desired.objects {
-        let r = ObjectRef::of(obj).ok_or_else(|| format!("{meta}: not an object"))?;
+        let r = ObjectRef::of(obj).ok_or_else(|| ManifestError::NotAnObject(meta.clone()))?;
         // A kind not served yet (a CRD of the set not applied yet) is "created".
         if let Ok(Some(v)) = kube.get(&r).await {
             out.insert(meta.clone(), v);
@@ -105,7 +110,7 @@ async fn live(
         if let Some(v) = kube
             .get(&reference(meta, api_version))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| ManifestError::Kube(Box::new(e)))?
         {
             out.insert(meta.clone(), v);
         }
@@ -116,13 +121,19 @@ async fn live(
 /// The server's dry run of applying each object of the set as Talos does (`Manager.diff` ->
 /// fluxcd ssa `ResourceManager.Diff`: forced, field manager `talos`, `dryRun=All`), for
 /// those it could try; an object missing here would be created.
-async fn dry_runs(kube: &Kube, desired: &Desired) -> Result<BTreeMap<ObjMeta, Value>, String> {
+async fn dry_runs(
+    kube: &Kube,
+    desired: &Desired,
+) -> Result<BTreeMap<ObjMeta, Value>, ManifestError> {
     let mut out = BTreeMap::new();
     for (meta, obj) in &desired.objects {
         let found = kube
             .dry_run_apply_as(obj, "default", FIELD_MANAGER)
             .await
-            .map_err(|e| format!("apply dry run failed for {meta}: {e}"))?;
+            .map_err(|e| ManifestError::DryRun {
+                object: meta.clone(),
+                source: Box::new(e),
+            })?;
         if let Some(v) = found {
             out.insert(meta.clone(), v);
         }
@@ -135,11 +146,11 @@ fn inventory_api(kube: &Kube) -> Api<ConfigMap> {
 }
 
 /// The inventory's entries; `None` when there is no inventory ConfigMap yet.
-async fn read_inventory(kube: &Kube) -> Result<Option<Vec<ObjMeta>>, String> {
+async fn read_inventory(kube: &Kube) -> Result<Option<Vec<ObjMeta>>, ManifestError> {
     let cm = inventory_api(kube)
         .get_opt(INVENTORY_NAME)
         .await
-        .map_err(|e| format!("failed to fetch the inventory configmap: {e}"))?;
+        .map_err(|e| ManifestError::FetchInventory(Box::new(e)))?;
     match cm {
         None => Ok(None),
         Some(cm) => {
@@ -151,12 +162,12 @@ async fn read_inventory(kube: &Kube) -> Result<Option<Vec<ObjMeta>>, String> {
 
 /// `GetInventory`: the inventory namespace created if missing, then the inventory ConfigMap
 /// created empty if missing; its entries.
-async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, String> {
+async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, ManifestError> {
     let namespaces: Api<Namespace> = Api::all(kube.client().clone());
     let ns = namespaces
         .get_opt(INVENTORY_NAMESPACE)
         .await
-        .map_err(|e| format!("reading namespace {INVENTORY_NAMESPACE}: {e}"))?;
+        .map_err(|e| ManifestError::ReadNamespace(Box::new(e)))?;
     if ns.is_none() {
         let ns = Namespace {
             metadata: ObjectMeta {
@@ -168,7 +179,7 @@ async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, String> {
         match namespaces.create(&PostParams::default(), &ns).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(format!("failed to create inventory namespace: {e}")),
+            Err(e) => return Err(ManifestError::CreateNamespace(Box::new(e))),
         }
     }
     if let Some(entries) = read_inventory(kube).await? {
@@ -185,7 +196,7 @@ async fn ensure_inventory(kube: &Kube) -> Result<Vec<ObjMeta>, String> {
     inventory_api(kube)
         .create(&params(), &cm)
         .await
-        .map_err(|e| format!("failed to create the inventory configmap: {e}"))?;
+        .map_err(|e| ManifestError::CreateInventory(Box::new(e)))?;
     Ok(Vec::new())
 }
 
@@ -197,7 +208,7 @@ fn params() -> PostParams {
 }
 
 /// `Inventory.Write`: the whole ConfigMap replaced with `entries` as its keys.
-async fn write_inventory(kube: &Kube, entries: &[ObjMeta]) -> Result<(), String> {
+async fn write_inventory(kube: &Kube, entries: &[ObjMeta]) -> Result<(), ManifestError> {
     let cm = ConfigMap {
         metadata: ObjectMeta {
             name: Some(INVENTORY_NAME.into()),
@@ -210,12 +221,16 @@ async fn write_inventory(kube: &Kube, entries: &[ObjMeta]) -> Result<(), String>
     inventory_api(kube)
         .replace(INVENTORY_NAME, &params(), &cm)
         .await
-        .map_err(|e| format!("failed to update the inventory: {e}"))?;
+        .map_err(|e| ManifestError::UpdateInventory(Box::new(e)))?;
     Ok(())
 }
 
 /// What a sync of `objects` would change, changing nothing (`Manager.Diff`).
-pub async fn diff(kube: &Kube, objects: Vec<Value>, no_prune: bool) -> Result<Vec<Change>, String> {
+pub async fn diff(
+    kube: &Kube,
+    objects: Vec<Value>,
+    no_prune: bool,
+) -> Result<Vec<Change>, ManifestError> {
     let desired = Desired::prepare(objects)?;
     let inventory = read_inventory(kube).await?.unwrap_or_default();
     let live = live(kube, &desired, &inventory).await?;
@@ -229,7 +244,7 @@ pub async fn apply(
     kube: &Kube,
     objects: Vec<Value>,
     no_prune: bool,
-) -> Result<Vec<Change>, String> {
+) -> Result<Vec<Change>, ManifestError> {
     let desired = Desired::prepare(objects)?;
     let inventory = ensure_inventory(kube).await?;
     let live = live(kube, &desired, &inventory).await?;
@@ -257,11 +272,11 @@ pub async fn apply(
             Err(e) => {
                 let inv = manifests::inventory_after_apply(&inventory, &applied);
                 let written = write_inventory(kube, &inv).await;
-                let mut msg = format!("error applying manifests: {meta}: {e}");
-                if let Err(w) = written {
-                    msg.push_str(&format!("; {w}"));
-                }
-                return Err(msg);
+                return Err(ManifestError::Apply {
+                    object: meta.clone(),
+                    source: Box::new(e),
+                    inventory: written.err().map(Box::new),
+                });
             }
         }
     }
@@ -299,7 +314,7 @@ pub async fn apply(
     }
     let written = write_inventory(kube, &inv).await;
     if !prune_errors.is_empty() {
-        return Err(format!("error pruning: {}", prune_errors.join("; ")));
+        return Err(ManifestError::Prune(prune_errors));
     }
     written?;
     Ok(changes)
@@ -317,7 +332,7 @@ impl Action {
 
 /// Waits until every Deployment, DaemonSet and StatefulSet of `objects` has rolled out,
 /// the whole wait bounded by `timeout`.
-pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(), String> {
+pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(), ManifestError> {
     let deadline = tokio::time::Instant::now() + timeout;
     for obj in objects {
         let Some(meta) = ObjMeta::of(obj) else {
@@ -337,7 +352,7 @@ pub async fn wait(kube: &Kube, objects: &[Value], timeout: Duration) -> Result<(
             "DaemonSet" => kube.wait_daemonset(ns, &meta.name, left).await,
             _ => kube.wait_statefulset(ns, &meta.name, left).await,
         };
-        r.map_err(|e| e.to_string())?;
+        r.map_err(|e| ManifestError::Kube(Box::new(e)))?;
     }
     Ok(())
 }

@@ -94,14 +94,14 @@ impl ObjMeta {
 
     /// Parses an inventory key (`ParseObjMetadata`: namespace up to the first `_`, kind after
     /// the last, group before that, the rest the name with `__` back to `:`).
-    pub fn parse_key(key: &str) -> Result<Self, String> {
-        let bad = || format!("unable to parse stored object metadata: {key}");
+    pub fn parse_key(key: &str) -> Result<Self, ManifestError> {
+        let bad = || ManifestError::BadKey(key.to_owned());
         let (namespace, rest) = key.split_once('_').ok_or_else(bad)?;
         let (rest, kind) = rest.rsplit_once('_').ok_or_else(bad)?;
         let (name, group) = rest.rsplit_once('_').ok_or_else(bad)?;
         let name = name.replace("__", ":");
         if name.contains('_') {
-            return Err(format!("too many fields within: {key}"));
+            return Err(ManifestError::TooManyFields(key.to_owned()));
         }
         Ok(ObjMeta {
             group: group.to_owned(),
@@ -139,6 +139,74 @@ impl fmt::Display for ObjMeta {
             write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
         }
     }
+}
+
+/// Why the bootstrap manifests cannot be synced: a decision of this module, or (from
+/// [`super::manifest_sync`]) a read or write of Talos or Kubernetes. The texts are
+/// go-kubernetes' where it has one.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("unable to parse stored object metadata: {0}")]
+    BadKey(String),
+    #[error("too many fields within: {0}")]
+    TooManyFields(String),
+    #[error("failed to parse object metadata: {0}")]
+    Entry(Box<ManifestError>),
+    #[error("a bootstrap manifest has no apiVersion, kind or metadata.name")]
+    NoMetadata,
+    #[error("object {0} already has an inventory annotation")]
+    OtherInventory(ObjMeta),
+    #[error(
+        "inventory policy check failure for object {object}, inventory policy prevented \
+         actuation (status: NoMatch, policy: AdoptIfNoInventory): it belongs to inventory \
+         {inventory:?}"
+    )]
+    Policy { object: ObjMeta, inventory: String },
+    #[error("reading the bootstrap manifests ({MANIFEST_TYPE}): {0}")]
+    Read(Box<crate::talos::TalosError>),
+    #[error("bootstrap manifest {id}: undecodable spec: {source}")]
+    Undecodable {
+        id: String,
+        source: prost::DecodeError,
+    },
+    #[error("discovering {object}: {source}")]
+    Discover {
+        object: ObjMeta,
+        source: Box<kube::Error>,
+    },
+    #[error("{0}: not an object")]
+    NotAnObject(ObjMeta),
+    #[error("{0}")]
+    Kube(Box<crate::addons::kube::KubeError>),
+    #[error("apply dry run failed for {object}: {source}")]
+    DryRun {
+        object: ObjMeta,
+        source: Box<crate::addons::kube::KubeError>,
+    },
+    #[error("failed to fetch the inventory configmap: {0}")]
+    FetchInventory(Box<kube::Error>),
+    #[error("reading namespace {INVENTORY_NAMESPACE}: {0}")]
+    ReadNamespace(Box<kube::Error>),
+    #[error("failed to create inventory namespace: {0}")]
+    CreateNamespace(Box<kube::Error>),
+    #[error("failed to create the inventory configmap: {0}")]
+    CreateInventory(Box<kube::Error>),
+    #[error("failed to update the inventory: {0}")]
+    UpdateInventory(Box<kube::Error>),
+    /// An object's apply failed; `inventory` is why the inventory could not be written after
+    /// it, if it could not.
+    #[error(
+        "error applying manifests: {object}: {source}{}",
+        inventory.as_ref().map(|w| format!("; {w}")).unwrap_or_default()
+    )]
+    Apply {
+        object: ObjMeta,
+        source: Box<crate::addons::kube::KubeError>,
+        inventory: Option<Box<ManifestError>>,
+    },
+    /// `object: error` of every prune that failed.
+    #[error("error pruning: {}", .0.join("; "))]
+    Prune(Vec<String>),
 }
 
 /// What the sync does to one object.
@@ -190,20 +258,18 @@ impl Desired {
     /// resource's items in order), each annotated with the inventory (`prepareObjects`: an
     /// object already naming another inventory is an error), then stably split into the first
     /// stage and the rest.
-    pub fn prepare(objects: Vec<Value>) -> Result<Self, String> {
+    pub fn prepare(objects: Vec<Value>) -> Result<Self, ManifestError> {
         let mut first = Vec::new();
         let mut rest = Vec::new();
         for mut obj in objects {
-            let meta = ObjMeta::of(&obj).ok_or_else(|| {
-                "a bootstrap manifest has no apiVersion, kind or metadata.name".to_owned()
-            })?;
+            let meta = ObjMeta::of(&obj).ok_or(ManifestError::NoMetadata)?;
             if !obj["metadata"]["annotations"].is_object() {
                 obj["metadata"]["annotations"] = Value::Object(Default::default());
             }
             let ann = &mut obj["metadata"]["annotations"][INVENTORY_ANNOTATION];
             match ann.as_str() {
                 Some(id) if id != INVENTORY_NAME => {
-                    return Err(format!("object {meta} already has an inventory annotation"));
+                    return Err(ManifestError::OtherInventory(meta));
                 }
                 _ => *ann = Value::String(INVENTORY_NAME.to_owned()),
             }
@@ -258,15 +324,14 @@ pub fn drifted(live: &Value, dry_run: &Value) -> bool {
 
 /// `checkInventoryPolicy` with `AdoptIfNoInventory`: an object without the annotation or with
 /// this inventory's may be taken over or pruned, one of another inventory may not.
-pub fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), String> {
+pub fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), ManifestError> {
     match live["metadata"]["annotations"][INVENTORY_ANNOTATION].as_str() {
         None => Ok(()),
         Some(id) if id == INVENTORY_NAME => Ok(()),
-        Some(other) => Err(format!(
-            "inventory policy check failure for object {meta}, inventory policy prevented \
-             actuation (status: NoMatch, policy: AdoptIfNoInventory): it belongs to \
-             inventory {other:?}"
-        )),
+        Some(other) => Err(ManifestError::Policy {
+            object: meta.clone(),
+            inventory: other.to_owned(),
+        }),
     }
 }
 
@@ -308,7 +373,7 @@ pub fn plan(
     dry_runs: &BTreeMap<ObjMeta, Value>,
     inventory: &[ObjMeta],
     no_prune: bool,
-) -> Result<Vec<Change>, String> {
+) -> Result<Vec<Change>, ManifestError> {
     let mut out = Vec::new();
     if !no_prune {
         for entry in to_prune(inventory, desired) {
@@ -357,9 +422,9 @@ pub fn inventory_data(entries: &[ObjMeta]) -> BTreeMap<String, String> {
 }
 
 /// The entries of an inventory ConfigMap's `data` (its keys).
-pub fn inventory_entries(data: &BTreeMap<String, String>) -> Result<Vec<ObjMeta>, String> {
+pub fn inventory_entries(data: &BTreeMap<String, String>) -> Result<Vec<ObjMeta>, ManifestError> {
     data.keys()
-        .map(|k| ObjMeta::parse_key(k).map_err(|e| format!("failed to parse object metadata: {e}")))
+        .map(|k| ObjMeta::parse_key(k).map_err(|e| ManifestError::Entry(Box::new(e))))
         .collect()
 }
 
@@ -531,7 +596,7 @@ mod tests {
         );
         let mut other = ds("a");
         other["metadata"]["annotations"] = json!({INVENTORY_ANNOTATION: "someone-else"});
-        let err = Desired::prepare(vec![other]).unwrap_err();
+        let err = Desired::prepare(vec![other]).unwrap_err().to_string();
         assert!(err.contains("already has an inventory annotation"), "{err}");
     }
 
@@ -648,7 +713,9 @@ mod tests {
         theirs["metadata"]["annotations"] = json!({INVENTORY_ANNOTATION: "flux"});
         let dry = BTreeMap::from([(d.clone(), served(&desired.objects[0].1, "1"))]);
         let live = BTreeMap::from([(d.clone(), served(&theirs, "1"))]);
-        let err = plan(&desired, &live, &dry, &[], false).unwrap_err();
+        let err = plan(&desired, &live, &dry, &[], false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("NoMatch"), "{err}");
         // Unannotated: adopted (AdoptIfNoInventory).
         let live = BTreeMap::from([(d.clone(), served(&ds("v1"), "1"))]);

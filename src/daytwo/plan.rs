@@ -6,6 +6,7 @@
 //! the pure [`super::diff`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{ClientCreds, TalosClient, TalosError};
@@ -26,13 +27,28 @@ pub struct NodeTarget {
     pub rendered: String,
 }
 
+/// Why a node could not be planned (shared, so a plan can be cloned).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot reach the node: {0}")]
+    Unreachable(Arc<TalosError>),
+    #[error("cannot read its MachineConfig: {0}")]
+    ReadConfig(Arc<TalosError>),
+    #[error("{0}")]
+    Diff(diff::DiffError),
+    #[error("the node's dry run failed: {0}")]
+    DryRun(Arc<TalosError>),
+    #[error("cannot read its config for the next boot: {0}")]
+    NextBoot(Arc<TalosError>),
+}
+
 /// The plan of one node.
 #[derive(Clone, Debug)]
 pub struct NodePlan {
     pub name: String,
     pub role: Role,
     /// The diff running -> rendered, or why it could not be had.
-    pub diff: Result<ConfigDiff, String>,
+    pub diff: Result<ConfigDiff, PlanError>,
     /// The mode Talos's dry run (AUTO) resolved to, when there are changes.
     pub mode: Option<Mode>,
     /// Talos's dry-run text (its own diff), for the detail view.
@@ -85,25 +101,25 @@ pub async fn plan_node(conn: &Connector, t: &NodeTarget) -> NodePlan {
     let mut plan = NodePlan {
         name: t.name.clone(),
         role: t.role,
-        diff: Err(String::new()),
+        diff: Ok(ConfigDiff::default()),
         mode: None,
         dry_run: None,
     };
     let client = match conn.client(t).await {
         Ok(c) => c,
         Err(e) => {
-            plan.diff = Err(format!("cannot reach the node: {e}"));
+            plan.diff = Err(PlanError::Unreachable(Arc::new(e)));
             return plan;
         }
     };
     let running = match client.machine_config().await {
         Ok(r) => r,
         Err(e) => {
-            plan.diff = Err(format!("cannot read its MachineConfig: {e}"));
+            plan.diff = Err(PlanError::ReadConfig(Arc::new(e)));
             return plan;
         }
     };
-    plan.diff = diff::diff(&running, &t.rendered).map_err(|e| e.to_string());
+    plan.diff = diff::diff(&running, &t.rendered).map_err(PlanError::Diff);
     if plan.changed() {
         match client
             .apply_configuration_with(t.rendered.as_bytes(), Mode::Auto, true, None)
@@ -113,7 +129,7 @@ pub async fn plan_node(conn: &Connector, t: &NodeTarget) -> NodePlan {
                 plan.mode = out.mode;
                 plan.dry_run = Some(out.mode_details);
             }
-            Err(e) => plan.diff = Err(format!("the node's dry run failed: {e}")),
+            Err(e) => plan.diff = Err(PlanError::DryRun(Arc::new(e))),
         }
     }
     plan
@@ -183,7 +199,7 @@ mod tests {
         NodePlan {
             name: name.into(),
             role: Role::Worker,
-            diff: diff::diff(running, rendered).map_err(|e| e.to_string()),
+            diff: diff::diff(running, rendered).map_err(PlanError::Diff),
             mode: Some(Mode::NoReboot),
             dry_run: None,
         }

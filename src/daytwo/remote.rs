@@ -33,7 +33,8 @@ use crate::view::StateView;
 use super::apply::{ApplyOptions, ApplyOutcome};
 use super::plan::{Connector, NodeTarget};
 use super::rollout::Role;
-use super::upgrade::{Outcome, TalosOps, TalosUpgrade, rollout_key};
+use super::run::Outcome;
+use super::upgrade::{TalosOps, TalosUpgrade, rollout_key};
 
 /// What the CLI asks serve to roll out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -589,7 +590,9 @@ impl Job for UpgradeTalosJob {
         match result {
             Ok(Outcome::Finished) => RemoteOutcome::Finished { key, nodes },
             Ok(Outcome::Stopped { node, reason }) => RemoteOutcome::Stopped { key, node, reason },
-            Err(reason) => RemoteOutcome::Failed { reason },
+            Err(e) => RemoteOutcome::Failed {
+                reason: e.to_string(),
+            },
         }
     }
 }
@@ -614,7 +617,7 @@ impl UpgradeK8sJob {
         // Planned against serve's inventory: an unsupported path is refused before anything
         // runs, as the standalone CLI refuses it.
         let plan = super::upgrade_k8s::K8sUpgrade::plan(inv, &version, apid_port)
-            .map_err(StartError::Invalid)?;
+            .map_err(|e| StartError::Invalid(e.to_string()))?;
         Ok(Self {
             plan,
             no_prune: req.no_prune,
@@ -646,7 +649,11 @@ impl Job for UpgradeK8sJob {
         }
         let mut ops = match K8sOps::connect(self.plan.clone(), ctx.creds.clone()).await {
             Ok(ops) => ops,
-            Err(reason) => return RemoteOutcome::Failed { reason },
+            Err(e) => {
+                return RemoteOutcome::Failed {
+                    reason: e.to_string(),
+                };
+            }
         };
         ops.pod_wait = self.pod_wait;
         ops.node_wait = self.node_wait;

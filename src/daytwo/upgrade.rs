@@ -1,7 +1,7 @@
 //! `talboot upgrade --talos`: which nodes get which installer, and what upgrading one node
-//! means (the operation the rolling engine [`super::rollout`] drives). Owns the per-node
-//! upgrade plan, the driver loop that feeds the engine and persists its record before acting,
-//! and the Talos side of one node's change, reconcile and health gate.
+//! means (the operation the rolling engine [`super::rollout`] drives through
+//! [`super::run`]). Owns the per-node upgrade plan and the Talos side of one node's change,
+//! reconcile and health gate.
 //!
 //! One node's upgrade is what talosctl does at siderolabs/talos v1.13.9
 //! (`cmd/talosctl/cmd/talos/upgrade.go`, `upgradeViaLifecycleService`): `ImageService.Pull`
@@ -13,7 +13,7 @@
 //! gate [`super::gate`] that `apply` uses too (ready, etcd healthy on every control plane).
 //! Reconcile after a restart: the node already reports the target version.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,8 @@ use std::time::Duration;
 use crate::inventory::{Inventory, MachineType, Version};
 use crate::talos::{ClientCreds, TalosClient, TalosError};
 
-use super::rollout::{Action, Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
+use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
+use super::run::NodeOps;
 
 /// The store key of a Talos upgrade's rollout record.
 pub fn rollout_key(version: &Version) -> String {
@@ -112,104 +113,28 @@ impl TalosUpgrade {
     }
 }
 
-/// What upgrading one node means; the driver calls these from its own tasks.
-#[tonic::async_trait]
-pub trait NodeOps: Send + Sync + 'static {
-    /// Carry out the change: [`Event::Changed`] or [`Event::ChangeFailed`].
-    async fn change(&self, node: &str) -> Event;
-    /// Without changing anything: did an earlier run's change take effect?
-    async fn reconcile(&self, node: &str) -> Event;
-    /// The health gate: [`Event::Healthy`] or [`Event::Unhealthy`].
-    async fn check(&self, gate: &Gate) -> Event;
-}
-
-/// What the driver reports as it goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Progress {
-    Checking(Gate),
-    Changing(String),
-    Reconciling(String),
-    Observed(Event),
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Finished,
-    Stopped {
-        node: Option<String>,
-        reason: String,
-    },
-}
-
-/// Why [`drive`] ended without an [`Outcome`]. `E` is the persist callback's error.
+/// Why a node's upgrade gate (or the pre-flight check) did not pass. The text becomes the
+/// node's failure reason in the rollout record.
 #[derive(Debug, thiserror::Error)]
-pub enum DriveError<E: std::fmt::Display> {
-    /// The record could not be persisted; nothing after it was carried out.
+pub enum UpgradeError {
+    #[error("{0} is not in the upgrade plan")]
+    NotInPlan(String),
+    /// Booted to the end on another version: the A-B scheme fell back.
+    #[error(
+        "it booted {tag}, not {target}: the new version did not boot and Talos rolled back \
+         to the previous one"
+    )]
+    RolledBack { tag: String, target: String },
+    /// Not healthy in time; `last` is what the gate saw last.
+    #[error("not back and healthy within {wait:?}: {last}")]
+    Timeout { wait: Duration, last: String },
+    #[error("{node}: {source}")]
+    Client { node: String, source: TalosError },
     #[error("{0}")]
-    Persist(E),
-    /// A node task panicked or was cancelled.
-    #[error("a rollout task failed: {0}")]
-    Task(tokio::task::JoinError),
-    /// The machine asked for nothing more and gave no end (a bug of the engine).
-    #[error("the rollout engine stopped without an end")]
-    NoEnd,
-}
-
-/// For callers that report the run's failure as text.
-impl<E: std::fmt::Display> From<DriveError<E>> for String {
-    fn from(e: DriveError<E>) -> Self {
-        e.to_string()
-    }
-}
-
-/// Drives `rollout` to its end. The record is handed to `persist` before any action it
-/// led to is carried out (the write-ahead rule of [`super::rollout`]); a failed persist ends
-/// the run before anything else is changed.
-pub async fn drive<P, R, E>(
-    mut rollout: Rollout,
-    ops: Arc<dyn NodeOps>,
-    mut persist: P,
-    mut report: R,
-) -> Result<Outcome, DriveError<E>>
-where
-    P: FnMut(&RolloutRecord) -> Result<(), E>,
-    R: FnMut(&Progress),
-    E: std::fmt::Display,
-{
-    let mut actions: VecDeque<Action> = rollout.start().into();
-    persist(rollout.record()).map_err(DriveError::Persist)?;
-    let mut tasks = tokio::task::JoinSet::new();
-    loop {
-        while let Some(action) = actions.pop_front() {
-            let ops = ops.clone();
-            match action {
-                Action::CheckHealth(gate) => {
-                    report(&Progress::Checking(gate.clone()));
-                    tasks.spawn(async move { ops.check(&gate).await });
-                }
-                Action::Change { node } => {
-                    report(&Progress::Changing(node.clone()));
-                    tasks.spawn(async move { ops.change(&node).await });
-                }
-                Action::Reconcile { node } => {
-                    report(&Progress::Reconciling(node.clone()));
-                    tasks.spawn(async move { ops.reconcile(&node).await });
-                }
-                Action::Finished => return Ok(Outcome::Finished),
-                Action::Stopped { node, reason } => return Ok(Outcome::Stopped { node, reason }),
-            }
-        }
-        let event = match tasks.join_next().await {
-            Some(Ok(event)) => event,
-            Some(Err(e)) => return Err(DriveError::Task(e)),
-            None => return Err(DriveError::NoEnd),
-        };
-        report(&Progress::Observed(event.clone()));
-        let next = rollout.on(event);
-        persist(rollout.record()).map_err(DriveError::Persist)?;
-        actions.extend(next);
-    }
+    Gate(#[from] super::gate::GateError),
+    /// Every problem the pre-flight check found.
+    #[error("the cluster is not healthy before the upgrade: {}", .0.join("; "))]
+    NotHealthy(Vec<String>),
 }
 
 /// Per-node progress lines from the installer.
@@ -249,11 +174,11 @@ impl TalosOps {
         }
     }
 
-    fn node(&self, name: &str) -> Result<&UpgradeNode, String> {
+    fn node(&self, name: &str) -> Result<&UpgradeNode, UpgradeError> {
         self.by_name
             .get(name)
             .map(|&i| &self.upgrade.nodes[i])
-            .ok_or_else(|| format!("{name} is not in the upgrade plan"))
+            .ok_or_else(|| UpgradeError::NotInPlan(name.to_owned()))
     }
 
     fn client(&self, node: &UpgradeNode) -> Result<TalosClient, TalosError> {
@@ -281,7 +206,7 @@ impl TalosOps {
     }
 
     /// The node is up, booted, on the version the gate wants, and (control plane) in etcd.
-    async fn node_gate(&self, node: &UpgradeNode) -> Result<(), String> {
+    async fn node_gate(&self, node: &UpgradeNode) -> Result<(), UpgradeError> {
         let want = (!self.upgrade.stage).then(|| self.target_tag());
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut wrong = 0;
@@ -294,21 +219,21 @@ impl TalosOps {
                     }
                     match self.etcd_gate(Some(node)).await {
                         Ok(()) => return Ok(()),
-                        Err(e) => last = e,
+                        Err(e) => last = e.to_string(),
                     }
                 }
                 Ok((tag, true)) => {
                     // Booted to the end on another version: the new one did not boot and
                     // the A-B scheme fell back. Seen on a few polls in a row, not one.
                     wrong += 1;
-                    last = format!(
-                        "it booted {tag}, not {}: the new version did not boot and Talos \
-                         rolled back to the previous one",
-                        self.target_tag()
-                    );
+                    let rolled_back = UpgradeError::RolledBack {
+                        tag,
+                        target: self.target_tag(),
+                    };
                     if wrong >= 3 {
-                        return Err(last);
+                        return Err(rolled_back);
                     }
+                    last = rolled_back.to_string();
                 }
                 Ok((tag, false)) => {
                     wrong = 0;
@@ -320,37 +245,38 @@ impl TalosOps {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "not back and healthy within {:?}: {last}",
-                    self.wait
-                ));
+                return Err(UpgradeError::Timeout {
+                    wait: self.wait,
+                    last,
+                });
             }
             tokio::time::sleep(self.poll).await;
         }
     }
 
     /// [`super::gate::check`] over every control plane of the plan, `changed` first.
-    async fn etcd_gate(&self, changed: Option<&UpgradeNode>) -> Result<(), String> {
-        let cps: Vec<(String, Result<TalosClient, String>)> = self
+    async fn etcd_gate(&self, changed: Option<&UpgradeNode>) -> Result<(), UpgradeError> {
+        let cps: Vec<(String, Result<TalosClient, TalosError>)> = self
             .upgrade
             .nodes
             .iter()
             .filter(|n| n.role == Role::ControlPlane)
-            .map(|n| (n.name.clone(), self.client(n).map_err(|e| e.to_string())))
+            .map(|n| (n.name.clone(), self.client(n)))
             .collect();
         let changed = match changed {
             Some(n) => Some((
                 n.name.as_str(),
-                self.client(n).map_err(|e| format!("{}: {e}", n.name))?,
+                self.client(n).map_err(|source| UpgradeError::Client {
+                    node: n.name.clone(),
+                    source,
+                })?,
             )),
             None => None,
         };
-        super::gate::check(changed.as_ref().map(|(n, c)| (*n, c)), &cps)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(super::gate::check(changed.as_ref().map(|(n, c)| (*n, c)), &cps).await?)
     }
 
-    async fn cluster_gate(&self) -> Result<(), String> {
+    async fn cluster_gate(&self) -> Result<(), UpgradeError> {
         let mut problems = Vec::new();
         for node in &self.upgrade.nodes {
             match self.look(node).await {
@@ -368,15 +294,12 @@ impl TalosOps {
             && control_planes
             && let Err(e) = self.etcd_gate(None).await
         {
-            problems.push(e);
+            problems.push(e.to_string());
         }
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "the cluster is not healthy before the upgrade: {}",
-                problems.join("; ")
-            ))
+            Err(UpgradeError::NotHealthy(problems))
         }
     }
 }
@@ -390,7 +313,7 @@ impl NodeOps for TalosOps {
         };
         let node = match self.node(name) {
             Ok(n) => n,
-            Err(e) => return failed(e),
+            Err(e) => return failed(e.to_string()),
         };
         let client = match self.client(node) {
             Ok(c) => c,
@@ -480,9 +403,9 @@ impl NodeOps for TalosOps {
         };
         match result {
             Ok(()) => Event::Healthy(gate.clone()),
-            Err(reason) => Event::Unhealthy {
+            Err(e) => Event::Unhealthy {
                 gate: gate.clone(),
-                reason,
+                reason: e.to_string(),
             },
         }
     }
@@ -503,6 +426,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::daytwo::rollout::NodeStatus;
+    use crate::daytwo::run::{Outcome, Persisted};
     use crate::inventory;
     use crate::machineconfig::clients;
     use crate::machineconfig::render::render_node;
@@ -642,20 +566,11 @@ pub(crate) mod tests {
         concurrency: usize,
         ops: Arc<dyn NodeOps>,
     ) -> Outcome {
-        let key = rollout_key(&rack.upgrade.version);
-        let stored = store
-            .rollout(&key)
-            .unwrap()
-            .map(|b| serde_json::from_slice(&b).unwrap());
-        let rollout = rack.upgrade.rollout(stored, concurrency).unwrap();
-        drive(
-            rollout,
-            ops,
-            |r| store.put_rollout(&key, &serde_json::to_vec(r).unwrap()),
-            |_| {},
-        )
-        .await
-        .unwrap()
+        let rollout = Persisted::new(store, rollout_key(&rack.upgrade.version));
+        let (engine, _) = rollout
+            .resume_or_start(|stored| rack.upgrade.rollout(stored, concurrency))
+            .unwrap();
+        rollout.drive(engine, ops, |_| {}).await.unwrap()
     }
 
     #[test]
@@ -808,85 +723,5 @@ pub(crate) mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(rack.node("rack1-cp-02").upgrade_calls(), 0);
-    }
-
-    /// Ops that record what they were asked, so the driver's persist-before-act rule can be
-    /// checked without a network.
-    struct Ops(Arc<Mutex<Vec<String>>>);
-    #[tonic::async_trait]
-    impl NodeOps for Ops {
-        async fn change(&self, node: &str) -> Event {
-            self.0.lock().unwrap().push(format!("change {node}"));
-            Event::Changed { node: node.into() }
-        }
-        async fn reconcile(&self, node: &str) -> Event {
-            Event::NotChanged { node: node.into() }
-        }
-        async fn check(&self, gate: &Gate) -> Event {
-            Event::Healthy(gate.clone())
-        }
-    }
-
-    #[tokio::test]
-    async fn the_record_is_persisted_before_each_change() {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let targets = vec![
-            Target {
-                node: "a".into(),
-                role: Role::ControlPlane,
-            },
-            Target {
-                node: "b".into(),
-                role: Role::Worker,
-            },
-        ];
-        let persisted = log.clone();
-        let out = drive(
-            Rollout::new(targets, 1).unwrap(),
-            Arc::new(Ops(log.clone())),
-            move |r| {
-                let s: Vec<_> = r.status.iter().map(|(n, s)| format!("{n}={s:?}")).collect();
-                persisted.lock().unwrap().push(s.join(","));
-                Ok::<(), String>(())
-            },
-            |_| {},
-        )
-        .await
-        .unwrap();
-        assert_eq!(out, Outcome::Finished);
-        let log = log.lock().unwrap();
-        let i = log.iter().position(|l| l == "change a").unwrap();
-        assert!(log[i - 1].contains("a=Changing"), "{log:?}");
-        let j = log.iter().position(|l| l == "change b").unwrap();
-        assert!(log[j - 1].contains("b=Changing"), "{log:?}");
-    }
-
-    /// A record that cannot be persisted ends the run before anything is done, as the
-    /// persist callback's own error (typed, not text).
-    #[tokio::test]
-    async fn a_failed_persist_stops_before_any_action_with_its_own_error() {
-        #[derive(Debug, PartialEq)]
-        struct DiskFull;
-        impl std::fmt::Display for DiskFull {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("disk full")
-            }
-        }
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let targets = vec![Target {
-            node: "a".into(),
-            role: Role::Worker,
-        }];
-        let err = drive(
-            Rollout::new(targets, 1).unwrap(),
-            Arc::new(Ops(log.clone())),
-            |_| Err(DiskFull),
-            |_| {},
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, DriveError::Persist(DiskFull)));
-        assert_eq!(String::from(err), "disk full");
-        assert!(log.lock().unwrap().is_empty());
     }
 }

@@ -40,8 +40,9 @@ use crate::store::RolloutWriter;
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::{ClientCreds, TalosClient, TalosError};
 
+use super::k8s_version::{VersionError, path_supported, supported_with};
 use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Target};
-use super::upgrade::{NodeOps, Outcome, Progress, drive};
+use super::run::{NodeOps, Outcome, Persisted, Progress, RunError};
 use crate::inventory::{Inventory, MachineType, Version};
 
 /// One step of a Kubernetes upgrade.
@@ -160,75 +161,6 @@ fn image_path(step: &K8sStep) -> &'static [&'static str] {
     }
 }
 
-/// The upgrade path talosctl accepts (siderolabs/go-kubernetes `kubernetes/upgrade/path.go`,
-/// `IsSupported`: every listed path is `1.N->1.N` or `1.N->1.N+1`). Downgrades are refused too.
-pub fn path_supported(from: &Version, to: &Version) -> Result<(), String> {
-    let (f, t) = (&from.0, &to.0);
-    let ok = f.major == t.major && (t.minor == f.minor || t.minor == f.minor + 1) && t >= f;
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "unsupported upgrade path {}.{}->{}.{} (from {from} to {to}): Kubernetes upgrades \
-             go one minor version at a time; upgrade to v{}.{}.x first",
-            f.major,
-            f.minor,
-            t.major,
-            t.minor,
-            f.major,
-            f.minor + 1
-        ))
-    }
-}
-
-/// The Kubernetes versions each Talos minor runs, as talosctl v1.13.9 knows them
-/// (siderolabs/talos v1.13.9 `pkg/machinery/compatibility/talos1{10,11,12,13}/*.go`,
-/// `MinimumKubernetesVersion` and `MaximumKubernetesVersion`): (Talos minor, lowest, the
-/// first version that is too new). Older minors are not listed here.
-/// major, minor, patch.
-type Triple = (u64, u64, u64);
-
-const TALOS_K8S: [(u64, Triple, Triple); 4] = [
-    (10, (1, 28, 0), (1, 33, 99)),
-    (11, (1, 29, 0), (1, 34, 99)),
-    (12, (1, 30, 0), (1, 35, 99)),
-    (13, (1, 31, 0), (1, 36, 99)),
-];
-
-/// Whether Kubernetes `k8s` may run on a node with Talos `talos_tag`, with talosctl's texts
-/// (`pkg/machinery/compatibility/kubernetes_version.go`, `SupportedWith`: below the minimum is
-/// "too old", at or above the maximum "too new", a Talos minor it has no table for "not
-/// supported").
-pub fn supported_with(k8s: &Version, talos_tag: &str) -> Result<(), String> {
-    let talos: Version = talos_tag
-        .parse()
-        .map_err(|e| format!("Talos version {talos_tag:?}: {e}"))?;
-    let t = &talos.0;
-    let row = TALOS_K8S
-        .iter()
-        .find(|(minor, _, _)| t.major == 1 && t.minor == *minor);
-    let Some((_, min, max)) = row else {
-        return Err(format!(
-            "compatibility with version {} is not supported",
-            talos.0
-        ));
-    };
-    let v = (k8s.0.major, k8s.0.minor, k8s.0.patch);
-    if v < *min {
-        return Err(format!(
-            "version of Kubernetes {} is too old to be used with Talos {}",
-            k8s.0, talos.0
-        ));
-    }
-    if v >= *max {
-        return Err(format!(
-            "version of Kubernetes {} is too new to be used with Talos {}",
-            k8s.0, talos.0
-        ));
-    }
-    Ok(())
-}
-
 impl K8sStep {
     /// The step's name in the rollout record: `<component>/<node>`.
     pub fn id(&self) -> String {
@@ -274,7 +206,7 @@ pub struct K8sUpgrade {
 impl K8sUpgrade {
     /// The upgrade of the inventory's cluster from its `kubernetesVersion` to `to`; refused
     /// when talosctl would refuse the path.
-    pub fn plan(inv: &Inventory, to: &Version, apid_port: u16) -> Result<Self, String> {
+    pub fn plan(inv: &Inventory, to: &Version, apid_port: u16) -> Result<Self, VersionError> {
         let from = inv.cluster.kubernetes_version.value.clone();
         path_supported(&from, to)?;
         let nodes = inv
@@ -426,6 +358,55 @@ fn patch_at(text: &str, path: &[&str], value: &str) -> Result<String, PatchError
     Ok(docs.join("---\n"))
 }
 
+/// Why a step of a Kubernetes upgrade (or its gate, or reaching the cluster) failed. The
+/// text becomes the step's failure reason in the rollout record.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("the inventory has no control plane")]
+    NoControlPlane,
+    #[error("{0}")]
+    Talos(TalosError),
+    #[error("admin kubeconfig from {node}: {source}")]
+    Kubeconfig { node: String, source: TalosError },
+    #[error("{0}")]
+    Kube(crate::addons::kube::KubeError),
+    #[error("{0} is not a step of this upgrade")]
+    UnknownStep(String),
+    #[error("{0}: its node is not in the inventory")]
+    NoNode(String),
+    #[error("reading the running config: {0}")]
+    ReadConfig(TalosError),
+    #[error("{0}")]
+    Patch(#[from] PatchError),
+    #[error("{node}: {source}")]
+    NodeTalos { node: String, source: TalosError },
+    #[error("{node}: {source}")]
+    NodeManifests {
+        node: String,
+        source: Box<super::manifests::ManifestError>,
+    },
+    #[error("{0}")]
+    Manifests(#[from] super::manifests::ManifestError),
+    #[error("applying {image} (no reboot): {source}")]
+    Apply { image: String, source: TalosError },
+    /// Every problem the pre-flight check found.
+    #[error("the cluster is not healthy before the upgrade: {}", .0.join("; "))]
+    NotHealthy(Vec<String>),
+    #[error("listing {component} pods: {source}")]
+    ListPods {
+        component: &'static str,
+        source: Box<kube::Error>,
+    },
+    #[error("Node {node}: {source}")]
+    GetNode {
+        node: String,
+        source: Box<kube::Error>,
+    },
+    /// The gate did not pass in time; `last` is what it saw last.
+    #[error("not done within {wait:?}: {last}")]
+    Timeout { wait: Duration, last: String },
+}
+
 /// [`NodeOps`] of a Kubernetes upgrade: each target is one step.
 pub struct K8sOps {
     upgrade: K8sUpgrade,
@@ -450,21 +431,24 @@ pub struct K8sOps {
 impl K8sOps {
     /// Ops for `upgrade`, Kubernetes reached with the admin kubeconfig the first control
     /// plane hands out (Talos `Kubeconfig`).
-    pub async fn connect(upgrade: K8sUpgrade, creds: ClientCreds) -> Result<Self, String> {
+    pub async fn connect(upgrade: K8sUpgrade, creds: ClientCreds) -> Result<Self, StepError> {
         let cp = upgrade
             .nodes
             .iter()
             .find(|n| n.role == Role::ControlPlane)
-            .ok_or("the inventory has no control plane")?
+            .ok_or(StepError::NoControlPlane)?
             .clone();
         let kubeconfig = TalosClient::secured(cp.addr, &creds)
-            .map_err(|e| e.to_string())?
+            .map_err(StepError::Talos)?
             .kubeconfig()
             .await
-            .map_err(|e| format!("admin kubeconfig from {}: {e}", cp.name))?;
+            .map_err(|source| StepError::Kubeconfig {
+                node: cp.name.clone(),
+                source,
+            })?;
         let kube = crate::addons::kube::client_from_kubeconfig(&kubeconfig)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(StepError::Kube)?;
         let steps = upgrade.steps.iter().map(|s| (s.id(), s.clone())).collect();
         let nodes = upgrade
             .nodes
@@ -486,15 +470,15 @@ impl K8sOps {
         })
     }
 
-    fn step(&self, id: &str) -> Result<(&K8sStep, &K8sNode), String> {
+    fn step(&self, id: &str) -> Result<(&K8sStep, &K8sNode), StepError> {
         let step = self
             .steps
             .get(id)
-            .ok_or_else(|| format!("{id} is not a step of this upgrade"))?;
+            .ok_or_else(|| StepError::UnknownStep(id.to_owned()))?;
         let node = step
             .node()
             .and_then(|n| self.nodes.get(n))
-            .ok_or_else(|| format!("{id}: its node is not in the inventory"))?;
+            .ok_or_else(|| StepError::NoNode(id.to_owned()))?;
         Ok((step, node))
     }
 
@@ -503,12 +487,12 @@ impl K8sOps {
             .map(|c| c.with_retry(crate::talos::retry::RetryPolicy::NONE))
     }
 
-    async fn running(&self, node: &K8sNode) -> Result<String, String> {
+    async fn running(&self, node: &K8sNode) -> Result<String, StepError> {
         self.client(node)
-            .map_err(|e| e.to_string())?
+            .map_err(StepError::Talos)?
             .machine_config()
             .await
-            .map_err(|e| format!("reading the running config: {e}"))
+            .map_err(StepError::ReadConfig)
     }
 
     /// The step's image on the node now, and the one it should have.
@@ -516,21 +500,27 @@ impl K8sOps {
         &self,
         step: &K8sStep,
         node: &K8sNode,
-    ) -> Result<(Option<String>, String), String> {
+    ) -> Result<(Option<String>, String), StepError> {
         let text = self.running(node).await?;
-        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let current = read_at(&text, image_path(step))?;
         let want = self.upgrade.image_for(step, current.as_deref());
         Ok((current, want))
     }
 
     /// The bootstrap manifests the first control plane renders now.
-    async fn manifests(&self) -> Result<Vec<serde_json::Value>, String> {
+    async fn manifests(&self) -> Result<Vec<serde_json::Value>, StepError> {
         let talos = self
             .client(&self.cp)
-            .map_err(|e| format!("{}: {e}", self.cp.name))?;
+            .map_err(|source| StepError::NodeTalos {
+                node: self.cp.name.clone(),
+                source,
+            })?;
         super::manifest_sync::fetch(&talos)
             .await
-            .map_err(|e| format!("{}: {e}", self.cp.name))
+            .map_err(|e| StepError::NodeManifests {
+                node: self.cp.name.clone(),
+                source: Box::new(e),
+            })
     }
 
     fn kube_session(&self) -> crate::addons::kube::Kube {
@@ -538,7 +528,7 @@ impl K8sOps {
     }
 
     /// The manifest sync: read, apply, inventory, prune.
-    async fn sync_manifests(&self) -> Result<(), String> {
+    async fn sync_manifests(&self) -> Result<(), StepError> {
         let objects = self.manifests().await?;
         let changes =
             super::manifest_sync::apply(&self.kube_session(), objects, self.no_prune).await?;
@@ -549,45 +539,48 @@ impl K8sOps {
     }
 
     /// What the manifest sync would change, changing nothing.
-    pub async fn manifests_diff(&self) -> Result<Vec<super::manifests::Change>, String> {
+    pub async fn manifests_diff(&self) -> Result<Vec<super::manifests::Change>, StepError> {
         let objects = self.manifests().await?;
-        super::manifest_sync::diff(&self.kube_session(), objects, self.no_prune).await
+        Ok(super::manifest_sync::diff(&self.kube_session(), objects, self.no_prune).await?)
     }
 
     /// The manifest step's gate: the set's workloads rolled out (unless not waited for).
-    async fn manifests_gate(&self) -> Result<(), String> {
+    async fn manifests_gate(&self) -> Result<(), StepError> {
         let Some(wait) = self.manifest_wait else {
             tracing::info!("skipping waiting for manifest reconciliation");
             return Ok(());
         };
         let objects = self.manifests().await?;
-        super::manifest_sync::wait(&self.kube_session(), &objects, wait).await
+        Ok(super::manifest_sync::wait(&self.kube_session(), &objects, wait).await?)
     }
 
-    async fn change_step(&self, id: &str) -> Result<(), String> {
+    async fn change_step(&self, id: &str) -> Result<(), StepError> {
         if id == K8sStep::Manifests.id() {
             return self.sync_manifests().await;
         }
         let (step, node) = self.step(id)?;
         let text = self.running(node).await?;
-        let current = read_at(&text, image_path(step)).map_err(|e| e.to_string())?;
+        let current = read_at(&text, image_path(step))?;
         let want = self.upgrade.image_for(step, current.as_deref());
         if current.as_deref() == Some(want.as_str()) {
             // talosctl's errUpdateSkipped: nothing to apply, only the wait.
             tracing::info!(step = id, image = %want, "already on the image");
             return Ok(());
         }
-        let patched = patch_at(&text, image_path(step), &want).map_err(|e| e.to_string())?;
+        let patched = patch_at(&text, image_path(step), &want)?;
         self.client(node)
-            .map_err(|e| e.to_string())?
+            .map_err(StepError::Talos)?
             .apply_configuration_with(patched.as_bytes(), Mode::NoReboot, false, None)
             .await
-            .map_err(|e| format!("applying {want} (no reboot): {e}"))?;
+            .map_err(|source| StepError::Apply {
+                image: want.clone(),
+                source,
+            })?;
         Ok(())
     }
 
     /// Every node's Talos API answers with its config and every Node is Ready.
-    async fn cluster_gate(&self) -> Result<(), String> {
+    async fn cluster_gate(&self) -> Result<(), StepError> {
         let mut problems = Vec::new();
         for node in &self.upgrade.nodes {
             if let Err(e) = self.running(node).await {
@@ -631,15 +624,12 @@ impl K8sOps {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "the cluster is not healthy before the upgrade: {}",
-                problems.join("; ")
-            ))
+            Err(StepError::NotHealthy(problems))
         }
     }
 
     /// One look at the step's result; `Ok(None)` when done, `Ok(Some(why))` when not yet.
-    async fn look(&self, step: &K8sStep, node: &K8sNode) -> Result<Option<String>, String> {
+    async fn look(&self, step: &K8sStep, node: &K8sNode) -> Result<Option<String>, StepError> {
         let want = self.images(step, node).await?.1;
         match step {
             K8sStep::StaticPod { component, .. } => {
@@ -648,7 +638,10 @@ impl K8sOps {
                 let pods = api
                     .list(&kube::api::ListParams::default().labels(&format!("k8s-app={component}")))
                     .await
-                    .map_err(|e| format!("listing {component} pods: {e}"))?;
+                    .map_err(|e| StepError::ListPods {
+                        component,
+                        source: Box::new(e),
+                    })?;
                 let ip = node.ip.to_string();
                 // The label is matched here too: a server that ignores the selector must not
                 // make another component's pod pass.
@@ -686,10 +679,10 @@ impl K8sOps {
             K8sStep::Kubelet { .. } => {
                 let api: kube::Api<k8s_openapi::api::core::v1::Node> =
                     kube::Api::all(self.kube.clone());
-                let n = api
-                    .get(&node.name)
-                    .await
-                    .map_err(|e| format!("Node {}: {e}", node.name))?;
+                let n = api.get(&node.name).await.map_err(|e| StepError::GetNode {
+                    node: node.name.clone(),
+                    source: Box::new(e),
+                })?;
                 let version = n
                     .status
                     .as_ref()
@@ -708,7 +701,7 @@ impl K8sOps {
         }
     }
 
-    async fn step_gate(&self, id: &str) -> Result<(), String> {
+    async fn step_gate(&self, id: &str) -> Result<(), StepError> {
         if id == K8sStep::Manifests.id() {
             return self.manifests_gate().await;
         }
@@ -722,10 +715,10 @@ impl K8sOps {
             let last = match self.look(step, node).await {
                 Ok(None) => return Ok(()),
                 Ok(Some(why)) => why,
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!("not done within {wait:?}: {last}"));
+                return Err(StepError::Timeout { wait, last });
             }
             tokio::time::sleep(self.poll).await;
         }
@@ -746,9 +739,9 @@ impl NodeOps for K8sOps {
             Ok(()) => Event::Changed {
                 node: id.to_owned(),
             },
-            Err(reason) => Event::ChangeFailed {
+            Err(e) => Event::ChangeFailed {
                 node: id.to_owned(),
-                reason,
+                reason: e.to_string(),
             },
         }
     }
@@ -781,9 +774,9 @@ impl NodeOps for K8sOps {
         };
         match result {
             Ok(()) => Event::Healthy(gate.clone()),
-            Err(reason) => Event::Unhealthy {
+            Err(e) => Event::Unhealthy {
                 gate: gate.clone(),
-                reason,
+                reason: e.to_string(),
             },
         }
     }
@@ -829,16 +822,14 @@ pub fn progress_line(plan: &K8sUpgrade, p: &Progress) -> String {
 pub enum K8sUpgradeError {
     /// The upgrade cannot be planned (e.g. an unsupported path).
     #[error("{0}")]
-    Plan(String),
+    Plan(VersionError),
     /// Kubernetes or the first control plane could not be reached.
     #[error("{0}")]
-    Connect(String),
-    #[error("store: {0}")]
-    Store(String),
-    #[error("stored rollout {key}: {reason}")]
-    Record { key: String, reason: String },
+    Connect(StepError),
+    /// The stored record could not be read or resumed, or the rollout ended without an
+    /// outcome.
     #[error("{0}")]
-    Drive(#[from] crate::daytwo::upgrade::DriveError<String>),
+    Run(#[from] RunError),
 }
 
 /// How a whole Kubernetes upgrade runs, for callers that start one from the inventory (the
@@ -925,39 +916,12 @@ pub async fn run(
     store: &RolloutWriter,
     report: impl FnMut(&Progress),
 ) -> Result<Outcome, K8sUpgradeError> {
-    let key = rollout_key(&plan.to);
-    let stored = match store
-        .rollout(&key)
-        .map_err(|e| K8sUpgradeError::Store(e.to_string()))?
-    {
-        Some(bytes) => Some(
-            serde_json::from_slice::<RolloutRecord>(&bytes).map_err(|e| {
-                K8sUpgradeError::Record {
-                    key: key.clone(),
-                    reason: format!("unreadable: {e}"),
-                }
-            })?,
-        ),
-        None => None,
-    };
-    if stored.is_some() {
-        tracing::info!(%key, "resuming a stored Kubernetes upgrade");
+    let rollout = Persisted::new(store, rollout_key(&plan.to));
+    let (engine, resumed) = rollout.resume_or_start(|stored| plan.rollout(stored))?;
+    if resumed {
+        tracing::info!(key = rollout.key(), "resuming a stored Kubernetes upgrade");
     }
-    let rollout = plan.rollout(stored).map_err(|e| K8sUpgradeError::Record {
-        key: key.clone(),
-        reason: e.to_string(),
-    })?;
-    drive(
-        rollout,
-        ops,
-        |r| {
-            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
-            store.put_rollout(&key, &json).map_err(|e| e.to_string())
-        },
-        report,
-    )
-    .await
-    .map_err(K8sUpgradeError::from)
+    Ok(rollout.drive(engine, ops, report).await?)
 }
 
 #[cfg(test)]
@@ -966,38 +930,6 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-
-    #[test]
-    fn talosctls_upgrade_paths() {
-        let v = |s: &str| s.parse::<Version>().unwrap();
-        assert!(path_supported(&v("1.36.3"), &v("1.36.4")).is_ok());
-        assert!(path_supported(&v("1.36.3"), &v("1.37.0")).is_ok());
-        let err = path_supported(&v("1.36.3"), &v("1.38.0")).unwrap_err();
-        assert!(err.contains("1.36->1.38"), "{err}");
-        assert!(path_supported(&v("1.36.3"), &v("1.35.0")).is_err());
-        assert!(path_supported(&v("1.36.3"), &v("2.0.0")).is_err());
-    }
-
-    #[test]
-    fn talosctls_compatibility_table() {
-        let v = |s: &str| s.parse::<Version>().unwrap();
-        assert!(supported_with(&v("1.36.4"), "v1.13.9").is_ok());
-        assert!(supported_with(&v("1.31.0"), "v1.13.0").is_ok());
-        assert_eq!(
-            supported_with(&v("1.37.0"), "v1.13.9").unwrap_err(),
-            "version of Kubernetes 1.37.0 is too new to be used with Talos 1.13.9"
-        );
-        assert_eq!(
-            supported_with(&v("1.30.5"), "v1.13.9").unwrap_err(),
-            "version of Kubernetes 1.30.5 is too old to be used with Talos 1.13.9"
-        );
-        assert!(supported_with(&v("1.35.2"), "v1.12.4").is_ok());
-        assert!(supported_with(&v("1.36.0"), "v1.12.4").is_err());
-        assert_eq!(
-            supported_with(&v("1.36.4"), "v1.14.0").unwrap_err(),
-            "compatibility with version 1.14.0 is not supported"
-        );
-    }
 
     #[test]
     fn a_patch_changes_only_the_one_field() {

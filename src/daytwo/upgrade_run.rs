@@ -14,8 +14,9 @@ use crate::inventory::{Inventory, Version};
 use crate::store::RolloutWriter;
 
 use super::remote::{K8sUpgradeRequest, RolloutKind, RolloutRequest, TalosUpgradeRequest};
-use super::rollout::{Event, Gate, RolloutRecord};
-use super::upgrade::{NodeOps, Outcome, Progress, TalosUpgrade, drive, rollout_key};
+use super::rollout::{Event, Gate};
+use super::run::{NodeOps, Outcome, Persisted, Progress, RunError};
+use super::upgrade::{TalosUpgrade, rollout_key};
 use super::upgrade_k8s::K8sOptions;
 
 /// Runs (or resumes) the rollout of `plan`, its record in the store, each progress line to
@@ -26,32 +27,16 @@ pub(crate) async fn upgrade(
     store: &RolloutWriter,
     worker_concurrency: usize,
     say: &(dyn Fn(String) + Send + Sync),
-) -> Result<Outcome, String> {
-    let key = rollout_key(&plan.version);
-    let stored: Option<RolloutRecord> = match store.rollout(&key).map_err(|e| e.to_string())? {
-        Some(bytes) => Some(
-            serde_json::from_slice(&bytes)
-                .map_err(|e| format!("stored rollout {key} is unreadable: {e}"))?,
-        ),
-        None => None,
-    };
-    if stored.is_some() {
-        say(format!("resuming {key} from the store"));
+) -> Result<Outcome, RunError> {
+    let rollout = Persisted::new(store, rollout_key(&plan.version));
+    let (engine, resumed) =
+        rollout.resume_or_start(|stored| plan.rollout(stored, worker_concurrency))?;
+    if resumed {
+        say(format!("resuming {} from the store", rollout.key()));
     }
-    let rollout = plan
-        .rollout(stored, worker_concurrency)
-        .map_err(|e| e.to_string())?;
-    drive(
-        rollout,
-        ops,
-        |r| {
-            let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
-            store.put_rollout(&key, &json).map_err(|e| e.to_string())
-        },
-        |p| say(progress_line(&plan.version, p)),
-    )
-    .await
-    .map_err(String::from)
+    rollout
+        .drive(engine, ops, |p| say(progress_line(&plan.version, p)))
+        .await
 }
 
 /// One progress line of a Talos upgrade, for the operator.

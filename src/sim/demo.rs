@@ -1174,7 +1174,7 @@ pub async fn run_and_hold(
 
 mod daytwo;
 mod upgrade;
-use crate::daytwo::upgrade::Outcome;
+use crate::daytwo::run::Outcome;
 pub use daytwo::ConfigChangeReport;
 pub use upgrade::UpgradeReport;
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Demo, DemoError};
-use crate::daytwo::upgrade::{Outcome, TalosOps, TalosUpgrade};
+use crate::daytwo::run::Outcome;
+use crate::daytwo::upgrade::{TalosOps, TalosUpgrade};
 use crate::inventory::Version;
 use crate::sim::talos::max_down;
 
@@ -89,7 +90,7 @@ impl Demo {
             },
         )
         .await
-        .map_err(DemoError::Upgrade)?;
+        .map_err(|e| DemoError::Upgrade(e.to_string()))?;
         let wall = since.elapsed();
         let log = self.cluster.availability();
         Ok(UpgradeReport {
