@@ -56,9 +56,11 @@ use tokio_rustls::server::TlsStream;
 
 use super::SimError;
 use super::pki::{PkiError, SimCa};
+
 mod cluster;
 mod routes;
 mod writes;
+
 use cluster::{Cluster, Shared, Stored, set_node};
 use routes::{handle, object_key};
 
