@@ -169,6 +169,7 @@ pub(crate) enum DhcpPlan {
         ports: Vec<u16>,
     },
     /// The unprivileged loopback transport of the simulation (replies go to the source).
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     Loopback(std::net::SocketAddrV4),
 }
 
@@ -313,6 +314,7 @@ fn bind_ra(iface: &str) -> Result<crate::ndp::Advertiser, ApplianceError> {
 
 impl Bound {
     /// The bound HTTP address.
+    #[cfg(feature = "sim")]
     pub(crate) fn http_addr(&self) -> Option<SocketAddr> {
         self.http.local_addr().ok()
     }
@@ -843,6 +845,7 @@ pub struct Running {
     /// runs day two in-process with it).
     pub(crate) rollouts: Arc<store::RolloutWriter>,
     /// The read view the request paths and the admin API read (drift included).
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub view: Arc<crate::view::StateView>,
     /// `http://advertise:port`.
     pub base_url: String,
@@ -858,6 +861,7 @@ pub struct Running {
 impl Running {
     /// Starts the drift watcher on the running appliance, one of its tasks like those
     /// [`Bound::start`] spawned (the demo's day two turns it on once the cluster is up).
+    #[cfg(feature = "sim")]
     pub(crate) fn watch_drift(&self, drift: DriftPlan) {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);

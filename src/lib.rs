@@ -24,6 +24,7 @@ pub mod ndp;
 pub(crate) mod nesting;
 pub mod power;
 pub mod provision;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod store;
 pub mod talos;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub(crate) mod admin_client;
 pub mod args;
 pub mod check;
+#[cfg(feature = "sim")]
 pub mod demo;
 pub mod r#gen;
 pub mod generate;
@@ -83,6 +84,7 @@ pub enum Command {
     /// Act on the whole rack (`rack up`: power on every node not provisioned yet).
     Rack(power::RackArgs),
     /// Run the whole flow on a simulated rack on loopback (no root, no hardware).
+    #[cfg(feature = "sim")]
     Demo(demo::Args),
     /// Create or destroy the inventory's Proxmox VE VMs (home labs).
     Proxmox(proxmox::Args),
@@ -111,8 +113,10 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 
 /// Parse arguments, set up logging and run the subcommand.
 pub fn run() -> ExitCode {
+    #[cfg_attr(not(feature = "sim"), allow(unused_mut))]
     let mut cli = Cli::parse();
     // The demo's output is talboot's event stream; its servers' info logs would bury it.
+    #[cfg(feature = "sim")]
     if matches!(cli.command, Command::Demo(_))
         && cli.log_filter == "info"
         && std::env::var_os("RUST_LOG").is_none()
@@ -133,6 +137,7 @@ pub fn run() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Node(args) => node::run(&args),
         Command::Rack(args) => power::run_rack(&args),
+        #[cfg(feature = "sim")]
         Command::Demo(args) => demo::run(&args),
         Command::Proxmox(args) => proxmox::run(&args),
         Command::Plan(args) => plan::run_plan(&args),

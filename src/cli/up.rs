@@ -690,7 +690,7 @@ async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     ev = rx.recv() => match ev {
-                        Ok(ev) => crate::sim::demo::print_event(started_at, &ev),
+                        Ok(ev) => crate::events::print_event(started_at, &ev),
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                         Err(_) => break,
                     }

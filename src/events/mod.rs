@@ -11,9 +11,10 @@
 //! node's previous one into that row with a count, so a repeated probe failure is one line.
 
 use std::fmt;
+use std::io::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, mpsc};
 
@@ -259,6 +260,24 @@ impl EventBus {
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
+}
+
+/// Prints one of talboot's events on stdout with the time since `started`: the console of
+/// `talboot up` and of the demo.
+pub(crate) fn print_event(started: Instant, ev: &NodeEvent) {
+    // Talos calls are many and the phase changes say the same thing more plainly.
+    if ev.kind == EventKind::Talos || ev.kind == EventKind::DhcpOffer {
+        return;
+    }
+    let t = started.elapsed().as_secs_f64();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{t:7.2}s  {:<14} {:<15} {}",
+        ev.node,
+        ev.kind.as_str(),
+        ev.detail
+    );
 }
 
 #[cfg(test)]

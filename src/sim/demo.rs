@@ -16,7 +16,6 @@
 //! timestamps.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -269,7 +268,7 @@ fn spawn_printer(running: &Running, started: Instant) -> JoinHandle<()> {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 ev = rx.recv() => match ev {
-                    Ok(ev) => print_event(started, &ev),
+                    Ok(ev) => crate::events::print_event(started, &ev),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(_) => break,
                 }
@@ -456,23 +455,6 @@ fn installed_addons(inv: &Inventory) -> &'static str {
         (false, true) => "Argo CD installed (the CNI is the operator's)",
         (false, false) => "no add-ons in the inventory",
     }
-}
-
-/// Prints talboot's events with the time since the demo started.
-pub(crate) fn print_event(started: Instant, ev: &crate::events::NodeEvent) {
-    // Talos calls are many and the phase changes say the same thing more plainly.
-    if ev.kind == EventKind::Talos || ev.kind == EventKind::DhcpOffer {
-        return;
-    }
-    let t = started.elapsed().as_secs_f64();
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
-        "{t:7.2}s  {:<14} {:<15} {}",
-        ev.node,
-        ev.kind.as_str(),
-        ev.detail
-    );
 }
 
 impl Demo {

@@ -78,6 +78,7 @@ pub(crate) fn kubeconfig_from_archive(archive: &[u8]) -> Result<Vec<u8>, Archive
 /// then the file's bytes, and nothing after them: Talos closes the gzip writer but never the
 /// tar writer, so the last block is not padded to 512 bytes and there is no end-of-archive
 /// marker. Used by the simulated node and the tests.
+#[cfg(any(test, feature = "sim"))]
 pub(crate) fn kubeconfig_archive(kubeconfig: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let mut header = tar::Header::new_ustar();
