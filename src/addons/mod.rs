@@ -23,7 +23,7 @@ pub mod helm;
 pub mod kube;
 pub mod kyaml;
 pub mod manifest;
-pub mod policy;
+pub(crate) mod policy;
 pub mod source;
 pub mod values;
 pub mod warnings;

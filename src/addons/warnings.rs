@@ -18,7 +18,7 @@ use tower::{Layer, Service};
 
 /// One warning the server sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerWarning {
+pub(crate) struct ServerWarning {
     /// The request it answered (`PATCH /apis/apps/v1/...`).
     pub request: String,
     /// The warning text, unquoted.
@@ -27,7 +27,7 @@ pub struct ServerWarning {
 
 /// Warnings seen on a client's responses, oldest first, until drained.
 #[derive(Clone, Debug, Default)]
-pub struct WarningLog(Arc<Mutex<Vec<ServerWarning>>>);
+pub(crate) struct WarningLog(Arc<Mutex<Vec<ServerWarning>>>);
 
 impl WarningLog {
     /// Takes every warning recorded so far.
@@ -42,7 +42,7 @@ impl WarningLog {
 
 /// Parses the warning texts out of one `Warning` header value. Entries that are not
 /// `<3 digits> <agent> "<text>"` are skipped (RFC 7234 says to ignore malformed ones).
-pub fn parse_warning_header(value: &str) -> Vec<String> {
+pub(crate) fn parse_warning_header(value: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = value.trim_start();
     while !rest.is_empty() {
@@ -88,7 +88,7 @@ fn parse_one(s: &str) -> Option<(String, &str)> {
 /// The tower layer: wrap kube-rs's service stack with it
 /// (`ClientBuilder::with_layer`).
 #[derive(Clone, Debug)]
-pub struct WarningLayer {
+pub(crate) struct WarningLayer {
     log: WarningLog,
 }
 
@@ -112,7 +112,7 @@ impl<S> Layer<S> for WarningLayer {
 
 /// The service [`WarningLayer`] makes.
 #[derive(Clone, Debug)]
-pub struct WarningService<S> {
+pub(crate) struct WarningService<S> {
     inner: S,
     log: WarningLog,
 }

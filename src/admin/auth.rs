@@ -21,13 +21,13 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq as _;
 
 /// The cookie the dashboard carries the token in.
-pub const COOKIE: &str = "talboot_admin";
+pub(crate) const COOKIE: &str = "talboot_admin";
 /// The shortest token accepted: guessing must not be an option.
-pub const MIN_LEN: usize = 16;
+pub(crate) const MIN_LEN: usize = 16;
 
 /// The admin token. Its `Debug` never shows it.
 #[derive(Clone)]
-pub struct AdminToken(String);
+pub(crate) struct AdminToken(String);
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,7 +121,7 @@ impl AdminToken {
 
 /// What the admin listener does with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Serve it.
     Pass,
     /// `GET /?token=` with the right token: set the cookie and redirect to `/`.
@@ -132,7 +132,7 @@ pub enum Verdict {
 
 /// The request facts [`judge`] decides on. No `Debug`: it holds credentials.
 #[derive(Clone, Copy)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     /// The peer is a loopback address.
     pub loopback: bool,
     /// The request method.
@@ -150,7 +150,7 @@ pub struct Facts<'a> {
 /// The admission rule. Loopback passes; anyone else needs `token` (with none configured,
 /// nothing off loopback passes) as a bearer header or the cookie, or exchanges it on the
 /// dashboard page's `?token=`.
-pub fn judge(token: Option<&AdminToken>, f: &Facts<'_>) -> Verdict {
+pub(crate) fn judge(token: Option<&AdminToken>, f: &Facts<'_>) -> Verdict {
     if f.loopback {
         return Verdict::Pass;
     }

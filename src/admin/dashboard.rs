@@ -143,12 +143,12 @@ fn host_name(host: &str) -> &str {
 /// A `serve --admin-host` value that is not a host name.
 #[derive(Debug, thiserror::Error)]
 #[error("--admin-host {0:?} is not a DNS host name (letters, digits, '-' and '.'; no port)")]
-pub struct BadAdminHost(String);
+pub(crate) struct BadAdminHost(String);
 
 /// Host names the admin listener answers to besides addresses and `localhost`
 /// (`serve --admin-host`), lowercased.
 #[derive(Debug, Clone, Default)]
-pub struct AdminHosts(Vec<String>);
+pub(crate) struct AdminHosts(Vec<String>);
 
 impl AdminHosts {
     /// Checks each name is a DNS host name (RFC 1123 labels: letters, digits and inner
@@ -227,7 +227,7 @@ pub(crate) async fn guard(
 /// How far a node's provisioning goes, in order. `joined` is the Kubernetes side: the node is
 /// Ready in talboot's record and the cluster step `nodes-ready` (every node Ready in the
 /// Kubernetes API) is done.
-pub const MILESTONES: [&str; 8] = [
+pub(crate) const MILESTONES: [&str; 8] = [
     "DHCP",
     "iPXE",
     "kernel",
@@ -310,7 +310,7 @@ pub fn progress(phase: NodePhase, timeline: &[Event], nodes_ready: bool) -> Vec<
 }
 
 /// Whether an event reports a failure (drawn as one, with its detail as the reason).
-pub fn is_failure(kind: &str, detail: &str) -> bool {
+pub(crate) fn is_failure(kind: &str, detail: &str) -> bool {
     match kind {
         "dhcp.nak" | "dhcp.decline" | "tftp.failed" | "config.refused" | "security.refused" => true,
         "node.phase" => phase_target(detail) == Some("failed"),

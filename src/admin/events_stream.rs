@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// One event as `/api/events` sends it (the SSE `data:` of an `event: node`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireEvent {
+pub(crate) struct WireEvent {
     /// Inventory node name, `cluster` for cluster steps, or the key of an unknown machine.
     pub node: String,
     /// The event's stored name (`dhcp.ack`, `node.phase`, `cluster.step`, ...).
@@ -27,7 +27,7 @@ pub struct WireEvent {
 /// Splits an SSE byte stream into `(event, data)` pairs as the spec's parser does for the
 /// fields talboot sends (`event:`, `data:`, comments); `feed` takes bytes as they arrive.
 #[derive(Debug, Default)]
-pub struct SseParser {
+pub(crate) struct SseParser {
     buf: String,
     event: String,
     data: Vec<String>,
@@ -35,7 +35,7 @@ pub struct SseParser {
 
 impl SseParser {
     /// Feeds bytes; returns the events they complete.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
         self.buf.push_str(&String::from_utf8_lossy(bytes));
         let mut out = Vec::new();
         while let Some(nl) = self.buf.find('\n') {

@@ -10,7 +10,7 @@
 
 pub mod auth;
 pub mod dashboard;
-pub mod events_stream;
+pub(crate) mod events_stream;
 pub(crate) mod power;
 #[cfg(test)]
 mod power_tests;

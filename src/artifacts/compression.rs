@@ -49,7 +49,7 @@ impl Compression {
 
     /// The compression of a file starting with `head` (its first bytes; 6 are enough), or
     /// `None` when the kernel would not recognise it as an initramfs.
-    pub fn detect(head: &[u8]) -> Option<Compression> {
+    pub(crate) fn detect(head: &[u8]) -> Option<Compression> {
         if head.starts_with(b"070701") || head.starts_with(b"070702") {
             return Some(Compression::Uncompressed);
         }

@@ -214,10 +214,10 @@ pub(crate) fn import_command(id: &SetId, origin: &Origin) -> String {
 }
 
 /// What [`Origin::Imported::cmdline`] holds when the line was given with `--cmdline`.
-pub const INLINE: &str = "--cmdline";
+pub(crate) const INLINE: &str = "--cmdline";
 
 /// Opens a source file; a parameter so tests can make a source fail or change mid-import.
-pub type Opener<'a> = &'a dyn Fn(&Path) -> std::io::Result<Box<dyn Read>>;
+pub(crate) type Opener<'a> = &'a dyn Fn(&Path) -> std::io::Result<Box<dyn Read>>;
 
 fn open_file(path: &Path) -> std::io::Result<Box<dyn Read>> {
     Ok(Box::new(std::fs::File::open(path)?))
@@ -255,7 +255,7 @@ impl Source<'_> {
 }
 
 /// [`import`] with the way sources are opened given.
-pub fn import_with(
+pub(crate) fn import_with(
     dir: &Path,
     req: &ImportRequest,
     now_unix: u64,

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where the GRUB configuration sits on a Talos ISO.
-pub const GRUB_CFG: &str = "/boot/grub/grub.cfg";
+pub(crate) const GRUB_CFG: &str = "/boot/grub/grub.cfg";
 
 /// What the default GRUB entry boots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +115,7 @@ fn grub_words(s: &str) -> Option<Result<Vec<String>, ()>> {
 }
 
 /// The boot set of the default entry of a Talos ISO's `grub.cfg`.
-pub fn parse_grub_cfg(text: &str) -> Result<BootEntry, GrubError> {
+pub(crate) fn parse_grub_cfg(text: &str) -> Result<BootEntry, GrubError> {
     let mut default = 0usize;
     // (title, linux line args, initrd path) per menu entry, in order.
     let mut entries: Vec<(String, Option<String>, Option<String>)> = Vec::new();
@@ -171,7 +171,7 @@ pub fn parse_grub_cfg(text: &str) -> Result<BootEntry, GrubError> {
 /// (v1.13.9 `pkg/imager/iso/uefi.go`, present on dual-boot and SecureBoot ISOs), from
 /// `xorriso -find` output (one quoted path a line). `None` for a GRUB-only ISO, or when the
 /// names disagree.
-pub fn uki_version(find_output: &str) -> Option<String> {
+pub(crate) fn uki_version(find_output: &str) -> Option<String> {
     let mut versions = find_output.lines().filter_map(|l| {
         let name = l.trim().trim_matches('\'').rsplit('/').next()?;
         let v = name.strip_prefix("Talos-")?.strip_suffix(".efi")?;

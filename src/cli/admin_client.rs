@@ -12,7 +12,7 @@ use crate::admin::auth::{AdminToken, TokenError};
 use crate::daytwo::remote::client::{ClientError, http_client};
 
 /// The environment variable a client reads the token from when no file is given.
-pub const TOKEN_ENV: &str = "TALBOOT_ADMIN_TOKEN";
+pub(crate) const TOKEN_ENV: &str = "TALBOOT_ADMIN_TOKEN";
 
 /// `--admin-token-file`, set once by [`super::run`] from the parsed command line.
 static TOKEN_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();

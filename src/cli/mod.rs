@@ -18,7 +18,7 @@ pub mod node;
 pub mod plan;
 pub mod power;
 pub mod proxmox;
-pub mod remote;
+pub(crate) mod remote;
 pub mod secrets;
 pub mod serve;
 pub mod status;

@@ -165,7 +165,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Run `talboot plan`.
-pub fn run_plan(args: &PlanArgs) -> ExitCode {
+pub(crate) fn run_plan(args: &PlanArgs) -> ExitCode {
     crate::install_crypto_provider();
     let (conn, targets) = match load(&args.common) {
         Ok(x) => x,
@@ -184,7 +184,7 @@ pub fn run_plan(args: &PlanArgs) -> ExitCode {
 }
 
 /// Run `talboot apply`.
-pub fn run_apply(args: &ApplyArgs) -> ExitCode {
+pub(crate) fn run_apply(args: &ApplyArgs) -> ExitCode {
     crate::install_crypto_provider();
     let (conn, targets) = match load(&args.common) {
         Ok(x) => x,

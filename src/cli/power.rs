@@ -377,7 +377,7 @@ pub(crate) fn run_boot(a: &BootArgs) -> ExitCode {
 }
 
 /// Run `talboot rack`.
-pub fn run_rack(args: &RackArgs) -> ExitCode {
+pub(crate) fn run_rack(args: &RackArgs) -> ExitCode {
     match &args.command {
         RackCommand::Up(a) => rack_up(a),
     }

@@ -52,7 +52,7 @@ pub struct Common {
 
 /// One VM to create, from a node whose `power:` is `kind: proxmox`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmSpec {
+pub(crate) struct VmSpec {
     /// The node (and VM) name.
     pub name: String,
     /// The node's Proxmox target as the inventory has it (secret still a reference).
@@ -62,7 +62,7 @@ pub struct VmSpec {
 }
 
 /// The `kind: proxmox` nodes of a loaded inventory.
-pub fn specs(inv: &Inventory) -> Vec<VmSpec> {
+pub(crate) fn specs(inv: &Inventory) -> Vec<VmSpec> {
     inv.nodes
         .iter()
         .filter_map(|n| {
@@ -89,7 +89,7 @@ pub fn specs(inv: &Inventory) -> Vec<VmSpec> {
 
 /// The VM config talboot wants for `spec` (the parameters of `POST /nodes/{node}/qemu`,
 /// qemu-server PVE/API2/Qemu.pm create_vm), without `vmid`.
-pub fn create_params(spec: &VmSpec) -> Vec<(String, String)> {
+pub(crate) fn create_params(spec: &VmSpec) -> Vec<(String, String)> {
     let s = &spec.target.vm;
     let mut p = vec![
         ("name".to_string(), spec.name.clone()),
@@ -116,7 +116,7 @@ pub fn create_params(spec: &VmSpec) -> Vec<(String, String)> {
 
 /// What `create` does for one spec, given what Proxmox has at its vmid.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CreateStep {
+pub(crate) enum CreateStep {
     Create(Vec<(String, String)>),
     /// A talboot VM whose config differs: these parameters are set (`PUT .../config`).
     Update(Vec<(String, String)>),
@@ -127,7 +127,7 @@ pub enum CreateStep {
 
 /// Compare wanted parameters with a VM's config. The disk is left out of updates: its size
 /// is a separate resize call and shrinking is refused by Proxmox anyway.
-pub fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>) -> CreateStep {
+pub(crate) fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>) -> CreateStep {
     let want = create_params(spec);
     let Some((summary, config)) = existing else {
         return CreateStep::Create(want);

@@ -112,7 +112,7 @@ impl std::fmt::Display for StepLine {
 }
 
 /// The secrets step: `exists` is whether `path` is there.
-pub fn secrets_step(path: &Path, exists: bool, recipients: &[String]) -> Decision {
+pub(crate) fn secrets_step(path: &Path, exists: bool, recipients: &[String]) -> Decision {
     if exists {
         Decision::Skip(format!(
             "{} exists (the bundle is never overwritten; every node's identity comes from it)",
@@ -137,7 +137,12 @@ fn recipient_list(recipients: &[String]) -> String {
 
 /// The images step: the sets the inventory needs that the cache has (verified) and lacks;
 /// `source` is where missing ones come from (a factory URL, or a folder to import from).
-pub fn images_step(dir: &Path, present: &[SetId], missing: &[SetId], source: &str) -> Decision {
+pub(crate) fn images_step(
+    dir: &Path,
+    present: &[SetId],
+    missing: &[SetId],
+    source: &str,
+) -> Decision {
     if missing.is_empty() {
         Decision::Skip(format!(
             "{} in {} (sizes and SHA-256 verified)",
@@ -160,7 +165,7 @@ fn set_list(sets: &[SetId]) -> String {
 /// The configs step: the nodes whose rendered config in `dir` is missing or differs, out of
 /// `total`, and whether the admin talosconfig `talosconfig` must be written (missing, or
 /// the secrets bundle is new).
-pub fn configs_step(
+pub(crate) fn configs_step(
     dir: &Path,
     stale: &[String],
     total: usize,
@@ -193,7 +198,7 @@ pub fn configs_step(
 }
 
 /// The provisioning step from the persisted cluster step and node phases.
-pub fn provision_step(
+pub(crate) fn provision_step(
     record: Option<&StepRecord>,
     ready: usize,
     total: usize,

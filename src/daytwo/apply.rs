@@ -75,7 +75,7 @@ pub enum ApplyError {
 /// The store key of a plan: every node's rendered config and the mode, so the same
 /// inventory and mode resume the same unfinished rollout and any change to them starts a
 /// new one.
-pub fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
+pub(crate) fn plan_key(targets: &[NodeTarget], opts: &ApplyOptions) -> String {
     let mut h = Sha256::new();
     for t in targets {
         h.update(t.name.as_bytes());
@@ -269,7 +269,7 @@ impl NodeOps for ApplyOps {
 }
 
 /// One progress line of an apply, for the operator.
-pub fn progress_line(p: &Progress) -> String {
+pub(crate) fn progress_line(p: &Progress) -> String {
     match p {
         Progress::Checking(Gate::Cluster) => "checking the cluster before applying".into(),
         Progress::Checking(Gate::Node(n)) => {

@@ -77,7 +77,7 @@ impl ConfigDiff {
     }
 
     /// Whether anything is removed (a document or a field): the operator must see it.
-    pub fn has_removals(&self) -> bool {
+    pub(crate) fn has_removals(&self) -> bool {
         self.docs.iter().any(|d| match d {
             DocChange::Removed { .. } => true,
             DocChange::Changed { fields, .. } => fields

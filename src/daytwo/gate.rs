@@ -36,7 +36,7 @@ use crate::talos::{TalosClient, TalosError};
 
 /// The `etcd` entry of a node's `ServiceList`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtcdService {
+pub(crate) struct EtcdService {
     /// The state of its last event (the service's state when there are no events).
     pub state: String,
     /// Its last event's message.
@@ -47,7 +47,7 @@ pub struct EtcdService {
 
 impl EtcdService {
     /// As talosctl's `ServiceHealthAssertion` reads a `ServiceInfo`.
-    pub fn from_info(info: &machine::ServiceInfo) -> Self {
+    pub(crate) fn from_info(info: &machine::ServiceInfo) -> Self {
         let last = info.events.as_ref().and_then(|e| e.events.last());
         Self {
             state: last.map_or_else(|| info.state.clone(), |e| e.state.clone()),
@@ -59,7 +59,7 @@ impl EtcdService {
 
 /// One etcd member as `EtcdMemberList` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Member {
+pub(crate) struct Member {
     pub hostname: String,
     pub id: u64,
     pub learner: bool,
@@ -67,7 +67,7 @@ pub struct Member {
 
 /// What one control plane told the gate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControlPlaneReport {
+pub(crate) struct ControlPlaneReport {
     pub node: String,
     /// Its `etcd` service (`None`: not listed), or why `ServiceList` failed.
     pub etcd: Result<Option<EtcdService>, String>,
@@ -87,7 +87,7 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
-    pub fn from_spec(spec: &MachineStatusSpec) -> Self {
+    pub(crate) fn from_spec(spec: &MachineStatusSpec) -> Self {
         let stage = spec.stage();
         let status = spec.status.as_ref();
         Self {
@@ -151,7 +151,7 @@ pub enum GateError {
 /// talosctl's etcd checks over `reports`, one per inventory control plane (all of them):
 /// every etcd service running and healthy, every member list the same, the members exactly
 /// the control planes, none a learner. The first failure, in that order.
-pub fn etcd_healthy(reports: &[ControlPlaneReport]) -> Result<(), GateError> {
+pub(crate) fn etcd_healthy(reports: &[ControlPlaneReport]) -> Result<(), GateError> {
     if reports.is_empty() {
         return Err(GateError::NoControlPlane);
     }
@@ -230,7 +230,7 @@ pub fn etcd_healthy(reports: &[ControlPlaneReport]) -> Result<(), GateError> {
 }
 
 /// The changed node is back: stage `running` and `ready`.
-pub fn node_ready(node: &str, status: &NodeStatus) -> Result<(), GateError> {
+pub(crate) fn node_ready(node: &str, status: &NodeStatus) -> Result<(), GateError> {
     if !status.running {
         return Err(GateError::NotRunning {
             node: node.to_owned(),
@@ -247,7 +247,7 @@ pub fn node_ready(node: &str, status: &NodeStatus) -> Result<(), GateError> {
 }
 
 /// Reads one control plane: its etcd service and the member list through it.
-pub async fn read_control_plane(node: &str, client: &TalosClient) -> ControlPlaneReport {
+pub(crate) async fn read_control_plane(node: &str, client: &TalosClient) -> ControlPlaneReport {
     let etcd = client
         .service_list()
         .await
@@ -278,7 +278,7 @@ pub async fn read_control_plane(node: &str, client: &TalosClient) -> ControlPlan
 }
 
 /// Reads a node's `MachineStatus`.
-pub async fn read_status(node: &str, client: &TalosClient) -> Result<NodeStatus, GateError> {
+pub(crate) async fn read_status(node: &str, client: &TalosClient) -> Result<NodeStatus, GateError> {
     client
         .machine_status()
         .await

@@ -14,7 +14,7 @@ use crate::talos::api::machine::image_service_pull_layer_progress::Status;
 
 /// The layers seen so far and the state each was last reported in.
 #[derive(Debug, Default)]
-pub struct PullReport {
+pub(crate) struct PullReport {
     last: HashMap<String, i32>,
 }
 
@@ -43,7 +43,7 @@ impl PullReport {
     }
 
     /// How many layers the node reported.
-    pub fn layers(&self) -> usize {
+    pub(crate) fn layers(&self) -> usize {
         self.last.len()
     }
 }

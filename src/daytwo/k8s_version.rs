@@ -7,7 +7,7 @@ use crate::inventory::Version;
 
 /// The upgrade path talosctl accepts (siderolabs/go-kubernetes `kubernetes/upgrade/path.go`,
 /// `IsSupported`: every listed path is `1.N->1.N` or `1.N->1.N+1`). Downgrades are refused too.
-pub fn path_supported(from: &Version, to: &Version) -> Result<(), VersionError> {
+pub(crate) fn path_supported(from: &Version, to: &Version) -> Result<(), VersionError> {
     let (f, t) = (&from.0, &to.0);
     let ok = f.major == t.major && (t.minor == f.minor || t.minor == f.minor + 1) && t >= f;
     if ok {
@@ -68,7 +68,7 @@ const TALOS_K8S: [(u64, Triple, Triple); 4] = [
 /// (`pkg/machinery/compatibility/kubernetes_version.go`, `SupportedWith`: below the minimum is
 /// "too old", at or above the maximum "too new", a Talos minor it has no table for "not
 /// supported").
-pub fn supported_with(k8s: &Version, talos_tag: &str) -> Result<(), VersionError> {
+pub(crate) fn supported_with(k8s: &Version, talos_tag: &str) -> Result<(), VersionError> {
     let talos: Version = talos_tag.parse().map_err(|reason| VersionError::TalosTag {
         tag: talos_tag.to_owned(),
         reason,

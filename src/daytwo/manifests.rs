@@ -31,19 +31,19 @@ use std::fmt;
 use serde_json::Value;
 
 /// Talos's field manager (`constants.KubernetesFieldManagerName`).
-pub const FIELD_MANAGER: &str = "talos";
+pub(crate) const FIELD_MANAGER: &str = "talos";
 /// Where the inventory ConfigMap lives (`constants.KubernetesInventoryNamespace`).
-pub const INVENTORY_NAMESPACE: &str = "kube-system";
+pub(crate) const INVENTORY_NAMESPACE: &str = "kube-system";
 /// The inventory ConfigMap's name, also the inventory's ID
 /// (`constants.KubernetesBootstrapManifestsInventoryName`; `configmap.Inventory.ID`).
-pub const INVENTORY_NAME: &str = "talos-bootstrap-manifests-inventory";
+pub(crate) const INVENTORY_NAME: &str = "talos-bootstrap-manifests-inventory";
 /// The annotation naming the inventory an object belongs to (`ssa.InventoryAnnotationKey`).
-pub const INVENTORY_ANNOTATION: &str = "config.k8s.io/owning-inventory";
+pub(crate) const INVENTORY_ANNOTATION: &str = "config.k8s.io/owning-inventory";
 /// The COSI resource type and namespace of Talos's rendered bootstrap manifests
 /// (siderolabs/talos v1.13.9 `pkg/machinery/resources/k8s/manifest.go`, `ManifestType`;
 /// `ControlPlaneNamespaceName`).
-pub const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
-pub const MANIFEST_NAMESPACE: &str = "controlplane";
+pub(crate) const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
+pub(crate) const MANIFEST_NAMESPACE: &str = "controlplane";
 
 /// One object's identity as an inventory tracks it: group, kind, namespace, name (no
 /// version, as cli-utils' `ObjMetadata`).
@@ -78,7 +78,7 @@ impl ObjMeta {
     /// only for the RBAC kinds (`RBACGroupKind`: Role, ClusterRole, RoleBinding and
     /// ClusterRoleBinding of rbac.authorization.k8s.io), whose names such as
     /// `system:coredns` may hold one; any other name goes in as it is.
-    pub fn inventory_key(&self) -> String {
+    pub(crate) fn inventory_key(&self) -> String {
         let rbac = self.group == "rbac.authorization.k8s.io"
             && matches!(
                 self.kind.as_str(),
@@ -94,7 +94,7 @@ impl ObjMeta {
 
     /// Parses an inventory key (`ParseObjMetadata`: namespace up to the first `_`, kind after
     /// the last, group before that, the rest the name with `__` back to `:`).
-    pub fn parse_key(key: &str) -> Result<Self, ManifestError> {
+    pub(crate) fn parse_key(key: &str) -> Result<Self, ManifestError> {
         let bad = || ManifestError::BadKey(key.to_owned());
         let (namespace, rest) = key.split_once('_').ok_or_else(bad)?;
         let (rest, kind) = rest.rsplit_once('_').ok_or_else(bad)?;
@@ -121,7 +121,7 @@ impl ObjMeta {
     }
 
     /// A Deployment, DaemonSet or StatefulSet: what the sync waits for.
-    pub fn is_workload(&self) -> bool {
+    pub(crate) fn is_workload(&self) -> bool {
         self.group == "apps"
             && matches!(
                 self.kind.as_str(),
@@ -258,7 +258,7 @@ impl Desired {
     /// resource's items in order), each annotated with the inventory (`prepareObjects`: an
     /// object already naming another inventory is an error), then stably split into the first
     /// stage and the rest.
-    pub fn prepare(objects: Vec<Value>) -> Result<Self, ManifestError> {
+    pub(crate) fn prepare(objects: Vec<Value>) -> Result<Self, ManifestError> {
         let mut first = Vec::new();
         let mut rest = Vec::new();
         for mut obj in objects {
@@ -294,7 +294,7 @@ impl Desired {
 /// anything outside `metadata` and `status` differ. Comparing the dry run rather than the
 /// manifest is what makes fields the server rewrites count right: a Secret's `stringData`
 /// comes back folded into `data`, defaults come back filled in.
-pub fn drifted(live: &Value, dry_run: &Value) -> bool {
+pub(crate) fn drifted(live: &Value, dry_run: &Value) -> bool {
     if dry_run["metadata"]["resourceVersion"]
         .as_str()
         .is_none_or(str::is_empty)
@@ -324,7 +324,7 @@ pub fn drifted(live: &Value, dry_run: &Value) -> bool {
 
 /// `checkInventoryPolicy` with `AdoptIfNoInventory`: an object without the annotation or with
 /// this inventory's may be taken over or pruned, one of another inventory may not.
-pub fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), ManifestError> {
+pub(crate) fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), ManifestError> {
     match live["metadata"]["annotations"][INVENTORY_ANNOTATION].as_str() {
         None => Ok(()),
         Some(id) if id == INVENTORY_NAME => Ok(()),
@@ -338,7 +338,7 @@ pub fn check_policy(meta: &ObjMeta, live: &Value) -> Result<(), ManifestError> {
 /// What applying an object would do, from the live object (`None`: not found) and the
 /// server's dry run of the apply (`None`: refused as not found, e.g. a kind or namespace the
 /// same set creates first), as go-kubernetes v0.2.38 `ssa/diff.go` (`Manager.diff`) decides.
-pub fn action_for(live: Option<&Value>, dry_run: Option<&Value>) -> Action {
+pub(crate) fn action_for(live: Option<&Value>, dry_run: Option<&Value>) -> Action {
     let (Some(live), Some(dry_run)) = (live, dry_run) else {
         return Action::Created;
     };
@@ -355,7 +355,7 @@ pub fn action_for(live: Option<&Value>, dry_run: Option<&Value>) -> Action {
 }
 
 /// The inventory entries that are no longer in the set (`calculatePruneObjects`).
-pub fn to_prune(inventory: &[ObjMeta], desired: &Desired) -> Vec<ObjMeta> {
+pub(crate) fn to_prune(inventory: &[ObjMeta], desired: &Desired) -> Vec<ObjMeta> {
     inventory
         .iter()
         .filter(|e| !desired.contains(e))
@@ -403,7 +403,7 @@ pub fn plan(
 
 /// The inventory after the apply: every earlier entry, then every applied object not in it
 /// yet (`Apply`: `inventoryObjRefs = append(...)` when not `Contains`).
-pub fn inventory_after_apply(inventory: &[ObjMeta], applied: &[ObjMeta]) -> Vec<ObjMeta> {
+pub(crate) fn inventory_after_apply(inventory: &[ObjMeta], applied: &[ObjMeta]) -> Vec<ObjMeta> {
     let mut out = inventory.to_vec();
     for m in applied {
         if !out.contains(m) {
@@ -414,7 +414,7 @@ pub fn inventory_after_apply(inventory: &[ObjMeta], applied: &[ObjMeta]) -> Vec<
 }
 
 /// The inventory ConfigMap's `data` for `entries` (each key with an empty value).
-pub fn inventory_data(entries: &[ObjMeta]) -> BTreeMap<String, String> {
+pub(crate) fn inventory_data(entries: &[ObjMeta]) -> BTreeMap<String, String> {
     entries
         .iter()
         .map(|e| (e.inventory_key(), String::new()))
@@ -422,7 +422,9 @@ pub fn inventory_data(entries: &[ObjMeta]) -> BTreeMap<String, String> {
 }
 
 /// The entries of an inventory ConfigMap's `data` (its keys).
-pub fn inventory_entries(data: &BTreeMap<String, String>) -> Result<Vec<ObjMeta>, ManifestError> {
+pub(crate) fn inventory_entries(
+    data: &BTreeMap<String, String>,
+) -> Result<Vec<ObjMeta>, ManifestError> {
     data.keys()
         .map(|k| ObjMeta::parse_key(k).map_err(|e| ManifestError::Entry(Box::new(e))))
         .collect()
@@ -445,7 +447,7 @@ pub fn describe(changes: &[Change]) -> Vec<String> {
 }
 
 /// A `google.protobuf.Struct` (a Talos `SingleManifest.object`) as JSON.
-pub fn struct_to_json(s: &prost_types::Struct) -> Value {
+pub(crate) fn struct_to_json(s: &prost_types::Struct) -> Value {
     Value::Object(
         s.fields
             .iter()

@@ -97,7 +97,7 @@ impl Connector {
 }
 
 /// Plans one node.
-pub async fn plan_node(conn: &Connector, t: &NodeTarget) -> NodePlan {
+pub(crate) async fn plan_node(conn: &Connector, t: &NodeTarget) -> NodePlan {
     let mut plan = NodePlan {
         name: t.name.clone(),
         role: t.role,
@@ -136,7 +136,7 @@ pub async fn plan_node(conn: &Connector, t: &NodeTarget) -> NodePlan {
 }
 
 /// Plans every node, in order.
-pub async fn plan_all(conn: &Connector, targets: &[NodeTarget]) -> Vec<NodePlan> {
+pub(crate) async fn plan_all(conn: &Connector, targets: &[NodeTarget]) -> Vec<NodePlan> {
     let mut out = Vec::new();
     for t in targets {
         out.push(plan_node(conn, t).await);
@@ -145,7 +145,7 @@ pub async fn plan_all(conn: &Connector, targets: &[NodeTarget]) -> Vec<NodePlan>
 }
 
 /// The operator's name of a mode (`--mode` values).
-pub fn mode_name(m: Mode) -> &'static str {
+pub(crate) fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Reboot => "reboot",
         Mode::Auto => "auto",
@@ -181,7 +181,7 @@ pub fn render(plans: &[NodePlan]) -> String {
 }
 
 /// `plan`'s exit code: 0 no changes, 1 changes, 2 any error.
-pub fn exit_code(plans: &[NodePlan]) -> u8 {
+pub(crate) fn exit_code(plans: &[NodePlan]) -> u8 {
     if plans.iter().any(|p| p.diff.is_err()) {
         2
     } else if plans.iter().any(NodePlan::changed) {

@@ -38,7 +38,7 @@ use super::upgrade::{TalosOps, TalosUpgrade, rollout_key};
 
 /// What the CLI asks serve to roll out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RolloutRequest {
+pub(crate) struct RolloutRequest {
     /// Workers changed at once (control planes always go one at a time).
     pub worker_concurrency: usize,
     /// The operation.
@@ -48,7 +48,7 @@ pub struct RolloutRequest {
 /// The operations serve rolls out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum RolloutKind {
+pub(crate) enum RolloutKind {
     /// `talboot apply`: the CLI's rendering of each node (from the inventory file as the
     /// operator changed it), applied with `mode`.
     Apply(ApplyRequest),
@@ -61,7 +61,7 @@ pub enum RolloutKind {
 
 /// One node's rendered config, as `talboot gen` renders it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeConfig {
+pub(crate) struct NodeConfig {
     pub node: String,
     pub rendered: String,
 }
@@ -78,7 +78,7 @@ impl std::fmt::Debug for NodeConfig {
 
 /// `talboot apply`'s part of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApplyRequest {
+pub(crate) struct ApplyRequest {
     /// `--mode`: `auto`, `no-reboot`, `reboot`, `staged`, `try`.
     pub mode: String,
     pub try_timeout_secs: Option<u64>,
@@ -89,7 +89,7 @@ pub struct ApplyRequest {
 
 /// `talboot upgrade --talos`'s part of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TalosUpgradeRequest {
+pub(crate) struct TalosUpgradeRequest {
     pub version: String,
     pub stage: bool,
     pub node_timeout_secs: u64,
@@ -99,7 +99,7 @@ pub struct TalosUpgradeRequest {
 /// `talboot upgrade --kubernetes`'s part of a request (the worker concurrency is not used:
 /// every step goes one at a time, in talosctl's order).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct K8sUpgradeRequest {
+pub(crate) struct K8sUpgradeRequest {
     pub version: String,
     /// Longest wait for a static pod after its patch.
     pub pod_wait_secs: u64,
@@ -134,7 +134,7 @@ pub enum RemoteOutcome {
 
 /// The answer to a started rollout: where to page its progress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Started {
+pub(crate) struct Started {
     pub id: u64,
     pub what: String,
 }
@@ -142,7 +142,7 @@ pub struct Started {
 /// One page of a run's progress: the lines after the asked-for index, the index to ask for
 /// next, and the end once every line before it was delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProgressPage {
+pub(crate) struct ProgressPage {
     pub lines: Vec<String>,
     pub next: usize,
     pub end: Option<RemoteOutcome>,
@@ -150,7 +150,7 @@ pub struct ProgressPage {
 
 /// Why serve did not start a rollout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StartError {
+pub(crate) enum StartError {
     /// Another rollout runs (one at a time per rack).
     #[error(
         "another rollout is running on this rack ({0}); wait until it ends (its progress is \
@@ -164,7 +164,7 @@ pub enum StartError {
 
 /// A run's progress so far.
 #[derive(Debug, Clone, Default)]
-pub struct RunLog {
+pub(crate) struct RunLog {
     pub lines: Vec<String>,
     pub end: Option<RemoteOutcome>,
 }
@@ -195,7 +195,7 @@ impl Run {
         });
     }
 
-    pub fn is_over(&self) -> bool {
+    pub(crate) fn is_over(&self) -> bool {
         self.log.borrow().end.is_some()
     }
 
@@ -224,14 +224,14 @@ impl Run {
 
 /// serve's rollouts: the one running (or the last one, so its end can still be read).
 #[derive(Debug, Default)]
-pub struct Rollouts {
+pub(crate) struct Rollouts {
     current: Mutex<Option<Arc<Run>>>,
     next_id: AtomicU64,
 }
 
 impl Rollouts {
     /// A new run described by `what`, unless one is still running.
-    pub fn begin(&self, what: String) -> Result<Arc<Run>, StartError> {
+    pub(crate) fn begin(&self, what: String) -> Result<Arc<Run>, StartError> {
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(run) = cur.as_ref()
             && !run.is_over()
@@ -261,7 +261,7 @@ impl Rollouts {
 
 /// What a serve-side job runs with: serve's own inventory, store and admin credentials.
 #[derive(Clone)]
-pub struct RolloutCtx {
+pub(crate) struct RolloutCtx {
     pub inventory: Arc<Inventory>,
     pub store: Arc<dyn Store>,
     /// The rollout records' one writer: rollouts run through serve are day two's.
@@ -277,7 +277,7 @@ pub struct RolloutCtx {
 
 /// One kind's serve-side work, validated and ready to run.
 #[tonic::async_trait]
-pub trait Job: Send + Sync {
+pub(crate) trait Job: Send + Sync {
     /// What it is, for the operator (`apply apply/3f6a…`, `upgrade-talos/v1.14.0`).
     fn describe(&self) -> String;
     /// Runs it to its end, each progress line to `say`.
@@ -290,7 +290,7 @@ pub trait Job: Send + Sync {
 
 impl RolloutKind {
     /// Checks the request against serve's inventory; the job to run, or why not.
-    pub fn prepare(
+    pub(crate) fn prepare(
         self,
         inv: &Inventory,
         apid_port: u16,
@@ -347,7 +347,7 @@ pub fn start(
 }
 
 /// The operator's `--mode` name back to the mode.
-pub fn parse_mode(s: &str) -> Option<Mode> {
+pub(crate) fn parse_mode(s: &str) -> Option<Mode> {
     [
         Mode::Auto,
         Mode::NoReboot,
@@ -388,7 +388,7 @@ fn control_plane_targets(inv: &Inventory, apid_port: u16) -> Vec<NodeTarget> {
         .collect()
 }
 
-pub fn apply_targets(
+pub(crate) fn apply_targets(
     inv: &Inventory,
     apid_port: u16,
     configs: Vec<NodeConfig>,

@@ -45,7 +45,7 @@ pub enum PersistError {
 }
 
 /// A rollout whose record lives in the store under `key`.
-pub struct Persisted<'a> {
+pub(crate) struct Persisted<'a> {
     store: &'a RolloutWriter,
     key: String,
 }
@@ -78,7 +78,7 @@ impl<'a> Persisted<'a> {
 
     /// The engine `make` builds from the stored record (`None`: there is none, start anew),
     /// and whether a stored record was resumed.
-    pub fn resume_or_start(
+    pub(crate) fn resume_or_start(
         &self,
         make: impl FnOnce(Option<RolloutRecord>) -> Result<Rollout, RolloutError>,
     ) -> Result<(Rollout, bool), RunError> {

@@ -25,13 +25,13 @@ use super::rollout::{Event, Gate, Role, Rollout, RolloutError, RolloutRecord, Ta
 use super::run::NodeOps;
 
 /// The store key of a Talos upgrade's rollout record.
-pub fn rollout_key(version: &Version) -> String {
+pub(crate) fn rollout_key(version: &Version) -> String {
     format!("upgrade-talos/{version}")
 }
 
 /// One node to upgrade.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpgradeNode {
+pub(crate) struct UpgradeNode {
     pub name: String,
     pub role: Role,
     /// Its apid (`address:50000`).
@@ -43,7 +43,7 @@ pub struct UpgradeNode {
 
 /// A Talos upgrade of the whole inventory.
 #[derive(Debug, Clone)]
-pub struct TalosUpgrade {
+pub(crate) struct TalosUpgrade {
     pub version: Version,
     /// Write the new version for the next boot, no reboot now.
     pub stage: bool,
@@ -116,7 +116,7 @@ impl TalosUpgrade {
 /// Why a node's upgrade gate (or the pre-flight check) did not pass. The text becomes the
 /// node's failure reason in the rollout record.
 #[derive(Debug, thiserror::Error)]
-pub enum UpgradeError {
+pub(crate) enum UpgradeError {
     #[error("{0} is not in the upgrade plan")]
     NotInPlan(String),
     /// Booted to the end on another version: the A-B scheme fell back.
@@ -138,10 +138,10 @@ pub enum UpgradeError {
 }
 
 /// Per-node progress lines from the installer.
-pub type InstallerOutput = Arc<dyn Fn(&str, &str) + Send + Sync>;
+pub(crate) type InstallerOutput = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 /// [`NodeOps`] over the Talos API, each node reached directly at its apid.
-pub struct TalosOps {
+pub(crate) struct TalosOps {
     upgrade: TalosUpgrade,
     by_name: HashMap<String, usize>,
     creds: ClientCreds,

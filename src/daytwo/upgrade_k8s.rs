@@ -62,7 +62,7 @@ pub enum K8sStep {
 }
 
 /// The static pods, in the order talosctl upgrades them.
-pub const STATIC_PODS: [&str; 3] = [
+pub(crate) const STATIC_PODS: [&str; 3] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
@@ -130,14 +130,14 @@ pub fn plan(inv: &Inventory) -> Vec<K8sStep> {
 }
 
 /// The store key of a Kubernetes upgrade's rollout record.
-pub fn rollout_key(to: &Version) -> String {
+pub(crate) fn rollout_key(to: &Version) -> String {
     format!("upgrade-k8s/{to}")
 }
 
 /// talosctl's default images (siderolabs/talos v1.13.9 `pkg/machinery/constants/
 /// constants.go`: `KubernetesAPIServerImage`, `KubernetesControllerManagerImage`,
 /// `KubernetesSchedulerImage`, `KubeProxyImage`, `KubeletImage`), the same ones `gen` renders.
-pub fn image_repo(component: &str) -> &'static str {
+pub(crate) fn image_repo(component: &str) -> &'static str {
     match component {
         "kube-apiserver" => "registry.k8s.io/kube-apiserver",
         "kube-controller-manager" => "registry.k8s.io/kube-controller-manager",
@@ -273,7 +273,7 @@ impl K8sUpgrade {
 
     /// The image `step` sets: `<repo>:v<to>`; the kubelet keeps a `-fat`/`-slim` suffix of
     /// its current tag (`kubelet.go`, `extractKubeletVersionSuffix`).
-    pub fn image_for(&self, step: &K8sStep, current: Option<&str>) -> String {
+    pub(crate) fn image_for(&self, step: &K8sStep, current: Option<&str>) -> String {
         let repo = match step {
             K8sStep::StaticPod { component, .. } => image_repo(component),
             K8sStep::KubeProxy { .. } => image_repo("kube-proxy"),
@@ -408,7 +408,7 @@ pub enum StepError {
 }
 
 /// [`NodeOps`] of a Kubernetes upgrade: each target is one step.
-pub struct K8sOps {
+pub(crate) struct K8sOps {
     upgrade: K8sUpgrade,
     steps: HashMap<String, K8sStep>,
     nodes: HashMap<String, K8sNode>,
@@ -539,7 +539,7 @@ impl K8sOps {
     }
 
     /// What the manifest sync would change, changing nothing.
-    pub async fn manifests_diff(&self) -> Result<Vec<super::manifests::Change>, StepError> {
+    pub(crate) async fn manifests_diff(&self) -> Result<Vec<super::manifests::Change>, StepError> {
         let objects = self.manifests().await?;
         Ok(super::manifest_sync::diff(&self.kube_session(), objects, self.no_prune).await?)
     }
@@ -784,7 +784,7 @@ impl NodeOps for K8sOps {
 
 /// One progress line of a Kubernetes upgrade, for the operator (the standalone CLI prints
 /// it, a run inside `serve` streams it to the CLI).
-pub fn progress_line(plan: &K8sUpgrade, p: &Progress) -> String {
+pub(crate) fn progress_line(plan: &K8sUpgrade, p: &Progress) -> String {
     let describe = |id: &str| {
         plan.steps
             .iter()
@@ -889,7 +889,7 @@ pub async fn upgrade(
 
 /// The dry run's part that needs the cluster: what the manifest sync would change, one line
 /// per object (talosctl's dry run prints ` < <action> <object>`), changing nothing.
-pub async fn manifests_dry_run(
+pub(crate) async fn manifests_dry_run(
     inv: &Inventory,
     to: &Version,
     creds: ClientCreds,

@@ -18,7 +18,7 @@
 //! 5. [`load`], the entry: it detects the format, reads `talboot.yaml` itself or hands the
 //!    document to [`talhelper`], then runs [`validate`] and assembles the [`Inventory`].
 
-pub mod diag;
+pub(crate) mod diag;
 pub mod load;
 pub mod model;
 pub(crate) mod parts;

@@ -905,7 +905,7 @@ impl Inventory {
     }
 
     /// How `node` boots its disk once installed.
-    pub fn local_boot_of(&self, node: &Node) -> LocalBoot {
+    pub(crate) fn local_boot_of(&self, node: &Node) -> LocalBoot {
         node.local_boot.unwrap_or(self.boot.local_boot)
     }
 

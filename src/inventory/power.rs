@@ -88,7 +88,7 @@ pub enum BootMode {
 
 impl BootMode {
     /// The Redfish enum value.
-    pub fn as_redfish(self) -> &'static str {
+    pub(crate) fn as_redfish(self) -> &'static str {
         match self {
             Self::Uefi => "UEFI",
             Self::Legacy => "Legacy",
@@ -146,7 +146,7 @@ pub struct RedfishTarget<P = Credential> {
 
 /// The Redfish boot mode of a node: its `firmware:`, else UEFI for arm64 (which has no
 /// legacy BIOS), else unknown.
-pub fn redfish_boot_mode(node: &Node) -> Option<BootMode> {
+pub(crate) fn redfish_boot_mode(node: &Node) -> Option<BootMode> {
     use super::model::{Arch, Firmware};
     match node.firmware {
         Some(Firmware::Bios) => Some(BootMode::Legacy),
@@ -268,7 +268,7 @@ impl<P> PowerConfig<P> {
     /// Whether the controller can choose the boot device (Wake-on-LAN only wakes), known
     /// before any credential resolves: `rack up` and the power-on round plan by it, and
     /// flows skip that step otherwise.
-    pub fn can_set_boot_device(&self) -> bool {
+    pub(crate) fn can_set_boot_device(&self) -> bool {
         !matches!(self, Self::Wol(_))
     }
 
@@ -284,7 +284,7 @@ impl<P> PowerConfig<P> {
 
     /// The same controller with every secret mapped by `f` (how references become
     /// credentials).
-    pub fn try_map_secrets<Q, E>(
+    pub(crate) fn try_map_secrets<Q, E>(
         self,
         mut f: impl FnMut(P) -> Result<Q, E>,
     ) -> Result<PowerConfig<Q>, E> {

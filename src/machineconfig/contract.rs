@@ -37,7 +37,7 @@ pub(crate) fn go_quote(s: &str) -> String {
 /// never match that form; for those talboot writes `"<link>" in disk.symlinks`, the form
 /// Talos's own tooling uses for links (`cmd/talosctl/.../configmaker/internal/makers/qemu.go`,
 /// `hack/test/patches/md-boot-array.yaml`).
-pub fn install_disk_expression(disk: &str) -> String {
+pub(crate) fn install_disk_expression(disk: &str) -> String {
     if disk.starts_with("/dev/disk/") {
         format!("{} in disk.symlinks", go_quote(disk))
     } else {

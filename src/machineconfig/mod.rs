@@ -4,7 +4,7 @@
 //! RFC 6902 JSON patches over a [`patch::ConfigBundle`]).
 
 pub mod clients;
-pub mod contract;
+pub(crate) mod contract;
 pub(crate) mod legacy;
 pub mod patch;
 pub mod pki;
@@ -13,7 +13,7 @@ pub mod rendered;
 pub mod renderer;
 pub mod schema;
 pub mod secrets;
-pub mod text_diff;
+pub(crate) mod text_diff;
 
 #[cfg(test)]
 mod testutil;

@@ -84,7 +84,7 @@ pub fn embedded() -> Arc<Schema> {
 }
 
 /// The embedded facts of `contract`'s Talos minor.
-pub fn embedded_for(contract: Contract) -> Arc<Schema> {
+pub(crate) fn embedded_for(contract: Contract) -> Arc<Schema> {
     match contract {
         Contract::V1_13 => EMBEDDED.clone(),
         Contract::V1_14 => EMBEDDED_V1_14.clone(),
@@ -120,7 +120,7 @@ pub fn load(path: Option<&Path>) -> Result<Arc<Schema>, SchemaLoadError> {
 /// The schema `check`, `gen`, `serve`, `up` and `plan` validate `inv`'s configs against: the
 /// embedded facts of the cluster's Talos minor (v1.13 for a minor talboot does not render;
 /// rendering then refuses it with its own message), or the file at `path`.
-pub fn load_for_inventory(
+pub(crate) fn load_for_inventory(
     path: Option<&Path>,
     inv: &crate::inventory::Inventory,
 ) -> Result<Arc<Schema>, SchemaLoadError> {
@@ -130,7 +130,10 @@ pub fn load_for_inventory(
 }
 
 /// The embedded facts of `contract` (the cluster's minor), or the file at `path`.
-pub fn load_for(path: Option<&Path>, contract: Contract) -> Result<Arc<Schema>, SchemaLoadError> {
+pub(crate) fn load_for(
+    path: Option<&Path>,
+    contract: Contract,
+) -> Result<Arc<Schema>, SchemaLoadError> {
     let Some(path) = path else {
         return Ok(embedded_for(contract));
     };

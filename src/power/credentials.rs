@@ -14,7 +14,7 @@ use crate::inventory::Credential;
 
 /// Why a secret could not be resolved. Never carries a secret.
 #[derive(Debug, thiserror::Error)]
-pub enum CredentialError {
+pub(crate) enum CredentialError {
     /// The environment variable the inventory names is not set.
     #[error(
         "node {node}: environment variable {var} (its power secret) is not set; export it before running talboot"
@@ -86,7 +86,7 @@ pub enum CredentialError {
 }
 
 /// Resolves secret references, decrypting each credentials file once.
-pub struct Resolver<'a> {
+pub(crate) struct Resolver<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     sources: IdentitySources,
     files: HashMap<PathBuf, BTreeMap<String, Credential>>,
@@ -103,7 +103,11 @@ impl<'a> Resolver<'a> {
     }
 
     /// One reference, for node `node` (named in errors).
-    pub fn resolve(&mut self, node: &str, r: &SecretRef) -> Result<Credential, CredentialError> {
+    pub(crate) fn resolve(
+        &mut self,
+        node: &str,
+        r: &SecretRef,
+    ) -> Result<Credential, CredentialError> {
         match r {
             SecretRef::Env(var) => (self.env)(var)
                 .filter(|v| !v.is_empty())

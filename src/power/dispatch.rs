@@ -119,7 +119,7 @@ impl PowerDriver {
     /// (a rebuild that cannot reset it over the Talos API) is sent back to talboot's DHCP,
     /// TFTP and HTTP. Wake-on-LAN cannot choose the device; it only wakes the machine.
     /// What the boot choice told ([`BootSet`]) is returned for the event.
-    pub async fn reboot_into_network(&self) -> Result<BootSet, PowerError> {
+    pub(crate) async fn reboot_into_network(&self) -> Result<BootSet, PowerError> {
         let set = if self.can_set_boot_device() {
             self.set_boot_device(BootDevice::Network, BootPersistence::Once)
                 .await?
@@ -133,7 +133,7 @@ impl PowerDriver {
 
 /// Whether something accepts TCP connections at `addr` within `wait` (the Talos API's
 /// liveness, before a rebuild falls back to power control).
-pub async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Duration) -> bool {
+pub(crate) async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Duration) -> bool {
     matches!(
         tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))

@@ -57,7 +57,7 @@ pub struct Raw {
 }
 
 /// Set Session Privilege Level to Administrator (spec 22.18).
-pub fn set_privilege_admin() -> Raw {
+pub(crate) fn set_privilege_admin() -> Raw {
     Raw {
         netfn: NETFN_APP,
         cmd: 0x3b,
@@ -66,7 +66,7 @@ pub fn set_privilege_admin() -> Raw {
 }
 
 /// Get Chassis Status (spec 28.2).
-pub fn get_chassis_status() -> Raw {
+pub(crate) fn get_chassis_status() -> Raw {
     Raw {
         netfn: NETFN_CHASSIS,
         cmd: 0x01,
@@ -97,7 +97,7 @@ const BF1_EFI: u8 = 0x20;
 
 /// Set System Boot Options, boot flags parameter 5 (spec 28.12, table 28-14); `efi` asks for
 /// an EFI boot (a UEFI node), otherwise the BMC sets up a legacy one.
-pub fn set_boot_flags(device: BootDevice, persistence: BootPersistence, efi: bool) -> Raw {
+pub(crate) fn set_boot_flags(device: BootDevice, persistence: BootPersistence, efi: bool) -> Raw {
     let mut byte1 = BF1_VALID;
     if persistence == BootPersistence::Persistent {
         byte1 |= BF1_PERSISTENT;
@@ -117,7 +117,7 @@ pub fn set_boot_flags(device: BootDevice, persistence: BootPersistence, efi: boo
 }
 
 /// Power state from a Get Chassis Status answer (data after the completion code).
-pub fn decode_chassis_status(data: &[u8]) -> Result<PowerState, String> {
+pub(crate) fn decode_chassis_status(data: &[u8]) -> Result<PowerState, String> {
     match data.first() {
         Some(b) if b & 0x01 == 1 => Ok(PowerState::On),
         Some(_) => Ok(PowerState::Off),
@@ -126,7 +126,7 @@ pub fn decode_chassis_status(data: &[u8]) -> Result<PowerState, String> {
 }
 
 /// A completion code's meaning (spec table 5-2), for messages.
-pub fn completion_code(cc: u8) -> String {
+pub(crate) fn completion_code(cc: u8) -> String {
     let what = match cc {
         0x00 => "normal",
         0xc0 => "node busy",

@@ -33,7 +33,7 @@ use crate::inventory::PowerConfig;
 
 /// What every power driver does, implemented by each driver module on its resolved inventory
 /// target. Futures are boxed so the driver can be chosen at run time ([`PowerDriver::driver`]).
-pub trait Driver: Send + Sync {
+pub(crate) trait Driver: Send + Sync {
     /// Power on, off or cycle.
     fn set_power(&self, action: PowerAction) -> BoxFuture<'_, Result<(), PowerError>>;
 

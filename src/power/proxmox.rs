@@ -29,7 +29,7 @@ use super::{BootDevice, BootPersistence, BootSet, PowerAction, PowerError, Power
 use crate::inventory::{Credential, ProxmoxTarget};
 
 /// The tag `talboot proxmox create` puts on every VM it creates; `destroy` touches no other.
-pub const TALBOOT_TAG: &str = "talboot";
+pub(crate) const TALBOOT_TAG: &str = "talboot";
 
 /// How to reach a Proxmox VE API.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ impl ProxmoxApiConfig {
 
 /// `USER@REALM!TOKENID` is the token id's shape (pve-access-control PVE/AccessControl.pm,
 /// `pve_verify_tokenid`): a user id with a realm, then `!` and the token name.
-pub fn check_token_id(id: &str) -> Result<(), String> {
+pub(crate) fn check_token_id(id: &str) -> Result<(), String> {
     let (user, token) = id
         .split_once('!')
         .ok_or_else(|| format!("token id `{id}` has no `!TOKENID`; write USER@REALM!TOKENID"))?;
@@ -83,13 +83,13 @@ pub fn check_token_id(id: &str) -> Result<(), String> {
 }
 
 /// The `Authorization` header value.
-pub fn auth_header(token_id: &str, secret: &Credential) -> String {
+pub(crate) fn auth_header(token_id: &str, secret: &Credential) -> String {
     format!("PVEAPIToken={token_id}={}", secret.expose())
 }
 
 /// The VM config `boot` value that puts `device` first (network: the first NIC, then the
 /// disk; disk: the other way round).
-pub fn boot_order(device: BootDevice, net: &str, disk: &str) -> String {
+pub(crate) fn boot_order(device: BootDevice, net: &str, disk: &str) -> String {
     match device {
         BootDevice::Network => format!("order={net};{disk}"),
         BootDevice::Disk => format!("order={disk};{net}"),
@@ -97,7 +97,7 @@ pub fn boot_order(device: BootDevice, net: &str, disk: &str) -> String {
 }
 
 /// `application/x-www-form-urlencoded`, the body PVE takes for POST/PUT parameters.
-pub fn form_body(params: &[(&str, String)]) -> String {
+pub(crate) fn form_body(params: &[(&str, String)]) -> String {
     let mut u = reqwest::Url::parse("http://x/").expect("static URL");
     u.query_pairs_mut()
         .extend_pairs(params.iter().map(|(k, v)| (*k, v.as_str())));
@@ -105,7 +105,7 @@ pub fn form_body(params: &[(&str, String)]) -> String {
 }
 
 /// Why a PVE answer was an error: `message` and any per-parameter `errors`.
-pub fn error_text(status: StatusCode, body: &str) -> String {
+pub(crate) fn error_text(status: StatusCode, body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     let mut s = v
         .get("message")
@@ -123,7 +123,7 @@ pub fn error_text(status: StatusCode, body: &str) -> String {
 }
 
 /// A task's state from `tasks/{upid}/status`: `None` while running, else the exit status.
-pub fn task_outcome(data: &Value) -> Result<Option<Result<(), String>>, String> {
+pub(crate) fn task_outcome(data: &Value) -> Result<Option<Result<(), String>>, String> {
     match data.get("status").and_then(Value::as_str) {
         Some("running") => Ok(None),
         Some("stopped") => match data.get("exitstatus").and_then(Value::as_str) {
@@ -136,7 +136,7 @@ pub fn task_outcome(data: &Value) -> Result<Option<Result<(), String>>, String> 
 }
 
 /// A UPID, `UPID:NODE:PID:PSTART:STARTTIME:TYPE:ID:USER:`, is what async calls return.
-pub fn is_upid(s: &str) -> bool {
+pub(crate) fn is_upid(s: &str) -> bool {
     s.starts_with("UPID:") && s.ends_with(':') && s.split(':').count() >= 9
 }
 
@@ -283,7 +283,7 @@ impl ProxmoxApi {
     }
 
     /// Poll `GET /nodes/{node}/tasks/{upid}/status` until the task stops.
-    pub async fn wait_task(&self, node: &str, upid: &str) -> Result<(), PowerError> {
+    pub(crate) async fn wait_task(&self, node: &str, upid: &str) -> Result<(), PowerError> {
         let start = tokio::time::Instant::now();
         let path = format!("/nodes/{node}/tasks/{}/status", encode_segment(upid));
         loop {
@@ -313,7 +313,7 @@ impl ProxmoxApi {
     }
 
     /// `GET /nodes/{node}/qemu`: the node's VMs.
-    pub async fn list_vms(&self, node: &str) -> Result<Vec<VmSummary>, PowerError> {
+    pub(crate) async fn list_vms(&self, node: &str) -> Result<Vec<VmSummary>, PowerError> {
         let data = self
             .call(Method::GET, &format!("/nodes/{node}/qemu"), &[])
             .await?;
@@ -336,7 +336,7 @@ impl ProxmoxApi {
     }
 
     /// `GET /nodes/{node}/qemu/{vmid}/config`.
-    pub async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value, PowerError> {
+    pub(crate) async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value, PowerError> {
         self.call(
             Method::GET,
             &format!("/nodes/{node}/qemu/{vmid}/config"),
@@ -359,7 +359,7 @@ impl ProxmoxApi {
 
 /// A VM as `GET /nodes/{node}/qemu` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmSummary {
+pub(crate) struct VmSummary {
     pub vmid: u32,
     pub name: String,
     pub running: bool,
@@ -367,7 +367,7 @@ pub struct VmSummary {
 }
 
 /// PVE keeps tags as one string separated by `;` (also `,` or spaces on input).
-pub fn parse_tags(s: &str) -> Vec<String> {
+pub(crate) fn parse_tags(s: &str) -> Vec<String> {
     s.split([';', ',', ' '])
         .filter(|t| !t.is_empty())
         .map(str::to_string)
@@ -460,7 +460,7 @@ fn proxmox_base(api_url: &str) -> &str {
 }
 
 /// The Proxmox API client of a resolved target (also what `talboot proxmox` uses).
-pub fn proxmox_api(t: &ProxmoxTarget) -> Result<std::sync::Arc<ProxmoxApi>, PowerError> {
+pub(crate) fn proxmox_api(t: &ProxmoxTarget) -> Result<std::sync::Arc<ProxmoxApi>, PowerError> {
     let base = proxmox_base(&t.api_url);
     let mut cfg = ProxmoxApiConfig::new(base, t.token_id.clone(), t.token_secret.clone());
     cfg.verify_tls = t.verify_tls;

@@ -25,7 +25,7 @@ use super::{
 use crate::inventory::Credential;
 
 /// Length of a magic packet without a SecureOn password.
-pub const MAGIC_LEN: usize = 6 + 16 * 6;
+pub(crate) const MAGIC_LEN: usize = 6 + 16 * 6;
 
 /// The magic packet that wakes the NIC `mac`.
 pub fn magic_packet(mac: Mac) -> [u8; MAGIC_LEN] {
@@ -90,7 +90,7 @@ impl SecureOn {
     }
 
     /// The password as a [`Credential`] holds it.
-    pub fn from_credential(c: &Credential) -> Result<Self, SecureOnError> {
+    pub(crate) fn from_credential(c: &Credential) -> Result<Self, SecureOnError> {
         Self::parse(c.expose())
     }
 
@@ -101,7 +101,7 @@ impl SecureOn {
 }
 
 /// The datagram that wakes `mac`: the magic packet, then the SecureOn password if any.
-pub fn wake_datagram(mac: Mac, secure_on: Option<&SecureOn>) -> Zeroizing<Vec<u8>> {
+pub(crate) fn wake_datagram(mac: Mac, secure_on: Option<&SecureOn>) -> Zeroizing<Vec<u8>> {
     let mut p = Zeroizing::new(magic_packet(mac).to_vec());
     if let Some(pw) = secure_on {
         p.extend_from_slice(pw.bytes());
@@ -116,7 +116,7 @@ pub fn describe(t: &WolTarget) -> String {
 
 /// Sends the magic packet for `t`. The socket may broadcast (SO_BROADCAST) so directed and
 /// limited broadcast addresses both work.
-pub async fn wake(t: &WolTarget) -> Result<(), PowerError> {
+pub(crate) async fn wake(t: &WolTarget) -> Result<(), PowerError> {
     let target = describe(t);
     let unreachable = |e: std::io::Error| PowerError::Unreachable {
         target: target.clone(),

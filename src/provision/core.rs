@@ -178,7 +178,7 @@ pub enum RebuildRefused {
 /// is refused with what happens instead. Failed nodes may always be rebuilt (that is how an
 /// operator retries after fixing the cause), as may nodes configured, installing, ready or
 /// already rebuilding.
-pub fn check_rebuild(rec: &NodeRecord) -> Result<(), RebuildRefused> {
+pub(crate) fn check_rebuild(rec: &NodeRecord) -> Result<(), RebuildRefused> {
     if !rec.provisioning_window_open {
         return Ok(());
     }

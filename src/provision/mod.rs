@@ -105,15 +105,15 @@ pub enum Command {
 
 /// Sends [`Command`]s to a running provisioner.
 #[derive(Clone, Debug)]
-pub struct CommandSender(tokio::sync::mpsc::Sender<Command>);
+pub(crate) struct CommandSender(tokio::sync::mpsc::Sender<Command>);
 
 /// The provisioner's end of [`command_channel`].
 #[derive(Debug)]
-pub struct CommandReceiver(pub(crate) tokio::sync::mpsc::Receiver<Command>);
+pub(crate) struct CommandReceiver(pub(crate) tokio::sync::mpsc::Receiver<Command>);
 
 /// A channel for operator commands: the sender goes to the admin API, the receiver to
 /// [`Provisioner::with_commands`].
-pub fn command_channel() -> (CommandSender, CommandReceiver) {
+pub(crate) fn command_channel() -> (CommandSender, CommandReceiver) {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     (CommandSender(tx), CommandReceiver(rx))
 }

@@ -1046,11 +1046,11 @@ pub async fn run(
 }
 
 /// What ends a demo that keeps serving after its summary (`demo --stay`): Ctrl-C, SIGTERM.
-pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub(crate) type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// [`run`], and with `hold` print the summary, keep talboot (and the simulated rack) running
 /// for the dashboard until `hold` completes, then stop; the summary returned is then empty.
-pub async fn run_and_hold(
+pub(crate) async fn run_and_hold(
     opts: DemoOptions,
     timeout: Duration,
     rebuild: Option<String>,

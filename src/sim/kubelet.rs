@@ -29,14 +29,14 @@ use super::kube::KubeDouble;
 use super::talos::RunningConfig;
 
 /// The static pods of a control plane, with the `cluster` key holding each one's image.
-pub const STATIC_PODS: [(&str, &str); 3] = [
+pub(crate) const STATIC_PODS: [(&str, &str); 3] = [
     ("kube-apiserver", "apiServer"),
     ("kube-controller-manager", "controllerManager"),
     ("kube-scheduler", "scheduler"),
 ];
 
 /// The component name [`Kubelets::never_ready`] uses for the kubelet itself.
-pub const KUBELET: &str = "kubelet";
+pub(crate) const KUBELET: &str = "kubelet";
 
 /// Knobs.
 #[derive(Clone, Debug)]
@@ -103,7 +103,7 @@ fn image_at(text: &str, path: &[&str]) -> Option<String> {
 }
 
 /// The tag of an image reference (`registry/name:tag[@digest]`).
-pub fn image_tag(image: &str) -> &str {
+pub(crate) fn image_tag(image: &str) -> &str {
     let image = image.split('@').next().unwrap_or(image);
     match image.rsplit_once(':') {
         Some((_, tag)) if !tag.contains('/') => tag,

@@ -94,7 +94,7 @@ impl ClusterTable {
 
 /// One node's state change, for [`NodeWriter::put_node_states`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeWrite {
+pub(crate) struct NodeWrite {
     /// The node.
     pub name: String,
     /// Its record, when it changed.

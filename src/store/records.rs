@@ -66,7 +66,7 @@ pub struct Lease {
 
 impl Lease {
     /// When the offer, binding or quarantine ends.
-    pub fn expires(&self) -> SystemTime {
+    pub(crate) fn expires(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.expires_at_unix)
     }
 

@@ -201,7 +201,7 @@ handle!(
 impl NodeWriter {
     /// Writes several nodes' records and parts in one durable transaction (one fsync for
     /// the lot: the provisioner commits a burst of state changes together).
-    pub fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()> {
+    pub(crate) fn put_node_states(&self, writes: &[NodeWrite]) -> Result<()> {
         self.0.put_node_states(writes)
     }
 
@@ -233,7 +233,7 @@ impl EventWriter {
 
     /// Append several events in one durable transaction (in order); returns their sequence
     /// numbers. Used by the event bus to write a burst with one fsync.
-    pub fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
+    pub(crate) fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
         self.0.append_events(events)
     }
 }
@@ -245,7 +245,7 @@ handle!(
 
 impl MetaWriter {
     /// Store `value` under `key`, replacing any previous value, durably.
-    pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<()> {
+    pub(crate) fn put_meta(&self, key: &str, value: &[u8]) -> Result<()> {
         self.0.put_meta(key, value)
     }
 }
@@ -257,7 +257,7 @@ handle!(
 
 impl ProgressWriter {
     /// Store every `(key, value)`, all in one durable transaction.
-    pub fn put_rows(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
+    pub(crate) fn put_rows(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
         self.0.put_rows(ClusterTable::Progress, entries)
     }
 
@@ -269,7 +269,7 @@ impl ProgressWriter {
     /// Atomically store `new` as row `key` only if its current value (an older build's row
     /// counts) equals `expected` (`None`: only if there is none). This is how a
     /// non-repeatable step records its intent exactly once.
-    pub fn compare_and_set_row(
+    pub(crate) fn compare_and_set_row(
         &self,
         key: &str,
         expected: Option<&[u8]>,
@@ -288,7 +288,7 @@ handle!(
 
 impl TokenWriter {
     /// Store every `(key, value)`, all in one durable transaction.
-    pub fn put_rows(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
+    pub(crate) fn put_rows(&self, entries: &[(String, Vec<u8>)]) -> Result<()> {
         self.0.put_rows(ClusterTable::PullTokens, entries)
     }
 }
@@ -306,7 +306,7 @@ impl RolloutWriter {
     }
 
     /// Replace the record of a rollout, durably (a resumed run trusts it).
-    pub fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
+    pub(crate) fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
         self.0.put_rollout(key, value)
     }
 }

@@ -29,7 +29,7 @@ pub mod cosi {
 }
 
 /// `google.rpc`: the gRPC `Status` embedded in `common.Metadata`.
-pub mod google {
+pub(crate) mod google {
     /// `google.rpc`.
     pub mod rpc {
         tonic::include_proto!("google.rpc");

@@ -61,32 +61,32 @@ impl Contract {
 
     /// `UnattendedInstallConfig()`: `.machine.install` is left out and an
     /// `UnattendedInstallConfig` document is written (`generate/init.go`, `worker.go`).
-    pub fn unattended_install_config(self) -> bool {
+    pub(crate) fn unattended_install_config(self) -> bool {
         self.after_1_13()
     }
 
     /// `MultidocKubernetesConfigSupported()`: kubelet, node labels/taints, cluster name and
     /// endpoint, network, CAs, control-plane components and KubePrism move out of v1alpha1
     /// into `Kube*Config` documents (`generate/init.go`, `kubernetes.go`).
-    pub fn multidoc_kubernetes_config_supported(self) -> bool {
+    pub(crate) fn multidoc_kubernetes_config_supported(self) -> bool {
         self.after_1_13()
     }
 
     /// `HostDNSMultidocConfig()`: host DNS is `ResolverConfig.hostDNS`, not
     /// `.machine.features.hostDNS` (`generate/init.go`).
-    pub fn host_dns_multidoc_config(self) -> bool {
+    pub(crate) fn host_dns_multidoc_config(self) -> bool {
         self.after_1_13()
     }
 
     /// `DiscoveryServiceMultidocConfig()`: discovery is a `DiscoveryServiceConfig` document,
     /// not `.cluster.discovery` (`generate/init.go`).
-    pub fn discovery_service_multidoc_config(self) -> bool {
+    pub(crate) fn discovery_service_multidoc_config(self) -> bool {
         self.after_1_13()
     }
 
     /// `DiscoveryIdentityMultidocConfig()`: `.cluster.id`/`.secret`/`.clusterName` stay empty
     /// and a `DiscoveryIdentityConfig` document carries the identity (`generate/init.go`).
-    pub fn discovery_identity_multidoc_config(self) -> bool {
+    pub(crate) fn discovery_identity_multidoc_config(self) -> bool {
         self.after_1_13()
     }
 
@@ -98,13 +98,13 @@ impl Contract {
 
     /// `FilesystemTrimEnabledByDefault()`: `VolumeConfig EPHEMERAL` with `mount.secure` and a
     /// weekly `FilesystemTrimConfig` are written (`generate/block.go`).
-    pub fn filesystem_trim_enabled_by_default(self) -> bool {
+    pub(crate) fn filesystem_trim_enabled_by_default(self) -> bool {
         self.after_1_13()
     }
 
     /// `WorkloadIsolationEnabledByDefault()`: `SecurityProfileConfig` with
     /// `workloadIsolation: true` is written (`generate/security_profile.go`).
-    pub fn workload_isolation_enabled_by_default(self) -> bool {
+    pub(crate) fn workload_isolation_enabled_by_default(self) -> bool {
         self.after_1_13()
     }
 

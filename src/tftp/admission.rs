@@ -248,7 +248,7 @@ impl<T> Admission<T> {
 
     #[cfg(test)]
     /// Transfers running or waiting for `client`.
-    pub fn of_client(&self, client: IpAddr) -> usize {
+    pub(crate) fn of_client(&self, client: IpAddr) -> usize {
         self.per_client.get(&client).copied().unwrap_or(0)
     }
 

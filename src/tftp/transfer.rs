@@ -318,7 +318,7 @@ impl Transfer {
 
     #[cfg(test)]
     /// Whether the transfer completed or was aborted.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.phase == Phase::Finished
     }
 }

@@ -47,7 +47,7 @@ impl DriftBoard {
     }
 
     /// `node` was applied `rendered` through serve: drift is measured against it from now on.
-    pub fn set_applied(&self, node: &str, rendered: String) {
+    pub(crate) fn set_applied(&self, node: &str, rendered: String) {
         self.write().applied.insert(node.to_owned(), rendered);
     }
 

@@ -220,7 +220,7 @@ impl StateView {
     }
 
     /// [`Self::begin_leases`] for a plain list of writes.
-    pub fn begin_lease_writes<'a>(
+    pub(crate) fn begin_lease_writes<'a>(
         &self,
         writes: impl Iterator<Item = &'a LeaseChange>,
     ) -> LeaseTouch {
@@ -257,12 +257,12 @@ impl StateView {
 
     /// Before writing `mac`'s ProxyDHCP binding: nothing it held entitles anyone until
     /// [`Self::publish_proxy`].
-    pub fn retract_proxy(&self, mac: Mac) {
+    pub(crate) fn retract_proxy(&self, mac: Mac) {
         self.write().proxies.remove(&mac);
     }
 
     /// After `binding` was written to the store.
-    pub fn publish_proxy(&self, binding: ProxyBinding) {
+    pub(crate) fn publish_proxy(&self, binding: ProxyBinding) {
         self.write().proxies.insert(binding.mac, binding);
     }
 

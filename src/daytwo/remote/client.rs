@@ -9,7 +9,7 @@ use super::{ProgressPage, RemoteOutcome, RolloutRequest, Started};
 
 /// Why the rollout could not be handed to serve or followed.
 #[derive(Debug, thiserror::Error)]
-pub enum RemoteError {
+pub(crate) enum RemoteError {
     /// serve's admin API did not answer.
     #[error(
         "serve's admin API at {url} did not answer: {reason}; pass --admin if serve's \
@@ -27,7 +27,7 @@ pub enum RemoteError {
 
 /// Why the admin HTTP client could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     /// The token has characters an HTTP header cannot carry (the token is not shown).
     #[error("the admin token cannot be sent in an HTTP header")]
     Token,
@@ -39,7 +39,7 @@ pub enum ClientError {
 /// The HTTP client of the `--admin` commands: no proxy (the admin API is this host's or the
 /// management network's), with `bearer` (the admin token), when there is one, as
 /// `Authorization: Bearer` (marked sensitive, so no log of reqwest's shows it).
-pub fn http_client(bearer: Option<&str>) -> Result<reqwest::Client, ClientError> {
+pub(crate) fn http_client(bearer: Option<&str>) -> Result<reqwest::Client, ClientError> {
     let mut builder = reqwest::Client::builder().no_proxy();
     if let Some(token) = bearer {
         let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))

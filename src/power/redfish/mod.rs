@@ -117,7 +117,7 @@ pub struct SystemView {
 }
 
 /// Pick the system's path from the `/redfish/v1/Systems` collection.
-pub fn member_path(collection: &Value) -> Result<String, String> {
+pub(crate) fn member_path(collection: &Value) -> Result<String, String> {
     let members = collection
         .get("Members")
         .and_then(Value::as_array)
@@ -148,7 +148,7 @@ fn string_list(v: Option<&Value>) -> Option<Vec<String>> {
 
 /// Read a ComputerSystem resource; `path` is where it was fetched, the fallback reset target
 /// when the service omits `target` (the schema requires it; some BMCs still omit it).
-pub fn system_view(system: &Value, path: &str) -> SystemView {
+pub(crate) fn system_view(system: &Value, path: &str) -> SystemView {
     let power_state = match system.get("PowerState").and_then(Value::as_str) {
         Some("On") | Some("PoweringOff") | Some("Paused") => PowerState::On,
         Some("Off") | Some("PoweringOn") => PowerState::Off,
@@ -188,7 +188,7 @@ pub fn system_view(system: &Value, path: &str) -> SystemView {
 
 /// The first `@Message.ExtendedInfo` or `error.message` of a Redfish error body, if any, so an
 /// operator sees why the BMC refused.
-pub fn error_message(body: &str) -> Option<String> {
+pub(crate) fn error_message(body: &str) -> Option<String> {
     let v: Value = serde_json::from_str(body).ok()?;
     let err = v.get("error")?;
     let ext = err

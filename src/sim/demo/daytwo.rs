@@ -86,7 +86,7 @@ impl Demo {
     /// Adds the demo's patch to the inventory, renders every node again and applies the
     /// change with mode no-reboot through the running talboot's admin API, printing its
     /// progress when `print`.
-    pub async fn apply_config_change(
+    pub(crate) async fn apply_config_change(
         &self,
         worker_concurrency: usize,
         print: bool,

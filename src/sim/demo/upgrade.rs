@@ -62,7 +62,7 @@ pub(crate) fn minor_bump(v: &Version) -> Version {
 impl Demo {
     /// Rolls Talos `version` across every node, `worker_concurrency` workers at a time,
     /// printing progress per node when `print`.
-    pub async fn upgrade_talos(
+    pub(crate) async fn upgrade_talos(
         &self,
         version: &Version,
         worker_concurrency: usize,

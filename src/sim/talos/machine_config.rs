@@ -474,14 +474,14 @@ fn reply(mode: Mode, details: String) -> machine::ApplyConfigurationResponse {
 
 /// `MachineConfigSpec` (api/resource/definitions/config/config.proto).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct MachineConfigSpec {
+pub(crate) struct MachineConfigSpec {
     #[prost(bytes = "vec", tag = "1")]
     pub yaml_marshalled: Vec<u8>,
 }
 
 /// `MachineTypeSpec` (api/resource/config/config.proto), the enum as its number.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct MachineTypeSpec {
+pub(crate) struct MachineTypeSpec {
     #[prost(int32, tag = "1")]
     pub machine_type: i32,
 }

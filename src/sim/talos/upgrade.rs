@@ -156,7 +156,7 @@ pub fn max_down(events: &[Availability], since: Instant, control_planes: bool) -
 impl FakeCluster {
     /// Every time a node of this cluster went down (reboot announced) or came back (stage
     /// `running`), in order.
-    pub fn availability(&self) -> Vec<Availability> {
+    pub(crate) fn availability(&self) -> Vec<Availability> {
         lock(&self.inner).availability.0.clone()
     }
 }

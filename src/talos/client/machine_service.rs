@@ -50,7 +50,7 @@ impl TalosClient {
     /// `ApplyConfiguration` on a configured node with an explicit mode, optionally as a dry
     /// run (the node answers with its own diff in `mode_details` and changes nothing) and a
     /// `try_mode_timeout` for TRY. Made exactly once, as [`Self::apply_configuration`].
-    pub async fn apply_configuration_with(
+    pub(crate) async fn apply_configuration_with(
         &self,
         config: &[u8],
         mode: apply_configuration_request::Mode,

@@ -136,7 +136,7 @@ impl TalosClient {
 
     /// One `MachineConfigs.config.talos.dev` resource: `v1alpha1` (active) or `persistent`
     /// (on STATE, loaded at the next boot; differs after a staged apply).
-    pub async fn machine_config_id(&self, id: &str) -> Result<String, TalosError> {
+    pub(crate) async fn machine_config_id(&self, id: &str) -> Result<String, TalosError> {
         #[derive(Clone, PartialEq, prost::Message)]
         struct MachineConfigSpec {
             #[prost(bytes = "vec", tag = "1")]

@@ -73,7 +73,7 @@ impl TalosClient {
     /// is handed to `on_progress` as it arrives. An image the registry does not have is
     /// NotFound at once (no retries). Made once per call: an image already pulled is not
     /// fetched again by the node (`WithSkipIfAlreadyPulled`), so the caller may call again.
-    pub async fn image_pull(
+    pub(crate) async fn image_pull(
         &self,
         image: &str,
         mut on_progress: impl FnMut(&ImageServicePullProgress) + Send,
@@ -114,7 +114,7 @@ impl TalosClient {
     /// siderolabs/talos v1.13.9 `cmd/talosctl/cmd/talos/upgrade.go`). Reads the progress
     /// stream to its end; each message is handed to `on_message` as it arrives. A non-zero
     /// exit code is no gRPC error upstream, so it is returned, not mapped. Made exactly once.
-    pub async fn lifecycle_upgrade(
+    pub(crate) async fn lifecycle_upgrade(
         &self,
         image: &str,
         mut on_message: impl FnMut(&str) + Send,
