@@ -74,14 +74,7 @@ pub async fn follow(
         .send()
         .await
         .map_err(|e| unreachable(&url, e))?;
-    let status = resp.status();
-    let bytes = resp.bytes().await.map_err(|e| unreachable(&url, e))?;
-    if !status.is_success() {
-        return Err(RemoteError::Refused {
-            status: status.as_u16(),
-            message: String::from_utf8_lossy(&bytes).trim_end().to_owned(),
-        });
-    }
+    let bytes = success_body(&url, resp).await?;
     let started: Started = parse(&url, &bytes)?;
     say(&format!(
         "serve runs {} (rollout {})",
@@ -95,14 +88,7 @@ pub async fn follow(
             .send()
             .await
             .map_err(|e| unreachable(&url, e))?;
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| unreachable(&url, e))?;
-        if !status.is_success() {
-            return Err(RemoteError::Refused {
-                status: status.as_u16(),
-                message: String::from_utf8_lossy(&bytes).trim_end().to_owned(),
-            });
-        }
+        let bytes = success_body(&url, resp).await?;
         let page: ProgressPage = parse(&url, &bytes)?;
         for line in &page.lines {
             say(line);
@@ -112,6 +98,22 @@ pub async fn follow(
             return Ok(end);
         }
     }
+}
+
+/// The body of an answer, or the refusal it carries (any status but 2xx, with serve's text).
+async fn success_body(url: &str, resp: reqwest::Response) -> Result<Vec<u8>, RemoteError> {
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(|e| RemoteError::Unreachable {
+        url: url.to_owned(),
+        reason: e.to_string(),
+    })?;
+    if !status.is_success() {
+        return Err(RemoteError::Refused {
+            status: status.as_u16(),
+            message: String::from_utf8_lossy(&bytes).trim_end().to_owned(),
+        });
+    }
+    Ok(bytes.into())
 }
 
 fn parse<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8]) -> Result<T, RemoteError> {

@@ -228,6 +228,20 @@ impl std::fmt::Debug for Redfish {
 }
 
 impl Redfish {
+    /// A request for `path` under the service root, with the headers every Redfish call
+    /// carries (JSON, OData 4.0); authentication is the caller's.
+    fn request(&self, method: &Method, path: &str) -> Result<reqwest::RequestBuilder, PowerError> {
+        let url = self.base.join(path).map_err(|e| PowerError::Protocol {
+            target: self.target(),
+            reason: format!("bad resource path {path:?}: {e}"),
+        })?;
+        Ok(self
+            .client
+            .request(method.clone(), url)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .header("OData-Version", "4.0"))
+    }
+
     /// Build the client. Fails on an endpoint that is not a plain `http(s)://host[:port]` URL
     /// (user info in it would put a secret in every error message) or an unreadable CA.
     pub fn new(cfg: RedfishConfig) -> Result<Self, PowerError> {
@@ -295,15 +309,7 @@ impl Redfish {
         body: Option<&Value>,
         if_match: Option<&str>,
     ) -> Result<Answer, PowerError> {
-        let url = self.base.join(path).map_err(|e| PowerError::Protocol {
-            target: self.target(),
-            reason: format!("bad resource path {path:?}: {e}"),
-        })?;
-        let mut req = self
-            .client
-            .request(method.clone(), url)
-            .header(reqwest::header::ACCEPT, "application/json")
-            .header("OData-Version", "4.0");
+        let mut req = self.request(&method, path)?;
         req = match self.auth().await? {
             Auth::Basic => req.basic_auth(&self.cfg.username, Some(self.cfg.password.expose())),
             Auth::Session { token, .. } => req.header("X-Auth-Token", sensitive(token)?),

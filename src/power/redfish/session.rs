@@ -133,15 +133,7 @@ impl Redfish {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, reqwest::header::HeaderMap, String), PowerError> {
-        let url = self.base.join(path).map_err(|e| PowerError::Protocol {
-            target: self.target(),
-            reason: format!("bad resource path {path:?}: {e}"),
-        })?;
-        let mut req = self
-            .client
-            .request(method.clone(), url)
-            .header(reqwest::header::ACCEPT, "application/json")
-            .header("OData-Version", "4.0");
+        let mut req = self.request(&method, path)?;
         if let Some(b) = body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
