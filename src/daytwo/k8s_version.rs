@@ -48,21 +48,84 @@ pub enum VersionError {
         k8s: semver::Version,
         talos: semver::Version,
     },
+    #[error("upgrades to version {0} are not supported")]
+    NoUpgradeTable(semver::Version),
+    #[error("host version {host} is too old to upgrade to Talos {talos}")]
+    HostTooOld {
+        host: semver::Version,
+        talos: semver::Version,
+    },
+    #[error("host version {host} is too new to downgrade to Talos {talos}")]
+    HostTooNew {
+        host: semver::Version,
+        talos: semver::Version,
+    },
 }
 
-/// The Kubernetes versions each Talos minor runs, as talosctl v1.13.9 knows them
-/// (siderolabs/talos v1.13.9 `pkg/machinery/compatibility/talos1{10,11,12,13}/*.go`,
-/// `MinimumKubernetesVersion` and `MaximumKubernetesVersion`): (Talos minor, lowest, the
-/// first version that is too new). Older minors are not listed here.
+/// The Kubernetes versions each Talos minor runs, as talosctl v1.14 knows them
+/// (siderolabs/talos v1.14.0-rc.1 `pkg/machinery/compatibility/talos1{10,11,12,13,14}/*.go`,
+/// `MinimumKubernetesVersion` and `MaximumKubernetesVersion`; the rows of 1.10 to 1.13 are
+/// the same at v1.13.9): (Talos minor, lowest, the first version that is too new). Older
+/// minors are not listed here.
 /// major, minor, patch.
 type Triple = (u64, u64, u64);
 
-const TALOS_K8S: [(u64, Triple, Triple); 4] = [
+const TALOS_K8S: [(u64, Triple, Triple); 5] = [
     (10, (1, 28, 0), (1, 33, 99)),
     (11, (1, 29, 0), (1, 34, 99)),
     (12, (1, 30, 0), (1, 35, 99)),
     (13, (1, 31, 0), (1, 36, 99)),
+    (14, (1, 32, 0), (1, 37, 99)),
 ];
+
+/// Which running Talos versions the installer of each Talos minor upgrades (siderolabs/talos
+/// v1.14.0-rc.1 `pkg/machinery/compatibility/talos1{12,13,14}/*.go`,
+/// `MinimumHostUpgradeVersion` and `MaximumHostDowngradeVersion`; none has
+/// `DeniedHostUpgradeVersions`): (target minor, the oldest host, the first host that is too
+/// new). The installer's pre-flight check (`cmd/installer/pkg/install/preflight.go`,
+/// `talosVersion`) refuses any other host on the node itself, after the upgrade has begun.
+const TALOS_HOST_UPGRADE: [(u64, Triple, Triple); 3] = [
+    (12, (1, 10, 0), (1, 14, 0)),
+    (13, (1, 11, 0), (1, 15, 0)),
+    (14, (1, 12, 0), (1, 16, 0)),
+];
+
+/// Whether the installer of Talos `target` upgrades a node that runs Talos `host`, with the
+/// installer's texts (`pkg/machinery/compatibility/talos_version.go`, `UpgradeableFrom`:
+/// the host's major.minor.patch below the minimum is "too old", at or above the maximum
+/// "too new", a target minor without a table "not supported"). Pre-release tags compare by
+/// their numbers only, as upstream's `ordered.MakeTriple` does.
+pub(crate) fn upgradeable_from(target_tag: &str, host_tag: &str) -> Result<(), VersionError> {
+    let parse = |tag: &str| {
+        tag.parse::<Version>()
+            .map_err(|reason| VersionError::TalosTag {
+                tag: tag.to_owned(),
+                reason,
+            })
+    };
+    let (target, host) = (parse(target_tag)?, parse(host_tag)?);
+    let t = &target.0;
+    let row = TALOS_HOST_UPGRADE
+        .iter()
+        .find(|(minor, _, _)| t.major == 1 && t.minor == *minor);
+    let Some((_, min, max)) = row else {
+        return Err(VersionError::NoUpgradeTable(target.0));
+    };
+    let h = (host.0.major, host.0.minor, host.0.patch);
+    if h < *min {
+        return Err(VersionError::HostTooOld {
+            host: host.0,
+            talos: target.0,
+        });
+    }
+    if h >= *max {
+        return Err(VersionError::HostTooNew {
+            host: host.0,
+            talos: target.0,
+        });
+    }
+    Ok(())
+}
 
 /// Whether Kubernetes `k8s` may run on a node with Talos `talos_tag`, with talosctl's texts
 /// (`pkg/machinery/compatibility/kubernetes_version.go`, `SupportedWith`: below the minimum is
@@ -132,11 +195,59 @@ mod tests {
         );
         assert!(supported_with(&v("1.35.2"), "v1.12.4").is_ok());
         assert!(supported_with(&v("1.36.0"), "v1.12.4").is_err());
+        // Talos v1.14 runs Kubernetes 1.32.0 up to 1.37.x.
+        assert!(supported_with(&v("1.36.4"), "v1.14.0").is_ok());
+        assert!(supported_with(&v("1.37.5"), "v1.14.1").is_ok());
+        assert!(supported_with(&v("1.32.0"), "v1.14.0-rc.1").is_ok());
         assert_eq!(
-            supported_with(&v("1.36.4"), "v1.14.0")
+            supported_with(&v("1.31.9"), "v1.14.0")
                 .unwrap_err()
                 .to_string(),
-            "compatibility with version 1.14.0 is not supported"
+            "version of Kubernetes 1.31.9 is too old to be used with Talos 1.14.0"
         );
+        assert_eq!(
+            supported_with(&v("1.38.0"), "v1.14.0")
+                .unwrap_err()
+                .to_string(),
+            "version of Kubernetes 1.38.0 is too new to be used with Talos 1.14.0"
+        );
+        assert_eq!(
+            supported_with(&v("1.36.4"), "v1.15.0")
+                .unwrap_err()
+                .to_string(),
+            "compatibility with version 1.15.0 is not supported"
+        );
+    }
+
+    /// The host versions each installer accepts, from `talos1{12,13,14}` at v1.14.0-rc.1, with
+    /// the installer's texts.
+    #[test]
+    fn the_installers_host_version_table() {
+        assert!(upgradeable_from("v1.14.0", "v1.13.9").is_ok());
+        assert!(upgradeable_from("v1.14.0", "v1.12.0").is_ok());
+        assert!(
+            upgradeable_from("v1.14.0", "v1.15.3").is_ok(),
+            "a downgrade from 1.15"
+        );
+        assert!(upgradeable_from("v1.13.9", "v1.11.0").is_ok());
+        assert!(upgradeable_from("v1.14.0-rc.1", "v1.13.9").is_ok());
+        let err = |t: &str, h: &str| upgradeable_from(t, h).unwrap_err().to_string();
+        assert_eq!(
+            err("v1.14.0", "v1.11.6"),
+            "host version 1.11.6 is too old to upgrade to Talos 1.14.0"
+        );
+        assert_eq!(
+            err("v1.14.0", "v1.16.0"),
+            "host version 1.16.0 is too new to downgrade to Talos 1.14.0"
+        );
+        assert_eq!(
+            err("v1.13.9", "v1.15.0"),
+            "host version 1.15.0 is too new to downgrade to Talos 1.13.9"
+        );
+        assert_eq!(
+            err("v1.15.0", "v1.14.0"),
+            "upgrades to version 1.15.0 are not supported"
+        );
+        assert!(err("v1.14.0", "garbage").contains("garbage"));
     }
 }

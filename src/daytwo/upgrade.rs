@@ -48,6 +48,8 @@ pub(crate) struct TalosUpgrade {
     /// Write the new version for the next boot, no reboot now.
     pub stage: bool,
     pub nodes: Vec<UpgradeNode>,
+    /// The cluster's Kubernetes version (the inventory's), which the target must run.
+    pub kubernetes: Version,
 }
 
 impl TalosUpgrade {
@@ -78,7 +80,29 @@ impl TalosUpgrade {
             version: version.clone(),
             stage,
             nodes,
+            kubernetes: inv.cluster.kubernetes_version.value.clone(),
         }
+    }
+
+    /// What would make the target refuse this cluster, checked before any node changes: the
+    /// cluster's Kubernetes version must run on the target (talosctl's table, as
+    /// `upgrade-k8s` reads it), and each node's running Talos (`hosts`: node and the tag it
+    /// reports) must be one the target's installer upgrades. The installer checks the
+    /// latter only on the node itself, after the pull and with the upgrade under way.
+    pub(crate) fn refusals(&self, hosts: &[(String, String)]) -> Vec<String> {
+        let target = self.version.to_string();
+        let mut out = Vec::new();
+        if let Err(e) = super::k8s_version::supported_with(&self.kubernetes, &target) {
+            out.push(format!(
+                "{e} (upgrade Kubernetes first with `talboot upgrade --kubernetes`)"
+            ));
+        }
+        for (node, tag) in hosts {
+            if let Err(e) = super::k8s_version::upgradeable_from(&target, tag) {
+                out.push(format!("{node}: {e}"));
+            }
+        }
+        out
     }
 
     /// The engine's targets, in order.
@@ -135,6 +159,12 @@ pub(crate) enum UpgradeError {
     /// Every problem the pre-flight check found.
     #[error("the cluster is not healthy before the upgrade: {}", .0.join("; "))]
     NotHealthy(Vec<String>),
+    /// The target Talos would refuse the cluster (see [`TalosUpgrade::refusals`]).
+    #[error("Talos {target} cannot upgrade this cluster: {}", .problems.join("; "))]
+    Unsupported {
+        target: String,
+        problems: Vec<String>,
+    },
 }
 
 /// Per-node progress lines from the installer.
@@ -278,12 +308,20 @@ impl TalosOps {
 
     async fn cluster_gate(&self) -> Result<(), UpgradeError> {
         let mut problems = Vec::new();
+        let mut hosts = Vec::new();
         for node in &self.upgrade.nodes {
             match self.look(node).await {
-                Ok((_, true)) => {}
+                Ok((tag, true)) => hosts.push((node.name.clone(), tag)),
                 Ok((tag, false)) => problems.push(format!("{} ({tag}) is not running", node.name)),
                 Err(e) => problems.push(format!("{}: {e}", node.name)),
             }
+        }
+        let refused = self.upgrade.refusals(&hosts);
+        if !refused.is_empty() {
+            return Err(UpgradeError::Unsupported {
+                target: self.target_tag(),
+                problems: refused,
+            });
         }
         let control_planes = self
             .upgrade
@@ -706,6 +744,59 @@ pub(crate) mod tests {
             assert_eq!(n.running_version(), "v1.14.0", "{}", n.hostname());
         }
         assert_eq!(max_down(&rack.cluster.availability(), since, true), 1);
+    }
+
+    /// talosctl's tables (v1.14.0-rc.1 `pkg/machinery/compatibility`): Talos v1.14 runs
+    /// Kubernetes 1.32 to 1.37 and upgrades hosts from v1.12.0 on.
+    #[test]
+    fn the_target_must_run_the_clusters_kubernetes_and_upgrade_its_hosts() {
+        let (inv, _) = rack();
+        let mut plan = TalosUpgrade::plan(inv, &"v1.14.0".parse().unwrap(), false, 50000);
+        let hosts = |tags: &[(&str, &str)]| -> Vec<(String, String)> {
+            tags.iter()
+                .map(|(n, t)| (n.to_string(), t.to_string()))
+                .collect()
+        };
+        plan.kubernetes = "1.36.3".parse().unwrap();
+        assert_eq!(
+            plan.refusals(&hosts(&[("cp-1", "v1.13.9"), ("wk-1", "v1.12.4")])),
+            Vec::<String>::new()
+        );
+        plan.kubernetes = "1.31.4".parse().unwrap();
+        assert_eq!(
+            plan.refusals(&hosts(&[("cp-1", "v1.13.9"), ("wk-1", "v1.11.2")])),
+            vec![
+                "version of Kubernetes 1.31.4 is too old to be used with Talos 1.14.0 \
+                 (upgrade Kubernetes first with `talboot upgrade --kubernetes`)"
+                    .to_string(),
+                "wk-1: host version 1.11.2 is too old to upgrade to Talos 1.14.0".to_string(),
+            ]
+        );
+    }
+
+    /// A cluster the target would refuse is refused at the cluster gate: no node is pulled
+    /// or upgraded (the installer's own check would fire only on the first node, mid-way).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unsupported_kubernetes_version_stops_the_upgrade_before_any_node() {
+        let mut rack = rack_up(31).await;
+        rack.upgrade.kubernetes = "1.31.4".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
+        match run(&rack, &store, 2).await {
+            Outcome::Stopped { node, reason } => {
+                assert_eq!(node, None);
+                assert!(
+                    reason.contains("Talos v1.14.0 cannot upgrade this cluster")
+                        && reason.contains("too old to be used with Talos 1.14.0"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for n in &rack.nodes {
+            assert_eq!(n.upgrade_calls(), 0, "{}", n.hostname());
+            assert_eq!(n.running_version(), TALOS_TAG, "{}", n.hostname());
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
