@@ -164,10 +164,14 @@ fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, ManifestE
         .into_iter()
         .enumerate()
         .map(|(doc, (first_line, chunk))| {
-            super::kyaml::to_json(&chunk).map_err(|(line, message)| ManifestError::Yaml {
+            super::kyaml::to_json(&chunk).map_err(|e| ManifestError::Yaml {
                 source_name: source_name.to_owned(),
                 doc,
-                message: format!("line {}: {message}", first_line + line.saturating_sub(1)),
+                message: format!(
+                    "line {}: {}",
+                    first_line + e.line.saturating_sub(1),
+                    e.reason
+                ),
             })
         })
         .collect()

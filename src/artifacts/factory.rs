@@ -118,20 +118,28 @@ fn part_path(target: &Path) -> PathBuf {
     target.with_file_name(name)
 }
 
+/// A failed download of `url`, with why.
+fn download_err(url: &str, cause: String) -> ArtifactError {
+    ArtifactError::Download {
+        url: url.to_string(),
+        cause,
+    }
+}
+
+/// An I/O error on `path`, as the artifact cache reports it.
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError {
+    let path = path.to_path_buf();
+    move |source| ArtifactError::Io { path, source }
+}
+
+/// Fetches `url` into `target` through `<target>.part`, asking only for the missing tail when a
+/// partial file is there, so an interrupted pull resumes where it stopped.
 async fn download(
     client: &reqwest::Client,
     url: &str,
     target: &Path,
     progress: bool,
 ) -> Result<(), ArtifactError> {
-    let fail = |cause: String| ArtifactError::Download {
-        url: url.to_string(),
-        cause,
-    };
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ArtifactError::Io { path, source }
-    };
     let part = part_path(target);
     let have = tokio::fs::metadata(&part)
         .await
@@ -141,71 +149,101 @@ async fn download(
     if have > 0 {
         request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
     }
-    let resp = request.send().await.map_err(|e| fail(e.to_string()))?;
-    let status = resp.status();
-    let (mut file, start) = match status {
-        reqwest::StatusCode::PARTIAL_CONTENT if have > 0 => {
-            let f = tokio::fs::OpenOptions::new()
-                .append(true)
-                .open(&part)
-                .await
-                .map_err(io(&part))?;
-            (f, have)
-        }
-        reqwest::StatusCode::RANGE_NOT_SATISFIABLE if have > 0 => {
-            // The partial file is already complete.
-            tokio::fs::rename(&part, target).await.map_err(io(target))?;
-            return Ok(());
-        }
-        s if s.is_success() => {
-            // A server that ignores Range sends the whole file again: start over.
-            let f = tokio::fs::File::create(&part).await.map_err(io(&part))?;
-            (f, 0)
-        }
-        s => return Err(fail(format!("HTTP {s}"))),
+    let resp = request
+        .send()
+        .await
+        .map_err(|e| download_err(url, e.to_string()))?;
+    let Some((mut file, start)) = open_part(url, resp.status(), have, &part, target).await? else {
+        return Ok(());
     };
     let total = resp.content_length().map(|len| len + start);
-    let bar = if progress {
-        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{msg:30} {bytes:>10}/{total_bytes:10} {bar:30} {bytes_per_sec}",
-            )
-            .expect("static template"),
-        );
-        bar.set_message(
-            target
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned(),
-        );
-        bar.set_position(start);
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress_bar(progress, total, start, target);
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| fail(format!("{e}; run the same command again to resume")))?;
-        file.write_all(&chunk).await.map_err(io(&part))?;
+        let chunk = chunk
+            .map_err(|e| download_err(url, format!("{e}; run the same command again to resume")))?;
+        file.write_all(&chunk).await.map_err(io_err(&part))?;
         bar.inc(chunk.len() as u64);
     }
-    file.flush().await.map_err(io(&part))?;
-    file.sync_all().await.map_err(io(&part))?;
+    file.flush().await.map_err(io_err(&part))?;
+    file.sync_all().await.map_err(io_err(&part))?;
     drop(file);
     bar.finish_and_clear();
     if let Some(total) = total {
-        let got = tokio::fs::metadata(&part).await.map_err(io(&part))?.len();
+        let got = tokio::fs::metadata(&part)
+            .await
+            .map_err(io_err(&part))?
+            .len();
         if got != total {
-            return Err(fail(format!(
-                "got {got} of {total} bytes; run the same command again to resume"
-            )));
+            return Err(download_err(
+                url,
+                format!("got {got} of {total} bytes; run the same command again to resume"),
+            ));
         }
     }
-    tokio::fs::rename(&part, target).await.map_err(io(target))?;
+    tokio::fs::rename(&part, target)
+        .await
+        .map_err(io_err(target))?;
     Ok(())
+}
+
+/// Where the response body goes, decided by the status: appended to the partial file when
+/// the server honoured the Range request, written from the start when it sent the whole file.
+/// `None` when the server says the range is past the end: the partial file was already
+/// complete and has been renamed into place.
+async fn open_part(
+    url: &str,
+    status: reqwest::StatusCode,
+    have: u64,
+    part: &Path,
+    target: &Path,
+) -> Result<Option<(tokio::fs::File, u64)>, ArtifactError> {
+    Ok(Some(match status {
+        reqwest::StatusCode::PARTIAL_CONTENT if have > 0 => {
+            let f = tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(part)
+                .await
+                .map_err(io_err(part))?;
+            (f, have)
+        }
+        reqwest::StatusCode::RANGE_NOT_SATISFIABLE if have > 0 => {
+            tokio::fs::rename(part, target)
+                .await
+                .map_err(io_err(target))?;
+            return Ok(None);
+        }
+        s if s.is_success() => {
+            // A server that ignores Range sends the whole file again: start over.
+            let f = tokio::fs::File::create(part).await.map_err(io_err(part))?;
+            (f, 0)
+        }
+        s => return Err(download_err(url, format!("HTTP {s}"))),
+    }))
+}
+
+/// The progress bar for one file on stderr (hidden unless the operator's terminal shows it),
+/// starting at the bytes a resumed download already has.
+fn progress_bar(progress: bool, total: Option<u64>, start: u64, target: &Path) -> ProgressBar {
+    if !progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:30} {bytes:>10}/{total_bytes:10} {bar:30} {bytes_per_sec}",
+        )
+        .expect("static template"),
+    );
+    bar.set_message(
+        target
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+    );
+    bar.set_position(start);
+    bar
 }
 
 #[cfg(test)]

@@ -235,14 +235,14 @@ pub fn import(
 /// One source: where it is read from (a path, or the inline command line).
 enum Source<'a> {
     Path(&'a Path),
-    Bytes(&'a [u8]),
+    Bytes(Vec<u8>),
 }
 
 impl Source<'_> {
     fn open(&self, open: Opener<'_>) -> std::io::Result<Box<dyn Read + '_>> {
         match self {
             Source::Path(p) => open(p),
-            Source::Bytes(b) => Ok(Box::new(*b)),
+            Source::Bytes(b) => Ok(Box::new(b.as_slice())),
         }
     }
 
@@ -254,6 +254,28 @@ impl Source<'_> {
     }
 }
 
+/// The request's three sources, in the order they are checked and copied. An inline command
+/// line is stored as a file would hold it: trimmed, with one line end.
+fn sources(req: &ImportRequest) -> [(Kind, Source<'_>); 3] {
+    [
+        (Kind::Kernel, Source::Path(&req.kernel)),
+        (Kind::Initramfs, Source::Path(&req.initramfs)),
+        (
+            Kind::Cmdline,
+            match &req.cmdline {
+                CmdlineSource::File(p) => Source::Path(p),
+                CmdlineSource::Inline(s) => Source::Bytes(format!("{}\n", s.trim()).into_bytes()),
+            },
+        ),
+    ]
+}
+
+/// An I/O error on `path`, as the artifact cache reports it.
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError {
+    let path = path.to_path_buf();
+    move |source| ArtifactError::Io { path, source }
+}
+
 /// [`import`] with the way sources are opened given.
 pub(crate) fn import_with(
     dir: &Path,
@@ -261,21 +283,7 @@ pub(crate) fn import_with(
     now_unix: u64,
     open: Opener<'_>,
 ) -> Result<(Entry, Outcome), ImportError> {
-    let inline;
-    let sources: [(Kind, Source<'_>); 3] = [
-        (Kind::Kernel, Source::Path(&req.kernel)),
-        (Kind::Initramfs, Source::Path(&req.initramfs)),
-        (
-            Kind::Cmdline,
-            match &req.cmdline {
-                CmdlineSource::File(p) => Source::Path(p),
-                CmdlineSource::Inline(s) => {
-                    inline = format!("{}\n", s.trim());
-                    Source::Bytes(inline.as_bytes())
-                }
-            },
-        ),
-    ];
+    let sources = sources(req);
 
     // Pass 1: validate and hash; nothing is written yet.
     let mut incoming = BTreeMap::new();
@@ -302,27 +310,50 @@ pub(crate) fn import_with(
         Decision::Write(outcome) => outcome,
     };
 
-    // Pass 2: copy beside the final place, checking the copy is what pass 1 validated.
-    let set_dir = dir.join(req.id.rel_dir());
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ArtifactError::Io { path, source }
+    write_set(&dir.join(req.id.rel_dir()), &sources, &incoming, open)?;
+    let (source, origin) = origin(req);
+    let entry = Entry {
+        id: req.id.clone(),
+        source,
+        pulled_at: now_unix,
+        files: incoming,
+        origin,
     };
-    std::fs::create_dir_all(&set_dir).map_err(io(&set_dir))?;
+    catalog.upsert(entry.clone());
+    catalog.save(dir)?;
+    tracing::info!(set = %req.id, ?outcome, "imported");
+    Ok((entry, outcome))
+}
+
+/// Pass 2: copies every source beside its final place in `set_dir`, checking each copy is
+/// what pass 1 validated (`incoming`), and renames them into place only once all three are
+/// complete, so a failed read or copy leaves the cache as it was.
+fn write_set(
+    set_dir: &Path,
+    sources: &[(Kind, Source<'_>)],
+    incoming: &BTreeMap<Kind, FileRecord>,
+    open: Opener<'_>,
+) -> Result<(), ImportError> {
+    std::fs::create_dir_all(set_dir).map_err(io_err(set_dir))?;
     let mut staged = Vec::new();
-    for (kind, src) in &sources {
-        let tmp = copy_to_temp(*kind, src, &set_dir, &incoming[kind], open)?;
+    for (kind, src) in sources {
+        let tmp = copy_to_temp(*kind, src, set_dir, &incoming[kind], open)?;
         staged.push((*kind, tmp));
     }
     for (kind, tmp) in staged {
         let target = set_dir.join(kind.file_name());
-        tmp.persist(&target).map_err(|e| io(&target)(e.error))?;
+        tmp.persist(&target).map_err(|e| io_err(&target)(e.error))?;
     }
-    std::fs::File::open(&set_dir)
+    std::fs::File::open(set_dir)
         .and_then(|d| d.sync_all())
-        .map_err(io(&set_dir))?;
+        .map_err(io_err(set_dir))?;
+    Ok(())
+}
 
-    let (source, origin) = match &req.iso {
+/// Where the catalog says the set came from: the ISO when the files were copied out of one,
+/// else the paths the operator gave (and how the command line was given).
+fn origin(req: &ImportRequest) -> (String, Origin) {
+    match &req.iso {
         Some(iso) => (
             iso.iso.display().to_string(),
             Origin::Iso {
@@ -342,18 +373,7 @@ pub(crate) fn import_with(
                 },
             },
         ),
-    };
-    let entry = Entry {
-        id: req.id.clone(),
-        source,
-        pulled_at: now_unix,
-        files: incoming,
-        origin,
-    };
-    catalog.upsert(entry.clone());
-    catalog.save(dir)?;
-    tracing::info!(set = %req.id, ?outcome, "imported");
-    Ok((entry, outcome))
+    }
 }
 
 fn read_err(kind: Kind, src: &Source<'_>) -> impl FnOnce(std::io::Error) -> ImportError {

@@ -251,16 +251,25 @@ fn base_config_v1_13(
     secrets: &SecretsBundle,
     machine_type: MachineType,
 ) -> Result<ConfigBundle, RenderError> {
+    let main = json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": machine_v1_13(inv, secrets, machine_type),
+        "cluster": cluster_v1_13(inv, secrets, machine_type == MachineType::ControlPlane),
+    });
+    let hostname = json!({"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"});
+    Ok(ConfigBundle::new(vec![yaml(main), yaml(hostname)]))
+}
+
+/// The v1.13 base document's `machine` section: gen config's defaults (install disk, ghcr
+/// installer and kubelet images, features) and the OS CA, whose key only a control plane
+/// gets.
+fn machine_v1_13(inv: &Inventory, secrets: &SecretsBundle, machine_type: MachineType) -> Json {
     let c = &inv.cluster;
     let talos = &c.talos_version.value;
     let k8s = &c.kubernetes_version.value;
     let cp = machine_type == MachineType::ControlPlane;
-    let endpoint = &c.endpoint.value;
-    let host = match &endpoint.host {
-        EndpointHost::Ip(ip) => ip.to_string(),
-        EndpointHost::Name(n) => n.clone(),
-    };
-
     let mut machine = json!({
         "type": machine_type.as_str(),
         "token": secrets.trustd_token(),
@@ -287,7 +296,19 @@ fn base_config_v1_13(
         machine["nodeLabels"] =
             json!({"node.kubernetes.io/exclude-from-external-load-balancers": ""});
     }
+    machine
+}
 
+/// The v1.13 base document's `cluster` section: identity, endpoint, network and secrets every
+/// node shares; a worker gets the Kubernetes CA without its key and discovery, a control plane
+/// everything [`control_plane_v1_13`] adds.
+fn cluster_v1_13(inv: &Inventory, secrets: &SecretsBundle, cp: bool) -> Json {
+    let c = &inv.cluster;
+    let endpoint = &c.endpoint.value;
+    let host = match &endpoint.host {
+        EndpointHost::Ip(ip) => ip.to_string(),
+        EndpointHost::Name(n) => n.clone(),
+    };
     let mut network = json!({
         "dnsDomain": c.dns_domain,
         "podSubnets": c.pod_subnets.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -297,7 +318,6 @@ fn base_config_v1_13(
     if cilium.is_some() || c.external_cni {
         network["cni"] = json!({"name": "none"});
     }
-
     let mut cluster = json!({
         "id": secrets.cluster_id(),
         "secret": secrets.cluster_secret(),
@@ -307,50 +327,55 @@ fn base_config_v1_13(
         "token": secrets.bootstrap_token(),
     });
     if cp {
-        match secrets.encryption_secret() {
-            EncryptionSecret::Secretbox(s) => cluster["secretboxEncryptionSecret"] = json!(s),
-            EncryptionSecret::AesCbc(s) => cluster["aescbcEncryptionSecret"] = json!(s),
-        }
-        cluster["ca"] = cert_and_key(secrets.k8s_ca(), true);
-        cluster["aggregatorCA"] = cert_and_key(secrets.k8s_aggregator_ca(), true);
-        cluster["serviceAccount"] =
-            json!({"key": STANDARD.encode(secrets.k8s_service_account_key())});
-        cluster["apiServer"] = json!({
-            "image": format!("registry.k8s.io/kube-apiserver:{k8s}"),
-            "admissionControl": admission_control(),
-            "auditPolicy": {
-                "apiVersion": "audit.k8s.io/v1",
-                "kind": "Policy",
-                "rules": [{"level": "Metadata"}]
-            }
-        });
-        cluster["controllerManager"] =
-            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")});
-        let mut proxy = json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}")});
-        if cilium == Some(true) {
-            proxy["disabled"] = json!(true);
-        }
-        cluster["proxy"] = proxy;
-        cluster["scheduler"] = json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}")});
-        cluster["discovery"] = discovery();
-        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
-        if c.allow_scheduling_on_control_planes {
-            cluster["allowSchedulingOnControlPlanes"] = json!(true);
-        }
+        control_plane_v1_13(&mut cluster, inv, secrets, cilium);
     } else {
         cluster["ca"] = cert_and_key(secrets.k8s_ca(), false);
         cluster["discovery"] = discovery();
     }
+    cluster
+}
 
-    let main = json!({
-        "version": "v1alpha1",
-        "debug": false,
-        "persist": true,
-        "machine": machine,
-        "cluster": cluster,
+/// What only a control plane's v1.13 `cluster` section holds: the encryption secret and the
+/// CA keys, the control-plane component images (kube-proxy disabled when Cilium replaces it),
+/// discovery, etcd, and scheduling on control planes when the inventory allows it. Added in
+/// gen config's key order, which the golden files pin.
+fn control_plane_v1_13(
+    cluster: &mut Json,
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    cilium: Option<bool>,
+) {
+    let c = &inv.cluster;
+    let k8s = &c.kubernetes_version.value;
+    match secrets.encryption_secret() {
+        EncryptionSecret::Secretbox(s) => cluster["secretboxEncryptionSecret"] = json!(s),
+        EncryptionSecret::AesCbc(s) => cluster["aescbcEncryptionSecret"] = json!(s),
+    }
+    cluster["ca"] = cert_and_key(secrets.k8s_ca(), true);
+    cluster["aggregatorCA"] = cert_and_key(secrets.k8s_aggregator_ca(), true);
+    cluster["serviceAccount"] = json!({"key": STANDARD.encode(secrets.k8s_service_account_key())});
+    cluster["apiServer"] = json!({
+        "image": format!("registry.k8s.io/kube-apiserver:{k8s}"),
+        "admissionControl": admission_control(),
+        "auditPolicy": {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "rules": [{"level": "Metadata"}]
+        }
     });
-    let hostname = json!({"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"});
-    Ok(ConfigBundle::new(vec![yaml(main), yaml(hostname)]))
+    cluster["controllerManager"] =
+        json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")});
+    let mut proxy = json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}")});
+    if cilium == Some(true) {
+        proxy["disabled"] = json!(true);
+    }
+    cluster["proxy"] = proxy;
+    cluster["scheduler"] = json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}")});
+    cluster["discovery"] = discovery();
+    cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
+    if c.allow_scheduling_on_control_planes {
+        cluster["allowSchedulingOnControlPlanes"] = json!(true);
+    }
 }
 
 /// Cluster discovery as gen config enables it (service registry only).
@@ -466,54 +491,9 @@ pub(crate) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
 
 /// [`node_patch`] for the v1.13 contract.
 fn node_patch_v1_13(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
-    let role = inv.role_of(node);
-    let cp = role.machine_type == MachineType::ControlPlane;
-
-    let mut install = match &node.install {
-        InstallTarget::Disk(d) => json!({"disk": d}),
-        // gen config's default disk must go, or the node would have two install choices.
-        InstallTarget::Selector(s) => {
-            json!({"disk": {"$patch": "delete"}, "diskSelector": disk_selector(s)})
-        }
-    };
-    install["image"] = json!(installer_image(inv));
-    let mut machine = json!({"install": install});
-
-    let labels = labels(inv, node);
-    if !labels.is_empty() {
-        machine["nodeLabels"] = json!(labels);
-    }
-    let taints = taints(inv, node);
-    if !taints.is_empty() {
-        if cp {
-            let map: serde_json::Map<String, Json> = taints
-                .iter()
-                .map(|t| {
-                    let v = match &t.value {
-                        Some(v) => format!("{v}:{}", t.effect),
-                        None => t.effect.to_string(),
-                    };
-                    (t.key.clone(), json!(v))
-                })
-                .collect();
-            machine["nodeTaints"] = Json::Object(map);
-        } else {
-            let list: Vec<Json> = taints
-                .iter()
-                .map(|t| {
-                    let mut o = json!({"key": t.key, "effect": t.effect.to_string()});
-                    if let Some(v) = &t.value {
-                        o["value"] = json!(v);
-                    }
-                    o
-                })
-                .collect();
-            machine["kubelet"] = json!({"extraConfig": {"registerWithTaints": list}});
-        }
-    }
-
+    let cp = inv.role_of(node).machine_type == MachineType::ControlPlane;
     let mut docs = vec![
-        yaml(json!({"machine": machine})),
+        yaml(json!({"machine": machine_patch_v1_13(inv, node, cp)})),
         yaml(json!({
             "apiVersion": "v1alpha1",
             "kind": "HostnameConfig",
@@ -521,41 +501,7 @@ fn node_patch_v1_13(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderErr
             "hostname": node.name.value
         })),
     ];
-
-    // Boot NIC: the first MAC carries the static address and the default route.
-    let boot_mac = node.macs[0].value.to_string();
-    docs.push(yaml(link_alias(BOOT_LINK, &boot_mac)));
-    let mut link = json!({
-        "apiVersion": "v1alpha1",
-        "kind": "LinkConfig",
-        "name": BOOT_LINK,
-        "up": true,
-        "addresses": [{"address": node.address.value.to_string()}],
-    });
-    if let Some(gw) = gateway(inv, node)? {
-        link["routes"] = json!([{"gateway": gw.to_string()}]);
-    }
-    docs.push(yaml(link));
-
-    for (i, extra) in node.interfaces.iter().enumerate() {
-        let alias = format!("net{}", i + 1);
-        docs.push(yaml(link_alias(&alias, &extra.mac.value.to_string())));
-        let mut link = json!({
-            "apiVersion": "v1alpha1",
-            "kind": "LinkConfig",
-            "name": alias,
-            "up": true,
-            "addresses": extra
-                .addresses
-                .iter()
-                .map(|a| json!({"address": a.value.to_string()}))
-                .collect::<Vec<_>>(),
-        });
-        if let Some(mtu) = extra.mtu {
-            link["mtu"] = json!(mtu);
-        }
-        docs.push(yaml(link));
-    }
+    docs.extend(links_v1_13(inv, node)?.into_iter().map(yaml));
 
     let dns = nameservers(inv, node);
     if !dns.is_empty() {
@@ -579,6 +525,107 @@ fn node_patch_v1_13(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderErr
         })));
     }
     Ok(PatchBody::Merge(docs))
+}
+
+/// The `machine` part of the v1.13 node patch: install target and installer image, then the
+/// role's and node's labels and taints.
+fn machine_patch_v1_13(inv: &Inventory, node: &Node, cp: bool) -> Json {
+    let mut install = match &node.install {
+        InstallTarget::Disk(d) => json!({"disk": d}),
+        // gen config's default disk must go, or the node would have two install choices.
+        InstallTarget::Selector(s) => {
+            json!({"disk": {"$patch": "delete"}, "diskSelector": disk_selector(s)})
+        }
+    };
+    install["image"] = json!(installer_image(inv));
+    let mut machine = json!({"install": install});
+
+    let labels = labels(inv, node);
+    if !labels.is_empty() {
+        machine["nodeLabels"] = json!(labels);
+    }
+    let taints = taints(inv, node);
+    if !taints.is_empty() {
+        if cp {
+            machine["nodeTaints"] = node_taints(&taints);
+        } else {
+            let list = register_with_taints(&taints);
+            machine["kubelet"] = json!({"extraConfig": {"registerWithTaints": list}});
+        }
+    }
+    machine
+}
+
+/// Taints as `machine.nodeTaints` holds them (`key: value:effect`), which Talos applies with
+/// the node's own credentials: only for control planes (see the module docs).
+fn node_taints(taints: &[Taint]) -> Json {
+    let map: serde_json::Map<String, Json> = taints
+        .iter()
+        .map(|t| {
+            let v = match &t.value {
+                Some(v) => format!("{v}:{}", t.effect),
+                None => t.effect.to_string(),
+            };
+            (t.key.clone(), json!(v))
+        })
+        .collect();
+    Json::Object(map)
+}
+
+/// Taints as the kubelet's `registerWithTaints` lists them, set once when a worker registers,
+/// since NodeRestriction stops it from changing them later (see the module docs).
+fn register_with_taints(taints: &[Taint]) -> Json {
+    let list: Vec<Json> = taints
+        .iter()
+        .map(|t| {
+            let mut o = json!({"key": t.key, "effect": t.effect.to_string()});
+            if let Some(v) = &t.value {
+                o["value"] = json!(v);
+            }
+            o
+        })
+        .collect();
+    Json::Array(list)
+}
+
+/// The v1.13 link documents, each NIC selected by its MAC: the boot NIC (the first MAC) with
+/// the static address and the default route, then every extra NIC with its own addresses.
+fn links_v1_13(inv: &Inventory, node: &Node) -> Result<Vec<Json>, RenderError> {
+    let mut docs = Vec::new();
+    let boot_mac = node.macs[0].value.to_string();
+    docs.push(link_alias(BOOT_LINK, &boot_mac));
+    let mut link = json!({
+        "apiVersion": "v1alpha1",
+        "kind": "LinkConfig",
+        "name": BOOT_LINK,
+        "up": true,
+        "addresses": [{"address": node.address.value.to_string()}],
+    });
+    if let Some(gw) = gateway(inv, node)? {
+        link["routes"] = json!([{"gateway": gw.to_string()}]);
+    }
+    docs.push(link);
+
+    for (i, extra) in node.interfaces.iter().enumerate() {
+        let alias = format!("net{}", i + 1);
+        docs.push(link_alias(&alias, &extra.mac.value.to_string()));
+        let mut link = json!({
+            "apiVersion": "v1alpha1",
+            "kind": "LinkConfig",
+            "name": alias,
+            "up": true,
+            "addresses": extra
+                .addresses
+                .iter()
+                .map(|a| json!({"address": a.value.to_string()}))
+                .collect::<Vec<_>>(),
+        });
+        if let Some(mtu) = extra.mtu {
+            link["mtu"] = json!(mtu);
+        }
+        docs.push(link);
+    }
+    Ok(docs)
 }
 
 /// Renders `node`'s complete config: base, common patches, role chain patches, the generated

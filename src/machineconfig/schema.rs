@@ -261,14 +261,7 @@ impl Schema {
     /// Parses schema text (`source_name` is used in messages) and compiles a validator per
     /// document type.
     pub(crate) fn from_text(source_name: &str, text: &str) -> Result<Self, SchemaError> {
-        crate::nesting::check_json(text).map_err(|e| SchemaError::Parse {
-            source_name: source_name.to_owned(),
-            reason: e.to_string(),
-        })?;
-        let root: Json = serde_json::from_str(text).map_err(|e| SchemaError::Parse {
-            source_name: source_name.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let root = parse_root(source_name, text)?;
         let shape = |reason: &str| SchemaError::Shape {
             source_name: source_name.to_owned(),
             reason: reason.to_owned(),
@@ -297,35 +290,15 @@ impl Schema {
                     "`oneOf` refers to missing definition {name}"
                 )));
             };
-            let mut def = def.clone();
-            if enum_value(&def, "kind") == Some(MISNAMED_UNATTENDED) {
-                def["properties"]["kind"] =
-                    serde_json::json!({"enum": ["UnattendedInstallConfig"]});
-            }
-            let def = &def;
-            if let Some(kind) = enum_value(def, "kind") {
+            let def = corrected(def);
+            if let Some(kind) = enum_value(&def, "kind") {
                 kinds.insert(kind.to_owned(), name.to_owned());
-            } else if enum_value(def, "version") == Some("v1alpha1") {
+            } else if enum_value(&def, "version") == Some("v1alpha1") {
                 legacy = Some(name.to_owned());
             } else {
                 continue;
             }
-            // A root that is the one definition, with every definition beside it for `$ref`s.
-            let mut single = serde_json::Map::new();
-            if let Some(draft) = root.get("$schema") {
-                single.insert("$schema".into(), draft.clone());
-            }
-            let mut defs = defs.clone();
-            defs.insert(name.to_owned(), def.clone());
-            single.insert("$defs".into(), Json::Object(defs));
-            single.insert("$ref".into(), Json::String(format!("#/$defs/{name}")));
-            let validator = jsonschema::validator_for(&Json::Object(single)).map_err(|e| {
-                SchemaError::Compile {
-                    source_name: source_name.to_owned(),
-                    def: name.to_owned(),
-                    reason: e.to_string(),
-                }
-            })?;
+            let validator = compile_definition(source_name, &root, defs, name, &def)?;
             validators.insert(name.to_owned(), validator);
         }
         let legacy = legacy.ok_or_else(|| shape("no v1alpha1 document definition"))?;
@@ -400,21 +373,7 @@ impl Schema {
             }
         };
         if kind.is_none() {
-            for d in DEPRECATED {
-                if !remove_path(&mut json, d.path) {
-                    continue;
-                }
-                if d.warn {
-                    report.deprecated.push(Deprecation {
-                        node: node.to_owned(),
-                        since: "v1.13",
-                        field: d.path.join("."),
-                        replacement: d.replacement,
-                    });
-                } else {
-                    report.unchecked.push(d.path.join("."));
-                }
-            }
+            take_deprecated(node, &mut json, report);
         }
         let validator = &self.validators[def];
         for error in validator.iter_errors(&json) {
@@ -429,19 +388,10 @@ impl Schema {
                 jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected },
             ) = (self.thin_legacy, kind, error.kind())
             {
-                for key in unexpected {
-                    report.deprecated.push(Deprecation {
-                        node: node.to_owned(),
-                        since: "v1.14",
-                        field: if field.is_empty() {
-                            key.clone()
-                        } else {
-                            format!("{field}.{key}")
-                        },
-                        replacement: "its v1.14 document (talboot moves what has one; this \
-                                      field has none and stays, deprecated)",
-                    });
-                }
+                let leftovers = unexpected
+                    .iter()
+                    .map(|key| legacy_leftover(node, &field, key));
+                report.deprecated.extend(leftovers);
                 continue;
             }
             report.violations.push(violation(
@@ -449,6 +399,90 @@ impl Schema {
                 redact(&error.to_string(), error.instance()),
             ));
         }
+    }
+}
+
+/// The schema text as JSON, refusing nesting deep enough to exhaust the parser's stack first
+/// (`--schema` takes any file).
+fn parse_root(source_name: &str, text: &str) -> Result<Json, SchemaError> {
+    let parse = |reason: String| SchemaError::Parse {
+        source_name: source_name.to_owned(),
+        reason,
+    };
+    crate::nesting::check_json(text).map_err(|e| parse(e.to_string()))?;
+    serde_json::from_str(text).map_err(|e| parse(e.to_string()))
+}
+
+/// A document definition with the one upstream mistake talboot corrects on load: the kind
+/// v1.14.0-rc.1 writes for `UnattendedInstallConfig` (see the module docs).
+fn corrected(def: &Json) -> Json {
+    let mut def = def.clone();
+    if enum_value(&def, "kind") == Some(MISNAMED_UNATTENDED) {
+        def["properties"]["kind"] = serde_json::json!({"enum": ["UnattendedInstallConfig"]});
+    }
+    def
+}
+
+/// A validator for definition `name` alone. The root `oneOf` would answer with one error per
+/// alternative, so the compiled root is the one definition, with every definition beside it
+/// for `$ref`s (and `def`, corrected, in place of the original).
+fn compile_definition(
+    source_name: &str,
+    root: &Json,
+    defs: &serde_json::Map<String, Json>,
+    name: &str,
+    def: &Json,
+) -> Result<jsonschema::Validator, SchemaError> {
+    let mut single = serde_json::Map::new();
+    if let Some(draft) = root.get("$schema") {
+        single.insert("$schema".into(), draft.clone());
+    }
+    let mut defs = defs.clone();
+    defs.insert(name.to_owned(), def.clone());
+    single.insert("$defs".into(), Json::Object(defs));
+    single.insert("$ref".into(), Json::String(format!("#/$defs/{name}")));
+    jsonschema::validator_for(&Json::Object(single)).map_err(|e| SchemaError::Compile {
+        source_name: source_name.to_owned(),
+        def: name.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Takes the deprecated v1alpha1 fields Talos still accepts out of `json` (the schema omits
+/// them, so they would read as violations) and reports them: as deprecations with their
+/// replacement, or as unchecked when `talosctl gen config` itself still writes them.
+fn take_deprecated(node: &str, json: &mut Json, report: &mut Report) {
+    for d in DEPRECATED {
+        if !remove_path(json, d.path) {
+            continue;
+        }
+        if d.warn {
+            report.deprecated.push(Deprecation {
+                node: node.to_owned(),
+                since: "v1.13",
+                field: d.path.join("."),
+                replacement: d.replacement,
+            });
+        } else {
+            report.unchecked.push(d.path.join("."));
+        }
+    }
+}
+
+/// A field of the v1alpha1 document that a v1.14 schema no longer lists (`key` under
+/// `field`): one an operator's patch left there with no v1.14 document to move to, which
+/// Talos still accepts, so a warning rather than a violation (see the module docs).
+fn legacy_leftover(node: &str, field: &str, key: &str) -> Deprecation {
+    Deprecation {
+        node: node.to_owned(),
+        since: "v1.14",
+        field: if field.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{field}.{key}")
+        },
+        replacement: "its v1.14 document (talboot moves what has one; this \
+                      field has none and stays, deprecated)",
     }
 }
 
