@@ -339,38 +339,18 @@ impl Bound {
     pub fn start(self) -> Result<Running, ApplianceError> {
         let plan = self.plan;
         // Each table's writer goes to its one owner.
-        let store::Writers {
-            leases,
-            meta,
-            nodes,
-            events: timelines,
-            progress,
-            tokens,
-            rollouts,
-        } = self.writers;
-        let rollouts = Arc::new(rollouts);
+        let w = self.writers;
+        let rollouts = Arc::new(w.rollouts);
         // Planned before any task starts, so a store that cannot be read starts nothing.
         let power_on = match plan.power_on {
             None => None,
             Some(p) => Some(plan_power_on(&plan.inventory, self.store.as_ref(), p)?),
         };
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (events, event_writer) = EventBus::start(timelines, clock.clone());
+        let (s, event_writer) = Shared::start(plan.inventory, self.store, self.view, w.events);
         let metrics = install_metrics();
         let http_port = self.http.local_addr().map(|a| a.port()).unwrap_or(0);
         let base_url = base_url(plan.advertise, http_port);
-        let admin_url = self
-            .admin
-            .local_addr()
-            .map(|a| format!("http://{a}"))
-            .unwrap_or_default();
-        let s = Shared {
-            inv: plan.inventory,
-            store: self.store,
-            view: self.view,
-            events,
-            cancel: CancellationToken::new(),
-        };
+        let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
 
         // The node records' writer goes to the provisioner when one runs: operator commands
@@ -378,8 +358,13 @@ impl Bound {
         // the boot observations and the admin API's rebuilds are recorded by the core's rules
         // directly.
         let (commands, command_rx) = crate::provision::command_channel();
-        let (observer, rebuilds, provision_writers) =
-            node_writer_owner(&s, plan.provisioning.is_some(), commands, nodes, progress);
+        let (observer, rebuilds, provision_writers) = node_writer_owner(
+            &s,
+            plan.provisioning.is_some(),
+            commands,
+            w.nodes,
+            w.progress,
+        );
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
         let app = http_app(
             &s,
@@ -387,7 +372,7 @@ impl Bound {
             plan.images_dir,
             plan.configs,
             base_url.clone(),
-            tokens,
+            w.tokens,
             observer,
         );
         let limits = plan.http_limits;
@@ -395,33 +380,30 @@ impl Bound {
         let auth = (plan.admin_token, plan.admin_hosts);
         spawn_admin(&mut tasks, &s, self.admin, admin_app, auth, limits);
         let tftp_on = plan.tftp.is_some();
-        if let (Some(socket), Some((_, config))) = (self.tftp, plan.tftp) {
-            spawn_tftp(&mut tasks, &s, socket, config, self.ipxe, &plan.ipxe_dir)?;
-        }
-        let dhcp_writers = crate::dhcp::server::DhcpWriters {
-            leases,
-            bindings: meta,
-        };
-        spawn_dhcp(
-            &mut tasks,
-            &s,
-            self.dhcp,
-            dhcp_writers,
-            plan.advertise,
+        let boot = BootServers {
+            tftp: self
+                .tftp
+                .zip(plan.tftp)
+                .map(|(socket, (_, config))| (socket, config)),
+            ipxe: self.ipxe,
+            ipxe_dir: &plan.ipxe_dir,
+            dhcp: self.dhcp,
+            dhcp_writers: crate::dhcp::server::DhcpWriters {
+                leases: w.leases,
+                bindings: w.meta,
+            },
+            ra: self.ra,
+            advertise: plan.advertise,
             http_port,
-        );
-        if let Some(ra) = self.ra {
-            spawn_ra(&mut tasks, &s, ra);
-        }
-        if let (Some(p), Some(writers)) = (plan.provisioning, provision_writers) {
-            spawn_provisioner(&mut tasks, &s, p, writers, command_rx);
-        }
-        if let Some(drift) = plan.drift {
-            spawn_drift(&mut tasks, drift, &s.events, &s.view, &s.cancel);
-        }
-        if let Some((round, p)) = power_on {
-            spawn_power_on(&mut tasks, &s, round, p);
-        }
+        };
+        spawn_boot_servers(&mut tasks, &s, boot)?;
+        let workers = Workers {
+            provisioning: plan.provisioning.zip(provision_writers),
+            command_rx,
+            drift: plan.drift,
+            power_on,
+        };
+        spawn_workers(&mut tasks, &s, workers);
 
         tracing::info!(
             advertise = %plan.advertise,
@@ -442,6 +424,76 @@ impl Bound {
     }
 }
 
+/// The network-boot servers of [`Bound::start`]: TFTP, DHCP and the IPv6 router
+/// advertiser, each present only when planned, and what they are started with.
+struct BootServers<'a> {
+    /// The bound TFTP socket and its settings.
+    tftp: Option<(tokio::net::UdpSocket, TftpConfig)>,
+    /// The first-stage binaries TFTP serves.
+    ipxe: Arc<FirstStage>,
+    /// Where they were read from (named when TFTP cannot serve them).
+    ipxe_dir: &'a std::path::Path,
+    /// The bound DHCP sockets.
+    dhcp: Option<DhcpServer>,
+    /// The store tables DHCP writes (dropped when it does not run).
+    dhcp_writers: crate::dhcp::server::DhcpWriters,
+    /// The bound ICMPv6 socket.
+    ra: Option<crate::ndp::Advertiser>,
+    /// The address machines reach talboot at.
+    advertise: Ipv4Addr,
+    /// The provisioning HTTP port DHCP's boot targets name.
+    http_port: u16,
+}
+
+/// Spawns the network-boot servers that are planned (and says that DHCP is not, when not).
+fn spawn_boot_servers(
+    tasks: &mut Tasks,
+    s: &Shared,
+    boot: BootServers<'_>,
+) -> Result<(), ApplianceError> {
+    if let Some((socket, config)) = boot.tftp {
+        spawn_tftp(tasks, s, socket, config, boot.ipxe, boot.ipxe_dir)?;
+    }
+    spawn_dhcp(
+        tasks,
+        s,
+        boot.dhcp,
+        boot.dhcp_writers,
+        boot.advertise,
+        boot.http_port,
+    );
+    if let Some(ra) = boot.ra {
+        spawn_ra(tasks, s, ra);
+    }
+    Ok(())
+}
+
+/// The background work of [`Bound::start`] besides the servers, each present only when
+/// planned.
+struct Workers {
+    /// Push provisioning and the node writers it owns.
+    provisioning: Option<(ProvisioningPlan, crate::provision::ProvisionWriters)>,
+    /// The admin API's commands to the provisioner.
+    command_rx: crate::provision::CommandReceiver,
+    /// The drift watcher.
+    drift: Option<DriftPlan>,
+    /// The power-on round, planned from the store.
+    power_on: Option<(Vec<crate::power::round::PowerOnStep>, PowerOnPlan)>,
+}
+
+/// Spawns the provisioner, the drift watcher and the power-on round, as planned.
+fn spawn_workers(tasks: &mut Tasks, s: &Shared, workers: Workers) {
+    if let Some((p, writers)) = workers.provisioning {
+        spawn_provisioner(tasks, s, p, writers, workers.command_rx);
+    }
+    if let Some(drift) = workers.drift {
+        spawn_drift(tasks, drift, &s.events, &s.view, &s.cancel);
+    }
+    if let Some((round, p)) = workers.power_on {
+        spawn_power_on(tasks, s, round, p);
+    }
+}
+
 /// What every task [`Bound::start`] spawns shares.
 struct Shared {
     inv: Arc<Inventory>,
@@ -452,6 +504,26 @@ struct Shared {
 }
 
 impl Shared {
+    /// What the tasks share, with the event bus started on the timelines' writer; the bus's
+    /// writer task is returned for [`Running::wait`] to join once every publisher is gone.
+    fn start(
+        inv: Arc<Inventory>,
+        store: Arc<dyn Store>,
+        view: Arc<crate::view::StateView>,
+        timelines: store::EventWriter,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (events, event_writer) = EventBus::start(timelines, clock);
+        let shared = Self {
+            inv,
+            store,
+            view,
+            events,
+            cancel: CancellationToken::new(),
+        };
+        (shared, event_writer)
+    }
+
     /// The handle on the started tasks.
     fn running(
         self,
@@ -495,6 +567,15 @@ fn plan_power_on(
         .map(|(name, d)| (name.clone(), d.kind()))
         .collect();
     Ok((crate::power::round::power_on_plan(inv, &phases, &kinds), p))
+}
+
+/// `http://` and the address `listener` is bound to (empty when the OS cannot say), for the
+/// log line and the demo's printout.
+fn listener_url(listener: &tokio::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map(|a| format!("http://{a}"))
+        .unwrap_or_default()
 }
 
 /// `http://advertise[:port]`, the port left out when it is 80.
