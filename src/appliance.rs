@@ -342,10 +342,9 @@ impl Bound {
         let w = self.writers;
         let rollouts = Arc::new(w.rollouts);
         // Planned before any task starts, so a store that cannot be read starts nothing.
-        let power_on = match plan.power_on {
-            None => None,
-            Some(p) => Some(plan_power_on(&plan.inventory, self.store.as_ref(), p)?),
-        };
+        let power_on = (plan.power_on)
+            .map(|p| plan_power_on(&plan.inventory, self.store.as_ref(), p))
+            .transpose()?;
         let (s, event_writer) = Shared::start(plan.inventory, self.store, self.view, w.events);
         let metrics = install_metrics();
         let http_port = self.http.local_addr().map(|a| a.port()).unwrap_or(0);
@@ -353,10 +352,8 @@ impl Bound {
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
 
-        // The node records' writer goes to the provisioner when one runs: operator commands
-        // (rebuild) from the admin API go to it. Without one, the offline observer owns it:
-        // the boot observations and the admin API's rebuilds are recorded by the core's rules
-        // directly.
+        // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
+        // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
         let (observer, rebuilds, provision_writers) = node_writer_owner(
             &s,
@@ -381,17 +378,13 @@ impl Bound {
         spawn_admin(&mut tasks, &s, self.admin, admin_app, auth, limits);
         let tftp_on = plan.tftp.is_some();
         let boot = BootServers {
-            tftp: self
-                .tftp
-                .zip(plan.tftp)
-                .map(|(socket, (_, config))| (socket, config)),
+            tftp: self.tftp,
+            tftp_plan: plan.tftp,
             ipxe: self.ipxe,
             ipxe_dir: &plan.ipxe_dir,
             dhcp: self.dhcp,
-            dhcp_writers: crate::dhcp::server::DhcpWriters {
-                leases: w.leases,
-                bindings: w.meta,
-            },
+            leases: w.leases,
+            bindings: w.meta,
             ra: self.ra,
             advertise: plan.advertise,
             http_port,
@@ -427,16 +420,20 @@ impl Bound {
 /// The network-boot servers of [`Bound::start`]: TFTP, DHCP and the IPv6 router
 /// advertiser, each present only when planned, and what they are started with.
 struct BootServers<'a> {
-    /// The bound TFTP socket and its settings.
-    tftp: Option<(tokio::net::UdpSocket, TftpConfig)>,
+    /// The bound TFTP socket.
+    tftp: Option<tokio::net::UdpSocket>,
+    /// TFTP's address and settings, when it runs.
+    tftp_plan: Option<(SocketAddr, TftpConfig)>,
     /// The first-stage binaries TFTP serves.
     ipxe: Arc<FirstStage>,
     /// Where they were read from (named when TFTP cannot serve them).
     ipxe_dir: &'a std::path::Path,
     /// The bound DHCP sockets.
     dhcp: Option<DhcpServer>,
-    /// The store tables DHCP writes (dropped when it does not run).
-    dhcp_writers: crate::dhcp::server::DhcpWriters,
+    /// The lease table's writer, DHCP's (dropped when it does not run).
+    leases: store::LeaseWriter,
+    /// The writer of the ProxyDHCP bindings, DHCP's too.
+    bindings: store::MetaWriter,
     /// The bound ICMPv6 socket.
     ra: Option<crate::ndp::Advertiser>,
     /// The address machines reach talboot at.
@@ -451,14 +448,17 @@ fn spawn_boot_servers(
     s: &Shared,
     boot: BootServers<'_>,
 ) -> Result<(), ApplianceError> {
-    if let Some((socket, config)) = boot.tftp {
+    if let (Some(socket), Some((_, config))) = (boot.tftp, boot.tftp_plan) {
         spawn_tftp(tasks, s, socket, config, boot.ipxe, boot.ipxe_dir)?;
     }
     spawn_dhcp(
         tasks,
         s,
         boot.dhcp,
-        boot.dhcp_writers,
+        crate::dhcp::server::DhcpWriters {
+            leases: boot.leases,
+            bindings: boot.bindings,
+        },
         boot.advertise,
         boot.http_port,
     );
