@@ -17,20 +17,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::Catalog;
-use crate::dhcp::{BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
+use crate::dhcp::server::DhcpServer;
 use crate::events::{Clock, EventBus, SystemClock};
 use crate::firststage::{self, FirstStage, Transport};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
+use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
+
+mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
-/// The largest request body the admin listener reads: a rollout of a few hundred nodes'
-/// rendered configs (`POST /api/rollouts`). Loopback, or off loopback behind the admin token
-/// (a stranger's body is read, within the connection cap, before the 401).
-const ADMIN_MAX_BODY: u64 = 32 * 1024 * 1024;
-
 pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the appliance could not start.
@@ -417,83 +415,6 @@ impl Bound {
     }
 }
 
-/// The network-boot servers of [`Bound::start`]: TFTP, DHCP and the IPv6 router
-/// advertiser, each present only when planned, and what they are started with.
-struct BootServers<'a> {
-    /// The bound TFTP socket.
-    tftp: Option<tokio::net::UdpSocket>,
-    /// TFTP's address and settings, when it runs.
-    tftp_plan: Option<(SocketAddr, TftpConfig)>,
-    /// The first-stage binaries TFTP serves.
-    ipxe: Arc<FirstStage>,
-    /// Where they were read from (named when TFTP cannot serve them).
-    ipxe_dir: &'a std::path::Path,
-    /// The bound DHCP sockets.
-    dhcp: Option<DhcpServer>,
-    /// The lease table's writer, DHCP's (dropped when it does not run).
-    leases: store::LeaseWriter,
-    /// The writer of the ProxyDHCP bindings, DHCP's too.
-    bindings: store::MetaWriter,
-    /// The bound ICMPv6 socket.
-    ra: Option<crate::ndp::Advertiser>,
-    /// The address machines reach talboot at.
-    advertise: Ipv4Addr,
-    /// The provisioning HTTP port DHCP's boot targets name.
-    http_port: u16,
-}
-
-/// Spawns the network-boot servers that are planned (and says that DHCP is not, when not).
-fn spawn_boot_servers(
-    tasks: &mut Tasks,
-    s: &Shared,
-    boot: BootServers<'_>,
-) -> Result<(), ApplianceError> {
-    if let (Some(socket), Some((_, config))) = (boot.tftp, boot.tftp_plan) {
-        spawn_tftp(tasks, s, socket, config, boot.ipxe, boot.ipxe_dir)?;
-    }
-    spawn_dhcp(
-        tasks,
-        s,
-        boot.dhcp,
-        crate::dhcp::server::DhcpWriters {
-            leases: boot.leases,
-            bindings: boot.bindings,
-        },
-        boot.advertise,
-        boot.http_port,
-    );
-    if let Some(ra) = boot.ra {
-        spawn_ra(tasks, s, ra);
-    }
-    Ok(())
-}
-
-/// The background work of [`Bound::start`] besides the servers, each present only when
-/// planned.
-struct Workers {
-    /// Push provisioning and the node writers it owns.
-    provisioning: Option<(ProvisioningPlan, crate::provision::ProvisionWriters)>,
-    /// The admin API's commands to the provisioner.
-    command_rx: crate::provision::CommandReceiver,
-    /// The drift watcher.
-    drift: Option<DriftPlan>,
-    /// The power-on round, planned from the store.
-    power_on: Option<(Vec<crate::power::round::PowerOnStep>, PowerOnPlan)>,
-}
-
-/// Spawns the provisioner, the drift watcher and the power-on round, as planned.
-fn spawn_workers(tasks: &mut Tasks, s: &Shared, workers: Workers) {
-    if let Some((p, writers)) = workers.provisioning {
-        spawn_provisioner(tasks, s, p, writers, workers.command_rx);
-    }
-    if let Some(drift) = workers.drift {
-        spawn_drift(tasks, drift, &s.events, &s.view, &s.cancel);
-    }
-    if let Some((round, p)) = workers.power_on {
-        spawn_power_on(tasks, s, round, p);
-    }
-}
-
 /// What every task [`Bound::start`] spawns shares.
 struct Shared {
     inv: Arc<Inventory>,
@@ -698,221 +619,8 @@ fn admin_app(
     })
 }
 
-/// Spawns the provisioning HTTP server.
-fn spawn_http(
-    tasks: &mut Tasks,
-    s: &Shared,
-    listener: tokio::net::TcpListener,
-    app: Arc<HttpApp>,
-    ipxe: Arc<FirstStage>,
-    limits: http::server::Limits,
-) {
-    let cancel = s.cancel.clone();
-    tasks.spawn(async move {
-        // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
-        let router = http::router(app).merge(firststage::router(ipxe));
-        http::server::serve(listener, router, limits, "provisioning", cancel)
-            .await
-            .map_err(ServerFailure::Http)
-    });
-}
-
-/// The admin token and host names the admin router checks requests against.
-type AdminAuth = (
-    Option<Arc<crate::admin::auth::AdminToken>>,
-    Arc<crate::admin::dashboard::AdminHosts>,
-);
-
-/// Spawns the admin HTTP server.
-fn spawn_admin(
-    tasks: &mut Tasks,
-    s: &Shared,
-    listener: tokio::net::TcpListener,
-    app: Arc<crate::admin::AdminApp>,
-    (token, hosts): AdminAuth,
-    http_limits: http::server::Limits,
-) {
-    let cancel = s.cancel.clone();
-    // A rollout request carries every node's rendered config (tens of KiB each).
-    let admin_limits = http::server::Limits {
-        head: http::conn::HeadLimits {
-            max_body_bytes: ADMIN_MAX_BODY,
-            ..http_limits.head
-        },
-        ..http_limits
-    };
-    tasks.spawn(async move {
-        http::server::serve(
-            listener,
-            crate::admin::router(app, token, hosts),
-            admin_limits,
-            "admin",
-            cancel,
-        )
-        .await
-        .map_err(ServerFailure::Admin)
-    });
-}
-
-/// Spawns the TFTP server and the task that publishes its transfers as events.
-fn spawn_tftp(
-    tasks: &mut Tasks,
-    s: &Shared,
-    socket: tokio::net::UdpSocket,
-    config: TftpConfig,
-    ipxe: Arc<FirstStage>,
-    ipxe_dir: &std::path::Path,
-) -> Result<(), ApplianceError> {
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-    let server = TftpServer::with_files(config, ipxe)
-        .map_err(|e| ApplianceError::Bind {
-            addr: format!("tftp {}", ipxe_dir.display()),
-            cause: e.into(),
-        })?
-        .with_events(tx);
-    let c = s.cancel.clone();
-    tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
-    let report =
-        crate::tftp::report::publish_events(rx, s.view.clone(), s.inv.clone(), s.events.clone());
-    tasks.spawn(async move {
-        report.await;
-        Ok(())
-    });
-    Ok(())
-}
-
-/// Spawns the DHCP server, or says that it does not run.
-fn spawn_dhcp(
-    tasks: &mut Tasks,
-    s: &Shared,
-    dhcp: Option<DhcpServer>,
-    writers: crate::dhcp::server::DhcpWriters,
-    advertise: Ipv4Addr,
-    http_port: u16,
-) {
-    let Some(server) = dhcp else {
-        tracing::info!(
-            "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-        );
-        return;
-    };
-    let ctx = DecideCtx::from_inventory(
-        &s.inv,
-        advertise,
-        BootTargets::standard(advertise, http_port),
-    );
-    let (store, events, c, view) = (
-        s.store.clone(),
-        s.events.clone(),
-        s.cancel.clone(),
-        s.view.clone(),
-    );
-    tasks.spawn(async move {
-        server
-            .with_view(view)
-            .run(
-                ctx,
-                FloodConfig::default(),
-                store,
-                Arc::new(writers),
-                events,
-                c,
-            )
-            .await
-            .map_err(ServerFailure::Dhcp)
-    });
-}
-
-/// Spawns the "no IPv6 router" advertiser.
-fn spawn_ra(tasks: &mut Tasks, s: &Shared, ra: crate::ndp::Advertiser) {
-    let c = s.cancel.clone();
-    tasks.spawn(async move {
-        ra.run(c).await;
-        Ok(())
-    });
-}
-
-/// Spawns the power-on round.
-fn spawn_power_on(
-    tasks: &mut Tasks,
-    s: &Shared,
-    round: Vec<crate::power::round::PowerOnStep>,
-    p: PowerOnPlan,
-) {
-    let (events, c) = (s.events.clone(), s.cancel.clone());
-    tasks.spawn(async move {
-        // The round ending is not a failure: the other tasks keep running.
-        crate::power::round::power_on_round(round, p.drivers, p.stagger, events, c).await;
-        Ok(())
-    });
-}
-
-/// Spawns the push provisioner, fed the admin API's commands.
-fn spawn_provisioner(
-    tasks: &mut Tasks,
-    s: &Shared,
-    p: ProvisioningPlan,
-    writers: crate::provision::ProvisionWriters,
-    command_rx: crate::provision::CommandReceiver,
-) {
-    let provisioner = crate::provision::Provisioner::new(
-        s.inv.clone(),
-        s.store.clone(),
-        writers,
-        s.events.clone(),
-        p.renderer,
-        p.creds,
-        p.settings,
-    )
-    .with_commands(command_rx)
-    .with_view(s.view.clone());
-    let c = s.cancel.clone();
-    tasks.spawn(async move {
-        // On shutdown the provisioner is dropped where it stands, in-flight Talos call
-        // included, so nothing new starts after the signal: each phase is persisted
-        // before the call it leads to, and the next start resumes from it.
-        tokio::select! {
-            _ = provisioner.run(c.clone()) => {}
-            _ = c.cancelled() => {
-                tracing::info!("provisioning stopped");
-            }
-        }
-        Ok(())
-    });
-    tracing::info!("push provisioning running");
-}
-
 /// Every long-running task of the appliance: a server's error (or a panic) stops the rest.
 type Tasks = JoinSet<Result<(), ServerFailure>>;
-
-/// Spawns the drift watcher into `tasks`.
-fn spawn_drift(
-    tasks: &mut Tasks,
-    drift: DriftPlan,
-    events: &EventBus,
-    view: &crate::view::StateView,
-    cancel: &CancellationToken,
-) {
-    let watch = crate::daytwo::drift::watch(
-        drift.connector,
-        drift.targets,
-        events.clone(),
-        view.drift.clone(),
-        drift.interval,
-        cancel.clone(),
-    );
-    let cancel = cancel.clone();
-    tasks.spawn(async move {
-        // The watcher only reads the nodes: a check in flight is dropped on shutdown, so a
-        // node that does not answer cannot hold the shutdown (or the event log) up.
-        tokio::select! {
-            () = watch => {}
-            () = cancel.cancelled() => {}
-        }
-        Ok(())
-    });
-}
 
 /// The running appliance.
 pub struct Running {
@@ -945,7 +653,7 @@ impl Running {
     #[cfg(feature = "sim")]
     pub(crate) fn watch_drift(&self, drift: DriftPlan) {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
+        spawn::spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
     }
 
     /// Waits until every task stopped (after [`Running::cancel`], or a server failing or a
