@@ -17,20 +17,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::Catalog;
-use crate::dhcp::{BootTargets, DecideCtx, FloodConfig, server::DhcpServer};
+use crate::dhcp::server::DhcpServer;
 use crate::events::{Clock, EventBus, SystemClock};
 use crate::firststage::{self, FirstStage, Transport};
 use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
+use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
+
+mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
-/// The largest request body the admin listener reads: a rollout of a few hundred nodes'
-/// rendered configs (`POST /api/rollouts`). Loopback, or off loopback behind the admin token
-/// (a stranger's body is read, within the connection cap, before the 401).
-const ADMIN_MAX_BODY: u64 = 32 * 1024 * 1024;
-
 pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the appliance could not start.
@@ -339,47 +337,29 @@ impl Bound {
     pub fn start(self) -> Result<Running, ApplianceError> {
         let plan = self.plan;
         // Each table's writer goes to its one owner.
-        let store::Writers {
-            leases,
-            meta,
-            nodes,
-            events: timelines,
-            progress,
-            tokens,
-            rollouts,
-        } = self.writers;
-        let rollouts = Arc::new(rollouts);
+        let w = self.writers;
+        let rollouts = Arc::new(w.rollouts);
         // Planned before any task starts, so a store that cannot be read starts nothing.
-        let power_on = match plan.power_on {
-            None => None,
-            Some(p) => Some(plan_power_on(&plan.inventory, self.store.as_ref(), p)?),
-        };
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (events, event_writer) = EventBus::start(timelines, clock.clone());
+        let power_on = (plan.power_on)
+            .map(|p| plan_power_on(&plan.inventory, self.store.as_ref(), p))
+            .transpose()?;
+        let (s, event_writer) = Shared::start(plan.inventory, self.store, self.view, w.events);
         let metrics = install_metrics();
         let http_port = self.http.local_addr().map(|a| a.port()).unwrap_or(0);
         let base_url = base_url(plan.advertise, http_port);
-        let admin_url = self
-            .admin
-            .local_addr()
-            .map(|a| format!("http://{a}"))
-            .unwrap_or_default();
-        let s = Shared {
-            inv: plan.inventory,
-            store: self.store,
-            view: self.view,
-            events,
-            cancel: CancellationToken::new(),
-        };
+        let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
 
-        // The node records' writer goes to the provisioner when one runs: operator commands
-        // (rebuild) from the admin API go to it. Without one, the offline observer owns it:
-        // the boot observations and the admin API's rebuilds are recorded by the core's rules
-        // directly.
+        // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
+        // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
-        let (observer, rebuilds, provision_writers) =
-            node_writer_owner(&s, plan.provisioning.is_some(), commands, nodes, progress);
+        let (observer, rebuilds, provision_writers) = node_writer_owner(
+            &s,
+            plan.provisioning.is_some(),
+            commands,
+            w.nodes,
+            w.progress,
+        );
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
         let app = http_app(
             &s,
@@ -387,7 +367,7 @@ impl Bound {
             plan.images_dir,
             plan.configs,
             base_url.clone(),
-            tokens,
+            w.tokens,
             observer,
         );
         let limits = plan.http_limits;
@@ -395,33 +375,26 @@ impl Bound {
         let auth = (plan.admin_token, plan.admin_hosts);
         spawn_admin(&mut tasks, &s, self.admin, admin_app, auth, limits);
         let tftp_on = plan.tftp.is_some();
-        if let (Some(socket), Some((_, config))) = (self.tftp, plan.tftp) {
-            spawn_tftp(&mut tasks, &s, socket, config, self.ipxe, &plan.ipxe_dir)?;
-        }
-        let dhcp_writers = crate::dhcp::server::DhcpWriters {
-            leases,
-            bindings: meta,
-        };
-        spawn_dhcp(
-            &mut tasks,
-            &s,
-            self.dhcp,
-            dhcp_writers,
-            plan.advertise,
+        let boot = BootServers {
+            tftp: self.tftp,
+            tftp_plan: plan.tftp,
+            ipxe: self.ipxe,
+            ipxe_dir: &plan.ipxe_dir,
+            dhcp: self.dhcp,
+            leases: w.leases,
+            bindings: w.meta,
+            ra: self.ra,
+            advertise: plan.advertise,
             http_port,
-        );
-        if let Some(ra) = self.ra {
-            spawn_ra(&mut tasks, &s, ra);
-        }
-        if let (Some(p), Some(writers)) = (plan.provisioning, provision_writers) {
-            spawn_provisioner(&mut tasks, &s, p, writers, command_rx);
-        }
-        if let Some(drift) = plan.drift {
-            spawn_drift(&mut tasks, drift, &s.events, &s.view, &s.cancel);
-        }
-        if let Some((round, p)) = power_on {
-            spawn_power_on(&mut tasks, &s, round, p);
-        }
+        };
+        spawn_boot_servers(&mut tasks, &s, boot)?;
+        let workers = Workers {
+            provisioning: plan.provisioning.zip(provision_writers),
+            command_rx,
+            drift: plan.drift,
+            power_on,
+        };
+        spawn_workers(&mut tasks, &s, workers);
 
         tracing::info!(
             advertise = %plan.advertise,
@@ -452,6 +425,26 @@ struct Shared {
 }
 
 impl Shared {
+    /// What the tasks share, with the event bus started on the timelines' writer; the bus's
+    /// writer task is returned for [`Running::wait`] to join once every publisher is gone.
+    fn start(
+        inv: Arc<Inventory>,
+        store: Arc<dyn Store>,
+        view: Arc<crate::view::StateView>,
+        timelines: store::EventWriter,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (events, event_writer) = EventBus::start(timelines, clock);
+        let shared = Self {
+            inv,
+            store,
+            view,
+            events,
+            cancel: CancellationToken::new(),
+        };
+        (shared, event_writer)
+    }
+
     /// The handle on the started tasks.
     fn running(
         self,
@@ -495,6 +488,15 @@ fn plan_power_on(
         .map(|(name, d)| (name.clone(), d.kind()))
         .collect();
     Ok((crate::power::round::power_on_plan(inv, &phases, &kinds), p))
+}
+
+/// `http://` and the address `listener` is bound to (empty when the OS cannot say), for the
+/// log line and the demo's printout.
+fn listener_url(listener: &tokio::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map(|a| format!("http://{a}"))
+        .unwrap_or_default()
 }
 
 /// `http://advertise[:port]`, the port left out when it is 80.
@@ -617,221 +619,8 @@ fn admin_app(
     })
 }
 
-/// Spawns the provisioning HTTP server.
-fn spawn_http(
-    tasks: &mut Tasks,
-    s: &Shared,
-    listener: tokio::net::TcpListener,
-    app: Arc<HttpApp>,
-    ipxe: Arc<FirstStage>,
-    limits: http::server::Limits,
-) {
-    let cancel = s.cancel.clone();
-    tasks.spawn(async move {
-        // UEFI HTTP boot fetches `<base>/ipxe.efi`: the same loaded binaries as TFTP.
-        let router = http::router(app).merge(firststage::router(ipxe));
-        http::server::serve(listener, router, limits, "provisioning", cancel)
-            .await
-            .map_err(ServerFailure::Http)
-    });
-}
-
-/// The admin token and host names the admin router checks requests against.
-type AdminAuth = (
-    Option<Arc<crate::admin::auth::AdminToken>>,
-    Arc<crate::admin::dashboard::AdminHosts>,
-);
-
-/// Spawns the admin HTTP server.
-fn spawn_admin(
-    tasks: &mut Tasks,
-    s: &Shared,
-    listener: tokio::net::TcpListener,
-    app: Arc<crate::admin::AdminApp>,
-    (token, hosts): AdminAuth,
-    http_limits: http::server::Limits,
-) {
-    let cancel = s.cancel.clone();
-    // A rollout request carries every node's rendered config (tens of KiB each).
-    let admin_limits = http::server::Limits {
-        head: http::conn::HeadLimits {
-            max_body_bytes: ADMIN_MAX_BODY,
-            ..http_limits.head
-        },
-        ..http_limits
-    };
-    tasks.spawn(async move {
-        http::server::serve(
-            listener,
-            crate::admin::router(app, token, hosts),
-            admin_limits,
-            "admin",
-            cancel,
-        )
-        .await
-        .map_err(ServerFailure::Admin)
-    });
-}
-
-/// Spawns the TFTP server and the task that publishes its transfers as events.
-fn spawn_tftp(
-    tasks: &mut Tasks,
-    s: &Shared,
-    socket: tokio::net::UdpSocket,
-    config: TftpConfig,
-    ipxe: Arc<FirstStage>,
-    ipxe_dir: &std::path::Path,
-) -> Result<(), ApplianceError> {
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    tracing::info!(max_blksize = config.max_blksize, "TFTP block size cap");
-    let server = TftpServer::with_files(config, ipxe)
-        .map_err(|e| ApplianceError::Bind {
-            addr: format!("tftp {}", ipxe_dir.display()),
-            cause: e.into(),
-        })?
-        .with_events(tx);
-    let c = s.cancel.clone();
-    tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
-    let report =
-        crate::tftp::report::publish_events(rx, s.view.clone(), s.inv.clone(), s.events.clone());
-    tasks.spawn(async move {
-        report.await;
-        Ok(())
-    });
-    Ok(())
-}
-
-/// Spawns the DHCP server, or says that it does not run.
-fn spawn_dhcp(
-    tasks: &mut Tasks,
-    s: &Shared,
-    dhcp: Option<DhcpServer>,
-    writers: crate::dhcp::server::DhcpWriters,
-    advertise: Ipv4Addr,
-    http_port: u16,
-) {
-    let Some(server) = dhcp else {
-        tracing::info!(
-            "DHCP disabled (--no-dhcp): another DHCP server must point machines at talboot"
-        );
-        return;
-    };
-    let ctx = DecideCtx::from_inventory(
-        &s.inv,
-        advertise,
-        BootTargets::standard(advertise, http_port),
-    );
-    let (store, events, c, view) = (
-        s.store.clone(),
-        s.events.clone(),
-        s.cancel.clone(),
-        s.view.clone(),
-    );
-    tasks.spawn(async move {
-        server
-            .with_view(view)
-            .run(
-                ctx,
-                FloodConfig::default(),
-                store,
-                Arc::new(writers),
-                events,
-                c,
-            )
-            .await
-            .map_err(ServerFailure::Dhcp)
-    });
-}
-
-/// Spawns the "no IPv6 router" advertiser.
-fn spawn_ra(tasks: &mut Tasks, s: &Shared, ra: crate::ndp::Advertiser) {
-    let c = s.cancel.clone();
-    tasks.spawn(async move {
-        ra.run(c).await;
-        Ok(())
-    });
-}
-
-/// Spawns the power-on round.
-fn spawn_power_on(
-    tasks: &mut Tasks,
-    s: &Shared,
-    round: Vec<crate::power::round::PowerOnStep>,
-    p: PowerOnPlan,
-) {
-    let (events, c) = (s.events.clone(), s.cancel.clone());
-    tasks.spawn(async move {
-        // The round ending is not a failure: the other tasks keep running.
-        crate::power::round::power_on_round(round, p.drivers, p.stagger, events, c).await;
-        Ok(())
-    });
-}
-
-/// Spawns the push provisioner, fed the admin API's commands.
-fn spawn_provisioner(
-    tasks: &mut Tasks,
-    s: &Shared,
-    p: ProvisioningPlan,
-    writers: crate::provision::ProvisionWriters,
-    command_rx: crate::provision::CommandReceiver,
-) {
-    let provisioner = crate::provision::Provisioner::new(
-        s.inv.clone(),
-        s.store.clone(),
-        writers,
-        s.events.clone(),
-        p.renderer,
-        p.creds,
-        p.settings,
-    )
-    .with_commands(command_rx)
-    .with_view(s.view.clone());
-    let c = s.cancel.clone();
-    tasks.spawn(async move {
-        // On shutdown the provisioner is dropped where it stands, in-flight Talos call
-        // included, so nothing new starts after the signal: each phase is persisted
-        // before the call it leads to, and the next start resumes from it.
-        tokio::select! {
-            _ = provisioner.run(c.clone()) => {}
-            _ = c.cancelled() => {
-                tracing::info!("provisioning stopped");
-            }
-        }
-        Ok(())
-    });
-    tracing::info!("push provisioning running");
-}
-
 /// Every long-running task of the appliance: a server's error (or a panic) stops the rest.
 type Tasks = JoinSet<Result<(), ServerFailure>>;
-
-/// Spawns the drift watcher into `tasks`.
-fn spawn_drift(
-    tasks: &mut Tasks,
-    drift: DriftPlan,
-    events: &EventBus,
-    view: &crate::view::StateView,
-    cancel: &CancellationToken,
-) {
-    let watch = crate::daytwo::drift::watch(
-        drift.connector,
-        drift.targets,
-        events.clone(),
-        view.drift.clone(),
-        drift.interval,
-        cancel.clone(),
-    );
-    let cancel = cancel.clone();
-    tasks.spawn(async move {
-        // The watcher only reads the nodes: a check in flight is dropped on shutdown, so a
-        // node that does not answer cannot hold the shutdown (or the event log) up.
-        tokio::select! {
-            () = watch => {}
-            () = cancel.cancelled() => {}
-        }
-        Ok(())
-    });
-}
 
 /// The running appliance.
 pub struct Running {
@@ -864,7 +653,7 @@ impl Running {
     #[cfg(feature = "sim")]
     pub(crate) fn watch_drift(&self, drift: DriftPlan) {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
+        spawn::spawn_drift(&mut tasks, drift, &self.events, &self.view, &self.cancel);
     }
 
     /// Waits until every task stopped (after [`Running::cancel`], or a server failing or a

@@ -181,108 +181,120 @@ struct Decider<'a> {
 }
 
 impl Decider<'_> {
+    /// Authoritative mode: which server a message is for decides first (RFC 2131 §4.3), then
+    /// each message type's rules, in the method of its name.
     fn authoritative(self, kind: MessageType, book: &mut LeaseBook, now: SystemTime) -> Decision {
-        let msg = &self.req.msg;
-        let sid = server_id(msg);
-        let ours = sid.is_none_or(|s| s == self.ctx.server_ip);
-        let mac = self.req.mac;
+        let ours = server_id(&self.req.msg).is_none_or(|s| s == self.ctx.server_ip);
         match kind {
-            MessageType::Discover => {
-                if let Some(h) = self.host
-                    && !self.subnet.net.contains(&h.ip)
-                {
-                    return drop_(DropReason::ReservationOffSubnet);
-                }
-                match book.offer(
-                    mac,
-                    self.subnet.net,
-                    self.subnet.pool,
-                    requested_ip(msg),
-                    now,
-                ) {
-                    Ok((ip, changes)) => self.reply(
-                        MessageType::Offer,
-                        Some((ip, self.subnet.lease_time)),
-                        changes,
-                    ),
-                    Err(e) => {
-                        debug!(%mac, error = %e, "no address to offer");
-                        drop_(DropReason::NoAddress)
-                    }
-                }
-            }
-            MessageType::Request => {
-                if !ours {
-                    // SELECTING another server's offer (RFC 2131 §4.3.2): withdraw ours.
-                    return Decision::Silent {
-                        reason: Silence::OtherServerSelected,
-                        lease_changes: book.cancel_offer(mac),
-                    };
-                }
-                let ciaddr = msg.ciaddr();
-                let Some(ip) = requested_ip(msg).or((!ciaddr.is_unspecified()).then_some(ciaddr))
-                else {
-                    return drop_(DropReason::NoRecord);
-                };
-                if !self.subnet.net.contains(&ip) {
-                    // The client moved to another network: tell it to start over.
-                    return self.nak("requested address is not on this network");
-                }
-                match book.bind(mac, ip, self.subnet.lease_time, now) {
-                    // A fresh binding has the whole lease time left; a reused one (a
-                    // retransmission, see `LeaseBook::bind`) what remains of it, rounded up
-                    // so that a retransmitted REQUEST gets the ACK it got the first time.
-                    Ok(changes) => {
-                        let left = book.remaining(ip, now);
-                        let left = Duration::from_secs(
-                            left.as_secs() + u64::from(left.subsec_nanos() > 0),
-                        );
-                        self.reply(MessageType::Ack, Some((ip, left)), changes)
-                    }
-                    Err(e) => {
-                        debug!(%mac, %ip, error = %e, "request refused");
-                        self.nak(&e.to_string())
-                    }
-                }
-            }
-            MessageType::Decline => {
-                if !ours {
-                    return drop_(DropReason::OtherServer);
-                }
-                let Some(ip) = requested_ip(msg) else {
-                    return drop_(DropReason::NoRecord);
-                };
-                match book.decline(mac, ip, now) {
-                    Ok(changes) => {
-                        tracing::warn!(%mac, %ip, "address declined: another device is using it; quarantined");
-                        Decision::Silent {
-                            reason: Silence::Declined,
-                            lease_changes: changes,
-                        }
-                    }
-                    Err(_) => drop_(DropReason::NoRecord),
-                }
-            }
-            MessageType::Release => {
-                if !ours {
-                    return drop_(DropReason::OtherServer);
-                }
-                match book.release(mac, msg.ciaddr(), now) {
-                    Ok(changes) => Decision::Silent {
-                        reason: Silence::Released,
-                        lease_changes: changes,
-                    },
-                    Err(_) => drop_(DropReason::NoRecord),
-                }
-            }
-            MessageType::Inform => {
-                if msg.ciaddr().is_unspecified() {
-                    return drop_(DropReason::NoRecord);
-                }
-                self.reply(MessageType::Ack, None, Vec::new())
-            }
+            MessageType::Discover => self.discover(book, now),
+            // SELECTING another server's offer (RFC 2131 §4.3.2): withdraw ours.
+            MessageType::Request if !ours => Decision::Silent {
+                reason: Silence::OtherServerSelected,
+                lease_changes: book.cancel_offer(self.req.mac),
+            },
+            MessageType::Request => self.request(book, now),
+            MessageType::Decline | MessageType::Release if !ours => drop_(DropReason::OtherServer),
+            MessageType::Decline => self.decline(book, now),
+            MessageType::Release => self.release(book, now),
+            MessageType::Inform => self.inform(),
             _ => drop_(DropReason::UnsupportedMessageType),
         }
+    }
+
+    /// A DISCOVER: offer the reservation (which must lie on the client's subnet, or the
+    /// inventory and the network disagree) or a pool address, as the book allows.
+    fn discover(&self, book: &mut LeaseBook, now: SystemTime) -> Decision {
+        let mac = self.req.mac;
+        if let Some(h) = self.host
+            && !self.subnet.net.contains(&h.ip)
+        {
+            return drop_(DropReason::ReservationOffSubnet);
+        }
+        match book.offer(
+            mac,
+            self.subnet.net,
+            self.subnet.pool,
+            requested_ip(&self.req.msg),
+            now,
+        ) {
+            Ok((ip, changes)) => self.reply(
+                MessageType::Offer,
+                Some((ip, self.subnet.lease_time)),
+                changes,
+            ),
+            Err(e) => {
+                debug!(%mac, error = %e, "no address to offer");
+                drop_(DropReason::NoAddress)
+            }
+        }
+    }
+
+    /// A REQUEST addressed to us (or to no server): bind the address it names and ACK it,
+    /// or NAK so that the client starts over.
+    fn request(&self, book: &mut LeaseBook, now: SystemTime) -> Decision {
+        let msg = &self.req.msg;
+        let mac = self.req.mac;
+        let ciaddr = msg.ciaddr();
+        let Some(ip) = requested_ip(msg).or((!ciaddr.is_unspecified()).then_some(ciaddr)) else {
+            return drop_(DropReason::NoRecord);
+        };
+        if !self.subnet.net.contains(&ip) {
+            // The client moved to another network: tell it to start over.
+            return self.nak("requested address is not on this network");
+        }
+        match book.bind(mac, ip, self.subnet.lease_time, now) {
+            // A fresh binding has the whole lease time left; a reused one (a
+            // retransmission, see `LeaseBook::bind`) what remains of it, rounded up
+            // so that a retransmitted REQUEST gets the ACK it got the first time.
+            Ok(changes) => {
+                let left = book.remaining(ip, now);
+                let left = Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0));
+                self.reply(MessageType::Ack, Some((ip, left)), changes)
+            }
+            Err(e) => {
+                debug!(%mac, %ip, error = %e, "request refused");
+                self.nak(&e.to_string())
+            }
+        }
+    }
+
+    /// A DECLINE: the client found the address in use, so it is quarantined; nothing is
+    /// answered.
+    fn decline(&self, book: &mut LeaseBook, now: SystemTime) -> Decision {
+        let mac = self.req.mac;
+        let Some(ip) = requested_ip(&self.req.msg) else {
+            return drop_(DropReason::NoRecord);
+        };
+        match book.decline(mac, ip, now) {
+            Ok(changes) => {
+                tracing::warn!(%mac, %ip, "address declined: another device is using it; quarantined");
+                Decision::Silent {
+                    reason: Silence::Declined,
+                    lease_changes: changes,
+                }
+            }
+            Err(_) => drop_(DropReason::NoRecord),
+        }
+    }
+
+    /// A RELEASE: the client gives its address back; nothing is answered.
+    fn release(&self, book: &mut LeaseBook, now: SystemTime) -> Decision {
+        match book.release(self.req.mac, self.req.msg.ciaddr(), now) {
+            Ok(changes) => Decision::Silent {
+                reason: Silence::Released,
+                lease_changes: changes,
+            },
+            Err(_) => drop_(DropReason::NoRecord),
+        }
+    }
+
+    /// An INFORM: a client with an address configured elsewhere asks for options only, so
+    /// the ACK carries no lease.
+    fn inform(&self) -> Decision {
+        if self.req.msg.ciaddr().is_unspecified() {
+            return drop_(DropReason::NoRecord);
+        }
+        self.reply(MessageType::Ack, None, Vec::new())
     }
 
     fn proxy(self, kind: MessageType) -> Decision {

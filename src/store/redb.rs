@@ -202,27 +202,55 @@ impl RedbStore {
 
         if tables.is_empty() {
             drop(txn);
-            self.write(|txn| {
-                let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
-                meta.insert(SCHEMA_KEY, SCHEMA_VERSION)
-                    .map_err(|e| self.err(e))?;
-                // Create every table now so that readers never meet a missing one.
-                txn.open_table(LEASES).map_err(|e| self.err(e))?;
-                txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
-                txn.open_table(NODES).map_err(|e| self.err(e))?;
-                txn.open_table(EVENTS).map_err(|e| self.err(e))?;
-                txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-                txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
-                txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
-                txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
-                txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
-                txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
-                Ok(())
-            })?;
-            info!(file = %self.path.display(), schema = SCHEMA_VERSION, "created state store");
-            return Ok(());
+            return self.create_schema();
         }
+        let found = self.schema_version(&txn, &tables)?;
+        // Tables added within schema 1 are created when missing (older files lack them).
+        if [
+            "node_facts",
+            "node_lifecycle",
+            "cluster_progress",
+            "pull_tokens",
+            "rollouts",
+        ]
+        .iter()
+        .any(|n| !tables.iter().any(|t| t == *n))
+        {
+            drop(txn);
+            self.add_tables_of_schema_1()?;
+        }
+        info!(file = %self.path.display(), schema = found, "opened state store");
+        Ok(())
+    }
 
+    /// A new file gets the schema version and every table at once, so that readers never
+    /// meet a missing table.
+    fn create_schema(&self) -> Result<()> {
+        self.write(|txn| {
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            meta.insert(SCHEMA_KEY, SCHEMA_VERSION)
+                .map_err(|e| self.err(e))?;
+            // Create every table now so that readers never meet a missing one.
+            txn.open_table(LEASES).map_err(|e| self.err(e))?;
+            txn.open_table(LEASE_BY_MAC).map_err(|e| self.err(e))?;
+            txn.open_table(NODES).map_err(|e| self.err(e))?;
+            txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+            txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
+            txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+            txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+            txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
+            txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
+            txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
+            Ok(())
+        })?;
+        info!(file = %self.path.display(), schema = SCHEMA_VERSION, "created state store");
+        Ok(())
+    }
+
+    /// The schema version of an existing file with `tables`, refusing a file talboot did not
+    /// write, one newer than this build, and one missing a table its version requires: such a
+    /// file is left as it is rather than written by rules it does not follow.
+    fn schema_version(&self, txn: &ReadTransaction, tables: &[String]) -> Result<u64> {
         if !tables.iter().any(|t| t == "meta") {
             return Err(self.corrupt(format!(
                 "it has tables {tables:?} but no `meta` table, so it was not written by talboot"
@@ -252,29 +280,20 @@ impl RedbStore {
                 "schema version {found} requires table `{missing}`, which is missing"
             )));
         }
-        // Tables added within schema 1 are created when missing (older files lack them).
-        if [
-            "node_facts",
-            "node_lifecycle",
-            "cluster_progress",
-            "pull_tokens",
-            "rollouts",
-        ]
-        .iter()
-        .any(|n| !tables.iter().any(|t| t == *n))
-        {
-            drop(txn);
-            self.write(|txn| {
-                txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
-                txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
-                txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
-                txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
-                txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
-                Ok(())
-            })?;
-        }
-        info!(file = %self.path.display(), schema = found, "opened state store");
-        Ok(())
+        Ok(found)
+    }
+
+    /// Files written before these tables existed get them (empty) on open, so readers never
+    /// meet a missing one; creating a table that exists changes nothing.
+    fn add_tables_of_schema_1(&self) -> Result<()> {
+        self.write(|txn| {
+            txn.open_table(NODE_FACTS).map_err(|e| self.err(e))?;
+            txn.open_table(NODE_LIFECYCLE).map_err(|e| self.err(e))?;
+            txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
+            txn.open_table(PULL_TOKENS).map_err(|e| self.err(e))?;
+            txn.open_table(ROLLOUTS).map_err(|e| self.err(e))?;
+            Ok(())
+        })
     }
 
     /// Value of `key` in the `&str -> bytes` table `def`, inside a read transaction.
@@ -583,57 +602,12 @@ impl Store for RedbStore {
             .get(SCHEMA_KEY)
             .map_err(|e| self.err(e))?
             .map(|g| g.value());
-
-        // Stored JSON is exported as is, so fields this build does not know survive.
-        let mut leases = Vec::new();
-        let table = txn.open_table(LEASES).map_err(|e| self.err(e))?;
-        for row in table.iter().map_err(|e| self.err(e))? {
-            let (k, v) = row.map_err(|e| self.err(e))?;
-            leases.push(self.decode::<Value>("leases", Ipv4Addr::from(k.value()), v.value())?);
-        }
-
-        let mut nodes = Vec::new();
-        let table = txn.open_table(NODES).map_err(|e| self.err(e))?;
-        for row in table.iter().map_err(|e| self.err(e))? {
-            let (k, v) = row.map_err(|e| self.err(e))?;
-            nodes.push(self.decode::<Value>("nodes", k.value(), v.value())?);
-        }
-
-        let mut events = Vec::new();
-        let table = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
-        for row in table.iter().map_err(|e| self.err(e))? {
-            let (k, v) = row.map_err(|e| self.err(e))?;
-            let (n, seq) = k.value();
-            events.push(self.decode::<Value>("events", format_args!("{n}#{seq}"), v.value())?);
-        }
-
-        // Values are opaque bytes: text when they are UTF-8, hex otherwise, tagged so that
-        // the two cannot be confused.
-        let mut meta = Map::new();
-        let table = txn.open_table(CLUSTER_META).map_err(|e| self.err(e))?;
-        for row in table.iter().map_err(|e| self.err(e))? {
-            let (k, v) = row.map_err(|e| self.err(e))?;
-            let bytes = v.value();
-            let encoded = match std::str::from_utf8(bytes) {
-                Ok(text) => serde_json::json!({ "text": text }),
-                Err(_) => serde_json::json!({ "hex": crate::hex::lower(bytes) }),
-            };
-            meta.insert(k.value().to_string(), encoded);
-        }
-
-        // Progress rows are short marks or JSON: text when UTF-8, hex otherwise, as above.
-        let mut progress = Map::new();
-        let table = txn.open_table(CLUSTER_PROGRESS).map_err(|e| self.err(e))?;
-        for row in table.iter().map_err(|e| self.err(e))? {
-            let (k, v) = row.map_err(|e| self.err(e))?;
-            let bytes = v.value();
-            let encoded = match std::str::from_utf8(bytes) {
-                Ok(text) => serde_json::json!({ "text": text }),
-                Err(_) => serde_json::json!({ "hex": crate::hex::lower(bytes) }),
-            };
-            progress.insert(k.value().to_string(), encoded);
-        }
-
+        let leases = self.export_leases(&txn)?;
+        let nodes = self.export_nodes(&txn)?;
+        let events = self.export_events(&txn)?;
+        let meta = self.export_opaque(&txn, CLUSTER_META)?;
+        // Progress rows are short marks or JSON: exported like `cluster_meta`'s bytes.
+        let progress = self.export_opaque(&txn, CLUSTER_PROGRESS)?;
         let mut parts = Map::new();
         for (label, def) in [
             ("node_facts", NODE_FACTS),
@@ -641,15 +615,7 @@ impl Store for RedbStore {
             ("pull_tokens", PULL_TOKENS),
             ("rollouts", ROLLOUTS),
         ] {
-            let mut rows = Map::new();
-            let table = txn.open_table(def).map_err(|e| self.err(e))?;
-            for row in table.iter().map_err(|e| self.err(e))? {
-                let (k, v) = row.map_err(|e| self.err(e))?;
-                rows.insert(
-                    k.value().to_string(),
-                    self.decode::<Value>(label, k.value(), v.value())?,
-                );
-            }
+            let rows = self.export_json_rows(&txn, label, def)?;
             parts.insert(label.to_owned(), Value::Object(rows));
         }
 
@@ -665,6 +631,84 @@ impl Store for RedbStore {
             "pull_tokens": parts["pull_tokens"],
             "rollouts": parts["rollouts"],
         }))
+    }
+}
+
+/// The tables of [`Store::export_json`], each read inside the export's one transaction.
+/// Stored JSON is exported as is, so fields this build does not know survive.
+impl RedbStore {
+    /// Every lease record, in address order.
+    fn export_leases(&self, txn: &ReadTransaction) -> Result<Vec<Value>> {
+        let mut leases = Vec::new();
+        let table = txn.open_table(LEASES).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            leases.push(self.decode::<Value>("leases", Ipv4Addr::from(k.value()), v.value())?);
+        }
+        Ok(leases)
+    }
+
+    /// Every node record, in name order.
+    fn export_nodes(&self, txn: &ReadTransaction) -> Result<Vec<Value>> {
+        let mut nodes = Vec::new();
+        let table = txn.open_table(NODES).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            nodes.push(self.decode::<Value>("nodes", k.value(), v.value())?);
+        }
+        Ok(nodes)
+    }
+
+    /// Every timeline event, node by node, each node's in sequence order.
+    fn export_events(&self, txn: &ReadTransaction) -> Result<Vec<Value>> {
+        let mut events = Vec::new();
+        let table = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let (n, seq) = k.value();
+            events.push(self.decode::<Value>("events", format_args!("{n}#{seq}"), v.value())?);
+        }
+        Ok(events)
+    }
+
+    /// A table of opaque bytes by key. Values are text when they are UTF-8, hex otherwise,
+    /// tagged so that the two cannot be confused.
+    fn export_opaque(
+        &self,
+        txn: &ReadTransaction,
+        def: TableDefinition<&str, &[u8]>,
+    ) -> Result<Map<String, Value>> {
+        let mut out = Map::new();
+        let table = txn.open_table(def).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let bytes = v.value();
+            let encoded = match std::str::from_utf8(bytes) {
+                Ok(text) => serde_json::json!({ "text": text }),
+                Err(_) => serde_json::json!({ "hex": crate::hex::lower(bytes) }),
+            };
+            out.insert(k.value().to_string(), encoded);
+        }
+        Ok(out)
+    }
+
+    /// A table of JSON values by key, `label` naming it when a row does not decode.
+    fn export_json_rows(
+        &self,
+        txn: &ReadTransaction,
+        label: &str,
+        def: TableDefinition<&str, &[u8]>,
+    ) -> Result<Map<String, Value>> {
+        let mut rows = Map::new();
+        let table = txn.open_table(def).map_err(|e| self.err(e))?;
+        for row in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            rows.insert(
+                k.value().to_string(),
+                self.decode::<Value>(label, k.value(), v.value())?,
+            );
+        }
+        Ok(rows)
     }
 }
 

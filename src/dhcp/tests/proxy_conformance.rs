@@ -15,7 +15,7 @@
 use super::*;
 
 /// UDP source port of a 4011 reply: the server sends it from the socket the request came in
-/// on (`server.rs`, `Adapter::handle` hands the receiving socket to the reply).
+/// on (`server/handle.rs`, `Adapter::handle` hands the receiving socket to the reply).
 const PXE_PORT: u16 = 4011;
 
 /// A BOOTP/DHCP packet split the way RFC 2131 §2 lays it out, with the options as TLVs.
