@@ -67,6 +67,8 @@ impl CommandSender {
     }
 }
 
+/// The next command, or never when this provisioner takes none (a `select!` arm that
+/// stays quiet instead of ending the loop).
 pub(super) async fn recv_command(
     rx: &mut Option<tokio::sync::mpsc::Receiver<Command>>,
 ) -> Option<Command> {
