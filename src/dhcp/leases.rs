@@ -565,23 +565,29 @@ impl LeaseBook {
 
     /// Check the book's structural invariants; `Err` names the first broken one. Used by the
     /// property tests and the fuzz target.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), BrokenInvariant> {
         for (ip, l) in &self.leases {
             if *ip != l.ip {
-                return Err(format!("record keyed {ip} is for {}", l.ip));
+                return Err(BrokenInvariant::MisKeyed { key: *ip, ip: l.ip });
             }
             if !self.managed_for(l.ip, l.mac) {
-                return Err(format!(
-                    "{} recorded for {} which may not have it",
-                    l.ip, l.mac
-                ));
+                return Err(BrokenInvariant::NotManaged {
+                    ip: l.ip,
+                    mac: l.mac,
+                });
             }
             let indexed = self.by_mac.get(&l.mac) == Some(ip);
             if l.state == LeaseState::Declined && indexed {
-                return Err(format!("quarantined {ip} indexed as {}'s lease", l.mac));
+                return Err(BrokenInvariant::QuarantinedIndexed {
+                    ip: *ip,
+                    mac: l.mac,
+                });
             }
             if l.state != LeaseState::Declined && !indexed {
-                return Err(format!("{}'s record {ip} is not its indexed lease", l.mac));
+                return Err(BrokenInvariant::NotIndexed {
+                    ip: *ip,
+                    mac: l.mac,
+                });
             }
         }
         for ((start, _), from) in &self.unrecorded_from {
@@ -589,24 +595,79 @@ impl LeaseBook {
             if let Some(gap) =
                 (first..*from).find(|&a| !self.leases.contains_key(&Ipv4Addr::from(a as u32)))
             {
-                return Err(format!(
-                    "never-used hint {from} of the pool at {start} skips unrecorded {}",
-                    Ipv4Addr::from(gap as u32)
-                ));
+                return Err(BrokenInvariant::HintSkips {
+                    hint: *from,
+                    pool: *start,
+                    skipped: Ipv4Addr::from(gap as u32),
+                });
             }
         }
         for (mac, ip) in &self.by_mac {
             match self.leases.get(ip) {
                 Some(l) if l.mac == *mac => {}
                 _ => {
-                    return Err(format!(
-                        "index says {mac} has {ip} but the record disagrees"
-                    ));
+                    return Err(BrokenInvariant::IndexDisagrees { mac: *mac, ip: *ip });
                 }
             }
         }
         Ok(())
     }
+}
+
+/// A structural invariant of the [`LeaseBook`] that does not hold (a bug, never an
+/// operator's error): what [`LeaseBook::check_invariants`] found first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokenInvariant {
+    /// A record is stored under another address than its own.
+    #[error("record keyed {key} is for {ip}")]
+    MisKeyed {
+        /// The key it is stored under.
+        key: Ipv4Addr,
+        /// The record's address.
+        ip: Ipv4Addr,
+    },
+    /// A record gives an address to a MAC that may not have it.
+    #[error("{ip} recorded for {mac} which may not have it")]
+    NotManaged {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The MAC.
+        mac: Mac,
+    },
+    /// A quarantined (declined) address is indexed as a MAC's lease.
+    #[error("quarantined {ip} indexed as {mac}'s lease")]
+    QuarantinedIndexed {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The MAC.
+        mac: Mac,
+    },
+    /// A live record is not its MAC's indexed lease.
+    #[error("{mac}'s record {ip} is not its indexed lease")]
+    NotIndexed {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The MAC.
+        mac: Mac,
+    },
+    /// A pool's never-used hint skips an address that has no record.
+    #[error("never-used hint {hint} of the pool at {pool} skips unrecorded {skipped}")]
+    HintSkips {
+        /// The hint (an address as a number).
+        hint: u64,
+        /// The pool's first address.
+        pool: Ipv4Addr,
+        /// The skipped address.
+        skipped: Ipv4Addr,
+    },
+    /// The MAC index names a record of another MAC (or none).
+    #[error("index says {mac} has {ip} but the record disagrees")]
+    IndexDisagrees {
+        /// The MAC.
+        mac: Mac,
+        /// The address the index names.
+        ip: Ipv4Addr,
+    },
 }
 
 /// Every address of a pool, in order.

@@ -105,6 +105,26 @@ impl std::fmt::Display for HealthReport {
     }
 }
 
+/// Why a control plane that is not Ready cannot take Bootstrap now
+/// ([`Provisioner::bootstrap_probe`]'s answer).
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    /// talboot's phase says it is not installed yet (or its address is unknown).
+    #[error("{node} is {phase}")]
+    Phase {
+        /// The control plane.
+        node: String,
+        /// Its phase.
+        phase: NodePhase,
+    },
+    /// Its secured API answered, but it is not ready ([`core::bootstrap_readiness`]).
+    #[error(transparent)]
+    Readiness(core::NotReadyForBootstrap),
+    /// Its secured API did not answer usefully.
+    #[error(transparent)]
+    Talos(TalosError),
+}
+
 impl Provisioner {
     /// The cluster's progress as the core sees it: the bootstrap node, the bootstrap and
     /// kubeconfig marks, the step record.
@@ -245,9 +265,12 @@ impl Provisioner {
         &self,
         cp: &str,
         rec: &crate::store::NodeRecord,
-    ) -> Result<Result<TalosClient, String>, ProvisionError> {
+    ) -> Result<Result<TalosClient, NotReady>, ProvisionError> {
         let (NodePhase::Installing, Some(ip)) = (rec.phase, rec.last_seen_addr) else {
-            return Ok(Err(format!("{cp} is {}", rec.phase)));
+            return Ok(Err(NotReady::Phase {
+                node: cp.to_owned(),
+                phase: rec.phase,
+            }));
         };
         let client = self.secured_client(ip).map_err(|e| self.talos_err(cp, e))?;
         let looked = async {
@@ -267,11 +290,11 @@ impl Provisioner {
         Ok(match looked.await {
             Ok(probe) => match core::bootstrap_readiness(&probe) {
                 Ok(()) => Ok(client),
-                Err(why) => Err(why),
+                Err(why) => Err(NotReady::Readiness(why)),
             },
             Err(e) => {
                 tracing::debug!(node = %cp, error = %e, "not ready for Bootstrap");
-                Err(e.to_string())
+                Err(NotReady::Talos(e))
             }
         })
     }
@@ -309,15 +332,34 @@ impl Provisioner {
             (BootstrapEffect::CheckEtcd, Some(c)) => c,
             (BootstrapEffect::Done, _) => return Ok(ClusterProgress::Bootstrapped),
             (BootstrapEffect::Wait(why), _) => return Ok(ClusterProgress::Waiting(why)),
-            (other, _) => {
-                return Err(ProvisionError::Step {
-                    node: cp.to_owned(),
-                    why: format!("internal: unexpected bootstrap effect {other:?}"),
-                });
-            }
+            (other, _) => return Err(unexpected_effect(cp, &other)),
         };
-        // Intent before the call; a stored intent from an earlier run is fine (same node).
-        // After the last etcd member was rebuilt the key says so, and is swapped the same way.
+        if self.persist_bootstrap_intent(cp).await? {
+            return Ok(ClusterProgress::Bootstrapped);
+        }
+        let members = self.etcd_members_before_bootstrap(cp, &client).await;
+        let (state, effect) = core::bootstrap_step(&state, BootstrapObs::EtcdMembers(members));
+        match effect {
+            BootstrapEffect::Done => return self.mark_bootstrapped(cp).await,
+            BootstrapEffect::Bootstrap => {}
+            other => return Err(unexpected_effect(cp, &other)),
+        }
+        let (obs, err) = self.call_bootstrap(cp, &client).await;
+        match core::bootstrap_step(&state, obs).1 {
+            BootstrapEffect::Done => self.mark_bootstrapped(cp).await,
+            BootstrapEffect::Wait(why) => Ok(ClusterProgress::Waiting(why)),
+            other => Err(match err {
+                Some(e) => self.talos_err(cp, e),
+                None => unexpected_effect(cp, &other),
+            }),
+        }
+    }
+
+    /// The bootstrap intent, persisted before any call so a restart never calls Bootstrap
+    /// blind: swapped in by compare-and-set (from nothing, or from `rebuilt` after the last
+    /// etcd member was rebuilt). An intent from an earlier run is fine (same node) and is
+    /// said on the timeline. `true`: the bootstrap is recorded done already.
+    async fn persist_bootstrap_intent(&self, cp: &str) -> Result<bool, ProvisionError> {
         let rebuilt = self.meta(BOOTSTRAP_KEY).await?.as_deref() == Some(REBUILT);
         let outcome = self
             .write(move |w| {
@@ -328,7 +370,7 @@ impl Provisioner {
         if let CasOutcome::Mismatch { current } = &outcome
             && current.as_deref() == Some(DONE)
         {
-            return Ok(ClusterProgress::Bootstrapped);
+            return Ok(true);
         }
         if !outcome.is_swapped() {
             self.event(
@@ -337,8 +379,14 @@ impl Provisioner {
                 "bootstrap intent found from an earlier run; checking etcd before calling",
             );
         }
+        Ok(false)
+    }
 
-        let members = match client.etcd_member_list().await {
+    /// How many etcd members the bootstrap node has (0 when etcd does not answer): members
+    /// mean an earlier call landed, or someone bootstrapped by hand, so Bootstrap is not
+    /// called again.
+    async fn etcd_members_before_bootstrap(&self, cp: &str, client: &TalosClient) -> usize {
+        match client.etcd_member_list().await {
             Ok(members) => {
                 if !members.is_empty() {
                     self.event(
@@ -360,20 +408,18 @@ impl Provisioner {
                 );
                 0
             }
-        };
-        let (state, effect) = core::bootstrap_step(&state, BootstrapObs::EtcdMembers(members));
-        match effect {
-            BootstrapEffect::Done => return self.mark_bootstrapped(cp).await,
-            BootstrapEffect::Bootstrap => {}
-            other => {
-                return Err(ProvisionError::Step {
-                    node: cp.to_owned(),
-                    why: format!("internal: unexpected bootstrap effect {other:?}"),
-                });
-            }
         }
+    }
 
-        let (obs, err) = match client.bootstrap().await {
+    /// The one Bootstrap call, with its event, as the core's observation: "already
+    /// bootstrapped" is done, and a failure says whether a later retry can succeed. The
+    /// error comes back too, for the step's typed error when the core gives up.
+    async fn call_bootstrap(
+        &self,
+        cp: &str,
+        client: &TalosClient,
+    ) -> (BootstrapObs, Option<TalosError>) {
+        match client.bootstrap().await {
             Ok(()) => {
                 self.event(
                     cp,
@@ -410,17 +456,6 @@ impl Provisioner {
                     Some(e),
                 )
             }
-        };
-        match core::bootstrap_step(&state, obs).1 {
-            BootstrapEffect::Done => self.mark_bootstrapped(cp).await,
-            BootstrapEffect::Wait(why) => Ok(ClusterProgress::Waiting(why)),
-            other => Err(match err {
-                Some(e) => self.talos_err(cp, e),
-                None => ProvisionError::Step {
-                    node: cp.to_owned(),
-                    why: format!("internal: unexpected bootstrap effect {other:?}"),
-                },
-            }),
         }
     }
 
@@ -556,5 +591,14 @@ impl Provisioner {
         .await
         .map_err(|e| ProvisionError::Join(e.to_string()))??;
         Ok(ClusterProgress::KubeconfigWritten(path))
+    }
+}
+
+/// The core answered the bootstrap with an effect that does not fit where the adapter is:
+/// a bug, reported as the step's error rather than acted on.
+fn unexpected_effect(cp: &str, effect: &BootstrapEffect) -> ProvisionError {
+    ProvisionError::Step {
+        node: cp.to_owned(),
+        why: format!("internal: unexpected bootstrap effect {effect:?}"),
     }
 }

@@ -20,19 +20,26 @@
 //! ignored, and without a binding nothing is called. A config therefore never goes anywhere
 //! else.
 //!
-//! **Cluster machine.** [`ClusterState`] folds the bootstrap marks (`cluster/bootstrap-node`,
-//! `cluster/bootstrap`, `cluster/kubeconfig`) and the step record of [`super::steps`] into one
-//! value; [`choose_bootstrap_node`] and [`bootstrap_step`] decide the one non-repeatable
-//! cluster call, and [`ClusterState::kubeconfig_written`] is the one place that says whether
-//! the bootstrap part is over.
+//! **Cluster machine** (child module `bootstrap`, re-exported here). [`ClusterState`] folds
+//! the bootstrap marks (`cluster/bootstrap-node`, `cluster/bootstrap`, `cluster/kubeconfig`)
+//! and the step record of [`super::steps`] into one value; [`choose_bootstrap_node`] and
+//! [`bootstrap_step`] decide the one non-repeatable cluster call, and
+//! [`ClusterState::kubeconfig_written`] is the one place that says whether the bootstrap part
+//! is over.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::events::EventKind;
 use crate::inventory::Mac;
-use crate::store::{ClusterStep, Lifecycle, StepRecord};
-use crate::store::{NodePhase, NodeRecord};
+use crate::store::{Lifecycle, NodePhase, NodeRecord};
+
+mod bootstrap;
+pub(crate) use bootstrap::{
+    BootstrapEffect, BootstrapMark, BootstrapObs, BootstrapProbe, Choice, ClusterState,
+    ForBootstrap, NotReadyForBootstrap, bootstrap_readiness, bootstrap_step, choose_bootstrap_node,
+    forget_bootstrap,
+};
 
 /// The address DHCP bound to one of the node's MACs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -570,6 +577,29 @@ impl Step {
             self.wait(waiting_for);
         }
     }
+
+    /// The reset deadline (from the Reset reply): past it the rebuild Failed, because the
+    /// node never came back in maintenance mode, so the reset did not happen.
+    fn reset_deadline(&mut self, ctx: &NodeCtx, still: String) {
+        let limit = ctx.reset_timeout;
+        let at = self.s.life.reset_at_unix.unwrap_or(self.now);
+        let elapsed = Duration::from_secs(self.now.saturating_sub(at));
+        if elapsed >= limit {
+            self.s.life.reset_at_unix = None;
+            let cause = format!(
+                "the node did not come back in maintenance mode within {limit:?} after \
+                 Reset answered (last: {still}); the reset did not happen"
+            );
+            self.fail(
+                format!("rebuild failed: {cause}"),
+                FailCause::ResetFailed(cause),
+            );
+        } else {
+            self.wait(format!(
+                "reset requested; waiting for maintenance mode: {still}"
+            ));
+        }
+    }
 }
 
 /// One step of the node machine; see the module docs.
@@ -687,14 +717,33 @@ fn poll(st: &mut Step) {
     }
 }
 
+/// A call's result, read by the call it answers: the same outcome means different things to
+/// different calls (a maintenance answer is progress to a probe, a failed apply to
+/// ResolveApply, the end of a reset to WatchReset). Whatever a call does not claim goes to
+/// [`any_call_result`].
 fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
+    match p.kind {
+        CallKind::Probe => probe_answered(st, outcome),
+        CallKind::ReadFacts => facts_read(st, p, outcome),
+        CallKind::Apply => apply_answered(st, p, outcome),
+        CallKind::ResolveApply => apply_resolved(st, p, outcome, ctx),
+        CallKind::WatchInstall => install_watched(st, p, outcome, ctx),
+        CallKind::PrepareReset => reset_prepared(st, p, outcome, ctx),
+        CallKind::Reset => reset_answered(st, p, outcome),
+        CallKind::WatchReset => reset_watched(st, p, outcome, ctx),
+    }
+}
+
+/// [`CallKind::Probe`]: whether a booting node is in maintenance mode (talboot configures
+/// it) or holds a config already (nothing to push).
+fn probe_answered(st: &mut Step, outcome: Outcome) {
     use Outcome as O;
-    match (p.kind, outcome) {
-        (CallKind::Probe, O::Maintenance { version }) => {
+    match outcome {
+        O::Maintenance { version } => {
             st.s.rec.talos_version = Some(version);
             st.advance(NodePhase::Maintenance, "maintenance API answers");
         }
-        (CallKind::Probe, O::Configured { version }) => {
+        O::Configured { version } => {
             // It holds a config already: nothing to push. Whether it is installed (or still
             // installing) is the Installing phase's question.
             st.s.rec.talos_version = Some(version);
@@ -705,10 +754,19 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                 "already configured (secured API answers); waiting for machine stage running",
             );
         }
-        (CallKind::Probe, O::ConfiguredUnusable { why }) => st.wait(format!(
+        O::ConfiguredUnusable { why } => st.wait(format!(
             "configured node, secured API not usable yet: {why}"
         )),
-        (CallKind::ReadFacts, O::FactsOk { .. }) => {
+        other => any_call_result(st, CallKind::Probe, other),
+    }
+}
+
+/// [`CallKind::ReadFacts`]: the facts passed the install-disk check, so the config is
+/// applied now (intent first), or the node cannot be installed as the inventory says.
+fn facts_read(st: &mut Step, p: Pending, outcome: Outcome) {
+    use Outcome as O;
+    match outcome {
+        O::FactsOk { .. } => {
             if !st.s.rec.provisioning_window_open {
                 st.wait("provisioning window closed");
                 return;
@@ -723,43 +781,70 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             );
             st.call(CallKind::Apply, p.ip, false);
         }
-        (CallKind::ReadFacts, O::LeftMaintenance) => {
+        O::LeftMaintenance => {
             // It left maintenance behind our back (someone else configured it).
             st.advance(NodePhase::Booting, "maintenance API gone; probing again")
         }
-        (CallKind::ReadFacts, O::DiskRefused { why }) => {
-            st.fail(format!("install disk refused: {why}"), FailCause::Disk)
-        }
-        (CallKind::ReadFacts | CallKind::Apply, O::RenderFailed { why }) => {
-            st.fail(format!("config not rendered: {why}"), FailCause::Render)
-        }
-        (CallKind::Apply, O::ApplyAccepted) => {
+        O::DiskRefused { why } => st.fail(format!("install disk refused: {why}"), FailCause::Disk),
+        O::RenderFailed { why } => not_rendered(st, why),
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// [`CallKind::Apply`]: the config landed (the window closes), was refused, or its reply was
+/// lost (Configuring finds out which on the next step).
+fn apply_answered(st: &mut Step, p: Pending, outcome: Outcome) {
+    use Outcome as O;
+    match outcome {
+        O::RenderFailed { why } => not_rendered(st, why),
+        O::ApplyAccepted => {
             st.s.rec.provisioning_window_open = false;
             st.advance(
                 NodePhase::Installing,
                 "config applied; installing and rebooting",
             );
         }
-        (CallKind::Apply, O::ApplyRefused { why }) => {
-            st.fail(format!("config refused: {why}"), FailCause::Talos)
-        }
+        O::ApplyRefused { why } => st.fail(format!("config refused: {why}"), FailCause::Talos),
         // Lost reply or busy node: Configuring resolves it on the next step.
-        (CallKind::Apply, O::ApplyLost { why }) => st.wait(why),
-        (CallKind::ResolveApply, O::Maintenance { .. }) => {
+        O::ApplyLost { why } => st.wait(why),
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// The config could not be rendered: the node fails with the renderer's reason (fixing the
+/// inventory and booting again retries it).
+fn not_rendered(st: &mut Step, why: String) {
+    st.fail(format!("config not rendered: {why}"), FailCause::Render)
+}
+
+/// [`CallKind::ResolveApply`]: after a lost apply reply, whether the config landed (the
+/// node left maintenance mode) or applying it again is safe (still in maintenance mode).
+fn apply_resolved(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
+    use Outcome as O;
+    match outcome {
+        O::Maintenance { .. } => {
             // Still in maintenance: the config did not land, so applying it is safe.
             st.advance(NodePhase::Maintenance, "config not taken; applying again")
         }
-        (CallKind::ResolveApply, O::LeftMaintenance | O::Configured { .. }) => {
+        O::LeftMaintenance | O::Configured { .. } => {
             st.s.rec.provisioning_window_open = false;
             st.advance(
                 NodePhase::Installing,
                 "node left maintenance: config applied",
             );
         }
-        (CallKind::ResolveApply, O::NoAnswer { why } | O::ConfiguredUnusable { why }) => {
-            st.install_deadline(ctx, why)
-        }
-        (CallKind::WatchInstall, O::StageRunning { version }) => {
+        O::NoAnswer { why } | O::ConfiguredUnusable { why } => st.install_deadline(ctx, why),
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// [`CallKind::WatchInstall`]: how far the install is. Running from disk is Ready (and the
+/// disk becomes the boot device); anything short of it waits against the install deadline,
+/// unless the install visibly failed.
+fn install_watched(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
+    use Outcome as O;
+    match outcome {
+        O::StageRunning { version } => {
             st.s.life.install_seen = true;
             let why = format!("installed and booted from disk (machine stage running, {version})");
             st.s.rec.talos_version = Some(version);
@@ -769,22 +854,22 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                 st.out.push(Effect::SetDiskBoot);
             }
         }
-        (CallKind::WatchInstall, O::Stage { name }) => {
+        O::Stage { name } => {
             st.s.life.install_seen = true;
             st.install_deadline(ctx, format!("machine stage {name}"));
         }
-        (CallKind::WatchInstall, O::StatusUnknown { why }) => {
+        O::StatusUnknown { why } => {
             st.s.life.install_seen = true;
             st.install_deadline(ctx, why);
         }
-        (CallKind::WatchInstall, O::InstallFailed { cause }) => {
+        O::InstallFailed { cause } => {
             st.s.life.install_seen = true;
             st.fail(
                 format!("install failed: {cause}"),
                 FailCause::InstallFailed(cause),
             );
         }
-        (CallKind::WatchInstall, O::BackInMaintenance) if st.s.life.install_seen => {
+        O::BackInMaintenance if st.s.life.install_seen => {
             // It had left maintenance mode with our config and is back there without it:
             // the install sequence failed and machined rebooted (siderolabs/talos v1.13.9
             // internal/app/machined/main.go, handle).
@@ -793,21 +878,22 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                        run `talboot node rebuild` once fixed";
             st.fail(why.into(), FailCause::InstallFailed(why.into()));
         }
-        (CallKind::WatchInstall, O::BackInMaintenance) => {
-            st.install_deadline(ctx, "still in maintenance mode".into())
-        }
-        (CallKind::WatchInstall, O::WrongCa { why }) => st.fail(why, FailCause::Talos),
-        (CallKind::WatchInstall, O::JustRestarted) => {
-            st.wait("its API just restarted with mutual TLS")
-        }
-        (CallKind::WatchInstall, O::NoAnswer { why }) => st.install_deadline(ctx, why),
-        (CallKind::PrepareReset, O::Maintenance { .. }) => {
-            st.advance(NodePhase::Maintenance, "already in maintenance mode")
-        }
-        (CallKind::PrepareReset, O::NoAnswer { why }) => {
-            st.wait(format!("cannot reach its secured API to reset it: {why}"))
-        }
-        (CallKind::PrepareReset, O::ResetTarget { last_voter }) => {
+        O::BackInMaintenance => st.install_deadline(ctx, "still in maintenance mode".into()),
+        O::WrongCa { why } => st.fail(why, FailCause::Talos),
+        O::JustRestarted => st.wait("its API just restarted with mutual TLS"),
+        O::NoAnswer { why } => st.install_deadline(ctx, why),
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// [`CallKind::PrepareReset`]: the node to rebuild is found on its secured API, so the reset
+/// is called (intent first), or it is in maintenance mode already (nothing to reset).
+fn reset_prepared(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
+    use Outcome as O;
+    match outcome {
+        O::Maintenance { .. } => st.advance(NodePhase::Maintenance, "already in maintenance mode"),
+        O::NoAnswer { why } => st.wait(format!("cannot reach its secured API to reset it: {why}")),
+        O::ResetTarget { last_voter } => {
             // A graceful reset leaves etcd first; etcd refuses to remove its last voting
             // member (siderolabs/talos v1.13.9 v1alpha1_sequencer.go, Reset: `leave`;
             // internal/pkg/etcd/etcd.go, LeaveCluster), so the last voter is reset without
@@ -817,7 +903,16 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             st.s.life.reset_at_unix = Some(st.now);
             st.call(CallKind::Reset, p.ip, graceful);
         }
-        (CallKind::Reset, O::ResetAccepted) => {
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// [`CallKind::Reset`]: the reset was taken (the node comes back in maintenance mode; the
+/// last etcd voter takes its cluster's bootstrap with it) or refused (its intent is undone).
+fn reset_answered(st: &mut Step, p: Pending, outcome: Outcome) {
+    use Outcome as O;
+    match outcome {
+        O::ResetAccepted => {
             if !p.graceful {
                 // The last voting etcd member is wiped: its cluster's etcd with it.
                 st.out.push(Effect::ForgetBootstrap);
@@ -825,11 +920,21 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
             st.s.rec.talos_version = None;
             st.out.push(Effect::Again);
         }
-        (CallKind::Reset, O::ResetRefused { why }) => {
+        O::ResetRefused { why } => {
             st.s.life.reset_at_unix = None;
             st.out.push(Effect::Error { why });
         }
-        (CallKind::WatchReset, O::Maintenance { .. }) => {
+        other => any_call_result(st, p.kind, other),
+    }
+}
+
+/// [`CallKind::WatchReset`]: the reset node is back in maintenance mode (the rebuild
+/// provisions it again), its reset failed, or it is still on its way against the reset
+/// deadline.
+fn reset_watched(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
+    use Outcome as O;
+    match outcome {
+        O::Maintenance { .. } => {
             st.s.life.reset_at_unix = None;
             st.s.life.install_seen = false;
             st.advance(
@@ -837,290 +942,28 @@ fn result(st: &mut Step, p: Pending, outcome: Outcome, ctx: &NodeCtx) {
                 "reset done: back in maintenance mode",
             );
         }
-        (CallKind::WatchReset, O::ResetSequenceFailed { cause }) => {
+        O::ResetSequenceFailed { cause } => {
             st.s.life.reset_at_unix = None;
             st.fail(
                 format!("reset failed on the node: {cause}"),
                 FailCause::ResetFailed(cause),
             );
         }
-        (CallKind::WatchReset, o @ (O::StillConfigured | O::NoAnswer { .. })) => {
-            let still = match o {
-                O::NoAnswer { why } => format!("down ({why})"),
-                _ => "still configured (resetting)".to_owned(),
-            };
-            let limit = ctx.reset_timeout;
-            let at = st.s.life.reset_at_unix.unwrap_or(st.now);
-            let elapsed = Duration::from_secs(st.now.saturating_sub(at));
-            if elapsed >= limit {
-                st.s.life.reset_at_unix = None;
-                let cause = format!(
-                    "the node did not come back in maintenance mode within {limit:?} after \
-                     Reset answered (last: {still}); the reset did not happen"
-                );
-                st.fail(
-                    format!("rebuild failed: {cause}"),
-                    FailCause::ResetFailed(cause),
-                );
-            } else {
-                st.wait(format!(
-                    "reset requested; waiting for maintenance mode: {still}"
-                ));
-            }
-        }
-        // Transient failures wait; hard ones are reported without a phase change.
-        (_, O::NoAnswer { why }) => st.wait(why),
-        (_, O::CallFailed { why }) => st.out.push(Effect::Error { why }),
-        (_, other) => {
-            // An outcome the call cannot produce: the adapter's bug, reported, never acted on.
-            st.out.push(Effect::Error {
-                why: format!("internal: unexpected outcome {other:?} of {:?}", p.kind),
-            });
-        }
+        O::StillConfigured => st.reset_deadline(ctx, "still configured (resetting)".to_owned()),
+        O::NoAnswer { why } => st.reset_deadline(ctx, format!("down ({why})")),
+        other => any_call_result(st, p.kind, other),
     }
 }
 
-/// Where the bootstrap is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BootstrapMark {
-    /// Not started.
-    None,
-    /// Intent recorded: the call may have been made.
-    Intent,
-    /// Done.
-    Done,
-    /// The last etcd member was rebuilt: bootstrap again.
-    Rebuilt,
-}
-
-/// The cluster's progress, one value: the bootstrap node, the bootstrap mark, whether the
-/// kubeconfig was written, and the step record of the later steps.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ClusterState {
-    /// The chosen bootstrap node.
-    pub bootstrap_node: Option<String>,
-    /// The bootstrap mark.
-    pub bootstrap: BootstrapMark,
-    /// The kubeconfig was written (and not undone by a rebuild of the last etcd member).
-    pub(crate) kubeconfig_done: bool,
-    /// The later steps' record.
-    pub step: Option<StepRecord>,
-}
-
-impl ClusterState {
-    /// Bootstrap, health wait and kubeconfig are over: the one place that says so.
-    pub(crate) fn kubeconfig_written(&self) -> bool {
-        self.kubeconfig_done
-            || self
-                .step
-                .as_ref()
-                .is_some_and(|s| s.step > ClusterStep::WaitingForControlPlanes)
-    }
-}
-
-/// The bootstrap node choice.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Choice {
-    /// Keep (or report) this node; nothing to persist.
-    Keep(String),
-    /// Persist this node (it replaces `replaces`, which failed).
-    Persist {
-        /// The node.
-        name: String,
-        /// The earlier choice, if any.
-        replaces: Option<String>,
-    },
-}
-
-/// A control plane as the bootstrap choice sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ForBootstrap {
-    /// Failed: not chosen (and a choice that failed before any intent is replaced).
-    Failed,
-    /// Not ready for Bootstrap (yet).
-    NotReady,
-    /// Ready for Bootstrap: Ready, or installed, booted from disk with its config, its
-    /// secured API answering and its etcd started (see [`bootstrap_readiness`]).
-    Ready,
-}
-
-impl ForBootstrap {
-    /// From the node's phase alone: Ready nodes are, Failed ones never; any other needs a
-    /// probe ([`bootstrap_readiness`]).
-    pub(crate) fn of_phase(phase: NodePhase) -> Self {
-        match phase {
-            NodePhase::Ready => Self::Ready,
-            NodePhase::Failed => Self::Failed,
-            _ => Self::NotReady,
-        }
-    }
-}
-
-/// What a probe of a control plane found, for [`bootstrap_readiness`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BootstrapProbe {
-    /// Its machine stage, as `talosctl get machinestatus` names it (`booting`, `running`, ...).
-    pub stage: String,
-    /// The `etcd` entry of its `ServiceList`: the service's state, if it is listed.
-    pub etcd: Option<String>,
-}
-
-/// Whether a control plane whose secured API answered can take Bootstrap, the way upstream
-/// tools decide it (siderolabs/talos v1.13.9 `pkg/cluster/bootstrap.go`,
-/// `APIBootstrapper.Bootstrap`: `Version` answers and `MachineStatus` is in stage `booting` or
-/// `running`, then Bootstrap, retried while FailedPrecondition). talboot also wants the etcd
-/// service listed, which `startAllServices` loads only in the boot sequence of the system
-/// booted from disk (`internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go`):
-/// stage `booting` also shows, briefly, between maintenance mode and the install. A control
-/// plane of a new cluster never reaches stage `running` before Bootstrap: its etcd waits to
-/// join (`internal/app/machined/pkg/system/services/etcd.go`, `buildInitialCluster`), and
-/// the boot sequence waits for etcd. `Err` says what is missing.
-pub(crate) fn bootstrap_readiness(probe: &BootstrapProbe) -> Result<(), String> {
-    match probe.stage.as_str() {
-        "booting" | "running" => {}
-        other => return Err(format!("machine stage {other}")),
-    }
-    match &probe.etcd {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "machine stage {}, etcd not started yet (not booted from disk)",
-            probe.stage
-        )),
-    }
-}
-
-/// Choose the bootstrap node: the persisted one, unless it Failed before any intent; else the
-/// first control plane ready for Bootstrap in inventory order (persisted); until one is, the
-/// first control plane that did not fail (not persisted). `None`: no control plane at all.
-pub(crate) fn choose_bootstrap_node(
-    state: &ClusterState,
-    control_planes: &[(String, ForBootstrap)],
-) -> Option<Choice> {
-    let status_of = |n: &str| {
-        control_planes
-            .iter()
-            .find(|(c, _)| c == n)
-            .map(|(_, p)| *p)
-            .unwrap_or(ForBootstrap::NotReady)
-    };
-    if let Some(name) = &state.bootstrap_node {
-        let intent = !matches!(
-            state.bootstrap,
-            BootstrapMark::None | BootstrapMark::Rebuilt
-        );
-        if intent || status_of(name) != ForBootstrap::Failed {
-            return Some(Choice::Keep(name.clone()));
-        }
-    }
-    if let Some((ready, _)) = control_planes
-        .iter()
-        .find(|(_, p)| *p == ForBootstrap::Ready)
-    {
-        return Some(Choice::Persist {
-            name: ready.clone(),
-            replaces: state.bootstrap_node.clone(),
-        });
-    }
-    if let Some((f, _)) = control_planes
-        .iter()
-        .find(|(_, p)| *p != ForBootstrap::Failed)
-    {
-        return Some(Choice::Keep(f.clone()));
-    }
-    state
-        .bootstrap_node
-        .clone()
-        .or_else(|| control_planes.first().map(|(n, _)| n.clone()))
-        .map(Choice::Keep)
-}
-
-/// What the bootstrap part of the cluster machine saw.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum BootstrapObs {
-    /// What now? `ready`: the bootstrap node `node` is ready for Bootstrap (see
-    /// [`bootstrap_readiness`]) with a known address.
-    Poll {
-        /// The bootstrap node.
-        node: String,
-        /// It is Ready.
-        ready: bool,
-    },
-    /// `EtcdMemberList` on the bootstrap node: this many members (0: none or no etcd).
-    EtcdMembers(usize),
-    /// `Bootstrap` answered, or said it already is.
-    Bootstrapped,
-    /// `Bootstrap` failed; `retry`: not yet possible, try later.
-    BootstrapFailed {
-        /// Retry later (FailedPrecondition, transient).
-        retry: bool,
-        /// Why.
-        why: String,
-    },
-}
-
-/// What the bootstrap part of the cluster machine does next.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum BootstrapEffect {
-    /// Wait.
-    Wait(String),
-    /// Ask etcd on the bootstrap node whether it has members (after the intent is persisted).
-    CheckEtcd,
-    /// Call Bootstrap on the bootstrap node.
-    Bootstrap,
-    /// Done (persist).
-    Done,
-    /// Failed; the call is reported.
-    Fail(String),
-}
-
-/// One step of the bootstrap: intent before the call, etcd checked before calling, done
-/// after; `AlreadyBootstrapped` counts as done.
-pub(crate) fn bootstrap_step(
-    state: &ClusterState,
-    obs: BootstrapObs,
-) -> (ClusterState, BootstrapEffect) {
-    let mut s = state.clone();
-    let effect = match obs {
-        _ if s.bootstrap == BootstrapMark::Done => BootstrapEffect::Done,
-        BootstrapObs::Poll { node, ready: false } => BootstrapEffect::Wait(format!(
-            "bootstrap node {node} is not ready for Bootstrap yet (installed, booted from \
-                 disk, etcd started)"
-        )),
-        BootstrapObs::Poll { ready: true, .. } => {
-            s.bootstrap = BootstrapMark::Intent;
-            BootstrapEffect::CheckEtcd
-        }
-        BootstrapObs::EtcdMembers(n) if n > 0 => {
-            s.bootstrap = BootstrapMark::Done;
-            BootstrapEffect::Done
-        }
-        BootstrapObs::EtcdMembers(_) if s.bootstrap == BootstrapMark::Intent => {
-            BootstrapEffect::Bootstrap
-        }
-        BootstrapObs::EtcdMembers(_) => BootstrapEffect::Wait("no bootstrap intent".into()),
-        BootstrapObs::Bootstrapped => {
-            s.bootstrap = BootstrapMark::Done;
-            BootstrapEffect::Done
-        }
-        BootstrapObs::BootstrapFailed { retry: true, why } => BootstrapEffect::Wait(why),
-        BootstrapObs::BootstrapFailed { retry: false, why } => BootstrapEffect::Fail(why),
-    };
-    (s, effect)
-}
-
-/// The last voting etcd member was reset: bootstrap, kubeconfig and later steps no longer
-/// hold (the bootstrap node stays: it is the node that comes back).
-pub(crate) fn forget_bootstrap(state: &ClusterState, node: &str, now: u64) -> ClusterState {
-    ClusterState {
-        bootstrap_node: state.bootstrap_node.clone(),
-        bootstrap: BootstrapMark::Rebuilt,
-        kubeconfig_done: false,
-        step: Some(StepRecord {
-            step: ClusterStep::WaitingForControlPlanes,
-            since_unix: now,
-            reason: format!("{node}, the last etcd member, was rebuilt; bootstrapping again"),
-            last_error: None,
-            attempts: 0,
+/// Outcomes no call kind gives a meaning of its own: a transient failure waits, a hard one
+/// is reported without a phase change, and an outcome the call cannot produce is the
+/// adapter's bug, reported, never acted on.
+fn any_call_result(st: &mut Step, kind: CallKind, outcome: Outcome) {
+    match outcome {
+        Outcome::NoAnswer { why } => st.wait(why),
+        Outcome::CallFailed { why } => st.out.push(Effect::Error { why }),
+        other => st.out.push(Effect::Error {
+            why: format!("internal: unexpected outcome {other:?} of {kind:?}"),
         }),
     }
 }

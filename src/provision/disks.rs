@@ -32,7 +32,7 @@
 
 use std::fmt;
 
-use crate::inventory::size::{SizeExpr, parse_size_expr};
+use crate::inventory::size::{SizeError, SizeExpr, parse_size_expr};
 use crate::inventory::{DiskSelector, DiskType, InstallTarget};
 use crate::store::DiskFacts;
 use crate::talos::api::storage::{self, disk::DiskType as ApiDiskType};
@@ -290,7 +290,8 @@ pub(crate) fn choose_install_disk(
             Ok(d.dev_path.clone())
         }
         InstallTarget::Selector(sel) => {
-            let m = Matcher::compile(sel).map_err(|why| refuse(RefusalReason::BadSize(why)))?;
+            let m = Matcher::compile(sel)
+                .map_err(|why| refuse(RefusalReason::BadSize(why.to_string())))?;
             if ordered.iter().any(|d| !d.from_cosi) {
                 return Err(refuse(RefusalReason::NoBlockFacts));
             }
@@ -307,7 +308,8 @@ pub(crate) fn choose_install_disk(
 }
 
 /// The disks Talos's compiled selector matches, in Talos's order (its pick is the first).
-pub fn talos_matches(sel: &DiskSelector, disks: &[DiskFacts]) -> Result<Vec<String>, String> {
+/// `Err`: the selector's size is not one Talos can read.
+pub fn talos_matches(sel: &DiskSelector, disks: &[DiskFacts]) -> Result<Vec<String>, SizeError> {
     let m = Matcher::compile(sel)?;
     let mut ordered = disks.to_vec();
     talos_order(&mut ordered);
@@ -329,13 +331,9 @@ struct Matcher<'a> {
 }
 
 impl<'a> Matcher<'a> {
-    fn compile(sel: &'a DiskSelector) -> Result<Self, String> {
-        let size = sel
-            .size
-            .as_deref()
-            .map(parse_size_expr)
-            .transpose()
-            .map_err(|e| e.to_string())?;
+    /// `Err`: the size is not one Talos can read (the only part that can be wrong).
+    fn compile(sel: &'a DiskSelector) -> Result<Self, SizeError> {
+        let size = sel.size.as_deref().map(parse_size_expr).transpose()?;
         let mut globs: Vec<(&str, Field)> = Vec::new();
         // Empty strings are not criteria: `if selector.Model != ""`.
         let fields: [(&Option<String>, Field); 4] = [

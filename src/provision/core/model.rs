@@ -627,10 +627,14 @@ fn ready_for_bootstrap_is_booted_from_disk_with_etcd_started() {
         Ok(())
     );
     // Booting before the install (no etcd loaded yet), installing, rebooting: not yet.
-    let early = bootstrap_readiness(&probe("booting", None)).unwrap_err();
+    let early = bootstrap_readiness(&probe("booting", None))
+        .unwrap_err()
+        .to_string();
     assert!(early.contains("not booted from disk"), "{early}");
     for stage in ["installing", "rebooting", "maintenance", "resetting"] {
-        let why = bootstrap_readiness(&probe(stage, Some("Preparing"))).unwrap_err();
+        let why = bootstrap_readiness(&probe(stage, Some("Preparing")))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains(stage), "{why}");
     }
     // The choice persists the first ready control plane, probed or Ready.
