@@ -83,20 +83,30 @@ fn creds_and_runtime(
     try_creds_and_runtime(args).map_err(|e| fail(EXIT_USAGE, e))
 }
 
+/// Why a standalone upgrade could not get going.
+#[derive(Debug, thiserror::Error)]
+enum SetupError {
+    /// The admin talosconfig did not load.
+    #[error("{0}")]
+    Talosconfig(#[from] super::TalosconfigError),
+    /// No async runtime.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
 fn try_creds_and_runtime(
     args: &Args,
-) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), String> {
+) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), SetupError> {
     let creds = super::talosconfig_creds(
         args.talosconfig.as_deref(),
         &args.store.state_dir,
         args.context.as_deref(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     crate::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        .map_err(SetupError::Runtime)?;
     Ok((creds, rt))
 }
 
@@ -272,10 +282,12 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         // renders now against what the API server has (before the patches above, so the
         // images it lists are the current ones).
         let opts = k8s_settings(args).options();
-        let listed = try_creds_and_runtime(args).and_then(|(creds, rt)| {
-            rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
-                .map_err(|e| e.to_string())
-        });
+        let listed = try_creds_and_runtime(args)
+            .map_err(|e| e.to_string())
+            .and_then(|(creds, rt)| {
+                rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
+                    .map_err(|e| e.to_string())
+            });
         match listed {
             Ok(lines) => {
                 println!("bootstrap manifests (dry run, as of now):");

@@ -20,6 +20,7 @@ pub mod core;
 pub mod disks;
 pub mod node;
 pub mod steps;
+pub mod up;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
