@@ -3,7 +3,8 @@
 //! (pulled from the Image Factory if missing, with progress bars on a terminal), the rendered
 //! configs and admin talosconfig (written if missing or different), then `serve` with push
 //! provisioning until the cluster is handed off, printing talboot's events per node and per
-//! cluster step as `demo` does. Exits 0 at hand-off, or keeps serving with `--stay`.
+//! cluster step as `demo` does. Exits 0 at hand-off, or keeps serving with `--stay`. With
+//! `--power-on`, serve's power-on round runs once serving, as it does for `serve`.
 //!
 //! Idempotent and resumable: every step first looks at what is already there and says in one
 //! line when it skips; provisioning resumes from the store (node phases and cluster steps are
