@@ -40,16 +40,27 @@ pub(crate) fn client_token(
     }
 }
 
+/// Why the `--admin` commands' HTTP client could not be made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdminClientError {
+    /// The token file or variable does not hold a usable token.
+    #[error("{0}")]
+    Token(#[from] TokenError),
+    /// The token has characters an HTTP header cannot carry (the token is not shown).
+    #[error("the admin token from {TOKEN_ENV} or --admin-token-file cannot be sent")]
+    Unsendable,
+    /// reqwest could not build the client.
+    #[error("{0}")]
+    Build(reqwest::Error),
+}
+
 /// The HTTP client of the `--admin` commands ([`client::http_client`]), with the admin
 /// token if one is configured.
-pub(crate) fn client() -> Result<reqwest::Client, String> {
-    let token =
-        client_token(token_file(), std::env::var(TOKEN_ENV).ok()).map_err(|e| e.to_string())?;
+pub(crate) fn client() -> Result<reqwest::Client, AdminClientError> {
+    let token = client_token(token_file(), std::env::var(TOKEN_ENV).ok())?;
     http_client(token.as_ref().map(AdminToken::expose)).map_err(|e| match e {
-        ClientError::Token => {
-            format!("the admin token from {TOKEN_ENV} or --admin-token-file cannot be sent")
-        }
-        ClientError::Build(e) => e.to_string(),
+        ClientError::Token => AdminClientError::Unsendable,
+        ClientError::Build(e) => AdminClientError::Build(e),
     })
 }
 

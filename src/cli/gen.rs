@@ -19,11 +19,9 @@ use std::process::ExitCode;
 use time::OffsetDateTime;
 
 use crate::crypto::age::IdentitySources;
-use crate::inventory::Inventory;
-use crate::machineconfig::clients::{self, DEFAULT_CLIENT_CERT_TTL};
+use crate::machineconfig::output::write_all;
 use crate::machineconfig::rendered::render_all;
 use crate::machineconfig::schema;
-use crate::machineconfig::secrets::SecretsBundle;
 use crate::machineconfig::text_diff::line_diff;
 
 use super::secrets::{load_bundle, load_inventory};
@@ -104,103 +102,6 @@ pub fn run(args: &Args) -> ExitCode {
             ExitCode::from(EXIT_USAGE)
         }
     }
-}
-
-/// Why `gen` could not write its output.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum WriteError {
-    /// The output directory could not be created.
-    #[error("cannot create {}: {source}", .dir.display())]
-    CreateDir {
-        /// The directory.
-        dir: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A file could not be written (the error names it).
-    #[error("{0}")]
-    Write(#[from] crate::fsutil::AtomicWriteError),
-    /// A talosconfig or kubeconfig could not be made.
-    #[error("{0}")]
-    Client(#[from] clients::ClientConfigError),
-}
-
-/// Writes node configs and the admin client configs into `dir` (created 0700 if missing).
-pub(crate) fn write_all(
-    dir: &Path,
-    inv: &Inventory,
-    secrets: &SecretsBundle,
-    rendered: &[(String, String)],
-    now: OffsetDateTime,
-) -> Result<(), WriteError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| WriteError::CreateDir {
-                dir: dir.to_owned(),
-                source,
-            })?;
-    }
-    write_node_configs(dir, rendered)?;
-    write_client_configs(dir, inv, secrets, now)
-}
-
-/// Writes `<dir>/<node>.yaml` for each of `rendered` (0600; `dir` created 0700 if missing).
-pub(crate) fn write_node_configs(
-    dir: &Path,
-    rendered: &[(String, String)],
-) -> Result<(), WriteError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| WriteError::CreateDir {
-                dir: dir.to_owned(),
-                source,
-            })?;
-    }
-    for (name, text) in rendered {
-        crate::fsutil::write_atomic(&dir.join(format!("{name}.yaml")), text.as_bytes(), 0o600)?;
-    }
-    Ok(())
-}
-
-/// Writes the admin `talosconfig` and `kubeconfig` (fresh client certificates) into `dir`.
-pub(crate) fn write_client_configs(
-    dir: &Path,
-    inv: &Inventory,
-    secrets: &SecretsBundle,
-    now: OffsetDateTime,
-) -> Result<(), WriteError> {
-    // Talos API calls go to node addresses, never the VIP (it only exists after bootstrap).
-    let endpoints: Vec<String> = inv
-        .control_planes()
-        .map(|n| n.address.value.addr().to_string())
-        .collect();
-    let cluster = &inv.cluster.name.value;
-    let talosconfig = clients::talosconfig(
-        cluster,
-        &endpoints,
-        &[],
-        secrets,
-        DEFAULT_CLIENT_CERT_TTL,
-        now,
-    )?;
-    crate::fsutil::write_atomic(&dir.join("talosconfig"), talosconfig.as_bytes(), 0o600)?;
-    let endpoint = &inv.cluster.endpoint.value;
-    let host = match &endpoint.host {
-        crate::inventory::EndpointHost::Ip(ip) => ip.to_string(),
-        crate::inventory::EndpointHost::Name(n) => n.clone(),
-    };
-    let server = format!("https://{host}:{}", endpoint.port);
-    let kubeconfig = clients::kubeconfig(cluster, &server, secrets, DEFAULT_CLIENT_CERT_TTL, now)?;
-    crate::fsutil::write_atomic(&dir.join("kubeconfig"), kubeconfig.as_bytes(), 0o600)?;
-    Ok(())
 }
 
 /// `--check`: compare with `dir`, print diffs, exit 1 on any difference.

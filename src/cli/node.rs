@@ -196,7 +196,8 @@ async fn report_rebuild(
         return ExitCode::from(EXIT_INVALID);
     }
     if power_fallback {
-        match super::power::rebuild_by_power(inventory, name).await {
+        let sources = crate::crypto::age::IdentitySources::from_process_env(None);
+        match crate::power::fleet::rebuild_by_power(inventory, name, sources).await {
             Ok(done) => {
                 println!("{name}: marked for rebuild; {done}; its next boot gets its config again");
                 return ExitCode::SUCCESS;

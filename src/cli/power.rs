@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory};
-use crate::power::credentials::Resolver;
+use crate::power::credentials::{CredentialError, Resolver};
 use crate::power::dispatch::{PowerRequest, drivers};
+use crate::power::fleet;
 use crate::power::{BootDevice, BootPersistence, PowerAction, PowerDriver};
 use crate::store::{self, NodePhase, Store};
 
+use super::admin_client::AdminClientError;
 use super::{EXIT_INVALID, EXIT_USAGE};
 
 /// Where a power command finds the inventory, the state store and a running serve.
@@ -118,8 +120,22 @@ pub(crate) struct RackUpArgs {
     pub common: Common,
 }
 
+/// Why a pause (`--stagger`, `--power-on-stagger`) does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PauseError {
+    /// A number without a unit.
+    #[error("`{0}` needs a unit: ms, s or m (e.g. 2s)")]
+    NoUnit(String),
+    /// No number in front of the unit.
+    #[error("`{0}` is not a pause such as 2s or 500ms")]
+    NotANumber(String),
+    /// A unit other than ms, s or m.
+    #[error("`{0}`: unit must be ms, s or m")]
+    Unit(String),
+}
+
 /// `2s`, `500ms`, `1m` or `0`.
-pub(crate) fn parse_pause(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_pause(s: &str) -> Result<Duration, PauseError> {
     let s = s.trim();
     if s == "0" {
         return Ok(Duration::ZERO);
@@ -127,71 +143,26 @@ pub(crate) fn parse_pause(s: &str) -> Result<Duration, String> {
     let (num, unit) = s
         .find(|c: char| !c.is_ascii_digit())
         .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("`{s}` needs a unit: ms, s or m (e.g. 2s)"))?;
+        .ok_or_else(|| PauseError::NoUnit(s.to_owned()))?;
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("`{s}` is not a pause such as 2s or 500ms"))?;
+        .map_err(|_| PauseError::NotANumber(s.to_owned()))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
         "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("`{s}`: unit must be ms, s or m")),
+        _ => Err(PauseError::Unit(s.to_owned())),
     }
 }
 
 /// How long a rebuild waits for the Talos API before it uses power control instead.
 const API_WAIT: Duration = Duration::from_secs(3);
 
-/// Whether `node rebuild NAME` should use power control: the node has a controller and its
-/// Talos API does not answer (asked before the rebuild, so a node that resets itself is
-/// never power-cycled as well).
+/// Whether `node rebuild NAME` should use power control (see
+/// [`crate::power::fleet::rebuild_needs_power`]); asked before the rebuild.
 pub(crate) fn rebuild_needs_power(inv: &Inventory, name: &str, apid_port: u16) -> bool {
-    let Some(node) = inv.node(name).filter(|n| n.power.is_some()) else {
-        return false;
-    };
     let Ok(rt) = runtime() else { return false };
-    let addr = std::net::SocketAddr::new(node.address.value.addr().into(), apid_port);
-    !rt.block_on(crate::power::dispatch::tcp_answers(addr, API_WAIT))
-}
-
-/// Why [`rebuild_by_power`] could not send a node to network boot.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RebuildByPowerError {
-    /// The node has no `power:` block.
-    #[error("node {node} has no power controller")]
-    NoController {
-        /// The node.
-        node: String,
-    },
-    /// Its power credentials did not resolve.
-    #[error(transparent)]
-    Credentials(#[from] crate::power::credentials::CredentialError),
-    /// The controller did not do it.
-    #[error(transparent)]
-    Power(#[from] crate::power::PowerError),
-}
-
-/// The rebuild of a node whose Talos API does not answer: a one-time network boot and a
-/// power cycle send it to talboot, which provisions it again (the rebuild reopened its
-/// window). What was done, or why it failed.
-pub(crate) async fn rebuild_by_power(
-    inv: &Inventory,
-    name: &str,
-) -> Result<String, RebuildByPowerError> {
-    let config = inv
-        .node(name)
-        .and_then(|n| n.power.as_ref())
-        .ok_or_else(|| RebuildByPowerError::NoController {
-            node: name.to_string(),
-        })?;
-    let env = |v: &str| std::env::var(v).ok();
-    let mut r = Resolver::new(&env, IdentitySources::from_process_env(None));
-    let driver: PowerDriver = r.config(name, config)?;
-    let set = driver.reboot_into_network().await?;
-    Ok(format!(
-        "its Talos API did not answer: set a one-time network boot and power-cycled it through {}{set}",
-        driver.target()
-    ))
+    rt.block_on(fleet::rebuild_needs_power(inv, name, apid_port, API_WAIT))
 }
 
 fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
@@ -276,32 +247,108 @@ fn api_path(name: &str, req: PowerRequest) -> String {
     }
 }
 
+/// Why a power command sent through serve's admin API failed.
+#[derive(Debug, thiserror::Error)]
+enum ThroughServeError {
+    /// No HTTP client for the admin API.
+    #[error(transparent)]
+    Client(#[from] AdminClientError),
+    /// Serve's admin API did not answer the power request.
+    #[error(
+        "the state store is in use (is `talboot serve` running?) and {url} did not answer: \
+         {source}; pass --admin if serve's --admin-listen is elsewhere"
+    )]
+    Unreachable {
+        /// What was asked.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// Serve answered the power request with an error.
+    #[error("talboot serve refused it ({status}): {body}")]
+    Refused {
+        /// The HTTP status.
+        status: reqwest::StatusCode,
+        /// Serve's reason.
+        body: String,
+    },
+    /// Serve's admin API did not answer the node list.
+    #[error("the state store is in use and {url} did not answer: {source}")]
+    PhasesUnreachable {
+        /// What was asked.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The node list's body could not be read.
+    #[error("{url}: {source}")]
+    PhasesBody {
+        /// What was asked.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The node list is not JSON.
+    #[error("{url}: {source}")]
+    PhasesJson {
+        /// What was asked.
+        url: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+}
+
+/// Why one power request for one node failed, standalone or through serve.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    /// Through serve.
+    #[error(transparent)]
+    Serve(#[from] ThroughServeError),
+    /// Standalone: the controller.
+    #[error(transparent)]
+    Power(#[from] crate::power::PowerError),
+}
+
 /// Sends `req` for `name` to serve's admin API; its answer text, or why not.
 async fn through_serve(
     admin: std::net::SocketAddr,
     name: &str,
     req: PowerRequest,
-) -> Result<String, String> {
+) -> Result<String, ThroughServeError> {
     let url = format!("http://{admin}{}", api_path(name, req));
-    let resp = super::admin_client::client()?
-        .post(&url)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "the state store is in use (is `talboot serve` running?) and {url} did not answer: {e}; pass --admin if serve's --admin-listen is elsewhere"
-            )
-        })?;
+    let resp = match super::admin_client::client()?.post(&url).send().await {
+        Ok(r) => r,
+        Err(source) => return Err(ThroughServeError::Unreachable { url, source }),
+    };
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
     if status.is_success() {
         Ok(body.trim_end().to_owned())
     } else {
-        Err(format!(
-            "talboot serve refused it ({status}): {}",
-            body.trim()
-        ))
+        Err(ThroughServeError::Refused {
+            status,
+            body: body.trim().to_owned(),
+        })
     }
+}
+
+/// Runs `req` on `driver` here (serve is not running), its answer a `power.action` event on
+/// the node's timeline as serve's provisioner would record it.
+fn standalone(
+    rt: &tokio::runtime::Runtime,
+    events: &store::EventWriter,
+    name: &str,
+    driver: &PowerDriver,
+    req: PowerRequest,
+) -> Result<String, RequestError> {
+    let reply = rt.block_on(driver.run(req))?;
+    let _ = events.append_event(
+        name,
+        crate::events::EventKind::Power.as_str(),
+        &reply.to_string(),
+        now_ms(),
+    );
+    Ok(reply.to_string())
 }
 
 /// One request for one node: standalone, or through serve when it holds the store.
@@ -320,22 +367,15 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
         Err(c) => return c,
     };
     let result = match local {
-        None => rt.block_on(through_serve(common.store.admin, name, req)),
+        None => rt
+            .block_on(through_serve(common.store.admin, name, req))
+            .map_err(RequestError::from),
         Some((_, events)) => {
             let driver = match driver_of(&inv, name, common) {
                 Ok(d) => d,
                 Err(c) => return c,
             };
-            let r = rt.block_on(driver.run(req));
-            if let Ok(reply) = &r {
-                let _ = events.append_event(
-                    name,
-                    crate::events::EventKind::Power.as_str(),
-                    &reply.to_string(),
-                    now_ms(),
-                );
-            }
-            r.map(|reply| reply.to_string()).map_err(|e| e.to_string())
+            standalone(&rt, &events, name, &driver, req)
         }
     };
     match result {
@@ -434,19 +474,10 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
         let can_boot = config.can_set_boot_device();
         for step in crate::power::round::rack_up_steps(can_boot) {
             let r = match (&local, driver) {
-                (Some((_, events)), Some(driver)) => {
-                    let r = rt.block_on(driver.run(step));
-                    if let Ok(reply) = &r {
-                        let _ = events.append_event(
-                            name,
-                            crate::events::EventKind::Power.as_str(),
-                            &reply.to_string(),
-                            now_ms(),
-                        );
-                    }
-                    r.map(|x| x.to_string()).map_err(|e| e.to_string())
-                }
-                _ => rt.block_on(through_serve(a.common.store.admin, name, step)),
+                (Some((_, events)), Some(driver)) => standalone(&rt, events, name, driver, step),
+                _ => rt
+                    .block_on(through_serve(a.common.store.admin, name, step))
+                    .map_err(RequestError::from),
             };
             match r {
                 Ok(text) => println!("{name}: {text}"),
@@ -504,7 +535,7 @@ fn rack_drivers(
     a: &RackUpArgs,
     inv: &Inventory,
     local: bool,
-) -> BTreeMap<String, Result<PowerDriver, String>> {
+) -> BTreeMap<String, Result<PowerDriver, CredentialError>> {
     if local {
         drivers(
             inv,
@@ -527,17 +558,22 @@ const ALL_PHASES: [NodePhase; 8] = [
 ];
 
 /// Node phases from a running serve's `/api/nodes`.
-async fn serve_phases(admin: std::net::SocketAddr) -> Result<BTreeMap<String, NodePhase>, String> {
+async fn serve_phases(
+    admin: std::net::SocketAddr,
+) -> Result<BTreeMap<String, NodePhase>, ThroughServeError> {
     let url = format!("http://{admin}/api/nodes");
-    let v: serde_json::Value = super::admin_client::client()?
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("the state store is in use and {url} did not answer: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("{url}: {e}"))
-        .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{url}: {e}")))?;
+    let resp = match super::admin_client::client()?.get(&url).send().await {
+        Ok(r) => r,
+        Err(source) => return Err(ThroughServeError::PhasesUnreachable { url, source }),
+    };
+    let text = match resp.text().await {
+        Ok(t) => t,
+        Err(source) => return Err(ThroughServeError::PhasesBody { url, source }),
+    };
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(source) => return Err(ThroughServeError::PhasesJson { url, source }),
+    };
     let mut out = BTreeMap::new();
     for n in v.as_array().into_iter().flatten() {
         if let (Some(name), Some(phase)) = (n["name"].as_str(), n["phase"].as_str())
@@ -549,45 +585,26 @@ async fn serve_phases(admin: std::net::SocketAddr) -> Result<BTreeMap<String, No
     Ok(out)
 }
 
-/// `check --probe`: reach every configured controller and say what answered.
+/// `check --probe`: reach every configured controller and say what answered; how many
+/// could not be reached.
 pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> usize {
     crate::install_crypto_provider();
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(_) => return 1,
     };
-    let drivers = drivers(inv, IdentitySources::from_process_env(age_identity));
-    if drivers.is_empty() {
+    let probes = rt.block_on(fleet::probe_all(
+        inv,
+        IdentitySources::from_process_env(age_identity),
+    ));
+    if probes.is_empty() {
         println!("probe: no node has a power controller");
         return 0;
     }
-    let mut failed = 0;
-    for (name, d) in &drivers {
-        match d {
-            Err(e) => {
-                println!("probe {name}: not probed: {e}");
-                failed += 1;
-            }
-            Ok(d) => match rt.block_on(d.probe()) {
-                Ok(crate::power::ProbeAnswer::Answered(state)) => println!(
-                    "probe {name}: {} {} answered: power {}",
-                    d.kind(),
-                    d.target(),
-                    state.as_str()
-                ),
-                Ok(crate::power::ProbeAnswer::SendOnly) => println!(
-                    "probe {name}: {} {}: send-only (nothing to ask)",
-                    d.kind(),
-                    d.target()
-                ),
-                Err(e) => {
-                    println!("probe {name}: {} did not answer: {e}", d.kind());
-                    failed += 1;
-                }
-            },
-        }
+    for p in &probes {
+        println!("{p}");
     }
-    failed
+    probes.iter().filter(|p| p.failed()).count()
 }
 
 #[cfg(test)]

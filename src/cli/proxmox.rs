@@ -21,9 +21,9 @@ use serde_json::Value;
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory, PowerConfig, ProxmoxTarget, SecretRef};
-use crate::power::PowerAction;
-use crate::power::credentials::Resolver;
+use crate::power::credentials::{CredentialError, Resolver};
 use crate::power::proxmox::{ProxmoxApi, TALBOOT_TAG, VmSummary, parse_tags};
+use crate::power::{PowerAction, PowerError};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -174,11 +174,65 @@ pub(crate) fn create_step(spec: &VmSpec, existing: Option<(&VmSummary, &Value)>)
     }
 }
 
+/// Why one VM could not be created, brought in line or destroyed.
+#[derive(Debug, thiserror::Error)]
+enum VmError {
+    /// The token secret did not resolve.
+    #[error("{0}")]
+    Credentials(#[from] CredentialError),
+    /// The PVE API refused or did not answer.
+    #[error("{0}")]
+    Api(#[from] PowerError),
+    /// [`create_step`] refused (the line says why).
+    #[error("{0}")]
+    Refused(String),
+    /// The VM is not talboot's to destroy.
+    #[error(
+        "VM {vmid} ({name}) is not tagged `{tag}`; talboot did not create it and leaves it alone",
+        tag = TALBOOT_TAG
+    )]
+    NotOurs {
+        /// The VM id.
+        vmid: u32,
+        /// The VM's name on PVE.
+        name: String,
+    },
+}
+
 pub fn run(args: &Args) -> ExitCode {
     let (common, destroy) = match &args.action {
         Action::Create(c) => (c, false),
         Action::Destroy(c) => (c, true),
     };
+    let specs = match chosen_specs(common) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talboot: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let env = |v: &str| std::env::var(v).ok();
+    let mut resolver = Resolver::new(
+        &env,
+        IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
+    );
+    if rt.block_on(apply_all(&specs, &mut resolver, destroy)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID)
+    }
+}
+
+/// The VMs the command is about: the inventory's `kind: proxmox` nodes, narrowed to the
+/// ones named; none is a usage error (printed here).
+fn chosen_specs(common: &Common) -> Result<Vec<VmSpec>, ExitCode> {
     let inv = match inventory::load(&common.inventory.config) {
         Ok(l) => l.inventory,
         Err(e) => {
@@ -188,7 +242,7 @@ pub fn run(args: &Args) -> ExitCode {
                 }
             }
             eprintln!("talboot: {e}");
-            return ExitCode::from(EXIT_INVALID);
+            return Err(ExitCode::from(EXIT_INVALID));
         }
     };
     let mut specs = specs(&inv);
@@ -205,91 +259,67 @@ pub fn run(args: &Args) -> ExitCode {
                 " among those named"
             }
         );
-        return ExitCode::from(EXIT_INVALID);
+        return Err(ExitCode::from(EXIT_INVALID));
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("talboot: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let env = |v: &str| std::env::var(v).ok();
-    let mut resolver = Resolver::new(
-        &env,
-        IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
-    );
-    let ok = rt.block_on(async {
-        let mut apis: BTreeMap<(String, String), Arc<ProxmoxApi>> = BTreeMap::new();
-        let mut all_ok = true;
-        for spec in &specs {
-            let key = (spec.target.api_url.clone(), spec.target.token_id.clone());
-            let api = match apis.get(&key) {
-                Some(a) => a.clone(),
-                None => match connect(&mut resolver, spec) {
-                    Ok(a) => {
-                        apis.insert(key, a.clone());
-                        a
-                    }
-                    Err(e) => {
-                        eprintln!("{}: {e}", spec.name);
-                        all_ok = false;
-                        continue;
-                    }
-                },
-            };
-            let result = if destroy {
-                destroy_one(&api, spec).await
-            } else {
-                create_one(&api, spec).await
-            };
-            match result {
-                Ok(line) => println!("{}: {line}", spec.name),
+    Ok(specs)
+}
+
+/// Creates (or destroys) every VM in order, one API client per PVE endpoint and token, a
+/// line per VM; whether all succeeded (a failure does not stop the others).
+async fn apply_all(specs: &[VmSpec], resolver: &mut Resolver<'_>, destroy: bool) -> bool {
+    let mut apis: BTreeMap<(String, String), Arc<ProxmoxApi>> = BTreeMap::new();
+    let mut all_ok = true;
+    for spec in specs {
+        let key = (spec.target.api_url.clone(), spec.target.token_id.clone());
+        let api = match apis.get(&key) {
+            Some(a) => a.clone(),
+            None => match connect(resolver, spec) {
+                Ok(a) => {
+                    apis.insert(key, a.clone());
+                    a
+                }
                 Err(e) => {
                     eprintln!("{}: {e}", spec.name);
                     all_ok = false;
+                    continue;
                 }
+            },
+        };
+        let result = if destroy {
+            destroy_one(&api, spec).await
+        } else {
+            create_one(&api, spec).await
+        };
+        match result {
+            Ok(line) => println!("{}: {line}", spec.name),
+            Err(e) => {
+                eprintln!("{}: {e}", spec.name);
+                all_ok = false;
             }
         }
-        all_ok
-    });
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_INVALID)
     }
+    all_ok
 }
 
 /// The API client for `spec`, its token secret resolved (environment or credentials file).
-fn connect(resolver: &mut Resolver<'_>, spec: &VmSpec) -> Result<Arc<ProxmoxApi>, String> {
-    let cfg = resolver
-        .config(&spec.name, &PowerConfig::Proxmox(spec.target.clone()))
-        .map_err(|e| e.to_string())?;
+fn connect(resolver: &mut Resolver<'_>, spec: &VmSpec) -> Result<Arc<ProxmoxApi>, VmError> {
+    let cfg = resolver.config(&spec.name, &PowerConfig::Proxmox(spec.target.clone()))?;
     let PowerConfig::Proxmox(t) = cfg else {
         unreachable!("resolving keeps the kind")
     };
-    crate::power::proxmox::proxmox_api(&t).map_err(|e| e.to_string())
+    Ok(crate::power::proxmox::proxmox_api(&t)?)
 }
 
-async fn existing(api: &ProxmoxApi, spec: &VmSpec) -> Result<Option<(VmSummary, Value)>, String> {
-    let list = api
-        .list_vms(&spec.target.node)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn existing(api: &ProxmoxApi, spec: &VmSpec) -> Result<Option<(VmSummary, Value)>, VmError> {
+    let list = api.list_vms(&spec.target.node).await?;
     let Some(summary) = list.into_iter().find(|v| v.vmid == spec.target.vmid) else {
         return Ok(None);
     };
-    let config = api
-        .vm_config(&spec.target.node, spec.target.vmid)
-        .await
-        .map_err(|e| e.to_string())?;
+    let config = api.vm_config(&spec.target.node, spec.target.vmid).await?;
     Ok(Some((summary, config)))
 }
 
-async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, String> {
+async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, VmError> {
     let have = existing(api, spec).await?;
     let step = create_step(spec, have.as_ref().map(|(s, c)| (s, c)));
     let node_path = format!("/nodes/{}/qemu", spec.target.node);
@@ -298,8 +328,7 @@ async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, Stri
             let mut p: Vec<(&str, String)> = vec![("vmid", spec.target.vmid.to_string())];
             p.extend(params.iter().map(|(k, v)| (k.as_str(), v.clone())));
             api.call_task(&spec.target.node, reqwest::Method::POST, &node_path, &p)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             Ok(format!(
                 "created VM {} on {} ({})",
                 spec.target.vmid,
@@ -317,8 +346,7 @@ async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, Stri
                 &format!("{node_path}/{}/config", spec.target.vmid),
                 &p,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
             let keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
             Ok(format!(
                 "VM {} updated ({})",
@@ -327,25 +355,24 @@ async fn create_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, Stri
             ))
         }
         CreateStep::Unchanged => Ok(format!("VM {} already as wanted", spec.target.vmid)),
-        CreateStep::Refuse(why) => Err(why),
+        CreateStep::Refuse(why) => Err(VmError::Refused(why)),
     }
 }
 
-async fn destroy_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, String> {
+async fn destroy_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, VmError> {
     let Some((summary, _)) = existing(api, spec).await? else {
         return Ok(format!("VM {} does not exist", spec.target.vmid));
     };
     if !summary.tags.iter().any(|t| t == TALBOOT_TAG) {
-        return Err(format!(
-            "VM {} ({}) is not tagged `{TALBOOT_TAG}`; talboot did not create it and leaves it alone",
-            spec.target.vmid, summary.name
-        ));
+        return Err(VmError::NotOurs {
+            vmid: spec.target.vmid,
+            name: summary.name,
+        });
     }
     if summary.running {
         api.vm(&spec.target.node, spec.target.vmid)
             .set_power(PowerAction::Off)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     }
     api.call_task(
         &spec.target.node,
@@ -353,8 +380,7 @@ async fn destroy_one(api: &Arc<ProxmoxApi>, spec: &VmSpec) -> Result<String, Str
         &format!("/nodes/{}/qemu/{}", spec.target.node, spec.target.vmid),
         &[],
     )
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     Ok(format!("destroyed VM {}", spec.target.vmid))
 }
 
@@ -487,6 +513,7 @@ nodes:
         let Err(e) = connect(&mut r, &s) else {
             panic!("connected without a secret")
         };
+        let e = e.to_string();
         assert!(e.contains("PVE_TOKEN") && e.contains("cp-1"), "{e}");
         let set = |v: &str| (v == "PVE_TOKEN").then(|| "pve-secret-1".to_string());
         let mut r = Resolver::new(&set, IdentitySources::default());

@@ -14,9 +14,9 @@ pub async fn follow(
     say: impl FnMut(&str),
 ) -> Result<RemoteOutcome, RemoteError> {
     crate::install_crypto_provider();
-    let client = super::admin_client::client().map_err(|reason| RemoteError::Unreachable {
+    let client = super::admin_client::client().map_err(|e| RemoteError::Unreachable {
         url: base.to_owned(),
-        reason,
+        reason: e.to_string(),
     })?;
     client::follow(&client, base, request, say).await
 }

@@ -162,7 +162,8 @@ fn status_from_serve(admin: std::net::SocketAddr) -> ExitCode {
         .and_then(|rt| {
             crate::install_crypto_provider();
             rt.block_on(async {
-                let resp = super::admin_client::client()?
+                let resp = super::admin_client::client()
+                    .map_err(|e| e.to_string())?
                     .get(&url)
                     .send()
                     .await

@@ -3,13 +3,15 @@
 //! (pulled from the Image Factory if missing, with progress bars on a terminal), the rendered
 //! configs and admin talosconfig (written if missing or different), then `serve` with push
 //! provisioning until the cluster is handed off, printing talboot's events per node and per
-//! cluster step as `demo` does. Exits 0 at hand-off, or keeps serving with `--stay`.
+//! cluster step as `demo` does. Exits 0 at hand-off, or keeps serving with `--stay`. With
+//! `--power-on`, serve's power-on round runs once serving, as it does for `serve`.
 //!
 //! Idempotent and resumable: every step first looks at what is already there and says in one
 //! line when it skips; provisioning resumes from the store (node phases and cluster steps are
 //! persisted before the calls they lead to), so an interrupted `up` is finished by running it
-//! again. Each step's decision is a pure function of the facts read for it ([`secrets_step`],
-//! [`images_step`], [`configs_step`], [`provision_step`]); this module owns only the order.
+//! again. Each step's decision is a pure function of the facts read for it, in
+//! [`crate::provision::up`] ([`secrets_step`], [`images_step`], [`configs_step`],
+//! [`provision_step`]); this module owns the order, the writes and pulls, and the output.
 //!
 //! The serving step is `serve`'s own ([`super::serve::prepare`]); [`Hooks`] let the simulated
 //! rack move its sockets onto loopback and power the machines on once talboot listens, as
@@ -26,12 +28,18 @@ use tokio_util::sync::CancellationToken;
 
 use super::serve::{self, StartError};
 use super::{EXIT_INVALID, EXIT_USAGE};
-use crate::appliance::Plan;
-use crate::artifacts::{self, Catalog, SetId, factory};
+use crate::appliance::{Plan, Running};
+use crate::artifacts::{self, SetId, factory};
 use crate::crypto::age::IdentitySources;
 use crate::inventory::{self, Inventory};
+use crate::machineconfig::output::{differing, write_all, write_node_configs};
 use crate::machineconfig::secrets::GenerateOptions;
-use crate::store::{self, ClusterStep, NodePhase, StepRecord, Store};
+pub use crate::provision::up::{Decision, Step, StepLine};
+use crate::provision::up::{
+    HandOffWait, cached_sets, cluster_state, configs_step, handed_off, images_step, provision_step,
+    recipient_list, secrets_step, wait_for_hand_off, where_it_is,
+};
+use crate::store::{self, NodePhase};
 
 /// Arguments of `talboot up`: `serve`'s, and what the steps before it need.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,186 +66,6 @@ pub struct Args {
     /// Print only the step lines and the summary, not talboot's events as they happen.
     #[arg(short, long)]
     pub quiet: bool,
-}
-
-/// What one step does: run, or skip because it is already done (the line says why).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Do it; what will be done.
-    Run(String),
-    /// Already done; why it counts as done.
-    Skip(String),
-}
-
-/// The steps of `up`, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// The secrets bundle.
-    Secrets,
-    /// The boot images.
-    Images,
-    /// Rendered configs and the admin talosconfig.
-    Configs,
-    /// Serve and provision to hand-off.
-    Provision,
-}
-
-impl Step {
-    fn name(self) -> &'static str {
-        match self {
-            Step::Secrets => "secrets",
-            Step::Images => "images",
-            Step::Configs => "configs",
-            Step::Provision => "provision",
-        }
-    }
-}
-
-/// One line `up` printed about a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepLine {
-    /// The step.
-    pub step: Step,
-    /// Whether it was skipped as already done.
-    pub skipped: bool,
-    /// What was done or why it was skipped.
-    pub text: String,
-}
-
-impl std::fmt::Display for StepLine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let verb = if self.skipped { "skipped: " } else { "" };
-        write!(f, "{:<10} {verb}{}", self.step.name(), self.text)
-    }
-}
-
-/// The secrets step: `exists` is whether `path` is there.
-pub(crate) fn secrets_step(path: &Path, exists: bool, recipients: &[String]) -> Decision {
-    if exists {
-        Decision::Skip(format!(
-            "{} exists (the bundle is never overwritten; every node's identity comes from it)",
-            path.display()
-        ))
-    } else {
-        Decision::Run(format!(
-            "no bundle at {}: generating one for {}",
-            path.display(),
-            recipient_list(recipients)
-        ))
-    }
-}
-
-fn recipient_list(recipients: &[String]) -> String {
-    match recipients {
-        [] => "no recipients".into(),
-        [one] => format!("1 recipient ({one})"),
-        many => format!("{} recipients ({})", many.len(), many.join(", ")),
-    }
-}
-
-/// The images step: the sets the inventory needs that the cache has (verified) and lacks;
-/// `source` is where missing ones come from (a factory URL, or a folder to import from).
-pub(crate) fn images_step(
-    dir: &Path,
-    present: &[SetId],
-    missing: &[SetId],
-    source: &str,
-) -> Decision {
-    if missing.is_empty() {
-        Decision::Skip(format!(
-            "{} in {} (sizes and SHA-256 verified)",
-            set_list(present),
-            dir.display()
-        ))
-    } else {
-        Decision::Run(format!("fetching {} from {source}", set_list(missing)))
-    }
-}
-
-fn set_list(sets: &[SetId]) -> String {
-    let names: Vec<String> = sets.iter().map(ToString::to_string).collect();
-    match names.len() {
-        1 => format!("boot set {}", names[0]),
-        _ => format!("boot sets {}", names.join(", ")),
-    }
-}
-
-/// The configs step: the nodes whose rendered config in `dir` is missing or differs, out of
-/// `total`, and whether the admin talosconfig `talosconfig` must be written (missing, or
-/// the secrets bundle is new).
-pub(crate) fn configs_step(
-    dir: &Path,
-    stale: &[String],
-    total: usize,
-    talosconfig: &Path,
-    talosconfig_missing: bool,
-) -> Decision {
-    if stale.is_empty() && !talosconfig_missing {
-        return Decision::Skip(format!(
-            "{} holds the {total} node configs as they render now, and {} is there",
-            dir.display(),
-            talosconfig.display()
-        ));
-    }
-    let mut parts = Vec::new();
-    if !stale.is_empty() {
-        parts.push(format!(
-            "writing {} of {total} node configs to {} ({})",
-            stale.len(),
-            dir.display(),
-            stale.join(", ")
-        ));
-    }
-    if talosconfig_missing {
-        parts.push(format!(
-            "writing the admin talosconfig and kubeconfig to {}",
-            dir.display()
-        ));
-    }
-    Decision::Run(parts.join("; "))
-}
-
-/// The provisioning step from the persisted cluster step and node phases.
-pub(crate) fn provision_step(
-    record: Option<&StepRecord>,
-    ready: usize,
-    total: usize,
-    stay: bool,
-) -> Decision {
-    match record {
-        Some(r) if r.step == ClusterStep::HandedOff => {
-            let when = timestamp(r.since_unix);
-            if stay {
-                Decision::Run(format!(
-                    "the cluster was handed off at {when}; serving (--stay) until stopped"
-                ))
-            } else {
-                Decision::Skip(format!("the cluster was handed off at {when}"))
-            }
-        }
-        Some(r) => Decision::Run(format!(
-            "resuming after cluster step {} ({ready} of {total} nodes ready); serving until \
-             hand-off",
-            r.step
-        )),
-        None if ready > 0 => Decision::Run(format!(
-            "resuming ({ready} of {total} nodes ready, no cluster step yet); serving until \
-             hand-off"
-        )),
-        None => Decision::Run(format!(
-            "serving {total} nodes; push provisioning until hand-off"
-        )),
-    }
-}
-
-fn timestamp(unix: u64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix as i64)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| unix.to_string())
 }
 
 /// How `up` ended.
@@ -411,7 +239,11 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     configs(args, &inv, &mut say, new_bundle)?;
 
     // 4. Serve and provision.
-    let (record, ready) = cluster_state(&inv, &sa.state_dir)?;
+    let (record, ready) = {
+        // Closed again before `serve` opens it.
+        let store = store::open(&sa.state_dir).map_err(UpError::Store)?;
+        cluster_state(&inv, &store).map_err(UpError::Store)?
+    };
     let decision = provision_step(record.as_ref(), ready, inv.nodes.len(), args.stay);
     if !say.line(Step::Provision, &decision) {
         println!("every step is already done");
@@ -430,15 +262,7 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
 /// The images step: verify what the cache has, pull what it lacks.
 async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpError> {
     let dir = &args.serve.image_cache.images;
-    let catalog = Catalog::load(dir).map_err(UpError::Images)?;
-    let (mut present, mut missing) = (Vec::new(), Vec::new());
-    for id in artifacts::required_sets(inv) {
-        if catalog.find(&id).is_some() && artifacts::verify(dir, &catalog, &id).is_ok() {
-            present.push(id);
-        } else {
-            missing.push(id);
-        }
-    }
+    let (present, missing) = cached_sets(dir, inv).map_err(UpError::Images)?;
     let factory_url = args
         .factory
         .clone()
@@ -561,16 +385,7 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Res
         eprintln!("{w}");
     }
     let dir = &sa.configs;
-    let stale: Vec<&(String, String)> = rendered
-        .configs
-        .iter()
-        .filter(|(name, text)| {
-            std::fs::read_to_string(dir.join(format!("{name}.yaml")))
-                .ok()
-                .as_deref()
-                != Some(text.as_str())
-        })
-        .collect();
+    let stale = differing(dir, &rendered.configs);
     let talosconfig = sa
         .talosconfig
         .clone()
@@ -590,88 +405,49 @@ fn configs(args: &Args, inv: &Inventory, say: &mut Say, new_bundle: bool) -> Res
     let stale: Vec<(String, String)> = stale.into_iter().cloned().collect();
     let now = OffsetDateTime::now_utc();
     if talosconfig_missing {
-        super::r#gen::write_all(dir, inv, &bundle, &stale, now)
+        write_all(dir, inv, &bundle, &stale, now)
     } else {
-        super::r#gen::write_node_configs(dir, &stale)
+        write_node_configs(dir, &stale)
     }
     .map_err(|e| UpError::Write(e.to_string()))?;
     Ok(())
 }
 
-/// The persisted cluster step and how many nodes are Ready, read from the store (closed
-/// again before `serve` opens it).
-fn cluster_state(
-    inv: &Inventory,
-    state_dir: &Path,
-) -> Result<(Option<StepRecord>, usize), UpError> {
-    let store = store::open(state_dir).map_err(UpError::Store)?;
-    let record = crate::store::load_step_record(&store).map_err(UpError::Store)?;
-    let records = store.nodes().map_err(UpError::Store)?;
-    let ready = inv
-        .nodes
-        .iter()
-        .filter(|n| {
-            records
-                .iter()
-                .any(|r| r.name == n.name.value && r.phase == NodePhase::Ready)
-        })
-        .count();
-    Ok((record, ready))
-}
-
-/// Whether the cluster is handed off: the step record says so and its timeline event (written
-/// after the record) is there, so the printed progress is complete.
-fn handed_off(store: &dyn Store) -> bool {
-    crate::store::load_step_record(store)
-        .ok()
-        .flatten()
-        .is_some_and(|r| r.step == ClusterStep::HandedOff)
-        && store
-            .last_event(crate::store::CLUSTER_TIMELINE)
-            .ok()
-            .flatten()
-            .is_some_and(|e| e.detail.contains("-> handed-off"))
-}
-
-/// Where provisioning stands, for a timeout.
-fn where_it_is(inv: &Inventory, store: &dyn Store) -> String {
-    let step = match crate::store::load_step_record(store).ok().flatten() {
-        Some(r) => format!(
-            "last cluster step {}{}",
-            r.step,
-            r.last_error
-                .map(|e| format!(", the next one failing: {e}"))
-                .unwrap_or_default()
-        ),
-        None => "no cluster step completed".into(),
-    };
-    let records = store.nodes().unwrap_or_default();
-    let waiting: Vec<String> = inv
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            let phase = records
-                .iter()
-                .find(|r| r.name == n.name.value)
-                .map_or(NodePhase::Unknown, |r| r.phase);
-            (phase != NodePhase::Ready).then(|| format!("{} {phase}", n.name.value))
-        })
-        .collect();
-    if waiting.is_empty() {
-        step
-    } else {
-        format!("{step}; nodes not ready: {}", waiting.join(", "))
-    }
-}
-
 /// The serving step: `serve`'s plan, bound and started, watched until hand-off.
 async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome, UpError> {
-    let sa = &args.serve;
     let started_at = Instant::now();
+    let Hooks {
+        adjust,
+        started,
+        stop,
+        ..
+    } = hooks;
+    let (running, addrs) = start_serving(&args.serve, adjust).await?;
+    let printer = (!args.quiet).then(|| print_events(&running, started_at));
+    println!(
+        "talboot serving {} nodes; boot script {}/boot.ipxe, admin API {}",
+        running.node_count, running.base_url, running.admin_url
+    );
+    started(addrs);
+    let result = serve_until_done(args, inv, &running, &stop, started_at).await;
+    running.cancel.cancel();
+    if let Err(e) = running.wait().await {
+        tracing::warn!(error = %e, "a server ended with an error");
+    }
+    if let Some(p) = printer {
+        let _ = p.await;
+    }
+    result
+}
+
+/// `serve`'s plan (its `--power-on` round included), adapted by the hooks, bound and
+/// started, with privileges dropped in between as `serve` drops them.
+async fn start_serving(
+    sa: &serve::Args,
+    adjust: Box<dyn FnOnce(&mut Plan) + Send>,
+) -> Result<(Running, Started), UpError> {
     let mut plan = serve::prepare(sa).map_err(UpError::Serve)?;
-    // `up` has never run a `--power-on` round (the flag comes with serve's and is unused).
-    plan.power_on = None;
-    (hooks.adjust)(&mut plan);
+    adjust(&mut plan);
     let bound = plan
         .bind()
         .await
@@ -687,97 +463,79 @@ async fn provision(args: &Args, inv: &Inventory, hooks: Hooks) -> Result<Outcome
     let running = bound
         .start()
         .map_err(|e| UpError::Serve(StartError::from(e)))?;
-    let printer = (!args.quiet).then(|| {
-        let mut rx = running.events.subscribe();
-        let stop = running.cancel.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    ev = rx.recv() => match ev {
-                        Ok(ev) => crate::events::print_event(started_at, &ev),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(_) => break,
-                    }
-                }
-            }
-        })
-    });
-    println!(
-        "talboot serving {} nodes; boot script {}/boot.ipxe, admin API {}",
-        running.node_count, running.base_url, running.admin_url
-    );
-    (hooks.started)(addrs);
+    Ok((running, addrs))
+}
 
-    let deadline = (args.timeout > 0).then(|| started_at + Duration::from_secs(args.timeout));
-    let mut outcome = Outcome::HandedOff;
-    let mut failure = None;
-    let already = handed_off(running.store.as_ref());
-    if !already {
+/// Prints talboot's events as they happen (unless `--quiet`), as `demo` does, until serve
+/// stops.
+fn print_events(running: &Running, started_at: Instant) -> tokio::task::JoinHandle<()> {
+    let mut rx = running.events.subscribe();
+    let stop = running.cancel.clone();
+    tokio::spawn(async move {
         loop {
-            if handed_off(running.store.as_ref()) {
-                break;
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                failure = Some(UpError::Timeout {
-                    after: Duration::from_secs(args.timeout),
-                    state: where_it_is(inv, running.store.as_ref()),
-                });
-                break;
-            }
             tokio::select! {
-                _ = hooks.stop.cancelled() => {
-                    outcome = Outcome::Interrupted;
-                    break;
+                _ = stop.cancelled() => break,
+                ev = rx.recv() => match ev {
+                    Ok(ev) => crate::events::print_event(started_at, &ev),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => break,
                 }
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
-    }
-    if failure.is_none() && outcome == Outcome::HandedOff {
-        let ready = running
-            .store
+    })
+}
+
+/// Serves until the run is over: the hand-off (then, with `--stay`, a stop), a stop before
+/// it, or `--timeout`; how it ended, the lines for the operator printed.
+async fn serve_until_done(
+    args: &Args,
+    inv: &Inventory,
+    running: &Running,
+    stop: &CancellationToken,
+    started_at: Instant,
+) -> Result<Outcome, UpError> {
+    let store = running.store.as_ref();
+    if !handed_off(store) {
+        let deadline = (args.timeout > 0).then(|| started_at + Duration::from_secs(args.timeout));
+        match wait_for_hand_off(store, deadline, stop).await {
+            HandOffWait::HandedOff => {}
+            HandOffWait::TimedOut => {
+                return Err(UpError::Timeout {
+                    after: Duration::from_secs(args.timeout),
+                    state: where_it_is(inv, store),
+                });
+            }
+            HandOffWait::Stopped => {
+                println!(
+                    "\nstopped before hand-off: {}; run `talboot up` again to resume",
+                    where_it_is(inv, store)
+                );
+                return Ok(Outcome::Interrupted);
+            }
+        }
+        let ready = store
             .nodes()
             .unwrap_or_default()
             .iter()
             .filter(|r| r.phase == NodePhase::Ready)
             .count();
-        if !already {
-            println!(
-                "\nhanded off after {:.1}s: {ready} of {} nodes Ready; admin kubeconfig in {}",
-                started_at.elapsed().as_secs_f64(),
-                inv.nodes.len(),
-                sa.state_dir.display()
-            );
-        }
-        if args.stay {
-            println!(
-                "serving until stopped (Ctrl-C); admin API {}",
-                running.admin_url
-            );
-            hooks.stop.cancelled().await;
-            outcome = Outcome::Stayed;
-        }
-    }
-    if outcome == Outcome::Interrupted {
         println!(
-            "\nstopped before hand-off: {}; run `talboot up` again to resume",
-            where_it_is(inv, running.store.as_ref())
+            "\nhanded off after {:.1}s: {ready} of {} nodes Ready; admin kubeconfig in {}",
+            started_at.elapsed().as_secs_f64(),
+            inv.nodes.len(),
+            args.serve.state_dir.display()
         );
     }
-    running.cancel.cancel();
-    if let Err(e) = running.wait().await {
-        tracing::warn!(error = %e, "a server ended with an error");
+    if args.stay {
+        println!(
+            "serving until stopped (Ctrl-C); admin API {}",
+            running.admin_url
+        );
+        stop.cancelled().await;
+        return Ok(Outcome::Stayed);
     }
-    if let Some(p) = printer {
-        let _ = p.await;
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(outcome),
-    }
+    Ok(Outcome::HandedOff)
 }
-
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -10,11 +10,13 @@ use clap::Parser as _;
 
 use super::*;
 use crate::appliance::DhcpPlan;
+use crate::artifacts::Catalog;
 use crate::sim::demo::{self as sim, SimNode};
 use crate::sim::kube::KubeDouble;
 use crate::sim::machine::Wire;
 use crate::sim::relocate::Relocation;
 use crate::sim::talos::FakeCluster;
+use crate::store::{ClusterStep, Store};
 
 /// The recipient in `config/lab.yaml`, whose identity nobody here has.
 const LAB_RECIPIENT: &str = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p";
@@ -611,66 +613,37 @@ async fn an_interrupted_up_resumes_where_it_stopped_and_stay_keeps_serving() {
     rack.shutdown().await;
 }
 
-#[test]
-fn each_step_skips_exactly_when_its_facts_say_done() {
-    let p = Path::new("secrets/c.age");
-    let r = vec!["age1abc".to_owned()];
-    assert!(
-        matches!(secrets_step(p, true, &r), Decision::Skip(t) if t.contains("secrets/c.age exists"))
-    );
-    assert!(
-        matches!(secrets_step(p, false, &r), Decision::Run(t) if t.contains("1 recipient (age1abc)"))
-    );
-
-    let v: inventory::Version = "v1.13.9".parse().unwrap();
-    let a = SetId::new(&v, inventory::VANILLA_SCHEMATIC, inventory::Arch::Amd64);
-    let b = SetId::new(&v, inventory::VANILLA_SCHEMATIC, inventory::Arch::Arm64);
-    let d = Path::new("images");
-    assert!(matches!(
-        images_step(d, &[a.clone(), b.clone()], &[], "f"),
-        Decision::Skip(_)
-    ));
-    assert!(
-        matches!(images_step(d, std::slice::from_ref(&a), std::slice::from_ref(&b), "https://f"),
-            Decision::Run(t) if t.contains("arm64") && !t.contains("amd64") && t.ends_with("from https://f"))
-    );
-
-    let out = Path::new("out");
-    let tc = Path::new("out/talosconfig");
-    assert!(matches!(
-        configs_step(out, &[], 3, tc, false),
-        Decision::Skip(_)
-    ));
-    assert!(matches!(configs_step(out, &["n2".into()], 3, tc, false),
-        Decision::Run(t) if t.contains("1 of 3 node configs") && !t.contains("talosconfig")));
-    assert!(matches!(configs_step(out, &[], 3, tc, true),
-        Decision::Run(t) if t.contains("talosconfig") && !t.contains("node configs")));
-
-    let rec = |step| StepRecord {
-        step,
-        since_unix: 1_796_133_600,
-        reason: String::new(),
-        last_error: None,
-        attempts: 0,
+/// `up --power-on` runs `serve --power-on`'s round: the plan `up` binds carries the round,
+/// with the stagger given. (It used to drop it: the flag was accepted and ignored.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn power_on_plans_the_power_on_round_as_serve_does() {
+    let _one = ONE_RACK.lock().await;
+    let lab = lab().await;
+    let rack = Rack::start(&lab).await;
+    let (hooks, stop) = rack.hooks(&lab, None, false);
+    let planned = Arc::new(Mutex::new(None));
+    let adjust = hooks.adjust;
+    let hooks = Hooks {
+        adjust: Box::new({
+            let planned = planned.clone();
+            move |plan: &mut Plan| {
+                *planned.lock().unwrap() = Some(plan.power_on.as_ref().map(|p| p.stagger));
+                adjust(plan);
+                // Nothing to provision here: stop as soon as it serves.
+                stop.cancel();
+            }
+        }),
+        ..hooks
     };
-    let done = rec(ClusterStep::HandedOff);
+    let a = args(&lab, &["--power-on", "--power-on-stagger", "1500ms"]);
+    let report = up(&a, hooks).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Interrupted, "{:?}", report.lines);
     assert_eq!(
-        provision_step(Some(&done), 3, 3, false),
-        Decision::Skip("the cluster was handed off at 2026-12-01T14:00:00Z".into())
+        *planned.lock().unwrap(),
+        Some(Some(Duration::from_millis(1500))),
+        "the power-on round `up` would run (outer None: never planned)"
     );
-    assert!(
-        matches!(provision_step(Some(&done), 3, 3, true), Decision::Run(t) if t.contains("--stay"))
-    );
-    assert!(
-        matches!(provision_step(Some(&rec(ClusterStep::Bootstrapped)), 2, 3, false),
-        Decision::Run(t) if t.starts_with("resuming after cluster step bootstrapped (2 of 3"))
-    );
-    assert!(
-        matches!(provision_step(None, 1, 3, false), Decision::Run(t) if t.starts_with("resuming"))
-    );
-    assert!(
-        matches!(provision_step(None, 0, 3, false), Decision::Run(t) if t.starts_with("serving 3 nodes"))
-    );
+    rack.shutdown().await;
 }
 
 #[test]

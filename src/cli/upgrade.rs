@@ -83,20 +83,30 @@ fn creds_and_runtime(
     try_creds_and_runtime(args).map_err(|e| fail(EXIT_USAGE, e))
 }
 
+/// Why a standalone upgrade could not get going.
+#[derive(Debug, thiserror::Error)]
+enum SetupError {
+    /// The admin talosconfig did not load.
+    #[error("{0}")]
+    Talosconfig(#[from] super::TalosconfigError),
+    /// No async runtime.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
 fn try_creds_and_runtime(
     args: &Args,
-) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), String> {
+) -> Result<(crate::talos::ClientCreds, tokio::runtime::Runtime), SetupError> {
     let creds = super::talosconfig_creds(
         args.talosconfig.as_deref(),
         &args.store.state_dir,
         args.context.as_deref(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     crate::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        .map_err(SetupError::Runtime)?;
     Ok((creds, rt))
 }
 
@@ -254,43 +264,7 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         }
     };
     if args.dry_run {
-        let steps = upgrade_k8s::plan(inv);
-        if let Err(e) =
-            crate::daytwo::k8s_version::path_supported(&inv.cluster.kubernetes_version.value, &to)
-        {
-            return fail(EXIT_USAGE, e);
-        }
-        println!(
-            "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
-            inv.cluster.kubernetes_version.value,
-            steps.len()
-        );
-        for (i, step) in steps.iter().enumerate() {
-            println!("{:>3}. {}", i + 1, step.describe(&to));
-        }
-        // The manifest sync's changes come from the cluster: what the first control plane
-        // renders now against what the API server has (before the patches above, so the
-        // images it lists are the current ones).
-        let opts = k8s_settings(args).options();
-        let listed = try_creds_and_runtime(args).and_then(|(creds, rt)| {
-            rt.block_on(upgrade_k8s::manifests_dry_run(inv, &to, creds, &opts))
-                .map_err(|e| e.to_string())
-        });
-        match listed {
-            Ok(lines) => {
-                println!("bootstrap manifests (dry run, as of now):");
-                for l in lines {
-                    println!("  < {l}");
-                }
-            }
-            Err(e) => {
-                return fail(
-                    EXIT_USAGE,
-                    format!("cannot list the bootstrap manifest changes: {e}"),
-                );
-            }
-        }
-        return ExitCode::SUCCESS;
+        return kubernetes_dry_run(inv, &to, args);
     }
     let plan = match K8sUpgrade::plan(inv, &to, args.apid_port) {
         Ok(p) => p,
@@ -320,6 +294,51 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(Outcome::Stopped { node, reason }) => k8s_stopped(node, &reason),
         Err(e) => fail(EXIT_USAGE, e),
     }
+}
+
+/// `--kubernetes V --dry-run`: the steps in order, and what the bootstrap manifest sync
+/// would change now (read from the cluster), nothing changed.
+fn kubernetes_dry_run(inv: &Inventory, to: &Version, args: &Args) -> ExitCode {
+    use crate::daytwo::upgrade_k8s;
+    let steps = upgrade_k8s::plan(inv);
+    if let Err(e) =
+        crate::daytwo::k8s_version::path_supported(&inv.cluster.kubernetes_version.value, to)
+    {
+        return fail(EXIT_USAGE, e);
+    }
+    println!(
+        "Kubernetes {} -> {to}, {} steps (talosctl's order; nothing is changed):",
+        inv.cluster.kubernetes_version.value,
+        steps.len()
+    );
+    for (i, step) in steps.iter().enumerate() {
+        println!("{:>3}. {}", i + 1, step.describe(to));
+    }
+    // The manifest sync's changes come from the cluster: what the first control plane
+    // renders now against what the API server has (before the patches above, so the
+    // images it lists are the current ones).
+    let opts = k8s_settings(args).options();
+    let listed = try_creds_and_runtime(args)
+        .map_err(|e| e.to_string())
+        .and_then(|(creds, rt)| {
+            rt.block_on(upgrade_k8s::manifests_dry_run(inv, to, creds, &opts))
+                .map_err(|e| e.to_string())
+        });
+    match listed {
+        Ok(lines) => {
+            println!("bootstrap manifests (dry run, as of now):");
+            for l in lines {
+                println!("  < {l}");
+            }
+        }
+        Err(e) => {
+            return fail(
+                EXIT_USAGE,
+                format!("cannot list the bootstrap manifest changes: {e}"),
+            );
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// `kubernetes` while serve holds the store: serve plans the upgrade against its inventory

@@ -173,12 +173,52 @@ pub(crate) async fn watch(
     use futures_util::StreamExt as _;
     crate::install_crypto_provider();
     let base = format!("http://{admin}");
-    let client = super::admin_client::client().map_err(|cause| WatchError::Connect {
+    let client = super::admin_client::client().map_err(|e| WatchError::Connect {
         url: base.clone(),
-        cause,
+        cause: e.to_string(),
     })?;
-    // Subscribe first, then read the table: an event between the two is applied to a table
-    // that may already show it, which is harmless; the other order could miss one.
+    let (url, resp) = subscribe(&client, &base).await?;
+    let mut follower = Follower {
+        client: &client,
+        base: &base,
+        board: Board::new(&nodes(&client, &base).await?),
+        parser: SseParser::default(),
+        terminal,
+    };
+    let footer = format!("\nwatching {url} (Ctrl-C to stop)\n");
+    if terminal {
+        write!(out, "{CLEAR}{}{footer}", follower.board.screen())?;
+    } else {
+        write!(out, "{}", follower.board.screen())?;
+    }
+    out.flush()?;
+    let mut stream = resp.bytes_stream();
+    loop {
+        let chunk = tokio::select! {
+            _ = stop.cancelled() => break,
+            c = stream.next() => c,
+        };
+        let Some(Ok(bytes)) = chunk else {
+            writeln!(out, "the event stream ended (serve stopped)")?;
+            break;
+        };
+        let redraw = follower.feed(&bytes, out).await?;
+        if terminal && redraw {
+            write!(out, "{CLEAR}{}{footer}", follower.board.screen())?;
+        }
+        out.flush()?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Opens `/api/events` (its URL and the streaming answer). Subscribe first, then read the
+/// table: an event between the two is applied to a table that may already show it, which is
+/// harmless; the other order could miss one.
+async fn subscribe(
+    client: &reqwest::Client,
+    base: &str,
+) -> Result<(String, reqwest::Response), WatchError> {
     let url = format!("{base}/api/events");
     let resp = client
         .get(&url)
@@ -194,56 +234,52 @@ pub(crate) async fn watch(
             status: resp.status(),
         });
     }
-    let mut board = Board::new(&nodes(&client, &base).await?);
-    let footer = format!("\nwatching {url} (Ctrl-C to stop)\n");
-    if terminal {
-        write!(out, "{CLEAR}{}{footer}", board.screen())?;
-    } else {
-        write!(out, "{}", board.screen())?;
-    }
-    out.flush()?;
-    let mut stream = resp.bytes_stream();
-    let mut parser = SseParser::default();
-    loop {
-        let chunk = tokio::select! {
-            _ = stop.cancelled() => break,
-            c = stream.next() => c,
-        };
-        let Some(Ok(bytes)) = chunk else {
-            writeln!(out, "the event stream ended (serve stopped)")?;
-            break;
-        };
+    Ok((url, resp))
+}
+
+/// What following the event stream keeps from one chunk to the next.
+struct Follower<'a> {
+    client: &'a reqwest::Client,
+    base: &'a str,
+    board: Board,
+    parser: SseParser,
+    terminal: bool,
+}
+
+impl Follower<'_> {
+    /// Applies one chunk of the event stream: node events to the table (and, off a terminal,
+    /// one line each); a resync reads the table again, as events were missed. Whether the
+    /// table needs a redraw.
+    async fn feed(
+        &mut self,
+        bytes: &[u8],
+        out: &mut (dyn Write + Send),
+    ) -> Result<bool, WatchError> {
         let mut redraw = false;
-        for (kind, data) in parser.feed(&bytes) {
+        for (kind, data) in self.parser.feed(bytes) {
             match kind.as_str() {
                 "node" => {
                     let Ok(ev) = serde_json::from_str::<WireEvent>(&data) else {
                         continue;
                     };
-                    if board.apply(&ev) == Change::Redraw {
+                    if self.board.apply(&ev) == Change::Redraw {
                         redraw = true;
                     }
-                    if !terminal && ev.kind != "talos.call" && ev.kind != "dhcp.offer" {
+                    if !self.terminal && ev.kind != "talos.call" && ev.kind != "dhcp.offer" {
                         writeln!(out, "{}", plain_line(&ev))?;
                     }
                 }
-                // Events were missed: the table is read again.
                 "resync" => {
-                    let cluster = board.cluster.take();
-                    board = Board::new(&nodes(&client, &base).await?);
-                    board.cluster = cluster;
+                    let cluster = self.board.cluster.take();
+                    self.board = Board::new(&nodes(self.client, self.base).await?);
+                    self.board.cluster = cluster;
                     redraw = true;
                 }
                 _ => {}
             }
         }
-        if terminal && redraw {
-            write!(out, "{CLEAR}{}{footer}", board.screen())?;
-        }
-        out.flush()?;
+        Ok(redraw)
     }
-    out.flush()?;
-    Ok(())
 }
 
 /// Run `talboot status --watch --admin ADDR`.

@@ -6,6 +6,7 @@
 pub mod clients;
 pub(crate) mod contract;
 pub(crate) mod legacy;
+pub(crate) mod output;
 pub mod patch;
 pub mod pki;
 pub mod render;

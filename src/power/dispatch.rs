@@ -14,7 +14,7 @@ use crate::inventory::{Credential, Inventory, PowerConfig};
 
 use super::{
     BootDevice, BootPersistence, BootSet, PowerAction, PowerError, PowerState,
-    credentials::Resolver,
+    credentials::{CredentialError, Resolver},
 };
 
 /// A node's power driver with its credentials resolved: the inventory's config itself, so
@@ -144,15 +144,13 @@ pub(crate) async fn tcp_answers(addr: std::net::SocketAddr, wait: std::time::Dur
 pub(crate) fn drivers(
     inv: &Inventory,
     sources: IdentitySources,
-) -> BTreeMap<String, Result<PowerDriver, String>> {
+) -> BTreeMap<String, Result<PowerDriver, CredentialError>> {
     let env = |name: &str| std::env::var(name).ok();
     let mut resolver = Resolver::new(&env, sources);
     let mut out = BTreeMap::new();
     for node in &inv.nodes {
         let Some(config) = &node.power else { continue };
-        let d = resolver
-            .config(node.name.as_str(), config)
-            .map_err(|e| e.to_string());
+        let d = resolver.config(node.name.as_str(), config);
         out.insert(node.name.to_string(), d);
     }
     out

@@ -116,12 +116,17 @@ pub(crate) fn set_boot_flags(device: BootDevice, persistence: BootPersistence, e
     }
 }
 
+/// A Get Chassis Status answer without its first data byte (the current power state).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Get Chassis Status answered without the current power state byte")]
+pub(crate) struct NoPowerStateByte;
+
 /// Power state from a Get Chassis Status answer (data after the completion code).
-pub(crate) fn decode_chassis_status(data: &[u8]) -> Result<PowerState, String> {
+pub(crate) fn decode_chassis_status(data: &[u8]) -> Result<PowerState, NoPowerStateByte> {
     match data.first() {
         Some(b) if b & 0x01 == 1 => Ok(PowerState::On),
         Some(_) => Ok(PowerState::Off),
-        None => Err("Get Chassis Status answered without the current power state byte".into()),
+        None => Err(NoPowerStateByte),
     }
 }
 
@@ -247,9 +252,9 @@ pub async fn set_power(t: &IpmiTarget, action: PowerAction) -> Result<(), PowerE
 pub async fn power_state(t: &IpmiTarget) -> Result<PowerState, PowerError> {
     with_session(t, |s| {
         let data = s.call(&get_chassis_status())?;
-        decode_chassis_status(&data).map_err(|reason| PowerError::Protocol {
+        decode_chassis_status(&data).map_err(|e| PowerError::Protocol {
             target: s.target.clone(),
-            reason,
+            reason: e.to_string(),
         })
     })
     .await

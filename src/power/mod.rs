@@ -14,6 +14,7 @@
 
 pub mod credentials;
 pub mod dispatch;
+pub(crate) mod fleet;
 pub(crate) mod round;
 
 // The drivers, each registered in [`PowerDriver::driver`].

@@ -62,22 +62,36 @@ impl ProxmoxApiConfig {
     }
 }
 
+/// Why a token id is not `USER@REALM!TOKENID` (each variant holds the id as written).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TokenIdError {
+    /// No `!` before a token name.
+    #[error("token id `{0}` has no `!TOKENID`; write USER@REALM!TOKENID")]
+    NoTokenName(String),
+    /// No `@` before a realm.
+    #[error("token id `{0}` has no `@REALM`; write USER@REALM!TOKENID")]
+    NoRealm(String),
+    /// An empty user, or a realm or token name with other characters.
+    #[error("token id `{0}` is not USER@REALM!TOKENID")]
+    Malformed(String),
+}
+
 /// `USER@REALM!TOKENID` is the token id's shape (pve-access-control PVE/AccessControl.pm,
 /// `pve_verify_tokenid`): a user id with a realm, then `!` and the token name.
-pub(crate) fn check_token_id(id: &str) -> Result<(), String> {
+pub(crate) fn check_token_id(id: &str) -> Result<(), TokenIdError> {
     let (user, token) = id
         .split_once('!')
-        .ok_or_else(|| format!("token id `{id}` has no `!TOKENID`; write USER@REALM!TOKENID"))?;
+        .ok_or_else(|| TokenIdError::NoTokenName(id.to_owned()))?;
     let (name, realm) = user
         .split_once('@')
-        .ok_or_else(|| format!("token id `{id}` has no `@REALM`; write USER@REALM!TOKENID"))?;
+        .ok_or_else(|| TokenIdError::NoRealm(id.to_owned()))?;
     let ok = |s: &str| {
         !s.is_empty()
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     };
     if name.is_empty() || !ok(realm) || !ok(token) {
-        return Err(format!("token id `{id}` is not USER@REALM!TOKENID"));
+        return Err(TokenIdError::Malformed(id.to_owned()));
     }
     Ok(())
 }
@@ -122,16 +136,40 @@ pub(crate) fn error_text(status: StatusCode, body: &str) -> String {
     s
 }
 
+/// A stopped task's exit status other than `OK`, as PVE wrote it (`VM 100 already running`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct TaskFailed(pub String);
+
+impl From<&str> for TaskFailed {
+    fn from(exit: &str) -> Self {
+        Self(exit.to_owned())
+    }
+}
+
+/// Why a task's status answer says neither running nor stopped with an exit status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TaskStatusError {
+    /// `stopped` without `exitstatus`.
+    #[error("a stopped task without exitstatus")]
+    NoExitStatus,
+    /// A `status` other than `running` or `stopped` (or none).
+    #[error("unexpected task status {0:?}")]
+    Unexpected(Option<String>),
+}
+
 /// A task's state from `tasks/{upid}/status`: `None` while running, else the exit status.
-pub(crate) fn task_outcome(data: &Value) -> Result<Option<Result<(), String>>, String> {
+pub(crate) fn task_outcome(
+    data: &Value,
+) -> Result<Option<Result<(), TaskFailed>>, TaskStatusError> {
     match data.get("status").and_then(Value::as_str) {
         Some("running") => Ok(None),
         Some("stopped") => match data.get("exitstatus").and_then(Value::as_str) {
             Some("OK") => Ok(Some(Ok(()))),
-            Some(other) => Ok(Some(Err(other.to_string()))),
-            None => Err("a stopped task without exitstatus".into()),
+            Some(other) => Ok(Some(Err(other.into()))),
+            None => Err(TaskStatusError::NoExitStatus),
         },
-        other => Err(format!("unexpected task status {other:?}")),
+        other => Err(TaskStatusError::Unexpected(other.map(str::to_owned))),
     }
 }
 
@@ -166,7 +204,7 @@ impl ProxmoxApi {
             target: cfg.api_url.clone(),
             reason,
         };
-        check_token_id(&cfg.token_id).map_err(bad)?;
+        check_token_id(&cfg.token_id).map_err(|e| bad(e.to_string()))?;
         let base = reqwest::Url::parse(&cfg.api_url).map_err(|e| {
             bad(format!(
                 "the API URL is not a URL ({e}); write https://HOST:8006"
@@ -288,9 +326,9 @@ impl ProxmoxApi {
         let path = format!("/nodes/{node}/tasks/{}/status", encode_segment(upid));
         loop {
             let data = self.call(Method::GET, &path, &[]).await?;
-            match task_outcome(&data).map_err(|reason| PowerError::Protocol {
+            match task_outcome(&data).map_err(|e| PowerError::Protocol {
                 target: self.target(),
-                reason,
+                reason: e.to_string(),
             })? {
                 Some(Ok(())) => return Ok(()),
                 Some(Err(exit)) => {

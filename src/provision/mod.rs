@@ -34,6 +34,7 @@ mod renderer;
 mod run;
 mod settings;
 pub mod steps;
+pub mod up;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;

@@ -39,7 +39,7 @@ mod tests;
 
 pub use boot::{ModePlan, boot_patch, boot_target, mode_plan};
 pub use etag::{ETAG_READS, if_match_forms, stale_etag_reason};
-pub use reset::{ResetPlan, action_info_resets, reset_plan};
+pub use reset::{ResetPlan, ResetPlanError, action_info_resets, reset_plan};
 pub use session::{session_uri, sessions_path};
 
 use std::time::Duration;
@@ -116,23 +116,39 @@ pub struct SystemView {
     pub allowed_override_modes: Option<Vec<String>>,
 }
 
+/// Why the `/redfish/v1/Systems` collection names no one system.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum MemberPathError {
+    /// No `Members` array at all.
+    #[error("the Systems collection has no Members array")]
+    NoMembers,
+    /// An empty `Members` array.
+    #[error("the Systems collection is empty")]
+    Empty,
+    /// Several systems: the inventory must say which one.
+    #[error(
+        "the BMC has {} systems ({}); set `system:` in the node's power block to one of them",
+        .0.len(),
+        .0.join(", ")
+    )]
+    Several(Vec<String>),
+}
+
 /// Pick the system's path from the `/redfish/v1/Systems` collection.
-pub(crate) fn member_path(collection: &Value) -> Result<String, String> {
+pub(crate) fn member_path(collection: &Value) -> Result<String, MemberPathError> {
     let members = collection
         .get("Members")
         .and_then(Value::as_array)
-        .ok_or("the Systems collection has no Members array")?;
+        .ok_or(MemberPathError::NoMembers)?;
     let ids: Vec<&str> = members
         .iter()
         .filter_map(|m| m.get("@odata.id").and_then(Value::as_str))
         .collect();
     match ids.as_slice() {
         [one] => Ok((*one).to_string()),
-        [] => Err("the Systems collection is empty".into()),
-        many => Err(format!(
-            "the BMC has {} systems ({}); set `system:` in the node's power block to one of them",
-            many.len(),
-            many.join(", ")
+        [] => Err(MemberPathError::Empty),
+        many => Err(MemberPathError::Several(
+            many.iter().map(|id| (*id).to_owned()).collect(),
         )),
     }
 }
@@ -413,9 +429,9 @@ impl Redfish {
                     }
                     None => {
                         let (_, coll) = self.get_json("/redfish/v1/Systems").await?;
-                        member_path(&coll).map_err(|reason| PowerError::Protocol {
+                        member_path(&coll).map_err(|e| PowerError::Protocol {
                             target: self.target(),
-                            reason,
+                            reason: e.to_string(),
                         })
                     }
                 }

@@ -31,13 +31,29 @@ pub fn action_info_resets(info: &Value) -> Option<Vec<String>> {
         .and_then(|p| string_list(p.get("AllowableValues")))
 }
 
+/// Why no [`ResetPlan`] carries out an action on a system: what it allows (`None`: it did
+/// not say) has no reset type for it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetPlanError {
+    /// Nothing that powers on.
+    #[error("the system allows no power-on reset type (allows {0:?})")]
+    NoPowerOn(Option<Vec<String>>),
+    /// No `ForceOff`.
+    #[error("the system does not allow ForceOff (allows {0:?})")]
+    NoForceOff(Option<Vec<String>>),
+    /// Nothing that cycles, and no `ForceOff` to cycle with.
+    #[error("the system allows neither PowerCycle, ForceRestart nor ForceOff (allows {0:?})")]
+    NoCycle(Option<Vec<String>>),
+}
+
 /// Decide the reset for `action`. A service that lists no allowable values is taken to take
 /// `On`, `ForceOff` and `ForceRestart`, the ones every BMC seen implements.
 pub fn reset_plan(
     action: PowerAction,
     state: PowerState,
     allowed: Option<&[String]>,
-) -> Result<ResetPlan, String> {
+) -> Result<ResetPlan, ResetPlanError> {
+    let listed = || allowed.map(<[String]>::to_vec);
     let takes = |t: &str| match allowed {
         None => matches!(t, "On" | "ForceOff" | "ForceRestart"),
         Some(list) => list.iter().any(|a| a == t),
@@ -45,7 +61,7 @@ pub fn reset_plan(
     let first = |choices: &[&'static str]| choices.iter().copied().find(|t| takes(t));
     let on = || {
         first(&["On", "ForceOn", "PushPowerButton"])
-            .ok_or_else(|| format!("the system allows no power-on reset type (allows {allowed:?})"))
+            .ok_or_else(|| ResetPlanError::NoPowerOn(listed()))
     };
     match action {
         PowerAction::On if state == PowerState::On => Ok(ResetPlan::Nothing),
@@ -53,14 +69,12 @@ pub fn reset_plan(
         PowerAction::Off if state == PowerState::Off => Ok(ResetPlan::Nothing),
         PowerAction::Off => first(&["ForceOff"])
             .map(ResetPlan::Reset)
-            .ok_or_else(|| format!("the system does not allow ForceOff (allows {allowed:?})")),
+            .ok_or_else(|| ResetPlanError::NoForceOff(listed())),
         PowerAction::Cycle if state == PowerState::Off => on().map(ResetPlan::Reset),
         PowerAction::Cycle => match first(&["PowerCycle", "ForceRestart"]) {
             Some(t) => Ok(ResetPlan::Reset(t)),
             None if takes("ForceOff") => on().map(ResetPlan::OffThenOn),
-            None => Err(format!(
-                "the system allows neither PowerCycle, ForceRestart nor ForceOff (allows {allowed:?})"
-            )),
+            None => Err(ResetPlanError::NoCycle(listed())),
         },
     }
 }

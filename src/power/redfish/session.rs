@@ -185,25 +185,47 @@ pub(super) fn sensitive(token: &Credential) -> Result<reqwest::header::HeaderVal
     Ok(v)
 }
 
+/// Why a session could not be deleted (logged; the BMC times the session out anyway).
+#[derive(Debug, thiserror::Error)]
+enum DeleteSessionError {
+    /// The session URI does not resolve against the endpoint.
+    #[error("{0}")]
+    Uri(String),
+    /// The token cannot be sent (it is not shown).
+    #[error("{0}")]
+    Token(PowerError),
+    /// The request went unanswered.
+    #[error("{}", error_chain(.0))]
+    Send(reqwest::Error),
+    /// The BMC refused.
+    #[error("DELETE answered {0}")]
+    Status(StatusCode),
+}
+
 /// DELETE a session resource with its own token; the status when it is not a success.
 async fn delete_session(
     client: &reqwest::Client,
     base: &reqwest::Url,
     uri: &str,
     token: &Credential,
-) -> Result<(), String> {
-    let url = base.join(uri).map_err(|e| e.to_string())?;
+) -> Result<(), DeleteSessionError> {
+    let url = base
+        .join(uri)
+        .map_err(|e| DeleteSessionError::Uri(e.to_string()))?;
     let resp = client
         .delete(url)
-        .header("X-Auth-Token", sensitive(token).map_err(|e| e.to_string())?)
+        .header(
+            "X-Auth-Token",
+            sensitive(token).map_err(DeleteSessionError::Token)?,
+        )
         .header("OData-Version", "4.0")
         .send()
         .await
-        .map_err(|e| error_chain(&e.without_url()))?;
+        .map_err(|e| DeleteSessionError::Send(e.without_url()))?;
     if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {
         Ok(())
     } else {
-        Err(format!("DELETE answered {}", resp.status()))
+        Err(DeleteSessionError::Status(resp.status()))
     }
 }
 

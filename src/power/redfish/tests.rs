@@ -12,7 +12,7 @@ fn one_member_is_the_system_and_several_need_a_choice() {
     let one = json!({"Members": [{"@odata.id": "/redfish/v1/Systems/abc"}]});
     assert_eq!(member_path(&one).unwrap(), "/redfish/v1/Systems/abc");
     let two = json!({"Members": [{"@odata.id": "/a"}, {"@odata.id": "/b"}]});
-    let e = member_path(&two).unwrap_err();
+    let e = member_path(&two).unwrap_err().to_string();
     assert!(e.contains("/a, /b") && e.contains("system:"), "{e}");
     assert!(member_path(&json!({"Members": []})).is_err());
     assert!(member_path(&json!({})).is_err());
@@ -128,7 +128,9 @@ fn reset_plans_follow_the_allowable_values() {
         Ok(ResetPlan::Reset("On"))
     );
     // Impossible requests are refused, naming what the system allows.
-    let e = reset_plan(Off, S1, Some(&allowed(&["On"]))).unwrap_err();
+    let e = reset_plan(Off, S1, Some(&allowed(&["On"])))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("ForceOff") && e.contains("\"On\""), "{e}");
     assert!(reset_plan(Cycle, S1, Some(&allowed(&["On"]))).is_err());
     assert!(reset_plan(On, S0, Some(&allowed(&["ForceOff"]))).is_err());
