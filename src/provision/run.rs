@@ -119,7 +119,11 @@ impl Provisioner {
                 _ = tick.tick() => self.enqueue_due(&mut w).await,
             }
         }
+        // Joined, not only aborted: an aborted task's future (with its handles on the store)
+        // is dropped only when the runtime next polls it, and whoever reopens the state
+        // directory after `run` returns must find it closed.
         w.calls.abort_all();
+        while w.calls.join_next().await.is_some() {}
         cluster.abort();
         let _ = cluster.await;
     }
