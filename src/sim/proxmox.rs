@@ -346,7 +346,7 @@ fn handle(
         return (StatusCode::NOT_FOUND, "").into_response();
     };
     if let Err(refused) = authenticate(&headers, o) {
-        return refused;
+        return *refused;
     }
     let mut params = parse_form(uri.query().unwrap_or(""));
     if method == Method::POST || method == Method::PUT {
@@ -384,23 +384,26 @@ fn handle(
 
 /// Token auth (pve-http-server src/PVE/APIServer/AnyEvent.pm: `PVEAPIToken=` then
 /// `USER@REALM!TOKENID=SECRET`); `Err` is the 401 PVE answers.
-fn authenticate(headers: &HeaderMap, o: &ProxmoxDoubleOptions) -> Result<(), Response> {
+fn authenticate(headers: &HeaderMap, o: &ProxmoxDoubleOptions) -> Result<(), Box<Response>> {
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let Some(token) = auth.strip_prefix("PVEAPIToken=") else {
-        return Err(fail(StatusCode::UNAUTHORIZED, "No ticket"));
+        return Err(Box::new(fail(StatusCode::UNAUTHORIZED, "No ticket")));
     };
     match token.split_once('=') {
         Some((id, secret)) if id == o.token_id && secret == o.secret => Ok(()),
-        _ => Err(fail(StatusCode::UNAUTHORIZED, "authentication failure")),
+        _ => Err(Box::new(fail(
+            StatusCode::UNAUTHORIZED,
+            "authentication failure",
+        ))),
     }
 }
 
 /// One authenticated request as the endpoint handlers see it: the double's state (locked
-/// for the whole request, as PVE's API answers one call at a time per VM lock), its
-/// settings, the method and path, and the query and form parameters merged.
+/// for the whole request), its settings, the method and path, and the query and form
+/// parameters merged.
 struct Call<'a> {
     st: &'a mut State,
     o: &'a ProxmoxDoubleOptions,

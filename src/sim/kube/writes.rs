@@ -65,7 +65,7 @@ pub(super) fn write(
     let ns = ns.unwrap_or_default();
     if res.namespaced {
         if let Err(refused) = namespace_exists(c, &ns) {
-            return refused;
+            return *refused;
         }
         obj["metadata"]["namespace"] = Value::String(ns.clone());
     }
@@ -105,7 +105,7 @@ pub(super) fn write(
 /// that does not exist (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/admission/
 /// plugin/namespace/lifecycle/admission.go, Admit: "refuse to operate on non-existent
 /// namespaces"): the Namespace lookup's NotFound.
-fn namespace_exists(c: &Cluster, ns: &str) -> Result<(), Response> {
+fn namespace_exists(c: &Cluster, ns: &str) -> Result<(), Box<Response>> {
     let ns_key = (
         String::new(),
         "namespaces".to_owned(),
@@ -115,11 +115,11 @@ fn namespace_exists(c: &Cluster, ns: &str) -> Result<(), Response> {
     if c.objects.contains_key(&ns_key) {
         return Ok(());
     }
-    Err(status(
+    Err(Box::new(status(
         StatusCode::NOT_FOUND,
         "NotFound",
         format!("namespaces \"{ns}\" not found"),
-    ))
+    )))
 }
 
 /// The uid, generation and create-or-replace of a create (`replace` false) or replace of
@@ -381,7 +381,7 @@ fn check_apply_target(
             ),
         )));
     }
-    namespace_exists(c, ns).map_err(Box::new)?;
+    namespace_exists(c, ns)?;
     obj["metadata"]["namespace"] = Value::String(ns.to_owned());
     Ok(())
 }
