@@ -55,7 +55,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::SimError;
-use super::pki::{PkiError, SimCa};
+use super::pki::{CertKey, PkiError, SimCa};
 
 mod cluster;
 mod routes;
@@ -222,6 +222,52 @@ fn not_found_resource() -> Response {
     )
 }
 
+/// A fresh cluster as an API server starts it: the `kube-system` and `default` Namespaces,
+/// resourceVersions counting from 100.
+fn seeded_cluster(opts: &DoubleOptions, now: Instant) -> Cluster {
+    let mut cluster = Cluster {
+        opts: opts.clone(),
+        objects: BTreeMap::new(),
+        rv: 100,
+        uid: 0,
+        never_ready: HashSet::new(),
+        refused: BTreeMap::new(),
+        kubelet_nodes: HashSet::new(),
+        log: Vec::new(),
+        warnings: BTreeMap::new(),
+    };
+    for ns in ["kube-system", "default"] {
+        cluster.rv += 1;
+        cluster.objects.insert(
+            (String::new(), "namespaces".into(), String::new(), ns.into()),
+            Stored {
+                obj: json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": ns, "resourceVersion": cluster.rv.to_string(),
+                                 "uid": format!("uid-ns-{ns}")}}),
+                manager: "kube-apiserver".into(),
+                operation: "Update",
+                ready_at: now,
+            },
+        );
+    }
+    cluster
+}
+
+/// A kubeconfig for `system:masters` on this double at `server_addr`, every certificate
+/// inline.
+fn admin_kubeconfig(server_addr: SocketAddr, ca: &SimCa, client: &CertKey) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    \
+         server: https://{server_addr}\n    certificate-authority-data: {ca}\nusers:\n\
+         - name: admin\n  user:\n    client-certificate-data: {crt}\n    \
+         client-key-data: {key}\ncontexts:\n- name: admin@double\n  context:\n    \
+         cluster: double\n    user: admin\ncurrent-context: admin@double\n",
+        ca = STANDARD.encode(&ca.cert_pem),
+        crt = STANDARD.encode(&client.cert_pem),
+        key = STANDARD.encode(&client.key_pem),
+    )
+}
+
 impl KubeDouble {
     /// Starts a double on `opts.bind` with `kube-system` and `default` Namespaces and the
     /// configured Nodes. Fails if the address cannot be bound or the certificates or TLS
@@ -256,32 +302,7 @@ impl KubeDouble {
         } else {
             addr
         };
-        let now = Instant::now();
-        let mut cluster = Cluster {
-            opts: opts.clone(),
-            objects: BTreeMap::new(),
-            rv: 100,
-            uid: 0,
-            never_ready: HashSet::new(),
-            refused: BTreeMap::new(),
-            kubelet_nodes: HashSet::new(),
-            log: Vec::new(),
-            warnings: BTreeMap::new(),
-        };
-        for ns in ["kube-system", "default"] {
-            cluster.rv += 1;
-            cluster.objects.insert(
-                (String::new(), "namespaces".into(), String::new(), ns.into()),
-                Stored {
-                    obj: json!({"apiVersion": "v1", "kind": "Namespace",
-                        "metadata": {"name": ns, "resourceVersion": cluster.rv.to_string(),
-                                     "uid": format!("uid-ns-{ns}")}}),
-                    manager: "kube-apiserver".into(),
-                    operation: "Update",
-                    ready_at: now,
-                },
-            );
-        }
+        let cluster = seeded_cluster(&opts, Instant::now());
         let state: Shared = Arc::new(Mutex::new(cluster));
         for (name, ready) in &opts.nodes {
             set_node(&state, name, *ready);
@@ -296,16 +317,7 @@ impl KubeDouble {
             let _ = axum::serve(listener, app).await;
         });
 
-        let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    \
-             server: https://{server_addr}\n    certificate-authority-data: {ca}\nusers:\n\
-             - name: admin\n  user:\n    client-certificate-data: {crt}\n    \
-             client-key-data: {key}\ncontexts:\n- name: admin@double\n  context:\n    \
-             cluster: double\n    user: admin\ncurrent-context: admin@double\n",
-            ca = STANDARD.encode(&ca.cert_pem),
-            crt = STANDARD.encode(&client.cert_pem),
-            key = STANDARD.encode(&client.key_pem),
-        );
+        let kubeconfig = admin_kubeconfig(server_addr, &ca, &client);
         tracing::debug!(%addr, "Kubernetes API double listening");
         Ok(KubeDouble {
             addr,

@@ -188,77 +188,117 @@ fn is_mac(s: &str) -> bool {
             .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
+/// Why PVE refuses one parameter (qemu-server's schema checks, as their messages read); the
+/// 400 answer lists it under the parameter's name.
+#[derive(Debug, thiserror::Error)]
+enum ParamError {
+    /// Not an unsigned integer (the value).
+    #[error("type check ('integer') failed - got '{0}'")]
+    NotInteger(String),
+    /// A VM name that is not a DNS name.
+    #[error("invalid format - value does not look like a valid DNS name")]
+    NotDnsName,
+    /// Below the schema's minimum (the minimum).
+    #[error("value must have a minimum value of {0}")]
+    BelowMinimum(u64),
+    /// A `boot` value without `order=`.
+    #[error("format error - expected order=DEV;DEV")]
+    BootFormat,
+    /// A boot order with an empty device.
+    #[error("format error - empty device in boot order")]
+    EmptyBootDevice,
+    /// A `netN` option PVE does not know (the option).
+    #[error("format error - unknown net option '{0}'")]
+    UnknownNetOption(String),
+    /// A `netN` MAC address that is not one (the value).
+    #[error("format error - invalid MAC address '{0}'")]
+    InvalidMac(String),
+    /// A `netN` without a NIC model.
+    #[error("format error - missing model")]
+    MissingModel,
+    /// A bridge the node does not have.
+    #[error("bridge '{0}' does not exist")]
+    NoBridge(String),
+    /// A `scsiN` value without `STORAGE:SIZE`.
+    #[error("format error - expected STORAGE:SIZE_GB")]
+    DiskFormat,
+    /// A storage the node does not have.
+    #[error("storage '{0}' does not exist")]
+    NoStorage(String),
+    /// A parameter the schema does not have.
+    #[error(
+        "property is not defined in schema and the schema does not allow additional properties"
+    )]
+    NotInSchema,
+}
+
 /// Check one VM-config parameter against the subset of qemu-server's schema modelled here;
 /// `Err` is the per-parameter message PVE would give.
-fn check_param(k: &str, v: &str, o: &ProxmoxDoubleOptions) -> Result<(), String> {
+fn check_param(k: &str, v: &str, o: &ProxmoxDoubleOptions) -> Result<(), ParamError> {
     let int = |v: &str| {
         v.parse::<u64>()
-            .map_err(|_| format!("type check ('integer') failed - got '{v}'"))
+            .map_err(|_| ParamError::NotInteger(v.to_owned()))
     };
     match k {
         "name" => (!v.is_empty()
             && v.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-.".contains(c)))
         .then_some(())
-        .ok_or_else(|| "invalid format - value does not look like a valid DNS name".into()),
+        .ok_or(ParamError::NotDnsName),
         "memory" => int(v).and_then(|m| {
             if m >= 16 {
                 Ok(())
             } else {
-                Err("value must have a minimum value of 16".into())
+                Err(ParamError::BelowMinimum(16))
             }
         }),
         "cores" | "sockets" => int(v).map(|_| ()),
         "cpu" | "ostype" | "scsihw" | "serial0" | "vga" | "agent" | "description" => Ok(()),
         "tags" => Ok(()),
         "boot" => {
-            let order = v
-                .strip_prefix("order=")
-                .ok_or("format error - expected order=DEV;DEV")?;
+            let order = v.strip_prefix("order=").ok_or(ParamError::BootFormat)?;
             if order.split(';').all(|d| !d.is_empty()) {
                 Ok(())
             } else {
-                Err("format error - empty device in boot order".into())
+                Err(ParamError::EmptyBootDevice)
             }
         }
-        _ if k.starts_with("net") && k[3..].parse::<u8>().is_ok_and(|i| i < 32) => {
-            let mut model_mac = None;
-            let mut bridge = None;
-            for part in v.split(',') {
-                match part.split_once('=') {
-                    Some(("bridge", b)) => bridge = Some(b),
-                    Some((m, mac)) if ["virtio", "e1000", "rtl8139", "vmxnet3"].contains(&m) => {
-                        model_mac = Some(mac)
-                    }
-                    Some(("firewall" | "tag" | "mtu" | "queues" | "link_down", _)) => {}
-                    _ => return Err(format!("format error - unknown net option '{part}'")),
-                }
-            }
-            match model_mac {
-                Some(mac) if is_mac(mac) => {}
-                Some(mac) => return Err(format!("format error - invalid MAC address '{mac}'")),
-                None => return Err("format error - missing model".into()),
-            }
-            match bridge {
-                Some(b) if o.bridges.iter().any(|x| x == b) => Ok(()),
-                Some(b) => Err(format!("bridge '{b}' does not exist")),
-                None => Ok(()),
-            }
-        }
+        _ if k.starts_with("net") && k[3..].parse::<u8>().is_ok_and(|i| i < 32) => check_net(v, o),
         _ if k.starts_with("scsi") && k[4..].parse::<u8>().is_ok_and(|i| i < 31) => {
             let first = v.split(',').next().unwrap_or("");
-            let (storage, size) = first
-                .split_once(':')
-                .ok_or("format error - expected STORAGE:SIZE_GB")?;
+            let (storage, size) = first.split_once(':').ok_or(ParamError::DiskFormat)?;
             if !o.storages.iter().any(|s| s == storage) {
-                return Err(format!("storage '{storage}' does not exist"));
+                return Err(ParamError::NoStorage(storage.to_owned()));
             }
             int(size).map(|_| ())
         }
-        _ => Err(
-            "property is not defined in schema and the schema does not allow additional properties"
-                .into(),
-        ),
+        _ => Err(ParamError::NotInSchema),
+    }
+}
+
+/// A `netN` value: `MODEL=MAC` with an existing bridge and the options PVE knows.
+fn check_net(v: &str, o: &ProxmoxDoubleOptions) -> Result<(), ParamError> {
+    let mut model_mac = None;
+    let mut bridge = None;
+    for part in v.split(',') {
+        match part.split_once('=') {
+            Some(("bridge", b)) => bridge = Some(b),
+            Some((m, mac)) if ["virtio", "e1000", "rtl8139", "vmxnet3"].contains(&m) => {
+                model_mac = Some(mac)
+            }
+            Some(("firewall" | "tag" | "mtu" | "queues" | "link_down", _)) => {}
+            _ => return Err(ParamError::UnknownNetOption(part.to_owned())),
+        }
+    }
+    match model_mac {
+        Some(mac) if is_mac(mac) => {}
+        Some(mac) => return Err(ParamError::InvalidMac(mac.to_owned())),
+        None => return Err(ParamError::MissingModel),
+    }
+    match bridge {
+        Some(b) if o.bridges.iter().any(|x| x == b) => Ok(()),
+        Some(b) => Err(ParamError::NoBridge(b.to_owned())),
+        None => Ok(()),
     }
 }
 
@@ -305,32 +345,23 @@ fn handle(
     let Some(rel) = path.strip_prefix("/api2/json") else {
         return (StatusCode::NOT_FOUND, "").into_response();
     };
-    // Token auth (pve-http-server src/PVE/APIServer/AnyEvent.pm: `PVEAPIToken=` then
-    // `USER@REALM!TOKENID=SECRET`).
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let Some(token) = auth.strip_prefix("PVEAPIToken=") else {
-        return fail(StatusCode::UNAUTHORIZED, "No ticket");
-    };
-    match token.split_once('=') {
-        Some((id, secret)) if id == o.token_id && secret == o.secret => {}
-        _ => return fail(StatusCode::UNAUTHORIZED, "authentication failure"),
+    if let Err(refused) = authenticate(&headers, o) {
+        return *refused;
     }
     let mut params = parse_form(uri.query().unwrap_or(""));
     if method == Method::POST || method == Method::PUT {
         params.extend(parse_form(std::str::from_utf8(&body).unwrap_or("")));
     }
-    let not_impl = || {
-        fail(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("Method '{method} {rel}' not implemented"),
-        )
+    let mut call = Call {
+        st: &mut st,
+        o,
+        method,
+        rel,
+        params,
     };
     let segs: Vec<&str> = rel.trim_matches('/').split('/').collect();
     if segs.first() != Some(&"nodes") || segs.len() < 3 {
-        return not_impl();
+        return call.not_impl();
     }
     if segs[1] != o.node {
         return fail(
@@ -341,255 +372,333 @@ fn handle(
             ),
         );
     }
-    match (segs[2], &segs[3..]) {
-        ("tasks", [upid, "status"]) => {
-            if method != Method::GET {
-                return not_impl();
-            }
-            st.task_polls += 1;
-            let upid = upid.to_string();
-            let Some(t) = st.tasks.get_mut(&upid) else {
-                return fail(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("unable to parse worker upid '{upid}'"),
-                );
-            };
-            if t.polls_left > 0 {
-                t.polls_left -= 1;
-                return answer(
-                    StatusCode::OK,
-                    json!({"upid": upid, "status": "running", "node": o.node}),
-                );
-            }
-            let effect = std::mem::replace(&mut t.effect, Effect::None);
-            let exit = t.exit.clone();
-            match effect {
-                Effect::None => {}
-                Effect::Create(id, vm) => {
-                    st.vms.insert(id, vm);
-                }
-                Effect::Run(id, on) => {
-                    if let Some(vm) = st.vms.get_mut(&id) {
-                        vm.running = on;
-                    }
-                }
-                Effect::Destroy(id) => {
-                    st.vms.remove(&id);
-                }
-            }
-            answer(
-                StatusCode::OK,
-                json!({"upid": upid, "status": "stopped", "exitstatus": exit, "node": o.node}),
-            )
-        }
-        ("qemu", []) => match method {
-            Method::GET => {
-                let list: Vec<Value> = st
-                    .vms
-                    .iter()
-                    .map(|(id, vm)| {
-                        json!({
-                            "vmid": id,
-                            "name": vm.config.get("name").cloned().unwrap_or_default(),
-                            "status": if vm.running { "running" } else { "stopped" },
-                            "tags": vm.config.get("tags").cloned().unwrap_or_default(),
-                        })
-                    })
-                    .collect();
-                answer(StatusCode::OK, Value::Array(list))
-            }
-            Method::POST => {
-                let mut errors = BTreeMap::new();
-                let vmid = match params.remove("vmid") {
-                    Some(v) => match v.parse::<u32>() {
-                        Ok(n) if n >= 100 => Some(n),
-                        Ok(_) => {
-                            errors.insert(
-                                "vmid".into(),
-                                "value must have a minimum value of 100".into(),
-                            );
-                            None
-                        }
-                        Err(_) => {
-                            errors.insert(
-                                "vmid".into(),
-                                format!("type check ('integer') failed - got '{v}'"),
-                            );
-                            None
-                        }
-                    },
-                    None => {
-                        errors.insert(
-                            "vmid".into(),
-                            "property is missing and it is not optional".into(),
-                        );
-                        None
-                    }
-                };
-                for (k, v) in &params {
-                    if let Err(e) = check_param(k, v, o) {
-                        errors.insert(k.clone(), e);
-                    }
-                }
-                if !errors.is_empty() {
-                    return param_fail(errors);
-                }
-                let vmid = vmid.expect("checked");
-                if st.vms.contains_key(&vmid) {
-                    return fail(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!(
-                            "unable to create VM {vmid} - VM {vmid} already exists on node '{}'",
-                            o.node
-                        ),
-                    );
-                }
-                let vm = SimVm {
-                    config: params,
-                    running: false,
-                };
-                new_task(
-                    &mut st,
-                    o,
-                    "qmcreate",
-                    vmid,
-                    "OK".into(),
-                    Effect::Create(vmid, vm),
-                )
-            }
-            _ => not_impl(),
-        },
-        ("qemu", [id, rest @ ..]) => {
-            let Ok(vmid) = id.parse::<u32>() else {
-                return param_fail(BTreeMap::from([(
-                    "vmid".to_string(),
-                    format!("type check ('integer') failed - got '{id}'"),
-                )]));
-            };
-            // Which methods each endpoint has (qemu-server PVE/API2/Qemu.pm).
-            let allowed: &[Method] = match rest {
-                [] => &[Method::GET, Method::DELETE],
-                ["config"] => &[Method::GET, Method::POST, Method::PUT],
-                ["status", "current"] => &[Method::GET],
-                ["status", "start" | "stop" | "reset" | "shutdown"] => &[Method::POST],
-                _ => &[],
-            };
-            if !allowed.contains(&method) {
-                return not_impl();
-            }
-            let Some(vm) = st.vms.get(&vmid).cloned() else {
-                return fail(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!(
-                        "Configuration file 'nodes/{}/qemu-server/{vmid}.conf' does not exist",
-                        o.node
-                    ),
-                );
-            };
-            match (rest, &method) {
-                ([], &Method::GET) => answer(
-                    StatusCode::OK,
-                    json!([{"subdir": "config"}, {"subdir": "status"}]),
-                ),
-                ([], &Method::DELETE) => {
-                    if vm.running {
-                        return fail(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            format!("VM {vmid} is running - destroy failed"),
-                        );
-                    }
-                    new_task(
-                        &mut st,
-                        o,
-                        "qmdestroy",
-                        vmid,
-                        "OK".into(),
-                        Effect::Destroy(vmid),
-                    )
-                }
-                (["config"], &Method::GET) => {
-                    let mut c: serde_json::Map<String, Value> = vm
-                        .config
-                        .iter()
-                        .map(|(k, v)| {
-                            let v = match k.as_str() {
-                                "memory" | "cores" | "sockets" => v
-                                    .parse::<u64>()
-                                    .map(Value::from)
-                                    .unwrap_or(Value::from(v.clone())),
-                                _ => Value::String(v.clone()),
-                            };
-                            (k.clone(), v)
-                        })
-                        .collect();
-                    c.insert(
-                        "digest".into(),
-                        Value::String(format!("{:040x}", vm.config.len())),
-                    );
-                    answer(StatusCode::OK, Value::Object(c))
-                }
-                (["config"], m) => {
-                    let mut errors = BTreeMap::new();
-                    for (k, v) in &params {
-                        if k == "digest" || k == "delete" {
-                            continue;
-                        }
-                        if let Err(e) = check_param(k, v, o) {
-                            errors.insert(k.clone(), e);
-                        }
-                    }
-                    if let Some(order) = params.get("boot").and_then(|b| b.strip_prefix("order="))
-                        && let Some(missing) =
-                            order.split(';').find(|d| !vm.config.contains_key(*d))
-                    {
-                        errors.insert(
-                            "boot".into(),
-                            format!("invalid bootorder: device '{missing}' does not exist'"),
-                        );
-                    }
-                    if !errors.is_empty() {
-                        return param_fail(errors);
-                    }
-                    let entry = st.vms.get_mut(&vmid).expect("present");
-                    for (k, v) in params {
-                        entry.config.insert(k, v);
-                    }
-                    if *m == Method::POST {
-                        new_task(&mut st, o, "qmconfig", vmid, "OK".into(), Effect::None)
-                    } else {
-                        answer(StatusCode::OK, Value::Null)
-                    }
-                }
-                (["status", "current"], _) => answer(
-                    StatusCode::OK,
-                    json!({
-                        "vmid": vmid,
-                        "name": vm.config.get("name").cloned().unwrap_or_default(),
-                        "status": if vm.running { "running" } else { "stopped" },
-                        "qmpstatus": if vm.running { "running" } else { "stopped" },
-                    }),
-                ),
-                (["status", action], _) => {
-                    let (kind, exit, effect) = match (*action, vm.running) {
-                        ("start", true) => (
-                            "qmstart",
-                            format!("VM {vmid} already running"),
-                            Effect::None,
-                        ),
-                        ("start", false) => ("qmstart", "OK".into(), Effect::Run(vmid, true)),
-                        ("stop", _) => ("qmstop", "OK".into(), Effect::Run(vmid, false)),
-                        ("shutdown", _) => ("qmshutdown", "OK".into(), Effect::Run(vmid, false)),
-                        ("reset", true) => ("qmreset", "OK".into(), Effect::None),
-                        ("reset", false) => {
-                            ("qmreset", format!("VM {vmid} not running"), Effect::None)
-                        }
-                        _ => return not_impl(),
-                    };
-                    new_task(&mut st, o, kind, vmid, exit, effect)
-                }
-                _ => not_impl(),
-            }
-        }
-        _ => not_impl(),
+    // One arm per endpoint; kept whole so the routes read in one place.
+    match (segs[2], &segs[3..], call.method.clone()) {
+        ("tasks", [upid, "status"], Method::GET) => call.task_status(upid),
+        ("qemu", [], Method::GET) => call.list_vms(),
+        ("qemu", [], Method::POST) => call.create_vm(),
+        ("qemu", [id, rest @ ..], _) => call.vm_endpoint(id, rest),
+        _ => call.not_impl(),
     }
+}
+
+/// Token auth (pve-http-server src/PVE/APIServer/AnyEvent.pm: `PVEAPIToken=` then
+/// `USER@REALM!TOKENID=SECRET`); `Err` is the 401 PVE answers.
+fn authenticate(headers: &HeaderMap, o: &ProxmoxDoubleOptions) -> Result<(), Box<Response>> {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let Some(token) = auth.strip_prefix("PVEAPIToken=") else {
+        return Err(Box::new(fail(StatusCode::UNAUTHORIZED, "No ticket")));
+    };
+    match token.split_once('=') {
+        Some((id, secret)) if id == o.token_id && secret == o.secret => Ok(()),
+        _ => Err(Box::new(fail(
+            StatusCode::UNAUTHORIZED,
+            "authentication failure",
+        ))),
+    }
+}
+
+/// One authenticated request as the endpoint handlers see it: the double's state (locked
+/// for the whole request), its settings, the method and path, and the query and form
+/// parameters merged.
+struct Call<'a> {
+    st: &'a mut State,
+    o: &'a ProxmoxDoubleOptions,
+    method: Method,
+    rel: &'a str,
+    params: BTreeMap<String, String>,
+}
+
+impl Call<'_> {
+    /// PVE's answer for a method an endpoint lacks (pve-manager PVE/HTTPServer.pm).
+    fn not_impl(&self) -> Response {
+        fail(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("Method '{} {}' not implemented", self.method, self.rel),
+        )
+    }
+
+    /// `GET /nodes/{node}/tasks/{upid}/status` (pve-manager PVE/API2/Tasks.pm): `running`
+    /// for the task's first poll, then `stopped` with its exit status, the task's effect on
+    /// the VMs taking place at that moment.
+    fn task_status(&mut self, upid: &str) -> Response {
+        let (st, o) = (&mut *self.st, self.o);
+        st.task_polls += 1;
+        let upid = upid.to_string();
+        let Some(t) = st.tasks.get_mut(&upid) else {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("unable to parse worker upid '{upid}'"),
+            );
+        };
+        if t.polls_left > 0 {
+            t.polls_left -= 1;
+            return answer(
+                StatusCode::OK,
+                json!({"upid": upid, "status": "running", "node": o.node}),
+            );
+        }
+        let effect = std::mem::replace(&mut t.effect, Effect::None);
+        let exit = t.exit.clone();
+        match effect {
+            Effect::None => {}
+            Effect::Create(id, vm) => {
+                st.vms.insert(id, vm);
+            }
+            Effect::Run(id, on) => {
+                if let Some(vm) = st.vms.get_mut(&id) {
+                    vm.running = on;
+                }
+            }
+            Effect::Destroy(id) => {
+                st.vms.remove(&id);
+            }
+        }
+        answer(
+            StatusCode::OK,
+            json!({"upid": upid, "status": "stopped", "exitstatus": exit, "node": o.node}),
+        )
+    }
+
+    /// `GET /nodes/{node}/qemu`: every VM with its name, status and tags.
+    fn list_vms(&self) -> Response {
+        let list: Vec<Value> = self
+            .st
+            .vms
+            .iter()
+            .map(|(id, vm)| {
+                json!({
+                    "vmid": id,
+                    "name": vm.config.get("name").cloned().unwrap_or_default(),
+                    "status": if vm.running { "running" } else { "stopped" },
+                    "tags": vm.config.get("tags").cloned().unwrap_or_default(),
+                })
+            })
+            .collect();
+        answer(StatusCode::OK, Value::Array(list))
+    }
+
+    /// `POST /nodes/{node}/qemu`: every parameter checked first (all refusals in one 400),
+    /// then a `qmcreate` task that creates the VM when it stops.
+    fn create_vm(&mut self) -> Response {
+        let o = self.o;
+        let mut errors = BTreeMap::new();
+        let vmid = match self.params.remove("vmid") {
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if n >= 100 => Some(n),
+                Ok(_) => {
+                    errors.insert(
+                        "vmid".into(),
+                        "value must have a minimum value of 100".into(),
+                    );
+                    None
+                }
+                Err(_) => {
+                    errors.insert(
+                        "vmid".into(),
+                        format!("type check ('integer') failed - got '{v}'"),
+                    );
+                    None
+                }
+            },
+            None => {
+                errors.insert(
+                    "vmid".into(),
+                    "property is missing and it is not optional".into(),
+                );
+                None
+            }
+        };
+        for (k, v) in &self.params {
+            if let Err(e) = check_param(k, v, o) {
+                errors.insert(k.clone(), e.to_string());
+            }
+        }
+        if !errors.is_empty() {
+            return param_fail(errors);
+        }
+        let vmid = vmid.expect("checked");
+        if self.st.vms.contains_key(&vmid) {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "unable to create VM {vmid} - VM {vmid} already exists on node '{}'",
+                    o.node
+                ),
+            );
+        }
+        let vm = SimVm {
+            config: std::mem::take(&mut self.params),
+            running: false,
+        };
+        new_task(
+            self.st,
+            o,
+            "qmcreate",
+            vmid,
+            "OK".into(),
+            Effect::Create(vmid, vm),
+        )
+    }
+
+    /// `/nodes/{node}/qemu/{vmid}/...`: the VM id checked, the method checked against what
+    /// the endpoint has, the VM looked up, then the endpoint.
+    fn vm_endpoint(&mut self, id: &str, rest: &[&str]) -> Response {
+        let Ok(vmid) = id.parse::<u32>() else {
+            return param_fail(BTreeMap::from([(
+                "vmid".to_string(),
+                format!("type check ('integer') failed - got '{id}'"),
+            )]));
+        };
+        // Which methods each endpoint has (qemu-server PVE/API2/Qemu.pm).
+        let allowed: &[Method] = match rest {
+            [] => &[Method::GET, Method::DELETE],
+            ["config"] => &[Method::GET, Method::POST, Method::PUT],
+            ["status", "current"] => &[Method::GET],
+            ["status", "start" | "stop" | "reset" | "shutdown"] => &[Method::POST],
+            _ => &[],
+        };
+        if !allowed.contains(&self.method) {
+            return self.not_impl();
+        }
+        let Some(vm) = self.st.vms.get(&vmid).cloned() else {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "Configuration file 'nodes/{}/qemu-server/{vmid}.conf' does not exist",
+                    self.o.node
+                ),
+            );
+        };
+        // One arm per endpoint; kept whole so the routes read in one place.
+        match (rest, self.method.clone()) {
+            ([], Method::GET) => answer(
+                StatusCode::OK,
+                json!([{"subdir": "config"}, {"subdir": "status"}]),
+            ),
+            ([], Method::DELETE) => self.destroy_vm(vmid, &vm),
+            (["config"], Method::GET) => vm_config(&vm),
+            (["config"], _) => self.set_vm_config(vmid, &vm),
+            (["status", "current"], _) => vm_status(vmid, &vm),
+            (["status", action], _) => self.vm_action(vmid, &vm, action),
+            _ => self.not_impl(),
+        }
+    }
+
+    /// `DELETE /nodes/{node}/qemu/{vmid}`: refused while the VM runs, else a `qmdestroy`
+    /// task.
+    fn destroy_vm(&mut self, vmid: u32, vm: &SimVm) -> Response {
+        if vm.running {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("VM {vmid} is running - destroy failed"),
+            );
+        }
+        new_task(
+            self.st,
+            self.o,
+            "qmdestroy",
+            vmid,
+            "OK".into(),
+            Effect::Destroy(vmid),
+        )
+    }
+
+    /// `POST` (async, a `qmconfig` task) or `PUT` (sync) `/nodes/{node}/qemu/{vmid}/config`:
+    /// every parameter checked, and a boot order naming only devices the VM has.
+    fn set_vm_config(&mut self, vmid: u32, vm: &SimVm) -> Response {
+        let o = self.o;
+        let mut errors = BTreeMap::new();
+        for (k, v) in &self.params {
+            if k == "digest" || k == "delete" {
+                continue;
+            }
+            if let Err(e) = check_param(k, v, o) {
+                errors.insert(k.clone(), e.to_string());
+            }
+        }
+        if let Some(order) = self
+            .params
+            .get("boot")
+            .and_then(|b| b.strip_prefix("order="))
+            && let Some(missing) = order.split(';').find(|d| !vm.config.contains_key(*d))
+        {
+            errors.insert(
+                "boot".into(),
+                format!("invalid bootorder: device '{missing}' does not exist'"),
+            );
+        }
+        if !errors.is_empty() {
+            return param_fail(errors);
+        }
+        let entry = self.st.vms.get_mut(&vmid).expect("present");
+        for (k, v) in std::mem::take(&mut self.params) {
+            entry.config.insert(k, v);
+        }
+        if self.method == Method::POST {
+            new_task(self.st, o, "qmconfig", vmid, "OK".into(), Effect::None)
+        } else {
+            answer(StatusCode::OK, Value::Null)
+        }
+    }
+
+    /// `POST /nodes/{node}/qemu/{vmid}/status/{action}`: a task whose exit status says
+    /// what PVE says for that action in the VM's state, and which changes the power state
+    /// when it stops.
+    fn vm_action(&mut self, vmid: u32, vm: &SimVm, action: &str) -> Response {
+        let (kind, exit, effect) = match (action, vm.running) {
+            ("start", true) => (
+                "qmstart",
+                format!("VM {vmid} already running"),
+                Effect::None,
+            ),
+            ("start", false) => ("qmstart", "OK".into(), Effect::Run(vmid, true)),
+            ("stop", _) => ("qmstop", "OK".into(), Effect::Run(vmid, false)),
+            ("shutdown", _) => ("qmshutdown", "OK".into(), Effect::Run(vmid, false)),
+            ("reset", true) => ("qmreset", "OK".into(), Effect::None),
+            ("reset", false) => ("qmreset", format!("VM {vmid} not running"), Effect::None),
+            _ => return self.not_impl(),
+        };
+        new_task(self.st, self.o, kind, vmid, exit, effect)
+    }
+}
+
+/// `GET /nodes/{node}/qemu/{vmid}/config`: the config with numbers typed as PVE types them,
+/// and a digest.
+fn vm_config(vm: &SimVm) -> Response {
+    let mut c: serde_json::Map<String, Value> = vm
+        .config
+        .iter()
+        .map(|(k, v)| {
+            let v = match k.as_str() {
+                "memory" | "cores" | "sockets" => v
+                    .parse::<u64>()
+                    .map(Value::from)
+                    .unwrap_or(Value::from(v.clone())),
+                _ => Value::String(v.clone()),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    c.insert(
+        "digest".into(),
+        Value::String(format!("{:040x}", vm.config.len())),
+    );
+    answer(StatusCode::OK, Value::Object(c))
+}
+
+/// `GET /nodes/{node}/qemu/{vmid}/status/current`.
+fn vm_status(vmid: u32, vm: &SimVm) -> Response {
+    answer(
+        StatusCode::OK,
+        json!({
+            "vmid": vmid,
+            "name": vm.config.get("name").cloned().unwrap_or_default(),
+            "status": if vm.running { "running" } else { "stopped" },
+            "qmpstatus": if vm.running { "running" } else { "stopped" },
+        }),
+    )
 }

@@ -198,109 +198,135 @@ impl Cluster {
     /// The object as a client reads it: stored content plus a status computed from time.
     pub(super) fn view(&self, key: &Key, s: &Stored, now: Instant) -> Value {
         let mut obj = s.obj.clone();
-        // Objects written through apply, create, replace or patch keep their managedFields as
-        // structured-merge-diff computes them (see `kube_ssa`); an empty list is left out, as
-        // the API encodes it (`omitempty`). Objects the simulated kubelets or the server wrote
-        // directly show their last writer without fieldsV1.
-        if let Some(meta) = obj["metadata"].as_object_mut() {
-            match meta.get("managedFields") {
-                Some(Value::Array(a)) if a.is_empty() => {
-                    meta.remove("managedFields");
-                }
-                Some(_) => {}
-                None => {
-                    meta.insert(
-                        "managedFields".into(),
-                        json!([{"manager": s.manager, "operation": s.operation,
-                                "apiVersion": s.obj["apiVersion"], "fieldsType": "FieldsV1"}]),
-                    );
-                }
-            }
-        }
-        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+        show_managed_fields(&mut obj, s);
         let ready =
             now >= s.ready_at && !self.never_ready.contains(&(key.2.clone(), key.3.clone()));
+        // One arm per kind whose status the double computes; kept whole as the table of them.
         match (key.0.as_str(), key.1.as_str()) {
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
-                let established = if now >= s.ready_at { "True" } else { "False" };
-                obj["status"] = json!({
-                    "acceptedNames": obj["spec"]["names"].clone(),
-                    "conditions": [
-                        {"type": "NamesAccepted", "status": "True"},
-                        {"type": "Established", "status": established},
-                    ],
-                });
+                crd_status(&mut obj, now >= s.ready_at)
             }
-            // Workload status fields as their controllers write them and as `kubectl rollout
-            // status` reads them (kubernetes/kubernetes staging/src/k8s.io/kubectl/pkg/
-            // polymorphichelpers/rollout_status.go): observedGeneration catches up with
-            // generation, then the updated/available counts reach the desired count.
-            ("apps", "deployments") => {
-                let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
-                let avail = if ready { want } else { 0 };
-                obj["status"] = json!({
-                    "observedGeneration": generation,
-                    "replicas": want,
-                    "updatedReplicas": want,
-                    "readyReplicas": avail,
-                    "availableReplicas": avail,
-                    "conditions": [{"type": "Available",
-                                    "status": if ready { "True" } else { "False" }}],
-                });
-            }
-            ("apps", "daemonsets") => {
-                let desired = self.node_count();
-                let running = if ready {
-                    self.nodes()
-                        .filter(|(name, n)| self.node_runs_pods(name, n, now))
-                        .count() as i64
-                } else {
-                    0
-                };
-                obj["status"] = json!({
-                    "observedGeneration": generation,
-                    "desiredNumberScheduled": desired,
-                    "currentNumberScheduled": desired,
-                    "updatedNumberScheduled": desired,
-                    "numberReady": running,
-                    "numberAvailable": running,
-                });
-            }
-            // The kubelet reports NotReady while the runtime's NetworkReady condition is false
-            // (kubernetes/kubernetes pkg/kubelet/kubelet.go, updateRuntimeUp: "container
-            // runtime network not ready: ..."; the tail is containerd's CRI status,
-            // "Network plugin returns error: cni plugin not initialized").
+            ("apps", "deployments") => deployment_status(&mut obj, ready),
+            ("apps", "daemonsets") => self.daemonset_status(&mut obj, ready, now),
             ("", "nodes") if self.kubelet_nodes.contains(&key.3) => {
-                let ready = self.node_runs_pods(&key.3, s, now);
-                let condition = if ready {
-                    json!({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                           "message": "kubelet is posting ready status"})
-                } else {
-                    json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                           "message": CNI_NOT_READY})
-                };
-                // Only the condition is computed; what the kubelet posted besides it
-                // (nodeInfo, see [`KubeDouble::set_kubelet_version`]) stays.
-                obj["status"]["conditions"] = json!([condition]);
+                self.node_status(&mut obj, &key.3, s, now)
             }
-            ("apps", "statefulsets") => {
-                let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
-                let revision = format!("{}-{generation}", key.3);
-                obj["status"] = json!({
-                    "observedGeneration": generation,
-                    "replicas": want,
-                    "updatedReplicas": want,
-                    "readyReplicas": if ready { want } else { 0 },
-                    "availableReplicas": if ready { want } else { 0 },
-                    "currentRevision": revision,
-                    "updateRevision": revision,
-                });
-            }
+            ("apps", "statefulsets") => statefulset_status(&mut obj, &key.3, ready),
             ("", "namespaces") => obj["status"] = json!({"phase": "Active"}),
             _ => {}
         }
         obj
     }
+
+    /// A DaemonSet's status: scheduled on every node, running (once rolled out) on the nodes
+    /// that run pods.
+    fn daemonset_status(&self, obj: &mut Value, ready: bool, now: Instant) {
+        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+        let desired = self.node_count();
+        let running = if ready {
+            self.nodes()
+                .filter(|(name, n)| self.node_runs_pods(name, n, now))
+                .count() as i64
+        } else {
+            0
+        };
+        obj["status"] = json!({
+            "observedGeneration": generation,
+            "desiredNumberScheduled": desired,
+            "currentNumberScheduled": desired,
+            "updatedNumberScheduled": desired,
+            "numberReady": running,
+            "numberAvailable": running,
+        });
+    }
+
+    /// A kubelet-registered Node's Ready condition. The kubelet reports NotReady while the
+    /// runtime's NetworkReady condition is false (kubernetes/kubernetes pkg/kubelet/kubelet.go,
+    /// updateRuntimeUp: "container runtime network not ready: ..."; the tail is containerd's
+    /// CRI status, "Network plugin returns error: cni plugin not initialized").
+    fn node_status(&self, obj: &mut Value, name: &str, s: &Stored, now: Instant) {
+        let ready = self.node_runs_pods(name, s, now);
+        let condition = if ready {
+            json!({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                   "message": "kubelet is posting ready status"})
+        } else {
+            json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                   "message": CNI_NOT_READY})
+        };
+        // Only the condition is computed; what the kubelet posted besides it
+        // (nodeInfo, see [`KubeDouble::set_kubelet_version`]) stays.
+        obj["status"]["conditions"] = json!([condition]);
+    }
+}
+
+/// Objects written through apply, create, replace or patch keep their managedFields as
+/// structured-merge-diff computes them (see `kube_ssa`); an empty list is left out, as the
+/// API encodes it (`omitempty`). Objects the simulated kubelets or the server wrote directly
+/// show their last writer without fieldsV1.
+fn show_managed_fields(obj: &mut Value, s: &Stored) {
+    if let Some(meta) = obj["metadata"].as_object_mut() {
+        match meta.get("managedFields") {
+            Some(Value::Array(a)) if a.is_empty() => {
+                meta.remove("managedFields");
+            }
+            Some(_) => {}
+            None => {
+                meta.insert(
+                    "managedFields".into(),
+                    json!([{"manager": s.manager, "operation": s.operation,
+                            "apiVersion": s.obj["apiVersion"], "fieldsType": "FieldsV1"}]),
+                );
+            }
+        }
+    }
+}
+
+/// A CRD's status: its names accepted at once, Established once its delay has passed.
+fn crd_status(obj: &mut Value, established: bool) {
+    let established = if established { "True" } else { "False" };
+    obj["status"] = json!({
+        "acceptedNames": obj["spec"]["names"].clone(),
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True"},
+            {"type": "Established", "status": established},
+        ],
+    });
+}
+
+/// Workload status fields as their controllers write them and as `kubectl rollout status`
+/// reads them (kubernetes/kubernetes staging/src/k8s.io/kubectl/pkg/polymorphichelpers/
+/// rollout_status.go): observedGeneration catches up with generation, then the
+/// updated/available counts reach the desired count. This is a Deployment's.
+fn deployment_status(obj: &mut Value, ready: bool) {
+    let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+    let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+    let avail = if ready { want } else { 0 };
+    obj["status"] = json!({
+        "observedGeneration": generation,
+        "replicas": want,
+        "updatedReplicas": want,
+        "readyReplicas": avail,
+        "availableReplicas": avail,
+        "conditions": [{"type": "Available",
+                        "status": if ready { "True" } else { "False" }}],
+    });
+}
+
+/// A StatefulSet's status (see [`deployment_status`] for the fields `kubectl rollout status`
+/// reads), with the revision named after the generation.
+fn statefulset_status(obj: &mut Value, name: &str, ready: bool) {
+    let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+    let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+    let revision = format!("{name}-{generation}");
+    obj["status"] = json!({
+        "observedGeneration": generation,
+        "replicas": want,
+        "updatedReplicas": want,
+        "readyReplicas": if ready { want } else { 0 },
+        "availableReplicas": if ready { want } else { 0 },
+        "currentRevision": revision,
+        "updateRevision": revision,
+    });
 }
 
 impl Cluster {

@@ -116,160 +116,157 @@ pub(super) async fn handle(
     let Some(target) = parse_path(&c, uri.path(), now) else {
         return not_found_resource();
     };
+    let Target::Object { res, ns, name } = target else {
+        return discovery(&c, method, target, now);
+    };
+    // One arm per route; kept whole so the table reads in one place.
+    match (method, name) {
+        (Method::GET, Some(name)) => get_object(&c, &res, ns, name, now),
+        (Method::GET, None) => list_objects(&c, &res, ns, query.get("labelSelector"), now),
+        (Method::PATCH, Some(name)) if query.contains_key("dryRun") => {
+            dry_run_apply(&mut c, res, ns, name, &query, &headers, &body, now)
+        }
+        (Method::PATCH, Some(name)) => match patch_kind(&headers) {
+            Some(kind) => patch_update(&mut c, kind, res, ns, name, &query, &headers, &body, now),
+            None => apply(&mut c, res, ns, name, &query, &headers, &body, now),
+        },
+        (Method::POST, None) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, None, &query, &body, now),
+            Err(refused) => *refused,
+        },
+        (Method::PUT, Some(name)) => match wire_body(&res, &headers, &body) {
+            Ok(body) => write(&mut c, res, ns, Some(name), &query, &body, now),
+            Err(refused) => *refused,
+        },
+        (Method::DELETE, Some(name)) => delete_object(&mut c, &res, ns, name, now),
+        _ => method_not_allowed(),
+    }
+}
+
+/// The API server's 405 for a method a path does not serve.
+fn method_not_allowed() -> Response {
+    status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource".into(),
+    )
+}
+
+/// The discovery documents client-go and Helm read before anything else: `/api`, `/apis`
+/// and each group version's resource list, from what the double serves at `now`.
+fn discovery(c: &Cluster, method: Method, target: Target, now: Instant) -> Response {
     match (method, target) {
         (Method::GET, Target::CoreVersions) => {
             axum::Json(json!({"kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": []}))
             .into_response()
         }
-        (Method::GET, Target::GroupList) => {
-            let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for r in c.served(now).into_iter().filter(|r| !r.group.is_empty()) {
-                let vs = groups.entry(r.group.clone()).or_default();
-                if !vs.contains(&r.version) {
-                    vs.push(r.version.clone());
-                }
-            }
-            let groups: Vec<Value> = groups
-                .into_iter()
-                .map(|(g, vs)| {
-                    let versions: Vec<Value> = vs
-                        .iter()
-                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
-                        .collect();
-                    json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
-                })
-                .collect();
-            axum::Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
-                .into_response()
-        }
+        (Method::GET, Target::GroupList) => group_list(c, now),
         (Method::GET, Target::ResourceList { group, version }) => {
-            let resources: Vec<Value> = c
-                .served(now)
-                .into_iter()
-                .filter(|r| r.group == group && r.version == version)
-                .map(|r| {
-                    json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
-                        "namespaced": r.namespaced, "kind": r.kind,
-                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
-                })
-                .collect();
-            let gv = if group.is_empty() {
-                version
-            } else {
-                format!("{group}/{version}")
-            };
-            axum::Json(json!({"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": gv, "resources": resources}))
-            .into_response()
+            resource_list(c, &group, version, now)
         }
-        (
-            Method::GET,
-            Target::Object {
-                res,
-                ns,
-                name: Some(name),
-            },
-        ) => {
-            let key = object_key(&res, ns.unwrap_or_default(), name);
-            match c.objects.get(&key) {
-                Some(s) => axum::Json(c.view(&key, s, now)).into_response(),
-                None => not_found(&res, &key.3),
-            }
+        _ => method_not_allowed(),
+    }
+}
+
+/// `GET /apis`: every group served, its versions in the order first served.
+fn group_list(c: &Cluster, now: Instant) -> Response {
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in c.served(now).into_iter().filter(|r| !r.group.is_empty()) {
+        let vs = groups.entry(r.group.clone()).or_default();
+        if !vs.contains(&r.version) {
+            vs.push(r.version.clone());
         }
-        (
-            Method::GET,
-            Target::Object {
-                res,
-                ns,
-                name: None,
-            },
-        ) => {
-            let items: Vec<Value> = c
-                .objects
+    }
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(g, vs)| {
+            let versions: Vec<Value> = vs
                 .iter()
-                .filter(|(k, s)| {
-                    k.0 == res.group
-                        && k.1 == res.plural
-                        && ns.as_ref().is_none_or(|n| &k.2 == n)
-                        && labels_match(&s.obj, query.get("labelSelector"))
-                })
-                .map(|(k, s)| c.view(k, s, now))
+                .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
                 .collect();
-            axum::Json(json!({"kind": format!("{}List", res.kind),
-                "apiVersion": res.api_version(),
-                "metadata": {"resourceVersion": c.rv.to_string()}, "items": items}))
-            .into_response()
+            json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+        })
+        .collect();
+    axum::Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+        .into_response()
+}
+
+/// `GET /api/v1` or `/apis/<group>/<version>`: the resources of that group version.
+fn resource_list(c: &Cluster, group: &str, version: String, now: Instant) -> Response {
+    let resources: Vec<Value> = c
+        .served(now)
+        .into_iter()
+        .filter(|r| r.group == group && r.version == version)
+        .map(|r| {
+            json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
+                "namespaced": r.namespaced, "kind": r.kind,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
+        })
+        .collect();
+    let gv = if group.is_empty() {
+        version
+    } else {
+        format!("{group}/{version}")
+    };
+    axum::Json(json!({"kind": "APIResourceList", "apiVersion": "v1",
+        "groupVersion": gv, "resources": resources}))
+    .into_response()
+}
+
+/// `GET` of one object.
+fn get_object(c: &Cluster, res: &Res, ns: Option<String>, name: String, now: Instant) -> Response {
+    let key = object_key(res, ns.unwrap_or_default(), name);
+    match c.objects.get(&key) {
+        Some(s) => axum::Json(c.view(&key, s, now)).into_response(),
+        None => not_found(res, &key.3),
+    }
+}
+
+/// `GET` of a collection, in one namespace or all, filtered by `labelSelector`.
+fn list_objects(
+    c: &Cluster,
+    res: &Res,
+    ns: Option<String>,
+    selector: Option<&String>,
+    now: Instant,
+) -> Response {
+    let items: Vec<Value> = c
+        .objects
+        .iter()
+        .filter(|(k, s)| {
+            k.0 == res.group
+                && k.1 == res.plural
+                && ns.as_ref().is_none_or(|n| &k.2 == n)
+                && labels_match(&s.obj, selector)
+        })
+        .map(|(k, s)| c.view(k, s, now))
+        .collect();
+    axum::Json(json!({"kind": format!("{}List", res.kind),
+        "apiVersion": res.api_version(),
+        "metadata": {"resourceVersion": c.rv.to_string()}, "items": items}))
+    .into_response()
+}
+
+/// `DELETE` of one object: deleted at once (background propagation: the dependents go
+/// later; the double models no finalizers), the object as it was in the reply
+/// (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go at
+/// 02e16cb253f0, DeleteResource: 200 with the deleted object when there is nothing left to
+/// wait for).
+fn delete_object(
+    c: &mut Cluster,
+    res: &Res,
+    ns: Option<String>,
+    name: String,
+    now: Instant,
+) -> Response {
+    let key = object_key(res, ns.unwrap_or_default(), name);
+    match c.objects.remove(&key) {
+        Some(s) => {
+            c.rv += 1;
+            axum::Json(c.view(&key, &s, now)).into_response()
         }
-        (
-            Method::PATCH,
-            Target::Object {
-                res,
-                ns,
-                name: Some(name),
-            },
-        ) if query.contains_key("dryRun") => {
-            dry_run_apply(&mut c, res, ns, name, &query, &headers, &body, now)
-        }
-        (
-            Method::PATCH,
-            Target::Object {
-                res,
-                ns,
-                name: Some(name),
-            },
-        ) => match patch_kind(&headers) {
-            Some(kind) => patch_update(&mut c, kind, res, ns, name, &query, &headers, &body, now),
-            None => apply(&mut c, res, ns, name, &query, &headers, &body, now),
-        },
-        (
-            Method::POST,
-            Target::Object {
-                res,
-                ns,
-                name: None,
-            },
-        ) => match wire_body(&res, &headers, &body) {
-            Ok(body) => write(&mut c, res, ns, None, &query, &body, now),
-            Err(refused) => *refused,
-        },
-        (
-            Method::PUT,
-            Target::Object {
-                res,
-                ns,
-                name: Some(name),
-            },
-        ) => match wire_body(&res, &headers, &body) {
-            Ok(body) => write(&mut c, res, ns, Some(name), &query, &body, now),
-            Err(refused) => *refused,
-        },
-        (
-            Method::DELETE,
-            Target::Object {
-                res,
-                ns,
-                name: Some(name),
-            },
-        ) => {
-            let key = object_key(&res, ns.unwrap_or_default(), name);
-            // Deleted at once (background propagation: the dependents go later; the double
-            // models no finalizers), the object as it was in the reply (kubernetes/kubernetes
-            // staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go at 02e16cb253f0, DeleteResource:
-            // 200 with the deleted object when there is nothing left to wait for).
-            match c.objects.remove(&key) {
-                Some(s) => {
-                    c.rv += 1;
-                    axum::Json(c.view(&key, &s, now)).into_response()
-                }
-                None => not_found(&res, &key.3),
-            }
-        }
-        _ => status(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "MethodNotAllowed",
-            "the server does not allow this method on the requested resource".into(),
-        ),
+        None => not_found(res, &key.3),
     }
 }
 

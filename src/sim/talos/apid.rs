@@ -81,6 +81,56 @@ fn address_contains_port(addr: &str) -> bool {
     !host.contains(':') || host.parse::<IpAddr>().is_ok()
 }
 
+/// The roles of a caller of a configured node. The injector's `Enabled` mode reads them from
+/// the leaf certificate's Organization; a caller holding os:impersonator (another apid
+/// relaying) is trusted to name the roles in `talos-role` metadata, if it sent any
+/// (`pkg/grpc/middleware/authz/injector.go`, `extractRoles`; `metadata.go`).
+fn caller_roles<T>(req: &Request<T>) -> Result<Vec<String>, Status> {
+    let certs = req
+        .peer_certs()
+        .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+    let orgs = pki::organizations(leaf).map_err(|e| Status::unauthenticated(e.to_string()))?;
+    let mut roles = parse_roles(orgs.iter().map(String::as_str));
+    if roles.iter().any(|r| r == "os:impersonator") {
+        let claimed: Vec<&str> = req
+            .metadata()
+            .get_all("talos-role")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if !claimed.is_empty() {
+            roles = parse_roles(claimed);
+        }
+    }
+    Ok(roles)
+}
+
+/// The director's refusal of a call with `nodes` (one-to-many): a method grpc-proxy cannot
+/// aggregate, no forwarding on this node, or (what talboot never sends) one it could.
+fn one_to_many(method: &str, can_forward: bool) -> Status {
+    const ONE_TO_MANY: &[&str] = &[
+        "/machine.MachineService/",
+        "/cluster.ClusterService/",
+        "/inspect.InspectService/",
+        "/storage.StorageService/",
+        "/time.TimeService/",
+    ];
+    if !ONE_TO_MANY.iter().any(|p| method.starts_with(p)) {
+        return Status::invalid_argument(format!(
+            "one-2-many proxying is not supported for method {method}"
+        ));
+    }
+    if !can_forward {
+        return Status::permission_denied("no request forwarding");
+    }
+    // Deliberately not simulated: talboot never sends `nodes` (it would get one
+    // reply entry per node, aggregated by grpc-proxy).
+    Status::invalid_argument("the test double does not implement one-to-many (`nodes`) proxying")
+}
+
 pub(super) type DataStream =
     Pin<Box<dyn Stream<Item = Result<common::Data, Status>> + Send + 'static>>;
 pub(super) type ListStream =
@@ -108,31 +158,24 @@ impl NodeApi {
                 relayed: false,
             });
         };
-        // Secured: the injector's `Enabled` mode reads the roles from the leaf certificate's
-        // Organization; a caller holding os:impersonator (another apid relaying) is trusted to
-        // name the roles in `talos-role` metadata, if it sent any
-        // (`pkg/grpc/middleware/authz/injector.go`, `extractRoles`; `metadata.go`).
-        let certs = req
-            .peer_certs()
-            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-        let leaf = certs
-            .first()
-            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-        let orgs = pki::organizations(leaf).map_err(|e| Status::unauthenticated(e.to_string()))?;
-        let mut roles = parse_roles(orgs.iter().map(String::as_str));
-        let meta = req.metadata();
-        if roles.iter().any(|r| r == "os:impersonator") {
-            let claimed: Vec<&str> = meta
-                .get_all("talos-role")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            if !claimed.is_empty() {
-                roles = parse_roles(claimed);
-            }
-        }
+        let roles = caller_roles(req)?;
+        self.direct(req.metadata(), method, roles, inst.os_ca.is_some())
+    }
 
-        // The director (`director.go`, `Router.Director`), in its order.
+    /// The director (`director.go`, `Router.Director`), in its order: a relayed call is
+    /// served here; `nodes` (one-to-many) is refused; `node` is forwarded, unless this node
+    /// cannot forward and the target is itself. `can_forward`: only a control plane's apid
+    /// holds a client certificate (os:impersonator) to dial other nodes with
+    /// (`internal/app/machined/pkg/controllers/secrets/api.go`: `generateControlPlane` issues
+    /// one, `generateWorker` sets `Client = nil`), and without one `service.go` builds the
+    /// router with no remote backend factory.
+    fn direct(
+        &self,
+        meta: &tonic::metadata::MetadataMap,
+        method: &str,
+        roles: Vec<String>,
+        can_forward: bool,
+    ) -> Result<Route, Status> {
         if meta.get("proxyfrom").is_some() {
             // Already relayed once: always served here.
             return Ok(Route::Local {
@@ -155,11 +198,6 @@ impl NodeApi {
                 "node metadata must be single-valued",
             ));
         }
-        // Only a control plane's apid holds a client certificate (os:impersonator) to dial
-        // other nodes with (`internal/app/machined/pkg/controllers/secrets/api.go`:
-        // `generateControlPlane` issues one, `generateWorker` sets `Client = nil`), and
-        // without one `service.go` builds the router with no remote backend factory.
-        let can_forward = inst.os_ca.is_some();
         let mut ok_node = !node.is_empty();
         let mut ok_nodes = !nodes.is_empty();
         if !can_forward {
@@ -173,51 +211,41 @@ impl NodeApi {
             }
         }
         if ok_nodes {
-            const ONE_TO_MANY: &[&str] = &[
-                "/machine.MachineService/",
-                "/cluster.ClusterService/",
-                "/inspect.InspectService/",
-                "/storage.StorageService/",
-                "/time.TimeService/",
-            ];
-            if !ONE_TO_MANY.iter().any(|p| method.starts_with(p)) {
-                return Err(Status::invalid_argument(format!(
-                    "one-2-many proxying is not supported for method {method}"
-                )));
-            }
-            if !can_forward {
-                return Err(Status::permission_denied("no request forwarding"));
-            }
-            // Deliberately not simulated: talboot never sends `nodes` (it would get one
-            // reply entry per node, aggregated by grpc-proxy).
-            return Err(Status::invalid_argument(
-                "the test double does not implement one-to-many (`nodes`) proxying",
-            ));
+            return Err(one_to_many(method, can_forward));
         }
         if ok_node {
-            if !can_forward {
-                return Err(Status::permission_denied("no request forwarding"));
-            }
-            let target = node[0];
-            // `internal/app/apid/pkg/backend/apid.go`, `NewAPID`; the director wraps the
-            // factory's error in codes.Internal (`singleDirector`).
-            if target.is_empty() || address_contains_port(target) {
-                return Err(Status::internal(format!("invalid target {target:?}")));
-            }
-            let addr = self.shared.cluster.resolve(target).ok_or_else(|| {
-                Status::unavailable(format!(
-                    "connection error: desc = \"transport: Error while dialing: dial tcp: \
-                     lookup {target}: no such host\""
-                ))
-            })?;
-            // Even a target naming this very node is dialled over the network (with the
-            // forwarding factory present, `Director` has no local shortcut).
-            return Ok(Route::Forward { addr, roles });
+            return self.forward(node[0], roles, can_forward);
         }
         Ok(Route::Local {
             roles,
             relayed: false,
         })
+    }
+
+    /// A call with `node` set to another node: forwarded there over the network.
+    fn forward(
+        &self,
+        target: &str,
+        roles: Vec<String>,
+        can_forward: bool,
+    ) -> Result<Route, Status> {
+        if !can_forward {
+            return Err(Status::permission_denied("no request forwarding"));
+        }
+        // `internal/app/apid/pkg/backend/apid.go`, `NewAPID`; the director wraps the
+        // factory's error in codes.Internal (`singleDirector`).
+        if target.is_empty() || address_contains_port(target) {
+            return Err(Status::internal(format!("invalid target {target:?}")));
+        }
+        let addr = self.shared.cluster.resolve(target).ok_or_else(|| {
+            Status::unavailable(format!(
+                "connection error: desc = \"transport: Error while dialing: dial tcp: \
+                 lookup {target}: no such host\""
+            ))
+        })?;
+        // Even a target naming this very node is dialled over the network (with the
+        // forwarding factory present, `Director` has no local shortcut).
+        Ok(Route::Forward { addr, roles })
     }
 
     /// apid's `IsLocalTarget`: one of this node's addresses or its hostname.

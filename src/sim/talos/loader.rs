@@ -4,6 +4,7 @@
 use base64::Engine as _;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
+use yaml_serde::Value;
 
 /// A config that passed the double's validation.
 #[derive(Clone, Debug)]
@@ -172,9 +173,54 @@ pub(super) fn parse_config(
     data: &[u8],
     requires_install: bool,
 ) -> Result<Option<ParsedConfig>, ConfigRefused> {
-    use yaml_serde::Value;
     let text = std::str::from_utf8(data)
         .map_err(|_| "decode error: yaml: invalid leading UTF-8 octet".to_owned())?;
+    let Some(value) = v1alpha1_document(text)? else {
+        return Ok(None);
+    };
+    let doc = Doc(&value);
+    let cas = Cas::decode(&doc)?;
+    let machine_type = doc.text(&["machine", "type"]).unwrap_or_default();
+    // `machine.ParseType` (`pkg/machinery/config/machine/machine.go`): "" and the legacy
+    // "join" are workers (with a warning, not simulated).
+    let machine_type = match machine_type.as_str() {
+        "" | "join" => "worker".to_owned(),
+        _ => machine_type,
+    };
+    let errors = validate(&doc, &machine_type, &cas, requires_install);
+    if !errors.is_empty() {
+        // `container.Validate` prefixes the v1alpha1 errors and collects them again.
+        return Err(multierror(&[format!("v1alpha1.Config: {}", multierror(&errors))]).into());
+    }
+
+    // What the double itself needs to serve TLS with this config.
+    let ca_cert_pem = cas
+        .machine_crt
+        .ok_or("the test double needs machine.ca.crt (acceptedCAs alone are not simulated)")?;
+    if CertificateDer::pem_slice_iter(ca_cert_pem.as_bytes())
+        .next()
+        .is_none_or(|c| c.is_err())
+    {
+        return Err("machine.ca.crt: no PEM certificate".into());
+    }
+    Ok(Some(ParsedConfig {
+        cluster_name: doc.text(&["cluster", "clusterName"]).unwrap_or_default(),
+        endpoint: doc
+            .text(&["cluster", "controlPlane", "endpoint"])
+            .unwrap_or_default(),
+        token: doc.text(&["machine", "token"]).unwrap_or_default(),
+        cluster_ca: cas.cluster,
+        machine_type,
+        ca_cert_pem,
+        ca_key_pem: cas.machine_key,
+    }))
+}
+
+/// `configloader.NewFromBytes`'s pass over the documents: each must be a mapping, unique by
+/// apiVersion/kind/name, and of a kind Talos registers; the v1alpha1 document (the one with
+/// a legacy top-level key, or no kind) may only have v1alpha1.Config's top-level fields.
+/// Returns that document, `None` when there is none.
+fn v1alpha1_document(text: &str) -> Result<Option<Value>, ConfigRefused> {
     // The line each document starts at (after a `---` separator), for the messages.
     let mut doc_lines = vec![1];
     doc_lines.extend(
@@ -236,170 +282,196 @@ pub(super) fn parse_config(
     if seen.is_empty() {
         return Err("config not found".into());
     }
-    let Some(doc) = v1alpha1 else {
-        return Ok(None);
-    };
+    Ok(v1alpha1)
+}
 
-    let at = |path: &[&str]| -> Option<&Value> {
-        let mut v = &doc;
+/// The v1alpha1 document, read by path.
+struct Doc<'a>(&'a Value);
+
+impl<'a> Doc<'a> {
+    fn at(&self, path: &[&str]) -> Option<&'a Value> {
+        let mut v = self.0;
         for key in path {
             v = v.get(*key)?;
         }
         Some(v)
-    };
-    let text_at = |path: &[&str]| at(path).and_then(Value::as_str).map(str::to_owned);
-    let decode_error = |e: String| {
-        format!(
-            "error decoding document /v1alpha1/ (line 1): error decoding  to \
-             *v1alpha1.Config: {e}"
-        )
-    };
-    let b64 = |field: &str, s: &str| -> Result<String, ConfigRefused> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(s.trim())
-            .map_err(|e| {
-                ConfigRefused(decode_error(format!("{field}: illegal base64 data: {e}")))
-            })?;
-        String::from_utf8(bytes).map_err(|_| ConfigRefused(format!("{field}: not PEM text")))
-    };
-    let ca_crt = text_at(&["machine", "ca", "crt"]).filter(|c| !c.is_empty());
-    let ca_key = text_at(&["machine", "ca", "key"]).filter(|k| !k.is_empty());
-    let ca_cert_pem = ca_crt
-        .as_deref()
-        .map(|c| b64("machine.ca.crt", c))
-        .transpose()?;
-    let cluster_ca = match text_at(&["cluster", "ca", "crt"]).filter(|c| !c.is_empty()) {
-        Some(crt) => Some((
-            b64("cluster.ca.crt", &crt)?,
-            text_at(&["cluster", "ca", "key"])
-                .filter(|k| !k.is_empty())
-                .map(|k| b64("cluster.ca.key", &k))
-                .transpose()?,
-        )),
-        None => None,
-    };
-    let ca_key_pem = ca_key
-        .as_deref()
-        .map(|k| b64("machine.ca.key", k))
-        .transpose()?;
+    }
 
-    // `Config.Validate`, in its order.
+    fn text(&self, path: &[&str]) -> Option<String> {
+        self.at(path).and_then(Value::as_str).map(str::to_owned)
+    }
+
+    /// Whether `path` holds a non-empty string.
+    fn has_text(&self, path: &[&str]) -> bool {
+        self.text(path).is_some_and(|k| !k.is_empty())
+    }
+}
+
+/// The CA certificates and keys of the document as PEM text. Decoding them comes first:
+/// Talos's typed decode of the base64 fields fails before `Validate` runs.
+struct Cas {
+    /// `machine.ca.crt`.
+    machine_crt: Option<String>,
+    /// `machine.ca.key`.
+    machine_key: Option<String>,
+    /// `cluster.ca.crt` and `cluster.ca.key`.
+    cluster: Option<(String, Option<String>)>,
+}
+
+impl Cas {
+    fn decode(doc: &Doc<'_>) -> Result<Self, ConfigRefused> {
+        let decode_error = |e: String| {
+            format!(
+                "error decoding document /v1alpha1/ (line 1): error decoding  to \
+                 *v1alpha1.Config: {e}"
+            )
+        };
+        let b64 = |field: &str, s: &str| -> Result<String, ConfigRefused> {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(s.trim())
+                .map_err(|e| {
+                    ConfigRefused(decode_error(format!("{field}: illegal base64 data: {e}")))
+                })?;
+            String::from_utf8(bytes).map_err(|_| ConfigRefused(format!("{field}: not PEM text")))
+        };
+        let ca_crt = doc
+            .text(&["machine", "ca", "crt"])
+            .filter(|c| !c.is_empty());
+        let ca_key = doc
+            .text(&["machine", "ca", "key"])
+            .filter(|k| !k.is_empty());
+        let machine_crt = ca_crt
+            .as_deref()
+            .map(|c| b64("machine.ca.crt", c))
+            .transpose()?;
+        let cluster = match doc
+            .text(&["cluster", "ca", "crt"])
+            .filter(|c| !c.is_empty())
+        {
+            Some(crt) => Some((
+                b64("cluster.ca.crt", &crt)?,
+                doc.text(&["cluster", "ca", "key"])
+                    .filter(|k| !k.is_empty())
+                    .map(|k| b64("cluster.ca.key", &k))
+                    .transpose()?,
+            )),
+            None => None,
+        };
+        let machine_key = ca_key
+            .as_deref()
+            .map(|k| b64("machine.ca.key", k))
+            .transpose()?;
+        Ok(Cas {
+            machine_crt,
+            machine_key,
+            cluster,
+        })
+    }
+}
+
+/// `Config.Validate` (`v1alpha1_validation.go`), in its order: the messages of every rule the
+/// document breaks.
+fn validate(doc: &Doc<'_>, machine_type: &str, cas: &Cas, requires_install: bool) -> Vec<String> {
     let mut errors: Vec<String> = Vec::new();
-    let machine = at(&["machine"]).filter(|m| !m.is_null());
-    let machine_type = text_at(&["machine", "type"]).unwrap_or_default();
-    // `machine.ParseType` (`pkg/machinery/config/machine/machine.go`): "" and the legacy
-    // "join" are workers (with a warning, not simulated).
-    let machine_type = match machine_type.as_str() {
-        "" | "join" => "worker".to_owned(),
-        _ => machine_type,
-    };
-    let is_control_plane = matches!(machine_type.as_str(), "init" | "controlplane");
-    if machine.is_none() {
+    if doc.at(&["machine"]).filter(|m| !m.is_null()).is_none() {
         errors.push("machine instructions are required".into());
-    } else {
-        // `ClusterConfig.Validate`.
-        let endpoint = text_at(&["cluster", "controlPlane", "endpoint"]);
-        match (at(&["cluster"]).filter(|c| !c.is_null()), &endpoint) {
-            (None, _) => errors.push("cluster instructions are required".into()),
-            (Some(_), None) => errors.push("cluster controlplane endpoint is required".into()),
-            (Some(_), Some(ep)) => {
-                if let Err(e) = validate_endpoint(ep) {
-                    errors.push(format!("invalid controlplane endpoint: {e}"));
-                }
-                let cluster_key = text_at(&["cluster", "ca", "key"]).filter(|k| !k.is_empty());
-                if !is_control_plane && cluster_key.is_some() {
-                    errors.push(
-                        "cluster CA key is not allowed on non-controlplane nodes (.cluster.ca)"
-                            .into(),
-                    );
-                }
-            }
-        }
-        if requires_install {
-            match at(&["machine", "install"]).filter(|i| !i.is_null()) {
-                None => errors.push("install instructions are required in \"metal\" mode".into()),
-                Some(install) => {
-                    let disk = install.get("disk").and_then(Value::as_str).unwrap_or("");
-                    let selector = install.get("diskSelector").filter(|s| !s.is_null());
-                    if disk.is_empty() && selector.is_none() {
-                        errors.push("either install disk or diskSelector should be defined".into());
-                    }
-                }
-            }
-        }
-        let accepted_cas = at(&["machine", "acceptedCAs"])
-            .and_then(Value::as_sequence)
-            .is_some_and(|s| !s.is_empty());
-        let has_ca = at(&["machine", "ca"]).is_some_and(|c| !c.is_null());
-        if !has_ca && !accepted_cas {
-            errors.push(
-                "issuing CA or some accepted CAs are required (.machine.ca, machine.acceptedCAs)"
-                    .into(),
-            );
-        }
-        match machine_type.as_str() {
-            "init" | "controlplane" => {
-                if !has_ca {
-                    errors.push("issuing CA is required (.machine.ca)".into());
-                } else if ca_key_pem.is_none() {
-                    errors.push(
-                        "issuing CA key is required for controlplane nodes (.machine.ca.key)"
-                            .into(),
-                    );
-                }
-            }
-            "worker" => {
-                if has_ca {
-                    if ca_key_pem.is_some() {
-                        errors.push(
-                            "issuing Talos API CA key is not allowed on non-controlplane \
-                             nodes (.machine.ca)"
-                                .into(),
-                        );
-                    }
-                    if ca_cert_pem.is_none() && !accepted_cas {
-                        errors.push(
-                            "trusted CA certificates are required on non-controlplane nodes \
-                             (.machine.ca.crt, .machine.acceptedCAs)"
-                                .into(),
-                        );
-                    }
-                }
-                if text_at(&["cluster", "ca", "key"]).is_some_and(|k| !k.is_empty()) {
-                    errors.push(
-                        "issuing Kubernetes API CA key is not allowed on non-controlplane \
-                         nodes (.cluster.ca)"
-                            .into(),
-                    );
-                }
-            }
-            other => errors.push(format!("unknown machine type {other:?}")),
-        }
-        if at(&["persist"]).and_then(Value::as_bool) == Some(false) {
-            errors.push(".persist should be enabled".into());
-        }
+        return errors;
     }
-    if !errors.is_empty() {
-        // `container.Validate` prefixes the v1alpha1 errors and collects them again.
-        return Err(multierror(&[format!("v1alpha1.Config: {}", multierror(&errors))]).into());
+    let is_control_plane = matches!(machine_type, "init" | "controlplane");
+    validate_cluster(doc, is_control_plane, &mut errors);
+    if requires_install {
+        validate_install(doc, &mut errors);
     }
+    validate_cas(doc, machine_type, cas, &mut errors);
+    if doc.at(&["persist"]).and_then(Value::as_bool) == Some(false) {
+        errors.push(".persist should be enabled".into());
+    }
+    errors
+}
 
-    // What the double itself needs to serve TLS with this config.
-    let ca_cert_pem = ca_cert_pem
-        .ok_or("the test double needs machine.ca.crt (acceptedCAs alone are not simulated)")?;
-    if CertificateDer::pem_slice_iter(ca_cert_pem.as_bytes())
-        .next()
-        .is_none_or(|c| c.is_err())
-    {
-        return Err("machine.ca.crt: no PEM certificate".into());
+/// `ClusterConfig.Validate`: a cluster section with a valid control-plane endpoint, and no
+/// Kubernetes CA key on a worker.
+fn validate_cluster(doc: &Doc<'_>, is_control_plane: bool, errors: &mut Vec<String>) {
+    let endpoint = doc.text(&["cluster", "controlPlane", "endpoint"]);
+    match (doc.at(&["cluster"]).filter(|c| !c.is_null()), &endpoint) {
+        (None, _) => errors.push("cluster instructions are required".into()),
+        (Some(_), None) => errors.push("cluster controlplane endpoint is required".into()),
+        (Some(_), Some(ep)) => {
+            if let Err(e) = validate_endpoint(ep) {
+                errors.push(format!("invalid controlplane endpoint: {e}"));
+            }
+            if !is_control_plane && doc.has_text(&["cluster", "ca", "key"]) {
+                errors.push(
+                    "cluster CA key is not allowed on non-controlplane nodes (.cluster.ca)".into(),
+                );
+            }
+        }
     }
-    Ok(Some(ParsedConfig {
-        cluster_name: text_at(&["cluster", "clusterName"]).unwrap_or_default(),
-        endpoint: text_at(&["cluster", "controlPlane", "endpoint"]).unwrap_or_default(),
-        token: text_at(&["machine", "token"]).unwrap_or_default(),
-        cluster_ca,
-        machine_type,
-        ca_cert_pem,
-        ca_key_pem,
-    }))
+}
+
+/// The platform's `RequiresInstall`: an install section naming a disk or a disk selector.
+fn validate_install(doc: &Doc<'_>, errors: &mut Vec<String>) {
+    match doc.at(&["machine", "install"]).filter(|i| !i.is_null()) {
+        None => errors.push("install instructions are required in \"metal\" mode".into()),
+        Some(install) => {
+            let disk = install.get("disk").and_then(Value::as_str).unwrap_or("");
+            let selector = install.get("diskSelector").filter(|s| !s.is_null());
+            if disk.is_empty() && selector.is_none() {
+                errors.push("either install disk or diskSelector should be defined".into());
+            }
+        }
+    }
+}
+
+/// The machine-type rules on CAs: a control plane issues (CA and key), a worker only trusts
+/// (certificates, no keys), and the machine type must be one Talos knows.
+fn validate_cas(doc: &Doc<'_>, machine_type: &str, cas: &Cas, errors: &mut Vec<String>) {
+    let accepted_cas = doc
+        .at(&["machine", "acceptedCAs"])
+        .and_then(Value::as_sequence)
+        .is_some_and(|s| !s.is_empty());
+    let has_ca = doc.at(&["machine", "ca"]).is_some_and(|c| !c.is_null());
+    if !has_ca && !accepted_cas {
+        errors.push(
+            "issuing CA or some accepted CAs are required (.machine.ca, machine.acceptedCAs)"
+                .into(),
+        );
+    }
+    match machine_type {
+        "init" | "controlplane" => {
+            if !has_ca {
+                errors.push("issuing CA is required (.machine.ca)".into());
+            } else if cas.machine_key.is_none() {
+                errors.push(
+                    "issuing CA key is required for controlplane nodes (.machine.ca.key)".into(),
+                );
+            }
+        }
+        "worker" => {
+            if has_ca {
+                if cas.machine_key.is_some() {
+                    errors.push(
+                        "issuing Talos API CA key is not allowed on non-controlplane \
+                         nodes (.machine.ca)"
+                            .into(),
+                    );
+                }
+                if cas.machine_crt.is_none() && !accepted_cas {
+                    errors.push(
+                        "trusted CA certificates are required on non-controlplane nodes \
+                         (.machine.ca.crt, .machine.acceptedCAs)"
+                            .into(),
+                    );
+                }
+            }
+            if doc.has_text(&["cluster", "ca", "key"]) {
+                errors.push(
+                    "issuing Kubernetes API CA key is not allowed on non-controlplane \
+                     nodes (.cluster.ca)"
+                        .into(),
+                );
+            }
+        }
+        other => errors.push(format!("unknown machine type {other:?}")),
+    }
 }

@@ -245,20 +245,36 @@ fn immediate_view(doc: &Value) -> Value {
     doc
 }
 
+/// Why `CanApplyImmediate` refuses a config change; the Display text is Talos's, which
+/// ApplyConfiguration returns as InvalidArgument (NO_REBOOT, TRY) or appends to an AUTO
+/// apply's reply before it reboots.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotImmediate {
+    /// The running config has no v1alpha1 document.
+    #[error("current config is not v1alpha1")]
+    CurrentNotV1alpha1,
+    /// The new config has no v1alpha1 document.
+    #[error("new config is not v1alpha1")]
+    NewNotV1alpha1,
+    /// Fields outside the immediate set differ (the diff of what is left).
+    #[error("this config change can't be applied in immediate mode\ndiff:\n{0}")]
+    NeedsReboot(String),
+}
+
 /// `CanApplyImmediate`: Ok when the new config differs from the current one only in fields
 /// Talos applies without a reboot; else Talos's error with the diff of what is left.
-pub(crate) fn can_apply_immediate(current: &str, new: &str) -> Result<(), String> {
-    let cur = v1alpha1_doc(current).ok_or("current config is not v1alpha1")?;
-    let new = v1alpha1_doc(new).ok_or("new config is not v1alpha1")?;
+pub(crate) fn can_apply_immediate(current: &str, new: &str) -> Result<(), NotImmediate> {
+    let cur = v1alpha1_doc(current).ok_or(NotImmediate::CurrentNotV1alpha1)?;
+    let new = v1alpha1_doc(new).ok_or(NotImmediate::NewNotV1alpha1)?;
     let (cur, new) = (immediate_view(&cur), immediate_view(&new));
     if cur == new {
         return Ok(());
     }
     let to_text = |v: &Value| yaml_serde::to_string(v).unwrap_or_default();
-    Err(format!(
-        "this config change can't be applied in immediate mode\ndiff:\n{}",
-        config_diff(&to_text(&cur), &to_text(&new))
-    ))
+    Err(NotImmediate::NeedsReboot(config_diff(
+        &to_text(&cur),
+        &to_text(&new),
+    )))
 }
 
 /// `configdiff.DiffToString`: a unified diff `a` -> `b`, empty when equal. Upstream diffs the
@@ -303,6 +319,133 @@ pub(crate) fn apply_configured(
     shared: &Arc<Shared>,
     req: machine::ApplyConfigurationRequest,
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
+    let (requested, parsed, current_inst) = admit(shared, &req)?;
+    let text = String::from_utf8_lossy(&req.data).into_owned();
+    let current = lock(&shared.configs).running.clone().unwrap_or_default();
+    let (mode, mut details, mode_err) = effective_mode(requested, &current, &text)?;
+    let record = recorder(requested, mode, req.dry_run, &text);
+
+    if req.dry_run {
+        lock(&shared.configs).records.push(record(false));
+        return Ok(Response::new(dry_run_reply(
+            mode, &details, &current, &text,
+        )));
+    }
+
+    // Where a failing `SetPersistedConfig` would surface: after validation and the dry run.
+    if let Some(reason) = lock(&shared.configs).refuse_next.take() {
+        return Err(Status::unknown(reason));
+    }
+    *lock(&shared.stats.last_config) = Some(text.clone());
+    match mode {
+        Mode::Try => {
+            let timeout = try_timeout(&req);
+            details += &format!(
+                "\nThe config is applied in 'try' mode and will be automatically reverted back \
+                 in {}",
+                go_duration(timeout)
+            );
+            let generation = {
+                let mut c = lock(&shared.configs);
+                c.rollback_generation += 1;
+                c.running = Some(text);
+                c.records.push(record(false));
+                c.rollback_generation
+            };
+            take_effect(shared, &parsed);
+            tokio::spawn(rollback_after(
+                shared.clone(),
+                current_inst,
+                current,
+                generation,
+                timeout,
+            ));
+        }
+        Mode::NoReboot => {
+            let mut c = lock(&shared.configs);
+            c.persisted = Some(text.clone());
+            c.running = Some(text);
+            c.records.push(record(false));
+            drop(c);
+            take_effect(shared, &parsed);
+        }
+        Mode::Staged => {
+            let mut c = lock(&shared.configs);
+            c.persisted = Some(text);
+            c.records.push(record(false));
+        }
+        Mode::Reboot => {
+            {
+                let mut c = lock(&shared.configs);
+                c.persisted = Some(text);
+                c.records.push(record(true));
+            }
+            take_effect(shared, &parsed);
+            // The reply goes out first; the reboot sequence runs afterwards.
+            shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
+        }
+        Mode::Auto => unreachable!("AUTO is resolved above"),
+    }
+    Ok(Response::new(reply(mode, details + &mode_err)))
+}
+
+/// What the test record of this apply says, given whether the node rebooted for it.
+fn recorder(
+    requested: Mode,
+    mode: Mode,
+    dry_run: bool,
+    text: &str,
+) -> impl Fn(bool) -> ApplyRecord + use<> {
+    let config = text.to_owned();
+    move |rebooted| ApplyRecord {
+        requested,
+        effective: mode,
+        dry_run,
+        rebooted,
+        config: config.clone(),
+        at: std::time::Instant::now(),
+    }
+}
+
+/// The reply to a dry run: what would have been done, and the diff against the running
+/// config ("No changes." when there is none).
+fn dry_run_reply(
+    mode: Mode,
+    details: &str,
+    current: &str,
+    text: &str,
+) -> machine::ApplyConfigurationResponse {
+    let diff = config_diff(current, text);
+    let diff = if diff.is_empty() {
+        "No changes.".to_owned()
+    } else {
+        diff
+    };
+    reply(
+        mode,
+        format!("Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{diff}"),
+    )
+}
+
+/// How long a TRY apply runs before it is rolled back: the request's `try_mode_timeout`,
+/// else `ConfigTryTimeout`.
+fn try_timeout(req: &machine::ApplyConfigurationRequest) -> Duration {
+    req.try_mode_timeout
+        .map(|d| {
+            Duration::from_secs(d.seconds.max(0) as u64)
+                + Duration::from_nanos(d.nanos.max(0) as u64)
+        })
+        .unwrap_or(CONFIG_TRY_TIMEOUT)
+}
+
+/// The checks before anything is decided: a mode Talos knows (any apply but a try cancels a
+/// pending try rollback), a config that loads and validates with a v1alpha1 document, a
+/// configured node, and the same machine type. Returns the mode, the config and the install
+/// as it was.
+fn admit(
+    shared: &Shared,
+    req: &machine::ApplyConfigurationRequest,
+) -> Result<(Mode, super::ParsedConfig, Installed), Status> {
     let requested = Mode::try_from(req.mode).map_err(|_| {
         Status::unknown(format!(
             "incorrect mode '{}' specified for the apply config call",
@@ -326,19 +469,27 @@ pub(crate) fn apply_configured(
     if current_inst.config.machine_type != parsed.machine_type {
         return Err(Status::invalid_argument("machine type can't be changed"));
     }
-    let text = String::from_utf8_lossy(&req.data).into_owned();
-    let current = lock(&shared.configs).running.clone().unwrap_or_default();
+    Ok((requested, parsed, current_inst))
+}
 
+/// The mode the apply runs in and the reply's details: NO_REBOOT and TRY refuse what needs a
+/// reboot, AUTO becomes NO_REBOOT or REBOOT (then with `: <why>` for the reply's end).
+fn effective_mode(
+    requested: Mode,
+    current: &str,
+    text: &str,
+) -> Result<(Mode, String, String), Status> {
     let mut mode = requested;
     let mut details = "Applied configuration with a reboot".to_owned();
     let mut mode_err = String::new();
     match requested {
         Mode::Try | Mode::NoReboot => {
-            can_apply_immediate(&current, &text).map_err(Status::invalid_argument)?;
+            can_apply_immediate(current, text)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
             details = "Applied configuration without a reboot".into();
         }
         Mode::Staged => details = "Staged configuration to be applied after the next reboot".into(),
-        Mode::Auto => match can_apply_immediate(&current, &text) {
+        Mode::Auto => match can_apply_immediate(current, text) {
             Err(e) => {
                 mode = Mode::Reboot;
                 mode_err = format!(": {e}");
@@ -350,98 +501,14 @@ pub(crate) fn apply_configured(
         },
         Mode::Reboot => {}
     }
-    let record = {
-        let (config, dry_run) = (text.clone(), req.dry_run);
-        move |rebooted| ApplyRecord {
-            requested,
-            effective: mode,
-            dry_run,
-            rebooted,
-            config: config.clone(),
-            at: std::time::Instant::now(),
-        }
-    };
+    Ok((mode, details, mode_err))
+}
 
-    if req.dry_run {
-        let diff = config_diff(&current, &text);
-        let diff = if diff.is_empty() {
-            "No changes.".to_owned()
-        } else {
-            diff
-        };
-        lock(&shared.configs).records.push(record(false));
-        return Ok(Response::new(reply(
-            mode,
-            format!("Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{diff}"),
-        )));
+/// `SetConfig`'s effect on the double: the node now runs `parsed`.
+fn take_effect(shared: &Shared, parsed: &super::ParsedConfig) {
+    if let NodeState::Installed(inst) = &mut *lock(&shared.state) {
+        inst.config = parsed.clone();
     }
-
-    // Where a failing `SetPersistedConfig` would surface: after validation and the dry run.
-    if let Some(reason) = lock(&shared.configs).refuse_next.take() {
-        return Err(Status::unknown(reason));
-    }
-    let take_effect = |shared: &Shared| {
-        if let NodeState::Installed(inst) = &mut *lock(&shared.state) {
-            inst.config = parsed.clone();
-        }
-    };
-    *lock(&shared.stats.last_config) = Some(text.clone());
-    match mode {
-        Mode::Try => {
-            let timeout = req
-                .try_mode_timeout
-                .map(|d| {
-                    Duration::from_secs(d.seconds.max(0) as u64)
-                        + Duration::from_nanos(d.nanos.max(0) as u64)
-                })
-                .unwrap_or(CONFIG_TRY_TIMEOUT);
-            details += &format!(
-                "\nThe config is applied in 'try' mode and will be automatically reverted back \
-                 in {}",
-                go_duration(timeout)
-            );
-            let generation = {
-                let mut c = lock(&shared.configs);
-                c.rollback_generation += 1;
-                c.running = Some(text);
-                c.records.push(record(false));
-                c.rollback_generation
-            };
-            take_effect(shared);
-            tokio::spawn(rollback_after(
-                shared.clone(),
-                current_inst,
-                current,
-                generation,
-                timeout,
-            ));
-        }
-        Mode::NoReboot => {
-            let mut c = lock(&shared.configs);
-            c.persisted = Some(text.clone());
-            c.running = Some(text);
-            c.records.push(record(false));
-            drop(c);
-            take_effect(shared);
-        }
-        Mode::Staged => {
-            let mut c = lock(&shared.configs);
-            c.persisted = Some(text);
-            c.records.push(record(false));
-        }
-        Mode::Reboot => {
-            {
-                let mut c = lock(&shared.configs);
-                c.persisted = Some(text);
-                c.records.push(record(true));
-            }
-            take_effect(shared);
-            // The reply goes out first; the reboot sequence runs afterwards.
-            shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
-        }
-        Mode::Auto => unreachable!("AUTO is resolved above"),
-    }
-    Ok(Response::new(reply(mode, details + &mode_err)))
 }
 
 /// `RollbackToConfigAfter`: unless cancelled (another apply, a reboot), the config that ran
@@ -584,7 +651,7 @@ pub(super) mod tests {
         let cluster = BASE.replace("clusterName: c", "clusterName: d");
         assert_eq!(can_apply_immediate(BASE, &cluster), Ok(()));
         let files = BASE.replace("files: []", "files: [{path: /x}]");
-        let err = can_apply_immediate(BASE, &files).unwrap_err();
+        let err = can_apply_immediate(BASE, &files).unwrap_err().to_string();
         assert!(
             err.starts_with("this config change can't be applied in immediate mode\ndiff:\n"),
             "{err}"

@@ -87,7 +87,22 @@ pub(crate) fn render(text: &str, machine_type: &str) -> Vec<(String, Vec<Value>)
     let Some(cfg) = v1alpha1(text) else {
         return Vec::new();
     };
-    let mut out: Vec<(String, Vec<Value>)> = vec![
+    let mut out = fixed_manifests();
+    if !disabled(&cfg, &["cluster", "coreDNS", "disabled"]) {
+        out.extend(core_dns(&cfg));
+    }
+    if !disabled(&cfg, &["cluster", "proxy", "disabled"]) {
+        out.push(kube_proxy(&cfg));
+    }
+    out.extend(bootstrap_token(&cfg));
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The manifests every control plane renders whatever its config: the CSR approval and node
+/// RBAC bindings, and the in-cluster kubeconfig.
+fn fixed_manifests() -> Vec<(String, Vec<Value>)> {
+    vec![
         (
             "01-csr-approver-role-binding".into(),
             vec![binding(
@@ -115,8 +130,8 @@ pub(crate) fn render(text: &str, machine_type: &str) -> Vec<(String, Vec<Value>)
         (
             "11-kube-config-in-cluster".into(),
             vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "kubeconfig-in-cluster", "namespace": "kube-system"},
-                "data": {"kubeconfig": "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://localhost:6443\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n"}})],
+            "metadata": {"name": "kubeconfig-in-cluster", "namespace": "kube-system"},
+            "data": {"kubeconfig": "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://localhost:6443\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n"}})],
         ),
         (
             "11-talos-node-rbac-template".into(),
@@ -127,110 +142,116 @@ pub(crate) fn render(text: &str, machine_type: &str) -> Vec<(String, Vec<Value>)
                     json!([group("system:nodes")]),
                 ),
                 json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                    "metadata": {"name": "system:talos-nodes"},
-                    "rules": [{"apiGroups": [""], "resources": ["nodes"],
-                               "verbs": ["get", "list", "watch"]}]}),
+                "metadata": {"name": "system:talos-nodes"},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"],
+                           "verbs": ["get", "list", "watch"]}]}),
             ],
         ),
-    ];
-    if !disabled(&cfg, &["cluster", "coreDNS", "disabled"]) {
-        let image = string_at(&cfg, &["cluster", "coreDNS", "image"])
-            .unwrap_or_else(|| "registry.k8s.io/coredns/coredns:v1.14.6".into());
-        let domain = string_at(&cfg, &["cluster", "network", "dnsDomain"])
-            .unwrap_or_else(|| "cluster.local".into());
-        let subnet = at(&cfg, &["cluster", "network", "serviceSubnets"])
-            .and_then(|s| s.get(0))
-            .and_then(|s| s.as_str())
-            .unwrap_or("10.96.0.0/12")
-            .to_owned();
-        let labels = json!({"k8s-app": "kube-dns"});
-        out.push((
+    ]
+}
+
+/// `11-core-dns` and `11-core-dns-svc`, from `cluster.coreDNS.image`, the DNS domain and the
+/// first service subnet.
+fn core_dns(cfg: &yaml_serde::Value) -> [(String, Vec<Value>); 2] {
+    let image = string_at(cfg, &["cluster", "coreDNS", "image"])
+        .unwrap_or_else(|| "registry.k8s.io/coredns/coredns:v1.14.6".into());
+    let domain = string_at(cfg, &["cluster", "network", "dnsDomain"])
+        .unwrap_or_else(|| "cluster.local".into());
+    let subnet = at(cfg, &["cluster", "network", "serviceSubnets"])
+        .and_then(|s| s.get(0))
+        .and_then(|s| s.as_str())
+        .unwrap_or("10.96.0.0/12")
+        .to_owned();
+    let labels = json!({"k8s-app": "kube-dns"});
+    [
+        (
             "11-core-dns".into(),
             vec![
                 json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                    "metadata": {"name": "coredns", "namespace": "kube-system"}}),
+                "metadata": {"name": "coredns", "namespace": "kube-system"}}),
                 json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                    "metadata": {"name": "system:coredns"},
-                    "rules": [{"apiGroups": [""],
-                               "resources": ["endpoints", "services", "pods", "namespaces"],
-                               "verbs": ["list", "watch"]}]}),
+                "metadata": {"name": "system:coredns"},
+                "rules": [{"apiGroups": [""],
+                           "resources": ["endpoints", "services", "pods", "namespaces"],
+                           "verbs": ["list", "watch"]}]}),
                 binding(
                     "system:coredns",
                     "system:coredns",
                     json!([{"kind": "ServiceAccount", "name": "coredns",
-                            "namespace": "kube-system"}]),
+                        "namespace": "kube-system"}]),
                 ),
                 json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "coredns", "namespace": "kube-system"},
-                    "data": {"Corefile": format!(
-                        ".:53 {{\n    errors\n    health\n    ready\n    kubernetes {domain} in-addr.arpa ip6.arpa\n    forward . /etc/resolv.conf\n    cache 30\n}}\n")}}),
+                "metadata": {"name": "coredns", "namespace": "kube-system"},
+                "data": {"Corefile": format!(
+                    ".:53 {{\n    errors\n    health\n    ready\n    kubernetes {domain} in-addr.arpa ip6.arpa\n    forward . /etc/resolv.conf\n    cache 30\n}}\n")}}),
                 json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "coredns", "namespace": "kube-system",
-                                 "labels": labels.clone()},
-                    "spec": {"replicas": 2, "selector": {"matchLabels": labels.clone()},
-                        "template": {"metadata": {"labels": labels.clone()},
-                            "spec": {"serviceAccountName": "coredns",
-                                "containers": [{"name": "coredns", "image": image}]}}}}),
+                "metadata": {"name": "coredns", "namespace": "kube-system",
+                             "labels": labels.clone()},
+                "spec": {"replicas": 2, "selector": {"matchLabels": labels.clone()},
+                    "template": {"metadata": {"labels": labels.clone()},
+                        "spec": {"serviceAccountName": "coredns",
+                            "containers": [{"name": "coredns", "image": image}]}}}}),
             ],
-        ));
-        out.push((
+        ),
+        (
             "11-core-dns-svc".into(),
             vec![json!({"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "kube-dns", "namespace": "kube-system",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system",
+                         "labels": labels.clone()},
+            "spec": {"selector": labels, "clusterIP": dns_ip(&subnet),
+                "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                          {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}})],
+        ),
+    ]
+}
+
+/// `10-kube-proxy`, from `cluster.proxy.image`.
+fn kube_proxy(cfg: &yaml_serde::Value) -> (String, Vec<Value>) {
+    let image = string_at(cfg, &["cluster", "proxy", "image"])
+        .unwrap_or_else(|| "registry.k8s.io/kube-proxy:v1.36.3".into());
+    let labels = json!({"tier": "node", "k8s-app": "kube-proxy"});
+    (
+        "10-kube-proxy".into(),
+        vec![
+            json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": "kube-proxy", "namespace": "kube-system",
                              "labels": labels.clone()},
-                "spec": {"selector": labels, "clusterIP": dns_ip(&subnet),
-                    "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                              {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}})],
-        ));
-    }
-    if !disabled(&cfg, &["cluster", "proxy", "disabled"]) {
-        let image = string_at(&cfg, &["cluster", "proxy", "image"])
-            .unwrap_or_else(|| "registry.k8s.io/kube-proxy:v1.36.3".into());
-        let labels = json!({"tier": "node", "k8s-app": "kube-proxy"});
-        out.push((
-            "10-kube-proxy".into(),
-            vec![
-                json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
-                    "metadata": {"name": "kube-proxy", "namespace": "kube-system",
-                                 "labels": labels.clone()},
-                    "spec": {"selector": {"matchLabels": labels.clone()},
-                        "updateStrategy": {"type": "RollingUpdate",
-                                           "rollingUpdate": {"maxUnavailable": 1}},
-                        "template": {"metadata": {"labels": labels},
-                            "spec": {"hostNetwork": true, "serviceAccountName": "kube-proxy",
-                                "priorityClassName": "system-cluster-critical",
-                                "containers": [{"name": "kube-proxy", "image": image,
-                                    "command": ["/usr/local/bin/kube-proxy"]}]}}}}),
-                json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                    "metadata": {"name": "kube-proxy", "namespace": "kube-system"}}),
-                binding(
-                    "kube-proxy",
-                    "system:node-proxier",
-                    json!([{"kind": "ServiceAccount", "name": "kube-proxy",
-                            "namespace": "kube-system"}]),
-                ),
-            ],
-        ));
-    }
-    // `00-kubelet-bootstrapping-token` (k8stemplates/kubelet.go, KubeletBootstrapTokenSecret):
-    // the bootstrap token as `stringData`, which the API server stores as `data` and never
-    // returns (issue 31 item 5: a diff against the template alone never matches).
-    if let Some((id, secret)) = string_at(&cfg, &["cluster", "token"])
-        .as_deref()
-        .and_then(|t| t.split_once('.'))
-    {
-        out.push((
-            "00-kubelet-bootstrapping-token".into(),
-            vec![json!({"apiVersion": "v1", "kind": "Secret",
+                "spec": {"selector": {"matchLabels": labels.clone()},
+                    "updateStrategy": {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxUnavailable": 1}},
+                    "template": {"metadata": {"labels": labels},
+                        "spec": {"hostNetwork": true, "serviceAccountName": "kube-proxy",
+                            "priorityClassName": "system-cluster-critical",
+                            "containers": [{"name": "kube-proxy", "image": image,
+                                "command": ["/usr/local/bin/kube-proxy"]}]}}}}),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "kube-proxy", "namespace": "kube-system"}}),
+            binding(
+                "kube-proxy",
+                "system:node-proxier",
+                json!([{"kind": "ServiceAccount", "name": "kube-proxy",
+                        "namespace": "kube-system"}]),
+            ),
+        ],
+    )
+}
+
+/// `00-kubelet-bootstrapping-token` (k8stemplates/kubelet.go, KubeletBootstrapTokenSecret):
+/// the bootstrap token as `stringData`, which the API server stores as `data` and never
+/// returns (issue 31 item 5: a diff against the template alone never matches). None without
+/// a `cluster.token` of the form `<id>.<secret>`.
+fn bootstrap_token(cfg: &yaml_serde::Value) -> Option<(String, Vec<Value>)> {
+    let token = string_at(cfg, &["cluster", "token"])?;
+    let (id, secret) = token.split_once('.')?;
+    Some((
+        "00-kubelet-bootstrapping-token".into(),
+        vec![json!({"apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
                 "type": "bootstrap.kubernetes.io/token",
                 "stringData": {"token-id": id, "token-secret": secret,
                     "usage-bootstrap-authentication": "true",
                     "auth-extra-groups": "system:bootstrappers:nodes"}})],
-        ));
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    ))
 }
 
 fn resource(id: &str, objects: &[Value]) -> cosi::Resource {

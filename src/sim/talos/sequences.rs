@@ -119,6 +119,36 @@ pub(super) async fn boot_sequence(shared: Arc<Shared>) {
     }
 }
 
+/// A graceful reset of the last voting etcd member: the phases up to `leave` run, `leave`
+/// fails (etcd refuses to remove the only voter), the error is fatal and machined reboots
+/// with STATE untouched.
+async fn fail_leaving_last_voter(shared: &Shared) {
+    let t = shared.cfg.timing;
+    for phase in ["drain", "cleanup", "dbus", "leave"] {
+        shared.phase_event(phase);
+    }
+    if !shared.pause(t.reset / 2).await {
+        return;
+    }
+    let id = match shared.cfg.public_ip() {
+        IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6) as u64,
+    };
+    // LeaveEtcd → LeaveCluster → RemoveMemberByMemberID (internal/pkg/etcd/etcd.go);
+    // etcd's strict reconfiguration check refuses removing the last started voter.
+    shared.sequence_failed(
+        "reset",
+        &format!(
+            "failed to leave cluster: failed to remove member {id}: etcdserver: \
+             re-configuration failed due to not enough started members"
+        ),
+    );
+    if !shared.pause(t.fatal_reboot).await {
+        return;
+    }
+    shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
+}
+
 /// The reset sequence started by the Reset RPC after it answered (siderolabs/talos v1.13.9
 /// `internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`, `Reset`: the sequence
 /// runs in a goroutine; `v1alpha1_sequencer.go`, `Reset`: drain, cleanup, dbus, leave (graceful,
@@ -140,29 +170,7 @@ pub(super) async fn reset_sequence(
         .is_some_and(|inst| inst.config.is_control_plane())
         && etcd::is_last_voter(&shared);
     if req.graceful && last_voter {
-        for phase in ["drain", "cleanup", "dbus", "leave"] {
-            shared.phase_event(phase);
-        }
-        if !shared.pause(t.reset / 2).await {
-            return;
-        }
-        let id = match shared.cfg.public_ip() {
-            IpAddr::V4(v4) => u64::from(u32::from(v4)),
-            IpAddr::V6(v6) => u128::from(v6) as u64,
-        };
-        // LeaveEtcd → LeaveCluster → RemoveMemberByMemberID (internal/pkg/etcd/etcd.go);
-        // etcd's strict reconfiguration check refuses removing the last started voter.
-        shared.sequence_failed(
-            "reset",
-            &format!(
-                "failed to leave cluster: failed to remove member {id}: etcdserver: \
-                 re-configuration failed due to not enough started members"
-            ),
-        );
-        if !shared.pause(t.fatal_reboot).await {
-            return;
-        }
-        shared.go_down(Lifecycle::Reboot(BootReason::Reboot));
+        fail_leaving_last_voter(&shared).await;
         return;
     }
     for phase in [

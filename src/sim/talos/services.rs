@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use prost::Message;
@@ -18,7 +19,7 @@ use super::machine_config;
 use super::manifests;
 use super::sequences::{install_sequence, reset_sequence};
 use super::upgrade;
-use super::{BootReason, Installed, Lifecycle, NodeState, lock};
+use super::{BootReason, Installed, Lifecycle, Shared, lock};
 use crate::sim::disks::talos_order;
 use crate::sim::pki::SimCa;
 use crate::talos::api::common;
@@ -49,6 +50,61 @@ macro_rules! route_or_forward {
             }
         }
     };
+}
+
+/// ApplyConfiguration in maintenance mode: the config is loaded and validated (install
+/// instructions required, as the machine is not installed yet: `modeWrapper.RequiresInstall`)
+/// and the install sequence starts after the reply.
+fn apply_in_maintenance(
+    shared: &Arc<Shared>,
+    req: machine::ApplyConfigurationRequest,
+) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
+    let stats = &shared.stats;
+    if req.dry_run {
+        return Err(Status::unimplemented(
+            "dry run is not simulated by the test double",
+        ));
+    }
+    // Talos hands the loader's and the validator's errors back as InvalidArgument with
+    // their message unchanged (`v1alpha1_server.go`, ApplyConfiguration).
+    let parsed =
+        parse_config(&req.data, true).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let text = String::from_utf8_lossy(&req.data).into_owned();
+    let Some(parsed) = parsed else {
+        // Maintenance accepts documents without a machine config and keeps waiting;
+        // the reply is the plain no-reboot one.
+        *lock(&stats.last_config) = Some(text);
+        return Ok(Response::new(reply_apply(
+            "Applied configuration without a reboot",
+        )));
+    };
+    let os_ca = match &parsed.ca_key_pem {
+        Some(key) => Some(
+            SimCa::from_pem(&parsed.ca_cert_pem, key)
+                .map_err(|e| Status::invalid_argument(format!("machine.ca: {e}")))?,
+        ),
+        None => None,
+    };
+    if let Some(inst) = shared.installed()
+        && inst.config.machine_type != parsed.machine_type
+    {
+        return Err(Status::invalid_argument("machine type can't be changed"));
+    }
+    lock(&shared.configs).installed(text.clone(), &parsed.machine_type);
+    *lock(&stats.last_config) = Some(text);
+    let current = shared.installed();
+    let installed = Installed {
+        ca_cert_pem: parsed.ca_cert_pem.clone(),
+        config: parsed,
+        os_ca,
+        on_disk: current.as_ref().is_some_and(|i| i.on_disk),
+    };
+    // The reply goes out first; apid restarts with mTLS and the install sequence
+    // runs afterwards, asynchronously (see `install_sequence`).
+    tokio::spawn(install_sequence(shared.clone(), installed));
+    Ok(Response::new(reply_apply(
+        "Applied configuration without a reboot",
+    )))
 }
 
 #[tonic::async_trait]
@@ -82,63 +138,7 @@ impl MachineService for NodeApi {
         if !maintenance {
             return machine_config::apply_configured(&self.shared, req);
         }
-        if req.dry_run {
-            return Err(Status::unimplemented(
-                "dry run is not simulated by the test double",
-            ));
-        }
-        // Talos hands the loader's and the validator's errors back as InvalidArgument with
-        // their message unchanged (`v1alpha1_server.go`, ApplyConfiguration). Install
-        // instructions are required only while the machine is not installed yet
-        // (`modeWrapper.RequiresInstall`).
-        let parsed = parse_config(&req.data, maintenance)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let text = String::from_utf8_lossy(&req.data).into_owned();
-        let Some(parsed) = parsed else {
-            if !maintenance {
-                return Err(Status::invalid_argument(
-                    "the applied machine configuration doesn't contain v1alpha1 config, did you \
-                     mean to patch the machine config instead?",
-                ));
-            }
-            // Maintenance accepts documents without a machine config and keeps waiting;
-            // the reply is the plain no-reboot one.
-            *lock(&stats.last_config) = Some(text);
-            return Ok(Response::new(reply_apply(
-                "Applied configuration without a reboot",
-            )));
-        };
-        let os_ca = match &parsed.ca_key_pem {
-            Some(key) => Some(
-                SimCa::from_pem(&parsed.ca_cert_pem, key)
-                    .map_err(|e| Status::invalid_argument(format!("machine.ca: {e}")))?,
-            ),
-            None => None,
-        };
-        if let Some(inst) = self.shared.installed()
-            && inst.config.machine_type != parsed.machine_type
-        {
-            return Err(Status::invalid_argument("machine type can't be changed"));
-        }
-        lock(&self.shared.configs).installed(text.clone(), &parsed.machine_type);
-        *lock(&stats.last_config) = Some(text);
-        let current = self.shared.installed();
-        let installed = Installed {
-            ca_cert_pem: parsed.ca_cert_pem.clone(),
-            config: parsed,
-            os_ca,
-            on_disk: current.as_ref().is_some_and(|i| i.on_disk),
-        };
-        if maintenance {
-            // The reply goes out first; apid restarts with mTLS and the install sequence
-            // runs afterwards, asynchronously (see `install_sequence`).
-            tokio::spawn(install_sequence(self.shared.clone(), installed));
-        } else {
-            *lock(&self.shared.state) = NodeState::Installed(Box::new(installed));
-        }
-        Ok(Response::new(reply_apply(
-            "Applied configuration without a reboot",
-        )))
+        apply_in_maintenance(&self.shared, req)
     }
 
     async fn bootstrap(

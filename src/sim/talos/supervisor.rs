@@ -3,6 +3,7 @@
 //! two lives; and the accept loop with apid's connection rules.
 
 use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,142 +55,186 @@ pub(super) async fn supervise(
     loop {
         let (boot, listener) = match first.take() {
             Some(first) => first,
-            None => {
-                let boot = match boot_tls(&shared) {
-                    Ok(NextBoot::Up(boot)) => *boot,
-                    Ok(NextBoot::AwaitingTrustd) => {
-                        tracing::debug!(node = %shared.cfg.ip, "waiting for a control plane to issue the apid certificate");
-                        // The machine runs on meanwhile (an install goes on): take its
-                        // lifecycle commands too.
-                        let cmd = tokio::select! {
-                            _ = stop.wait_for(|s| *s) => {
-                                shared.phase.send_replace(Phase::Stopped);
-                                return;
-                            }
-                            _ = tokio::time::sleep(TRUSTD_RETRY) => continue,
-                            cmd = lifecycle.recv() => cmd,
-                        };
-                        match cmd {
-                            Some(Lifecycle::RestartApi) => continue,
-                            Some(Lifecycle::Reboot(reason)) => {
-                                rebooted = true;
-                                if !run_boot_hook(&shared, &mut stop, reason).await {
-                                    return;
-                                }
-                                continue;
-                            }
-                            Some(Lifecycle::Halt) => {
-                                park(&shared, &mut stop, Phase::Halted).await;
-                                shared.phase.send_replace(Phase::Stopped);
-                                return;
-                            }
-                            None => {
-                                shared.phase.send_replace(Phase::Stopped);
-                                return;
-                            }
-                        }
-                    }
-                    Ok(NextBoot::Halted) => {
-                        park(&shared, &mut stop, Phase::Halted).await;
-                        shared.phase.send_replace(Phase::Stopped);
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
-                        park(&shared, &mut stop, Phase::Failed(e.to_string())).await;
-                        return;
-                    }
-                };
-                let addr = shared.cfg.addr();
-                match bind(addr).await {
-                    Ok(l) => (boot, l),
-                    Err(source) => {
-                        let e = SimError::Bind { addr, source };
-                        tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
-                        park(&shared, &mut stop, Phase::Failed(e.to_string())).await;
-                        return;
-                    }
-                }
-            }
+            None => match power_up(&shared, &mut lifecycle, &mut stop, &mut rebooted).await {
+                Down::Up(boot, listener) => (*boot, listener),
+                Down::Retry => continue,
+                Down::Gone => return,
+            },
         };
-
-        let (conn_tx, conn_rx) = mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(16);
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            TlsAcceptor::from(Arc::new(boot.tls)),
-            conn_tx,
-            shared.firewall.clone(),
-        ));
-        let api = NodeApi {
-            shared: shared.clone(),
-        };
-        let (down_tx, down_rx) = oneshot::channel::<()>();
-        let mut server = tokio::spawn(
-            Server::builder()
-                .add_service(
-                    MachineServiceServer::new(api.clone())
-                        .max_decoding_message_size(32 * 1024 * 1024),
-                )
-                .add_service(StorageServiceServer::new(api.clone()))
-                .add_service(upgrade::service(api.clone()))
-                .add_service(upgrade::image_service(api.clone()))
-                .add_service(cosi::state_server::StateServer::new(api))
-                .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
-                    let _ = down_rx.await;
-                }),
-        );
-        tracing::debug!(node = %shared.cfg.ip, phase = ?boot.phase, "simulated node up");
-        if std::mem::take(&mut rebooted) {
-            lock(&shared.events).clear();
-            lock(&shared.configs).on_boot(matches!(&*lock(&shared.state), NodeState::Maintenance));
-            match &*lock(&shared.state) {
-                NodeState::Maintenance => {
-                    shared.set_stage(runtime::RuntimeMachineStage::MachineStageMaintenance)
-                }
-                NodeState::Installed(inst) if inst.on_disk => {
-                    shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
-                    tokio::spawn(boot_sequence(shared.clone()));
-                }
-                _ => {}
-            }
-        }
-        shared.phase.send_replace(boot.phase);
-
-        let next = tokio::select! {
-            cmd = lifecycle.recv() => cmd,
-            _ = stop.wait_for(|s| *s) => None,
-        };
-
-        // Power cycle: stop accepting (the listener closes), let replies in flight go out,
-        // then cut whatever is left.
-        accept.abort();
-        let _ = accept.await;
-        let _ = down_tx.send(());
-        if tokio::time::timeout(Duration::from_secs(5), &mut server)
+        let next = serve_life(&shared, boot, listener, &mut lifecycle, &mut stop, rebooted).await;
+        rebooted = false;
+        if follow(&shared, &mut stop, next, &mut rebooted)
             .await
-            .is_err()
+            .is_break()
         {
-            server.abort();
+            return;
         }
+    }
+}
 
-        match next {
-            Some(Lifecycle::RestartApi) => {}
-            Some(Lifecycle::Reboot(reason)) => {
-                rebooted = true;
-                if !run_boot_hook(&shared, &mut stop, reason).await {
-                    return;
+/// Where a node without a running apid goes next.
+enum Down {
+    /// A boot with its listener bound.
+    Up(Box<Boot>, TcpListener),
+    /// Not yet (a worker waiting for trustd): ask again.
+    Retry,
+    /// Down for good (halted, failed or stopped); the phase says which.
+    Gone,
+}
+
+/// Brings apid up for the next life: the TLS setup the node's state calls for and the
+/// listener. A worker without its certificate waits for trustd and meanwhile takes lifecycle
+/// commands, as the machine runs on (an install goes on).
+async fn power_up(
+    shared: &Shared,
+    lifecycle: &mut mpsc::UnboundedReceiver<Lifecycle>,
+    stop: &mut watch::Receiver<bool>,
+    rebooted: &mut bool,
+) -> Down {
+    let boot = match boot_tls(shared) {
+        Ok(NextBoot::Up(boot)) => boot,
+        Ok(NextBoot::AwaitingTrustd) => {
+            tracing::debug!(node = %shared.cfg.ip, "waiting for a control plane to issue the apid certificate");
+            let cmd = tokio::select! {
+                _ = stop.wait_for(|s| *s) => {
+                    shared.phase.send_replace(Phase::Stopped);
+                    return Down::Gone;
                 }
+                _ = tokio::time::sleep(TRUSTD_RETRY) => return Down::Retry,
+                cmd = lifecycle.recv() => cmd,
+            };
+            return match follow(shared, stop, cmd, rebooted).await {
+                ControlFlow::Continue(()) => Down::Retry,
+                ControlFlow::Break(()) => Down::Gone,
+            };
+        }
+        Ok(NextBoot::Halted) => {
+            park(shared, stop, Phase::Halted).await;
+            shared.phase.send_replace(Phase::Stopped);
+            return Down::Gone;
+        }
+        Err(e) => {
+            tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
+            park(shared, stop, Phase::Failed(e.to_string())).await;
+            return Down::Gone;
+        }
+    };
+    let addr = shared.cfg.addr();
+    match bind(addr).await {
+        Ok(l) => Down::Up(boot, l),
+        Err(source) => {
+            let e = SimError::Bind { addr, source };
+            tracing::warn!(node = %shared.cfg.ip, error = %e, "simulated node failed to boot");
+            park(shared, stop, Phase::Failed(e.to_string())).await;
+            Down::Gone
+        }
+    }
+}
+
+/// Acts on a lifecycle command (`None`: stopped, or the owner is gone): an apid restart and
+/// a reboot (through the boot hook) lead to a next life; a halt parks the node.
+async fn follow(
+    shared: &Shared,
+    stop: &mut watch::Receiver<bool>,
+    cmd: Option<Lifecycle>,
+    rebooted: &mut bool,
+) -> ControlFlow<()> {
+    match cmd {
+        Some(Lifecycle::RestartApi) => ControlFlow::Continue(()),
+        Some(Lifecycle::Reboot(reason)) => {
+            *rebooted = true;
+            if run_boot_hook(shared, stop, reason).await {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
             }
-            Some(Lifecycle::Halt) => {
-                park(&shared, &mut stop, Phase::Halted).await;
-                shared.phase.send_replace(Phase::Stopped);
-                return;
-            }
-            None => {
-                shared.phase.send_replace(Phase::Stopped);
-                return;
-            }
-        };
+        }
+        Some(Lifecycle::Halt) => {
+            park(shared, stop, Phase::Halted).await;
+            shared.phase.send_replace(Phase::Stopped);
+            ControlFlow::Break(())
+        }
+        None => {
+            shared.phase.send_replace(Phase::Stopped);
+            ControlFlow::Break(())
+        }
+    }
+}
+
+/// One life of apid: serves on `listener` until a lifecycle command or stop, then power
+/// cycles (stop accepting, let replies in flight go out, cut the rest). Returns the command.
+async fn serve_life(
+    shared: &Arc<Shared>,
+    boot: Boot,
+    listener: TcpListener,
+    lifecycle: &mut mpsc::UnboundedReceiver<Lifecycle>,
+    stop: &mut watch::Receiver<bool>,
+    rebooted: bool,
+) -> Option<Lifecycle> {
+    let (conn_tx, conn_rx) = mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(16);
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        TlsAcceptor::from(Arc::new(boot.tls)),
+        conn_tx,
+        shared.firewall.clone(),
+    ));
+    let api = NodeApi {
+        shared: shared.clone(),
+    };
+    let (down_tx, down_rx) = oneshot::channel::<()>();
+    let mut server = tokio::spawn(
+        Server::builder()
+            .add_service(
+                MachineServiceServer::new(api.clone()).max_decoding_message_size(32 * 1024 * 1024),
+            )
+            .add_service(StorageServiceServer::new(api.clone()))
+            .add_service(upgrade::service(api.clone()))
+            .add_service(upgrade::image_service(api.clone()))
+            .add_service(cosi::state_server::StateServer::new(api))
+            .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
+                let _ = down_rx.await;
+            }),
+    );
+    tracing::debug!(node = %shared.cfg.ip, phase = ?boot.phase, "simulated node up");
+    if rebooted {
+        fresh_boot(shared);
+    }
+    shared.phase.send_replace(boot.phase);
+
+    let next = tokio::select! {
+        cmd = lifecycle.recv() => cmd,
+        _ = stop.wait_for(|s| *s) => None,
+    };
+
+    // Power cycle: stop accepting (the listener closes), let replies in flight go out,
+    // then cut whatever is left.
+    accept.abort();
+    let _ = accept.await;
+    let _ = down_tx.send(());
+    if tokio::time::timeout(Duration::from_secs(5), &mut server)
+        .await
+        .is_err()
+    {
+        server.abort();
+    }
+    next
+}
+
+/// What a machine that booted (not an apid restart) starts with: a new event history, the
+/// boot's view of the configs, and the stage its state implies (an installed system runs its
+/// boot sequence).
+fn fresh_boot(shared: &Arc<Shared>) {
+    lock(&shared.events).clear();
+    lock(&shared.configs).on_boot(matches!(&*lock(&shared.state), NodeState::Maintenance));
+    match &*lock(&shared.state) {
+        NodeState::Maintenance => {
+            shared.set_stage(runtime::RuntimeMachineStage::MachineStageMaintenance)
+        }
+        NodeState::Installed(inst) if inst.on_disk => {
+            shared.set_stage(runtime::RuntimeMachineStage::MachineStageBooting);
+            tokio::spawn(boot_sequence(shared.clone()));
+        }
+        _ => {}
     }
 }
 
