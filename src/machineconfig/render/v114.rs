@@ -14,7 +14,9 @@ use super::{
     BOOT_LINK, DEFAULT_INSTALL_DISK, KUBEPRISM_PORT, RenderError, cert_and_key, cilium, gateway,
     installer_image, labels, link_alias, nameservers, taints, time_sync, yaml,
 };
-use crate::inventory::{EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody};
+use crate::inventory::{
+    DiskSelector, EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody,
+};
 use crate::machineconfig::contract::{
     LegacySelector, install_disk_expression, selector_expression,
 };
@@ -357,6 +359,8 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
 
     let matcher = match &node.install {
         InstallTarget::Disk(d) => install_disk_expression(d),
+        // The operator's own expression, checked when the inventory loaded, goes as written.
+        InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) => e.value.clone(),
         InstallTarget::Selector(s) => {
             selector_expression(&LegacySelector::from(s)).map_err(|e| RenderError::Selector {
                 node: node.name.value.clone(),
