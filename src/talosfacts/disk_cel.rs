@@ -588,7 +588,7 @@ fn overload(name: &str, target: Option<&Ty>, args: &[Ty]) -> Option<Ty> {
             Ty::Str
         }
         ("bool", None, [x]) if x.is(b) || *x == Ty::Str => Ty::Bool,
-        ("bytes", None, [x]) if matches!(x, Ty::Str | Ty::Bytes | Ty::Dyn) => Ty::Bytes,
+        ("bytes", None, [Ty::Str | Ty::Bytes | Ty::Dyn]) => Ty::Bytes,
         ("dyn", None, [_]) => Ty::Dyn,
         _ => return None,
     };

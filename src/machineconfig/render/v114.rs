@@ -357,46 +357,9 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
     let role = inv.role_of(node);
     let cp = role.machine_type == MachineType::ControlPlane;
 
-    let matcher = match &node.install {
-        InstallTarget::Disk(d) => install_disk_expression(d),
-        // The operator's own expression, checked when the inventory loaded, goes as written.
-        InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) => e.value.clone(),
-        InstallTarget::Selector(s) => {
-            selector_expression(&LegacySelector::from(s)).map_err(|e| RenderError::Selector {
-                node: node.name.value.clone(),
-                source: e,
-            })?
-        }
-    };
-    let mut docs = vec![doc(
-        "UnattendedInstallConfig",
-        json!({
-            "installer": {"image": installer_image(inv)},
-            "provisioning": {"diskSelector": {"match": matcher}}
-        }),
-    )];
-
-    let labels = labels(inv, node);
-    let taints = taints(inv, node);
-    if !labels.is_empty() || !taints.is_empty() {
-        let mut kn = json!({});
-        if !labels.is_empty() {
-            kn["labels"] = json!(labels);
-        }
-        if !taints.is_empty() {
-            let map: serde_json::Map<String, Json> = taints
-                .iter()
-                .map(|t| {
-                    let v = match &t.value {
-                        Some(v) => format!("{v}:{}", t.effect),
-                        None => t.effect.to_string(),
-                    };
-                    (t.key.clone(), json!(v))
-                })
-                .collect();
-            kn["taints"] = Json::Object(map);
-        }
-        docs.push(doc("KubeNodeConfig", kn));
+    let mut docs = vec![unattended_install(inv, node)?];
+    if let Some(kn) = kube_node_config(inv, node) {
+        docs.push(kn);
     }
 
     docs.push(doc(
@@ -454,4 +417,56 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
         ));
     }
     Ok(PatchBody::Merge(docs.into_iter().map(yaml).collect()))
+}
+
+/// The node's `UnattendedInstallConfig`: its install disk as the CEL expression Talos
+/// evaluates (`installDisk` as gen config writes it, a legacy selector as
+/// `DiskMatchExpression` writes it, an operator's own `match` as written).
+fn unattended_install(inv: &Inventory, node: &Node) -> Result<Json, RenderError> {
+    let matcher = match &node.install {
+        InstallTarget::Disk(d) => install_disk_expression(d),
+        // The operator's own expression, checked when the inventory loaded, goes as written.
+        InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) => e.value.clone(),
+        InstallTarget::Selector(s) => {
+            selector_expression(&LegacySelector::from(s)).map_err(|e| RenderError::Selector {
+                node: node.name.value.clone(),
+                source: e,
+            })?
+        }
+    };
+    Ok(doc(
+        "UnattendedInstallConfig",
+        json!({
+            "installer": {"image": installer_image(inv)},
+            "provisioning": {"diskSelector": {"match": matcher}}
+        }),
+    ))
+}
+
+/// The node's labels and taints as a `KubeNodeConfig` (taints as `value:effect` or
+/// `effect`), or nothing when it has neither.
+fn kube_node_config(inv: &Inventory, node: &Node) -> Option<Json> {
+    let labels = labels(inv, node);
+    let taints = taints(inv, node);
+    if labels.is_empty() && taints.is_empty() {
+        return None;
+    }
+    let mut kn = json!({});
+    if !labels.is_empty() {
+        kn["labels"] = json!(labels);
+    }
+    if !taints.is_empty() {
+        let map: serde_json::Map<String, Json> = taints
+            .iter()
+            .map(|t| {
+                let v = match &t.value {
+                    Some(v) => format!("{v}:{}", t.effect),
+                    None => t.effect.to_string(),
+                };
+                (t.key.clone(), json!(v))
+            })
+            .collect();
+        kn["taints"] = Json::Object(map);
+    }
+    Some(doc("KubeNodeConfig", kn))
 }

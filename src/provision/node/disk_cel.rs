@@ -160,7 +160,7 @@ mod tests {
 
     fn refusal_kind(e: &DiskCheckError) -> Option<&RefusalKind> {
         match e {
-            DiskCheckError::Refused(r) => Some(&r.reason),
+            DiskCheckError::Refused(r) => Some(r.reason.as_ref()),
             _ => None,
         }
     }
@@ -246,7 +246,7 @@ mod tests {
         };
         assert_eq!(r.what, "UserVolumeConfig garage-data");
         assert!(
-            matches!(&r.reason, RefusalKind::Ambiguous { pick, .. } if pick == "/dev/nvme1n1"),
+            matches!(r.reason.as_ref(), RefusalKind::Ambiguous { pick, .. } if pick == "/dev/nvme1n1"),
             "{err}"
         );
         let picks = check_rendered(&config(&[INSTALL, EPHEMERAL, GARAGE]), &rack()[1..]).unwrap();

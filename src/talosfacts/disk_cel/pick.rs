@@ -38,8 +38,8 @@ pub struct CelRefusal {
     pub what: String,
     /// The expression.
     pub expr: String,
-    /// Why.
-    pub reason: RefusalKind,
+    /// Why (boxed: the refusal travels in `Result`s).
+    pub reason: Box<RefusalKind>,
     /// Every disk the node reported, in Talos's order, one line each.
     pub disks: Vec<String>,
 }
@@ -64,7 +64,7 @@ pub enum RefusalKind {
 impl fmt::Display for CelRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (what, expr) = (&self.what, &self.expr);
-        match &self.reason {
+        match self.reason.as_ref() {
             RefusalKind::Invalid(e) => write!(f, "{what} selector `{expr}`: {e}")?,
             RefusalKind::EvalError { disk, error } => write!(
                 f,
@@ -156,7 +156,7 @@ pub fn choose(
     let refuse = |reason| CelRefusal {
         what: what.to_owned(),
         expr: expr.text().to_owned(),
-        reason,
+        reason: Box::new(reason),
         disks: ordered.iter().map(|d| describe(d)).collect(),
     };
     let matched = matching(expr, &ordered, purpose).map_err(refuse)?;
@@ -256,7 +256,7 @@ pub fn compile_for(what: &str, text: &str, disks: &[CelDisk]) -> Result<DiskExpr
     compile(text).map_err(|e| CelRefusal {
         what: what.to_owned(),
         expr: text.to_owned(),
-        reason: RefusalKind::Invalid(e),
+        reason: Box::new(RefusalKind::Invalid(e)),
         disks: talos_order(disks).iter().map(|d| describe(d)).collect(),
     })
 }

@@ -199,12 +199,12 @@ fn install_refuses_no_match_and_several() {
         disk("sda", GIB),
     ];
     let r = install("disk.serial == 'NONE'", &disks).unwrap_err();
-    assert_eq!(r.reason, RefusalKind::NoMatch);
+    assert_eq!(*r.reason, RefusalKind::NoMatch);
     assert_eq!(r.disks.len(), 4);
     assert!(r.disks[0].starts_with("/dev/nvme0n1 "), "{r}");
     let r = install("disk.size == 1073741824u", &disks).unwrap_err();
     assert_eq!(
-        r.reason,
+        *r.reason,
         RefusalKind::Ambiguous {
             matched: vec![
                 "/dev/nvme0n1".into(),
@@ -217,11 +217,11 @@ fn install_refuses_no_match_and_several() {
     );
     let r = install("disk.transport == 'sata'", &disks).unwrap_err();
     assert!(
-        matches!(&r.reason, RefusalKind::Ambiguous { pick, .. } if pick == "/dev/sda"),
+        matches!(&*r.reason, RefusalKind::Ambiguous { pick, .. } if pick == "/dev/sda"),
         "{r}"
     );
     assert_eq!(
-        install("system_disk", &disks).unwrap_err().reason,
+        *install("system_disk", &disks).unwrap_err().reason,
         RefusalKind::NoMatch
     );
     let c = install("!system_disk && disk.dev_path == '/dev/sdaa'", &disks).unwrap();
@@ -245,7 +245,7 @@ fn install_refuses_a_cdrom_as_the_only_match() {
         ..disk("sr0", GIB)
     };
     let r = install("disk.dev_path == '/dev/sr0'", &[disk("sda", GIB), cd]).unwrap_err();
-    assert!(matches!(r.reason, RefusalKind::Unusable { .. }), "{r}");
+    assert!(matches!(*r.reason, RefusalKind::Unusable { .. }), "{r}");
 }
 
 fn volume(whole_disk: bool, min_size: u64) -> Purpose {
@@ -270,7 +270,7 @@ fn the_locate_test_cases_hold() {
         &volume(false, 0),
     )
     .unwrap_err();
-    assert_eq!(r.reason, RefusalKind::NoMatch);
+    assert_eq!(*r.reason, RefusalKind::NoMatch);
 
     let ro = CelDisk {
         readonly: true,
@@ -278,7 +278,7 @@ fn the_locate_test_cases_hold() {
     };
     let e = compile("!disk.readonly").unwrap();
     let r = choose("VolumeConfig X", &e, &[ro], &volume(false, 0)).unwrap_err();
-    assert_eq!(r.reason, RefusalKind::NoMatch);
+    assert_eq!(*r.reason, RefusalKind::NoMatch);
     // `disk.readonly` itself matches nothing either: the disk is skipped before evaluation.
     let e2 = compile("disk.readonly").unwrap();
     let ro = CelDisk {
@@ -289,7 +289,7 @@ fn the_locate_test_cases_hold() {
 
     let two = [disk("sda", 10 * GIB), disk("sdb", 20 * GIB)];
     let r = choose("UserVolumeConfig data", &e, &two, &volume(true, 0)).unwrap_err();
-    assert!(matches!(r.reason, RefusalKind::Ambiguous { .. }), "{r}");
+    assert!(matches!(*r.reason, RefusalKind::Ambiguous { .. }), "{r}");
 
     let mut sn = disk("sda", 10 * GIB);
     sn.serial = "SN100".into();
@@ -316,7 +316,7 @@ fn the_example_racks_garage_data_is_refused_over_two_data_disks() {
     ];
     let r = choose("UserVolumeConfig garage-data", &e, &rack, &purpose).unwrap_err();
     assert_eq!(
-        r.reason,
+        *r.reason,
         RefusalKind::Ambiguous {
             matched: vec!["/dev/nvme1n1".into(), "/dev/nvme2n1".into()],
             pick: "/dev/nvme1n1".into()
@@ -345,7 +345,7 @@ fn the_example_racks_garage_data_is_refused_over_two_data_disks() {
         },
     )
     .unwrap_err();
-    assert!(matches!(r.reason, RefusalKind::NoRoom { .. }), "{r}");
+    assert!(matches!(*r.reason, RefusalKind::NoRoom { .. }), "{r}");
 }
 
 /// Volumes bind `system_disk` to "is the install disk".
@@ -373,7 +373,7 @@ fn evaluation_errors_name_the_disk() {
     ] {
         let r = install(text, &disks).unwrap_err();
         assert!(
-            matches!(&r.reason, RefusalKind::EvalError { disk, .. } if disk == "/dev/sda"),
+            matches!(&*r.reason, RefusalKind::EvalError { disk, .. } if disk == "/dev/sda"),
             "{text}: {r}"
         );
     }
