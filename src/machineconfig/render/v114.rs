@@ -114,26 +114,7 @@ pub(super) fn base_config(
     };
     let endpoint_url = format!("https://{host}:{}", endpoint.port);
 
-    // The v1alpha1 document keeps only what has no document of its own (`init.go`,
-    // `worker.go`: every other field is `nilIf(<switch>, ...)`).
-    let mut cluster = json!({"token": secrets.bootstrap_token()});
-    if cp {
-        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
-    }
-    let main = json!({
-        "version": "v1alpha1",
-        "debug": false,
-        "persist": true,
-        "machine": {
-            "type": machine_type.as_str(),
-            "token": secrets.trustd_token(),
-            "ca": cert_and_key(secrets.os_ca(), cp),
-            "certSANs": [],
-            "features": {"diskQuotaSupport": true}
-        },
-        "cluster": cluster,
-    });
-    let mut docs = vec![main];
+    let mut docs = vec![v1alpha1_document(secrets, machine_type)];
 
     if contract.discovery_service_multidoc_config() {
         docs.push(doc(
@@ -193,6 +174,29 @@ pub(super) fn base_config(
         }
     }
     Ok(ConfigBundle::new(docs.into_iter().map(yaml).collect()))
+}
+
+/// The v1alpha1 document, which under the v1.14 contract keeps only what has no document of
+/// its own (`init.go`, `worker.go`: every other field is `nilIf(<switch>, ...)`).
+fn v1alpha1_document(secrets: &SecretsBundle, machine_type: MachineType) -> Json {
+    let cp = machine_type == MachineType::ControlPlane;
+    let mut cluster = json!({"token": secrets.bootstrap_token()});
+    if cp {
+        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
+    }
+    json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": {
+            "type": machine_type.as_str(),
+            "token": secrets.trustd_token(),
+            "ca": cert_and_key(secrets.os_ca(), cp),
+            "certSANs": [],
+            "features": {"diskQuotaSupport": true}
+        },
+        "cluster": cluster,
+    })
 }
 
 /// `generateKubernetesUniversalConfigs` (`generate/kubernetes.go`).
@@ -255,16 +259,7 @@ fn kubernetes_controlplane(
     let k8s = &c.kubernetes_version.value;
     let admission = super::admission_control();
     let plugin = &admission[0];
-    // The provider names and order of the legacy kube-apiserver template
-    // (`k8stemplates/apiserver.go`: secretbox `key2`, aescbc `key1`), so existing secrets still
-    // decrypt. rc.1's generator writes an old AES-CBC secret as a second *secretbox* provider,
-    // which would not decrypt what the template encrypted; talboot keeps the template's form.
-    let provider = match secrets.encryption_secret() {
-        EncryptionSecret::Secretbox(s) => {
-            json!({"secretbox": {"keys": [{"name": "key2", "secret": s}]}})
-        }
-        EncryptionSecret::AesCbc(s) => json!({"aescbc": {"keys": [{"name": "key1", "secret": s}]}}),
-    };
+    let provider = encryption_provider(secrets);
     let mut proxy = json!({
         "image": format!("registry.k8s.io/kube-proxy:{k8s}"),
         "config": {}
@@ -283,6 +278,50 @@ fn kubernetes_controlplane(
             "KubeAdmissionControlConfig",
             json!({"name": plugin["name"], "configuration": plugin["configuration"]}),
         ),
+    ];
+    out.extend(kube_auth_defaults());
+    out.extend([
+        doc(
+            "KubeEtcdEncryptionConfig",
+            json!({"config": {"resources": [{"providers": [provider], "resources": ["secrets"]}]}}),
+        ),
+        doc(
+            "KubeServiceAccountConfig",
+            json!({"issuer": {
+                "privateKey": secrets.k8s_service_account_key(),
+                "issuerURL": endpoint_url
+            }}),
+        ),
+        doc(
+            "KubeAPIServerConfig",
+            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
+        ),
+        doc(
+            "KubeControllerManagerConfig",
+            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
+        ),
+        doc(
+            "KubeSchedulerConfig",
+            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
+        ),
+        doc("KubeProxyConfig", proxy),
+    ]);
+    // No KubeFlannelCNIConfig means no CNI (`controllers/k8s/control_plane.go`: CNIName
+    // `none` without the document); that is what Cilium or an external CNI needs.
+    if cilium.is_none() && !c.external_cni {
+        out.push(doc(
+            "KubeFlannelCNIConfig",
+            json!({"backendType": "vxlan", "backendPort": 4789}),
+        ));
+    }
+    out.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
+    out
+}
+
+/// The audit policy, authentication and authorizer documents with the defaults of
+/// `pkg/machinery/config/types/k8s/{audit_policy,authentication,authorization}.go`.
+fn kube_auth_defaults() -> [Json; 4] {
+    [
         doc(
             "KubeAuditPolicyConfig",
             json!({"configuration": {
@@ -309,41 +348,21 @@ fn kubernetes_controlplane(
             "KubeAuthorizerConfig",
             json!({"name": "rbac", "type": "RBAC"}),
         ),
-        doc(
-            "KubeEtcdEncryptionConfig",
-            json!({"config": {"resources": [{"providers": [provider], "resources": ["secrets"]}]}}),
-        ),
-        doc(
-            "KubeServiceAccountConfig",
-            json!({"issuer": {
-                "privateKey": secrets.k8s_service_account_key(),
-                "issuerURL": endpoint_url
-            }}),
-        ),
-        doc(
-            "KubeAPIServerConfig",
-            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
-        ),
-        doc(
-            "KubeControllerManagerConfig",
-            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
-        ),
-        doc(
-            "KubeSchedulerConfig",
-            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
-        ),
-        doc("KubeProxyConfig", proxy),
-    ];
-    // No KubeFlannelCNIConfig means no CNI (`controllers/k8s/control_plane.go`: CNIName
-    // `none` without the document); that is what Cilium or an external CNI needs.
-    if cilium.is_none() && !c.external_cni {
-        out.push(doc(
-            "KubeFlannelCNIConfig",
-            json!({"backendType": "vxlan", "backendPort": 4789}),
-        ));
+    ]
+}
+
+/// The etcd encryption provider, with the provider names and order of the legacy
+/// kube-apiserver template (`k8stemplates/apiserver.go`: secretbox `key2`, aescbc `key1`), so
+/// existing secrets still decrypt. rc.1's generator writes an old AES-CBC secret as a second
+/// *secretbox* provider, which would not decrypt what the template encrypted; talboot keeps
+/// the template's form.
+fn encryption_provider(secrets: &SecretsBundle) -> Json {
+    match secrets.encryption_secret() {
+        EncryptionSecret::Secretbox(s) => {
+            json!({"secretbox": {"keys": [{"name": "key2", "secret": s}]}})
+        }
+        EncryptionSecret::AesCbc(s) => json!({"aescbc": {"keys": [{"name": "key1", "secret": s}]}}),
     }
-    out.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
-    out
 }
 
 /// The generated per-node patch in v1.14 documents: the same facts as the v1.13 node patch
