@@ -65,6 +65,13 @@ pub(crate) enum DiskCheckError {
          (a patch removed it?), so the install disk Talos picks cannot be known"
     )]
     NoInstallSelector,
+    /// The node's COSI `block.Disk` resources could not be read, so the fields the
+    /// expressions test (transport, rotational, symlinks) are unknown.
+    #[error(
+        "the node did not list its block.Disk resources (COSI), so what its disk selectors \
+         match cannot be known"
+    )]
+    NoBlockFacts,
     /// The rendered config is not the YAML talboot wrote (never expected).
     #[error("the rendered config does not read back as YAML: {0}")]
     Unreadable(String),
@@ -109,6 +116,9 @@ pub(crate) fn check_rendered(config: &[u8], disks: &[DiskFacts]) -> Result<Picks
             yaml_serde::Value::deserialize(de)
                 .map_err(|e| DiskCheckError::Unreadable(e.to_string()))?,
         );
+    }
+    if disks.iter().any(|d| !d.from_cosi) {
+        return Err(DiskCheckError::NoBlockFacts);
     }
     let facts: Vec<CelDisk> = disks.iter().map(cel_disk).collect();
 
@@ -263,6 +273,23 @@ mod tests {
         );
     }
 
+    /// The refusal as the operator reads it (`talboot status`, the node's event).
+    #[test]
+    fn the_refusal_names_the_document_the_expression_talos_pick_and_every_disk() {
+        let err = check_rendered(&config(&[INSTALL, EPHEMERAL, GARAGE]), &rack()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "UserVolumeConfig garage-data selector `disk.transport == \"nvme\" && !system_disk` \
+             matches 2 disks (/dev/nvme1n1, /dev/nvme2n1) but must match exactly one; Talos \
+             would take the first in its order, /dev/nvme1n1; narrow the expression \
+             (disk.serial, disk.wwid or \"<link>\" in disk.symlinks stay stable when device \
+             names change). The node reports 3 disk(s):\n  \
+             /dev/nvme0n1 model=- serial=SN-nvme0n1 size=2000000000000u busPath=- transport=nvme\n  \
+             /dev/nvme1n1 model=- serial=SN-nvme1n1 size=4000000000000u busPath=- transport=nvme\n  \
+             /dev/nvme2n1 model=- serial=SN-nvme2n1 size=4000000000000u busPath=- transport=nvme"
+        );
+    }
+
     #[test]
     fn an_install_selector_matching_nothing_is_refused_with_every_disk() {
         let cfg = config(&[&INSTALL.replace("/dev/nvme0n1", "/dev/sda")]);
@@ -278,6 +305,12 @@ mod tests {
         assert!(matches!(
             check_rendered(&config(&[EPHEMERAL]), &rack()),
             Err(DiskCheckError::NoInstallSelector)
+        ));
+        let mut legacy_only = rack();
+        legacy_only[1].from_cosi = false;
+        assert!(matches!(
+            check_rendered(&config(&[INSTALL]), &legacy_only),
+            Err(DiskCheckError::NoBlockFacts)
         ));
     }
 
