@@ -486,6 +486,9 @@ pub struct DiskSelector {
     pub wwid: Option<String>,
     /// Kernel bus path, e.g. `/pci0000:00/0000:00:1f.2/ata1/*` — stable across NVMe renumbering.
     pub bus_path: Option<String>,
+    /// The operator's own CEL expression (`match`, Talos v1.14 and later), checked against
+    /// Talos's disk environment when the inventory loads; it replaces the fields above.
+    pub expr: Option<Spanned<String>>,
 }
 
 impl DiskSelector {
@@ -510,6 +513,9 @@ impl fmt::Display for DiskSelector {
             if let Some(v) = v {
                 parts.push(format!("{k}={v}"));
             }
+        }
+        if let Some(e) = &self.expr {
+            parts.push(format!("match={}", e.value));
         }
         write!(f, "selector({})", parts.join(", "))
     }

@@ -350,8 +350,20 @@ pub(crate) fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Opt
         let p = r.field("type");
         sel.disk_type = word(n, &p, d, DiskType::WORDS, DiskType::parse);
     }
+    let cel = r.get("match").map(|n| (n, r.field("match")));
     let loc = r.loc().clone();
-    r.finish(&["model", "serial", "size", "type", "wwid", "busPath"], d);
+    r.finish(
+        &[
+            "model", "serial", "size", "type", "wwid", "busPath", "match",
+        ],
+        d,
+    );
+    if let Some((n, p)) = cel {
+        return disk_match(n, &p, &sel, d).map(|expr| DiskSelector {
+            expr: Some(expr),
+            ..DiskSelector::default()
+        });
+    }
     if sel.is_empty() {
         d.error_hint(
             &loc,
@@ -362,6 +374,43 @@ pub(crate) fn disk_selector(node: &Node, path: &str, d: &mut Diagnostics) -> Opt
         return None;
     }
     Some(sel)
+}
+
+/// A selector's `match`: the operator's CEL expression, compiled and checked in Talos's
+/// `DiskLocator` environment now, so a typo or a type error (`disk.size > 10 * GiB`) fails
+/// `talboot check` with the file and line instead of leaving the node waiting. It replaces
+/// the other selector fields rather than joining them (Talos's document has one `match`).
+fn disk_match(
+    n: &Node,
+    path: &str,
+    fields: &DiskSelector,
+    d: &mut Diagnostics,
+) -> Option<Spanned<String>> {
+    if !fields.is_empty() {
+        d.error_hint(
+            &n.loc,
+            path,
+            "match replaces the other selector fields; both are set",
+            "put every condition into the expression, e.g. match: disk.transport == \"nvme\" && \
+             disk.size >= 1000u * GB",
+        );
+        return None;
+    }
+    let text = string(n, path, d)?;
+    match crate::talosfacts::disk_cel::compile(&text) {
+        Ok(_) => Some(Spanned::new(text, n.loc.clone())),
+        Err(e) => {
+            d.error_hint(
+                &n.loc,
+                path,
+                format!("not a disk expression Talos v1.14 accepts: {e}"),
+                "the variables are disk (fields such as disk.serial, disk.size, disk.transport, \
+                 disk.symlinks) and system_disk; sizes are uint, so write 500u * GB or 1000u, \
+                 never 500 * GB; strings use glob(), matches(), startsWith() or in",
+            );
+            None
+        }
+    }
 }
 
 /// Talos size matchers, read exactly as Talos reads them (`InstallDiskSizeMatcher`, see

@@ -1094,3 +1094,52 @@ fn the_examples_at_v1_14_load_without_contract_messages() {
         assert!(loaded.warnings.is_empty(), "{f}: {:?}", loaded.warnings);
     }
 }
+
+/// An operator's own CEL `diskSelector.match` is compiled in Talos's disk environment when
+/// the inventory loads: a type error Talos would refuse at apply time fails here, at its
+/// line; it cannot be mixed with the other fields; it needs the v1.14 contract.
+#[test]
+fn disk_selector_match_is_checked_when_the_inventory_loads() {
+    let v114 = |node: &str| {
+        with(
+            "    address: 10.0.40.21/24\n    installDisk: /dev/sda",
+            &format!("    address: 10.0.40.21/24\n{node}"),
+        )
+        .replacen("talosVersion: v1.13.9", "talosVersion: v1.14.0", 1)
+    };
+    let ok =
+        v114("    diskSelector:\n      match: disk.transport == \"nvme\" && disk.size > 500u * GB");
+    let d = diags(&ok);
+    assert!(!d.iter().any(|m| m.contains("diskSelector")), "{d:?}");
+    let d = diags(&v114(
+        "    diskSelector:\n      match: disk.size > 500 * GB",
+    ));
+    assert!(
+        d.iter().any(|m| m
+            .contains("nodes[3].diskSelector.match: not a disk expression Talos v1.14 accepts")
+            && m.contains("found no matching overload for '_*_' applied to '(int, uint)'")),
+        "{d:?}"
+    );
+    let d = diags(&v114("    diskSelector:\n      match: disk.serail == 'S1'"));
+    assert!(
+        d.iter().any(|m| m.contains("undefined field 'serail'")),
+        "{d:?}"
+    );
+    let d = diags(&v114(
+        "    diskSelector:\n      model: X\n      match: disk.serial == 'S1'",
+    ));
+    assert!(
+        d.iter()
+            .any(|m| m.contains("match replaces the other selector fields")),
+        "{d:?}"
+    );
+    let d = diags(&with(
+        "    address: 10.0.40.21/24\n    installDisk: /dev/sda",
+        "    address: 10.0.40.21/24\n    diskSelector:\n      match: disk.serial == 'S1'",
+    ));
+    assert!(
+        d.iter()
+            .any(|m| m.contains("a CEL disk expression needs Talos v1.14 or later")),
+        "{d:?}"
+    );
+}

@@ -88,6 +88,12 @@ impl DiskFacts {
                     readonly: s.readonly,
                     cdrom: s.cdrom,
                     symlinks,
+                    io_size: s.io_size,
+                    sector_size: s.sector_size,
+                    sub_system: s.sub_system.clone(),
+                    pretty_size: s.pretty_size.clone(),
+                    secondary_disks: s.secondary_disks.clone(),
+                    firmware_version: s.firmware_version.clone(),
                     from_cosi: true,
                 }
             })
@@ -112,6 +118,12 @@ impl DiskFacts {
                 readonly: d.readonly,
                 cdrom: d.r#type == ApiDiskType::Cd as i32,
                 symlinks: Vec::new(),
+                io_size: 0,
+                sector_size: 0,
+                sub_system: d.subsystem.clone(),
+                pretty_size: String::new(),
+                secondary_disks: Vec::new(),
+                firmware_version: String::new(),
                 from_cosi: false,
             });
         }

@@ -35,6 +35,8 @@ use std::time::Duration;
 
 use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observation, Outcome};
 use super::disks;
+
+mod disk_cel;
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
@@ -438,13 +440,9 @@ impl Provisioner {
                 return Ok(Outcome::CallFailed { why });
             }
         };
-        let install_disk = match disks::choose_install_disk(&node.install, &facts.disks) {
-            Ok(d) => d,
-            Err(refusal) => {
-                let why = refusal.to_string();
-                out.disk = Some(refusal);
-                return Ok(Outcome::DiskRefused { why });
-            }
+        let (install_disk, how) = match self.pick_install_disk(node, &facts, out) {
+            Ok(p) => p,
+            Err(stop) => return Ok(stop),
         };
         let chosen = facts
             .disks
@@ -456,12 +454,8 @@ impl Provisioner {
             &name,
             EventKind::Talos,
             format!(
-                "install disk {}: Talos will install to {install_disk} ({}): {chosen}",
+                "install disk {}: Talos will install to {install_disk} ({how}): {chosen}",
                 node.install,
-                match node.install {
-                    crate::inventory::InstallTarget::Disk(_) => "the disk with that path or link",
-                    crate::inventory::InstallTarget::Selector(_) => "the only matching disk",
-                }
             ),
         );
         let facts = NodeFacts {
@@ -480,11 +474,65 @@ impl Provisioner {
         };
         self.write(move |w| w.nodes.put_node_states(&[write]))
             .await?;
-        match self.inner.renderer.render(node) {
-            Ok(c) => out.config = Some(std::sync::Arc::new(c)),
-            Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),
+        if out.config.is_none() {
+            match self.inner.renderer.render(node) {
+                Ok(c) => out.config = Some(std::sync::Arc::new(c)),
+                Err(e) => return Ok(Outcome::RenderFailed { why: e.to_string() }),
+            }
         }
         Ok(Outcome::FactsOk { install_disk })
+    }
+
+    /// The disk Talos will install to on this node and how talboot knows (for the event), or
+    /// the outcome that stops the step. Below v1.14 that is talboot's reading of the legacy
+    /// install rules; from v1.14 on, the config is rendered first and every CEL disk
+    /// selector in it (install and volumes) is evaluated against the reported disks, so
+    /// what is checked is exactly what the node receives (the config is kept in `out`).
+    fn pick_install_disk(
+        &self,
+        node: &Node,
+        facts: &NodeFacts,
+        out: &mut Carry,
+    ) -> Result<(String, String), Outcome> {
+        let cel = crate::talosfacts::contract::Contract::for_version(
+            &self.inventory().cluster.talos_version.value.0,
+        )
+        .is_some_and(|c| c.unattended_install_config());
+        if !cel {
+            let how = match node.install {
+                crate::inventory::InstallTarget::Disk(_) => "the disk with that path or link",
+                crate::inventory::InstallTarget::Selector(_) => "the only matching disk",
+            };
+            return match disks::choose_install_disk(&node.install, &facts.disks) {
+                Ok(d) => Ok((d, how.to_owned())),
+                Err(refusal) => {
+                    let why = refusal.to_string();
+                    out.disk = Some(refusal);
+                    Err(Outcome::DiskRefused { why })
+                }
+            };
+        }
+        let config = match self.inner.renderer.render(node) {
+            Ok(c) => c,
+            Err(e) => return Err(Outcome::RenderFailed { why: e.to_string() }),
+        };
+        let picks = disk_cel::check_rendered(&config, &facts.disks)
+            .map_err(|e| Outcome::DiskRefused { why: e.to_string() })?;
+        for (what, choice) in &picks.volumes {
+            self.event(
+                node.name.as_str(),
+                EventKind::Talos,
+                format!(
+                    "{what}: Talos will place it on {} (the only disk its selector picks)",
+                    choice.disk
+                ),
+            );
+        }
+        out.config = Some(std::sync::Arc::new(config));
+        Ok((
+            picks.install.disk,
+            "the only disk the UnattendedInstallConfig selector matches".to_owned(),
+        ))
     }
 
     async fn io_apply(

@@ -80,7 +80,8 @@ pub(crate) fn decode_lifecycle(raw: Option<&[u8]>) -> Lifecycle {
 }
 
 /// What talboot knows about one disk of a node: the COSI `block.Disk` spec fields the
-/// selector matches on, completed by `storage.Disks`.
+/// selector matches on (every field of v1.14's `DiskSpec`, which the CEL `disk` variable
+/// holds), completed by `storage.Disks`. Fields added later load as empty from old records.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskFacts {
     /// Full device path, `/dev/<kernel name>` (`dev_path`; `storage.Disks` `device_name`).
@@ -116,6 +117,24 @@ pub struct DiskFacts {
     pub cdrom: bool,
     /// Other names of the device (`/dev/disk/by-id/...`), from COSI, sorted.
     pub symlinks: Vec<String>,
+    /// Preferred I/O size in bytes (`io_size`), from COSI; 0 when unknown.
+    #[serde(default)]
+    pub io_size: u64,
+    /// Logical sector size in bytes (`sector_size`), from COSI; 0 when unknown.
+    #[serde(default)]
+    pub sector_size: u64,
+    /// Kernel subsystem (`sub_system`, e.g. `/sys/class/block`), from COSI.
+    #[serde(default)]
+    pub sub_system: String,
+    /// Talos's own rendering of the size (`pretty_size`, go-humanize), from COSI.
+    #[serde(default)]
+    pub pretty_size: String,
+    /// Device-mapper and similar disks stacked on this one (`secondary_disks`), from COSI.
+    #[serde(default)]
+    pub secondary_disks: Vec<String>,
+    /// Firmware revision (`firmware_version`, Talos v1.14 and later), from COSI.
+    #[serde(default)]
+    pub firmware_version: String,
     /// Whether these facts come from the COSI `block.Disk` resource (transport, rotational
     /// and links known), not only from `storage.Disks`.
     #[serde(default)]

@@ -23,6 +23,28 @@ pub(super) fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnosti
     for patch in patches {
         patch_contract_rules(contract, patch, d);
     }
+    if contract < Contract::V1_14 {
+        refuse_disk_match(cluster, parts, d);
+    }
+}
+
+/// A CEL `diskSelector.match` needs the v1.14 contract: below it the install disk is
+/// `machine.install`, whose selector has no expression field.
+fn refuse_disk_match(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
+    for node in &parts.nodes {
+        let InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) = &node.install else {
+            continue;
+        };
+        d.error_hint(
+            &e.loc,
+            format!("node {}: diskSelector.match", node.name.value),
+            format!(
+                "a CEL disk expression needs Talos v1.14 or later; this cluster runs {}",
+                cluster.talos_version.value
+            ),
+            "select with model, serial, size, type, wwid or busPath, or raise talosVersion",
+        );
+    }
 }
 
 /// The contract rules for one patch's keys: JSON-patch operations below a section the

@@ -14,7 +14,9 @@ use super::{
     BOOT_LINK, DEFAULT_INSTALL_DISK, KUBEPRISM_PORT, RenderError, cert_and_key, cilium, gateway,
     installer_image, labels, link_alias, nameservers, taints, time_sync, yaml,
 };
-use crate::inventory::{EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody};
+use crate::inventory::{
+    DiskSelector, EndpointHost, InstallTarget, Inventory, MachineType, Node, PatchBody,
+};
 use crate::machineconfig::contract::{
     LegacySelector, install_disk_expression, selector_expression,
 };
@@ -112,26 +114,7 @@ pub(super) fn base_config(
     };
     let endpoint_url = format!("https://{host}:{}", endpoint.port);
 
-    // The v1alpha1 document keeps only what has no document of its own (`init.go`,
-    // `worker.go`: every other field is `nilIf(<switch>, ...)`).
-    let mut cluster = json!({"token": secrets.bootstrap_token()});
-    if cp {
-        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
-    }
-    let main = json!({
-        "version": "v1alpha1",
-        "debug": false,
-        "persist": true,
-        "machine": {
-            "type": machine_type.as_str(),
-            "token": secrets.trustd_token(),
-            "ca": cert_and_key(secrets.os_ca(), cp),
-            "certSANs": [],
-            "features": {"diskQuotaSupport": true}
-        },
-        "cluster": cluster,
-    });
-    let mut docs = vec![main];
+    let mut docs = vec![v1alpha1_document(secrets, machine_type)];
 
     if contract.discovery_service_multidoc_config() {
         docs.push(doc(
@@ -191,6 +174,29 @@ pub(super) fn base_config(
         }
     }
     Ok(ConfigBundle::new(docs.into_iter().map(yaml).collect()))
+}
+
+/// The v1alpha1 document, which under the v1.14 contract keeps only what has no document of
+/// its own (`init.go`, `worker.go`: every other field is `nilIf(<switch>, ...)`).
+fn v1alpha1_document(secrets: &SecretsBundle, machine_type: MachineType) -> Json {
+    let cp = machine_type == MachineType::ControlPlane;
+    let mut cluster = json!({"token": secrets.bootstrap_token()});
+    if cp {
+        cluster["etcd"] = json!({"ca": cert_and_key(secrets.etcd_ca(), true)});
+    }
+    json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": {
+            "type": machine_type.as_str(),
+            "token": secrets.trustd_token(),
+            "ca": cert_and_key(secrets.os_ca(), cp),
+            "certSANs": [],
+            "features": {"diskQuotaSupport": true}
+        },
+        "cluster": cluster,
+    })
 }
 
 /// `generateKubernetesUniversalConfigs` (`generate/kubernetes.go`).
@@ -253,16 +259,7 @@ fn kubernetes_controlplane(
     let k8s = &c.kubernetes_version.value;
     let admission = super::admission_control();
     let plugin = &admission[0];
-    // The provider names and order of the legacy kube-apiserver template
-    // (`k8stemplates/apiserver.go`: secretbox `key2`, aescbc `key1`), so existing secrets still
-    // decrypt. rc.1's generator writes an old AES-CBC secret as a second *secretbox* provider,
-    // which would not decrypt what the template encrypted; talboot keeps the template's form.
-    let provider = match secrets.encryption_secret() {
-        EncryptionSecret::Secretbox(s) => {
-            json!({"secretbox": {"keys": [{"name": "key2", "secret": s}]}})
-        }
-        EncryptionSecret::AesCbc(s) => json!({"aescbc": {"keys": [{"name": "key1", "secret": s}]}}),
-    };
+    let provider = encryption_provider(secrets);
     let mut proxy = json!({
         "image": format!("registry.k8s.io/kube-proxy:{k8s}"),
         "config": {}
@@ -281,6 +278,50 @@ fn kubernetes_controlplane(
             "KubeAdmissionControlConfig",
             json!({"name": plugin["name"], "configuration": plugin["configuration"]}),
         ),
+    ];
+    out.extend(kube_auth_defaults());
+    out.extend([
+        doc(
+            "KubeEtcdEncryptionConfig",
+            json!({"config": {"resources": [{"providers": [provider], "resources": ["secrets"]}]}}),
+        ),
+        doc(
+            "KubeServiceAccountConfig",
+            json!({"issuer": {
+                "privateKey": secrets.k8s_service_account_key(),
+                "issuerURL": endpoint_url
+            }}),
+        ),
+        doc(
+            "KubeAPIServerConfig",
+            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
+        ),
+        doc(
+            "KubeControllerManagerConfig",
+            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
+        ),
+        doc(
+            "KubeSchedulerConfig",
+            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
+        ),
+        doc("KubeProxyConfig", proxy),
+    ]);
+    // No KubeFlannelCNIConfig means no CNI (`controllers/k8s/control_plane.go`: CNIName
+    // `none` without the document); that is what Cilium or an external CNI needs.
+    if cilium.is_none() && !c.external_cni {
+        out.push(doc(
+            "KubeFlannelCNIConfig",
+            json!({"backendType": "vxlan", "backendPort": 4789}),
+        ));
+    }
+    out.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
+    out
+}
+
+/// The audit policy, authentication and authorizer documents with the defaults of
+/// `pkg/machinery/config/types/k8s/{audit_policy,authentication,authorization}.go`.
+fn kube_auth_defaults() -> [Json; 4] {
+    [
         doc(
             "KubeAuditPolicyConfig",
             json!({"configuration": {
@@ -307,41 +348,21 @@ fn kubernetes_controlplane(
             "KubeAuthorizerConfig",
             json!({"name": "rbac", "type": "RBAC"}),
         ),
-        doc(
-            "KubeEtcdEncryptionConfig",
-            json!({"config": {"resources": [{"providers": [provider], "resources": ["secrets"]}]}}),
-        ),
-        doc(
-            "KubeServiceAccountConfig",
-            json!({"issuer": {
-                "privateKey": secrets.k8s_service_account_key(),
-                "issuerURL": endpoint_url
-            }}),
-        ),
-        doc(
-            "KubeAPIServerConfig",
-            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
-        ),
-        doc(
-            "KubeControllerManagerConfig",
-            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
-        ),
-        doc(
-            "KubeSchedulerConfig",
-            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
-        ),
-        doc("KubeProxyConfig", proxy),
-    ];
-    // No KubeFlannelCNIConfig means no CNI (`controllers/k8s/control_plane.go`: CNIName
-    // `none` without the document); that is what Cilium or an external CNI needs.
-    if cilium.is_none() && !c.external_cni {
-        out.push(doc(
-            "KubeFlannelCNIConfig",
-            json!({"backendType": "vxlan", "backendPort": 4789}),
-        ));
+    ]
+}
+
+/// The etcd encryption provider, with the provider names and order of the legacy
+/// kube-apiserver template (`k8stemplates/apiserver.go`: secretbox `key2`, aescbc `key1`), so
+/// existing secrets still decrypt. rc.1's generator writes an old AES-CBC secret as a second
+/// *secretbox* provider, which would not decrypt what the template encrypted; talboot keeps
+/// the template's form.
+fn encryption_provider(secrets: &SecretsBundle) -> Json {
+    match secrets.encryption_secret() {
+        EncryptionSecret::Secretbox(s) => {
+            json!({"secretbox": {"keys": [{"name": "key2", "secret": s}]}})
+        }
+        EncryptionSecret::AesCbc(s) => json!({"aescbc": {"keys": [{"name": "key1", "secret": s}]}}),
     }
-    out.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
-    out
 }
 
 /// The generated per-node patch in v1.14 documents: the same facts as the v1.13 node patch
@@ -355,44 +376,9 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
     let role = inv.role_of(node);
     let cp = role.machine_type == MachineType::ControlPlane;
 
-    let matcher = match &node.install {
-        InstallTarget::Disk(d) => install_disk_expression(d),
-        InstallTarget::Selector(s) => {
-            selector_expression(&LegacySelector::from(s)).map_err(|e| RenderError::Selector {
-                node: node.name.value.clone(),
-                source: e,
-            })?
-        }
-    };
-    let mut docs = vec![doc(
-        "UnattendedInstallConfig",
-        json!({
-            "installer": {"image": installer_image(inv)},
-            "provisioning": {"diskSelector": {"match": matcher}}
-        }),
-    )];
-
-    let labels = labels(inv, node);
-    let taints = taints(inv, node);
-    if !labels.is_empty() || !taints.is_empty() {
-        let mut kn = json!({});
-        if !labels.is_empty() {
-            kn["labels"] = json!(labels);
-        }
-        if !taints.is_empty() {
-            let map: serde_json::Map<String, Json> = taints
-                .iter()
-                .map(|t| {
-                    let v = match &t.value {
-                        Some(v) => format!("{v}:{}", t.effect),
-                        None => t.effect.to_string(),
-                    };
-                    (t.key.clone(), json!(v))
-                })
-                .collect();
-            kn["taints"] = Json::Object(map);
-        }
-        docs.push(doc("KubeNodeConfig", kn));
+    let mut docs = vec![unattended_install(inv, node)?];
+    if let Some(kn) = kube_node_config(inv, node) {
+        docs.push(kn);
     }
 
     docs.push(doc(
@@ -450,4 +436,56 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
         ));
     }
     Ok(PatchBody::Merge(docs.into_iter().map(yaml).collect()))
+}
+
+/// The node's `UnattendedInstallConfig`: its install disk as the CEL expression Talos
+/// evaluates (`installDisk` as gen config writes it, a legacy selector as
+/// `DiskMatchExpression` writes it, an operator's own `match` as written).
+fn unattended_install(inv: &Inventory, node: &Node) -> Result<Json, RenderError> {
+    let matcher = match &node.install {
+        InstallTarget::Disk(d) => install_disk_expression(d),
+        // The operator's own expression, checked when the inventory loaded, goes as written.
+        InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) => e.value.clone(),
+        InstallTarget::Selector(s) => {
+            selector_expression(&LegacySelector::from(s)).map_err(|e| RenderError::Selector {
+                node: node.name.value.clone(),
+                source: e,
+            })?
+        }
+    };
+    Ok(doc(
+        "UnattendedInstallConfig",
+        json!({
+            "installer": {"image": installer_image(inv)},
+            "provisioning": {"diskSelector": {"match": matcher}}
+        }),
+    ))
+}
+
+/// The node's labels and taints as a `KubeNodeConfig` (taints as `value:effect` or
+/// `effect`), or nothing when it has neither.
+fn kube_node_config(inv: &Inventory, node: &Node) -> Option<Json> {
+    let labels = labels(inv, node);
+    let taints = taints(inv, node);
+    if labels.is_empty() && taints.is_empty() {
+        return None;
+    }
+    let mut kn = json!({});
+    if !labels.is_empty() {
+        kn["labels"] = json!(labels);
+    }
+    if !taints.is_empty() {
+        let map: serde_json::Map<String, Json> = taints
+            .iter()
+            .map(|t| {
+                let v = match &t.value {
+                    Some(v) => format!("{v}:{}", t.effect),
+                    None => t.effect.to_string(),
+                };
+                (t.key.clone(), json!(v))
+            })
+            .collect();
+        kn["taints"] = Json::Object(map);
+    }
+    Some(doc("KubeNodeConfig", kn))
 }
