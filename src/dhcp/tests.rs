@@ -1276,6 +1276,7 @@ fn view_from_inventory() {
         taints: vec![],
         interfaces: vec![],
         power: None,
+        storage: Default::default(),
     };
     let inv = Inventory {
         path: PathBuf::from("talboot.yaml"),

@@ -131,6 +131,7 @@ fn assemble(path: &Path, base: &Path, mut parts: Parts, d: &mut Diagnostics) -> 
         base,
         d,
     );
+    super::storage::fold_role_volumes(&mut parts.nodes, &parts.role_volumes, &roles);
     Some(Inventory {
         path: path.to_path_buf(),
         format: parts.format.unwrap_or(SourceFormat::Talboot),

@@ -10,6 +10,7 @@
 //!
 //! 1. [`diag`] (locations and diagnostics), [`schematic`] (Image Factory schematics) and
 //!    [`size`] (Talos's disk-size expressions);
+//!    [`storage`] (RAID install and dedicated system volumes) sits beside [`model`];
 //! 2. [`yaml`] (the position-marked YAML tree) and [`model`] (the typed values);
 //! 3. [`read`] (field readers both formats share) and [`parts`] (what a format reader
 //!    produces, the shared defaults and the `${VAR}` environment);
@@ -26,6 +27,7 @@ pub mod power;
 pub mod read;
 pub mod schematic;
 pub mod size;
+pub mod storage;
 pub mod talhelper;
 pub(crate) mod validate;
 pub mod yaml;
@@ -37,6 +39,7 @@ pub use power::{
     AuthMode, BootMode, Credential, IpmiTarget, PowerConfig, ProxmoxTarget, RedfishTarget,
     SecretRef, TALOS_MIN_MEMORY_MIB, VmShape, WolTarget,
 };
+pub use storage::{RaidInstall, Storage, SystemVolume, SystemVolumeName};
 
 #[cfg(test)]
 mod tests;

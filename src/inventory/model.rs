@@ -776,6 +776,9 @@ pub struct Node {
     /// Power and boot-device control (the node's `power:` over its role's); `None` for
     /// `kind: none` or no block anywhere.
     pub power: Option<super::power::PowerConfig>,
+    /// RAID install and dedicated system volumes (Talos v1.14 and later; the roles' volumes
+    /// folded in at load).
+    pub storage: super::storage::Storage,
 }
 
 /// The Cilium add-on.

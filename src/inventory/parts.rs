@@ -61,6 +61,9 @@ pub struct Parts {
     pub(crate) node_power: BTreeMap<String, super::power::PowerBlock>,
     /// Each role's `power:` default, by role name.
     pub(crate) role_power: BTreeMap<String, super::power::PowerBlock>,
+    /// Each role's `systemVolumes`, by role name (folded over the `extends` chain and under
+    /// the node's own at assembly).
+    pub(crate) role_volumes: BTreeMap<String, Vec<super::storage::SystemVolume>>,
 }
 
 /// Kubernetes defaults Talos itself uses.

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+mod storage;
+
 const BASE: &str = "\
 cluster:
   name: t

@@ -1019,4 +1019,37 @@ mod tests {
                 .contains("unknown document kind")
         );
     }
+
+    /// The documents an inventory's `installRaid` and `systemVolumes` render, in the shapes of
+    /// Talos's own patches (`hack/test/patches/md-boot-array.yaml`,
+    /// `dedicated-system-volumes-controlplane.yaml`), pass v1.14's schema; a metadata written
+    /// as a YAML float, or a level other than raid1, does not (the enums are strings).
+    #[test]
+    fn raid_and_dedicated_volume_documents_pass_v1_14s_schema() {
+        let schema = embedded_for(Contract::V1_14);
+        assert!(schema.kinds().any(|k| k == "RAIDArrayConfig"));
+        let ok = ConfigBundle::parse(
+            "apiVersion: v1alpha1\nkind: RAIDArrayConfig\nname: boot\nlevel: raid1\n\
+             metadata: \"1.0\"\nprovisioning:\n  volumeSelector:\n    \
+             match: disk.transport == \"virtio\" && disk.size >= 12u * GiB\n---\n\
+             apiVersion: v1alpha1\nkind: VolumeConfig\nname: ETCD\n\
+             provisioning: {minSize: 1GB, maxSize: 2GB}\n---\n\
+             apiVersion: v1alpha1\nkind: VolumeConfig\nname: LOG\n\
+             provisioning: {diskSelector: {match: 'disk.serial == \"S3\"'}, grow: false, \
+             maxSize: 1GB}\n",
+        )
+        .unwrap();
+        assert_eq!(schema.validate("n", &ok), Report::default());
+        for bad in ["metadata: 1.0", "level: raid5"] {
+            let text = format!(
+                "apiVersion: v1alpha1\nkind: RAIDArrayConfig\nname: boot\n{bad}\n\
+                 provisioning: {{volumeSelector: {{match: 'disk.serial == \"S1\"'}}}}\n"
+            );
+            let report = schema.validate("n", &ConfigBundle::parse(&text).unwrap());
+            assert_eq!(report.violations.len(), 1, "{bad}: {report:?}");
+        }
+        // v1.13's facts know neither document.
+        let v113 = embedded_for(Contract::V1_13);
+        assert!(!v113.kinds().any(|k| k == "RAIDArrayConfig"));
+    }
 }

@@ -326,9 +326,34 @@ pub(crate) fn talos_install_disk(
     install: &yaml_serde::Value,
     disks: &[SimDisk],
 ) -> Result<String, InstallDiskError> {
-    use yaml_serde::Value;
     let disks = talos_order(disks);
     if let Some(sel) = install.get("diskSelector").filter(|v| !v.is_null()) {
+        let selector = LegacySelector::read(sel)?;
+        return disks
+            .iter()
+            .find(|d| selector.matches(&d.spec))
+            .map(|d| d.spec.dev_path.clone())
+            .ok_or(InstallDiskError::NoMatch);
+    }
+    install_disk_by_path(install, &disks)
+}
+
+/// A `machine.install.diskSelector` as Talos reads it: the parts `DiskMatchExpression`
+/// turns into CEL terms, read once so that matching is only comparisons.
+struct LegacySelector {
+    /// `size` as operator and bytes (`InstallDiskSizeMatcher`).
+    size: Option<(&'static str, u64)>,
+    /// `type` (empty when not given).
+    kind: String,
+    /// The glob fields by selector key, empty patterns included (they match anything).
+    globs: [(&'static str, String); 6],
+}
+
+impl LegacySelector {
+    /// Reads the selector, refusing what Talos refuses, in its order: `name`, then a size
+    /// it cannot parse, then an unknown `type`.
+    fn read(sel: &yaml_serde::Value) -> Result<Self, InstallDiskError> {
+        use yaml_serde::Value;
         let text = |k: &str| -> String {
             match sel.get(k) {
                 Some(Value::String(s)) => s.clone(),
@@ -341,17 +366,7 @@ pub(crate) fn talos_install_disk(
         }
         let size = match sel.get("size") {
             None | Some(Value::Null) => None,
-            Some(_) => {
-                // InstallDiskSizeMatcher.UnmarshalYAML: optional operator, then ParseBytes.
-                let cond = text("size").trim().to_owned();
-                let (op, rest) = [">=", "<=", ">", "<", "=="]
-                    .iter()
-                    .find_map(|op| cond.strip_prefix(op).map(|r| (*op, r)))
-                    .unwrap_or(("==", cond.as_str()));
-                let n = parse_bytes(rest.trim())
-                    .ok_or_else(|| InstallDiskError::Size(rest.to_owned()))?;
-                Some((op, n))
-            }
+            Some(_) => Some(size_condition(&text("size"))?),
         };
         let kind = text("type");
         if !matches!(kind.as_str(), "" | "nvme" | "sd" | "hdd" | "ssd") {
@@ -365,43 +380,62 @@ pub(crate) fn talos_install_disk(
             ("modalias", text("modalias")),
             ("busPath", text("busPath")),
         ];
-        let matches = |d: &block::DiskSpec| {
-            let size_ok = size.is_none_or(|(op, n)| match op {
-                ">=" => d.size >= n,
-                "<=" => d.size <= n,
-                ">" => d.size > n,
-                "<" => d.size < n,
-                _ => d.size == n,
-            });
-            let globs_ok = globs.iter().all(|(field, pat)| {
-                let value = match *field {
-                    "uuid" => &d.uuid,
-                    "wwid" => &d.wwid,
-                    "model" => &d.model,
-                    "serial" => &d.serial,
-                    "modalias" => &d.modalias,
-                    _ => &d.bus_path,
-                };
-                pat.is_empty() || go_glob(pat, value)
-            });
-            let type_ok = match kind.as_str() {
-                "nvme" => d.transport == "nvme",
-                "sd" => d.transport == "mmc",
-                "hdd" => d.rotational,
-                "ssd" => !d.rotational,
-                _ => true,
-            };
-            size_ok && globs_ok && !d.transport.is_empty() && type_ok && !d.readonly && !d.cdrom
-        };
-        return disks
-            .iter()
-            .find(|d| matches(&d.spec))
-            .map(|d| d.spec.dev_path.clone())
-            .ok_or(InstallDiskError::NoMatch);
+        Ok(Self { size, kind, globs })
     }
+
+    /// `DiskMatchExpression`'s terms: size, the globs, a transport, the type, and never a
+    /// read-only disk or a CD-ROM.
+    fn matches(&self, d: &block::DiskSpec) -> bool {
+        let size_ok = self.size.is_none_or(|(op, n)| match op {
+            ">=" => d.size >= n,
+            "<=" => d.size <= n,
+            ">" => d.size > n,
+            "<" => d.size < n,
+            _ => d.size == n,
+        });
+        let globs_ok = self.globs.iter().all(|(field, pat)| {
+            let value = match *field {
+                "uuid" => &d.uuid,
+                "wwid" => &d.wwid,
+                "model" => &d.model,
+                "serial" => &d.serial,
+                "modalias" => &d.modalias,
+                _ => &d.bus_path,
+            };
+            pat.is_empty() || go_glob(pat, value)
+        });
+        let type_ok = match self.kind.as_str() {
+            "nvme" => d.transport == "nvme",
+            "sd" => d.transport == "mmc",
+            "hdd" => d.rotational,
+            "ssd" => !d.rotational,
+            _ => true,
+        };
+        size_ok && globs_ok && !d.transport.is_empty() && type_ok && !d.readonly && !d.cdrom
+    }
+}
+
+/// `InstallDiskSizeMatcher.UnmarshalYAML`: an optional operator (`==` when none), then
+/// `humanize.ParseBytes`.
+fn size_condition(text: &str) -> Result<(&'static str, u64), InstallDiskError> {
+    let cond = text.trim();
+    let (op, rest) = [">=", "<=", ">", "<", "=="]
+        .iter()
+        .find_map(|op| cond.strip_prefix(op).map(|r| (*op, r)))
+        .unwrap_or(("==", cond));
+    let n = parse_bytes(rest.trim()).ok_or_else(|| InstallDiskError::Size(rest.to_owned()))?;
+    Ok((op, n))
+}
+
+/// `disk` through `filepath.EvalSymlinks`: the disk whose path, or one of whose
+/// `/dev/disk/...` links, it names.
+fn install_disk_by_path(
+    install: &yaml_serde::Value,
+    disks: &[SimDisk],
+) -> Result<String, InstallDiskError> {
     let path = install
         .get("disk")
-        .and_then(Value::as_str)
+        .and_then(yaml_serde::Value::as_str)
         .filter(|p| !p.is_empty())
         .ok_or(InstallDiskError::Unset)?;
     disks

@@ -23,7 +23,9 @@ use tokio::net::UdpSocket;
 use super::disks::SimDisk;
 use super::ipxe::{self, Command};
 use crate::inventory::size::parse_size_expr;
-use crate::inventory::{Arch, DiskType, Firmware, InstallTarget, Inventory, Mac, Node};
+use crate::inventory::{
+    Arch, DiskSelector, DiskType, Firmware, InstallTarget, Inventory, Mac, Node,
+};
 use crate::tftp::packet::{Mode, Options, Packet};
 
 /// How long to wait for a DHCP or TFTP reply before sending again.
@@ -381,27 +383,14 @@ impl Machine {
         let sock = UdpSocket::bind(SocketAddrV4::new(local, 0))
             .await
             .map_err(io(format!("bind a TFTP socket on {local}")))?;
-        let rrq = Packet::Rrq {
-            filename: file.to_owned(),
-            mode: Mode::Octet,
-            options: Options {
-                blksize: Some(TFTP_BLKSIZE),
-                tsize: Some(0),
-                ..Options::default()
-            },
-        }
-        .to_bytes();
+        let mut transfer = TftpRead::new(file, server);
         let mut buf = vec![0u8; 65536];
-        let mut data = Vec::new();
-        let mut blksize = 512usize;
-        let mut expected: u16 = 1;
         let mut peer: Option<SocketAddr> = None;
-        let mut last_sent = rrq.clone();
         let mut dest = SocketAddr::V4(server);
         let mut tries = 0;
         loop {
             // The request, the ACK of what just arrived, or a retransmission of either.
-            sock.send_to(&last_sent, dest)
+            sock.send_to(&transfer.last_sent, dest)
                 .await
                 .map_err(io(format!("send TFTP to {dest}")))?;
             let got = tokio::time::timeout(RETRANSMIT, sock.recv_from(&mut buf)).await;
@@ -428,34 +417,11 @@ impl Machine {
             peer = Some(from);
             dest = from;
             tries = 0;
-            match packet {
-                Packet::Oack { options } => {
-                    blksize = usize::from(options.blksize.unwrap_or(512));
-                    last_sent = Packet::Ack { block: 0 }.to_bytes();
-                }
-                Packet::Data { block, data: chunk } if block == expected => {
-                    data.extend_from_slice(&chunk);
-                    last_sent = Packet::Ack { block }.to_bytes();
-                    expected = expected.wrapping_add(1);
-                    if chunk.len() < blksize {
-                        sock.send_to(&last_sent, dest)
-                            .await
-                            .map_err(io(format!("send TFTP to {dest}")))?;
-                        return Ok(data);
-                    }
-                }
-                // A duplicate: our ACK was lost; the resend below repeats it.
-                Packet::Data { .. } => {}
-                Packet::Error { code, message } => {
-                    return Err(BootError::Refused(format!(
-                        "TFTP {file} from {server}: error {code:?}: {message}"
-                    )));
-                }
-                other => {
-                    return Err(BootError::Refused(format!(
-                        "TFTP {file} from {server}: unexpected {other:?}"
-                    )));
-                }
+            if transfer.on_packet(packet)? {
+                sock.send_to(&transfer.last_sent, dest)
+                    .await
+                    .map_err(io(format!("send TFTP to {dest}")))?;
+                return Ok(transfer.data);
             }
         }
     }
@@ -618,113 +584,209 @@ fn disk_named(dev: &str, serial: &str) -> SimDisk {
     }
 }
 
+/// The client's side of one RFC 1350 read (with the RFC 2347 options talboot's server
+/// answers): what to send next and what has arrived, kept apart from the socket so that
+/// [`Machine::tftp_get`]'s loop only sends, waits and retransmits.
+struct TftpRead<'a> {
+    file: &'a str,
+    server: SocketAddrV4,
+    /// The block size the server agreed to (512 without an OACK).
+    blksize: usize,
+    /// The next DATA block wanted.
+    expected: u16,
+    /// The file so far.
+    data: Vec<u8>,
+    /// The packet to (re)send: the RRQ, then the ACK of the last block received.
+    last_sent: Vec<u8>,
+}
+
+impl<'a> TftpRead<'a> {
+    /// A read of `file` that starts with an RRQ asking for talboot's block size and the size.
+    fn new(file: &'a str, server: SocketAddrV4) -> Self {
+        let rrq = Packet::Rrq {
+            filename: file.to_owned(),
+            mode: Mode::Octet,
+            options: Options {
+                blksize: Some(TFTP_BLKSIZE),
+                tsize: Some(0),
+                ..Options::default()
+            },
+        }
+        .to_bytes();
+        Self {
+            file,
+            server,
+            blksize: 512,
+            expected: 1,
+            data: Vec::new(),
+            last_sent: rrq,
+        }
+    }
+
+    /// Takes one packet from the server: true when the file is complete (a short block, whose
+    /// ACK is `last_sent`); an ERROR or anything a server does not send refuses the read.
+    fn on_packet(&mut self, packet: Packet) -> Result<bool, BootError> {
+        let (file, server) = (self.file, self.server);
+        match packet {
+            Packet::Oack { options } => {
+                self.blksize = usize::from(options.blksize.unwrap_or(512));
+                self.last_sent = Packet::Ack { block: 0 }.to_bytes();
+            }
+            Packet::Data { block, data: chunk } if block == self.expected => {
+                self.data.extend_from_slice(&chunk);
+                self.last_sent = Packet::Ack { block }.to_bytes();
+                self.expected = self.expected.wrapping_add(1);
+                return Ok(chunk.len() < self.blksize);
+            }
+            // A duplicate: our ACK was lost; the caller's resend repeats it.
+            Packet::Data { .. } => {}
+            Packet::Error { code, message } => {
+                return Err(BootError::Refused(format!(
+                    "TFTP {file} from {server}: error {code:?}: {message}"
+                )));
+            }
+            other => {
+                return Err(BootError::Refused(format!(
+                    "TFTP {file} from {server}: unexpected {other:?}"
+                )));
+            }
+        }
+        Ok(false)
+    }
+}
+
 /// The disks a machine reports: its install disk as the inventory describes it (a device
 /// path, a `/dev/disk/...` link of one of its disks, or one disk matching the selector as
 /// Talos matches it) and a second drive that is *not* it, so the provisioner's disk check
 /// has a real choice to make.
 pub(crate) fn disks_for(name: &str, target: &InstallTarget) -> Vec<SimDisk> {
     let serial = |n: u8| format!("S{:08X}{n}", fnv(name) as u32);
-    let data_disk = |index: u8| {
-        SimDisk::nvme(
-            index,
-            "SAMSUNG MZQL21T9HCJR-00A07",
-            &serial(1),
-            1_920_383_410_176,
-        )
-    };
     match target {
-        InstallTarget::Disk(path) => {
-            let mut install = match path.strip_prefix("/dev/disk/") {
-                // A udev link: the boot SSD carries it.
-                Some(_) => {
-                    let mut d = disk_named("sda", &serial(0));
-                    d.spec.symlinks.push(path.clone());
-                    d.spec.symlinks.sort();
-                    d
-                }
-                None => disk_named(path.trim_start_matches("/dev/"), &serial(0)),
-            };
-            install.spec.model = install.spec.model.trim().to_owned();
-            let other = if install.id == "nvme1n1" { 0 } else { 1 };
-            vec![install, data_disk(other)]
+        InstallTarget::Disk(path) => disks_for_path(path, &serial(0), &serial(1)),
+        InstallTarget::Selector(sel) => disks_for_selector(sel, &serial(0), &serial(1)),
+    }
+}
+
+/// The second drive of a machine whose install disk is given by path: an NVMe data disk.
+fn data_disk(index: u8, serial: &str) -> SimDisk {
+    SimDisk::nvme(
+        index,
+        "SAMSUNG MZQL21T9HCJR-00A07",
+        serial,
+        1_920_383_410_176,
+    )
+}
+
+/// For `installDisk`: the disk with that device name, or the boot SSD carrying that udev
+/// link, then a data disk under the other NVMe name.
+fn disks_for_path(path: &str, serial_0: &str, serial_1: &str) -> Vec<SimDisk> {
+    let mut install = match path.strip_prefix("/dev/disk/") {
+        // A udev link: the boot SSD carries it.
+        Some(_) => {
+            let mut d = disk_named("sda", serial_0);
+            d.spec.symlinks.push(path.to_owned());
+            d.spec.symlinks.sort();
+            d
         }
-        InstallTarget::Selector(sel) => {
-            let expr = sel.size.as_deref().and_then(|s| parse_size_expr(s).ok());
-            let candidates = |b: u64| {
-                [
-                    500 * GB,
-                    b,
-                    b / 2,
-                    b.saturating_mul(2),
-                    b + 1,
-                    b.saturating_sub(1),
-                ]
-            };
-            let size = expr
-                .and_then(|e| {
-                    candidates(e.bytes)
-                        .into_iter()
-                        .find(|&c| c > 0 && e.holds(c))
-                })
-                .unwrap_or(500 * GB);
-            // The other drive fails every criterion the selector has.
-            let other_size = expr
-                .and_then(|e| {
-                    candidates(e.bytes)
-                        .into_iter()
-                        .find(|&c| c > 0 && !e.holds(c))
-                })
-                .unwrap_or(2000 * GB);
-            let serial_0 = sel
-                .serial
-                .clone()
-                .filter(|s| !s.is_empty())
-                .map(|s| s.replace('*', "0"))
-                .unwrap_or_else(|| serial(0));
-            let model = sel
-                .model
-                .as_deref()
-                .filter(|m| !m.is_empty())
-                .map(|m| m.replace('*', " 500GB"))
-                .unwrap_or_else(|| "Samsung SSD 980 PRO 500GB".into());
-            // Talos's `type`: nvme and sd are transports, hdd/ssd only (not) rotational.
-            let make =
-                |kind: Option<DiskType>, index: u8, model: &str, serial: &str, size| match kind {
-                    Some(DiskType::Nvme) => SimDisk::nvme(index, model, serial, size),
-                    Some(DiskType::Sd) => {
-                        let mut d = SimDisk::mmc(index, serial, size);
-                        d.spec.model = model.to_owned();
-                        d
-                    }
-                    Some(DiskType::Hdd) => SimDisk::sata(index, model, serial, size, true),
-                    Some(DiskType::Ssd) | None => SimDisk::sata(index, model, serial, size, false),
-                };
-            let mut install = make(sel.disk_type, 1, &model, &serial_0, size);
-            if let Some(p) = sel.bus_path.as_deref().filter(|p| !p.is_empty()) {
-                install.spec.bus_path = p.replace('*', "0");
-            }
-            if let Some(p) = sel.wwid.as_deref().filter(|p| !p.is_empty()) {
-                install.spec.wwid = p.replace('*', "0");
-            }
-            // With a size the other drive fails, it can be of the same kind (two NVMe drives
-            // whose names swap); otherwise it must fail the type.
-            let other_kind = match sel.disk_type {
-                t if expr.is_some() => t,
-                Some(DiskType::Ssd) => Some(DiskType::Hdd),
-                Some(DiskType::Hdd) => Some(DiskType::Nvme),
-                Some(DiskType::Nvme | DiskType::Sd) => Some(DiskType::Ssd),
-                None => None,
-            };
-            // The other drive enumerates first, to show names are not what decides.
-            let other = make(
-                other_kind,
-                0,
-                "WDC WDS200T1X0E-00AFY0",
-                &serial(1),
-                other_size,
-            );
-            vec![other, install]
+        None => disk_named(path.trim_start_matches("/dev/"), serial_0),
+    };
+    install.spec.model = install.spec.model.trim().to_owned();
+    let other = if install.id == "nvme1n1" { 0 } else { 1 };
+    vec![install, data_disk(other, serial_1)]
+}
+
+/// For `diskSelector`: a disk that meets every criterion, and before it (so names are not
+/// what decides) one that fails them.
+fn disks_for_selector(sel: &DiskSelector, serial_0: &str, serial_1: &str) -> Vec<SimDisk> {
+    let expr = sel.size.as_deref().and_then(|s| parse_size_expr(s).ok());
+    let (size, other_size) = selector_sizes(expr);
+    let serial_0 = sel
+        .serial
+        .clone()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace('*', "0"))
+        .unwrap_or_else(|| serial_0.to_owned());
+    let model = sel
+        .model
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .map(|m| m.replace('*', " 500GB"))
+        .unwrap_or_else(|| "Samsung SSD 980 PRO 500GB".into());
+    let mut install = disk_of_type(sel.disk_type, 1, &model, &serial_0, size);
+    if let Some(p) = sel.bus_path.as_deref().filter(|p| !p.is_empty()) {
+        install.spec.bus_path = p.replace('*', "0");
+    }
+    if let Some(p) = sel.wwid.as_deref().filter(|p| !p.is_empty()) {
+        install.spec.wwid = p.replace('*', "0");
+    }
+    // With a size the other drive fails, it can be of the same kind (two NVMe drives
+    // whose names swap); otherwise it must fail the type.
+    let other_kind = match sel.disk_type {
+        t if expr.is_some() => t,
+        Some(DiskType::Ssd) => Some(DiskType::Hdd),
+        Some(DiskType::Hdd) => Some(DiskType::Nvme),
+        Some(DiskType::Nvme | DiskType::Sd) => Some(DiskType::Ssd),
+        None => None,
+    };
+    // The other drive enumerates first, to show names are not what decides.
+    let other = disk_of_type(
+        other_kind,
+        0,
+        "WDC WDS200T1X0E-00AFY0",
+        serial_1,
+        other_size,
+    );
+    vec![other, install]
+}
+
+/// A size the selector's `size` holds for the install disk and one it does not for the
+/// other drive (500 GB and 2000 GB without a size).
+fn selector_sizes(expr: Option<crate::inventory::size::SizeExpr>) -> (u64, u64) {
+    let candidates = |b: u64| {
+        [
+            500 * GB,
+            b,
+            b / 2,
+            b.saturating_mul(2),
+            b + 1,
+            b.saturating_sub(1),
+        ]
+    };
+    let size = expr
+        .and_then(|e| {
+            candidates(e.bytes)
+                .into_iter()
+                .find(|&c| c > 0 && e.holds(c))
+        })
+        .unwrap_or(500 * GB);
+    // The other drive fails every criterion the selector has.
+    let other_size = expr
+        .and_then(|e| {
+            candidates(e.bytes)
+                .into_iter()
+                .find(|&c| c > 0 && !e.holds(c))
+        })
+        .unwrap_or(2000 * GB);
+    (size, other_size)
+}
+
+/// A disk of Talos's `type`: nvme and sd are transports, hdd/ssd only (not) rotational.
+fn disk_of_type(
+    kind: Option<DiskType>,
+    index: u8,
+    model: &str,
+    serial: &str,
+    size: u64,
+) -> SimDisk {
+    match kind {
+        Some(DiskType::Nvme) => SimDisk::nvme(index, model, serial, size),
+        Some(DiskType::Sd) => {
+            let mut d = SimDisk::mmc(index, serial, size);
+            d.spec.model = model.to_owned();
+            d
         }
+        Some(DiskType::Hdd) => SimDisk::sata(index, model, serial, size, true),
+        Some(DiskType::Ssd) | None => SimDisk::sata(index, model, serial, size, false),
     }
 }
 

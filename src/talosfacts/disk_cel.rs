@@ -212,6 +212,23 @@ pub fn go_glob(pattern: &str, subj: &str) -> bool {
 
 /// Parses, checks and prepares `text` for evaluation in Talos's disk environment.
 pub fn compile(text: &str) -> Result<DiskExpr, CelError> {
+    compile_with(text, Checker::default())
+}
+
+/// [`compile`] for a `RAIDArrayConfig` member selector: Talos checks it in the
+/// `VolumeLocator` environment (no `system_disk`, no `glob`); talboot accepts the part of it
+/// that tests `disk` only, which evaluates the same against the disks a node reports.
+pub fn compile_member(text: &str) -> Result<DiskExpr, CelError> {
+    compile_with(
+        text,
+        Checker {
+            member: true,
+            ..Checker::default()
+        },
+    )
+}
+
+fn compile_with(text: &str, mut checker: Checker) -> Result<DiskExpr, CelError> {
     if text.trim().is_empty() {
         return Err(CelError::Parse("the expression is empty".into()));
     }
@@ -219,7 +236,7 @@ pub fn compile(text: &str) -> Result<DiskExpr, CelError> {
         .parser()
         .parse(text)
         .map_err(|e| CelError::Parse(e.to_string().trim().to_owned()))?;
-    let ty = Checker::default().check(&ast)?;
+    let ty = checker.check(&ast)?;
     if ty != Ty::Bool {
         return Err(CelError::Check(format!(
             "the expression is of type {ty}, not bool"
@@ -328,6 +345,9 @@ fn unify(a: &Ty, b: &Ty) -> Option<Ty> {
 struct Checker {
     /// Comprehension variables in scope, innermost last.
     scopes: Vec<(String, Ty)>,
+    /// Checking a RAID member selector: Talos's `VolumeLocator` environment, which declares
+    /// neither `system_disk` nor `glob`; talboot also leaves out its `volume` variable.
+    member: bool,
 }
 
 fn check_err(why: impl Into<String>) -> CelError {
@@ -459,6 +479,11 @@ impl Checker {
         }
         match name {
             "disk" => Ok(Ty::Disk),
+            "system_disk" | "volume" if self.member => Err(check_err(format!(
+                "undeclared reference to '{name}' (a RAID member selector is checked in \
+                 Talos's VolumeLocator environment, which has no system_disk; talboot \
+                 accepts only disk there, since it checks members against the node's disks)"
+            ))),
             "system_disk" => Ok(Ty::Bool),
             _ if UNITS.iter().any(|(u, _)| *u == name) => Ok(Ty::UInt),
             _ => Err(check_err(format!(
@@ -500,6 +525,13 @@ impl Checker {
             .map(|a| self.check(a))
             .collect::<Result<Vec<_>, _>>()?;
         let name = c.func_name.as_str();
+        if self.member && name == "glob" {
+            return Err(check_err(
+                "undeclared reference to 'glob' (Talos's VolumeLocator environment, where \
+                 RAID member selectors are checked, has no glob; use startsWith, endsWith, \
+                 contains or matches)",
+            ));
+        }
         let found = overload(name, target.as_ref(), &args);
         found.ok_or_else(|| {
             if !name.starts_with('_')
@@ -675,10 +707,12 @@ fn rewrite_has(mut e: IdedExpr) -> IdedExpr {
 }
 
 mod pick;
+mod raid;
 
 pub use pick::{
     CelRefusal, Choice, Purpose, RefusalKind, choose, compile_for, describe, talos_order,
 };
+pub use raid::{choose_members, split_members};
 
 #[cfg(test)]
 mod tests;

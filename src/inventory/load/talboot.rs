@@ -13,6 +13,7 @@ mod addons;
 mod cluster;
 mod network;
 mod node;
+mod storage;
 
 use self::{addons::addons, cluster::cluster, network::network, node::node};
 
@@ -52,7 +53,7 @@ pub(super) fn read(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => Some(Boot::default()),
     };
     if let Some(n) = r.get("roles") {
-        parts.roles = roles(n, base, &mut parts.role_power, d);
+        parts.roles = roles(n, base, &mut parts.role_power, &mut parts.role_volumes, d);
     }
     match r.get("nodes") {
         Some(n) => {
@@ -141,10 +142,49 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
     })
 }
 
+/// The keys a role may have.
+const ROLE_KEYS: &[&str] = &[
+    "type",
+    "extends",
+    "patches",
+    "labels",
+    "taints",
+    "power",
+    "systemVolumes",
+];
+
+/// Per-role maps of what [`crate::inventory::load`] folds onto the role's nodes later.
+type RoleBlocks<'a> = (
+    &'a mut std::collections::BTreeMap<String, crate::inventory::power::PowerBlock>,
+    &'a mut std::collections::BTreeMap<String, Vec<crate::inventory::SystemVolume>>,
+);
+
+/// A role's `power` and `systemVolumes`, kept by role name because they are resolved onto
+/// nodes only once roles and nodes are all read.
+fn role_blocks(
+    r: &mut MapReader<'_>,
+    path: &str,
+    role: &str,
+    (power, volumes): RoleBlocks<'_>,
+    d: &mut Diagnostics,
+) {
+    if let Some(b) = r
+        .get("power")
+        .and_then(|n| crate::inventory::power::PowerBlock::read(n, &format!("{path}.power"), d))
+    {
+        power.insert(role.to_owned(), b);
+    }
+    if let Some(n) = r.get("systemVolumes") {
+        let v = storage::system_volumes(n, &format!("{path}.systemVolumes"), d);
+        volumes.insert(role.to_owned(), v);
+    }
+}
+
 fn roles(
     node: &Y,
     base: &Path,
     power: &mut std::collections::BTreeMap<String, crate::inventory::power::PowerBlock>,
+    volumes: &mut std::collections::BTreeMap<String, Vec<crate::inventory::SystemVolume>>,
     d: &mut Diagnostics,
 ) -> Vec<RoleDef> {
     let Value::Map(entries) = &node.value else {
@@ -198,16 +238,8 @@ fn roles(
             .get("taints")
             .map(|n| read::taints(n, &format!("{path}.taints"), d))
             .unwrap_or_default();
-        if let Some(b) = r
-            .get("power")
-            .and_then(|n| crate::inventory::power::PowerBlock::read(n, &format!("{path}.power"), d))
-        {
-            power.insert(key.name.clone(), b);
-        }
-        r.finish(
-            &["type", "extends", "patches", "labels", "taints", "power"],
-            d,
-        );
+        role_blocks(&mut r, &path, &key.name, (power, volumes), d);
+        r.finish(ROLE_KEYS, d);
         out.push(RoleDef {
             name: Spanned::new(key.name.clone(), key.loc.clone()),
             machine_type,

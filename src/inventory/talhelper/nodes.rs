@@ -173,6 +173,7 @@ pub(super) fn node(
         taints,
         interfaces: extras,
         power: None,
+        storage: Default::default(),
     };
     if node.macs.is_empty() {
         return None;

@@ -25,13 +25,59 @@ pub(super) fn contract_rules(cluster: &Cluster, parts: &Parts, d: &mut Diagnosti
     }
     if contract < Contract::V1_14 {
         refuse_disk_match(cluster, parts, d);
+        refuse_storage(cluster, parts, d);
+    }
+}
+
+/// `installRaid` and `systemVolumes` need the v1.14 contract: `RAIDArrayConfig` and a
+/// `VolumeConfig` for ETCD or LOG are v1.14 documents (v1.13's schema has neither kind and
+/// v1.13 keeps ETCD and LOG as directories of EPHEMERAL).
+fn refuse_storage(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
+    let version = &cluster.talos_version.value;
+    for node in &parts.nodes {
+        if let Some(raid) = &node.storage.raid {
+            d.error_hint(
+                &raid.name.loc,
+                format!("node {}: installRaid", node.name.value),
+                format!(
+                    "installing onto a RAID array needs Talos v1.14 or later (RAIDArrayConfig); \
+                     this cluster runs {version}"
+                ),
+                "install onto one disk with installDisk or diskSelector, or raise talosVersion",
+            );
+        }
+    }
+    let volumes = parts
+        .nodes
+        .iter()
+        .map(|n| (format!("node {}", n.name.value), &n.storage.volumes))
+        .chain(
+            parts
+                .role_volumes
+                .iter()
+                .map(|(r, v)| (format!("role {r}"), v)),
+        );
+    for (owner, list) in volumes {
+        for v in list {
+            d.error_hint(
+                &v.loc,
+                format!("{owner}: systemVolumes.{}", v.name),
+                format!(
+                    "a dedicated {} partition needs Talos v1.14 or later (VolumeConfig for \
+                     system volumes); this cluster runs {version}",
+                    v.name
+                ),
+                "remove systemVolumes (the volume stays a directory of EPHEMERAL), or raise \
+                 talosVersion",
+            );
+        }
     }
 }
 
 /// A CEL `diskSelector.match` needs the v1.14 contract: below it the install disk is
 /// `machine.install`, whose selector has no expression field.
 fn refuse_disk_match(cluster: &Cluster, parts: &Parts, d: &mut Diagnostics) {
-    for node in &parts.nodes {
+    for node in parts.nodes.iter().filter(|n| n.storage.raid.is_none()) {
         let InstallTarget::Selector(DiskSelector { expr: Some(e), .. }) = &node.install else {
             continue;
         };

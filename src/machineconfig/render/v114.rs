@@ -377,6 +377,7 @@ pub(super) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, Rend
     let cp = role.machine_type == MachineType::ControlPlane;
 
     let mut docs = vec![unattended_install(inv, node)?];
+    docs.extend(storage_documents(&node.storage));
     if let Some(kn) = kube_node_config(inv, node) {
         docs.push(kn);
     }
@@ -462,6 +463,43 @@ fn unattended_install(inv: &Inventory, node: &Node) -> Result<Json, RenderError>
     ))
 }
 
+/// The node's RAID install array (`RAIDArrayConfig`, the shape of Talos's RAID-boot CI patch
+/// `hack/test/patches/md-boot-array.yaml`) and its dedicated system volumes (`VolumeConfig`
+/// with provisioning, as `hack/test/patches/dedicated-system-volumes-*.yaml`). `metadata`
+/// is written although 1.0 is Talos's default, so the reader sees the boot requirement.
+fn storage_documents(storage: &crate::inventory::Storage) -> Vec<Json> {
+    let mut docs = Vec::new();
+    if let Some(raid) = &storage.raid {
+        docs.push(doc(
+            "RAIDArrayConfig",
+            json!({
+                "name": raid.name.value,
+                "level": "raid1",
+                "metadata": "1.0",
+                "provisioning": {"volumeSelector": {"match": raid.volume_match()}}
+            }),
+        ));
+    }
+    for v in &storage.volumes {
+        let mut provisioning = serde_json::Map::new();
+        if let Some(sel) = &v.selector {
+            provisioning.insert("diskSelector".into(), json!({"match": sel.value}));
+        }
+        if let Some(grow) = v.grow {
+            provisioning.insert("grow".into(), json!(grow));
+        }
+        if let Some(min) = &v.min_size {
+            provisioning.insert("minSize".into(), json!(min));
+        }
+        provisioning.insert("maxSize".into(), json!(v.max_size));
+        docs.push(doc(
+            "VolumeConfig",
+            json!({"name": v.name.as_str(), "provisioning": provisioning}),
+        ));
+    }
+    docs
+}
+
 /// The node's labels and taints as a `KubeNodeConfig` (taints as `value:effect` or
 /// `effect`), or nothing when it has neither.
 fn kube_node_config(inv: &Inventory, node: &Node) -> Option<Json> {
@@ -488,4 +526,114 @@ fn kube_node_config(inv: &Inventory, node: &Node) -> Option<Json> {
         kn["taints"] = Json::Object(map);
     }
     Some(doc("KubeNodeConfig", kn))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use yaml_serde::Value;
+
+    use crate::inventory::{
+        self, DiskSelector, InstallTarget, Inventory, Loc, RaidInstall, Spanned, Storage,
+        SystemVolume, SystemVolumeName,
+    };
+    use crate::machineconfig::render::render_node;
+    use crate::talosfacts::contract::Contract;
+
+    /// The lab at v1.14.0, its first control plane installing onto a two-disk RAID1 array
+    /// with ETCD and LOG on partitions of their own.
+    fn lab_with_storage() -> Inventory {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+        let mut inv = inventory::load_with_env(&file, &BTreeMap::new())
+            .unwrap()
+            .inventory;
+        inv.cluster.talos_version.value = "v1.14.0".parse().unwrap();
+        let loc = Loc::file_only(&file);
+        let at = |s: &str| Spanned::new(s.to_owned(), loc.clone());
+        let raid = RaidInstall {
+            name: at("boot"),
+            members: vec![at("disk.serial == \"S1\""), at("disk.serial == \"S2\"")],
+        };
+        let node = &mut inv.nodes[0];
+        node.install = InstallTarget::Selector(DiskSelector {
+            expr: Some(at(&raid.install_match())),
+            ..DiskSelector::default()
+        });
+        node.storage = Storage {
+            raid: Some(raid),
+            volumes: vec![
+                SystemVolume {
+                    name: SystemVolumeName::Etcd,
+                    selector: None,
+                    min_size: Some("1GB".into()),
+                    max_size: "2GB".into(),
+                    grow: None,
+                    loc: loc.clone(),
+                },
+                SystemVolume {
+                    name: SystemVolumeName::Log,
+                    selector: Some(at("disk.serial == \"S3\"")),
+                    min_size: None,
+                    max_size: "1GB".into(),
+                    grow: Some(false),
+                    loc,
+                },
+            ],
+        };
+        inv
+    }
+
+    fn yaml(text: &str) -> Value {
+        yaml_serde::from_str(text).unwrap()
+    }
+
+    /// The documents are exactly Talos's RAID-boot CI patch (`md-boot-array.yaml`, with
+    /// talboot's members) and the dedicated-volume patches' shape, and pass v1.14's schema.
+    #[test]
+    fn raid_install_and_system_volumes_render_in_talos_shapes_and_pass_the_schema() {
+        let inv = lab_with_storage();
+        let secrets = super::super::tests::fixture_secrets();
+        let node = &inv.nodes[0];
+        let b = render_node(&inv, &secrets, node).unwrap();
+        assert_eq!(
+            b.typed("RAIDArrayConfig", Some("boot")).unwrap(),
+            &yaml(
+                "apiVersion: v1alpha1\nkind: RAIDArrayConfig\nname: boot\nlevel: raid1\n\
+                 metadata: \"1.0\"\nprovisioning:\n  volumeSelector:\n    \
+                 match: (disk.serial == \"S1\") || (disk.serial == \"S2\")\n"
+            )
+        );
+        let install = b.typed("UnattendedInstallConfig", None).unwrap();
+        assert_eq!(
+            install["provisioning"]["diskSelector"]["match"],
+            Value::from("\"/dev/disk/by-id/md-name-talos:boot\" in disk.symlinks")
+        );
+        assert_eq!(install["provisioning"]["wipe"], Value::from(false));
+        assert_eq!(
+            b.typed("VolumeConfig", Some("ETCD")).unwrap(),
+            &yaml(
+                "apiVersion: v1alpha1\nkind: VolumeConfig\nname: ETCD\n\
+                 provisioning: {minSize: 1GB, maxSize: 2GB}\n"
+            )
+        );
+        assert_eq!(
+            b.typed("VolumeConfig", Some("LOG")).unwrap(),
+            &yaml(
+                "apiVersion: v1alpha1\nkind: VolumeConfig\nname: LOG\nprovisioning:\n  \
+                 diskSelector: {match: disk.serial == \"S3\"}\n  grow: false\n  maxSize: 1GB\n"
+            )
+        );
+        // gen config's EPHEMERAL document stays.
+        assert!(b.typed("VolumeConfig", Some("EPHEMERAL")).is_some());
+        let report = crate::machineconfig::schema::embedded_for(Contract::V1_14)
+            .validate(&node.name.value, &b);
+        assert_eq!(report.violations, vec![]);
+        assert_eq!(report.deprecated, vec![]);
+        // A node without storage gets none of these documents.
+        let other = render_node(&inv, &secrets, &inv.nodes[1]).unwrap();
+        assert!(other.typed("RAIDArrayConfig", Some("boot")).is_none());
+        assert!(other.typed("VolumeConfig", Some("ETCD")).is_none());
+    }
 }

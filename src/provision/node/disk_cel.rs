@@ -6,9 +6,17 @@
 //!
 //! The expressions are read back from the rendered documents rather than from the inventory,
 //! so what is evaluated is exactly what the node receives, operator patches included.
+//!
+//! An install selector that targets a `RAIDArrayConfig` array by its `md-name-talos:<name>`
+//! link cannot match a reported disk (the array is created only once the config is
+//! applied), so for it the array's member selector is checked instead, and the array must
+//! be one Talos can boot from (raid1, metadata 1.0).
 
+use crate::inventory::storage::md_device_path;
 use crate::store::DiskFacts;
-use crate::talosfacts::disk_cel::{CelDisk, CelRefusal, Choice, Purpose, choose, compile_for};
+use crate::talosfacts::disk_cel::{
+    CelDisk, CelRefusal, Choice, Purpose, choose, choose_members, compile_for,
+};
 
 /// The COSI `DiskSpec` a stored disk fact stands for: what the CEL `disk` variable holds.
 pub(crate) fn cel_disk(d: &DiskFacts) -> CelDisk {
@@ -51,6 +59,8 @@ pub(crate) struct Picks {
     pub(crate) install: Choice,
     /// Each volume selector (`<kind> <name>`) and its disk.
     pub(crate) volumes: Vec<(String, Choice)>,
+    /// Each `RAIDArrayConfig` array by name, with its member disks.
+    pub(crate) arrays: Vec<(String, Vec<String>)>,
 }
 
 /// Why the check could not run or refused.
@@ -75,6 +85,39 @@ pub(crate) enum DiskCheckError {
     /// The rendered config is not the YAML talboot wrote (never expected).
     #[error("the rendered config does not read back as YAML: {0}")]
     Unreadable(String),
+    /// The install selector targets an array Talos cannot boot from (Talos does not check).
+    #[error(
+        "the install disk is RAID array {name} ({device}), which the firmware cannot boot \
+         from: {why}"
+    )]
+    BootArray {
+        /// The array.
+        name: String,
+        /// Its device link.
+        device: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A `RAIDArrayConfig` without `provisioning.volumeSelector.match` (Talos refuses it).
+    #[error(
+        "RAIDArrayConfig {0} has no provisioning.volumeSelector.match (Talos refuses it: \
+         \"provisioning.volumeSelector.match is required\")"
+    )]
+    ArrayWithoutSelector(String),
+    /// A volume selector picks a disk that a RAID array takes as a member.
+    #[error(
+        "{what} would be placed on {disk}, which RAID array {array} takes as a member; \
+         select a disk outside the array, or leave diskSelector out to place it on the \
+         system disk"
+    )]
+    OnRaidMember {
+        /// The volume document.
+        what: String,
+        /// The disk.
+        disk: String,
+        /// The array.
+        array: String,
+    },
     /// A volume's `minSize` is not a size Talos reads.
     #[error("{what}: provisioning.minSize {text:?} is not a size Talos reads")]
     MinSize {
@@ -103,10 +146,110 @@ fn kind_of(doc: &yaml_serde::Value) -> &str {
     str_at(doc, &["kind"]).unwrap_or_default()
 }
 
+/// A `RAIDArrayConfig` of the rendered config.
+struct Array<'a> {
+    name: &'a str,
+    level: Option<&'a str>,
+    /// `metadata` as text (`1.0` written without quotes reads as a float).
+    metadata: Option<String>,
+    selector: Option<&'a str>,
+}
+
+fn arrays_of(docs: &[yaml_serde::Value]) -> Vec<Array<'_>> {
+    docs.iter()
+        .filter(|d| kind_of(d) == "RAIDArrayConfig")
+        .map(|d| Array {
+            name: str_at(d, &["name"]).unwrap_or_default(),
+            level: str_at(d, &["level"]),
+            metadata: d.get("metadata").map(|m| match (m.as_str(), m.as_f64()) {
+                (Some(s), _) => s.to_owned(),
+                (None, Some(f)) => format!("{f:.1}"),
+                _ => format!("{m:?}"),
+            }),
+            selector: str_at(d, &["provisioning", "volumeSelector", "match"]),
+        })
+        .collect()
+}
+
+/// The array the install selector targets by its link, as Talos's RAID-boot test writes it.
+fn boot_array<'a>(install: &str, arrays: &'a [Array<'a>]) -> Option<&'a Array<'a>> {
+    arrays
+        .iter()
+        .find(|a| install.trim() == format!("\"{}\" in disk.symlinks", md_device_path(a.name)))
+}
+
+/// What the firmware needs of an array it boots from and Talos does not check: raid1 (the
+/// default level) and metadata 1.0 (the default), whose superblock at the end of each member
+/// leaves the partition table where the firmware looks.
+fn bootable(a: &Array<'_>) -> Result<(), DiskCheckError> {
+    let why = match (a.level, a.metadata.as_deref()) {
+        (Some(l), _) if l != "raid1" => format!("level {l}; only raid1 mirrors boot"),
+        (_, Some(m)) if m != "1.0" => format!(
+            "metadata {m}; a boot array needs metadata 1.0, whose superblock sits at the end \
+             of each member so the firmware reads it as a plain disk"
+        ),
+        _ => return Ok(()),
+    };
+    Err(DiskCheckError::BootArray {
+        name: a.name.to_owned(),
+        device: md_device_path(a.name),
+        why,
+    })
+}
+
 /// Evaluates every disk selector of the rendered `config` against `disks`: the install
-/// selector first (its pick is the system disk the volume selectors see), then each volume
-/// selector in document order.
+/// selector first (its pick is the system disk the volume selectors see; for an install onto
+/// a RAID array, the array's members), then every array's members, then each volume selector
+/// in document order.
 pub(crate) fn check_rendered(config: &[u8], disks: &[DiskFacts]) -> Result<Picks, DiskCheckError> {
+    let docs = read_docs(config)?;
+    if disks.iter().any(|d| !d.from_cosi) {
+        return Err(DiskCheckError::NoBlockFacts);
+    }
+    let facts: Vec<CelDisk> = disks.iter().map(cel_disk).collect();
+    let arrays = arrays_of(&docs);
+    let mut members = Vec::new();
+    for a in &arrays {
+        let text = a
+            .selector
+            .ok_or_else(|| DiskCheckError::ArrayWithoutSelector(a.name.to_owned()))?;
+        members.push((a.name.to_owned(), choose_members(a.name, text, &facts)?));
+    }
+
+    let install_text = docs
+        .iter()
+        .filter(|d| kind_of(d) == "UnattendedInstallConfig")
+        .find_map(selector_of)
+        .ok_or(DiskCheckError::NoInstallSelector)?;
+    let install = match boot_array(install_text, &arrays) {
+        Some(a) => {
+            bootable(a)?;
+            let matched = members
+                .iter()
+                .find(|(n, _)| n == a.name)
+                .map(|(_, m)| m.clone())
+                .unwrap_or_default();
+            Choice {
+                disk: md_device_path(a.name),
+                matched,
+            }
+        }
+        None => {
+            let what = "UnattendedInstallConfig";
+            let expr = compile_for(what, install_text, &facts)?;
+            choose(what, &expr, &facts, &Purpose::Install)?
+        }
+    };
+    let volumes = volume_picks(&docs, &facts, &install, &members)?;
+    Ok(Picks {
+        install,
+        volumes,
+        arrays: members,
+    })
+}
+
+/// The rendered config as YAML documents.
+fn read_docs(config: &[u8]) -> Result<Vec<yaml_serde::Value>, DiskCheckError> {
     use serde::Deserialize;
     let text =
         std::str::from_utf8(config).map_err(|e| DiskCheckError::Unreadable(e.to_string()))?;
@@ -117,22 +260,18 @@ pub(crate) fn check_rendered(config: &[u8], disks: &[DiskFacts]) -> Result<Picks
                 .map_err(|e| DiskCheckError::Unreadable(e.to_string()))?,
         );
     }
-    if disks.iter().any(|d| !d.from_cosi) {
-        return Err(DiskCheckError::NoBlockFacts);
-    }
-    let facts: Vec<CelDisk> = disks.iter().map(cel_disk).collect();
+    Ok(docs)
+}
 
-    let install_text = docs
-        .iter()
-        .filter(|d| kind_of(d) == "UnattendedInstallConfig")
-        .find_map(selector_of)
-        .ok_or(DiskCheckError::NoInstallSelector)?;
-    let what = "UnattendedInstallConfig";
-    let expr = compile_for(what, install_text, &facts)?;
-    let install = choose(what, &expr, &facts, &Purpose::Install)?;
-
+/// Each volume document's disk, in document order; a disk a RAID array takes is refused.
+fn volume_picks(
+    docs: &[yaml_serde::Value],
+    facts: &[CelDisk],
+    install: &Choice,
+    arrays: &[(String, Vec<String>)],
+) -> Result<Vec<(String, Choice)>, DiskCheckError> {
     let mut volumes = Vec::new();
-    for d in &docs {
+    for d in docs {
         let k = kind_of(d);
         if !VOLUME_KINDS.contains(&k) {
             continue;
@@ -154,11 +293,22 @@ pub(crate) fn check_rendered(config: &[u8], disks: &[DiskFacts]) -> Result<Picks
             min_size,
             system_disk: install.disk.clone(),
         };
-        let expr = compile_for(&what, text, &facts)?;
-        volumes.push((what.clone(), choose(&what, &expr, &facts, &purpose)?));
+        let expr = compile_for(&what, text, facts)?;
+        let choice = choose(&what, &expr, facts, &purpose)?;
+        if let Some((array, _)) = arrays.iter().find(|(_, m)| m.contains(&choice.disk)) {
+            return Err(DiskCheckError::OnRaidMember {
+                what,
+                disk: choice.disk,
+                array: array.clone(),
+            });
+        }
+        volumes.push((what, choice));
     }
-    Ok(Picks { install, volumes })
+    Ok(volumes)
 }
+
+#[cfg(test)]
+mod raid_tests;
 
 #[cfg(test)]
 mod tests {

@@ -59,6 +59,10 @@ pub enum RefusalKind {
     NoRoom { matched: Vec<String>, min_size: u64 },
     /// The one disk matched cannot be installed to (read-only or a CD-ROM).
     Unusable { disk: String, why: &'static str },
+    /// A RAID array's selector matches fewer disks than Talos needs to create it.
+    TooFewMembers { matched: Vec<String> },
+    /// A RAID member matches the disk another member (`other`) already matched.
+    SharedMember { disk: String, other: String },
 }
 
 impl fmt::Display for CelRefusal {
@@ -86,15 +90,36 @@ impl fmt::Display for CelRefusal {
                 "{what} selector `{expr}` matches {} but none has room for minSize {min_size} bytes",
                 matched.join(", ")
             )?,
+            RefusalKind::TooFewMembers { matched } => write!(
+                f,
+                "{what} selector `{expr}` matches {} disk(s){}: Talos waits for at least 2 \
+                 members before it creates the array (\"waiting for enough member disks\"), \
+                 so the node would never install",
+                matched.len(),
+                if matched.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", matched.join(", "))
+                }
+            )?,
+            RefusalKind::SharedMember { disk, other } => write!(
+                f,
+                "{what} selector `{expr}` matches {disk}, which {other} already matches: one \
+                 disk cannot be two members of the array"
+            )?,
             RefusalKind::Unusable { disk, why } => write!(
                 f,
                 "{what} selector `{expr}` matches only {disk}, which is {why}: Talos cannot \
                  install to it"
             )?,
         }
+        let fix = match self.reason.as_ref() {
+            RefusalKind::TooFewMembers { .. } => "match every member disk",
+            _ => "narrow the expression",
+        };
         write!(
             f,
-            "; narrow the expression (disk.serial, disk.wwid or \"<link>\" in disk.symlinks stay \
+            "; {fix} (disk.serial, disk.wwid or \"<link>\" in disk.symlinks stay \
              stable when device names change). The node reports {} disk(s):",
             self.disks.len()
         )?;

@@ -16,6 +16,8 @@ const NODE: &[&str] = &[
     "gateway",
     "installDisk",
     "diskSelector",
+    "installRaid",
+    "systemVolumes",
     "arch",
     "firmware",
     "kernelArgs",
@@ -41,7 +43,7 @@ pub(super) fn node(
     let gateway = r
         .get("gateway")
         .and_then(|n| read::ipv4(n, &f("gateway"), d));
-    let install = install_target(&mut r, path, d);
+    let placement = placement(&mut r, path, d);
     let arch = r
         .get("arch")
         .and_then(|n| read::word(n, &f("arch"), d, Arch::WORDS, Arch::parse));
@@ -82,13 +84,14 @@ pub(super) fn node(
     if macs.is_empty() {
         return None;
     }
+    let (install, storage) = placement?;
     Some(Node {
         name: name?,
         macs,
         role: role?,
         address: address?,
         gateway,
-        install: install?,
+        install,
         arch,
         firmware,
         kernel_args,
@@ -98,7 +101,43 @@ pub(super) fn node(
         taints,
         interfaces,
         power: None,
+        storage,
     })
+}
+
+/// Where Talos installs and what else the node asks of its disks: `installRaid` (which
+/// makes the install target the array's link) or `installDisk`/`diskSelector`, and
+/// `systemVolumes`. `None` when the install target or the array could not be read (reported).
+fn placement(
+    r: &mut MapReader<'_>,
+    path: &str,
+    d: &mut Diagnostics,
+) -> Option<(InstallTarget, crate::inventory::storage::Storage)> {
+    let f = |k: &str| format!("{path}.{k}");
+    let raid = r
+        .get("installRaid")
+        .map(|n| super::storage::install_raid(n, &f("installRaid"), d));
+    let install = install_target(r, path, raid.is_some(), d);
+    let volumes = r
+        .get("systemVolumes")
+        .map(|n| super::storage::system_volumes(n, &f("systemVolumes"), d))
+        .unwrap_or_default();
+    let (install, raid) = match raid {
+        Some(raid) => {
+            let raid = raid?;
+            let link = Spanned::new(raid.install_match(), raid.name.loc.clone());
+            let selector = DiskSelector {
+                expr: Some(link),
+                ..DiskSelector::default()
+            };
+            (InstallTarget::Selector(selector), Some(raid))
+        }
+        None => (install?, None),
+    };
+    Some((
+        install,
+        crate::inventory::storage::Storage { raid, volumes },
+    ))
 }
 
 /// Name, MACs, role and address; each `None` (or no MAC) when missing or unreadable
@@ -186,12 +225,30 @@ fn macs(r: &mut MapReader<'_>, path: &str, d: &mut Diagnostics) -> Vec<Spanned<M
     macs
 }
 
-/// Where Talos installs: `installDisk` or `diskSelector`, exactly one of them.
-fn install_target(r: &mut MapReader<'_>, path: &str, d: &mut Diagnostics) -> Option<InstallTarget> {
+/// Where Talos installs: `installDisk` or `diskSelector`, exactly one of them, unless the
+/// node installs onto a RAID array (`installRaid`, read by the caller), which excludes both.
+fn install_target(
+    r: &mut MapReader<'_>,
+    path: &str,
+    raid: bool,
+    d: &mut Diagnostics,
+) -> Option<InstallTarget> {
     let loc = r.loc().clone();
     let f = |k: &str| format!("{path}.{k}");
     let disk = r.get("installDisk");
     let selector = r.get("diskSelector");
+    if raid {
+        if let Some(other) = disk.or(selector) {
+            d.error_hint(
+                &other.loc,
+                path,
+                "installRaid and installDisk/diskSelector are both set",
+                "keep installRaid to install onto the array (Talos selects it by its \
+                 md-name link), or drop it to install onto one disk",
+            );
+        }
+        return None;
+    }
     match (disk, selector) {
         (Some(_), Some(s)) => {
             d.error_hint(
@@ -220,7 +277,8 @@ fn install_target(r: &mut MapReader<'_>, path: &str, d: &mut Diagnostics) -> Opt
                 &loc,
                 path,
                 "no install disk: set installDisk or diskSelector",
-                "e.g. installDisk: /dev/sda, or diskSelector: {model: \"Samsung SSD 980*\"}",
+                "e.g. installDisk: /dev/sda, or diskSelector: {model: \"Samsung SSD 980*\"}; from \
+                 Talos v1.14 on, installRaid installs onto a RAID1 array",
             );
             None
         }
