@@ -202,6 +202,7 @@ fn the_summary_names_the_nodes_kept_and_moved() {
 /// Two Talos doubles (v1.13.9) running v1.13-contract configs rendered from an inventory
 /// already at v1.14.0: with the running contract nothing changes; `--contract v1.14` is
 /// refused on them, naming the node's Talos.
+#[cfg(feature = "sim")]
 #[tokio::test]
 async fn resolution_against_talos_doubles() {
     use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
