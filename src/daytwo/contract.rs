@@ -76,7 +76,7 @@ pub enum DetectError {
 /// [`V1_14_DOCUMENTS`] (Talos prefers such a document over the legacy field, so a config
 /// holding both behaves as v1.14), else v1.13 (the v1alpha1 document carries install,
 /// Kubernetes and discovery).
-pub fn detect(config: &str) -> Result<Contract, DetectError> {
+pub(crate) fn detect(config: &str) -> Result<Contract, DetectError> {
     let mut v1alpha1 = false;
     let mut newer = false;
     for doc in yaml_serde::Deserializer::from_str(config) {
@@ -100,7 +100,7 @@ pub fn detect(config: &str) -> Result<Contract, DetectError> {
 
 /// Which contract `plan` and `apply` render a node at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContractChoice {
+pub(crate) enum ContractChoice {
     /// The contract of the config the node runs ([`detect`]): no change of contract.
     Running,
     /// `--contract vX.Y`: this contract (a migration when the node runs another).
@@ -110,11 +110,11 @@ pub enum ContractChoice {
 /// `--contract` text that names no contract talboot renders.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a contract talboot renders; use v1.13 or v1.14")]
-pub struct UnknownContract(String);
+pub(crate) struct UnknownContract(String);
 
 /// `v1.14`, `1.14` (a patch level, `v1.14.0`, is accepted and ignored, as upstream's
 /// `ParseContractFromVersion` ignores it).
-pub fn parse_contract(s: &str) -> Result<Contract, UnknownContract> {
+pub(crate) fn parse_contract(s: &str) -> Result<Contract, UnknownContract> {
     let t = s.trim().trim_start_matches('v');
     let mut parts = t.split('.');
     let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
@@ -149,7 +149,7 @@ pub enum ContractError {
 /// Whether a node running Talos `tag` takes `contract`'s documents: its minor must be at
 /// least the contract's (a v1.14-contract config on a v1.13 node is refused by Talos: the
 /// v1.13 config loader does not know `UnattendedInstallConfig`, `Kube*Config`, ...).
-pub fn check_runs(contract: Contract, tag: &str) -> Result<(), ContractError> {
+pub(crate) fn check_runs(contract: Contract, tag: &str) -> Result<(), ContractError> {
     let version: crate::inventory::Version =
         tag.parse().map_err(|_| ContractError::UnknownRunning {
             contract,
@@ -166,7 +166,11 @@ pub fn check_runs(contract: Contract, tag: &str) -> Result<(), ContractError> {
 }
 
 /// The contract a node is rendered at, from the config it runs and the Talos it reports.
-pub fn choose(choice: ContractChoice, running: &str, tag: &str) -> Result<Contract, ContractError> {
+pub(crate) fn choose(
+    choice: ContractChoice,
+    running: &str,
+    tag: &str,
+) -> Result<Contract, ContractError> {
     match choice {
         ContractChoice::Running => detect(running).map_err(ContractError::Undetected),
         ContractChoice::At(c) => check_runs(c, tag).map(|()| c),
@@ -176,19 +180,23 @@ pub fn choose(choice: ContractChoice, running: &str, tag: &str) -> Result<Contra
 /// Every node's config at every contract talboot renders (a contract the inventory does not
 /// render keeps its problems, an error only for a node rendered at it).
 #[derive(Debug, Clone, Default)]
-pub struct Renderings {
+pub(crate) struct Renderings {
     by_contract: BTreeMap<Contract, Result<BTreeMap<String, String>, String>>,
 }
 
 impl Renderings {
     /// `contract`'s rendering: `(node, config)` pairs, or why the inventory does not render.
-    pub fn insert(&mut self, contract: Contract, rendered: Result<Vec<(String, String)>, String>) {
+    pub(crate) fn insert(
+        &mut self,
+        contract: Contract,
+        rendered: Result<Vec<(String, String)>, String>,
+    ) {
         self.by_contract
             .insert(contract, rendered.map(|c| c.into_iter().collect()));
     }
 
     /// `node`'s config at `contract`.
-    pub fn get(&self, node: &str, contract: Contract) -> Result<&str, ContractError> {
+    pub(crate) fn get(&self, node: &str, contract: Contract) -> Result<&str, ContractError> {
         let not_rendered = |problems: String| ContractError::NotRendered { contract, problems };
         match self.by_contract.get(&contract) {
             None => Err(not_rendered("not rendered".into())),
@@ -203,7 +211,7 @@ impl Renderings {
 
 /// How one node's contract was resolved.
 #[derive(Debug, Clone)]
-pub enum Resolution {
+pub(crate) enum Resolution {
     /// Rendered at this contract; `running` is the contract of its running config.
     At {
         contract: Contract,
@@ -217,7 +225,7 @@ pub enum Resolution {
 
 /// One node with its rendering at the resolved contract.
 #[derive(Debug, Clone)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// `rendered` is the rendering at the resolved contract (unchanged when not resolved).
     pub target: NodeTarget,
     pub resolution: Resolution,
@@ -225,7 +233,7 @@ pub struct Resolved {
 
 /// Reads every node's running config and Talos version and picks its rendering for
 /// `choice`, in order.
-pub async fn resolve(
+pub(crate) async fn resolve(
     conn: &Connector,
     targets: &[NodeTarget],
     renderings: &Renderings,
@@ -284,7 +292,7 @@ async fn read_running(conn: &Connector, t: &NodeTarget) -> Result<(String, Strin
 
 /// `plan` over resolved nodes: a node refused or unread is an error line, the others are
 /// planned against their resolved rendering.
-pub async fn plan_resolved(conn: &Connector, resolved: &[Resolved]) -> Vec<NodePlan> {
+pub(crate) async fn plan_resolved(conn: &Connector, resolved: &[Resolved]) -> Vec<NodePlan> {
     let mut out = Vec::new();
     for r in resolved {
         let failed = |e: PlanError| NodePlan {
@@ -318,7 +326,11 @@ fn nodes_where(resolved: &[Resolved], want: impl Fn(Contract, Contract) -> bool)
 
 /// What the operator is told about contracts next to a plan (one line each, `contract: `
 /// first), or nothing when every node is rendered at the inventory's contract.
-pub fn summary(resolved: &[Resolved], inventory: Contract, choice: ContractChoice) -> Vec<String> {
+pub(crate) fn summary(
+    resolved: &[Resolved],
+    inventory: Contract,
+    choice: ContractChoice,
+) -> Vec<String> {
     let mut out = Vec::new();
     match choice {
         ContractChoice::At(c) => {
