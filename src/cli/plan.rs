@@ -5,6 +5,11 @@
 //! not reachable directly) and prints the per-node diff with the apply mode the node's own
 //! dry run says the change needs. Exit 0 no changes, 1 changes, 2 errors.
 //!
+//! Each node is rendered at the machine-config contract of the config it runs, not the
+//! inventory's (a config's contract stays until it is changed, [`crate::daytwo::contract`]);
+//! `--contract vX.Y` renders at that contract instead: the migration, rolled out by `apply`
+//! like any other change.
+//!
 //! `apply` carries the plan out through the rolling engine (`daytwo::apply`). Standalone it
 //! runs against the state directory's store, which records progress so a second run
 //! resumes. While `serve` runs it holds the store (redb locks the file), so apply hands the
@@ -19,13 +24,16 @@ use std::time::Duration;
 
 use crate::crypto::age::IdentitySources;
 use crate::daytwo::apply::{ApplyOptions, ApplyOutcome};
+use crate::daytwo::contract::{ContractChoice, Renderings, Resolution, Resolved};
 use crate::daytwo::plan::{Connector, NodeTarget};
 use crate::daytwo::remote::{ApplyRequest, NodeConfig, RemoteOutcome, RolloutKind, RolloutRequest};
 use crate::daytwo::rollout::Role;
+use crate::machineconfig::rendered::render_all_at;
 use crate::machineconfig::schema;
 use crate::talos::ClientCreds;
 use crate::talos::api::machine::apply_configuration_request::Mode;
 use crate::talos::retry::RetryPolicy;
+use crate::talosfacts::contract::Contract;
 
 use super::EXIT_USAGE;
 use super::secrets::{load_bundle, load_inventory};
@@ -43,6 +51,22 @@ pub struct Common {
     /// apid port of the nodes.
     #[arg(long, default_value_t = crate::talos::APID_PORT, hide = true)]
     pub apid_port: u16,
+    /// Render every node at this machine-config contract (`v1.13`, `v1.14`) instead of the
+    /// one its running config is in: the migration to the new documents. Refused on a node
+    /// whose Talos is older than the contract.
+    #[arg(long, value_parser = parse_contract_arg)]
+    pub contract: Option<Contract>,
+}
+
+/// `--contract`'s value parser.
+fn parse_contract_arg(s: &str) -> Result<Contract, crate::daytwo::contract::UnknownContract> {
+    crate::daytwo::contract::parse_contract(s)
+}
+
+/// What `--contract` asks for.
+fn choice(c: &Common) -> ContractChoice {
+    c.contract
+        .map_or(ContractChoice::Running, ContractChoice::At)
 }
 
 /// Arguments of `talboot plan`.
@@ -100,23 +124,54 @@ pub struct ApplyArgs {
 }
 
 /// Everything the plan needs, or the exit code of why not.
-fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
-    let inv = load_inventory(&c.inventory.config)?;
-    let usage = |m: String| {
-        eprintln!("talboot: {m}");
-        ExitCode::from(EXIT_USAGE)
+struct Loaded {
+    conn: Connector,
+    /// Every node, rendered at the inventory's contract until [`resolve`] picks its own.
+    targets: Vec<NodeTarget>,
+    renderings: Renderings,
+    /// The contract of the inventory's `talosVersion`.
+    contract: Contract,
+}
+
+fn usage(m: String) -> ExitCode {
+    eprintln!("talboot: {m}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Every node at every contract talboot renders, each validated against its contract's
+/// schema: the inventory's contract must render, another is an error only for a node
+/// rendered at it.
+fn render_every_contract(
+    inv: &crate::inventory::Inventory,
+    secrets: &crate::machineconfig::secrets::SecretsBundle,
+) -> Result<(Contract, Renderings), ExitCode> {
+    let does_not_render = |problems: Vec<String>| {
+        format!(
+            "the inventory does not render:\n  {}",
+            problems.join("\n  ")
+        )
     };
-    let schema = schema::load_for_inventory(None, &inv).map_err(|e| usage(e.to_string()))?;
+    let inventory = crate::machineconfig::render::contract(inv)
+        .map_err(|e| usage(does_not_render(vec![e.to_string()])))?;
+    let mut renderings = Renderings::default();
+    for contract in Contract::ALL {
+        let schema = schema::embedded_for(contract);
+        let rendered = render_all_at(inv, secrets, &schema, contract);
+        let rendered = match rendered {
+            Ok(r) => Ok(r.configs),
+            Err(problems) if contract == inventory => return Err(usage(does_not_render(problems))),
+            Err(problems) => Err(problems.join("; ")),
+        };
+        renderings.insert(contract, rendered);
+    }
+    Ok((inventory, renderings))
+}
+
+fn load(c: &Common) -> Result<Loaded, ExitCode> {
+    let inv = load_inventory(&c.inventory.config)?;
     let sources = IdentitySources::from_process_env(c.secrets_identity.age_identity.clone());
     let secrets = load_bundle(&inv, &sources).map_err(|e| usage(e.to_string()))?;
-    let rendered = crate::machineconfig::rendered::render_all(&inv, &secrets, &schema).map_err(
-        |problems| {
-            usage(format!(
-                "the inventory does not render:\n  {}",
-                problems.join("\n  ")
-            ))
-        },
-    )?;
+    let (contract, renderings) = render_every_contract(&inv, &secrets)?;
     let yaml = std::fs::read_to_string(&c.talosconfig).map_err(|e| {
         usage(format!(
             "cannot read talosconfig {}: {e}; write it with `talboot gen -c {} -o out`",
@@ -127,19 +182,24 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
     let creds = ClientCreds::from_talosconfig(&yaml, Some(inv.cluster.name.as_str()))
         .map_err(|e| usage(format!("{}: {e}", c.talosconfig.display())))?;
     let mut targets = Vec::new();
-    for (node, (name, text)) in inv.nodes.iter().zip(rendered.configs) {
+    for node in &inv.nodes {
+        let name = node.name.value.clone();
         let ip = IpAddr::V4(node.address.value.addr());
         let role = if node.role.value == "controlplane" {
             Role::ControlPlane
         } else {
             Role::Worker
         };
+        let rendered = renderings
+            .get(&name, contract)
+            .map_err(|e| usage(e.to_string()))?
+            .to_owned();
         targets.push(NodeTarget {
             name,
             role,
             addr: SocketAddr::new(ip, c.apid_port),
             node_ip: ip,
-            rendered: text,
+            rendered,
         });
     }
     let relays = targets
@@ -147,13 +207,26 @@ fn load(c: &Common) -> Result<(Connector, Vec<NodeTarget>), ExitCode> {
         .filter(|t| t.role == Role::ControlPlane)
         .map(|t| t.addr)
         .collect();
-    Ok((
-        Connector {
+    Ok(Loaded {
+        conn: Connector {
             creds,
             relays,
             retry: RetryPolicy::default(),
         },
         targets,
+        renderings,
+        contract,
+    })
+}
+
+/// Every node with its rendering at the contract `--contract` names, else at the one its
+/// running config is in (read from the node).
+fn resolve(rt: &tokio::runtime::Runtime, loaded: &Loaded, c: &Common) -> Vec<Resolved> {
+    rt.block_on(crate::daytwo::contract::resolve(
+        &loaded.conn,
+        &loaded.targets,
+        &loaded.renderings,
+        choice(c),
     ))
 }
 
@@ -167,12 +240,20 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Run `talboot plan`.
 pub(crate) fn run_plan(args: &PlanArgs) -> ExitCode {
     crate::install_crypto_provider();
-    let (conn, targets) = match load(&args.common) {
+    let loaded = match load(&args.common) {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let plans = runtime().block_on(crate::daytwo::plan::plan_all(&conn, &targets));
+    let rt = runtime();
+    let resolved = resolve(&rt, &loaded, &args.common);
+    let plans = rt.block_on(crate::daytwo::contract::plan_resolved(
+        &loaded.conn,
+        &resolved,
+    ));
     print!("{}", crate::daytwo::plan::render(&plans));
+    for line in crate::daytwo::contract::summary(&resolved, loaded.contract, choice(&args.common)) {
+        println!("{line}");
+    }
     if args.talos_diff {
         for p in &plans {
             if let Some(d) = &p.dry_run {
@@ -183,10 +264,33 @@ pub(crate) fn run_plan(args: &PlanArgs) -> ExitCode {
     ExitCode::from(crate::daytwo::plan::exit_code(&plans))
 }
 
+/// The targets at their resolved contracts, or (having said why) the exit code: apply
+/// changes nothing unless every node's contract is known and allowed.
+fn resolved_targets(loaded: &Loaded, c: &Common) -> Result<Vec<NodeTarget>, ExitCode> {
+    let resolved = resolve(&runtime(), loaded, c);
+    let mut refused = false;
+    for r in &resolved {
+        let why = match &r.resolution {
+            Resolution::At { .. } => continue,
+            Resolution::Refused(e) => e.to_string(),
+            Resolution::Unread(e) => e.to_string(),
+        };
+        eprintln!("talboot: node {}: {why}", r.target.name);
+        refused = true;
+    }
+    if refused {
+        return Err(usage("nothing was applied".into()));
+    }
+    for line in crate::daytwo::contract::summary(&resolved, loaded.contract, choice(c)) {
+        println!("{line}");
+    }
+    Ok(resolved.into_iter().map(|r| r.target).collect())
+}
+
 /// Run `talboot apply`.
 pub(crate) fn run_apply(args: &ApplyArgs) -> ExitCode {
     crate::install_crypto_provider();
-    let (conn, targets) = match load(&args.common) {
+    let loaded = match load(&args.common) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -194,6 +298,11 @@ pub(crate) fn run_apply(args: &ApplyArgs) -> ExitCode {
         eprintln!("talboot: --worker-concurrency must be at least 1");
         return ExitCode::from(EXIT_USAGE);
     }
+    let targets = match resolved_targets(&loaded, &args.common) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let conn = loaded.conn;
     let opts = ApplyOptions {
         mode: args.mode.into(),
         try_timeout: args.try_timeout.map(Duration::from_secs),

@@ -4,7 +4,9 @@
 //! `MachineConfig` as `talboot plan` does, sets the `talboot_node_drift{node}` gauge (1
 //! drifted, 0 in sync), publishes the transitions on the event bus and each node's last
 //! known state on the [`DriftBoard`] (part of the read view, [`crate::view::drift`]: what
-//! `/api/nodes` and `talboot status` show). `talboot plan` is the detail view.
+//! `/api/nodes` and `talboot status` show). `talboot plan` is the detail view. A node is
+//! compared against its rendering at the machine-config contract of the config it runs
+//! ([`super::contract`]), so moving the inventory's `talosVersion` past an upgrade is no drift.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventBus, EventKind};
+use crate::talosfacts::contract::Contract;
 use crate::view::drift::{DriftBoard, DriftState};
 
 use super::plan::{Connector, NodeTarget};
@@ -85,13 +88,9 @@ pub async fn watch(
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        for t in &targets {
-            let mut t = t.clone();
-            if let Some(applied) = board.applied(&t.name) {
-                t.rendered = applied;
-            }
-            let t = &t;
-            let plan = plan_node_readonly(&conn, t).await;
+        for candidates in by_node(&targets) {
+            let t = candidates[0];
+            let plan = observe(&conn, &board, &candidates).await;
             match plan {
                 Observation::InSync => board.publish(
                     &t.name,
@@ -136,45 +135,93 @@ pub async fn watch(
     }
 }
 
-/// What the drift watcher compares: every node's rendered config, reached at its inventory
-/// address (relayed by the control planes when it cannot be reached directly). A node that
-/// does not render is left out (serve refuses to start on one anyway).
-pub fn targets(
-    inv: &crate::inventory::Inventory,
-    renderer: &dyn crate::machineconfig::renderer::ConfigRenderer,
-    creds: &crate::talos::ClientCreds,
-    apid_port: u16,
-) -> (Connector, Vec<NodeTarget>) {
-    let mut configs = Vec::new();
-    for node in &inv.nodes {
-        let Ok(bytes) = renderer.render(node) else {
-            continue;
-        };
-        configs.push(super::remote::NodeConfig {
-            node: node.name.value.clone(),
-            rendered: String::from_utf8_lossy(&bytes).into_owned(),
-        });
+/// `targets` grouped by node, in order: [`targets`] names a node once per contract it
+/// renders at.
+fn by_node(targets: &[NodeTarget]) -> Vec<Vec<&NodeTarget>> {
+    let mut out: Vec<Vec<&NodeTarget>> = Vec::new();
+    for t in targets {
+        match out.iter_mut().find(|g| g[0].name == t.name) {
+            Some(g) => g.push(t),
+            None => out.push(vec![t]),
+        }
     }
-    let targets = super::remote::apply_targets(inv, apid_port, configs).unwrap_or_default();
-    let mut conn = super::remote::connector(creds, &targets);
-    // One look per node per interval: the next interval is the retry.
-    conn.retry = crate::talos::retry::RetryPolicy::NONE;
-    (conn, targets)
+    out
 }
 
-/// Reads the node's config and diffs it; never applies or dry-runs anything.
-async fn plan_node_readonly(conn: &Connector, t: &NodeTarget) -> Observation {
+/// One node's observation: its running config against what was applied to it through
+/// serve, else against its rendering at the contract the running config is in (a config's
+/// contract stays until it is changed, [`super::contract`]), so a cluster upgraded to a
+/// newer Talos does not drift because the inventory's version moved.
+async fn observe(conn: &Connector, board: &DriftBoard, candidates: &[&NodeTarget]) -> Observation {
+    let t = candidates[0];
     let Ok(client) = conn.client(t).await else {
         return Observation::Unknown;
     };
     let Ok(running) = client.machine_config().await else {
         return Observation::Unknown;
     };
-    match super::diff::diff(&running, &t.rendered) {
+    let rendered = match board.applied(&t.name) {
+        Some(applied) => applied,
+        None => pick_rendering(&running, candidates).to_owned(),
+    };
+    match super::diff::diff(&running, &rendered) {
         Ok(d) if d.is_empty() => Observation::InSync,
         Ok(d) => Observation::Drifted(d.len()),
         Err(_) => Observation::Unknown,
     }
+}
+
+/// The candidate rendered at the contract of `running` (the first one when the running
+/// config's contract cannot be told or none is rendered at it).
+fn pick_rendering<'a>(running: &str, candidates: &[&'a NodeTarget]) -> &'a str {
+    let first = candidates[0].rendered.as_str();
+    let Ok(contract) = super::contract::detect(running) else {
+        return first;
+    };
+    candidates
+        .iter()
+        .find(|c| super::contract::detect(&c.rendered) == Ok(contract))
+        .map_or(first, |c| c.rendered.as_str())
+}
+
+/// What the drift watcher compares: every node's rendered config, reached at its inventory
+/// address (relayed by the control planes when it cannot be reached directly). A node is
+/// named once per contract the renderer renders it at, the inventory's first; the watcher
+/// compares the one its running config's contract picks. A node that does not render is
+/// left out (serve refuses to start on one anyway).
+pub fn targets(
+    inv: &crate::inventory::Inventory,
+    renderer: &dyn crate::machineconfig::renderer::ConfigRenderer,
+    creds: &crate::talos::ClientCreds,
+    apid_port: u16,
+) -> (Connector, Vec<NodeTarget>) {
+    let config = |node: &crate::inventory::Node, bytes: Vec<u8>| super::remote::NodeConfig {
+        node: node.name.value.clone(),
+        rendered: String::from_utf8_lossy(&bytes).into_owned(),
+    };
+    let inventory = crate::machineconfig::render::contract(inv).ok();
+    let mut at_inventory = Vec::new();
+    let mut others: BTreeMap<Contract, Vec<super::remote::NodeConfig>> = BTreeMap::new();
+    for node in &inv.nodes {
+        let Ok(bytes) = renderer.render(node) else {
+            continue;
+        };
+        at_inventory.push(config(node, bytes));
+        for c in Contract::ALL.into_iter().filter(|c| Some(*c) != inventory) {
+            if let Some(Ok(bytes)) = renderer.render_at(node, c) {
+                others.entry(c).or_default().push(config(node, bytes));
+            }
+        }
+    }
+    let mut targets =
+        super::remote::apply_targets(inv, apid_port, at_inventory).unwrap_or_default();
+    let mut conn = super::remote::connector(creds, &targets);
+    for set in others.into_values() {
+        targets.extend(super::remote::apply_targets(inv, apid_port, set).unwrap_or_default());
+    }
+    // One look per node per interval: the next interval is the retry.
+    conn.retry = crate::talos::retry::RetryPolicy::NONE;
+    (conn, targets)
 }
 
 #[cfg(test)]
@@ -201,6 +248,34 @@ mod tests {
             Some(Transition::Cleared { node: "n".into() })
         );
         assert_eq!(t.observe("n", &Observation::InSync), None);
+    }
+
+    fn target(name: &str, rendered: &str) -> NodeTarget {
+        NodeTarget {
+            name: name.into(),
+            role: super::super::rollout::Role::Worker,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            node_ip: "127.0.0.1".parse().unwrap(),
+            rendered: rendered.into(),
+        }
+    }
+
+    /// The watcher compares a node against its rendering at the contract of the config it
+    /// runs, whichever the inventory's is; one candidate is compared as it is.
+    #[test]
+    fn the_running_contract_picks_the_rendering() {
+        let v113 = "machine:\n  install: {disk: /dev/sda}\n";
+        let v114 = "version: v1alpha1\nmachine: {}\n---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\n";
+        let (a, b) = (target("n", v114), target("n", v113));
+        let other = target("m", v114);
+        let targets = [a.clone(), other.clone(), b.clone()];
+        let groups = by_node(&targets);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].len(), 2);
+        assert_eq!(pick_rendering(v113, &groups[0]), v113);
+        assert_eq!(pick_rendering(v114, &groups[0]), v114);
+        assert_eq!(pick_rendering("not: [yaml", &groups[0]), v114);
+        assert_eq!(pick_rendering(v113, &groups[1]), v114);
     }
 
     proptest! {

@@ -8,6 +8,7 @@
 //! `apply` and `upgrade --talos` share one etcd health gate, [`gate`].
 
 pub mod apply;
+pub(crate) mod contract;
 pub mod diff;
 pub mod drift;
 pub mod gate;

@@ -40,6 +40,9 @@ pub enum PlanError {
     DryRun(Arc<TalosError>),
     #[error("cannot read its config for the next boot: {0}")]
     NextBoot(Arc<TalosError>),
+    /// Not rendered at the contract asked for (`--contract`, [`super::contract`]).
+    #[error("{0}")]
+    Contract(super::contract::ContractError),
 }
 
 /// The plan of one node.

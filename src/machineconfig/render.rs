@@ -16,7 +16,7 @@
 //!    replacement; Cilium without it still needs kube-proxy).
 //! 2. **Common patches** (`cluster.patches`).
 //! 3. **Role patches**, root ancestor of the `extends` chain first.
-//! 4. **Generated per-node patch** ([`node_patch`]): hostname (`HostnameConfig` with
+//! 4. **Generated per-node patch** ([`node_patch_at`]): hostname (`HostnameConfig` with
 //!    `auto: off`), the static address and default route on the boot NIC selected by its MAC
 //!    (`LinkAliasConfig` + `LinkConfig`), extra NICs likewise, resolvers, NTP servers
 //!    (`TimeSyncConfig`, from `network.ntp`), the VIP on control
@@ -233,18 +233,30 @@ fn admission_control() -> Json {
 
 /// The base config for `machine_type`: what `talosctl gen config` emits for the cluster's
 /// contract with this cluster's name, endpoint, versions, subnets and secrets.
+#[cfg(test)]
 pub(crate) fn base_config(
     inv: &Inventory,
     secrets: &SecretsBundle,
     machine_type: MachineType,
 ) -> Result<ConfigBundle, RenderError> {
-    match contract(inv)? {
+    base_config_at(inv, secrets, machine_type, contract(inv)?)
+}
+
+/// The base config at a chosen contract: day two renders a node at the contract of the
+/// config it runs, which may be older than the inventory's Talos version.
+fn base_config_at(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    machine_type: MachineType,
+    contract: Contract,
+) -> Result<ConfigBundle, RenderError> {
+    match contract {
         Contract::V1_13 => base_config_v1_13(inv, secrets, machine_type),
         Contract::V1_14 => v114::base_config(inv, secrets, machine_type),
     }
 }
 
-/// [`base_config`] for the v1.13 contract (unchanged since before v1.14 support: the golden
+/// [`base_config_at`] for the v1.13 contract (unchanged since before v1.14 support: the golden
 /// files pin it byte for byte).
 fn base_config_v1_13(
     inv: &Inventory,
@@ -480,16 +492,21 @@ fn taints(inv: &Inventory, node: &Node) -> Vec<Taint> {
     out
 }
 
-/// The generated per-node patch (step 4 of the order): hostname, boot NIC address and route,
-/// extra NICs, resolvers, VIP on control planes, install target and image, labels, taints.
-pub(crate) fn node_patch(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
-    match contract(inv)? {
+/// The generated per-node patch (step 4 of the order) at `contract`: hostname, boot NIC
+/// address and route, extra NICs, resolvers, VIP on control planes, install target and image,
+/// labels, taints.
+fn node_patch_at(
+    inv: &Inventory,
+    node: &Node,
+    contract: Contract,
+) -> Result<PatchBody, RenderError> {
+    match contract {
         Contract::V1_13 => node_patch_v1_13(inv, node),
         Contract::V1_14 => v114::node_patch(inv, node),
     }
 }
 
-/// [`node_patch`] for the v1.13 contract.
+/// [`node_patch_at`] for the v1.13 contract.
 fn node_patch_v1_13(inv: &Inventory, node: &Node) -> Result<PatchBody, RenderError> {
     let cp = inv.role_of(node).machine_type == MachineType::ControlPlane;
     let mut docs = vec![
@@ -628,18 +645,30 @@ fn links_v1_13(inv: &Inventory, node: &Node) -> Result<Vec<Json>, RenderError> {
     Ok(docs)
 }
 
-/// Renders `node`'s complete config: base, common patches, role chain patches, the generated
-/// node patch, the node's own patches; then runs [`check_structure`].
+/// Renders `node`'s complete config at the contract of the cluster's Talos version (see
+/// [`render_node_at`]).
 pub(crate) fn render_node(
     inv: &Inventory,
     secrets: &SecretsBundle,
     node: &Node,
 ) -> Result<ConfigBundle, RenderError> {
+    render_node_at(inv, secrets, node, contract(inv)?)
+}
+
+/// Renders `node`'s complete config at `contract`: base, common patches, role chain patches,
+/// the generated node patch, the node's own patches; then runs [`check_structure`]. The
+/// contract is the caller's choice, not the inventory's: a running node keeps the contract
+/// of the config it runs until that config is changed (`daytwo::contract`).
+pub(crate) fn render_node_at(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    node: &Node,
+    contract: Contract,
+) -> Result<ConfigBundle, RenderError> {
     let role = inv.role_of(node);
     let name = node.name.value.clone();
-    let contract = contract(inv)?;
-    let mut bundle = base_config(inv, secrets, role.machine_type)?;
-    let generated = node_patch(inv, node)?;
+    let mut bundle = base_config_at(inv, secrets, role.machine_type, contract)?;
+    let generated = node_patch_at(inv, node, contract)?;
     let stages = inv
         .cluster
         .patches

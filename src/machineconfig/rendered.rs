@@ -4,7 +4,9 @@
 //! fields turned into one warning per field.
 
 use crate::inventory::Inventory;
+use crate::talosfacts::contract::Contract;
 
+use super::patch::ConfigBundle;
 use super::render;
 use super::schema::{Deprecation, Schema};
 use super::secrets::SecretsBundle;
@@ -25,13 +27,35 @@ pub(crate) fn render_all(
     secrets: &SecretsBundle,
     schema: &Schema,
 ) -> Result<Rendered, Vec<String>> {
+    render_each(inv, schema, |node| render::render_node(inv, secrets, node))
+}
+
+/// [`render_all`] at a chosen contract instead of the cluster's (day two renders a node at
+/// the contract of the config it runs); `schema` should be that contract's.
+pub(crate) fn render_all_at(
+    inv: &Inventory,
+    secrets: &SecretsBundle,
+    schema: &Schema,
+    contract: Contract,
+) -> Result<Rendered, Vec<String>> {
+    render_each(inv, schema, |node| {
+        render::render_node_at(inv, secrets, node, contract)
+    })
+}
+
+/// Renders every node with `render_node`, validates it and collects the problems.
+fn render_each(
+    inv: &Inventory,
+    schema: &Schema,
+    render_node: impl Fn(&crate::inventory::Node) -> Result<ConfigBundle, render::RenderError>,
+) -> Result<Rendered, Vec<String>> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
     let mut unchecked: Vec<String> = Vec::new();
     let mut deprecated: Vec<Deprecation> = Vec::new();
     for node in &inv.nodes {
         let name = node.name.value.clone();
-        let bundle = match render::render_node(inv, secrets, node) {
+        let bundle = match render_node(node) {
             Ok(b) => b,
             Err(e) => {
                 problems.push(e.to_string());

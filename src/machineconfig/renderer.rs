@@ -5,6 +5,7 @@
 //! their own.
 
 use crate::inventory::Node;
+use crate::talosfacts::contract::Contract;
 
 /// Turns an inventory node into its machine config (multi-document YAML). The real renderer
 /// is `machineconfig::render`; tests provide their own.
@@ -12,6 +13,14 @@ pub trait ConfigRenderer: Send + Sync {
     /// The complete machine config for `node`, or why it cannot be made (shown to the
     /// operator as is).
     fn render(&self, node: &Node) -> Result<Vec<u8>, RenderError>;
+
+    /// `node`'s config at `contract` rather than the inventory's (what serve's drift watcher
+    /// compares a node against when the config it runs is at an older contract); `None` when
+    /// this renderer renders only the inventory's contract.
+    fn render_at(&self, node: &Node, contract: Contract) -> Option<Result<Vec<u8>, RenderError>> {
+        let _ = (node, contract);
+        None
+    }
 }
 
 /// Why a machine config was not rendered.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::inventory::{Inventory, Node};
 use crate::machineconfig::renderer::{ConfigRenderer, RenderError};
+use crate::talosfacts::contract::Contract;
 
 /// Renders machine configs from the inventory and the decrypted secrets bundle.
 pub(crate) struct BundleRenderer {
@@ -31,5 +32,23 @@ impl ConfigRenderer for BundleRenderer {
             .to_yaml()
             .map(String::into_bytes)
             .map_err(|e| RenderError::Config(Box::new(e)))
+    }
+
+    fn render_at(&self, node: &Node, contract: Contract) -> Option<Result<Vec<u8>, RenderError>> {
+        let bundle = crate::machineconfig::render::render_node_at(
+            &self.inventory,
+            &self.secrets,
+            node,
+            contract,
+        );
+        Some(
+            bundle
+                .map_err(|e| RenderError::Config(Box::new(e)))
+                .and_then(|b| {
+                    b.to_yaml()
+                        .map(String::into_bytes)
+                        .map_err(|e| RenderError::Config(Box::new(e)))
+                }),
+        )
     }
 }
