@@ -470,11 +470,81 @@ fn the_binary_rolls_an_upgrade_across_the_rack() {
     );
 }
 
+/// Issue 26 item 6: the rack at `talosVersion: v1.14.0` runs on v1.14 doubles, rendered with
+/// the v1.14 contract: every node installs through the unattended install (so talboot never
+/// sees machine stage `installing`) and is handed off Ready.
+fn a_v1_14_rack_installs_unattended() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(rack())
+        .unwrap()
+        .replace("talosVersion: v1.13.9", "talosVersion: v1.14.0");
+    assert!(text.contains("talosVersion: v1.14.0"));
+    let patches = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/patches");
+    std::fs::create_dir(dir.path().join("patches")).unwrap();
+    for entry in std::fs::read_dir(&patches).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("patches").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let inv = dir.path().join("rack.yaml");
+    std::fs::write(&inv, text).unwrap();
+    let workdir = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["demo", "--timeout", "180", "-c"])
+        .arg(&inv)
+        .arg("--workdir")
+        .arg(&workdir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("handed off after"), "{stdout}");
+    assert!(
+        stdout.contains("Talos API calls: 13 ApplyConfiguration, 1 Bootstrap, 1 Kubeconfig"),
+        "{stdout}"
+    );
+    let s = store::open(&workdir.join("state")).unwrap();
+    let mut stages_seen = 0;
+    for node in NODES {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{node} ")))
+            .unwrap_or_else(|| panic!("{node} missing from the summary:\n{stdout}"));
+        assert!(row.contains(" ready "), "{row}");
+        // Installed through the unattended install and running v1.14.0: MachineStatus was
+        // seen booting but never `installing` (only v1.13's install sequence sets that).
+        let events: Vec<String> = s
+            .events(node, 0, 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.detail)
+            .collect();
+        let events = events.join("\n");
+        assert!(
+            events.contains("installed and booted from disk (machine stage running, v1.14.0)"),
+            "{node}: {events}"
+        );
+        stages_seen += events.matches(": stage ").count();
+        assert!(!events.contains("stage installing"), "{node}: {events}");
+    }
+    assert!(stages_seen > 0, "talboot read no machine stage at all");
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
     the_binary_rolls_an_upgrade_across_the_rack();
     other_inventories_and_a_refusal();
+    a_v1_14_rack_installs_unattended();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

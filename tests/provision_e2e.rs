@@ -32,6 +32,8 @@ use talboot::talos::{ClientCreds, TalosClient, TalosError};
 /// The test renderer: a minimal v1alpha1 config with the OS CA from the test PKI (control
 /// planes get the key too), the machine type from the node's role and its install target. The
 /// same CA stands in for the Kubernetes CA (`cluster.ca`), which Talos needs for a kubeconfig.
+/// For an inventory at Talos v1.14 an install disk path goes into `UnattendedInstallConfig`
+/// (as talboot's renderer writes it) instead of `.machine.install`.
 struct TestRenderer {
     inventory: Arc<Inventory>,
     ca: SimCa,
@@ -48,7 +50,11 @@ impl ConfigRenderer for TestRenderer {
         } else {
             String::new()
         };
+        let v114 = self.inventory.cluster.talos_version.value.0.minor >= 14;
         let install = match &node.install {
+            InstallTarget::Disk(d) if v114 => {
+                return Ok(self.render_v114(cp, &key, d).into_bytes());
+            }
             InstallTarget::Disk(d) => format!("disk: {d}"),
             InstallTarget::Selector(s) => {
                 // Every criterion, as render.rs writes them: the double's install task
@@ -80,6 +86,26 @@ impl ConfigRenderer for TestRenderer {
             ep = format!("https://{}", endpoint_ip_of(&self.inventory)) + ":6443",
         )
         .into_bytes())
+    }
+}
+
+impl TestRenderer {
+    /// The v1.14 shape: no `.machine.install`, an `UnattendedInstallConfig` for `disk` with
+    /// the installer image named (so the node reboots after the install).
+    fn render_v114(&self, cp: bool, key: &str, disk: &str) -> String {
+        format!(
+            "version: v1alpha1\nmachine:\n  type: {ty}\n  token: abcdef.0123456789abcdef\n  \
+             ca:\n    crt: {crt}\n    key: \"{key}\"\n\
+             cluster:\n  clusterName: {name}\n  controlPlane:\n    endpoint: {ep}\n  \
+             ca:\n    crt: {crt}\n    key: \"{key}\"\n---\napiVersion: v1alpha1\n\
+             kind: UnattendedInstallConfig\ninstaller:\n  image: \
+             factory.talos.dev/metal-installer/abc:v1.14.0\nprovisioning:\n  diskSelector:\n    \
+             match: 'disk.dev_path == \"{disk}\"'\n",
+            ty = if cp { "controlplane" } else { "worker" },
+            crt = STANDARD.encode(&self.ca.cert_pem),
+            name = self.inventory.cluster.name.as_str(),
+            ep = format!("https://{}", endpoint_ip_of(&self.inventory)) + ":6443",
+        )
     }
 }
 
@@ -121,9 +147,9 @@ fn worker(name: &'static str, last: u8) -> Machine {
     }
 }
 
-fn inventory_yaml(net: u8, machines: &[Machine]) -> String {
+fn inventory_yaml(net: u8, machines: &[Machine], talos: &str) -> String {
     let mut y = format!(
-        "cluster:\n  name: e2e\n  talosVersion: v1.13.9\n  kubernetesVersion: 1.36.3\n  \
+        "cluster:\n  name: e2e\n  talosVersion: {talos}\n  kubernetesVersion: 1.36.3\n  \
          endpoint: https://127.0.{net}.100:6443\n  vip: 127.0.{net}.100\n  secrets:\n    \
          file: secrets.age\nnetwork:\n  interfaces: [lo]\n  mode: authoritative\n  \
          subnet: 127.0.{net}.0/24\nboot:\n  delivery: push\nnodes:\n"
@@ -174,16 +200,27 @@ struct World {
 
 impl World {
     async fn start(net: u8, machines: &[Machine], tweak: impl Fn(&mut FakeNodeConfig)) -> Self {
+        Self::start_at(net, machines, TALOS_TAG, tweak).await
+    }
+
+    /// [`Self::start`] with the inventory at Talos `talos` and the nodes running it.
+    async fn start_at(
+        net: u8,
+        machines: &[Machine],
+        talos: &str,
+        tweak: impl Fn(&mut FakeNodeConfig),
+    ) -> Self {
         talboot::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let inv_path = dir.path().join("talboot.yaml");
-        std::fs::write(&inv_path, inventory_yaml(net, machines)).unwrap();
+        std::fs::write(&inv_path, inventory_yaml(net, machines, talos)).unwrap();
         let inventory = Arc::new(talboot::inventory::load(&inv_path).unwrap().inventory);
         std::fs::create_dir(dir.path().join("state")).unwrap();
         let cluster = FakeCluster::new();
         let mut nodes = Vec::new();
         for m in machines {
             let mut cfg = FakeNodeConfig::new(ip(net, m.last), m.name);
+            cfg.talos_version = talos.to_owned();
             tweak(&mut cfg);
             nodes.push((
                 m.name.to_owned(),
@@ -1167,6 +1204,93 @@ async fn a_failed_install_fails_the_node_with_its_cause() {
     );
     let row = status_row(&world, "cp-2");
     assert!(row.contains("failed: install failed"), "{row}");
+}
+
+/// Issue 26, item 6: on Talos v1.14 a config with `UnattendedInstallConfig` installs through
+/// the unattended install controller (never stage `installing`, no install sequence); the
+/// node is Ready once it rebooted into the installed system and runs, as on the legacy path.
+#[tokio::test]
+async fn a_v114_unattended_install_is_ready_once_running_from_disk() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start_at(45, &machines, "v1.14.0", |cfg| {
+        cfg.timing.installer_pull = Duration::from_millis(800);
+    })
+    .await;
+    let node = world.node("cp-1");
+    let t = world.boot();
+    t.prov().step_node("cp-1").await.unwrap();
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Installing)
+    );
+    assert!(
+        node.last_applied_config()
+            .unwrap()
+            .contains("kind: UnattendedInstallConfig")
+    );
+    node.wait_phase(Phase::Installing).await.unwrap();
+    let step = t.prov().step_node("cp-1").await.unwrap();
+    assert_eq!(step, NodeStep::Waiting("machine stage booting".into()));
+    let booting = step_until(&t, "cp-1", |r| {
+        matches!(r, Ok(NodeStep::Waiting(w)) if w == "machine stage booting")
+            && node.phase() == Phase::Secured
+    })
+    .await;
+    assert!(booting.is_ok());
+    let mut bootstrapped = false;
+    for _ in 0..50 {
+        if t.prov().step_cluster().await.unwrap() == ClusterProgress::Bootstrapped {
+            bootstrapped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(bootstrapped);
+    let ready = step_until(&t, "cp-1", |r| {
+        matches!(r, Ok(NodeStep::Advanced(NodePhase::Ready)))
+    })
+    .await;
+    assert!(ready.is_ok());
+    t.kill().await;
+    let events = world.events("cp-1").join("\n");
+    assert!(!events.contains("stage installing"), "{events}");
+    assert!(
+        events.contains(
+            "installing -> ready: installed and booted from disk (machine stage running, v1.14.0)"
+        ),
+        "{events}"
+    );
+}
+
+/// Issue 26, item 6: a failed unattended install leaves the machine stage at booting (the
+/// controller retries; no fatal sequence error, no reboot), so only its
+/// `UnattendedInstallStatus` says so: the node fails with the installer's error, not the
+/// install timeout.
+#[tokio::test]
+async fn a_failed_v114_unattended_install_fails_the_node_with_its_cause() {
+    let machines = [cp("cp-1", 11)];
+    let world = World::start_at(46, &machines, "v1.14.0", |cfg| {
+        cfg.install_failure = Some(talboot::sim::talos::InstallFailure::Install);
+        // The controller's retry: long enough for talboot to read the failed status.
+        cfg.timing.fatal_reboot = Duration::from_secs(3);
+    })
+    .await;
+    let t = world.boot();
+    t.prov().step_node("cp-1").await.unwrap();
+    assert_eq!(
+        t.prov().step_node("cp-1").await.unwrap(),
+        NodeStep::Advanced(NodePhase::Installing)
+    );
+    let err = step_until(&t, "cp-1", |r| r.is_err()).await.unwrap_err();
+    match &err {
+        ProvisionError::InstallFailed { cause, .. } => assert_eq!(
+            cause,
+            "UnattendedInstallStatus failed: task \"upgrade\" failed: exit code 1"
+        ),
+        other => panic!("{other:?}"),
+    }
+    t.kill().await;
+    assert_eq!(world.phase("cp-1"), NodePhase::Failed);
 }
 
 /// Issue 10, item 5: Reset answers at once and the node resets afterwards; the rebuild waits

@@ -11,7 +11,7 @@
 //! | Unknown / Booting | probe `<lease ip>:50000` without a client cert: answers → Maintenance; asks for a cert → already configured (Ready if the secured API answers) |
 //! | Maintenance | read version, disks, system information; record them; check the install disk; render; persist Configuring; ApplyConfiguration (mode AUTO) once; → Installing |
 //! | Configuring | the apply's outcome is unknown (restart or lost reply): maintenance still answering with machine type `unknown` → Maintenance (the node has no config, applying again is safe); a machine type, or the maintenance API gone → Installing |
-//! | Installing | secured API (directly, or relayed through the bootstrap control plane) reports machine stage `running` → Ready; a failed `install` sequence in its events, or the node back in maintenance mode after its secured API was seen, → Failed with the cause; past the install timeout → Failed |
+//! | Installing | secured API (directly, or relayed through the bootstrap control plane) reports machine stage `running` → Ready; a failed `install` sequence in its events, a Talos v1.14 `UnattendedInstallStatus` in phase `failed` (see [`unattended`]), or the node back in maintenance mode after its secured API was seen, → Failed with the cause; past the install timeout → Failed |
 //! | Rebuilding | secured API answers → Reset (wipe STATE+EPHEMERAL, reboot; graceful unless it is the last voting etcd member) and the time is recorded; then maintenance answers → Maintenance; a failed `reset` sequence or no maintenance API within the reset timeout → Failed |
 //!
 //! Why the machine stage and not the first secured answer: once a config lands in
@@ -37,6 +37,7 @@ use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observat
 use super::disks;
 
 mod disk_cel;
+mod unattended;
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
 use crate::inventory::Node;
@@ -662,9 +663,8 @@ impl Provisioner {
                 Err(e) => tracing::debug!(node = %name, error = %e, "Events unavailable"),
             }
         }
-        Ok(Outcome::Stage {
-            name: stage_name(stage).to_owned(),
-        })
+        // Talos v1.14's unattended install reports in its own resource, not the stage.
+        Ok(unattended::outcome(&client, &tag, stage_name(stage)).await)
     }
 
     async fn io_prepare_reset(

@@ -79,6 +79,10 @@ mod sequences;
 mod services;
 mod supervisor;
 mod tls;
+mod unattended;
+mod v114;
+#[cfg(test)]
+mod v114_e2e;
 
 use apid::{ADMIN, NodeApi, OPERATE, Route};
 use loader::{ParsedConfig, parse_config};
@@ -86,6 +90,9 @@ pub use machine_config::{ApplyRecord, RunningConfig};
 use services::{reply_apply, resource};
 use supervisor::{bind, supervise};
 use tls::{NextBoot, boot_tls};
+pub use unattended::{UnattendedPhase, UnattendedStatus};
+pub use v114::TALOS_V114_TAG;
+use v114::TalosRules;
 
 /// apid's port; the default port of every fake node.
 pub(crate) const APID_PORT: u16 = 50000;
@@ -117,7 +124,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         .expect("a simulated Talos node's lock is poisoned (a handler panicked)")
 }
 
-/// The Talos version the double claims to run.
+/// The Talos version a new double claims to run unless [`FakeNodeConfig::talos_version`] says
+/// otherwise.
 pub const TALOS_TAG: &str = "v1.13.9";
 
 /// What a fake node looks like from outside.
@@ -154,6 +162,10 @@ pub struct FakeNodeConfig {
     pub timing: LifecycleTiming,
     /// Makes every install fail this way (the node then reboots back into maintenance mode).
     pub install_failure: Option<InstallFailure>,
+    /// The Talos version it boots first ([`TALOS_TAG`] unless set): `Version` reports it
+    /// until an upgrade, and it decides whether the node behaves as v1.13 or v1.14 (see
+    /// [`v114`]).
+    pub talos_version: String,
 }
 
 /// How long the asynchronous sequences of a Talos node take. [`LifecycleTiming::realistic`]
@@ -243,6 +255,7 @@ impl fmt::Debug for FakeNodeConfig {
             .field("boot_hook", &self.boot_hook.as_ref().map(|_| "<hook>"))
             .field("timing", &self.timing)
             .field("install_failure", &self.install_failure)
+            .field("talos_version", &self.talos_version)
             .finish()
     }
 }
@@ -276,6 +289,7 @@ impl FakeNodeConfig {
             boot_hook: None,
             timing: LifecycleTiming::realistic().scaled(DEFAULT_TIME_SCALE),
             install_failure: None,
+            talos_version: TALOS_TAG.to_owned(),
         }
     }
 
@@ -486,9 +500,16 @@ struct Shared {
     versions: Mutex<upgrade::Versions>,
     /// etcd membership and service (control planes, see [`etcd`]).
     etcd: Mutex<etcd::NodeEtcd>,
+    /// The `UnattendedInstallStatus` resource (v1.14, see [`unattended`]); None: NotFound.
+    unattended: Mutex<Option<UnattendedStatus>>,
 }
 
 impl Shared {
+    /// Which Talos minor's rules the node follows: its running version's.
+    fn rules(&self) -> TalosRules {
+        TalosRules::of(&upgrade::running(self))
+    }
+
     /// Marks the node as going down now (before the reply leaves), so a test waiting for
     /// the next phase never sees the stale one, then tells the supervisor.
     fn go_down(&self, what: Lifecycle) {
@@ -509,6 +530,20 @@ impl Shared {
             let Ok(v) = <yaml_serde::Value as serde::Deserialize>::deserialize(doc) else {
                 continue;
             };
+            if v.get("kind").and_then(yaml_serde::Value::as_str) == Some("UnattendedInstallConfig")
+            {
+                // v1.14's unattended install: the selector's first match (see [`unattended`]).
+                let selector = v
+                    .get("provisioning")
+                    .and_then(|p| p.get("diskSelector"))
+                    .and_then(|s| s.get("match"))
+                    .and_then(yaml_serde::Value::as_str)
+                    .unwrap_or_default();
+                return Some(
+                    unattended::matched_disk(selector, &self.cfg.disks)
+                        .ok_or(InstallDiskError::NoMatch),
+                );
+            }
             if v.get("version").and_then(yaml_serde::Value::as_str) == Some("v1alpha1") {
                 install = v
                     .get("machine")
@@ -631,6 +666,7 @@ impl FakeTalosNode {
         let (phase, _) = watch::channel(Phase::Booting);
         let (lifecycle, lifecycle_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
+        let first_version = cfg.talos_version.clone();
         let shared = Arc::new(Shared {
             stage: Mutex::new(runtime::RuntimeMachineStage::MachineStageMaintenance),
             events: Mutex::new(Vec::new()),
@@ -644,8 +680,9 @@ impl FakeTalosNode {
             lifecycle,
             stats: Stats::default(),
             configs: Mutex::default(),
-            versions: Mutex::new(upgrade::Versions::default()),
+            versions: Mutex::new(upgrade::Versions::booted(&first_version)),
             etcd: Mutex::default(),
+            unattended: Mutex::default(),
         });
         // The first boot is set up here, so that its failures reach the caller.
         // A new node starts in maintenance mode, which needs no certificate from anyone.

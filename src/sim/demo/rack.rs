@@ -92,6 +92,8 @@ pub(crate) fn power_on(
         });
         nodes.push(node.clone());
         let (cluster, kube, stop) = (cluster.clone(), kube.clone(), stop.clone());
+        // Each machine boots the Talos the inventory names (its doubles behave as that minor).
+        let version = inv.cluster.talos_version.value.to_string();
         // A rack powers on over a few hundred milliseconds, not in one instant.
         let delay = Duration::from_millis(40 * i as u64);
         tasks.push(tokio::spawn(async move {
@@ -99,7 +101,7 @@ pub(crate) fn power_on(
                 _ = stop.cancelled() => {}
                 _ = async {
                     tokio::time::sleep(delay).await;
-                    run_machine(node, wire, cluster, kube).await;
+                    run_machine(node, wire, cluster, kube, version).await;
                 } => {}
             }
         }));
@@ -130,9 +132,15 @@ fn boot_hook(node: Arc<SimNode>, wire: Wire) -> BootHook {
     })
 }
 
-/// Powers on one machine: network boot until a kernel runs, then Talos in maintenance mode
-/// on the leased address; registers its Node once Talos runs configured.
-async fn run_machine(node: Arc<SimNode>, wire: Wire, cluster: FakeCluster, kube: Arc<KubeDouble>) {
+/// Powers on one machine: network boot until a kernel runs, then Talos `version` in
+/// maintenance mode on the leased address; registers its Node once Talos runs configured.
+async fn run_machine(
+    node: Arc<SimNode>,
+    wire: Wire,
+    cluster: FakeCluster,
+    kube: Arc<KubeDouble>,
+    version: String,
+) {
     let name = node.machine.name.clone();
     let address = loop {
         match node.machine.network_boot(wire).await {
@@ -149,6 +157,7 @@ async fn run_machine(node: Arc<SimNode>, wire: Wire, cluster: FakeCluster, kube:
     cfg.system_uuid = node.machine.uuid.clone();
     cfg.aliases = vec![IpAddr::V4(node.rack_address)];
     cfg.boot_hook = Some(boot_hook(node.clone(), wire));
+    cfg.talos_version = version;
     let talos = match FakeTalosNode::start(cfg, &cluster).await {
         Ok(t) => Arc::new(t),
         Err(e) => {

@@ -6,6 +6,8 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use yaml_serde::Value;
 
+use super::v114::{self, DocumentFacts, TalosRules, UnattendedSpec};
+
 /// A config that passed the double's validation.
 #[derive(Clone, Debug)]
 pub(super) struct ParsedConfig {
@@ -19,6 +21,12 @@ pub(super) struct ParsedConfig {
     pub(super) ca_key_pem: Option<String>,
     pub(super) cluster_name: String,
     pub(super) endpoint: String,
+    /// `.machine.install` is set (the legacy install path).
+    pub(super) legacy_install: bool,
+    /// The `UnattendedInstallConfig` document (v1.14; see [`super::unattended`]).
+    pub(super) unattended: Option<UnattendedSpec>,
+    /// Validation warnings, for the apply reply.
+    pub(super) warnings: Vec<String>,
 }
 
 impl ParsedConfig {
@@ -137,45 +145,78 @@ fn validate_endpoint(ep: &str) -> Result<(), EndpointError> {
 /// Why the double's config loader and validator refuse a config: the message, in Talos's
 /// wording and multierror layout, that Talos puts in its InvalidArgument status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub(super) struct ConfigRefused(String);
+#[error("{message}")]
+pub(super) struct ConfigRefused {
+    message: String,
+    /// Refused by validation (the config loaded): v1.14 checks the apply mode between
+    /// loading and validating.
+    validation: bool,
+}
+
+impl ConfigRefused {
+    /// A validation refusal (as opposed to one of the loader's).
+    fn invalid(message: String) -> Self {
+        Self {
+            message,
+            validation: true,
+        }
+    }
+
+    /// Whether validation refused it (the config itself loaded).
+    pub(super) fn is_validation(&self) -> bool {
+        self.validation
+    }
+}
 
 impl From<String> for ConfigRefused {
     fn from(message: String) -> Self {
-        Self(message)
+        Self {
+            message,
+            validation: false,
+        }
     }
 }
 
 impl From<&str> for ConfigRefused {
     fn from(message: &str) -> Self {
-        Self(message.to_owned())
+        message.to_owned().into()
     }
 }
 
+/// What the double's loader is checking against: the node's Talos minor and whether the
+/// machine must install (the platform mode's `RequiresInstall` on a machine not installed
+/// yet: metal, first config).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LoadRules {
+    pub(super) version: TalosRules,
+    pub(super) requires_install: bool,
+}
+
 /// Loads and validates a machine config as `ApplyConfiguration` does before anything is
-/// applied (siderolabs/talos v1.13.9): `configloader.NewFromBytes`
-/// (`pkg/machinery/config/configloader/configloader.go`,
+/// applied (siderolabs/talos v1.13.9, and v1.14.0-rc.1 under [`TalosRules::V114`]):
+/// `configloader.NewFromBytes` (`pkg/machinery/config/configloader/configloader.go`,
 /// `configloader/internal/decoder/decoder.go`), then `Validate`
-/// (`pkg/machinery/config/container/container.go`,
+/// (`pkg/machinery/config/container/validate.go`,
 /// `pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go`). The error is the message
 /// Talos puts in its InvalidArgument status. `Ok(None)` is a config with no v1alpha1
-/// document (the caller decides whether that is allowed). `requires_install` is the
-/// platform mode's `RequiresInstall` on a machine not installed yet (metal, first config).
+/// document (the caller decides whether that is allowed).
 ///
-/// Modelled: document detection and kinds, duplicate documents, unknown top-level v1alpha1
-/// keys, the machine/cluster/install/CA/machine-type/persist rules and the endpoint check,
-/// with upstream's wording and multierror layout. Not modelled (deliberately; talboot's own
-/// schema validation covers the fields it renders): unknown keys below the top level, the
-/// typed documents' own validation, network/disk/CNI rules. Line numbers are those of the
-/// document's start. Stricter than Talos, because the double needs them to serve TLS:
-/// `machine.ca.crt` must be one PEM certificate (Talos only fails later, at boot).
+/// Modelled: document detection and kinds (each minor's registry), duplicate documents,
+/// unknown top-level v1alpha1 keys, the machine/cluster/install/CA/machine-type/persist rules
+/// and the endpoint check, with upstream's wording and multierror layout; under v1.14 also
+/// the `UnattendedInstallConfig` checks and the legacy-field conflicts (see [`v114`]). Not
+/// modelled (deliberately; talboot's own schema validation covers the fields it renders):
+/// unknown keys below the top level, the other typed documents' own validation,
+/// network/disk/CNI rules. Line numbers are those of the document's start. Stricter than
+/// Talos, because the double needs them to serve TLS: `machine.ca.crt` must be one PEM
+/// certificate (Talos only fails later, at boot).
 pub(super) fn parse_config(
     data: &[u8],
-    requires_install: bool,
+    rules: LoadRules,
 ) -> Result<Option<ParsedConfig>, ConfigRefused> {
     let text = std::str::from_utf8(data)
         .map_err(|_| "decode error: yaml: invalid leading UTF-8 octet".to_owned())?;
-    let Some(value) = v1alpha1_document(text)? else {
+    let (Some(value), others) = documents(text, rules.version)? else {
         return Ok(None);
     };
     let doc = Doc(&value);
@@ -187,11 +228,23 @@ pub(super) fn parse_config(
         "" | "join" => "worker".to_owned(),
         _ => machine_type,
     };
-    let errors = validate(&doc, &machine_type, &cas, requires_install);
+    let errors = validate(&doc, &machine_type, &cas, rules);
+    let mut all = Vec::new();
     if !errors.is_empty() {
         // `container.Validate` prefixes the v1alpha1 errors and collects them again.
-        return Err(multierror(&[format!("v1alpha1.Config: {}", multierror(&errors))]).into());
+        all.push(format!("v1alpha1.Config: {}", multierror(&errors)));
     }
+    let mut warnings = Vec::new();
+    if rules.version == TalosRules::V114 {
+        let (doc_errors, doc_warnings) = v114::document_checks(&others);
+        all.extend(doc_errors);
+        all.extend(v114::conflicts(&value, &others));
+        warnings = doc_warnings;
+    }
+    if !all.is_empty() {
+        return Err(ConfigRefused::invalid(multierror(&all)));
+    }
+    let facts = DocumentFacts::read(&others);
 
     // What the double itself needs to serve TLS with this config.
     let ca_cert_pem = cas
@@ -204,12 +257,21 @@ pub(super) fn parse_config(
         return Err("machine.ca.crt: no PEM certificate".into());
     }
     Ok(Some(ParsedConfig {
-        cluster_name: doc.text(&["cluster", "clusterName"]).unwrap_or_default(),
+        cluster_name: doc
+            .text(&["cluster", "clusterName"])
+            .or(facts.cluster_name)
+            .unwrap_or_default(),
         endpoint: doc
             .text(&["cluster", "controlPlane", "endpoint"])
+            .or(facts.endpoint)
             .unwrap_or_default(),
         token: doc.text(&["machine", "token"]).unwrap_or_default(),
-        cluster_ca: cas.cluster,
+        cluster_ca: cas.cluster.or(facts.cluster_ca),
+        legacy_install: doc
+            .at(&["machine", "install"])
+            .is_some_and(|i| !i.is_null()),
+        unattended: facts.unattended,
+        warnings,
         machine_type,
         ca_cert_pem,
         ca_key_pem: cas.machine_key,
@@ -217,10 +279,17 @@ pub(super) fn parse_config(
 }
 
 /// `configloader.NewFromBytes`'s pass over the documents: each must be a mapping, unique by
-/// apiVersion/kind/name, and of a kind Talos registers; the v1alpha1 document (the one with
-/// a legacy top-level key, or no kind) may only have v1alpha1.Config's top-level fields.
-/// Returns that document, `None` when there is none.
-fn v1alpha1_document(text: &str) -> Result<Option<Value>, ConfigRefused> {
+/// apiVersion/kind/name, and of a kind the node's Talos registers; the v1alpha1 document
+/// (the one with a legacy top-level key, or no kind) may only have v1alpha1.Config's
+/// top-level fields. Returns that document (`None` when there is none) and the others.
+fn documents(
+    text: &str,
+    version: TalosRules,
+) -> Result<(Option<Value>, Vec<Value>), ConfigRefused> {
+    let kinds = match version {
+        TalosRules::V113 => DOCUMENT_KINDS,
+        TalosRules::V114 => v114::DOCUMENT_KINDS,
+    };
     // The line each document starts at (after a `---` separator), for the messages.
     let mut doc_lines = vec![1];
     doc_lines.extend(
@@ -231,6 +300,7 @@ fn v1alpha1_document(text: &str) -> Result<Option<Value>, ConfigRefused> {
     );
     let str_at = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
     let mut v1alpha1 = None;
+    let mut others = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let line = doc_lines.get(i).copied().unwrap_or(1);
@@ -251,8 +321,9 @@ fn v1alpha1_document(text: &str) -> Result<Option<Value>, ConfigRefused> {
         if !seen.insert(id.clone()) {
             return Err(format!("duplicate document {id} is not allowed (line {line})").into());
         }
-        let fail =
-            |e: String| ConfigRefused(format!("error decoding document {id} (line {line}): {e}"));
+        let fail = |e: String| {
+            ConfigRefused::from(format!("error decoding document {id} (line {line}): {e}"))
+        };
         // The v1alpha1 document is the one with any of its legacy top-level keys.
         let legacy = ["machine", "cluster", "debug", "persist"]
             .iter()
@@ -271,18 +342,20 @@ fn v1alpha1_document(text: &str) -> Result<Option<Value>, ConfigRefused> {
                 )));
             }
             v1alpha1 = Some(value);
+            continue;
         } else if kind.is_empty() {
             return Err(fail("missing kind".into()));
         } else if version.is_empty() {
             return Err(fail("missing apiVersion".into()));
-        } else if version != "v1alpha1" || !DOCUMENT_KINDS.contains(&kind.as_str()) {
+        } else if version != "v1alpha1" || !kinds.contains(&kind.as_str()) {
             return Err(fail(format!("{kind:?} {version:?}: not registered")));
         }
+        others.push(value);
     }
     if seen.is_empty() {
         return Err("config not found".into());
     }
-    Ok(v1alpha1)
+    Ok((v1alpha1, others))
 }
 
 /// The v1alpha1 document, read by path.
@@ -330,9 +403,10 @@ impl Cas {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(s.trim())
                 .map_err(|e| {
-                    ConfigRefused(decode_error(format!("{field}: illegal base64 data: {e}")))
+                    ConfigRefused::from(decode_error(format!("{field}: illegal base64 data: {e}")))
                 })?;
-            String::from_utf8(bytes).map_err(|_| ConfigRefused(format!("{field}: not PEM text")))
+            String::from_utf8(bytes)
+                .map_err(|_| ConfigRefused::from(format!("{field}: not PEM text")))
         };
         let ca_crt = doc
             .text(&["machine", "ca", "crt"])
@@ -371,16 +445,16 @@ impl Cas {
 
 /// `Config.Validate` (`v1alpha1_validation.go`), in its order: the messages of every rule the
 /// document breaks.
-fn validate(doc: &Doc<'_>, machine_type: &str, cas: &Cas, requires_install: bool) -> Vec<String> {
+fn validate(doc: &Doc<'_>, machine_type: &str, cas: &Cas, rules: LoadRules) -> Vec<String> {
     let mut errors: Vec<String> = Vec::new();
     if doc.at(&["machine"]).filter(|m| !m.is_null()).is_none() {
         errors.push("machine instructions are required".into());
         return errors;
     }
     let is_control_plane = matches!(machine_type, "init" | "controlplane");
-    validate_cluster(doc, is_control_plane, &mut errors);
-    if requires_install {
-        validate_install(doc, &mut errors);
+    validate_cluster(doc, is_control_plane, rules.version, &mut errors);
+    if rules.requires_install {
+        validate_install(doc, rules.version, &mut errors);
     }
     validate_cas(doc, machine_type, cas, &mut errors);
     if doc.at(&["persist"]).and_then(Value::as_bool) == Some(false) {
@@ -390,11 +464,22 @@ fn validate(doc: &Doc<'_>, machine_type: &str, cas: &Cas, requires_install: bool
 }
 
 /// `ClusterConfig.Validate`: a cluster section with a valid control-plane endpoint, and no
-/// Kubernetes CA key on a worker.
-fn validate_cluster(doc: &Doc<'_>, is_control_plane: bool, errors: &mut Vec<String>) {
+/// Kubernetes CA key on a worker. v1.14 requires the endpoint only when
+/// `.cluster.controlPlane` is there (the endpoint may live in `KubeClusterConfig`).
+fn validate_cluster(
+    doc: &Doc<'_>,
+    is_control_plane: bool,
+    version: TalosRules,
+    errors: &mut Vec<String>,
+) {
     let endpoint = doc.text(&["cluster", "controlPlane", "endpoint"]);
+    let control_plane = doc
+        .at(&["cluster", "controlPlane"])
+        .is_some_and(|c| !c.is_null());
+    let optional = version == TalosRules::V114 && !control_plane;
     match (doc.at(&["cluster"]).filter(|c| !c.is_null()), &endpoint) {
         (None, _) => errors.push("cluster instructions are required".into()),
+        (Some(_), None) if optional => {}
         (Some(_), None) => errors.push("cluster controlplane endpoint is required".into()),
         (Some(_), Some(ep)) => {
             if let Err(e) = validate_endpoint(ep) {
@@ -410,8 +495,11 @@ fn validate_cluster(doc: &Doc<'_>, is_control_plane: bool, errors: &mut Vec<Stri
 }
 
 /// The platform's `RequiresInstall`: an install section naming a disk or a disk selector.
-fn validate_install(doc: &Doc<'_>, errors: &mut Vec<String>) {
+/// v1.14 no longer requires the section (`UnattendedInstallConfig` replaces it) but still
+/// checks one that is there.
+fn validate_install(doc: &Doc<'_>, version: TalosRules, errors: &mut Vec<String>) {
     match doc.at(&["machine", "install"]).filter(|i| !i.is_null()) {
+        None if version == TalosRules::V114 => {}
         None => errors.push("install instructions are required in \"metal\" mode".into()),
         Some(install) => {
             let disk = install.get("disk").and_then(Value::as_str).unwrap_or("");

@@ -31,6 +31,8 @@ use prost::Message;
 use tonic::{Response, Status};
 use yaml_serde::Value;
 
+use super::loader::LoadRules;
+use super::v114::{self, TalosRules};
 use super::{Installed, Lifecycle, NodeState, Shared, lock, parse_config, reply_apply};
 use crate::talos::api::cosi::resource as cosi;
 use crate::talos::api::machine::{self, apply_configuration_request::Mode};
@@ -319,10 +321,12 @@ pub(crate) fn apply_configured(
     shared: &Arc<Shared>,
     req: machine::ApplyConfigurationRequest,
 ) -> Result<Response<machine::ApplyConfigurationResponse>, Status> {
-    let (requested, parsed, current_inst) = admit(shared, &req)?;
+    let rules = shared.rules();
+    let (requested, parsed, current_inst) = admit(shared, &req, rules)?;
     let text = String::from_utf8_lossy(&req.data).into_owned();
     let current = lock(&shared.configs).running.clone().unwrap_or_default();
-    let (mode, mut details, mode_err) = effective_mode(requested, &current, &text)?;
+    let (mode, mut details, mode_err) = mode_under(rules, requested, &current, &text)?;
+    let warnings = parsed.warnings.clone();
     let record = recorder(requested, mode, req.dry_run, &text);
 
     if req.dry_run {
@@ -386,7 +390,25 @@ pub(crate) fn apply_configured(
         }
         Mode::Auto => unreachable!("AUTO is resolved above"),
     }
-    Ok(Response::new(reply(mode, details + &mode_err)))
+    let mut out = reply(mode, details + &mode_err);
+    out.messages[0].warnings = warnings;
+    Ok(Response::new(out))
+}
+
+/// [`effective_mode`] under the node's rules: v1.14 never needs a reboot.
+fn mode_under(
+    rules: TalosRules,
+    requested: Mode,
+    current: &str,
+    text: &str,
+) -> Result<(Mode, String, String), Status> {
+    Ok(match rules {
+        TalosRules::V113 => effective_mode(requested, current, text)?,
+        TalosRules::V114 => {
+            let (mode, details) = v114::effective_mode(requested);
+            (mode, details, String::new())
+        }
+    })
 }
 
 /// What the test record of this apply says, given whether the node rebooted for it.
@@ -439,30 +461,43 @@ fn try_timeout(req: &machine::ApplyConfigurationRequest) -> Duration {
 }
 
 /// The checks before anything is decided: a mode Talos knows (any apply but a try cancels a
-/// pending try rollback), a config that loads and validates with a v1alpha1 document, a
-/// configured node, and the same machine type. Returns the mode, the config and the install
-/// as it was.
+/// pending try rollback), a config that loads and validates with a v1alpha1 document (in
+/// v1.14's order when the node runs v1.14, see [`admit_v114`]), a configured node, and the
+/// same machine type. Returns the mode, the config and the install as it was.
 fn admit(
     shared: &Shared,
     req: &machine::ApplyConfigurationRequest,
+    rules: TalosRules,
 ) -> Result<(Mode, super::ParsedConfig, Installed), Status> {
-    let requested = Mode::try_from(req.mode).map_err(|_| {
-        Status::unknown(format!(
-            "incorrect mode '{}' specified for the apply config call",
-            req.mode
-        ))
-    })?;
-    if requested != Mode::Try {
-        lock(&shared.configs).rollback_generation += 1;
-    }
-    let parsed = parse_config(&req.data, false)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?
-        .ok_or_else(|| {
-            Status::invalid_argument(
-                "the applied machine configuration doesn't contain v1alpha1 config, did you \
-                 mean to patch the machine config instead?",
-            )
-        })?;
+    let load = LoadRules {
+        version: rules,
+        requires_install: false,
+    };
+    let cancel_rollback = |requested: Mode| {
+        if requested != Mode::Try {
+            lock(&shared.configs).rollback_generation += 1;
+        }
+    };
+    let (requested, parsed) = match rules {
+        TalosRules::V113 => {
+            let requested = Mode::try_from(req.mode).map_err(|_| {
+                Status::unknown(format!(
+                    "incorrect mode '{}' specified for the apply config call",
+                    req.mode
+                ))
+            })?;
+            cancel_rollback(requested);
+            let parsed = parse_config(&req.data, load)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+                .ok_or_else(no_v1alpha1)?;
+            (requested, parsed)
+        }
+        TalosRules::V114 => {
+            let (requested, parsed) = admit_v114(req, load)?;
+            cancel_rollback(requested);
+            (requested, parsed)
+        }
+    };
     let Some(current_inst) = shared.installed() else {
         return Err(Status::failed_precondition("node is not configured"));
     };
@@ -470,6 +505,34 @@ fn admit(
         return Err(Status::invalid_argument("machine type can't be changed"));
     }
     Ok((requested, parsed, current_inst))
+}
+
+fn no_v1alpha1() -> Status {
+    Status::invalid_argument(
+        "the applied machine configuration doesn't contain v1alpha1 config, did you mean to \
+         patch the machine config instead?",
+    )
+}
+
+/// v1.14's order (`v1alpha1_server.go`, ApplyConfiguration at v1.14.0-rc.1): the config
+/// loads, has a v1alpha1 document, the mode is not REBOOT (Unimplemented), the config
+/// validates, and only then an unknown mode is refused (InvalidArgument).
+fn admit_v114(
+    req: &machine::ApplyConfigurationRequest,
+    load: LoadRules,
+) -> Result<(Mode, super::ParsedConfig), Status> {
+    let validated = match parse_config(&req.data, load) {
+        Ok(Some(parsed)) => Ok(parsed),
+        Ok(None) => return Err(no_v1alpha1()),
+        Err(e) if e.is_validation() => Err(Status::invalid_argument(e.to_string())),
+        Err(e) => return Err(Status::invalid_argument(e.to_string())),
+    };
+    if req.mode == Mode::Reboot as i32 {
+        return Err(v114::reboot_refused());
+    }
+    let parsed = validated?;
+    let requested = Mode::try_from(req.mode).map_err(|_| v114::unknown_mode(req.mode))?;
+    Ok((requested, parsed))
 }
 
 /// The mode the apply runs in and the reply's details: NO_REBOOT and TRY refuse what needs a

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::etcd;
 use super::upgrade;
-use super::{BootReason, InstallFailure, Installed, Lifecycle, NodeState, Shared, TALOS_TAG, lock};
+use super::v114::TalosRules;
+use super::{BootReason, InstallFailure, Installed, Lifecycle, NodeState, Shared, lock};
 use crate::talos::api::machine::{self};
 use crate::talos::api::talos::resource::definitions::runtime;
 
@@ -40,7 +41,8 @@ pub(super) async fn install_sequence(shared: Arc<Shared>, installed: Installed) 
     }
     let failure = match &shared.cfg.install_failure {
         Some(InstallFailure::InstallerPull(reason)) => Some(format!(
-            "failed to pull image \"ghcr.io/siderolabs/installer:{TALOS_TAG}\": {reason}"
+            "failed to pull image \"{}\": {reason}",
+            default_installer(&shared)
         )),
         _ => None,
     };
@@ -82,6 +84,22 @@ pub(super) async fn install_sequence(shared: Arc<Shared>, installed: Installed) 
         inst.on_disk = true;
     }
     shared.go_down(Lifecycle::Reboot(BootReason::Installed));
+}
+
+/// The installer the legacy install task falls back to (the double never reads
+/// `.machine.install.image`): v1.13.9 `images.DefaultInstallerImage`
+/// (`ghcr.io/siderolabs/installer:<version>`); v1.14.0-rc.1 `images.InstallerImage("metal")`,
+/// the Image Factory's metal installer of the empty schematic
+/// (`v1alpha1_sequencer_tasks.go`, `Install`; `pkg/images/images.go`).
+fn default_installer(shared: &Shared) -> String {
+    let version = upgrade::running(shared);
+    match shared.rules() {
+        TalosRules::V113 => format!("ghcr.io/siderolabs/installer:{version}"),
+        TalosRules::V114 => format!(
+            "factory.talos.dev/metal-installer/\
+             376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{version}"
+        ),
+    }
 }
 
 /// The boot sequence of a machine booted from disk: stage booting until it finishes, then

@@ -14,11 +14,13 @@ use tonic::{Request, Response, Status};
 
 use super::apid::{ADMIN, APPLY, DataStream, ListStream, NodeApi, OPERATE, READ, READ_ETCD, Route};
 use super::etcd;
-use super::loader::parse_config;
+use super::loader::{LoadRules, parse_config};
 use super::machine_config;
 use super::manifests;
 use super::sequences::{install_sequence, reset_sequence};
+use super::unattended;
 use super::upgrade;
+use super::v114::TalosRules;
 use super::{BootReason, Installed, Lifecycle, Shared, lock};
 use crate::sim::disks::talos_order;
 use crate::sim::pki::SimCa;
@@ -52,9 +54,13 @@ macro_rules! route_or_forward {
     };
 }
 
-/// ApplyConfiguration in maintenance mode: the config is loaded and validated (install
-/// instructions required, as the machine is not installed yet: `modeWrapper.RequiresInstall`)
-/// and the install sequence starts after the reply.
+/// ApplyConfiguration in maintenance mode: the config is loaded and validated (as the machine
+/// is not installed yet: `modeWrapper.RequiresInstall`, which v1.13 turns into "install
+/// instructions required") and the install starts after the reply: v1.13's install sequence,
+/// or on a v1.14 node the unattended install when the config has `UnattendedInstallConfig`,
+/// the legacy sequence for `.machine.install`, no install at all for neither (see
+/// [`unattended`]). Any mode, REBOOT included, is applied without a reboot (v1.14:
+/// `v1alpha1_server.go` turns REBOOT into NO_REBOOT in maintenance).
 fn apply_in_maintenance(
     shared: &Arc<Shared>,
     req: machine::ApplyConfigurationRequest,
@@ -67,8 +73,13 @@ fn apply_in_maintenance(
     }
     // Talos hands the loader's and the validator's errors back as InvalidArgument with
     // their message unchanged (`v1alpha1_server.go`, ApplyConfiguration).
+    let version = shared.rules();
+    let rules = LoadRules {
+        version,
+        requires_install: true,
+    };
     let parsed =
-        parse_config(&req.data, true).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        parse_config(&req.data, rules).map_err(|e| Status::invalid_argument(e.to_string()))?;
     let text = String::from_utf8_lossy(&req.data).into_owned();
     let Some(parsed) = parsed else {
         // Maintenance accepts documents without a machine config and keeps waiting;
@@ -93,18 +104,29 @@ fn apply_in_maintenance(
     lock(&shared.configs).installed(text.clone(), &parsed.machine_type);
     *lock(&stats.last_config) = Some(text);
     let current = shared.installed();
+    let mut reply = reply_apply("Applied configuration without a reboot");
+    reply.messages[0].warnings = parsed.warnings.clone();
+    let (document, legacy) = (parsed.unattended.clone(), parsed.legacy_install);
     let installed = Installed {
         ca_cert_pem: parsed.ca_cert_pem.clone(),
         config: parsed,
         os_ca,
         on_disk: current.as_ref().is_some_and(|i| i.on_disk),
     };
-    // The reply goes out first; apid restarts with mTLS and the install sequence
-    // runs afterwards, asynchronously (see `install_sequence`).
-    tokio::spawn(install_sequence(shared.clone(), installed));
-    Ok(Response::new(reply_apply(
-        "Applied configuration without a reboot",
-    )))
+    // The reply goes out first; apid restarts with mTLS and the install runs afterwards,
+    // asynchronously.
+    match (version, document) {
+        (TalosRules::V114, Some(spec)) => {
+            tokio::spawn(unattended::install(shared.clone(), installed, spec));
+        }
+        (TalosRules::V114, None) if !legacy => {
+            tokio::spawn(unattended::boot_without_install(shared.clone(), installed));
+        }
+        _ => {
+            tokio::spawn(install_sequence(shared.clone(), installed));
+        }
+    }
+    Ok(Response::new(reply))
 }
 
 #[tonic::async_trait]
@@ -535,6 +557,9 @@ impl cosi::state_server::State for NodeApi {
             return reply.map(Response::new);
         }
         if let Some(reply) = manifests::cosi_get(&self.shared, &r) {
+            return reply.map(Response::new);
+        }
+        if let Some(reply) = unattended::cosi_get(&self.shared, &r) {
             return reply.map(Response::new);
         }
         if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())

@@ -17,6 +17,7 @@ use tonic::transport::Server;
 use super::apid::NodeApi;
 use super::sequences::boot_sequence;
 use super::tls::{NextBoot, boot_tls};
+use super::unattended;
 use super::upgrade;
 use super::{BootReason, Lifecycle, NodeState, Phase, Shared, lock};
 use crate::sim::SimError;
@@ -221,8 +222,8 @@ async fn serve_life(
 }
 
 /// What a machine that booted (not an apid restart) starts with: a new event history, the
-/// boot's view of the configs, and the stage its state implies (an installed system runs its
-/// boot sequence).
+/// boot's view of the configs, the stage its state implies (an installed system runs its
+/// boot sequence) and the in-memory resources its controllers make again.
 fn fresh_boot(shared: &Arc<Shared>) {
     lock(&shared.events).clear();
     lock(&shared.configs).on_boot(matches!(&*lock(&shared.state), NodeState::Maintenance));
@@ -236,6 +237,7 @@ fn fresh_boot(shared: &Arc<Shared>) {
         }
         _ => {}
     }
+    unattended::on_boot(shared);
 }
 
 /// The machine is down between two lives: runs the boot hook (the simulated network boot).

@@ -98,11 +98,12 @@ pub(super) struct Versions {
     pulls: usize,
 }
 
-impl Default for Versions {
-    fn default() -> Self {
+impl Versions {
+    /// A machine that first boots Talos `tag`.
+    pub(super) fn booted(tag: &str) -> Self {
         Self {
-            running: TALOS_TAG.to_owned(),
-            next_boot: TALOS_TAG.to_owned(),
+            running: tag.to_owned(),
+            next_boot: tag.to_owned(),
             busy: false,
             failure: None,
             broken: false,
