@@ -147,6 +147,63 @@ pub(crate) fn image_repo(component: &str) -> &'static str {
     }
 }
 
+/// The v1.14 document that holds a step's image, and talosctl's rule for which shape a
+/// running config gets patched in: per component, the document's `image` when the config has
+/// that document, else the v1alpha1 field (siderolabs/talos v1.14.0-rc.1
+/// `pkg/machinery/config/generate/stdpatches/guess.go`, `GuessVersionContractKubelet` and the
+/// four like it; `stdpatches.go` `WithKubeletImage` ...; the `image` fields in
+/// `pkg/machinery/config/types/k8s/{kubelet,apiserver,controller_manager,scheduler,proxy}.go`).
+/// A v1.14-contract config must be patched there: Talos refuses the legacy field next to
+/// its document.
+fn image_document(step: &K8sStep) -> Option<&'static str> {
+    match step {
+        K8sStep::StaticPod { component, .. } => Some(match *component {
+            "kube-apiserver" => "KubeAPIServerConfig",
+            "kube-controller-manager" => "KubeControllerManagerConfig",
+            _ => "KubeSchedulerConfig",
+        }),
+        K8sStep::KubeProxy { .. } => Some("KubeProxyConfig"),
+        K8sStep::Kubelet { .. } => Some("KubeletConfig"),
+        K8sStep::Manifests => None,
+    }
+}
+
+/// Which document of a running config holds a step's image, and the path in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ImageAt {
+    /// `None`: the v1alpha1 document; else the document of this kind.
+    kind: Option<&'static str>,
+    path: &'static [&'static str],
+}
+
+/// Where `step`'s image is in `text`, by talosctl's rule ([`image_document`]).
+fn image_at(text: &str, step: &K8sStep) -> Result<ImageAt, PatchError> {
+    if let Some(kind) = image_document(step) {
+        for doc in yaml_serde::Deserializer::from_str(text) {
+            let v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
+                .map_err(|e| PatchError::Yaml(e.to_string()))?;
+            if v.get("kind").and_then(|k| k.as_str()) == Some(kind) {
+                return Ok(ImageAt {
+                    kind: Some(kind),
+                    path: &["image"],
+                });
+            }
+        }
+    }
+    Ok(ImageAt {
+        kind: None,
+        path: image_path(step),
+    })
+}
+
+/// Whether `v` is the document `kind` names (`None`: the v1alpha1 one).
+fn is_document(v: &yaml_serde::Value, kind: Option<&str>) -> bool {
+    match kind {
+        None => v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1"),
+        Some(k) => v.get("kind").and_then(|v| v.as_str()) == Some(k),
+    }
+}
+
 /// Where each step's image lives in the v1alpha1 document.
 fn image_path(step: &K8sStep) -> &'static [&'static str] {
     match step {
@@ -303,11 +360,22 @@ pub enum PatchError {
 }
 
 /// The v1alpha1 document's string at `path`.
+#[cfg(test)]
 fn read_at(text: &str, path: &[&str]) -> Result<Option<String>, PatchError> {
+    read_in(text, None, path)
+}
+
+/// The image at `at` in `text`.
+fn read_image(text: &str, at: ImageAt) -> Result<Option<String>, PatchError> {
+    read_in(text, at.kind, at.path)
+}
+
+/// The string at `path` in the document `kind` names (`None`: the v1alpha1 one).
+fn read_in(text: &str, kind: Option<&str>, path: &[&str]) -> Result<Option<String>, PatchError> {
     for doc in yaml_serde::Deserializer::from_str(text) {
         let v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
             .map_err(|e| PatchError::Yaml(e.to_string()))?;
-        if v.get("version").and_then(|v| v.as_str()) != Some("v1alpha1") {
+        if !is_document(&v, kind) {
             continue;
         }
         let mut cur = &v;
@@ -324,13 +392,30 @@ fn read_at(text: &str, path: &[&str]) -> Result<Option<String>, PatchError> {
 
 /// `text` with the v1alpha1 document's `path` set to `value` (every other document as it
 /// was), as talosctl's `PatchV1Alpha1` does before the NO_REBOOT apply.
+#[cfg(test)]
 fn patch_at(text: &str, path: &[&str], value: &str) -> Result<String, PatchError> {
+    patch_in(text, None, path, value)
+}
+
+/// `text` with the image at `at` set to `value`.
+fn patch_image(text: &str, at: ImageAt, value: &str) -> Result<String, PatchError> {
+    patch_in(text, at.kind, at.path, value)
+}
+
+/// `text` with `path` in the document `kind` names (`None`: the v1alpha1 one) set to
+/// `value`, every other document as it was.
+fn patch_in(
+    text: &str,
+    kind: Option<&str>,
+    path: &[&str],
+    value: &str,
+) -> Result<String, PatchError> {
     let mut docs = Vec::new();
     let mut found = false;
     for doc in yaml_serde::Deserializer::from_str(text) {
         let mut v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc)
             .map_err(|e| PatchError::Yaml(e.to_string()))?;
-        if !found && v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1") {
+        if !found && is_document(&v, kind) {
             found = true;
             let mut cur = &mut v;
             for key in path {
@@ -502,7 +587,7 @@ impl K8sOps {
         node: &K8sNode,
     ) -> Result<(Option<String>, String), StepError> {
         let text = self.running(node).await?;
-        let current = read_at(&text, image_path(step))?;
+        let current = read_image(&text, image_at(&text, step)?)?;
         let want = self.upgrade.image_for(step, current.as_deref());
         Ok((current, want))
     }
@@ -560,14 +645,15 @@ impl K8sOps {
         }
         let (step, node) = self.step(id)?;
         let text = self.running(node).await?;
-        let current = read_at(&text, image_path(step))?;
+        let at = image_at(&text, step)?;
+        let current = read_image(&text, at)?;
         let want = self.upgrade.image_for(step, current.as_deref());
         if current.as_deref() == Some(want.as_str()) {
             // talosctl's errUpdateSkipped: nothing to apply, only the wait.
             tracing::info!(step = id, image = %want, "already on the image");
             return Ok(());
         }
-        let patched = patch_at(&text, image_path(step), &want)?;
+        let patched = patch_image(&text, at, &want)?;
         self.client(node)
             .map_err(StepError::Talos)?
             .apply_configuration_with(patched.as_bytes(), Mode::NoReboot, false, None)
@@ -955,6 +1041,69 @@ mod tests {
         assert_eq!(
             patch_at("kind: HostnameConfig\n", path, "x"),
             Err(PatchError::NoV1alpha1)
+        );
+    }
+
+    /// talosctl patches each component where the running config keeps it: the v1.14
+    /// document when the config has it, else the v1alpha1 field (`stdpatches/guess.go` at
+    /// v1.14.0-rc.1, one guess per component).
+    #[test]
+    fn a_v1_14_contract_config_is_patched_in_its_documents() {
+        let text = "version: v1alpha1\nmachine:\n  type: controlplane\ncluster:\n  id: x\n---\n\
+                    apiVersion: v1alpha1\nkind: KubeletConfig\nimage: \
+                    ghcr.io/siderolabs/kubelet:v1.36.3\n---\napiVersion: v1alpha1\n\
+                    kind: KubeAPIServerConfig\nimage: registry.k8s.io/kube-apiserver:v1.36.3\n";
+        let node = || "cp-1".to_string();
+        let kubelet = K8sStep::Kubelet { node: node() };
+        let at = image_at(text, &kubelet).unwrap();
+        assert_eq!(at.kind, Some("KubeletConfig"));
+        assert_eq!(
+            read_image(text, at).unwrap().as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.36.3")
+        );
+        let out = patch_image(text, at, "ghcr.io/siderolabs/kubelet:v1.36.4").unwrap();
+        assert_eq!(
+            read_image(&out, image_at(&out, &kubelet).unwrap())
+                .unwrap()
+                .as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.36.4")
+        );
+        // No legacy field appears next to the document (Talos would refuse the pair).
+        assert_eq!(
+            read_at(&out, &["machine", "kubelet", "image"]).unwrap(),
+            None
+        );
+        assert!(!out.contains("kubelet:\n"), "{out}");
+
+        let apiserver = K8sStep::StaticPod {
+            component: "kube-apiserver",
+            node: node(),
+        };
+        let at = image_at(text, &apiserver).unwrap();
+        assert_eq!(at.kind, Some("KubeAPIServerConfig"));
+        let out = patch_image(text, at, "registry.k8s.io/kube-apiserver:v1.36.4").unwrap();
+        assert!(
+            out.contains("image: registry.k8s.io/kube-apiserver:v1.36.4"),
+            "{out}"
+        );
+        assert_eq!(
+            read_at(&out, &["cluster", "apiServer", "image"]).unwrap(),
+            None
+        );
+
+        // A component whose document the config lacks keeps the v1alpha1 field.
+        let proxy = K8sStep::KubeProxy { node: node() };
+        let at = image_at(text, &proxy).unwrap();
+        assert_eq!(at.kind, None);
+        assert_eq!(at.path, &["cluster", "proxy", "image"]);
+        // A v1.13-contract config is patched in v1alpha1 throughout.
+        let v113 = "version: v1alpha1\nmachine:\n  kubelet:\n    image: k:v1\n";
+        assert_eq!(
+            image_at(v113, &kubelet).unwrap(),
+            ImageAt {
+                kind: None,
+                path: &["machine", "kubelet", "image"],
+            }
         );
     }
 
