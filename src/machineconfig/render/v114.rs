@@ -513,17 +513,7 @@ fn kube_node_config(inv: &Inventory, node: &Node) -> Option<Json> {
         kn["labels"] = json!(labels);
     }
     if !taints.is_empty() {
-        let map: serde_json::Map<String, Json> = taints
-            .iter()
-            .map(|t| {
-                let v = match &t.value {
-                    Some(v) => format!("{v}:{}", t.effect),
-                    None => t.effect.to_string(),
-                };
-                (t.key.clone(), json!(v))
-            })
-            .collect();
-        kn["taints"] = Json::Object(map);
+        kn["taints"] = super::node_taints(&taints);
     }
     Some(doc("KubeNodeConfig", kn))
 }
