@@ -455,13 +455,38 @@ fn the_binary_rolls_an_upgrade_across_the_rack() {
         stdout.contains("at most 1 control plane(s) and "),
         "{stdout}"
     );
+    // Issue 26 item 6: the configs kept their v1.13 contract through the upgrade; the demo
+    // migrates them with plan/apply --contract v1.14 and reads every node's config back.
+    let migrated = stdout
+        .lines()
+        .find(|l| l.starts_with("migrated 13 nodes from the v1.13 to the v1.14 contract"))
+        .unwrap_or_else(|| panic!("no contract migration line:\n{stdout}"));
+    for doc in [
+        "v1alpha1/UnattendedInstallConfig",
+        "v1alpha1/KubeNodeConfig",
+        "v1alpha1/KubeClusterConfig",
+        "v1alpha1/SysctlConfig",
+    ] {
+        assert!(migrated.contains(doc), "{doc} added: {migrated}");
+    }
+    assert!(
+        migrated.contains("; 13 of 13 nodes now run v1.14-contract configs (read back"),
+        "{migrated}"
+    );
+    assert!(
+        migrated.contains("; 0 reboot(s), at most 0 control plane(s) down"),
+        "{migrated}"
+    );
     // Then a config change without reboot, through talboot's admin API.
     let change = stdout
         .lines()
         .find(|l| l.starts_with("applied `machine.sysctls.fs.inotify.max_user_watches"))
         .unwrap_or_else(|| panic!("no config change line:\n{stdout}"));
     assert!(
-        change.contains("to 13 nodes through serve's admin API (mode no-reboot)"),
+        change.contains(
+            "to 13 nodes through serve's admin API (mode no-reboot, rendered at the v1.14 \
+             contract)"
+        ),
         "{change}"
     );
     assert!(

@@ -1268,8 +1268,15 @@ mod tests {
 
         /// The rack, planned for an upgrade to Kubernetes `to`.
         async fn rack_up_to(third: u8, to: &str) -> Rack {
+            let (inv, _) = inv_secrets();
+            rack_of(third, to, inv, crate::sim::talos::TALOS_TAG).await
+        }
+
+        /// The rack of inventory `inv` on doubles running Talos `talos`, installed with the
+        /// configs `inv` renders, planned for an upgrade to Kubernetes `to`.
+        async fn rack_of(third: u8, to: &str, inv: &Inventory, talos: &str) -> Rack {
             crate::install_crypto_provider();
-            let (inv, secrets) = inv_secrets();
+            let (_, secrets) = inv_secrets();
             let cluster = FakeCluster::new();
             let kube = Arc::new(
                 KubeDouble::start(DoubleOptions {
@@ -1287,6 +1294,11 @@ mod tests {
                 let inv_ip: IpAddr = inv.node(name).unwrap().address.addr().into();
                 let mut cfg = FakeNodeConfig::new(ip, name);
                 cfg.aliases = vec![inv_ip];
+                cfg.talos_version = talos.to_owned();
+                // The disks the inventory's install target picks (an unattended v1.14 install
+                // waits for a disk its selector matches).
+                let node = inv.node(name).unwrap();
+                cfg.disks = crate::sim::machine::disks_for(name, &node.install);
                 let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
                 let config = render_node(inv, secrets, inv.node(name).unwrap())
                     .unwrap()
@@ -1456,6 +1468,90 @@ mod tests {
                 })
                 .collect();
             assert_eq!(order, want);
+            assert!(
+                record(&store, &rack)
+                    .status
+                    .values()
+                    .all(|s| *s == NodeStatus::Done)
+            );
+        }
+
+        /// Issue 26: a rack installed with the v1.14 contract on v1.14 doubles. The images
+        /// live in the `Kube*Config` documents, which the double's kubelets, static pods and
+        /// bootstrap manifests read (as Talos's config container resolves them); the upgrade
+        /// patches each document, never brings a legacy field back, and every component
+        /// comes up on the new version without a reboot.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_v1_14_contract_rack_is_upgraded_in_its_documents() {
+            let (inv, _) = inv_secrets();
+            let mut inv = inv.clone();
+            inv.cluster.talos_version.value = "v1.14.0".parse().unwrap();
+            let rack = rack_of(41, "1.37.0", &inv, "v1.14.0").await;
+            let before = rack.node("rack1-cp-01").running_config().unwrap();
+            assert!(before.contains("kind: KubeAPIServerConfig"), "{before}");
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::open(dir.path()).unwrap().split().1.rollouts;
+            for _ in 0..1000 {
+                if rack.kubelet_version("rack1-wk-01") == "v1.36.3" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(rack.kubelet_version("rack1-wk-01"), "v1.36.3");
+            let boots: Vec<usize> = NODES
+                .iter()
+                .map(|n| rack.node(n).configured_boots())
+                .collect();
+            assert_eq!(run_once(&rack, &store).await, Outcome::Finished);
+            let kind_image = |cfg: &str, kind: &str| -> Option<String> {
+                yaml_serde::Deserializer::from_str(cfg)
+                    .filter_map(|d| <yaml_serde::Value as serde::Deserialize>::deserialize(d).ok())
+                    .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some(kind))
+                    .and_then(|d| d.get("image").and_then(|i| i.as_str()).map(str::to_owned))
+            };
+            for cp in &NODES[..3] {
+                for (c, _) in crate::sim::kubelet::STATIC_PODS {
+                    assert_eq!(rack.pod_image(c, cp), format!("{}:v1.37.0", image_repo(c)));
+                }
+                let cfg = rack.node(cp).running_config().unwrap();
+                for (kind, image) in [
+                    (
+                        "KubeAPIServerConfig",
+                        "registry.k8s.io/kube-apiserver:v1.37.0",
+                    ),
+                    (
+                        "KubeControllerManagerConfig",
+                        "registry.k8s.io/kube-controller-manager:v1.37.0",
+                    ),
+                    (
+                        "KubeSchedulerConfig",
+                        "registry.k8s.io/kube-scheduler:v1.37.0",
+                    ),
+                    ("KubeProxyConfig", "registry.k8s.io/kube-proxy:v1.37.0"),
+                    ("KubeletConfig", "ghcr.io/siderolabs/kubelet:v1.37.0"),
+                ] {
+                    assert_eq!(
+                        kind_image(&cfg, kind).as_deref(),
+                        Some(image),
+                        "{cp} {kind}"
+                    );
+                }
+                for legacy in ["apiServer", "controllerManager", "scheduler", "proxy"] {
+                    assert_eq!(
+                        read_at(&cfg, &["cluster", legacy, "image"]).unwrap(),
+                        None,
+                        "{cp}: no legacy cluster.{legacy} came back"
+                    );
+                }
+                assert_eq!(
+                    read_at(&cfg, &["machine", "kubelet", "image"]).unwrap(),
+                    None
+                );
+            }
+            for (i, n) in NODES.into_iter().enumerate() {
+                assert_eq!(rack.kubelet_version(n), "v1.37.0", "{n}");
+                assert_eq!(rack.node(n).configured_boots(), boots[i], "{n} rebooted");
+            }
             assert!(
                 record(&store, &rack)
                     .status

@@ -40,6 +40,7 @@ use crate::store::{ClusterStep, NodePhase, StepRecord, Store};
 
 mod daytwo;
 mod launch;
+mod migrate;
 mod prepare;
 mod rack;
 mod run;
@@ -47,6 +48,7 @@ mod upgrade;
 
 pub use daytwo::ConfigChangeReport;
 use launch::Relaunch;
+pub use migrate::MigrationReport;
 // `talboot up`'s simulated-rack tests build their rack with these.
 #[cfg(test)]
 pub(crate) use prepare::{mirror_config, write_addon_manifests};

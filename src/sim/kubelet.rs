@@ -13,6 +13,10 @@
 //! - `pkg/cluster/kubernetes/kubelet.go`: the kubelet restarts when `machine.kubelet.image`
 //!   changes and then posts the Node's `status.nodeInfo.kubeletVersion` (the image tag).
 //!
+//! On a v1.14-contract config the images come from `KubeAPIServerConfig`,
+//! `KubeControllerManagerConfig`, `KubeSchedulerConfig` and `KubeletConfig` instead
+//! ([`super::talos::config_view`], after v1.14.0-rc.1's `container.go`).
+//!
 //! A changed component is NotReady for [`KubeletOptions::restart`] and then Ready, unless a
 //! test marked it never ready ([`Kubelets::never_ready`]): that is the fault a health gate
 //! must catch.
@@ -23,10 +27,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use yaml_serde::Value;
 
 use super::kube::KubeDouble;
 use super::talos::RunningConfig;
+use super::talos::config_view::ConfigView;
 
 /// The static pods of a control plane, with the `cluster` key holding each one's image.
 pub(crate) const STATIC_PODS: [(&str, &str); 3] = [
@@ -84,24 +88,6 @@ impl Drop for Kubelets {
     }
 }
 
-/// The image under `path` of the v1alpha1 document of `text`.
-fn image_at(text: &str, path: &[&str]) -> Option<String> {
-    for doc in yaml_serde::Deserializer::from_str(text) {
-        let Ok(v) = <Value as serde::Deserialize>::deserialize(doc) else {
-            continue;
-        };
-        if v.get("version").and_then(Value::as_str) != Some("v1alpha1") {
-            continue;
-        }
-        let mut cur = &v;
-        for key in path {
-            cur = cur.get(*key)?;
-        }
-        return cur.as_str().map(str::to_owned);
-    }
-    None
-}
-
 /// The tag of an image reference (`registry/name:tag[@digest]`).
 pub(crate) fn image_tag(image: &str) -> &str {
     let image = image.split('@').next().unwrap_or(image);
@@ -125,11 +111,12 @@ impl Kubelets {
                     let Some(text) = node.config.get() else {
                         continue;
                     };
+                    let view = ConfigView::new(&text);
                     let mut images: Vec<(&str, Option<String>)> = STATIC_PODS
                         .iter()
-                        .map(|(c, key)| (*c, image_at(&text, &["cluster", key, "image"])))
+                        .map(|(c, key)| (*c, view.image(key)))
                         .collect();
-                    images.push((KUBELET, image_at(&text, &["machine", "kubelet", "image"])));
+                    images.push((KUBELET, view.image("kubelet")));
                     for (component, image) in images {
                         let Some(image) = image else { continue };
                         let key = (node.hostname.clone(), component.to_owned());
@@ -243,14 +230,9 @@ mod tests {
         let text = "apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n---\n\
                     version: v1alpha1\nmachine:\n  kubelet:\n    image: k:v1\ncluster:\n  \
                     apiServer:\n    image: a:v2\n";
-        assert_eq!(
-            image_at(text, &["machine", "kubelet", "image"]).as_deref(),
-            Some("k:v1")
-        );
-        assert_eq!(
-            image_at(text, &["cluster", "apiServer", "image"]).as_deref(),
-            Some("a:v2")
-        );
-        assert_eq!(image_at(text, &["cluster", "scheduler", "image"]), None);
+        let view = ConfigView::new(text);
+        assert_eq!(view.image("kubelet").as_deref(), Some("k:v1"));
+        assert_eq!(view.image("apiServer").as_deref(), Some("a:v2"));
+        assert_eq!(view.image("scheduler"), None);
     }
 }

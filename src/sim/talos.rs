@@ -68,6 +68,7 @@ use super::pki::{CertKey, PkiError, SimCa};
 mod apid;
 #[cfg(test)]
 mod apply_e2e;
+pub(crate) mod config_view;
 #[cfg(test)]
 mod etcd_e2e;
 mod loader;

@@ -17,10 +17,24 @@ use crate::sim::talos::max_down;
 /// reboot (`machine.sysctls` is among the fields `CanApplyImmediate` lets change).
 const SYSCTL: (&str, &str) = ("fs.inotify.max_user_watches", "1048576");
 
+/// What one rollout sent through serve's admin API did.
+#[derive(Debug, Clone)]
+pub(super) struct Sent {
+    pub outcome: RemoteOutcome,
+    pub wall: Duration,
+    /// Reboots of any node while it ran (the doubles' own count).
+    pub reboots: usize,
+    /// From the doubles' record: the most control planes unavailable at one moment.
+    pub max_control_planes_down: usize,
+}
+
 /// What the config change did.
 #[derive(Debug, Clone)]
 pub struct ConfigChangeReport {
     pub outcome: RemoteOutcome,
+    /// The contract the change was rendered at (at v1.14 the v1.13-style patch lands in
+    /// `SysctlConfig`, translated by the renderer).
+    pub contract: crate::talosfacts::contract::Contract,
     pub wall: Duration,
     /// Reboots of any node while it ran (the doubles' own count).
     pub reboots: usize,
@@ -35,8 +49,9 @@ impl std::fmt::Display for ConfigChangeReport {
             RemoteOutcome::Finished { nodes, .. } => write!(
                 f,
                 "applied `machine.sysctls.{k}: \"{v}\"` to {} nodes through serve's admin API \
-                 (mode no-reboot)",
-                nodes.len()
+                 (mode no-reboot, rendered at the {} contract)",
+                nodes.len(),
+                self.contract
             )?,
             other => write!(f, "the config change through serve ended: {other:?}")?,
         }
@@ -83,11 +98,13 @@ impl Demo {
         });
     }
 
-    /// Adds the demo's patch to the inventory, renders every node again and applies the
-    /// change with mode no-reboot through the running talboot's admin API, printing its
-    /// progress when `print`.
+    /// Adds the demo's patch to `inv` (the inventory as the rack now runs it: after an
+    /// upgrade, at the new `talosVersion`), renders every node again and applies the change
+    /// with mode no-reboot through the running talboot's admin API, printing its progress
+    /// when `print`.
     pub(crate) async fn apply_config_change(
         &self,
+        inv: &crate::inventory::Inventory,
         worker_concurrency: usize,
         print: bool,
     ) -> Result<ConfigChangeReport, DemoError> {
@@ -103,16 +120,39 @@ impl Demo {
         std::fs::write(&file, &text).map_err(|e| DemoError::DayTwo(e.to_string()))?;
         let doc: yaml_serde::Value =
             yaml_serde::from_str(&text).map_err(|e| DemoError::DayTwo(e.to_string()))?;
-        let mut inv = (*self.inventory).clone();
+        let mut inv = inv.clone();
         inv.cluster.patches.push(Patch {
             origin: PatchOrigin::File(file),
             body: PatchBody::Merge(vec![doc]),
             keys: Default::default(),
         });
-        let schema = crate::machineconfig::schema::load(None)
+        // The schema of the contract the changed inventory renders.
+        let contract = crate::machineconfig::render::contract(&inv)
             .map_err(|e| DemoError::DayTwo(e.to_string()))?;
+        let schema = crate::machineconfig::schema::embedded_for(contract);
         let rendered = crate::machineconfig::rendered::render_all(&inv, &self.secrets, &schema)
             .map_err(|p| DemoError::DayTwo(p.join("; ")))?;
+        let sent = self
+            .apply_through_serve(rendered.configs, worker_concurrency, print)
+            .await?;
+        Ok(ConfigChangeReport {
+            outcome: sent.outcome,
+            contract,
+            wall: sent.wall,
+            reboots: sent.reboots,
+            max_control_planes_down: sent.max_control_planes_down,
+        })
+    }
+
+    /// Sends `configs` (`(node, config)`) as one rollout with mode no-reboot to the running
+    /// talboot's admin API, as `talboot apply --mode no-reboot` does while serve holds the
+    /// store, and follows it to the end.
+    pub(super) async fn apply_through_serve(
+        &self,
+        configs: Vec<(String, String)>,
+        worker_concurrency: usize,
+        print: bool,
+    ) -> Result<Sent, DemoError> {
         let request = RolloutRequest {
             worker_concurrency,
             kind: RolloutKind::Apply(ApplyRequest {
@@ -120,8 +160,7 @@ impl Demo {
                 try_timeout_secs: None,
                 gate_timeout_secs: 60,
                 gate_poll_ms: 50,
-                configs: rendered
-                    .configs
+                configs: configs
                     .into_iter()
                     .map(|(node, rendered)| NodeConfig { node, rendered })
                     .collect(),
@@ -149,7 +188,7 @@ impl Demo {
             .map_err(|e| DemoError::DayTwo(e.to_string()))?;
         let wall = since.elapsed();
         let log = self.cluster.availability();
-        Ok(ConfigChangeReport {
+        Ok(Sent {
             outcome,
             wall,
             reboots: reboots(self) - before,

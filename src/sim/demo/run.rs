@@ -146,13 +146,34 @@ async fn upgrade_and_change(demo: &Demo, workers: usize, print: bool) -> Result<
     if let Outcome::Stopped { .. } = report.outcome {
         return Err(DemoError::Upgrade(report.to_string()));
     }
+    // The inventory as the rack now runs it: the operator's next commit moves talosVersion.
+    let mut inv = (*demo.inventory).clone();
+    inv.cluster.talos_version.value = to.clone();
+    let contract = |inv: &Inventory| {
+        crate::machineconfig::render::contract(inv).map_err(|e| DemoError::DayTwo(e.to_string()))
+    };
+    let (from, next) = (contract(&demo.inventory)?, contract(&inv)?);
+    if from != next {
+        if print {
+            println!(
+                "\nthe configs keep their {from} contract on Talos {to}; migrating them to \
+                 {next} as `talboot plan --contract {next}` and `talboot apply --contract \
+                 {next}` do"
+            );
+        }
+        let migration = demo.migrate_contract(&inv, from, workers, print).await?;
+        out.push_str(&format!("{migration}\n"));
+        if !migration.finished || migration.reboots > 0 || migration.now_at != migration.nodes {
+            return Err(DemoError::DayTwo(migration.to_string()));
+        }
+    }
     if print {
         println!(
             "\napplying a config change without reboot through talboot serve's admin \
              API (as `talboot apply --mode no-reboot` does while serve runs)"
         );
     }
-    let change = demo.apply_config_change(workers, print).await?;
+    let change = demo.apply_config_change(&inv, workers, print).await?;
     out.push_str(&format!("{change}\n"));
     if !matches!(
         change.outcome,

@@ -5,6 +5,12 @@
 //! renders from the running config the node has now (so a no-reboot config patch shows at
 //! once, as Talos's controllers re-render on every config change).
 //!
+//! Which config fields are read, a v1.14 document before its legacy v1alpha1 field, is
+//! [`super::config_view`]'s (v1.14.0-rc.1's `container.go` and
+//! `controllers/k8s/control_plane.go` `ControlPlaneBootstrapManifestsController`: CoreDNS and
+//! kube-proxy from `K8sCoreDNSConfig()`/`K8sProxyConfig()`, the domain and service CIDRs from
+//! `K8sNetworkConfig()`).
+//!
 //! Upstream (siderolabs/talos v1.13.9):
 //! - `pkg/machinery/resources/k8s/manifest.go`: `ManifestType`, default namespace
 //!   `controlplane`, no `Sensitivity` (non-sensitive: `internal/app/resources/access.go`
@@ -34,16 +40,10 @@ use serde_json::{Value, json};
 use tonic::Status;
 
 use super::Shared;
+use super::config_view::ConfigView;
 use crate::daytwo::manifests::{MANIFEST_NAMESPACE, MANIFEST_TYPE, json_to_struct};
 use crate::talos::api::cosi::resource as cosi;
 use crate::talos::api::talos::resource::definitions::k8s::{ManifestSpec, SingleManifest};
-
-/// The v1alpha1 document of the running config.
-fn v1alpha1(text: &str) -> Option<yaml_serde::Value> {
-    yaml_serde::Deserializer::from_str(text)
-        .filter_map(|d| <yaml_serde::Value as serde::Deserialize>::deserialize(d).ok())
-        .find(|v| v.get("version").and_then(|v| v.as_str()) == Some("v1alpha1"))
-}
 
 fn at<'a>(v: &'a yaml_serde::Value, path: &[&str]) -> Option<&'a yaml_serde::Value> {
     path.iter().try_fold(v, |cur, k| cur.get(*k))
@@ -51,10 +51,6 @@ fn at<'a>(v: &'a yaml_serde::Value, path: &[&str]) -> Option<&'a yaml_serde::Val
 
 fn string_at(v: &yaml_serde::Value, path: &[&str]) -> Option<String> {
     at(v, path).and_then(|v| v.as_str()).map(str::to_owned)
-}
-
-fn disabled(v: &yaml_serde::Value, path: &[&str]) -> bool {
-    at(v, path).and_then(|v| v.as_bool()) == Some(true)
 }
 
 /// The 10th address of an IPv4 subnet (`DNSServiceIPs`: the first service subnet's base
@@ -79,22 +75,25 @@ fn group(name: &str) -> Value {
 }
 
 /// The manifests a node with running config `text` and machine type `machine_type` renders:
-/// (resource ID, objects), sorted by ID as COSI lists them. Empty on a worker.
+/// (resource ID, objects), sorted by ID as COSI lists them. Empty on a worker. CoreDNS,
+/// kube-proxy and the network come from their v1.14 documents where the config has them
+/// ([`super::config_view`]), else from v1alpha1.
 pub(crate) fn render(text: &str, machine_type: &str) -> Vec<(String, Vec<Value>)> {
     if machine_type != "controlplane" && machine_type != "init" {
         return Vec::new();
     }
-    let Some(cfg) = v1alpha1(text) else {
+    let view = ConfigView::new(text);
+    let Some(cfg) = view.v1alpha1() else {
         return Vec::new();
     };
     let mut out = fixed_manifests();
-    if !disabled(&cfg, &["cluster", "coreDNS", "disabled"]) {
-        out.extend(core_dns(&cfg));
+    if view.enabled("coreDNS") {
+        out.extend(core_dns(&view));
     }
-    if !disabled(&cfg, &["cluster", "proxy", "disabled"]) {
-        out.push(kube_proxy(&cfg));
+    if view.enabled("proxy") {
+        out.push(kube_proxy(&view));
     }
-    out.extend(bootstrap_token(&cfg));
+    out.extend(bootstrap_token(cfg));
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
@@ -150,18 +149,14 @@ fn fixed_manifests() -> Vec<(String, Vec<Value>)> {
     ]
 }
 
-/// `11-core-dns` and `11-core-dns-svc`, from `cluster.coreDNS.image`, the DNS domain and the
-/// first service subnet.
-fn core_dns(cfg: &yaml_serde::Value) -> [(String, Vec<Value>); 2] {
-    let image = string_at(cfg, &["cluster", "coreDNS", "image"])
-        .unwrap_or_else(|| "registry.k8s.io/coredns/coredns:v1.14.6".into());
-    let domain = string_at(cfg, &["cluster", "network", "dnsDomain"])
-        .unwrap_or_else(|| "cluster.local".into());
-    let subnet = at(cfg, &["cluster", "network", "serviceSubnets"])
-        .and_then(|s| s.get(0))
-        .and_then(|s| s.as_str())
-        .unwrap_or("10.96.0.0/12")
-        .to_owned();
+/// `11-core-dns` and `11-core-dns-svc`, from CoreDNS's image, the DNS domain and the first
+/// service subnet.
+fn core_dns(view: &ConfigView) -> [(String, Vec<Value>); 2] {
+    let image = view.core_dns_image();
+    let domain = view.dns_domain();
+    let subnet = view
+        .first_service_subnet()
+        .unwrap_or_else(|| "10.96.0.0/12".to_owned());
     let labels = json!({"k8s-app": "kube-dns"});
     [
         (
@@ -205,9 +200,10 @@ fn core_dns(cfg: &yaml_serde::Value) -> [(String, Vec<Value>); 2] {
     ]
 }
 
-/// `10-kube-proxy`, from `cluster.proxy.image`.
-fn kube_proxy(cfg: &yaml_serde::Value) -> (String, Vec<Value>) {
-    let image = string_at(cfg, &["cluster", "proxy", "image"])
+/// `10-kube-proxy`, from kube-proxy's image.
+fn kube_proxy(view: &ConfigView) -> (String, Vec<Value>) {
+    let image = view
+        .image("proxy")
         .unwrap_or_else(|| "registry.k8s.io/kube-proxy:v1.36.3".into());
     let labels = json!({"tier": "node", "k8s-app": "kube-proxy"});
     (
