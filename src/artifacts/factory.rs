@@ -20,6 +20,8 @@ pub(crate) fn remote_name(kind: Kind, arch: &str) -> String {
         Kind::Kernel => format!("kernel-{arch}"),
         Kind::Initramfs => format!("initramfs-{arch}.xz"),
         Kind::Cmdline => format!("cmdline-metal-{arch}"),
+        Kind::Uki => format!("metal-{arch}-uki.efi"),
+        Kind::SecureBootUki => format!("metal-{arch}-secureboot-uki.efi"),
     }
 }
 

@@ -181,6 +181,8 @@ fn what(kind: Kind) -> &'static str {
         Kind::Kernel => "kernel",
         Kind::Initramfs => "initramfs",
         Kind::Cmdline => "command line",
+        Kind::Uki => "UKI",
+        Kind::SecureBootUki => "Secure Boot UKI",
     }
 }
 
@@ -446,7 +448,8 @@ fn hash_and_check(
                 return Err(cmdline_err(src, "has more than one line"));
             }
         }
-        Kind::Kernel => {}
+        // A UKI's PE signature is read where it is imported (`images import --iso`).
+        Kind::Kernel | Kind::Uki | Kind::SecureBootUki => {}
     }
     Ok(FileRecord {
         size,

@@ -43,10 +43,17 @@ pub enum Kind {
     Initramfs,
     /// The kernel command line the factory generates for metal (`cmdline-metal-<arch>`).
     Cmdline,
+    /// The unified kernel image (kernel, initramfs and command line sealed in one EFI
+    /// binary), unsigned (`metal-<arch>-uki.efi`): UEFI HTTP Boot without Secure Boot.
+    Uki,
+    /// The UKI signed for Secure Boot (`metal-<arch>-secureboot-uki.efi`): the only thing a
+    /// `secureBoot: true` node is offered.
+    SecureBootUki,
 }
 
 impl Kind {
-    /// Every kind, in download order.
+    /// The kinds of a PXE boot set, in download order (the UKIs are fetched only for nodes
+    /// that boot them).
     pub const ALL: [Kind; 3] = [Kind::Kernel, Kind::Initramfs, Kind::Cmdline];
 
     /// File name inside a boot set's folder.
@@ -55,6 +62,8 @@ impl Kind {
             Kind::Kernel => "kernel",
             Kind::Initramfs => "initramfs.xz",
             Kind::Cmdline => "cmdline",
+            Kind::Uki => "uki.efi",
+            Kind::SecureBootUki => "secureboot-uki.efi",
         }
     }
 }

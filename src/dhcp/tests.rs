@@ -1277,6 +1277,7 @@ fn view_from_inventory() {
         interfaces: vec![],
         power: None,
         storage: Default::default(),
+        secure_boot: None,
     };
     let inv = Inventory {
         path: PathBuf::from("talboot.yaml"),

@@ -467,6 +467,9 @@ async fn asset(
         sha256: rec.sha256.clone(),
         content_type: match kind {
             Kind::Cmdline => "text/plain; charset=utf-8",
+            // EDK2's HttpBootDxe takes the image type from this header when the URL does not
+            // end in `.efi` (`HttpBootCheckImageType`).
+            Kind::Uki | Kind::SecureBootUki => "application/efi",
             _ => "application/octet-stream",
         },
     };
@@ -480,7 +483,7 @@ async fn asset(
         let event = match kind {
             Kind::Kernel => Some(EventKind::Kernel),
             Kind::Initramfs => Some(EventKind::Initramfs),
-            Kind::Cmdline => None,
+            Kind::Cmdline | Kind::Uki | Kind::SecureBootUki => None,
         };
         if let Some(ev) = event {
             let who = node_key_by_peer(&app.view, &app.inventory, ip.into());

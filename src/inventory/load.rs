@@ -132,6 +132,7 @@ fn assemble(path: &Path, base: &Path, mut parts: Parts, d: &mut Diagnostics) -> 
         d,
     );
     super::storage::fold_role_volumes(&mut parts.nodes, &parts.role_volumes, &roles);
+    fold_role_secure_boot(&mut parts.nodes, &parts.role_secure_boot, &roles);
     Some(Inventory {
         path: path.to_path_buf(),
         format: parts.format.unwrap_or(SourceFormat::Talboot),
@@ -142,6 +143,20 @@ fn assemble(path: &Path, base: &Path, mut parts: Parts, d: &mut Diagnostics) -> 
         nodes: parts.nodes,
         addons: parts.addons,
     })
+}
+
+/// Gives each node without its own `secureBoot` the nearest one in its role chain.
+fn fold_role_secure_boot(
+    nodes: &mut [super::model::Node],
+    by_role: &std::collections::BTreeMap<String, super::model::Spanned<bool>>,
+    roles: &std::collections::BTreeMap<String, super::model::ResolvedRole>,
+) {
+    for node in nodes.iter_mut().filter(|n| n.secure_boot.is_none()) {
+        node.secure_boot = roles
+            .get(node.role.as_str())
+            .and_then(|role| role.chain.iter().rev().find_map(|r| by_role.get(r)))
+            .cloned();
+    }
 }
 
 /// Index helper re-exported for the talhelper reader.

@@ -779,6 +779,19 @@ pub struct Node {
     /// RAID install and dedicated system volumes (Talos v1.14 and later; the roles' volumes
     /// folded in at load).
     pub storage: super::storage::Storage,
+    /// `secureBoot`: the node's own, else the nearest role's in its `extends` chain (folded in
+    /// at load); `None` when neither sets it, which is off. Read it with
+    /// [`Node::secure_boot`]; the span says where it was set, for refusals.
+    pub secure_boot: Option<Spanned<bool>>,
+}
+
+impl Node {
+    /// Whether the node boots with UEFI Secure Boot enforced: it is offered only the signed
+    /// UKI of its boot set, configured by push, and gets its config only after its
+    /// maintenance API reports that it booted securely.
+    pub fn secure_boot(&self) -> bool {
+        self.secure_boot.as_ref().is_some_and(|s| s.value)
+    }
 }
 
 /// The Cilium add-on.

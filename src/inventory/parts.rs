@@ -64,6 +64,9 @@ pub struct Parts {
     /// Each role's `systemVolumes`, by role name (folded over the `extends` chain and under
     /// the node's own at assembly).
     pub(crate) role_volumes: BTreeMap<String, Vec<super::storage::SystemVolume>>,
+    /// Each role's `secureBoot`, by role name (the nearest in a node's chain applies unless
+    /// the node sets its own).
+    pub(crate) role_secure_boot: BTreeMap<String, super::model::Spanned<bool>>,
 }
 
 /// Kubernetes defaults Talos itself uses.

@@ -295,6 +295,38 @@ fn role_chains_compose() {
     assert_eq!(files, ["worker.yaml", "mon.yaml"]);
 }
 
+/// `secureBoot` on a role reaches its nodes and those of roles extending it; a node's own
+/// value wins; a node neither sets is off; a non-boolean is refused at its line.
+#[test]
+fn secure_boot_folds_from_the_role_chain_and_the_node_wins() {
+    let case = Case::new();
+    let nodes = BASE.replace(
+        "    address: 10.0.40.21/24\n",
+        "    address: 10.0.40.21/24\n    secureBoot: false\n",
+    );
+    let text = format!(
+        "{nodes}  - name: mon-1\n    mac: aa:00:00:00:00:05\n    role: monitoring\n    \
+         address: 10.0.40.31/24\n    installDisk: /dev/sda\nroles:\n  worker:\n    type: \
+         worker\n    secureBoot: true\n  monitoring:\n    extends: worker\n"
+    );
+    let inv = case.load(&text).unwrap().inventory;
+    let on = |n: &str| inv.node(n).unwrap().secure_boot();
+    assert!(!on("cp-1"), "never set: off");
+    assert!(
+        !on("wk-1"),
+        "the node's own false wins over its role's true"
+    );
+    assert!(on("mon-1"), "inherited through extends");
+    let set_at = inv.node("mon-1").unwrap().secure_boot.as_ref().unwrap();
+    assert!(set_at.loc.line > 40, "the role's line: {:?}", set_at.loc);
+    let d = diags(&with(
+        "    installDisk: /dev/sda\n",
+        "    installDisk: /dev/sda\n    secureBoot: yes please\n",
+    ));
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].contains("nodes[0].secureBoot"), "{d:?}");
+}
+
 #[test]
 fn install_disk_choice() {
     let d = diags(&with(

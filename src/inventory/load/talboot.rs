@@ -53,7 +53,12 @@ pub(super) fn read(root: &Y, base: &Path, d: &mut Diagnostics) -> Parts {
         None => Some(Boot::default()),
     };
     if let Some(n) = r.get("roles") {
-        parts.roles = roles(n, base, &mut parts.role_power, &mut parts.role_volumes, d);
+        let blocks = (
+            &mut parts.role_power,
+            &mut parts.role_volumes,
+            &mut parts.role_secure_boot,
+        );
+        parts.roles = roles(n, base, blocks, d);
     }
     match r.get("nodes") {
         Some(n) => {
@@ -151,23 +156,30 @@ const ROLE_KEYS: &[&str] = &[
     "taints",
     "power",
     "systemVolumes",
+    "secureBoot",
 ];
 
 /// Per-role maps of what [`crate::inventory::load`] folds onto the role's nodes later.
 type RoleBlocks<'a> = (
     &'a mut std::collections::BTreeMap<String, crate::inventory::power::PowerBlock>,
     &'a mut std::collections::BTreeMap<String, Vec<crate::inventory::SystemVolume>>,
+    &'a mut std::collections::BTreeMap<String, Spanned<bool>>,
 );
 
-/// A role's `power` and `systemVolumes`, kept by role name because they are resolved onto
+/// A role's `power`, `systemVolumes` and `secureBoot`, kept by role name because they are resolved onto
 /// nodes only once roles and nodes are all read.
 fn role_blocks(
     r: &mut MapReader<'_>,
     path: &str,
     role: &str,
-    (power, volumes): RoleBlocks<'_>,
+    (power, volumes, secure_boot): RoleBlocks<'_>,
     d: &mut Diagnostics,
 ) {
+    if let Some(n) = r.get("secureBoot")
+        && let Some(b) = read::boolean(n, &format!("{path}.secureBoot"), d)
+    {
+        secure_boot.insert(role.to_owned(), Spanned::new(b, n.loc.clone()));
+    }
     if let Some(b) = r
         .get("power")
         .and_then(|n| crate::inventory::power::PowerBlock::read(n, &format!("{path}.power"), d))
@@ -180,13 +192,7 @@ fn role_blocks(
     }
 }
 
-fn roles(
-    node: &Y,
-    base: &Path,
-    power: &mut std::collections::BTreeMap<String, crate::inventory::power::PowerBlock>,
-    volumes: &mut std::collections::BTreeMap<String, Vec<crate::inventory::SystemVolume>>,
-    d: &mut Diagnostics,
-) -> Vec<RoleDef> {
+fn roles(node: &Y, base: &Path, blocks: RoleBlocks<'_>, d: &mut Diagnostics) -> Vec<RoleDef> {
     let Value::Map(entries) = &node.value else {
         d.error_hint(
             &node.loc,
@@ -238,7 +244,8 @@ fn roles(
             .get("taints")
             .map(|n| read::taints(n, &format!("{path}.taints"), d))
             .unwrap_or_default();
-        role_blocks(&mut r, &path, &key.name, (power, volumes), d);
+        let (power, volumes, secure_boot) = (&mut *blocks.0, &mut *blocks.1, &mut *blocks.2);
+        role_blocks(&mut r, &path, &key.name, (power, volumes, secure_boot), d);
         r.finish(ROLE_KEYS, d);
         out.push(RoleDef {
             name: Spanned::new(key.name.clone(), key.loc.clone()),

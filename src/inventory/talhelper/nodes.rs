@@ -174,6 +174,7 @@ pub(super) fn node(
         interfaces: extras,
         power: None,
         storage: Default::default(),
+        secure_boot: None,
     };
     if node.macs.is_empty() {
         return None;

@@ -27,6 +27,7 @@ const NODE: &[&str] = &[
     "taints",
     "interfaces",
     "power",
+    "secureBoot",
 ];
 
 pub(super) fn node(
@@ -50,6 +51,9 @@ pub(super) fn node(
     let firmware = r
         .get("firmware")
         .and_then(|n| read::word(n, &f("firmware"), d, Firmware::WORDS, Firmware::parse));
+    let secure_boot = r.get("secureBoot").and_then(|n| {
+        read::boolean(n, &f("secureBoot"), d).map(|b| Spanned::new(b, n.loc.clone()))
+    });
     let kernel_args = r
         .get("kernelArgs")
         .map(|n| read::kernel_args(n, &f("kernelArgs"), d))
@@ -102,6 +106,7 @@ pub(super) fn node(
         interfaces,
         power: None,
         storage,
+        secure_boot,
     })
 }
 
