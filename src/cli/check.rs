@@ -88,8 +88,20 @@ fn check_loaded(args: &Args, loaded: &inventory::Loaded) -> ExitCode {
     if args.probe {
         let failed =
             super::power::probe_all(&loaded.inventory, args.power_identity.age_identity.clone());
-        if failed > 0 {
-            eprintln!("talboot: check --probe: {failed} power controller(s) did not answer");
+        if failed.unreachable > 0 {
+            eprintln!(
+                "talboot: check --probe: {} power controller(s) did not answer",
+                failed.unreachable
+            );
+        }
+        if failed.not_enforcing > 0 {
+            eprintln!(
+                "talboot: check --probe: {} `secureBoot: true` node(s) whose firmware will not \
+                 enforce Secure Boot (see above)",
+                failed.not_enforcing
+            );
+        }
+        if failed != super::power::ProbeFailures::default() {
             return ExitCode::from(EXIT_INVALID);
         }
     }

@@ -15,6 +15,7 @@ pub mod r#gen;
 pub mod generate;
 pub mod images;
 pub mod node;
+pub mod node_secureboot;
 pub mod plan;
 pub mod power;
 pub mod proxmox;

@@ -31,6 +31,9 @@ pub(crate) enum Action {
     Power(super::power::PowerArgs),
     /// Choose the node's next boot device: network (PXE) or disk, once or `--persistent`.
     Boot(super::power::BootArgs),
+    /// Read the node's UEFI Secure Boot state, or enrol a signing certificate, through its
+    /// BMC's Redfish `SecureBoot` resource.
+    Secureboot(super::node_secureboot::Args),
 }
 
 /// Arguments of `talboot node rebuild`.
@@ -68,6 +71,7 @@ pub fn run(args: &Args) -> ExitCode {
         Action::Rebuild(a) => rebuild(a),
         Action::Power(a) => super::power::run_power(a),
         Action::Boot(a) => super::power::run_boot(a),
+        Action::Secureboot(a) => super::node_secureboot::run(a),
     }
 }
 

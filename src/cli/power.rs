@@ -165,7 +165,7 @@ pub(crate) fn rebuild_needs_power(inv: &Inventory, name: &str, apid_port: u16) -
     rt.block_on(fleet::rebuild_needs_power(inv, name, apid_port, API_WAIT))
 }
 
-fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
+pub(crate) fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
     inventory::load(config).map(|l| l.inventory).map_err(|e| {
         if let inventory::LoadError::Invalid { diagnostics, .. } = &e {
             for d in diagnostics.sorted() {
@@ -177,7 +177,7 @@ fn load(config: &std::path::Path) -> Result<Inventory, ExitCode> {
     })
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -208,11 +208,16 @@ fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<Local>, ExitC
 }
 
 /// The one driver of node `name`, or the message saying why there is none.
-fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver, ExitCode> {
+pub(crate) fn driver_of(
+    inv: &Inventory,
+    name: &str,
+    inventory: &super::args::InventoryFile,
+    identity: &super::args::PowerIdentity,
+) -> Result<PowerDriver, ExitCode> {
     let Some(node) = inv.node(name) else {
         eprintln!(
             "talboot: node {name:?} is not in {}; `talboot check` lists the node names",
-            common.inventory.config.display()
+            inventory.config.display()
         );
         return Err(ExitCode::from(EXIT_INVALID));
     };
@@ -225,7 +230,7 @@ fn driver_of(inv: &Inventory, name: &str, common: &Common) -> Result<PowerDriver
     let env = |v: &str| std::env::var(v).ok();
     let mut r = Resolver::new(
         &env,
-        IdentitySources::from_process_env(common.power_identity.age_identity.clone()),
+        IdentitySources::from_process_env(identity.age_identity.clone()),
     );
     r.config(name, config).map_err(|e| {
         eprintln!("talboot: {e}");
@@ -371,7 +376,7 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
             .block_on(through_serve(common.store.admin, name, req))
             .map_err(RequestError::from),
         Some((_, events)) => {
-            let driver = match driver_of(&inv, name, common) {
+            let driver = match driver_of(&inv, name, &common.inventory, &common.power_identity) {
                 Ok(d) => d,
                 Err(c) => return c,
             };
@@ -585,13 +590,26 @@ async fn serve_phases(
     Ok(out)
 }
 
-/// `check --probe`: reach every configured controller and say what answered; how many
-/// could not be reached.
-pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> usize {
+/// What `check --probe` found wrong: controllers that did not answer, and `secureBoot: true`
+/// nodes whose controller says the firmware will not enforce Secure Boot.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProbeFailures {
+    pub unreachable: usize,
+    pub not_enforcing: usize,
+}
+
+/// `check --probe`: reach every configured controller and say what answered, with each
+/// node's Secure Boot state as its controller reads it.
+pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> ProbeFailures {
     crate::install_crypto_provider();
     let rt = match runtime() {
         Ok(rt) => rt,
-        Err(_) => return 1,
+        Err(_) => {
+            return ProbeFailures {
+                unreachable: 1,
+                not_enforcing: 0,
+            };
+        }
     };
     let probes = rt.block_on(fleet::probe_all(
         inv,
@@ -599,12 +617,21 @@ pub(crate) fn probe_all(inv: &Inventory, age_identity: Option<PathBuf>) -> usize
     ));
     if probes.is_empty() {
         println!("probe: no node has a power controller");
-        return 0;
+        return ProbeFailures::default();
     }
     for p in &probes {
         println!("{p}");
+        if let Some(line) = p.secure_boot_line() {
+            println!("{line}");
+        }
     }
-    probes.iter().filter(|p| p.failed()).count()
+    ProbeFailures {
+        unreachable: probes.iter().filter(|p| p.failed()).count(),
+        not_enforcing: probes
+            .iter()
+            .filter(|p| p.secure_boot_problem().is_some())
+            .count(),
+    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,11 @@ impl PowerDriver {
     pub async fn probe(&self) -> Result<ProbeAnswer, PowerError> {
         self.driver().probe().await
     }
+
+    /// What the controller says of the firmware's Secure Boot (nothing is changed).
+    pub async fn secure_boot(&self) -> Result<super::secureboot::SecureBootProbe, PowerError> {
+        self.driver().secure_boot().await
+    }
 }
 
 /// One operator request, as the CLI, the admin API and the provisioner pass it around.

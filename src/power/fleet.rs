@@ -11,6 +11,7 @@ use crate::inventory::Inventory;
 use super::PowerError;
 use super::credentials::{CredentialError, Resolver};
 use super::dispatch::{PowerDriver, ProbeAnswer, drivers, tcp_answers};
+use super::secureboot::SecureBootProbe;
 
 /// What probing one node's controller found.
 #[derive(Debug)]
@@ -19,6 +20,11 @@ pub(crate) struct Probe {
     pub node: String,
     /// What came of it.
     pub outcome: ProbeOutcome,
+    /// The inventory marks the node `secureBoot: true`.
+    pub wants_secure_boot: bool,
+    /// What the controller said of the firmware's Secure Boot (`None`: not asked, because
+    /// the controller did not answer).
+    pub secure_boot: Option<Result<SecureBootProbe, PowerError>>,
 }
 
 /// How one controller's probe ended.
@@ -38,6 +44,41 @@ pub(crate) enum ProbeOutcome {
 }
 
 impl Probe {
+    /// Why a `secureBoot: true` node's firmware will not enforce Secure Boot, by what its
+    /// controller said.
+    pub(crate) fn secure_boot_problem(&self) -> Option<String> {
+        if !self.wants_secure_boot {
+            return None;
+        }
+        match &self.secure_boot {
+            Some(Ok(sb)) => sb.not_enforcing(),
+            _ => None,
+        }
+    }
+
+    /// The `secure boot` line `check --probe` prints under the power line, if it asked.
+    pub(crate) fn secure_boot_line(&self) -> Option<String> {
+        let name = &self.node;
+        let sb = self.secure_boot.as_ref()?;
+        let text = match sb {
+            Ok(p) => p.to_string(),
+            Err(e) => format!("unknown: {e}"),
+        };
+        let unknown = matches!(sb, Err(_) | Ok(SecureBootProbe::Unknown(_)));
+        let flag = match self.secure_boot_problem() {
+            Some(why) => format!(
+                "\n  NOT ENFORCED on a `secureBoot: true` node: {why}; enrol the signing key and \
+                 enable Secure Boot (`talboot node secureboot enroll {name} --cert FILE --enable`, \
+                 or docs/operations.md \"Secure Boot key enrolment\")"
+            ),
+            None if self.wants_secure_boot && unknown => {
+                " (the node is `secureBoot: true`: check its firmware by hand)".to_string()
+            }
+            None => String::new(),
+        };
+        Some(format!("probe {name}: secure boot: {text}{flag}"))
+    }
+
     /// Whether the controller could not be reached (or not even asked).
     pub(crate) fn failed(&self) -> bool {
         matches!(
@@ -80,15 +121,30 @@ impl std::fmt::Display for Probe {
 pub(crate) async fn probe_all(inv: &Inventory, sources: IdentitySources) -> Vec<Probe> {
     let mut out = Vec::new();
     for (node, d) in drivers(inv, sources) {
-        let outcome = match d {
-            Err(e) => ProbeOutcome::NotProbed(e),
-            Ok(d) => ProbeOutcome::Asked {
-                kind: d.kind(),
-                target: d.target(),
-                answer: d.probe().await,
-            },
+        let wants_secure_boot = inv.node(&node).is_some_and(|n| n.secure_boot());
+        let (outcome, secure_boot) = match d {
+            Err(e) => (ProbeOutcome::NotProbed(e), None),
+            Ok(d) => {
+                let answer = d.probe().await;
+                // A controller that did not answer is not asked again.
+                let sb = match answer {
+                    Ok(_) => Some(d.secure_boot().await),
+                    Err(_) => None,
+                };
+                let outcome = ProbeOutcome::Asked {
+                    kind: d.kind(),
+                    target: d.target(),
+                    answer,
+                };
+                (outcome, sb)
+            }
         };
-        out.push(Probe { node, outcome });
+        out.push(Probe {
+            node,
+            outcome,
+            wants_secure_boot,
+            secure_boot,
+        });
     }
     out
 }

@@ -286,6 +286,18 @@ impl super::Driver for IpmiTarget {
         Box::pin(set_power(self, action))
     }
 
+    fn secure_boot(&self) -> BoxFuture<'_, Result<super::secureboot::SecureBootProbe, PowerError>> {
+        // IPMI v2.0 rev. 1.1 has no Secure Boot command or parameter (its boot options,
+        // Get System Boot Options parameter 5, choose the device and BIOS/EFI only).
+        Box::pin(async {
+            Ok(super::secureboot::SecureBootProbe::Unknown(
+                "IPMI cannot read UEFI Secure Boot (the IPMI 2.0 specification has no such \
+                 command); use the BMC's Redfish or its setup UI"
+                    .into(),
+            ))
+        })
+    }
+
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
         Box::pin(power_state(self))
     }

@@ -21,6 +21,7 @@ pub(crate) mod round;
 pub mod ipmi;
 pub mod proxmox;
 pub mod redfish;
+pub mod secureboot;
 pub mod wol;
 
 pub use dispatch::{PowerDriver, ProbeAnswer};
@@ -52,6 +53,16 @@ pub(crate) trait Driver: Send + Sync {
     /// Reach the controller without changing anything: its power state by default.
     fn probe(&self) -> BoxFuture<'_, Result<ProbeAnswer, PowerError>> {
         Box::pin(async move { self.power_state().await.map(ProbeAnswer::Answered) })
+    }
+
+    /// What the controller says of the firmware's Secure Boot (`check --probe`); by
+    /// default, that this driver cannot say.
+    fn secure_boot(&self) -> BoxFuture<'_, Result<secureboot::SecureBootProbe, PowerError>> {
+        Box::pin(async {
+            Ok(secureboot::SecureBootProbe::Unknown(
+                "this power driver cannot read the firmware's Secure Boot state".into(),
+            ))
+        })
     }
 }
 

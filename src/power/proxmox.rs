@@ -490,6 +490,32 @@ impl ProxmoxVm {
     }
 }
 
+/// A VM's Secure Boot set-up from its config (proxmox/qemu-server 9.2.6,
+/// `src/PVE/QemuServer/Drive.pm`: `efidisk0` is `<volume>,efitype=2m|4m,pre-enrolled-keys=0|1`,
+/// `pre-enrolled-keys` "use an EFI vars template with distribution-specific and Microsoft
+/// Standard keys enrolled, if used with efitype=4m"; `src/PVE/QemuServer/OVMF.pm` picks that
+/// template only for `efitype=4m` on x86_64, and on aarch64 whatever the efitype). `bios`
+/// defaults to `seabios`; aarch64 VMs are always UEFI.
+pub(crate) fn secure_boot_of(config: &Value) -> crate::power::secureboot::SecureBootProbe {
+    let s = |k: &str| config.get(k).and_then(Value::as_str);
+    let aarch64 = s("arch") == Some("aarch64");
+    let efidisk = s("efidisk0");
+    let opt = |name: &str| {
+        efidisk.and_then(|d| {
+            d.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v)
+        })
+    };
+    let keys = matches!(opt("pre-enrolled-keys"), Some("1" | "true" | "yes" | "on"));
+    crate::power::secureboot::SecureBootProbe::Proxmox {
+        ovmf: aarch64 || s("bios") == Some("ovmf"),
+        efidisk: efidisk.is_some(),
+        pre_enrolled_keys: keys && (aarch64 || opt("efitype") == Some("4m")),
+    }
+}
+
 /// The inventory documents the API base with or without Proxmox's `/api2/json` suffix; the
 /// client adds it itself.
 fn proxmox_base(api_url: &str) -> &str {
@@ -518,6 +544,15 @@ impl super::Driver for ProxmoxTarget {
 
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
         Box::pin(async move { proxmox(self)?.power_state().await })
+    }
+
+    fn secure_boot(
+        &self,
+    ) -> BoxFuture<'_, Result<crate::power::secureboot::SecureBootProbe, PowerError>> {
+        Box::pin(async move {
+            let config = proxmox_api(self)?.vm_config(&self.node, self.vmid).await?;
+            Ok(secure_boot_of(&config))
+        })
     }
 
     fn set_boot_device(
@@ -608,6 +643,48 @@ mod tests {
         ));
         assert!(!is_upid("OK"));
         assert_eq!(parse_tags("talboot;k8s"), vec!["talboot", "k8s"]);
+    }
+
+    #[test]
+    fn secure_boot_is_read_from_bios_and_efidisk0() {
+        use crate::power::secureboot::SecureBootProbe::Proxmox;
+        let sb = |v: Value| secure_boot_of(&v);
+        assert_eq!(
+            sb(json!({"bios": "ovmf",
+                      "efidisk0": "local-lvm:vm-100-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M"})),
+            Proxmox {
+                ovmf: true,
+                efidisk: true,
+                pre_enrolled_keys: true
+            }
+        );
+        // The keyed template is used only with efitype=4m on x86_64.
+        assert_eq!(
+            sb(
+                json!({"bios": "ovmf", "efidisk0": "local:100/vm-100-disk-0.qcow2,pre-enrolled-keys=1"})
+            ),
+            Proxmox {
+                ovmf: true,
+                efidisk: true,
+                pre_enrolled_keys: false
+            }
+        );
+        assert_eq!(
+            sb(json!({"arch": "aarch64", "efidisk0": "local:vm-1-disk-0,pre-enrolled-keys=1"})),
+            Proxmox {
+                ovmf: true,
+                efidisk: true,
+                pre_enrolled_keys: true
+            }
+        );
+        assert_eq!(
+            sb(json!({"boot": "order=net0"})),
+            Proxmox {
+                ovmf: false,
+                efidisk: false,
+                pre_enrolled_keys: false
+            }
+        );
     }
 
     #[test]

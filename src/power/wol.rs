@@ -193,6 +193,14 @@ impl super::Driver for WolTarget {
     fn probe(&self) -> BoxFuture<'_, Result<ProbeAnswer, PowerError>> {
         Box::pin(async { Ok(ProbeAnswer::SendOnly) })
     }
+
+    fn secure_boot(&self) -> BoxFuture<'_, Result<super::secureboot::SecureBootProbe, PowerError>> {
+        Box::pin(async {
+            Ok(super::secureboot::SecureBootProbe::Unknown(
+                "Wake-on-LAN only sends; nothing can be read".into(),
+            ))
+        })
+    }
 }
 
 #[cfg(test)]

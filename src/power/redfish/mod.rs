@@ -33,6 +33,9 @@
 mod boot;
 mod etag;
 mod reset;
+mod secureboot;
+#[cfg(test)]
+mod secureboot_tests;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -40,6 +43,12 @@ mod tests;
 pub use boot::{ModePlan, boot_patch, boot_target, mode_plan};
 pub use etag::{ETAG_READS, if_match_forms, stale_etag_reason};
 pub use reset::{ResetPlan, ResetPlanError, action_info_resets, reset_plan};
+pub use secureboot::{
+    CertificateView, DatabaseStatus, DatabaseView, Enrolled, KeysAction, SecureBootError,
+    SecureBootRefusal, SecureBootStatus, SecureBootView, certificate_view, database_view,
+    enable_patch, enroll_body, pick_database, post_refusal, reset_keys_body, secure_boot_link,
+    secure_boot_view,
+};
 pub use session::{session_uri, sessions_path};
 
 use std::time::Duration;
@@ -220,6 +229,8 @@ struct Answer {
     url: reqwest::Url,
     text: String,
     etag: Option<String>,
+    /// The `Location` header (a created resource's URI, DSP0266 "POST (create)").
+    location: Option<String>,
 }
 
 /// A Redfish BMC, with its system path found on first use.
@@ -350,6 +361,11 @@ impl Redfish {
             .get(reqwest::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp.text().await.unwrap_or_default();
         tracing::debug!(endpoint = %self.cfg.endpoint, %method, path, status = status.as_u16(), if_match, "redfish");
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
@@ -362,6 +378,7 @@ impl Redfish {
             url,
             text,
             etag,
+            location,
         })
     }
 
@@ -467,7 +484,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The Redfish client of a resolved target.
-fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
+pub(crate) fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
     let mut cfg = RedfishConfig::new(t.endpoint.clone(), t.user.clone(), t.password.clone());
     cfg.system_id = t.system_id.clone();
     cfg.verify_tls = t.verify_tls;
@@ -479,10 +496,10 @@ fn redfish(t: &RedfishTarget) -> Result<Redfish, PowerError> {
 
 /// One operation on a Redfish BMC, then its session (if one was opened) deleted, whether
 /// the operation succeeded or not.
-async fn with_redfish<T>(
+pub(crate) async fn with_redfish<T, E: From<PowerError>>(
     t: &RedfishTarget,
-    op: impl AsyncFnOnce(&Redfish) -> Result<T, PowerError>,
-) -> Result<T, PowerError> {
+    op: impl AsyncFnOnce(&Redfish) -> Result<T, E>,
+) -> Result<T, E> {
     let rf = redfish(t)?;
     let out = op(&rf).await;
     rf.close().await;
@@ -499,6 +516,12 @@ impl super::Driver for RedfishTarget {
 
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, PowerError>> {
         Box::pin(with_redfish(self, async |rf| rf.power_state().await))
+    }
+
+    fn secure_boot(
+        &self,
+    ) -> BoxFuture<'_, Result<crate::power::secureboot::SecureBootProbe, PowerError>> {
+        Box::pin(with_redfish(self, async |rf| rf.secure_boot_probe().await))
     }
 
     fn set_boot_device(
