@@ -24,6 +24,11 @@
 //! - `ComputerSystem.Reset` takes only the tree's `ResetType@Redfish.AllowableValues` (400
 //!   `ActionParameterNotSupported` otherwise) and applies at once.
 //!
+//! - the Secure Boot resources (issue 27 item 4, [`secureboot`]): `SecureBootEnable` PATCHed
+//!   with the same `If-Match` rules, certificates POSTed into a database's `Certificates`
+//!   stored and listed (201 with `Location`, DSP0266 "POST (create)"), or refused with
+//!   [`FrontOptions::cert_post_status`] (405/501) as a read-only BMC answers.
+//!
 //! The front keeps the mutable state (power, override, ETag version, sessions) and overlays
 //! it on the captured system resource; everything else is the captured tree as served.
 
@@ -41,6 +46,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::qemu::die_with_parent;
+
+mod secureboot;
 use super::sushy::{VENV, free_port};
 
 /// The sushy 5.14.0 wheel's json samples (installed by scripts/test-deps into the sushy-tools
@@ -118,6 +125,9 @@ pub struct FrontOptions {
     /// `BootSourceOverrideMode@Redfish.AllowableValues`; `None`: no list.
     pub allowed_modes: Option<Vec<String>>,
     pub power: String,
+    /// What a POST to a Secure Boot database's `Certificates` answers: 201 stores it; 405
+    /// or 501 refuse it as a read-only collection.
+    pub cert_post_status: u16,
 }
 
 impl FrontOptions {
@@ -136,6 +146,7 @@ impl FrontOptions {
             override_mode: Some("Legacy".into()),
             allowed_modes: Some(vec!["Legacy".into(), "UEFI".into()]),
             power: "On".into(),
+            cert_post_status: 201,
         }
     }
 }
@@ -164,6 +175,12 @@ pub struct BmcState {
     pub sessions: BTreeMap<String, String>,
     pub sessions_made: u32,
     pub seen: Vec<Seen>,
+    /// `SecureBootEnable` once PATCHed (`None`: as the tree says).
+    pub sb_enable: Option<bool>,
+    /// The SecureBoot resource's ETag version.
+    pub sb_version: u64,
+    /// Certificates POSTed, per collection URI (no trailing slash).
+    pub certs: BTreeMap<String, Vec<Value>>,
 }
 
 struct Inner {
@@ -399,6 +416,9 @@ async fn route(
                 "no such session",
             ),
         };
+    }
+    if let Some(r) = secureboot::route(inner, method, path, if_match, body).await {
+        return r;
     }
     if same(path, &o.system) {
         return match *method {
