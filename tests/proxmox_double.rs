@@ -319,3 +319,49 @@ async fn proxmox_create_is_idempotent_and_destroy_touches_only_talboot_vms() {
     assert!(pve.vm(201).is_none() && pve.vm(202).is_none(), "{out}{err}");
     assert!(pve.vm(150).is_some());
 }
+
+/// Issue 27 item 4: `check --probe`'s Secure Boot reading of a Proxmox VM is its config's
+/// `bios` and `efidisk0` `pre-enrolled-keys` (proxmox/qemu-server 9.2.6
+/// `src/PVE/QemuServer/Drive.pm`), read through the driver from the double's
+/// `GET /nodes/{node}/qemu/{vmid}/config`.
+#[tokio::test]
+async fn the_driver_reads_secure_boot_from_the_vm_config() {
+    use talboot::inventory::{ProxmoxTarget, VmShape};
+    use talboot::power::PowerDriver;
+    use talboot::power::secureboot::SecureBootProbe;
+    let pve = ProxmoxDouble::start(ProxmoxDoubleOptions::default())
+        .await
+        .unwrap();
+    let mut keyed = vm("sb-1", "talboot");
+    keyed.config.insert("bios".into(), "ovmf".into());
+    keyed.config.insert(
+        "efidisk0".into(),
+        "local-lvm:vm-151-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M".into(),
+    );
+    pve.insert_vm(151, keyed);
+    pve.insert_vm(152, vm("plain", "talboot"));
+    let driver = |vmid| {
+        PowerDriver::Proxmox(ProxmoxTarget {
+            api_url: pve.url().to_string(),
+            node: "pve".into(),
+            vmid,
+            token_id: pve.opts.token_id.clone(),
+            token_secret: Credential::new(pve.opts.secret.clone()),
+            verify_tls: true,
+            ca: None,
+            vm: VmShape::default(),
+        })
+    };
+    let sb = driver(151).secure_boot().await.unwrap();
+    assert_eq!(
+        sb,
+        SecureBootProbe::Proxmox {
+            ovmf: true,
+            efidisk: true,
+            pre_enrolled_keys: true
+        }
+    );
+    assert_eq!(sb.not_enforcing(), None);
+    let plain = driver(152).secure_boot().await.unwrap();
+    assert!(plain.not_enforcing().unwrap().contains("OVMF"), "{plain:?}");
+}

@@ -44,10 +44,10 @@ pub use boot::{ModePlan, boot_patch, boot_target, mode_plan};
 pub use etag::{ETAG_READS, if_match_forms, stale_etag_reason};
 pub use reset::{ResetPlan, ResetPlanError, action_info_resets, reset_plan};
 pub use secureboot::{
-    CertificateView, DatabaseStatus, DatabaseView, Enrolled, KeysAction, SecureBootError,
-    SecureBootRefusal, SecureBootStatus, SecureBootView, certificate_view, database_view,
-    enable_patch, enroll_body, pick_database, post_refusal, reset_keys_body, secure_boot_link,
-    secure_boot_view,
+    CertificateView, CertificatesUnreadable, DatabaseStatus, DatabaseView, Enrolled, KeysAction,
+    SecureBootError, SecureBootRefusal, SecureBootStatus, SecureBootView, certificate_view,
+    database_view, enable_patch, enroll_body, pick_database, post_refusal, reset_keys_body,
+    secure_boot_link, secure_boot_view,
 };
 pub use session::{session_uri, sessions_path};
 

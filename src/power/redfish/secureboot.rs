@@ -306,16 +306,27 @@ pub fn reset_keys_body(action: &KeysAction, want: &str) -> Result<Value, SecureB
     Ok(json!({"ResetKeysType": want}))
 }
 
+/// Why a database's certificates could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificatesUnreadable {
+    /// The database links no `Certificates` collection.
+    #[error("no Certificates collection")]
+    NoCollection,
+    /// The collection or a member could not be read.
+    #[error(transparent)]
+    Read(#[from] PowerError),
+}
+
 /// One database and what its certificates read (or why they could not be read).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DatabaseStatus {
     pub view: DatabaseView,
-    pub certificates: Result<Vec<CertificateView>, String>,
+    pub certificates: Result<Vec<CertificateView>, CertificatesUnreadable>,
 }
 
 /// `node secureboot status`: the SecureBoot resource and, where the BMC has them, its
 /// databases.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SecureBootStatus {
     pub view: SecureBootView,
     pub databases: Vec<DatabaseStatus>,
@@ -415,8 +426,8 @@ impl Redfish {
         if let Some(coll) = &view.databases {
             for db in self.databases(coll).await? {
                 let certificates = match &db.certificates {
-                    Some(c) => self.certificates(c).await.map_err(|e| e.to_string()),
-                    None => Err("no Certificates collection".into()),
+                    Some(c) => self.certificates(c).await.map_err(Into::into),
+                    None => Err(CertificatesUnreadable::NoCollection),
                 };
                 databases.push(DatabaseStatus {
                     view: db,
