@@ -10,8 +10,8 @@
 //!   `dbx`, the `*Default`s) are written here from it with their names substituted, and each
 //!   database's `Certificates` collection from the sample collection's shape (empty, `PEM`
 //!   supported; `KEK` holds the sample certificate). A mockup server cannot store a POST, so
-//!   the certificate POST, the enable PATCH and the 405/501 refusals are the front's (its
-//!   module comment cites each rule).
+//!   the certificate POST, the enable PATCH, `ResetKeys` and the 405/501 refusals are the
+//!   front's (its module comment cites each rule).
 //! - OpenStack's `sushy-emulator` 2.2.0 with its fake driver: a real Redfish service whose
 //!   `SecureBoot` (`sushy_tools/emulator/main.py` `secure_boot`, template
 //!   `templates/secure_boot.json`) reads `SecureBootEnable`/`SecureBootCurrentBoot` from the
@@ -346,6 +346,42 @@ async fn a_system_whose_secure_boot_resource_is_missing_is_refused() {
     assert!(matches!(p, SecureBootProbe::Unknown(_)), "{p:?}");
 }
 
+#[tokio::test]
+async fn reset_keys_puts_the_firmware_in_setup_mode_and_takes_only_listed_types() {
+    let Some(r) = rig("reset", rackmount1, FrontOptions::new(SYSTEM)).await else {
+        return;
+    };
+    let rf = r.client();
+    rf.reset_keys("DeleteAllKeys").await.unwrap();
+    let posts = r.requests("POST");
+    let post = posts
+        .iter()
+        .find(|p| p.path.ends_with("SecureBoot.ResetKeys"))
+        .unwrap();
+    assert_eq!(post.path, format!("{SB}/Actions/SecureBoot.ResetKeys"));
+    assert_eq!(post.body, Some(json!({"ResetKeysType": "DeleteAllKeys"})));
+    assert_eq!(post.status, 204);
+    let v = rf.secure_boot().await.unwrap();
+    assert_eq!(v.mode.as_deref(), Some("SetupMode"));
+    // (The mockup's SecureBootEnable is false, which is named first; the CLI test below
+    // shows the SetupMode flag on an enabled system.)
+    assert!(v.probe().not_enforcing().is_some());
+    // Not in the action's list: refused here, nothing sent.
+    let before = r.requests("POST").len();
+    let e = rf.reset_keys("DeleteKEK").await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SecureBootError::Refused {
+                refusal: SecureBootRefusal::ResetKeysType { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(r.requests("POST").len(), before);
+}
+
 // ---- sushy-emulator (fake driver) ----
 
 fn sushy_systems(secure_boot: bool) -> String {
@@ -564,6 +600,42 @@ async fn cli_status_enroll_and_check_probe_on_the_mockup() {
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(out.contains("probe n1: secure boot: enabled"), "{out}");
     assert!(!out.contains("NOT ENFORCED"), "{out}");
+
+    // reset-keys needs --yes, then puts the firmware in Setup Mode: flagged again.
+    let o = run(&[
+        "node",
+        "secureboot",
+        "reset-keys",
+        "n1",
+        "--type",
+        "delete-pk",
+    ])
+    .await;
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--yes"));
+    let o = run(&[
+        "node",
+        "secureboot",
+        "reset-keys",
+        "n1",
+        "--type",
+        "delete-pk",
+        "--yes",
+    ])
+    .await;
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("ResetKeys DeletePK sent"), "{out}");
+    let o = run(&["check", "--probe"]).await;
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("mode SetupMode") && out.contains("NOT ENFORCED"),
+        "{out}"
+    );
 
     // A key next to the certificate is refused before the BMC is asked.
     let key_file = r.dir.path().join("with-key.pem");

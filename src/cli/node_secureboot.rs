@@ -1,11 +1,13 @@
-//! `talboot node secureboot status NODE` and `talboot node secureboot enroll NODE --cert PEM
-//! [--database db] [--enable]`: a node's UEFI Secure Boot state and key enrolment through its
+//! `talboot node secureboot status NODE`, `talboot node secureboot enroll NODE --cert PEM
+//! [--database db] [--enable]` and `reset-keys NODE --type T --yes`: a node's UEFI Secure Boot state and key enrolment through its
 //! BMC's Redfish `SecureBoot` resource ([`crate::power::redfish`]). These talk to the BMC
 //! directly and touch no node state, so they run the same whether `talboot serve` runs or not.
 //! A node whose controller is not Redfish gets what its driver can say (`status`) or the
 //! manual path (`enroll`).
 
 use std::path::PathBuf;
+
+use clap::ValueEnum as _;
 use std::process::ExitCode;
 
 use crate::inventory::{Inventory, PowerConfig};
@@ -30,6 +32,46 @@ pub(crate) enum Action {
     /// Enrol a signing certificate (PEM) into a Secure Boot database over Redfish, and
     /// optionally turn Secure Boot on for the next boot.
     Enroll(EnrollArgs),
+    /// Reset the firmware's Secure Boot keys over Redfish (`#SecureBoot.ResetKeys`):
+    /// `delete-all-keys` or `delete-pk` put it in Setup Mode (for the Talos Secure Boot ISO's
+    /// auto-enrolment); `reset-all-keys-to-default` restores the vendor's keys.
+    ResetKeys(ResetKeysArgs),
+}
+
+/// The `ResetKeysType` of `#SecureBoot.ResetKeys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ResetKeysType {
+    /// All key databases back to the firmware's defaults.
+    ResetAllKeysToDefault,
+    /// Delete every key database, PK included (Setup Mode).
+    DeleteAllKeys,
+    /// Delete the Platform Key only (Setup Mode).
+    DeletePk,
+}
+
+impl ResetKeysType {
+    /// The schema's value.
+    pub fn as_redfish(self) -> &'static str {
+        match self {
+            Self::ResetAllKeysToDefault => "ResetAllKeysToDefault",
+            Self::DeleteAllKeys => "DeleteAllKeys",
+            Self::DeletePk => "DeletePK",
+        }
+    }
+}
+
+/// Arguments of `talboot node secureboot reset-keys`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ResetKeysArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// What to reset.
+    #[arg(long = "type", value_enum)]
+    pub kind: ResetKeysType,
+    /// Confirm: the firmware's keys change (after a delete it boots anything until keys are
+    /// enrolled again).
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// Where the node and its controller's credentials are found.
@@ -72,6 +114,55 @@ pub(crate) fn run(args: &Args) -> ExitCode {
     match &args.action {
         Action::Status(a) => status(a),
         Action::Enroll(a) => enroll(a),
+        Action::ResetKeys(a) => reset_keys(a),
+    }
+}
+
+fn reset_keys(a: &ResetKeysArgs) -> ExitCode {
+    let name = a.target.name.as_str();
+    let want = a.kind.as_redfish();
+    if !a.yes {
+        eprintln!(
+            "talboot: {name}: reset-keys --type {} changes the firmware's Secure Boot keys \
+             ({want}); pass --yes to do it",
+            a.kind
+                .to_possible_value()
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let (_, driver) = match resolve(&a.target) {
+        Ok(r) => r,
+        Err(c) => return c,
+    };
+    let PowerConfig::Redfish(t) = &driver else {
+        eprintln!(
+            "talboot: {name}: its power controller is {} ({}), which cannot reset Secure Boot \
+             keys; use the firmware setup UI",
+            driver.kind(),
+            driver.target()
+        );
+        return ExitCode::from(EXIT_INVALID);
+    };
+    crate::install_crypto_provider();
+    let rt = match super::power::runtime() {
+        Ok(rt) => rt,
+        Err(c) => return c,
+    };
+    match rt.block_on(redfish::with_redfish(t, async |rf| {
+        rf.reset_keys(want).await
+    })) {
+        Ok(()) => {
+            println!(
+                "{name}: ResetKeys {want} sent; `talboot node secureboot status {name}` shows the mode"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("talboot: {name}: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
     }
 }
 

@@ -177,6 +177,8 @@ pub struct BmcState {
     pub seen: Vec<Seen>,
     /// `SecureBootEnable` once PATCHed (`None`: as the tree says).
     pub sb_enable: Option<bool>,
+    /// `SecureBootMode` once keys were reset (`None`: as the tree says).
+    pub sb_mode: Option<String>,
     /// The SecureBoot resource's ETag version.
     pub sb_version: u64,
     /// Certificates POSTed, per collection URI (no trailing slash).

@@ -7,7 +7,12 @@
 //! Base registry), `PEM` only where the collection's `@Redfish.SupportedCertificates` says so;
 //! it answers 201 with the new member's `Location` (DSP0266 1.15 "POST (create)") and the
 //! member is listed and readable after. [`FrontOptions::cert_post_status`] 405/501 refuses it
-//! instead, with `Allow: GET` on a 405 (RFC 9110 section 15.5.6).
+//! instead, with `Allow: GET` on a 405 (RFC 9110 section 15.5.6). `#SecureBoot.ResetKeys`
+//! takes only the tree's `ResetKeysType@Redfish.AllowableValues` (400
+//! `ActionParameterNotSupported` otherwise); `DeleteAllKeys` and `DeletePK` put the firmware
+//! in `SetupMode` ("This puts the system in Setup Mode", `SecureBoot.v1_1_2.json`
+//! `ResetKeysType`), `DeleteAllKeys` also empties the databases, `ResetAllKeysToDefault`
+//! reads `UserMode`.
 
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -42,6 +47,9 @@ pub(super) async fn route(
             _ => None,
         };
     }
+    if p.ends_with("/SecureBoot.ResetKeys") && *method == Method::POST {
+        return Some(reset_keys(inner, p, body).await);
+    }
     if p.ends_with("/Certificates") {
         return match *method {
             Method::POST => Some(post(inner, p, body).await),
@@ -69,6 +77,9 @@ async fn secure_boot(inner: &Inner, path: &str) -> Response {
     let st = inner.state.lock().unwrap();
     if let Some(e) = st.sb_enable {
         v["SecureBootEnable"] = json!(e);
+    }
+    if let Some(m) = &st.sb_mode {
+        v["SecureBootMode"] = json!(m);
     }
     let tag = sb_etag(&inner.opts, st.sb_version);
     ([(header::ETAG, tag)], axum::Json(v)).into_response()
@@ -173,4 +184,34 @@ async fn post(inner: &Inner, p: &str, body: Option<&Value>) -> Response {
         axum::Json(member),
     )
         .into_response()
+}
+
+async fn reset_keys(inner: &Inner, p: &str, body: Option<&Value>) -> Response {
+    let sb_path = p.split("/Actions/").next().unwrap_or_default();
+    let Some(sb) = upstream_json(inner, sb_path).await else {
+        return error(StatusCode::NOT_FOUND, "Base.1.8.ResourceMissingAtURI", p);
+    };
+    let action = &sb["Actions"]["#SecureBoot.ResetKeys"];
+    let t = body.and_then(|b| b["ResetKeysType"].as_str()).unwrap_or("");
+    let allowed = action["ResetKeysType@Redfish.AllowableValues"]
+        .as_array()
+        .is_none_or(|l| l.iter().any(|a| a == t));
+    if !allowed || t.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Base.1.8.ActionParameterNotSupported",
+            &format!("the parameter ResetKeysType value {t} is not supported"),
+        );
+    }
+    let mut st = inner.state.lock().unwrap();
+    match t {
+        "DeleteAllKeys" => {
+            st.sb_mode = Some("SetupMode".into());
+            st.certs.clear();
+        }
+        "DeletePK" => st.sb_mode = Some("SetupMode".into()),
+        _ => st.sb_mode = Some("UserMode".into()),
+    }
+    st.sb_version += 1;
+    StatusCode::NO_CONTENT.into_response()
 }
