@@ -18,7 +18,9 @@
 //!   driver and takes a PATCH of `SecureBootEnable`, with `SecureBootMode` always
 //!   `DeployedMode`, no `SecureBootDatabases` and no `ResetKeys`: so enable is proven there
 //!   and enrolment is refused there (no databases), as on a real BMC of that shape; the
-//!   `minimum` feature set has no SecureBoot at all (404).
+//!   `minimum` feature set has no SecureBoot at all (404). Its libvirt driver, on libvirt's
+//!   in-process `test:///default` driver, takes the enable into the domain's `<loader
+//!   secure='yes'>` and reads it back from there.
 //!
 //! Needs scripts/test-deps (TALBOOT_SKIP_SUSHY=1 skips).
 
@@ -447,6 +449,18 @@ async fn sushy_reads_secure_boot_enables_it_and_refuses_enrolment_without_databa
         "{e}"
     );
     assert!(e.to_string().contains("SecureBootDatabases"), "{e}");
+    // sushy's template lists no ResetKeys action.
+    let e = rf.reset_keys("DeleteAllKeys").await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SecureBootError::Refused {
+                refusal: SecureBootRefusal::NoResetKeys { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -483,6 +497,64 @@ async fn sushy_without_the_secure_boot_feature_is_refused_and_probed_as_unknown(
         rf.secure_boot_probe().await.unwrap(),
         SecureBootProbe::Unknown(_)
     ));
+}
+
+/// sushy-emulator's libvirt driver (`sushy_tools/emulator/resources/systems/libvirtdriver.py`
+/// 2.2.0: `set_secure_boot` rewrites the domain's `<loader secure=...>` and its NVRAM
+/// template, `get_secure_boot` reads them back; a Legacy domain has no Secure Boot) on
+/// libvirt's in-process `test:///default` driver (no daemon, its one `i686` domain `test`):
+/// talboot switches the domain to UEFI with its boot override's `BootSourceOverrideMode`,
+/// then enables Secure Boot, and the driver reads it back from the domain XML.
+#[tokio::test]
+async fn sushy_libvirt_driver_takes_secure_boot_enable_into_the_domain() {
+    if !support::sushy::available() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("tb-rfsb-virt-")
+        .tempdir()
+        .unwrap();
+    let code = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
+    let opts = SushyOptions {
+        fake: false,
+        libvirt_uri: Some("test:///default".into()),
+        config: format!(
+            "SUSHY_EMULATOR_BOOT_LOADER_MAP = {{'UEFI': {{'x86_64': '{code}', 'i686': '{code}'}}, \
+             'Legacy': {{'x86_64': None, 'i686': None}}}}\n\
+             SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd'\n\
+             SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.fd'"
+        ),
+        ..Default::default()
+    };
+    let bmc = Sushy::start(dir.path(), &opts);
+    let mut cfg = RedfishConfig::new(
+        &bmc.endpoint,
+        &opts.user,
+        Credential::new(opts.password.clone()),
+    );
+    cfg.boot_mode = Some(talboot::inventory::BootMode::Uefi);
+    let rf = Redfish::new(cfg).unwrap();
+    rf.set_boot_device(
+        talboot::power::BootDevice::Disk,
+        talboot::power::BootPersistence::Persistent,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", bmc.log_text()));
+    let v = rf.secure_boot().await.unwrap();
+    assert_eq!(
+        (v.enable, v.current_boot.as_deref()),
+        (Some(false), Some("Disabled")),
+        "{}",
+        bmc.log_text()
+    );
+    rf.enable_secure_boot().await.unwrap();
+    let v = rf.secure_boot().await.unwrap();
+    assert_eq!(
+        (v.enable, v.current_boot.as_deref()),
+        (Some(true), Some("Enabled")),
+        "{}",
+        bmc.log_text()
+    );
 }
 
 // ---- the CLI ----

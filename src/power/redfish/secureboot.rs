@@ -244,6 +244,9 @@ pub enum SecureBootRefusal {
         status: u16,
         message: String,
     },
+    /// The SecureBoot resource has no `#SecureBoot.ResetKeys` action.
+    #[error("{path} has no #SecureBoot.ResetKeys action; reset the keys in the firmware setup UI")]
+    NoResetKeys { path: String },
     /// A `ResetKeysType` the action does not list.
     #[error("{target} does not allow ResetKeysType {want} (allows {allowed:?})")]
     ResetKeysType {
@@ -557,11 +560,7 @@ impl Redfish {
     pub async fn reset_keys(&self, want: &str) -> Result<(), SecureBootError> {
         let view = self.secure_boot().await?;
         let Some(action) = &view.reset_keys else {
-            return Err(PowerError::Unsupported {
-                target: self.target(),
-                what: format!("#SecureBoot.ResetKeys ({} lists no such action)", view.path),
-            }
-            .into());
+            return Err(self.refuse(SecureBootRefusal::NoResetKeys { path: view.path }));
         };
         let body = reset_keys_body(action, want).map_err(|r| self.refuse(r))?;
         self.call(Method::POST, &action.target, Some(&body)).await?;
