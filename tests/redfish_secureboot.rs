@@ -611,6 +611,7 @@ async fn cli_status_enroll_and_check_probe_on_the_mockup() {
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    println!("{out}");
     assert!(
         out.contains(
             "n1: secure boot: disabled (SecureBootEnable), current boot Disabled, mode DeployedMode"
@@ -627,6 +628,7 @@ async fn cli_status_enroll_and_check_probe_on_the_mockup() {
     let o = run(&["check", "--probe"]).await;
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     let err = String::from_utf8_lossy(&o.stderr).to_string();
+    println!("{out}{err}");
     assert!(
         out.contains("probe n1: secure boot: disabled"),
         "{out}{err}"

@@ -31,8 +31,8 @@ pub(crate) enum Action {
     Power(super::power::PowerArgs),
     /// Choose the node's next boot device: network (PXE) or disk, once or `--persistent`.
     Boot(super::power::BootArgs),
-    /// Read the node's UEFI Secure Boot state, or enrol a signing certificate, through its
-    /// BMC's Redfish `SecureBoot` resource.
+    /// The node's UEFI Secure Boot through its BMC's Redfish `SecureBoot` resource: read its
+    /// state, enrol a signing certificate, reset the keys.
     Secureboot(super::node_secureboot::Args),
 }
 

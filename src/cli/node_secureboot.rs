@@ -66,7 +66,7 @@ pub(crate) struct ResetKeysArgs {
     #[command(flatten)]
     pub target: Target,
     /// What to reset.
-    #[arg(long = "type", value_enum)]
+    #[arg(long = "type", value_enum, value_name = "TYPE")]
     pub kind: ResetKeysType,
     /// Confirm: the firmware's keys change (after a delete it boots anything until keys are
     /// enrolled again).
