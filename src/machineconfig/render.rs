@@ -193,8 +193,9 @@ pub(crate) fn installer_image_at(inv: &Inventory, talos: &crate::inventory::Vers
 /// gets the Image Factory's Secure Boot installer, `metal-installer-secureboot/<schematic>`
 /// (its UKI is signed and boots through systemd-boot). Neither `talosctl gen config` nor
 /// the v1.14 install controller adds the suffix (siderolabs/talos v1.14.0-rc.1
-/// `pkg/images/images.go`, `InstallerImage`, names `metal-installer` only), so the config
-/// must name it.
+/// `pkg/images/images.go` `NewInstallerImage` builds `<platform>-installer/<schematic>`, and
+/// `internal/app/machined/pkg/controllers/runtime/unattended_install.go`
+/// `getInstallerFromBootEntry` passes the platform `metal`), so the config must name it.
 pub(crate) fn node_installer_image(inv: &Inventory, node: &Node) -> String {
     node_installer_image_at(inv, node, &inv.cluster.talos_version.value)
 }
