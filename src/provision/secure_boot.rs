@@ -164,8 +164,8 @@ impl fmt::Display for Reason {
 pub struct Refusal {
     /// Every check that failed, in a fixed order.
     pub reasons: Vec<Reason>,
-    /// What the node reported, when it could be read.
-    pub reported: Option<Reported>,
+    /// What the node reported, when it could be read (boxed: errors stay small).
+    pub reported: Option<Box<Reported>>,
 }
 
 impl fmt::Display for Refusal {
@@ -237,7 +237,7 @@ pub fn judge(read: &Read, expected: &Expected) -> Result<Reported, Refusal> {
     } else {
         Err(Refusal {
             reasons,
-            reported: Some(rep.clone()),
+            reported: Some(Box::new(rep.clone())),
         })
     }
 }

@@ -150,7 +150,7 @@ proptest! {
         prop_assert_eq!(verdict.is_ok(), sb && uki && same && expected_known);
         if let Err(r) = verdict {
             prop_assert!(!r.reasons.is_empty());
-            prop_assert_eq!(r.reported, Some(rep));
+            prop_assert_eq!(r.reported, Some(Box::new(rep)));
         }
     }
 

@@ -121,3 +121,69 @@ pub(super) fn cosi_get(
         )),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{maintenance, node_cfg, rendered, secured};
+    use super::super::{FakeCluster, FakeTalosNode, Phase};
+    use super::SimSecurity;
+
+    const KEY: &str = "AB:CD";
+
+    #[tokio::test]
+    async fn served_in_maintenance_and_configured_as_the_controller_fills_it() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut cfg = node_cfg(171, "rack1-cp-01");
+        cfg.security = SimSecurity::secure_boot(KEY);
+        let node = FakeTalosNode::start(cfg, &cluster).await.unwrap();
+        let spec = maintenance(node.addr())
+            .security_state()
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(spec.secure_boot && spec.booted_with_uki);
+        assert_eq!(spec.pcr_signing_key_fingerprint, KEY);
+        assert_eq!(
+            spec.uki_signing_key_fingerprint, "",
+            "never filled upstream"
+        );
+        maintenance(node.addr())
+            .apply_configuration(rendered("rack1-cp-01").as_bytes())
+            .await
+            .unwrap();
+        node.wait_phase(Phase::Secured).await.unwrap();
+        let again = secured(node.addr()).security_state().await.unwrap();
+        assert_eq!(
+            again,
+            Some(spec),
+            "filled once per boot, the same when configured"
+        );
+        assert_eq!(node.security_state_reads(), 2);
+    }
+
+    #[tokio::test]
+    async fn setup_mode_reports_secure_boot_off_and_an_unfilled_one_is_not_found() {
+        crate::install_crypto_provider();
+        let cluster = FakeCluster::new();
+        let mut setup = node_cfg(172, "rack1-cp-02");
+        setup.security = SimSecurity {
+            setup_mode: true,
+            ..SimSecurity::secure_boot(KEY)
+        };
+        let mut unfilled = node_cfg(173, "rack1-cp-03");
+        unfilled.security.filled = false;
+        let setup = FakeTalosNode::start(setup, &cluster).await.unwrap();
+        let unfilled = FakeTalosNode::start(unfilled, &cluster).await.unwrap();
+        let spec = maintenance(setup.addr())
+            .security_state()
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!spec.secure_boot && spec.booted_with_uki);
+        assert_eq!(
+            maintenance(unfilled.addr()).security_state().await.unwrap(),
+            None
+        );
+    }
+}
