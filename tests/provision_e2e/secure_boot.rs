@@ -85,8 +85,12 @@ async fn assert_refused(world: &World, name: &str, reported: &[&str]) {
     assert_eq!(t.prov().step_node(name).await.unwrap(), NodeStep::Settled);
     t.kill().await;
     assert_eq!(node.apply_calls(), 0);
+    // `talboot status` shows the phase and why.
     let row = status_row(world, name);
-    assert!(row.contains("failed"), "{row}");
+    assert!(
+        row.contains("failed") && row.contains("secureBoot node refused, no config sent"),
+        "{row}"
+    );
 }
 
 #[tokio::test]
