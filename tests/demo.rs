@@ -564,12 +564,83 @@ fn a_v1_14_rack_installs_unattended() {
     assert!(stages_seen > 0, "talboot read no machine stage at all");
 }
 
+/// Issue 27: the lab with `secureBoot: true` on one control plane. Its double reports Secure
+/// Boot on, a UKI and the simulated boot set's PCR key in `SecurityState`; talboot reads it
+/// before the config goes out (the summary shows the verdict), and the node is Ready.
+fn a_secure_boot_node_passes_the_gate_and_is_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = "address: 10.0.40.12/24\n    installDisk: /dev/sda";
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml"))
+            .unwrap();
+    assert!(text.contains(old));
+    let text = text.replace(old, &format!("{old}\n    secureBoot: true"));
+    let patches = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/patches");
+    std::fs::create_dir(dir.path().join("patches")).unwrap();
+    for entry in std::fs::read_dir(&patches).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("patches").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let inv = dir.path().join("lab.yaml");
+    std::fs::write(&inv, text).unwrap();
+    let workdir = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args(["demo", "--quiet", "--timeout", "180", "-c"])
+        .arg(&inv)
+        .arg("--workdir")
+        .arg(&workdir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.matches(" ready ").count(), 3, "{stdout}");
+    assert!(
+        stdout.contains(
+            "Secure Boot gate (SecurityState read before any config):\n  k8s-ctrl-02: \
+             SecurityState passed the Secure Boot gate: secureBoot=true bootedWithUKI=true"
+        ),
+        "{stdout}"
+    );
+    // Only the secure-boot node was asked, and it was asked before its config went out.
+    let s = store::open(&workdir.join("state")).unwrap();
+    for node in ["k8s-ctrl-01", "k8s-ctrl-03"] {
+        let events = s.events(node, 0, 10_000).unwrap();
+        assert!(!events.iter().any(|e| e.detail.contains("SecurityState")));
+    }
+    let events: Vec<String> = s
+        .events("k8s-ctrl-02", 0, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.detail)
+        .collect();
+    let gate = events
+        .iter()
+        .position(|e| e.starts_with("SecurityState passed"));
+    let apply = events
+        .iter()
+        .position(|e| e.starts_with("ApplyConfiguration"));
+    assert!(
+        matches!((gate, apply), (Some(g), Some(a)) if g < a),
+        "{events:#?}"
+    );
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
     the_binary_rolls_an_upgrade_across_the_rack();
     other_inventories_and_a_refusal();
     a_v1_14_rack_installs_unattended();
+    a_secure_boot_node_passes_the_gate_and_is_configured();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

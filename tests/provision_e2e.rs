@@ -1619,3 +1619,6 @@ async fn a_restart_right_after_the_apply_does_not_apply_twice() {
     assert_eq!(node.apply_calls(), 1, "applied twice in one boot");
     assert_eq!(world.phase("cp-1"), NodePhase::Installing);
 }
+
+#[path = "provision_e2e/secure_boot.rs"]
+mod secure_boot;

@@ -445,6 +445,11 @@ fn provisioning_plan(
     settings.concurrency = args.provision_concurrency.max(1);
     settings.ksops_age_identity = inputs.ksops_age_identity;
     settings.power = power;
+    // The Secure Boot gate compares each secure-boot node's PCR key with its boot set's.
+    let catalog = Catalog::load(&args.image_cache.images)?;
+    settings.secure_boot_keys = Arc::new(crate::provision::secure_boot::expected_pcr_fingerprints(
+        inv, &catalog,
+    ));
     let mut drift = None;
     if args.drift_interval > 0 {
         let (connector, targets) = crate::daytwo::drift::targets(

@@ -58,9 +58,10 @@ impl TalosUpgrade {
     /// of the cluster's schematic, as `gen` renders it into `machine.install.image`; the
     /// factory serves one multi-architecture image per schematic and version, so each
     /// node's architecture (recorded here, and the boot sets checked for it) picks its
-    /// platform from it.
+    /// platform from it. A `secureBoot: true` node gets `metal-installer-secureboot`, as
+    /// its config names it (`machineconfig::render::node_installer_image_at`): upgrading it
+    /// with the plain installer would write an unsigned boot path its firmware refuses.
     pub fn plan(inv: &Inventory, version: &Version, stage: bool, apid_port: u16) -> Self {
-        let image = crate::machineconfig::render::installer_image_at(inv, version);
         let nodes = inv
             .nodes
             .iter()
@@ -72,7 +73,7 @@ impl TalosUpgrade {
                     Role::Worker
                 },
                 addr: SocketAddr::new(n.address.addr().into(), apid_port),
-                image: image.clone(),
+                image: crate::machineconfig::render::node_installer_image_at(inv, n, version),
                 arch: inv.arch_of(n),
             })
             .collect();
@@ -627,6 +628,23 @@ pub(crate) mod tests {
             cp.image
         );
         assert_eq!(rollout_key(&v), "upgrade-talos/v1.14.0");
+        // A secure-boot node upgrades with the Secure Boot installer, the others do not.
+        let mut inv = inv.clone();
+        let sb = inv.nodes.len() - 1;
+        inv.nodes[sb].secure_boot = Some(crate::inventory::Spanned::new(
+            true,
+            inv.nodes[sb].name.loc.clone(),
+        ));
+        let plan = TalosUpgrade::plan(&inv, &v, false, 50000);
+        let schematic = inv.cluster.installer.schematic_id();
+        assert!(
+            plan.nodes[sb]
+                .image
+                .ends_with(&format!("/metal-installer-secureboot/{schematic}:v1.14.0")),
+            "{}",
+            plan.nodes[sb].image
+        );
+        assert!(plan.nodes[0].image.contains("/metal-installer/"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,8 +51,9 @@ pub enum EventKind {
     /// A request for a machine config was refused.
     ConfigRefused,
     /// A script, token or config of a node was asked for, or a push would have gone, from an
-    /// address talboot's DHCP did not bind to the node (see [`crate::entitlement`]). The
-    /// detail names the requester, never a token.
+    /// address talboot's DHCP did not bind to the node (see [`crate::entitlement`]); or a
+    /// `secureBoot: true` node failed the Secure Boot gate and gets no config (the detail
+    /// names every reason and all it reported). The detail never holds a token.
     EntitlementRefused,
     /// A machine not in the inventory booted (discover policy).
     Discovered,

@@ -189,6 +189,38 @@ pub(crate) fn installer_image_at(inv: &Inventory, talos: &crate::inventory::Vers
     }
 }
 
+/// The installer of one node: [`installer_image`], except that a `secureBoot: true` node
+/// gets the Image Factory's Secure Boot installer, `metal-installer-secureboot/<schematic>`
+/// (its UKI is signed and boots through systemd-boot). Neither `talosctl gen config` nor
+/// the v1.14 install controller adds the suffix (siderolabs/talos v1.14.0-rc.1
+/// `pkg/images/images.go` `NewInstallerImage` builds `<platform>-installer/<schematic>`, and
+/// `internal/app/machined/pkg/controllers/runtime/unattended_install.go`
+/// `getInstallerFromBootEntry` passes the platform `metal`), so the config must name it.
+pub(crate) fn node_installer_image(inv: &Inventory, node: &Node) -> String {
+    node_installer_image_at(inv, node, &inv.cluster.talos_version.value)
+}
+
+/// [`node_installer_image`] at another Talos version (`talboot upgrade --talos`). An
+/// operator's own `installer.image` that mirrors the factory's layout (a `metal-installer`
+/// path segment) gets the same change; any other image is theirs and is used as written.
+pub(crate) fn node_installer_image_at(
+    inv: &Inventory,
+    node: &Node,
+    talos: &crate::inventory::Version,
+) -> String {
+    let image = installer_image_at(inv, talos);
+    if !node.secure_boot() {
+        return image;
+    }
+    let (name, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), ""));
+    let secure = match name.rsplit_once("/metal-installer/") {
+        Some((host, schematic)) => format!("{host}/metal-installer-secureboot/{schematic}"),
+        None if name.ends_with("/metal-installer") => format!("{name}-secureboot"),
+        None => name.to_owned(),
+    };
+    format!("{secure}:{tag}")
+}
+
 /// The contract the cluster's Talos version renders (`talosctl gen config --talos-version`).
 pub(crate) fn contract(inv: &Inventory) -> Result<Contract, RenderError> {
     Contract::for_version(&inv.cluster.talos_version.value.0).ok_or_else(|| {
@@ -554,7 +586,7 @@ fn machine_patch_v1_13(inv: &Inventory, node: &Node, cp: bool) -> Json {
             json!({"disk": {"$patch": "delete"}, "diskSelector": disk_selector(s)})
         }
     };
-    install["image"] = json!(installer_image(inv));
+    install["image"] = json!(node_installer_image(inv, node));
     let mut machine = json!({"install": install});
 
     let labels = labels(inv, node);
@@ -738,5 +770,7 @@ pub(crate) use structure::check_structure;
 mod v114;
 pub(crate) use v114::LABEL_CONTROL_PLANE;
 
+#[cfg(test)]
+mod secure_boot_tests;
 #[cfg(test)]
 mod tests;

@@ -235,6 +235,11 @@ pub enum Outcome {
         /// The disk Talos will install to.
         install_disk: String,
     },
+    /// The Secure Boot gate refused the node (see [`super::secure_boot`]): it gets no config.
+    SecureBootRefused {
+        /// The refusal, naming what the node reported.
+        why: String,
+    },
     /// The install disk check refused the node's disks.
     DiskRefused {
         /// The refusal, listing the disks.
@@ -344,6 +349,8 @@ pub enum Observation {
 pub enum FailCause {
     /// The install disk was refused.
     Disk,
+    /// The Secure Boot gate refused the node.
+    SecureBoot,
     /// The config could not be rendered.
     Render,
     /// A Talos call failed (the adapter holds the error).
@@ -786,6 +793,9 @@ fn facts_read(st: &mut Step, p: Pending, outcome: Outcome) {
             st.advance(NodePhase::Booting, "maintenance API gone; probing again")
         }
         O::DiskRefused { why } => st.fail(format!("install disk refused: {why}"), FailCause::Disk),
+        // The refusal already says no config was sent; the window stays as it is, so a
+        // fixed machine booting again is judged again.
+        O::SecureBootRefused { why } => st.fail(why, FailCause::SecureBoot),
         O::RenderFailed { why } => not_rendered(st, why),
         other => any_call_result(st, p.kind, other),
     }

@@ -30,6 +30,15 @@ pub enum ProvisionError {
         #[source]
         source: disks::DiskRefusal,
     },
+    /// The Secure Boot gate refused the node: nothing was sent to it.
+    #[error("node {node}: {source}")]
+    SecureBoot {
+        /// The node.
+        node: String,
+        /// Every reason, and what the node reported.
+        #[source]
+        source: super::secure_boot::Refusal,
+    },
     /// The machine config could not be rendered.
     #[error("node {node}: cannot render its machine config: {reason}")]
     Render {

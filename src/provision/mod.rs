@@ -32,6 +32,7 @@ mod power_actions;
 mod probes;
 mod renderer;
 mod run;
+pub mod secure_boot;
 mod settings;
 pub mod steps;
 pub mod up;

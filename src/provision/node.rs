@@ -37,6 +37,7 @@ use super::core::{self, Binding, Effect, FailCause, NodeCtx, NodeState, Observat
 use super::disks;
 
 mod disk_cel;
+mod gate;
 mod unattended;
 use super::{ProvisionError, Provisioner};
 use crate::events::EventKind;
@@ -91,6 +92,8 @@ pub(crate) struct Carry {
     pub(crate) talos: Option<TalosError>,
     /// The disk refusal behind [`Outcome::DiskRefused`].
     pub(crate) disk: Option<disks::DiskRefusal>,
+    /// The Secure Boot refusal behind [`Outcome::SecureBootRefused`].
+    pub(crate) secure_boot: Option<super::secure_boot::Refusal>,
     /// The config rendered after the facts passed (for the Apply that follows).
     pub(crate) config: Option<std::sync::Arc<Vec<u8>>>,
     /// The secured client a reset goes through.
@@ -293,6 +296,10 @@ impl Provisioner {
                     Some(source) => ProvisionError::Disk { node, source },
                     None => ProvisionError::Step { node, why: reason },
                 },
+                FailCause::SecureBoot => match carry.secure_boot {
+                    Some(source) => ProvisionError::SecureBoot { node, source },
+                    None => ProvisionError::Step { node, why: reason },
+                },
                 FailCause::Render => ProvisionError::Render {
                     node,
                     reason: reason
@@ -430,6 +437,11 @@ impl Provisioner {
     ) -> Result<Outcome, ProvisionError> {
         let name = node.name.to_string();
         let client = self.maintenance_probe(&name, ip)?;
+        // Before anything else: a secure-boot node that fails the gate gets no config, not
+        // even a rendered one.
+        if let Some(stop) = self.secure_boot_gate(node, &client, out).await {
+            return Ok(stop);
+        }
         let facts = match self.read_facts(&name, &client).await {
             Ok(f) => f,
             // It left maintenance behind our back (someone else configured it).

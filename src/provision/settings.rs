@@ -52,6 +52,11 @@ pub struct Settings {
     pub concurrency: usize,
     /// Each node's power driver, credentials resolved (nodes without `power:` are absent).
     pub power: Arc<std::collections::BTreeMap<String, crate::power::PowerDriver>>,
+    /// Per `secureBoot: true` node, the `.pcrpkey` fingerprint (Talos's format) of the UKI of
+    /// the boot set it boots, read from the catalog by
+    /// [`super::secure_boot::expected_pcr_fingerprints`]; a secure-boot node absent here is
+    /// refused (nothing to match its key against).
+    pub secure_boot_keys: Arc<std::collections::BTreeMap<String, String>>,
 }
 
 impl Settings {
@@ -75,6 +80,7 @@ impl Settings {
             addon_timeouts: crate::addons::Timeouts::default(),
             concurrency: DEFAULT_CONCURRENCY,
             power: Arc::default(),
+            secure_boot_keys: Arc::default(),
         }
     }
 }

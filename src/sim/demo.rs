@@ -450,7 +450,35 @@ impl Demo {
         }
     }
 
-    /// The end-of-run summary: nodes, cluster steps and Helm release records.
+    /// The Secure Boot gate's verdict on each `secureBoot: true` node, from its timeline;
+    /// empty when the inventory has none (the default demo's summary is unchanged).
+    fn secure_boot_summary(&self) -> String {
+        let gated: Vec<&Arc<SimNode>> = self.nodes.iter().filter(|n| n.secure_boot).collect();
+        if gated.is_empty() {
+            return String::new();
+        }
+        let mut s = String::from("\nSecure Boot gate (SecurityState read before any config):\n");
+        for n in gated {
+            let events = self
+                .store()
+                .events(&n.machine.name, 0, 10_000)
+                .unwrap_or_default();
+            let verdict = events
+                .iter()
+                .rev()
+                .find(|e| {
+                    e.kind == EventKind::EntitlementRefused.as_str()
+                        || e.detail.starts_with("SecurityState passed")
+                })
+                .map(|e| e.detail.clone())
+                .unwrap_or_else(|| "not read yet".into());
+            s.push_str(&format!("  {}: {verdict}\n", n.machine.name));
+        }
+        s
+    }
+
+    /// The end-of-run summary: nodes, cluster steps and Helm release records (and the
+    /// Secure Boot gate's verdicts when the inventory has secure-boot nodes).
     pub fn summary(&self) -> String {
         let mut s = String::new();
         let records = self.store().nodes().unwrap_or_default();
@@ -500,6 +528,7 @@ impl Demo {
         if records == 0 {
             s.push_str("  none (no add-on installed)\n");
         }
+        s.push_str(&self.secure_boot_summary());
         let talos: Vec<Arc<FakeTalosNode>> = self.nodes.iter().filter_map(|n| n.talos()).collect();
         s.push_str(&format!(
             "\nTalos API calls: {} ApplyConfiguration, {} Bootstrap, {} Kubeconfig; {} objects applied \

@@ -74,6 +74,7 @@ mod etcd_e2e;
 mod loader;
 mod machine_config;
 mod manifests;
+mod security;
 mod sequences;
 // Its `route_or_forward!` serves `upgrade`'s RPCs too (declared after it, below).
 #[macro_use]
@@ -88,6 +89,7 @@ mod v114_e2e;
 use apid::{ADMIN, NodeApi, OPERATE, Route};
 use loader::{ParsedConfig, parse_config};
 pub use machine_config::{ApplyRecord, RunningConfig};
+pub use security::SimSecurity;
 use services::{reply_apply, resource};
 use supervisor::{bind, supervise};
 use tls::{NextBoot, boot_tls};
@@ -167,6 +169,9 @@ pub struct FakeNodeConfig {
     /// until an upgrade, and it decides whether the node behaves as v1.13 or v1.14 (see
     /// [`v114`]).
     pub talos_version: String,
+    /// Its firmware's Secure Boot state and boot media, reported as `SecurityState`
+    /// (see [`security`]); a plain network boot unless set.
+    pub security: SimSecurity,
 }
 
 /// How long the asynchronous sequences of a Talos node take. [`LifecycleTiming::realistic`]
@@ -257,6 +262,7 @@ impl fmt::Debug for FakeNodeConfig {
             .field("timing", &self.timing)
             .field("install_failure", &self.install_failure)
             .field("talos_version", &self.talos_version)
+            .field("security", &self.security)
             .finish()
     }
 }
@@ -291,6 +297,7 @@ impl FakeNodeConfig {
             timing: LifecycleTiming::realistic().scaled(DEFAULT_TIME_SCALE),
             install_failure: None,
             talos_version: TALOS_TAG.to_owned(),
+            security: SimSecurity::default(),
         }
     }
 
@@ -471,6 +478,7 @@ struct Stats {
     reset_calls: AtomicUsize,
     reboot_calls: AtomicUsize,
     upgrade_calls: AtomicUsize,
+    security_state_reads: AtomicUsize,
     last_config: Mutex<Option<String>>,
     last_apply_mode: Mutex<Option<i32>>,
     last_kubeconfig: Mutex<Option<Vec<u8>>>,
@@ -775,6 +783,14 @@ impl FakeTalosNode {
     /// ApplyConfiguration calls that reached the handler.
     pub fn apply_calls(&self) -> usize {
         self.shared.stats.apply_calls.load(Ordering::SeqCst)
+    }
+
+    /// COSI Gets of `SecurityState` that reached the handler (found or not).
+    pub fn security_state_reads(&self) -> usize {
+        self.shared
+            .stats
+            .security_state_reads
+            .load(Ordering::SeqCst)
     }
 
     /// Bootstrap calls that reached the handler.

@@ -15,7 +15,7 @@ pub mod retry;
 pub mod talosconfig;
 pub mod tls;
 
-pub use client::{ClientCreds, Deadlines, TalosClient};
+pub use client::{ClientCreds, Deadlines, SECURITY_STATE_ID, SECURITY_STATE_TYPE, TalosClient};
 pub use error::TalosError;
 
 /// TCP port of apid, where every Talos API call goes, in maintenance mode and after

@@ -38,7 +38,7 @@ pub(crate) fn fixture_secrets() -> SecretsBundle {
     SecretsBundle::from_yaml(&text).unwrap()
 }
 
-fn load(name: &str) -> Inventory {
+pub(super) fn load(name: &str) -> Inventory {
     inventory::load_with_env(&repo(&format!("config/{name}")), &BTreeMap::new())
         .unwrap_or_else(|e| panic!("{name}: {e}"))
         .inventory

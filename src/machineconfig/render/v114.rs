@@ -457,7 +457,7 @@ fn unattended_install(inv: &Inventory, node: &Node) -> Result<Json, RenderError>
     Ok(doc(
         "UnattendedInstallConfig",
         json!({
-            "installer": {"image": installer_image(inv)},
+            "installer": {"image": super::node_installer_image(inv, node)},
             "provisioning": {"diskSelector": {"match": matcher}}
         }),
     ))

@@ -69,6 +69,15 @@ pub(super) fn throwaway_secrets(inv: &Inventory, workdir: &Path) -> Result<Throw
     })
 }
 
+/// The `.pcrpkey` fingerprint (Talos's format) of the simulated boot set's UKI: a fixed
+/// stand-in key, reported by every secure-boot double and expected by the gate.
+pub(super) fn demo_pcr_key() -> String {
+    use sha2::Digest;
+    crate::provision::secure_boot::talos_fingerprint(
+        &sha2::Sha256::digest(b"talboot demo boot set .pcrpkey").into(),
+    )
+}
+
 /// The provisioner's settings for the simulated rack: what an operator would pass to
 /// `serve`, with timings short enough for doubles that answer at once.
 pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
@@ -87,6 +96,15 @@ pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
     // Power controllers from the inventory's `power:` blocks, as `serve` builds them (the
     // example rack has none; an inventory with one gets the dashboard's power actions).
     settings.power = Arc::new(crate::power::dispatch::serve_drivers(inv, None));
+    // The simulated boot set's UKI carries the demo's PCR key; every secure-boot machine
+    // booted it (the doubles report it), so the Secure Boot gate lets them through.
+    settings.secure_boot_keys = Arc::new(
+        inv.nodes
+            .iter()
+            .filter(|n| n.secure_boot())
+            .map(|n| (n.name.to_string(), demo_pcr_key()))
+            .collect(),
+    );
     settings.poll_interval = Duration::from_millis(250);
     settings.install_timeout = Duration::from_secs(60);
     settings.health_timeout = Duration::from_secs(60);

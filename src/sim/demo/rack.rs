@@ -14,7 +14,9 @@ use super::{DemoError, SimFailure};
 use crate::inventory::Inventory;
 use crate::sim::kube::{DoubleOptions, KubeDouble};
 use crate::sim::machine::{Booted, Machine, Wire};
-use crate::sim::talos::{BootHook, BootReason, FakeCluster, FakeNodeConfig, FakeTalosNode, Phase};
+use crate::sim::talos::{
+    BootHook, BootReason, FakeCluster, FakeNodeConfig, FakeTalosNode, Phase, SimSecurity,
+};
 
 /// One simulated machine as the demo tracks it.
 pub struct SimNode {
@@ -24,6 +26,9 @@ pub struct SimNode {
     pub(crate) rack_address: Ipv4Addr,
     /// Its role.
     pub role: String,
+    /// `secureBoot: true` in the inventory: its firmware enforces Secure Boot and it boots
+    /// the boot set's UKI, so its double reports that in `SecurityState`.
+    pub secure_boot: bool,
     pub(super) talos: Mutex<Option<Arc<FakeTalosNode>>>,
 }
 
@@ -88,6 +93,7 @@ pub(crate) fn power_on(
             machine: Machine::from_inventory(inv, n, relay),
             rack_address: to_rack(address),
             role: n.role.value.clone(),
+            secure_boot: n.secure_boot(),
             talos: Mutex::new(None),
         });
         nodes.push(node.clone());
@@ -158,6 +164,9 @@ async fn run_machine(
     cfg.aliases = vec![IpAddr::V4(node.rack_address)];
     cfg.boot_hook = Some(boot_hook(node.clone(), wire));
     cfg.talos_version = version;
+    if node.secure_boot {
+        cfg.security = SimSecurity::secure_boot(&super::launch::demo_pcr_key());
+    }
     let talos = match FakeTalosNode::start(cfg, &cluster).await {
         Ok(t) => Arc::new(t),
         Err(e) => {

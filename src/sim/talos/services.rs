@@ -562,6 +562,9 @@ impl cosi::state_server::State for NodeApi {
         if let Some(reply) = unattended::cosi_get(&self.shared, &r) {
             return reply.map(Response::new);
         }
+        if let Some(reply) = super::security::cosi_get(&self.shared, &r) {
+            return reply.map(Response::new);
+        }
         if (r.namespace.as_str(), r.r#type.as_str(), r.id.as_str())
             == ("runtime", "MachineStatuses.runtime.talos.dev", "machine")
         {

@@ -30,6 +30,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use facts::{SECURITY_STATE_ID, SECURITY_STATE_TYPE};
 pub use stream::installer_containerd;
 
 use std::fmt;
