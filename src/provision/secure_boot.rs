@@ -198,8 +198,9 @@ pub fn same_fingerprint(a: &str, b: &str) -> bool {
     a.len() == 64 && a == b
 }
 
-/// The gate: `Ok` only when the node reported Secure Boot enforced, a Talos UKI, and the
-/// boot set's PCR signing key. Every failing check is listed, not only the first.
+/// The gate: `Ok` only when the node reported Secure Boot enforced and the boot set's PCR
+/// signing key (`bootedWithUKI: false` alone is not refused when that key matches; see the
+/// body). Every failing check is listed, not only the first.
 pub fn judge(read: &Read, expected: &Expected) -> Result<Reported, Refusal> {
     let rep = match read {
         Read::Found(r) => r,
@@ -220,7 +221,16 @@ pub fn judge(read: &Read, expected: &Expected) -> Result<Reported, Refusal> {
     if !rep.secure_boot {
         reasons.push(Reason::SecureBootOff);
     }
-    if !rep.booted_with_uki {
+    // `bootedWithUKI` comes from a file name (systemd-stub's `StubImageIdentifier`, the
+    // loaded image's device path as text): a UKI the firmware loaded over PXE/TFTP has no file
+    // path node, so Talos reports false for it although the UKI ran. The PCR key file exists
+    // only when systemd-stub unpacked it from a UKI's `.pcrpkey`, so the boot set's key is the
+    // stronger evidence; without it, a missing UKI is a reason of its own.
+    let key_matches = expected
+        .pcr_signing_key_fingerprint
+        .as_deref()
+        .is_some_and(|want| same_fingerprint(want, &rep.pcr_signing_key_fingerprint));
+    if !rep.booted_with_uki && !key_matches {
         reasons.push(Reason::NotBootedWithUki);
     }
     match &expected.pcr_signing_key_fingerprint {

@@ -87,6 +87,32 @@ fn every_failing_check_is_listed() {
     );
 }
 
+/// A UKI loaded over PXE/TFTP reports `bootedWithUKI: false` on real Talos (no file path for
+/// systemd-stub's `StubImageIdentifier`); the boot set's PCR key is what shows the UKI ran.
+#[test]
+fn booted_with_uki_false_passes_only_with_the_boot_sets_pcr_key() {
+    let pxe = |key: &str| Reported {
+        booted_with_uki: false,
+        ..good(key)
+    };
+    assert!(judge(&Read::Found(pxe(&fp(b"key"))), &expect(&fp(b"key"))).is_ok());
+    let err = judge(&Read::Found(pxe(&fp(b"other"))), &expect(&fp(b"key"))).unwrap_err();
+    assert_eq!(
+        err.reasons,
+        vec![
+            Reason::NotBootedWithUki,
+            Reason::OtherKey {
+                expected: fp(b"key")
+            }
+        ]
+    );
+    let err = judge(&Read::Found(pxe(&fp(b"key"))), &Expected::default()).unwrap_err();
+    assert_eq!(
+        err.reasons,
+        vec![Reason::NotBootedWithUki, Reason::NoExpectedKey]
+    );
+}
+
 #[test]
 fn another_key_or_no_expected_key_is_refused() {
     let err = judge(&Read::Found(good(&fp(b"other"))), &expect(&fp(b"key"))).unwrap_err();
@@ -125,9 +151,10 @@ fn the_spec_decodes_with_talos_names() {
 }
 
 proptest! {
-    /// The gate passes exactly when all three hold, whatever else was reported.
+    /// The gate passes exactly when Secure Boot is enforced and the key is the boot set's,
+    /// whatever else was reported (`bootedWithUKI` included: see `judge`).
     #[test]
-    fn passes_iff_secure_uki_and_same_key(
+    fn passes_iff_secure_boot_and_same_key(
         sb in any::<bool>(),
         uki in any::<bool>(),
         same in any::<bool>(),
@@ -147,7 +174,11 @@ proptest! {
         };
         let exp = Expected { pcr_signing_key_fingerprint: expected_known.then(|| want.clone()) };
         let verdict = judge(&Read::Found(rep.clone()), &exp);
-        prop_assert_eq!(verdict.is_ok(), sb && uki && same && expected_known);
+        prop_assert_eq!(verdict.is_ok(), sb && same && expected_known);
+        if let Err(r) = &verdict {
+            let listed = r.reasons.contains(&Reason::NotBootedWithUki);
+            prop_assert_eq!(listed, !uki && !(same && expected_known));
+        }
         if let Err(r) = verdict {
             prop_assert!(!r.reasons.is_empty());
             prop_assert_eq!(r.reported, Some(Box::new(rep)));
