@@ -18,6 +18,7 @@ pub mod compression;
 pub mod factory;
 pub mod import;
 pub mod iso;
+pub mod uki;
 
 pub use compression::Compression;
 
