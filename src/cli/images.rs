@@ -198,21 +198,20 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<Wanted>, String), RequestError> {
     for b in &p.boot {
         boots.insert(Boot::parse(b).ok_or_else(|| RequestError::Boot(b.clone()))?);
     }
-    // How each architecture's nodes boot: the signed UKI for `secureBoot: true` nodes.
+    // What `serve` will ask of each architecture's set: the signed UKI for `secureBoot: true`
+    // nodes, the PXE files for the others and for discovery of unknown machines.
     let mut by_arch: std::collections::BTreeMap<Arch, BTreeSet<Boot>> = Default::default();
     if let Some(inv) = &inv {
-        for n in &inv.nodes {
-            let boot = if n.secure_boot() {
-                Boot::SecureBootUki
-            } else {
-                Boot::Pxe
-            };
-            by_arch.entry(inv.arch_of(n)).or_default().insert(boot);
+        for r in artifacts::requirements(inv) {
+            if let Some(a) = Arch::parse(&r.id.arch) {
+                by_arch.insert(a, r.boots);
+            }
         }
     }
     if arches.is_empty() {
         match &inv {
-            Some(_) => arches.extend(by_arch.keys().copied()),
+            // The nodes' architectures, as before (not the discovery default's alone).
+            Some(inv) => arches.extend(inv.nodes.iter().map(|n| inv.arch_of(n))),
             None => {
                 arches.insert(Arch::Amd64);
             }
