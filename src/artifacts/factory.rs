@@ -1,8 +1,8 @@
 //! Fetching boot sets from the Talos Image Factory (or a mirror with the same URL shape):
 //! `<base>/image/<schematic>/<version>/{kernel-<arch>, initramfs-<arch>.xz, cmdline-metal-<arch>}`,
 //! and for the nodes that boot one the UKIs `metal-<arch>-uki.efi` and
-//! `metal-<arch>-secureboot-uki.efi` (the factory's path for the `metal` platform, as in
-//! siderolabs/image-factory's `/image/{schematic}/{version}/{path}` handler).
+//! `metal-<arch>-secureboot-uki.efi` (siderolabs/image-factory `README.md`, "GET
+//! /image/:schematic/:version/:path": `<platform>-<arch>[-secureboot]-uki.efi`).
 //!
 //! Downloads go to `<file>.part` and resume with an HTTP Range request when a partial file is
 //! there; a finished file is hashed, renamed into place, and recorded in the catalog only after

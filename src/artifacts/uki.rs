@@ -13,7 +13,7 @@
 //!   names its certificate by issuer and serial number (Authenticode: "Windows Authenticode
 //!   Portable Executable Signature Format", SignerInfo). The signer is that certificate.
 //! - `.pcrpkey`: the PEM public key systemd-stub copies to `/.extra/tpm2-pcr-public-key.pem`
-//!   (systemd's UKI specification, `docs/UKI.md`, and siderolabs/talos v1.14.0-rc.1
+//!   (systemd's UKI specification `docs/UKI.md`, systemd-stub(7) "Initrd Resources"; siderolabs/talos v1.14.0-rc.1
 //!   `internal/pkg/uki/generate.go` `generatePCRPublicKey`). Talos's `SecurityState` reports
 //!   `pcrSigningKeyFingerprint` as SHA-256 over the DER inside that PEM block, uppercase hex
 //!   pairs joined by `:` (v1.14.0-rc.1 `internal/app/machined/pkg/controllers/runtime/
