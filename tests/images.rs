@@ -327,7 +327,7 @@ fn a_cut_unsigned_or_foreign_uki_download_is_refused_and_nothing_is_written() {
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
         let err = text(&out.stderr);
         assert!(
-            err.contains(says) && err.contains("nothing was written"),
+            err.contains(says) && err.contains("it was not kept and the catalog is unchanged"),
             "{err}"
         );
         assert!(!target.exists() && !part.exists());

@@ -341,7 +341,7 @@ pub enum ArtifactError {
     },
     /// A downloaded UKI that cannot fill its slot; nothing was written.
     #[error(
-        "{url}: {problem}; nothing was written (check the factory URL and schematic, then pull again)"
+        "{url}: {problem}; it was not kept and the catalog is unchanged (check the factory URL and schematic, then pull again)"
     )]
     BadUki {
         /// What was fetched.
