@@ -231,6 +231,7 @@ fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) -> Pat
                 size,
                 sha256,
                 compression: None,
+                uki: None,
             },
         );
     }

@@ -108,6 +108,7 @@ async fn start_edited(
                     size,
                     sha256,
                     compression: None,
+                    uki: None,
                 },
             );
         }

@@ -1,6 +1,9 @@
 //! `talboot images pull/list/verify` against a local stand-in for the Image Factory that serves
 //! the factory's URL shape on loopback (with Range support), counting what it was asked for.
 
+#[path = "support/uki.rs"]
+mod uki;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -19,6 +22,9 @@ struct Factory {
     ranges: Mutex<Vec<(String, Option<String>)>>,
     /// Serve only this many bytes of the initramfs, then stop (a dropped connection).
     truncate_initramfs: Mutex<Option<usize>>,
+    /// Serve only this many bytes of each `.efi`, without a length, and end cleanly: a cut
+    /// HTTP cannot show.
+    cut_efi: Mutex<Option<usize>>,
 }
 
 async fn image(
@@ -59,6 +65,14 @@ async fn image(
             .insert("content-length", bytes.len().to_string().parse().unwrap());
         return r;
     }
+    if name.ends_with(".efi")
+        && let Some(n) = *f.cut_efi.lock().unwrap()
+    {
+        let bytes = std::fs::read(path).unwrap();
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![Ok(bytes[..n].to_vec())];
+        let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+        return Response::new(body);
+    }
     let bytes = std::fs::read(path).unwrap();
     let asset = talboot::http::assets::Asset {
         path: path.clone(),
@@ -83,6 +97,11 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
+        Self::serving(|_| Vec::new())
+    }
+
+    /// A factory that also serves the files `extra` makes in its folder (name, path).
+    fn serving(extra: impl FnOnce(&std::path::Path) -> Vec<(String, PathBuf)>) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("factory");
         std::fs::create_dir_all(&src).unwrap();
@@ -99,6 +118,9 @@ impl Harness {
         ] {
             let p = src.join(name);
             std::fs::write(&p, bytes).unwrap();
+            files.insert(format!("{SCHEMATIC}/v1.13.9/{name}"), p);
+        }
+        for (name, p) in extra(tmp.path()) {
             files.insert(format!("{SCHEMATIC}/v1.13.9/{name}"), p);
         }
         let factory = Arc::new(Factory {
@@ -160,6 +182,236 @@ impl Harness {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// What the UKI pull tests serve: a UKI signed with a key of the test's own, and the same UKI
+/// unsigned, under the factory's names.
+struct Ukis {
+    key_fingerprint: String,
+    pcr_fingerprint: String,
+    signed: Vec<u8>,
+    unsigned: Vec<u8>,
+}
+
+/// A factory serving the PXE files and both UKIs (`None` when the tools are missing and the
+/// UKI tests are waived).
+fn uki_harness() -> Option<(Harness, Ukis)> {
+    if !uki::require() {
+        return None;
+    }
+    let mut ukis = None;
+    let h = Harness::serving(|dir| {
+        let built = uki::build(&dir.join("uki"), &uki::Parts::default());
+        let key = uki::Key::generate(dir, "factory", "/CN=Test Factory UKI Key");
+        let signed = built.sign(&key, &dir.join("factory/metal-amd64-secureboot-uki.efi"));
+        let unsigned = dir.join("factory/metal-amd64-uki.efi");
+        std::fs::copy(&built.unsigned, &unsigned).unwrap();
+        ukis = Some(Ukis {
+            key_fingerprint: key.openssl_fingerprint(),
+            pcr_fingerprint: built.pcr_fingerprint(),
+            signed: std::fs::read(&signed).unwrap(),
+            unsigned: std::fs::read(&unsigned).unwrap(),
+        });
+        vec![
+            ("metal-amd64-secureboot-uki.efi".into(), signed),
+            ("metal-amd64-uki.efi".into(), unsigned),
+        ]
+    });
+    Some((h, ukis.unwrap()))
+}
+
+impl Harness {
+    fn pull_boot(&self, boot: &str) -> Output {
+        self.talboot(&[
+            "pull",
+            "--talos",
+            "v1.13.9",
+            "--schematic",
+            SCHEMATIC,
+            "--arch",
+            "amd64",
+            "--factory",
+            &self.url,
+            "--boot",
+            boot,
+        ])
+    }
+
+    fn requested(&self) -> Vec<String> {
+        let r = self.factory.ranges.lock().unwrap();
+        r.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+#[test]
+fn pull_fetches_the_ukis_asked_for_reads_them_and_keeps_the_rest_of_the_set() {
+    let Some((h, ukis)) = uki_harness() else {
+        return;
+    };
+    let out = h.pull_boot("secureboot-uki");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(h.requested(), ["metal-amd64-secureboot-uki.efi"]);
+    assert_eq!(
+        std::fs::read(h.set_dir().join("secureboot-uki.efi")).unwrap(),
+        ukis.signed
+    );
+    assert!(!h.set_dir().join("kernel").exists());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!("certificate sha256 {}", ukis.key_fingerprint)),
+        "{stdout}"
+    );
+    let catalog = talboot::artifacts::Catalog::load(&h.dir).unwrap();
+    let entry = &catalog.entries[0];
+    use talboot::artifacts::{Boot, Kind};
+    assert_eq!(entry.boots(), [Boot::SecureBootUki]);
+    let facts = entry.uki_facts(Kind::SecureBootUki).unwrap();
+    assert_eq!(
+        facts.signer.as_ref().unwrap().sha256_fingerprint,
+        ukis.key_fingerprint
+    );
+    assert_eq!(
+        facts.pcr_key_fingerprint.as_deref(),
+        Some(ukis.pcr_fingerprint.as_str())
+    );
+
+    // The PXE files, as before (the default), join the set; the UKI stays.
+    let out = h.pull();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = h.pull_boot("uki");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(h.set_dir().join("uki.efi")).unwrap(),
+        ukis.unsigned
+    );
+    let out = h.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("boots: pxe, uki, secureboot-uki"),
+        "{}",
+        text(&out.stdout)
+    );
+    let listed = text(&h.talboot(&["list"]).stdout);
+    assert!(listed.contains("pxe,uki,secureboot-uki"), "{listed}");
+    assert!(
+        listed.contains("signed by CN=Test Factory UKI Key"),
+        "{listed}"
+    );
+    assert!(listed.contains("unsigned"), "{listed}");
+    assert!(
+        listed.contains(&format!(".pcrpkey sha256 {}", ukis.pcr_fingerprint)),
+        "{listed}"
+    );
+
+    // Damage on the Secure Boot UKI: verify names the pull that fetches it again.
+    std::fs::write(h.set_dir().join("secureboot-uki.efi"), b"MZ").unwrap();
+    let out = h.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "talboot images pull --talos v1.13.9 --schematic {SCHEMATIC} --arch amd64 --boot secureboot-uki"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn a_cut_unsigned_or_foreign_uki_download_is_refused_and_nothing_is_written() {
+    let Some((h, ukis)) = uki_harness() else {
+        return;
+    };
+    let target = h.set_dir().join("secureboot-uki.efi");
+    let part = h.set_dir().join("secureboot-uki.efi.part");
+    let nothing_written = |out: &Output, says: &str| {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(says) && err.contains("it was not kept and the catalog is unchanged"),
+            "{err}"
+        );
+        assert!(!target.exists() && !part.exists());
+        assert!(
+            talboot::artifacts::Catalog::load(&h.dir)
+                .unwrap()
+                .entries
+                .is_empty()
+        );
+    };
+    // Cut short with no length to check against: the PE says its sections run past the end.
+    *h.factory.cut_efi.lock().unwrap() = Some(ukis.signed.len() - 5000);
+    nothing_written(&h.pull_boot("secureboot-uki"), "is cut short");
+    *h.factory.cut_efi.lock().unwrap() = None;
+
+    // An unsigned file under the Secure Boot name.
+    let served =
+        h.factory.files[&format!("{SCHEMATIC}/v1.13.9/metal-amd64-secureboot-uki.efi")].clone();
+    std::fs::write(&served, &ukis.unsigned).unwrap();
+    nothing_written(
+        &h.pull_boot("secureboot-uki"),
+        "carries no Authenticode signature",
+    );
+    // An error page sent with 200.
+    std::fs::write(&served, b"<html>upstream error</html>").unwrap();
+    nothing_written(&h.pull_boot("secureboot-uki"), "is not a PE/COFF image");
+
+    // The good file again: the pull goes through.
+    std::fs::write(&served, &ukis.signed).unwrap();
+    let out = h.pull_boot("secureboot-uki");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&target).unwrap(), ukis.signed);
+}
+
+#[test]
+fn pull_with_an_inventory_fetches_the_signed_uki_for_secure_boot_nodes() {
+    let Some((h, ukis)) = uki_harness() else {
+        return;
+    };
+    let port: u16 = h.url.rsplit(':').next().unwrap().parse().unwrap();
+    let dir = h.dir.parent().unwrap().join("site");
+    std::fs::create_dir_all(&dir).unwrap();
+    let inv = offline_inventory(&dir, port);
+    let yaml = std::fs::read_to_string(&inv).unwrap();
+    let secure = yaml.replace(
+        "    firmware: uefi\n",
+        "    firmware: uefi\n    secureBoot: true\n",
+    );
+    assert_ne!(secure, yaml);
+    // Without discovery of unknown machines, which boot the PXE files.
+    let no_discovery = secure.replace("unknownMachines: discover", "unknownMachines: ignore");
+    assert_ne!(no_discovery, secure);
+    std::fs::write(&inv, &no_discovery).unwrap();
+    let pull = || {
+        h.talboot(&[
+            "pull",
+            "-c",
+            inv.to_str().unwrap(),
+            "--schematic",
+            SCHEMATIC,
+        ])
+    };
+    let out = pull();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("(boot: secureboot-uki)"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Every node boots the signed UKI: no PXE files were fetched.
+    assert_eq!(h.requested(), ["metal-amd64-secureboot-uki.efi"]);
+    // With discovery, the PXE files too (what `serve` will ask for).
+    std::fs::write(&inv, &secure).unwrap();
+    let out = pull();
+    assert!(
+        text(&out.stdout).contains("(boot: pxe, secureboot-uki)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(h.requested().contains(&"kernel-amd64".to_string()));
+    assert_eq!(
+        std::fs::read(h.set_dir().join("secureboot-uki.efi")).unwrap(),
+        ukis.signed
+    );
 }
 
 #[test]

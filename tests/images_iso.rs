@@ -2,6 +2,9 @@
 //! `xorriso` (the tool Talos' imager builds its ISOs with), laid out as siderolabs/talos
 //! v1.13.9 `pkg/imager/iso/grub.go` lays out the GRUB and dual-boot ISOs, imported offline.
 
+#[path = "support/uki.rs"]
+mod uki;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -201,7 +204,7 @@ fn a_talos_iso_is_imported_from_its_default_grub_entry() {
 #[test]
 fn isos_without_a_usable_grub_entry_are_refused_and_nothing_is_written() {
     let s = Site::new();
-    // A SecureBoot ISO: systemd-boot and a UKI, no GRUB (v1.13.9 pkg/imager/iso/uefi.go).
+    // A systemd-boot ISO whose "UKI" is not a PE file (v1.13.9 pkg/imager/iso/uefi.go layout).
     let tree = s.tmp.path().join("sb");
     std::fs::create_dir_all(tree.join("EFI/Linux")).unwrap();
     std::fs::create_dir_all(tree.join("EFI/BOOT")).unwrap();
@@ -215,8 +218,23 @@ fn isos_without_a_usable_grub_entry_are_refused_and_nothing_is_written() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     let err = text(&out.stderr);
     assert!(
-        err.contains(&sb.display().to_string()) && err.contains("SecureBoot"),
+        err.contains(&sb.display().to_string())
+            && err.contains("/EFI/Linux/Talos-v1.13.9.efi")
+            && err.contains("is not a PE/COFF image"),
         "{err}"
+    );
+    // Neither GRUB nor a UKI.
+    let tree = s.tmp.path().join("empty");
+    std::fs::create_dir_all(tree.join("EFI/BOOT")).unwrap();
+    std::fs::write(tree.join("EFI/BOOT/BOOTX64.EFI"), b"MZ sd-boot").unwrap();
+    let empty = s.tmp.path().join("empty.iso");
+    mkiso(&tree, &empty);
+    let out = s.import(&empty, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("has neither /boot/grub/grub.cfg nor a UKI"),
+        "{}",
+        text(&out.stderr)
     );
 
     // A GRUB config whose kernel is not on the ISO.
@@ -278,6 +296,160 @@ fn iso_and_file_flags_do_not_mix() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("cannot be used with"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A Talos Secure Boot ISO's tree (siderolabs/talos v1.13.9 and v1.14.0-rc.1
+/// `pkg/imager/iso/uefi.go` `CreateUEFI`): systemd-boot as the removable-media loader, the UKI
+/// as `EFI/Linux/Talos-<version>.efi`, `loader/loader.conf`, the signing certificate in
+/// `EFI/keys/uki-signing-cert.der` and the auto-enrolment keys under `loader/keys/auto`.
+fn secureboot_iso(s: &Site, name: &str, uki_file: &Path, version: &str) -> PathBuf {
+    let tree = s.tmp.path().join(name);
+    for d in ["EFI/BOOT", "EFI/Linux", "EFI/keys", "loader/keys/auto"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::copy(uki::SD_BOOT, tree.join("EFI/BOOT/BOOTX64.EFI")).unwrap();
+    std::fs::copy(
+        uki_file,
+        tree.join(format!("EFI/Linux/Talos-{version}.efi")),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("loader/loader.conf"),
+        "timeout 10\nsecure-boot-enroll if-safe\n",
+    )
+    .unwrap();
+    std::fs::write(tree.join("loader/random-seed"), [0u8; 32]).unwrap();
+    std::fs::write(tree.join("EFI/keys/uki-signing-cert.der"), b"der").unwrap();
+    for k in ["PK.auth", "KEK.auth", "db.auth"] {
+        std::fs::write(tree.join("loader/keys/auto").join(k), b"auth").unwrap();
+    }
+    let iso = s.tmp.path().join(format!("{name}.iso"));
+    mkiso(&tree, &iso);
+    iso
+}
+
+#[test]
+fn a_secure_boot_iso_gives_its_signed_uki() {
+    if !uki::require() {
+        return;
+    }
+    let s = Site::new();
+    let built = uki::build(&s.tmp.path().join("uki"), &uki::Parts::default());
+    let key = uki::Key::generate(s.tmp.path(), "talos", "/CN=Talos UKI Signing Key/O=test");
+    let signed = built.sign(&key, &s.tmp.path().join("signed.efi"));
+    let iso = secureboot_iso(&s, "secureboot", &signed, "v1.13.9");
+
+    let out = s.import(&iso, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(
+            "/EFI/Linux/Talos-v1.13.9.efi is a signed UKI, imported as secureboot-uki.efi"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains(&key.openssl_fingerprint()), "{stdout}");
+    assert_eq!(
+        std::fs::read(s.set_dir().join("secureboot-uki.efi")).unwrap(),
+        std::fs::read(&signed).unwrap()
+    );
+    // A set with only the UKI: no kernel, initramfs or command line were made up.
+    assert!(!s.set_dir().join("kernel").exists());
+
+    let listed = text(&s.talboot(&["list"]).stdout);
+    assert!(listed.contains("secureboot-uki"), "{listed}");
+    assert!(
+        listed.contains(&format!("certificate sha256 {}", key.openssl_fingerprint())),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("signed by CN=Talos UKI Signing Key"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&format!(".pcrpkey sha256 {}", built.pcr_fingerprint())),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&format!(
+            "from ISO {} (/EFI/Linux/Talos-v1.13.9.efi)",
+            iso.display()
+        )),
+        "{listed}"
+    );
+    let out = s.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("boots: secureboot-uki"),
+        "{}",
+        text(&out.stdout)
+    );
+    let catalog = talboot::artifacts::Catalog::load(&s.images()).unwrap();
+    let entry = &catalog.entries[0];
+    let facts = entry
+        .uki_facts(talboot::artifacts::Kind::SecureBootUki)
+        .unwrap();
+    assert_eq!(
+        facts.pcr_key_fingerprint.as_deref(),
+        Some(built.pcr_fingerprint().as_str())
+    );
+
+    // The GRUB ISO of the same version adds the PXE files; the UKI stays, with its origin.
+    let out = s.import(&s.iso, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = s.talboot(&["verify"]);
+    assert!(
+        text(&out.stdout).contains("boots: pxe, secureboot-uki"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Damage on the UKI: verify names the import of its ISO.
+    std::fs::write(s.set_dir().join("secureboot-uki.efi"), b"MZ").unwrap();
+    let out = s.talboot(&["verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains(&format!("--iso {} --force", iso.display())),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn unsigned_and_mislabelled_ukis_from_isos() {
+    if !uki::require() {
+        return;
+    }
+    let s = Site::new();
+    let built = uki::build(&s.tmp.path().join("uki"), &uki::Parts::default());
+    // The sd-boot ISO without Secure Boot: the unsigned UKI goes into the plain slot.
+    let iso = secureboot_iso(&s, "sdboot", &built.unsigned, "v1.13.9");
+    let out = s.import(&iso, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("an unsigned UKI, imported as uki.efi"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(s.set_dir().join("uki.efi").exists());
+    assert!(!s.set_dir().join("secureboot-uki.efi").exists());
+
+    // A UKI whose .osrel says another version than its file name and the operator.
+    let other = uki::build(
+        &s.tmp.path().join("other"),
+        &uki::Parts {
+            version: "v1.13.8".into(),
+            ..Default::default()
+        },
+    );
+    let iso = secureboot_iso(&s, "mislabelled", &other.unsigned, "v1.13.9");
+    let out = s.import(&iso, &["--force"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("(.osrel VERSION_ID) it is Talos v1.13.8"),
         "{}",
         text(&out.stderr)
     );

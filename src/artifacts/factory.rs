@@ -1,9 +1,15 @@
 //! Fetching boot sets from the Talos Image Factory (or a mirror with the same URL shape):
-//! `<base>/image/<schematic>/<version>/{kernel-<arch>, initramfs-<arch>.xz, cmdline-metal-<arch>}`.
+//! `<base>/image/<schematic>/<version>/{kernel-<arch>, initramfs-<arch>.xz, cmdline-metal-<arch>}`,
+//! and for the nodes that boot one the UKIs `metal-<arch>-uki.efi` and
+//! `metal-<arch>-secureboot-uki.efi` (siderolabs/image-factory `README.md`, "GET
+//! /image/:schematic/:version/:path": `<platform>-<arch>[-secureboot]-uki.efi`).
 //!
 //! Downloads go to `<file>.part` and resume with an HTTP Range request when a partial file is
 //! there; a finished file is hashed, renamed into place, and recorded in the catalog only after
-//! all three files of the set are complete, so the catalog never names a half-pulled set.
+//! every file asked for is complete, so the catalog never names a half-pulled set. A UKI is
+//! read ([`super::uki`]) while still `.part`: one that does not parse as a UKI of the set's
+//! architecture (or, for the Secure Boot slot, is unsigned) is deleted, never renamed into
+//! place. Files of the set that were not asked for stay as the catalog has them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -63,10 +69,36 @@ pub fn client() -> Result<reqwest::Client, ArtifactError> {
         })
 }
 
-/// Pull every file of a set, resuming partial downloads, then record it in the catalog.
+/// Pull the PXE files of a set (kernel, initramfs, command line), resuming partial
+/// downloads, then record it in the catalog.
 pub async fn pull(
     client: &reqwest::Client,
     req: &PullRequest,
+    now_unix: u64,
+) -> Result<Entry, ArtifactError> {
+    pull_kinds(client, req, &Kind::ALL, now_unix).await
+}
+
+/// Pull the files of a set that the ways `boots` need.
+pub async fn pull_boots(
+    client: &reqwest::Client,
+    req: &PullRequest,
+    boots: &[super::Boot],
+    now_unix: u64,
+) -> Result<Entry, ArtifactError> {
+    let kinds: Vec<Kind> = Kind::EVERY
+        .into_iter()
+        .filter(|k| boots.iter().any(|b| b.kinds().contains(k)))
+        .collect();
+    pull_kinds(client, req, &kinds, now_unix).await
+}
+
+/// Pull `kinds` of a set, then record them in the catalog beside the files of the set it
+/// already records.
+pub async fn pull_kinds(
+    client: &reqwest::Client,
+    req: &PullRequest,
+    kinds: &[Kind],
     now_unix: u64,
 ) -> Result<Entry, ArtifactError> {
     let set_dir = req.dir.join(req.id.rel_dir());
@@ -77,10 +109,22 @@ pub async fn pull(
             source,
         })?;
     let mut files = std::collections::BTreeMap::new();
-    for kind in Kind::ALL {
+    for &kind in kinds {
         let target = set_dir.join(kind.file_name());
         let u = url(&req.base_url, &req.id, kind);
-        download(client, &u, &target, req.progress).await?;
+        let part = download(client, &u, &target, req.progress).await?;
+        let uki = match kind.is_uki() {
+            true => Some(super::UkiRecord {
+                facts: check_part(&part, &u, kind, &req.id.arch).await?,
+                source: req.base_url.clone(),
+                at: now_unix,
+                origin: super::Origin::Pulled,
+            }),
+            false => None,
+        };
+        tokio::fs::rename(&part, &target)
+            .await
+            .map_err(io_err(&target))?;
         let (size, sha256) = hash_file(&target).map_err(|source| ArtifactError::Io {
             path: target.clone(),
             source,
@@ -98,20 +142,49 @@ pub async fn pull(
                 size,
                 sha256,
                 compression,
+                uki,
             },
         );
     }
-    let entry = Entry {
-        id: req.id.clone(),
-        source: req.base_url.clone(),
-        pulled_at: now_unix,
-        files,
-        origin: super::Origin::Pulled,
-    };
     let mut catalog = Catalog::load(&req.dir)?;
+    let entry = super::merge(
+        catalog.find(&req.id),
+        Entry {
+            id: req.id.clone(),
+            source: req.base_url.clone(),
+            pulled_at: now_unix,
+            files,
+            origin: super::Origin::Pulled,
+        },
+    );
     catalog.upsert(entry.clone());
     catalog.save(&req.dir)?;
     Ok(entry)
+}
+
+/// Read a downloaded UKI before it is renamed into place; a file that is not a UKI for its
+/// slot is deleted (a fresh pull starts over rather than resuming into it).
+async fn check_part(
+    part: &Path,
+    url: &str,
+    kind: Kind,
+    arch: &str,
+) -> Result<super::uki::UkiFacts, ArtifactError> {
+    let path = part.to_path_buf();
+    let arch = arch.to_string();
+    let checked = tokio::task::spawn_blocking(move || super::check_uki(&path, kind, &arch))
+        .await
+        .map_err(|e| download_err(url, e.to_string()))?;
+    match checked {
+        Ok(facts) => Ok(facts),
+        Err(problem) => {
+            let _ = tokio::fs::remove_file(part).await;
+            Err(ArtifactError::BadUki {
+                url: url.to_string(),
+                problem,
+            })
+        }
+    }
 }
 
 fn part_path(target: &Path) -> PathBuf {
@@ -134,14 +207,15 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError {
     move |source| ArtifactError::Io { path, source }
 }
 
-/// Fetches `url` into `target` through `<target>.part`, asking only for the missing tail when a
-/// partial file is there, so an interrupted pull resumes where it stopped.
+/// Fetches `url` into `<target>.part`, asking only for the missing tail when a partial file
+/// is there, so an interrupted pull resumes where it stopped. Returns the complete `.part`
+/// file; the caller renames it into place.
 async fn download(
     client: &reqwest::Client,
     url: &str,
     target: &Path,
     progress: bool,
-) -> Result<(), ArtifactError> {
+) -> Result<PathBuf, ArtifactError> {
     let part = part_path(target);
     let have = tokio::fs::metadata(&part)
         .await
@@ -155,8 +229,8 @@ async fn download(
         .send()
         .await
         .map_err(|e| download_err(url, e.to_string()))?;
-    let Some((mut file, start)) = open_part(url, resp.status(), have, &part, target).await? else {
-        return Ok(());
+    let Some((mut file, start)) = open_part(url, resp.status(), have, &part).await? else {
+        return Ok(part);
     };
     let total = resp.content_length().map(|len| len + start);
     let bar = progress_bar(progress, total, start, target);
@@ -183,22 +257,17 @@ async fn download(
             ));
         }
     }
-    tokio::fs::rename(&part, target)
-        .await
-        .map_err(io_err(target))?;
-    Ok(())
+    Ok(part)
 }
 
 /// Where the response body goes, decided by the status: appended to the partial file when
 /// the server honoured the Range request, written from the start when it sent the whole file.
-/// `None` when the server says the range is past the end: the partial file was already
-/// complete and has been renamed into place.
+/// `None` when the server says the range is past the end: the partial file is complete.
 async fn open_part(
     url: &str,
     status: reqwest::StatusCode,
     have: u64,
     part: &Path,
-    target: &Path,
 ) -> Result<Option<(tokio::fs::File, u64)>, ArtifactError> {
     Ok(Some(match status {
         reqwest::StatusCode::PARTIAL_CONTENT if have > 0 => {
@@ -209,12 +278,7 @@ async fn open_part(
                 .map_err(io_err(part))?;
             (f, have)
         }
-        reqwest::StatusCode::RANGE_NOT_SATISFIABLE if have > 0 => {
-            tokio::fs::rename(part, target)
-                .await
-                .map_err(io_err(target))?;
-            return Ok(None);
-        }
+        reqwest::StatusCode::RANGE_NOT_SATISFIABLE if have > 0 => return Ok(None),
         s if s.is_success() => {
             // A server that ignores Range sends the whole file again: start over.
             let f = tokio::fs::File::create(part).await.map_err(io_err(part))?;

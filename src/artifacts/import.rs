@@ -7,7 +7,9 @@
 //! temporary file beside its final place, whose digest must match the first pass (a file that
 //! changed in between is refused). Only when all three copies are complete and fsynced are they
 //! renamed into place and the catalog saved, so an error while reading or copying leaves the
-//! cache as it was. (The three renames are not one atomic step: should one of them fail, the
+//! cache as it was. A UKI ([`import_uki`], read out of a Secure Boot ISO) goes the same way,
+//! alone, after its PE has been read ([`super::check_uki`]); files of the set that are not
+//! being imported stay as the catalog has them. (The three renames are not one atomic step: should one of them fail, the
 //! files no longer match the catalog and `images verify` and `serve` say so.) Whether to write
 //! at all is the pure [`decide`].
 
@@ -17,7 +19,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::{ArtifactError, Catalog, Compression, Entry, FileRecord, Kind, Origin, SetId};
+use super::{
+    ArtifactError, Catalog, Compression, Entry, FileRecord, Kind, Origin, SetId, UkiProblem,
+    UkiRecord,
+};
 
 /// Where the kernel command line comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +49,21 @@ pub struct ImportRequest {
     /// Where the files really came from when they were copied out of an ISO first (the
     /// request's paths are then scratch copies); `None` records the request's paths.
     pub iso: Option<IsoSource>,
+}
+
+/// A UKI to import into a set's UKI slot.
+#[derive(Debug, Clone)]
+pub struct UkiImportRequest {
+    /// The set.
+    pub id: SetId,
+    /// The UKI file (a scratch copy when read out of an ISO).
+    pub uki: PathBuf,
+    /// The slot: [`Kind::SecureBootUki`] (must be signed) or [`Kind::Uki`].
+    pub kind: Kind,
+    /// Replace a UKI that is already there with a different one.
+    pub force: bool,
+    /// Where it came from, for the catalog: the ISO and the UKI's path inside it.
+    pub origin: Origin,
 }
 
 /// The ISO an import's files were read from, for the catalog.
@@ -91,8 +111,9 @@ pub fn decide(
     let Some(existing) = existing else {
         return Decision::Write(Outcome::Imported);
     };
-    let differing: Vec<Kind> = Kind::ALL
-        .into_iter()
+    let differing: Vec<Kind> = incoming
+        .keys()
+        .copied()
         .filter(|k| {
             let (a, b) = (existing.get(k), incoming.get(k));
             a.map(|r| (r.size, &r.sha256)) != b.map(|r| (r.size, &r.sha256))
@@ -163,6 +184,14 @@ pub enum ImportError {
         /// Which files differ.
         kinds: Vec<Kind>,
     },
+    /// A UKI that cannot fill its slot.
+    #[error("cannot import {}: {problem}", path.display())]
+    Uki {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: UkiProblem,
+    },
     /// Writing into the cache failed.
     #[error(transparent)]
     Store(#[from] ArtifactError),
@@ -176,7 +205,7 @@ fn names(kinds: &[Kind]) -> String {
         .join(" and ")
 }
 
-fn what(kind: Kind) -> &'static str {
+pub(crate) fn what(kind: Kind) -> &'static str {
     match kind {
         Kind::Kernel => "kernel",
         Kind::Initramfs => "initramfs",
@@ -192,7 +221,7 @@ pub(crate) fn import_command(id: &SetId, origin: &Origin) -> String {
         "talboot images import --talos {} --schematic {} --arch {}",
         id.talos, id.schematic, id.arch
     );
-    if let Origin::Iso { iso, .. } = origin {
+    if let Origin::Iso { iso, .. } | Origin::IsoUki { iso, .. } = origin {
         cmd.push_str(&format!(" --iso {} --force", iso.display()));
     }
     if let Origin::Imported {
@@ -285,26 +314,88 @@ pub(crate) fn import_with(
     now_unix: u64,
     open: Opener<'_>,
 ) -> Result<(Entry, Outcome), ImportError> {
-    let sources = sources(req);
+    let (source, origin) = origin(req);
+    let plan = Plan {
+        id: &req.id,
+        sources: sources(req).into(),
+        force: req.force,
+        source,
+        origin,
+        uki: None,
+    };
+    import_plan(dir, plan, now_unix, open)
+}
 
+/// Import a UKI into its slot of a set (see the module doc). Refused, with nothing written,
+/// when it is not a UKI for the set's architecture, or unsigned for the Secure Boot slot.
+pub fn import_uki(
+    dir: &Path,
+    req: &UkiImportRequest,
+    now_unix: u64,
+) -> Result<(Entry, Outcome), ImportError> {
+    let facts =
+        super::check_uki(&req.uki, req.kind, &req.id.arch).map_err(|problem| ImportError::Uki {
+            path: req.uki.clone(),
+            problem,
+        })?;
+    let source = match &req.origin {
+        Origin::IsoUki { iso, .. } | Origin::Iso { iso, .. } => iso.display().to_string(),
+        _ => req.uki.display().to_string(),
+    };
+    let plan = Plan {
+        id: &req.id,
+        sources: vec![(req.kind, Source::Path(&req.uki))],
+        force: req.force,
+        source,
+        origin: req.origin.clone(),
+        uki: Some(facts),
+    };
+    import_plan(dir, plan, now_unix, &open_file)
+}
+
+/// What one import writes: files of one set, and the catalog's record of where they came from.
+struct Plan<'a> {
+    id: &'a SetId,
+    sources: Vec<(Kind, Source<'a>)>,
+    force: bool,
+    /// The entry's `source` and `origin` (a UKI's own, too).
+    source: String,
+    origin: Origin,
+    /// What the UKI among the sources says, read before.
+    uki: Option<super::uki::UkiFacts>,
+}
+
+fn import_plan(
+    dir: &Path,
+    plan: Plan<'_>,
+    now_unix: u64,
+    open: Opener<'_>,
+) -> Result<(Entry, Outcome), ImportError> {
     // Pass 1: validate and hash; nothing is written yet.
     let mut incoming = BTreeMap::new();
-    for (kind, src) in &sources {
+    for (kind, src) in &plan.sources {
         let rec = hash_and_check(*kind, src, open)?;
         incoming.insert(*kind, rec);
     }
 
     let mut catalog = Catalog::load(dir)?;
-    let existing = catalog.find(&req.id);
-    let intact = existing.is_some() && super::verify(dir, &catalog, &req.id).is_ok();
-    let outcome = match decide(existing.map(|e| &e.files), &incoming, intact, req.force) {
+    let existing = catalog.find(plan.id);
+    // Only the files being imported are compared: a set holding just a UKI takes a kernel
+    // and initramfs without --force, and the other way round.
+    let holding = existing.filter(|e| incoming.keys().any(|k| e.files.contains_key(k)));
+    let intact = holding.is_some_and(|e| {
+        incoming
+            .keys()
+            .all(|k| super::verify_file(dir, e, *k).is_ok())
+    });
+    let outcome = match decide(holding.map(|e| &e.files), &incoming, intact, plan.force) {
         Decision::Unchanged => {
             let entry = existing.cloned().expect("unchanged implies an entry");
             return Ok((entry, Outcome::Unchanged));
         }
         Decision::Conflict(kinds) => {
             return Err(ImportError::Conflict {
-                id: req.id.clone(),
+                id: plan.id.clone(),
                 dir: dir.to_path_buf(),
                 kinds,
             });
@@ -312,23 +403,35 @@ pub(crate) fn import_with(
         Decision::Write(outcome) => outcome,
     };
 
-    write_set(&dir.join(req.id.rel_dir()), &sources, &incoming, open)?;
-    let (source, origin) = origin(req);
-    let entry = Entry {
-        id: req.id.clone(),
-        source,
-        pulled_at: now_unix,
-        files: incoming,
-        origin,
-    };
+    write_set(&dir.join(plan.id.rel_dir()), &plan.sources, &incoming, open)?;
+    for (kind, rec) in incoming.iter_mut() {
+        if kind.is_uki() {
+            rec.uki = plan.uki.clone().map(|facts| UkiRecord {
+                facts,
+                source: plan.source.clone(),
+                at: now_unix,
+                origin: plan.origin.clone(),
+            });
+        }
+    }
+    let entry = super::merge(
+        existing,
+        Entry {
+            id: plan.id.clone(),
+            source: plan.source,
+            pulled_at: now_unix,
+            files: incoming,
+            origin: plan.origin,
+        },
+    );
     catalog.upsert(entry.clone());
     catalog.save(dir)?;
-    tracing::info!(set = %req.id, ?outcome, "imported");
+    tracing::info!(set = %plan.id, ?outcome, "imported");
     Ok((entry, outcome))
 }
 
 /// Pass 2: copies every source beside its final place in `set_dir`, checking each copy is
-/// what pass 1 validated (`incoming`), and renames them into place only once all three are
+/// what pass 1 validated (`incoming`), and renames them into place only once all are
 /// complete, so a failed read or copy leaves the cache as it was.
 fn write_set(
     set_dir: &Path,
@@ -455,6 +558,7 @@ fn hash_and_check(
         size,
         sha256: super::hex(&hasher.finalize()),
         compression,
+        uki: None,
     })
 }
 
@@ -518,249 +622,5 @@ fn copy_to_temp(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::cell::Cell;
-
-    const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
-
-    struct Files {
-        tmp: tempfile::TempDir,
-        req: ImportRequest,
-    }
-
-    impl Files {
-        fn images(&self) -> PathBuf {
-            self.tmp.path().join("images")
-        }
-        fn set_dir(&self) -> PathBuf {
-            self.images().join(self.req.id.rel_dir())
-        }
-        /// Every file under the set's folder, sorted.
-        fn listing(&self) -> Vec<String> {
-            let mut v: Vec<String> = std::fs::read_dir(self.set_dir())
-                .map(|d| {
-                    d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-            v.sort();
-            v
-        }
-    }
-
-    fn files(initramfs: &[u8]) -> Files {
-        let tmp = tempfile::tempdir().unwrap();
-        let usb = tmp.path().join("usb");
-        std::fs::create_dir_all(&usb).unwrap();
-        std::fs::write(usb.join("vmlinuz"), b"MZ kernel bytes").unwrap();
-        std::fs::write(usb.join("initrd.img"), initramfs).unwrap();
-        std::fs::write(usb.join("cmdline"), b"talos.platform=metal console=tty0\n").unwrap();
-        let req = ImportRequest {
-            id: SetId {
-                talos: "v1.13.9".into(),
-                schematic: SCHEMATIC.into(),
-                arch: "amd64".into(),
-            },
-            kernel: usb.join("vmlinuz"),
-            initramfs: usb.join("initrd.img"),
-            cmdline: CmdlineSource::File(usb.join("cmdline")),
-            force: false,
-            iso: None,
-        };
-        Files { tmp, req }
-    }
-
-    const ZSTD: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3, 4, 5, 6];
-
-    #[test]
-    fn imports_records_compression_and_reimport_is_a_no_op() {
-        let f = files(ZSTD);
-        let (entry, outcome) = import(&f.images(), &f.req, 42).unwrap();
-        assert_eq!(outcome, Outcome::Imported);
-        assert_eq!(
-            entry.files[&Kind::Initramfs].compression,
-            Some(Compression::Zstd)
-        );
-        assert_eq!(
-            std::fs::read(f.set_dir().join("initramfs.xz")).unwrap(),
-            ZSTD
-        );
-        assert_eq!(f.listing(), ["cmdline", "initramfs.xz", "kernel"]);
-        let catalog = Catalog::load(&f.images()).unwrap();
-        super::super::verify(&f.images(), &catalog, &f.req.id).unwrap();
-        assert!(matches!(
-            catalog.find(&f.req.id).unwrap().origin,
-            Origin::Imported { .. }
-        ));
-
-        let before = std::fs::metadata(f.set_dir().join("kernel"))
-            .unwrap()
-            .modified()
-            .unwrap();
-        let (_, outcome) = import(&f.images(), &f.req, 43).unwrap();
-        assert_eq!(outcome, Outcome::Unchanged);
-        let after = std::fs::metadata(f.set_dir().join("kernel"))
-            .unwrap()
-            .modified()
-            .unwrap();
-        assert_eq!(before, after);
-        assert_eq!(
-            Catalog::load(&f.images())
-                .unwrap()
-                .find(&f.req.id)
-                .unwrap()
-                .pulled_at,
-            42
-        );
-    }
-
-    #[test]
-    fn a_different_file_is_refused_without_force() {
-        let f = files(ZSTD);
-        import(&f.images(), &f.req, 1).unwrap();
-        std::fs::write(&f.req.kernel, b"MZ another kernel").unwrap();
-        let err = import(&f.images(), &f.req, 2).unwrap_err();
-        let msg = err.to_string();
-        assert!(
-            matches!(err, ImportError::Conflict { ref kinds, .. } if kinds == &[Kind::Kernel]),
-            "{msg}"
-        );
-        assert!(msg.contains("--force"), "{msg}");
-        let mut forced = f.req.clone();
-        forced.force = true;
-        let (_, outcome) = import(&f.images(), &forced, 3).unwrap();
-        assert_eq!(outcome, Outcome::Replaced(vec![Kind::Kernel]));
-        assert_eq!(
-            std::fs::read(f.set_dir().join("kernel")).unwrap(),
-            b"MZ another kernel"
-        );
-    }
-
-    #[test]
-    fn bad_sources_are_refused_naming_the_file_and_nothing_is_written() {
-        let f = files(b"<html>not found</html>");
-        let err = import(&f.images(), &f.req, 1).unwrap_err().to_string();
-        assert!(err.contains("initrd.img"), "{err}");
-        assert!(err.contains("3c68746d"), "{err}");
-        assert!(!f.images().exists(), "nothing may be written: {err}");
-
-        let mut r = files(ZSTD).req;
-        r.kernel = PathBuf::from("/nonexistent/vmlinuz");
-        let err = import(&f.images(), &r, 1).unwrap_err().to_string();
-        assert!(
-            err.contains("cannot read the kernel /nonexistent/vmlinuz"),
-            "{err}"
-        );
-
-        let mut r = f.req.clone();
-        std::fs::write(&r.initramfs, ZSTD).unwrap();
-        r.cmdline = CmdlineSource::Inline("a\nb".into());
-        let err = import(&f.images(), &r, 1).unwrap_err().to_string();
-        assert!(err.contains("more than one line"), "{err}");
-        assert!(!f.images().exists());
-    }
-
-    /// A read error or a changed source during the copy leaves the old set (files and catalog)
-    /// exactly as it was and no temporary file behind.
-    #[test]
-    fn a_failure_while_copying_leaves_the_cache_as_it_was() {
-        let f = files(ZSTD);
-        import(&f.images(), &f.req, 1).unwrap();
-        let catalog = std::fs::read(f.images().join("catalog.json")).unwrap();
-        let old_initramfs = std::fs::read(f.set_dir().join("initramfs.xz")).unwrap();
-        std::fs::write(&f.req.kernel, b"MZ new kernel").unwrap();
-        std::fs::write(&f.req.initramfs, [0x1f, 0x8b, 8, 0, 9, 9, 9, 9]).unwrap();
-        let mut forced = f.req.clone();
-        forced.force = true;
-
-        struct FailAfter(usize);
-        impl Read for FailAfter {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                if self.0 == 0 {
-                    return Err(std::io::Error::other("USB stick pulled out"));
-                }
-                let n = buf.len().min(self.0);
-                buf[..n].fill(0x1f);
-                self.0 -= n;
-                Ok(n)
-            }
-        }
-        for fault in ["read error", "changed"] {
-            let opens = Cell::new(0);
-            let initramfs = forced.initramfs.clone();
-            let opener = |p: &Path| -> std::io::Result<Box<dyn Read>> {
-                if p == initramfs {
-                    opens.set(opens.get() + 1);
-                    if opens.get() == 2 {
-                        return Ok(match fault {
-                            "read error" => Box::new(FailAfter(3)),
-                            _ => Box::new(&[0x1f, 0x8b, 8, 0, 9, 9, 9, 0][..]),
-                        });
-                    }
-                }
-                open_file(p)
-            };
-            let err = import_with(&f.images(), &forced, 2, &opener).unwrap_err();
-            match fault {
-                "read error" => assert!(err.to_string().contains("USB stick pulled out"), "{err}"),
-                _ => assert!(matches!(err, ImportError::Changed { .. }), "{err}"),
-            }
-            assert_eq!(
-                std::fs::read(f.images().join("catalog.json")).unwrap(),
-                catalog
-            );
-            assert_eq!(
-                std::fs::read(f.set_dir().join("initramfs.xz")).unwrap(),
-                old_initramfs
-            );
-            assert_eq!(
-                std::fs::read(f.set_dir().join("kernel")).unwrap(),
-                b"MZ kernel bytes"
-            );
-            assert_eq!(f.listing(), ["cmdline", "initramfs.xz", "kernel"]);
-        }
-    }
-
-    #[test]
-    fn damaged_store_with_identical_sources_is_repaired() {
-        let f = files(ZSTD);
-        import(&f.images(), &f.req, 1).unwrap();
-        std::fs::write(f.set_dir().join("kernel"), b"MZ kernel byte").unwrap();
-        let (_, outcome) = import(&f.images(), &f.req, 2).unwrap();
-        assert_eq!(outcome, Outcome::Repaired);
-        let catalog = Catalog::load(&f.images()).unwrap();
-        super::super::verify(&f.images(), &catalog, &f.req.id).unwrap();
-    }
-
-    fn rec(n: u8) -> FileRecord {
-        FileRecord {
-            size: u64::from(n),
-            sha256: format!("{n:02x}"),
-            compression: None,
-        }
-    }
-
-    proptest! {
-        /// Writing happens exactly when the set is new, damaged, or forced over a difference;
-        /// a difference without force is always refused, naming exactly the differing files.
-        #[test]
-        fn decide_writes_only_when_it_should(old in proptest::array::uniform3(0u8..3), new in proptest::array::uniform3(0u8..3), present: bool, intact: bool, force: bool) {
-            let map = |v: [u8; 3]| Kind::ALL.into_iter().zip(v).map(|(k, n)| (k, rec(n))).collect::<BTreeMap<_, _>>();
-            let (old_m, new_m) = (map(old), map(new));
-            let d = decide(present.then_some(&old_m), &new_m, intact, force);
-            let differing: Vec<Kind> = Kind::ALL.into_iter().zip(old.iter().zip(new.iter())).filter(|(_, (a, b))| a != b).map(|(k, _)| k).collect();
-            let expected = if !present {
-                Decision::Write(Outcome::Imported)
-            } else if differing.is_empty() {
-                if intact { Decision::Unchanged } else { Decision::Write(Outcome::Repaired) }
-            } else if force {
-                Decision::Write(Outcome::Replaced(differing))
-            } else {
-                Decision::Conflict(differing)
-            };
-            prop_assert_eq!(d, expected);
-        }
-    }
-}
+#[path = "import_tests.rs"]
+mod tests;

@@ -5,9 +5,13 @@
 //! dual-boot ISOs carry `/boot/vmlinuz`, `/boot/initramfs.xz` and `/boot/grub/grub.cfg`, whose
 //! first `menuentry` (`set default=0`) reads `linux /boot/vmlinuz <cmdline>` with the command
 //! line escaped by `grub.Quote` (`internal/app/machined/pkg/runtime/v1alpha1/bootloader/grub/
-//! quote.go`: a backslash before each of `\{}&$|;<>"`). The SecureBoot ISO
-//! (`pkg/imager/iso/uefi.go`) has no GRUB: its kernel is inside a signed UKI under
-//! `/EFI/Linux/`, which network boot cannot use as a kernel, so it is refused with the fix.
+//! quote.go`: a backslash before each of `\{}&$|;<>"`). The SecureBoot ISO (and the
+//! sd-boot-only ISO) has no GRUB: `CreateUEFI` (`pkg/imager/iso/uefi.go`, v1.13.9 and
+//! v1.14.0-rc.1) copies systemd-boot to `/EFI/BOOT/BOOTX64.EFI` (`BOOTAA64.EFI` on arm64) and
+//! the UKI to `/EFI/Linux/Talos-<version>.efi` in the scratch tree that `xorrisofs` turns into
+//! the ISO 9660 filesystem (and into the appended EFI partition), with `/loader/loader.conf`
+//! and, for Secure Boot, `/EFI/keys/uki-signing-cert.der` and `/loader/keys/auto/*`. From such
+//! an ISO the UKI is what is imported ([`Found::Uki`]); its PE says whether it is signed.
 //!
 //! Which entry and what it boots is the pure [`parse_grub_cfg`]; the ISO 9660 / Rock Ridge
 //! filesystem itself is read by the real tool Talos builds its ISOs with, `xorriso`
@@ -181,6 +185,22 @@ pub(crate) fn uki_version(find_output: &str) -> Option<String> {
     versions.all(|v| v == first).then_some(first)
 }
 
+/// The UKI paths of `xorriso -find` output (one quoted path a line) named
+/// `Talos-<version>.efi`, without repeats.
+pub(crate) fn uki_paths(find_output: &str) -> Vec<String> {
+    let mut paths: Vec<String> = find_output
+        .lines()
+        .map(|l| l.trim().trim_matches('\'').to_string())
+        .filter(|p| {
+            let name = p.rsplit('/').next().unwrap_or_default();
+            name.starts_with("Talos-") && name.ends_with(".efi") && name.len() > 10
+        })
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
 /// Why an ISO could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum IsoError {
@@ -202,11 +222,19 @@ pub enum IsoError {
         /// xorriso's own complaint.
         detail: String,
     },
-    /// A SecureBoot ISO: systemd-boot and a UKI, no GRUB.
-    #[error("{} has no {GRUB_CFG}: it is a SecureBoot (systemd-boot) Talos ISO, whose kernel is sealed in a UKI; download the metal ISO without SecureBoot, or the kernel, initramfs and cmdline, and import those", iso.display())]
-    SecureBoot {
+    /// Neither GRUB nor a UKI.
+    #[error("{} has neither {GRUB_CFG} nor a UKI under /EFI/Linux (Talos-<version>.efi); check that it is a Talos ISO", iso.display())]
+    NoBootSet {
         /// The ISO.
         iso: PathBuf,
+    },
+    /// Several UKIs, and nothing says which one boots.
+    #[error("{} has several UKIs ({}); import the one you want from a mounted copy", iso.display(), paths.join(", "))]
+    SeveralUkis {
+        /// The ISO.
+        iso: PathBuf,
+        /// Their paths.
+        paths: Vec<String>,
     },
     /// The GRUB configuration names no usable boot set.
     #[error("{GRUB_CFG} in {}: {source}; import the kernel, initramfs and cmdline with --kernel, --initramfs and --cmdline instead", iso.display())]
@@ -226,19 +254,35 @@ pub enum IsoError {
     },
 }
 
-/// The kernel and initramfs of an ISO's default entry, copied out into a scratch folder that
-/// is removed when this is dropped.
+/// What an ISO boots, copied out into a scratch folder that is removed when this is dropped.
 #[derive(Debug)]
 pub struct Extracted {
     _scratch: tempfile::TempDir,
-    /// The copied kernel.
-    pub kernel: PathBuf,
-    /// The copied initramfs.
-    pub initramfs: PathBuf,
-    /// What the entry boots.
-    pub entry: BootEntry,
+    /// The files.
+    pub found: Found,
     /// The Talos version the ISO's UKI is named for, if it has one ([`uki_version`]).
     pub version: Option<String>,
+}
+
+/// The boot set an ISO carries.
+#[derive(Debug)]
+pub enum Found {
+    /// A GRUB (or dual-boot) ISO: its default entry's kernel and initramfs.
+    Grub {
+        /// The copied kernel.
+        kernel: PathBuf,
+        /// The copied initramfs.
+        initramfs: PathBuf,
+        /// What the entry boots.
+        entry: BootEntry,
+    },
+    /// A systemd-boot ISO (Secure Boot): its UKI.
+    Uki {
+        /// The copied UKI.
+        uki: PathBuf,
+        /// Its path inside the ISO.
+        inside: String,
+    },
 }
 
 /// Copy `inside` (a path in the ISO) to `to` with xorriso.
@@ -291,9 +335,21 @@ pub fn extract(iso: &Path, scratch_in: &Path) -> Result<Extracted, IsoError> {
         .tempdir_in(scratch_in)
         .map_err(scratch_err)?;
     let cfg_path = scratch.path().join("grub.cfg");
+    // A GRUB-only ISO has no /EFI/Linux: xorriso then fails, which only means no UKI.
+    let find = Command::new("xorriso")
+        .arg("-indev")
+        .arg(iso)
+        .args(["-find", "/EFI/Linux", "-name", "Talos-*.efi"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let version = uki_version(&find);
     if !xorriso_extract(iso, GRUB_CFG, &cfg_path)? {
-        return Err(IsoError::SecureBoot {
-            iso: iso.to_path_buf(),
+        let found = extract_uki(iso, &uki_paths(&find), scratch.path())?;
+        return Ok(Extracted {
+            _scratch: scratch,
+            found,
+            version,
         });
     }
     let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| IsoError::Extract {
@@ -316,22 +372,44 @@ pub fn extract(iso: &Path, scratch_in: &Path) -> Result<Extracted, IsoError> {
             });
         }
     }
-    // A GRUB-only ISO has no /EFI/Linux: xorriso then fails, which only means no version.
-    let version = Command::new("xorriso")
-        .arg("-indev")
-        .arg(iso)
-        .args(["-find", "/EFI/Linux", "-name", "Talos-*.efi"])
-        .output()
-        .ok()
-        .and_then(|o| uki_version(&String::from_utf8_lossy(&o.stdout)));
     tracing::debug!(iso = %iso.display(), kernel = %entry.kernel, initramfs = %entry.initramfs, ?version, "read the ISO's default boot entry");
     Ok(Extracted {
         _scratch: scratch,
-        kernel,
-        initramfs,
-        entry,
+        found: Found::Grub {
+            kernel,
+            initramfs,
+            entry,
+        },
         version,
     })
+}
+
+/// Copy the one UKI of a systemd-boot ISO (`paths`, from [`uki_paths`]) into `scratch`.
+fn extract_uki(iso: &Path, paths: &[String], scratch: &Path) -> Result<Found, IsoError> {
+    let inside = match paths {
+        [one] => one.clone(),
+        [] => {
+            return Err(IsoError::NoBootSet {
+                iso: iso.to_path_buf(),
+            });
+        }
+        many => {
+            return Err(IsoError::SeveralUkis {
+                iso: iso.to_path_buf(),
+                paths: many.to_vec(),
+            });
+        }
+    };
+    let uki = scratch.join("uki.efi");
+    if !xorriso_extract(iso, &inside, &uki)? {
+        return Err(IsoError::Extract {
+            iso: iso.to_path_buf(),
+            inside,
+            detail: "xorriso lists it but cannot copy it".into(),
+        });
+    }
+    tracing::debug!(iso = %iso.display(), uki = %inside, "read the ISO's UKI");
+    Ok(Found::Uki { uki, inside })
 }
 
 #[cfg(test)]
@@ -412,6 +490,14 @@ mod tests {
         let cfg = "menuentry 'y' {\n linux /k a\\;b 'c d' \"e\\\"f\" g\\\\h\n initrd /i\n}\n";
         let e = parse_grub_cfg(cfg).unwrap();
         assert_eq!(e.cmdline, "a;b c d e\"f g\\h");
+    }
+
+    #[test]
+    fn uki_paths_from_xorriso_find() {
+        let out =
+            "'/EFI/Linux/Talos-v1.13.9.efi'\n'/EFI/Linux/Talos-v1.13.9.efi'\n'/EFI/Linux/x.efi'\n";
+        assert_eq!(uki_paths(out), ["/EFI/Linux/Talos-v1.13.9.efi"]);
+        assert!(uki_paths("").is_empty());
     }
 
     #[test]

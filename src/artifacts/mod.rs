@@ -12,12 +12,19 @@
 //! `initramfs.xz` is the fixed name of the initramfs slot, not a claim about its compression:
 //! the kernel finds the compression from the file's magic bytes ([`compression`]), so an
 //! imported gzip or zstd initramfs is stored and served byte for byte under the same name.
+//!
+//! A set also holds, when a node boots one, the unified kernel images (`uki.efi`,
+//! `secureboot-uki.efi`), each recorded with what its PE says ([`uki::UkiFacts`]: signer,
+//! `.pcrpkey` fingerprint) and where it came from. A set may hold only a UKI (a Secure Boot
+//! ISO has no separate kernel): what a set can boot is [`Entry::boots`], and the checks ask
+//! for what a node needs ([`Boot`], [`requirements`], [`verify_for`]).
 
 pub mod cmdline;
 pub mod compression;
 pub mod factory;
 pub mod import;
 pub mod iso;
+pub mod uki;
 
 pub use compression::Compression;
 
@@ -56,6 +63,25 @@ impl Kind {
     /// that boot them).
     pub const ALL: [Kind; 3] = [Kind::Kernel, Kind::Initramfs, Kind::Cmdline];
 
+    /// Every kind a set may hold.
+    pub const EVERY: [Kind; 5] = [
+        Kind::Kernel,
+        Kind::Initramfs,
+        Kind::Cmdline,
+        Kind::Uki,
+        Kind::SecureBootUki,
+    ];
+
+    /// The kind stored under `name` in a set's folder.
+    pub fn from_file_name(name: &str) -> Option<Kind> {
+        Kind::EVERY.into_iter().find(|k| k.file_name() == name)
+    }
+
+    /// Whether this is one of the UKIs (recorded with their [`UkiRecord`]).
+    pub fn is_uki(self) -> bool {
+        matches!(self, Kind::Uki | Kind::SecureBootUki)
+    }
+
     /// File name inside a boot set's folder.
     pub fn file_name(self) -> &'static str {
         match self {
@@ -65,6 +91,52 @@ impl Kind {
             Kind::Uki => "uki.efi",
             Kind::SecureBootUki => "secureboot-uki.efi",
         }
+    }
+}
+
+/// A way a node boots from a set, and so which of its files it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Boot {
+    /// iPXE loads kernel, initramfs and command line ([`Kind::ALL`]).
+    Pxe,
+    /// UEFI HTTP Boot of the unsigned UKI, without Secure Boot.
+    Uki,
+    /// The signed UKI, for `secureBoot: true` nodes.
+    SecureBootUki,
+}
+
+impl Boot {
+    /// Every way, in the order `images list` shows them.
+    pub const ALL: [Boot; 3] = [Boot::Pxe, Boot::Uki, Boot::SecureBootUki];
+
+    /// The files this way needs.
+    pub fn kinds(self) -> &'static [Kind] {
+        match self {
+            Boot::Pxe => &Kind::ALL,
+            Boot::Uki => &[Kind::Uki],
+            Boot::SecureBootUki => &[Kind::SecureBootUki],
+        }
+    }
+
+    /// The name `--boot` takes and `images list` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Boot::Pxe => "pxe",
+            Boot::Uki => "uki",
+            Boot::SecureBootUki => "secureboot-uki",
+        }
+    }
+
+    /// The way named `name` ([`Boot::name`]).
+    pub fn parse(name: &str) -> Option<Boot> {
+        Boot::ALL.into_iter().find(|b| b.name() == name)
+    }
+}
+
+impl std::fmt::Display for Boot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -118,6 +190,24 @@ pub struct FileRecord {
     /// and in catalogs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<Compression>,
+    /// For a UKI: what its PE says and where it came from (absent for the other files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uki: Option<UkiRecord>,
+}
+
+/// What the catalog keeps about a UKI beyond its size and digest. Each UKI carries its own
+/// origin: it may come from elsewhere than the set's kernel and initramfs (pulled beside an
+/// imported set, or read out of a Secure Boot ISO).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UkiRecord {
+    /// What its PE says: signer, `.pcrpkey` fingerprint, sections.
+    pub facts: uki::UkiFacts,
+    /// The factory URL it was pulled from, or the ISO it was read out of.
+    pub source: String,
+    /// Unix time of the pull or import.
+    pub at: u64,
+    /// Pulled, or read out of an ISO.
+    pub origin: Origin,
 }
 
 /// How a boot set came into the cache.
@@ -146,6 +236,14 @@ pub enum Origin {
         /// The initramfs's path inside the ISO.
         initramfs: String,
     },
+    /// A UKI read out of a Talos ISO that boots one with systemd-boot (the Secure Boot ISO)
+    /// by `talboot images import --iso`.
+    IsoUki {
+        /// The ISO file.
+        iso: PathBuf,
+        /// The UKI's path inside the ISO (`/EFI/Linux/Talos-<version>.efi`).
+        uki: String,
+    },
 }
 
 impl Origin {
@@ -166,9 +264,39 @@ pub struct Entry {
     pub pulled_at: u64,
     /// The files.
     pub files: BTreeMap<Kind, FileRecord>,
-    /// Pulled or imported (and from which files).
+    /// Pulled or imported (and from which files): the origin of the kernel, initramfs and
+    /// command line, or of the first UKI in a set without them.
     #[serde(default, skip_serializing_if = "Origin::is_pulled")]
     pub origin: Origin,
+}
+
+impl Entry {
+    /// The ways this set can boot a node: those whose files are all recorded.
+    pub fn boots(&self) -> Vec<Boot> {
+        Boot::ALL
+            .into_iter()
+            .filter(|b| self.can_boot(*b))
+            .collect()
+    }
+
+    /// Whether every file `boot` needs is recorded.
+    pub fn can_boot(&self, boot: Boot) -> bool {
+        boot.kinds().iter().all(|k| self.files.contains_key(k))
+    }
+
+    /// What the PE of the set's UKI of `kind` says (signer, `.pcrpkey` fingerprint), as
+    /// recorded when it was pulled or imported; `None` when the set has no such UKI.
+    pub fn uki_facts(&self, kind: Kind) -> Option<&uki::UkiFacts> {
+        self.files.get(&kind)?.uki.as_ref().map(|r| &r.facts)
+    }
+
+    /// Where the file of `kind` came from: its own origin for a UKI, else the set's.
+    pub fn origin_of(&self, kind: Kind) -> &Origin {
+        self.files
+            .get(&kind)
+            .and_then(|r| r.uki.as_ref())
+            .map_or(&self.origin, |u| &u.origin)
+    }
 }
 
 /// The catalog file.
@@ -199,6 +327,28 @@ pub enum ArtifactError {
         /// The images directory.
         dir: PathBuf,
     },
+    /// The set is there but lacks a file a node boots from.
+    #[error("{id} has no {} ({}), which {} boot needs; {fix}", kind.file_name(), import::what(*kind), boot)]
+    Incomplete {
+        /// The set (boxed: a large variant).
+        id: Box<SetId>,
+        /// How the node boots.
+        boot: Boot,
+        /// The missing file.
+        kind: Kind,
+        /// How to get it.
+        fix: String,
+    },
+    /// A downloaded UKI that cannot fill its slot; nothing was written.
+    #[error(
+        "{url}: {problem}; it was not kept and the catalog is unchanged (check the factory URL and schematic, then pull again)"
+    )]
+    BadUki {
+        /// What was fetched.
+        url: String,
+        /// What is wrong with it.
+        problem: UkiProblem,
+    },
     /// A file is missing, has the wrong size, or the wrong digest.
     #[error("{} of {id} is damaged ({problem}); {fix}", path.display())]
     Damaged {
@@ -227,6 +377,25 @@ pub enum ArtifactError {
         /// Why it failed.
         cause: String,
     },
+}
+
+/// Why a UKI file is not taken: it does not read as one, or it does not fit its slot.
+#[derive(Debug, thiserror::Error)]
+pub enum UkiProblem {
+    /// Not a readable UKI.
+    #[error("the file {0}")]
+    Unreadable(#[from] uki::UkiError),
+    /// Readable, but not for this slot.
+    #[error("the file {0}")]
+    Refused(#[from] uki::Refusal),
+}
+
+/// Read the UKI at `path` and check it may fill `kind` of a set of `arch` (signed for
+/// [`Kind::SecureBootUki`]).
+pub fn check_uki(path: &Path, kind: Kind, arch: &str) -> Result<uki::UkiFacts, UkiProblem> {
+    let facts = uki::inspect_file(path)?;
+    uki::check(&facts, kind == Kind::SecureBootUki, arch)?;
+    Ok(facts)
 }
 
 impl Catalog {
@@ -273,22 +442,49 @@ impl Catalog {
     }
 }
 
-/// Every boot set the inventory can ask for: each node's architecture, plus the default
-/// architecture when unknown machines are booted for discovery.
-pub fn required_sets(inv: &crate::inventory::Inventory) -> Vec<SetId> {
+/// A boot set the inventory asks for, and the ways its nodes boot from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    /// The set.
+    pub id: SetId,
+    /// How the nodes of that architecture boot: [`Boot::SecureBootUki`] for `secureBoot: true`
+    /// nodes, [`Boot::Pxe`] for the others and for discovery of unknown machines.
+    pub boots: std::collections::BTreeSet<Boot>,
+}
+
+/// Every boot set the inventory can ask for, with what each must hold: each node's
+/// architecture, plus the default architecture when unknown machines are booted for discovery.
+pub fn requirements(inv: &crate::inventory::Inventory) -> Vec<Requirement> {
     let talos = &inv.cluster.talos_version.value;
     let schematic = inv.cluster.installer.schematic_id();
-    let mut arches: Vec<crate::inventory::Arch> =
-        inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
-    if inv.boot.unknown_machines == crate::inventory::UnknownPolicy::Discover {
-        arches.push(inv.boot.default_arch);
+    let mut needs: BTreeMap<crate::inventory::Arch, std::collections::BTreeSet<Boot>> =
+        BTreeMap::new();
+    for n in &inv.nodes {
+        let boot = if n.secure_boot() {
+            Boot::SecureBootUki
+        } else {
+            Boot::Pxe
+        };
+        needs.entry(inv.arch_of(n)).or_default().insert(boot);
     }
-    arches.sort();
-    arches.dedup();
-    arches
+    if inv.boot.unknown_machines == crate::inventory::UnknownPolicy::Discover {
+        needs
+            .entry(inv.boot.default_arch)
+            .or_default()
+            .insert(Boot::Pxe);
+    }
+    needs
         .into_iter()
-        .map(|a| SetId::new(talos, schematic, a))
+        .map(|(a, boots)| Requirement {
+            id: SetId::new(talos, schematic, a),
+            boots,
+        })
         .collect()
+}
+
+/// The sets of [`requirements`], without what they must hold.
+pub fn required_sets(inv: &crate::inventory::Inventory) -> Vec<SetId> {
+    requirements(inv).into_iter().map(|r| r.id).collect()
 }
 
 /// The command an operator runs to (re)fetch a set.
@@ -299,40 +495,133 @@ pub(crate) fn pull_command(id: &SetId) -> String {
     )
 }
 
-/// Check that every file of `id` exists with its recorded size and digest.
+/// The command that (re)fetches the files `boot` needs of set `id`.
+pub(crate) fn pull_command_for(id: &SetId, boot: Boot) -> String {
+    match boot {
+        Boot::Pxe => pull_command(id),
+        b => format!("{} --boot {b}", pull_command(id)),
+    }
+}
+
+/// How to get a good copy of `kind` back, from where it came from.
+fn fix_for(id: &SetId, kind: Kind, origin: &Origin) -> String {
+    let boot = match kind {
+        Kind::Uki => Boot::Uki,
+        Kind::SecureBootUki => Boot::SecureBootUki,
+        _ => Boot::Pxe,
+    };
+    match origin {
+        Origin::Pulled => format!("pull it again: {}", pull_command_for(id, boot)),
+        Origin::Imported { .. } | Origin::Iso { .. } | Origin::IsoUki { .. } => {
+            format!("import it again: {}", import::import_command(id, origin))
+        }
+    }
+}
+
+/// Check that the set `id` has every file a PXE boot needs, each with its recorded size and
+/// digest (what `serve` needs of a set before [`verify_for`] knew other ways to boot).
 pub fn verify(dir: &Path, catalog: &Catalog, id: &SetId) -> Result<(), ArtifactError> {
-    let entry = catalog.find(id).ok_or_else(|| ArtifactError::Missing {
+    verify_for(dir, catalog, id, [Boot::Pxe])
+}
+
+/// Check that the set `id` has every file the ways `boots` need, each with its recorded size
+/// and digest.
+pub fn verify_for(
+    dir: &Path,
+    catalog: &Catalog,
+    id: &SetId,
+    boots: impl IntoIterator<Item = Boot>,
+) -> Result<(), ArtifactError> {
+    let entry = find_entry(dir, catalog, id)?;
+    for boot in boots {
+        for &kind in boot.kinds() {
+            if !entry.files.contains_key(&kind) {
+                let fix = match boot {
+                    Boot::SecureBootUki => format!(
+                        "run: {} (or import a Secure Boot ISO with --iso)",
+                        pull_command_for(id, boot)
+                    ),
+                    _ => format!("run: {}", pull_command_for(id, boot)),
+                };
+                return Err(ArtifactError::Incomplete {
+                    id: Box::new(id.clone()),
+                    boot,
+                    kind,
+                    fix,
+                });
+            }
+            verify_file(dir, entry, kind)?;
+        }
+    }
+    Ok(())
+}
+
+/// Check every file the set `id` records, whatever it boots; returns the ways it can boot.
+pub fn verify_recorded(
+    dir: &Path,
+    catalog: &Catalog,
+    id: &SetId,
+) -> Result<Vec<Boot>, ArtifactError> {
+    let entry = find_entry(dir, catalog, id)?;
+    for &kind in entry.files.keys() {
+        verify_file(dir, entry, kind)?;
+    }
+    Ok(entry.boots())
+}
+
+fn find_entry<'c>(
+    dir: &Path,
+    catalog: &'c Catalog,
+    id: &SetId,
+) -> Result<&'c Entry, ArtifactError> {
+    catalog.find(id).ok_or_else(|| ArtifactError::Missing {
         id: id.clone(),
         dir: dir.to_path_buf(),
-    })?;
-    let fix = match &entry.origin {
-        Origin::Pulled => format!("pull it again: {}", pull_command(id)),
-        Origin::Imported { .. } | Origin::Iso { .. } => format!(
-            "import it again: {}",
-            import::import_command(id, &entry.origin)
-        ),
+    })
+}
+
+/// The entry after writing `new`'s files into a set `old` already records: `old`'s other
+/// files stay. The set's own origin is the new one when the PXE files were written (or the
+/// set is new), else the old one (a UKI carries its own).
+pub(crate) fn merge(old: Option<&Entry>, mut new: Entry) -> Entry {
+    let Some(old) = old else {
+        return new;
     };
-    for kind in Kind::ALL {
-        let path = dir.join(id.rel_dir()).join(kind.file_name());
-        let damaged = |problem: String| ArtifactError::Damaged {
-            id: Box::new(id.clone()),
-            path: path.clone(),
-            problem,
-            fix: fix.clone(),
-        };
-        let Some(rec) = entry.files.get(&kind) else {
-            return Err(damaged("not recorded in the catalog".into()));
-        };
-        let (size, digest) = match hash_file(&path) {
-            Ok(v) => v,
-            Err(e) => return Err(damaged(e.to_string())),
-        };
-        if size != rec.size {
-            return Err(damaged(format!("size {size}, expected {}", rec.size)));
-        }
-        if digest != rec.sha256 {
-            return Err(damaged(format!("sha256 {digest}, expected {}", rec.sha256)));
-        }
+    let wrote_pxe = Kind::ALL.iter().any(|k| new.files.contains_key(k));
+    let had_pxe = Kind::ALL.iter().any(|k| old.files.contains_key(k));
+    for (kind, rec) in &old.files {
+        new.files.entry(*kind).or_insert_with(|| rec.clone());
+    }
+    if !wrote_pxe && had_pxe {
+        new.source = old.source.clone();
+        new.pulled_at = old.pulled_at;
+        new.origin = old.origin.clone();
+    }
+    new
+}
+
+/// The recorded file `kind` of `entry` is there with its size and digest.
+pub(crate) fn verify_file(dir: &Path, entry: &Entry, kind: Kind) -> Result<(), ArtifactError> {
+    let id = &entry.id;
+    let path = dir.join(id.rel_dir()).join(kind.file_name());
+    let damaged = |problem: String| ArtifactError::Damaged {
+        id: Box::new(id.clone()),
+        path: path.clone(),
+        problem,
+        fix: fix_for(id, kind, entry.origin_of(kind)),
+    };
+    let Some(rec) = entry.files.get(&kind) else {
+        return Err(damaged("not recorded in the catalog".into()));
+    };
+    let (size, digest) = match hash_file(&path) {
+        Ok(v) => v,
+        Err(e) => return Err(damaged(e.to_string())),
+    };
+    if size != rec.size {
+        return Err(damaged(format!("size {size}, expected {}", rec.size)));
+    }
+    if digest != rec.sha256 {
+        return Err(damaged(format!("sha256 {digest}, expected {}", rec.sha256)));
     }
     Ok(())
 }
@@ -358,86 +647,5 @@ pub fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
 pub use crate::hex::lower as hex;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set() -> SetId {
-        SetId {
-            talos: "v1.13.9".into(),
-            schematic: "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba".into(),
-            arch: "amd64".into(),
-        }
-    }
-
-    fn record(dir: &Path, id: &SetId) -> Catalog {
-        let mut files = BTreeMap::new();
-        for kind in Kind::ALL {
-            let p = dir.join(id.rel_dir()).join(kind.file_name());
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, format!("{kind:?} bytes")).unwrap();
-            let (size, sha256) = hash_file(&p).unwrap();
-            files.insert(
-                kind,
-                FileRecord {
-                    size,
-                    sha256,
-                    compression: None,
-                },
-            );
-        }
-        let mut c = Catalog::load(dir).unwrap();
-        c.upsert(Entry {
-            id: id.clone(),
-            source: "test".into(),
-            pulled_at: 0,
-            files,
-            origin: Origin::Pulled,
-        });
-        c.save(dir).unwrap();
-        c
-    }
-
-    #[test]
-    fn verify_accepts_intact_and_names_the_fix_for_damage() {
-        let dir = tempfile::tempdir().unwrap();
-        let id = set();
-        let c = record(dir.path(), &id);
-        assert_eq!(Catalog::load(dir.path()).unwrap(), c);
-        verify(dir.path(), &c, &id).unwrap();
-
-        let kernel = dir.path().join(id.rel_dir()).join("kernel");
-        std::fs::write(&kernel, "Kernel bytez").unwrap();
-        let err = verify(dir.path(), &c, &id).unwrap_err().to_string();
-        assert!(err.contains("sha256"), "{err}");
-        assert!(err.contains("talboot images pull --talos v1.13.9 --schematic 376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba --arch amd64"), "{err}");
-
-        std::fs::remove_file(&kernel).unwrap();
-        assert!(matches!(
-            verify(dir.path(), &c, &id),
-            Err(ArtifactError::Damaged { .. })
-        ));
-    }
-
-    #[test]
-    fn missing_set_gives_the_pull_command() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = Catalog::load(dir.path()).unwrap();
-        let err = verify(dir.path(), &c, &set()).unwrap_err();
-        assert!(matches!(err, ArtifactError::Missing { .. }));
-        let msg = err.to_string();
-        assert!(
-            msg.contains("run: talboot images pull --talos v1.13.9 --schematic 376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba --arch amd64 (without internet: talboot images import --talos v1.13.9"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn corrupt_catalog_is_an_error_not_a_reset() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(CATALOG_FILE), "{not json").unwrap();
-        assert!(matches!(
-            Catalog::load(dir.path()),
-            Err(ArtifactError::Catalog { .. })
-        ));
-    }
-}
+#[path = "tests.rs"]
+mod tests;

@@ -179,9 +179,9 @@ pub(crate) fn render_check(
 /// not make the inventory invalid, so they are notes, not diagnostics.
 fn readiness_notes(inv: &Inventory, args: &Args) {
     let catalog = crate::artifacts::Catalog::load(&args.image_cache.images);
-    for id in crate::artifacts::required_sets(inv) {
+    for r in crate::artifacts::requirements(inv) {
         let problem = match &catalog {
-            Ok(c) => crate::artifacts::verify(&args.image_cache.images, c, &id)
+            Ok(c) => crate::artifacts::verify_for(&args.image_cache.images, c, &r.id, r.boots)
                 .err()
                 .map(|e| e.to_string()),
             Err(e) => Some(e.to_string()),

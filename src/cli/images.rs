@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::artifacts::{self, Catalog, SetId, factory};
+use crate::artifacts::{self, Boot, Catalog, SetId, factory};
 use crate::inventory::{self, Arch, Version};
 
 use super::{EXIT_INVALID, EXIT_USAGE};
@@ -27,8 +27,9 @@ pub struct Args {
 /// `images` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ImagesCommand {
-    /// Fetch kernel, initramfs and kernel command line for a Talos version, schematic and
-    /// architectures (defaults from the inventory given with -c).
+    /// Fetch kernel, initramfs and kernel command line (and, for the nodes that boot one, the
+    /// UKI) for a Talos version, schematic and architectures (defaults from the inventory
+    /// given with -c).
     Pull(PullArgs),
     /// Register a kernel, initramfs and kernel command line from local files, or the ones a
     /// Talos ISO boots (a USB stick at an air-gapped site), as the boot set of a Talos
@@ -58,6 +59,12 @@ pub struct PullArgs {
     /// Image Factory base URL (a mirror for air-gapped sites).
     #[arg(long)]
     pub factory: Option<String>,
+    /// What to fetch, comma-separated: `pxe` (kernel, initramfs, command line),
+    /// `secureboot-uki` (the signed UKI), `uki` (the unsigned UKI, for UEFI HTTP Boot without
+    /// Secure Boot). Default: what the inventory's nodes of each architecture boot
+    /// (`secureboot-uki` for `secureBoot: true` nodes, `pxe` for the others), else `pxe`.
+    #[arg(long, value_delimiter = ',')]
+    pub boot: Vec<String>,
 }
 
 /// Arguments of `images import`.
@@ -76,8 +83,10 @@ pub struct ImportArgs {
     /// Architecture: amd64 or arm64.
     #[arg(long)]
     pub arch: Option<String>,
-    /// A Talos ISO (metal, GRUB or dual-boot): its default boot entry's kernel, initramfs
-    /// and command line are imported (needs xorriso).
+    /// A Talos ISO (needs xorriso). GRUB or dual-boot: its default boot entry's kernel,
+    /// initramfs and command line are imported. Secure Boot (systemd-boot): its UKI,
+    /// `/EFI/Linux/Talos-<version>.efi`, into the set's Secure Boot UKI slot (or, unsigned,
+    /// its plain UKI slot).
     #[arg(long, conflicts_with_all = ["kernel", "initramfs", "cmdline_file", "cmdline"])]
     pub iso: Option<PathBuf>,
     /// The kernel (the factory's kernel-<arch>, or vmlinuz).
@@ -140,10 +149,17 @@ enum RequestError {
     /// `--arch` is not an architecture.
     #[error("--arch {0}: use amd64 or arm64")]
     Arch(String),
+    /// `--boot` is not a way to boot.
+    #[error("--boot {0}: use pxe, uki or secureboot-uki")]
+    Boot(String),
 }
 
-/// Work out which sets to pull from the flags and the optional inventory.
-fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), RequestError> {
+/// One set to pull and what of it.
+type Wanted = (SetId, BTreeSet<Boot>);
+
+/// Work out which sets to pull, and which of their files, from the flags and the optional
+/// inventory.
+fn requested_sets(p: &PullArgs) -> Result<(Vec<Wanted>, String), RequestError> {
     let inv = match &p.config {
         Some(path) => match inventory::load(path) {
             Ok(l) => Some(l.inventory),
@@ -178,8 +194,23 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), RequestError> {
     for a in &p.arch {
         arches.insert(Arch::parse(a).ok_or_else(|| RequestError::Arch(a.clone()))?);
     }
+    let mut boots: BTreeSet<Boot> = BTreeSet::new();
+    for b in &p.boot {
+        boots.insert(Boot::parse(b).ok_or_else(|| RequestError::Boot(b.clone()))?);
+    }
+    // What `serve` will ask of each architecture's set: the signed UKI for `secureBoot: true`
+    // nodes, the PXE files for the others and for discovery of unknown machines.
+    let mut by_arch: std::collections::BTreeMap<Arch, BTreeSet<Boot>> = Default::default();
+    if let Some(inv) = &inv {
+        for r in artifacts::requirements(inv) {
+            if let Some(a) = Arch::parse(&r.id.arch) {
+                by_arch.insert(a, r.boots);
+            }
+        }
+    }
     if arches.is_empty() {
         match &inv {
+            // The nodes' architectures, as before (not the discovery default's alone).
             Some(inv) => arches.extend(inv.nodes.iter().map(|n| inv.arch_of(n))),
             None => {
                 arches.insert(Arch::Amd64);
@@ -196,7 +227,14 @@ fn requested_sets(p: &PullArgs) -> Result<(Vec<SetId>, String), RequestError> {
         .unwrap_or_else(|| inventory::parts::DEFAULT_FACTORY_URL.to_string());
     let sets = arches
         .into_iter()
-        .map(|a| SetId::new(&talos, &schematic, a))
+        .map(|a| {
+            let wanted = match (boots.is_empty(), by_arch.get(&a)) {
+                (false, _) => boots.clone(),
+                (true, Some(b)) => b.clone(),
+                (true, None) => BTreeSet::from([Boot::Pxe]),
+            };
+            (SetId::new(&talos, &schematic, a), wanted)
+        })
         .collect();
     Ok((sets, factory_url))
 }
@@ -218,15 +256,20 @@ fn pull(dir: &std::path::Path, p: &PullArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     let progress = std::io::stderr().is_terminal();
-    for id in sets {
-        println!("pulling {id} from {factory_url}");
+    for (id, boots) in sets {
+        let boots: Vec<Boot> = boots.into_iter().collect();
+        let names: Vec<&str> = boots.iter().map(|b| b.name()).collect();
+        println!(
+            "pulling {id} from {factory_url} (boot: {})",
+            names.join(", ")
+        );
         let req = factory::PullRequest {
             base_url: factory_url.clone(),
             id: id.clone(),
             dir: dir.to_path_buf(),
             progress,
         };
-        match rt.block_on(factory::pull(&client, &req, now_unix())) {
+        match rt.block_on(factory::pull_boots(&client, &req, &boots, now_unix())) {
             Ok(entry) => print_files(&entry),
             Err(e) => {
                 eprintln!("talboot images pull: {e}");
@@ -249,74 +292,150 @@ fn import(dir: &std::path::Path, i: &ImportArgs) -> ExitCode {
         Ok(id) => id,
         Err(c) => return c,
     };
-    // An ISO's files are copied out to a scratch folder first (removed when `_extracted`
-    // drops, after the import has copied them again into the set).
-    let _extracted;
-    let req = if let Some(iso) = &i.iso {
-        let x = match artifacts::iso::extract(iso, dir) {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("talboot images import: {e}");
-                return ExitCode::from(EXIT_INVALID);
-            }
-        };
-        // The imager names the UKI after `version.Tag` (`v1.13.9`); a name without the `v`
-        // is the same version.
-        let same = |v: &str| v.trim_start_matches('v') == id.talos.trim_start_matches('v');
-        if let Some(v) = x.version.as_deref().filter(|v| !same(v)) {
-            eprintln!(
-                "talboot images import: {} is Talos {v} (its UKI is /EFI/Linux/Talos-{v}.efi), not {}; import it with --talos {v}, or use the ISO of {}",
-                iso.display(),
-                id.talos,
-                id.talos
-            );
-            return ExitCode::from(EXIT_INVALID);
-        }
-        println!(
-            "{}: entry `{}` boots {} with {}",
-            iso.display(),
-            x.entry.title,
-            x.entry.kernel,
-            x.entry.initramfs
-        );
-        let req = artifacts::import::ImportRequest {
-            id: id.clone(),
-            kernel: x.kernel.clone(),
-            initramfs: x.initramfs.clone(),
-            cmdline: artifacts::import::CmdlineSource::Inline(x.entry.cmdline.clone()),
-            force: i.force,
-            iso: Some(artifacts::import::IsoSource {
-                iso: iso.clone(),
-                kernel: x.entry.kernel.clone(),
-                initramfs: x.entry.initramfs.clone(),
-            }),
-        };
-        _extracted = x;
-        req
-    } else {
-        let (Some(kernel), Some(initramfs)) = (&i.kernel, &i.initramfs) else {
-            return usage("give --kernel FILE and --initramfs FILE, or --iso FILE");
-        };
-        artifacts::import::ImportRequest {
-            id: id.clone(),
-            kernel: kernel.clone(),
-            initramfs: initramfs.clone(),
-            cmdline: match (&i.cmdline_file, &i.cmdline) {
-                (Some(f), _) => artifacts::import::CmdlineSource::File(f.clone()),
-                (None, Some(s)) => artifacts::import::CmdlineSource::Inline(s.clone()),
-                (None, None) => return usage("give --cmdline-file FILE or --cmdline TEXT"),
-            },
-            force: i.force,
-            iso: None,
-        }
+    if let Some(iso) = &i.iso {
+        return import_iso(dir, &id, iso, i.force);
+    }
+    let (Some(kernel), Some(initramfs)) = (&i.kernel, &i.initramfs) else {
+        return usage("give --kernel FILE and --initramfs FILE, or --iso FILE");
     };
-    match artifacts::import::import(dir, &req, now_unix()) {
-        Ok((entry, outcome)) => print_imported(dir, &id, &entry, outcome),
+    let req = artifacts::import::ImportRequest {
+        id: id.clone(),
+        kernel: kernel.clone(),
+        initramfs: initramfs.clone(),
+        cmdline: match (&i.cmdline_file, &i.cmdline) {
+            (Some(f), _) => artifacts::import::CmdlineSource::File(f.clone()),
+            (None, Some(s)) => artifacts::import::CmdlineSource::Inline(s.clone()),
+            (None, None) => return usage("give --cmdline-file FILE or --cmdline TEXT"),
+        },
+        force: i.force,
+        iso: None,
+    };
+    finish_import(dir, &id, artifacts::import::import(dir, &req, now_unix()))
+}
+
+fn finish_import(
+    dir: &std::path::Path,
+    id: &SetId,
+    done: Result<(artifacts::Entry, artifacts::import::Outcome), artifacts::import::ImportError>,
+) -> ExitCode {
+    match done {
+        Ok((entry, outcome)) => print_imported(dir, id, &entry, outcome),
         Err(e) => {
             eprintln!("talboot images import: {e}");
             ExitCode::from(EXIT_INVALID)
         }
     }
+}
+
+/// `images import --iso`: the default GRUB entry's files, or the UKI of a systemd-boot
+/// (Secure Boot) ISO. The files are copied out to a scratch folder first, removed when the
+/// extraction drops, after the import has copied them again into the set.
+fn import_iso(dir: &std::path::Path, id: &SetId, iso: &std::path::Path, force: bool) -> ExitCode {
+    use artifacts::iso::Found;
+    let x = match artifacts::iso::extract(iso, dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("talboot images import: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    // The imager names the UKI after `version.Tag` (`v1.13.9`); a name without the `v`
+    // is the same version.
+    let same = |v: &str| v.trim_start_matches('v') == id.talos.trim_start_matches('v');
+    if let Some(v) = x.version.as_deref().filter(|v| !same(v)) {
+        eprintln!(
+            "talboot images import: {} is Talos {v} (its UKI is /EFI/Linux/Talos-{v}.efi), not {}; import it with --talos {v}, or use the ISO of {}",
+            iso.display(),
+            id.talos,
+            id.talos
+        );
+        return ExitCode::from(EXIT_INVALID);
+    }
+    let (kernel, initramfs, entry) = match &x.found {
+        Found::Grub {
+            kernel,
+            initramfs,
+            entry,
+        } => (kernel, initramfs, entry),
+        Found::Uki { uki, inside } => return import_iso_uki(dir, id, iso, uki, inside, force),
+    };
+    println!(
+        "{}: entry `{}` boots {} with {}",
+        iso.display(),
+        entry.title,
+        entry.kernel,
+        entry.initramfs
+    );
+    let req = artifacts::import::ImportRequest {
+        id: id.clone(),
+        kernel: kernel.clone(),
+        initramfs: initramfs.clone(),
+        cmdline: artifacts::import::CmdlineSource::Inline(entry.cmdline.clone()),
+        force,
+        iso: Some(artifacts::import::IsoSource {
+            iso: iso.to_path_buf(),
+            kernel: entry.kernel.clone(),
+            initramfs: entry.initramfs.clone(),
+        }),
+    };
+    finish_import(dir, id, artifacts::import::import(dir, &req, now_unix()))
+}
+
+/// The UKI of a systemd-boot ISO: a signed one fills the Secure Boot slot, an unsigned one
+/// (the sd-boot ISO without Secure Boot) the plain UKI slot.
+fn import_iso_uki(
+    dir: &std::path::Path,
+    id: &SetId,
+    iso: &std::path::Path,
+    uki: &std::path::Path,
+    inside: &str,
+    force: bool,
+) -> ExitCode {
+    let facts = match artifacts::uki::inspect_file(uki) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("talboot images import: {inside} in {} {e}", iso.display());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let same = |v: &str| v.trim_start_matches('v') == id.talos.trim_start_matches('v');
+    if let Some(v) = facts.version.as_deref().filter(|v| !same(v)) {
+        eprintln!(
+            "talboot images import: {inside} in {} says (.osrel VERSION_ID) it is Talos {v}, not {}; import it with --talos {v}",
+            iso.display(),
+            id.talos
+        );
+        return ExitCode::from(EXIT_INVALID);
+    }
+    let kind = match facts.signer {
+        Some(_) => artifacts::Kind::SecureBootUki,
+        None => artifacts::Kind::Uki,
+    };
+    println!(
+        "{}: systemd-boot ISO; {inside} is {} UKI, imported as {}",
+        iso.display(),
+        if kind == artifacts::Kind::SecureBootUki {
+            "a signed"
+        } else {
+            "an unsigned"
+        },
+        kind.file_name()
+    );
+    let req = artifacts::import::UkiImportRequest {
+        id: id.clone(),
+        uki: uki.to_path_buf(),
+        kind,
+        force,
+        origin: artifacts::Origin::IsoUki {
+            iso: iso.to_path_buf(),
+            uki: inside.to_string(),
+        },
+    };
+    finish_import(
+        dir,
+        id,
+        artifacts::import::import_uki(dir, &req, now_unix()),
+    )
 }
 
 /// The one set `import` fills: the same rules as `pull` for version, schematic and
@@ -328,11 +447,12 @@ fn import_set(i: &ImportArgs) -> Result<SetId, ExitCode> {
         schematic: i.schematic.clone(),
         arch: i.arch.iter().cloned().collect(),
         factory: None,
+        boot: Vec::new(),
     };
     match requested_sets(&p) {
-        Ok((sets, _)) if sets.len() == 1 => Ok(sets.into_iter().next().expect("one set")),
+        Ok((sets, _)) if sets.len() == 1 => Ok(sets.into_iter().next().expect("one set").0),
         Ok((sets, _)) => {
-            let arches: Vec<&str> = sets.iter().map(|s| s.arch.as_str()).collect();
+            let arches: Vec<&str> = sets.iter().map(|s| s.0.arch.as_str()).collect();
             Err(usage(format!(
                 "the inventory has nodes of several architectures ({}); import one at a time with --arch",
                 arches.join(", ")
@@ -384,12 +504,41 @@ fn print_files(entry: &artifacts::Entry) {
             .map(|c| format!("  ({c})"))
             .unwrap_or_default();
         println!(
-            "  {:<12} {:>11} bytes  sha256 {}{compression}",
+            "  {:<18} {:>11} bytes  sha256 {}{compression}",
             kind_name(*kind),
             rec.size,
             rec.sha256
         );
+        if let Some(u) = &rec.uki {
+            print_uki(&u.facts);
+        }
     }
+}
+
+/// What a UKI's PE says, for `images pull/import/list`: the Authenticode signer and the
+/// `.pcrpkey` fingerprint a Secure Boot node reports as `pcrSigningKeyFingerprint`.
+fn print_uki(facts: &artifacts::uki::UkiFacts) {
+    match &facts.signer {
+        Some(s) => println!(
+            "    signed by {}\n    certificate sha256 {}",
+            s.subject, s.sha256_fingerprint
+        ),
+        None => println!("    unsigned"),
+    }
+    match &facts.pcr_key_fingerprint {
+        Some(f) => println!("    .pcrpkey sha256 {f}"),
+        None => println!("    no .pcrpkey section"),
+    }
+    println!(
+        "    {} sections {}{}",
+        facts.arch,
+        facts.sections.join(" "),
+        facts
+            .version
+            .as_deref()
+            .map(|v| format!("; .osrel VERSION_ID {v}"))
+            .unwrap_or_default()
+    );
 }
 
 /// `2026-12-01T18:00:00Z` for a Unix time.
@@ -406,9 +555,19 @@ fn timestamp(unix: u64) -> String {
 
 /// Where a set came from, for `images list`.
 fn origin(e: &artifacts::Entry) -> String {
-    match &e.origin {
+    origin_text(&e.origin, &e.source, e.pulled_at)
+}
+
+/// Where files came from (`source` and `at` as the catalog records them).
+fn origin_text(origin: &artifacts::Origin, source: &str, at: u64) -> String {
+    match origin {
+        artifacts::Origin::IsoUki { iso, uki } => format!(
+            "imported at {} from ISO {} ({uki})",
+            timestamp(at),
+            iso.display()
+        ),
         artifacts::Origin::Pulled => {
-            format!("pulled from {} at {}", e.source, timestamp(e.pulled_at))
+            format!("pulled from {source} at {}", timestamp(at))
         }
         artifacts::Origin::Imported {
             kernel,
@@ -416,7 +575,7 @@ fn origin(e: &artifacts::Entry) -> String {
             cmdline,
         } => format!(
             "imported at {} from {}, {}, {}",
-            timestamp(e.pulled_at),
+            timestamp(at),
             kernel.display(),
             initramfs.display(),
             if cmdline == artifacts::import::INLINE {
@@ -431,7 +590,7 @@ fn origin(e: &artifacts::Entry) -> String {
             initramfs,
         } => format!(
             "imported at {} from ISO {} ({kernel}, {initramfs}, {})",
-            timestamp(e.pulled_at),
+            timestamp(at),
             iso.display(),
             artifacts::iso::GRUB_CFG
         ),
@@ -452,25 +611,35 @@ fn list(dir: &std::path::Path) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!(
-        "{:<9} {:<6} {:<64} {:>12}  {:<6}  ORIGIN",
-        "TALOS", "ARCH", "SCHEMATIC", "BYTES", "INITRD"
+        "{:<9} {:<6} {:<64} {:>12}  {:<6}  {:<24}  ORIGIN",
+        "TALOS", "ARCH", "SCHEMATIC", "BYTES", "INITRD", "BOOTS"
     );
     for e in &catalog.entries {
         let bytes: u64 = e.files.values().map(|f| f.size).sum();
-        let compression = e
-            .files
-            .get(&artifacts::Kind::Initramfs)
-            .and_then(|f| f.compression)
-            .map_or("?", |c| c.name());
+        let compression = match e.files.get(&artifacts::Kind::Initramfs) {
+            Some(f) => f.compression.map_or("?", |c| c.name()),
+            None => "-",
+        };
+        let boots: Vec<&str> = e.boots().iter().map(|b| b.name()).collect();
         println!(
-            "{:<9} {:<6} {:<64} {:>12}  {:<6}  {}",
+            "{:<9} {:<6} {:<64} {:>12}  {:<6}  {:<24}  {}",
             e.id.talos,
             e.id.arch,
             e.id.schematic,
             bytes,
             compression,
+            boots.join(","),
             origin(e)
         );
+        for (kind, rec) in &e.files {
+            let Some(u) = &rec.uki else { continue };
+            println!(
+                "  {}: {}",
+                kind_name(*kind),
+                origin_text(&u.origin, &u.source, u.at)
+            );
+            print_uki(&u.facts);
+        }
     }
     ExitCode::SUCCESS
 }
@@ -482,8 +651,11 @@ fn verify(dir: &std::path::Path) -> ExitCode {
     };
     let mut bad = 0;
     for e in &catalog.entries {
-        match artifacts::verify(dir, &catalog, &e.id) {
-            Ok(()) => println!("ok       {}", e.id),
+        match artifacts::verify_recorded(dir, &catalog, &e.id) {
+            Ok(boots) => {
+                let names: Vec<&str> = boots.iter().map(|b| b.name()).collect();
+                println!("ok       {} (boots: {})", e.id, names.join(", "));
+            }
             Err(err) => {
                 bad += 1;
                 println!("DAMAGED  {err}");

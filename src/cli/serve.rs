@@ -17,7 +17,6 @@ use crate::tftp::TftpConfig;
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 use crate::appliance::{ApplianceError, DhcpPlan, DriftPlan, Plan, PowerOnPlan, ProvisioningPlan};
-use crate::artifacts::required_sets;
 
 /// Default admin API address (`serve --admin-listen`, `status --admin`, `node rebuild --admin`).
 pub(crate) const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
@@ -342,8 +341,8 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
     let inv = load_inventory(args)?;
     // Refuse to start rather than boot machines into a missing or damaged kernel.
     let catalog = Catalog::load(&args.image_cache.images)?;
-    for id in required_sets(&inv) {
-        artifacts::verify(&args.image_cache.images, &catalog, &id)?;
+    for r in artifacts::requirements(&inv) {
+        artifacts::verify_for(&args.image_cache.images, &catalog, &r.id, r.boots)?;
     }
     let schema = crate::machineconfig::schema::load_for_inventory(args.schema.as_deref(), &inv)
         .map_err(StartError::Schema)?;

@@ -284,12 +284,15 @@ pub fn expected_pcr_fingerprints(
         .collect()
 }
 
-/// MERGE ADAPTER (helper "art" adds the UKI facts to the catalog entry; the lead wires this
-/// at merge): the `.pcrpkey` fingerprint, in Talos's format, recorded for the entry's Secure
-/// Boot UKI. Until then no entry records one, so every secure-boot node is refused with
-/// [`Reason::NoExpectedKey`] (fails closed).
-fn uki_pcr_fingerprint(_entry: &crate::artifacts::Entry) -> Option<String> {
-    None
+/// The `.pcrpkey` fingerprint, in Talos's format, that the catalog recorded for the entry's
+/// Secure Boot UKI when it was pulled or imported (`artifacts::uki`); `None` (and so a
+/// refusal, [`Reason::NoExpectedKey`]) when the set has no signed UKI or the UKI no
+/// `.pcrpkey`.
+fn uki_pcr_fingerprint(entry: &crate::artifacts::Entry) -> Option<String> {
+    entry
+        .uki_facts(crate::artifacts::Kind::SecureBootUki)?
+        .pcr_key_fingerprint
+        .clone()
 }
 
 #[cfg(test)]

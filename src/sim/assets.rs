@@ -64,6 +64,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<FileRecord, AssetError> {
         size: bytes.len() as u64,
         sha256: crate::hex::lower(&Sha256::digest(bytes)),
         compression: None,
+        uki: None,
     })
 }
 

@@ -25,6 +25,7 @@ pub fn fake_images(inventory: &Path, images: &Path) {
                     size,
                     sha256,
                     compression: None,
+                    uki: None,
                 },
             );
         }

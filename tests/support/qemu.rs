@@ -123,6 +123,7 @@ pub fn images(work: &Path, vmlinuz: &Path, initramfs: &Path, schematic: &str) ->
                 size,
                 sha256,
                 compression: None,
+                uki: None,
             },
         );
     }
