@@ -193,3 +193,57 @@ proptest! {
         prop_assert!(!same_fingerprint(&s, &s));
     }
 }
+
+/// What `serve` hands the gate: per secure-boot node, the `.pcrpkey` fingerprint the catalog
+/// recorded for its set's signed UKI; nothing for a node whose set has no such UKI (refused:
+/// fails closed) and nothing for nodes without `secureBoot`.
+#[test]
+fn the_expected_key_is_the_catalogs_recorded_pcrpkey() {
+    use crate::artifacts::{Catalog, Entry, FileRecord, Kind, SetId, UkiRecord, uki::UkiFacts};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+    let mut inv = crate::inventory::load_with_env(&path, &std::collections::BTreeMap::new())
+        .unwrap()
+        .inventory;
+    let first = inv.nodes[0].name.value.clone();
+    inv.nodes[0].secure_boot = Some(crate::inventory::Spanned::new(
+        true,
+        inv.nodes[0].name.loc.clone(),
+    ));
+    let id = SetId::new(
+        &inv.cluster.talos_version.value,
+        inv.cluster.installer.schematic_id(),
+        inv.arch_of(&inv.nodes[0]),
+    );
+    let mut catalog = Catalog::default();
+    assert!(expected_pcr_fingerprints(&inv, &catalog).is_empty());
+    let key = fp(b"the boot set's pcr key");
+    let uki = |pcr: Option<String>| FileRecord {
+        size: 1,
+        sha256: "00".repeat(32),
+        compression: None,
+        uki: Some(UkiRecord {
+            facts: UkiFacts {
+                arch: "amd64".into(),
+                sections: vec![".linux".into(), ".pcrpkey".into()],
+                signer: None,
+                pcr_key_fingerprint: pcr,
+                version: None,
+            },
+            source: "test".into(),
+            at: 0,
+            origin: Default::default(),
+        }),
+    };
+    let entry = |pcr: Option<String>| Entry {
+        id: id.clone(),
+        source: "test".into(),
+        pulled_at: 0,
+        files: [(Kind::SecureBootUki, uki(pcr))].into_iter().collect(),
+        origin: Default::default(),
+    };
+    catalog.upsert(entry(None));
+    assert!(expected_pcr_fingerprints(&inv, &catalog).is_empty());
+    catalog.upsert(entry(Some(key.clone())));
+    let keys = expected_pcr_fingerprints(&inv, &catalog);
+    assert_eq!(keys.into_iter().collect::<Vec<_>>(), vec![(first, key)]);
+}
