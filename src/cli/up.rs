@@ -271,12 +271,18 @@ async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpErr
         Some(d) => d.display().to_string(),
         None => factory_url.clone(),
     };
-    if !say.line(Step::Images, &images_step(dir, &present, &missing, &source)) {
+    let missing_ids: Vec<_> = missing.iter().map(|m| m.id.clone()).collect();
+    if !say.line(
+        Step::Images,
+        &images_step(dir, &present, &missing_ids, &source),
+    ) {
         return Ok(());
     }
     let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
     if let Some(from) = &args.images_from {
-        for id in missing {
+        // An import folder holds the PXE files of a set (`images import --iso` is the way to a
+        // Secure Boot UKI without the factory).
+        for id in missing_ids {
             let entry = import_set(dir, from, &id, now)?;
             let bytes: u64 = entry.files.values().map(|f| f.size).sum();
             say.done(
@@ -289,14 +295,16 @@ async fn images(args: &Args, inv: &Inventory, say: &mut Say) -> Result<(), UpErr
     }
     let client = factory::client().map_err(UpError::Images)?;
     let progress = std::io::stderr().is_terminal() && !args.quiet;
-    for id in missing {
+    for need in missing {
+        let id = need.id;
         let req = factory::PullRequest {
             base_url: factory_url.clone(),
             id: id.clone(),
             dir: dir.clone(),
             progress,
         };
-        let entry = factory::pull(&client, &req, now)
+        let boots: Vec<_> = need.boots.into_iter().collect();
+        let entry = factory::pull_boots(&client, &req, &boots, now)
             .await
             .map_err(UpError::Images)?;
         let bytes: u64 = entry.files.values().map(|f| f.size).sum();

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::artifacts::{self, ArtifactError, Catalog, SetId, factory};
+use crate::artifacts::{self, ArtifactError, Catalog, factory};
 use crate::inventory::{Inventory, Version};
 use crate::store::RolloutWriter;
 
@@ -68,24 +68,24 @@ pub(crate) fn progress_line(version: &Version, p: &Progress) -> String {
     }
 }
 
-/// Every boot set of `version` the inventory's nodes need: verified, or pulled from the
-/// inventory's Image Factory and then verified; each pull is announced through `say`.
+/// Every boot set of `version` the inventory's nodes need, holding what they boot (the PXE
+/// files, or for `secureBoot` nodes the signed UKI: [`artifacts::requirements`]): verified,
+/// or pulled from the inventory's Image Factory and then verified; each pull is announced
+/// through `say`.
 pub(crate) async fn ensure_boot_sets(
     inv: &Inventory,
     version: &Version,
     dir: &std::path::Path,
     say: impl Fn(String),
 ) -> Result<(), ArtifactError> {
-    let schematic = inv.cluster.installer.schematic_id();
-    let mut arches: Vec<_> = inv.nodes.iter().map(|n| inv.arch_of(n)).collect();
-    arches.sort();
-    arches.dedup();
+    let mut at_version = inv.clone();
+    at_version.cluster.talos_version.value = version.clone();
     let mut catalog = Catalog::load(dir)?;
-    for arch in arches {
-        let id = SetId::new(version, schematic, arch);
-        match artifacts::verify(dir, &catalog, &id) {
+    for need in artifacts::requirements(&at_version) {
+        let (id, boots) = (need.id, need.boots);
+        match artifacts::verify_for(dir, &catalog, &id, boots.iter().copied()) {
             Ok(()) => continue,
-            Err(ArtifactError::Missing { .. }) => {}
+            Err(ArtifactError::Missing { .. } | ArtifactError::Incomplete { .. }) => {}
             Err(e) => return Err(e),
         }
         say(format!(
@@ -102,10 +102,11 @@ pub(crate) async fn ensure_boot_sets(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        // `pull` records the set in the catalog file itself.
-        factory::pull(&factory::client()?, &req, now).await?;
+        let boots: Vec<artifacts::Boot> = boots.into_iter().collect();
+        // The pull records the set in the catalog file itself.
+        factory::pull_boots(&factory::client()?, &req, &boots, now).await?;
         catalog = Catalog::load(dir)?;
-        artifacts::verify(dir, &catalog, &id)?;
+        artifacts::verify_for(dir, &catalog, &id, boots)?;
     }
     Ok(())
 }

@@ -93,19 +93,22 @@ pub(crate) fn recipient_list(recipients: &[String]) -> String {
     }
 }
 
-/// The boot sets the inventory needs, split into those the cache in `dir` holds intact
-/// (catalogued, sizes and digests verified) and those it lacks: the facts of [`images_step`].
+/// The boot sets the inventory needs, split into those the cache in `dir` holds intact with
+/// what their nodes boot (the PXE files, or a `secureBoot` node's signed UKI; catalogued,
+/// sizes and digests verified) and those it lacks: the facts of [`images_step`].
 pub(crate) fn cached_sets(
     dir: &Path,
     inv: &Inventory,
-) -> Result<(Vec<SetId>, Vec<SetId>), ArtifactError> {
+) -> Result<(Vec<SetId>, Vec<artifacts::Requirement>), ArtifactError> {
     let catalog = Catalog::load(dir)?;
     let (mut present, mut missing) = (Vec::new(), Vec::new());
-    for id in artifacts::required_sets(inv) {
-        if catalog.find(&id).is_some() && artifacts::verify(dir, &catalog, &id).is_ok() {
-            present.push(id);
+    for need in artifacts::requirements(inv) {
+        let intact = catalog.find(&need.id).is_some()
+            && artifacts::verify_for(dir, &catalog, &need.id, need.boots.iter().copied()).is_ok();
+        if intact {
+            present.push(need.id);
         } else {
-            missing.push(id);
+            missing.push(need);
         }
     }
     Ok((present, missing))
@@ -317,6 +320,34 @@ pub(crate) async fn wait_for_hand_off(
 mod tests {
     use super::*;
     use crate::inventory;
+
+    /// A `secureBoot` node's set counts as missing until the cache holds its signed UKI, and
+    /// what is missing says so, so `up` pulls the UKI and not only the PXE files.
+    #[test]
+    fn a_secure_boot_nodes_set_needs_its_signed_uki() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/lab.yaml");
+        let mut inv = inventory::load_with_env(&path, &std::collections::BTreeMap::new())
+            .unwrap()
+            .inventory;
+        let dir = tempfile::tempdir().unwrap();
+        let (_, missing) = cached_sets(dir.path(), &inv).unwrap();
+        assert!(
+            missing
+                .iter()
+                .all(|m| !m.boots.contains(&artifacts::Boot::SecureBootUki))
+        );
+        for n in &mut inv.nodes {
+            n.secure_boot = Some(inventory::Spanned::new(true, n.name.loc.clone()));
+        }
+        let (present, missing) = cached_sets(dir.path(), &inv).unwrap();
+        assert!(present.is_empty());
+        assert!(
+            missing
+                .iter()
+                .any(|m| m.boots.contains(&artifacts::Boot::SecureBootUki)),
+            "{missing:?}"
+        );
+    }
 
     #[test]
     fn each_step_skips_exactly_when_its_facts_say_done() {
