@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::artifacts::Catalog;
+use crate::artifacts::{Catalog, Kind};
 use crate::dhcp::server::DhcpServer;
 use crate::events::{Clock, EventBus, SystemClock};
 use crate::firststage::{self, FirstStage, Transport};
@@ -361,6 +361,8 @@ impl Bound {
             w.progress,
         );
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
+        let ukis = crate::dhcp::uki_sets(&s.inv, &plan.catalog);
+        let boot_media = uki_media(&ukis, &plan.images_dir);
         let app = http_app(
             &s,
             plan.catalog,
@@ -386,6 +388,8 @@ impl Bound {
             ra: self.ra,
             advertise: plan.advertise,
             http_port,
+            ukis,
+            boot_media,
         };
         spawn_boot_servers(&mut tasks, &s, boot)?;
         let workers = Workers {
@@ -515,6 +519,25 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         .install_recorder()
         .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
         .ok()
+}
+
+/// The boot sets' UKIs by their TFTP name (the path they have over HTTP), to their files in
+/// the artifact cache at `images_dir`.
+fn uki_media(
+    ukis: &std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+    images_dir: &std::path::Path,
+) -> crate::tftp::BootMedia {
+    let mut media = crate::tftp::BootMedia::new();
+    for set in ukis.values() {
+        for (kind, has) in [(Kind::Uki, set.plain), (Kind::SecureBootUki, set.signed)] {
+            if has {
+                let name = set.path(kind);
+                let file = name.strip_prefix("assets/").unwrap_or(&name);
+                media.insert(name.clone(), images_dir.join(file));
+            }
+        }
+    }
+    media
 }
 
 /// The provisioning listener's state.

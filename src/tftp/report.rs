@@ -164,6 +164,18 @@ pub(super) fn report(shared: &Shared, event: TransferEvent) {
 /// client's ERROR 8 and every client abort is the client's own choice, so neither is a failure.
 pub(crate) fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
     match &event.outcome {
+        // A boot set's UKI (see `BootMedia`) is the whole Talos boot, as the kernel is over HTTP.
+        TransferOutcome::Completed
+            if event.file.starts_with("assets/") && event.file.ends_with("uki.efi") =>
+        {
+            Some((
+                EventKind::Uki,
+                format!(
+                    "{} ({} bytes) to {} over TFTP",
+                    event.file, event.bytes, event.peer
+                ),
+            ))
+        }
         TransferOutcome::Completed => Some((
             EventKind::TftpFile,
             format!("{} ({} bytes) to {}", event.file, event.bytes, event.peer),
