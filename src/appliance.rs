@@ -361,8 +361,7 @@ impl Bound {
             w.progress,
         );
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
-        let ukis = crate::dhcp::uki_sets(&s.inv, &plan.catalog);
-        let boot_media = uki_media(&ukis, &plan.images_dir);
+        let ukis = uki_media(&s.inv, &plan.catalog, &plan.images_dir);
         let app = http_app(
             &s,
             plan.catalog,
@@ -389,7 +388,6 @@ impl Bound {
             advertise: plan.advertise,
             http_port,
             ukis,
-            boot_media,
         };
         spawn_boot_servers(&mut tasks, &s, boot)?;
         let workers = Workers {
@@ -521,12 +519,17 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         .ok()
 }
 
-/// The boot sets' UKIs by their TFTP name (the path they have over HTTP), to their files in
-/// the artifact cache at `images_dir`.
+/// The boot sets' UKIs (for DHCP), and the same by their TFTP name (the path they have over
+/// HTTP) to their files in the artifact cache at `images_dir`.
 fn uki_media(
-    ukis: &std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+    inv: &Inventory,
+    catalog: &Catalog,
     images_dir: &std::path::Path,
-) -> crate::tftp::BootMedia {
+) -> (
+    std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+    crate::tftp::BootMedia,
+) {
+    let ukis = crate::dhcp::uki_sets(inv, catalog);
     let mut media = crate::tftp::BootMedia::new();
     for set in ukis.values() {
         for (kind, has) in [(Kind::Uki, set.plain), (Kind::SecureBootUki, set.signed)] {
@@ -537,7 +540,7 @@ fn uki_media(
             }
         }
     }
-    media
+    (ukis, media)
 }
 
 /// The provisioning listener's state.

@@ -47,10 +47,12 @@ pub(super) struct BootServers<'a> {
     pub(super) advertise: Ipv4Addr,
     /// The provisioning HTTP port DHCP's boot targets name.
     pub(super) http_port: u16,
-    /// The boot sets' UKIs, which DHCP offers to UEFI clients that may boot them.
-    pub(super) ukis: std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
-    /// Those UKIs by TFTP name, for PXE clients in Secure Boot.
-    pub(super) boot_media: crate::tftp::BootMedia,
+    /// The boot sets' UKIs, which DHCP offers to UEFI clients that may boot them, and the
+    /// same by TFTP name, for PXE clients in Secure Boot.
+    pub(super) ukis: (
+        std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+        crate::tftp::BootMedia,
+    ),
 }
 
 /// Spawns the network-boot servers that are planned (and says that DHCP is not, when not).
@@ -60,7 +62,7 @@ pub(super) fn spawn_boot_servers(
     boot: BootServers<'_>,
 ) -> Result<(), ApplianceError> {
     if let (Some(socket), Some((_, config))) = (boot.tftp, boot.tftp_plan) {
-        let files = (boot.ipxe, boot.boot_media);
+        let files = (boot.ipxe, boot.ukis.1);
         spawn_tftp(tasks, s, socket, config, files, boot.ipxe_dir)?;
     }
     spawn_dhcp(
@@ -73,7 +75,7 @@ pub(super) fn spawn_boot_servers(
         },
         boot.advertise,
         boot.http_port,
-        boot.ukis,
+        boot.ukis.0,
     );
     if let Some(ra) = boot.ra {
         spawn_ra(tasks, s, ra);

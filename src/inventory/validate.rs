@@ -49,17 +49,14 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
     }
     let all_nodes_read = parts.nodes_written == nodes.len();
 
+    let delivery = parts.boot.as_ref().map_or(Delivery::Push, |b| b.delivery);
     for (i, n) in nodes.iter().enumerate() {
+        secure_boot_rules(i, n, delivery, d);
         if let Some(role) = roles.get(n.role.as_str())
             && role.machine_type == MachineType::Worker
         {
             restricted_labels(i, n, role, d);
         }
-    }
-
-    let delivery = parts.boot.as_ref().map_or(Delivery::Push, |b| b.delivery);
-    for (i, n) in nodes.iter().enumerate() {
-        secure_boot_rules(i, n, delivery, d);
     }
 
     unique_names(nodes, d);
