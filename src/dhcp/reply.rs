@@ -44,10 +44,27 @@ impl Reply {
                 .msg_type()
                 .unwrap_or(MessageType::Unknown(0)),
             yiaddr: self.message.yiaddr(),
-            boot_file: String::from_utf8_lossy(self.message.fname().unwrap_or_default())
-                .trim_end_matches('\0')
-                .to_string(),
+            boot_file: self.boot_file(),
             boot_refused: self.boot_refused.clone(),
+        }
+    }
+}
+
+impl Reply {
+    /// The `file` field, or option 67 when the name is too long for the field (a UKI URL).
+    fn boot_file(&self) -> String {
+        let field = String::from_utf8_lossy(self.message.fname().unwrap_or_default())
+            .trim_end_matches('\0')
+            .to_string();
+        match self
+            .message
+            .opts()
+            .get(dhcproto::v4::OptionCode::BootfileName)
+        {
+            Some(dhcproto::v4::DhcpOption::BootfileName(v)) if field.is_empty() => {
+                String::from_utf8_lossy(v).into_owned()
+            }
+            _ => field,
         }
     }
 }
