@@ -19,8 +19,14 @@
 //!   Boot to a node without `secureBoot`, which boots with SecureBoot=0.
 //!
 //! OVMF creates PXEv4, PXEv6, HTTPv4 and HTTPv6 boot options per NIC in that order; the HTTP
-//! Boot cases switch PXE off through fw_cfg (`opt/org.tianocore/IPv4PXESupport`, read by
-//! OvmfPkg/Library/PlatformBootManagerLib at edk2-stable202211) so HTTPv4 is tried first.
+//! Boot cases switch PXE off through fw_cfg (`opt/org.tianocore/IPv4PXESupport` and
+//! `IPv6PXESupport`, which tianocore/edk2 `OvmfPkg/Library/PxeBcPcdProducerLib/PxeBcPcd.c` at
+//! edk2-stable202211 turns into `PcdIPv4PXESupport`/`PcdIPv6PXESupport`, checked by
+//! `NetworkPkg/UefiPxeBcDxe/PxeBcDriver.c`) so HTTPv4 is tried first. Secure Boot applies to a
+//! network boot because `SecurityPkg/Library/DxeImageVerificationLib` classes an image whose
+//! device path has a MAC node as `IMAGE_FROM_REMOVABLE_MEDIA`, whose policy (0x04,
+//! `SecurityPkg.dec`) is DENY_EXECUTE_ON_SECURITY_VIOLATION: `LoadImage` returns
+//! EFI_ACCESS_DENIED, the "Access Denied" of BdsDxe's line, for PXE and HTTP Boot alike.
 //!
 //! Needs root (namespaces, tap), qemu-system-x86, ovmf, ipxe, systemd-boot-efi (the stub),
 //! sbsigntool, binutils (objcopy, objdump), openssl, busybox-static, cpio and the Debian

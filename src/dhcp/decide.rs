@@ -475,9 +475,19 @@ impl Decider<'_> {
     }
 
     /// A `secureBoot: true` node's firmware asked for a boot file: its boot set's signed UKI
-    /// (UEFI HTTP Boot: as a `.efi` URL; UEFI PXE: over TFTP, which OVMF's PXE loads through
-    /// the same Secure Boot image verification), or a refusal. Never iPXE: it is not signed,
-    /// and the firmware would refuse it silently.
+    /// (UEFI HTTP Boot: as a `.efi` URL; UEFI PXE: over TFTP), or a refusal. Never iPXE: it is
+    /// not signed, and the firmware would refuse it silently.
+    ///
+    /// What the firmware does with it (tianocore/edk2 at edk2-stable202211, Debian 12's OVMF):
+    /// an HTTP Boot offer counts only with option 60 `HTTPClient` and a boot URI, read from
+    /// option 67 before the `file` field (`NetworkPkg/HttpBootDxe/HttpBootDhcp4.c`,
+    /// `HttpBootParseDhcp4Packet`; the echo is added for every `UefiHttp` client in
+    /// `ClientInfo::echo_vendor_class`); a UKI URL is longer than the 127 bytes of `file`, so
+    /// option 67 carries it alone. An image loaded from a network device path (a MAC node)
+    /// is verified as `IMAGE_FROM_REMOVABLE_MEDIA`, deny on violation
+    /// (`SecurityPkg/Library/DxeImageVerificationLib/DxeImageVerificationLib.c`,
+    /// `GetImageType`), for PXE and HTTP Boot alike: the signed UKI over TFTP boots, an
+    /// unsigned one does not (tests/secureboot_qemu.rs).
     fn secure_boot_file(&self, h: &Host, arch: Option<Arch>) -> BootFile {
         let c = &self.client;
         let name = &h.name;

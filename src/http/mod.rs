@@ -472,8 +472,12 @@ async fn asset(
         sha256: rec.sha256.clone(),
         content_type: match kind {
             Kind::Cmdline => "text/plain; charset=utf-8",
-            // EDK2's HttpBootDxe takes the image type from this header when the URL does not
-            // end in `.efi` (`HttpBootCheckImageType`).
+            // EDK2's HttpBootDxe takes the image type from this header or from the URL's
+            // `.efi` (`HttpBootCheckImageType`, NetworkPkg/HttpBootDxe/HttpBootSupport.c at
+            // edk2-stable202211); both are given. It asks HEAD first for the size
+            // (`HttpBootLoadFile` in HttpBootImpl.c, `HttpBootGetBootFile` with
+            // HeaderOnly in HttpBootClient.c), which `assets::respond` answers with
+            // Content-Length.
             Kind::Uki | Kind::SecureBootUki => "application/efi",
             _ => "application/octet-stream",
         },
