@@ -220,6 +220,22 @@ mod tests {
     }
 
     #[test]
+    fn a_boot_sets_uki_sent_is_a_uki_event_and_other_files_are_tftp_files() {
+        let mut uki = event(TransferOutcome::Completed);
+        uki.file = "assets/v1.13.9/s/amd64/secureboot-uki.efi".into();
+        assert_eq!(
+            node_event(&uki),
+            Some((
+                EventKind::Uki,
+                "assets/v1.13.9/s/amd64/secureboot-uki.efi (1024 bytes) to 10.0.0.7:2070 over TFTP"
+                    .into()
+            ))
+        );
+        uki.file = "uki.efi".into();
+        assert_eq!(node_event(&uki).unwrap().0, EventKind::TftpFile);
+    }
+
+    #[test]
     fn completed_and_failed_transfers_become_node_events_and_probes_do_not() {
         assert_eq!(
             node_event(&event(TransferOutcome::Completed)),
