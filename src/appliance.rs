@@ -361,11 +361,10 @@ impl Bound {
             w.progress,
         );
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
-        let ukis = uki_media(&s.inv, &plan.catalog, &plan.images_dir);
         let app = http_app(
             &s,
-            plan.catalog,
-            plan.images_dir,
+            plan.catalog.clone(),
+            plan.images_dir.clone(),
             plan.configs,
             base_url.clone(),
             w.tokens,
@@ -387,7 +386,7 @@ impl Bound {
             ra: self.ra,
             advertise: plan.advertise,
             http_port,
-            ukis,
+            ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),
         };
         spawn_boot_servers(&mut tasks, &s, boot)?;
         let workers = Workers {
