@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::artifacts::Catalog;
+use crate::artifacts::{Catalog, Kind};
 use crate::dhcp::server::DhcpServer;
 use crate::events::{Clock, EventBus, SystemClock};
 use crate::firststage::{self, FirstStage, Transport};
@@ -363,8 +363,8 @@ impl Bound {
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
         let app = http_app(
             &s,
-            plan.catalog,
-            plan.images_dir,
+            plan.catalog.clone(),
+            plan.images_dir.clone(),
             plan.configs,
             base_url.clone(),
             w.tokens,
@@ -386,6 +386,7 @@ impl Bound {
             ra: self.ra,
             advertise: plan.advertise,
             http_port,
+            ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),
         };
         spawn_boot_servers(&mut tasks, &s, boot)?;
         let workers = Workers {
@@ -515,6 +516,30 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         .install_recorder()
         .map_err(|e| tracing::debug!(error = %e, "metrics recorder not installed"))
         .ok()
+}
+
+/// The boot sets' UKIs (for DHCP), and the same by their TFTP name (the path they have over
+/// HTTP) to their files in the artifact cache at `images_dir`.
+fn uki_media(
+    inv: &Inventory,
+    catalog: &Catalog,
+    images_dir: &std::path::Path,
+) -> (
+    std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+    crate::tftp::BootMedia,
+) {
+    let ukis = crate::dhcp::uki_sets(inv, catalog);
+    let mut media = crate::tftp::BootMedia::new();
+    for set in ukis.values() {
+        for (kind, has) in [(Kind::Uki, set.plain), (Kind::SecureBootUki, set.signed)] {
+            if has {
+                let name = set.path(kind);
+                let file = name.strip_prefix("assets/").unwrap_or(&name);
+                media.insert(name.clone(), images_dir.join(file));
+            }
+        }
+    }
+    (ukis, media)
 }
 
 /// The provisioning listener's state.

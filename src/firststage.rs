@@ -79,8 +79,9 @@ fn for_hint(firmware: Option<Firmware>, arch: Arch, out: &mut BTreeSet<&'static 
 pub fn needed(inv: &Inventory, transport: Transport) -> BTreeSet<&'static str> {
     let mut out = BTreeSet::new();
     match transport {
+        // A Secure Boot node is never offered iPXE (it is unsigned): it needs none.
         Transport::TftpAndHttp => {
-            for n in &inv.nodes {
+            for n in inv.nodes.iter().filter(|n| !n.secure_boot()) {
                 for_hint(n.firmware, inv.arch_of(n), &mut out);
             }
             if inv.boot.unknown_machines == UnknownPolicy::Discover {
@@ -89,7 +90,7 @@ pub fn needed(inv: &Inventory, transport: Transport) -> BTreeSet<&'static str> {
         }
         Transport::HttpOnly => {
             for n in &inv.nodes {
-                if n.firmware == Some(Firmware::Http) {
+                if n.firmware == Some(Firmware::Http) && !n.secure_boot() {
                     out.insert(efi_for(inv.arch_of(n)));
                 }
             }
@@ -278,6 +279,16 @@ mod tests {
             n.arch = None;
         }
         assert_eq!(needed(&inv, Transport::TftpAndHttp), BTreeSet::from([BIOS]));
+        // Secure Boot nodes are offered their signed UKI, never iPXE.
+        for n in &mut inv.nodes {
+            n.secure_boot = Some(crate::inventory::Spanned {
+                value: true,
+                loc: n.name.loc.clone(),
+            });
+            n.firmware = Some(Firmware::Http);
+        }
+        assert!(needed(&inv, Transport::TftpAndHttp).is_empty());
+        assert!(needed(&inv, Transport::HttpOnly).is_empty());
     }
 
     #[test]

@@ -344,3 +344,50 @@ fn check_renders_and_validates_the_v1_14_contract_for_a_v1_14_cluster() {
         "{stderr}"
     );
 }
+
+/// A `secureBoot: true` node whose boot set has no signed UKI in the cache is named at its
+/// `secureBoot` line, with the fix: its DHCP answer would carry no boot file.
+#[test]
+fn check_notes_a_secure_boot_node_without_a_signed_uki_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    std::fs::create_dir(dir.path().join("patches")).unwrap();
+    for e in std::fs::read_dir(root.join("patches")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join("patches").join(e.file_name())).unwrap();
+    }
+    let lab = std::fs::read_to_string(root.join("lab.yaml")).unwrap();
+    let marked = lab.replacen(
+        "    firmware: uefi\n",
+        "    firmware: uefi\n    secureBoot: true\n",
+        1,
+    );
+    let line = marked
+        .lines()
+        .position(|l| l.trim() == "secureBoot: true")
+        .unwrap()
+        + 1;
+    let file = dir.path().join("lab.yaml");
+    std::fs::write(&file, marked).unwrap();
+    let images = dir.path().join("images");
+    let out = talboot(&[
+        "check",
+        "-c",
+        file.to_str().unwrap(),
+        "--images",
+        images.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let want = format!(
+        "note: {}:{line}: secureBoot: k8s-ctrl-01 boots with Secure Boot but the amd64 boot set",
+        file.display()
+    );
+    assert!(stderr.contains(&want), "{stderr}");
+    assert!(stderr.contains("talboot images pull"), "{stderr}");
+    assert_eq!(
+        stderr.matches("secureBoot: k8s-ctrl").count(),
+        1,
+        "{stderr}"
+    );
+}

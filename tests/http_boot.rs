@@ -97,6 +97,8 @@ async fn start_edited(
                 Kind::Cmdline,
                 b"talos.platform=metal console=tty0 slab_nomerge pti=on".to_vec(),
             ),
+            (Kind::Uki, b"MZ plain UKI".to_vec()),
+            (Kind::SecureBootUki, b"MZ signed UKI".to_vec()),
         ] {
             let p = images.join(id.rel_dir()).join(kind.file_name());
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -181,6 +183,31 @@ async fn start_edited(
         shutdown,
         kernel,
         schematic,
+    }
+}
+
+/// The UKIs are what EDK2's HTTP Boot fetches (NetworkPkg/HttpBootDxe at edk2-stable202211):
+/// HEAD first for the size (`HttpBootGetBootFile` with HeaderOnly), then GET; the image type
+/// from `Content-Type: application/efi` or the `.efi` of the URL (`HttpBootCheckImageType`).
+/// Boot media, not secrets: any address may fetch them, as the kernel.
+#[tokio::test]
+async fn ukis_answer_head_with_their_length_and_application_efi() {
+    let env = start(Delivery::Push).await;
+    let c = reqwest::Client::new();
+    for (file, body) in [
+        ("uki.efi", &b"MZ plain UKI"[..]),
+        ("secureboot-uki.efi", b"MZ signed UKI"),
+    ] {
+        let url = format!("{}/assets/v1.13.9/{}/amd64/{file}", env.base, env.schematic);
+        assert!(url.ends_with(".efi"));
+        let head = c.head(&url).send().await.unwrap();
+        assert_eq!(head.status(), 200, "{url}");
+        assert_eq!(head.headers()["content-type"], "application/efi");
+        assert_eq!(head.headers()["content-length"], body.len().to_string());
+        let get = c.get(&url).send().await.unwrap();
+        assert_eq!(get.status(), 200);
+        assert_eq!(get.headers()["content-type"], "application/efi");
+        assert_eq!(get.bytes().await.unwrap().as_ref(), body);
     }
 }
 

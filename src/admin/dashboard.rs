@@ -261,7 +261,7 @@ fn milestone_of(kind: &str, detail: &str) -> Option<usize> {
     match kind {
         "dhcp.ack" | "dhcp.proxy" => Some(0),
         "tftp.file" | "http.script" => Some(1),
-        "http.kernel" | "http.initramfs" => Some(2),
+        "http.kernel" | "http.initramfs" | "boot.uki" => Some(2),
         "config.released" => Some(4),
         "node.phase" => match phase_target(detail)? {
             "maintenance" | "configuring" => Some(3),

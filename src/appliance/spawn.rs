@@ -47,6 +47,12 @@ pub(super) struct BootServers<'a> {
     pub(super) advertise: Ipv4Addr,
     /// The provisioning HTTP port DHCP's boot targets name.
     pub(super) http_port: u16,
+    /// The boot sets' UKIs, which DHCP offers to UEFI clients that may boot them, and the
+    /// same by TFTP name, for PXE clients in Secure Boot.
+    pub(super) ukis: (
+        std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
+        crate::tftp::BootMedia,
+    ),
 }
 
 /// Spawns the network-boot servers that are planned (and says that DHCP is not, when not).
@@ -56,7 +62,8 @@ pub(super) fn spawn_boot_servers(
     boot: BootServers<'_>,
 ) -> Result<(), ApplianceError> {
     if let (Some(socket), Some((_, config))) = (boot.tftp, boot.tftp_plan) {
-        spawn_tftp(tasks, s, socket, config, boot.ipxe, boot.ipxe_dir)?;
+        let files = (boot.ipxe, boot.ukis.1);
+        spawn_tftp(tasks, s, socket, config, files, boot.ipxe_dir)?;
     }
     spawn_dhcp(
         tasks,
@@ -68,6 +75,7 @@ pub(super) fn spawn_boot_servers(
         },
         boot.advertise,
         boot.http_port,
+        boot.ukis.0,
     );
     if let Some(ra) = boot.ra {
         spawn_ra(tasks, s, ra);
@@ -163,7 +171,7 @@ fn spawn_tftp(
     s: &Shared,
     socket: tokio::net::UdpSocket,
     config: TftpConfig,
-    ipxe: Arc<FirstStage>,
+    (ipxe, media): (Arc<FirstStage>, crate::tftp::BootMedia),
     ipxe_dir: &std::path::Path,
 ) -> Result<(), ApplianceError> {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -173,6 +181,7 @@ fn spawn_tftp(
             addr: format!("tftp {}", ipxe_dir.display()),
             cause: e.into(),
         })?
+        .with_boot_media(media)
         .with_events(tx);
     let c = s.cancel.clone();
     tasks.spawn(async move { server.serve(socket, c).await.map_err(ServerFailure::Tftp) });
@@ -193,6 +202,7 @@ fn spawn_dhcp(
     writers: crate::dhcp::server::DhcpWriters,
     advertise: Ipv4Addr,
     http_port: u16,
+    ukis: std::collections::BTreeMap<crate::inventory::Arch, crate::dhcp::UkiSet>,
 ) {
     let Some(server) = dhcp else {
         tracing::info!(
@@ -200,11 +210,12 @@ fn spawn_dhcp(
         );
         return;
     };
-    let ctx = DecideCtx::from_inventory(
+    let mut ctx = DecideCtx::from_inventory(
         &s.inv,
         advertise,
         BootTargets::standard(advertise, http_port),
     );
+    ctx.ukis = ukis;
     let (store, events, c, view) = (
         s.store.clone(),
         s.events.clone(),

@@ -190,6 +190,9 @@ fn readiness_notes(inv: &Inventory, args: &Args) {
             eprintln!("note: boot artifacts not ready: {p}");
         }
     }
+    if let Ok(c) = &catalog {
+        secure_boot_notes(inv, c);
+    }
     let needed = crate::firststage::needed(inv, crate::firststage::Transport::TftpAndHttp);
     let missing = crate::tftp::missing_ipxe_binaries(&args.ipxe_dir, needed);
     if !missing.is_empty() {
@@ -197,6 +200,30 @@ fn readiness_notes(inv: &Inventory, args: &Args) {
             "note: iPXE binaries missing from {}: {} (install Debian's `ipxe` package or pass --ipxe-dir)",
             args.ipxe_dir.display(),
             missing.join(", ")
+        );
+    }
+}
+
+/// A `secureBoot: true` node whose architecture's boot set has no signed UKI in the cache: its
+/// DHCP answer would carry no boot file (`boot.refused`), so say so now, where it was set.
+fn secure_boot_notes(inv: &Inventory, catalog: &crate::artifacts::Catalog) {
+    let ukis = crate::dhcp::uki_sets(inv, catalog);
+    for n in inv.nodes.iter().filter(|n| n.secure_boot()) {
+        let arch = inv.arch_of(n);
+        if ukis.get(&arch).is_some_and(|u| u.signed) {
+            continue;
+        }
+        let at = n
+            .secure_boot
+            .as_ref()
+            .map(|s| format!("{}:{}: ", s.loc.file.display(), s.loc.line))
+            .unwrap_or_default();
+        eprintln!(
+            "note: {at}secureBoot: {} boots with Secure Boot but the {arch} boot set of Talos {} \
+             has no Secure Boot UKI in the cache, so it would get no boot file; pull the signed \
+             UKI (`talboot images pull`) or import the Secure Boot ISO",
+            n.name.as_str(),
+            inv.cluster.talos_version.value
         );
     }
 }

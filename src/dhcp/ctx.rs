@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use crate::inventory::{Arch, Firmware, Inventory, Ipv4Net, Mac, NetworkMode, Pool, UnknownPolicy};
+use crate::artifacts::{Catalog, Kind, SetId};
+use crate::inventory::{
+    Arch, Firmware, HttpBoot, Inventory, Ipv4Net, Mac, NetworkMode, Pool, UnknownPolicy,
+};
 
 use super::leases::{DEFAULT_OFFER_HOLD, DEFAULT_QUARANTINE, LeaseBookConfig};
 
@@ -46,6 +49,50 @@ pub struct Host {
     pub arch: Option<Arch>,
     /// Firmware hint, overriding DHCP classification.
     pub firmware: Option<Firmware>,
+    /// `secureBoot: true`: only its boot set's signed UKI may be offered, never iPXE.
+    pub secure_boot: bool,
+}
+
+/// The UKIs one architecture's boot set has in the artifact cache, and where they are: the
+/// same `assets/<talos>/<schematic>/<arch>/` path over HTTP (`<http_base>/assets/...`) and
+/// TFTP (the name relative to the TFTP root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UkiSet {
+    /// `assets/<talos>/<schematic>/<arch>`, no trailing slash.
+    pub(crate) dir: String,
+    /// The plain UKI (`uki.efi`) is in the catalog.
+    pub(crate) plain: bool,
+    /// The Secure Boot signed UKI (`secureboot-uki.efi`) is in the catalog.
+    pub(crate) signed: bool,
+}
+
+impl UkiSet {
+    /// The path of `kind` in this set, relative to a server's root.
+    pub(crate) fn path(&self, kind: Kind) -> String {
+        format!("{}/{}", self.dir, kind.file_name())
+    }
+}
+
+/// The UKIs of the inventory's boot sets (its Talos version and schematic, per architecture)
+/// that `catalog` holds.
+pub fn uki_sets(inv: &Inventory, catalog: &Catalog) -> BTreeMap<Arch, UkiSet> {
+    [Arch::Amd64, Arch::Arm64]
+        .into_iter()
+        .filter_map(|arch| {
+            let id = SetId::new(
+                &inv.cluster.talos_version.value,
+                inv.cluster.installer.schematic_id(),
+                arch,
+            );
+            let entry = catalog.find(&id)?;
+            let set = UkiSet {
+                dir: format!("assets/{}/{}/{}", id.talos, id.schematic, id.arch),
+                plain: entry.files.contains_key(&Kind::Uki),
+                signed: entry.files.contains_key(&Kind::SecureBootUki),
+            };
+            (set.plain || set.signed).then_some((arch, set))
+        })
+        .collect()
 }
 
 /// Where first-stage boot files are fetched from.
@@ -101,6 +148,10 @@ pub struct DecideCtx {
     pub boot: BootTargets,
     /// Architecture assumed when neither the inventory nor DHCP tells.
     pub default_arch: Arch,
+    /// What a UEFI HTTP Boot client without Secure Boot gets (`boot.httpBoot`).
+    pub http_boot: HttpBoot,
+    /// The boot sets' UKIs by architecture ([`uki_sets`]); empty when the cache has none.
+    pub ukis: BTreeMap<Arch, UkiSet>,
 }
 
 impl DecideCtx {
@@ -143,6 +194,7 @@ impl DecideCtx {
                 gateway: node.gateway.as_ref().map(|g| g.value),
                 arch: node.arch,
                 firmware: node.firmware,
+                secure_boot: node.secure_boot(),
             };
             for mac in &node.macs {
                 hosts.insert(mac.value, host.clone());
@@ -156,7 +208,15 @@ impl DecideCtx {
             unknown: inv.boot.unknown_machines,
             boot,
             default_arch: inv.boot.default_arch,
+            http_boot: inv.boot.http_boot,
+            ukis: BTreeMap::new(),
         }
+    }
+
+    /// The same view with the boot sets' UKIs of `catalog` (see [`uki_sets`]).
+    pub fn with_ukis(mut self, inv: &Inventory, catalog: &Catalog) -> Self {
+        self.ukis = uki_sets(inv, catalog);
+        self
     }
 
     /// Configuration for a [`LeaseBook`](super::leases::LeaseBook) matching this view, with

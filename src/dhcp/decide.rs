@@ -20,7 +20,8 @@ use std::time::{Duration, SystemTime};
 use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
 use tracing::debug;
 
-use crate::inventory::{Arch, NetworkMode, UnknownPolicy};
+use crate::artifacts::Kind;
+use crate::inventory::{Arch, HttpBoot, NetworkMode, UnknownPolicy};
 
 use super::classify::{BootKind, ClientInfo, apply_node_hints, classify};
 use super::ctx::{DecideCtx, Host, Subnet};
@@ -170,6 +171,21 @@ fn secs(d: Duration) -> u32 {
 fn script_url(base: &str, client: &ClientInfo, arch: Arch) -> String {
     let sep = if base.contains('?') { '&' } else { '?' };
     format!("{base}{sep}mac={}&arch={arch}", client.mac)
+}
+
+/// What the boot fields of a reply name.
+enum BootFile {
+    /// Nothing: the client is not network-booting.
+    None,
+    /// A file name (TFTP) or URL.
+    File {
+        /// The name or URL.
+        name: String,
+        /// Fetched over TFTP (siaddr and option 66 set).
+        tftp: bool,
+    },
+    /// Nothing, although the client asked: nothing it may boot exists for it (the reason).
+    Refused(String),
 }
 
 struct Decider<'a> {
@@ -382,8 +398,8 @@ impl Decider<'_> {
         if authoritative {
             self.add_network_options(&mut m);
         }
-        self.add_boot_options(&mut m);
-        self.finish(m, changes)
+        let refused = self.add_boot_options(&mut m);
+        self.finish_refused(m, changes, refused)
     }
 
     /// A ProxyDHCP answer (port 67 in proxy mode) or a PXE boot-server answer (port 4011):
@@ -413,7 +429,8 @@ impl Decider<'_> {
         }
     }
 
-    fn add_boot_options(&self, m: &mut Message) {
+    /// The boot file for this client (see [`BootFile`]).
+    fn boot_file(&self) -> BootFile {
         let c = &self.client;
         let boot = &self.ctx.boot;
         let arch = c.arch.unwrap_or(self.ctx.default_arch);
@@ -421,15 +438,101 @@ impl Decider<'_> {
             Arch::Arm64 => &boot.arm64_file,
             Arch::Amd64 => &boot.uefi_x64_file,
         };
-        let (file, tftp) = match c.boot {
-            BootKind::NotPxe => return,
-            BootKind::Ipxe { .. } => (script_url(&boot.ipxe_script_url, c, arch), false),
-            BootKind::UefiHttp => (
-                format!("{}/{efi_file}", boot.http_base.trim_end_matches('/')),
-                false,
-            ),
-            BootKind::BiosPxe => (boot.bios_file.clone(), true),
-            BootKind::UefiPxe => (efi_file.clone(), true),
+        let http = |path: &str| BootFile::File {
+            name: format!("{}/{path}", boot.http_base.trim_end_matches('/')),
+            tftp: false,
+        };
+        match (c.boot, self.host) {
+            (BootKind::NotPxe, _) => BootFile::None,
+            (BootKind::Ipxe { .. }, _) => BootFile::File {
+                name: script_url(&boot.ipxe_script_url, c, arch),
+                tftp: false,
+            },
+            (BootKind::BiosPxe | BootKind::UefiPxe | BootKind::UefiHttp, Some(h))
+                if h.secure_boot =>
+            {
+                self.secure_boot_file(h, c.arch)
+            }
+            (BootKind::UefiHttp, _) if self.ctx.http_boot == HttpBoot::Uki => {
+                match self.ctx.ukis.get(&arch).filter(|u| u.plain) {
+                    Some(set) => http(&set.path(Kind::Uki)),
+                    None => BootFile::Refused(format!(
+                        "boot.httpBoot is uki but the {arch} boot set has no plain UKI; \
+                         pull it (`talboot images pull`) or set `boot.httpBoot: ipxe`"
+                    )),
+                }
+            }
+            (BootKind::UefiHttp, _) => http(efi_file),
+            (BootKind::BiosPxe, _) => BootFile::File {
+                name: boot.bios_file.clone(),
+                tftp: true,
+            },
+            (BootKind::UefiPxe, _) => BootFile::File {
+                name: efi_file.clone(),
+                tftp: true,
+            },
+        }
+    }
+
+    /// A `secureBoot: true` node's firmware asked for a boot file: its boot set's signed UKI
+    /// (UEFI HTTP Boot: as a `.efi` URL; UEFI PXE: over TFTP), or a refusal. Never iPXE: it is
+    /// not signed, and the firmware would refuse it silently.
+    ///
+    /// What the firmware does with it (tianocore/edk2 at edk2-stable202211, Debian 12's OVMF):
+    /// an HTTP Boot offer counts only with option 60 `HTTPClient` and a boot URI, read from
+    /// option 67 before the `file` field (`NetworkPkg/HttpBootDxe/HttpBootDhcp4.c`,
+    /// `HttpBootParseDhcp4Packet`; the echo is added for every `UefiHttp` client in
+    /// `ClientInfo::echo_vendor_class`); a UKI URL is longer than the 127 bytes of `file`, so
+    /// option 67 carries it alone. An image loaded from a network device path (a MAC node)
+    /// is verified as `IMAGE_FROM_REMOVABLE_MEDIA`, deny on violation
+    /// (`SecurityPkg/Library/DxeImageVerificationLib/DxeImageVerificationLib.c`,
+    /// `GetImageType`), for PXE and HTTP Boot alike: the signed UKI over TFTP boots, an
+    /// unsigned one does not (tests/secureboot_qemu.rs).
+    fn secure_boot_file(&self, h: &Host, arch: Option<Arch>) -> BootFile {
+        let c = &self.client;
+        let name = &h.name;
+        if c.boot == BootKind::BiosPxe {
+            return BootFile::Refused(format!(
+                "{name} is secureBoot: true but booted legacy BIOS PXE (client arch {}): BIOS has \
+                 no Secure Boot; switch the machine to UEFI",
+                c.arch_code.unwrap_or(0)
+            ));
+        }
+        let Some(arch) = arch else {
+            return BootFile::Refused(format!(
+                "{name} is secureBoot: true but its client architecture {} has no Talos Secure \
+                 Boot UKI (only x64 and arm64 UEFI)",
+                c.arch_code.map_or("(none)".into(), |a| a.to_string())
+            ));
+        };
+        let Some(set) = self.ctx.ukis.get(&arch).filter(|u| u.signed) else {
+            return BootFile::Refused(format!(
+                "{name} is secureBoot: true but the {arch} boot set has no Secure Boot UKI; \
+                 pull it with `talboot images pull` (or import the Secure Boot ISO)"
+            ));
+        };
+        let path = set.path(Kind::SecureBootUki);
+        if c.boot == BootKind::UefiHttp {
+            BootFile::File {
+                name: format!("{}/{path}", self.ctx.boot.http_base.trim_end_matches('/')),
+                tftp: false,
+            }
+        } else {
+            BootFile::File {
+                name: path,
+                tftp: true,
+            }
+        }
+    }
+
+    /// Fill the reply's boot fields; returns why a network-booting client gets none.
+    fn add_boot_options(&self, m: &mut Message) -> Option<String> {
+        let c = &self.client;
+        let boot = &self.ctx.boot;
+        let (file, tftp) = match self.boot_file() {
+            BootFile::None => return None,
+            BootFile::Refused(why) => return Some(why),
+            BootFile::File { name, tftp } => (name, tftp),
         };
         if tftp {
             m.set_siaddr(boot.tftp_server);
@@ -460,6 +563,7 @@ impl Decider<'_> {
                     .insert(DhcpOption::VendorExtensions(self.pxe_vendor_options()));
             }
         }
+        None
     }
 
     /// Option 43 for PXE clients: skip discovery and boot our file; on 4011 also echo the boot
@@ -479,6 +583,15 @@ impl Decider<'_> {
     }
 
     fn finish(&self, m: Message, lease_changes: Vec<LeaseChange>) -> Decision {
+        self.finish_refused(m, lease_changes, None)
+    }
+
+    fn finish_refused(
+        &self,
+        m: Message,
+        lease_changes: Vec<LeaseChange>,
+        boot_refused: Option<String>,
+    ) -> Decision {
         let to = match self.req.port {
             ServerPort::PxeBoot if !self.req.source.ip().is_unspecified() => {
                 ReplyTarget::Unicast(self.req.source)
@@ -492,6 +605,7 @@ impl Decider<'_> {
             reply: Reply {
                 message: m,
                 relay_agent_info: self.req.relay_agent_info.clone(),
+                boot_refused,
             },
             to,
             lease_changes,

@@ -26,7 +26,7 @@ use std::net::SocketAddrV4;
 use std::time::{Instant, SystemTime};
 
 pub use classify::{BootKind, ClientInfo, IpxeFeatures, apply_node_hints, classify};
-pub use ctx::{BootTargets, DecideCtx, Host, Subnet};
+pub use ctx::{BootTargets, DecideCtx, Host, Subnet, UkiSet, uki_sets};
 pub use decide::{Decision, Silence, decide};
 pub use flood::{FloodConfig, FloodLimiter};
 pub use leases::{LeaseBook, LeaseBookConfig, LeaseError};

@@ -15,6 +15,9 @@ pub struct Reply {
     pub message: Message,
     /// Option 82 from the request, echoed byte for byte (RFC 3046 §2.2).
     pub(crate) relay_agent_info: Option<Vec<u8>>,
+    /// Why the reply names no boot file for a client that asked for one (a Secure Boot node
+    /// with nothing signed to boot); published as a `boot.refused` event.
+    pub(crate) boot_refused: Option<String>,
 }
 
 /// What the socket adapter reports about a reply (events, metrics), taken from the message
@@ -27,6 +30,8 @@ pub struct ReplySummary {
     pub yiaddr: Ipv4Addr,
     /// The `file` field: the boot file named in the reply ("" if none).
     pub(crate) boot_file: String,
+    /// [`Reply::boot_refused`].
+    pub(crate) boot_refused: Option<String>,
 }
 
 impl Reply {
@@ -39,9 +44,27 @@ impl Reply {
                 .msg_type()
                 .unwrap_or(MessageType::Unknown(0)),
             yiaddr: self.message.yiaddr(),
-            boot_file: String::from_utf8_lossy(self.message.fname().unwrap_or_default())
-                .trim_end_matches('\0')
-                .to_string(),
+            boot_file: self.boot_file(),
+            boot_refused: self.boot_refused.clone(),
+        }
+    }
+}
+
+impl Reply {
+    /// The `file` field, or option 67 when the name is too long for the field (a UKI URL).
+    fn boot_file(&self) -> String {
+        let field = String::from_utf8_lossy(self.message.fname().unwrap_or_default())
+            .trim_end_matches('\0')
+            .to_string();
+        match self
+            .message
+            .opts()
+            .get(dhcproto::v4::OptionCode::BootfileName)
+        {
+            Some(dhcproto::v4::DhcpOption::BootfileName(v)) if field.is_empty() => {
+                String::from_utf8_lossy(v).into_owned()
+            }
+            _ => field,
         }
     }
 }
@@ -244,6 +267,7 @@ mod tests {
             .insert(DhcpOption::ServerIdentifier(ip("10.0.0.1")));
         let info = vec![1, 2, b'a', b'b', 0x99, 1, 7];
         let bytes = encode(&Reply {
+            boot_refused: None,
             message: m,
             relay_agent_info: Some(info.clone()),
         })
@@ -278,6 +302,7 @@ mod tests {
         let m = msg(MessageType::Ack, "0.0.0.0", "0.0.0.0", "0.0.0.0", false);
         let info = vec![1u8; 300];
         let bytes = encode(&Reply {
+            boot_refused: None,
             message: m,
             relay_agent_info: Some(info),
         })

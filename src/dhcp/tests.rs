@@ -39,6 +39,7 @@ fn host(name: &str, addr: &str) -> Host {
         gateway: None,
         arch: None,
         firmware: None,
+        secure_boot: false,
     }
 }
 
@@ -95,6 +96,8 @@ fn ctx(mode: NetworkMode, unknown: UnknownPolicy) -> DecideCtx {
         unknown,
         boot: BootTargets::standard(SERVER, 8080),
         default_arch: Arch::Amd64,
+        http_boot: crate::inventory::HttpBoot::Ipxe,
+        ukis: BTreeMap::new(),
     }
 }
 
@@ -1331,6 +1334,7 @@ fn view_from_inventory() {
             default_arch: Arch::Arm64,
             kernel_args: vec![],
             local_boot: LocalBoot::Exit,
+            http_boot: crate::inventory::HttpBoot::Ipxe,
         },
         roles: BTreeMap::new(),
         nodes: vec![
@@ -1385,3 +1389,4 @@ fn view_from_inventory() {
 
 mod overload;
 mod proxy_conformance;
+mod secure_boot;

@@ -46,6 +46,11 @@ pub enum EventKind {
     Kernel,
     /// The initramfs was sent completely.
     Initramfs,
+    /// A UKI (plain or Secure Boot signed) was sent completely, over HTTP or TFTP.
+    Uki,
+    /// A network-boot request was answered without a boot file because nothing the node's
+    /// firmware may boot exists for it (e.g. a Secure Boot node and no signed UKI, or BIOS).
+    BootRefused,
     /// A machine config was released to the node.
     ConfigReleased,
     /// A request for a machine config was refused.
@@ -85,6 +90,8 @@ impl EventKind {
             Self::Script => "http.script",
             Self::Kernel => "http.kernel",
             Self::Initramfs => "http.initramfs",
+            Self::Uki => "boot.uki",
+            Self::BootRefused => "boot.refused",
             Self::ConfigReleased => "config.released",
             Self::ConfigRefused => "config.refused",
             Self::EntitlementRefused => "security.refused",

@@ -448,7 +448,12 @@ async fn asset(
         schematic,
         arch,
     };
-    let kind = Kind::ALL.into_iter().find(|k| k.file_name() == file);
+    // The UKIs are boot media like the kernel (no secrets: the command line in them is the
+    // factory's, the config goes by push), served to anyone as the kernel is.
+    let kind = Kind::ALL
+        .into_iter()
+        .chain([Kind::Uki, Kind::SecureBootUki])
+        .find(|k| k.file_name() == file);
     let (Some(entry), Some(kind)) = (app.catalog.find(&id), kind) else {
         return text(
             StatusCode::NOT_FOUND,
@@ -467,8 +472,12 @@ async fn asset(
         sha256: rec.sha256.clone(),
         content_type: match kind {
             Kind::Cmdline => "text/plain; charset=utf-8",
-            // EDK2's HttpBootDxe takes the image type from this header when the URL does not
-            // end in `.efi` (`HttpBootCheckImageType`).
+            // EDK2's HttpBootDxe takes the image type from this header or from the URL's
+            // `.efi` (`HttpBootCheckImageType`, NetworkPkg/HttpBootDxe/HttpBootSupport.c at
+            // edk2-stable202211); both are given. It asks HEAD first for the size
+            // (`HttpBootLoadFile` in HttpBootImpl.c, `HttpBootGetBootFile` with
+            // HeaderOnly in HttpBootClient.c), which `assets::respond` answers with
+            // Content-Length.
             Kind::Uki | Kind::SecureBootUki => "application/efi",
             _ => "application/octet-stream",
         },
@@ -483,7 +492,8 @@ async fn asset(
         let event = match kind {
             Kind::Kernel => Some(EventKind::Kernel),
             Kind::Initramfs => Some(EventKind::Initramfs),
-            Kind::Cmdline | Kind::Uki | Kind::SecureBootUki => None,
+            Kind::Uki | Kind::SecureBootUki => Some(EventKind::Uki),
+            Kind::Cmdline => None,
         };
         if let Some(ev) = event {
             let who = node_key_by_peer(&app.view, &app.inventory, ip.into());

@@ -196,6 +196,18 @@ word_enum!(
 );
 
 word_enum!(
+    /// What a node without Secure Boot gets when its firmware asks by UEFI HTTP Boot (vendor
+    /// class `HTTPClient`). A `secureBoot: true` node always gets its boot set's signed UKI.
+    HttpBoot {
+        /// iPXE (`ipxe.efi`/`snponly.efi`) as an `http://` URL; it then fetches its script.
+        Ipxe = "ipxe",
+        /// The boot set's plain UKI (`uki.efi`): kernel, initramfs and command line in one
+        /// EFI binary, so no iPXE and no TFTP at all. Its command line is sealed: config by push.
+        Uki = "uki",
+    }
+);
+
+word_enum!(
     /// What happens to a machine whose MAC the inventory does not list.
     UnknownPolicy {
         /// It gets no answer at all.
@@ -694,6 +706,8 @@ pub struct Boot {
     pub(crate) kernel_args: Vec<String>,
     /// How installed nodes boot their disk, unless a node says otherwise.
     pub local_boot: LocalBoot,
+    /// `httpBoot`: what a UEFI HTTP Boot client without Secure Boot is handed.
+    pub http_boot: HttpBoot,
 }
 
 /// A role as written in the inventory (before `extends` is resolved).

@@ -1177,3 +1177,57 @@ fn disk_selector_match_is_checked_when_the_inventory_loads() {
         "{d:?}"
     );
 }
+
+/// `secureBoot: true` with pull delivery or BIOS firmware is refused at the node's
+/// `secureBoot` line, naming the node, the reason and the fix; push with UEFI passes.
+#[test]
+fn secure_boot_refuses_pull_delivery_and_bios_firmware() {
+    let sb = with(
+        "    address: 10.0.40.21/24\n",
+        "    address: 10.0.40.21/24\n    secureBoot: true\n",
+    );
+    assert!(diags(&sb).is_empty(), "{:?}", diags(&sb));
+    let pull = diags(&(sb.clone() + "boot:\n  delivery: pull\n"));
+    assert_eq!(pull.len(), 1, "{pull:?}");
+    assert!(
+        pull[0].contains(".secureBoot: ")
+            && pull[0].contains("boot.delivery is pull")
+            && pull[0].contains("sealed"),
+        "{pull:?}"
+    );
+    let bios = diags(&sb.replacen(
+        "    secureBoot: true\n",
+        "    secureBoot: true\n    firmware: bios\n",
+        1,
+    ));
+    assert_eq!(bios.len(), 1, "{bios:?}");
+    assert!(
+        bios[0].contains("firmware is `bios`") && bios[0].contains("no Secure Boot"),
+        "{bios:?}"
+    );
+    let line: usize = bios[0].split(':').next().unwrap().parse().unwrap();
+    assert_eq!(
+        sb.lines().nth(line - 1).map(str::trim),
+        Some("secureBoot: true")
+    );
+}
+
+#[test]
+fn http_boot_is_ipxe_unless_the_boot_section_says_uki() {
+    let case = Case::new();
+    assert_eq!(
+        case.load(BASE).unwrap().inventory.boot.http_boot,
+        HttpBoot::Ipxe
+    );
+    let inv = case
+        .load(&(BASE.to_string() + "boot:\n  httpBoot: uki\n"))
+        .unwrap()
+        .inventory;
+    assert_eq!(inv.boot.http_boot, HttpBoot::Uki);
+    let bad = diags(&(BASE.to_string() + "boot:\n  httpBoot: grub\n"));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].contains("boot.httpBoot") && bad[0].contains("`grub` is not a valid value"),
+        "{bad:?}"
+    );
+}

@@ -49,7 +49,9 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
     }
     let all_nodes_read = parts.nodes_written == nodes.len();
 
+    let delivery = parts.boot.as_ref().map_or(Delivery::Push, |b| b.delivery);
     for (i, n) in nodes.iter().enumerate() {
+        secure_boot_rules(i, n, delivery, d);
         if let Some(role) = roles.get(n.role.as_str())
             && role.machine_type == MachineType::Worker
         {
@@ -107,6 +109,41 @@ pub fn check(parts: &Parts, roles: &BTreeMap<String, ResolvedRole>, d: &mut Diag
     if let Some(cluster) = &parts.cluster {
         cluster_rules(cluster, parts.network.as_ref(), &cps, d);
         contract_rules(cluster, parts, d);
+    }
+}
+
+/// `secureBoot: true` combinations that cannot boot: the signed UKI's command line is sealed,
+/// so there is no `talos.config=` for pull delivery; and legacy BIOS has no Secure Boot.
+fn secure_boot_rules(i: usize, n: &Node, delivery: Delivery, d: &mut Diagnostics) {
+    let Some(sb) = n.secure_boot.as_ref().filter(|s| s.value) else {
+        return;
+    };
+    let name = n.name.as_str();
+    if delivery == Delivery::Pull {
+        d.error_hint(
+            &sb.loc,
+            format!("nodes[{i}].secureBoot"),
+            format!(
+                "{name} boots with Secure Boot but boot.delivery is pull: the signed UKI's \
+                 kernel command line is sealed, so it can carry no talos.config= URL"
+            ),
+            "set `boot.delivery: push` (talboot applies the config over the maintenance API), \
+             or `secureBoot: false` on this node",
+        );
+    }
+    if n.firmware == Some(Firmware::Bios) {
+        d.error_hint(
+            &sb.loc,
+            format!("nodes[{i}].secureBoot"),
+            format!(
+                "{name} boots with Secure Boot but its firmware is `bios`: legacy BIOS has no \
+                 Secure Boot"
+            ),
+            format!(
+                "set `firmware: uefi` (or `http`) on nodes[{i}] and UEFI mode in its setup, or \
+                 `secureBoot: false`"
+            ),
+        );
     }
 }
 

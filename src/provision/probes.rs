@@ -79,9 +79,14 @@ impl Provisioner {
                 };
                 since = last.seq;
                 if page.iter().any(|e| {
-                    [EventKind::Script, EventKind::Kernel, EventKind::Initramfs]
-                        .iter()
-                        .any(|k| k.as_str() == e.kind)
+                    [
+                        EventKind::Script,
+                        EventKind::Kernel,
+                        EventKind::Initramfs,
+                        EventKind::Uki,
+                    ]
+                    .iter()
+                    .any(|k| k.as_str() == e.kind)
                 }) {
                     return Ok(true);
                 }

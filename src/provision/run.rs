@@ -372,13 +372,17 @@ impl Provisioner {
 fn is_talos_boot(kind: EventKind) -> bool {
     matches!(
         kind,
-        EventKind::Script | EventKind::Kernel | EventKind::Initramfs
+        EventKind::Script | EventKind::Kernel | EventKind::Initramfs | EventKind::Uki
     )
 }
 
 fn is_boot_signal(kind: EventKind) -> bool {
     matches!(
         kind,
-        EventKind::DhcpAck | EventKind::Script | EventKind::Kernel | EventKind::Initramfs
+        EventKind::DhcpAck
+            | EventKind::Script
+            | EventKind::Kernel
+            | EventKind::Initramfs
+            | EventKind::Uki
     )
 }

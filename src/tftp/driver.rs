@@ -20,7 +20,7 @@ use tracing::debug;
 use super::listener::{Request, Shared, TransferCtl, kind, millis};
 use super::packet::{DATA_HEADER_LEN, ErrorCode, Mode, Options, Packet};
 use super::report::{TransferEvent, TransferOutcome, report};
-use super::root::{ResolveError, Source, lookup, resolve};
+use super::root::{ResolveError, Source, check_name, lookup, resolve};
 use super::transfer::{AbortReason, Action, DataBlock, Event, Transfer, negotiate};
 
 /// Largest packet we read from a client during a transfer (ACK or ERROR).
@@ -142,6 +142,16 @@ fn readable(request: &Request) -> Result<(&str, &Options), Refusal> {
 
 /// The requested file: looked up in the fixed set, or resolved under the root and opened.
 async fn open(shared: &Shared, filename: &str) -> Result<(PathBuf, Data), Refusal> {
+    if let Some(path) = shared.boot_media.get(filename) {
+        check_name(filename).map_err(ResolveError::from)?;
+        return match tokio::fs::File::open(path).await {
+            Ok(f) => Ok((
+                PathBuf::from(filename),
+                Data::File(BufReader::with_capacity(FILE_BUF, f)),
+            )),
+            Err(e) => Err(ResolveError::from_io(e).into()),
+        };
+    }
     match &shared.source {
         Source::Files(files) => match lookup(files, filename) {
             Ok(bytes) => Ok((PathBuf::from(filename), Data::Memory(bytes))),

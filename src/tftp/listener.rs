@@ -71,7 +71,13 @@ pub struct TftpServer {
     config: TftpConfig,
     source: Source,
     events: Option<mpsc::Sender<TransferEvent>>,
+    boot_media: Arc<BootMedia>,
 }
+
+/// Boot media served beside the fixed set, by exact name: the boot sets' UKIs, as
+/// `assets/<talos>/<schematic>/<arch>/<file>` (the same path as over HTTP) to the file in the
+/// artifact cache. Names are matched exactly, never joined to a path.
+pub type BootMedia = std::collections::BTreeMap<String, std::path::PathBuf>;
 
 /// State shared by the listener and every transfer task.
 #[derive(Debug)]
@@ -80,6 +86,8 @@ pub(super) struct Shared {
     pub(super) limits: Limits,
     pub(super) source: Source,
     pub(super) events: Option<mpsc::Sender<TransferEvent>>,
+    /// [`BootMedia`].
+    pub(super) boot_media: Arc<BootMedia>,
     /// When the server started; admission times are offsets from it.
     pub(super) epoch: Instant,
 }
@@ -103,6 +111,7 @@ impl TftpServer {
             config,
             source: Source::Root(root),
             events: None,
+            boot_media: Arc::default(),
         })
     }
 
@@ -117,7 +126,14 @@ impl TftpServer {
             config,
             source: Source::Files(files),
             events: None,
+            boot_media: Arc::default(),
         })
+    }
+
+    /// Also serve `media` ([`BootMedia`]) by exact name.
+    pub fn with_boot_media(mut self, media: BootMedia) -> Self {
+        self.boot_media = Arc::new(media);
+        self
     }
 
     /// Send a [`TransferEvent`] for every request to `events`. Delivery uses `try_send`: when
@@ -205,6 +221,7 @@ impl TftpServer {
             config: self.config,
             source: self.source,
             events: self.events,
+            boot_media: self.boot_media,
         })
     }
 }

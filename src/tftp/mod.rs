@@ -31,7 +31,7 @@ pub mod transfer;
 mod tests;
 
 pub use config::{ServerError, TftpConfig};
-pub use listener::TftpServer;
+pub use listener::{BootMedia, TftpServer};
 pub use report::{TransferEvent, TransferOutcome};
 
 /// The first-stage iPXE binaries a PXE firmware fetches over TFTP (see [`crate::firststage`]).

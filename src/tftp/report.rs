@@ -164,6 +164,18 @@ pub(super) fn report(shared: &Shared, event: TransferEvent) {
 /// client's ERROR 8 and every client abort is the client's own choice, so neither is a failure.
 pub(crate) fn node_event(event: &TransferEvent) -> Option<(EventKind, String)> {
     match &event.outcome {
+        // A boot set's UKI (see `BootMedia`) is the whole Talos boot, as the kernel is over HTTP.
+        TransferOutcome::Completed
+            if event.file.starts_with("assets/") && event.file.ends_with("uki.efi") =>
+        {
+            Some((
+                EventKind::Uki,
+                format!(
+                    "{} ({} bytes) to {} over TFTP",
+                    event.file, event.bytes, event.peer
+                ),
+            ))
+        }
         TransferOutcome::Completed => Some((
             EventKind::TftpFile,
             format!("{} ({} bytes) to {}", event.file, event.bytes, event.peer),
@@ -205,6 +217,22 @@ mod tests {
             elapsed: Duration::from_millis(5),
             outcome,
         }
+    }
+
+    #[test]
+    fn a_boot_sets_uki_sent_is_a_uki_event_and_other_files_are_tftp_files() {
+        let mut uki = event(TransferOutcome::Completed);
+        uki.file = "assets/v1.13.9/s/amd64/secureboot-uki.efi".into();
+        assert_eq!(
+            node_event(&uki),
+            Some((
+                EventKind::Uki,
+                "assets/v1.13.9/s/amd64/secureboot-uki.efi (1024 bytes) to 10.0.0.7:2070 over TFTP"
+                    .into()
+            ))
+        );
+        uki.file = "uki.efi".into();
+        assert_eq!(node_event(&uki).unwrap().0, EventKind::TftpFile);
     }
 
     #[test]

@@ -132,11 +132,21 @@ impl Adapter {
                 summary,
             } => {
                 let bind = self.proxy_exchange(client.mac, &dgram);
-                let events = self
+                let mut events: Vec<NodeEvent> = self
                     .replier
                     .reply_event(client.mac, dgram.port, &summary, to)
                     .into_iter()
                     .collect();
+                if let Some(why) = &summary.boot_refused {
+                    tracing::warn!(mac = %client.mac, reason = %why, "no boot file offered");
+                    counter!("dhcp_boot_refused_total").increment(1);
+                    let key = self.replier.node_key(client.mac);
+                    events.push(self.replier.events.stamp(
+                        &key,
+                        EventKind::BootRefused,
+                        why.clone(),
+                    ));
+                }
                 let reply = PendingReply {
                     sock: sock.clone(),
                     bytes,

@@ -730,3 +730,34 @@ async fn a_commit_group_larger_than_one_burst_is_acked_whole_in_order_and_after_
     assert_eq!(acked, offered, "every ACK, in the REQUESTs' order");
     r.stop().await;
 }
+
+/// A Secure Boot node with nothing signed to boot: the OFFER names no boot file, and the
+/// node's timeline gets a `boot.refused` event saying why (issue 27 item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_boot_is_a_boot_refused_event_on_the_nodes_timeline() {
+    let mut c = ctx(NetworkMode::Authoritative, UnknownPolicy::Discover);
+    c.hosts.get_mut(&CP1).unwrap().secure_boot = true;
+    let r = start_ctx(server::Queues::default(), c).await;
+    let discover = with(m(MessageType::Discover, CP1), pxe(7))
+        .to_vec()
+        .unwrap();
+    r.send(&discover).await;
+    let offer = decoded(&r.recv(MUST_ARRIVE).await.expect("OFFER"));
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    assert!(offer.opts().get(OptionCode::BootfileName).is_none());
+    let deadline = Instant::now() + MUST_ARRIVE;
+    let refused = loop {
+        let events = r.store.inner.events("cp1", 0, 50).unwrap();
+        if let Some(e) = events.into_iter().find(|e| e.kind == "boot.refused") {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no boot.refused event");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        refused.detail.contains("cp1") && refused.detail.contains("no Secure Boot UKI"),
+        "{}",
+        refused.detail
+    );
+    r.stop().await;
+}

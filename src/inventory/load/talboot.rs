@@ -95,6 +95,7 @@ impl Default for Boot {
             default_arch: Arch::Amd64,
             kernel_args: Vec::new(),
             local_boot: LocalBoot::Exit,
+            http_boot: HttpBoot::Ipxe,
         }
     }
 }
@@ -128,6 +129,10 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
         Some(n) => read::word(n, "boot.localBoot", d, LocalBoot::WORDS, LocalBoot::parse),
         None => Some(defaults.local_boot),
     };
+    let http_boot = match r.get("httpBoot") {
+        Some(n) => read::word(n, "boot.httpBoot", d, HttpBoot::WORDS, HttpBoot::parse),
+        None => Some(defaults.http_boot),
+    };
     r.finish(
         &[
             "delivery",
@@ -135,6 +140,7 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
             "defaultArch",
             "kernelArgs",
             "localBoot",
+            "httpBoot",
         ],
         d,
     );
@@ -144,6 +150,7 @@ fn boot(node: &Y, d: &mut Diagnostics) -> Option<Boot> {
         default_arch: arch?,
         kernel_args,
         local_boot: local_boot?,
+        http_boot: http_boot?,
     })
 }
 
