@@ -51,6 +51,11 @@ pub enum EventKind {
     /// A network-boot request was answered without a boot file because nothing the node's
     /// firmware may boot exists for it (e.g. a Secure Boot node and no signed UKI, or BIOS).
     BootRefused,
+    /// A node booted Talos from talboot (a script, kernel, initramfs or UKI went out whole)
+    /// and has not answered on the maintenance API for [`crate::provision::Settings`]'s
+    /// `boot_stall_after` since: most often firmware that refused what it was sent (a Secure
+    /// Boot verdict), or a machine that hung in early boot. Reported once per boot.
+    BootStalled,
     /// A machine config was released to the node.
     ConfigReleased,
     /// A request for a machine config was refused.
@@ -92,6 +97,7 @@ impl EventKind {
             Self::Initramfs => "http.initramfs",
             Self::Uki => "boot.uki",
             Self::BootRefused => "boot.refused",
+            Self::BootStalled => "boot.stalled",
             Self::ConfigReleased => "config.released",
             Self::ConfigRefused => "config.refused",
             Self::EntitlementRefused => "security.refused",

@@ -16,6 +16,11 @@ pub(super) struct ProbeState {
     talos_booted: bool,
     /// Probes that found nothing since the last boot signal.
     misses: u32,
+    /// When the last boot signal was seen (`None`: learnt from the timeline at a start, so
+    /// the stall clock starts at that first look).
+    booted_at: Option<tokio::time::Instant>,
+    /// A `boot.stalled` event went out for this boot.
+    stall_reported: bool,
     /// No probe before this.
     next_at: tokio::time::Instant,
 }
@@ -49,10 +54,13 @@ impl Provisioner {
             None => {
                 // First look since start: the timeline remembers earlier boots.
                 let booted = self.booted_talos_before(name).await;
+                let now = tokio::time::Instant::now();
                 let s = ProbeState {
                     talos_booted: booted,
                     misses: 0,
-                    next_at: tokio::time::Instant::now(),
+                    next_at: now,
+                    booted_at: booted.then_some(now),
+                    stall_reported: false,
                 };
                 self.inner
                     .probes
@@ -104,6 +112,8 @@ impl Provisioner {
                 talos_booted: true,
                 misses: 0,
                 next_at: tokio::time::Instant::now(),
+                booted_at: Some(tokio::time::Instant::now()),
+                stall_reported: false,
             },
         );
     }
@@ -112,9 +122,17 @@ impl Provisioner {
     /// Unknown/Booting did not answer, so its next probe waits longer; any later phase
     /// answered, so the backoff starts over.
     pub(super) fn chain_ended(&self, name: &str, phase: NodePhase) {
+        let mut stalled = None;
         let mut probes = self.inner.probes.lock().expect("probe table lock");
         if let Some(p) = probes.get_mut(name) {
             if matches!(phase, NodePhase::Unknown | NodePhase::Booting) {
+                if let Some(at) = p.booted_at
+                    && !p.stall_reported
+                    && at.elapsed() >= self.settings().boot_stall_after
+                {
+                    p.stall_reported = true;
+                    stalled = Some(at.elapsed());
+                }
                 p.misses = p.misses.saturating_add(1);
                 p.next_at = tokio::time::Instant::now()
                     + probe_backoff(
@@ -126,5 +144,33 @@ impl Provisioner {
                 p.misses = 0;
             }
         }
+        drop(probes);
+        if let Some(silent) = stalled {
+            let secure_boot = self.inventory().node(name).is_some_and(|n| n.secure_boot());
+            self.event(
+                name,
+                EventKind::BootStalled,
+                stall_detail(name, silent, secure_boot),
+            );
+        }
     }
+}
+
+/// What `boot.stalled` says: how long the node has been silent since its boot from talboot,
+/// and where to look; for a `secureBoot` node, the firmware's verdict on the signed UKI is
+/// the likely cause (it refuses an image it cannot verify without a word on the network).
+pub(crate) fn stall_detail(name: &str, silent: Duration, secure_boot: bool) -> String {
+    let mut s = format!(
+        "booted Talos from talboot {}s ago and has not answered on the Talos maintenance API \
+         since; the node's console says why",
+        silent.as_secs()
+    );
+    if secure_boot {
+        s.push_str(&format!(
+            ": with Secure Boot, firmware that refuses the signed UKI (\"Access Denied\": \
+             its signing key is not enrolled in db, or Secure Boot is in setup mode) never \
+             starts it; `talboot node secureboot status {name}` reads the firmware's state"
+        ));
+    }
+    s
 }

@@ -57,6 +57,11 @@ pub struct Settings {
     /// [`super::secure_boot::expected_pcr_fingerprints`]; a secure-boot node absent here is
     /// refused (nothing to match its key against).
     pub secure_boot_keys: Arc<std::collections::BTreeMap<String, String>>,
+    /// How long after a Talos network boot from talboot a node may stay silent on the
+    /// maintenance API before a `boot.stalled` event says so (once per boot; the node keeps
+    /// being probed). Firmware that refuses an image shows nothing on the network: this is
+    /// how talboot notices it.
+    pub boot_stall_after: Duration,
 }
 
 impl Settings {
@@ -81,6 +86,9 @@ impl Settings {
             concurrency: DEFAULT_CONCURRENCY,
             power: Arc::default(),
             secure_boot_keys: Arc::default(),
+            // Talos reaches maintenance mode about a minute after its kernel starts on
+            // servers; three minutes leaves room for slow firmware and big initramfs pulls.
+            boot_stall_after: Duration::from_secs(3 * 60),
         }
     }
 }

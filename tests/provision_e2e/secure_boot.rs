@@ -236,3 +236,79 @@ async fn a_node_without_secure_boot_is_not_asked() {
             .any(|e| e.contains("SecurityState") || e.starts_with("security.refused"))
     );
 }
+
+/// Firmware that refuses the signed UKI says nothing on the network (real OVMF: "Access
+/// Denied" on its console after the whole file was served, `tests/secureboot_qemu.rs`). The
+/// run loop keeps probing such a node, and once it has been silent for `boot_stall_after`
+/// since its boot, one `boot.stalled` event says so, naming the Secure Boot cause for a
+/// secure-boot node; a new boot from talboot starts the clock again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_silent_after_its_uki_was_served_is_reported_stalled_once_per_boot() {
+    let machines = [sb_cp("sb-1", 11)];
+    let world = World::start(94, &machines, |cfg| {
+        // The firmware refused the UKI: nothing ever listens on the Talos port.
+        cfg.port = 50999;
+        cfg.security = SimSecurity::secure_boot(&boot_set_key());
+    })
+    .await;
+    let t = world.boot_tuned(world.creds.clone(), |s| {
+        s.boot_stall_after = Duration::from_millis(600);
+    });
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(t.prov().clone().run(cancel.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let bus = t.bus.clone().unwrap();
+    // Every report as it goes out on the bus (the store's timeline is the running talboot's).
+    let mut rx = bus.subscribe();
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let collector = tokio::spawn({
+        let reports = reports.clone();
+        async move {
+            while let Ok(e) = rx.recv().await {
+                if e.node == "sb-1" && e.kind == EventKind::BootStalled {
+                    reports.lock().unwrap().push(e.detail);
+                }
+            }
+        }
+    });
+    let stalled = || reports.lock().unwrap().clone();
+    bus.publish("sb-1", EventKind::Uki, "secureboot-uki.efi to 127.0.94.11");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(stalled().is_empty(), "reported before its time");
+    let mut seen = Vec::new();
+    for _ in 0..150 {
+        seen = stalled();
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert!(
+        seen[0].contains("has not answered on the Talos maintenance API")
+            && seen[0].contains("Access Denied")
+            && seen[0].contains("talboot node secureboot status sb-1"),
+        "{}",
+        seen[0]
+    );
+    // Still silent: no second report for the same boot.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(stalled().len(), 1, "{:#?}", stalled());
+    // The node boots again (power cycle): a new boot, a new clock, a new report.
+    bus.publish("sb-1", EventKind::Uki, "secureboot-uki.efi to 127.0.94.11");
+    let mut again = 0;
+    for _ in 0..150 {
+        again = stalled().len();
+        if again == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+    collector.abort();
+    drop(bus);
+    t.kill().await;
+    assert_eq!(again, 2, "{:#?}", stalled());
+    assert_eq!(world.node("sb-1").apply_calls(), 0);
+}
