@@ -145,6 +145,7 @@ async fn in_process_run_checks_what_helm_and_argocd_adopt() {
         workdir: dir.path().join("run"),
         print_events: false,
         concurrency: talboot::provision::DEFAULT_CONCURRENCY,
+        power_on_stagger: talboot::sim::demo::DEFAULT_POWER_ON_STAGGER,
     })
     .await
     .unwrap();
@@ -265,6 +266,7 @@ async fn restarts_at_every_step_repeat_nothing() {
         workdir: dir.path().join("run"),
         print_events: false,
         concurrency: talboot::provision::DEFAULT_CONCURRENCY,
+        power_on_stagger: talboot::sim::demo::DEFAULT_POWER_ON_STAGGER,
     })
     .await
     .unwrap();
@@ -634,6 +636,36 @@ fn a_secure_boot_node_passes_the_gate_and_is_configured() {
     );
 }
 
+/// Issue 28 item 5: `--power-on-stagger 0` powers the whole rack on in one instant (every
+/// machine's DHCP at once, three of them relayed), and talboot still hands every node off.
+fn the_whole_rack_powered_on_at_once_is_handed_off() {
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .args([
+            "demo",
+            "--quiet",
+            "--power-on-stagger",
+            "0",
+            "--timeout",
+            "180",
+            "-c",
+        ])
+        .arg(rack())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("nodes Ready"), "{stdout}");
+    for node in NODES {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{node} ")))
+            .unwrap_or_else(|| panic!("{node} missing from the summary:\n{stdout}"));
+        assert!(row.contains(" ready "), "{row}");
+    }
+}
+
 #[test]
 fn demo_rack_end_to_end() {
     the_binary_runs_the_rack_and_a_rebuild();
@@ -641,6 +673,7 @@ fn demo_rack_end_to_end() {
     other_inventories_and_a_refusal();
     a_v1_14_rack_installs_unattended();
     a_secure_boot_node_passes_the_gate_and_is_configured();
+    the_whole_rack_powered_on_at_once_is_handed_off();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

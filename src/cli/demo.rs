@@ -42,6 +42,10 @@ pub struct Args {
     /// Workers upgraded at once by `--upgrade`.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub upgrade_workers: usize,
+    /// Milliseconds between two simulated machines' power-on; 0 powers the whole rack on at
+    /// once (a storm).
+    #[arg(long, value_name = "MS", default_value_t = 40)]
+    pub power_on_stagger: u64,
     /// After the summary, keep talboot and the simulated rack running (the dashboard on the
     /// admin address printed at the start stays up) until Ctrl-C or SIGTERM.
     #[arg(long)]
@@ -78,6 +82,7 @@ pub fn run(args: &Args) -> ExitCode {
         workdir: workdir.clone(),
         print_events: !args.quiet,
         concurrency: args.concurrency,
+        power_on_stagger: Duration::from_millis(args.power_on_stagger),
     };
     let hold: Option<demo::Hold> = args.stay.then(|| -> demo::Hold {
         Box::pin(async {

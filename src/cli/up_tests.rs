@@ -279,6 +279,7 @@ impl Rack {
                 &rack.cluster,
                 &rack.kube,
                 &rack.stop,
+                crate::sim::demo::DEFAULT_POWER_ON_STAGGER,
             );
             rack.machines.lock().unwrap().extend(nodes);
             rack.tasks.lock().unwrap().extend(tasks);

@@ -163,7 +163,13 @@ pub struct DemoOptions {
     pub print_events: bool,
     /// How many nodes the provisioner drives at once ([`Settings::concurrency`]).
     pub concurrency: usize,
+    /// The pause between two machines' power-on ([`DEFAULT_POWER_ON_STAGGER`]: a rack
+    /// switched on over a few hundred milliseconds); zero powers every machine on at once.
+    pub power_on_stagger: Duration,
 }
+
+/// The demo's default pause between two machines' power-on.
+pub const DEFAULT_POWER_ON_STAGGER: Duration = Duration::from_millis(40);
 
 /// A running demo: talboot's servers, the machines, the Kubernetes API double.
 pub struct Demo {
@@ -275,6 +281,7 @@ impl Demo {
             &cluster,
             &kube,
             &stop,
+            opts.power_on_stagger,
         );
         Ok(Demo {
             relocation: p.relocation,

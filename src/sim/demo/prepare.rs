@@ -220,6 +220,7 @@ mod tests {
             workdir: workdir.join("run"),
             print_events: false,
             concurrency: crate::provision::DEFAULT_CONCURRENCY,
+            power_on_stagger: crate::sim::demo::DEFAULT_POWER_ON_STAGGER,
         }
     }
 

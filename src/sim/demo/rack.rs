@@ -64,8 +64,8 @@ pub(crate) async fn start_api_double(
 }
 
 /// Powers on every machine of the (loopback) inventory `inv` against talboot's sockets
-/// `wire`, one every 40 ms, until `stop`; `to_rack` names each machine's address on the
-/// real rack.
+/// `wire`, one every `stagger` (all at once when zero), until `stop`; `to_rack` names each
+/// machine's address on the real rack.
 pub(crate) fn power_on(
     inv: &Inventory,
     to_rack: impl Fn(Ipv4Addr) -> Ipv4Addr,
@@ -73,6 +73,7 @@ pub(crate) fn power_on(
     cluster: &FakeCluster,
     kube: &Arc<KubeDouble>,
     stop: &CancellationToken,
+    stagger: Duration,
 ) -> (Vec<Arc<SimNode>>, Vec<JoinHandle<()>>) {
     let mut nodes = Vec::new();
     let mut tasks = Vec::new();
@@ -100,8 +101,7 @@ pub(crate) fn power_on(
         let (cluster, kube, stop) = (cluster.clone(), kube.clone(), stop.clone());
         // Each machine boots the Talos the inventory names (its doubles behave as that minor).
         let version = inv.cluster.talos_version.value.to_string();
-        // A rack powers on over a few hundred milliseconds, not in one instant.
-        let delay = Duration::from_millis(40 * i as u64);
+        let delay = stagger.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
         tasks.push(tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
