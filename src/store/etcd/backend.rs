@@ -28,6 +28,14 @@ pub(super) fn first_get(resp: &etcd_client::TxnResponse) -> Option<Vec<KeyValue>
 }
 
 impl EtcdStore {
+    /// The address a MAC index entry names.
+    fn indexed_ip(&self, kv: &KeyValue) -> Result<Ipv4Addr> {
+        std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| self.data_err(String::from_utf8_lossy(kv.key()), "not an address"))
+    }
+
     fn get(&self, op: &'static str, key: Vec<u8>) -> Result<Option<KeyValue>> {
         self.call(op, move |mut c| async move {
             let mut resp = c.get(key, None).await?;
@@ -220,29 +228,46 @@ fn is_head(keys: &Keys, key: &[u8]) -> bool {
 
 impl Store for EtcdStore {
     fn lease(&self, mac: Mac) -> Result<Option<Lease>> {
-        let Some(kv) = self.get("read lease", self.keys.lease_mac(mac))? else {
-            return Ok(None);
-        };
-        let ip: Ipv4Addr = std::str::from_utf8(kv.value())
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| self.data_err(String::from_utf8_lossy(kv.key()), "not an address"))?;
-        // At the index's revision, so the record read is the one the index named.
-        let rev = kv.mod_revision().max(kv.create_revision());
-        let key = self.keys.lease_ip(ip);
-        let k = key.clone();
-        let record = self.call("read lease", move |mut c| async move {
-            let opts = GetOptions::new().with_revision(rev);
-            let mut resp = c.get(k, Some(opts)).await?;
-            Ok(resp.take_kvs().into_iter().next())
-        })?;
-        match record {
-            Some(r) => self.decode(&key, r.value()).map(Some),
-            None => Err(self.data_err(
-                String::from_utf8_lossy(kv.key()),
-                format!("names {ip}, but no lease record exists there"),
-            )),
+        let index = self.keys.lease_mac(mac);
+        // The index, then index and record together in one transaction (one revision),
+        // again if the index moved in between: never a record the index did not name, and
+        // no read at an old revision, which compaction may have removed.
+        for _ in 0..HEAD_RETRIES {
+            let Some(kv) = self.get("read lease", index.clone())? else {
+                return Ok(None);
+            };
+            let ip = self.indexed_ip(&kv)?;
+            let record = self.keys.lease_ip(ip);
+            let ops = [
+                TxnOp::get(index.clone(), None),
+                TxnOp::get(record.clone(), None),
+            ];
+            let resp = self.call("read lease", move |mut c| async move {
+                c.txn(Txn::new().and_then(ops)).await
+            })?;
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+                _ => None,
+            });
+            let (now_index, now_record) = (gets.next().flatten(), gets.next().flatten());
+            let Some(now_index) = now_index else {
+                return Ok(None);
+            };
+            if now_index.value() != kv.value() {
+                continue;
+            }
+            return match now_record {
+                Some(r) => self.decode(&record, r.value()).map(Some),
+                None => Err(self.data_err(
+                    String::from_utf8_lossy(&index),
+                    format!("names {ip}, but no lease record exists there"),
+                )),
+            };
         }
+        Err(self.data_err(
+            String::from_utf8_lossy(&index),
+            "kept moving while it was read; gave up",
+        ))
     }
 
     fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>> {

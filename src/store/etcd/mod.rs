@@ -97,6 +97,31 @@ impl EtcdConfig {
         }
     }
 
+    /// The configuration a `--store` value names: `etcd://host:port[,host:port...]`
+    /// (`etcds://` for TLS endpoints), for `cluster`.
+    pub fn from_url(url: &str, cluster: &str) -> Result<Self> {
+        let bad = |why: &str| StoreError::EtcdConfig {
+            cause: format!("--store {url}: {why}; expected etcd://host:port[,host:port...]"),
+        };
+        let (scheme, rest) = match url.split_once("://") {
+            Some(("etcd", rest)) => ("http", rest),
+            Some(("etcds", rest)) => ("https", rest),
+            _ => return Err(bad("not an etcd:// URL")),
+        };
+        let endpoints: Vec<String> = rest
+            .trim_end_matches('/')
+            .split(',')
+            .map(|host| {
+                let port = host.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+                match port {
+                    Some(Ok(_)) if !host.contains('/') => Ok(format!("{scheme}://{host}")),
+                    _ => Err(bad(&format!("`{host}` is not host:port"))),
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self::new(endpoints, cluster))
+    }
+
     fn tls(&self) -> Result<Option<TlsOptions>> {
         let read = |what: &str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| StoreError::EtcdConfig {

@@ -284,6 +284,28 @@ fn a_newer_schema_is_refused_and_left_untouched() {
 }
 
 #[test]
+fn store_urls_name_the_endpoints() {
+    let cfg = EtcdConfig::from_url("etcd://10.0.0.2:2379,etcd-b:2379", "lab").unwrap();
+    assert_eq!(
+        cfg.endpoints,
+        ["http://10.0.0.2:2379", "http://etcd-b:2379"]
+    );
+    assert_eq!(cfg.cluster, "lab");
+    let cfg = EtcdConfig::from_url("etcds://[fd00::2]:2379/", "lab").unwrap();
+    assert_eq!(cfg.endpoints, ["https://[fd00::2]:2379"]);
+    for bad in [
+        "http://h:2379",
+        "etcd://h",
+        "etcd://h:2379,",
+        "etcd://h:x",
+        "etcd://h:1/p",
+    ] {
+        let err = EtcdConfig::from_url(bad, "lab").unwrap_err();
+        assert!(err.to_string().contains("expected etcd://"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn configuration_errors_name_the_flag() {
     let mut cfg = EtcdConfig::new(vec!["127.0.0.1:1".into()], "c");
     cfg.cert = Some("/nonexistent/cert.pem".into());
