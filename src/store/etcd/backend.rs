@@ -37,7 +37,7 @@ impl EtcdStore {
     }
 
     fn get(&self, op: &'static str, key: Vec<u8>) -> Result<Option<KeyValue>> {
-        self.call(op, move |mut c| async move {
+        self.call(op, key, |mut c, key| async move {
             let mut resp = c.get(key, None).await?;
             Ok(resp.take_kvs().into_iter().next())
         })
@@ -63,7 +63,7 @@ impl EtcdStore {
     fn put_all(&self, op: &'static str, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
         for chunk in writes.chunks(self.max_ops) {
             let ops: Vec<TxnOp> = chunk.iter().map(|(k, v)| txn_op(k, v)).collect();
-            self.call(op, move |mut c| async move {
+            self.call(op, ops, |mut c, ops| async move {
                 c.txn(Txn::new().and_then(ops)).await
             })?;
         }
@@ -84,7 +84,7 @@ impl EtcdStore {
                 .iter()
                 .map(|n| TxnOp::get(self.keys.event_head(n), None))
                 .collect();
-            let resp = self.call("read event heads", move |mut c| async move {
+            let resp = self.call("read event heads", ops, |mut c, ops| async move {
                 c.txn(Txn::new().and_then(ops)).await
             })?;
             for r in resp.op_responses() {
@@ -162,7 +162,7 @@ impl EtcdStore {
             .map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_keys_only())))
             .collect();
         let txn = Txn::new().when(compares).and_then(ops).or_else(reads);
-        let resp = self.call("commit", move |mut c| async move { c.txn(txn).await })?;
+        let resp = self.call("commit", txn, |mut c, txn| async move { c.txn(txn).await })?;
         if resp.succeeded() {
             // Every key a transaction writes gets its one revision, the header's
             // (`storeTxnWrite.put`, `mvcc/kvstore_txn.go` at v3.4.23).
@@ -195,10 +195,9 @@ impl EtcdStore {
             .when([compare])
             .and_then([TxnOp::put(key.clone(), new.to_vec(), None)])
             .or_else([TxnOp::get(key, None)]);
-        let resp = self.call(
-            "compare and set",
-            move |mut c| async move { c.txn(txn).await },
-        )?;
+        let resp = self.call("compare and set", txn, |mut c, txn| async move {
+            c.txn(txn).await
+        })?;
         if resp.succeeded() {
             return Ok(CasOutcome::Swapped);
         }
@@ -242,7 +241,7 @@ impl Store for EtcdStore {
                 TxnOp::get(index.clone(), None),
                 TxnOp::get(record.clone(), None),
             ];
-            let resp = self.call("read lease", move |mut c| async move {
+            let resp = self.call("read lease", ops.to_vec(), |mut c, ops| async move {
                 c.txn(Txn::new().and_then(ops)).await
             })?;
             let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
@@ -314,11 +313,15 @@ impl Store for EtcdStore {
         let from = self.keys.event(node, first);
         let end = keys::prefix_end(&self.keys.events_of(node));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let kvs = self.call("read events", move |mut c| async move {
-            let opts = GetOptions::new().with_range(end).with_limit(limit);
-            let mut resp = c.get(from, Some(opts)).await?;
-            Ok(resp.take_kvs())
-        })?;
+        let kvs = self.call(
+            "read events",
+            (from, end),
+            move |mut c, (from, end)| async move {
+                let opts = GetOptions::new().with_range(end).with_limit(limit);
+                let mut resp = c.get(from, Some(opts)).await?;
+                Ok(resp.take_kvs())
+            },
+        )?;
         kvs.iter()
             .map(|kv| self.decode(kv.key(), kv.value()))
             .collect()
@@ -346,7 +349,7 @@ impl Store for EtcdStore {
 
     fn rollout_keys(&self) -> Result<Vec<String>> {
         let prefix = self.keys.rollouts();
-        let kvs = self.call("read rollouts", move |mut c| async move {
+        let kvs = self.call("read rollouts", prefix, |mut c, prefix| async move {
             let end = keys::prefix_end(&prefix);
             let opts = GetOptions::new().with_range(end).with_keys_only();
             let mut resp = c.get(prefix, Some(opts)).await?;

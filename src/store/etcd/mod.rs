@@ -219,6 +219,8 @@ pub struct EtcdStore {
     /// The endpoints, for errors.
     named: String,
     timeout: Duration,
+    /// How many endpoints the client balances over.
+    endpoints: usize,
     max_ops: usize,
     /// Every lease key (records and MAC index) as this store last saw it: loaded on open,
     /// kept by its own commits. Lease commits compare against it.
@@ -278,6 +280,7 @@ impl EtcdStore {
             keys: Keys::new(&cfg.cluster),
             named,
             timeout: cfg.request_timeout,
+            endpoints: cfg.endpoints.len(),
             max_ops: cfg.max_txn_ops.max(1),
             leases: Mutex::new(View::new()),
         };
@@ -293,18 +296,35 @@ impl EtcdStore {
         (store, writers)
     }
 
-    /// Run `f` with a client on the runtime thread and wait for it, at most the request
-    /// timeout.
-    fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
+    /// Run `f(client, req)` on the runtime thread and wait for it, at most the request
+    /// timeout. A request refused at connect (a dead member among the endpoints, which the
+    /// client's balancer may still pick) never reached etcd, so it is sent again, to the
+    /// next endpoint; any other error is returned, since a request that reached etcd may
+    /// have been applied.
+    fn call<T, R, F, Fut>(&self, op: &'static str, req: R, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(Client) -> Fut,
+        R: Clone + Send + 'static,
+        F: Fn(Client, R) -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
     {
         let (tx, rx) = sync_channel(1);
-        let fut = f(self.client.clone());
+        let client = self.client.clone();
         let timeout = self.timeout;
+        let attempts = self.endpoints * 2;
         self.bridge.handle.spawn(async move {
+            let fut = async move {
+                let mut left = attempts;
+                loop {
+                    match f(client.clone(), req.clone()).await {
+                        Err(e) if left > 1 && refused_at_connect(&e) => {
+                            left -= 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        out => return out,
+                    }
+                }
+            };
             let _ = tx.send(tokio::time::timeout(timeout, fut).await);
         });
         let timed_out = || StoreError::EtcdTimeout {
@@ -338,16 +358,15 @@ impl EtcdStore {
     fn check_schema(&self) -> Result<()> {
         let key = self.keys.schema();
         let version = super::SCHEMA_VERSION.to_string();
-        let k = key.clone();
-        let resp = self.call("write schema version", move |mut c| async move {
-            let txn = etcd_client::Txn::new()
-                .when([etcd_client::Compare::create_revision(
-                    k.clone(),
-                    etcd_client::CompareOp::Equal,
-                    0,
-                )])
-                .and_then([etcd_client::TxnOp::put(k.clone(), version, None)])
-                .or_else([etcd_client::TxnOp::get(k, None)]);
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                key.clone(),
+                etcd_client::CompareOp::Equal,
+                0,
+            )])
+            .and_then([etcd_client::TxnOp::put(key.clone(), version, None)])
+            .or_else([etcd_client::TxnOp::get(key.clone(), None)]);
+        let resp = self.call("write schema version", txn, |mut c, txn| async move {
             c.txn(txn).await
         })?;
         if resp.succeeded() {
@@ -390,11 +409,30 @@ impl EtcdStore {
 
     /// Every key under `prefix`, in key order, at one revision.
     fn get_prefix(&self, op: &'static str, prefix: Vec<u8>) -> Result<Vec<etcd_client::KeyValue>> {
-        self.call(op, move |mut c| async move {
+        self.call(op, prefix, |mut c, prefix| async move {
             let end = keys::prefix_end(&prefix);
             let opts = etcd_client::GetOptions::new().with_range(end);
             let mut resp = c.get(prefix, Some(opts)).await?;
             Ok(resp.take_kvs())
         })
     }
+}
+
+/// Whether `e` is a connection refused before the request was sent: the one failure that is
+/// safe to send again (the transport reports it as `Unavailable` carrying the connect error).
+fn refused_at_connect(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    if status.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        cause = c.source();
+    }
+    false
 }

@@ -266,10 +266,9 @@ fn a_newer_schema_is_refused_and_left_untouched() {
     };
     let s = server.open("future");
     let key = s.keys.schema();
-    s.call(
-        "test",
-        move |mut c| async move { c.put(key, "2", None).await },
-    )
+    s.call("test", key, |mut c, key| async move {
+        c.put(key, "2", None).await
+    })
     .unwrap();
     let err = EtcdStore::open(&server.config("future")).unwrap_err();
     assert!(
@@ -278,7 +277,11 @@ fn a_newer_schema_is_refused_and_left_untouched() {
     );
     let key = s.keys.schema();
     let kv = s
-        .call("test", move |mut c| async move { c.get(key, None).await })
+        .call(
+            "test",
+            key,
+            |mut c, key| async move { c.get(key, None).await },
+        )
         .unwrap();
     assert_eq!(kv.kvs()[0].value(), b"2");
 }
@@ -320,4 +323,42 @@ fn configuration_errors_name_the_flag() {
     assert_eq!(cfg.urls(true), ["https://127.0.0.1:1"]);
     let err = EtcdStore::open(&EtcdConfig::new(Vec::new(), "c")).unwrap_err();
     assert!(matches!(err, StoreError::EtcdConfig { .. }), "{err}");
+}
+
+/// A 3-member etcd: a store over all three endpoints keeps committing with one member
+/// killed (a quorum remains) and the commits are there; with two killed (no quorum) a write
+/// fails with a typed error naming the endpoints, within its timeout, and writes nothing.
+#[test]
+fn three_members_survive_one_loss_and_refuse_writes_without_quorum() {
+    let Some(mut server) = EtcdServer::start_cluster(3) else {
+        return;
+    };
+    let mut cfg = server.config("quorum");
+    cfg.request_timeout = Duration::from_secs(2);
+    let s = EtcdStore::open(&cfg).unwrap();
+    s.commit_leases(&[upsert(lease(1, Ipv4Addr::new(10, 4, 0, 1)), "n")], true)
+        .unwrap();
+    server.kill_member(0);
+    // The client may first try the dead member; a write lands within a few attempts.
+    let ip = Ipv4Addr::new(10, 4, 0, 2);
+    let landed = (0..5).any(|_| s.commit_leases(&[upsert(lease(2, ip), "n")], true).is_ok());
+    assert!(landed, "no write landed with 2 of 3 members up");
+    assert_eq!(s.lease_by_ip(ip).unwrap().unwrap().ip, ip);
+    assert_eq!(s.leases().unwrap().len(), 2);
+
+    server.kill_member(1);
+    let started = Instant::now();
+    let err = s.put_meta("k", b"v").unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(
+            err,
+            StoreError::Etcd { .. } | StoreError::EtcdTimeout { .. }
+        ) && err.to_string().contains(&server.url()),
+        "{err}"
+    );
 }
