@@ -162,7 +162,12 @@ impl EtcdStore {
             .map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_keys_only())))
             .collect();
         let txn = Txn::new().when(compares).and_then(ops).or_else(reads);
-        let resp = self.call("commit", txn, |mut c, txn| async move { c.txn(txn).await })?;
+        let resp = match self.call("commit", txn, |mut c, txn| async move { c.txn(txn).await }) {
+            Ok(resp) => resp,
+            // A timeout or a lost answer may hide a commit etcd applied: read the keys
+            // back, and take it as committed only when they show exactly this plan.
+            Err(e) => return self.applied_anyway(plan).map(Ok).ok_or(e),
+        };
         if resp.succeeded() {
             // Every key a transaction writes gets its one revision, the header's
             // (`storeTxnWrite.put`, `mvcc/kvstore_txn.go` at v3.4.23).
@@ -184,6 +189,33 @@ impl EtcdStore {
             .map(|((k, _), _)| k.clone())
             .collect();
         Ok(Err(moved))
+    }
+
+    /// The revision `plan` was applied at, when its keys read back show it applied after
+    /// its commit errored (see [`plan::applied`]); `None` when they do not, or cannot be read.
+    fn applied_anyway(&self, plan: &Plan) -> Option<i64> {
+        let ops: Vec<TxnOp> = plan
+            .writes
+            .keys()
+            .map(|k| TxnOp::get(k.clone(), None))
+            .collect();
+        let resp = self
+            .call("read back a commit", ops, |mut c, ops| async move {
+                c.txn(Txn::new().and_then(ops)).await
+            })
+            .ok()?;
+        let now: Vec<Option<(i64, Vec<u8>)>> = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.mod_revision(), kv.value().to_vec())),
+                _ => None,
+            })
+            .collect();
+        plan::applied(plan, &now)
     }
 
     fn cas(&self, key: Vec<u8>, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {

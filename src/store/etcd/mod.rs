@@ -31,8 +31,15 @@
 //! a tokio worker included, neither panics nor hangs when etcd is gone
 //! ([`StoreError::EtcdTimeout`], [`StoreError::Etcd`], naming the endpoints).
 //!
+//! A lease commit whose answer is lost (a timeout, a connection cut after sending) may
+//! still have been applied: its keys are read back, and when they hold exactly what it
+//! wrote, at one revision newer than the compared ones, it counts as committed
+//! ([`plan::applied`]). Otherwise the error is returned, and this store's view of the lease
+//! keys may be stale: its next commit of those keys fails as a conflict until the caller
+//! reloads ([`EtcdStore::reload_leases`]) along with its lease book.
+//!
 //! Not yet: `serve --store etcd://...`, watches feeding other appliances' lease books, and
-//! recognising a committed-but-errored transaction on retry (issue 28 items 1 to 3).
+//! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
 
 mod backend;
 mod keys;

@@ -201,6 +201,30 @@ impl Planner<'_> {
     }
 }
 
+/// Whether `now` (each written key of `plan` as etcd has it after an errored commit, in
+/// `plan.writes` order; `None`: absent) shows the plan applied after all: every put there
+/// with its value, all at one revision newer than every compared one, every delete gone.
+/// Returns that revision. A plan of deletes only leaves no revision to tell by: `None`.
+pub(crate) fn applied(plan: &Plan, now: &[Option<(i64, Vec<u8>)>]) -> Option<i64> {
+    if now.len() != plan.writes.len() {
+        return None;
+    }
+    let mut rev = None;
+    for (want, got) in plan.writes.values().zip(now) {
+        match (want, got) {
+            (Some(v), Some((r, g))) if v == g => {
+                if *rev.get_or_insert(*r) != *r {
+                    return None;
+                }
+            }
+            (None, None) => {}
+            _ => return None,
+        }
+    }
+    let rev = rev?;
+    plan.expect.values().all(|e| *e < rev).then_some(rev)
+}
+
 /// Decode a stored JSON value at `key`.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     key: &[u8],
@@ -277,6 +301,44 @@ mod tests {
         assert_eq!(plan.seqs, [1, 1]);
         assert_eq!(plan.expect[&keys.event_head("n")], 0);
         assert_eq!(plan.writes.len(), 5);
+    }
+
+    #[test]
+    fn an_errored_commit_is_recognised_as_applied_only_by_all_of_its_writes() {
+        let mut plan = Plan::default();
+        plan.expect.insert(b"a".to_vec(), 5);
+        plan.writes.insert(b"a".to_vec(), Some(b"1".to_vec()));
+        plan.writes.insert(b"b".to_vec(), None);
+        plan.writes.insert(b"c".to_vec(), Some(b"2".to_vec()));
+        let now = |a: Option<(i64, &[u8])>, b, c: Option<(i64, &[u8])>| {
+            let own = |x: Option<(i64, &[u8])>| x.map(|(r, v)| (r, v.to_vec()));
+            vec![own(a), b, own(c)]
+        };
+        assert_eq!(
+            applied(&plan, &now(Some((9, b"1")), None, Some((9, b"2")))),
+            Some(9)
+        );
+        // Not written: the old value, a key still there, revisions that differ.
+        assert_eq!(applied(&plan, &now(Some((5, b"0")), None, None)), None);
+        let left = Some((3, b"x".to_vec()));
+        assert_eq!(
+            applied(&plan, &now(Some((9, b"1")), left, Some((9, b"2")))),
+            None
+        );
+        assert_eq!(
+            applied(&plan, &now(Some((9, b"1")), None, Some((8, b"2")))),
+            None
+        );
+        // The same values at a revision not newer than the compared one: not this commit.
+        assert_eq!(
+            applied(&plan, &now(Some((5, b"1")), None, Some((5, b"2")))),
+            None
+        );
+        let deletes_only = Plan {
+            writes: [(b"b".to_vec(), None)].into_iter().collect(),
+            ..Plan::default()
+        };
+        assert_eq!(applied(&deletes_only, &[None]), None);
     }
 
     #[test]
