@@ -17,15 +17,19 @@
 //!
 //! Reads and writes are synchronous (redb is); async callers wrap calls in `spawn_blocking`.
 
+mod etcd;
 mod node_parts;
 mod records;
 mod redb;
 mod steps;
+#[cfg(test)]
+mod suite;
 mod writers;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use self::etcd::{EtcdConfig, EtcdStore};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};
@@ -197,6 +201,64 @@ pub enum StoreError {
         what: String,
         /// Underlying error.
         source: serde_json::Error,
+    },
+
+    /// An etcd request failed (connection refused, TLS refused, an error status, ...).
+    #[error(
+        "etcd at {endpoints}: {op} failed: {source}; check that etcd runs there and is reachable"
+    )]
+    Etcd {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What the store was doing.
+        op: &'static str,
+        /// Underlying client error.
+        source: Box<etcd_client::Error>,
+    },
+
+    /// An etcd request did not complete in time (no quorum, or nothing answers).
+    #[error(
+        "etcd at {endpoints}: {op} did not complete within {after:?}; is etcd up and does it have quorum?"
+    )]
+    EtcdTimeout {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What the store was doing.
+        op: &'static str,
+        /// The timeout.
+        after: std::time::Duration,
+    },
+
+    /// A lease key changed in etcd since this store last saw it (another appliance wrote
+    /// it): nothing of the commit was written.
+    #[error(
+        "etcd at {endpoints}: {key} was changed by another writer since this appliance read it; \
+         the lease commit was not written"
+    )]
+    EtcdConflict {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// The first key that changed.
+        key: String,
+    },
+
+    /// A value under the store's prefix is not what talboot writes, or a write needs more
+    /// than one transaction may carry.
+    #[error("etcd at {endpoints}: {key}: {cause}; it was left untouched")]
+    EtcdData {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// The key (or prefix).
+        key: String,
+        /// What was wrong.
+        cause: String,
+    },
+
+    /// The etcd store's configuration cannot be used (a TLS file unreadable, no endpoint).
+    #[error("etcd store configuration: {cause}")]
+    EtcdConfig {
+        /// What was wrong.
+        cause: String,
     },
 
     /// Any other failure of the storage engine (disk full, I/O error during a commit, ...).
