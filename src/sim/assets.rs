@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::required_sets;
 use crate::artifacts::{self, Catalog, Entry, FileRecord, Kind, SetId};
 use crate::fsutil::write_atomic;
 use crate::inventory::Inventory;
@@ -79,7 +78,8 @@ pub(crate) fn write_boot_sets(
         path: images.to_owned(),
         cause: e.to_string(),
     })?;
-    for id in required_sets(inv) {
+    for need in artifacts::requirements(inv) {
+        let id = need.id;
         let dir = images.join(id.rel_dir());
         let mut files = std::collections::BTreeMap::new();
         let label = |what: &str| format!("talboot simulation: not a real {what} ({id})");
@@ -102,6 +102,14 @@ pub(crate) fn write_boot_sets(
             Kind::Cmdline,
             write(&dir.join(Kind::Cmdline.file_name()), cmdline.as_bytes())?,
         );
+        if need.boots.contains(&artifacts::Boot::SecureBootUki) {
+            let mut rec = write(
+                &dir.join(Kind::SecureBootUki.file_name()),
+                &filler(&label("signed Talos UKI"), KERNEL_BYTES + INITRAMFS_BYTES),
+            )?;
+            rec.uki = Some(sim_uki_record(&id, inv, now_unix));
+            files.insert(Kind::SecureBootUki, rec);
+        }
         catalog.upsert(Entry {
             id,
             source: "talboot demo (simulated)".into(),
@@ -114,6 +122,40 @@ pub(crate) fn write_boot_sets(
         path: images.to_owned(),
         cause: e.to_string(),
     })
+}
+
+/// The `.pcrpkey` fingerprint (Talos's format) of the simulated boot sets' signed UKI; the
+/// Talos doubles of secure-boot machines report it in `SecurityState`, as a node that booted
+/// that UKI would.
+pub(crate) fn sim_pcr_key() -> String {
+    crate::provision::secure_boot::talos_fingerprint(
+        &Sha256::digest(b"talboot demo boot set .pcrpkey").into(),
+    )
+}
+
+/// What a pull would have recorded of the simulated signed UKI (the stand-in file is no PE,
+/// so the facts are written, not read).
+fn sim_uki_record(id: &SetId, inv: &Inventory, now_unix: u64) -> artifacts::UkiRecord {
+    let fingerprint = |what: &[u8]| {
+        crate::provision::secure_boot::talos_fingerprint(&Sha256::digest(what).into())
+    };
+    artifacts::UkiRecord {
+        facts: artifacts::uki::UkiFacts {
+            arch: id.arch.clone(),
+            sections: [".osrel", ".cmdline", ".linux", ".initrd", ".pcrpkey"]
+                .map(str::to_owned)
+                .to_vec(),
+            signer: Some(artifacts::uki::Signer {
+                subject: "CN=talboot simulation UKI signing key".into(),
+                sha256_fingerprint: fingerprint(b"talboot simulation signing certificate"),
+            }),
+            pcr_key_fingerprint: Some(sim_pcr_key()),
+            version: Some(inv.cluster.talos_version.value.to_string()),
+        },
+        source: "talboot demo (simulated)".into(),
+        at: now_unix,
+        origin: Default::default(),
+    }
 }
 
 fn cmdline_for(inv: &Inventory, id: &SetId) -> String {
@@ -160,7 +202,7 @@ mod tests {
         let inv = crate::inventory::load(&inv_path).unwrap().inventory;
         write_boot_sets(dir.path(), &inv, 1).unwrap();
         let catalog = Catalog::load(dir.path()).unwrap();
-        for id in required_sets(&inv) {
+        for id in crate::artifacts::required_sets(&inv) {
             artifacts::verify(dir.path(), &catalog, &id).unwrap();
         }
         write_ipxe_binaries(&dir.path().join("tftp")).unwrap();

@@ -190,6 +190,9 @@ impl Machine {
     /// One complete network boot: firmware DHCP, first stage, iPXE DHCP, scripts, images.
     pub(crate) async fn network_boot(&self, wire: Wire) -> Result<Booted, BootError> {
         let first = self.dhcp(wire, false).await?;
+        if first.file.ends_with(".efi") && first.file.contains("uki") {
+            return self.boot_uki(wire, &first).await;
+        }
         let script_url = if first.file.starts_with("http://") {
             // UEFI HTTP boot: the firmware fetched iPXE over HTTP itself.
             self.fetch(first.address, &first.file).await?;
@@ -212,6 +215,25 @@ impl Machine {
             )));
         }
         self.run_scripts(ack_address, &script_url).await
+    }
+
+    /// The firmware loads a UKI it was offered (over HTTP Boot, or over TFTP from PXE) and
+    /// starts it: kernel, initramfs and command line are sealed in the one file, so there is
+    /// no iPXE, no second DHCP and no script (the firmware's own signature check is what
+    /// `tests/secureboot_qemu.rs` proves on real OVMF; the stand-in UKI is not verified here).
+    async fn boot_uki(&self, wire: Wire, ack: &Ack) -> Result<Booted, BootError> {
+        let bytes = if ack.file.starts_with("http://") {
+            self.fetch(ack.address, &ack.file).await?
+        } else {
+            let tftp = SocketAddrV4::new(ack.next_server, wire.tftp_port);
+            self.tftp_get(ack.address, tftp, &ack.file).await?
+        };
+        Ok(Booted::Kernel {
+            address: ack.address,
+            cmdline: String::new(),
+            kernel_bytes: bytes.len() as u64,
+            initramfs_bytes: 0,
+        })
     }
 
     /// A DHCP DISCOVER/OFFER/REQUEST/ACK exchange, as the firmware (or, with `ipxe`, as

@@ -72,10 +72,7 @@ pub(super) fn throwaway_secrets(inv: &Inventory, workdir: &Path) -> Result<Throw
 /// The `.pcrpkey` fingerprint (Talos's format) of the simulated boot set's UKI: a fixed
 /// stand-in key, reported by every secure-boot double and expected by the gate.
 pub(super) fn demo_pcr_key() -> String {
-    use sha2::Digest;
-    crate::provision::secure_boot::talos_fingerprint(
-        &sha2::Sha256::digest(b"talboot demo boot set .pcrpkey").into(),
-    )
+    crate::sim::assets::sim_pcr_key()
 }
 
 /// The provisioner's settings for the simulated rack: what an operator would pass to
