@@ -69,12 +69,6 @@ pub(super) fn throwaway_secrets(inv: &Inventory, workdir: &Path) -> Result<Throw
     })
 }
 
-/// The `.pcrpkey` fingerprint (Talos's format) of the simulated boot set's UKI: a fixed
-/// stand-in key, reported by every secure-boot double and expected by the gate.
-pub(super) fn demo_pcr_key() -> String {
-    crate::sim::assets::sim_pcr_key()
-}
-
 /// The provisioner's settings for the simulated rack: what an operator would pass to
 /// `serve`, with timings short enough for doubles that answer at once.
 pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
@@ -93,14 +87,13 @@ pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
     // Power controllers from the inventory's `power:` blocks, as `serve` builds them (the
     // example rack has none; an inventory with one gets the dashboard's power actions).
     settings.power = Arc::new(crate::power::dispatch::serve_drivers(inv, None));
-    // The simulated boot set's UKI carries the demo's PCR key; every secure-boot machine
-    // booted it (the doubles report it), so the Secure Boot gate lets them through.
+    // The expected keys as `serve` reads them: from the catalog, where the simulated boot
+    // set records its signed UKI's `.pcrpkey` (`sim::assets`); an unreadable catalog leaves
+    // none, and the gate then refuses every secure-boot node (fails closed).
     settings.secure_boot_keys = Arc::new(
-        inv.nodes
-            .iter()
-            .filter(|n| n.secure_boot())
-            .map(|n| (n.name.to_string(), demo_pcr_key()))
-            .collect(),
+        crate::artifacts::Catalog::load(&p.images)
+            .map(|c| crate::provision::secure_boot::expected_pcr_fingerprints(inv, &c))
+            .unwrap_or_default(),
     );
     settings.poll_interval = Duration::from_millis(250);
     settings.install_timeout = Duration::from_secs(60);

@@ -165,7 +165,7 @@ async fn run_machine(
     cfg.boot_hook = Some(boot_hook(node.clone(), wire));
     cfg.talos_version = version;
     if node.secure_boot {
-        cfg.security = SimSecurity::secure_boot(&super::launch::demo_pcr_key());
+        cfg.security = SimSecurity::secure_boot(&crate::sim::assets::sim_pcr_key());
     }
     let talos = match FakeTalosNode::start(cfg, &cluster).await {
         Ok(t) => Arc::new(t),
