@@ -108,8 +108,8 @@ pub(crate) struct Plan {
     pub(crate) ipxe_dir: PathBuf,
     /// Rendered configs for pull delivery.
     pub configs: PathBuf,
-    /// State directory (the store).
-    pub state_dir: PathBuf,
+    /// Where the state is kept: the redb file in the state directory, or a shared etcd.
+    pub store: store::StoreSpec,
     /// The address machines reach talboot at.
     pub advertise: Ipv4Addr,
     /// HTTP listen address of the provisioning side (port 0 picks one).
@@ -187,6 +187,9 @@ pub struct Bound {
     ipxe: Arc<FirstStage>,
     store: Arc<dyn Store>,
     writers: store::Writers,
+    /// The etcd backend when the state is shared (HA), for membership, election, watches.
+    #[allow(dead_code)]
+    etcd: Option<Arc<store::EtcdStore>>,
     view: Arc<crate::view::StateView>,
     store_closed: store::Closed,
     http: tokio::net::TcpListener,
@@ -209,10 +212,12 @@ impl Plan {
             });
         }
         let ipxe = Arc::new(self.load_first_stage()?);
-        let mut opened = store::open(&self.state_dir)?;
-        let store_closed = opened.on_close();
-        let (store, writers) = opened.split();
-        let store: Arc<dyn Store> = store;
+        let store::Opened {
+            store,
+            writers,
+            closed: store_closed,
+            etcd,
+        } = self.store.open()?;
         // The request paths' read view, loaded before any writer starts.
         let view = Arc::new(crate::view::StateView::load(
             store.as_ref(),
@@ -238,6 +243,7 @@ impl Plan {
             ipxe,
             store,
             writers,
+            etcd,
             view,
             store_closed,
             http,
@@ -793,7 +799,7 @@ nodes:
             images_dir: dir.into(),
             ipxe_dir: dir.into(),
             configs: dir.into(),
-            state_dir: dir.join("state"),
+            store: store::StoreSpec::Redb(dir.join("state")),
             advertise: Ipv4Addr::LOCALHOST,
             http: (Ipv4Addr::LOCALHOST, 0).into(),
             admin: (Ipv4Addr::LOCALHOST, 0).into(),

@@ -390,7 +390,7 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         images_dir: args.image_cache.images.clone(),
         ipxe_dir: args.ipxe_dir.clone(),
         configs: args.configs.clone(),
-        state_dir: args.state_dir.clone(),
+        store: store::StoreSpec::Redb(args.state_dir.clone()),
         advertise,
         http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
         admin: args.admin_listen,

@@ -380,6 +380,59 @@ pub(crate) fn store_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STORE_FILE_NAME)
 }
 
+/// Which backend holds the state: the embedded redb file (the default) or a shared etcd
+/// (`serve --store etcd://...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// `talboot.redb` in this state directory.
+    Redb(PathBuf),
+    /// The keys under `/talboot/<cluster>/` in this etcd.
+    Etcd(EtcdConfig),
+}
+
+/// An opened store, split into its shared reader and its one set of writers.
+pub struct Opened {
+    /// The read side every component may hold.
+    pub store: std::sync::Arc<dyn Store>,
+    /// One writer per table, to be moved to each table's owner.
+    pub writers: Writers,
+    /// Resolves once the store is closed (the redb file lock released).
+    pub closed: Closed,
+    /// The etcd backend itself, for the HA parts that need more than the store traits
+    /// (membership, election, watches); `None` on redb.
+    pub etcd: Option<std::sync::Arc<EtcdStore>>,
+}
+
+impl StoreSpec {
+    /// Open the store this names (see [`open`] and [`EtcdStore::open`]).
+    pub fn open(&self) -> Result<Opened> {
+        match self {
+            Self::Redb(dir) => {
+                let mut opened = open(dir)?;
+                let closed = opened.on_close();
+                let (store, writers) = opened.split();
+                Ok(Opened {
+                    store,
+                    writers,
+                    closed,
+                    etcd: None,
+                })
+            }
+            Self::Etcd(cfg) => {
+                let mut opened = EtcdStore::open(cfg)?;
+                let closed = opened.on_close();
+                let (store, writers) = opened.split();
+                Ok(Opened {
+                    store: store.clone(),
+                    writers,
+                    closed,
+                    etcd: Some(store),
+                })
+            }
+        }
+    }
+}
+
 /// Open (or create) the default store in `state_dir`.
 ///
 /// Creates the directory with mode 0700 if it is missing and initialises a new database if

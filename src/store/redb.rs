@@ -109,7 +109,7 @@ pub struct RedbStore {
 /// Resolves once the store it came from ([`RedbStore::on_close`]) is closed: the last
 /// reference is gone and the file lock released, so the state directory can be opened again.
 #[derive(Debug)]
-pub struct Closed(tokio::sync::oneshot::Receiver<()>);
+pub struct Closed(pub(super) tokio::sync::oneshot::Receiver<()>);
 
 impl std::future::Future for Closed {
     type Output = ();

@@ -194,7 +194,7 @@ impl Relaunch {
             images_dir: self.images.clone(),
             ipxe_dir: self.tftp_root.clone(),
             configs: self.configs.clone(),
-            state_dir: self.state_dir.clone(),
+            store: crate::store::StoreSpec::Redb(self.state_dir.clone()),
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,

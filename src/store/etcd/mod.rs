@@ -232,6 +232,8 @@ pub struct EtcdStore {
     /// Every lease key (records and MAC index) as this store last saw it: loaded on open,
     /// kept by its own commits. Lease commits compare against it.
     leases: Mutex<View>,
+    /// Dropped with the store, resolving its [`Closed`](super::Closed).
+    closing: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -290,10 +292,19 @@ impl EtcdStore {
             endpoints: cfg.endpoints.len(),
             max_ops: cfg.max_txn_ops.max(1),
             leases: Mutex::new(View::new()),
+            closing: None,
         };
         store.check_schema()?;
         store.reload_leases()?;
         Ok(store)
+    }
+
+    /// A future that resolves when this store is dropped (its last reference gone), as
+    /// [`RedbStore::on_close`](super::RedbStore) gives for the file.
+    pub(crate) fn on_close(&mut self) -> super::Closed {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.closing = Some(tx);
+        super::Closed(rx)
     }
 
     /// The shared reader and the one set of write handles of this store.
@@ -412,6 +423,39 @@ impl EtcdStore {
             .collect();
         *self.leases.lock().unwrap_or_else(|p| p.into_inner()) = view;
         Ok(())
+    }
+
+    /// A handle on the client, for the HA parts (membership, election, watches) that hold
+    /// long-lived streams of their own; run them on [`EtcdStore::runtime`].
+    #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The runtime thread the client lives on: spawn keep-alives and watches here, so they
+    /// run whatever runtime (or none) the caller has.
+    #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
+    pub(crate) fn runtime(&self) -> tokio::runtime::Handle {
+        self.bridge.handle.clone()
+    }
+
+    /// The key prefix of this fleet, `/talboot/<cluster>/`; HA keys (members, election)
+    /// live under it.
+    #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
+    pub(crate) fn root(&self) -> Vec<u8> {
+        self.keys.root().into_bytes()
+    }
+
+    /// The endpoints, as errors name them.
+    #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
+    pub(crate) fn endpoints_named(&self) -> &str {
+        &self.named
+    }
+
+    /// The per-request timeout.
+    #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Every key under `prefix`, in key order, at one revision.
