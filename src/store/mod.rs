@@ -29,7 +29,7 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-pub use self::etcd::{EtcdConfig, EtcdStore};
+pub use self::etcd::{EtcdConfig, EtcdStore, migrate};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};

@@ -47,6 +47,9 @@
 
 mod backend;
 mod keys;
+pub mod migrate;
+#[cfg(test)]
+mod migrate_tests;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
