@@ -4,8 +4,11 @@
 //! operator's process, read by `talboot status --store` while it runs (no file lock: the
 //! status comes from etcd, not from serve's admin API).
 //!
+//! And `talboot store migrate`: a demo run's redb state copied into etcd (stopped midway,
+//! then resumed), read back by `status --store`.
+//!
 //! One etcd member per test on loopback ports (`support::etcd`). The demo uses the rack's
-//! loopback addresses (127.0.0.x), as `tests/demo.rs` does.
+//! loopback addresses (127.0.0.x), as `tests/demo.rs` does, so the demo runs take turns.
 
 mod support;
 
@@ -16,6 +19,9 @@ use std::time::Duration;
 
 use support::etcd::Etcd;
 use support::images::fake_images;
+
+/// The demo binds the rack's fixed loopback addresses: one run at a time.
+static DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -55,6 +61,7 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
     };
     let dir = tempfile::tempdir().unwrap();
     let workdir = dir.path().join("run");
+    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
     let out = talboot()
         .args(["demo", "-q", "-c"])
         .arg(repo("config/rack.yaml"))
@@ -63,6 +70,7 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
         .args(["--timeout", "180", "--store", &etcd.store_url()])
         .output()
         .unwrap();
+    drop(turn);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -181,4 +189,114 @@ fn first_node(config: &Path) -> String {
         .unwrap()
         .inventory;
     inv.nodes[0].name.value.clone()
+}
+
+/// `talboot store migrate` with `args` after `--from dir --to url`: (success, stdout, stderr).
+fn migrate(dir: &Path, url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = talboot()
+        .args(["store", "migrate", "-c"])
+        .arg(repo("config/rack.yaml"))
+        .arg("--from")
+        .arg(dir)
+        .args(["--to", url])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_demo_runs_redb_state_is_migrated_to_etcd_resumed_after_a_stop() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let workdir = dir.path().join("run");
+    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
+    let out = talboot()
+        .args(["demo", "-q", "-c"])
+        .arg(repo("config/rack.yaml"))
+        .arg("--workdir")
+        .arg(&workdir)
+        .args(["--timeout", "180"])
+        .output()
+        .unwrap();
+    drop(turn);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = workdir.join("state");
+    assert!(state.join("talboot.redb").exists());
+
+    // Stopped after two transactions, as a kill would leave it.
+    let (ok, stdout, stderr) = migrate(&state, &etcd.store_url(), &["--stop-after-batches", "2"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("stopped after 2 transaction(s)"),
+        "{stdout}"
+    );
+    let partial = etcd.keys("/talboot/rack1/").len();
+    // Resumed: everything, checked, nothing twice.
+    let (ok, stdout, stderr) = migrate(&state, &etcd.store_url(), &[]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("copied and checked"), "{stdout}");
+    let skipped: usize = stdout
+        .split("transaction(s), ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no skipped count:\n{stdout}"));
+    // Two batches of 127 rows were there already (the marker and schema are not rows).
+    assert_eq!(skipped, 2 * 127, "{stdout}");
+    assert_eq!(partial, 2 * 127 + 2, "{partial}");
+    for table in [
+        "events",
+        "event_head",
+        "leases",
+        "nodes",
+        "cluster_progress",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(table)),
+            "{table}:\n{stdout}"
+        );
+    }
+    let events = etcd.keys("/talboot/rack1/events/");
+    let unique: std::collections::BTreeSet<&String> = events.iter().collect();
+    assert_eq!(unique.len(), events.len());
+
+    // The copy reads as the demo left it: every node Ready.
+    let table = status_from_etcd(&repo("config/rack.yaml"), &etcd.store_url());
+    assert_eq!(
+        table
+            .lines()
+            .skip(1)
+            .filter(|r| r.contains(" ready "))
+            .count(),
+        13,
+        "{table}"
+    );
+
+    // An appliance writes to the prefix: a rerun refuses (foreign data), naming the prefix.
+    let (ok, _, stderr) = migrate(&state, &etcd.store_url(), &["--etcd-cluster", "rack1"]);
+    assert!(ok, "a rerun of a complete copy only checks it: {stderr}");
+    let put = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=http://{}", etcd.client))
+        .args(["put", "/talboot/rack1/cluster_meta/stranger", "x"])
+        .output()
+        .unwrap();
+    assert!(put.status.success());
+    let (ok, _, stderr) = migrate(&state, &etcd.store_url(), &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("not from this migration") && stderr.contains("/talboot/rack1/"),
+        "{stderr}"
+    );
 }
