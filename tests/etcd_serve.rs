@@ -100,6 +100,25 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
     for row in rows {
         assert!(row.contains(" ready "), "{table}");
     }
+
+    // A second demo on the same prefix is refused (its new secrets would not match).
+    let again = dir.path().join("again");
+    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
+    let out = talboot()
+        .args(["demo", "-q", "-c"])
+        .arg(repo("config/rack.yaml"))
+        .arg("--workdir")
+        .arg(&again)
+        .args(["--timeout", "60", "--store", &etcd.store_url()])
+        .output()
+        .unwrap();
+    drop(turn);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("/talboot/rack1/ already holds 13 node record(s)"),
+        "{stderr}"
+    );
 }
 
 /// Kills the child on drop, so a failed assertion leaves no process behind.
