@@ -29,6 +29,8 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
+pub(crate) use self::etcd::testing as etcd_testing;
 pub use self::etcd::{EtcdConfig, EtcdStore, migrate};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
