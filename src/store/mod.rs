@@ -29,6 +29,7 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use self::etcd::health as etcd_health;
 pub use self::etcd::{EtcdConfig, EtcdStore};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};

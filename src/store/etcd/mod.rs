@@ -42,6 +42,7 @@
 //! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
 
 mod backend;
+pub mod health;
 mod keys;
 mod plan;
 #[cfg(test)]
