@@ -96,8 +96,11 @@ fn export(h: &EtcdHealth) {
     gauge!("talboot_etcd_alarms").set(h.alarms.len() as f64);
     for e in &h.endpoints {
         let up = e.status.as_ref().ok();
-        gauge!("talboot_etcd_endpoint_up", "endpoint" => e.url.clone())
-            .set(if up.is_some() { 1.0 } else { 0.0 });
+        gauge!("talboot_etcd_endpoint_up", "endpoint" => e.url.clone()).set(if up.is_some() {
+            1.0
+        } else {
+            0.0
+        });
         if let Some(s) = up {
             gauge!("talboot_etcd_endpoint_leader", "endpoint" => e.url.clone())
                 .set(if s.is_leader { 1.0 } else { 0.0 });

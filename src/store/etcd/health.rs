@@ -4,10 +4,12 @@
 //! what "has quorum" means to a writer. The verdict ([`EtcdHealth::verdict`]) is pure, from
 //! those facts.
 //!
-//! This is what `etcdctl endpoint health` and `endpoint status` read (etcd-io/etcd v3.4.23
-//! `etcdctl/ctlv3/command/ep_command.go`: health is a linearizable `Get` of one key, where
-//! "no key" counts as healthy and only a failed request or a raised alarm does not; status is
-//! the Maintenance `Status` RPC of each endpoint), so talboot and etcdctl agree.
+//! This is how `etcdctl endpoint health` and `endpoint status` read it (etcd-io/etcd v3.4.23
+//! `etcdctl/ctlv3/command/ep_command.go`): health is one client per endpoint doing a
+//! linearizable `Get` (a response, even "no such key", means the read went through the
+//! leader's read index, i.e. quorum); status is the Maintenance `Status` RPC of each endpoint.
+//! etcdctl 3.4 does not look at alarms there (3.5 does); talboot lists them with
+//! `AlarmList`, since a NOSPACE alarm refuses every write while reads still succeed.
 
 use std::time::Duration;
 
