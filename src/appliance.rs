@@ -111,6 +111,10 @@ pub(crate) struct Plan {
     pub configs: PathBuf,
     /// Where the state is kept: the redb file in the state directory, or a shared etcd.
     pub store: store::StoreSpec,
+    /// This appliance's name among those sharing one etcd store (`serve --name`, default
+    /// the host name): its `members/<name>` key and what status shows.
+    #[allow(dead_code)] // read by the HA lanes (issue 28) as they land
+    pub name: String,
     /// The address machines reach talboot at.
     pub advertise: Ipv4Addr,
     /// HTTP listen address of the provisioning side (port 0 picks one).
@@ -809,6 +813,7 @@ nodes:
             ipxe_dir: dir.into(),
             configs: dir.into(),
             store: store::StoreSpec::Redb(dir.join("state")),
+            name: "test".into(),
             advertise: Ipv4Addr::LOCALHOST,
             http: (Ipv4Addr::LOCALHOST, 0).into(),
             admin: (Ipv4Addr::LOCALHOST, 0).into(),

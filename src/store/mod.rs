@@ -270,6 +270,18 @@ pub enum StoreError {
         /// Underlying redb error.
         source: Box<::redb::Error>,
     },
+
+    /// Opening the etcd store failed before any data was read: nothing listens, TLS was
+    /// refused either way, or no quorum answered; `fix` names the flag to look at.
+    #[error("etcd at {endpoints}: {cause}; {fix}")]
+    EtcdUnreachable {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What happened.
+        cause: String,
+        /// What to check, naming the flags.
+        fix: &'static str,
+    },
 }
 
 /// Shorthand for store results.
