@@ -26,6 +26,7 @@ use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
 use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
 
+mod etcd_health;
 mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
@@ -359,6 +360,14 @@ impl Bound {
         let base_url = base_url(plan.advertise, http_port);
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
+        if let store::StoreSpec::Etcd(cfg) = &plan.store {
+            // The view of etcd's health goes to the admin API once it shows it.
+            let (_health, probe) = etcd_health::spawn(cfg.clone(), s.cancel.clone());
+            tasks.spawn(async move {
+                let _ = probe.await;
+                Ok(())
+            });
+        }
 
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).

@@ -29,6 +29,7 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use self::etcd::health as etcd_health;
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
 pub use self::etcd::{EtcdConfig, EtcdStore, migrate};

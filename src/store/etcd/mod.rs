@@ -46,6 +46,7 @@
 //! to [`StoreError::EtcdConflict`] (issue 28 item 2).
 
 mod backend;
+pub mod health;
 mod keys;
 pub mod migrate;
 #[cfg(test)]
