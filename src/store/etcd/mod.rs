@@ -42,12 +42,17 @@
 //! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
 
 mod backend;
+#[cfg(test)]
+mod feed_tests;
 mod keys;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
+mod watch;
+
+pub use self::watch::{LeaseEvent, LeaseFilter};
 
 use std::future::Future;
 use std::path::PathBuf;
