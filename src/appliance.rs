@@ -390,6 +390,11 @@ impl Bound {
             leases: w.leases,
             bindings: w.meta,
             ra: self.ra,
+            // The name is the host's until `Plan.name` (lane serve) is wired here.
+            ha: (self.etcd.clone()).map(|e| {
+                let me = spawn::member_record(&spawn::host_name(), &admin_url, &base_url);
+                (e, me)
+            }),
             advertise: plan.advertise,
             http_port,
             ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),

@@ -114,7 +114,15 @@ pub struct DhcpServer {
     queues: Queues,
     /// On etcd: the link to the shared store (conflicts, the peers' lease feed).
     ha: Option<ha::HaLink>,
+    /// On etcd: this appliance's name and the live appliances, for the split.
+    members: Option<Members>,
 }
+
+/// This appliance's name and the live appliances it shares the clients with.
+pub(crate) type Members = (
+    String,
+    tokio::sync::watch::Receiver<Vec<crate::store::Member>>,
+);
 
 /// Sizes of the two bounded queues of the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -186,6 +194,7 @@ impl DhcpServer {
             view: None,
             queues: Queues::default(),
             ha: None,
+            members: None,
         })
     }
 
@@ -221,6 +230,7 @@ impl DhcpServer {
             view: None,
             queues: Queues::default(),
             ha: None,
+            members: None,
         })
     }
 
@@ -249,6 +259,18 @@ impl DhcpServer {
         feed: Option<mpsc::UnboundedReceiver<Vec<crate::store::LeaseEvent>>>,
     ) -> Self {
         self.ha = Some(ha::HaLink::new(etcd, feed));
+        self
+    }
+
+    /// Answer only this appliance's share of the clients among the live appliances
+    /// (`live`, from `EtcdStore::join`), as RFC 3074 load balancing splits them
+    /// ([`super::split`]); the share follows the live set as appliances come and go.
+    pub fn with_split(
+        mut self,
+        me: String,
+        live: tokio::sync::watch::Receiver<Vec<crate::store::Member>>,
+    ) -> Self {
+        self.members = Some((me, live));
         self
     }
 
@@ -390,6 +412,7 @@ impl DhcpServer {
             proxied: VecDeque::new(),
             backlog,
             ack_backlog: self.queues.ack_backlog,
+            members: self.members.take(),
         };
         (adapter, committer)
     }

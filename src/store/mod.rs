@@ -31,7 +31,9 @@ use std::path::{Path, PathBuf};
 
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
-pub use self::etcd::{EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter};
+pub use self::etcd::{
+    EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership,
+};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};

@@ -55,6 +55,8 @@ pub(super) struct Adapter {
     pub(super) backlog: Arc<Backlog>,
     /// Above this many waiting replies, DISCOVERs are shed ([`ACK_BACKLOG`]).
     pub(super) ack_backlog: usize,
+    /// On etcd: this appliance's name and the live set its share of clients follows.
+    pub(super) members: Option<super::Members>,
 }
 
 /// One decision's store rows and what to do once they are committed.
@@ -107,6 +109,7 @@ impl Adapter {
     /// Decide one datagram and queue what its decision leaves to do.
     pub(super) async fn handle(&mut self, dgram: Datagram, sock: &Arc<UdpSocket>) {
         self.take_notes().await;
+        self.follow_members();
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
@@ -179,6 +182,26 @@ impl Adapter {
                 }
             }
         }
+    }
+
+    /// Recompute this appliance's share of the clients when the live set changed (an
+    /// appliance joined, left, or its etcd lease expired: its buckets are taken over now).
+    pub(super) fn follow_members(&mut self) {
+        let Some((me, live)) = &mut self.members else {
+            return;
+        };
+        let first = self.core.split.is_none();
+        if !first && !live.has_changed().unwrap_or(false) {
+            return;
+        }
+        let names: Vec<String> = live
+            .borrow_and_update()
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        let split = crate::dhcp::split::Split::new(me, &names);
+        tracing::info!(live = ?names, buckets = split.buckets(), "DHCP share of the clients");
+        self.core.split = Some(split);
     }
 
     /// Admission control: when the durable path is behind, a new exchange would only

@@ -45,6 +45,7 @@ mod backend;
 #[cfg(test)]
 mod feed_tests;
 mod keys;
+mod members;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -52,6 +53,7 @@ pub(crate) mod testing;
 mod tests;
 mod watch;
 
+pub use self::members::{DEFAULT_TTL as MEMBER_TTL, Member, Membership};
 pub use self::watch::{LeaseEvent, LeaseFilter};
 
 use std::future::Future;
