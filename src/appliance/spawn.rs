@@ -201,7 +201,10 @@ fn spawn_tftp(
 fn spawn_dhcp(
     tasks: &mut Tasks,
     s: &Shared,
-    (dhcp, ha): (Option<DhcpServer>, Option<(Arc<store::EtcdStore>, store::Member)>),
+    (dhcp, ha): (
+        Option<DhcpServer>,
+        Option<(Arc<store::EtcdStore>, store::Member)>,
+    ),
     writers: crate::dhcp::server::DhcpWriters,
     advertise: Ipv4Addr,
     http_port: u16,

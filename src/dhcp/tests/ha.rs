@@ -37,15 +37,16 @@ struct Appliance {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-async fn appliance(server: &EtcdServer, name: &str, ip: Ipv4Addr) -> Appliance {
+async fn appliance(server: &EtcdServer, name: &str, ip: Ipv4Addr, split: bool) -> Appliance {
     let (store, writers) = server.open("ha-dhcp").split();
     let membership = store.join(member(name), Duration::from_secs(2));
     let srv = server::DhcpServer::bind_loopback(SocketAddrV4::new(ip, 0)).unwrap();
     let addr = srv.local_addr().unwrap();
     let feed = store.lease_feed(CancellationToken::new());
-    let srv = srv
-        .with_etcd(store.clone(), Some(feed))
-        .with_split(name.into(), membership.live());
+    let mut srv = srv.with_etcd(store.clone(), Some(feed));
+    if split {
+        srv = srv.with_split(name.into(), membership.live());
+    }
     let mut c = ctx(NetworkMode::Authoritative, UnknownPolicy::Discover);
     c.server_ip = ip;
     c.subnets[0].pool = Some(Pool {
@@ -227,8 +228,8 @@ async fn two_appliances_split_the_clients_and_the_survivor_takes_over() {
         return;
     };
     let (ip_a, ip_b) = (ip("127.0.0.2"), ip("127.0.0.3"));
-    let a = appliance(&etcd, "a", ip_a).await;
-    let b = appliance(&etcd, "b", ip_b).await;
+    let a = appliance(&etcd, "a", ip_a, true).await;
+    let b = appliance(&etcd, "b", ip_b, true).await;
     wait_members(&a.membership, 2).await;
     wait_members(&b.membership, 2).await;
     let servers = [a.addr, b.addr];
@@ -267,6 +268,33 @@ async fn two_appliances_split_the_clients_and_the_survivor_takes_over() {
         .await
         .unwrap();
     for t in a.tasks {
+        t.abort();
+    }
+}
+
+/// Without the split both appliances answer every client, so they offer the same free
+/// addresses to different clients at once: the commits race in etcd, the losers' replies
+/// are dropped (their clients retry), and still no address is acknowledged to two clients
+/// and every acknowledged lease is in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_answering_everyone_never_ack_one_address_twice() {
+    let Some(etcd) = tokio::task::spawn_blocking(|| EtcdServer::start_cluster(3))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let a = appliance(&etcd, "a", ip("127.0.0.4"), false).await;
+    let b = appliance(&etcd, "b", ip("127.0.0.5"), false).await;
+    let clients: Vec<u8> = (1..=CLIENTS).collect();
+    let got = storm(&clients, &[a.addr, b.addr], 20).await;
+    // Both answered: the race was real.
+    assert!(got.values().any(|g| g.offered_by.len() == 2), "{got:?}");
+    let store = a.store.clone();
+    tokio::task::spawn_blocking(move || check_store(&store, &got))
+        .await
+        .unwrap();
+    for t in a.tasks.iter().chain(&b.tasks) {
         t.abort();
     }
 }

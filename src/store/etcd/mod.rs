@@ -38,8 +38,10 @@
 //! keys may be stale: its next commit of those keys fails as a conflict until the caller
 //! reloads ([`EtcdStore::reload_leases`]) along with its lease book.
 //!
-//! Not yet: `serve --store etcd://...`, watches feeding other appliances' lease books, and
-//! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
+//! For the DHCP server on a shared store (issue 28 item 2): `watch` (the lease feed: other
+//! appliances' lease changes, the compare view kept by them) and `members` (each appliance's
+//! `members/<name>` under its own etcd lease, and the live set). The DHCP side's reaction
+//! to [`StoreError::EtcdConflict`] is in `dhcp::server::ha`.
 
 mod backend;
 #[cfg(test)]
