@@ -346,8 +346,8 @@ pub(super) fn spawn_drift(
     });
 }
 
-/// This appliance's membership record for a shared etcd store: `name` (the appliance's,
-/// `Plan.name` once `serve --name` sets it), where its admin API and boot HTTP listen, this
+/// This appliance's membership record for a shared etcd store: `name` (`Plan.name`, from
+/// `serve --name`), where its admin API and boot HTTP listen, this
 /// build's version, and now as its start.
 pub(super) fn member_record(name: &str, admin_url: &str, http_url: &str) -> store::Member {
     store::Member {
@@ -359,13 +359,4 @@ pub(super) fn member_record(name: &str, admin_url: &str, http_url: &str) -> stor
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
     }
-}
-
-/// The host's name, the appliance's name until `Plan.name` carries one.
-pub(super) fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "talboot".to_owned())
 }

@@ -23,6 +23,7 @@ pub(crate) mod remote;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod store_flags;
 pub mod up;
 pub mod upgrade;
 pub(crate) mod watch;

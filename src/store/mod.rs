@@ -29,6 +29,7 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use self::etcd::health as etcd_health;
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
 pub use self::etcd::{
@@ -276,6 +277,18 @@ pub enum StoreError {
         file: PathBuf,
         /// Underlying redb error.
         source: Box<::redb::Error>,
+    },
+
+    /// Opening the etcd store failed before any data was read: nothing listens, TLS was
+    /// refused either way, or no quorum answered; `fix` names the flag to look at.
+    #[error("etcd at {endpoints}: {cause}; {fix}")]
+    EtcdUnreachable {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What happened.
+        cause: String,
+        /// What to check, naming the flags.
+        fix: &'static str,
     },
 }
 

@@ -7,4 +7,5 @@ pub mod images;
 pub mod netns;
 pub mod qemu;
 pub mod redfish_front;
+pub mod segment;
 pub mod sushy;

@@ -122,6 +122,8 @@ pub(super) struct Relaunch {
     pub(super) renderer: Arc<dyn crate::machineconfig::renderer::ConfigRenderer>,
     pub(super) creds: crate::talos::ClientCreds,
     pub(super) settings: Settings,
+    /// The etcd the state is kept in (`demo --store`), else the redb file in `state_dir`.
+    pub(super) etcd: Option<crate::store::EtcdConfig>,
 }
 
 impl Relaunch {
@@ -159,6 +161,7 @@ impl Relaunch {
             )),
             creds: secrets.creds.clone(),
             settings,
+            etcd: None,
         }
     }
 
@@ -194,7 +197,11 @@ impl Relaunch {
             images_dir: self.images.clone(),
             ipxe_dir: self.tftp_root.clone(),
             configs: self.configs.clone(),
-            store: crate::store::StoreSpec::Redb(self.state_dir.clone()),
+            store: match &self.etcd {
+                Some(cfg) => crate::store::StoreSpec::Etcd(cfg.clone()),
+                None => crate::store::StoreSpec::Redb(self.state_dir.clone()),
+            },
+            name: "demo".into(),
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,
