@@ -72,39 +72,47 @@ nodes:
     )
 }
 
-/// The etcd members, started in their namespaces with data on the real disk.
-fn start_etcd(seg: &Segment, work: &Path) -> Vec<Child> {
+/// etcd member `i` of [`ETCD`], started in its namespace with data on the real disk (a
+/// restart finds its data directory and rejoins).
+fn start_member(seg: &Segment, work: &Path, i: usize) -> Child {
     let cluster = ETCD
         .iter()
         .map(|(n, ip)| format!("{n}=http://{ip}:2380"))
         .collect::<Vec<_>>()
         .join(",");
-    let members = ETCD
-        .iter()
-        .map(|(n, ip)| {
-            let log = std::fs::File::create(work.join(format!("etcd-{n}.log"))).unwrap();
-            seg.on(n, "etcd")
-                .args(["--name", n, "--data-dir"])
-                .arg(work.join(format!("etcd-{n}")))
-                .args(["--listen-client-urls", &format!("http://{ip}:2379")])
-                .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
-                .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://{ip}:2380"),
-                ])
-                .args([
-                    "--initial-cluster",
-                    &cluster,
-                    "--initial-cluster-state",
-                    "new",
-                ])
-                .args(["--initial-cluster-token", "talboot-ha-netns"])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap()
-        })
+    let (n, ip) = ETCD[i];
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(work.join(format!("etcd-{n}.log")))
+        .unwrap();
+    seg.on(n, "etcd")
+        .args(["--name", n, "--data-dir"])
+        .arg(work.join(format!("etcd-{n}")))
+        .args(["--listen-client-urls", &format!("http://{ip}:2379")])
+        .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
+        .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://{ip}:2380"),
+        ])
+        .args([
+            "--initial-cluster",
+            &cluster,
+            "--initial-cluster-state",
+            "new",
+        ])
+        .args(["--initial-cluster-token", "talboot-ha-netns"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// The etcd members, once `etcdctl endpoint health` passes on all of them.
+fn start_etcd(seg: &Segment, work: &Path) -> Vec<Child> {
+    let members = (0..ETCD.len())
+        .map(|i| start_member(seg, work, i))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -401,6 +409,16 @@ fn logs(work: &Path) -> String {
     out
 }
 
+/// Whether any log of appliance `name` under `work` contains `needle`.
+fn log_contains(work: &Path, name: &str, needle: &str) -> bool {
+    std::fs::read_dir(work.join(name))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(needle)))
+}
+
 /// Every lease record in etcd, read from the checker host.
 fn leases_in_etcd(seg: &Segment) -> Vec<talboot::store::Lease> {
     seg.spawn_on(CHECKER.0, || {
@@ -411,122 +429,296 @@ fn leases_in_etcd(seg: &Segment) -> Vec<talboot::store::Lease> {
     .unwrap()
 }
 
-#[test]
-fn killing_appliances_mid_storm_loses_no_ack_and_duplicates_no_address() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
-        return;
-    }
-    for (tool, env) in [("etcd", "ETCD"), ("perfdhcp", "PERFDHCP")] {
-        if !require_tool(tool, env) {
-            return;
+/// The whole lab: the segment, etcd, two appliances serving, the storm running.
+struct Fleet {
+    apps: Vec<Appliance>,
+    etcd: Vec<Option<Child>>,
+    storm: Option<Child>,
+    seg: Segment,
+    work: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// None when this machine cannot run it (not root, or a waived tool). One fleet at a
+    /// time: two would share two cores with six etcd members and four appliances.
+    fn start(storm_secs: u32) -> Option<(Self, std::sync::MutexGuard<'static, ()>)> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if !is_root() {
+            eprintln!("skipped: needs root (network namespaces)");
+            return None;
         }
-    }
-    let work = tempfile::Builder::new()
-        .prefix("ha-netns-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let mut seg = Segment::new();
-    for (n, ip) in ETCD.iter().chain(&APPLIANCES).chain([&CHECKER, &STORM]) {
-        seg.add_host(n, &format!("{ip}/16"));
-    }
-    // The checker sends to 255.255.255.255 from a plain socket: the limited broadcast needs
-    // a route out of its interface (perfdhcp binds to its interface instead).
-    support::netns::run(seg.on(CHECKER.0, "ip").args([
-        "route",
-        "add",
-        "default",
-        "dev",
-        &format!("v-{}", CHECKER.0),
-    ]));
-    let _etcd = start_etcd(&seg, work.path());
-    let mut apps: Vec<Appliance> = APPLIANCES
-        .iter()
-        .map(|(n, ip)| Appliance::prepare(work.path(), n, ip))
-        .collect();
-    for a in &mut apps {
-        a.start(&seg);
+        for (tool, env) in [("etcd", "ETCD"), ("perfdhcp", "PERFDHCP")] {
+            if !require_tool(tool, env) {
+                return None;
+            }
+        }
+        // TALBOOT_HA_KEEP=1 keeps the logs and etcd data for a look afterwards.
+        let work = tempfile::Builder::new()
+            .prefix("ha-netns-")
+            .keep(std::env::var_os("TALBOOT_HA_KEEP").is_some())
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        let mut seg = Segment::new();
+        for (n, ip) in ETCD.iter().chain(&APPLIANCES).chain([&CHECKER, &STORM]) {
+            seg.add_host(n, &format!("{ip}/16"));
+        }
+        // The checker sends to 255.255.255.255 from a plain socket: the limited broadcast
+        // needs a route out of its interface (perfdhcp binds to its interface instead).
+        support::netns::run(seg.on(CHECKER.0, "ip").args([
+            "route",
+            "add",
+            "default",
+            "dev",
+            &format!("v-{}", CHECKER.0),
+        ]));
+        let etcd = start_etcd(&seg, work.path())
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut apps: Vec<Appliance> = APPLIANCES
+            .iter()
+            .map(|(n, ip)| Appliance::prepare(work.path(), n, ip))
+            .collect();
+        for a in &mut apps {
+            a.start(&seg);
+        }
+        // The storm: perfdhcp broadcasting as a relay for the whole run.
+        let storm = seg
+            .on(STORM.0, "perfdhcp")
+            .args(["-4", "-l", "v-c1", "-r", "300", "-R", "100000", "-p"])
+            .arg(storm_secs.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let fleet = Fleet {
+            apps,
+            etcd,
+            storm: Some(storm),
+            seg,
+            work,
+        };
+        Some((fleet, serial))
     }
 
-    // The storm: perfdhcp broadcasting as a relay for the whole run.
-    let storm = seg
-        .on(STORM.0, "perfdhcp")
-        .args(["-4", "-l", "v-c1", "-r", "300", "-R", "100000", "-p", "40"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let checker = Checker::start(&seg, 4);
+    fn kill_member(&mut self, i: usize) {
+        if let Some(mut c) = self.etcd[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart_member(&mut self, i: usize) {
+        self.etcd[i] = Some(start_member(&self.seg, self.work.path(), i));
+    }
+
+    /// The index in [`ETCD`] of the member that leads, as etcdctl reads it.
+    fn etcd_leader(&self) -> usize {
+        let out = self
+            .seg
+            .on(CHECKER.0, "etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args([
+                "--endpoints",
+                &endpoints(),
+                "endpoint",
+                "status",
+                "-w",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("etcdctl endpoint status: {e}: {out:?}"));
+        let rows = v.as_array().expect("a list of endpoints");
+        rows.iter()
+            .position(|r| {
+                let st = &r["Status"];
+                st["leader"].as_u64().is_some()
+                    && st["leader"].as_u64() == st["header"]["member_id"].as_u64()
+            })
+            .unwrap_or_else(|| panic!("no leader in {v}"))
+    }
+
+    /// Stop the storm and the appliances; the storm's report.
+    fn stop(&mut self) -> String {
+        let out = self
+            .storm
+            .take()
+            .and_then(|s| s.wait_with_output().ok())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for a in &mut self.apps {
+            a.kill9();
+        }
+        out
+    }
+
+    /// What must hold at the end of every run, from the ACKs and from etcd.
+    fn check(&self, acks: &[Ack]) {
+        // No address ACKed to two MACs, as the clients saw it.
+        let mut by_ip: BTreeMap<Ipv4Addr, [u8; 6]> = BTreeMap::new();
+        for a in acks {
+            if let Some(other) = by_ip.insert(a.ip, a.mac) {
+                assert_eq!(other, a.mac, "{} was ACKed to two MACs", a.ip);
+            }
+        }
+        // Every ACK is a bound lease in etcd, and the store holds no MAC twice.
+        let leases = leases_in_etcd(&self.seg);
+        let mut macs = BTreeMap::new();
+        for l in &leases {
+            if l.state != LeaseState::Declined
+                && let Some(ip) = macs.insert(l.mac, l.ip)
+            {
+                panic!("{} holds both {ip} and {}", l.mac, l.ip);
+            }
+        }
+        let by_ip_store: HashMap<Ipv4Addr, &talboot::store::Lease> =
+            leases.iter().map(|l| (l.ip, l)).collect();
+        for a in acks {
+            let l = by_ip_store
+                .get(&a.ip)
+                .unwrap_or_else(|| panic!("ACKed {} (from {}) is not in etcd", a.ip, a.server));
+            assert_eq!(
+                l.mac.0, a.mac,
+                "ACKed {} belongs to another MAC in etcd",
+                a.ip
+            );
+            assert_eq!(
+                l.state,
+                LeaseState::Bound,
+                "ACKed {} is not bound in etcd",
+                a.ip
+            );
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.storm.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for i in 0..self.etcd.len() {
+            self.kill_member(i);
+        }
+    }
+}
+
+#[test]
+fn killing_appliances_mid_storm_loses_no_ack_and_duplicates_no_address() {
+    let Some((mut fleet, _serial)) = Fleet::start(40) else {
+        return;
+    };
+    let checker = Checker::start(&fleet.seg, 4);
     assert!(
         checker.wait_more(0, 20, Duration::from_secs(30)).is_some(),
         "no DORA completed with both appliances up\n{}",
-        logs(work.path())
+        logs(fleet.work.path())
     );
 
     // Three kills, alternating, each while the storm runs; the killed one comes back after.
     let mut recoveries = Vec::new();
     for (round, victim) in [0usize, 1, 0].into_iter().enumerate() {
         std::thread::sleep(Duration::from_secs(2));
-        apps[victim].kill9();
+        fleet.apps[victim].kill9();
         let from = checker.count();
         let took = checker.wait_more(from, 20, Duration::from_secs(45));
         let took = took.unwrap_or_else(|| {
             panic!(
                 "kill {}: the survivor did not serve 20 new clients within 45 s of {} being killed\n{}",
                 round + 1,
-                apps[victim].name,
-                logs(work.path())
+                fleet.apps[victim].name,
+                logs(fleet.work.path())
             )
         });
-        recoveries.push((apps[victim].name, took));
-        apps[victim].start(&seg);
+        recoveries.push((fleet.apps[victim].name, took));
+        let seg = &fleet.seg;
+        fleet.apps[victim].start(seg);
     }
     std::thread::sleep(Duration::from_secs(2));
     let acks = checker.finish();
-    let storm_out = storm.wait_with_output().unwrap();
-    for a in &mut apps {
-        a.kill9();
-    }
+    let storm = fleet.stop();
     eprintln!(
-        "{} ACKs to the checker; survivor served 20 new clients after each kill in {:?}",
-        acks.len(),
-        recoveries
+        "{} ACKs to the checker; survivor served 20 new clients after each kill in {recoveries:?}\n{storm}",
+        acks.len()
     );
-    eprintln!("{}", String::from_utf8_lossy(&storm_out.stdout));
+    fleet.check(&acks);
+}
 
-    // No address ACKed to two MACs, as the clients saw it.
-    let mut by_ip: BTreeMap<Ipv4Addr, [u8; 6]> = BTreeMap::new();
-    for a in &acks {
-        if let Some(other) = by_ip.insert(a.ip, a.mac) {
-            assert_eq!(other, a.mac, "{} was ACKed to two MACs", a.ip);
-        }
-    }
-    // Every ACK is a bound lease in etcd, and the store holds no MAC twice.
-    let leases = leases_in_etcd(&seg);
-    let mut macs = BTreeMap::new();
-    for l in &leases {
-        if l.state != LeaseState::Declined
-            && let Some(ip) = macs.insert(l.mac, l.ip)
-        {
-            panic!("{} holds both {ip} and {}", l.mac, l.ip);
-        }
-    }
-    let by_ip_store: HashMap<Ipv4Addr, &talboot::store::Lease> =
-        leases.iter().map(|l| (l.ip, l)).collect();
-    for a in &acks {
-        let l = by_ip_store
-            .get(&a.ip)
-            .unwrap_or_else(|| panic!("ACKed {} (from {}) is not in etcd", a.ip, a.server));
-        assert_eq!(
-            l.mac.0, a.mac,
-            "ACKed {} belongs to another MAC in etcd",
-            a.ip
+/// The etcd leader killed under load: no ACKed lease lost. Then two of three members gone:
+/// no new lease at all (none is durable without a quorum), the appliances say why, and
+/// leases flow again once a member is back.
+#[test]
+fn the_etcd_leader_killed_loses_no_ack_and_without_quorum_no_lease_is_handed_out() {
+    let Some((mut fleet, _serial)) = Fleet::start(60) else {
+        return;
+    };
+    let checker = Checker::start(&fleet.seg, 4);
+    assert!(
+        checker.wait_more(0, 20, Duration::from_secs(30)).is_some(),
+        "no DORA completed with both appliances up\n{}",
+        logs(fleet.work.path())
+    );
+    let leader = fleet.etcd_leader();
+    fleet.kill_member(leader);
+    let from = checker.count();
+    let took = checker
+        .wait_more(from, 20, Duration::from_secs(45))
+        .unwrap_or_else(|| {
+            panic!(
+                "no new lease after the etcd leader died\n{}",
+                logs(fleet.work.path())
+            )
+        });
+    eprintln!(
+        "etcd leader {} killed: 20 new leases within {took:?}",
+        ETCD[leader].0
+    );
+    fleet.restart_member(leader);
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Quorum lost: two of the three members gone.
+    let (x, y) = ((leader + 1) % 3, (leader + 2) % 3);
+    fleet.kill_member(x);
+    fleet.kill_member(y);
+    // An ACK committed just before the kill may still be on its way out.
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen = checker.count();
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(
+        checker.count(),
+        frozen,
+        "leases were acknowledged while etcd had no quorum\n{}",
+        logs(fleet.work.path())
+    );
+    // The health probe runs every 5 s: within a bound, each appliance says it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !APPLIANCES
+        .iter()
+        .all(|(n, _)| log_contains(fleet.work.path(), n, "etcd has no quorum"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the appliances did not say that etcd lost quorum:\n{}",
+            logs(fleet.work.path())
         );
-        assert_eq!(
-            l.state,
-            LeaseState::Bound,
-            "ACKed {} is not bound in etcd",
-            a.ip
-        );
+        std::thread::sleep(Duration::from_millis(200));
     }
+    fleet.restart_member(x);
+    let back = checker.wait_more(frozen, 20, Duration::from_secs(60));
+    assert!(
+        back.is_some(),
+        "no lease after quorum came back\n{}",
+        logs(fleet.work.path())
+    );
+    let acks = checker.finish();
+    let storm = fleet.stop();
+    eprintln!(
+        "quorum back: 20 new leases within {back:?}; {} ACKs\n{storm}",
+        acks.len()
+    );
+    fleet.check(&acks);
 }
