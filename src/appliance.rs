@@ -403,6 +403,10 @@ impl Bound {
             leases: w.leases,
             bindings: w.meta,
             ra: self.ra,
+            ha: (self.etcd.clone()).map(|e| {
+                let me = spawn::member_record(&plan.name, &admin_url, &base_url);
+                (e, me)
+            }),
             advertise: plan.advertise,
             http_port,
             ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),

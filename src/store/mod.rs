@@ -32,7 +32,9 @@ use std::path::{Path, PathBuf};
 pub use self::etcd::health as etcd_health;
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
-pub use self::etcd::{EtcdConfig, EtcdStore, migrate};
+pub use self::etcd::{
+    EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership, migrate,
+};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};
@@ -243,6 +245,10 @@ pub enum StoreError {
         endpoints: String,
         /// The first key that changed.
         key: String,
+        /// How many of the commit's groups, from the first, were committed in earlier
+        /// transactions before the one that conflicted (a commit too large for one
+        /// transaction is split between groups); none of the rest were.
+        committed: usize,
     },
 
     /// A value under the store's prefix is not what talboot writes, or a write needs more

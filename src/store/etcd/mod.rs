@@ -42,12 +42,17 @@
 //! `--etcd-cert`, `--etcd-key`, etcdctl's `--cacert/--cert/--key`); an open whose first
 //! request fails says which of those flags to check ([`StoreError::EtcdUnreachable`]).
 //!
-//! Not yet: watches feeding other appliances' lease books, and the DHCP server's reaction
-//! to [`StoreError::EtcdConflict`] (issue 28 item 2).
+//! For the DHCP server on a shared store (issue 28 item 2): `watch` (the lease feed: other
+//! appliances' lease changes, the compare view kept by them) and `members` (each appliance's
+//! `members/<name>` under its own etcd lease, and the live set). The DHCP side's reaction
+//! to [`StoreError::EtcdConflict`] is in `dhcp::server::ha`.
 
 mod backend;
+#[cfg(test)]
+mod feed_tests;
 pub mod health;
 mod keys;
+mod members;
 pub mod migrate;
 #[cfg(test)]
 mod migrate_tests;
@@ -58,6 +63,10 @@ pub(crate) mod testing;
 mod tests;
 #[cfg(test)]
 mod tls_tests;
+mod watch;
+
+pub use self::members::{DEFAULT_TTL as MEMBER_TTL, Member, Membership};
+pub use self::watch::{LeaseEvent, LeaseFilter};
 
 use std::future::Future;
 use std::path::PathBuf;
