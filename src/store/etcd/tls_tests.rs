@@ -1,7 +1,8 @@
 //! The etcd store over TLS against a real etcd member that requires client certificates
 //! (`--client-cert-auth`), with certificates the `openssl` CLI made: the right files open
 //! it; a wrong CA, no client certificate, or one from another CA are refused with an error
-//! that names the endpoint and the flag to fix.
+//! that names the endpoint and the flag to fix. And the other failures of an open: nothing
+//! listening, no quorum.
 
 use super::EtcdStore;
 use super::testing::EtcdServer;
@@ -62,4 +63,21 @@ fn nothing_listening_names_the_store_flag() {
         .to_string();
     assert!(e.contains(&format!("http://{port}")), "{e}");
     assert!(e.contains("--store endpoints"), "{e}");
+}
+
+#[test]
+fn an_open_without_quorum_says_so_naming_the_endpoints() {
+    let Some(mut server) = EtcdServer::start_cluster(3) else {
+        return;
+    };
+    let mut cfg = server.config("q");
+    cfg.request_timeout = std::time::Duration::from_secs(2);
+    server.kill_member(1);
+    server.kill_member(2);
+    let e = EtcdStore::open(&cfg).expect_err("no quorum").to_string();
+    assert!(e.contains(&server.url()), "{e}");
+    assert!(
+        e.contains("quorum") && e.contains("--store endpoints"),
+        "{e}"
+    );
 }
