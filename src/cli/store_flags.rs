@@ -296,4 +296,27 @@ mod tests {
         g.etcd_cacert = Some("ca.pem".into());
         assert!(g.spec(dir, Some("l")).is_ok());
     }
+
+    /// The flags as an operator types them, against a real etcd with `--client-cert-auth`.
+    #[test]
+    fn tls_flags_reach_a_real_etcd_and_a_wrong_ca_names_the_flag() {
+        let Some(server) = crate::store::etcd_testing::EtcdServer::start_tls() else {
+            return;
+        };
+        let tls = server.tls().expect("TLS files").clone();
+        let host = server.url().replace("https://", "");
+        let mut f = flags(Some(&format!("etcds://{host}")));
+        f.etcd_cacert = Some(tls.ca.clone());
+        f.etcd_cert = Some(tls.client_cert.clone());
+        f.etcd_key = Some(tls.client_key.clone());
+        let spec = f.spec(Path::new("/unused"), Some("lab")).unwrap();
+        let opened = spec.open().expect("open over TLS");
+        assert!(opened.etcd.is_some());
+        assert_eq!(opened.store.nodes().unwrap(), vec![]);
+        drop(opened);
+        f.etcd_cacert = Some(tls.other_ca.clone());
+        let e = f.spec(Path::new("/unused"), Some("lab")).unwrap().open();
+        let e = e.err().expect("a wrong CA is refused").to_string();
+        assert!(e.contains("--etcd-cacert") && e.contains(&host), "{e}");
+    }
 }

@@ -275,6 +275,9 @@ impl Demo {
             }
             cfg
         });
+        if let Some(cfg) = &relaunch.etcd {
+            launch::require_empty_prefix(cfg)?;
+        }
         let (running, wire) = relaunch.start().await?;
         if opts.print_events {
             println!("dashboard: {}/\n", running.admin_url);

@@ -33,7 +33,7 @@ pub use self::etcd::health as etcd_health;
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
 pub use self::etcd::{
-    EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership,
+    EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership, migrate,
 };
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};

@@ -106,6 +106,23 @@ pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
     settings
 }
 
+/// The demo's secrets are new on every run: state an earlier run (or a real fleet) left
+/// under the etcd prefix would not match them, so a prefix holding node records is refused.
+pub(super) fn require_empty_prefix(cfg: &crate::store::EtcdConfig) -> Result<(), DemoError> {
+    use crate::store::Store as _;
+    let store_err = |e| DemoError::Start(crate::appliance::ApplianceError::Store(e));
+    let store = crate::store::EtcdStore::open(cfg).map_err(store_err)?;
+    let nodes = store.nodes().map_err(store_err)?.len();
+    if nodes > 0 {
+        return Err(DemoError::Unsupported(format!(
+            "the etcd prefix /talboot/{}/ already holds {nodes} node record(s) from another \
+             run; give the demo an empty one with --etcd-cluster",
+            cfg.cluster
+        )));
+    }
+    Ok(())
+}
+
 /// What it takes to start talboot again on the same state and the same addresses, as an
 /// operator restarting `serve` would.
 pub(super) struct Relaunch {

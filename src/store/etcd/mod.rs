@@ -53,6 +53,9 @@ mod feed_tests;
 pub mod health;
 mod keys;
 mod members;
+pub mod migrate;
+#[cfg(test)]
+mod migrate_tests;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
