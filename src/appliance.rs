@@ -403,10 +403,7 @@ impl Bound {
             leases: w.leases,
             bindings: w.meta,
             ra: self.ra,
-            ha: (self.etcd.clone()).map(|e| {
-                let me = spawn::member_record(&plan.name, &admin_url, &base_url);
-                (e, me)
-            }),
+            ha: (self.etcd.clone()).map(|e| (e, spawn::member(&plan.name, &admin_url, &base_url))),
             advertise: plan.advertise,
             http_port,
             ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),

@@ -349,7 +349,7 @@ pub(super) fn spawn_drift(
 /// This appliance's membership record for a shared etcd store: `name` (`Plan.name`, from
 /// `serve --name`), where its admin API and boot HTTP listen, this
 /// build's version, and now as its start.
-pub(super) fn member_record(name: &str, admin_url: &str, http_url: &str) -> store::Member {
+pub(super) fn member(name: &str, admin_url: &str, http_url: &str) -> store::Member {
     store::Member {
         name: name.to_owned(),
         admin_url: admin_url.to_owned(),

@@ -132,3 +132,32 @@ fn a_compacted_start_revision_is_listed_afresh() {
     let got = rt.block_on(rx.recv()).unwrap();
     assert!(got.iter().any(|e| e.key == b.keys.lease_ip(lease(1, 1).ip)));
 }
+
+#[test]
+fn the_feed_resumes_after_etcd_restarts() {
+    let Some(mut server) = EtcdServer::start() else {
+        return;
+    };
+    let a = server.open("restart");
+    let b = server.open("restart");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cancel = CancellationToken::new();
+    let mut rx = b.lease_feed(cancel.clone());
+    a.commit_leases(&[upsert(lease(1, 1))], true).unwrap();
+    let first = b.keys.lease_ip(lease(1, 1).ip);
+    collect(&rt, &mut rx, |g| g.iter().any(|e| e.key == first));
+    // The only member dies and comes back on its data: the watch stream broke in between.
+    server.kill_member(0);
+    server.restart_member(0);
+    let mut commit = Err(None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while commit.is_err() && std::time::Instant::now() < deadline {
+        commit = a.commit_leases(&[upsert(lease(2, 2))], true).map_err(Some);
+    }
+    commit.expect("etcd answers again after its restart");
+    let second = b.keys.lease_ip(lease(2, 2).ip);
+    let got = collect(&rt, &mut rx, |g| g.iter().any(|e| e.key == second));
+    // Nothing before the restart is delivered again.
+    assert!(got.iter().all(|e| e.key != first), "{got:?}");
+    cancel.cancel();
+}

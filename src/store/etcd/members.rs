@@ -339,5 +339,31 @@ mod tests {
         std::mem::forget(mc);
         drop(b);
         wait_for(&mut live, &["a"]);
+        // a's lease revoked behind its back (as an operator or an expiry during a long
+        // stall would): a registers again under a new lease.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let key = a.member_key("a");
+        let lease_of = |c: &mut Client| {
+            let key = key.clone();
+            let mut c = c.clone();
+            rt.block_on(async move {
+                let resp = c.get(key, None).await.unwrap();
+                resp.kvs().first().map_or(0, |kv| kv.lease())
+            })
+        };
+        let mut client = a.client();
+        let old = lease_of(&mut client);
+        assert_ne!(old, 0);
+        rt.block_on(client.lease_revoke(old)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let now = lease_of(&mut client);
+            if now != 0 && now != old {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a did not register again");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        wait_for(&mut live, &["a"]);
     }
 }

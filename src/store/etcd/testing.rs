@@ -24,6 +24,8 @@ pub(crate) struct EtcdServer {
 struct Member {
     child: Child,
     client: SocketAddr,
+    peer: SocketAddr,
+    initial: String,
 }
 
 /// The PEM files of a TLS member: its CA, a client certificate that CA signed, and a CA
@@ -120,6 +122,8 @@ impl EtcdServer {
                     tls.as_ref(),
                 ),
                 client: *client,
+                peer: *peer,
+                initial: initial.join(","),
             })
             .collect();
         let server = Self { members, dir, tls };
@@ -213,6 +217,23 @@ impl EtcdServer {
     pub(crate) fn kill_member(&mut self, i: usize) {
         let _ = self.members[i].child.kill();
         let _ = self.members[i].child.wait();
+    }
+
+    /// Start killed member `i` again on its data directory (etcd rejoins with what it has;
+    /// the initial-cluster flags are ignored then) and wait until it is healthy.
+    pub(crate) fn restart_member(&mut self, i: usize) {
+        let bin = binary().expect("etcd ran before");
+        let m = &self.members[i];
+        let child = spawn_member(
+            &bin,
+            &self.dir,
+            i,
+            (m.client, m.peer),
+            &m.initial,
+            self.tls.as_ref(),
+        );
+        self.members[i].child = child;
+        self.wait_healthy(i);
     }
 }
 
