@@ -269,6 +269,19 @@ pub enum StoreError {
         /// Underlying redb error.
         source: Box<::redb::Error>,
     },
+
+    /// A write only the leader may make, refused because this appliance does not lead (never
+    /// won, or its leadership ended): nothing was written.
+    #[error(
+        "etcd at {endpoints}: {op} refused: this appliance is not the leader \
+         (its leadership was never won or has ended); nothing was written"
+    )]
+    Fenced {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What the store was doing.
+        op: &'static str,
+    },
 }
 
 /// Shorthand for store results.

@@ -42,7 +42,12 @@
 //! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
 
 mod backend;
+#[allow(dead_code)] // wired by the appliance in the next slice
+pub(crate) mod election;
+pub(crate) mod fence;
 mod keys;
+#[cfg(test)]
+mod leader_tests;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -232,6 +237,8 @@ pub struct EtcdStore {
     /// Every lease key (records and MAC index) as this store last saw it: loaded on open,
     /// kept by its own commits. Lease commits compare against it.
     leases: Mutex<View>,
+    /// How the leader's writes are fenced ([`fence`]).
+    fencing: fence::Fencing,
     /// Dropped with the store, resolving its [`Closed`](super::Closed).
     closing: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -292,6 +299,7 @@ impl EtcdStore {
             endpoints: cfg.endpoints.len(),
             max_ops: cfg.max_txn_ops.max(1),
             leases: Mutex::new(View::new()),
+            fencing: Default::default(),
             closing: None,
         };
         store.check_schema()?;
