@@ -26,6 +26,9 @@ use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
 use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
 
+mod leader;
+#[cfg(all(test, feature = "sim"))]
+mod leader_tests;
 mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
@@ -93,6 +96,13 @@ pub(crate) enum ServerFailure {
     /// A task panicked.
     #[error("task panicked: {0}")]
     Panicked(#[source] tokio::task::JoinError),
+    /// This appliance led the fleet and no longer does ([`leader`]): it stops, to be
+    /// restarted as a follower.
+    #[error("leadership lost: {0}")]
+    LeadershipLost(#[source] store::election::Lost),
+    /// Newly elected, this appliance could not read the store to start its workers.
+    #[error("cannot start leading: {0}")]
+    Leading(#[source] Box<ApplianceError>),
 }
 
 /// Everything the appliance runs, decided (and checked) before any socket is bound. `serve`
@@ -188,7 +198,6 @@ pub struct Bound {
     store: Arc<dyn Store>,
     writers: store::Writers,
     /// The etcd backend when the state is shared (HA), for membership, election, watches.
-    #[allow(dead_code)]
     etcd: Option<Arc<store::EtcdStore>>,
     view: Arc<crate::view::StateView>,
     store_closed: store::Closed,
@@ -366,7 +375,10 @@ impl Bound {
             w.nodes,
             w.progress,
         );
-        let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
+        let board = (self.etcd.as_ref())
+            .map(|etcd| leader::board(etcd, appliance_name(), admin_url.clone()));
+        let desks = (rebuilds, board.clone());
+        let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, desks, &rollouts);
         let app = http_app(
             &s,
             plan.catalog.clone(),
@@ -401,7 +413,12 @@ impl Bound {
             drift: plan.drift,
             power_on,
         };
-        spawn_workers(&mut tasks, &s, workers);
+        match (self.etcd, board) {
+            (Some(etcd), Some(board)) => {
+                leader::spawn_gated(&mut tasks, &s, etcd, board, workers);
+            }
+            _ => spawn_workers(&mut tasks, &s, workers),
+        }
 
         tracing::info!(
             advertise = %plan.advertise,
@@ -423,6 +440,7 @@ impl Bound {
 }
 
 /// What every task [`Bound::start`] spawns shares.
+#[derive(Clone)]
 struct Shared {
     inv: Arc<Inventory>,
     store: Arc<dyn Store>,
@@ -614,7 +632,10 @@ fn admin_app(
     s: &Shared,
     provisioning: Option<&ProvisioningPlan>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    rebuilds: crate::provision::Rebuilds,
+    (rebuilds, leader): (
+        crate::provision::Rebuilds,
+        Option<Arc<store::election::LeaderBoard>>,
+    ),
     rollout_writer: &Arc<store::RolloutWriter>,
 ) -> Arc<crate::admin::AdminApp> {
     // Rollouts and power requests run with the provisioning side's credentials and
@@ -647,7 +668,18 @@ fn admin_app(
         commands: rebuilds,
         rollouts,
         power,
+        leader,
     })
+}
+
+/// This appliance's name in the election: the host name (the coming `Plan.name`, `serve
+/// --name`, replaces it).
+fn appliance_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "talboot".into())
 }
 
 /// Every long-running task of the appliance: a server's error (or a panic) stops the rest.

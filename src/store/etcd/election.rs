@@ -285,6 +285,7 @@ impl Leadership {
     }
 
     /// The session's lease id.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn lease(&self) -> i64 {
         self.lease
     }
@@ -295,6 +296,7 @@ impl Leadership {
     }
 
     /// Whether leadership was lost already.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn is_lost(&self) -> bool {
         self.ending.token.is_cancelled()
     }

@@ -42,9 +42,9 @@
 //! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
 
 mod backend;
-#[allow(dead_code)] // wired by the appliance in the next slice
 pub(crate) mod election;
 pub(crate) mod fence;
+mod follow;
 mod keys;
 #[cfg(test)]
 mod leader_tests;

@@ -1,0 +1,255 @@
+//! Two appliances on one real etcd provisioning a simulated rack (the strict Talos doubles of
+//! [`crate::sim::talos`]): the leader dies abruptly mid-provisioning (its runtime dropped with
+//! every task, nothing resigned, so its session lease has to expire), the follower takes over
+//! and finishes, and the doubles' counters show Bootstrap made once and every config applied
+//! once.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use super::{Plan, ProvisioningPlan};
+use crate::artifacts::Catalog;
+use crate::events::EventKind;
+use crate::inventory::{Inventory, Node};
+use crate::sim::pki::{SimCa, talos_label};
+use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode};
+use crate::store::election::{Candidate, Election};
+use crate::store::etcd_testing::EtcdServer;
+use crate::store::{self, LeaseState, NodePhase, Store, StoreSpec};
+
+const NET: u8 = 77;
+const MACHINES: &[(&str, u8, bool)] = &[("cp-1", 11, true), ("w-1", 21, false), ("w-2", 22, false)];
+/// Bound on the whole run after the failover.
+const FINISH: Duration = Duration::from_secs(120);
+
+/// A minimal v1alpha1 config the doubles accept: machine type, the OS CA (key for control
+/// planes), install disk, cluster endpoint.
+struct Renderer {
+    ca: SimCa,
+}
+
+impl crate::machineconfig::renderer::ConfigRenderer for Renderer {
+    fn render(&self, node: &Node) -> Result<Vec<u8>, crate::machineconfig::renderer::RenderError> {
+        let cp = node.name.as_str().starts_with("cp");
+        let key = if cp {
+            STANDARD.encode(self.ca.key_pem_talos_label())
+        } else {
+            String::new()
+        };
+        Ok(format!(
+            "version: v1alpha1\nmachine:\n  type: {ty}\n  token: abcdef.0123456789abcdef\n  \
+             ca:\n    crt: {crt}\n    key: \"{key}\"\n  install:\n    disk: /dev/sda\n\
+             cluster:\n  clusterName: ha\n  controlPlane:\n    endpoint: https://127.0.{NET}.100:6443\n  \
+             ca:\n    crt: {crt}\n    key: \"{key}\"\n",
+            ty = if cp { "controlplane" } else { "worker" },
+            crt = STANDARD.encode(&self.ca.cert_pem),
+        )
+        .into_bytes())
+    }
+}
+
+fn mac(last: u8) -> String {
+    format!("02:00:00:{NET:02x}:00:{last:02x}")
+}
+
+fn inventory(dir: &std::path::Path) -> Arc<Inventory> {
+    let mut y = format!(
+        "cluster:\n  name: ha\n  talosVersion: {}\n  kubernetesVersion: 1.36.3\n  \
+         endpoint: https://127.0.{NET}.100:6443\n  vip: 127.0.{NET}.100\n  secrets:\n    \
+         file: secrets.age\nnetwork:\n  interfaces: [lo]\n  mode: authoritative\n  \
+         subnet: 127.0.{NET}.0/24\nboot:\n  delivery: push\nnodes:\n",
+        crate::sim::talos::TALOS_TAG
+    );
+    for (name, last, cp) in MACHINES {
+        y.push_str(&format!(
+            "  - name: {name}\n    mac: \"{}\"\n    role: {}\n    address: 127.0.{NET}.{last}/24\n    \
+             installDisk: /dev/sda\n",
+            mac(*last),
+            if *cp { "controlplane" } else { "worker" },
+        ));
+    }
+    let path = dir.join("talboot.yaml");
+    std::fs::write(&path, y).unwrap();
+    Arc::new(crate::inventory::load(&path).unwrap().inventory)
+}
+
+/// One appliance's plan on the shared etcd: HTTP and admin on loopback, push provisioning.
+fn plan(inv: &Arc<Inventory>, etcd: &EtcdServer, ca: &SimCa, dir: &std::path::Path) -> Plan {
+    let admin = ca.admin().unwrap();
+    let creds = crate::talos::ClientCreds {
+        ca_pem: ca.cert_pem.clone().into_bytes(),
+        crt_pem: admin.cert_pem.into_bytes(),
+        key_pem: talos_label(&admin.key_pem).into_bytes(),
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    let mut settings = crate::provision::Settings::new(dir.to_path_buf());
+    settings.poll_interval = Duration::from_millis(50);
+    settings.health_timeout = Duration::from_secs(60);
+    Plan {
+        inventory: inv.clone(),
+        catalog: Catalog::load(dir).unwrap(),
+        images_dir: dir.into(),
+        ipxe_dir: dir.into(),
+        configs: dir.into(),
+        store: StoreSpec::Etcd(etcd.config("ha")),
+        advertise: Ipv4Addr::LOCALHOST,
+        http: (Ipv4Addr::LOCALHOST, 0).into(),
+        admin: (Ipv4Addr::LOCALHOST, 0).into(),
+        admin_token: None,
+        admin_hosts: Default::default(),
+        http_limits: Default::default(),
+        tftp: None,
+        dhcp: None,
+        provisioning: Some(ProvisioningPlan {
+            renderer: Arc::new(Renderer { ca: ca.clone() }),
+            creds,
+            settings,
+        }),
+        ipv6_ra: None,
+        drift: None,
+        power_on: None,
+    }
+}
+
+/// An appliance on a runtime of its own, on its own thread, so that the test can kill it as
+/// `kill -9` would: its runtime dropped with every task mid-await, nothing resigned.
+struct Process {
+    admin_url: String,
+    kill: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Process {
+    /// Start `plan`; every machine's kernel fetch is published on its bus, as its HTTP
+    /// server would once a machine network-boots Talos from it.
+    fn start(plan: Plan) -> Self {
+        let (up, started) = std::sync::mpsc::channel();
+        let (kill, killed) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let running = rt.block_on(async { plan.bind().await.unwrap().start().unwrap() });
+            for (name, _, _) in MACHINES {
+                running.events.publish(name, EventKind::Kernel, "vmlinuz sent");
+            }
+            up.send(running.admin_url.clone()).unwrap();
+            let _ = killed.recv();
+            // Tasks are dropped where they stand; the store (and its keep-alive) with them.
+            rt.shutdown_background();
+            drop(running);
+        });
+        let admin_url = started.recv().expect("the appliance starts");
+        Self {
+            admin_url,
+            kill,
+            thread,
+        }
+    }
+
+    fn kill(self) {
+        let _ = self.kill.send(());
+        self.thread.join().unwrap();
+    }
+}
+
+/// Wait (bounded) until `f` holds.
+async fn until(what: &str, bound: Duration, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !f() {
+        assert!(Instant::now() < deadline, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn leader(election: &Election) -> Option<Candidate> {
+    election.leader().await.ok().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dies_mid_provisioning_and_the_follower_finishes_without_repeating() {
+    crate::install_crypto_provider();
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let inv = inventory(dir.path());
+    let _api = tokio::net::TcpListener::bind(format!("127.0.{NET}.100:6443"))
+        .await
+        .unwrap();
+    let cluster = FakeCluster::new();
+    let mut nodes = Vec::new();
+    for (name, last, _) in MACHINES {
+        let cfg = FakeNodeConfig::new(IpAddr::from([127, 0, NET, *last]), name);
+        nodes.push(FakeTalosNode::start(cfg, &cluster).await.unwrap());
+    }
+    // The DHCP server's leases, in the shared store.
+    let seed = StoreSpec::Etcd(etcd.config("ha")).open().unwrap();
+    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+    for (name, last, _) in MACHINES {
+        seed.writers
+            .leases
+            .put_lease(&store::Lease {
+                mac: mac(*last).parse().unwrap(),
+                ip: Ipv4Addr::new(127, 0, NET, *last),
+                hostname: Some((*name).into()),
+                state: LeaseState::Bound,
+                expires_at_unix: now + 3600,
+                updated_at_unix: now,
+            })
+            .unwrap();
+    }
+    let probe = seed.etcd.clone().unwrap();
+    let election = Election::new(&probe, Duration::from_secs(5));
+    let ca = SimCa::new_os_ca().unwrap();
+
+    let a = Process::start(plan(&inv, &etcd, &ca, &dir.path().join("a")));
+    until_leader(&election, &a.admin_url).await;
+    let b = Process::start(plan(&inv, &etcd, &ca, &dir.path().join("b")));
+    // a provisions: kill it once a config has gone out, before the cluster is up.
+    let applied = || nodes.iter().map(|n| n.apply_calls()).sum::<usize>();
+    until("a applies a config", Duration::from_secs(60), || applied() >= 1).await;
+    let before = (applied(), nodes[0].bootstrap_calls());
+    a.kill();
+    until_leader(&election, &b.admin_url).await;
+
+    let ready = || {
+        let nodes = probe.nodes().unwrap_or_default();
+        nodes.len() == MACHINES.len() && nodes.iter().all(|r| r.phase == NodePhase::Ready)
+    };
+    let bootstrapped = || {
+        probe
+            .row(store::ClusterTable::Progress, crate::provision::cluster::BOOTSTRAP_KEY)
+            .ok()
+            .flatten()
+            .as_deref()
+            == Some(&b"done"[..])
+    };
+    until("b finishes", FINISH, || ready() && bootstrapped()).await;
+    eprintln!("at the kill: {} applies, {} bootstraps", before.0, before.1);
+    let bootstraps: usize = nodes.iter().map(|n| n.bootstrap_calls()).sum();
+    assert_eq!(bootstraps, 1, "Bootstrap made {bootstraps} times");
+    for (n, (name, _, _)) in nodes.iter().zip(MACHINES) {
+        assert_eq!(n.apply_calls(), 1, "{name} got its config {} times", n.apply_calls());
+    }
+    b.kill();
+    drop(seed);
+}
+
+/// Wait (bounded) until the appliance at `admin_url` leads.
+async fn until_leader(election: &Election, admin_url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if leader(election).await.is_some_and(|l| l.admin_url == admin_url) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{admin_url} does not lead within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
