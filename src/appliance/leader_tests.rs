@@ -17,11 +17,10 @@ use crate::events::EventKind;
 use crate::inventory::{Inventory, Node};
 use crate::sim::pki::{SimCa, talos_label};
 use crate::sim::talos::{FakeCluster, FakeNodeConfig, FakeTalosNode};
-use crate::store::election::{Candidate, Election};
+use crate::store::election::Election;
 use crate::store::etcd_testing::EtcdServer;
 use crate::store::{self, LeaseState, NodePhase, Store, StoreSpec};
 
-const NET: u8 = 77;
 const MACHINES: &[(&str, u8, bool)] = &[("cp-1", 11, true), ("w-1", 21, false), ("w-2", 22, false)];
 /// Bound on the whole run after the failover.
 const FINISH: Duration = Duration::from_secs(120);
@@ -30,6 +29,7 @@ const FINISH: Duration = Duration::from_secs(120);
 /// planes), install disk, cluster endpoint.
 struct Renderer {
     ca: SimCa,
+    net: u8,
 }
 
 impl crate::machineconfig::renderer::ConfigRenderer for Renderer {
@@ -43,32 +43,34 @@ impl crate::machineconfig::renderer::ConfigRenderer for Renderer {
         Ok(format!(
             "version: v1alpha1\nmachine:\n  type: {ty}\n  token: abcdef.0123456789abcdef\n  \
              ca:\n    crt: {crt}\n    key: \"{key}\"\n  install:\n    disk: /dev/sda\n\
-             cluster:\n  clusterName: ha\n  controlPlane:\n    endpoint: https://127.0.{NET}.100:6443\n  \
+             cluster:\n  clusterName: ha\n  controlPlane:\n    endpoint: https://127.0.{net}.100:6443\n  \
              ca:\n    crt: {crt}\n    key: \"{key}\"\n",
             ty = if cp { "controlplane" } else { "worker" },
             crt = STANDARD.encode(&self.ca.cert_pem),
+            net = self.net,
         )
         .into_bytes())
     }
 }
 
-fn mac(last: u8) -> String {
-    format!("02:00:00:{NET:02x}:00:{last:02x}")
+fn mac(net: u8, last: u8) -> String {
+    format!("02:00:00:{net:02x}:00:{last:02x}")
 }
 
-fn inventory(dir: &std::path::Path) -> Arc<Inventory> {
+fn inventory(dir: &std::path::Path, net: u8) -> Arc<Inventory> {
     let mut y = format!(
         "cluster:\n  name: ha\n  talosVersion: {}\n  kubernetesVersion: 1.36.3\n  \
-         endpoint: https://127.0.{NET}.100:6443\n  vip: 127.0.{NET}.100\n  secrets:\n    \
+         endpoint: https://127.0.{net}.100:6443\n  vip: 127.0.{net}.100\n  secrets:\n    \
          file: secrets.age\nnetwork:\n  interfaces: [lo]\n  mode: authoritative\n  \
-         subnet: 127.0.{NET}.0/24\nboot:\n  delivery: push\nnodes:\n",
-        crate::sim::talos::TALOS_TAG
+         subnet: 127.0.{net}.0/24\nboot:\n  delivery: push\nnodes:\n",
+        crate::sim::talos::TALOS_TAG,
+        net = net
     );
     for (name, last, cp) in MACHINES {
         y.push_str(&format!(
-            "  - name: {name}\n    mac: \"{}\"\n    role: {}\n    address: 127.0.{NET}.{last}/24\n    \
+            "  - name: {name}\n    mac: \"{}\"\n    role: {}\n    address: 127.0.{net}.{last}/24\n    \
              installDisk: /dev/sda\n",
-            mac(*last),
+            mac(net, *last),
             if *cp { "controlplane" } else { "worker" },
         ));
     }
@@ -78,7 +80,13 @@ fn inventory(dir: &std::path::Path) -> Arc<Inventory> {
 }
 
 /// One appliance's plan on the shared etcd: HTTP and admin on loopback, push provisioning.
-fn plan(inv: &Arc<Inventory>, etcd: &EtcdServer, ca: &SimCa, dir: &std::path::Path) -> Plan {
+fn plan(
+    inv: &Arc<Inventory>,
+    etcd: &EtcdServer,
+    ca: &SimCa,
+    dir: &std::path::Path,
+    net: u8,
+) -> Plan {
     let admin = ca.admin().unwrap();
     let creds = crate::talos::ClientCreds {
         ca_pem: ca.cert_pem.clone().into_bytes(),
@@ -105,7 +113,10 @@ fn plan(inv: &Arc<Inventory>, etcd: &EtcdServer, ca: &SimCa, dir: &std::path::Pa
         tftp: None,
         dhcp: None,
         provisioning: Some(ProvisioningPlan {
-            renderer: Arc::new(Renderer { ca: ca.clone() }),
+            renderer: Arc::new(Renderer {
+                ca: ca.clone(),
+                net,
+            }),
             creds,
             settings,
         }),
@@ -137,7 +148,9 @@ impl Process {
                 .unwrap();
             let running = rt.block_on(async { plan.bind().await.unwrap().start().unwrap() });
             for (name, _, _) in MACHINES {
-                running.events.publish(name, EventKind::Kernel, "vmlinuz sent");
+                running
+                    .events
+                    .publish(name, EventKind::Kernel, "vmlinuz sent");
             }
             up.send(running.admin_url.clone()).unwrap();
             let _ = killed.recv();
@@ -168,88 +181,165 @@ async fn until(what: &str, bound: Duration, f: impl Fn() -> bool) {
     }
 }
 
-async fn leader(election: &Election) -> Option<Candidate> {
-    election.leader().await.ok().flatten()
+/// The rack: three doubles with leases in the shared store, and a store to watch it by.
+struct Rack {
+    dir: tempfile::TempDir,
+    inv: Arc<Inventory>,
+    ca: SimCa,
+    nodes: Vec<FakeTalosNode>,
+    probe: Arc<store::EtcdStore>,
+    _api: tokio::net::TcpListener,
+    _cluster: FakeCluster,
+    _seed: store::Opened,
+    net: u8,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leader_dies_mid_provisioning_and_the_follower_finishes_without_repeating() {
-    crate::install_crypto_provider();
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let inv = inventory(dir.path());
-    let _api = tokio::net::TcpListener::bind(format!("127.0.{NET}.100:6443"))
-        .await
-        .unwrap();
-    let cluster = FakeCluster::new();
-    let mut nodes = Vec::new();
-    for (name, last, _) in MACHINES {
-        let cfg = FakeNodeConfig::new(IpAddr::from([127, 0, NET, *last]), name);
-        nodes.push(FakeTalosNode::start(cfg, &cluster).await.unwrap());
-    }
-    // The DHCP server's leases, in the shared store.
-    let seed = StoreSpec::Etcd(etcd.config("ha")).open().unwrap();
-    let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
-    for (name, last, _) in MACHINES {
-        seed.writers
-            .leases
-            .put_lease(&store::Lease {
-                mac: mac(*last).parse().unwrap(),
-                ip: Ipv4Addr::new(127, 0, NET, *last),
+impl Rack {
+    async fn start(etcd: &EtcdServer, net: u8) -> Self {
+        crate::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let inv = inventory(dir.path(), net);
+        let api = tokio::net::TcpListener::bind(format!("127.0.{net}.100:6443"))
+            .await
+            .unwrap();
+        let cluster = FakeCluster::new();
+        let mut nodes = Vec::new();
+        for (name, last, _) in MACHINES {
+            let cfg = FakeNodeConfig::new(IpAddr::from([127, 0, net, *last]), name);
+            nodes.push(FakeTalosNode::start(cfg, &cluster).await.unwrap());
+        }
+        // The DHCP server's leases, in the shared store.
+        let seed = StoreSpec::Etcd(etcd.config("ha")).open().unwrap();
+        let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
+        for (name, last, _) in MACHINES {
+            let lease = store::Lease {
+                mac: mac(net, *last).parse().unwrap(),
+                ip: Ipv4Addr::new(127, 0, net, *last),
                 hostname: Some((*name).into()),
                 state: LeaseState::Bound,
                 expires_at_unix: now + 3600,
                 updated_at_unix: now,
-            })
-            .unwrap();
+            };
+            seed.writers.leases.put_lease(&lease).unwrap();
+        }
+        Self {
+            dir,
+            inv,
+            ca: SimCa::new_os_ca().unwrap(),
+            nodes,
+            probe: seed.etcd.clone().unwrap(),
+            _api: api,
+            _cluster: cluster,
+            _seed: seed,
+            net,
+        }
     }
-    let probe = seed.etcd.clone().unwrap();
-    let election = Election::new(&probe, Duration::from_secs(5));
-    let ca = SimCa::new_os_ca().unwrap();
 
-    let a = Process::start(plan(&inv, &etcd, &ca, &dir.path().join("a")));
-    until_leader(&election, &a.admin_url).await;
-    let b = Process::start(plan(&inv, &etcd, &ca, &dir.path().join("b")));
-    // a provisions: kill it once a config has gone out, before the cluster is up.
-    let applied = || nodes.iter().map(|n| n.apply_calls()).sum::<usize>();
-    until("a applies a config", Duration::from_secs(60), || applied() >= 1).await;
-    let before = (applied(), nodes[0].bootstrap_calls());
-    a.kill();
-    until_leader(&election, &b.admin_url).await;
+    fn appliance(&self, etcd: &EtcdServer, name: &str) -> Process {
+        Process::start(plan(
+            &self.inv,
+            etcd,
+            &self.ca,
+            &self.dir.path().join(name),
+            self.net,
+        ))
+    }
 
-    let ready = || {
-        let nodes = probe.nodes().unwrap_or_default();
-        nodes.len() == MACHINES.len() && nodes.iter().all(|r| r.phase == NodePhase::Ready)
-    };
-    let bootstrapped = || {
-        probe
-            .row(store::ClusterTable::Progress, crate::provision::cluster::BOOTSTRAP_KEY)
+    fn applied(&self) -> usize {
+        self.nodes.iter().map(|n| n.apply_calls()).sum()
+    }
+
+    fn bootstrap_mark(&self) -> Option<Vec<u8>> {
+        let key = crate::provision::cluster::BOOTSTRAP_KEY;
+        self.probe
+            .row(store::ClusterTable::Progress, key)
             .ok()
             .flatten()
-            .as_deref()
-            == Some(&b"done"[..])
+    }
+
+    fn all_ready(&self) -> bool {
+        let nodes = self.probe.nodes().unwrap_or_default();
+        nodes.len() == MACHINES.len() && nodes.iter().all(|r| r.phase == NodePhase::Ready)
+    }
+}
+
+/// a leads and provisions; it is killed once `kill_when` holds; b takes over and finishes:
+/// Bootstrap once, one config per node, every node Ready.
+async fn failover(net: u8, kill_when: impl Fn(&Rack) -> bool) {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
     };
-    until("b finishes", FINISH, || ready() && bootstrapped()).await;
-    eprintln!("at the kill: {} applies, {} bootstraps", before.0, before.1);
-    let bootstraps: usize = nodes.iter().map(|n| n.bootstrap_calls()).sum();
-    assert_eq!(bootstraps, 1, "Bootstrap made {bootstraps} times");
-    for (n, (name, _, _)) in nodes.iter().zip(MACHINES) {
-        assert_eq!(n.apply_calls(), 1, "{name} got its config {} times", n.apply_calls());
+    let rack = Rack::start(&etcd, net).await;
+    let election = Election::new(&rack.probe, Duration::from_secs(5));
+    let a = rack.appliance(&etcd, "a");
+    until_leader(&election, &a.admin_url).await;
+    let b = rack.appliance(&etcd, "b");
+    follower_refuses(&b.admin_url, &a.admin_url).await;
+    until("the kill point", Duration::from_secs(60), || {
+        kill_when(&rack)
+    })
+    .await;
+    let at_kill = (rack.applied(), rack.bootstrap_mark());
+    a.kill();
+    until_leader(&election, &b.admin_url).await;
+    until("b finishes", FINISH, || {
+        rack.all_ready() && rack.bootstrap_mark().as_deref() == Some(&b"done"[..])
+    })
+    .await;
+    let bootstraps: usize = rack.nodes.iter().map(|n| n.bootstrap_calls()).sum();
+    assert_eq!(
+        bootstraps, 1,
+        "Bootstrap made {bootstraps} times (at the kill: {at_kill:?})"
+    );
+    for (n, (name, _, _)) in rack.nodes.iter().zip(MACHINES) {
+        let applies = n.apply_calls();
+        assert_eq!(
+            applies, 1,
+            "{name} got its config {applies} times (at the kill: {at_kill:?})"
+        );
     }
     b.kill();
-    drop(seed);
+}
+
+/// A rebuild sent to the follower is refused with 421, naming the leader's admin API.
+async fn follower_refuses(follower: &str, leader: &str) {
+    let resp = reqwest::Client::new()
+        .post(format!("{follower}/api/nodes/w-1/rebuild"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), reqwest::StatusCode::MISDIRECTED_REQUEST);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains(leader), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dies_after_a_config_push_and_the_follower_finishes_without_repeating() {
+    failover(77, |r| r.applied() >= 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dies_at_its_bootstrap_intent_and_the_follower_does_not_bootstrap_again() {
+    failover(78, |r| r.bootstrap_mark().is_some()).await;
 }
 
 /// Wait (bounded) until the appliance at `admin_url` leads.
 async fn until_leader(election: &Election, admin_url: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if leader(election).await.is_some_and(|l| l.admin_url == admin_url) {
+        if election
+            .leader()
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.admin_url == admin_url)
+        {
             return;
         }
-        assert!(Instant::now() < deadline, "{admin_url} does not lead within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "{admin_url} does not lead within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -29,10 +29,10 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-pub use self::etcd::{EtcdConfig, EtcdStore};
-pub(crate) use self::etcd::{election, fence};
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
+pub use self::etcd::{EtcdConfig, EtcdStore};
+pub(crate) use self::etcd::{election, fence};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};
