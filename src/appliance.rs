@@ -24,11 +24,9 @@ use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
-use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
+use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http};
 
 mod leader;
-#[cfg(all(test, feature = "sim"))]
-mod leader_tests;
 mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
@@ -364,7 +362,6 @@ impl Bound {
         let base_url = base_url(plan.advertise, http_port);
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
-
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
@@ -375,9 +372,8 @@ impl Bound {
             w.nodes,
             w.progress,
         );
-        let board = (self.etcd.as_ref())
-            .map(|etcd| leader::board(etcd, appliance_name(), admin_url.clone()));
-        let desks = (rebuilds, board.clone());
+        let gate = leader::Gate::new(self.etcd, &admin_url);
+        let desks = (rebuilds, gate.board());
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, desks, &rollouts);
         let app = http_app(
             &s,
@@ -413,13 +409,7 @@ impl Bound {
             drift: plan.drift,
             power_on,
         };
-        match (self.etcd, board) {
-            (Some(etcd), Some(board)) => {
-                leader::spawn_gated(&mut tasks, &s, etcd, board, workers);
-            }
-            _ => spawn_workers(&mut tasks, &s, workers),
-        }
-
+        gate.spawn(&mut tasks, &s, workers);
         tracing::info!(
             advertise = %plan.advertise,
             http = %base_url,
@@ -670,16 +660,6 @@ fn admin_app(
         power,
         leader,
     })
-}
-
-/// This appliance's name in the election: the host name (the coming `Plan.name`, `serve
-/// --name`, replaces it).
-fn appliance_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "talboot".into())
 }
 
 /// Every long-running task of the appliance: a server's error (or a panic) stops the rest.

@@ -29,24 +29,50 @@ const CAMPAIGN_RETRY: Duration = Duration::from_secs(1);
 /// The tables a follower's view reads from the store, as the leader writes them.
 const FOLLOWED: &[&str] = &["nodes", "node_lifecycle"];
 
-/// The election board of this appliance on `etcd`, for the admin API and the gate.
-pub(super) fn board(etcd: &EtcdStore, name: String, admin_url: String) -> Arc<LeaderBoard> {
-    let me = Candidate { name, admin_url };
-    Arc::new(LeaderBoard::new(me, Election::new(etcd, SESSION_TTL)))
+/// Whether the workers are gated: on etcd, by this appliance's place in the fleet's
+/// election; on redb not at all.
+pub(super) struct Gate(Option<(Arc<EtcdStore>, Arc<LeaderBoard>)>);
+
+impl Gate {
+    /// The gate for a store that is `etcd` (shared) or not, this appliance's admin API at
+    /// `admin_url`.
+    pub(super) fn new(etcd: Option<Arc<EtcdStore>>, admin_url: &str) -> Self {
+        Self(etcd.map(|etcd| {
+            let me = Candidate {
+                name: appliance_name(),
+                admin_url: admin_url.to_owned(),
+            };
+            let board = Arc::new(LeaderBoard::new(me, Election::new(&etcd, SESSION_TTL)));
+            (etcd, board)
+        }))
+    }
+
+    /// The election board, for the admin API (`None` on redb).
+    pub(super) fn board(&self) -> Option<Arc<LeaderBoard>> {
+        self.0.as_ref().map(|(_, b)| b.clone())
+    }
+
+    /// Spawns `workers`: at once on redb; on etcd, a supervisor that runs them while this
+    /// appliance leads.
+    pub(super) fn spawn(self, tasks: &mut Tasks, s: &Shared, workers: Workers) {
+        let Some((etcd, board)) = self.0 else {
+            return spawn_workers(tasks, s, workers);
+        };
+        // Fenced writes are refused from now until the election is won.
+        etcd.set_fence(FenceState::NotLeader);
+        let s = s.clone();
+        tasks.spawn(async move { lead(s, etcd, board, workers).await });
+    }
 }
 
-/// Spawns the supervisor that runs `workers` while this appliance leads.
-pub(super) fn spawn_gated(
-    tasks: &mut Tasks,
-    s: &Shared,
-    etcd: Arc<EtcdStore>,
-    board: Arc<LeaderBoard>,
-    workers: Workers,
-) {
-    // Fenced writes are refused from now until the election is won.
-    etcd.set_fence(FenceState::NotLeader);
-    let s = s.clone();
-    tasks.spawn(async move { lead(s, etcd, board, workers).await });
+/// This appliance's name in the election: the host name (`Plan.name`, `serve --name`,
+/// replaces it once it lands).
+fn appliance_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "talboot".into())
 }
 
 /// Follow until elected, then run the workers until leadership is lost (an error: fail-stop)

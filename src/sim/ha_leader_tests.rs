@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
-use super::{Plan, ProvisioningPlan};
+use crate::appliance::{Plan, ProvisioningPlan};
 use crate::artifacts::Catalog;
 use crate::events::EventKind;
 use crate::inventory::{Inventory, Node};
