@@ -55,6 +55,20 @@ pub(crate) struct AdminApp {
     pub leader: Option<Arc<crate::store::election::LeaderBoard>>,
 }
 
+/// Who leads the fleet, as `{"me": {name, admin_url}, "leading": bool, "leader": {..} or
+/// null}`; on redb (no election) `{"leading": true}`: the one appliance always leads.
+async fn api_leader(State(app): State<Arc<AdminApp>>) -> Response {
+    let Some(board) = &app.leader else {
+        return Json(serde_json::json!({ "leading": true })).into_response();
+    };
+    Json(serde_json::json!({
+        "me": board.me,
+        "leading": board.leading(),
+        "leader": board.leader().await,
+    }))
+    .into_response()
+}
+
 /// The answer to a rebuild or rollout sent to a follower: 421 Misdirected Request, naming
 /// the leader and its admin API (`None`: this appliance leads, or there is no election).
 pub(crate) async fn not_leader(app: &AdminApp) -> Option<Response> {
@@ -103,6 +117,7 @@ pub(crate) fn router(
         )
         .route("/api/rollouts", axum::routing::post(rollouts::api_start))
         .route("/api/rollouts/{id}", get(rollouts::api_progress))
+        .route("/api/leader", get(api_leader))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn_with_state(

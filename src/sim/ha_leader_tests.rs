@@ -280,8 +280,10 @@ async fn failover(net: u8, kill_when: impl Fn(&Rack) -> bool) {
     })
     .await;
     let at_kill = (rack.applied(), rack.bootstrap_mark());
+    let killed = Instant::now();
     a.kill();
     until_leader(&election, &b.admin_url).await;
+    eprintln!("failover: b leads {:?} after a's kill", killed.elapsed());
     until("b finishes", FINISH, || {
         rack.all_ready() && rack.bootstrap_mark().as_deref() == Some(&b"done"[..])
     })
@@ -311,6 +313,15 @@ async fn follower_refuses(follower: &str, leader: &str) {
     assert_eq!(resp.status(), reqwest::StatusCode::MISDIRECTED_REQUEST);
     let body = resp.text().await.unwrap();
     assert!(body.contains(leader), "{body}");
+    let who = reqwest::get(format!("{follower}/api/leader"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let who: serde_json::Value = serde_json::from_slice(&who).unwrap();
+    assert_eq!(who["leading"], false, "{who}");
+    assert_eq!(who["leader"]["admin_url"], leader, "{who}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

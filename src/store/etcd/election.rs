@@ -31,9 +31,10 @@ use super::EtcdStore;
 use super::fence::Fence;
 
 /// The session lease's TTL: how long a leader that stopped answering keeps its place.
-/// etcd grants no less than 1.5 election timeouts (2 s with the defaults,
-/// `lease/lessor.go` `minLeaseTTL` at v3.4.23); a few seconds ride out a GC pause or an
-/// etcd leader change (which refreshes every lease, `lessor.Promote`).
+/// etcd grants no less than 1.5 election timeouts (2 s with the defaults: `minTTL` in
+/// `etcdserver/server.go`, applied in `lease/lessor.go` `Grant`, at v3.4.23); a few seconds
+/// ride out a GC pause or an etcd leader change (which refreshes every lease,
+/// `lessor.Promote`).
 pub const SESSION_TTL: Duration = Duration::from_secs(5);
 
 /// Who campaigns: the value of its election key, what followers show and refer to.
@@ -334,7 +335,8 @@ async fn keep_alive(
         match answered {
             Ok(Ok(Some(r))) if r.ttl() > 0 => alive_since = sent,
             Ok(Ok(Some(_))) => {
-                // TTL 0: etcd says the lease is gone (`lessor.go` `Renew` of an unknown lease).
+                // TTL 0: etcd says the lease is gone (`ErrLeaseNotFound` answered as TTL 0,
+                // `etcdserver/api/v3rpc/lease.go` `leaseKeepAlive`).
                 return ending.end(Lost::SessionExpired { lease, ttl });
             }
             // The stream broke: open another (the lease lives on until its TTL).

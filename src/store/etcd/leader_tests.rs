@@ -178,3 +178,29 @@ async fn a_leader_cut_off_from_etcd_learns_it_lost() {
         .expect("loss noticed within the bound");
     assert!(matches!(lost, Lost::SessionExpired { .. }), "{lost}");
 }
+
+/// A follower's view, reloaded on each notice of its watch, shows what the leader wrote.
+#[tokio::test]
+async fn a_follower_view_follows_the_leaders_writes() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let (leader, follower) = (etcd.open("fleet"), etcd.open("fleet"));
+    let view = crate::view::StateView::new();
+    let mut changes = follower.watch_tables(&["nodes", "node_lifecycle"]);
+    tokio::time::timeout(WAIT, changes.recv())
+        .await
+        .expect("the watches are in place within the bound");
+    leader.put_node(&node("cp-1", "10.0.0.7")).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        tokio::time::timeout_at(deadline, changes.recv())
+            .await
+            .expect("a notice of the write within the bound");
+        view.reload_nodes(&follower).unwrap();
+        if let (Some((rec, _)), _) = view.node("cp-1") {
+            assert_eq!(rec.last_seen_addr, Some("10.0.0.7".parse().unwrap()));
+            break;
+        }
+    }
+}
