@@ -22,6 +22,8 @@ use crate::store::etcd_testing::EtcdServer;
 use crate::store::{self, LeaseState, NodePhase, Store, StoreSpec};
 
 const MACHINES: &[(&str, u8, bool)] = &[("cp-1", 11, true), ("w-1", 21, false), ("w-2", 22, false)];
+/// Every machine's name.
+const ALL: &[&str] = &["cp-1", "w-1", "w-2"];
 /// Bound on the whole run after the failover.
 const FINISH: Duration = Duration::from_secs(120);
 
@@ -135,9 +137,9 @@ struct Process {
 }
 
 impl Process {
-    /// Start `plan`; every machine's kernel fetch is published on its bus, as its HTTP
-    /// server would once a machine network-boots Talos from it.
-    fn start(plan: Plan) -> Self {
+    /// Start `plan`; the kernel fetch of each of `boots` is published on its bus, as its
+    /// HTTP server would once a machine network-boots Talos from it.
+    fn start(plan: Plan, boots: &'static [&'static str]) -> Self {
         let (up, started) = std::sync::mpsc::channel();
         let (kill, killed) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -235,14 +237,17 @@ impl Rack {
         }
     }
 
-    fn appliance(&self, etcd: &EtcdServer, name: &str) -> Process {
-        Process::start(plan(
-            &self.inv,
-            etcd,
-            &self.ca,
-            &self.dir.path().join(name),
-            self.net,
-        ))
+    fn appliance(&self, etcd: &EtcdServer, name: &str, boots: &'static [&'static str]) -> Process {
+        Process::start(
+            plan(
+                &self.inv,
+                etcd,
+                &self.ca,
+                &self.dir.path().join(name),
+                self.net,
+            ),
+            boots,
+        )
     }
 
     fn applied(&self) -> usize {
@@ -271,9 +276,9 @@ async fn failover(net: u8, kill_when: impl Fn(&Rack) -> bool) {
     };
     let rack = Rack::start(&etcd, net).await;
     let election = Election::new(&rack.probe, Duration::from_secs(5));
-    let a = rack.appliance(&etcd, "a");
+    let a = rack.appliance(&etcd, "a", ALL);
     until_leader(&election, &a.admin_url).await;
-    let b = rack.appliance(&etcd, "b");
+    let b = rack.appliance(&etcd, "b", &[]);
     follower_refuses(&b.admin_url, &a.admin_url).await;
     until("the kill point", Duration::from_secs(60), || {
         kill_when(&rack)
@@ -353,4 +358,27 @@ async fn until_leader(election: &Election, admin_url: &str) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Machines that network-boot from the follower (its HTTP server publishes their kernel
+/// fetch on its own bus only) are provisioned by the leader all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_booting_from_the_follower_are_provisioned_by_the_leader() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let rack = Rack::start(&etcd, 79).await;
+    let election = Election::new(&rack.probe, Duration::from_secs(5));
+    let a = rack.appliance(&etcd, "a", &[]);
+    until_leader(&election, &a.admin_url).await;
+    let b = rack.appliance(&etcd, "b", ALL);
+    until(
+        "the leader applies every config",
+        Duration::from_secs(60),
+        || rack.nodes.iter().all(|n| n.apply_calls() == 1),
+    )
+    .await;
+    until_leader(&election, &a.admin_url).await;
+    b.kill();
+    a.kill();
 }
