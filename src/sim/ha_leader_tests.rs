@@ -270,8 +270,8 @@ impl Rack {
 
 /// a leads and provisions; it is killed once `kill_when` holds; b takes over and finishes:
 /// Bootstrap once, one config per node, every node Ready.
-async fn failover(net: u8, kill_when: impl Fn(&Rack) -> bool) {
-    let Some(etcd) = EtcdServer::start() else {
+async fn failover(net: u8, members: usize, kill_when: impl Fn(&Rack) -> bool) {
+    let Some(etcd) = EtcdServer::start_cluster(members) else {
         return;
     };
     let rack = Rack::start(&etcd, net).await;
@@ -331,12 +331,12 @@ async fn follower_refuses(follower: &str, leader: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_dies_after_a_config_push_and_the_follower_finishes_without_repeating() {
-    failover(77, |r| r.applied() >= 1).await;
+    failover(77, 1, |r| r.applied() >= 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_dies_at_its_bootstrap_intent_and_the_follower_does_not_bootstrap_again() {
-    failover(78, |r| r.bootstrap_mark().is_some()).await;
+    failover(78, 1, |r| r.bootstrap_mark().is_some()).await;
 }
 
 /// Wait (bounded) until the appliance at `admin_url` leads.
@@ -358,6 +358,12 @@ async fn until_leader(election: &Election, admin_url: &str) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The same on a 3-member etcd (the client balances over the members).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dies_mid_provisioning_on_a_three_member_etcd() {
+    failover(80, 3, |r| r.applied() >= 1).await;
 }
 
 /// Machines that network-boot from the follower (its HTTP server publishes their kernel
