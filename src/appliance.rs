@@ -365,6 +365,7 @@ impl Bound {
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
+        let gate = leader::Gate::new(self.etcd, &admin_url, &commands);
         let (observer, rebuilds, provision_writers) = node_writer_owner(
             &s,
             plan.provisioning.is_some(),
@@ -372,7 +373,6 @@ impl Bound {
             w.nodes,
             w.progress,
         );
-        let gate = leader::Gate::new(self.etcd, &admin_url);
         let desks = (rebuilds, gate.board());
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, desks, &rollouts);
         let app = http_app(

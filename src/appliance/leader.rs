@@ -19,6 +19,8 @@ use tokio::task::JoinSet;
 
 use super::spawn::{Workers, spawn_workers};
 use super::{ServerFailure, Shared, Tasks};
+use crate::events::EventKind;
+use crate::provision::CommandSender;
 use crate::store::EtcdStore;
 use crate::store::election::{Candidate, Election, LeaderBoard, Leadership, SESSION_TTL};
 use crate::store::fence::FenceState;
@@ -31,37 +33,42 @@ const FOLLOWED: &[&str] = &["nodes", "node_lifecycle"];
 
 /// Whether the workers are gated: on etcd, by this appliance's place in the fleet's
 /// election; on redb not at all.
-pub(super) struct Gate(Option<(Arc<EtcdStore>, Arc<LeaderBoard>)>);
+pub(super) struct Gate(Option<(Arc<EtcdStore>, Arc<LeaderBoard>, CommandSender)>);
 
 impl Gate {
     /// The gate for a store that is `etcd` (shared) or not, this appliance's admin API at
     /// `admin_url`.
-    pub(super) fn new(etcd: Option<Arc<EtcdStore>>, admin_url: &str) -> Self {
+    /// `commands` reach the provisioner (boots seen by other appliances go there).
+    pub(super) fn new(
+        etcd: Option<Arc<EtcdStore>>,
+        admin_url: &str,
+        commands: &CommandSender,
+    ) -> Self {
         Self(etcd.map(|etcd| {
             let me = Candidate {
                 name: appliance_name(),
                 admin_url: admin_url.to_owned(),
             };
             let board = Arc::new(LeaderBoard::new(me, Election::new(&etcd, SESSION_TTL)));
-            (etcd, board)
+            (etcd, board, commands.clone())
         }))
     }
 
     /// The election board, for the admin API (`None` on redb).
     pub(super) fn board(&self) -> Option<Arc<LeaderBoard>> {
-        self.0.as_ref().map(|(_, b)| b.clone())
+        self.0.as_ref().map(|(_, b, _)| b.clone())
     }
 
     /// Spawns `workers`: at once on redb; on etcd, a supervisor that runs them while this
     /// appliance leads.
     pub(super) fn spawn(self, tasks: &mut Tasks, s: &Shared, workers: Workers) {
-        let Some((etcd, board)) = self.0 else {
+        let Some((etcd, board, commands)) = self.0 else {
             return spawn_workers(tasks, s, workers);
         };
         // Fenced writes are refused from now until the election is won.
         etcd.set_fence(FenceState::NotLeader);
         let s = s.clone();
-        tasks.spawn(async move { lead(s, etcd, board, workers).await });
+        tasks.spawn(async move { lead(s, (etcd, board, commands), workers).await });
     }
 }
 
@@ -79,8 +86,7 @@ fn appliance_name() -> String {
 /// or the appliance stops (resign).
 async fn lead(
     s: Shared,
-    etcd: Arc<EtcdStore>,
-    board: Arc<LeaderBoard>,
+    (etcd, board, commands): (Arc<EtcdStore>, Arc<LeaderBoard>, CommandSender),
     workers: Workers,
 ) -> Result<(), ServerFailure> {
     let won = tokio::select! {
@@ -100,6 +106,7 @@ async fn lead(
     let workers = leader_workers(&s, workers).await?;
     let mut running = JoinSet::new();
     spawn_workers(&mut running, &s, workers);
+    running.spawn(relay_boots(etcd.clone(), commands));
     let result = supervise(&s, &leadership, &mut running).await;
     running.abort_all();
     while running.join_next().await.is_some() {}
@@ -160,6 +167,33 @@ async fn leader_workers(s: &Shared, mut workers: Workers) -> Result<Workers, Ser
     workers.power_on = planned.map_err(|e| ServerFailure::Leading(Box::new(e)))?;
     Ok(workers)
 }
+
+/// Boots served by another appliance of the fleet (its HTTP server published the script or
+/// kernel fetch on its own bus, and so in the shared store only) reach this provisioner as
+/// if its bus had carried them: without it, a node that booted from a follower would wait
+/// for the leader's next restart.
+async fn relay_boots(etcd: Arc<EtcdStore>, commands: CommandSender) -> Result<(), ServerFailure> {
+    let mut puts = etcd.watch_puts("events");
+    while let Some(value) = puts.recv().await {
+        let Ok(ev) = serde_json::from_slice::<crate::store::Event>(&value) else {
+            continue;
+        };
+        if TALOS_BOOTS.iter().any(|k| k.as_str() == ev.kind)
+            && !commands.talos_boot_elsewhere(&ev.node).await
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The events of a Talos network boot from talboot (what makes a node worth probing).
+const TALOS_BOOTS: &[EventKind] = &[
+    EventKind::Script,
+    EventKind::Kernel,
+    EventKind::Initramfs,
+    EventKind::Uki,
+];
 
 /// Wait for the end of leadership, of the appliance, or a worker's failure.
 async fn supervise(

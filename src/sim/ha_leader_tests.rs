@@ -149,7 +149,7 @@ impl Process {
                 .build()
                 .unwrap();
             let running = rt.block_on(async { plan.bind().await.unwrap().start().unwrap() });
-            for (name, _, _) in MACHINES {
+            for name in boots {
                 running
                     .events
                     .publish(name, EventKind::Kernel, "vmlinuz sent");
@@ -367,10 +367,9 @@ async fn the_leader_dies_mid_provisioning_on_a_three_member_etcd() {
 }
 
 /// Machines that network-boot from the follower (its HTTP server publishes their kernel
-/// fetch on its own bus, so only the shared store has it) are provisioned by the leader, and
-/// the follower's gate keeps it from provisioning them too (one config each). The leader
-/// reaches them even with no boot event of theirs anywhere (checked by hand: the workers
-/// are provisioned with `b` publishing nothing), so this does not isolate how.
+/// fetch on its own bus, so only the shared store has it) are provisioned by the leader
+/// (`leader::relay_boots`; without it they wait for the leader's next restart), and only by
+/// it (one config each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_booting_from_the_follower_are_provisioned_by_the_leader() {
     let Some(etcd) = EtcdServer::start() else {

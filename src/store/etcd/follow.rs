@@ -36,6 +36,57 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// The value of every put under `table` (`"events"`) from now on, in revision order,
+    /// until the receiver is dropped. A watch that breaks is started again from the next
+    /// revision it had not delivered, so nothing is skipped unless compaction removed it.
+    pub fn watch_puts(&self, table: &str) -> mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut prefix = self.root();
+        prefix.extend_from_slice(table.as_bytes());
+        prefix.push(b'/');
+        self.runtime().spawn(relay_puts(self.client(), prefix, tx));
+        rx
+    }
+}
+
+/// Send the value of every put under `prefix` to `tx` until it closes.
+async fn relay_puts(mut client: Client, prefix: Vec<u8>, tx: mpsc::Sender<Vec<u8>>) {
+    let mut from = 0;
+    loop {
+        let mut opts = WatchOptions::new().with_prefix();
+        if from > 0 {
+            opts = opts.with_start_revision(from);
+        }
+        let watched = tokio::select! {
+            w = client.watch(prefix.clone(), Some(opts)) => w,
+            () = tx.closed() => return,
+        };
+        if let Ok(mut stream) = watched {
+            while let Ok(Some(resp)) = stream.message().await {
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    from = kv.mod_revision() + 1;
+                    if ev.event_type() == etcd_client::EventType::Put
+                        && tx.send(kv.value().to_vec()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                if resp.canceled() {
+                    // Compacted past `from`: what was removed is gone; go on from now.
+                    from = 0;
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(REWATCH_AFTER) => {}
+            () = tx.closed() => return,
+        }
+    }
+}
+
 /// Watch `prefix` until `tx` closes, sending a notice per batch of events.
 async fn watch_prefix(mut client: Client, prefix: Vec<u8>, tx: mpsc::Sender<()>) {
     loop {
