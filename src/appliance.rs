@@ -26,6 +26,7 @@ use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
 use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http};
 
+mod etcd_health;
 mod leader;
 mod spawn;
 
@@ -118,6 +119,10 @@ pub(crate) struct Plan {
     pub configs: PathBuf,
     /// Where the state is kept: the redb file in the state directory, or a shared etcd.
     pub store: store::StoreSpec,
+    /// This appliance's name among those sharing one etcd store (`serve --name`, default
+    /// the host name): its `members/<name>` key and what status shows.
+    #[allow(dead_code)] // read by the HA lanes (issue 28) as they land
+    pub name: String,
     /// The address machines reach talboot at.
     pub advertise: Ipv4Addr,
     /// HTTP listen address of the provisioning side (port 0 picks one).
@@ -362,10 +367,19 @@ impl Bound {
         let base_url = base_url(plan.advertise, http_port);
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
+        if let store::StoreSpec::Etcd(cfg) = &plan.store {
+            // The view of etcd's health goes to the admin API once it shows it.
+            let (_health, probe) = etcd_health::spawn(cfg.clone(), s.cancel.clone());
+            tasks.spawn(async move {
+                let _ = probe.await;
+                Ok(())
+            });
+        }
+
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
-        let gate = leader::Gate::new(self.etcd, &admin_url, &commands);
+        let gate = leader::Gate::new(self.etcd.clone(), (&plan.name, &admin_url), &commands);
         let (observer, rebuilds, provision_writers) = node_writer_owner(
             &s,
             plan.provisioning.is_some(),
@@ -398,6 +412,10 @@ impl Bound {
             leases: w.leases,
             bindings: w.meta,
             ra: self.ra,
+            ha: (self.etcd.clone()).map(|e| {
+                let me = spawn::member_record(&plan.name, &admin_url, &base_url);
+                (e, me)
+            }),
             advertise: plan.advertise,
             http_port,
             ukis: uki_media(&s.inv, &plan.catalog, &plan.images_dir),
@@ -812,6 +830,7 @@ nodes:
             ipxe_dir: dir.into(),
             configs: dir.into(),
             store: store::StoreSpec::Redb(dir.join("state")),
+            name: "test".into(),
             advertise: Ipv4Addr::LOCALHOST,
             http: (Ipv4Addr::LOCALHOST, 0).into(),
             admin: (Ipv4Addr::LOCALHOST, 0).into(),

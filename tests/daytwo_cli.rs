@@ -670,6 +670,7 @@ fn plan_apply_through_serve_and_drift_with_the_binary() {
             print_events: false,
             concurrency: talboot::provision::DEFAULT_CONCURRENCY,
             power_on_stagger: talboot::sim::demo::DEFAULT_POWER_ON_STAGGER,
+            etcd: None,
         })
         .await
         .unwrap();

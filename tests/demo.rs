@@ -146,6 +146,7 @@ async fn in_process_run_checks_what_helm_and_argocd_adopt() {
         print_events: false,
         concurrency: talboot::provision::DEFAULT_CONCURRENCY,
         power_on_stagger: talboot::sim::demo::DEFAULT_POWER_ON_STAGGER,
+        etcd: None,
     })
     .await
     .unwrap();
@@ -267,6 +268,7 @@ async fn restarts_at_every_step_repeat_nothing() {
         print_events: false,
         concurrency: talboot::provision::DEFAULT_CONCURRENCY,
         power_on_stagger: talboot::sim::demo::DEFAULT_POWER_ON_STAGGER,
+        etcd: None,
     })
     .await
     .unwrap();

@@ -36,17 +36,17 @@ const FOLLOWED: &[&str] = &["nodes", "node_lifecycle"];
 pub(super) struct Gate(Option<(Arc<EtcdStore>, Arc<LeaderBoard>, CommandSender)>);
 
 impl Gate {
-    /// The gate for a store that is `etcd` (shared) or not, this appliance's admin API at
-    /// `admin_url`.
-    /// `commands` reach the provisioner (boots seen by other appliances go there).
+    /// The gate for a store that is `etcd` (shared) or not, for this appliance (its name
+    /// and admin API URL); `commands` reach the provisioner (boots seen by other appliances
+    /// go there).
     pub(super) fn new(
         etcd: Option<Arc<EtcdStore>>,
-        admin_url: &str,
+        (name, admin_url): (&str, &str),
         commands: &CommandSender,
     ) -> Self {
         Self(etcd.map(|etcd| {
             let me = Candidate {
-                name: appliance_name(),
+                name: name.to_owned(),
                 admin_url: admin_url.to_owned(),
             };
             let board = Arc::new(LeaderBoard::new(me, Election::new(&etcd, SESSION_TTL)));
@@ -70,16 +70,6 @@ impl Gate {
         let s = s.clone();
         tasks.spawn(async move { lead(s, (etcd, board, commands), workers).await });
     }
-}
-
-/// This appliance's name in the election: the host name (`Plan.name`, `serve --name`,
-/// replaces it once it lands).
-fn appliance_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "talboot".into())
 }
 
 /// Follow until elected, then run the workers until leadership is lost (an error: fail-stop)

@@ -43,6 +43,9 @@ pub(super) struct BootServers<'a> {
     pub(super) bindings: store::MetaWriter,
     /// The bound ICMPv6 socket.
     pub(super) ra: Option<crate::ndp::Advertiser>,
+    /// On a shared etcd store: the store and this appliance's membership record, for the
+    /// DHCP split among the live appliances and the peers' lease feed (issue 28 item 2).
+    pub(super) ha: Option<(Arc<store::EtcdStore>, store::Member)>,
     /// The address machines reach talboot at.
     pub(super) advertise: Ipv4Addr,
     /// The provisioning HTTP port DHCP's boot targets name.
@@ -68,7 +71,7 @@ pub(super) fn spawn_boot_servers(
     spawn_dhcp(
         tasks,
         s,
-        boot.dhcp,
+        (boot.dhcp, boot.ha),
         crate::dhcp::server::DhcpWriters {
             leases: boot.leases,
             bindings: boot.bindings,
@@ -198,7 +201,10 @@ fn spawn_tftp(
 fn spawn_dhcp(
     tasks: &mut Tasks,
     s: &Shared,
-    dhcp: Option<DhcpServer>,
+    (dhcp, ha): (
+        Option<DhcpServer>,
+        Option<(Arc<store::EtcdStore>, store::Member)>,
+    ),
     writers: crate::dhcp::server::DhcpWriters,
     advertise: Ipv4Addr,
     http_port: u16,
@@ -222,7 +228,22 @@ fn spawn_dhcp(
         s.cancel.clone(),
         s.view.clone(),
     );
+    // On etcd: registered as a member (under a lease kept alive while this task runs, revoked
+    // when it ends), answering this appliance's share of the clients, learning the peers'
+    // leases. On redb nothing changes.
+    let (server, membership) = match ha {
+        Some((etcd, me)) => {
+            let membership = etcd.join(me.clone(), store::MEMBER_TTL);
+            let feed = etcd.lease_feed(s.cancel.child_token());
+            let server = server
+                .with_etcd(etcd, Some(feed))
+                .with_split(me.name, membership.live());
+            (server, Some(membership))
+        }
+        None => (server, None),
+    };
     tasks.spawn(async move {
+        let _membership = membership;
         server
             .with_view(view)
             .run(
@@ -323,4 +344,19 @@ pub(super) fn spawn_drift(
         }
         Ok(())
     });
+}
+
+/// This appliance's membership record for a shared etcd store: `name` (`Plan.name`, from
+/// `serve --name`), where its admin API and boot HTTP listen, this
+/// build's version, and now as its start.
+pub(super) fn member_record(name: &str, admin_url: &str, http_url: &str) -> store::Member {
+    store::Member {
+        name: name.to_owned(),
+        admin_url: admin_url.to_owned(),
+        http_url: http_url.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
 }

@@ -24,10 +24,12 @@ pub struct StoreAccess {
     /// State directory holding talboot.redb (when serve holds it, the command goes to serve).
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = crate::store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Admin API address of a running `talboot serve` on this host (its `--admin-listen`),
-    /// used when serve holds the state store.
+    /// Admin API address of a running `talboot serve` (its `--admin-listen`), used when
+    /// serve holds the redb state file, and on an etcd store by every command that writes.
     #[arg(long, env = "TALBOOT_ADMIN", default_value = super::serve::DEFAULT_ADMIN_LISTEN)]
     pub admin: SocketAddr,
+    #[command(flatten)]
+    pub backend: super::store_flags::StoreBackend,
 }
 
 /// The age identity that decrypts the power credentials file (the inventory's `power:`

@@ -50,10 +50,49 @@ pub struct Args {
     /// admin address printed at the start stays up) until Ctrl-C or SIGTERM.
     #[arg(long)]
     pub stay: bool,
+    /// Keep talboot's state in etcd (`--store etcd://127.0.0.1:2379`, with `--etcd-*` as
+    /// serve takes them) instead of the work directory's redb file; the prefix should be
+    /// empty (a fresh `--etcd-cluster`), since the run's secrets are new.
+    #[command(flatten)]
+    pub backend: super::store_flags::StoreBackend,
+}
+
+/// The etcd `--store` names, its cluster left empty for the inventory's name unless
+/// `--etcd-cluster` gives one.
+fn etcd_config(args: &Args) -> Result<Option<crate::store::EtcdConfig>, ExitCode> {
+    match args.backend.spec(std::path::Path::new(""), Some("")) {
+        Ok(crate::store::StoreSpec::Etcd(cfg)) => Ok(Some(cfg)),
+        Ok(crate::store::StoreSpec::Redb(_)) => Ok(None),
+        Err(e) => {
+            eprintln!("talboot demo: {e}");
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
+/// With `--stay`, what the demo waits for before it stops: Ctrl-C or SIGTERM.
+fn hold_until_signal() -> demo::Hold {
+    Box::pin(async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    })
 }
 
 /// Run the subcommand.
 pub fn run(args: &Args) -> ExitCode {
+    let etcd = match etcd_config(args) {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
     let (_temp, workdir) = match &args.workdir {
         Some(d) => (None, d.clone()),
         None => match tempfile::Builder::new().prefix("talboot-demo-").tempdir() {
@@ -83,22 +122,9 @@ pub fn run(args: &Args) -> ExitCode {
         print_events: !args.quiet,
         concurrency: args.concurrency,
         power_on_stagger: Duration::from_millis(args.power_on_stagger),
+        etcd,
     };
-    let hold: Option<demo::Hold> = args.stay.then(|| -> demo::Hold {
-        Box::pin(async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        })
-    });
+    let hold: Option<demo::Hold> = args.stay.then(hold_until_signal);
     let result = rt.block_on(demo::run_and_hold(
         opts,
         Duration::from_secs(args.timeout),

@@ -23,6 +23,8 @@ pub(crate) mod remote;
 pub mod secrets;
 pub mod serve;
 pub mod status;
+pub mod store;
+pub mod store_flags;
 pub mod up;
 pub mod upgrade;
 pub(crate) mod watch;
@@ -80,6 +82,8 @@ pub enum Command {
     Secrets(secrets::Args),
     /// Show each node's phase, address, Talos version and last event.
     Status(status::Args),
+    /// Operate on the state store itself (`store migrate --from DIR --to etcd://...`).
+    Store(store::Args),
     /// Act on one node (rebuild, power, next boot device).
     Node(node::Args),
     /// Act on the whole rack (`rack up`: power on every node not provisioned yet).
@@ -136,6 +140,7 @@ pub fn run() -> ExitCode {
         Command::Gen(args) => r#gen::run(&args),
         Command::Secrets(args) => secrets::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Store(args) => store::run(&args),
         Command::Node(args) => node::run(&args),
         Command::Rack(args) => power::run_rack(&args),
         #[cfg(feature = "sim")]

@@ -93,13 +93,15 @@ fn rebuild(args: &RebuildArgs) -> ExitCode {
     }
     // This command owns the store while it runs: the node, progress and timeline writers
     // go to its provisioner and bus.
-    let (store, writers) = match store::open(&args.store.state_dir) {
-        Ok(s) => s.split(),
-        Err(store::StoreError::Locked { .. }) => return rebuild_through_serve(args),
-        Err(e) => {
-            eprintln!("talboot: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+    let reach = super::store_flags::open_to_write(
+        &args.store,
+        inventory.cluster.name.as_str(),
+        "node rebuild",
+    );
+    let (store, writers) = match reach {
+        Ok(super::store_flags::Reach::Local(opened)) => (opened.store, opened.writers),
+        Ok(super::store_flags::Reach::Serve) => return rebuild_through_serve(args),
+        Err(code) => return code,
     };
     // Before any credentials, probe or power request: a node that holds no config from
     // talboot has nothing to reset.

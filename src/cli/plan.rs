@@ -131,6 +131,8 @@ struct Loaded {
     renderings: Renderings,
     /// The contract of the inventory's `talosVersion`.
     contract: Contract,
+    /// The inventory's cluster name (the default etcd key prefix).
+    cluster: String,
 }
 
 fn usage(m: String) -> ExitCode {
@@ -216,6 +218,7 @@ fn load(c: &Common) -> Result<Loaded, ExitCode> {
         targets,
         renderings,
         contract,
+        cluster: inv.cluster.name.value.clone(),
     })
 }
 
@@ -312,18 +315,12 @@ pub(crate) fn run_apply(args: &ApplyArgs) -> ExitCode {
         control_planes: Vec::new(),
     };
     // This command owns the store while it runs: the rollout records' writer is its.
-    let store = match crate::store::open(&args.store.state_dir) {
-        Ok(s) => s.split().1.rollouts,
-        Err(crate::store::StoreError::Locked { .. }) => {
+    let store = match super::store_flags::open_to_write(&args.store, &loaded.cluster, "apply") {
+        Ok(super::store_flags::Reach::Local(opened)) => opened.writers.rollouts,
+        Ok(super::store_flags::Reach::Serve) => {
             return apply_through_serve(args.store.admin, &targets, &opts);
         }
-        Err(e) => {
-            eprintln!(
-                "talboot: cannot open the store in {}: {e}",
-                args.store.state_dir.display()
-            );
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
     let out = runtime().block_on(crate::daytwo::apply::apply(
         &store,

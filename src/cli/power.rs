@@ -193,17 +193,15 @@ type Local = (std::sync::Arc<dyn Store>, store::EventWriter);
 
 /// Whether serve holds the store (then commands go through its admin API); if not, the
 /// store and the timelines' writer.
-fn serve_holds_store(state_dir: &std::path::Path) -> Result<Option<Local>, ExitCode> {
-    match store::open(state_dir) {
-        Ok(s) => {
-            let (store, writers) = s.split();
-            Ok(Some((store, writers.events)))
-        }
-        Err(store::StoreError::Locked { .. }) => Ok(None),
-        Err(e) => {
-            eprintln!("talboot: {e}");
-            Err(ExitCode::from(EXIT_USAGE))
-        }
+fn serve_holds_store(
+    access: &super::args::StoreAccess,
+    inv: &Inventory,
+    command: &str,
+) -> Result<Option<Local>, ExitCode> {
+    let cluster = inv.cluster.name.as_str();
+    match super::store_flags::open_to_write(access, cluster, command)? {
+        super::store_flags::Reach::Local(opened) => Ok(Some((opened.store, opened.writers.events))),
+        super::store_flags::Reach::Serve => Ok(None),
     }
 }
 
@@ -362,7 +360,7 @@ fn one(name: &str, req: PowerRequest, common: &Common) -> ExitCode {
         Ok(i) => i,
         Err(c) => return c,
     };
-    let local = match serve_holds_store(&common.store.state_dir) {
+    let local = match serve_holds_store(&common.store, &inv, "node power") {
         Ok(s) => s,
         Err(c) => return c,
     };
@@ -433,7 +431,7 @@ fn rack_up(a: &RackUpArgs) -> ExitCode {
         Ok(i) => i,
         Err(c) => return c,
     };
-    let local = match serve_holds_store(&a.common.store.state_dir) {
+    let local = match serve_holds_store(&a.common.store, &inv, "rack up") {
         Ok(s) => s,
         Err(c) => return c,
     };

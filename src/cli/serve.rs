@@ -29,9 +29,16 @@ pub(crate) const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 pub struct Args {
     #[command(flatten)]
     pub inventory: super::args::InventoryFile,
-    /// State directory (leases, node records, events, tokens).
+    /// State directory (leases, node records, events, tokens in talboot.redb unless --store
+    /// names etcd; the admin kubeconfig either way).
     #[arg(long, env = "TALBOOT_STATE_DIR", default_value = store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub backend: super::store_flags::StoreBackend,
+    /// This appliance's name among those serving one fleet from etcd (default: the host
+    /// name); each must have its own.
+    #[arg(long, env = "TALBOOT_NAME", value_name = "NAME")]
+    pub name: Option<String>,
     #[command(flatten)]
     pub image_cache: super::args::ImageCache,
     /// Folder with the iPXE binaries served over TFTP and HTTP (undionly.kpxe, ipxe.efi,
@@ -176,6 +183,9 @@ pub(crate) enum StartError {
     /// The store cannot be opened.
     #[error("{0}")]
     Store(#[from] store::StoreError),
+    /// The `--store`/`--etcd-*` flags cannot be used.
+    #[error("{0}")]
+    StoreFlags(#[from] super::store_flags::StoreFlagError),
     /// An iPXE binary the inventory needs cannot be served.
     #[error("{0}")]
     Ipxe(#[from] crate::firststage::Unservable),
@@ -253,9 +263,10 @@ impl StartError {
     pub(crate) fn exit_code(&self) -> ExitCode {
         match self {
             StartError::Inventory(inventory::LoadError::Io { .. }, _) => ExitCode::from(EXIT_USAGE),
-            StartError::Bind { .. } | StartError::Privileges { .. } | StartError::Schema(_) => {
-                ExitCode::from(EXIT_USAGE)
-            }
+            StartError::Bind { .. }
+            | StartError::Privileges { .. }
+            | StartError::Schema(_)
+            | StartError::StoreFlags(_) => ExitCode::from(EXIT_USAGE),
             _ => ExitCode::from(EXIT_INVALID),
         }
     }
@@ -383,6 +394,9 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         drivers: power,
         stagger: args.power_on_stagger,
     });
+    let store = args
+        .backend
+        .spec(&args.state_dir, Some(&inv.cluster.name))?;
     Ok(Plan {
         ipv6_ra,
         inventory: inv,
@@ -390,7 +404,8 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         images_dir: args.image_cache.images.clone(),
         ipxe_dir: args.ipxe_dir.clone(),
         configs: args.configs.clone(),
-        store: store::StoreSpec::Redb(args.state_dir.clone()),
+        store,
+        name: appliance_name(args),
         advertise,
         http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.http_port),
         admin: args.admin_listen,
@@ -411,6 +426,13 @@ pub(crate) fn prepare(args: &Args) -> Result<Plan, StartError> {
         drift,
         power_on,
     })
+}
+
+/// `--name`, else the host name.
+fn appliance_name(args: &Args) -> String {
+    args.name
+        .clone()
+        .unwrap_or_else(super::store_flags::host_name)
 }
 
 /// The inventory, its problems printed as `check` prints them and its warnings logged.

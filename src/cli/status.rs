@@ -36,16 +36,15 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    let store = match store::open(&args.store.state_dir) {
-        Ok(s) => s,
-        Err(store::StoreError::Locked { .. }) => return status_from_serve(args.store.admin),
-        Err(e) => {
-            eprintln!("talboot: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+    // On etcd the table is read from etcd itself, whichever appliances run.
+    let store = match super::store_flags::open_to_read(&args.store, inventory.cluster.name.as_str())
+    {
+        Ok(super::store_flags::Reach::Local(opened)) => opened.store,
+        Ok(super::store_flags::Reach::Serve) => return status_from_serve(args.store.admin),
+        Err(code) => return code,
     };
     let now = crate::events::Clock::now_unix(&crate::events::SystemClock);
-    match table(&inventory, &store, now) {
+    match table(&inventory, store.as_ref(), now) {
         Ok(t) => {
             print!("{t}");
             ExitCode::SUCCESS

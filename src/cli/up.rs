@@ -241,8 +241,12 @@ pub(crate) async fn up(args: &Args, hooks: Hooks) -> Result<Report, UpError> {
     // 4. Serve and provision.
     let (record, ready) = {
         // Closed again before `serve` opens it.
-        let store = store::open(&sa.state_dir).map_err(UpError::Store)?;
-        cluster_state(&inv, &store).map_err(UpError::Store)?
+        let spec = sa
+            .backend
+            .spec(&sa.state_dir, Some(inv.cluster.name.as_str()))
+            .map_err(|e| UpError::Serve(e.into()))?;
+        let opened = spec.open().map_err(UpError::Store)?;
+        cluster_state(&inv, opened.store.as_ref()).map_err(UpError::Store)?
     };
     let decision = provision_step(record.as_ref(), ready, inv.nodes.len(), args.stay);
     if !say.line(Step::Provision, &decision) {

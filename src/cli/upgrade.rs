@@ -134,11 +134,13 @@ pub fn run(args: &Args) -> ExitCode {
         return fail(EXIT_USAGE, "--worker-concurrency must be at least 1");
     }
     // This command owns the store while it runs: the rollout records' writer is its.
-    let store: Option<store::RolloutWriter> = match store::open(&args.store.state_dir) {
-        Ok(s) => Some(s.split().1.rollouts),
+    let reach =
+        super::store_flags::open_to_write(&args.store, inv.cluster.name.as_str(), "upgrade");
+    let store: Option<store::RolloutWriter> = match reach {
+        Ok(super::store_flags::Reach::Local(opened)) => Some(opened.writers.rollouts),
         // serve holds the store: the upgrade goes through its admin API.
-        Err(store::StoreError::Locked { .. }) => None,
-        Err(e) => return fail(EXIT_USAGE, e),
+        Ok(super::store_flags::Reach::Serve) => None,
+        Err(code) => return code,
     };
     let Some(store) = store else {
         return upgrade_through_serve(args, &inv, &version);
@@ -270,11 +272,13 @@ fn kubernetes(inv: &Inventory, to: &str, args: &Args) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let store = match store::open(&args.store.state_dir) {
-        Ok(s) => s.split().1.rollouts,
+    let reach =
+        super::store_flags::open_to_write(&args.store, inv.cluster.name.as_str(), "upgrade");
+    let store = match reach {
+        Ok(super::store_flags::Reach::Local(opened)) => opened.writers.rollouts,
         // serve holds the store: the upgrade goes through its admin API.
-        Err(store::StoreError::Locked { .. }) => return kubernetes_through_serve(args, &to),
-        Err(e) => return fail(EXIT_USAGE, e),
+        Ok(super::store_flags::Reach::Serve) => return kubernetes_through_serve(args, &to),
+        Err(code) => return code,
     };
     let (creds, rt) = match creds_and_runtime(args) {
         Ok(v) => v,

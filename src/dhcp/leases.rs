@@ -282,6 +282,33 @@ impl LeaseBook {
         changes
     }
 
+    /// Another appliance sharing the store changed the record of `ip` to `record` (`None`:
+    /// removed), as the lease feed or a conflicting commit reports it: the store's word
+    /// replaces this book's, so no address a peer holds is offered here. A peer's record
+    /// for a MAC this book has elsewhere is the newer one (the store's MAC index names it):
+    /// the book's other record of that MAC is dropped. A record the configuration does not
+    /// allow here (appliances of one fleet share the inventory, so only a mismatch does
+    /// this) is not kept, as [`Self::restore`] would not keep it.
+    pub(crate) fn learn(&mut self, ip: Ipv4Addr, record: Option<Lease>) {
+        if let Some(old) = self.leases.get(&ip)
+            && self.by_mac.get(&old.mac) == Some(&ip)
+        {
+            self.by_mac.remove(&old.mac);
+        }
+        self.drop_record(ip);
+        let Some(lease) = record else { return };
+        if lease.ip != ip || !self.managed_for(ip, lease.mac) {
+            return;
+        }
+        if lease.state != LeaseState::Declined
+            && let Some(prev) = self.by_mac.insert(lease.mac, ip)
+            && prev != ip
+        {
+            self.drop_record(prev);
+        }
+        self.leases.insert(ip, lease);
+    }
+
     /// The record for `ip`.
     pub fn get(&self, ip: Ipv4Addr) -> Option<&Lease> {
         self.leases.get(&ip)
@@ -911,13 +938,36 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Offer { mac: u8, requested: Option<u8> },
-        Bind { mac: u8, ip: u8 },
-        Release { mac: u8, ip: u8 },
-        Decline { mac: u8, ip: u8 },
-        Cancel { mac: u8 },
+        Offer {
+            mac: u8,
+            requested: Option<u8>,
+        },
+        Bind {
+            mac: u8,
+            ip: u8,
+        },
+        Release {
+            mac: u8,
+            ip: u8,
+        },
+        Decline {
+            mac: u8,
+            ip: u8,
+        },
+        Cancel {
+            mac: u8,
+        },
         Expire,
-        Advance { secs: u64 },
+        Advance {
+            secs: u64,
+        },
+        /// A peer's record (state index, expiry in seconds from now) or its removal.
+        Learn {
+            mac: u8,
+            ip: u8,
+            state: Option<u8>,
+            secs: u64,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -933,6 +983,18 @@ mod tests {
             (0u8..7).prop_map(|mac| Op::Cancel { mac }),
             Just(Op::Expire),
             (0u64..4000).prop_map(|secs| Op::Advance { secs }),
+            (
+                0u8..7,
+                prop_oneof![9u8..=14, 50u8..=51],
+                proptest::option::of(0u8..4),
+                0u64..200
+            )
+                .prop_map(|(mac, ip, state, secs)| Op::Learn {
+                    mac,
+                    ip,
+                    state,
+                    secs
+                }),
         ]
     }
 
@@ -1037,6 +1099,20 @@ mod tests {
                     Op::Cancel { mac: m } => { b.cancel_offer(mac(m)); }
                     Op::Expire => { b.expire(now); }
                     Op::Advance { secs } => now += Duration::from_secs(secs),
+                    Op::Learn { mac: m, ip: i, state, secs } => {
+                        let record = state.map(|s| Lease {
+                            ip: ip(i),
+                            mac: mac(m),
+                            hostname: None,
+                            state: [LeaseState::Offered, LeaseState::Bound, LeaseState::Released, LeaseState::Declined][usize::from(s)],
+                            expires_at_unix: unix(now + Duration::from_secs(secs)),
+                            updated_at_unix: 0,
+                        });
+                        let kept = record.clone().filter(|l| b.managed_for(l.ip, l.mac));
+                        b.learn(ip(i), record);
+                        // The book now says what the peer wrote (when it may hold it at all).
+                        prop_assert_eq!(b.get(ip(i)), kept.as_ref());
+                    }
                 }
                 if let Err(e) = b.check_invariants() {
                     prop_assert!(false, "{}", e);

@@ -19,6 +19,7 @@ pub(crate) mod queue;
 pub mod reply;
 pub mod server;
 pub(crate) mod sojourn;
+pub mod split;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -106,6 +107,9 @@ pub struct DhcpCore {
     pub flood: FloodLimiter,
     /// Counters.
     pub(crate) stats: Stats,
+    /// With other appliances sharing the fleet: this one's share of the clients
+    /// ([`split`]); `None` answers everyone.
+    pub split: Option<split::Split>,
 }
 
 impl DhcpCore {
@@ -116,6 +120,7 @@ impl DhcpCore {
             book,
             flood: FloodLimiter::new(flood),
             stats: Stats::default(),
+            split: None,
         }
     }
 
@@ -147,6 +152,12 @@ impl DhcpCore {
             Ok(r) => r,
             Err(r) => return Outcome::Dropped(r),
         };
+        if port == ServerPort::Dhcp
+            && let Some(split) = &self.split
+            && !split.answers(&req.msg)
+        {
+            return Outcome::Dropped(DropReason::PeerBucket);
+        }
         if !self.flood.allow(req.mac, now.mono) {
             return Outcome::Dropped(DropReason::RateLimited);
         }

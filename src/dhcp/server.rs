@@ -36,6 +36,7 @@
 //! The RFC 2131 destination is still decided by the core and logged.
 
 mod commit;
+mod ha;
 mod handle;
 mod peek;
 mod send;
@@ -111,7 +112,17 @@ pub struct DhcpServer {
     /// Where committed bindings are published for the request paths.
     view: Option<Arc<StateView>>,
     queues: Queues,
+    /// On etcd: the link to the shared store (conflicts, the peers' lease feed).
+    ha: Option<ha::HaLink>,
+    /// On etcd: this appliance's name and the live appliances, for the split.
+    members: Option<Members>,
 }
+
+/// This appliance's name and the live appliances it shares the clients with.
+pub(crate) type Members = (
+    String,
+    tokio::sync::watch::Receiver<Vec<crate::store::Member>>,
+);
 
 /// Sizes of the two bounded queues of the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -182,6 +193,8 @@ impl DhcpServer {
             transport: Transport::Segment,
             view: None,
             queues: Queues::default(),
+            ha: None,
+            members: None,
         })
     }
 
@@ -216,6 +229,8 @@ impl DhcpServer {
             transport: Transport::ReplyToSource,
             view: None,
             queues: Queues::default(),
+            ha: None,
+            members: None,
         })
     }
 
@@ -234,6 +249,31 @@ impl DhcpServer {
         }
     }
 
+    /// Serve on a store shared with other appliances in etcd: a commit that loses a race
+    /// to a peer is split so only the conflicting leases are dropped (their clients retry),
+    /// and the peers' lease changes, from `feed` (`EtcdStore::lease_feed`) and from the
+    /// conflicts, are learned by the lease book (issue 28 item 2).
+    pub fn with_etcd(
+        mut self,
+        etcd: Arc<crate::store::EtcdStore>,
+        feed: Option<mpsc::UnboundedReceiver<Vec<crate::store::LeaseEvent>>>,
+    ) -> Self {
+        self.ha = Some(ha::HaLink::new(etcd, feed));
+        self
+    }
+
+    /// Answer only this appliance's share of the clients among the live appliances
+    /// (`live`, from `EtcdStore::join`), as RFC 3074 load balancing splits them
+    /// ([`super::split`]); the share follows the live set as appliances come and go.
+    pub fn with_split(
+        mut self,
+        me: String,
+        live: tokio::sync::watch::Receiver<Vec<crate::store::Member>>,
+    ) -> Self {
+        self.members = Some((me, live));
+        self
+    }
+
     /// Publish every lease commit and ProxyDHCP binding to `view` (see
     /// [`crate::view`]).
     pub fn with_view(mut self, view: Arc<StateView>) -> Self {
@@ -246,7 +286,7 @@ impl DhcpServer {
     /// handled by a [`DhcpCore`] over `ctx`; its changes are written with `writers`, which
     /// the server's tasks share (and which the caller may hold too, to act as the server).
     pub async fn run(
-        self,
+        mut self,
         ctx: DecideCtx,
         flood: FloodConfig,
         store: Arc<dyn Store>,
@@ -342,14 +382,14 @@ impl DhcpServer {
     /// The committer task and the handling half that feeds it, sharing the admission state
     /// and the channel of addresses whose write failed.
     fn start_pipeline(
-        &self,
+        &mut self,
         core: DhcpCore,
         replier: Arc<Replier>,
         store: Arc<dyn Store>,
         writers: Arc<DhcpWriters>,
     ) -> (Adapter, JoinHandle<()>) {
         let (jobs, job_rx) = mpsc::channel::<Job>(self.queues.commit.max(1));
-        let (not_durable_tx, not_durable) = mpsc::unbounded_channel();
+        let (notes_tx, notes) = mpsc::unbounded_channel();
         let backlog = Arc::new(Backlog::with_delay(
             self.queues.admission,
             self.queues.delay,
@@ -358,19 +398,21 @@ impl DhcpServer {
             store,
             writers,
             replier: replier.clone(),
-            not_durable_tx,
+            notes: notes_tx,
             backlog: backlog.clone(),
             not_durable: Default::default(),
+            ha: self.ha.take(),
         };
         let committer = tokio::spawn(committer.run(job_rx));
         let adapter = Adapter {
             core,
             jobs,
             replier,
-            not_durable,
+            notes,
             proxied: VecDeque::new(),
             backlog,
             ack_backlog: self.queues.ack_backlog,
+            members: self.members.take(),
         };
         (adapter, committer)
     }

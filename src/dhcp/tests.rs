@@ -1387,6 +1387,7 @@ fn view_from_inventory() {
 
 // ---------- ProxyDHCP as iPXE and EDK2 read it ----------
 
+mod ha;
 mod overload;
 mod proxy_conformance;
 mod secure_boot;

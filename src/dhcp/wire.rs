@@ -78,6 +78,9 @@ pub enum DropReason {
     NoRecord,
     /// The reply could not be encoded (a talboot bug; the log has the details).
     EncodeFailed,
+    /// Another live appliance's share of the clients (RFC 3074 load balancing,
+    /// [`super::split`]).
+    PeerBucket,
 }
 
 impl DropReason {
@@ -105,6 +108,7 @@ impl DropReason {
             Self::NotAnswered => "not_answered",
             Self::NoRecord => "no_record",
             Self::EncodeFailed => "encode_failed",
+            Self::PeerBucket => "peer_bucket",
         }
     }
 
@@ -583,6 +587,7 @@ pub(crate) mod tests {
             DropReason::NotAnswered,
             DropReason::NoRecord,
             DropReason::EncodeFailed,
+            DropReason::PeerBucket,
         ];
         let labels: BTreeSet<_> = all.iter().map(|r| r.label()).collect();
         assert_eq!(labels.len(), all.len());

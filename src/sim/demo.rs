@@ -166,6 +166,9 @@ pub struct DemoOptions {
     /// The pause between two machines' power-on ([`DEFAULT_POWER_ON_STAGGER`]: a rack
     /// switched on over a few hundred milliseconds); zero powers every machine on at once.
     pub power_on_stagger: Duration,
+    /// Keep talboot's state in this etcd instead of the work directory's redb file
+    /// (`demo --store etcd://...`); an empty `cluster` means the inventory's cluster name.
+    pub etcd: Option<crate::store::EtcdConfig>,
 }
 
 /// The demo's default pause between two machines' power-on.
@@ -266,6 +269,15 @@ impl Demo {
         let (kube, cluster) = start_api_double(&inv, p.api_ip).await?;
         let settings = launch::settings(&p, opts.concurrency);
         let mut relaunch = Relaunch::new(&p, &opts.workdir, &secrets, settings);
+        relaunch.etcd = opts.etcd.clone().map(|mut cfg| {
+            if cfg.cluster.is_empty() {
+                cfg.cluster = inv.cluster.name.value.clone();
+            }
+            cfg
+        });
+        if let Some(cfg) = &relaunch.etcd {
+            launch::require_empty_prefix(cfg)?;
+        }
         let (running, wire) = relaunch.start().await?;
         if opts.print_events {
             println!("dashboard: {}/\n", running.admin_url);

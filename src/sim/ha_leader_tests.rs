@@ -106,6 +106,7 @@ fn plan(
         ipxe_dir: dir.into(),
         configs: dir.into(),
         store: StoreSpec::Etcd(etcd.config("ha")),
+        name: dir.file_name().unwrap().to_string_lossy().into_owned(),
         advertise: Ipv4Addr::LOCALHOST,
         http: (Ipv4Addr::LOCALHOST, 0).into(),
         admin: (Ipv4Addr::LOCALHOST, 0).into(),

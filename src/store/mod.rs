@@ -29,9 +29,12 @@ mod writers;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use self::etcd::health as etcd_health;
 #[cfg(test)]
 pub(crate) use self::etcd::testing as etcd_testing;
-pub use self::etcd::{EtcdConfig, EtcdStore};
+pub use self::etcd::{
+    EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership, migrate,
+};
 pub(crate) use self::etcd::{election, fence};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
@@ -243,6 +246,10 @@ pub enum StoreError {
         endpoints: String,
         /// The first key that changed.
         key: String,
+        /// How many of the commit's groups, from the first, were committed in earlier
+        /// transactions before the one that conflicted (a commit too large for one
+        /// transaction is split between groups); none of the rest were.
+        committed: usize,
     },
 
     /// A value under the store's prefix is not what talboot writes, or a write needs more
@@ -271,6 +278,18 @@ pub enum StoreError {
         file: PathBuf,
         /// Underlying redb error.
         source: Box<::redb::Error>,
+    },
+
+    /// Opening the etcd store failed before any data was read: nothing listens, TLS was
+    /// refused either way, or no quorum answered; `fix` names the flag to look at.
+    #[error("etcd at {endpoints}: {cause}; {fix}")]
+    EtcdUnreachable {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What happened.
+        cause: String,
+        /// What to check, naming the flags.
+        fix: &'static str,
     },
 
     /// A write only the leader may make, refused because this appliance does not lead (never

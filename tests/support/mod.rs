@@ -3,8 +3,10 @@
 //! library, under `talboot::sim`.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod images;
 pub mod netns;
 pub mod qemu;
 pub mod redfish_front;
+pub mod segment;
 pub mod sushy;

@@ -11,12 +11,13 @@ use metrics::{counter, histogram};
 use tokio::sync::mpsc;
 use tracing::{debug, error};
 
+use super::ha::{GroupOutcome, HaLink, Note, commit_split};
 use super::handle::{After, Job};
 use super::send::{Released, Replier, send_loop};
 use super::{DhcpWriters, join_error};
 use crate::dhcp::admission::Backlog;
 use crate::dhcp::pace::Pace;
-use crate::store::{LeaseChange, LeaseCommit, Store, StoreError};
+use crate::store::{LeaseChange, LeaseCommit, Store};
 
 /// Replies (and events) wait here while their lease writes are committed; bounded so a flood
 /// that outruns the disk stops the handling loop, and the receive queue then sheds the oldest
@@ -41,11 +42,14 @@ pub(super) struct Committer {
     pub(super) store: Arc<dyn Store>,
     pub(super) writers: Arc<DhcpWriters>,
     pub(super) replier: Arc<Replier>,
-    /// Tells the handling half which addresses the book must write again.
-    pub(super) not_durable_tx: mpsc::UnboundedSender<Ipv4Addr>,
+    /// Tells the handling half which addresses the book must write again, and what peers
+    /// changed.
+    pub(super) notes: mpsc::UnboundedSender<Note>,
     pub(super) backlog: Arc<Backlog>,
     /// Addresses whose latest write failed; a reused binding on one of them is not announced.
     pub(super) not_durable: HashSet<Ipv4Addr>,
+    /// On etcd: the store, the lease feed, and what of it was passed on.
+    pub(super) ha: Option<HaLink>,
 }
 
 impl Committer {
@@ -67,7 +71,19 @@ impl Committer {
             Pace::default(),
             self.backlog.clone(),
         ));
-        while let Some(first) = rx.recv().await {
+        loop {
+            let first = tokio::select! {
+                job = rx.recv() => match job {
+                    Some(job) => job,
+                    None => break,
+                },
+                batch = next_feed(&mut self.ha) => {
+                    if let Some(ha) = &mut self.ha {
+                        ha.forward(batch, &self.notes);
+                    }
+                    continue;
+                }
+            };
             let (mut batch, rows) = take_batch(&mut rx, first);
             self.drop_unannounceable(&mut batch);
             let group = self.commit(batch, rows).await;
@@ -96,7 +112,7 @@ impl Committer {
                 }
                 counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
                 error!(%ip, "binding is not on disk (its write failed); reply not sent");
-                let _ = self.not_durable_tx.send(ip);
+                let _ = self.notes.send(Note::NotDurable(ip));
                 false
             }
             _ => true,
@@ -120,26 +136,54 @@ impl Committer {
             .iter_mut()
             .map(|j| std::mem::take(&mut j.commit))
             .collect();
-        let (results, took) = self.write(groups, durable, rows).await;
+        let (results, took) = self.write(&groups, durable, rows).await;
         // Its commit is done: these replies no longer wait for the disk, sent or not.
         self.backlog.committed(replies, took, Instant::now());
+        self.after_commit(&mut batch, groups, &results).await;
         self.release(batch, ips, &results)
+    }
+
+    /// On etcd: the peers' changes learned before this batch's markers now hold for the
+    /// compare view (see [`super::ha`]), and the records that won over this batch's
+    /// conflicting groups are read back for the book.
+    async fn after_commit(
+        &mut self,
+        batch: &mut [Job],
+        groups: Vec<LeaseCommit>,
+        results: &[GroupOutcome],
+    ) {
+        let Some(ha) = &mut self.ha else { return };
+        for job in batch.iter_mut() {
+            if let After::Observe(events) = &mut job.after {
+                ha.etcd.observe(&std::mem::take(events));
+            }
+        }
+        let lost: Vec<LeaseCommit> = groups
+            .into_iter()
+            .zip(results)
+            .filter(|(_, r)| matches!(r, GroupOutcome::Conflict))
+            .map(|(g, _)| g)
+            .collect();
+        if !lost.is_empty() {
+            ha.learn_conflicts(lost, &self.notes).await;
+        }
     }
 
     /// Write the batch's rows in one transaction, and the view after it; returns the result
     /// and, for a synced commit, how long it took (the admission target learns from it).
     async fn write(
         &self,
-        groups: Vec<LeaseCommit>,
+        groups: &[LeaseCommit],
         durable: bool,
         rows: usize,
-    ) -> (Result<(), StoreError>, Option<Duration>) {
+    ) -> (Vec<GroupOutcome>, Option<Duration>) {
         if groups
             .iter()
             .all(|g| g.writes.is_empty() && g.events.is_empty())
         {
-            return (Ok(()), None);
+            return (vec![GroupOutcome::Committed; groups.len()], None);
         }
+        let groups = groups.to_vec();
         let (store, writers) = (self.store.clone(), self.writers.clone());
         // The view retracts what the commit touches now and publishes the result after.
         let view = self.replier.view.clone();
@@ -148,7 +192,9 @@ impl Committer {
         let queued = Instant::now();
         let done = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let r = writers.leases.commit_leases(&groups, durable);
+            // Groups another appliance won are split out; the rest is committed (on etcd;
+            // redb never conflicts, so this is one commit there).
+            let r = commit_split(&groups, &mut |gs| writers.leases.commit_leases(gs, durable));
             let committed = Instant::now();
             if let (Some(v), Some(p)) = (view, publish) {
                 p.refresh(&v, store.as_ref());
@@ -172,7 +218,10 @@ impl Committer {
                     refresh_us = refresh.as_micros() as u64, "lease commit");
                 (r, durable.then_some(total))
             }
-            Err(e) => (Err(join_error(e)), None),
+            Err(e) => {
+                let e = std::sync::Arc::new(join_error(e));
+                (vec![GroupOutcome::Failed(e); jobs], None)
+            }
         }
     }
 
@@ -184,24 +233,37 @@ impl Committer {
         &mut self,
         batch: Vec<Job>,
         ips: Vec<Vec<Ipv4Addr>>,
-        results: &Result<(), StoreError>,
+        results: &[GroupOutcome],
     ) -> Vec<(Job, bool)> {
         let mut group = Vec::with_capacity(batch.len());
-        for (job, ips) in batch.into_iter().zip(ips) {
-            if let (Err(e), false) = (results, ips.is_empty()) {
+        for ((job, ips), result) in batch.into_iter().zip(ips).zip(results) {
+            if matches!(job.after, After::Observe(_)) {
+                continue;
+            }
+            let failed = match result {
+                GroupOutcome::Committed => None,
+                GroupOutcome::Conflict => Some(("conflict", None)),
+                GroupOutcome::Failed(e) => Some(("store_failed", Some(e))),
+            };
+            if let (Some((reason, e)), false) = (failed, ips.is_empty()) {
                 let _enter = job.span.enter();
-                counter!("dhcp_dropped_total", "reason" => "store_failed").increment(1);
-                error!(error = %e, "cannot persist lease; reply not sent");
+                counter!("dhcp_dropped_total", "reason" => reason).increment(1);
+                match e {
+                    Some(e) => error!(error = %e, "cannot persist lease; reply not sent"),
+                    // Another appliance committed one of its addresses first: the client
+                    // retries and is decided afresh, on the winner's record.
+                    None => debug!("a peer committed this lease's address first; reply not sent"),
+                }
                 for ip in ips {
                     self.not_durable.insert(ip);
-                    let _ = self.not_durable_tx.send(ip);
+                    let _ = self.notes.send(Note::NotDurable(ip));
                 }
                 continue;
             }
             for ip in &ips {
                 self.not_durable.remove(ip);
             }
-            group.push((job, results.is_ok()));
+            group.push((job, matches!(result, GroupOutcome::Committed)));
         }
         group
     }
@@ -223,4 +285,12 @@ fn take_batch(rx: &mut mpsc::Receiver<Job>, first: Job) -> (Vec<Job>, usize) {
         }
     }
     (batch, count)
+}
+
+/// The next batch of the lease feed, when there is one; never otherwise.
+async fn next_feed(ha: &mut Option<HaLink>) -> Vec<crate::store::LeaseEvent> {
+    match ha {
+        Some(ha) => ha.next_batch().await,
+        None => std::future::pending().await,
+    }
 }

@@ -13,6 +13,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tracing::{debug, error};
 
+use super::ha::Note;
 use super::peek::{
     msg_type_label, peek_mac, peek_msg_type, peek_xid, proxy_request_address, selected_address,
 };
@@ -24,7 +25,7 @@ use crate::dhcp::queue::Lane;
 use crate::dhcp::{DhcpCore, DropReason, Now, Outcome, ReplySummary, ReplyTarget};
 use crate::events::{EventKind, NodeEvent};
 use crate::inventory::{Mac, NetworkMode};
-use crate::store::{LeaseChange, LeaseCommit};
+use crate::store::{LeaseChange, LeaseCommit, LeaseEvent};
 
 /// Replies waiting for their commit above which DISCOVERs are shed whatever their age: a
 /// memory bound only. Load is shed earlier by the age of the oldest waiting ACK against the
@@ -42,8 +43,9 @@ pub(super) struct Adapter {
     pub(super) core: DhcpCore,
     pub(super) jobs: mpsc::Sender<Job>,
     pub(super) replier: Arc<Replier>,
-    /// Addresses whose write the committer could not make; the book must write them again.
-    pub(super) not_durable: mpsc::UnboundedReceiver<Ipv4Addr>,
+    /// Addresses whose write the committer could not make (the book must write them
+    /// again), and peers' lease changes the book must learn ([`super::ha`]).
+    pub(super) notes: mpsc::UnboundedReceiver<Note>,
     /// Proxy mode: the recent exchanges (chaddr, xid) talboot answered with boot
     /// information, so the client's REQUEST of the site server's offer in the same exchange
     /// can be recorded as its ProxyDHCP binding.
@@ -53,6 +55,8 @@ pub(super) struct Adapter {
     pub(super) backlog: Arc<Backlog>,
     /// Above this many waiting replies, DISCOVERs are shed ([`ACK_BACKLOG`]).
     pub(super) ack_backlog: usize,
+    /// On etcd: this appliance's name and the live set its share of clients follows.
+    pub(super) members: Option<super::Members>,
 }
 
 /// One decision's store rows and what to do once they are committed.
@@ -81,6 +85,9 @@ pub(super) enum After {
     Bind { mac: Mac, ip: Ipv4Addr },
     /// Nothing (expiry sweeps, releases, declines).
     Nothing,
+    /// On etcd: the book has learned these peers' changes; once every job before this one
+    /// is committed, the store's compare view takes them ([`super::ha`]).
+    Observe(Vec<LeaseEvent>),
 }
 
 /// A reply decided and encoded, with where and how it is to be sent.
@@ -101,9 +108,8 @@ pub(super) struct PendingReply {
 impl Adapter {
     /// Decide one datagram and queue what its decision leaves to do.
     pub(super) async fn handle(&mut self, dgram: Datagram, sock: &Arc<UdpSocket>) {
-        while let Ok(ip) = self.not_durable.try_recv() {
-            self.core.book.mark_not_durable(ip);
-        }
+        self.take_notes().await;
+        self.follow_members();
         let request_type = peek_msg_type(&dgram.bytes);
         counter!("dhcp_packets_total", "type" => request_type.map(msg_type_label).unwrap_or("none"))
             .increment(1);
@@ -159,6 +165,43 @@ impl Adapter {
                 self.answer(reply, &summary, lease_changes, events).await;
             }
         }
+    }
+
+    /// Apply what the committer reported since the last datagram: writes that failed, and
+    /// peers' lease changes (learned, then a marker queued for the store's view).
+    pub(super) async fn take_notes(&mut self) {
+        while let Ok(note) = self.notes.try_recv() {
+            match note {
+                Note::NotDurable(ip) => self.core.book.mark_not_durable(ip),
+                Note::Learn { events, records } => {
+                    for (ip, record) in records {
+                        self.core.book.learn(ip, record);
+                    }
+                    self.enqueue(Vec::new(), Vec::new(), false, None, After::Observe(events))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Recompute this appliance's share of the clients when the live set changed (an
+    /// appliance joined, left, or its etcd lease expired: its buckets are taken over now).
+    pub(super) fn follow_members(&mut self) {
+        let Some((me, live)) = &mut self.members else {
+            return;
+        };
+        let first = self.core.split.is_none();
+        if !first && !live.has_changed().unwrap_or(false) {
+            return;
+        }
+        let names: Vec<String> = live
+            .borrow_and_update()
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        let split = crate::dhcp::split::Split::new(me, &names);
+        tracing::info!(live = ?names, buckets = split.buckets(), "DHCP share of the clients");
+        self.core.split = Some(split);
     }
 
     /// Admission control: when the durable path is behind, a new exchange would only
@@ -274,6 +317,7 @@ impl Adapter {
     /// Sweep expired offers and leases out of the book, their removal committed like any
     /// decision's.
     pub(super) async fn sweep_expired(&mut self) {
+        self.take_notes().await;
         let changes = self.core.book.expire(SystemTime::now());
         if !changes.is_empty() {
             self.enqueue(changes, Vec::new(), false, None, After::Nothing)

@@ -90,7 +90,7 @@ pub(super) async fn send_loop(
                 After::Bind { mac, ip } => {
                     record_binding(&writers, replier.view.as_deref(), mac, ip).await
                 }
-                After::Nothing => {}
+                After::Nothing | After::Observe(_) => {}
             }
             for ev in job.events {
                 if stored {

@@ -106,6 +106,23 @@ pub(super) fn settings(p: &Prepared, concurrency: usize) -> Settings {
     settings
 }
 
+/// The demo's secrets are new on every run: state an earlier run (or a real fleet) left
+/// under the etcd prefix would not match them, so a prefix holding node records is refused.
+pub(super) fn require_empty_prefix(cfg: &crate::store::EtcdConfig) -> Result<(), DemoError> {
+    use crate::store::Store as _;
+    let store_err = |e| DemoError::Start(crate::appliance::ApplianceError::Store(e));
+    let store = crate::store::EtcdStore::open(cfg).map_err(store_err)?;
+    let nodes = store.nodes().map_err(store_err)?.len();
+    if nodes > 0 {
+        return Err(DemoError::Unsupported(format!(
+            "the etcd prefix /talboot/{}/ already holds {nodes} node record(s) from another \
+             run; give the demo an empty one with --etcd-cluster",
+            cfg.cluster
+        )));
+    }
+    Ok(())
+}
+
 /// What it takes to start talboot again on the same state and the same addresses, as an
 /// operator restarting `serve` would.
 pub(super) struct Relaunch {
@@ -122,6 +139,8 @@ pub(super) struct Relaunch {
     pub(super) renderer: Arc<dyn crate::machineconfig::renderer::ConfigRenderer>,
     pub(super) creds: crate::talos::ClientCreds,
     pub(super) settings: Settings,
+    /// The etcd the state is kept in (`demo --store`), else the redb file in `state_dir`.
+    pub(super) etcd: Option<crate::store::EtcdConfig>,
 }
 
 impl Relaunch {
@@ -159,6 +178,7 @@ impl Relaunch {
             )),
             creds: secrets.creds.clone(),
             settings,
+            etcd: None,
         }
     }
 
@@ -194,7 +214,11 @@ impl Relaunch {
             images_dir: self.images.clone(),
             ipxe_dir: self.tftp_root.clone(),
             configs: self.configs.clone(),
-            store: crate::store::StoreSpec::Redb(self.state_dir.clone()),
+            store: match &self.etcd {
+                Some(cfg) => crate::store::StoreSpec::Etcd(cfg.clone()),
+                None => crate::store::StoreSpec::Redb(self.state_dir.clone()),
+            },
+            name: "demo".into(),
             advertise: self.advertise,
             http: self.http,
             admin: self.admin,

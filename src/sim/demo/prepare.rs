@@ -221,6 +221,7 @@ mod tests {
             print_events: false,
             concurrency: crate::provision::DEFAULT_CONCURRENCY,
             power_on_stagger: crate::sim::demo::DEFAULT_POWER_ON_STAGGER,
+            etcd: None,
         }
     }
 

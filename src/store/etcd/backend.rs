@@ -119,6 +119,7 @@ impl EtcdStore {
     /// Commit `groups` (lease changes and events) in as few transactions as the op limit
     /// allows; returns the events' sequence numbers.
     fn commit_groups(&self, mut groups: &[LeaseCommit]) -> Result<Vec<u64>> {
+        let total = groups.len();
         let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         let mut seqs = Vec::new();
         while !groups.is_empty() {
@@ -139,6 +140,7 @@ impl EtcdStore {
                             return Err(StoreError::EtcdConflict {
                                 endpoints: self.named.clone(),
                                 key: String::from_utf8_lossy(key).into_owned(),
+                                committed: total - groups.len(),
                             });
                         }
                         attempt += 1;

@@ -38,21 +38,40 @@
 //! keys may be stale: its next commit of those keys fails as a conflict until the caller
 //! reloads ([`EtcdStore::reload_leases`]) along with its lease book.
 //!
-//! Not yet: `serve --store etcd://...`, watches feeding other appliances' lease books, and
-//! the DHCP server's reaction to [`StoreError::EtcdConflict`] (issue 28 items 1 and 2).
+//! Selected by `serve --store etcd://...` (and `etcds://` with `--etcd-cacert`,
+//! `--etcd-cert`, `--etcd-key`, etcdctl's `--cacert/--cert/--key`); an open whose first
+//! request fails says which of those flags to check ([`StoreError::EtcdUnreachable`]).
+//!
+//! For the DHCP server on a shared store (issue 28 item 2): `watch` (the lease feed: other
+//! appliances' lease changes, the compare view kept by them) and `members` (each appliance's
+//! `members/<name>` under its own etcd lease, and the live set). The DHCP side's reaction
+//! to [`StoreError::EtcdConflict`] is in `dhcp::server::ha`.
 
 mod backend;
 pub(crate) mod election;
+#[cfg(test)]
+mod feed_tests;
 pub(crate) mod fence;
 mod follow;
+pub mod health;
 mod keys;
 #[cfg(test)]
 mod leader_tests;
+mod members;
+pub mod migrate;
+#[cfg(test)]
+mod migrate_tests;
 mod plan;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
+mod watch;
+
+pub use self::members::{DEFAULT_TTL as MEMBER_TTL, Member, Membership};
+pub use self::watch::{LeaseEvent, LeaseFilter};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -302,7 +321,8 @@ impl EtcdStore {
             fencing: Default::default(),
             closing: None,
         };
-        store.check_schema()?;
+        let tls_on = cfg.cacert.is_some() || cfg.cert.is_some();
+        store.check_schema().map_err(|e| explain_open(e, tls_on))?;
         store.reload_leases()?;
         Ok(store)
     }
@@ -413,7 +433,11 @@ impl EtcdStore {
                     super::SCHEMA_VERSION
                 ),
             )),
-            _ => Err(self.data_err(name, "not a schema version talboot wrote")),
+            _ => Err(self.data_err(
+                name,
+                "not a schema version talboot wrote (another program's keys?); name another \
+                 prefix with --etcd-cluster",
+            )),
         }
     }
 
@@ -494,4 +518,132 @@ fn refused_at_connect(e: &etcd_client::Error) -> bool {
         cause = c.source();
     }
     false
+}
+
+/// Why an open's first request failed, as far as the operator's flags go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenFailure {
+    /// Nothing accepts connections there.
+    Refused,
+    /// This client refused the server's certificate (not signed by `--cacert`'s CA, or
+    /// another name).
+    ServerCertificate,
+    /// The server refused this client's certificate, or its absence (`--client-cert-auth`).
+    ClientCertificate,
+    /// Some other TLS failure: mostly TLS spoken to a plain port or the other way round.
+    Tls,
+    /// Anything else (left as it is).
+    Other,
+}
+
+impl OpenFailure {
+    fn fix(self) -> &'static str {
+        match self {
+            Self::Refused => {
+                "nothing accepts connections there: check the --store endpoints against etcd's \
+                 --advertise-client-urls, and that etcd runs"
+            }
+            Self::ServerCertificate => {
+                "etcd's server certificate is not signed by the CA in --etcd-cacert (etcdctl's \
+                 --cacert; etcd's --trusted-ca-file names the usual one), or does not name this \
+                 address"
+            }
+            Self::ClientCertificate => {
+                "etcd refused the client certificate: with --client-cert-auth it needs \
+                 --etcd-cert and --etcd-key (etcdctl's --cert/--key) signed by its \
+                 --trusted-ca-file"
+            }
+            Self::Tls => {
+                "the TLS handshake failed: use etcds:// for an etcd whose client URLs are \
+                 https://, etcd:// for http://"
+            }
+            Self::Other => "",
+        }
+    }
+}
+
+/// Whether `e` is the transport giving up on a connection (closed or cancelled under it),
+/// not an answer from etcd.
+fn closed_in_transport(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
+                && std::error::Error::source(status).is_some()
+        }
+        _ => false,
+    }
+}
+
+/// What `e` says about the connection: a refused connect, or a TLS alert or certificate
+/// error from rustls (which tonic's transport wraps in `io::Error`s of kind `InvalidData`).
+fn classify(e: &etcd_client::Error) -> OpenFailure {
+    // etcd_client's error names no source; the status and the transport error do.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        etcd_client::Error::TransportError(t) => Some(t),
+        other => Some(other),
+    };
+    while let Some(c) = cause {
+        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return match tls {
+                rustls::Error::InvalidCertificate(_) => OpenFailure::ServerCertificate,
+                rustls::Error::AlertReceived(_) => OpenFailure::ClientCertificate,
+                _ => OpenFailure::Tls,
+            };
+        }
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return OpenFailure::Refused;
+        }
+        cause = c.source();
+    }
+    OpenFailure::Other
+}
+
+/// The first request of an open failed: say which flag to check when the failure says
+/// (connection refused, TLS refused) or nothing answered in time (no quorum). Over TLS, a
+/// server that refuses the client certificate may close the connection before its alert
+/// is read (TLS 1.3 ends the client's handshake first), which reaches us as a cancelled or
+/// unknown transport error: that is reported as the client certificate's refusal too.
+fn explain_open(e: StoreError, tls: bool) -> StoreError {
+    match e {
+        StoreError::Etcd {
+            endpoints,
+            op,
+            source,
+        } => {
+            let mut why = classify(&source);
+            if why == OpenFailure::Other && tls && closed_in_transport(&source) {
+                why = OpenFailure::ClientCertificate;
+            }
+            if why == OpenFailure::Other {
+                return StoreError::Etcd {
+                    endpoints,
+                    op,
+                    source,
+                };
+            }
+            StoreError::EtcdUnreachable {
+                endpoints,
+                fix: why.fix(),
+                cause: source.to_string(),
+            }
+        }
+        StoreError::EtcdTimeout {
+            endpoints, after, ..
+        } => StoreError::EtcdUnreachable {
+            endpoints,
+            cause: format!("no answer within {after:?}"),
+            fix: "is etcd up at the --store endpoints, with a quorum of its members \
+                  (`etcdctl endpoint health --cluster`)?",
+        },
+        other => other,
+    }
 }

@@ -234,8 +234,12 @@ fn etcd_down_is_a_typed_error_not_a_hang() {
     let err = s.put_meta("k", b"w").unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(5));
     let named = |e: &StoreError| {
-        matches!(e, StoreError::Etcd { .. } | StoreError::EtcdTimeout { .. })
-            && e.to_string().contains(&server.url())
+        matches!(
+            e,
+            StoreError::Etcd { .. }
+                | StoreError::EtcdTimeout { .. }
+                | StoreError::EtcdUnreachable { .. }
+        ) && e.to_string().contains(&server.url())
     };
     assert!(named(&err), "{err}");
 
