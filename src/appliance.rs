@@ -24,9 +24,10 @@ use crate::http::{self, ConfigDir, HttpApp, script::Scripts};
 use crate::inventory::Inventory;
 use crate::store::{self, Store};
 use crate::tftp::{TftpConfig, TftpServer};
-use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http, spawn_workers};
+use spawn::{BootServers, Workers, spawn_admin, spawn_boot_servers, spawn_http};
 
 mod etcd_health;
+mod leader;
 mod spawn;
 
 /// How long the servers get to drain after shutdown begins before they are aborted.
@@ -94,6 +95,13 @@ pub(crate) enum ServerFailure {
     /// A task panicked.
     #[error("task panicked: {0}")]
     Panicked(#[source] tokio::task::JoinError),
+    /// This appliance led the fleet and no longer does ([`leader`]): it stops, to be
+    /// restarted as a follower.
+    #[error("leadership lost: {0}")]
+    LeadershipLost(#[source] store::election::Lost),
+    /// Newly elected, this appliance could not read the store to start its workers.
+    #[error("cannot start leading: {0}")]
+    Leading(#[source] Box<ApplianceError>),
 }
 
 /// Everything the appliance runs, decided (and checked) before any socket is bound. `serve`
@@ -193,7 +201,6 @@ pub struct Bound {
     store: Arc<dyn Store>,
     writers: store::Writers,
     /// The etcd backend when the state is shared (HA), for membership, election, watches.
-    #[allow(dead_code)]
     etcd: Option<Arc<store::EtcdStore>>,
     view: Arc<crate::view::StateView>,
     store_closed: store::Closed,
@@ -372,6 +379,7 @@ impl Bound {
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
         let (commands, command_rx) = crate::provision::command_channel();
+        let gate = leader::Gate::new(self.etcd.clone(), (&plan.name, &admin_url), &commands);
         let (observer, rebuilds, provision_writers) = node_writer_owner(
             &s,
             plan.provisioning.is_some(),
@@ -379,7 +387,8 @@ impl Bound {
             w.nodes,
             w.progress,
         );
-        let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, rebuilds, &rollouts);
+        let desks = (rebuilds, gate.board());
+        let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, desks, &rollouts);
         let app = http_app(
             &s,
             plan.catalog.clone(),
@@ -415,8 +424,7 @@ impl Bound {
             drift: plan.drift,
             power_on,
         };
-        spawn_workers(&mut tasks, &s, workers);
-
+        gate.spawn(&mut tasks, &s, workers);
         tracing::info!(
             advertise = %plan.advertise,
             http = %base_url,
@@ -437,6 +445,7 @@ impl Bound {
 }
 
 /// What every task [`Bound::start`] spawns shares.
+#[derive(Clone)]
 struct Shared {
     inv: Arc<Inventory>,
     store: Arc<dyn Store>,
@@ -628,7 +637,10 @@ fn admin_app(
     s: &Shared,
     provisioning: Option<&ProvisioningPlan>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    rebuilds: crate::provision::Rebuilds,
+    (rebuilds, leader): (
+        crate::provision::Rebuilds,
+        Option<Arc<store::election::LeaderBoard>>,
+    ),
     rollout_writer: &Arc<store::RolloutWriter>,
 ) -> Arc<crate::admin::AdminApp> {
     // Rollouts and power requests run with the provisioning side's credentials and
@@ -661,6 +673,7 @@ fn admin_app(
         commands: rebuilds,
         rollouts,
         power,
+        leader,
     })
 }
 

@@ -51,6 +51,42 @@ pub(crate) struct AdminApp {
     /// The nodes' power controllers (only when serve provisions, which resolves their
     /// credentials at start).
     pub power: Option<power::PowerDesk>,
+    /// The fleet's election on a shared etcd (`None` on redb: this appliance always leads).
+    pub leader: Option<Arc<crate::store::election::LeaderBoard>>,
+}
+
+/// Who leads the fleet, as `{"me": {name, admin_url}, "leading": bool, "leader": {..} or
+/// null}`; on redb (no election) `{"leading": true}`: the one appliance always leads.
+async fn api_leader(State(app): State<Arc<AdminApp>>) -> Response {
+    let Some(board) = &app.leader else {
+        return Json(serde_json::json!({ "leading": true })).into_response();
+    };
+    Json(serde_json::json!({
+        "me": board.me,
+        "leading": board.leading(),
+        "leader": board.leader().await,
+    }))
+    .into_response()
+}
+
+/// The answer to a rebuild or rollout sent to a follower: 421 Misdirected Request, naming
+/// the leader and its admin API (`None`: this appliance leads, or there is no election).
+pub(crate) async fn not_leader(app: &AdminApp) -> Option<Response> {
+    let board = app.leader.as_ref()?;
+    if board.leading() {
+        return None;
+    }
+    let body = match board.leader().await {
+        Some(l) => format!(
+            "this appliance ({}) is not the leader: send this request to {} at {}\n",
+            board.me.name, l.name, l.admin_url
+        ),
+        None => format!(
+            "this appliance ({}) is not the leader, and no appliance leads right now; try again\n",
+            board.me.name
+        ),
+    };
+    Some(text(StatusCode::MISDIRECTED_REQUEST, body))
 }
 
 fn now(app: &AdminApp) -> u64 {
@@ -81,6 +117,7 @@ pub(crate) fn router(
         )
         .route("/api/rollouts", axum::routing::post(rollouts::api_start))
         .route("/api/rollouts/{id}", get(rollouts::api_progress))
+        .route("/api/leader", get(api_leader))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn_with_state(
@@ -181,6 +218,9 @@ async fn api_rebuild(
             StatusCode::NOT_FOUND,
             format!("node {name:?} is not in the inventory\n"),
         );
+    }
+    if let Some(refused) = not_leader(&app).await {
+        return refused;
     }
     match &app.commands {
         crate::provision::Rebuilds::Provisioner(commands) => {

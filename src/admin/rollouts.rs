@@ -81,6 +81,9 @@ pub(crate) async fn api_start(
     let Some(host) = &app.rollouts else {
         return no_provisioner();
     };
+    if let Some(refused) = super::not_leader(&app).await {
+        return refused;
+    }
     let request: RolloutRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         // serde's message names the field, never a value of it.
@@ -195,6 +198,7 @@ mod tests {
                 rollouts: Rollouts::default(),
             })),
             power: None,
+            leader: None,
         })
     }
 

@@ -35,6 +35,12 @@ pub enum Command {
         /// Once persisted (or why not).
         reply: tokio::sync::oneshot::Sender<Result<(), CommandError>>,
     },
+    /// `node` network-booted Talos from another appliance of the fleet (its boot event is
+    /// in the shared store, not on this appliance's bus): as if this bus had carried it.
+    TalosBootElsewhere {
+        /// The node.
+        node: String,
+    },
 }
 
 /// Sends [`Command`]s to a running provisioner.
@@ -64,6 +70,18 @@ impl CommandSender {
             .await
             .map_err(|_| CommandError::NotRunning)?;
         answer.await.map_err(|_| CommandError::Stopped)?
+    }
+}
+
+impl CommandSender {
+    /// Tells the provisioner that `node` booted Talos from another appliance; `false` once
+    /// the provisioner is gone.
+    pub async fn talos_boot_elsewhere(&self, node: &str) -> bool {
+        let node = node.to_owned();
+        self.0
+            .send(Command::TalosBootElsewhere { node })
+            .await
+            .is_ok()
     }
 }
 

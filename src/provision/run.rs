@@ -96,14 +96,8 @@ impl Provisioner {
                 }
                 Some(cmd) = recv_command(&mut commands) => self.command(&mut w, cmd).await,
                 ev = events.recv() => match ev {
-                    Ok(ev) if is_boot_signal(ev.kind) && self.inner.inventory.node(&ev.node).is_some() => {
-                        self.note_booting_in(&mut w, &ev.node).await;
-                        if is_talos_boot(ev.kind) {
-                            self.mark_talos_booted(&ev.node);
-                        }
-                        if self.probe_due(&ev.node).await {
-                            w.enqueue(&ev.node);
-                        }
+                    Ok(ev) if is_boot_signal(ev.kind) => {
+                        self.boot_signal(&mut w, &ev.node, is_talos_boot(ev.kind)).await;
                     }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -143,6 +137,21 @@ impl Provisioner {
         }
     }
 
+    /// A boot signal of an inventory node (a Talos boot when `talos`): noted, and the node
+    /// stepped when a probe is due.
+    async fn boot_signal(&self, w: &mut Writer, name: &str, talos: bool) {
+        if self.inner.inventory.node(name).is_none() {
+            return;
+        }
+        self.note_booting_in(w, name).await;
+        if talos {
+            self.mark_talos_booted(name);
+        }
+        if self.probe_due(name).await {
+            w.enqueue(name);
+        }
+    }
+
     /// A boot signal, into the node's in-memory state when a call is in flight.
     async fn note_booting_in(&self, w: &mut Writer, name: &str) {
         let Some(state) = w.in_flight.get(name).cloned() else {
@@ -162,6 +171,7 @@ impl Provisioner {
     /// An operator command, applied by the writer (and so persisted before the reply).
     async fn command(&self, w: &mut Writer, cmd: Command) {
         match cmd {
+            Command::TalosBootElsewhere { node } => self.boot_signal(w, &node, true).await,
             Command::Rebuild { node, reply } => {
                 let result = async {
                     let def = self.node_def(&node)?.clone();

@@ -23,6 +23,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub mod assets;
 pub mod demo;
 pub mod disks;
+#[cfg(test)]
+mod ha_leader_tests;
 pub mod ipxe;
 pub mod kube;
 pub(crate) mod kube_ssa;

@@ -35,6 +35,7 @@ pub(crate) use self::etcd::testing as etcd_testing;
 pub use self::etcd::{
     EtcdConfig, EtcdStore, LeaseEvent, LeaseFilter, MEMBER_TTL, Member, Membership, migrate,
 };
+pub(crate) use self::etcd::{election, fence};
 pub(crate) use self::node_parts::decode_lifecycle;
 pub use self::node_parts::{DiskFacts, Lifecycle, NodeFacts};
 pub use self::records::{CasOutcome, Event, Lease, LeaseChange, LeaseState, NodePhase, NodeRecord};
@@ -289,6 +290,19 @@ pub enum StoreError {
         cause: String,
         /// What to check, naming the flags.
         fix: &'static str,
+    },
+
+    /// A write only the leader may make, refused because this appliance does not lead (never
+    /// won, or its leadership ended): nothing was written.
+    #[error(
+        "etcd at {endpoints}: {op} refused: this appliance is not the leader \
+         (its leadership was never won or has ended); nothing was written"
+    )]
+    Fenced {
+        /// The endpoints the store talks to.
+        endpoints: String,
+        /// What the store was doing.
+        op: &'static str,
     },
 }
 

@@ -120,6 +120,25 @@ impl StateView {
         Ok(())
     }
 
+    /// Replace the node records and lifecycles with what `store` holds now: a follower's
+    /// refresh from the shared store, which some other appliance's provisioner writes. A
+    /// commit of this appliance in flight keeps its node reading as closed.
+    pub fn reload_nodes(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let mut fresh = BTreeMap::new();
+        for rec in store.nodes()? {
+            let life = Lifecycle::load(store, &rec.name)?;
+            fresh.insert(rec.name.clone(), (rec, life));
+        }
+        let mut inner = self.write();
+        inner
+            .nodes
+            .retain(|name, e| e.in_flight > 0 || fresh.contains_key(name));
+        for (name, state) in fresh {
+            inner.nodes.entry(name).or_default().state = Some(state);
+        }
+        Ok(())
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
         // A panic while holding the lock leaves maps that are each consistent (every update
         // is a single insert or remove), so a poisoned lock is still readable.

@@ -59,13 +59,31 @@ impl EtcdStore {
         }
     }
 
-    /// Puts (`None`: delete) in transactions of at most `max_ops` operations, each atomic.
-    fn put_all(&self, op: &'static str, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+    /// Puts (`None`: delete) in transactions of at most `max_ops` operations, each atomic;
+    /// when `fenced`, each carries the leader's fence ([`super::fence`]) and one refused
+    /// ends the call with [`StoreError::Fenced`], that transaction written in nothing.
+    fn put_all(
+        &self,
+        op: &'static str,
+        writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        fenced: bool,
+    ) -> Result<()> {
         for chunk in writes.chunks(self.max_ops) {
+            // Read per transaction: a fence dropped between two chunks stops the rest.
+            let fence = if fenced {
+                self.fence_compare(op)?
+            } else {
+                None
+            };
+            let compares: Vec<Compare> = fence.iter().map(|f| f.compare()).collect();
             let ops: Vec<TxnOp> = chunk.iter().map(|(k, v)| txn_op(k, v)).collect();
-            self.call(op, ops, |mut c, ops| async move {
-                c.txn(Txn::new().and_then(ops)).await
-            })?;
+            let txn = Txn::new().when(compares).and_then(ops);
+            let resp = self.call(op, txn, |mut c, txn| async move { c.txn(txn).await })?;
+            // Without compares a transaction always succeeds; with the fence, failing means
+            // the leader key is gone or was created again: another leadership.
+            if !resp.succeeded() {
+                return Err(self.fenced(op));
+            }
         }
         Ok(())
     }
@@ -220,22 +238,61 @@ impl EtcdStore {
         plan::applied(plan, &now)
     }
 
-    fn cas(&self, key: Vec<u8>, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
-        let compare = match expected {
+    /// Compare-and-set of one key; when `fenced`, the leader's fence is compared too, and a
+    /// fence that no longer holds is [`StoreError::Fenced`] whatever the value.
+    fn cas(
+        &self,
+        key: Vec<u8>,
+        expected: Option<&[u8]>,
+        new: &[u8],
+        fenced: bool,
+    ) -> Result<CasOutcome> {
+        const OP: &str = "compare and set";
+        let fence = if fenced {
+            self.fence_compare(OP)?
+        } else {
+            None
+        };
+        let mut compares = vec![match expected {
             Some(v) => Compare::value(key.clone(), CompareOp::Equal, v.to_vec()),
             None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-        };
+        }];
+        let mut reads = vec![TxnOp::get(key.clone(), None)];
+        if let Some(f) = &fence {
+            compares.push(f.compare());
+            reads.push(TxnOp::get(f.key.clone(), None));
+        }
         let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key.clone(), new.to_vec(), None)])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self.call("compare and set", txn, |mut c, txn| async move {
-            c.txn(txn).await
-        })?;
+            .when(compares)
+            .and_then([TxnOp::put(key, new.to_vec(), None)])
+            .or_else(reads);
+        let resp = self.call(OP, txn, |mut c, txn| async move { c.txn(txn).await })?;
         if resp.succeeded() {
             return Ok(CasOutcome::Swapped);
         }
-        let current = first_get(&resp).and_then(|kvs| kvs.first().map(|kv| kv.value().to_vec()));
+        let gets: Vec<Option<KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+                _ => None,
+            })
+            .collect();
+        if let Some(f) = &fence {
+            let now = gets
+                .get(1)
+                .cloned()
+                .flatten()
+                .map(|kv| kv.create_revision());
+            if now != Some(f.revision) {
+                return Err(self.fenced(OP));
+            }
+        }
+        let current = gets
+            .first()
+            .cloned()
+            .flatten()
+            .map(|kv| kv.value().to_vec());
         Ok(CasOutcome::Mismatch { current })
     }
 
@@ -252,6 +309,15 @@ fn txn_op(key: &[u8], value: &Option<Vec<u8>>) -> TxnOp {
     match value {
         Some(v) => TxnOp::put(key.to_vec(), v.clone(), None),
         None => TxnOp::delete(key.to_vec(), None),
+    }
+}
+
+/// Whether `table` is the leader's to write ([`super::fence`]): cluster progress is, pull
+/// tokens are every appliance's.
+fn fenced_table(table: ClusterTable) -> bool {
+    match table {
+        ClusterTable::Progress => true,
+        ClusterTable::PullTokens => false,
     }
 }
 
@@ -473,7 +539,7 @@ impl Backend for EtcdStore {
                 puts.push((self.keys.part(*part, &w.name), Some(value.clone())));
             }
         }
-        self.put_all("write nodes", puts)
+        self.put_all("write nodes", puts, true)
     }
 
     fn append_events(&self, events: &[NewEvent]) -> Result<Vec<u64>> {
@@ -501,7 +567,7 @@ impl Backend for EtcdStore {
             .iter()
             .map(|(k, v)| (self.keys.meta(k), Some(v.clone())))
             .collect();
-        self.put_all("write cluster_meta", puts)
+        self.put_all("write cluster_meta", puts, false)
     }
 
     #[cfg(test)]
@@ -511,7 +577,7 @@ impl Backend for EtcdStore {
         expected: Option<&[u8]>,
         new: &[u8],
     ) -> Result<CasOutcome> {
-        self.cas(self.keys.meta(key), expected, new)
+        self.cas(self.keys.meta(key), expected, new, false)
     }
 
     fn put_rows(&self, table: ClusterTable, entries: &[(String, Vec<u8>)]) -> Result<()> {
@@ -519,7 +585,7 @@ impl Backend for EtcdStore {
             .iter()
             .map(|(k, v)| (self.keys.row(table, k), Some(v.clone())))
             .collect();
-        self.put_all("write rows", puts)
+        self.put_all("write rows", puts, fenced_table(table))
     }
 
     fn compare_and_set_row(
@@ -529,13 +595,19 @@ impl Backend for EtcdStore {
         expected: Option<&[u8]>,
         new: &[u8],
     ) -> Result<CasOutcome> {
-        self.cas(self.keys.row(table, key), expected, new)
+        self.cas(
+            self.keys.row(table, key),
+            expected,
+            new,
+            fenced_table(table),
+        )
     }
 
     fn put_rollout(&self, key: &str, value: &[u8]) -> Result<()> {
         self.put_all(
             "write rollout",
             vec![(self.keys.rollout(key), Some(value.to_vec()))],
+            true,
         )
     }
 }

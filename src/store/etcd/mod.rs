@@ -48,10 +48,15 @@
 //! to [`StoreError::EtcdConflict`] is in `dhcp::server::ha`.
 
 mod backend;
+pub(crate) mod election;
 #[cfg(test)]
 mod feed_tests;
+pub(crate) mod fence;
+mod follow;
 pub mod health;
 mod keys;
+#[cfg(test)]
+mod leader_tests;
 mod members;
 pub mod migrate;
 #[cfg(test)]
@@ -251,6 +256,8 @@ pub struct EtcdStore {
     /// Every lease key (records and MAC index) as this store last saw it: loaded on open,
     /// kept by its own commits. Lease commits compare against it.
     leases: Mutex<View>,
+    /// How the leader's writes are fenced ([`fence`]).
+    fencing: fence::Fencing,
     /// Dropped with the store, resolving its [`Closed`](super::Closed).
     closing: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -311,6 +318,7 @@ impl EtcdStore {
             endpoints: cfg.endpoints.len(),
             max_ops: cfg.max_txn_ops.max(1),
             leases: Mutex::new(View::new()),
+            fencing: Default::default(),
             closing: None,
         };
         let tls_on = cfg.cacert.is_some() || cfg.cert.is_some();
