@@ -367,14 +367,7 @@ impl Bound {
         let base_url = base_url(plan.advertise, http_port);
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
-        if let store::StoreSpec::Etcd(cfg) = &plan.store {
-            // The view of etcd's health goes to the admin API once it shows it.
-            let (_health, probe) = etcd_health::spawn(cfg.clone(), s.cancel.clone());
-            tasks.spawn(async move {
-                let _ = probe.await;
-                Ok(())
-            });
-        }
+        spawn_etcd_health(&mut tasks, &plan.store, &s.cancel);
 
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
@@ -518,6 +511,17 @@ fn plan_power_on(
         .map(|(name, d)| (name.clone(), d.kind()))
         .collect();
     Ok((crate::power::round::power_on_plan(inv, &phases, &kinds), p))
+}
+
+/// On etcd, the health probe ([`etcd_health`]): gauges and a log line per change of verdict.
+fn spawn_etcd_health(tasks: &mut Tasks, spec: &store::StoreSpec, cancel: &CancellationToken) {
+    if let store::StoreSpec::Etcd(cfg) = spec {
+        let (_health, probe) = etcd_health::spawn(cfg.clone(), cancel.clone());
+        tasks.spawn(async move {
+            let _ = probe.await;
+            Ok(())
+        });
+    }
 }
 
 /// `http://` and the address `listener` is bound to (empty when the OS cannot say), for the

@@ -133,11 +133,12 @@ pub async fn probe(cfg: &EtcdConfig) -> Result<EtcdHealth> {
         }
         o
     };
+    // Each endpoint on its own connection, all at once: a balanced client would send a
+    // check to a dead member and call the cluster down while two others hold quorum, and
+    // one after another a probe of three dead members would take three timeouts.
+    let asked = futures_util::future::join_all(urls.iter().map(|url| ask(url, opts(), cfg))).await;
     let (mut endpoints, mut quorum, mut alarms) = (Vec::with_capacity(urls.len()), false, None);
-    // Each endpoint on its own connection: a balanced client would send a check to a dead
-    // member and call the cluster down while two others hold quorum.
-    for url in &urls {
-        let asked = ask(url, opts(), cfg).await;
+    for (url, asked) in urls.iter().zip(asked) {
         let status = asked.map(|(status, reads, raised)| {
             quorum |= reads;
             if alarms.is_none() {

@@ -283,7 +283,19 @@ impl EtcdStore {
         let urls = cfg.urls(tls.is_some());
         let named = urls.join(",");
         let bridge = Bridge::start()?;
-        let mut opts = ConnectOptions::new().with_connect_timeout(cfg.connect_timeout);
+        // A member that dies without closing its connections (power loss, a partition; and,
+        // measured in tests/ha_netns, a SIGKILLed leader) leaves the HTTP/2 connection open
+        // until TCP gives up, some 40 s, and every stream on it (the lease feed, membership
+        // keep-alives) silent meanwhile. HTTP/2 pings find it within interval + timeout. etcd
+        // refuses pings closer than `--grpc-keepalive-min-time` (5 s) and any ping without an
+        // open stream (etcd-io/etcd v3.4.23 `embed/etcd.go`, `KeepaliveEnforcementPolicy`
+        // with `PermitWithoutStream: false`), so: every 5 s, only while streams are open.
+        // `require_leader` makes a member without a leader fail a watch instead of holding it
+        // (clientv3 `WithRequireLeader`, `etcdserver/api/v3rpc/interceptor.go`).
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(cfg.connect_timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_require_leader(true);
         if let Some(tls) = tls {
             opts = opts.with_tls(tls);
         }
