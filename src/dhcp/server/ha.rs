@@ -4,7 +4,7 @@
 //! Two appliances may decide the same free address at once; etcd lets one commit win (every
 //! lease key is compared at the revision this store last saw, `store::etcd` `plan`) and the
 //! other gets [`StoreError::EtcdConflict`] with nothing of its transaction written. A flat
-//! etcd transaction is all-or-nothing (`../shared` measurements; etcd applies a txn's
+//! etcd transaction is all-or-nothing (measured against etcd 3.4.23 in namespaces; etcd applies a txn's
 //! compares as one, `etcdserver/apply.go` `applyTxn` at v3.4.23), so one conflicting group
 //! would drop every group of the burst sharing its transaction: [`commit_split`] commits the
 //! batch again in halves around the conflict until only the conflicting groups are left.
