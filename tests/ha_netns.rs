@@ -502,6 +502,17 @@ impl Fleet {
         Some((fleet, serial))
     }
 
+    /// The checker, once its first 20 DORAs completed with both appliances up.
+    fn checker(&self) -> Checker {
+        let checker = Checker::start(&self.seg, 4);
+        assert!(
+            checker.wait_more(0, 20, Duration::from_secs(30)).is_some(),
+            "no DORA completed with both appliances up\n{}",
+            logs(self.work.path())
+        );
+        checker
+    }
+
     fn kill_member(&mut self, i: usize) {
         if let Some(mut c) = self.etcd[i].take() {
             let _ = c.kill();
@@ -612,12 +623,7 @@ fn killing_appliances_mid_storm_loses_no_ack_and_duplicates_no_address() {
     let Some((mut fleet, _serial)) = Fleet::start(40) else {
         return;
     };
-    let checker = Checker::start(&fleet.seg, 4);
-    assert!(
-        checker.wait_more(0, 20, Duration::from_secs(30)).is_some(),
-        "no DORA completed with both appliances up\n{}",
-        logs(fleet.work.path())
-    );
+    let checker = fleet.checker();
 
     // Three kills, alternating, each while the storm runs; the killed one comes back after.
     let mut recoveries = Vec::new();
@@ -656,12 +662,7 @@ fn the_etcd_leader_killed_loses_no_ack_and_without_quorum_no_lease_is_handed_out
     let Some((mut fleet, _serial)) = Fleet::start(60) else {
         return;
     };
-    let checker = Checker::start(&fleet.seg, 4);
-    assert!(
-        checker.wait_more(0, 20, Duration::from_secs(30)).is_some(),
-        "no DORA completed with both appliances up\n{}",
-        logs(fleet.work.path())
-    );
+    let checker = fleet.checker();
     let leader = fleet.etcd_leader();
     fleet.kill_member(leader);
     let from = checker.count();

@@ -162,14 +162,7 @@ pub(crate) fn open_to_write(
         );
         return Ok(Reach::Serve);
     }
-    match spec.open() {
-        Ok(opened) => Ok(Reach::Local(Box::new(opened))),
-        Err(store::StoreError::Locked { .. }) => Ok(Reach::Serve),
-        Err(e) => {
-            eprintln!("talboot: {e}");
-            Err(ExitCode::from(EXIT_USAGE))
-        }
-    }
+    open_spec(&spec)
 }
 
 /// Open the store `access` names for reading, or say to go through serve (redb held by a
@@ -179,6 +172,12 @@ pub(crate) fn open_to_read(
     inventory_cluster: &str,
 ) -> Result<Reach, ExitCode> {
     let spec = spec_or_exit(access, inventory_cluster)?;
+    open_spec(&spec)
+}
+
+/// Open `spec`: the store, or "go through serve" when a running serve holds the redb file,
+/// or the error printed and exit 2.
+fn open_spec(spec: &StoreSpec) -> Result<Reach, ExitCode> {
     match spec.open() {
         Ok(opened) => Ok(Reach::Local(Box::new(opened))),
         Err(store::StoreError::Locked { .. }) => Ok(Reach::Serve),
