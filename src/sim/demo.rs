@@ -38,6 +38,7 @@ use crate::inventory::{self, Inventory};
 use crate::machineconfig::secrets::SecretsBundle;
 use crate::store::{ClusterStep, NodePhase, StepRecord, Store};
 
+pub mod cpu;
 mod daytwo;
 mod launch;
 mod migrate;
@@ -121,6 +122,9 @@ pub enum SimFailure {
     /// The Kubernetes API double.
     #[error("Kubernetes API double: {0}")]
     Kube(#[from] super::SimError),
+    /// The simulation's own runtime ([`cpu`]) could not start, or its start task failed.
+    #[error("the simulation's runtime: {0}")]
+    Runtime(String),
     /// talboot bound sockets without IPv4 addresses.
     #[error("talboot's sockets have no IPv4 addresses")]
     NoIpv4,
@@ -208,6 +212,17 @@ pub struct Demo {
     print_events: bool,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The simulation's runtime ([`cpu`]); shut down in the background (a runtime may not be
+    /// dropped from inside another's task).
+    sim: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if let Some(rt) = self.sim.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Prints the events of `running` until it stops.
@@ -266,7 +281,14 @@ impl Demo {
             print_banner(&opts, &p);
         }
         let secrets = launch::throwaway_secrets(&inv, &opts.workdir)?;
-        let (kube, cluster) = start_api_double(&inv, p.api_ip).await?;
+        // The simulation runs on its own runtime, so the summary can say whose CPU was whose.
+        let sim = cpu::runtime().map_err(|e| SimFailure::Runtime(e.to_string()))?;
+        let (kube, cluster) = {
+            let (inv, api_ip) = (inv.clone(), p.api_ip);
+            sim.spawn(async move { start_api_double(&inv, api_ip).await })
+                .await
+                .map_err(|e| SimFailure::Runtime(e.to_string()))??
+        };
         let settings = launch::settings(&p, opts.concurrency);
         let mut relaunch = Relaunch::new(&p, &opts.workdir, &secrets, settings);
         relaunch.etcd = opts.etcd.clone().map(|mut cfg| {
@@ -286,6 +308,8 @@ impl Demo {
         let stop = CancellationToken::new();
 
         let relocation = &p.relocation;
+        // Entered (not across an await): the machines' tasks, and all they spawn, go there.
+        let on_sim = sim.enter();
         let (nodes, tasks) = power_on(
             &inv,
             |a| relocation.to_rack(a).unwrap_or(a),
@@ -295,7 +319,9 @@ impl Demo {
             &stop,
             opts.power_on_stagger,
         );
+        drop(on_sim);
         Ok(Demo {
+            sim: Some(sim),
             relocation: p.relocation,
             inventory: inv,
             workdir: opts.workdir,
@@ -549,6 +575,13 @@ impl Demo {
         }
         s.push_str(&self.secure_boot_summary());
         let talos: Vec<Arc<FakeTalosNode>> = self.nodes.iter().filter_map(|n| n.talos()).collect();
+        if let Some(cpu) = cpu::now() {
+            s.push_str(&format!(
+                "\nCPU so far: talboot {:.1} s, simulation {:.1} s (machines, Talos and Kubernetes API doubles)\n",
+                cpu.talboot.as_secs_f64(),
+                cpu.sim.as_secs_f64()
+            ));
+        }
         s.push_str(&format!(
             "\nTalos API calls: {} ApplyConfiguration, {} Bootstrap, {} Kubeconfig; {} objects applied \
              server-side\n",
