@@ -38,10 +38,8 @@ pub fn now() -> Option<CpuSplit> {
             // The thread ended between the listing and the read.
             continue;
         };
-        if let Some((comm, ticks)) = parse_stat(&stat) {
-            if comm == SIM_THREAD {
-                sim += ticks_to_duration(ticks);
-            }
+        if let Some((SIM_THREAD, ticks)) = parse_stat(&stat) {
+            sim += ticks_to_duration(ticks);
         }
     }
     Some(CpuSplit {
@@ -110,6 +108,9 @@ mod tests {
         // 10 ms), and no more than the process spent.
         let sim = after.sim - before.sim;
         assert!(sim >= Duration::from_millis(200), "{before:?} -> {after:?}");
-        assert!(sim <= (after.sim + after.talboot) - (before.sim + before.talboot) + Duration::from_millis(20));
+        assert!(
+            sim <= (after.sim + after.talboot) - (before.sim + before.talboot)
+                + Duration::from_millis(20)
+        );
     }
 }
