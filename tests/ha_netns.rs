@@ -131,6 +131,11 @@ fn start_etcd(seg: &Segment, work: &Path) -> Vec<Child> {
     }
 }
 
+/// The appliances' log filter: `info`, or `TALBOOT_HA_LOG` when set.
+fn log_filter() -> String {
+    std::env::var("TALBOOT_HA_LOG").unwrap_or_else(|_| "info".into())
+}
+
 /// One appliance's files and its process (None while killed).
 struct Appliance {
     name: &'static str,
@@ -163,7 +168,8 @@ impl Appliance {
         let log = self.dir.join(format!("talboot-{}.log", self.starts));
         let child = seg
             .on(self.name, env!("CARGO_BIN_EXE_talboot"))
-            .args(["--log", "info", "serve", "-c"])
+            // TALBOOT_HA_LOG (a tracing filter) overrides `info` for a closer look.
+            .args(["--log", &log_filter(), "serve", "-c"])
             .arg(self.dir.join("talboot.yaml"))
             .arg("--state-dir")
             .arg(self.dir.join("state"))
