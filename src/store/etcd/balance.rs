@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
+use metrics::gauge;
 use tracing::{info, warn};
 
 /// How often each endpoint is asked.
@@ -109,6 +110,9 @@ async fn run(client: Client, urls: Vec<String>, opts: ConnectOptions, shared: Sh
             }
         }
     }
+    for url in &urls {
+        gauge!("talboot_etcd_endpoint_balanced", "endpoint" => url.clone()).set(1.0);
+    }
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -135,6 +139,11 @@ async fn apply(client: &Client, urls: &[String], change: Change) {
         Change::Restore(i) => (i, false),
     };
     let Some(url) = urls.get(i) else { return };
+    gauge!("talboot_etcd_endpoint_balanced", "endpoint" => url.clone()).set(if eject {
+        0.0
+    } else {
+        1.0
+    });
     let done = if eject {
         client.remove_endpoint(url).await
     } else {
