@@ -39,6 +39,8 @@ const ETCD: [(&str, &str); 3] = [
 const APPLIANCES: [(&str, &str); 2] = [("a1", "10.97.0.1"), ("a2", "10.97.0.2")];
 const CHECKER: (&str, &str) = ("c2", "10.97.0.101");
 const STORM: (&str, &str) = ("c1", "10.97.0.100");
+/// DISCOVERs a second in the etcd-leader test's storm.
+const STORM_RATE_LEADER: u32 = 100;
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -131,6 +133,11 @@ fn start_etcd(seg: &Segment, work: &Path) -> Vec<Child> {
     }
 }
 
+/// The appliances' log filter: `info`, or `TALBOOT_HA_LOG` when set.
+fn log_filter() -> String {
+    std::env::var("TALBOOT_HA_LOG").unwrap_or_else(|_| "info".into())
+}
+
 /// One appliance's files and its process (None while killed).
 struct Appliance {
     name: &'static str,
@@ -163,7 +170,8 @@ impl Appliance {
         let log = self.dir.join(format!("talboot-{}.log", self.starts));
         let child = seg
             .on(self.name, env!("CARGO_BIN_EXE_talboot"))
-            .args(["--log", "info", "serve", "-c"])
+            // TALBOOT_HA_LOG (a tracing filter) overrides `info` for a closer look.
+            .args(["--log", &log_filter(), "serve", "-c"])
             .arg(self.dir.join("talboot.yaml"))
             .arg("--state-dir")
             .arg(self.dir.join("state"))
@@ -441,7 +449,10 @@ struct Fleet {
 impl Fleet {
     /// None when this machine cannot run it (not root, or a waived tool). One fleet at a
     /// time: two would share two cores with six etcd members and four appliances.
-    fn start(storm_secs: u32) -> Option<(Self, std::sync::MutexGuard<'static, ()>)> {
+    fn start(
+        storm_secs: u32,
+        storm_rate: u32,
+    ) -> Option<(Self, std::sync::MutexGuard<'static, ()>)> {
         static SERIAL: Mutex<()> = Mutex::new(());
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if !is_root() {
@@ -486,7 +497,8 @@ impl Fleet {
         // The storm: perfdhcp broadcasting as a relay for the whole run.
         let storm = seg
             .on(STORM.0, "perfdhcp")
-            .args(["-4", "-l", "v-c1", "-r", "300", "-R", "100000", "-p"])
+            .args(["-4", "-l", "v-c1", "-r", &storm_rate.to_string()])
+            .args(["-R", "100000", "-p"])
             .arg(storm_secs.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -620,7 +632,7 @@ impl Drop for Fleet {
 
 #[test]
 fn killing_appliances_mid_storm_loses_no_ack_and_duplicates_no_address() {
-    let Some((mut fleet, _serial)) = Fleet::start(40) else {
+    let Some((mut fleet, _serial)) = Fleet::start(40, 300) else {
         return;
     };
     let checker = fleet.checker();
@@ -659,27 +671,36 @@ fn killing_appliances_mid_storm_loses_no_ack_and_duplicates_no_address() {
 /// leases flow again once a member is back.
 #[test]
 fn the_etcd_leader_killed_loses_no_ack_and_without_quorum_no_lease_is_handed_out() {
-    let Some((mut fleet, _serial)) = Fleet::start(60) else {
+    // A storm the appliances keep up with (a debug build on two shared cores sheds most of a
+    // 300/s one's DISCOVERs, the checker's too), so what is measured is the recovery.
+    let Some((mut fleet, _serial)) = Fleet::start(60, STORM_RATE_LEADER) else {
         return;
     };
     let checker = fleet.checker();
+    // The pace of new leases with every member up, under this storm and this machine's load.
+    let base = checker
+        .wait_more(checker.count(), 10, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("10 leases took over 30 s\n{}", logs(fleet.work.path())));
     let leader = fleet.etcd_leader();
     fleet.kill_member(leader);
     let from = checker.count();
-    // Known and measured, not yet fixed: the appliances' streams to the dead member (lease
-    // feed, election campaign) are only found broken about 45 s later, and until then new
-    // clients are served slowly. The bound is that, with room; what this test holds to is
-    // that no acknowledged lease is lost.
-    let took = checker
-        .wait_more(from, 20, Duration::from_secs(120))
-        .unwrap_or_else(|| {
-            panic!(
-                "no new lease after the etcd leader died\n{}",
-                logs(fleet.work.path())
-            )
-        });
+    // etcd elects a new leader in about a second and the client stops sending to the dead
+    // member within a probe (src/store/etcd/balance.rs). Measured on two shared cores: 10 new
+    // leases in 3.2-6.0 s after the kill (5 runs; 3.1-10.8 s with every member up), 6.1-7.4 s
+    // merged with main's commit path of 9fc7420 (2 runs; 3.0-4.6 s up); without the probe
+    // 12 s (4.5 s up), and with a 300/s storm new leases came at a tenth of their pace until
+    // the storm ended. The bound is twice the pace with every member up, at least 16 s (twice
+    // the slowest measured): a machine under load slows both alike.
+    let bound = base.max(Duration::from_secs(8)) * 2;
+    let took = checker.wait_more(from, 10, bound).unwrap_or_else(|| {
+        panic!(
+            "not 10 new leases within {bound:?} of the etcd leader's death (with it alive: \
+             {base:?})\n{}",
+            logs(fleet.work.path())
+        )
+    });
     eprintln!(
-        "etcd leader {} killed: 20 new leases within {took:?}",
+        "etcd leader {} killed: 10 new leases within {took:?} (before: {base:?})",
         ETCD[leader].0
     );
     fleet.restart_member(leader);

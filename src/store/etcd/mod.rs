@@ -48,6 +48,7 @@
 //! to [`StoreError::EtcdConflict`] is in `dhcp::server::ha`.
 
 mod backend;
+mod balance;
 pub(crate) mod election;
 #[cfg(test)]
 mod feed_tests;
@@ -76,6 +77,7 @@ pub use self::watch::{LeaseEvent, LeaseFilter};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, sync_channel};
 use std::time::Duration;
 
@@ -245,6 +247,11 @@ impl Bridge {
 /// [`Store`](super::Store) kept in etcd; see the module doc.
 pub struct EtcdStore {
     client: Client,
+    /// Which endpoints the client sends requests to ([`balance`]); `None` with one endpoint.
+    balanced: Option<balance::Shared>,
+    /// Requests refused at connect and sent again ([`Self::call`]): what a dead member left
+    /// among the balanced endpoints costs.
+    refused: std::sync::Arc<AtomicU64>,
     bridge: Bridge,
     keys: Keys,
     /// The endpoints, for errors.
@@ -300,9 +307,9 @@ impl EtcdStore {
             opts = opts.with_tls(tls);
         }
         let (tx, rx) = sync_channel(1);
-        let connect_urls = urls.clone();
+        let (connect_urls, connect_opts) = (urls.clone(), opts.clone());
         bridge.handle.spawn(async move {
-            let _ = tx.send(Client::connect(connect_urls, Some(opts)).await);
+            let _ = tx.send(Client::connect(connect_urls, Some(connect_opts)).await);
         });
         let client = match rx.recv_timeout(cfg.connect_timeout + Duration::from_secs(1)) {
             Ok(Ok(client)) => client,
@@ -321,8 +328,13 @@ impl EtcdStore {
                 });
             }
         };
+        // With one endpoint there is nothing to choose between.
+        let balanced = (urls.len() > 1)
+            .then(|| balance::spawn(&bridge.handle, client.clone(), urls.clone(), opts));
         let store = Self {
             client,
+            balanced,
+            refused: Default::default(),
             bridge,
             keys: Keys::new(&cfg.cluster),
             named,
@@ -356,7 +368,8 @@ impl EtcdStore {
 
     /// Run `f(client, req)` on the runtime thread and wait for it, at most the request
     /// timeout. A request refused at connect (a dead member among the endpoints, which the
-    /// client's balancer may still pick) never reached etcd, so it is sent again, to the
+    /// client's balancer picks until the probe takes it out, [`balance`]) never reached
+    /// etcd, so it is sent again, to the
     /// next endpoint; any other error is returned, since a request that reached etcd may
     /// have been applied.
     fn call<T, R, F, Fut>(&self, op: &'static str, req: R, f: F) -> Result<T>
@@ -370,6 +383,7 @@ impl EtcdStore {
         let client = self.client.clone();
         let timeout = self.timeout;
         let attempts = self.endpoints * 2;
+        let refused = self.refused.clone();
         self.bridge.handle.spawn(async move {
             let fut = async move {
                 let mut left = attempts;
@@ -377,6 +391,7 @@ impl EtcdStore {
                     match f(client.clone(), req.clone()).await {
                         Err(e) if left > 1 && refused_at_connect(&e) => {
                             left -= 1;
+                            refused.fetch_add(1, Ordering::Relaxed);
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                         out => return out,
@@ -494,6 +509,25 @@ impl EtcdStore {
     #[allow(dead_code)] // used by the HA lanes (issue 28) as they land
     pub(crate) fn endpoints_named(&self) -> &str {
         &self.named
+    }
+
+    /// Which configured endpoints requests go to now (all of them with a single endpoint).
+    #[allow(dead_code)] // for status (issue 28 item 4) and tests
+    pub(crate) fn balanced_endpoints(&self) -> Vec<bool> {
+        match &self.balanced {
+            Some(b) => b
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .inside()
+                .to_vec(),
+            None => vec![true; self.endpoints],
+        }
+    }
+
+    /// How many requests were refused at connect and sent again since the store opened.
+    #[allow(dead_code)] // for metrics and tests
+    pub(crate) fn refused_requests(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The per-request timeout.
