@@ -201,6 +201,7 @@ impl Adapter {
             .collect();
         let split = crate::dhcp::split::Split::new(me, &names);
         tracing::info!(live = ?names, buckets = split.buckets(), "DHCP share of the clients");
+        self.core.book.set_share(Some(split.clone()));
         self.core.split = Some(split);
     }
 
