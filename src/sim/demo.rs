@@ -212,17 +212,8 @@ pub struct Demo {
     print_events: bool,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
-    /// The simulation's runtime ([`cpu`]); shut down in the background (a runtime may not be
-    /// dropped from inside another's task).
-    sim: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        if let Some(rt) = self.sim.take() {
-            rt.shutdown_background();
-        }
-    }
+    /// The simulation's runtime ([`cpu`]).
+    sim: cpu::SimRuntime,
 }
 
 /// Prints the events of `running` until it stops.
@@ -321,7 +312,7 @@ impl Demo {
         );
         drop(on_sim);
         Ok(Demo {
-            sim: Some(sim),
+            sim,
             relocation: p.relocation,
             inventory: inv,
             workdir: opts.workdir,

@@ -21,12 +21,33 @@ pub struct CpuSplit {
 
 /// The runtime the simulation runs on: its threads named [`SIM_THREAD`] and never retired
 /// during a run (an ended thread's time would be counted as talboot's).
-pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<SimRuntime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name(SIM_THREAD)
         .thread_keep_alive(Duration::from_secs(24 * 3600))
         .build()
+        .map(|rt| SimRuntime(Some(rt)))
+}
+
+/// The simulation's runtime, shut down in the background when dropped: it is dropped from
+/// inside talboot's runtime (a demo that ends, or fails to start), where a plain runtime's
+/// drop would block and panics instead.
+pub(crate) struct SimRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for SimRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for SimRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// The split now, or `None` where `/proc` cannot tell it.
@@ -81,6 +102,14 @@ fn ticks_to_duration(ticks: u64) -> Duration {
 mod tests {
     use super::*;
 
+    /// A demo that fails to start drops the runtime inside talboot's: no panic.
+    #[tokio::test]
+    async fn dropping_it_inside_another_runtime_is_fine() {
+        let rt = runtime().unwrap();
+        rt.spawn(async { tokio::time::sleep(Duration::from_secs(60)).await });
+        drop(rt);
+    }
+
     #[test]
     fn a_stat_line_with_spaces_and_parentheses_in_the_name_parses() {
         let line = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 731 42 0 0 20 0 3 0 9";
@@ -103,7 +132,7 @@ mod tests {
             .unwrap();
         });
         let after = now().unwrap();
-        rt.shutdown_background();
+        drop(rt);
         // 300 ms of spinning on a sim thread: at least most of it shows there (the tick is
         // 10 ms), and no more than the process spent.
         let sim = after.sim - before.sim;
