@@ -16,8 +16,8 @@ use crate::store::etcd_health::{EtcdHealth, Verdict, probe};
 /// How often etcd is probed: well inside the few seconds a member failure takes to matter.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(5);
 
-/// The latest probe, for the admin API and `status` (None until the first one).
-pub(crate) type HealthView = watch::Receiver<Option<EtcdHealth>>;
+/// The latest probe, for the admin API's `/api/ha` (None until the first one).
+pub(crate) use crate::admin::ha::HealthView;
 
 /// How loudly a change of verdict is said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
