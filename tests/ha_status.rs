@@ -1,0 +1,194 @@
+//! `talboot status --store etcd://...` shows the fleet (issue 28 item 4): the appliances that
+//! `members/` holds, the election's leader starred, and etcd's health; `--json` the same as
+//! data. The appliances here are stand-ins written with etcdctl the way an appliance writes
+//! them (`members/<name>` under a lease kept alive; the election's key under
+//! `/talboot/<cluster>/election/`, whose oldest key leads: `Election.Leader` in etcd-io/etcd
+//! v3.4.23 `clientv3/concurrency/election.go`), so the CLI's reading is tested on its own:
+//! a stand-in whose keep-alive is killed is gone from `status` once its lease's TTL runs out.
+//!
+//! One etcd member on loopback ports (`support::etcd`).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::etcd::Etcd;
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn etcdctl(etcd: &Etcd) -> Command {
+    let mut c = Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=http://{}", etcd.client));
+    c
+}
+
+fn run(c: &mut Command) -> String {
+    let out = c.output().expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A lease of `ttl` seconds, its ID in hex as etcdctl prints and takes it.
+fn lease_grant(etcd: &Etcd, ttl: u32) -> String {
+    let out = run(etcdctl(etcd).args(["lease", "grant", &ttl.to_string()]));
+    // "lease 694d7a8c5e8d2c0a granted with TTL(3s)"
+    out.split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("lease grant said {out:?}"))
+        .to_owned()
+}
+
+fn put(etcd: &Etcd, key: &str, value: &str, lease: Option<&str>) {
+    let mut c = etcdctl(etcd);
+    c.arg("put");
+    if let Some(l) = lease {
+        c.arg(format!("--lease={l}"));
+    }
+    run(c.args([key, value]));
+}
+
+fn member(name: &str) -> String {
+    format!(
+        r#"{{"name":"{name}","admin_url":"http://{name}:9090","http_url":"http://{name}:8080","version":"9.9.9","started_unix_ms":1}}"#
+    )
+}
+
+/// Keeps `lease` alive until killed (as an appliance's keep-alive does).
+struct KeepAlive(Child);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `talboot status -c lab.yaml --store <etcd> [extra]`: its stdout, asserting success.
+fn status(etcd: &Etcd, extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .env_remove("RUST_LOG")
+        .env_remove("TALBOOT_STORE")
+        .arg("status")
+        .arg("-c")
+        .arg(repo("config/lab.yaml"))
+        .args(["--store", &etcd.store_url(), "--admin", "127.0.0.1:1"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "status: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The Appliances rows of `status`' text: (name, starred).
+fn appliances(text: &str) -> Vec<(String, bool)> {
+    text.lines()
+        .skip_while(|l| *l != "Appliances")
+        .skip(2)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.starts_with("leader:") && !l.starts_with("no appliance"))
+        .map(|l| {
+            let mut cells = l.split_whitespace();
+            let name = cells.next().unwrap_or_default().to_owned();
+            (name, cells.next() == Some("*"))
+        })
+        .collect()
+}
+
+#[test]
+fn status_on_etcd_shows_the_appliances_the_leader_and_etcds_health() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    put(&etcd, "/talboot/lab/members/a", &member("a"), None);
+    let lease = lease_grant(&etcd, 3);
+    put(&etcd, "/talboot/lab/members/b", &member("b"), Some(&lease));
+    let b_alive = KeepAlive(
+        etcdctl(&etcd)
+            .args(["lease", "keep-alive", &lease])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcdctl lease keep-alive"),
+    );
+    let leader = r#"{"name":"b","admin_url":"http://b:9090"}"#;
+    put(&etcd, "/talboot/lab/election/1", leader, None);
+
+    let text = status(&etcd, &[]);
+    assert_eq!(
+        appliances(&text),
+        [("a".to_owned(), false), ("b".to_owned(), true)],
+        "{text}"
+    );
+    assert!(
+        text.contains("etcd healthy; 1 of 1 endpoint(s) up"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("http://{}", etcd.client)), "{text}");
+    assert!(!text.contains("problem:"), "{text}");
+
+    let json: serde_json::Value = serde_json::from_str(&status(&etcd, &["--json"])).unwrap();
+    assert_eq!(json["ha"]["leader"], "b", "{json:#}");
+    assert_eq!(json["ha"]["appliances"].as_array().unwrap().len(), 2);
+    assert_eq!(json["ha"]["etcd"]["verdict"], "healthy", "{json:#}");
+    assert_eq!(json["ha"]["etcd"]["endpoints"][0]["up"], true);
+    assert!(json["nodes"].as_array().is_some_and(|n| !n.is_empty()));
+
+    // b's keep-alive dies as with kill -9: b is gone once its 3 s lease runs out (etcd
+    // revokes expired leases and deletes their keys: `lease/lessor.go`
+    // `revokeExpiredLeases`), while the leader key, which is not b's member key, stays.
+    drop(b_alive);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = status(&etcd, &[]);
+        if appliances(&text) == [("a".to_owned(), false)] {
+            assert!(
+                text.contains("leader: b (not among the live appliances)"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b still listed after 20 s:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// On redb nothing of the fleet is shown: the table alone, and `ha` null in JSON.
+#[test]
+fn status_on_redb_has_no_appliances_section() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .env_remove("TALBOOT_STORE")
+        .arg("status")
+        .arg("-c")
+        .arg(repo("config/lab.yaml"))
+        .arg("--state-dir")
+        .arg(tmp.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["ha"], serde_json::Value::Null);
+    assert!(json["nodes"].as_array().is_some_and(|n| !n.is_empty()));
+}
