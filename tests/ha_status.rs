@@ -6,10 +6,15 @@
 //! v3.4.23 `clientv3/concurrency/election.go`), so the CLI's reading is tested on its own:
 //! a stand-in whose keep-alive is killed is gone from `status` once its lease's TTL runs out.
 //!
+//! And a real `serve --store` process: its `/api/ha` names it as the leader and carries its
+//! own etcd health probe (the view `appliance::spawn_etcd_health` hands to the admin API).
+//!
 //! One etcd member on loopback ports (`support::etcd`).
 
 mod support;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -191,4 +196,104 @@ fn status_on_redb_has_no_appliances_section() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["ha"], serde_json::Value::Null);
     assert!(json["nodes"].as_array().is_some_and(|n| !n.is_empty()));
+}
+
+/// The JSON body of `GET path` on `addr` (HTTP/1.0: the body runs to the close).
+fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// A `serve --store etcd://...` started without DHCP (so it keeps no member key: only
+/// appliances that take a share of the clients do) leads the election, and its `/api/ha`
+/// says so, with etcd's health from its own probe.
+#[test]
+fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let config = repo("config/lab.yaml");
+    support::images::fake_images(&config, &tmp.path().join("images"));
+    let http_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_talboot"))
+        .env_remove("TALBOOT_STORE")
+        .arg("serve")
+        .arg("-c")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("--images")
+        .arg(tmp.path().join("images"))
+        .args(["--store", &etcd.store_url(), "--name", "appliance-a"])
+        .args([
+            "--advertise",
+            "127.0.0.1",
+            "--http-port",
+            &http_port.to_string(),
+        ])
+        .args(["--admin-listen", "127.0.0.1:0", "--no-dhcp", "--no-tftp"])
+        .arg("--no-provision")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let served = KeepAlive(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split(" admin=http://").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_owned());
+            }
+        }
+    });
+    let admin: SocketAddr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("serve on etcd did not say where its admin API listens within 60 s")
+        .parse()
+        .unwrap();
+    // The election and the first probe take a moment after the listener is up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ha = loop {
+        let ha = get_json(admin, "/api/ha");
+        if ha["leader"] == "appliance-a" && ha["etcd"]["verdict"] == "healthy" {
+            break ha;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not leading and healthy after 30 s: {ha:#}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(ha["store"], "etcd");
+    assert_eq!(ha["me"], "appliance-a");
+    assert_eq!(
+        ha["leader_admin_url"],
+        format!("http://{admin}").as_str(),
+        "{ha:#}"
+    );
+    assert_eq!(
+        ha["etcd"]["endpoints"][0]["url"],
+        format!("http://{}", etcd.client).as_str()
+    );
+    assert_eq!(ha["etcd"]["endpoints"][0]["leader"], true, "{ha:#}");
+    // Without DHCP it takes no share of the clients, so it keeps no member key.
+    assert_eq!(ha["appliances"], serde_json::json!([]), "{ha:#}");
+    drop(served);
 }
