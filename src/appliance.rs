@@ -525,7 +525,7 @@ fn spawn_etcd_health(
     let (store::StoreSpec::Etcd(cfg), Some(etcd)) = (spec, etcd) else {
         return None;
     };
-    let (health, probe) = etcd_health::spawn(cfg.clone(), cancel.clone());
+    let (health, probe) = etcd_health::spawn(cfg.clone(), etcd.clone(), cancel.clone());
     tasks.spawn(async move {
         let _ = probe.await;
         Ok(())

@@ -198,8 +198,8 @@ fn status_on_redb_has_no_appliances_section() {
     assert!(json["nodes"].as_array().is_some_and(|n| !n.is_empty()));
 }
 
-/// The JSON body of `GET path` on `addr` (HTTP/1.0: the body runs to the close).
-fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+/// The body of `GET path` on `addr`, asserting 200 (HTTP/1.0: the body runs to the close).
+fn get_text(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
@@ -210,7 +210,13 @@ fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
         head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
         "{answer}"
     );
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    body.to_owned()
+}
+
+/// The JSON body of `GET path` on `addr`.
+fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let body = get_text(addr, path);
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 /// A `serve --store etcd://...` started without DHCP (so it keeps no member key: only
@@ -295,5 +301,19 @@ fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
     assert_eq!(ha["etcd"]["endpoints"][0]["leader"], true, "{ha:#}");
     // Without DHCP it takes no share of the clients, so it keeps no member key.
     assert_eq!(ha["appliances"], serde_json::json!([]), "{ha:#}");
+    // /metrics names the leader too, once a probe round with quorum has run.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = get_text(admin, "/metrics");
+        if metrics.contains("talboot_fleet_leader{name=\"appliance-a\"} 1") {
+            assert!(metrics.contains("talboot_appliances_live 0"), "{metrics}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader gauge after 30 s:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     drop(served);
 }
