@@ -353,6 +353,35 @@ pub trait Store: Send + Sync {
 
     /// A consistent JSON snapshot of everything stored, for backups and debugging.
     fn export_json(&self) -> Result<serde_json::Value>;
+
+    /// Right after this store committed lease changes: the lease of each of `macs` and the
+    /// MAC occupying each of `ips`, for the in-memory view's refresh. The embedded store reads
+    /// them (a read is a memory lookup); a networked store answers from the lease keys its
+    /// own commits and its lease feed keep ([`EtcdStore`]), which hold every key its last
+    /// commit wrote: a round trip per key there cost more than the commit itself.
+    fn settled_leases(&self, macs: &[Mac], ips: &[Ipv4Addr]) -> Result<SettledLeases> {
+        let mut settled = SettledLeases::default();
+        for &mac in macs {
+            if let Some(l) = self.lease(mac)? {
+                settled.leases.push(l);
+            }
+        }
+        for &ip in ips {
+            if let Some(l) = self.lease_by_ip(ip)? {
+                settled.holders.push((ip, l.mac));
+            }
+        }
+        Ok(settled)
+    }
+}
+
+/// What [`Store::settled_leases`] answers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SettledLeases {
+    /// The current lease of each MAC asked about that has one.
+    pub leases: Vec<Lease>,
+    /// The MAC of the record occupying each address asked about that is occupied.
+    pub holders: Vec<(Ipv4Addr, Mac)>,
 }
 
 /// A shared reader reads as what it shares.

@@ -29,6 +29,7 @@ macro_rules! store_suite {
             lease_round_trip_by_mac_and_ip,
             a_lease_commit_writes_changes_and_events_together_in_order,
             the_by_mac_lookup_follows_the_records,
+            settled_leases_are_what_the_reads_return,
             the_store_holds_exactly_what_the_book_decided,
             node_records_round_trip_and_list_by_name,
             events_are_numbered_per_node_and_paged,
@@ -272,6 +273,52 @@ pub(crate) fn the_by_mac_lookup_follows_the_records(f: &mut dyn Fixture) {
         .unwrap();
     assert_eq!(s.lease(mac(2)).unwrap(), None);
     assert_eq!(s.lease(mac(3)).unwrap().unwrap().ip, ip(11));
+}
+
+/// After commits that move, replace, decline and remove: what `settled_leases` answers (a
+/// networked store answers from its own record of its commits) is what reading each MAC and
+/// address answers, for MACs and addresses with and without a record.
+pub(crate) fn settled_leases_are_what_the_reads_return(f: &mut dyn Fixture) {
+    let s = f.fresh();
+    let commit = |writes: Vec<LeaseChange>| {
+        s.commit_leases(
+            &[LeaseCommit {
+                writes,
+                events: Vec::new(),
+            }],
+            true,
+        )
+        .unwrap()
+    };
+    commit(vec![
+        LeaseChange::Upsert(lease(1, 10, LeaseState::Bound, 200)),
+        LeaseChange::Upsert(lease(2, 11, LeaseState::Bound, 200)),
+        LeaseChange::Upsert(lease(3, 12, LeaseState::Bound, 200)),
+    ]);
+    // 1 moves to .13, 3 takes .11 over from 2, .12 is declined, 4 comes and goes.
+    commit(vec![
+        LeaseChange::Upsert(lease(1, 13, LeaseState::Bound, 300)),
+        LeaseChange::Upsert(lease(3, 11, LeaseState::Offered, 300)),
+    ]);
+    commit(vec![
+        LeaseChange::Upsert(lease(5, 12, LeaseState::Declined, 900)),
+        LeaseChange::Upsert(lease(4, 14, LeaseState::Bound, 300)),
+    ]);
+    commit(vec![LeaseChange::Remove(ip(14))]);
+    let macs: Vec<Mac> = (1..=6).map(mac).collect();
+    let ips: Vec<Ipv4Addr> = (9..=15).map(ip).collect();
+    let settled = s.settled_leases(&macs, &ips).unwrap();
+    let want_leases: Vec<Lease> = macs.iter().filter_map(|&m| s.lease(m).unwrap()).collect();
+    let want_holders: Vec<(Ipv4Addr, Mac)> = ips
+        .iter()
+        .filter_map(|&a| s.lease_by_ip(a).unwrap().map(|l| (a, l.mac)))
+        .collect();
+    assert_eq!(settled.leases, want_leases);
+    assert_eq!(settled.holders, want_holders);
+    // And the reads say what the commits meant (so the comparison is not of two empties).
+    let held: Vec<(u8, Ipv4Addr)> = want_leases.iter().map(|l| (l.mac.0[5], l.ip)).collect();
+    assert_eq!(held, vec![(1, ip(13)), (3, ip(11))]);
+    assert_eq!(want_holders.len(), 4, "{want_holders:?}");
 }
 
 pub(crate) fn node_records_round_trip_and_list_by_name(f: &mut dyn Fixture) {

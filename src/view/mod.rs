@@ -332,25 +332,17 @@ impl LeaseTouch {
     /// After the commit: publish what `store` now holds for every touched MAC and address.
     /// A binding that cannot be read stays retracted (it entitles nobody) and is logged.
     pub fn refresh(self, view: &StateView, store: &dyn Store) {
-        let mut leases = Vec::new();
-        let mut holders = Vec::new();
-        let read = (|| -> Result<(), StoreError> {
-            for &mac in &self.macs {
-                if let Some(l) = store.lease(mac)? {
-                    leases.push(l);
-                }
+        let macs: Vec<Mac> = self.macs.iter().copied().collect();
+        let ips: Vec<Ipv4Addr> = self.ips.iter().copied().collect();
+        let crate::store::SettledLeases { leases, holders } = match store
+            .settled_leases(&macs, &ips)
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot re-read leases after a commit; their bindings entitle nobody until the next commit");
+                return;
             }
-            for &ip in &self.ips {
-                if let Some(l) = store.lease_by_ip(ip)? {
-                    holders.push((ip, l.mac));
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = read {
-            tracing::error!(error = %e, "cannot re-read leases after a commit; their bindings entitle nobody until the next commit");
-            return;
-        }
+        };
         let mut inner = view.write();
         for (ip, mac) in holders {
             inner.by_ip.insert(ip, mac);

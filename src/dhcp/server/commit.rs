@@ -17,7 +17,7 @@ use super::send::{Released, Replier, send_loop};
 use super::{DhcpWriters, join_error};
 use crate::dhcp::admission::Backlog;
 use crate::dhcp::pace::Pace;
-use crate::store::{LeaseChange, LeaseCommit, Store};
+use crate::store::{LeaseChange, LeaseCommit, LeaseState, Store};
 
 /// Replies (and events) wait here while their lease writes are committed; bounded so a flood
 /// that outruns the disk stops the handling loop, and the receive queue then sheds the oldest
@@ -86,6 +86,11 @@ impl Committer {
             };
             let (mut batch, rows) = take_batch(&mut rx, first);
             self.drop_unannounceable(&mut batch);
+            if self.ha.is_some() {
+                batch
+                    .iter_mut()
+                    .for_each(|j| trim_for_shared_store(&mut j.commit));
+            }
             let group = self.commit(batch, rows).await;
             if !group.is_empty() {
                 let _ = released_tx.send(Released {
@@ -263,10 +268,29 @@ impl Committer {
             for ip in &ips {
                 self.not_durable.remove(ip);
             }
-            group.push((job, matches!(result, GroupOutcome::Committed)));
+            // On etcd the events left the commit ([`trim_for_shared_store`]): the bus
+            // persists them.
+            let stored = self.ha.is_none() && matches!(result, GroupOutcome::Committed);
+            group.push((job, stored));
         }
         group
     }
+}
+
+/// On a shared etcd store, a commit carries only what a reply promises, as Kea's HA pair
+/// sends its peer only committed leases (`lease4_committed`, not offers):
+/// - an offer's record stays in the book: written, it doubled the keys etcd must replicate per
+///   client, for a promise of a few seconds that no peer acts on (a peer that picks the same
+///   address loses at the REQUEST's commit, whose compare sees the key's revision move);
+/// - the timeline rows go to the event bus's writer, off the path to the ACK: each row and
+///   its node's head are two more keys in the transaction, and the heads another read before
+///   it (events are history, not a promise to the client; redb keeps them in the lease
+///   transaction because there they are free).
+fn trim_for_shared_store(commit: &mut LeaseCommit) {
+    commit
+        .writes
+        .retain(|w| !matches!(w, LeaseChange::Upsert(l) if l.state == LeaseState::Offered));
+    commit.events.clear();
 }
 
 /// The first job waiting and every one behind it, up to [`COMMIT_BATCH`] rows; returns the

@@ -298,3 +298,78 @@ async fn both_answering_everyone_never_ack_one_address_twice() {
         t.abort();
     }
 }
+
+/// On etcd an OFFER writes nothing (the book holds it), the ACK's lease is in etcd before
+/// the ACK arrives, and the exchange's timeline rows still reach etcd, by the event bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_stays_in_memory_and_the_ack_and_timeline_reach_etcd() {
+    let Some(etcd) = tokio::task::spawn_blocking(|| EtcdServer::start_cluster(1))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let a = appliance(&etcd, "a", ip("127.0.0.6"), false).await;
+    let mac = client_mac(200);
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut discover = m(MessageType::Discover, mac);
+    discover.set_xid(0x2800);
+    sock.send_to(&discover.to_vec().unwrap(), a.addr)
+        .await
+        .unwrap();
+    let offer = recv_reply(&sock, Duration::from_secs(5))
+        .await
+        .expect("an OFFER");
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    let offered = offer.yiaddr();
+    // Give a commit of the offer every chance to land before looking.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let store = a.store.clone();
+    let held = tokio::task::spawn_blocking(move || store.lease_by_ip(offered).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(held, None, "the offer of {offered} was written to etcd");
+
+    let mut req = with(
+        m(MessageType::Request, mac),
+        [
+            DhcpOption::ServerIdentifier(ip("127.0.0.6")),
+            DhcpOption::RequestedIpAddress(offered),
+        ],
+    );
+    req.set_xid(0x2800);
+    sock.send_to(&req.to_vec().unwrap(), a.addr).await.unwrap();
+    let ack = recv_reply(&sock, Duration::from_secs(5))
+        .await
+        .expect("an ACK");
+    assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+    // No wait: durable before acknowledged.
+    let store = a.store.clone();
+    let held = tokio::task::spawn_blocking(move || store.lease(mac).unwrap())
+        .await
+        .unwrap()
+        .expect("the ACKed lease in etcd");
+    assert_eq!((held.ip, held.state), (offered, LeaseState::Bound));
+
+    let key = crate::events::unknown_node_key(mac);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (store, key) = (a.store.clone(), key.clone());
+        let kinds: Vec<String> =
+            tokio::task::spawn_blocking(move || store.events(&key, 0, 10).unwrap())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.kind.to_string())
+                .collect();
+        if kinds.len() >= 2 {
+            assert_eq!(kinds, ["dhcp.offer", "dhcp.ack"]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "timeline in etcd: {kinds:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in a.tasks {
+        t.abort();
+    }
+}

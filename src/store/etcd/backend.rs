@@ -12,8 +12,8 @@ use super::plan::{self, Plan, PlanError, Planner, View};
 use crate::inventory::Mac;
 use crate::store::writers::Backend;
 use crate::store::{
-    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, NewEvent, NodePart, NodeRecord, NodeWrite,
-    Result, Store, StoreError,
+    CasOutcome, ClusterTable, Event, Lease, LeaseCommit, LeaseState, NewEvent, NodePart,
+    NodeRecord, NodeWrite, Result, Store, StoreError,
 };
 
 /// How often an append re-plans after another writer moved an event head under it.
@@ -326,6 +326,53 @@ fn is_head(keys: &Keys, key: &[u8]) -> bool {
 }
 
 impl Store for EtcdStore {
+    /// From the lease keys this store keeps ([`View`]): its commits put every key they
+    /// write there at the commit's revision before returning, and the lease feed adds the
+    /// peers' changes, so right after a commit they hold what etcd holds for its keys (up to
+    /// a peer's change the feed has not delivered yet, which the next commit touching the key
+    /// learns by conflict). Reading etcd instead cost two round trips per MAC and one per
+    /// address, serially: more than the commit.
+    fn settled_leases(
+        &self,
+        macs: &[Mac],
+        ips: &[Ipv4Addr],
+    ) -> Result<crate::store::SettledLeases> {
+        let view = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let record = |ip: Ipv4Addr| -> Result<Option<Lease>> {
+            let key = self.keys.lease_ip(ip);
+            view.get(&key)
+                .map(|(_, v)| self.decode::<Lease>(&key, v))
+                .transpose()
+        };
+        let mut settled = crate::store::SettledLeases::default();
+        for &mac in macs {
+            let Some((_, ip)) = view.get(&self.keys.lease_mac(mac)) else {
+                continue;
+            };
+            let ip = std::str::from_utf8(ip)
+                .ok()
+                .and_then(|s| s.parse::<Ipv4Addr>().ok())
+                .ok_or_else(|| {
+                    self.data_err(
+                        String::from_utf8_lossy(&self.keys.lease_mac(mac)),
+                        "not an address",
+                    )
+                })?;
+            // The index and the record disagree in this view only while a peer's change is
+            // half-delivered; nothing is published for it until the next commit.
+            if let Some(l) = record(ip)?.filter(|l| l.mac == mac && l.state != LeaseState::Declined)
+            {
+                settled.leases.push(l);
+            }
+        }
+        for &ip in ips {
+            if let Some(l) = record(ip)? {
+                settled.holders.push((ip, l.mac));
+            }
+        }
+        Ok(settled)
+    }
+
     fn lease(&self, mac: Mac) -> Result<Option<Lease>> {
         let index = self.keys.lease_mac(mac);
         // The index, then index and record together in one transaction (one revision),
