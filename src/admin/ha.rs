@@ -197,14 +197,22 @@ pub async fn gather(
         None => Election::new(&etcd, SESSION_TTL).leader().await,
     };
     // The member list is a blocking read through the store's own runtime thread.
-    let members = tokio::task::spawn_blocking(move || etcd.members())
-        .await
-        .unwrap_or_else(|e| {
-            Err(crate::store::StoreError::EtcdConfig {
-                cause: format!("reading the members stopped: {e}"),
-            })
-        });
+    let members = match tokio::task::spawn_blocking(move || etcd.members()).await {
+        Ok(read) => read.map_err(ReadError::Store),
+        Err(e) => Err(ReadError::Stopped(e)),
+    };
     assemble(me, members, leader, health.as_ref())
+}
+
+/// Why the member list could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// etcd refused or did not answer (no quorum, unreachable).
+    #[error(transparent)]
+    Store(crate::store::StoreError),
+    /// The blocking read was cancelled or panicked (the runtime is shutting down).
+    #[error("the read stopped before it answered: {0}")]
+    Stopped(tokio::task::JoinError),
 }
 
 /// `GET /api/ha`: the appliances, the leader and etcd's health ([`HaStatus`]); on redb
