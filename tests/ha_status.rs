@@ -67,7 +67,7 @@ fn member(name: &str) -> String {
     )
 }
 
-/// Keeps `lease` alive until killed (as an appliance's keep-alive does).
+/// A child process (etcdctl keeping a lease alive, or an appliance), killed on drop.
 struct KeepAlive(Child);
 
 impl Drop for KeepAlive {
@@ -219,17 +219,11 @@ fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
-/// A `serve --store etcd://...` started without DHCP (so it keeps no member key: only
-/// appliances that take a share of the clients do) leads the election, and its `/api/ha`
-/// says so, with etcd's health from its own probe.
-#[test]
-fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
-    let Some(etcd) = Etcd::start() else {
-        return;
-    };
-    let tmp = tempfile::tempdir().unwrap();
+/// `serve --store <etcd> --name appliance-a` without DHCP, TFTP or provisioning, in `tmp`:
+/// the process (killed on drop) and its admin API's address.
+fn serve_on(etcd: &Etcd, tmp: &Path) -> (KeepAlive, SocketAddr) {
     let config = repo("config/lab.yaml");
-    support::images::fake_images(&config, &tmp.path().join("images"));
+    support::images::fake_images(&config, &tmp.join("images"));
     let http_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -241,9 +235,9 @@ fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
         .arg("-c")
         .arg(&config)
         .arg("--state-dir")
-        .arg(tmp.path().join("state"))
+        .arg(tmp.join("state"))
         .arg("--images")
-        .arg(tmp.path().join("images"))
+        .arg(tmp.join("images"))
         .args(["--store", &etcd.store_url(), "--name", "appliance-a"])
         .args([
             "--advertise",
@@ -274,6 +268,19 @@ fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
         .expect("serve on etcd did not say where its admin API listens within 60 s")
         .parse()
         .unwrap();
+    (served, admin)
+}
+
+/// A `serve --store etcd://...` started without DHCP (so it keeps no member key: only
+/// appliances that take a share of the clients do) leads the election, and its `/api/ha`
+/// says so, with etcd's health from its own probe.
+#[test]
+fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (served, admin) = serve_on(&etcd, tmp.path());
     // The election and the first probe take a moment after the listener is up.
     let deadline = Instant::now() + Duration::from_secs(30);
     let ha = loop {
@@ -315,5 +322,47 @@ fn a_serving_appliance_answers_api_ha_with_its_leadership_and_etcds_health() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    drop(served);
+}
+
+/// The dashboard of an appliance on etcd draws `/api/ha` in Debian's chromium
+/// (`tests/browser/ha.mjs`): the Appliances section shown, the leader named, etcd healthy with
+/// its one endpoint.
+#[test]
+fn the_dashboard_on_etcd_shows_the_leader_and_etcds_health() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let browser_dir = repo("tests/browser");
+    assert!(
+        chromium.exists() && browser_dir.join("node_modules/playwright-core").exists(),
+        "the dashboard tests need Debian's chromium ({}) and playwright-core in {}: run \
+         scripts/test-deps (as root)",
+        chromium.display(),
+        browser_dir.join("node_modules").display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let (served, admin) = serve_on(&etcd, tmp.path());
+    let out = Command::new("node")
+        .current_dir(&browser_dir)
+        .arg("ha.mjs")
+        .arg(format!("http://{admin}/"))
+        .arg("appliance-a")
+        .arg(format!("http://{}", etcd.client))
+        .output()
+        .expect("node runs (scripts/test-deps installs it)");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("ok: the leader (appliance-a) is named"),
+        "{log}"
+    );
     drop(served);
 }

@@ -221,6 +221,9 @@ function renderHa(ha) {
   const etcd = ha.etcd;
   $("ha-etcd").textContent = etcd ? etcd.summary : "etcd not probed yet";
   $("ha-etcd").className = etcd && etcd.verdict !== "healthy" ? "failure" : "";
+  $("ha-leader").textContent = ha.leader
+    ? `leader: ${ha.leader} (${ha.leader_admin_url})`
+    : "no appliance leads the fleet right now";
   const cell = (text) => el("td", { text });
   $("ha-appliances").replaceChildren(
     ...ha.appliances.map((a) =>
