@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::ha::HaSource;
 use crate::artifacts::{Catalog, Kind};
 use crate::dhcp::server::DhcpServer;
 use crate::events::{Clock, EventBus, SystemClock};
@@ -367,7 +368,7 @@ impl Bound {
         let base_url = base_url(plan.advertise, http_port);
         let admin_url = listener_url(&self.admin);
         let mut tasks = JoinSet::new();
-        spawn_etcd_health(&mut tasks, &plan.store, &s.cancel);
+        let ha = spawn_etcd_health(&mut tasks, &plan.store, self.etcd.clone(), &s.cancel);
 
         // The node records' writer, and with it the admin API's rebuilds, go to the provisioner
         // when one runs, else to the offline observer ([`node_writer_owner`]).
@@ -380,7 +381,7 @@ impl Bound {
             w.nodes,
             w.progress,
         );
-        let desks = (rebuilds, gate.board());
+        let desks = (rebuilds, gate.board(), ha);
         let admin_app = admin_app(&s, plan.provisioning.as_ref(), metrics, desks, &rollouts);
         let app = http_app(
             &s,
@@ -513,15 +514,23 @@ fn plan_power_on(
     Ok((crate::power::round::power_on_plan(inv, &phases, &kinds), p))
 }
 
-/// On etcd, the health probe ([`etcd_health`]): gauges and a log line per change of verdict.
-fn spawn_etcd_health(tasks: &mut Tasks, spec: &store::StoreSpec, cancel: &CancellationToken) {
-    if let store::StoreSpec::Etcd(cfg) = spec {
-        let (_health, probe) = etcd_health::spawn(cfg.clone(), cancel.clone());
-        tasks.spawn(async move {
-            let _ = probe.await;
-            Ok(())
-        });
-    }
+/// On etcd, the health probe ([`etcd_health`]): gauges and a log line per change of verdict;
+/// its latest result, with the store, goes to the admin API's `/api/ha`.
+fn spawn_etcd_health(
+    tasks: &mut Tasks,
+    spec: &store::StoreSpec,
+    etcd: Option<Arc<store::EtcdStore>>,
+    cancel: &CancellationToken,
+) -> Option<HaSource> {
+    let (store::StoreSpec::Etcd(cfg), Some(etcd)) = (spec, etcd) else {
+        return None;
+    };
+    let (health, probe) = etcd_health::spawn(cfg.clone(), etcd.clone(), cancel.clone());
+    tasks.spawn(async move {
+        let _ = probe.await;
+        Ok(())
+    });
+    Some(HaSource { etcd, health })
 }
 
 /// `http://` and the address `listener` is bound to (empty when the OS cannot say), for the
@@ -641,9 +650,10 @@ fn admin_app(
     s: &Shared,
     provisioning: Option<&ProvisioningPlan>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    (rebuilds, leader): (
+    (rebuilds, leader, ha): (
         crate::provision::Rebuilds,
         Option<Arc<store::election::LeaderBoard>>,
+        Option<HaSource>,
     ),
     rollout_writer: &Arc<store::RolloutWriter>,
 ) -> Arc<crate::admin::AdminApp> {
@@ -678,6 +688,7 @@ fn admin_app(
         rollouts,
         power,
         leader,
+        ha,
     })
 }
 

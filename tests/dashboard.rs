@@ -287,6 +287,8 @@ fn the_provisioning_port_serves_no_admin_api() {
         ("GET", "/api/dashboard".to_owned()),
         ("GET", "/api/events".to_owned()),
         ("GET", "/api/nodes".to_owned()),
+        ("GET", "/api/leader".to_owned()),
+        ("GET", "/api/ha".to_owned()),
         ("GET", "/metrics".to_owned()),
         ("POST", format!("/api/nodes/{node}/power/status")),
         ("POST", format!("/api/nodes/{node}/boot/disk")),

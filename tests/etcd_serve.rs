@@ -95,8 +95,14 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
 
     // talboot status reads the same from etcd: every node Ready, with an address.
     let table = status_from_etcd(&repo("config/rack.yaml"), &etcd.store_url());
-    let rows: Vec<&str> = table.lines().skip(1).collect();
+    // The node table ends at the first blank line; the Appliances section follows (on etcd).
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
     assert_eq!(rows.len(), 13, "{table}");
+    assert!(table.contains("\nAppliances\n"), "{table}");
     for row in rows {
         assert!(row.contains(" ready "), "{table}");
     }

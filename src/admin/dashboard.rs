@@ -8,7 +8,9 @@
 //! reasons, and offers rebuild and power actions behind a confirmation; the actions are the
 //! admin API's existing POST routes. What the page shows is decided here, in pure functions
 //! over the store's records ([`progress`], [`cluster_steps`], [`is_failure`]); the script
-//! only draws it and re-reads the snapshot when an event arrives.
+//! only draws it and re-reads the snapshot when an event arrives. On a shared etcd the page
+//! also shows the appliances, the leader and etcd's health, as `/api/ha` ([`super::ha`])
+//! says them.
 //!
 //! The admin listener is loopback by default (off loopback it needs the token,
 //! [`super::auth`]), but a browser on that host also runs other sites'

@@ -1,6 +1,6 @@
 //! The admin API, served on the admin listener only (`serve --admin-listen`, loopback by
 //! default; off loopback behind the operator's token, [`auth`]): node status as JSON
-//! (`/api/nodes`), rebuild requests, power requests ([`power`]), day-two rollouts while serve
+//! (`/api/nodes`), the fleet on a shared etcd (`/api/ha`, [`ha`]), rebuild requests, power requests ([`power`]), day-two rollouts while serve
 //! runs ([`rollouts`]), Prometheus metrics (`/metrics`) and the dashboard with its snapshot
 //! and event stream ([`dashboard`], [`events_stream`]).
 //!
@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod dashboard;
 pub(crate) mod events_stream;
+pub(crate) mod ha;
 pub(crate) mod power;
 #[cfg(test)]
 mod power_tests;
@@ -53,6 +54,8 @@ pub(crate) struct AdminApp {
     pub power: Option<power::PowerDesk>,
     /// The fleet's election on a shared etcd (`None` on redb: this appliance always leads).
     pub leader: Option<Arc<crate::store::election::LeaderBoard>>,
+    /// On a shared etcd: the store and the health probe, for `/api/ha` (`None` on redb).
+    pub ha: Option<ha::HaSource>,
 }
 
 /// Who leads the fleet, as `{"me": {name, admin_url}, "leading": bool, "leader": {..} or
@@ -118,6 +121,7 @@ pub(crate) fn router(
         .route("/api/rollouts", axum::routing::post(rollouts::api_start))
         .route("/api/rollouts/{id}", get(rollouts::api_progress))
         .route("/api/leader", get(api_leader))
+        .route("/api/ha", get(ha::api_ha))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn_with_state(

@@ -199,6 +199,7 @@ mod tests {
             })),
             power: None,
             leader: None,
+            ha: None,
         })
     }
 

@@ -3,21 +3,29 @@
 //! `status`, exported as gauges on `/metrics`, and every change of verdict said once in the log
 //! (losing quorum is an error an operator must see: no new lease is handed out until it is
 //! back, and existing leases keep working on their clients).
+//!
+//! While quorum holds, each round also counts the live appliances and reads the election's
+//! leader for `/metrics` ([`FleetGauges`]): `talboot_appliances_live` and
+//! `talboot_fleet_leader{name}` (1 for the leader, 0 for one that led before). Without quorum
+//! those reads could only time out, so they are skipped and the gauges keep their last value
+//! (`talboot_etcd_quorum` says why).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::gauge;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::EtcdConfig;
+use crate::store::election::{Election, SESSION_TTL};
 use crate::store::etcd_health::{EtcdHealth, Verdict, probe};
+use crate::store::{EtcdConfig, EtcdStore};
 
 /// How often etcd is probed: well inside the few seconds a member failure takes to matter.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(5);
 
-/// The latest probe, for the admin API and `status` (None until the first one).
-pub(crate) type HealthView = watch::Receiver<Option<EtcdHealth>>;
+/// The latest probe, for the admin API's `/api/ha` (None until the first one).
+pub(crate) use crate::admin::ha::HealthView;
 
 /// How loudly a change of verdict is said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,18 +65,23 @@ pub(crate) fn transition(prev: Option<Verdict>, now: Verdict) -> Option<(Loudnes
     })
 }
 
-/// Probe etcd every [`PROBE_EVERY`] until `cancel`; returns the view of the latest probe and
-/// the task.
+/// Probe etcd every [`PROBE_EVERY`] until `cancel` (and, with quorum, export the fleet's
+/// gauges from `etcd`); returns the view of the latest probe and the task.
 pub(crate) fn spawn(
     cfg: EtcdConfig,
+    etcd: Arc<EtcdStore>,
     cancel: CancellationToken,
 ) -> (HealthView, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let task = tokio::spawn(async move {
         let mut prev = None;
+        let mut fleet = FleetGauges::default();
         loop {
             if let Ok(h) = probe(&cfg).await {
                 export(&h);
+                if h.quorum {
+                    fleet.export(&etcd).await;
+                }
                 let now = h.verdict();
                 if let Some((loud, what)) = transition(prev, now) {
                     let summary = h.summary();
@@ -88,6 +101,44 @@ pub(crate) fn spawn(
         }
     });
     (rx, task)
+}
+
+/// The fleet's gauges, remembering the leader last exported so that a former leader's series
+/// drops to 0 instead of staying at 1.
+#[derive(Default)]
+struct FleetGauges {
+    leader: Option<String>,
+}
+
+impl FleetGauges {
+    /// Count the live appliances and name the leader (a read that fails leaves its gauge).
+    async fn export(&mut self, etcd: &Arc<EtcdStore>) {
+        let store = etcd.clone();
+        // The member list is a blocking read through the store's own runtime thread.
+        if let Ok(Ok(members)) = tokio::task::spawn_blocking(move || store.members()).await {
+            gauge!("talboot_appliances_live").set(members.len() as f64);
+        }
+        let Ok(leader) = Election::new(etcd, SESSION_TTL).leader().await else {
+            return;
+        };
+        let now = leader.map(|c| c.name);
+        for (name, value) in leader_series(self.leader.as_deref(), now.as_deref()) {
+            gauge!("talboot_fleet_leader", "name" => name.to_owned()).set(value);
+        }
+        self.leader = now;
+    }
+}
+
+/// The `talboot_fleet_leader{name}` values to set when the leader goes from `prev` to `now`:
+/// the new one at 1, a former one at 0 (nothing when it did not change).
+fn leader_series<'a>(prev: Option<&'a str>, now: Option<&'a str>) -> Vec<(&'a str, f64)> {
+    if prev == now {
+        return Vec::new();
+    }
+    prev.map(|p| (p, 0.0))
+        .into_iter()
+        .chain(now.map(|n| (n, 1.0)))
+        .collect()
 }
 
 /// The probe as gauges.
@@ -112,6 +163,17 @@ fn export(h: &EtcdHealth) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_former_leaders_series_drops_to_zero_and_an_unchanged_one_is_left() {
+        assert_eq!(leader_series(None, Some("a")), [("a", 1.0)]);
+        assert_eq!(leader_series(Some("a"), Some("a")), []);
+        assert_eq!(
+            leader_series(Some("a"), Some("b")),
+            [("a", 0.0), ("b", 1.0)]
+        );
+        assert_eq!(leader_series(Some("b"), None), [("b", 0.0)]);
+    }
 
     #[test]
     fn each_change_of_verdict_is_said_once_and_the_first_healthy_probe_is_not() {

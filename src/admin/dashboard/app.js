@@ -204,5 +204,58 @@ function follow() {
   es.addEventListener("resync", soon);
 }
 
+// The fleet on a shared etcd (/api/ha: the appliances, the leader, etcd's health); the
+// section stays hidden on redb. Re-read as often as the appliance probes etcd.
+async function loadHa() {
+  try {
+    const r = await fetch("/api/ha", { cache: "no-store" });
+    if (r.ok) renderHa(await r.json());
+  } catch (e) {
+    // The snapshot's notice already says when the appliance cannot be reached.
+  }
+}
+
+function renderHa(ha) {
+  $("ha-section").hidden = ha.store !== "etcd";
+  if (ha.store !== "etcd") return;
+  const etcd = ha.etcd;
+  $("ha-etcd").textContent = etcd ? etcd.summary : "etcd not probed yet";
+  $("ha-etcd").className = etcd && etcd.verdict !== "healthy" ? "failure" : "";
+  $("ha-leader").textContent = ha.leader
+    ? `leader: ${ha.leader} (${ha.leader_admin_url})`
+    : "no appliance leads the fleet right now";
+  const cell = (text) => el("td", { text });
+  $("ha-appliances").replaceChildren(
+    ...ha.appliances.map((a) =>
+      el(
+        "tr",
+        { "data-appliance": a.name, class: a.leader ? "leader" : "" },
+        cell(a.name),
+        cell(a.leader ? "leader" : ""),
+        cell(a.version),
+        cell(when(a.started_unix_ms)),
+        cell(a.admin_url),
+        cell(a.http_url),
+      ),
+    ),
+  );
+  $("ha-endpoints").replaceChildren(
+    ...(etcd ? etcd.endpoints : []).map((p) =>
+      el(
+        "tr",
+        { class: p.up ? "" : "fail" },
+        cell(p.url),
+        cell(p.up ? "yes" : "no"),
+        cell(p.leader ? "leader" : ""),
+        cell(p.db_size == null ? "-" : `${p.db_size} B`),
+        cell(p.errors.join("; ") || "-"),
+      ),
+    ),
+  );
+  $("ha-problems").textContent = ha.problems.join("; ");
+}
+
 load();
 follow();
+loadHa();
+setInterval(loadHa, 5000);
