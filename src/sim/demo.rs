@@ -212,8 +212,8 @@ pub struct Demo {
     print_events: bool,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
-    /// The simulation's runtime ([`cpu`]).
-    sim: cpu::SimRuntime,
+    /// The simulation's runtime ([`cpu`]): held so its machines run until the demo ends.
+    _sim: cpu::SimRuntime,
 }
 
 /// Prints the events of `running` until it stops.
@@ -312,7 +312,7 @@ impl Demo {
         );
         drop(on_sim);
         Ok(Demo {
-            sim,
+            _sim: sim,
             relocation: p.relocation,
             inventory: inv,
             workdir: opts.workdir,
