@@ -23,6 +23,19 @@ use support::images::fake_images;
 /// The demo binds the rack's fixed loopback addresses: one run at a time.
 static DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// `talboot demo -q` of config/rack.yaml into `workdir` with `args`, one demo at a time.
+fn demo(workdir: &Path, args: &[&str]) -> std::process::Output {
+    let _turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
+    talboot()
+        .args(["demo", "-q", "-c"])
+        .arg(repo("config/rack.yaml"))
+        .arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
@@ -61,16 +74,10 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
     };
     let dir = tempfile::tempdir().unwrap();
     let workdir = dir.path().join("run");
-    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
-    let out = talboot()
-        .args(["demo", "-q", "-c"])
-        .arg(repo("config/rack.yaml"))
-        .arg("--workdir")
-        .arg(&workdir)
-        .args(["--timeout", "180", "--store", &etcd.store_url()])
-        .output()
-        .unwrap();
-    drop(turn);
+    let out = demo(
+        &workdir,
+        &["--timeout", "180", "--store", &etcd.store_url()],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -109,16 +116,7 @@ fn the_demo_rack_is_provisioned_with_its_state_in_etcd() {
 
     // A second demo on the same prefix is refused (its new secrets would not match).
     let again = dir.path().join("again");
-    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
-    let out = talboot()
-        .args(["demo", "-q", "-c"])
-        .arg(repo("config/rack.yaml"))
-        .arg("--workdir")
-        .arg(&again)
-        .args(["--timeout", "60", "--store", &etcd.store_url()])
-        .output()
-        .unwrap();
-    drop(turn);
+    let out = demo(&again, &["--timeout", "60", "--store", &etcd.store_url()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -241,16 +239,7 @@ fn a_demo_runs_redb_state_is_migrated_to_etcd_resumed_after_a_stop() {
     };
     let dir = tempfile::tempdir().unwrap();
     let workdir = dir.path().join("run");
-    let turn = DEMO.lock().unwrap_or_else(|p| p.into_inner());
-    let out = talboot()
-        .args(["demo", "-q", "-c"])
-        .arg(repo("config/rack.yaml"))
-        .arg("--workdir")
-        .arg(&workdir)
-        .args(["--timeout", "180"])
-        .output()
-        .unwrap();
-    drop(turn);
+    let out = demo(&workdir, &["--timeout", "180"]);
     assert!(
         out.status.success(),
         "{}",

@@ -39,19 +39,10 @@ pub struct MigrateArgs {
     /// The etcd to copy into: `etcd://host:2379[,host:2379...]`, or `etcds://` for TLS.
     #[arg(long, value_name = "URL")]
     pub to: String,
-    /// CA bundle that signed etcd's server certificates (etcdctl's `--cacert`).
-    #[arg(long, env = "TALBOOT_ETCD_CACERT", value_name = "FILE")]
-    pub etcd_cacert: Option<PathBuf>,
-    /// Client certificate (etcdctl's `--cert`), with --etcd-key.
-    #[arg(long, env = "TALBOOT_ETCD_CERT", value_name = "FILE")]
-    pub etcd_cert: Option<PathBuf>,
-    /// Private key of --etcd-cert (etcdctl's `--key`).
-    #[arg(long, env = "TALBOOT_ETCD_KEY", value_name = "FILE")]
-    pub etcd_key: Option<PathBuf>,
-    /// The fleet's key prefix, `/talboot/<cluster>/` (default: the inventory's cluster.name):
-    /// what serve --store will be given.
-    #[arg(long, env = "TALBOOT_ETCD_CLUSTER", value_name = "NAME")]
-    pub etcd_cluster: Option<String>,
+    // etcd's TLS files and the fleet's prefix (default: the inventory's cluster.name), as
+    // serve --store will be given them.
+    #[command(flatten)]
+    pub etcd: super::store_flags::EtcdFlags,
     /// Stop after this many transactions, as a kill would (for testing resumption).
     #[arg(long, hide = true)]
     pub stop_after_batches: Option<usize>,
@@ -66,7 +57,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// The inventory's cluster name, needed only without --etcd-cluster.
 fn inventory_cluster(a: &MigrateArgs) -> Result<Option<String>, ExitCode> {
-    if a.etcd_cluster.is_some() {
+    if a.etcd.etcd_cluster.is_some() {
         return Ok(None);
     }
     match crate::inventory::load(&a.inventory.config) {
@@ -85,10 +76,7 @@ fn run_migrate(a: &MigrateArgs) -> ExitCode {
     };
     let flags = StoreBackend {
         store: Some(a.to.clone()),
-        etcd_cacert: a.etcd_cacert.clone(),
-        etcd_cert: a.etcd_cert.clone(),
-        etcd_key: a.etcd_key.clone(),
-        etcd_cluster: a.etcd_cluster.clone(),
+        etcd: a.etcd.clone(),
     };
     // `store` is set, so the spec is etcd's or an error.
     let cfg = match flags.spec(&a.from, cluster.as_deref()) {

@@ -22,6 +22,13 @@ pub struct StoreBackend {
     /// that several appliances serve one fleet from.
     #[arg(long = "store", env = "TALBOOT_STORE", value_name = "URL")]
     pub store: Option<String>,
+    #[command(flatten)]
+    pub etcd: EtcdFlags,
+}
+
+/// etcd's TLS files and the fleet's prefix: with `--store`, and with `store migrate --to`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EtcdFlags {
     /// CA bundle that signed etcd's server certificates (etcdctl's `--cacert`); needs
     /// etcds://.
     #[arg(long, env = "TALBOOT_ETCD_CACERT", value_name = "FILE")]
@@ -76,10 +83,10 @@ impl StoreBackend {
     ) -> Result<StoreSpec, StoreFlagError> {
         let Some(url) = self.store.as_deref() else {
             let given = [
-                (self.etcd_cacert.is_some(), "--etcd-cacert"),
-                (self.etcd_cert.is_some(), "--etcd-cert"),
-                (self.etcd_key.is_some(), "--etcd-key"),
-                (self.etcd_cluster.is_some(), "--etcd-cluster"),
+                (self.etcd.etcd_cacert.is_some(), "--etcd-cacert"),
+                (self.etcd.etcd_cert.is_some(), "--etcd-cert"),
+                (self.etcd.etcd_key.is_some(), "--etcd-key"),
+                (self.etcd.etcd_cluster.is_some(), "--etcd-cluster"),
             ];
             if let Some((_, flag)) = given.into_iter().find(|(g, _)| *g) {
                 return Err(StoreFlagError::EtcdOnly { flag });
@@ -87,6 +94,7 @@ impl StoreBackend {
             return Ok(StoreSpec::Redb(state_dir.to_path_buf()));
         };
         let cluster = self
+            .etcd
             .etcd_cluster
             .as_deref()
             .or(inventory_cluster)
@@ -100,7 +108,7 @@ impl StoreBackend {
     }
 
     fn tls_files(&self, url: &str, cfg: &mut EtcdConfig) -> Result<(), StoreFlagError> {
-        match (&self.etcd_cert, &self.etcd_key) {
+        match (&self.etcd.etcd_cert, &self.etcd.etcd_key) {
             (Some(_), None) => {
                 return Err(StoreFlagError::Pair {
                     given: "--etcd-cert",
@@ -116,22 +124,22 @@ impl StoreBackend {
             _ => {}
         }
         let tls_url = url.starts_with("etcds://");
-        let any_file = self.etcd_cacert.is_some() || self.etcd_cert.is_some();
+        let any_file = self.etcd.etcd_cacert.is_some() || self.etcd.etcd_cert.is_some();
         if any_file && !tls_url {
             return Err(StoreFlagError::Scheme(format!(
                 "--store {url} is plain HTTP, but TLS files are given; write etcds://{}",
                 url.trim_start_matches("etcd://")
             )));
         }
-        if tls_url && self.etcd_cacert.is_none() {
+        if tls_url && self.etcd.etcd_cacert.is_none() {
             return Err(StoreFlagError::Scheme(format!(
                 "--store {url} needs --etcd-cacert, the CA that signed etcd's server \
                  certificates (etcd's --trusted-ca-file; etcdctl's --cacert)"
             )));
         }
-        cfg.cacert = self.etcd_cacert.clone();
-        cfg.cert = self.etcd_cert.clone();
-        cfg.key = self.etcd_key.clone();
+        cfg.cacert = self.etcd.etcd_cacert.clone();
+        cfg.cert = self.etcd.etcd_cert.clone();
+        cfg.key = self.etcd.etcd_key.clone();
         Ok(())
     }
 }
@@ -230,7 +238,7 @@ mod tests {
             Ok(StoreSpec::Redb(dir.into()))
         );
         let mut f = flags(None);
-        f.etcd_key = Some("k".into());
+        f.etcd.etcd_key = Some("k".into());
         assert_eq!(
             f.spec(dir, Some("c")),
             Err(StoreFlagError::EtcdOnly { flag: "--etcd-key" })
@@ -247,7 +255,7 @@ mod tests {
         assert_eq!(cfg.endpoints, ["http://a:2379", "http://b:2379"]);
         assert_eq!(cfg.cluster, "lab");
         let mut f = flags(Some("etcd://a:2379"));
-        f.etcd_cluster = Some("other".into());
+        f.etcd.etcd_cluster = Some("other".into());
         let Ok(StoreSpec::Etcd(cfg)) = f.spec(dir, Some("lab")) else {
             panic!("not etcd");
         };
@@ -262,8 +270,8 @@ mod tests {
     fn tls_flags_are_checked_in_pairs_and_against_the_scheme() {
         let dir = Path::new("/s");
         let mut f = flags(Some("etcds://a:2379"));
-        f.etcd_cacert = Some("ca.pem".into());
-        f.etcd_cert = Some("c.pem".into());
+        f.etcd.etcd_cacert = Some("ca.pem".into());
+        f.etcd.etcd_cert = Some("c.pem".into());
         assert_eq!(
             f.spec(dir, Some("l")),
             Err(StoreFlagError::Pair {
@@ -271,8 +279,8 @@ mod tests {
                 missing: "--etcd-key"
             })
         );
-        f.etcd_cert = None;
-        f.etcd_key = Some("k.pem".into());
+        f.etcd.etcd_cert = None;
+        f.etcd.etcd_key = Some("k.pem".into());
         assert_eq!(
             f.spec(dir, Some("l")),
             Err(StoreFlagError::Pair {
@@ -280,7 +288,7 @@ mod tests {
                 missing: "--etcd-cert"
             })
         );
-        f.etcd_cert = Some("c.pem".into());
+        f.etcd.etcd_cert = Some("c.pem".into());
         let Ok(StoreSpec::Etcd(cfg)) = f.spec(dir, Some("l")) else {
             panic!("not etcd");
         };
@@ -292,7 +300,7 @@ mod tests {
         let mut g = flags(Some("etcds://a:2379"));
         let e = g.spec(dir, Some("l")).unwrap_err();
         assert!(e.to_string().contains("needs --etcd-cacert"), "{e}");
-        g.etcd_cacert = Some("ca.pem".into());
+        g.etcd.etcd_cacert = Some("ca.pem".into());
         assert!(g.spec(dir, Some("l")).is_ok());
     }
 
@@ -305,15 +313,15 @@ mod tests {
         let tls = server.tls().expect("TLS files").clone();
         let host = server.url().replace("https://", "");
         let mut f = flags(Some(&format!("etcds://{host}")));
-        f.etcd_cacert = Some(tls.ca.clone());
-        f.etcd_cert = Some(tls.client_cert.clone());
-        f.etcd_key = Some(tls.client_key.clone());
+        f.etcd.etcd_cacert = Some(tls.ca.clone());
+        f.etcd.etcd_cert = Some(tls.client_cert.clone());
+        f.etcd.etcd_key = Some(tls.client_key.clone());
         let spec = f.spec(Path::new("/unused"), Some("lab")).unwrap();
         let opened = spec.open().expect("open over TLS");
         assert!(opened.etcd.is_some());
         assert_eq!(opened.store.nodes().unwrap(), vec![]);
         drop(opened);
-        f.etcd_cacert = Some(tls.other_ca.clone());
+        f.etcd.etcd_cacert = Some(tls.other_ca.clone());
         let e = f.spec(Path::new("/unused"), Some("lab")).unwrap().open();
         let e = e.err().expect("a wrong CA is refused").to_string();
         assert!(e.contains("--etcd-cacert") && e.contains(&host), "{e}");

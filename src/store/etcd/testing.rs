@@ -291,6 +291,22 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
     );
 }
 
+/// A new P-256 private key in `dir/key`.
+fn p256_key(dir: &std::path::Path, key: &str) {
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            key,
+        ],
+    );
+}
+
 /// A CA `<ca>.pem` and a certificate `<name>.pem` it signs for `subject_alt` (with its key
 /// `<name>.key`), all P-256, in `dir`.
 fn signed(dir: &std::path::Path, ca: &str, name: &str, subject_alt: &str) {
@@ -305,18 +321,7 @@ fn signed(dir: &std::path::Path, ca: &str, name: &str, subject_alt: &str) {
         format!("subjectAltName={subject_alt}\nextendedKeyUsage=serverAuth,clientAuth\n"),
     )
     .expect("extension file");
-    openssl(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            &key,
-        ],
-    );
+    p256_key(dir, &key);
     openssl(
         dir,
         &[
@@ -356,18 +361,7 @@ fn signed(dir: &std::path::Path, ca: &str, name: &str, subject_alt: &str) {
 /// A self-signed CA `<name>.pem`/`<name>.key` in `dir`.
 fn ca(dir: &std::path::Path, name: &str) {
     let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
-    openssl(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            &key,
-        ],
-    );
+    p256_key(dir, &key);
     openssl(
         dir,
         &[
