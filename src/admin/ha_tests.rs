@@ -97,35 +97,10 @@ fn an_endpoint_that_answers_is_shown_with_its_facts() {
 
 /// An admin app on a throwaway redb (the node side is not what this reads) with `ha`.
 fn app(dir: &std::path::Path, ha: HaSource, board: Arc<LeaderBoard>) -> Arc<AdminApp> {
-    let inv = crate::inventory::load_with_env(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml"),
-        &std::collections::BTreeMap::new(),
-    )
-    .unwrap()
-    .inventory;
-    let (store, w) = crate::store::open(&dir.join("state")).unwrap().split();
-    let store: Arc<dyn crate::store::Store> = store;
-    let (events, _writer) =
-        crate::events::EventBus::start(w.events, Arc::new(crate::events::SystemClock));
-    let inventory = Arc::new(inv);
-    let view = Arc::new(crate::view::StateView::new());
-    let offline = Arc::new(crate::provision::OfflineObserver {
-        inventory: inventory.clone(),
-        store: store.clone(),
-        nodes: Arc::new(w.nodes),
-        view: view.clone(),
-    });
     Arc::new(AdminApp {
-        inventory,
-        store,
-        view,
-        events,
-        metrics: None,
-        commands: crate::provision::Rebuilds::Offline(offline),
-        rollouts: None,
-        power: None,
         leader: Some(board),
         ha: Some(ha),
+        ..super::super::test_app::offline_app(dir)
     })
 }
 

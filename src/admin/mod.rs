@@ -16,6 +16,8 @@ pub(crate) mod power;
 #[cfg(test)]
 mod power_tests;
 pub(crate) mod rollouts;
+#[cfg(test)]
+mod test_app;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

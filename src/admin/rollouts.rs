@@ -168,38 +168,13 @@ mod tests {
     }
 
     async fn app(dir: &std::path::Path) -> Arc<AdminApp> {
-        let inv = crate::inventory::load_with_env(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rack.yaml"),
-            &std::collections::BTreeMap::new(),
-        )
-        .unwrap()
-        .inventory;
-        let (store, w) = crate::store::open(&dir.join("state")).unwrap().split();
-        let store: Arc<dyn crate::store::Store> = store;
-        let (events, _writer) =
-            crate::events::EventBus::start(w.events, Arc::new(crate::events::SystemClock));
-        let inventory = Arc::new(inv);
-        let view = Arc::new(crate::view::StateView::new());
-        let offline = Arc::new(crate::provision::OfflineObserver {
-            inventory: inventory.clone(),
-            store: store.clone(),
-            nodes: Arc::new(w.nodes),
-            view: view.clone(),
-        });
+        let app = super::super::test_app::offline_app(dir);
         Arc::new(AdminApp {
-            inventory: inventory.clone(),
-            store,
-            view,
-            events,
-            metrics: None,
-            commands: crate::provision::Rebuilds::Offline(offline),
             rollouts: Some(Arc::new(StandIn {
-                inventory,
+                inventory: app.inventory.clone(),
                 rollouts: Rollouts::default(),
             })),
-            power: None,
-            leader: None,
-            ha: None,
+            ..app
         })
     }
 
