@@ -60,23 +60,6 @@ fn sigterm(child: &Child) {
     );
 }
 
-/// The browser side's tools, or a panic saying how to get them (a skipped browser test would
-/// pass in CI without testing anything).
-fn browser_tools() -> PathBuf {
-    let chromium = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    let dir = repo("tests/browser");
-    assert!(
-        chromium.exists() && dir.join("node_modules/playwright-core").exists(),
-        "the dashboard tests need Debian's chromium ({}) and playwright-core in {}: run \
-         scripts/test-deps (as root)",
-        chromium.display(),
-        dir.join("node_modules").display()
-    );
-    dir
-}
-
 /// The demo rack with a Wake-on-LAN power controller on `rack1-mon-03` that sends its magic
 /// packet to `wol_port` on loopback, in `dir` (beside a copy of the example's patches).
 fn rack_with_wol(dir: &Path, wol_port: u16) -> PathBuf {
@@ -124,7 +107,7 @@ fn magic_packet(mac: [u8; 6]) -> Vec<u8> {
 /// `TALBOOT_DASHBOARD_SCREENSHOT=docs/dashboard.png` also writes the screenshot there.
 #[test]
 fn the_dashboard_in_chromium_follows_the_demo_and_acts_after_confirmation() {
-    let browser_dir = browser_tools();
+    let browser_dir = support::browser::tools();
     let tmp = tempfile::tempdir().unwrap();
     let wol = UdpSocket::bind("127.0.0.1:0").unwrap();
     wol.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -333,17 +333,7 @@ fn the_dashboard_on_etcd_shows_the_leader_and_etcds_health() {
     let Some(etcd) = Etcd::start() else {
         return;
     };
-    let chromium = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    let browser_dir = repo("tests/browser");
-    assert!(
-        chromium.exists() && browser_dir.join("node_modules/playwright-core").exists(),
-        "the dashboard tests need Debian's chromium ({}) and playwright-core in {}: run \
-         scripts/test-deps (as root)",
-        chromium.display(),
-        browser_dir.join("node_modules").display()
-    );
+    let browser_dir = support::browser::tools();
     let tmp = tempfile::tempdir().unwrap();
     let (served, admin) = serve_on(&etcd, tmp.path());
     let out = Command::new("node")

@@ -3,6 +3,7 @@
 //! library, under `talboot::sim`.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod etcd;
 pub mod images;
 pub mod netns;
